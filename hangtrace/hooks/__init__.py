@@ -1,0 +1,1 @@
+"""What runs inside traced processes: bootstrap, recorder, torch.distributed wrappers."""

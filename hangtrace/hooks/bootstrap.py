@@ -1,0 +1,171 @@
+"""Activation inside a traced process: called by the ``.pth`` line when HANGTRACE is set.
+
+``activate()`` creates this process's ring in the run directory, installs lifecycle
+records (exit, uncaught exceptions, SIGTERM and fatal-signal stacks through
+faulthandler), and registers post-import hooks so torch.distributed (and Ray, later)
+are wrapped when the program imports them. It imports neither torch nor ray.
+
+Any failure here disables tracing for this process with one line on stderr and, where
+possible, a line in the run log; the program itself runs on unchanged.
+"""
+import os
+import sys
+import tempfile
+import threading
+import time
+
+from ..tracer import api, config
+
+_active = None  # the Runtime of this process, or None
+_lock = threading.Lock()
+
+
+class RunLog:
+    """Appends lines to ``RUN_DIR/hangtrace.log``; ``__call__(msg, key)`` logs once per key."""
+
+    def __init__(self, run_dir):
+        self.path = os.path.join(run_dir, "hangtrace.log")
+        self.seen = set()
+
+    def __call__(self, msg, key=None):
+        if key is not None:
+            if key in self.seen:
+                return
+            self.seen.add(key)
+        try:
+            line = "%s pid=%d %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), os.getpid(), msg)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line.encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
+        except Exception:
+            pass
+
+
+def default_run_id():
+    return "%s-%d" % (time.strftime("%Y%m%d-%H%M%S", time.gmtime()), os.getpid())
+
+
+def resolve_run_dir(environ=None):
+    """The run directory for this process; exports HANGTRACE_DIR/RUN_ID for children.
+
+    Returns ``(run_dir, run_id)``. Creates the directory (mode 0700) if needed.
+    Raises OSError when it cannot be created.
+    """
+    env = os.environ if environ is None else environ
+    run_id = env.get(config.RUN_ID) or default_run_id()
+    run_dir = env.get(config.DIR) or os.path.join(tempfile.gettempdir(), "hangtrace-" + run_id)
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    env[config.DIR] = run_dir
+    env[config.RUN_ID] = run_id
+    return run_dir, run_id
+
+
+class Runtime:
+    def __init__(self, run_dir, run_id):
+        from .recorder import Recorder
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.log = RunLog(run_dir)
+        self.recorder = Recorder(run_dir, run_id, config.get_int(config.SLOTS), self.log)
+        self.torch_hooked = False
+
+
+def _hook_torch(module):
+    rt = _active
+    if rt is None:
+        return
+    try:
+        dist = sys.modules.get("torch.distributed", module)
+        if not getattr(dist, "is_available", lambda: False)():
+            return
+        from . import torch_dist
+        torch_dist.install(dist, rt.recorder, rt.log)
+        rt.torch_hooked = True
+    except Exception as e:
+        rt.log("hooking torch.distributed failed: %r" % (e,), "hook-torch")
+
+
+def _register_import_hooks():
+    import wrapt
+    if "torch.distributed" in sys.modules:
+        _hook_torch(sys.modules["torch.distributed"])
+    else:
+        wrapt.register_post_import_hook(_hook_torch, "torch.distributed")
+
+
+def _after_fork_child():
+    global _active
+    old = _active
+    if old is None:
+        return
+    try:
+        old.recorder.abandon()
+        phase, step = old.recorder.current()
+        rt = Runtime(old.run_dir, old.run_id)
+        _active = rt
+        api._set_recorder(rt.recorder)
+        from . import lifecycle
+        lifecycle.install(rt, forked_from=old.recorder.pid)
+        if step is not None:
+            rt.recorder.step(step)
+        if "torch.distributed" in sys.modules:
+            from . import torch_dist
+            torch_dist.reset_after_fork(rt.recorder)
+    except Exception as e:
+        _active = None
+        api._set_recorder(None)
+        _warn("tracing disabled in forked child %d: %r" % (os.getpid(), e))
+
+
+def _warn(msg):
+    try:
+        sys.stderr.write("hangtrace: %s\n" % msg)
+    except Exception:
+        pass
+
+
+def activate():
+    """Turn tracing on in this process (idempotent). Returns the Runtime or None."""
+    global _active
+    with _lock:
+        if _active is not None:
+            return _active
+        if not config.enabled():
+            return None
+        try:
+            run_dir, run_id = resolve_run_dir()
+            rt = Runtime(run_dir, run_id)
+        except Exception as e:
+            _warn("tracing disabled for pid %d: cannot create the flight record in %r: %s "
+                  "(remedy: set HANGTRACE_DIR to a writable directory with free space)"
+                  % (os.getpid(), os.environ.get(config.DIR), e))
+            return None
+        _active = rt
+        api._set_recorder(rt.recorder)
+        try:
+            from . import lifecycle
+            lifecycle.install(rt)
+        except Exception as e:
+            rt.log("lifecycle hooks failed: %r" % (e,), "lifecycle")
+        try:
+            _register_import_hooks()
+        except Exception as e:
+            rt.log("import hooks failed: %r" % (e,), "import-hooks")
+        try:
+            os.register_at_fork(after_in_child=_after_fork_child)
+        except Exception as e:
+            rt.log("fork hook failed: %r" % (e,), "fork")
+        try:
+            from . import autowatch
+            autowatch.maybe_start(rt)
+        except ImportError:
+            pass
+        except Exception as e:
+            rt.log("starting the node watcher failed: %r" % (e,), "autowatch")
+        return rt
+
+
+def active():
+    return _active

@@ -1,0 +1,195 @@
+"""Lifecycle records: start, clean exit (with code), uncaught exceptions, signals.
+
+- exit: ``atexit`` writes the exit record; the code comes from ``sys.exit(n)``
+  (wrapped), 1 after an uncaught exception, else 0. ``os._exit(n)`` (used by
+  multiprocessing's forked children) is wrapped too, since it skips atexit.
+  A process that does ``raise SystemExit(n)`` directly is recorded with code 0 unless
+  the launcher (``hangtrace run``) saw the real status.
+- uncaught exceptions: ``sys.excepthook`` and ``threading.excepthook`` are chained.
+- SIGTERM: ``faulthandler.register(SIGTERM, chain=True)`` writes all thread stacks to
+  ``stacks/sigterm-<host>-<pid>.txt`` from C (works while the main thread is blocked
+  inside a collective), then re-raises to the previous handler, so the exit status
+  is what it would have been. A Python handler installed later by the program
+  (``signal.signal``) is kept under ours (CPython ``faulthandler.c``: the user
+  handler chains to the previous ``sigaction``).
+- fatal signals (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL): ``faulthandler.enable``
+  into ``stacks/fatal-<host>-<pid>.txt`` unless the program enabled faulthandler itself.
+- on-demand stack dump: SIGUSR2 is registered (only when its disposition is SIG_DFL)
+  to write ``stacks/dump-<host>-<pid>.txt``; the ring header records the signal number
+  so the collector never signals a process that did not register it.
+"""
+import atexit
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import traceback
+
+import wrapt
+
+DUMP_SIGNAL = signal.SIGUSR2
+
+_rt = None
+_exit_code = [None]
+_files = []
+_patched = []
+
+
+def stack_file(run_dir, kind, host, pid):
+    """Path of a faulthandler output file: kind is 'sigterm', 'fatal' or 'dump'."""
+    return os.path.join(run_dir, "stacks", "%s-%s-%d.txt" % (kind, host, pid))
+
+
+def _open(kind):
+    rec = _rt.recorder
+    d = os.path.join(_rt.run_dir, "stacks")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    f = open(stack_file(_rt.run_dir, kind, rec.host, rec.pid), "a")
+    _files.append(f)
+    return f
+
+
+def _on_exit():
+    rt = _rt
+    if rt is None or rt.recorder.closed:
+        return
+    try:
+        code = _exit_code[0]
+        if code is None:
+            code = 0
+        rt.recorder.event("exit", code=code)
+        rt.recorder.mark_exit(code)
+        rt.recorder.close()
+    except Exception as e:
+        rt.log("exit record failed: %r" % (e,), "exit")
+
+
+def _code_of(arg):
+    if arg is None:
+        return 0
+    if isinstance(arg, int):
+        return arg
+    return 1
+
+
+def _sys_exit_wrapper(wrapped, instance, args, kwargs):
+    try:
+        _exit_code[0] = _code_of(args[0] if args else kwargs.get("status"))
+    except Exception:
+        pass
+    return wrapped(*args, **kwargs)
+
+
+def _os_exit_wrapper(wrapped, instance, args, kwargs):
+    try:
+        rt = _rt
+        if rt is not None and not rt.recorder.closed and rt.recorder.pid == os.getpid():
+            code = int(args[0] if args else kwargs.get("status", 0))
+            rt.recorder.event("exit", code=code, via="os._exit")
+            rt.recorder.mark_exit(code)
+    except Exception:
+        pass
+    return wrapped(*args, **kwargs)
+
+
+def _excepthook_wrapper(wrapped, instance, args, kwargs):
+    try:
+        etype, evalue, tb = args[:3]
+        if not issubclass(etype, (SystemExit, KeyboardInterrupt)) or etype is KeyboardInterrupt:
+            _exit_code[0] = 1
+            _rt.recorder.event("exception", type=etype.__name__, message=str(evalue)[:4000],
+                               traceback="".join(traceback.format_exception(etype, evalue, tb))[-16000:])
+    except Exception as e:
+        try:
+            _rt.log("exception record failed: %r" % (e,), "excepthook")
+        except Exception:
+            pass
+    return wrapped(*args, **kwargs)
+
+
+def _thread_excepthook_wrapper(wrapped, instance, args, kwargs):
+    try:
+        a = args[0]
+        if a.exc_type is not SystemExit:
+            _rt.recorder.event("thread_exception", type=a.exc_type.__name__, message=str(a.exc_value)[:4000],
+                               thread_name=getattr(a.thread, "name", None),
+                               traceback="".join(traceback.format_exception(a.exc_type, a.exc_value,
+                                                                            a.exc_traceback))[-16000:])
+    except Exception:
+        pass
+    return wrapped(*args, **kwargs)
+
+
+def _signal_wrapper(wrapped, instance, args, kwargs):
+    """signal.signal: when the program sets SIGTERM, keep our C-level stack dump on top."""
+    signum = args[0] if args else kwargs.get("signalnum")
+    if signum != signal.SIGTERM or _rt is None or not _sigterm_file:
+        return wrapped(*args, **kwargs)
+    try:
+        faulthandler.unregister(signal.SIGTERM)
+    except Exception:
+        pass
+    prev = wrapped(*args, **kwargs)
+    try:
+        faulthandler.register(signal.SIGTERM, file=_sigterm_file[0], all_threads=True, chain=True)
+    except Exception:
+        pass
+    return prev
+
+
+_sigterm_file = []
+
+
+def _patch(module, name, wrapper):
+    cur = getattr(module, name)
+    if isinstance(cur, wrapt.FunctionWrapper):
+        return
+    setattr(module, name, wrapt.FunctionWrapper(cur, wrapper))
+    _patched.append((module, name, cur))
+
+
+def install(rt, forked_from=None):
+    """Install lifecycle hooks for Runtime ``rt`` (again in a forked child)."""
+    global _rt
+    _rt = rt
+    rec = rt.recorder
+    rec.event("start", argv=list(sys.argv)[:50], executable=sys.executable, ppid=os.getppid(),
+              forked_from=forked_from)
+    for f in _files:
+        try:
+            f.close()
+        except Exception:
+            pass
+    del _files[:]
+    del _sigterm_file[:]
+    if forked_from is None:
+        atexit.register(_on_exit)
+        _patch(sys, "exit", _sys_exit_wrapper)
+        _patch(os, "_exit", _os_exit_wrapper)
+        _patch(sys, "excepthook", _excepthook_wrapper)
+        _patch(threading, "excepthook", _thread_excepthook_wrapper)
+        _patch(signal, "signal", _signal_wrapper)
+    else:
+        _exit_code[0] = None
+    try:
+        if forked_from is not None or not faulthandler.is_enabled():
+            faulthandler.enable(file=_open("fatal"), all_threads=True)
+    except Exception as e:
+        rt.log("faulthandler for fatal signals failed: %r" % (e,), "fh-fatal")
+    try:
+        f = _open("sigterm")
+        if forked_from is not None:
+            faulthandler.unregister(signal.SIGTERM)
+        faulthandler.register(signal.SIGTERM, file=f, all_threads=True, chain=True)
+        _sigterm_file.append(f)
+    except Exception as e:
+        rt.log("faulthandler for SIGTERM failed: %r" % (e,), "fh-term")
+    try:
+        if forked_from is not None:
+            faulthandler.unregister(DUMP_SIGNAL)
+        if signal.getsignal(DUMP_SIGNAL) in (signal.SIG_DFL, None):
+            faulthandler.register(DUMP_SIGNAL, file=_open("dump"), all_threads=True, chain=False)
+            rec.set_dump_signal(int(DUMP_SIGNAL))
+    except Exception as e:
+        rt.log("faulthandler dump signal failed: %r" % (e,), "fh-dump")

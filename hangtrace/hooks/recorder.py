@@ -1,0 +1,260 @@
+"""The in-process recorder: owns this process's ring file and writes records into it.
+
+Hot path: ``issue()`` and ``complete()`` run once per collective. They write one
+128-byte slot and two small header fields with ``struct.pack_into`` into the shared
+mapping; no syscalls, no locks (slot indices come from ``itertools.count``, atomic
+under the GIL). Everything else (string interning misses, events) takes a lock.
+
+Every public method swallows its own errors (reported once to the run log): a
+recorder failure must never reach the traced program.
+"""
+import itertools
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+from ..tracer import format as F
+
+_get_ident = threading.get_ident
+_mono = time.monotonic_ns
+_wall = time.time_ns
+
+
+def _proc_start_ticks(pid):
+    """Start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), or 0."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+        return int(data.rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Recorder:
+    """One per traced process. ``path`` is the ring file; ``run_dir`` the run directory."""
+
+    def __init__(self, run_dir, run_id, nslots, log):
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.log = log  # callable(msg, key) that logs once per key
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.nslots = nslots
+        self.path = os.path.join(run_dir, "ring-%s-%d.htr" % (self.host, self.pid))
+        self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots)
+        self.strtab_size = F.DEFAULT_STRTAB_SIZE
+        self.strtab_used = 8
+        self.strtab_reserved = F.STRTAB_CHUNK
+        self._lock = threading.Lock()
+        self._counter = itertools.count(1)
+        self._strings = {}
+        self._threads = {}
+        self._phase = {}  # thread ident -> list of (phase strid, name)
+        self._cur_phase = 0
+        self._step = -1
+        self._progress = 0
+        self._last = 0
+        self.closed = False
+        mm = self.mm
+        F.IDENT.pack_into(mm, F.IDENT_OFF, self.pid, os.getppid(), _wall(), _mono(), _proc_start_ticks(self.pid))
+        mm[F.HOST_OFF:F.HOST_OFF + F.HOST_LEN] = self.host.encode()[:F.HOST_LEN - 1].ljust(F.HOST_LEN, b"\0")
+        mm[F.RUNID_OFF:F.RUNID_OFF + F.RUNID_LEN] = run_id.encode()[:F.RUNID_LEN - 1].ljust(F.RUNID_LEN, b"\0")
+        F.EXIT.pack_into(mm, F.EXIT_OFF, F.ST_RUNNING, 0, 0)
+        F.RANK.pack_into(mm, F.RANK_OFF, *self._env_rank(), 0)
+        self._touch_progress()
+
+    @staticmethod
+    def _env_rank():
+        def gi(name):
+            try:
+                return int(os.environ[name])
+            except (KeyError, ValueError):
+                return -1
+        return gi("RANK"), gi("LOCAL_RANK"), gi("WORLD_SIZE")
+
+    # --- identity ---------------------------------------------------------------
+    def set_rank(self, rank, local_rank, world_size):
+        F.RANK.pack_into(self.mm, F.RANK_OFF, rank, local_rank, world_size,
+                         F.RANK.unpack_from(self.mm, F.RANK_OFF)[3])
+
+    def set_dump_signal(self, signum):
+        r = F.RANK.unpack_from(self.mm, F.RANK_OFF)
+        F.RANK.pack_into(self.mm, F.RANK_OFF, r[0], r[1], r[2], signum)
+
+    def set_meta(self, **meta):
+        """Merge identity fields (Ray actor class/name/id, ...) into the ring's metadata."""
+        self._append(F.T_META, json.dumps(meta, default=str))
+
+    # --- string table -----------------------------------------------------------
+    def _append(self, tag, text, limit=65536):
+        """Append an entry to the string table; return its id (0 when full or failed)."""
+        data = text.encode("utf-8", "replace")[:limit]
+        n = F.STR_ENTRY.size + len(data)
+        with self._lock:
+            off = self.strtab_used
+            if off + n > self.strtab_size:
+                self.log("string table of %s is full; later strings are recorded as '?'" % self.path,
+                         "strtab-full")
+                return 0
+            if off + n > self.strtab_reserved:
+                grow = max(F.STRTAB_CHUNK, n)
+                F.reserve(self.fd, self.strtab_off + self.strtab_reserved, grow)
+                self.strtab_reserved += grow
+            base = self.strtab_off + off
+            F.STR_ENTRY.pack_into(self.mm, base, tag, len(data))
+            self.mm[base + F.STR_ENTRY.size: base + n] = data
+            self.strtab_used = off + n
+            F.STRUSED.pack_into(self.mm, F.STRUSED_OFF, self.strtab_used)
+        return off
+
+    def intern(self, text):
+        sid = self._strings.get(text)
+        if sid is None:
+            try:
+                sid = self._append(F.T_STR, text, 4096)
+            except Exception as e:  # disk full while growing, ...
+                self.log("cannot store a string: %r" % e, "strtab-err")
+                sid = 0
+            self._strings[text] = sid
+        return sid
+
+    def thread_id(self):
+        ident = _get_ident()
+        sid = self._threads.get(ident)
+        if sid is None:
+            sid = self._threads[ident] = self.intern(threading.current_thread().name)
+        return sid
+
+    def event(self, kind, **fields):
+        """Durable lifecycle event (never overwritten by the ring): start, exit, exception, ..."""
+        fields["event"] = kind
+        fields.setdefault("wall_ns", _wall())
+        fields.setdefault("mono_ns", _mono())
+        fields.setdefault("thread", threading.current_thread().name)
+        sid = self._append(F.T_EVENT, json.dumps(fields, default=str))
+        self._slot(F.K_EVENT, 0, sid, 0, 0, 0, 0, -1, F.S_COMPLETED)
+        return sid
+
+    def group_created(self, info):
+        """Durable group definition: name, desc, backend, ranks (global), order."""
+        self._append(F.T_GROUP, json.dumps(info, default=str))
+        self._slot(F.K_GROUP, F.OP_IDS.get(info.get("op", "new_group"), 0), self.intern(str(info.get("name"))),
+                   0, 0, 0, 0, -1, F.S_COMPLETED)
+
+    # --- records ----------------------------------------------------------------
+    def _current_phase(self):
+        st = self._phase.get(_get_ident())
+        return st[-1][0] if st else self._cur_phase
+
+    def _slot(self, kind, op, group, seq, numel, shape, dtype, peer, state, flags=0, a=(0, 0, 0, 0, 0)):
+        idx = self._last = next(self._counter)
+        now = _mono()
+        F.SLOT.pack_into(self.mm, F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE,
+                         idx, kind, flags, dtype, op, group, seq, numel, shape, peer, self.thread_id(),
+                         self._current_phase(), self._step, now, _wall(), state, 0,
+                         now if state != F.S_ISSUED else 0, *a)
+        return idx
+
+    def issue(self, kind, op, group, seq, numel, shape, dtype, peer, flags):
+        """Record a collective or p2p op as issued; returns its record index. Hot path."""
+        idx = self._last = next(self._counter)
+        ident = _get_ident()
+        tid = self._threads.get(ident) or self.thread_id()
+        st = self._phase.get(ident)
+        F.SLOT.pack_into(self.mm, F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE,
+                         idx, kind, flags, dtype, op, group, seq, numel, shape, peer, tid,
+                         st[-1][0] if st else self._cur_phase, self._step, _mono(), _wall(),
+                         F.S_ISSUED, 0, 0, 0, 0, 0, 0, 0)
+        F.LIVE_ISSUE.pack_into(self.mm, F.LIVE_ISSUE_OFF, idx, idx)
+        return idx
+
+    def complete(self, idx, err=None):
+        """Mark record ``idx`` completed (or failed with ``err`` text) and count progress. Hot path.
+
+        A record already overwritten by the ring (more than ``nslots`` newer records) is
+        left alone; progress is still counted.
+        """
+        now = _mono()
+        live = self._last - idx < self.nslots
+        if err is None:
+            if live:
+                F.COMPLETE.pack_into(self.mm, F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE
+                                     + F.COMPLETE_OFF, F.S_COMPLETED, 0, now)
+            self._progress += 1
+            F.LIVE_DONE.pack_into(self.mm, F.LIVE_DONE_OFF, 0, now, _wall(), self._progress)
+        else:
+            if live:
+                F.COMPLETE.pack_into(self.mm, F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE
+                                     + F.COMPLETE_OFF, F.S_FAILED, self.intern(err[:4000]), now)
+            F.U64.pack_into(self.mm, F.LIVE_DONE_OFF, 0)  # clear in-flight
+
+    def _touch_progress(self):
+        now = _mono()
+        self._progress += 1
+        F.LIVE_DONE.pack_into(self.mm, F.LIVE_DONE_OFF, 0, now, _wall(), self._progress)
+
+    # --- phases, steps, heartbeats -----------------------------------------------------
+    def phase_enter(self, name, step=None):
+        if step is not None:
+            self._step = int(step)
+        sid = self.intern(str(name))
+        st = self._phase.setdefault(_get_ident(), [])
+        st.append((sid, name))
+        self._cur_phase = sid
+        F.PHASE.pack_into(self.mm, F.PHASE_OFF, sid, len(st), self._step)
+        self._slot(F.K_PHASE_ENTER, 0, 0, 0, 0, 0, 0, -1, F.S_COMPLETED)
+        self._touch_progress()
+
+    def phase_exit(self, name, error=None):
+        st = self._phase.get(_get_ident())
+        self._slot(F.K_PHASE_EXIT, 0, self.intern(error[:2000]) if error else 0, 0, 0, 0, 0, -1,
+                   F.S_FAILED if error else F.S_COMPLETED)
+        if st:
+            # pop up to and including the innermost entry of this name
+            for i in range(len(st) - 1, -1, -1):
+                if st[i][1] == name:
+                    del st[i:]
+                    break
+        self._cur_phase = st[-1][0] if st else 0
+        F.PHASE.pack_into(self.mm, F.PHASE_OFF, self._cur_phase, len(st) if st else 0, self._step)
+        self._touch_progress()
+
+    def step(self, n):
+        self._step = int(n)
+        F.PHASE.pack_into(self.mm, F.PHASE_OFF, self._cur_phase,
+                          F.PHASE.unpack_from(self.mm, F.PHASE_OFF)[1], self._step)
+        self._slot(F.K_STEP, 0, 0, self._step, 0, 0, 0, -1, F.S_COMPLETED)
+        self._touch_progress()
+
+    def heartbeat(self):
+        self._touch_progress()
+
+    def current(self):
+        """(phase name or None, step or None) of the calling thread."""
+        st = self._phase.get(_get_ident())
+        return (st[-1][1] if st else None), (self._step if self._step >= 0 else None)
+
+    # --- lifecycle ----------------------------------------------------------------
+    def mark_exit(self, code):
+        F.EXIT.pack_into(self.mm, F.EXIT_OFF, F.ST_EXITED, int(code), _wall())
+
+    def close(self):
+        """Flush and unmap (the file stays). Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.mm.flush()
+        except Exception:
+            pass
+
+    def abandon(self):
+        """Forget the mapping without touching it (used in a forked child: the parent owns it)."""
+        self.closed = True
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass

@@ -1,0 +1,403 @@
+"""Wrappers around the public torch.distributed API that record into the ring.
+
+Installed by a post-import hook on ``torch.distributed`` (or at once if it is already
+imported). Each wrapped function is replaced, by the same wrapt ``FunctionWrapper``
+object, both in ``torch.distributed`` and in ``torch.distributed.distributed_c10d``;
+calls made *inside* a wrapped call on the same thread (``all_gather_object`` calling
+``all_gather``, ...) are not recorded again.
+
+Not seen by these wrappers (torch calls C++ directly): DDP's gradient all-reduce and
+functional collectives (``torch.distributed._functional_collectives``). Source: torch
+2.13 ``torch/nn/parallel/distributed.py`` uses the C++ reducer; torch's own Flight
+Recorder sees those.
+
+Sequence numbers are ours, counted per group name: collectives on one counter, p2p
+on one counter per (group, peer). Every rank that calls the same Python API in the
+same order gets the same numbers, which is what the cross-rank alignment needs.
+"""
+import inspect
+import threading
+
+import wrapt
+
+from ..tracer import format as F
+
+# name -> (input tensor parameter or None, peer parameter names, is_p2p, payload kind)
+# payload kind: "t" tensor, "tl" list of tensors, "o" python object, "ol" object list, None
+SPECS = {
+    "all_reduce": ("tensor", (), False, "t"),
+    "all_gather": ("tensor", (), False, "t"),
+    "all_gather_into_tensor": ("input_tensor", (), False, "t"),
+    "all_gather_object": ("obj", (), False, "o"),
+    "reduce_scatter": ("input_list", (), False, "tl"),
+    "reduce_scatter_tensor": ("input", (), False, "t"),
+    "all_to_all": ("input_tensor_list", (), False, "tl"),
+    "all_to_all_single": ("input", (), False, "t"),
+    "broadcast": ("tensor", ("src", "group_src"), False, "t"),
+    "broadcast_object_list": ("object_list", ("src", "group_src"), False, "ol"),
+    "reduce": ("tensor", ("dst", "group_dst"), False, "t"),
+    "gather": ("tensor", ("dst", "group_dst"), False, "t"),
+    "gather_object": ("obj", ("dst", "group_dst"), False, "o"),
+    "scatter": ("tensor", ("src", "group_src"), False, "t"),
+    "scatter_object_list": ("scatter_object_output_list", ("src", "group_src"), False, "ol"),
+    "barrier": (None, (), False, None),
+    "monitored_barrier": (None, (), False, None),
+    "send": ("tensor", ("dst", "group_dst"), True, "t"),
+    "recv": ("tensor", ("src", "group_src"), True, "t"),
+    "isend": ("tensor", ("dst", "group_dst"), True, "t"),
+    "irecv": ("tensor", ("src", "group_src"), True, "t"),
+}
+GROUP_OPS = ("init_process_group", "new_group", "new_subgroups", "destroy_process_group")
+BATCH_OP = "batch_isend_irecv"
+
+
+class _TLS(threading.local):
+    depth = 0
+
+
+_tls = _TLS()
+
+
+class State:
+    """Per-process state of the torch hooks (one instance; recreated after fork)."""
+
+    def __init__(self, recorder, log):
+        self.rec = recorder
+        self.log = log
+        self.seq = {}  # (group name, peer or None) -> last seq
+        self.groups = {}  # id(pg) or None -> (strid, name, pg)
+        self.dtypes = {}
+        self.shapes = {}
+        self.order = 0
+        self.dist = None
+        self.fault = False
+
+
+_state = None
+_installed = {}  # attribute name -> original function
+
+
+def _group_key(group):
+    """(strid, name) of ``group`` (None = default group); cached per group object."""
+    st = _state
+    g = st.groups.get(None if group is None else id(group))
+    if g is not None:
+        return g[0], g[1]
+    dist = st.dist
+    pg = group
+    if pg is None:
+        pg = dist.distributed_c10d._get_default_group()
+    try:
+        name = dist.distributed_c10d._get_process_group_name(pg)
+    except Exception:
+        name = getattr(pg, "group_name", None) or "?"
+    sid = st.rec.intern(name)
+    st.groups[None if group is None else id(group)] = (sid, name, group)
+    return sid, name
+
+
+def _dtype_id(t):
+    dt = t.dtype
+    d = _state.dtypes.get(dt)
+    if d is None:
+        d = _state.dtypes[dt] = F.DTYPE_IDS.get(str(dt).replace("torch.", ""), 0)
+    return d
+
+
+def _shape_id(shape):
+    s = _state.shapes.get(shape)
+    if s is None:
+        s = _state.shapes[shape] = _state.rec.intern("x".join(str(int(d)) for d in shape) or "scalar")
+    return s
+
+
+def _payload(kind, obj):
+    """(numel, shape strid, dtype id) of the op's payload."""
+    if kind == "t":
+        return obj.numel(), _shape_id(obj.shape), _dtype_id(obj)
+    if kind == "tl":
+        if not obj:
+            return 0, 0, 0
+        return sum(t.numel() for t in obj), _shape_id(obj[0].shape), _dtype_id(obj[0])
+    if kind == "ol":
+        return len(obj), 0, F.DTYPE_IDS["object"]
+    if kind == "o":
+        return -1, 0, F.DTYPE_IDS["object"]
+    return 0, 0, 0
+
+
+def _make_wrapper(name, params):
+    tparam, peer_params, is_p2p, pkind = SPECS[name]
+    op_id = F.OP_IDS[name]
+    kind = F.K_P2P if is_p2p else F.K_COLL
+    tpos = params.index(tparam) if tparam in params else None
+    gpos = params.index("group") if "group" in params else None
+    apos = params.index("async_op") if "async_op" in params else None
+    peers = [(params.index(p) if p in params else None, p) for p in peer_params]
+    always_async = name in ("isend", "irecv")
+
+    def begin(args, kwargs):
+        st = _state
+        if st.fault:
+            raise RuntimeError("hangtrace test fault: recorder failure")
+        n = len(args)
+        group = args[gpos] if gpos is not None and gpos < n else kwargs.get("group")
+        gsid, gname = _group_key(group)
+        peer = -1
+        for pos, pname in peers:
+            v = args[pos] if pos is not None and pos < n else kwargs.get(pname)
+            if v is not None:
+                if pname.startswith("group_"):
+                    v = st.dist.get_global_rank(group, v) if group is not None else v
+                peer = int(v)
+                break
+        if pkind is not None:
+            obj = args[tpos] if tpos is not None and tpos < n else kwargs.get(tparam)
+            numel, shape, dtype = _payload(pkind, obj) if obj is not None else (0, 0, 0)
+        else:
+            numel = shape = dtype = 0
+        async_op = always_async or bool(args[apos] if apos is not None and apos < n else kwargs.get("async_op"))
+        key = (gname, peer) if is_p2p else gname
+        seq = st.seq.get(key, 0) + 1
+        st.seq[key] = seq
+        return st.rec.issue(kind, op_id, gsid, seq, numel, shape, dtype, peer,
+                            F.F_ASYNC if async_op else 0), async_op
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if _tls.depth or _state is None:
+            return wrapped(*args, **kwargs)
+        idx = 0
+        async_op = False
+        try:
+            idx, async_op = begin(args, kwargs)
+        except Exception as e:
+            _state.log("recording %s failed: %r" % (name, e), "rec-" + name)
+        _tls.depth = 1
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as e:
+            _tls.depth = 0
+            if idx:
+                _finish_error(idx, e)
+            raise
+        _tls.depth = 0
+        if idx:
+            try:
+                if async_op and result is not None:
+                    _on_work_done(idx, result)
+                else:
+                    _state.rec.complete(idx)
+            except Exception as e:
+                _state.log("completing %s failed: %r" % (name, e), "done-" + name)
+        return result
+
+    return wrapper
+
+
+def _finish_error(idx, e):
+    try:
+        _state.rec.complete(idx, err="%s: %s" % (type(e).__name__, e))
+    except Exception as e2:
+        _state.log("recording a failure failed: %r" % (e2,), "fail-rec")
+
+
+def _on_work_done(idx, work):
+    """Record completion of an async op when its Work finishes (the Work itself is untouched)."""
+    rec = _state.rec
+
+    def cb(fut):
+        try:
+            fut.value()
+        except Exception as e:
+            rec.complete(idx, err="%s: %s" % (type(e).__name__, e))
+            return None
+        rec.complete(idx)
+        return None
+
+    try:
+        work.get_future().then(cb)
+    except Exception as e:  # a backend without futures: completion stays unknown
+        _state.log("no future on async work (%r); completion of async ops not recorded" % (e,), "no-future")
+
+
+def _batch_wrapper(wrapped, instance, args, kwargs):
+    if _tls.depth or _state is None:
+        return wrapped(*args, **kwargs)
+    idxs = []
+    try:
+        st = _state
+        if st.fault:
+            raise RuntimeError("hangtrace test fault: recorder failure")
+        ops = args[0] if args else kwargs.get("p2p_op_list")
+        for p in ops:
+            opname = getattr(p.op, "__name__", "isend")
+            gsid, gname = _group_key(p.group)
+            peer = getattr(p, "peer", -1)
+            if peer is None:
+                peer = st.dist.get_global_rank(p.group, p.group_peer)
+            key = (gname, int(peer))
+            seq = st.seq.get(key, 0) + 1
+            st.seq[key] = seq
+            t = p.tensor
+            idxs.append(st.rec.issue(F.K_P2P, F.OP_IDS.get(opname, F.OP_IDS["isend"]), gsid, seq, t.numel(),
+                                     _shape_id(t.shape), _dtype_id(t), int(peer), F.F_ASYNC | F.F_BATCH))
+    except Exception as e:
+        _state.log("recording batch_isend_irecv failed: %r" % (e,), "rec-batch")
+    _tls.depth = 1
+    try:
+        works = wrapped(*args, **kwargs)
+    except BaseException as e:
+        _tls.depth = 0
+        for i in idxs:
+            _finish_error(i, e)
+        raise
+    _tls.depth = 0
+    try:
+        if works is not None and len(works) == len(idxs):
+            for i, w in zip(idxs, works):
+                _on_work_done(i, w)
+        elif works:
+            for i in idxs:
+                _on_work_done(i, works[-1])
+    except Exception as e:
+        _state.log("batch completion failed: %r" % (e,), "done-batch")
+    return works
+
+
+def _describe(pg, op):
+    """Group definition dict for the ring's durable group table."""
+    st = _state
+    dist = st.dist
+    c10d = dist.distributed_c10d
+    info = {"op": op, "order": st.order}
+    st.order += 1
+    if pg is None or pg is c10d.GroupMember.NON_GROUP_MEMBER:
+        info["member"] = False
+        info["name"] = None
+        return info
+    info["member"] = True
+    for key, fn in (("name", lambda: c10d._get_process_group_name(pg)),
+                    ("desc", lambda: getattr(pg, "group_desc", None)),
+                    ("backend", lambda: str(dist.get_backend(pg))),
+                    ("ranks", lambda: list(dist.get_process_group_ranks(pg)))):
+        try:
+            info[key] = fn()
+        except Exception:
+            info[key] = None
+    return info
+
+
+def _group_op_wrapper(wrapped, instance, args, kwargs):
+    name = wrapped.__name__
+    result = wrapped(*args, **kwargs)
+    st = _state
+    if st is None:
+        return result
+    try:
+        if name == "init_process_group":
+            dist = st.dist
+            st.groups.clear()
+            st.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
+            st.rec.group_created(_describe(dist.distributed_c10d._get_default_group(), name))
+        elif name == "new_group":
+            info = _describe(result, name)
+            if info.get("member") is False:
+                ranks = kwargs.get("ranks", args[0] if args else None)
+                info["ranks"] = sorted(int(r) for r in ranks) if ranks is not None else None
+            st.rec.group_created(info)
+        elif name == "destroy_process_group":
+            st.groups.clear()
+            st.rec.event("destroy_process_group")
+    except Exception as e:
+        st.log("recording %s failed: %r" % (name, e), "rec-" + name)
+    return result
+
+
+def _local_rank():
+    import os
+    try:
+        return int(os.environ.get("LOCAL_RANK", "-1"))
+    except ValueError:
+        return -1
+
+
+def record_existing_groups():
+    """Record the process groups that exist already (tracing began after init)."""
+    dist = _state.dist
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    c10d = dist.distributed_c10d
+    _state.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
+    pgs = list(getattr(c10d._world, "pg_names", {}).keys())
+    default = c10d._get_default_group()
+    if default in pgs:
+        pgs.remove(default)
+    for pg in [default] + pgs:
+        _state.rec.group_created(_describe(pg, "existing"))
+
+
+def install(dist, recorder, log):
+    """Wrap torch.distributed's API (``dist`` is the imported module). Idempotent.
+
+    Returns the number of functions wrapped.
+    """
+    global _state
+    import os
+    from ..tracer import config
+    if _state is None:
+        _state = State(recorder, log)
+        _state.dist = dist
+        _state.fault = os.environ.get(config.FAULT) == "recorder"
+    c10d = dist.distributed_c10d
+    count = 0
+    for name in list(SPECS) + [BATCH_OP] + list(GROUP_OPS):
+        if name in _installed:
+            continue
+        orig = getattr(c10d, name, None)
+        if orig is None or isinstance(orig, wrapt.FunctionWrapper):
+            continue
+        if name in SPECS:
+            try:
+                params = list(inspect.signature(orig).parameters)
+            except (TypeError, ValueError):
+                continue
+            w = wrapt.FunctionWrapper(orig, _make_wrapper(name, params))
+        elif name == BATCH_OP:
+            w = wrapt.FunctionWrapper(orig, _batch_wrapper)
+        elif name == "new_subgroups":
+            continue  # recorded through the new_group calls it makes
+        else:
+            w = wrapt.FunctionWrapper(orig, _group_op_wrapper)
+        _installed[name] = orig
+        setattr(c10d, name, w)
+        if getattr(dist, name, None) is orig:
+            setattr(dist, name, w)
+        count += 1
+    try:
+        record_existing_groups()
+    except Exception as e:
+        log("recording existing groups failed: %r" % (e,), "existing-groups")
+    return count
+
+
+def uninstall():
+    """Restore the original functions in both modules."""
+    import sys
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        _installed.clear()
+        return
+    c10d = dist.distributed_c10d
+    for name, orig in list(_installed.items()):
+        cur = getattr(c10d, name, None)
+        if isinstance(cur, wrapt.FunctionWrapper) and cur.__wrapped__ is orig:
+            setattr(c10d, name, orig)
+        if isinstance(getattr(dist, name, None), wrapt.FunctionWrapper):
+            setattr(dist, name, orig)
+        del _installed[name]
+
+
+def reset_after_fork(recorder):
+    """A forked child keeps the wrappers but records into its own ring."""
+    if _state is not None:
+        _state.rec = recorder

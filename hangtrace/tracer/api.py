@@ -1,0 +1,113 @@
+"""Public phase API: ``phase(name, step=None)``, ``step(n)``, ``heartbeat()``.
+
+Free no-ops when tracing is off (no recorder installed): ``phase()`` then returns one
+shared do-nothing object. Imported in every traced process: standard library only.
+"""
+import functools
+
+_recorder = None  # set by hangtrace.hooks.bootstrap when tracing is on
+
+
+def _set_recorder(rec):
+    global _recorder
+    _recorder = rec
+
+
+def _report(e):
+    rec = _recorder
+    try:
+        if rec is not None:
+            rec.log("phase API error: %r" % (e,), "api-" + type(e).__name__)
+    except Exception:
+        pass
+
+
+class _Phase:
+    """Context manager and decorator that records entering and leaving a phase."""
+
+    __slots__ = ("name", "step")
+
+    def __init__(self, name, step=None):
+        self.name = str(name)
+        self.step = step
+
+    def __enter__(self):
+        rec = _recorder
+        if rec is not None:
+            try:
+                rec.phase_enter(self.name, self.step)
+            except Exception as e:
+                _report(e)
+        return self
+
+    def __exit__(self, etype, evalue, tb):
+        rec = _recorder
+        if rec is not None:
+            try:
+                rec.phase_exit(self.name, None if etype is None else "%s: %s" % (etype.__name__, evalue))
+            except Exception as e:
+                _report(e)
+        return False
+
+    def __call__(self, fn):
+        name, step = self.name, self.step
+
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            with _Phase(name, step):
+                return fn(*args, **kwargs)
+        return inner
+
+
+class _NoPhase:
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __call__(self, fn):
+        return fn
+
+
+_NO_PHASE = _NoPhase()
+
+
+def phase(name, step=None):
+    """Mark a phase of the program (``rollout``, ``train``, ``checkpoint`` ...).
+
+    Use as ``with phase("train", step=3):`` or as a decorator ``@phase("eval")``.
+    Phases nest; records carry the innermost phase of their thread. ``step`` (int),
+    when given, also sets the current step. Entering and leaving count as progress
+    for stall detection. Never raises into the caller.
+    """
+    if _recorder is None:
+        return _NO_PHASE
+    return _Phase(name, step)
+
+
+def step(n):
+    """Set the current training step (int). Counts as progress. No-op when tracing is off."""
+    rec = _recorder
+    if rec is not None:
+        try:
+            rec.step(n)
+        except Exception as e:
+            _report(e)
+
+
+def heartbeat():
+    """Tell the watcher this process is making progress (long compute without collectives)."""
+    rec = _recorder
+    if rec is not None:
+        try:
+            rec.heartbeat()
+        except Exception as e:
+            _report(e)
+
+
+def enabled():
+    """True when this process is traced."""
+    return _recorder is not None

@@ -1,0 +1,85 @@
+"""Every environment variable hangtrace reads, with its default and meaning.
+
+This module is imported inside every traced process: it imports only ``os``.
+CLI flags map onto these variables (``hangtrace run --stall-s`` sets
+``HANGTRACE_STALL_S`` for the watcher, and so on).
+"""
+import os
+
+#: Turns tracing on in this process and every Python process it starts when set
+#: to anything but "" or "0". Checked by the ``.pth`` file before anything is imported.
+ENABLE = "HANGTRACE"
+#: Run directory shared by all processes of one run. Default: a new folder
+#: ``hangtrace-<run id>`` under the system temp dir, created by the first traced
+#: process and exported to its children.
+DIR = "HANGTRACE_DIR"
+#: Run id (free text, <= 63 bytes). Default: ``<UTC time>-<pid of first process>``.
+RUN_ID = "HANGTRACE_RUN_ID"
+#: Number of record slots per ring file (128 bytes each). Default 16384 (2 MiB).
+SLOTS = "HANGTRACE_SLOTS"
+#: Seconds without progress anywhere in the run before the watcher reports a stall.
+STALL_S = "HANGTRACE_STALL_S"
+#: Per-phase stall thresholds, ``name=seconds,name=seconds`` (e.g. ``checkpoint=1800``).
+PHASE_STALL_S = "HANGTRACE_PHASE_STALL_S"
+#: Watcher poll period in seconds.
+POLL_S = "HANGTRACE_POLL_S"
+#: "1": the first traced process on a node starts a node watcher when none runs.
+#: "0": never (``hangtrace run`` starts its own and sets this to 0 for the job).
+AUTO_WATCH = "HANGTRACE_AUTO_WATCH"
+#: Set by hangtrace in the environment of its own helper processes (watcher,
+#: py-spy): such processes never trace themselves.
+HELPER = "HANGTRACE_HELPER"
+#: Test-only fault injection: "recorder" makes the collective recorder raise on
+#: every call (the traced program must not notice).
+FAULT = "HANGTRACE_FAULT_INJECT"
+
+DEFAULTS = {
+    SLOTS: 16384,
+    STALL_S: 300.0,
+    POLL_S: 1.0,
+    AUTO_WATCH: "1",
+}
+
+
+def enabled(environ=None):
+    """True when ``HANGTRACE`` asks for tracing and this is not one of our helpers."""
+    env = os.environ if environ is None else environ
+    return env.get(ENABLE, "") not in ("", "0") and not env.get(HELPER)
+
+
+def get_int(name, environ=None):
+    env = os.environ if environ is None else environ
+    try:
+        return int(env.get(name, DEFAULTS[name]))
+    except (TypeError, ValueError):
+        return int(DEFAULTS[name])
+
+
+def get_float(name, environ=None):
+    env = os.environ if environ is None else environ
+    try:
+        return float(env.get(name, DEFAULTS[name]))
+    except (TypeError, ValueError):
+        return float(DEFAULTS[name])
+
+
+def phase_stall_s(environ=None):
+    """Parse ``HANGTRACE_PHASE_STALL_S`` into ``{phase: seconds}``; bad items are ignored."""
+    env = os.environ if environ is None else environ
+    out = {}
+    for item in env.get(PHASE_STALL_S, "").split(","):
+        name, _, val = item.partition("=")
+        try:
+            if name.strip():
+                out[name.strip()] = float(val)
+        except ValueError:
+            pass
+    return out
+
+
+def helper_env(environ=None):
+    """Environment for our own helper processes: tracing stripped, helper mark set."""
+    env = dict(os.environ if environ is None else environ)
+    env.pop(ENABLE, None)
+    env[HELPER] = "1"
+    return env

@@ -1,0 +1,299 @@
+"""The ring file: one memory-mapped, fixed-size flight record per traced process.
+
+Layout (version 1, little endian; documented in docs/FORMAT.md)::
+
+    [0, 4096)                    header: identity + liveness fields
+    [4096, 4096 + nslots*128)    slots: fixed 128-byte records, slot = (idx-1) % nslots
+    [strtab_off, +strtab_size)   string table, append only: entries ``<u8 tag><u32 len><bytes>``
+
+The file lives in a ``MAP_SHARED`` mapping, so every byte the writer stored is in the
+page cache and readable after the process is SIGKILLed (the kernel writes it back;
+nothing depends on the process exiting cleanly).
+
+This module is imported inside traced processes: it imports only the standard library.
+"""
+import mmap
+import os
+import struct
+
+MAGIC = b"HTRING01"
+VERSION = 1
+HEADER_SIZE = 4096
+SLOT_SIZE = 128
+DEFAULT_STRTAB_SIZE = 4 << 20
+
+# --- header ---------------------------------------------------------------------
+HDR_FIXED = struct.Struct("<8sIIIIQQ")  # magic, version, header_size, slot_size, nslots, strtab_off, strtab_size
+IDENT_OFF = 48
+IDENT = struct.Struct("<qqqqQ")  # pid, ppid, start_wall_ns, start_mono_ns, proc_start_ticks
+HOST_OFF, HOST_LEN = 96, 64
+RUNID_OFF, RUNID_LEN = 160, 64
+LIVE_ISSUE_OFF = 512
+LIVE_ISSUE = struct.Struct("<QQ")  # next_idx, inflight_idx (record idx, 0 = none)
+LIVE_DONE_OFF = 520
+LIVE_DONE = struct.Struct("<QQQQ")  # inflight_idx, progress_mono_ns, progress_wall_ns, progress_count
+PHASE_OFF = 552
+PHASE = struct.Struct("<Iiq")  # cur_phase strid, phase depth, cur_step
+STRUSED_OFF = 568
+U64 = struct.Struct("<Q")
+STRUSED = U64
+EXIT_OFF = 576
+EXIT = struct.Struct("<iiQ")  # state, exit_code, exit_wall_ns
+RANK_OFF = 592
+RANK = struct.Struct("<iiii")  # rank, local_rank, world_size, dump signal registered (0 = none)
+
+# process states stored in the header
+ST_RUNNING, ST_EXITED = 1, 2
+
+# --- slots ----------------------------------------------------------------------
+SLOT = struct.Struct("<QBBBBIqqIiIIqQQB3xIQqqqqq")
+assert SLOT.size == SLOT_SIZE
+COMPLETE_OFF = 72
+COMPLETE = struct.Struct("<B3xIQ")  # state, err strid, t_end_mono_ns
+
+# record kinds
+K_COLL, K_P2P, K_GROUP, K_PHASE_ENTER, K_PHASE_EXIT, K_STEP, K_HEARTBEAT, K_EVENT, K_MEM = range(1, 10)
+KIND_NAMES = {K_COLL: "collective", K_P2P: "p2p", K_GROUP: "group", K_PHASE_ENTER: "phase_enter",
+              K_PHASE_EXIT: "phase_exit", K_STEP: "step", K_HEARTBEAT: "heartbeat",
+              K_EVENT: "event", K_MEM: "memory"}
+# record states
+S_ISSUED, S_COMPLETED, S_FAILED = 1, 2, 3
+STATE_NAMES = {0: "none", S_ISSUED: "issued", S_COMPLETED: "completed", S_FAILED: "failed"}
+# flags
+F_ASYNC, F_BATCH, F_CUDA = 1, 2, 4
+
+OPS = ("", "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+       "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+       "broadcast", "broadcast_object_list", "reduce", "gather", "gather_object", "scatter",
+       "scatter_object_list", "barrier", "monitored_barrier", "send", "recv", "isend",
+       "irecv", "batch_isend_irecv", "init_process_group", "new_group", "new_subgroups",
+       "destroy_process_group", "_allgather_base", "_reduce_scatter_base")
+OP_IDS = {name: i for i, name in enumerate(OPS)}
+
+DTYPES = ("", "float32", "float64", "float16", "bfloat16", "uint8", "int8", "int16", "int32",
+          "int64", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "uint16",
+          "uint32", "uint64", "object")
+DTYPE_IDS = {name: i for i, name in enumerate(DTYPES)}
+
+# string table tags
+T_STR, T_GROUP, T_EVENT, T_META = 1, 2, 3, 4
+STR_ENTRY = struct.Struct("<BI")
+STRTAB_CHUNK = 1 << 16  # bytes reserved on disk at a time
+
+
+def layout(nslots, strtab_size=DEFAULT_STRTAB_SIZE):
+    """Return ``(strtab_off, total_size)`` in bytes for a ring of ``nslots`` slots."""
+    strtab_off = HEADER_SIZE + nslots * SLOT_SIZE
+    return strtab_off, strtab_off + strtab_size
+
+
+def reserve(fd, off, length):
+    """Allocate disk blocks for ``[off, off+length)`` of a ring file.
+
+    A write through a mapping into an unallocated block of a full file system kills the
+    process with SIGBUS; reserving first turns that into an OSError (ENOSPC) that the
+    writer can swallow. Falls back to writing zeros where fallocate is unsupported.
+    """
+    try:
+        os.posix_fallocate(fd, off, length)
+        return
+    except OSError as e:
+        if e.errno not in (95,):  # EOPNOTSUPP
+            raise
+    os.pwrite(fd, bytes(length), off)
+
+
+def create_ring(path, nslots, strtab_size=DEFAULT_STRTAB_SIZE):
+    """Create a ring file and map it; return ``(fd, mmap, strtab_off)``.
+
+    The file is created with mode 0600 (O_EXCL), sized to its full length (sparse) and
+    mapped ``MAP_SHARED``; header and slots are reserved on disk at once.
+    Raises OSError (ENOSPC, EACCES, EEXIST ...) and leaves no file behind on failure.
+    """
+    strtab_off, total = layout(nslots, strtab_size)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, total)
+        reserve(fd, 0, strtab_off + STRTAB_CHUNK)
+        mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+    HDR_FIXED.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, nslots, strtab_off, strtab_size)
+    STRUSED.pack_into(mm, STRUSED_OFF, 8)
+    return fd, mm, strtab_off
+
+
+# --- reading ----------------------------------------------------------------------
+class RingData:
+    """Decoded content of one ring file (plain attributes, no mmap kept).
+
+    ``records``: list of dicts ordered by record index; ``strings``: {strid: str};
+    ``groups``: group definitions in creation order; ``events``: lifecycle events;
+    ``meta``: merged identity updates (Ray actor, ...); ``header``: dict of header fields;
+    ``warnings``: problems found that did not stop the read (e.g. a torn string table).
+    """
+
+    __slots__ = ("path", "header", "records", "strings", "groups", "events", "meta", "warnings")
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.header, self.records, self.strings = {}, [], {}
+        self.groups, self.events, self.meta, self.warnings = [], [], {}, []
+
+
+def _cstr(raw):
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def read_header(buf, path="<buffer>"):
+    """Validate and decode the header of ``buf`` (bytes-like, >= HEADER_SIZE bytes).
+
+    Returns a dict. Raises TruncatedRingError, ForeignFileError, UnsupportedVersionError
+    or CorruptRingError naming ``path``.
+    """
+    from .errors import CorruptRingError, ForeignFileError, TruncatedRingError, UnsupportedVersionError
+    if len(buf) < 8:
+        raise TruncatedRingError(path, "%d bytes, shorter than the 8-byte magic" % len(buf))
+    if bytes(buf[:6]) != MAGIC[:6]:
+        raise ForeignFileError(path, "no hangtrace magic (found %r)" % bytes(buf[:8]))
+    if bytes(buf[:8]) != MAGIC:
+        raise UnsupportedVersionError(path, "ring format %r, this reader knows %r" % (bytes(buf[:8]), MAGIC))
+    if len(buf) < HEADER_SIZE:
+        raise TruncatedRingError(path, "%d bytes, shorter than the %d-byte header" % (len(buf), HEADER_SIZE))
+    magic, version, hsize, ssize, nslots, stroff, strsize = HDR_FIXED.unpack_from(buf, 0)
+    if version != VERSION:
+        raise UnsupportedVersionError(path, "format version %d, this reader knows %d" % (version, VERSION))
+    if hsize != HEADER_SIZE or ssize != SLOT_SIZE or nslots <= 0 or stroff != HEADER_SIZE + nslots * SLOT_SIZE:
+        raise CorruptRingError(path, "inconsistent sizes (header %d, slot %d, slots %d, strtab at %d)"
+                               % (hsize, ssize, nslots, stroff))
+    pid, ppid, start_wall, start_mono, ticks = IDENT.unpack_from(buf, IDENT_OFF)
+    next_idx, inflight = LIVE_ISSUE.unpack_from(buf, LIVE_ISSUE_OFF)
+    _, pmono, pwall, pcount = LIVE_DONE.unpack_from(buf, LIVE_DONE_OFF)
+    phase, depth, step = PHASE.unpack_from(buf, PHASE_OFF)
+    (strused,) = STRUSED.unpack_from(buf, STRUSED_OFF)
+    state, exit_code, exit_wall = EXIT.unpack_from(buf, EXIT_OFF)
+    rank, local_rank, world, dumpsig = RANK.unpack_from(buf, RANK_OFF)
+    return dict(version=version, nslots=nslots, strtab_off=stroff, strtab_size=strsize,
+                pid=pid, ppid=ppid, start_wall_ns=start_wall, start_mono_ns=start_mono,
+                proc_start_ticks=ticks, host=_cstr(buf[HOST_OFF:HOST_OFF + HOST_LEN]),
+                run_id=_cstr(buf[RUNID_OFF:RUNID_OFF + RUNID_LEN]), next_idx=next_idx,
+                inflight_idx=inflight, progress_mono_ns=pmono, progress_wall_ns=pwall,
+                progress_count=pcount, phase_strid=phase, phase_depth=depth, step=step,
+                strtab_used=strused, state=state, exit_code=exit_code, exit_wall_ns=exit_wall,
+                rank=rank, local_rank=local_rank, world_size=world, dump_signal=dumpsig)
+
+
+def _parse_strtab(data, used, ring):
+    import json
+    off = 8
+    end = min(used, len(data))
+    if used > len(data):
+        ring.warnings.append("string table cut short: %d of %d bytes present" % (len(data), used))
+    while off + STR_ENTRY.size <= end:
+        tag, n = STR_ENTRY.unpack_from(data, off)
+        if tag not in (T_STR, T_GROUP, T_EVENT, T_META) or off + STR_ENTRY.size + n > end:
+            ring.warnings.append("string table corrupt at byte %d; %d bytes after it ignored" % (off, end - off))
+            break
+        text = bytes(data[off + STR_ENTRY.size: off + STR_ENTRY.size + n]).decode("utf-8", "replace")
+        if tag == T_STR:
+            ring.strings[off] = text
+        else:
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                ring.warnings.append("unreadable %s entry at byte %d" % ({T_GROUP: "group", T_EVENT: "event",
+                                                                          T_META: "meta"}[tag], off))
+                obj = None
+            if isinstance(obj, dict):
+                if tag == T_GROUP:
+                    ring.groups.append(obj)
+                elif tag == T_EVENT:
+                    ring.events.append(obj)
+                else:
+                    ring.meta.update(obj)
+        off += STR_ENTRY.size + n
+
+
+def decode_slots(slots, nslots, strings):
+    """Decode the valid slots of ``slots`` (bytes) into record dicts ordered by index.
+
+    A slot is valid when its stored index maps to its own position; of the valid ones,
+    only the newest ``nslots`` window is kept (older leftovers of a torn write are dropped).
+    """
+    S = strings.get
+    out = []
+    pos = 0
+    for rec in SLOT.iter_unpack(slots):
+        idx = rec[0]
+        if idx and (idx - 1) % nslots == pos:
+            out.append(rec)
+        pos += 1
+    out.sort(key=lambda r: r[0])
+    if out:
+        newest = out[-1][0]
+        out = [r for r in out if r[0] > newest - nslots]
+    res = []
+    for (idx, kind, flags, dtype, op, group, seq, numel, shape, peer, thread, phase, step,
+         t_mono, t_wall, state, err, t_end, a0, a1, a2, a3, a4) in out:
+        res.append({
+            "idx": idx, "kind": KIND_NAMES.get(kind, str(kind)),
+            "op": OPS[op] if op < len(OPS) else str(op),
+            "group": S(group, "") if group else None, "seq": seq,
+            "dtype": DTYPES[dtype] if dtype < len(DTYPES) else str(dtype),
+            "numel": numel, "shape": S(shape) if shape else None,
+            "peer": peer, "async_op": bool(flags & F_ASYNC), "batch": bool(flags & F_BATCH),
+            "thread": S(thread) if thread else None, "phase": S(phase) if phase else None,
+            "step": step if step >= 0 else None,
+            "t_mono_ns": t_mono, "t_wall_ns": t_wall, "t_end_mono_ns": t_end or None,
+            "state": STATE_NAMES.get(state, str(state)), "error": S(err) if err else None,
+            "a": (a0, a1, a2, a3, a4),
+        })
+    return res
+
+
+def read_ring(path):
+    """Read and decode a ring file. Returns RingData.
+
+    Accepts files cut after the used part of the string table (snapshots store them so).
+    Raises a RingFormatError subclass naming ``path`` for truncated, foreign, other-version
+    or inconsistent files; OSError when the file cannot be opened.
+    """
+    from .errors import TruncatedRingError
+    ring = RingData(path)
+    with open(path, "rb") as f:
+        head = f.read(HEADER_SIZE)
+        hdr = read_header(head, path)
+        slots_len = hdr["nslots"] * SLOT_SIZE
+        slots = f.read(slots_len)
+        if len(slots) < slots_len:
+            raise TruncatedRingError(path, "%d of %d slot bytes present" % (len(slots), slots_len))
+        used = hdr["strtab_used"]
+        if used > hdr["strtab_size"]:
+            ring.warnings.append("string table use %d > size %d" % (used, hdr["strtab_size"]))
+            used = hdr["strtab_size"]
+        strtab = f.read(used)
+    ring.header = hdr
+    _parse_strtab(strtab, used, ring)
+    ring.header["phase"] = ring.strings.get(hdr["phase_strid"]) if hdr["phase_strid"] else None
+    ring.records = decode_slots(slots, hdr["nslots"], ring.strings)
+    return ring
+
+
+def compact_copy(src, dst):
+    """Copy the used part of ring ``src`` (header, slots, used string table) to ``dst``.
+
+    Returns bytes written. Raises OSError or RingFormatError.
+    """
+    with open(src, "rb") as f:
+        head = f.read(HEADER_SIZE)
+        hdr = read_header(head, src)
+        rest = f.read(hdr["nslots"] * SLOT_SIZE + hdr["strtab_used"])
+    with open(dst, "wb") as g:
+        g.write(head)
+        g.write(rest)
+    return len(head) + len(rest)
