@@ -64,6 +64,7 @@ class Recorder:
         mm[F.RUNID_OFF:F.RUNID_OFF + F.RUNID_LEN] = run_id.encode()[:F.RUNID_LEN - 1].ljust(F.RUNID_LEN, b"\0")
         F.EXIT.pack_into(mm, F.EXIT_OFF, F.ST_RUNNING, 0, 0)
         F.RANK.pack_into(mm, F.RANK_OFF, *self._env_rank(), 0)
+        F.PHASE.pack_into(mm, F.PHASE_OFF, 0, 0, -1)
         self._touch_progress()
 
     @staticmethod
@@ -135,7 +136,7 @@ class Recorder:
         fields.setdefault("mono_ns", _mono())
         fields.setdefault("thread", threading.current_thread().name)
         sid = self._append(F.T_EVENT, json.dumps(fields, default=str))
-        self._slot(F.K_EVENT, 0, sid, 0, 0, 0, 0, -1, F.S_COMPLETED)
+        self._slot(F.K_EVENT, 0, self.intern(kind), 0, 0, 0, 0, -1, F.S_COMPLETED, a=(sid, 0, 0, 0, 0))
         return sid
 
     def group_created(self, info):

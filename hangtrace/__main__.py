@@ -1,0 +1,3 @@
+import sys
+from hangtrace.cli import main
+sys.exit(main())

@@ -1,0 +1,322 @@
+"""``hangtrace`` command line: run | dump | analyze | attach | records | env.
+
+Exit codes: 0 done; 1 internal bug (traceback printed); 2 usage or generic user error;
+3 unreadable ring file; 4 run directory or snapshot missing/empty; 5 no processes
+found. ``hangtrace run`` exits with the status of the command it ran (128+N when the
+command was killed by signal N, as shells report it).
+"""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .tracer import config
+from .tracer.errors import HangtraceError, RunDirError
+
+
+def _err(msg):
+    sys.stderr.write("hangtrace: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def _dumps(obj):
+    import orjson
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode()
+
+
+# --- records ---------------------------------------------------------------------------
+def _fmt_state(p):
+    if p.state == "exited":
+        return "exited(%s)" % p.exit_code
+    return p.state
+
+
+def _fmt_record(r):
+    if r["kind"] in ("collective", "p2p"):
+        s = "%s %s group=%s seq=%d" % (r["kind"], r["op"], r["group"], r["seq"])
+        if r["numel"] or r["dtype"]:
+            s += " %s[%s]" % (r["dtype"], r["shape"] or r["numel"])
+        if r["peer"] >= 0:
+            s += " peer=%d" % r["peer"]
+        if r["async_op"]:
+            s += " async"
+        s += " %s" % r["state"]
+        if r["error"]:
+            s += " (%s)" % r["error"]
+    elif r["kind"] == "group":
+        s = "group %s created" % r["group"]
+    elif r["kind"] in ("phase_enter", "phase_exit"):
+        s = "%s %s" % (r["kind"].replace("_", " "), r["phase"])
+    elif r["kind"] == "event":
+        s = "event %s" % r["group"]
+    elif r["kind"] == "step":
+        s = "step %d" % r["seq"]
+    else:
+        s = r["kind"]
+    ctx = []
+    if r["phase"]:
+        ctx.append("phase=%s" % r["phase"])
+    if r["step"] is not None:
+        ctx.append("step=%d" % r["step"])
+    if r["thread"] and r["thread"] != "MainThread":
+        ctx.append("thread=%s" % r["thread"])
+    return "%s%s" % (s, ("  [" + " ".join(ctx) + "]") if ctx else "")
+
+
+def cmd_records(args):
+    """List every traced process of a run and its last records."""
+    from .tracer.collect import load_run
+    snap = load_run(args.run_dir)
+    if args.json:
+        out = []
+        for p in snap.processes:
+            recs = p.records[-args.last:] if args.last else p.records
+            out.append({"rank": p.rank, "local_rank": p.local_rank, "world_size": p.world_size,
+                        "host": p.host, "pid": p.pid, "state": p.state, "exit_code": p.exit_code,
+                        "phase": p.phase, "step": p.step, "inflight": p.inflight, "groups": p.groups,
+                        "events": p.events, "signals": {k: {"wall_ns": v["wall_ns"], "path": v["path"]}
+                                                        for k, v in p.signals.items()},
+                        "meta": p.meta, "records": recs})
+        print(_dumps({"run_dir": snap.run_dir, "processes": out, "errors": snap.errors}))
+        return 0
+    for p in snap.processes:
+        print("rank %s  %s:%d  %s  phase=%s step=%s" % (p.rank if p.rank >= 0 else "?", p.host, p.pid,
+                                                       _fmt_state(p), p.phase, p.step))
+        if p.inflight:
+            print("  in flight: %s" % _fmt_record(p.inflight))
+        for k, v in p.signals.items():
+            print("  %s stacks written: %s" % (k, v["path"]))
+        for e in p.events:
+            if e.get("event") in ("exception", "thread_exception"):
+                print("  %s: %s: %s" % (e["event"], e.get("type"), e.get("message")))
+        recs = p.records[-args.last:] if args.last else p.records
+        for r in recs:
+            print("  #%d %s" % (r["idx"], _fmt_record(r)))
+    for e in snap.errors:
+        print("error: %s" % e)
+    return 0
+
+
+# --- analyze / dump ------------------------------------------------------------------------
+def _print_diag(diag, snap, as_json):
+    from .tracer.report import diagnosis_json, verdict_paragraph
+    if as_json:
+        d = diagnosis_json(diag)
+        d["snapshot"] = snap.path
+        print(_dumps(d))
+    else:
+        print(verdict_paragraph(diag))
+        if snap.path:
+            print("\nreport: %s" % os.path.join(snap.path, "report.txt"))
+        for e in snap.errors:
+            print("note: %s" % e)
+
+
+def cmd_analyze(args):
+    """Offline analysis of a run directory (newest snapshot, else the rings) or a snapshot."""
+    from .tracer.analysis import diagnose
+    from .tracer.collect import is_snapshot, load_run, load_snapshot, newest_snapshot
+    path = args.path
+    if is_snapshot(path):
+        snap = load_snapshot(path)
+    else:
+        newest = newest_snapshot(path) if os.path.isdir(path) else None
+        snap = load_snapshot(newest) if newest else load_run(path)
+    diag = diagnose(snap)
+    _print_diag(diag, snap, args.json)
+    return 0
+
+
+def cmd_dump(args):
+    """Snapshot and diagnose a live run now; the job keeps running."""
+    from .tracer.watcher import diagnose_and_report
+    run_dir = args.run_dir or os.environ.get(config.DIR)
+    if not run_dir:
+        raise RunDirError("no run directory given", "pass RUN_DIR, or set HANGTRACE_DIR")
+    snap, diag, para = diagnose_and_report(run_dir, "request", native=args.native)
+    _print_diag(diag, snap, args.json)
+    return 0
+
+
+# --- run -------------------------------------------------------------------------------
+def _exit_status(rc):
+    return 128 - rc if rc < 0 else rc
+
+
+def cmd_run(args):
+    """Run CMD traced; print the verdict on stall or crash; exit with CMD's status."""
+    from .hooks.bootstrap import default_run_id
+    from .tracer.watcher import Watcher, diagnose_and_report
+    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    if not cmd:
+        raise HangtraceError("no command given", "usage: hangtrace run [options] -- CMD ...")
+    run_id = default_run_id()
+    run_dir = os.path.abspath(args.dir) if args.dir else os.path.join(
+        __import__("tempfile").gettempdir(), "hangtrace-" + run_id)
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    env = dict(os.environ)
+    env.pop(config.HELPER, None)
+    env.update({config.ENABLE: "1", config.DIR: run_dir, config.RUN_ID: run_id, config.AUTO_WATCH: "0"})
+    if args.stall_s is not None:
+        env[config.STALL_S] = str(args.stall_s)
+    _err("run directory %s" % run_dir)
+    try:
+        child = subprocess.Popen(cmd, env=env, start_new_session=True)
+    except OSError as e:
+        raise HangtraceError("cannot start %r: %s" % (cmd[0], e), "check the command name and PATH")
+
+    def forward(signum, frame):
+        try:
+            os.killpg(child.pid, signum)
+        except OSError:
+            pass
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    w = Watcher(run_dir, stall_s=args.stall_s, clock=time.monotonic)
+    poll = args.poll_s if args.poll_s is not None else min(config.get_float(config.POLL_S),
+                                                           max(0.2, w.stall_s / 4))
+    reported = False
+    try:
+        while True:
+            try:
+                rc = child.wait(timeout=poll)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            inc = w.poll()
+            if inc is None:
+                continue
+            _err("%s detected: %s; collecting stacks and records ..." % (inc.kind, inc.detail))
+            try:
+                snap, diag, para = diagnose_and_report(run_dir, inc.kind, native=args.native)
+                reported = True
+                _report(snap, para)
+            except HangtraceError as e:
+                _err(e.render())
+            if args.stop_on_stall:
+                _err("stopping the job (--stop-on-stall)")
+                _stop(child)
+        if rc != 0 and not reported:
+            # a crash the watcher did not catch in time (or a fast failure): analyse what is left
+            try:
+                w.poll()
+                snap, diag, para = diagnose_and_report(run_dir, "death", with_stacks=False)
+                _report(snap, para)
+            except HangtraceError as e:
+                _err(e.render())
+        elif rc == 0:
+            _err("command finished with status 0; records in %s" % run_dir)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if child.poll() is None:
+            _stop(child)
+    return _exit_status(rc)
+
+
+def _report(snap, para):
+    sys.stderr.write("\n==== hangtrace verdict ====\n%s\n" % para)
+    sys.stderr.write("report:  %s\n" % os.path.join(snap.path, "report.txt"))
+    sys.stderr.write("next:    hangtrace analyze %s      (or --json)\n" % snap.path)
+    sys.stderr.write("         hangtrace records %s --last 20\n\n" % snap.run_dir)
+    sys.stderr.flush()
+
+
+def _stop(child, grace_s=5.0):
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        child.wait()
+    except OSError:
+        pass
+
+
+# --- attach ------------------------------------------------------------------------------
+def cmd_attach(args):
+    """Stacks of a hung job that was not started with hangtrace; names the outliers."""
+    from .tracer.attach import attach
+    diag, snap = attach(args.pid or None, native=args.native)
+    _print_diag(diag, snap, args.json)
+    return 0
+
+
+# --- env -----------------------------------------------------------------------------------
+def cmd_env(args):
+    """Print the environment that turns tracing on (shell lines, or Ray runtime_env JSON)."""
+    from .hooks.bootstrap import default_run_id
+    run_id = default_run_id()
+    run_dir = os.path.abspath(args.dir) if args.dir else os.path.join(
+        __import__("tempfile").gettempdir(), "hangtrace-" + run_id)
+    env = {config.ENABLE: "1", config.DIR: run_dir, config.RUN_ID: run_id}
+    if args.stall_s is not None:
+        env[config.STALL_S] = str(args.stall_s)
+    if args.ray:
+        print(_dumps({"env_vars": env}))
+    else:
+        for k, v in env.items():
+            print("export %s=%s" % (k, v))
+    return 0
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="hangtrace", description="Which rank broke, where, and why.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a command traced; verdict on stall or crash")
+    r.add_argument("--stall-s", type=float, default=None, help="stall threshold in seconds (HANGTRACE_STALL_S)")
+    r.add_argument("--dir", default=None, help="run directory (HANGTRACE_DIR)")
+    r.add_argument("--stop-on-stall", action="store_true", help="stop the job after the verdict")
+    r.add_argument("--native", action="store_true", help="include native frames in stacks (slower)")
+    r.add_argument("--poll-s", type=float, default=None, help="watcher poll period in seconds")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+    r.set_defaults(fn=cmd_run)
+
+    d = sub.add_parser("dump", help="snapshot and diagnose a live run now")
+    d.add_argument("run_dir", nargs="?", default=None)
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--native", action="store_true")
+    d.set_defaults(fn=cmd_dump)
+
+    a = sub.add_parser("analyze", help="diagnose a run directory or snapshot offline")
+    a.add_argument("path", metavar="RUN_DIR|SNAPSHOT")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(fn=cmd_analyze)
+
+    t = sub.add_parser("attach", help="diagnose a hung torch.distributed job not started with hangtrace")
+    t.add_argument("--pid", type=int, action="append", help="process id (repeat); default: find them")
+    t.add_argument("--json", action="store_true")
+    t.add_argument("--native", action="store_true")
+    t.set_defaults(fn=cmd_attach)
+
+    rc = sub.add_parser("records", help="list traced processes and their last records")
+    rc.add_argument("run_dir")
+    rc.add_argument("--json", action="store_true")
+    rc.add_argument("--last", type=int, default=20, help="records per process (0 = all)")
+    rc.set_defaults(fn=cmd_records)
+
+    e = sub.add_parser("env", help="print the environment that turns tracing on")
+    e.add_argument("--ray", action="store_true", help="as a Ray runtime_env JSON fragment")
+    e.add_argument("--dir", default=None)
+    e.add_argument("--stall-s", type=float, default=None)
+    e.set_defaults(fn=cmd_env)
+    return p
+
+
+def main(argv=None):
+    """Entry point; returns the exit code. Only HangtraceError is caught."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except HangtraceError as e:
+        sys.stderr.write(e.render() + "\n")
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Collector: turn a run directory (live or not) into a Snapshot, and store snapshots.
+
+A run directory holds ``ring-<host>-<pid>.htr`` files, ``stacks/{sigterm,fatal,dump}-
+<host>-<pid>.txt`` faulthandler outputs and ``hangtrace.log``. A stored snapshot
+``RUN_DIR/snapshots/<UTC time>/`` holds compact copies of the rings, ``processes.json``
+(state of each process when taken), ``stacks/<host>-<pid>.json`` (py-spy or
+faulthandler stacks), and, once analysed, ``diagnosis.json`` and ``report.txt``.
+
+Unreadable files never stop a collection: each becomes one line in ``Snapshot.errors``
+naming the file and the remedy, and the other processes are analysed.
+"""
+import glob
+import os
+import socket
+import time
+
+import orjson
+
+from . import format as F
+from .errors import HangtraceError, RunDirError
+from .model import ProcessInfo, Snapshot
+
+RING_GLOB = "ring-*.htr"
+_HOST = socket.gethostname()
+
+
+def _proc_ticks(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+        return int(data.rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _zombie(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except OSError:
+        return True
+
+
+def live_state(header):
+    """'alive' | 'exited' | 'killed' | 'unknown' for a ring header, checked on this host.
+
+    A pid counts as the same process only if its start time (/proc/PID/stat field 22)
+    equals the one recorded at start, so a reused pid is not mistaken for the rank.
+    """
+    exited = header["state"] == F.ST_EXITED
+    if header["host"] != _HOST:
+        return "exited" if exited else "unknown"
+    ticks = _proc_ticks(header["pid"])
+    alive = ticks is not None and (not header["proc_start_ticks"] or ticks == header["proc_start_ticks"]) \
+        and not _zombie(header["pid"])
+    if alive:
+        return "alive"
+    return "exited" if exited else "killed"
+
+
+def read_signal_files(run_dir, host, pid):
+    """{'sigterm'|'fatal'|'dump': {'wall_ns', 'text', 'path'}} for non-empty faulthandler files."""
+    out = {}
+    for kind in ("sigterm", "fatal", "dump"):
+        p = os.path.join(run_dir, "stacks", "%s-%s-%d.txt" % (kind, host, pid))
+        try:
+            st = os.stat(p)
+            if st.st_size == 0:
+                continue
+            with open(p, "r", errors="replace") as f:
+                text = f.read(1 << 20)
+        except OSError:
+            continue
+        out[kind] = {"wall_ns": int(st.st_mtime * 1e9), "text": text, "path": p}
+    return out
+
+
+def process_from_ring(ring, state=None):
+    """Build a ProcessInfo from RingData (``state`` overrides the live check)."""
+    h = ring.header
+    recs = ring.records
+    inflight = None
+    if h["inflight_idx"]:
+        for r in reversed(recs):
+            if r["idx"] == h["inflight_idx"]:
+                if r["state"] == "issued":
+                    inflight = r
+                break
+    if inflight is None:
+        for r in reversed(recs):
+            if r["kind"] in ("collective", "p2p"):
+                if r["state"] == "issued" and not r["async_op"]:
+                    inflight = r
+                break
+    return ProcessInfo(
+        host=h["host"], pid=h["pid"], rank=h["rank"], local_rank=h["local_rank"],
+        world_size=h["world_size"], run_id=h["run_id"],
+        state=state or live_state(h),
+        exit_code=h["exit_code"] if h["state"] == F.ST_EXITED else None,
+        exit_wall_ns=h["exit_wall_ns"], start_wall_ns=h["start_wall_ns"],
+        phase=h.get("phase"), step=h["step"] if h["step"] >= 0 else None,
+        progress_wall_ns=h["progress_wall_ns"], progress_mono_ns=h["progress_mono_ns"],
+        inflight=inflight, records=recs, groups=ring.groups, events=ring.events,
+        meta=dict(ring.meta, dump_signal=h["dump_signal"], proc_start_ticks=h["proc_start_ticks"],
+                  progress_count=h["progress_count"]),
+        ring_path=ring.path, warnings=list(ring.warnings))
+
+
+def _error_line(path, e):
+    if isinstance(e, HangtraceError):
+        return "%s (remedy: %s)" % (e, e.remedy) if e.remedy else str(e)
+    return "%s: %s (remedy: check the file's permissions; run as the job's user or root)" % (path, e)
+
+
+def load_rings(ring_dir, run_dir=None, states=None):
+    """Read every ring in ``ring_dir``; return ``(processes, errors)``.
+
+    ``states`` maps ``"host:pid"`` to a stored state (snapshots); without it the state
+    is checked live. Signal files are read from ``run_dir`` (default ``ring_dir``).
+    """
+    procs, errors = [], []
+    for path in sorted(glob.glob(os.path.join(ring_dir, RING_GLOB))):
+        try:
+            ring = F.read_ring(path)
+        except (HangtraceError, OSError) as e:
+            errors.append(_error_line(path, e))
+            continue
+        key = "%s:%d" % (ring.header["host"], ring.header["pid"])
+        st = states.get(key) if states else None
+        p = process_from_ring(ring, st.get("state") if st else None)
+        if st:
+            p.exit_code = st.get("exit_code", p.exit_code)
+        p.signals = read_signal_files(run_dir or ring_dir, p.host, p.pid)
+        for w in p.warnings:
+            errors.append("%s: %s" % (path, w))
+        procs.append(p)
+    procs.sort(key=lambda p: (p.rank < 0, p.rank, p.host, p.pid))
+    return procs, errors
+
+
+def is_snapshot(path):
+    return os.path.isfile(os.path.join(path, "processes.json"))
+
+
+def newest_snapshot(run_dir):
+    snaps = sorted(glob.glob(os.path.join(run_dir, "snapshots", "*", "processes.json")))
+    return os.path.dirname(snaps[-1]) if snaps else None
+
+
+def load_run(run_dir):
+    """Snapshot of ``run_dir`` as its files are now (no stacks, nothing written).
+
+    Raises RunDirError when the directory does not exist or holds no ring file.
+    """
+    if not os.path.isdir(run_dir):
+        raise RunDirError("run directory %s does not exist" % run_dir,
+                          "pass the directory printed by `hangtrace run`, or HANGTRACE_DIR of the job")
+    procs, errors = load_rings(run_dir)
+    if not procs and not errors:
+        raise RunDirError("no ring files (ring-*.htr) in %s" % run_dir,
+                          "was the job started with HANGTRACE=1 and this HANGTRACE_DIR?")
+    return Snapshot(run_dir=os.path.abspath(run_dir), taken_wall_ns=time.time_ns(), reason="offline",
+                    processes=procs, errors=errors)
+
+
+def load_snapshot(snap_dir):
+    """Read a stored snapshot folder. Raises RunDirError if it is not one."""
+    if not is_snapshot(snap_dir):
+        raise RunDirError("%s is not a snapshot (no processes.json)" % snap_dir,
+                          "pass RUN_DIR or RUN_DIR/snapshots/<time>")
+    errors = []
+    try:
+        with open(os.path.join(snap_dir, "processes.json"), "rb") as f:
+            meta = orjson.loads(f.read())
+    except (OSError, ValueError) as e:
+        meta = {"processes": {}}
+        errors.append("%s: unreadable (%s); process states are checked live instead"
+                      % (os.path.join(snap_dir, "processes.json"), e))
+    states = meta.get("processes", {})
+    procs, errs = load_rings(os.path.join(snap_dir, "rings"), run_dir=snap_dir, states=states)
+    errors += errs
+    seen = {p.key for p in procs}
+    for key, st in states.items():
+        if key not in seen and st.get("ring_error"):
+            pass  # already reported by load_rings
+    for p in procs:
+        sp = os.path.join(snap_dir, "stacks", "%s-%d.json" % (p.host, p.pid))
+        if os.path.exists(sp):
+            try:
+                with open(sp, "rb") as f:
+                    d = orjson.loads(f.read())
+                p.stacks, p.stack_source, p.stack_error = d.get("threads"), d.get("source"), d.get("error")
+            except (OSError, ValueError) as e:
+                errors.append("%s: unreadable stacks (%s); analysed without them" % (sp, e))
+        else:
+            st = states.get(p.key, {})
+            p.stack_error = st.get("stack_error")
+    return Snapshot(run_dir=meta.get("run_dir", os.path.dirname(os.path.dirname(snap_dir))),
+                    taken_wall_ns=meta.get("taken_wall_ns", 0), reason=meta.get("reason", "offline"),
+                    processes=procs, errors=errors + meta.get("errors", []), path=snap_dir)
+
+
+def _stacks_for(procs, native, run_dir):
+    """Take stacks of the alive processes: py-spy in parallel, faulthandler fallback."""
+    from . import stacks as S
+    alive = [p for p in procs if p.state == "alive"]
+    if not alive:
+        return
+    try:
+        res = S.dump_stacks([p.pid for p in alive], native=native)
+    except Exception as e:  # py-spy missing or broken: use the fallback for all
+        res = {p.pid: {"threads": None, "source": None, "error": str(e)} for p in alive}
+    for p in alive:
+        r = res.get(p.pid) or {}
+        if r.get("threads"):
+            p.stacks, p.stack_source = r["threads"], r.get("source", "py-spy")
+            continue
+        p.stack_error = r.get("error") or "no stacks"
+        sig = p.meta.get("dump_signal") or 0
+        if sig:
+            dump = os.path.join(run_dir, "stacks", "dump-%s-%d.txt" % (p.host, p.pid))
+            try:
+                threads = S.request_faulthandler_dump(p.pid, sig, dump)
+            except Exception as e:
+                threads = None
+                p.stack_error += "; faulthandler fallback failed: %s" % e
+            if threads:
+                p.stacks, p.stack_source = threads, "faulthandler"
+        else:
+            p.stack_error += "; no faulthandler fallback (the process registered no dump signal)"
+
+
+def take_snapshot(run_dir, reason="request", native=False, with_stacks=True):
+    """Collect a snapshot of a live run into ``RUN_DIR/snapshots/<UTC time>/``.
+
+    Copies the used part of every ring, records process states, takes stacks of every
+    alive traced process (py-spy, in parallel; faulthandler fallback). Returns the
+    Snapshot (with ``path`` set). Raises RunDirError if ``run_dir`` has no rings.
+    The traced processes keep running.
+    """
+    snap = load_run(run_dir)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + ".%03d" % (time.time_ns() // 1000000 % 1000)
+    sdir = os.path.join(run_dir, "snapshots", stamp)
+    os.makedirs(os.path.join(sdir, "rings"), mode=0o700, exist_ok=True)
+    os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
+    snap.reason, snap.path = reason, sdir
+    for p in snap.processes:
+        try:
+            F.compact_copy(p.ring_path, os.path.join(sdir, "rings", os.path.basename(p.ring_path)))
+        except (HangtraceError, OSError) as e:
+            snap.errors.append(_error_line(p.ring_path, e))
+        for kind, s in p.signals.items():
+            try:
+                with open(os.path.join(sdir, "stacks", os.path.basename(s["path"])), "w") as f:
+                    f.write(s["text"])
+                os.utime(os.path.join(sdir, "stacks", os.path.basename(s["path"])),
+                         ns=(s["wall_ns"], s["wall_ns"]))
+            except OSError:
+                pass
+    if with_stacks:
+        _stacks_for(snap.processes, native, run_dir)
+    for p in snap.processes:
+        if p.stacks is not None:
+            with open(os.path.join(sdir, "stacks", "%s-%d.json" % (p.host, p.pid)), "wb") as f:
+                f.write(orjson.dumps({"threads": p.stacks, "source": p.stack_source, "error": p.stack_error}))
+    meta = {"run_dir": os.path.abspath(run_dir), "taken_wall_ns": time.time_ns(), "reason": reason,
+            "errors": snap.errors,
+            "processes": {p.key: {"state": p.state, "exit_code": p.exit_code, "rank": p.rank,
+                                  "stack_error": p.stack_error} for p in snap.processes}}
+    with open(os.path.join(sdir, "processes.json"), "wb") as f:
+        f.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    return snap
+
+
+def write_diagnosis(snap, diag, text):
+    """Store ``diagnosis.json`` and ``report.txt`` in the snapshot folder (if any)."""
+    from .report import diagnosis_json
+    if not snap.path:
+        return
+    with open(os.path.join(snap.path, "diagnosis.json"), "wb") as f:
+        f.write(orjson.dumps(diagnosis_json(diag), option=orjson.OPT_INDENT_2))
+    with open(os.path.join(snap.path, "report.txt"), "w") as f:
+        f.write(text)

@@ -1,0 +1,180 @@
+"""Find the torch.distributed worker processes on this host (for ``hangtrace attach``).
+
+Source of truth is each process's *initial* environment, ``/proc/PID/environ`` (via
+psutil). Variables set later with ``os.environ[...] = ...`` inside the process (as Ray
+actors of RL frameworks do for RANK/WORLD_SIZE) are not visible there (proc(5):
+environ shows the block the process was exec'ed with); such processes are found
+through their ring files instead, or by passing their pids.
+"""
+import os
+import socket
+
+from . import config
+
+#: Variables whose presence marks a torch.distributed process (torchrun / torch.distributed
+#: launchers and most schedulers set them; see torch docs "torchrun (Elastic Launch)").
+TORCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
+             "GROUP_RANK")
+#: Variables copied into each result's ``env``.
+ENV_KEYS = TORCH_ENV + ("MASTER_PORT", "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME",
+                        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                        "NODE_RANK", "CUDA_VISIBLE_DEVICES", config.ENABLE, config.DIR,
+                        config.RUN_ID)
+
+
+class DiscoveryResult(list):
+    """A list of process dicts, plus ``skipped``: ``[{'pid': int, 'reason': str}]`` for
+    processes that could not be examined (environ unreadable, gone, not torch)."""
+
+    def __init__(self, items=(), skipped=None):
+        super().__init__(items)
+        self.skipped = list(skipped or [])
+
+
+def _int(env, key):
+    try:
+        return int(env.get(key, ""))
+    except (TypeError, ValueError):
+        return -1
+
+
+def _is_python(proc, cmdline):
+    names = []
+    try:
+        names.append(os.path.basename(proc.exe() or ""))
+    except Exception:
+        pass
+    if cmdline:
+        names.append(os.path.basename(cmdline[0]))
+        if cmdline[0].startswith("ray::"):   # Ray workers rename themselves (setproctitle)
+            return True
+    try:
+        names.append(proc.name())
+    except Exception:
+        pass
+    return any(n.startswith(("python", "pypy")) for n in names if n)
+
+
+def _describe(proc, env, host):
+    try:
+        cmdline = proc.cmdline()
+    except Exception:
+        cmdline = []
+    try:
+        ppid = proc.ppid()
+    except Exception:
+        ppid = None
+    try:
+        start = proc.create_time()
+    except Exception:
+        start = None
+    return {
+        "pid": proc.pid,
+        "ppid": ppid,
+        "host": host,
+        "rank": _int(env, "RANK"),
+        "local_rank": _int(env, "LOCAL_RANK"),
+        "world_size": _int(env, "WORLD_SIZE"),
+        "run_id": env.get("TORCHELASTIC_RUN_ID", ""),
+        "cmdline": cmdline,
+        "start_time": start,
+        "python": _is_python(proc, cmdline),
+        "env": {k: env[k] for k in ENV_KEYS if k in env},
+    }
+
+
+def _job_key(d):
+    e = d["env"]
+    return (e.get("TORCHELASTIC_RUN_ID", ""), e.get("MASTER_ADDR", ""), e.get("MASTER_PORT", ""),
+            e.get("WORLD_SIZE", ""), d["rank"])
+
+
+def _prefer_leaves(cands):
+    """Keep the rank processes, drop launchers, wrappers and forked helpers.
+
+    1. If any candidate has RANK, drop those without (torchrun/launcher parents usually
+       lack RANK; a shell exporting MASTER_ADDR too).
+    2. Within one job and rank, drop non-Python wrappers (``bash -c``/``srun`` shells) when
+       a Python process exists, then keep the topmost Python processes: forked children of
+       a rank (DataLoader workers, compile workers) inherit its environment but are not the
+       rank.
+    """
+    with_rank = [d for d in cands if d["rank"] >= 0]
+    if with_rank:
+        cands = with_rank
+    groups = {}
+    for d in cands:
+        groups.setdefault(_job_key(d), []).append(d)
+    keep = []
+    for members in groups.values():
+        if len(members) > 1:
+            py = [d for d in members if d["python"]]
+            if py:
+                members = py
+            pids = {d["pid"] for d in members}
+            members = [d for d in members if d["ppid"] not in pids] or members
+        keep.extend(members)
+    return keep
+
+
+def find_torch_processes(pids=None, include_all=False):
+    """torch.distributed processes on this host, sorted by rank (then pid).
+
+    ``pids``: examine exactly these (a pid whose environment lacks torch variables is still
+    returned, with rank -1); default: scan every process whose ``/proc/PID/environ`` holds
+    one of ``TORCH_ENV``. Our own process and hangtrace helpers (``HANGTRACE_HELPER`` in
+    their environment) are skipped. In a scan, launchers and forked helpers are dropped
+    (see ``_prefer_leaves``) unless ``include_all``.
+
+    Returns a :class:`DiscoveryResult` (a list) of dicts ``{pid, ppid, host, rank,
+    local_rank, world_size (-1 when unset), run_id (TORCHELASTIC_RUN_ID or ''), cmdline
+    (list), start_time (Unix s), python (bool), env (subset: ENV_KEYS)}``; its
+    ``skipped`` lists ``{pid, reason}`` for processes whose environ could not be read
+    (another user without CAP_SYS_PTRACE/root: "access denied"), that vanished, or
+    (explicit pids) do not exist.
+    """
+    import psutil
+
+    host = socket.gethostname()
+    me = os.getpid()
+    found, skipped = [], []
+    if pids is not None:
+        procs = []
+        for p in pids:
+            try:
+                procs.append(psutil.Process(int(p)))
+            except psutil.NoSuchProcess:
+                skipped.append({"pid": int(p), "reason": "no such process"})
+            except (psutil.AccessDenied, ValueError) as e:
+                skipped.append({"pid": p, "reason": "cannot examine: %s" % e})
+    else:
+        procs = psutil.process_iter()
+    for proc in procs:
+        if proc.pid == me:
+            continue
+        try:
+            env = proc.environ()
+        except psutil.NoSuchProcess:
+            if pids is not None:
+                skipped.append({"pid": proc.pid, "reason": "process vanished"})
+            continue
+        except psutil.ZombieProcess:
+            skipped.append({"pid": proc.pid, "reason": "zombie (exited, not reaped)"})
+            continue
+        except psutil.AccessDenied:
+            skipped.append({"pid": proc.pid, "reason": (
+                "access denied reading /proc/%d/environ: run as the job's user, as root, or "
+                "with CAP_SYS_PTRACE" % proc.pid)})
+            continue
+        except OSError as e:
+            skipped.append({"pid": proc.pid, "reason": "cannot read environ: %s" % e})
+            continue
+        if env.get(config.HELPER):
+            continue
+        if pids is None and not any(k in env for k in TORCH_ENV):
+            continue
+        found.append(_describe(proc, env, host))
+    if pids is None and not include_all:
+        found = _prefer_leaves(found)
+    found.sort(key=lambda d: (d["rank"] < 0, d["rank"], d["pid"]))
+    return DiscoveryResult(found, skipped)

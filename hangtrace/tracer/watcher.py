@@ -1,0 +1,170 @@
+"""Node watcher: polls ring headers, detects a stall or a dead rank, snapshots, diagnoses.
+
+Progress is judged from the ring headers alone (4 KiB each per poll): a process made
+progress when its progress counter moved (a collective completed, a phase or step
+changed, ``tracer.heartbeat()``). A stall is *no progress anywhere in the run* for the
+threshold: ``HANGTRACE_STALL_S``, or the largest per-phase threshold
+(``HANGTRACE_PHASE_STALL_S``) among the phases the live processes are in. A slow job
+whose counters move is progressing and is never reported.
+
+A dead rank — a process that vanished without a clean-exit record, or exited with a
+non-zero code — is reported at the next poll.
+
+Run standalone as ``python -m hangtrace.tracer.watcher RUN_DIR`` (what a traced
+process starts when no watcher runs on its node), or embedded by ``hangtrace run``.
+"""
+import glob
+import os
+import sys
+import time
+
+from . import config
+from . import format as F
+from .collect import RING_GLOB, live_state
+
+
+class Incident:
+    """What the watcher saw: ``kind`` 'stall' or 'death'; ``detail`` a human line."""
+
+    def __init__(self, kind, detail, keys=()):
+        self.kind, self.detail, self.keys = kind, detail, list(keys)
+
+
+class Watcher:
+    """Stall/death detector over the ring headers of ``run_dir``.
+
+    ``stall_s``: seconds without progress anywhere before a stall; ``phase_stall``:
+    {phase name: seconds}; ``clock``: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, run_dir, stall_s=None, phase_stall=None, clock=time.monotonic):
+        self.run_dir = run_dir
+        self.stall_s = config.get_float(config.STALL_S) if stall_s is None else float(stall_s)
+        self.phase_stall = config.phase_stall_s() if phase_stall is None else dict(phase_stall)
+        self.clock = clock
+        self.seen = {}  # path -> (progress_count, phase, step, state)
+        self.dead = set()
+        self.last_progress = clock()
+        self.reported_stall = False
+        self.headers = {}
+
+    def _read_headers(self):
+        out = {}
+        for path in glob.glob(os.path.join(self.run_dir, RING_GLOB)):
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(F.HEADER_SIZE)
+                h = F.read_header(head, path)
+                if h["phase_strid"]:
+                    with open(path, "rb") as f:
+                        f.seek(h["strtab_off"] + h["phase_strid"])
+                        tag, n = F.STR_ENTRY.unpack(f.read(F.STR_ENTRY.size))
+                        h["phase"] = f.read(min(n, 4096)).decode("utf-8", "replace")
+                else:
+                    h["phase"] = None
+                out[path] = h
+            except Exception:
+                continue  # a file being created or a foreign file: the collector reports it
+        return out
+
+    def threshold(self):
+        """Stall threshold in seconds for the phases live processes are in now."""
+        t = self.stall_s
+        for h in self.headers.values():
+            ph = h.get("phase")
+            if ph in self.phase_stall and h["state"] != F.ST_EXITED:
+                t = max(t, self.phase_stall[ph])
+        return t
+
+    def poll(self):
+        """One poll. Returns an Incident or None."""
+        now = self.clock()
+        self.headers = self._read_headers()
+        progressed = False
+        deaths = []
+        alive_any = False
+        for path, h in self.headers.items():
+            sig = (h["progress_count"], h["phase_strid"], h["step"], h["state"])
+            if self.seen.get(path) != sig:
+                progressed = True
+                self.seen[path] = sig
+            if path in self.dead:
+                continue
+            st = live_state(h)
+            if st == "alive":
+                alive_any = True
+            elif st == "killed" or (st == "exited" and h["exit_code"] != 0):
+                self.dead.add(path)
+                deaths.append((path, h, st))
+        if progressed:
+            self.last_progress = now
+            self.reported_stall = False
+        if deaths:
+            lines = []
+            for path, h, st in deaths:
+                what = "vanished without a clean-exit record" if st == "killed" else "exited with code %d" % h["exit_code"]
+                lines.append("rank %d (pid %d on %s) %s" % (h["rank"], h["pid"], h["host"], what))
+            return Incident("death", "; ".join(lines), [p for p, _, _ in deaths])
+        if alive_any and not self.reported_stall and now - self.last_progress >= self.threshold():
+            self.reported_stall = True
+            return Incident("stall", "no progress in any traced process for %.1f s (threshold %.1f s)"
+                            % (now - self.last_progress, self.threshold()))
+        return None
+
+    def any_alive(self):
+        return any(live_state(h) == "alive" for h in self.headers.values())
+
+
+def diagnose_and_report(run_dir, reason, native=False, with_stacks=True):
+    """Snapshot the run, analyse it, store diagnosis.json/report.txt. Returns (snap, diag, paragraph)."""
+    from .analysis import diagnose
+    from .collect import take_snapshot, write_diagnosis
+    from .report import text_report, verdict_paragraph
+    snap = take_snapshot(run_dir, reason=reason, native=native, with_stacks=with_stacks)
+    diag = diagnose(snap)
+    para = verdict_paragraph(diag)
+    write_diagnosis(snap, diag, text_report(diag, snap))
+    return snap, diag, para
+
+
+def main(argv=None):
+    """Standalone node watcher: ``python -m hangtrace.tracer.watcher RUN_DIR``.
+
+    Logs to RUN_DIR/watcher-<host>.log; exits when no traced process of the run is
+    alive on this node any more (after a grace period of 2 polls).
+    """
+    import socket
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir = argv[0]
+    poll = config.get_float(config.POLL_S)
+    log_path = os.path.join(run_dir, "watcher-%s.log" % socket.gethostname())
+    w = Watcher(run_dir)
+    idle = 0
+
+    def log(msg):
+        with open(log_path, "a") as f:
+            f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
+
+    log("watcher started, pid %d, stall threshold %.1f s" % (os.getpid(), w.stall_s))
+    while True:
+        inc = w.poll()
+        if inc is not None:
+            log("%s: %s" % (inc.kind, inc.detail))
+            try:
+                snap, diag, para = diagnose_and_report(run_dir, inc.kind)
+                log("verdict: %s" % para)
+                log("snapshot: %s" % snap.path)
+            except Exception as e:
+                log("diagnosis failed: %r" % (e,))
+        if w.any_alive() or not w.headers:
+            idle = 0
+        else:
+            idle += 1
+            if idle >= 2:
+                log("no traced process alive on this node; watcher exits")
+                return 0
+        time.sleep(poll)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
