@@ -55,6 +55,9 @@ def _on_exit():
     if rt is None or rt.recorder.closed:
         return
     try:
+        td = sys.modules.get("hangtrace.hooks.torch_dist")
+        if td is not None:
+            td.flush()
         code = _exit_code[0]
         if code is None:
             code = 0

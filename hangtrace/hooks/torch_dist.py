@@ -202,7 +202,12 @@ def _finish_error(idx, e):
 
 
 def _on_work_done(idx, work):
-    """Record completion of an async op when its Work finishes (the Work itself is untouched)."""
+    """Record completion of an async op when its Work finishes (the Work itself is untouched).
+
+    Uses ``work.get_future().then(cb)`` where the backend has futures; gloo's p2p Work
+    has none ("Work::getFuture not implemented", torch 2.13), so those are polled with
+    ``is_completed()`` by one daemon thread (``_Poller``).
+    """
     rec = _state.rec
 
     def cb(fut):
@@ -215,9 +220,77 @@ def _on_work_done(idx, work):
         return None
 
     try:
-        work.get_future().then(cb)
-    except Exception as e:  # a backend without futures: completion stays unknown
-        _state.log("no future on async work (%r); completion of async ops not recorded" % (e,), "no-future")
+        fut = work.get_future()
+    except Exception:
+        _poller().add(idx, work)
+        return
+    fut.then(cb)
+
+
+_poller_inst = []
+
+
+class _Poller:
+    """Daemon thread that polls ``Work.is_completed()`` of pending async ops every 20 ms."""
+
+    MAX_PENDING = 4096
+
+    def __init__(self):
+        self.pending = []
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.pid = __import__("os").getpid()
+        t = threading.Thread(target=self.run, name="hangtrace-async-poller", daemon=True)
+        t.start()
+
+    def add(self, idx, work):
+        with self.lock:
+            if len(self.pending) < self.MAX_PENDING:
+                self.pending.append((idx, work))
+        self.wake.set()
+
+    def run(self):
+        import time
+        while True:
+            self.wake.wait()
+            time.sleep(0.02)
+            self.poll()
+
+    def poll(self):
+        """Check every pending Work once (also called at exit)."""
+        if True:
+            with self.lock:
+                items, self.pending = self.pending, []
+            keep = []
+            for idx, work in items:
+                try:
+                    # is_completed() only: wait() can block (after destroy_process_group)
+                    # and is_success()/exception() print deprecation warnings (torch 2.13),
+                    # so a polled op's failure is not distinguished from its completion.
+                    if work.is_completed():
+                        _state.rec.complete(idx)
+                    else:
+                        keep.append((idx, work))
+                except Exception:
+                    pass
+            with self.lock:
+                self.pending = keep + self.pending
+                if not self.pending:
+                    self.wake.clear()
+
+
+def flush():
+    """Record completions of pending polled async ops (at exit)."""
+    import os
+    if _poller_inst and _poller_inst[0].pid == os.getpid():
+        _poller_inst[0].poll()
+
+
+def _poller():
+    import os
+    if not _poller_inst or _poller_inst[0].pid != os.getpid():
+        _poller_inst[:] = [_Poller()]
+    return _poller_inst[0]
 
 
 def _batch_wrapper(wrapped, instance, args, kwargs):

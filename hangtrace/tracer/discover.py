@@ -154,12 +154,13 @@ def find_torch_processes(pids=None, include_all=False):
             continue
         try:
             env = proc.environ()
+        except psutil.ZombieProcess:          # a subclass of NoSuchProcess: test it first
+            if pids is not None:
+                skipped.append({"pid": proc.pid, "reason": "zombie (exited, not reaped)"})
+            continue
         except psutil.NoSuchProcess:
             if pids is not None:
                 skipped.append({"pid": proc.pid, "reason": "process vanished"})
-            continue
-        except psutil.ZombieProcess:
-            skipped.append({"pid": proc.pid, "reason": "zombie (exited, not reaped)"})
             continue
         except psutil.AccessDenied:
             skipped.append({"pid": proc.pid, "reason": (

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import signal as _signal
 import subprocess
 import sys
 import sysconfig
@@ -157,10 +156,12 @@ def ptrace_problem(pid=None):
         return ("kernel.yama.ptrace_scope=1 allows tracing only of this process's own "
                 "descendants without CAP_SYS_PTRACE, which this process lacks; " + PTRACE_REMEDY)
     if pid is not None:
+        # without CAP_SYS_PTRACE the target's real, effective and saved uids must all be
+        # ours (kernel/ptrace.c: __ptrace_may_access) -- also when we are uid 0
         uids = _proc_uids(pid)
-        if uids and os.geteuid() != 0 and any(u != os.geteuid() for u in uids[:3]):
+        if uids and any(u != os.getuid() for u in uids[:3]):
             return ("pid %d runs as uid %d, this process as uid %d without CAP_SYS_PTRACE; "
-                    % (pid, uids[0], os.geteuid()) + PTRACE_REMEDY)
+                    % (pid, uids[0], os.getuid()) + PTRACE_REMEDY)
     return None
 
 
@@ -384,7 +385,8 @@ def parse_faulthandler_dumps(text):
     [thread, ...], 'truncated': bool}]``; ``header`` is e.g. ``"Fatal Python error:
     Segmentation fault"``; ``truncated`` when a thread had more than 100 frames
     (faulthandler prints ``...``). A new dump starts at a header line, at a thread line not
-    preceded by a blank line, or when a thread id repeats. Other lines are ignored.
+    preceded by a blank line, after unknown unindented text (e.g. "Extension modules: ..."),
+    or when a thread id repeats. Unknown indented lines inside a thread are ignored.
     Threads carry ``thread_id`` (int), ``current`` (the "Current thread"), ``thread_name``
     (``'MainThread'`` inferred, see ``_mark_main``, or the ``[name]`` newer Pythons print),
     ``active``/``owns_gil`` None.
@@ -431,6 +433,8 @@ def parse_faulthandler_dumps(text):
             cur["truncated"] = True
         elif stripped == "<no Python frame>" and thread is not None:
             pass
+        elif line[:1].isspace() and thread is not None:
+            pass   # other indented detail inside a thread (e.g. "  Garbage-collecting")
         elif _FATAL_RE.match(stripped):
             pending_header = stripped
             thread = None
@@ -473,13 +477,14 @@ def _size(path):
         return 0
 
 
-def request_faulthandler_dump(pid, signum, dump_file, timeout_s=3.0, *, registered):
+def request_faulthandler_dump(pid, signum, dump_file, timeout_s=3.0, *, registered=True):
     """Make ``pid`` write its stacks with faulthandler and return them (thread list) or None.
 
-    ``registered`` must be True: the caller vouches (from the ring header or run directory)
-    that the process ran ``faulthandler.register(signum, file=dump_file, all_threads=True)``.
-    As a second guard the handler must show in ``SigCgt`` of ``/proc/PID/status``; otherwise
-    no signal is sent — SIGUSR1/SIGUSR2 left at SIG_DFL terminate the process (in Ray
+    Calling this is the caller's statement (from the ring header or run directory) that
+    the process ran ``faulthandler.register(signum, file=dump_file, all_threads=True)``;
+    pass ``registered=False`` when that is not known, and nothing is sent. As a second,
+    independent guard the handler must show in ``SigCgt`` of ``/proc/PID/status``;
+    otherwise no signal is sent — SIGUSR1/SIGUSR2 left at SIG_DFL terminate the process (in Ray
     workers SIGUSR1 is SIG_DFL). faulthandler's C handler dumps even while the main thread
     waits inside a C call (a gloo collective), unlike a Python ``signal.signal`` handler.
 

@@ -1,0 +1,319 @@
+"""Merge the Python stacks of every rank into one prefix tree, as LLNL STAT does.
+
+Input: ``ProcessInfo`` objects (``tracer.model``) whose ``stacks`` hold threads in
+py-spy's JSON shape::
+
+    [{'thread_name': 'MainThread', 'thread_id': int, 'active': bool,
+      'frames': [{'name': str, 'filename': str, 'line': int}, ...]}, ...]
+
+with frames **innermost first**. When ``stacks`` is empty, the faulthandler text of
+``signals['dump' | 'sigterm' | 'fatal']['text']`` is parsed instead (see
+``tracer.stacks.parse_faulthandler_text``).
+
+Per process one thread is used: the main thread (``thread_name == 'MainThread'``, else
+the first active thread, else the first thread), never one of hangtrace's own threads
+(names starting with ``'hangtrace'``). Native frames (``'native': True``) are dropped.
+
+The tree is keyed outer -> inner. Two frames are the same node when their *function*
+(short name, py-spy's ``Queue.get`` == faulthandler's ``get``) and file base name agree
+(``key='function'``, STAT's default) or when function, file and line agree
+(``key='line'``). An *equivalence class* is the set of ranks whose whole path is equal:
+``{'frames': [label, ...] outer->inner, 'ranks': [int, ...] sorted, 'count': int}``.
+Labels are ``'func (file.py:line)'`` taken from the first rank seen in that node.
+
+Everything here is pure (no I/O) and linear in ranks x stack depth.
+"""
+import os
+
+__all__ = ["StackNode", "StackTree", "pick_thread", "process_frames", "frame_label",
+           "merge_stacks", "classes", "outliers", "missing_from_common_frame",
+           "format_ranks", "blocking_reason", "collective_frame"]
+
+NO_STACK = "<no stack>"
+
+
+def format_ranks(ranks, limit=None):
+    """Compact text of a rank list: ``[0, 1, 2, 5, 7, 8]`` -> ``'0-2,5,7-8'``.
+
+    ``limit``: at most this many ranges, then ``',... (N ranks)'``.
+    """
+    rs = sorted(set(int(r) for r in ranks))
+    if not rs:
+        return "none"
+    parts = []
+    start = prev = rs[0]
+    for r in rs[1:]:
+        if r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
+        start = prev = r
+    parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
+    if limit is not None and len(parts) > limit:
+        return ",".join(parts[:limit]) + ",... (%d ranks)" % len(rs)
+    return ",".join(parts)
+
+
+def frame_label(frame):
+    """``'func (file.py:line)'`` (base name of the file; no line when unknown)."""
+    fn = os.path.basename(frame.get("filename") or "?") or "?"
+    line = frame.get("line") or 0
+    name = frame.get("name") or "?"
+    return "%s (%s:%d)" % (name, fn, line) if line else "%s (%s)" % (name, fn)
+
+
+def _short(name):
+    return (name or "?").rsplit(".", 1)[-1]
+
+
+def _frame_key(frame, key):
+    base = os.path.basename(frame.get("filename") or "?")
+    if key == "line":
+        return (_short(frame.get("name")), base, frame.get("line") or 0)
+    return (_short(frame.get("name")), base)
+
+
+def _own_thread(t):
+    return str(t.get("thread_name") or "").startswith("hangtrace")
+
+
+def pick_thread(threads):
+    """The thread to analyse from a thread list (see module doc), or None."""
+    cands = [t for t in threads or () if isinstance(t, dict) and not _own_thread(t)]
+    if not cands:
+        return None
+    for t in cands:
+        if t.get("thread_name") == "MainThread":
+            return t
+    for t in cands:
+        if t.get("active") and t.get("frames"):
+            return t
+    for t in cands:
+        if t.get("frames"):
+            return t
+    return cands[0]
+
+
+def _threads_of(proc):
+    if proc.stacks:
+        return proc.stacks
+    sig = proc.signals or {}
+    for name in ("dump", "fatal", "sigterm"):
+        text = (sig.get(name) or {}).get("text")
+        if text:
+            try:
+                from .stacks import parse_faulthandler_text
+                threads = parse_faulthandler_text(text)
+            except Exception:  # parser unavailable or confused: no stack, not a crash
+                threads = []
+            if threads:
+                return threads
+    return None
+
+
+def process_frames(proc):
+    """Python frames (innermost first) of the analysed thread of ``proc``, or None.
+
+    Returns ``(frames, thread)``; ``frames`` excludes native frames.
+    """
+    t = pick_thread(_threads_of(proc))
+    if t is None:
+        return None, None
+    frames = [f for f in t.get("frames") or () if isinstance(f, dict) and not f.get("native")]
+    return frames, t
+
+
+class StackNode:
+    """One frame in the merged tree. ``ranks``: every rank whose path passes here;
+    ``ends``: ranks whose path ends here (innermost frame); ``children``: key -> node."""
+
+    __slots__ = ("label", "key", "children", "ranks", "ends", "parent", "depth")
+
+    def __init__(self, label, key, parent=None):
+        self.label, self.key, self.parent = label, key, parent
+        self.children = {}
+        self.ranks = []
+        self.ends = []
+        self.depth = 0 if parent is None else parent.depth + 1
+
+    def path(self):
+        """Labels from the outermost frame to this node (root excluded)."""
+        out = []
+        n = self
+        while n is not None and n.parent is not None:
+            out.append(n.label)
+            n = n.parent
+        out.reverse()
+        return out
+
+
+class StackTree:
+    """Result of :func:`merge_stacks`. ``root`` (label None); ``no_stack``: ranks without a
+    usable stack; ``ranks``: every rank with a stack; ``innermost``: rank -> innermost
+    frame dict (for :func:`blocking_reason`)."""
+
+    def __init__(self):
+        self.root = StackNode(None, None)
+        self.no_stack = []
+        self.ranks = []
+        self.innermost = {}
+        self.active = {}
+
+    def nodes(self):
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())
+
+
+def merge_stacks(procs, key="function"):
+    """Merge the analysed thread of every process into a :class:`StackTree`.
+
+    ``procs``: iterable of ``ProcessInfo`` (processes with ``rank < 0`` are skipped; with
+    several processes of one rank, the first is used). ``key``: ``'function'`` or
+    ``'line'`` (see module doc).
+    """
+    tree = StackTree()
+    seen = set()
+    for p in procs:
+        r = p.rank
+        if r is None or r < 0 or r in seen:
+            continue
+        seen.add(r)
+        frames, thread = process_frames(p)
+        if not frames:
+            tree.no_stack.append(r)
+            continue
+        tree.ranks.append(r)
+        tree.innermost[r] = frames[0]
+        tree.active[r] = thread.get("active") if thread else None
+        node = tree.root
+        node.ranks.append(r)
+        for f in reversed(frames):
+            k = _frame_key(f, key)
+            child = node.children.get(k)
+            if child is None:
+                child = node.children[k] = StackNode(frame_label(f), k, node)
+            child.ranks.append(r)
+            node = child
+        node.ends.append(r)
+    tree.no_stack.sort()
+    tree.ranks.sort()
+    return tree
+
+
+def classes(tree, outlier_fraction=0.1):
+    """Equivalence classes of ``tree``: ``[{'frames': [label] outer->inner, 'ranks': [int],
+    'count': int, 'outlier': bool}]``, largest first; ranks without a stack form a last
+    class with ``frames == ['<no stack>']``. ``outlier``: see :func:`outliers`.
+    """
+    out = []
+    for n in tree.nodes():
+        if n.ends:
+            out.append({"frames": n.path(), "ranks": sorted(n.ends), "count": len(n.ends)})
+    out.sort(key=lambda c: (-c["count"], c["ranks"][0]))
+    total = len(tree.ranks)
+    for c in out:
+        c["outlier"] = _is_outlier(c["count"], total, len(out), outlier_fraction)
+    if tree.no_stack:
+        out.append({"frames": [NO_STACK], "ranks": list(tree.no_stack),
+                    "count": len(tree.no_stack), "outlier": False})
+    return out
+
+
+def _is_outlier(count, total, nclasses, fraction):
+    return nclasses > 1 and count <= max(1, int(total * fraction)) and count * 2 < total
+
+
+def outliers(class_list, fraction=0.1):
+    """Classes with few ranks: at most ``max(1, fraction * ranks with stacks)`` ranks and
+    fewer than half of them, when there is more than one class. The ``'<no stack>'`` class
+    is never an outlier."""
+    real = [c for c in class_list if c["frames"] != [NO_STACK]]
+    total = sum(c["count"] for c in real)
+    return [c for c in real if _is_outlier(c["count"], total, len(real), fraction)]
+
+
+def missing_from_common_frame(tree, majority=0.5):
+    """The deepest frame that more than ``majority`` of the ranks share, following the
+    heaviest child from the root, and the ranks (with stacks) that are *not* in it.
+
+    Returns ``{'frames': [label] outer->inner, 'ranks_in': int, 'missing': [int]}`` or
+    None when every rank is in it (or there are no stacks). This is the "who is not where
+    everyone else waits" question: the missing ranks are the usual suspects.
+    """
+    total = len(tree.ranks)
+    if not total:
+        return None
+    node = tree.root
+    while node.children:
+        best = max(node.children.values(), key=lambda c: len(c.ranks))
+        if len(best.ranks) <= total * majority:
+            break
+        node = best
+    if node is tree.root or len(node.ranks) == total:
+        return None
+    inside = set(node.ranks)
+    return {"frames": node.path(), "ranks_in": len(inside),
+            "missing": [r for r in tree.ranks if r not in inside]}
+
+
+# --- what is a frame doing? ------------------------------------------------------------
+_BLOCKING = (
+    # (file base name or '' for any, short function names, reason)
+    ("queue.py", ("get", "put", "join"), "queue.get/put (waiting for a producer/consumer)"),
+    ("queues.py", ("get", "put", "_poll", "poll"), "multiprocessing queue"),
+    ("threading.py", ("wait", "acquire", "join", "_wait_for_tstate_lock"), "thread lock/condition/event wait"),
+    ("connection.py", ("recv", "recv_bytes", "_recv", "_recv_bytes", "poll", "_poll", "wait"), "pipe/socket recv"),
+    ("selectors.py", ("select",), "select() on sockets/files"),
+    ("socket.py", ("accept", "recv", "recv_into", "readinto", "connect"), "socket IO"),
+    ("ssl.py", ("read", "recv", "recv_into", "do_handshake"), "TLS socket IO"),
+    ("subprocess.py", ("wait", "communicate", "_wait", "_try_wait"), "waiting for a subprocess"),
+    ("_base.py", ("result", "wait"), "waiting for a future"),
+    ("worker.py", ("get", "wait", "get_objects"), "ray.get/ray.wait"),
+    ("base_events.py", ("_run_once", "run_forever", "run_until_complete"), "asyncio event loop idle"),
+    ("synchronize.py", ("acquire", "wait", "__enter__"), "multiprocessing lock"),
+    ("filelock.py", ("acquire",), "file lock"),
+    ("_api.py", ("acquire",), "file lock"),
+    ("", ("sleep",), "sleep"),
+    ("", ("input", "readline", "read", "readinto"), "blocking read"),
+    ("", ("acquire", "wait", "lock"), "lock/wait"),
+)
+
+_COLLECTIVE_NAMES = frozenset((
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
+    "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier",
+    "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait",
+    "_allgather_base", "_reduce_scatter_base"))
+
+
+def collective_frame(frames):
+    """The innermost frame of ``frames`` (innermost first) that is a torch.distributed
+    collective/p2p call (file under ``torch/distributed``), as a label, or None."""
+    for f in frames or ():
+        fn = (f.get("filename") or "").replace("\\", "/")
+        if "torch/distributed" in fn and _short(f.get("name")) in _COLLECTIVE_NAMES:
+            return frame_label(f)
+    return None
+
+
+def blocking_reason(frames, active=None):
+    """Why a stack (innermost first) looks blocked outside collectives, or None.
+
+    Checks the innermost three frames against known blocking calls (queue.get, locks,
+    events, sockets, subprocess, futures, ray.get, sleep, reads); py-spy's ``active ==
+    False`` (the thread was idle in a system call) counts as blocked too. Returns a short
+    reason string, e.g. ``'queue.get/put (waiting for a producer/consumer) in get
+    (queue.py:171)'``.
+    """
+    for f in list(frames or ())[:3]:
+        base = os.path.basename(f.get("filename") or "")
+        name = _short(f.get("name"))
+        for fbase, names, reason in _BLOCKING:
+            if (not fbase or fbase == base) and name in names:
+                return "%s in %s" % (reason, frame_label(f))
+    if active is False and frames:
+        return "idle in a system call (py-spy: thread not active) in %s" % frame_label(frames[0])
+    return None

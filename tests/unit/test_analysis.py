@@ -1,0 +1,406 @@
+"""diagnose() on synthetic snapshots: every verdict kind, exact kinds and culprit ranks."""
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from synth import COLL_STACK, MS, S, T0, R, group, ranks, snap, stack, world  # noqa: E402
+
+from hangtrace.tracer.analysis import diagnose, is_transport_error  # noqa: E402
+from hangtrace.tracer.model import KINDS  # noqa: E402
+from hangtrace.tracer.report import diagnosis_json  # noqa: E402
+
+QUEUE_GET = ("get queue.py:171", "next_batch loader.py:22", "train_step train.py:38",
+             "main train.py:90", "<module> train.py:100")
+
+
+def check(d, kind, culprits):
+    assert d.kind in KINDS
+    assert (d.kind, d.culprit_ranks) == (kind, culprits), (d.kind, d.culprit_ranks, d.evidence)
+    json.dumps(diagnosis_json(d))  # always serialisable
+    return d
+
+
+# --- skipped / stuck outside ------------------------------------------------------------
+
+def test_two_rank_skipped_moved_on():
+    b = ranks(2)
+    b[0].wait()
+    b[1].mark(step=1)
+    b[1].mark(phase="eval")
+    d = check(diagnose(snap(b)), "skipped-collective", [1])
+    assert (d.group, d.seq, d.op) == ("0", 4, "all_reduce")
+    assert d.waiting_ranks == [0]
+    assert d.group_ranks == [0, 1]
+    assert (d.phase, d.step) == ("eval", 1)
+    assert any("rank 1: last all_reduce" in e and "seq 3 completed" in e for e in d.evidence)
+
+
+def test_two_rank_exited_cleanly_is_skipped():
+    b = ranks(2)
+    b[0].wait()
+    b[1].set(state="exited", exit_code=0)
+    d = check(diagnose(snap(b)), "skipped-collective", [1])
+    assert "exited cleanly" in d.details["culprit_reasons"]["1"]
+
+
+def test_stuck_outside_queue_get():
+    b = ranks(4, steps=5)
+    for r in (0, 1, 3):
+        b[r].wait()
+        b[r].set(stacks=stack(*COLL_STACK, active=False))
+    b[2].set(stacks=stack(*QUEUE_GET, active=False,
+                          extra_threads=[("hangtrace-watch", ["loop watcher.py:5"])]))
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [2])
+    assert d.frames[0] == "get (queue.py:171)"
+    assert (d.group, d.seq) == ("0", 6)
+    assert d.waiting_ranks == [0, 1, 3]
+    assert "queue" in d.details["culprit_reasons"]["2"]
+    # stack classes: the queue.get rank is its own (outlier-sized) class
+    cls = {tuple(c["ranks"]): c for c in d.stack_classes}
+    assert (2,) in cls and (0, 1, 3) in cls
+    assert d.details["missing_from_common_frame"]["missing"] == [2]
+
+
+def test_stuck_outside_without_stack_no_progress():
+    b = ranks(3)
+    b[0].wait()
+    b[1].wait()
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [2])
+    assert d.cause == "no-progress"
+
+
+def test_rank0_extra_collective_others_moved_on_minority_named():
+    b = ranks(4)
+    b[0].wait(op="barrier")
+    for r in (1, 2, 3):
+        b[r].set(state="exited", exit_code=0)
+    d = check(diagnose(snap(b)), "skipped-collective", [0])
+    assert d.cause == "extra-collective"
+    assert d.op == "barrier"
+
+
+# --- mismatch -----------------------------------------------------------------------------
+
+def test_four_rank_mismatch_op():
+    b = ranks(4)
+    for r in (0, 1, 3):
+        b[r].wait(op="all_reduce")
+    b[2].wait(op="all_gather")
+    d = check(diagnose(snap(b)), "collective-mismatch", [2])
+    assert d.seq == 4 and d.op == "all_gather"
+    sigs = {s["op"]: s["ranks"] for s in d.details["signatures"]}
+    assert sigs == {"all_reduce": [0, 1, 3], "all_gather": [2]}
+    assert any("all_gather" in e and "ranks 2 " in e for e in d.evidence)
+
+
+def test_four_rank_mismatch_numel():
+    b = ranks(4)
+    for r in range(4):
+        b[r].wait(numel=1024 if r != 1 else 2048)
+    d = check(diagnose(snap(b)), "collective-mismatch", [1])
+    assert any("numel=2048" in e for e in d.evidence)
+
+
+def test_mismatch_tie_names_all():
+    b = ranks(2)
+    b[0].wait(op="all_reduce")
+    b[1].wait(op="broadcast", peer=0)
+    d = check(diagnose(snap(b)), "collective-mismatch", [0, 1])
+    assert any("no majority" in e for e in d.evidence)
+
+
+def test_rank0_extra_barrier_same_seq_is_mismatch():
+    b = ranks(8)
+    b[0].wait(op="barrier", dtype="", numel=0)
+    for r in range(1, 8):
+        b[r].wait(op="all_reduce")
+    check(diagnose(snap(b)), "collective-mismatch", [0])
+
+
+def test_variable_size_ops_not_mismatched():
+    b = ranks(2)
+    b[0].coll(op="all_gather_object", numel=10, dtype="object")
+    b[1].coll(op="all_gather_object", numel=30, dtype="object")
+    b[0].wait()
+    b[1].wait()
+    d = diagnose(snap(b, reason="request", taken=b[1].t + MS))
+    assert d.kind == "progressing"
+
+
+# --- cross-group ----------------------------------------------------------------------------
+
+def _ab_groups(n):
+    return [world(n), group("A", [0, 1], order=1), group("B", [0, 1], order=2)]
+
+
+def test_cross_group_cycle_two_ranks():
+    g = _ab_groups(2)
+    b = ranks(2, groups=g)
+    for x in b:
+        x.coll("A", n=2)
+        x.coll("B", n=2)
+    b[0].wait("A")   # rank 0 enters A first
+    b[1].wait("B")   # rank 1 enters B first
+    d = check(diagnose(snap(b)), "cross-group-deadlock", [0, 1])
+    assert d.details["cycle"]["groups"] == ["A", "B"]
+    assert d.details["cycle"]["ranks"] == [0, 1]
+    assert d.group in ("A", "B") and d.seq == 3
+
+
+def test_cross_group_cycle_minority_named():
+    g = [world(4), group("dp", range(4), desc="data_parallel")]
+    b = ranks(4, groups=g)
+    for x in b:
+        x.coll("dp", n=1)
+    b[0].wait("0", op="barrier")          # rank 0 only: checkpoint barrier on world
+    for r in (1, 2, 3):
+        b[r].wait("dp")                   # the rest went on to the next DP all_reduce
+    d = check(diagnose(snap(b)), "cross-group-deadlock", [0])
+    assert d.details["cycle"]["ranks"] == [0, 1, 2, 3]
+    assert d.op == "barrier" and d.group == "0"
+
+
+def test_chain_across_groups_to_end_rank():
+    g = [world(8), group("tp0", range(4)), group("tp1", range(4, 8)), group("x", [3, 6])]
+    b = ranks(8, groups=g)
+    for x in b:
+        x.coll("tp0" if x.rank < 4 else "tp1", n=4)
+    b[3].coll("x", n=1)
+    b[6].coll("x", n=1)
+    for r in (0, 1, 2):
+        b[r].wait("tp0")                  # wait for rank 3
+    b[3].wait("x")                        # rank 3 waits for rank 6 in group x
+    for r in (4, 5, 7):
+        b[r].wait("tp1")                  # wait for rank 6
+    b[6].set(stacks=stack(*QUEUE_GET))    # rank 6 is stuck in queue.get
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [6])
+    chain = [e for e in d.evidence if e.startswith("wait chain")]
+    assert chain and "rank 3 waits in group 'x'" in chain[0] and chain[0].endswith("rank 6 (not in a collective)")
+    assert d.waiting_ranks == [0, 1, 2, 3, 4, 5, 7]
+
+
+# --- dead ranks -----------------------------------------------------------------------------
+
+def test_dead_rank_killed_first_then_connection_closed_cascade():
+    b = ranks(4, steps=5)
+    b[2].set(state="killed")                 # SIGKILL: no record of it, last sign of life
+    for r in (0, 1, 3):
+        b[r].t += 2 * S
+        b[r].coll(state="failed", error="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1234")
+        b[r].set(state="exited", exit_code=1,
+                 events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[r].t + MS,
+                          "message": "Connection closed by peer [10.0.0.2]:1234"}])
+    d = check(diagnose(snap(b)), "dead-rank", [2])
+    assert d.cause == "killed-without-record"
+    assert sorted(c["rank"] for c in d.cascade) == [0, 1, 3]
+    assert all(c["victim"] for c in d.cascade)
+    assert d.group == "0" and d.seq == 6
+
+
+@pytest.mark.parametrize("setup,cause", [
+    (dict(state="killed", signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}}), "sigterm"),
+    (dict(state="killed", signals={"fatal": {"wall_ns": T0 + 10 * S,
+                                             "text": "Fatal Python error: Segmentation fault\n"}}), "fatal-signal"),
+    (dict(state="exited", exit_code=1, events=[{"event": "exception", "type": "ValueError",
+                                                "message": "bad batch", "wall_ns": T0 + 10 * S}]), "exception"),
+    (dict(state="exited", exit_code=3), "exit-code 3"),
+    (dict(state="killed", exit_code=-15), "sigterm"),
+])
+def test_dead_rank_causes(setup, cause):
+    b = ranks(3)
+    for r in (0, 2):
+        b[r].t += 20 * S   # the others reach the next collective after rank 1 died
+        b[r].wait()
+    b[1].set(**setup)
+    d = check(diagnose(snap(b)), "dead-rank", [1])
+    assert d.cause == cause
+    if cause == "exception":
+        assert d.details["cause_text"] == "ValueError: bad batch"
+
+
+def test_first_death_by_time_is_root():
+    b = ranks(4)
+    b[3].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "OSError",
+                                                   "message": "disk full", "wall_ns": T0 + 50 * S}])
+    b[1].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "KeyError",
+                                                   "message": "'x'", "wall_ns": T0 + 20 * S}])
+    d = check(diagnose(snap(b)), "dead-rank", [1])
+    assert [c["rank"] for c in d.cascade] == [3]
+
+
+def test_hang_then_sigterm_all_keeps_hang_verdict():
+    b = ranks(3)
+    b[0].wait()
+    b[1].wait()
+    later = b[1].t + 3600 * S
+    for x in b:
+        x.set(state="killed", signals={"sigterm": {"wall_ns": later + x.rank, "text": ""}})
+    b[2].set(stacks=stack(*QUEUE_GET))
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [2])
+    assert "killed later: sigterm" in d.details["culprit_reasons"]["2"]
+
+
+# --- transport, progressing, unknown --------------------------------------------------------
+
+def test_transport_error_no_dead_rank():
+    b = ranks(3)
+    for x in b:
+        x.t += (3 - x.rank) * S   # rank 2 fails first
+        x.coll(state="failed", error="Connection reset by peer")
+    d = check(diagnose(snap(b)), "transport-error", [2])
+    assert sorted(c["rank"] for c in d.cascade) == [0, 1]
+    assert is_transport_error("Timed out waiting 1800000ms for recv operation to complete")
+
+
+def test_timeout_failures_still_name_stuck_rank():
+    b = ranks(3)
+    for r in (0, 1):
+        b[r].coll(state="failed", error="Timed out waiting 1800000ms for recv operation to complete")
+    b[2].set(stacks=stack(*QUEUE_GET))
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [2])
+    assert sorted(c["rank"] for c in d.cascade) == [0, 1]
+
+
+def test_progressing_no_rank_waiting():
+    b = ranks(4, steps=10)
+    d = check(diagnose(snap(b, reason="request", taken=max(x.t for x in b) + S)), "progressing", [])
+    assert d.details["last_progress_age_s"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_progressing_everybody_inside_collective_recently():
+    b = ranks(4)
+    for x in b:
+        x.wait()
+    check(diagnose(snap(b, reason="request", taken=max(x.t for x in b) + 2 * S)), "progressing", [])
+
+
+def test_stalled_everybody_inside_collective_is_unknown():
+    b = ranks(4)
+    for x in b:
+        x.wait()
+    d = check(diagnose(snap(b, reason="stall")), "unknown", [])
+    assert d.cause == "stalled-inside-collective"
+
+
+def test_unknown_empty_snapshot():
+    s = snap([], errors=["/tmp/run/ring-h-1.htr: truncated (remedy: copy again)"])
+    d = check(diagnose(s), "unknown", [])
+    assert d.cause == "no-data" and d.errors == s.errors
+
+
+# --- p2p ----------------------------------------------------------------------------------
+
+def test_p2p_unmatched_send_names_peer():
+    b = ranks(2)
+    for _ in range(3):
+        b[0].p2p("0", 1, "send")
+        b[1].p2p("0", 0, "recv")
+    b[0].p2p("0", 1, "send", state="issued")   # pair seq 4: rank 1 never posts the recv
+    b[1].mark(step=1)
+    d = check(diagnose(snap(b)), "skipped-collective", [1])
+    assert d.seq == 4 and d.op == "send"
+
+
+def test_p2p_both_send_is_mismatch():
+    b = ranks(2)
+    b[0].p2p("0", 1, "send", state="issued")
+    b[1].p2p("0", 0, "send", state="issued")
+    check(diagnose(snap(b)), "collective-mismatch", [0, 1])
+
+
+# --- scale, incomplete, wrapped --------------------------------------------------------------
+
+def test_1024_ranks_tp_dp_one_culprit():
+    n, tp = 1024, 8
+    groups = [world(n)] + [group("tp%d" % i, range(i * tp, (i + 1) * tp), desc="tp") for i in range(n // tp)] \
+        + [group("dp%d" % j, range(j, n, tp), desc="dp") for j in range(tp)]
+    bs = []
+    culprit = 517
+    for r in range(n):
+        x = R(r, n, groups=groups)
+        tpg, dpg = "tp%d" % (r // tp), "dp%d" % (r % tp)
+        for step in range(5):
+            x.mark(step=step)
+            x.coll(tpg)
+            x.coll(dpg)
+        if r == culprit:
+            x.set(stacks=stack(*QUEUE_GET))
+        elif r // tp == culprit // tp:
+            x.wait(tpg)                          # TP mates wait for the culprit
+        else:
+            x.coll(tpg)
+            x.wait(dpg)                          # everyone else waits in DP
+        bs.append(x)
+    d = check(diagnose(snap(bs)), "stuck-outside-collective", [culprit])
+    assert d.group == "tp64" and d.seq == 6
+    assert len(d.waiting_ranks) == n - 1
+
+
+def test_incomplete_snapshot_still_names_culprit():
+    b = ranks(8)
+    for r in range(8):
+        if r != 3:
+            b[r].wait()
+    b[3].set(stacks=stack(*QUEUE_GET))
+    procs = [x.build() for x in b if x.rank not in (5, 6)]
+    s = snap(procs, errors=["ring-h0-1005.htr: truncated", "ring-h0-1006.htr: foreign file"])
+    d = check(diagnose(s), "stuck-outside-collective", [3])
+    assert d.details["missing_ranks"] == [5, 6]
+    assert any("5-6" in e and "no record file" in e for e in d.evidence)
+    assert d.errors == s.errors
+
+
+def test_culprit_without_file_is_unknown_but_named():
+    b = ranks(4)
+    for r in (0, 1, 2):
+        b[r].wait()
+    procs = [x.build() for x in b[:3]]
+    d = check(diagnose(snap(procs)), "unknown", [3])
+    assert d.cause == "no-record-file"
+
+
+def test_ring_wrapped_last_50_records():
+    n = 6
+    g = [world(n), group("tp", range(n))]
+    b = [R(r, n, groups=g) for r in range(n)]
+    for x in b:
+        for step in range(200):
+            x.mark(step=step)
+            x.coll("tp")
+            x.coll("0")
+    for r in range(n):
+        if r != 4:
+            b[r].wait("tp")
+    b[4].mark(step=200)
+    b[4].mark(phase="eval")
+    procs = [x.build(keep_last=50) for x in b]
+    assert all(p.records[0]["idx"] > 500 for p in procs)
+    d = check(diagnose(snap(procs)), "skipped-collective", [4])
+    assert d.seq == 201 and d.group == "tp"
+
+
+def test_duplicate_rank_uses_later_process():
+    b = ranks(2)
+    b[0].wait()
+    old = R(1, 2, pid=999)
+    old.coll(n=1)
+    oldp = old.build()
+    oldp.start_wall_ns = T0 - 100 * S
+    oldp.state = "exited"
+    oldp.exit_code = 0
+    b[1].set(stacks=stack(*QUEUE_GET))
+    d = check(diagnose(snap([oldp] + [x.build() for x in b])), "stuck-outside-collective", [1])
+    assert any("several processes" in e for e in d.evidence)
+
+
+def test_unranked_processes_ignored():
+    b = ranks(2)
+    b[0].wait()
+    b[1].set(stacks=stack(*QUEUE_GET))
+    drv = R(-1, -1, groups=[])
+    s = snap([drv.build()] + [x.build() for x in b])
+    check(diagnose(s), "stuck-outside-collective", [1])
