@@ -424,7 +424,7 @@ def _build_instances(ctx):
         b = v.blocked
         if b is None or (v.dead and not v.victim):
             continue  # a dead rank waits for nobody: others wait for it
-        g, s = b.get("group"), b.get("seq")
+        g, s = b.get("group"), b.get("seq") or 0
         if b.get("kind") == "p2p":
             key = ("p", g, s, r, b.get("peer"))
             inst = insts[key] = _Inst(key, g, s)
@@ -465,7 +465,7 @@ def _fill_coll(ctx, inst):
             if rec is None or (rec.get("seq") or 0) < s:
                 inst.behind.append(m)
                 continue
-            if rec.get("seq") > s:
+            if (rec.get("seq") or 0) > s:
                 inst.ahead.append(m)
                 continue
         inst.at.append(m)
@@ -488,7 +488,7 @@ def _fill_p2p(ctx, inst):
         rec = v.p2p.get((g, w))
         if rec is None or (rec.get("seq") or 0) < s:
             inst.behind.append(peer)
-        elif rec.get("seq") > s:
+        elif (rec.get("seq") or 0) > s:
             inst.ahead.append(peer)
         else:
             inst.at.append(peer)
@@ -496,7 +496,8 @@ def _fill_p2p(ctx, inst):
             d1, d2 = _SEND.get(mine.get("op")), _SEND.get(rec.get("op"))
             bad = (d1 and d2 and d1 == d2) or (
                 mine.get("numel") != rec.get("numel") or mine.get("dtype") != rec.get("dtype"))
-            if bad and mine.get("op") != "batch_isend_irecv" and rec.get("op") != "batch_isend_irecv":
+            if (bad and peer != w and mine.get("op") != "batch_isend_irecv"
+                    and rec.get("op") != "batch_isend_irecv"):
                 # one side each (keys differ by rank even when both sides sent)
                 inst.mismatch = {_sig(mine) + (d1, w): [w], _sig(rec) + (d2, peer): [peer]}
             if v.dead and not v.victim:
@@ -719,6 +720,8 @@ def _mismatch_verdict(ctx, inst, d):
     else:
         culprits = [r for k, rs in sigs.items() if k != tied[0] for r in rs]
         tie_note = None
+    if not culprits:
+        culprits = [r for rs in sigs.values() for r in rs]
     d.kind = "collective-mismatch"
     _fill_common(ctx, d, culprits, inst)
     c0 = d.culprit_ranks[0]
@@ -1006,10 +1009,10 @@ def _apply_hang(ctx, d, hang, insts, inst_of):
         d.kind = kind
         d.cause = "sequence-diverged"
         _fill_common(ctx, d, rs, inst)
-        ctx.add("ranks %s wait at %s (%s), which ranks %s already passed: their sequence numbers diverged "
+        ctx.add("%s %s at %s (%s), which %s already passed: their sequence numbers diverged "
                 "(an extra or missing collective earlier on this group)"
-                % (format_ranks(rs, 8), _inst_text(ctx, inst), ctx.views[rs[0]].blocked.get("op"),
-                   format_ranks(inst.ahead, 8)))
+                % (_rk(rs, 8), _vb(rs), _inst_text(ctx, inst), ctx.views[rs[0]].blocked.get("op"),
+                   _rk(inst.ahead, 8)))
         for a in inst.ahead[:3]:
             ctx.add(_rank_line(ctx, a, inst.group))
     elif kind == "cross-group-deadlock":
@@ -1020,10 +1023,10 @@ def _apply_hang(ctx, d, hang, insts, inst_of):
         inst = max((i for i in insts.values() if set(i.missing) & set(hang["culprits"])),
                    key=lambda i: len(i.waiters))
         _fill_common(ctx, d, hang["culprits"], inst)
-        ctx.add("ranks %s wait at %s (%s) for ranks %s, which left no record file: their state is unknown "
+        ctx.add("%s %s at %s (%s) for %s, which left no record file: state unknown "
                 "(not traced, or file lost); check them directly"
-                % (format_ranks(inst.waiters, 12), _inst_text(ctx, inst),
-                   ctx.views[inst.waiters[0]].blocked.get("op"), format_ranks(hang["culprits"], 12)))
+                % (_rk(inst.waiters), _vb(inst.waiters), _inst_text(ctx, inst),
+                   ctx.views[inst.waiters[0]].blocked.get("op"), _rk(hang["culprits"])))
     else:
         _chain_verdict(ctx, d, hang, insts, inst_of)
     if hang.get("start"):
@@ -1095,10 +1098,10 @@ def _chain_verdict(ctx, d, hang, insts, inst_of):
         d.kind = "skipped-collective"
         d.cause = "extra-collective"
         _fill_common(ctx, d, main.waiters, main)
-        ctx.add("ranks %s alone entered %s (%s); ranks %s never called it and moved on: the minority "
+        ctx.add("%s alone entered %s (%s); %s never called it and moved on: the minority "
                 "took a different path (e.g. a rank-0-only checkpoint/barrier)" % (
-                    format_ranks(main.waiters, 8), _inst_text(ctx, main),
-                    ctx.views[main.waiters[0]].blocked.get("op"), format_ranks(main.missing, 8)))
+                    _rk(main.waiters, 8), _inst_text(ctx, main),
+                    ctx.views[main.waiters[0]].blocked.get("op"), _rk(main.missing, 8)))
         for m in main.missing[:3]:
             ctx.add(_rank_line(ctx, m, main.group) + " (%s)" % kinds[m][1] if m in kinds else _rank_line(ctx, m, main.group))
         d.details["culprit_kinds"] = {str(r): "skipped-collective" for r in main.waiters}
@@ -1134,12 +1137,18 @@ def _chain_verdict(ctx, d, hang, insts, inst_of):
     if len(ch) > 2:
         ctx.add(_chain_text(ctx, ch))
     if hang.get("nofile_ends"):
-        ctx.add("ranks %s are waited for too but left no record file" % format_ranks(hang["nofile_ends"], 8))
+        ctx.add("%s: waited for too, but left no record file" % _rk(hang["nofile_ends"], 8))
     if len(set(k for k, _ in kinds.values())) > 1:
         ctx.add("chain ends differ in kind: %s" % ", ".join("%d=%s" % (e, kinds[e][0]) for e in ends[:8]))
 
 
 def _finish(ctx, d):
+    for r in d.culprit_ranks[:4]:
+        v = ctx.views.get(r)
+        for e in (v.proc.events or ()) if v else ():
+            if isinstance(e, dict) and e.get("event") == "thread_exception":
+                ctx.add("rank %d: thread %s died earlier with %s: %s (a dead producer/helper thread?)" % (
+                    r, e.get("thread") or "?", e.get("type") or "Exception", str(e.get("message") or "")[:160]))
     miss = d.details.get("missing_from_common_frame")
     if miss and miss["missing"] and len(miss["missing"]) <= 16:
         ctx.add("stacks: %d ranks share %s; ranks %s are not in it" % (

@@ -19,7 +19,8 @@ The tree is keyed outer -> inner. Two frames are the same node when their *funct
 (``key='function'``, STAT's default) or when function, file and line agree
 (``key='line'``). An *equivalence class* is the set of ranks whose whole path is equal:
 ``{'frames': [label, ...] outer->inner, 'ranks': [int, ...] sorted, 'count': int}``.
-Labels are ``'func (file.py:line)'`` taken from the first rank seen in that node.
+Labels are ``'func (file.py:line)'``, or ``'func (file.py)'`` when ranks merged into the
+node stand at different lines of that function.
 
 Everything here is pure (no I/O) and linear in ranks x stack depth.
 """
@@ -127,7 +128,7 @@ class StackNode:
     """One frame in the merged tree. ``ranks``: every rank whose path passes here;
     ``ends``: ranks whose path ends here (innermost frame); ``children``: key -> node."""
 
-    __slots__ = ("label", "key", "children", "ranks", "ends", "parent", "depth")
+    __slots__ = ("label", "key", "children", "ranks", "ends", "parent", "depth", "line")
 
     def __init__(self, label, key, parent=None):
         self.label, self.key, self.parent = label, key, parent
@@ -135,6 +136,7 @@ class StackNode:
         self.ranks = []
         self.ends = []
         self.depth = 0 if parent is None else parent.depth + 1
+        self.line = 0
 
     def path(self):
         """Labels from the outermost frame to this node (root excluded)."""
@@ -195,6 +197,11 @@ def merge_stacks(procs, key="function"):
             child = node.children.get(k)
             if child is None:
                 child = node.children[k] = StackNode(frame_label(f), k, node)
+                child.line = f.get("line") or 0
+            elif child.line is not None and child.line != (f.get("line") or 0):
+                # merged frames at different lines of one function: label without a line
+                child.line = None
+                child.label = frame_label(dict(f, line=0))
             child.ranks.append(r)
             node = child
         node.ends.append(r)

@@ -1,0 +1,369 @@
+"""Added time per collective: hangtrace vs. PyTorch's Flight Recorder, side by side.
+
+Every configuration runs in its own fresh interpreter, launched by this script, on a
+world-size-1 gloo group (``init_method=tcp://127.0.0.1:<free port>``) doing a 1-float
+``all_reduce`` in a loop. Repeats are interleaved (the order rotates every round) so
+that machine drift hits every configuration alike.
+
+Configurations (environment of the child):
+
+  base   HANGTRACE unset, TORCH_FR_BUFFER_SIZE=0       (nothing recorded)
+  ht     HANGTRACE=1 (own run dir, AUTO_WATCH=0), FR 0 (hangtrace only)
+  fr     HANGTRACE unset, TORCH_FR_BUFFER_SIZE=2000    (Flight Recorder only)
+  both   HANGTRACE=1 and TORCH_FR_BUFFER_SIZE=2000
+
+Note: in torch 2.13 the Flight Recorder is ON by default (TORCH_FR_BUFFER_SIZE unset
+gives entries too), so the baseline must set it to 0 explicitly. Each child verifies
+after timing that its recorder really recorded: the hangtrace ring's progress counter
+advanced by the number of calls, and ``_dump_fr_trace_json()`` holds ``gloo:all_reduce``
+entries (gloo does record into the Flight Recorder) -- or holds none when FR is off.
+
+A second, torch-free part times the recorder's ``issue()`` + ``complete()`` pair, the
+full hangtrace wrapper around a no-op function (fake tensor and group), and a bare
+wrapt ``FunctionWrapper`` layer, to show where the added time goes.
+
+Usage::
+
+    python3 benchmarks/bench_collective.py [--iters 20000] [--repeats 7] [--out results.json]
+
+Prints a markdown table; ``--out`` also writes the numbers as JSON.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIGS = {
+    "base": {"HANGTRACE": None, "TORCH_FR_BUFFER_SIZE": "0"},
+    "ht": {"HANGTRACE": "1", "TORCH_FR_BUFFER_SIZE": "0"},
+    "fr": {"HANGTRACE": None, "TORCH_FR_BUFFER_SIZE": "2000"},
+    "both": {"HANGTRACE": "1", "TORCH_FR_BUFFER_SIZE": "2000"},
+}
+LABELS = {
+    "base": "(a) unwrapped, FR off",
+    "ht": "(b) hangtrace on, FR off",
+    "fr": "(c) Flight Recorder on (2000), hangtrace off",
+    "both": "(d) hangtrace + Flight Recorder",
+}
+
+
+def _free_port():
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+# --------------------------------------------------------------------------- child
+def child_collective(iters, warmup, batches):
+    """Run in a fresh interpreter: time all_reduce; print one JSON line."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % _free_port(), rank=0, world_size=1)
+    t = torch.ones(1)
+    ar = dist.all_reduce
+    wrapped = type(ar).__name__ == "FunctionWrapper"
+    rec = None
+    if wrapped:
+        from hangtrace.hooks import bootstrap
+        rec = bootstrap.active().recorder
+    for _ in range(warmup):
+        ar(t)
+    progress0 = _ring_progress(rec)
+    per_batch = []
+    clock = time.perf_counter_ns
+    for _ in range(batches):
+        t0 = clock()
+        for _ in range(iters):
+            ar(t)
+        per_batch.append((clock() - t0) / iters)
+    # --- verification (after timing) ---
+    out = {"ns": statistics.median(per_batch), "batches": per_batch, "wrapped": wrapped}
+    if rec is not None:
+        out["ring_progress_delta"] = _ring_progress(rec) - progress0
+        out["ring_expected"] = iters * batches
+    try:
+        fr = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())
+        entries = fr.get("entries", [])
+        out["fr_entries"] = len(entries)
+        out["fr_profiling_names"] = sorted({e.get("profiling_name") for e in entries})
+    except Exception as e:  # FR API missing or failing
+        out["fr_error"] = repr(e)
+    dist.destroy_process_group()
+    print(json.dumps(out))
+
+
+def _ring_progress(rec):
+    if rec is None:
+        return 0
+    from hangtrace.tracer import format as F
+    return F.LIVE_DONE.unpack_from(rec.mm, F.LIVE_DONE_OFF)[3]
+
+
+def child_micro(iters, batches):
+    """Torch-free: recorder pair, full wrapper around a no-op, bare wrapt layer."""
+    import wrapt
+    from hangtrace.hooks import recorder as R
+    from hangtrace.hooks import torch_dist as TD
+    from hangtrace.tracer import format as F
+
+    d = tempfile.mkdtemp(prefix="ht-bench-")
+    try:
+        rec = R.Recorder(d, "bench", 16384, lambda msg, key=None: None)
+        clock = time.perf_counter_ns
+        res = {}
+
+        def run(label, fn):
+            per = []
+            for _ in range(batches):
+                t0 = clock()
+                fn()
+                per.append((clock() - t0) / iters)
+            res[label] = statistics.median(per)
+
+        issue, complete = rec.issue, rec.complete
+        rng = range(iters)
+
+        def pair():
+            for _ in rng:
+                complete(issue(F.K_COLL, 1, 8, 1, 1, 8, 7, -1, 0))
+
+        def empty_loop():
+            for _ in rng:
+                pass
+
+        # fake torch.distributed so the real wrapper can run without torch
+        class _Shape(tuple):
+            pass
+
+        class FakeTensor:
+            dtype = "torch.float32"
+            shape = _Shape((1,))
+
+            def numel(self):
+                return 1
+
+        class _C10d:
+            @staticmethod
+            def _get_default_group():
+                return "pg0"
+
+            @staticmethod
+            def _get_process_group_name(pg):
+                return "0"
+
+        class FakeDist:
+            distributed_c10d = _C10d
+
+        TD._state = TD.State(rec, lambda msg, key=None: None)
+        TD._state.dist = FakeDist
+
+        def noop_all_reduce(tensor, op=None, group=None, async_op=False):
+            return None
+
+        import inspect
+        params = list(inspect.signature(noop_all_reduce).parameters)
+        ht_w = wrapt.FunctionWrapper(noop_all_reduce, TD._make_wrapper("all_reduce", params))
+        bare_w = wrapt.FunctionWrapper(noop_all_reduce, lambda w, i, a, k: w(*a, **k))
+        ft = FakeTensor()
+
+        def call_plain():
+            for _ in rng:
+                noop_all_reduce(ft)
+
+        def call_bare():
+            for _ in rng:
+                bare_w(ft)
+
+        def call_ht():
+            for _ in rng:
+                ht_w(ft)
+
+        for fn in (pair, call_ht):  # warm caches (string interning, dicts)
+            fn()
+        run("loop", empty_loop)
+        run("issue_complete", pair)
+        run("noop_call", call_plain)
+        run("wrapt_noop_layer", call_bare)
+        run("hangtrace_wrapper_noop", call_ht)
+        for k in ("issue_complete", "noop_call", "wrapt_noop_layer", "hangtrace_wrapper_noop"):
+            res[k] -= res["loop"]
+        TD._state = None
+        rec.close()
+        print(json.dumps(res))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- parent
+def _env_for(name, run_dir):
+    env = dict(os.environ)
+    for k, v in CONFIGS[name].items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    for k in list(env):
+        if k.startswith("HANGTRACE_"):
+            del env[k]
+    if env.get("HANGTRACE"):
+        env["HANGTRACE_DIR"] = run_dir
+        env["HANGTRACE_AUTO_WATCH"] = "0"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _run_child(argv, env):
+    p = subprocess.run([sys.executable, os.path.abspath(__file__)] + argv, env=env,
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise SystemExit("child %s failed (%d):\n%s" % (argv, p.returncode, p.stderr[-3000:]))
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _stats(xs):
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs),
+            "spread": max(xs) - min(xs), "runs": xs}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=20000, help="all_reduce calls per timed batch")
+    ap.add_argument("--warmup", type=int, default=2000)
+    ap.add_argument("--batches", type=int, default=1, help="timed batches per child (median taken)")
+    ap.add_argument("--repeats", type=int, default=7, help="fresh children per configuration")
+    ap.add_argument("--configs", default="base,ht,fr,both")
+    ap.add_argument("--micro-iters", type=int, default=200000)
+    ap.add_argument("--out", help="write JSON results here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+
+    if a.child == "collective":
+        return child_collective(a.iters, a.warmup, a.batches)
+    if a.child == "micro":
+        return child_micro(a.micro_iters, 7)
+
+    names = [n.strip() for n in a.configs.split(",") if n.strip()]
+    runs = {n: [] for n in names}
+    checks = {n: [] for n in names}
+    root = tempfile.mkdtemp(prefix="ht-bench-coll-")
+    t_start = time.time()
+    try:
+        for r in range(a.repeats):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for n in order:
+                run_dir = os.path.join(root, "%s-%d" % (n, r))
+                res = _run_child(["--child", "collective", "--iters", str(a.iters), "--warmup", str(a.warmup),
+                                  "--batches", str(a.batches)], _env_for(n, run_dir))
+                runs[n].append(res["ns"])
+                checks[n].append({k: v for k, v in res.items() if k not in ("ns", "batches")})
+                print("  round %d %-5s %8.0f ns/op" % (r + 1, n, res["ns"]), file=sys.stderr, flush=True)
+        micro = [_run_child(["--child", "micro", "--micro-iters", str(a.micro_iters)], _env_for("base", root))
+                 for _ in range(3)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    # sanity: each configuration recorded what it should
+    problems = []
+    for n in names:
+        for c in checks[n]:
+            want_ht = CONFIGS[n]["HANGTRACE"] is not None
+            want_fr = CONFIGS[n]["TORCH_FR_BUFFER_SIZE"] != "0"
+            if c["wrapped"] != want_ht:
+                problems.append("%s: wrapped=%s" % (n, c["wrapped"]))
+            if want_ht and c.get("ring_progress_delta") != c.get("ring_expected"):
+                problems.append("%s: ring progress %s != %s" % (n, c.get("ring_progress_delta"), c.get("ring_expected")))
+            if want_fr != bool(c.get("fr_entries")):
+                problems.append("%s: fr_entries=%s" % (n, c.get("fr_entries")))
+
+    stats = {n: _stats(runs[n]) for n in names}
+    med = {n: stats[n]["median"] for n in names}
+    added = {}
+    if "base" in med:
+        for n in names:
+            if n != "base":
+                # per-round paired differences cancel drift better than difference of medians
+                diffs = [x - b for x, b in zip(runs[n], runs["base"])]
+                added[n] = {"median_of_medians_diff": med[n] - med["base"],
+                            "median_paired_diff": statistics.median(diffs), "paired_diffs": diffs}
+    mic = {k: statistics.median(m[k] for m in micro) for k in micro[0]}
+    fr_check = next((c for c in checks.get("fr", []) if c.get("fr_entries")), None)
+
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
+        "python": platform.python_version(), "torch": _torch_version(),
+        "iters": a.iters, "warmup": a.warmup, "batches": a.batches, "repeats": a.repeats,
+        "wall_s": round(time.time() - t_start, 1),
+        "ns_per_all_reduce": stats, "added_ns": added, "micro_ns": mic,
+        "fr_gloo_check": fr_check, "problems": problems,
+    }
+    if "ht" in added and "fr" in added:
+        h = added["ht"]["median_paired_diff"]
+        f = added["fr"]["median_paired_diff"]
+        result["ratio_ht_over_fr"] = h / f if f else None
+    print(_table(result, names))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 1 if problems else 0
+
+
+def _torch_version():
+    try:
+        out = subprocess.run([sys.executable, "-c", "import torch;print(torch.__version__)"],
+                             capture_output=True, text=True, env=_env_for("base", "/nonexistent"))
+        return out.stdout.strip()
+    except Exception:
+        return "?"
+
+
+def _table(r, names):
+    L = []
+    L.append("### all_reduce, 1 float, gloo world size 1 (%s, %d CPUs, torch %s)" % (r["date"], r["cpus"], r["torch"]))
+    L.append("")
+    L.append("%d fresh processes per configuration, interleaved; %d calls timed per process after %d warm-up."
+             % (r["repeats"], r["iters"] * r["batches"], r["warmup"]))
+    L.append("")
+    L.append("| configuration | median ns/op | min | max | added ns (paired median) |")
+    L.append("|---|---:|---:|---:|---:|")
+    for n in names:
+        s = r["ns_per_all_reduce"][n]
+        add = r["added_ns"].get(n, {}).get("median_paired_diff")
+        L.append("| %s | %.0f | %.0f | %.0f | %s |" % (LABELS[n], s["median"], s["min"], s["max"],
+                                                       "—" if add is None else "%+.0f" % add))
+    if r.get("ratio_ht_over_fr") is not None:
+        L.append("")
+        L.append("hangtrace added / Flight Recorder added = **%.2f**  (target: hangtrace ≤ 2000 ns and ≤ FR)"
+                 % r["ratio_ht_over_fr"])
+    L.append("")
+    L.append("| torch-free micro-benchmark | ns per call |")
+    L.append("|---|---:|")
+    m = r["micro_ns"]
+    for k, label in (("issue_complete", "Recorder.issue() + complete()"),
+                     ("noop_call", "plain call of a no-op all_reduce(t)"),
+                     ("wrapt_noop_layer", "wrapt FunctionWrapper pass-through around it"),
+                     ("hangtrace_wrapper_noop", "hangtrace wrapper around it (begin + issue + complete)")):
+        L.append("| %s | %.0f |" % (label, m[k]))
+    if r["fr_gloo_check"]:
+        c = r["fr_gloo_check"]
+        L.append("")
+        L.append("Flight Recorder check: %d entries in `_dump_fr_trace_json()`, profiling names %s."
+                 % (c["fr_entries"], c["fr_profiling_names"]))
+    if r["problems"]:
+        L.append("")
+        L.append("PROBLEMS: " + "; ".join(r["problems"]))
+    return "\n".join(L)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

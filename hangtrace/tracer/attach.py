@@ -1,0 +1,71 @@
+"""``hangtrace attach``: diagnose a hung job that was not started with hangtrace.
+
+There are no flight records, only what can be seen from outside: the processes'
+initial environment (rank, local rank, world size from ``/proc/PID/environ``) and
+py-spy stacks of every rank, taken in parallel. The analysis is the same pure
+``diagnose()`` on a Snapshot whose processes have stacks and no records; it merges the
+stacks (STAT-style prefix tree) and names the outliers in the same vocabulary.
+"""
+import os
+import socket
+import tempfile
+import time
+
+import orjson
+
+from .discover import find_torch_processes
+from .errors import NoProcessesError
+from .model import ProcessInfo, Snapshot
+
+
+def attach(pids=None, native=False, out_dir=None):
+    """Find the job's processes (``pids`` or a scan), take stacks, diagnose.
+
+    Returns ``(Diagnosis, Snapshot)``; the snapshot (processes.json, stacks/*.json,
+    diagnosis.json, report.txt) is stored under ``out_dir`` (default: a new folder
+    ``hangtrace-attach-<time>`` in the temp dir). Raises NoProcessesError when no
+    torch.distributed process is found (with the reasons of skipped ones).
+    """
+    from . import stacks as S
+    from .analysis import diagnose
+    from .collect import write_diagnosis
+    from .report import text_report
+    found = find_torch_processes(pids)
+    if not found:
+        why = "; ".join("pid %s: %s" % (s["pid"], s["reason"]) for s in found.skipped[:5])
+        raise NoProcessesError(
+            "no torch.distributed process found%s" % (" (" + why + ")" if why else ""),
+            "pass --pid PID for each rank, or run as the job's user/root; processes are "
+            "recognised by RANK/LOCAL_RANK/WORLD_SIZE/TORCHELASTIC_RUN_ID in their environment")
+    res = S.dump_stacks([d["pid"] for d in found], native=native)
+    procs = []
+    for d in found:
+        r = res.get(d["pid"]) or {}
+        p = ProcessInfo(host=d["host"], pid=d["pid"], rank=d["rank"], local_rank=d["local_rank"],
+                        world_size=d["world_size"], run_id=d["run_id"],
+                        state="alive" if r.get("threads") or "vanished" not in (r.get("error") or "") else "killed",
+                        stacks=r.get("threads"), stack_source=r.get("source"),
+                        stack_error=(r.get("error") or None) and "%s%s" % (
+                            r["error"], (" (remedy: %s)" % r["remedy"]) if r.get("remedy") else ""),
+                        meta={"cmdline": d["cmdline"], "attached": True})
+        procs.append(p)
+    errors = ["pid %s skipped: %s" % (s["pid"], s["reason"]) for s in found.skipped]
+    errors += ["rank %d (pid %d): no stacks: %s" % (p.rank, p.pid, p.stack_error) for p in procs if p.stack_error]
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    sdir = out_dir or os.path.join(tempfile.gettempdir(), "hangtrace-attach-%s-%d" % (stamp, os.getpid()))
+    os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
+    snap = Snapshot(run_dir=sdir, taken_wall_ns=time.time_ns(), reason="attach", processes=procs,
+                    errors=errors, path=sdir)
+    for p in procs:
+        if p.stacks is not None:
+            with open(os.path.join(sdir, "stacks", "%s-%d.json" % (p.host, p.pid)), "wb") as f:
+                f.write(orjson.dumps({"threads": p.stacks, "source": p.stack_source, "error": p.stack_error}))
+    meta = {"run_dir": sdir, "taken_wall_ns": snap.taken_wall_ns, "reason": "attach", "errors": errors,
+            "host": socket.gethostname(),
+            "processes": {p.key: {"state": p.state, "rank": p.rank, "stack_error": p.stack_error}
+                          for p in procs}}
+    with open(os.path.join(sdir, "processes.json"), "wb") as f:
+        f.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    diag = diagnose(snap)
+    write_diagnosis(snap, diag, text_report(diag, snap))
+    return diag, snap
