@@ -114,16 +114,25 @@ def _print_diag(diag, snap, as_json):
             print("note: %s" % e)
 
 
+def _load_snapshot_any(path):
+    """A stored snapshot; one taken by ``dump --ray`` gets Ray's records joined (issue 4)."""
+    from .tracer.collect import load_snapshot
+    if os.path.exists(os.path.join(path, "ray_state.json")):
+        from .tracer.raycollect import load_ray_snapshot
+        return load_ray_snapshot(path)
+    return load_snapshot(path)
+
+
 def cmd_analyze(args):
     """Offline analysis of a run directory (newest snapshot, else the rings) or a snapshot."""
     from .tracer.analysis import diagnose
     from .tracer.collect import is_snapshot, load_run, load_snapshot, newest_snapshot
     path = args.path
     if is_snapshot(path):
-        snap = load_snapshot(path)
+        snap = _load_snapshot_any(path)
     else:
         newest = newest_snapshot(path) if os.path.isdir(path) else None
-        snap = load_snapshot(newest) if newest else load_run(path)
+        snap = _load_snapshot_any(newest) if newest else load_run(path)
     diag = diagnose(snap)
     _print_diag(diag, snap, args.json)
     return 0
@@ -132,10 +141,30 @@ def cmd_analyze(args):
 def cmd_dump(args):
     """Snapshot and diagnose a live run now; the job keeps running."""
     from .tracer.watcher import diagnose_and_report
+    if getattr(args, "ray", False):  # issue 4: every alive node of a Ray cluster
+        return _dump_ray(args)
     run_dir = args.run_dir or os.environ.get(config.DIR)
     if not run_dir:
         raise RunDirError("no run directory given", "pass RUN_DIR, or set HANGTRACE_DIR")
     snap, diag, para = diagnose_and_report(run_dir, "request", native=args.native)
+    _print_diag(diag, snap, args.json)
+    return 0
+
+
+def _dump_ray(args):
+    """``dump --ray``: collector tasks pinned to every alive Ray node, one local snapshot."""
+    from .tracer.analysis import diagnose
+    from .tracer.collect import write_diagnosis
+    from .tracer.raycollect import dump_cluster
+    from .tracer.report import text_report
+    snap = dump_cluster(args.run_dir or os.environ.get(config.DIR), address=args.address,
+                        native=args.native)
+    diag = diagnose(snap)
+    write_diagnosis(snap, diag, text_report(diag, snap))
+    if not args.json:
+        nodes = getattr(snap, "ray_nodes", [])
+        _err("collected %d process(es) from %d Ray node(s) into %s" % (
+            len(snap.processes), len(nodes), snap.path))
     _print_diag(diag, snap, args.json)
     return 0
 
@@ -194,7 +223,9 @@ def cmd_run(args):
                 _report(snap, para)
             except HangtraceError as e:
                 _err(e.render())
-            if args.stop_on_stall:
+            if args.stop_on_stall and inc.kind == "stall":
+                # a death is not a stall: let the job end by itself (and exit with its own
+                # status); if the survivors hang, the stall that follows stops it
                 _err("stopping the job (--stop-on-stall)")
                 _stop(child)
         if rc != 0 and not reported:
@@ -281,6 +312,10 @@ def build_parser():
     d.add_argument("run_dir", nargs="?", default=None)
     d.add_argument("--json", action="store_true")
     d.add_argument("--native", action="store_true")
+    d.add_argument("--ray", action="store_true",
+                   help="collect on every alive node of a Ray cluster (tasks pinned to each node)")
+    d.add_argument("--address", default=None,
+                   help="with --ray: Ray cluster address (default RAY_ADDRESS, else 'auto')")
     d.set_defaults(fn=cmd_dump)
 
     a = sub.add_parser("analyze", help="diagnose a run directory or snapshot offline")

@@ -3,7 +3,7 @@
 ``activate()`` creates this process's ring in the run directory, installs lifecycle
 records (exit, uncaught exceptions, SIGTERM and fatal-signal stacks through
 faulthandler), and registers post-import hooks so torch.distributed (and Ray, later)
-are wrapped when the program imports them. It imports neither torch nor ray.
+are wrapped when the program imports them (Ray: ``ray_hooks``). It imports neither torch nor ray.
 
 Any failure here disables tracing for this process with one line on stderr and, where
 possible, a line in the run log; the program itself runs on unchanged.
@@ -56,6 +56,9 @@ def resolve_run_dir(environ=None):
     env = os.environ if environ is None else environ
     run_id = env.get(config.RUN_ID) or default_run_id()
     run_dir = env.get(config.DIR) or os.path.join(tempfile.gettempdir(), "hangtrace-" + run_id)
+    # absolute, so children started in another working directory (Ray workers, tools
+    # that chdir) find the same directory
+    run_dir = os.path.abspath(run_dir)
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
     env[config.DIR] = run_dir
     env[config.RUN_ID] = run_id
@@ -87,12 +90,29 @@ def _hook_torch(module):
         rt.log("hooking torch.distributed failed: %r" % (e,), "hook-torch")
 
 
+# --- ray (issue 4): actor identity and method phases, see hooks/ray_hooks.py ---
+def _hook_ray(module):
+    rt = _active
+    if rt is None:
+        return
+    try:
+        from . import ray_hooks
+        ray_hooks.install(sys.modules.get("ray", module), rt.recorder, rt.log)
+    except Exception as e:
+        rt.log("hooking ray failed: %r" % (e,), "hook-ray")
+# --- end ray ---
+
+
 def _register_import_hooks():
     import wrapt
     if "torch.distributed" in sys.modules:
         _hook_torch(sys.modules["torch.distributed"])
     else:
         wrapt.register_post_import_hook(_hook_torch, "torch.distributed")
+    if "ray" in sys.modules:  # issue 4
+        _hook_ray(sys.modules["ray"])
+    else:
+        wrapt.register_post_import_hook(_hook_ray, "ray")
 
 
 def _after_fork_child():
@@ -116,6 +136,15 @@ def _after_fork_child():
     except Exception as e:
         _active = None
         api._set_recorder(None)
+        # the parent's ring is still mapped here: no hook may write into it any more
+        try:
+            td = sys.modules.get("hangtrace.hooks.torch_dist")
+            if td is not None:
+                td._state = None
+            from . import lifecycle
+            lifecycle.detach()
+        except Exception:
+            pass
         _warn("tracing disabled in forked child %d: %r" % (os.getpid(), e))
 
 

@@ -133,15 +133,17 @@ def _signal_wrapper(wrapped, instance, args, kwargs):
         faulthandler.unregister(signal.SIGTERM)
     except Exception:
         pass
-    prev = wrapped(*args, **kwargs)
     try:
-        faulthandler.register(signal.SIGTERM, file=_sigterm_file[0], all_threads=True, chain=True)
-    except Exception:
-        pass
-    return prev
+        return wrapped(*args, **kwargs)
+    finally:  # also when signal.signal raises (e.g. ValueError outside the main thread)
+        try:
+            faulthandler.register(signal.SIGTERM, file=_sigterm_file[0], all_threads=True, chain=True)
+        except Exception:
+            pass
 
 
 _sigterm_file = []
+_own_fatal = [False]  # True when the fatal-signal faulthandler is ours (not the program's)
 
 
 def _patch(module, name, wrapper):
@@ -150,6 +152,33 @@ def _patch(module, name, wrapper):
         return
     setattr(module, name, wrapt.FunctionWrapper(cur, wrapper))
     _patched.append((module, name, cur))
+
+
+def detach():
+    """Stop recording lifecycle events and signal stacks (a forked child whose own ring
+    could not be created: the parent's ring and stack files must stay the parent's).
+    The wrappers stay installed and pass through; signal dispositions go back to what
+    they were before our registrations."""
+    global _rt
+    _rt = None
+    del _sigterm_file[:]
+    for sig in (signal.SIGTERM, DUMP_SIGNAL):
+        try:
+            faulthandler.unregister(sig)
+        except Exception:
+            pass
+    try:
+        if _own_fatal[0]:
+            faulthandler.disable()
+            _own_fatal[0] = False
+    except Exception:
+        pass
+    for f in _files:
+        try:
+            f.close()
+        except Exception:
+            pass
+    del _files[:]
 
 
 def install(rt, forked_from=None):
@@ -176,8 +205,9 @@ def install(rt, forked_from=None):
     else:
         _exit_code[0] = None
     try:
-        if forked_from is not None or not faulthandler.is_enabled():
+        if (forked_from is not None and _own_fatal[0]) or not faulthandler.is_enabled():
             faulthandler.enable(file=_open("fatal"), all_threads=True)
+            _own_fatal[0] = True
     except Exception as e:
         rt.log("faulthandler for fatal signals failed: %r" % (e,), "fh-fatal")
     try:

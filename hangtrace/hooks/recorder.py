@@ -22,6 +22,19 @@ _get_ident = threading.get_ident
 _mono = time.monotonic_ns
 _wall = time.time_ns
 
+# Hot-path constants, bound once (saves module attribute lookups per collective).
+_SLOT_PACK = F.SLOT.pack_into
+_LIVE_ISSUE_PACK = F.LIVE_ISSUE.pack_into
+_COMPLETE_PACK = F.COMPLETE.pack_into
+_LIVE_DONE_PACK = F.LIVE_DONE.pack_into
+_SLOTS_OFF = F.HEADER_SIZE
+_SLOT_SIZE = F.SLOT_SIZE
+_COMPLETE_BASE = F.HEADER_SIZE + F.COMPLETE_OFF
+_LIVE_ISSUE_OFF = F.LIVE_ISSUE_OFF
+_LIVE_DONE_OFF = F.LIVE_DONE_OFF
+_S_ISSUED = F.S_ISSUED
+_S_COMPLETED = F.S_COMPLETED
+
 
 def _proc_start_ticks(pid):
     """Start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), or 0."""
@@ -91,7 +104,12 @@ class Recorder:
 
     # --- string table -----------------------------------------------------------
     def _append(self, tag, text, limit=65536):
-        """Append an entry to the string table; return its id (0 when full or failed)."""
+        """Append an entry to the string table; return its id (0 when full or failed).
+
+        Never raises OSError: when the disk cannot give the table more room (ENOSPC),
+        the entry is dropped (logged once) and 0 returned, so events, group definitions
+        and the exit record still reach the header and slots.
+        """
         data = text.encode("utf-8", "replace")[:limit]
         n = F.STR_ENTRY.size + len(data)
         with self._lock:
@@ -102,7 +120,12 @@ class Recorder:
                 return 0
             if off + n > self.strtab_reserved:
                 grow = max(F.STRTAB_CHUNK, n)
-                F.reserve(self.fd, self.strtab_off + self.strtab_reserved, grow)
+                try:
+                    F.reserve(self.fd, self.strtab_off + self.strtab_reserved, grow)
+                except OSError as e:  # disk full: writing into the hole would SIGBUS
+                    self.log("cannot grow the string table of %s: %s; new strings are dropped"
+                             % (self.path, e), "strtab-err")
+                    return 0
                 self.strtab_reserved += grow
             base = self.strtab_off + off
             F.STR_ENTRY.pack_into(self.mm, base, tag, len(data))
@@ -150,12 +173,12 @@ class Recorder:
         st = self._phase.get(_get_ident())
         return st[-1][0] if st else self._cur_phase
 
-    def _slot(self, kind, op, group, seq, numel, shape, dtype, peer, state, flags=0, a=(0, 0, 0, 0, 0)):
+    def _slot(self, kind, op, group, seq, numel, shape, dtype, peer, state, flags=0, a=(0, 0, 0, 0, 0), err=0):
         idx = self._last = next(self._counter)
         now = _mono()
         F.SLOT.pack_into(self.mm, F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE,
                          idx, kind, flags, dtype, op, group, seq, numel, shape, peer, self.thread_id(),
-                         self._current_phase(), self._step, now, _wall(), state, 0,
+                         self._current_phase(), self._step, now, _wall(), state, err,
                          now if state != F.S_ISSUED else 0, *a)
         return idx
 
@@ -165,11 +188,12 @@ class Recorder:
         ident = _get_ident()
         tid = self._threads.get(ident) or self.thread_id()
         st = self._phase.get(ident)
-        F.SLOT.pack_into(self.mm, F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE,
-                         idx, kind, flags, dtype, op, group, seq, numel, shape, peer, tid,
-                         st[-1][0] if st else self._cur_phase, self._step, _mono(), _wall(),
-                         F.S_ISSUED, 0, 0, 0, 0, 0, 0, 0)
-        F.LIVE_ISSUE.pack_into(self.mm, F.LIVE_ISSUE_OFF, idx, idx)
+        mm = self.mm
+        _SLOT_PACK(mm, _SLOTS_OFF + (idx - 1) % self.nslots * _SLOT_SIZE,
+                   idx, kind, flags, dtype, op, group, seq, numel, shape, peer, tid,
+                   st[-1][0] if st else self._cur_phase, self._step, _mono(), _wall(),
+                   _S_ISSUED, 0, 0, 0, 0, 0, 0, 0)
+        _LIVE_ISSUE_PACK(mm, _LIVE_ISSUE_OFF, idx, idx)
         return idx
 
     def complete(self, idx, err=None):
@@ -179,15 +203,14 @@ class Recorder:
         left alone; progress is still counted.
         """
         now = _mono()
-        live = self._last - idx < self.nslots
         if err is None:
-            if live:
-                F.COMPLETE.pack_into(self.mm, F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE
-                                     + F.COMPLETE_OFF, F.S_COMPLETED, 0, now)
-            self._progress += 1
-            F.LIVE_DONE.pack_into(self.mm, F.LIVE_DONE_OFF, 0, now, _wall(), self._progress)
+            nslots = self.nslots
+            if self._last - idx < nslots:
+                _COMPLETE_PACK(self.mm, _COMPLETE_BASE + (idx - 1) % nslots * _SLOT_SIZE, _S_COMPLETED, 0, now)
+            self._progress = progress = self._progress + 1
+            _LIVE_DONE_PACK(self.mm, _LIVE_DONE_OFF, 0, now, _wall(), progress)
         else:
-            if live:
+            if self._last - idx < self.nslots:
                 F.COMPLETE.pack_into(self.mm, F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE
                                      + F.COMPLETE_OFF, F.S_FAILED, self.intern(err[:4000]), now)
             F.U64.pack_into(self.mm, F.LIVE_DONE_OFF, 0)  # clear in-flight
@@ -211,8 +234,8 @@ class Recorder:
 
     def phase_exit(self, name, error=None):
         st = self._phase.get(_get_ident())
-        self._slot(F.K_PHASE_EXIT, 0, self.intern(error[:2000]) if error else 0, 0, 0, 0, 0, -1,
-                   F.S_FAILED if error else F.S_COMPLETED)
+        self._slot(F.K_PHASE_EXIT, 0, 0, 0, 0, 0, 0, -1, F.S_FAILED if error else F.S_COMPLETED,
+                   err=self.intern(error[:2000]) if error else 0)
         if st:
             # pop up to and including the innermost entry of this name
             for i in range(len(st) - 1, -1, -1):

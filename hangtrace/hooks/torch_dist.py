@@ -51,11 +51,11 @@ GROUP_OPS = ("init_process_group", "new_group", "new_subgroups", "destroy_proces
 BATCH_OP = "batch_isend_irecv"
 
 
-class _TLS(threading.local):
-    depth = 0
-
-
-_tls = _TLS()
+# Threads (by ``threading.get_ident()``) that are inside a wrapped call: calls they make
+# from there (``all_gather_object`` calling ``all_gather``, ...) are not recorded again.
+# A dict item per thread costs less per call than a ``threading.local`` attribute.
+_busy = {}
+_get_ident = threading.get_ident
 
 
 class State:
@@ -77,12 +77,16 @@ _state = None
 _installed = {}  # attribute name -> original function
 
 
-def _group_key(group):
-    """(strid, name) of ``group`` (None = default group); cached per group object."""
+def _group_entry(group):
+    """Cached ``(strid, name, pg)`` of ``group`` (None = default group), keyed by id(group).
+
+    The entry holds the group object itself so that its id is not reused while cached.
+    """
     st = _state
-    g = st.groups.get(None if group is None else id(group))
+    key = None if group is None else id(group)
+    g = st.groups.get(key)
     if g is not None:
-        return g[0], g[1]
+        return g
     dist = st.dist
     pg = group
     if pg is None:
@@ -92,8 +96,14 @@ def _group_key(group):
     except Exception:
         name = getattr(pg, "group_name", None) or "?"
     sid = st.rec.intern(name)
-    st.groups[None if group is None else id(group)] = (sid, name, group)
-    return sid, name
+    g = st.groups[key] = (sid, name, group)
+    return g
+
+
+def _group_key(group):
+    """(strid, name) of ``group`` (None = default group); cached per group object."""
+    g = _group_entry(group)
+    return g[0], g[1]
 
 
 def _dtype_id(t):
@@ -126,72 +136,147 @@ def _payload(kind, obj):
     return 0, 0, 0
 
 
+_ABSENT = 1 << 30  # parameter position of a parameter the function does not have
+
+
 def _make_wrapper(name, params):
+    """The recording call of ``name`` (parameter names ``params``, in order).
+
+    Returns ``call(self, *args, **kwargs)``, used as ``__call__`` of the function's
+    wrapper class (see ``_wrap``); ``self.__wrapped__`` is the function called.
+
+    Hot path: one call per collective. Positions and flags are resolved here, once; the
+    common case (tensor payload, cached group/shape/dtype) makes no Python-level calls
+    besides ``Recorder.issue``/``complete`` and the tensor's ``numel``/``shape``/``dtype``.
+    """
     tparam, peer_params, is_p2p, pkind = SPECS[name]
     op_id = F.OP_IDS[name]
     kind = F.K_P2P if is_p2p else F.K_COLL
-    tpos = params.index(tparam) if tparam in params else None
-    gpos = params.index("group") if "group" in params else None
-    apos = params.index("async_op") if "async_op" in params else None
-    peers = [(params.index(p) if p in params else None, p) for p in peer_params]
+    tpos = params.index(tparam) if tparam in params else _ABSENT
+    gpos = params.index("group") if "group" in params else _ABSENT
+    apos = params.index("async_op") if "async_op" in params else _ABSENT
+    peers = tuple((params.index(p) if p in params else _ABSENT, p, p.startswith("group_")) for p in peer_params)
     always_async = name in ("isend", "irecv")
+    has_payload = pkind is not None
+    tensor_payload = pkind == "t"
+    f_async = F.F_ASYNC
+    group_entry = _group_entry
+    shape_id = _shape_id
+    dtype_id = _dtype_id
+    payload = _payload
+    busy = _busy
+    get_ident = _get_ident
 
-    def begin(args, kwargs):
+    def call(self, /, *args, **kwargs):
+        wrapped = self.__wrapped__
         st = _state
-        if st.fault:
-            raise RuntimeError("hangtrace test fault: recorder failure")
-        n = len(args)
-        group = args[gpos] if gpos is not None and gpos < n else kwargs.get("group")
-        gsid, gname = _group_key(group)
-        peer = -1
-        for pos, pname in peers:
-            v = args[pos] if pos is not None and pos < n else kwargs.get(pname)
-            if v is not None:
-                if pname.startswith("group_"):
-                    v = st.dist.get_global_rank(group, v) if group is not None else v
-                peer = int(v)
-                break
-        if pkind is not None:
-            obj = args[tpos] if tpos is not None and tpos < n else kwargs.get(tparam)
-            numel, shape, dtype = _payload(pkind, obj) if obj is not None else (0, 0, 0)
-        else:
-            numel = shape = dtype = 0
-        async_op = always_async or bool(args[apos] if apos is not None and apos < n else kwargs.get("async_op"))
-        key = (gname, peer) if is_p2p else gname
-        seq = st.seq.get(key, 0) + 1
-        st.seq[key] = seq
-        return st.rec.issue(kind, op_id, gsid, seq, numel, shape, dtype, peer,
-                            F.F_ASYNC if async_op else 0), async_op
-
-    def wrapper(wrapped, instance, args, kwargs):
-        if _tls.depth or _state is None:
+        ident = get_ident()
+        if st is None or ident in busy:
             return wrapped(*args, **kwargs)
         idx = 0
         async_op = False
         try:
-            idx, async_op = begin(args, kwargs)
+            if st.fault:
+                raise RuntimeError("hangtrace test fault: recorder failure")
+            n = len(args)
+            group = args[gpos] if gpos < n else (kwargs.get("group") if kwargs else None)
+            g = st.groups.get(None if group is None else id(group)) or group_entry(group)
+            peer = -1
+            for pos, pname, is_group_rank in peers:
+                v = args[pos] if pos < n else (kwargs.get(pname) if kwargs else None)
+                if v is not None:
+                    if is_group_rank:
+                        v = st.dist.get_global_rank(group, v) if group is not None else v
+                    peer = int(v)
+                    break
+            numel = shape = dtype = 0
+            if has_payload:
+                obj = args[tpos] if tpos < n else (kwargs.get(tparam) if kwargs else None)
+                try:  # a wrong argument type: torch raises it to the user; we still record the call
+                    if obj is None:
+                        pass
+                    elif tensor_payload:
+                        numel = obj.numel()
+                        shp = obj.shape
+                        shape = st.shapes.get(shp)
+                        if shape is None:
+                            shape = shape_id(shp)
+                        dtype = st.dtypes.get(obj.dtype)
+                        if dtype is None:
+                            dtype = dtype_id(obj)
+                    else:
+                        numel, shape, dtype = payload(pkind, obj)
+                except Exception:
+                    numel = shape = dtype = 0
+            if always_async:
+                async_op = True
+            else:
+                a = args[apos] if apos < n else (kwargs.get("async_op") if kwargs else None)
+                async_op = True if a else False
+            key = (g[1], peer) if is_p2p else g[1]
+            seqs = st.seq
+            seq = seqs.get(key, 0) + 1
+            seqs[key] = seq
+            idx = st.rec.issue(kind, op_id, g[0], seq, numel, shape, dtype, peer, f_async if async_op else 0)
         except Exception as e:
-            _state.log("recording %s failed: %r" % (name, e), "rec-" + name)
-        _tls.depth = 1
+            st.log("recording %s failed: %r" % (name, e), "rec-" + name)
+        busy[ident] = 1
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as e:
-            _tls.depth = 0
+            del busy[ident]
             if idx:
                 _finish_error(idx, e)
             raise
-        _tls.depth = 0
+        del busy[ident]
         if idx:
             try:
                 if async_op and result is not None:
                     _on_work_done(idx, result)
                 else:
-                    _state.rec.complete(idx)
+                    st.rec.complete(idx)
             except Exception as e:
-                _state.log("completing %s failed: %r" % (name, e), "done-" + name)
+                st.log("completing %s failed: %r" % (name, e), "done-" + name)
         return result
 
-    return wrapper
+    return call
+
+
+class _Callee:
+    """Stand-in ``self`` for ``call`` when wrapt invokes the wrapper function itself."""
+
+    __slots__ = ("__wrapped__",)
+
+    def __init__(self, wrapped):
+        self.__wrapped__ = wrapped
+
+
+class _FastFunctionWrapper(wrapt.FunctionWrapper):
+    """A ``wrapt.FunctionWrapper`` whose ``__call__`` is our recording call itself.
+
+    wrapt 2.1's C ``__call__`` looks up ``__self__`` on the wrapped object at every call
+    (to bind functions that were already bound); on a plain function that raises and
+    clears an AttributeError, about 0.5 us here, then calls the wrapper with
+    ``(wrapped, instance, args, kwargs)`` — another frame. Our targets are module-level
+    functions of ``torch.distributed`` (never bound methods), so each wrapped function
+    gets a subclass whose ``__call__`` is its recording call. Everything else
+    (``__wrapped__``, ``__name__``, signature, isinstance checks, binding through
+    ``__get__``, which goes through the wrapper function) is wrapt's.
+    """
+
+    def __call__(self, /, *args, **kwargs):
+        return self._self_wrapper(self.__wrapped__, None, args, kwargs)
+
+
+def _wrap(name, orig, params):
+    """The installed wrapper of ``orig`` (a ``wrapt.FunctionWrapper`` instance)."""
+    call = _make_wrapper(name, params)
+
+    def wrapper(wrapped, instance, args, kwargs):  # wrapt's protocol (bound use)
+        return call(_Callee(wrapped), *args, **kwargs)
+
+    cls = type("FunctionWrapper", (_FastFunctionWrapper,), {"__call__": call, "__module__": __name__})
+    return cls(orig, wrapper)
 
 
 def _finish_error(idx, e):
@@ -294,7 +379,8 @@ def _poller():
 
 
 def _batch_wrapper(wrapped, instance, args, kwargs):
-    if _tls.depth or _state is None:
+    ident = _get_ident()
+    if ident in _busy or _state is None:
         return wrapped(*args, **kwargs)
     idxs = []
     try:
@@ -316,15 +402,15 @@ def _batch_wrapper(wrapped, instance, args, kwargs):
                                      _shape_id(t.shape), _dtype_id(t), int(peer), F.F_ASYNC | F.F_BATCH))
     except Exception as e:
         _state.log("recording batch_isend_irecv failed: %r" % (e,), "rec-batch")
-    _tls.depth = 1
+    _busy[ident] = 1
     try:
         works = wrapped(*args, **kwargs)
     except BaseException as e:
-        _tls.depth = 0
+        del _busy[ident]
         for i in idxs:
             _finish_error(i, e)
         raise
-    _tls.depth = 0
+    del _busy[ident]
     try:
         if works is not None and len(works) == len(idxs):
             for i, w in zip(idxs, works):
@@ -434,7 +520,7 @@ def install(dist, recorder, log):
                 params = list(inspect.signature(orig).parameters)
             except (TypeError, ValueError):
                 continue
-            w = wrapt.FunctionWrapper(orig, _make_wrapper(name, params))
+            w = _wrap(name, orig, params)
         elif name == BATCH_OP:
             w = wrapt.FunctionWrapper(orig, _batch_wrapper)
         elif name == "new_subgroups":
@@ -454,8 +540,13 @@ def install(dist, recorder, log):
 
 
 def uninstall():
-    """Restore the original functions in both modules."""
+    """Restore the original functions in both modules and forget the recorder.
+
+    A later ``install()`` starts afresh (new recorder, sequence numbers from 1).
+    """
+    global _state
     import sys
+    _state = None
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         _installed.clear()

@@ -43,6 +43,17 @@ How the verdict is reached
    strict minority (e.g. rank 0 alone in a world barrier while 1..7 wait in a DP
    all_reduce for it): then that minority diverged and is named; the whole cycle stays in
    ``details['cycle']``.
+   *Extra collective first*: a cycle can be the cascade of one rank issuing one
+   collective more than its peers on a group that has a role (same description once a
+   trailing index is stripped, 'cp0'/'cp1' -> 'cp'; without descriptions, disjoint
+   groups of one size created consecutively). If a strict majority of the role's ranks
+   issued N collectives on their group of the role, the waiter issued more and the
+   members it waits for issued N, the waiter is named: 'skipped-collective', cause
+   'extra-collective', with ``details['extra_collective']`` (counts per rank). Example:
+   CP {0,1},{2,3}: rank 1 waits in an extra cp0 all_reduce, rank 0 went on into the world
+   all_reduce, rank 3 waits in dp1 for rank 1 - a cycle 0 -> 1 -> 0, but rank 1 issued
+   N+1 on cp0 where ranks 0, 2, 3 issued N. A genuine deadlock (groups entered in
+   opposite orders) has no such majority and stays 'cross-group-deadlock'.
 
 5. **Chain ends**: following edges from every waiting rank, the ranks reached that are
    not waiting themselves are the culprits (rank A waits in G for B, B waits in H for C,
@@ -55,7 +66,8 @@ How the verdict is reached
      idle) or py-spy says the thread is idle -> 'stuck-outside-collective';
    * its stack is inside a torch.distributed call that was not recorded -> skipped
      (it is in some other, untraced collective);
-   * it moved on: recorded activity after the waiters began waiting, a later step, or
+   * it moved on: recorded activity after the waiters began waiting (a record issued,
+     or progress not explained by the completion of its last record), a later step, or
      another phase than the waiters -> 'skipped-collective';
    * otherwise (no activity since the others began to wait, stack running or unknown)
      -> 'stuck-outside-collective'.
@@ -86,13 +98,18 @@ How the verdict is reached
    sign of life (last record, progress) - a lower bound for SIGKILL. The root is the
    earliest non-victim death; every other failure (dead ranks, failed records) goes to
    ``cascade``. The hang verdict wins over a death only when its culprit is not the dead
-   rank and the death happened after the hang began (e.g. the user SIGTERMed a hung job).
+   rank and the death happened after the hang began (e.g. the user SIGTERMed a hung job);
+   a death without a record (SIGKILL) counts as later only when the rank issued something
+   after the hang began - its last sign of life is only a lower bound, and the
+   completion of its last collective just after a peer entered the next one is not
+   "moving on".
    Transport failures with no dead rank and no hang culprit -> 'transport-error' naming
    the first rank to fail; the rest are cascade.
 
 Performance: one pass over every record list plus work linear in the group sizes of the
 instances ranks are blocked in; 4,096 ranks x 2,000 records is a few seconds in CPython.
 """
+import re
 import time
 
 from .model import Diagnosis
@@ -106,6 +123,9 @@ DEFAULT_STALL_S = 300.0
 _INF = float("inf")
 MAX_EVIDENCE = 40
 MAX_FRAMES = 8
+#: progress stamped within this many ns after the end of a rank's last record is that
+#: record's completion, not new activity (the recorder stamps both at completion)
+_COMPLETION_SLACK_NS = 50_000_000
 
 #: Lower-case substrings of error texts that mean "the transport (peer, socket) failed".
 #: gloo: "Connection closed by peer" (peer SIGKILLed), "Timed out waiting ...ms for recv
@@ -140,7 +160,7 @@ class _View:
     """What the analysis needs of one rank (built in one pass over its records)."""
 
     __slots__ = ("rank", "proc", "last", "p2p", "blocked", "blocked_failed", "last_wall",
-                 "last_rec", "failed", "dead", "cause", "cause_text", "victim", "fail_wall",
+                 "activity_wall", "last_rec", "failed", "dead", "cause", "cause_text", "victim", "fail_wall",
                  "phase", "step", "nrec")
 
     def __init__(self, rank, proc):
@@ -149,6 +169,7 @@ class _View:
         self.blocked = None
         self.blocked_failed = False
         self.last_wall = 0
+        self.activity_wall = 0
         self.last_rec = None
         self.failed = None
         self.dead = False
@@ -184,12 +205,22 @@ def _index(rank, proc):
             lastcp = rec
             if first_failed is None and rec.get("state") == "failed":
                 first_failed = rec
+    activity = 0
+    prog = proc.progress_wall_ns or 0
     if recs:
         lr = recs[-1]
         v.last_rec = lr
         last_wall = lr.get("t_wall_ns") or 0
+        activity = last_wall
+        # progress stamped by the completion of the last record is not new activity
+        if prog and not (lr.get("state") in ("completed", "failed")
+                         and prog <= _rec_fail_wall(lr) + _COMPLETION_SLACK_NS):
+            activity = max(activity, prog)
+    else:
+        activity = prog
     v.nrec = len(recs)
-    v.last_wall = max(last_wall, proc.progress_wall_ns or 0)
+    v.last_wall = max(last_wall, prog)
+    v.activity_wall = activity
     v.failed = first_failed
     inf = proc.inflight
     if isinstance(inf, dict) and inf.get("kind") in ("collective", "p2p") and inf.get("state", "issued") == "issued":
@@ -205,6 +236,16 @@ def _index(rank, proc):
     v.step = proc.step if proc.step is not None else (v.last_rec or {}).get("step")
     _death(v)
     return v
+
+
+def _death_after(v, start):
+    """True when dead rank ``v`` provably lived on after ``start`` (ns): its death time
+    is exact (signal dump, exception, exit record) and later, or - for a death without a
+    record, whose time is only a lower bound - it issued something after ``start``
+    (the completion of its last collective does not count)."""
+    if v.cause == "killed-without-record":
+        return bool(v.activity_wall and v.activity_wall > start)
+    return bool(v.fail_wall and v.fail_wall > start)
 
 
 def _rec_fail_wall(rec):
@@ -371,12 +412,12 @@ class _Ctx:
                 ranks = gd.get("ranks")
                 groups[name] = {"name": name, "desc": gd.get("desc"), "backend": gd.get("backend"),
                                 "ranks": sorted(int(x) for x in ranks) if ranks else None,
-                                "inferred": False}
+                                "inferred": False, "order": gd.get("order")}
         for name, rs in seen.items():
             gd = groups.get(name)
             if gd is None:
                 gd = groups[name] = {"name": name, "desc": None, "backend": None, "ranks": None,
-                                     "inferred": True}
+                                     "inferred": True, "order": None}
             if not gd["ranks"]:
                 if (name in ("0", "default_pg", "WORLD") or gd.get("desc") == "default_pg") and self.world:
                     gd["ranks"] = list(range(self.world))
@@ -556,13 +597,29 @@ def _tarjan(adj, starts):
     return out
 
 
+def _wrapper_frame(f):
+    """True for call-forwarding wrappers that say nothing about the program: hangtrace's
+    own hooks (``hangtrace/hooks/*.py``) and torch's c10d logging decorators
+    (``torch/distributed/c10d_logger.py``: ``_exception_logger``/``_time_logger``)."""
+    fn = (f.get("filename") or "").replace("\\", "/")
+    if "/hangtrace/hooks/" in fn:
+        return True
+    if fn.endswith("ray/util/tracing/tracing_helper.py"):  # Ray's actor-method span wrapper (issue 4)
+        return True
+    return fn.endswith("torch/distributed/c10d_logger.py") and "wrapper" in (f.get("name") or "")
+
+
 def _frames_of(ctx, r):
+    """(display labels, raw frames, active) of rank ``r``'s analysed thread; the labels
+    skip wrapper frames (``_wrapper_frame``), so they start at the torch.distributed op
+    or the blocking call and go on into the user's code."""
     p = ctx.procs.get(r)
     if p is None:
         return [], None, None
     frames, thread = process_frames(p)
     frames = frames or []
-    return [frame_label(f) for f in frames[:MAX_FRAMES]], frames, (thread or {}).get("active")
+    shown = [f for f in frames if not _wrapper_frame(f)] or frames
+    return [frame_label(f) for f in shown[:MAX_FRAMES]], frames, (thread or {}).get("active")
 
 
 def _classify_end(ctx, r, insts_for):
@@ -572,7 +629,7 @@ def _classify_end(ctx, r, insts_for):
     start = min([i.start for i in insts_for if i.start] or [0])
     later = ""
     if v.dead and not v.victim:
-        if not (start and v.fail_wall and v.fail_wall > start):
+        if not (start and _death_after(v, start)):
             return "dead-rank", "died: %s" % v.cause_text
         later = " (killed later: %s)" % v.cause
     kind, why = _classify_alive(ctx, r, insts_for, start)
@@ -601,7 +658,7 @@ def _classify_alive(ctx, r, insts_for, start):
                 wsteps.add(b.get("step"))
             if b.get("phase"):
                 wphases.add(b.get("phase"))
-    if start and v.last_wall > start:
+    if start and v.activity_wall > start:
         return "skipped-collective", "moved on: recorded activity after the others began waiting"
     if v.step is not None and wsteps and v.step > max(wsteps):
         return "skipped-collective", "moved on to step %s (waiters are at step %s)" % (
@@ -729,6 +786,7 @@ def _mismatch_verdict(ctx, inst, d):
         ctx.views[c0].p2p.get((inst.group, inst.waiters[0])) if inst.p2p else ctx.views[c0].last.get(inst.group))
     d.op = (rec_c or {}).get("op") or d.op
     d.cause = "mismatch"
+    where = {}
     for k, rs in sorted(sigs.items(), key=lambda kv: -len(kv[1])):
         r0 = rs[0]
         v = ctx.views[r0]
@@ -736,15 +794,18 @@ def _mismatch_verdict(ctx, inst, d):
             rec = v.blocked if r0 in inst.waiters else v.p2p.get((inst.group, inst.waiters[0]))
         else:
             rec = v.blocked if r0 in inst.waiters else v.last.get(inst.group)
-        ctx.add("%s at %s: %s (%s)%s" % (_rk(rs, 8), _inst_text(ctx, inst), _desc_rec(rec),
-                                               rec.get("state"), " [minority]" if set(rs) & set(culprits) and not tie_note else ""))
+        where[k] = ((rec or {}).get("phase"), (rec or {}).get("step"))
+        ctx.add("%s at %s: %s (%s)%s%s" % (_rk(rs, 8), _inst_text(ctx, inst), _desc_rec(rec),
+                                           rec.get("state"), " in " + _where(rec) if _where(rec) else "",
+                                           " [minority]" if set(rs) & set(culprits) and not tie_note else ""))
     if tie_note:
         ctx.add(tie_note)
     if inst.behind or inst.nofile:
         ctx.add("also not at this seq: behind %s; no file %s" % (format_ranks(inst.behind, 8),
                                                                   format_ranks(inst.nofile, 8)))
     d.details["signatures"] = [{"op": k[0], "dtype": k[1], "numel": k[2], "peer": k[3],
-                                "ranks": sorted(rs)} for k, rs in sigs.items()]
+                                "ranks": sorted(rs), "phase": where.get(k, (None, None))[0],
+                                "step": where.get(k, (None, None))[1]} for k, rs in sigs.items()]
     return d
 
 
@@ -799,7 +860,7 @@ def diagnose(snapshot, now_wall_ns=None, stall_s=None):
         root = roots[0]
         hang_wins = (hang is not None and hang["kind"] != "dead-rank"
                      and (hang["kind"] != "chain" or hang["kinds"].get(root.rank, ("",))[0] != "dead-rank")
-                     and hang.get("start") and root.fail_wall and root.fail_wall > hang["start"])
+                     and hang.get("start") and _death_after(root, hang["start"]))
         if not hang_wins:
             return _finish(ctx, _dead_verdict(ctx, d, root, roots, failures, insts, inst_of))
         ctx.add("rank %d died (%s) after the hang had begun: listed as cascade" % (root.rank, root.cause))
@@ -947,6 +1008,10 @@ def _hang(ctx, insts, inst_of):
         comp = max(sccs, key=len)
         ranks = sorted(n[1] for n in comp if n[0] == "r")
         cinsts = [insts[n] for n in comp if n[0] != "r"]
+        extra = _extra_collective(ctx, cinsts)
+        if extra is not None:
+            extra["cycle_ranks"] = ranks
+            return extra
         return {"kind": "cross-group-deadlock", "cycle_ranks": ranks, "cycle_insts": cinsts,
                 "culprits": ranks, "start": min([i.start for i in cinsts if i.start] or [0]),
                 "ncycles": len(sccs)}
@@ -996,9 +1061,188 @@ def _hang(ctx, insts, inst_of):
             "start": min([i.start for e in present_ends for i in insts_for.get(e, []) if i.start] or [0])}
 
 
+_DESC_INDEX = re.compile(r"[_\-.:]?\d+$")
+_NO_DESC = frozenset(("", "undefined", "default_pg"))
+
+
+def _role_stem(desc):
+    """'cp0' / 'cp_1' / 'cp' -> 'cp'; None for no usable description."""
+    if not desc or str(desc) in _NO_DESC:
+        return None
+    stem = _DESC_INDEX.sub("", str(desc))
+    return stem or None
+
+
+def _disjoint(groups):
+    seen = set()
+    for gd in groups:
+        rs = set(gd["ranks"])
+        if seen & rs:
+            return False
+        seen |= rs
+    return True
+
+
+def _role_groups(ctx, g):
+    """Names of the groups that play the same role as group ``g`` (``g`` included), or [].
+
+    Same role: the same description once a trailing index is stripped ('cp0', 'cp1' ->
+    'cp'); without usable descriptions, the run of groups created consecutively
+    (``order``) with the same size as ``g``. Either way the groups must be pairwise
+    disjoint (one group per rank, like the CP or DP groups of a mesh) and at least two.
+    """
+    gd = ctx.groups.get(g)
+    if not gd or not gd.get("ranks") or len(gd["ranks"]) < 2:
+        return []
+    stem = _role_stem(gd.get("desc"))
+    if stem is not None:
+        same = [h for h in ctx.groups.values() if h.get("ranks") and _role_stem(h.get("desc")) == stem]
+    elif gd.get("order") is not None:
+        size = len(gd["ranks"])
+        by_order = sorted((h for h in ctx.groups.values()
+                           if h.get("ranks") and h.get("order") is not None and _role_stem(h.get("desc")) is None),
+                          key=lambda h: h["order"])
+        i = next(k for k, h in enumerate(by_order) if h["name"] == gd["name"])
+        lo = hi = i
+        while lo > 0 and len(by_order[lo - 1]["ranks"]) == size and by_order[lo - 1]["order"] == by_order[lo]["order"] - 1:
+            lo -= 1
+        while (hi + 1 < len(by_order) and len(by_order[hi + 1]["ranks"]) == size
+               and by_order[hi + 1]["order"] == by_order[hi]["order"] + 1):
+            hi += 1
+        run = by_order[lo:hi + 1]
+        # a run can hold several layouts back to back (CP groups, then DP groups): cut it
+        # into blocks of consecutive groups that each partition the run's ranks
+        union = set()
+        for h in run:
+            union |= set(h["ranks"])
+        k = len(union) // size
+        same = []
+        if k >= 2 and len(run) % k == 0:
+            for j in range(0, len(run), k):
+                block = run[j:j + k]
+                if any(h["name"] == gd["name"] for h in block):
+                    same = block
+        if not same or not _disjoint(same):
+            same = [gd]   # greedy: the disjoint neighbours of g
+            for h in run[i - lo + 1:]:
+                if not _disjoint(same + [h]):
+                    break
+                same.append(h)
+            for h in reversed(run[:i - lo]):
+                if not _disjoint(same + [h]):
+                    break
+                same.insert(0, h)
+    else:
+        return []
+    if len(same) < 2 or not _disjoint(same):
+        return []
+    return sorted(h["name"] for h in same)
+
+
+def _role_counts(ctx, role):
+    """{rank: (group, highest seq issued on its group of the role)} for ranks with a record file."""
+    out = {}
+    for h in role:
+        for m in ctx.members(h):
+            v = ctx.views.get(m)
+            if v is None:
+                continue
+            rec = v.last.get(h)
+            n = (rec.get("seq") or 0) if rec else 0
+            b = v.blocked
+            if b is not None and b.get("kind") == "collective" and b.get("group") == h:
+                n = max(n, b.get("seq") or 0)
+            out[m] = (h, n)
+    return out
+
+
+def _extra_collective(ctx, cinsts):
+    """An apparent cycle explained by one rank's extra collective, or None.
+
+    For each collective instance of the cycle whose missing members are *behind* (they
+    never issued that seq): when the group belongs to a role (``_role_groups``, e.g. the
+    CP groups cp0, cp1) and a strict majority of the role's ranks issued the same number
+    N of collectives on their group of the role, while the waiter issued more and the
+    members it waits for issued exactly N, the waiter issued an extra collective the
+    others never issue (an extra micro-batch, an extra loop iteration): it is the
+    culprit, and the cycle only arises because its peers moved on to other groups. A
+    genuine cross-group deadlock (groups entered in opposite orders) has no such
+    majority: every rank issues the same number of collectives per group.
+    """
+    found = []
+    for inst in cinsts:
+        if inst.p2p or not inst.behind or inst.nofile or inst.deadm:
+            continue
+        role = _role_groups(ctx, inst.group)
+        if not role:
+            continue
+        counts = _role_counts(ctx, role)
+        if len(counts) < 3:
+            continue
+        freq = {}
+        for _h, n in counts.values():
+            freq[n] = freq.get(n, 0) + 1
+        base, nbase = max(freq.items(), key=lambda kv: (kv[1], -kv[0]))
+        if nbase * 2 <= len(counts):
+            continue
+        waiters = [w for w in inst.waiters if counts.get(w, (None, 0))[1] > base]
+        if not waiters or any(counts.get(b, (None, -1))[1] != base for b in inst.behind):
+            continue
+        found.append((inst, waiters, role, counts, base))
+    if not found:
+        return None
+    inst, waiters, role, counts, base = max(found, key=lambda f: (len(ctx.members(f[0].group)), -(f[0].start or 0)))
+    culprits = sorted(set(w for f in found for w in f[1]))
+    return {"kind": "extra-collective", "inst": inst, "culprits": culprits, "role": role,
+            "counts": counts, "base": base, "found": found, "start": inst.start}
+
+
+def _extra_verdict(ctx, d, hang, inst_of):
+    inst, role, counts, base = hang["inst"], hang["role"], hang["counts"], hang["base"]
+    culprits = hang["culprits"]
+    d.kind = "skipped-collective"
+    d.cause = "extra-collective"
+    _fill_common(ctx, d, culprits, inst)
+    w = inst.waiters[0]
+    op = ctx.views[w].blocked.get("op")
+    d.op = op
+    stem = _role_stem((ctx.groups.get(inst.group) or {}).get("desc"))
+    role_name = stem or "same-role"
+    peers = sorted(inst.behind)
+    others = sorted(r for r, (h, _n) in counts.items() if h != inst.group)
+    extra = {"role": role_name, "groups": [{"name": h, "desc": (ctx.groups.get(h) or {}).get("desc"),
+                                            "ranks": list(ctx.members(h))} for h in role],
+             "counts": {str(r): n for r, (_h, n) in sorted(counts.items())}, "majority_count": base,
+             "culprit_counts": {str(r): counts[r][1] for r in culprits}, "peers": peers,
+             "other_group_ranks": others, "op": op, "group_desc": ctx.gdesc(inst.group)}
+    d.details["extra_collective"] = extra
+    d.details["cycle"] = {"ranks": hang.get("cycle_ranks", []), "groups": sorted({f[0].group for f in hang["found"]}),
+                          "explained_by": "extra-collective"}
+    n_c = counts[culprits[0]][1]
+    ctx.add("%s issued %d collective(s) on %s, %d more than %s on the same group (%d) and than %s "
+            "on the other %s group(s) (%d each): an extra %s the others never issue"
+            % (_rk(culprits, 8), n_c, ctx.gdesc(inst.group), n_c - base, _rk(peers, 8), base,
+               _rk(others, 8) if others else "no rank", role_name, base, op))
+    for b in peers[:3]:
+        ctx.add(_rank_line(ctx, b, inst.group))
+    # the rest of the apparent cycle is cascade of the extra collective
+    for r in sorted(inst_of):
+        if r in culprits:
+            continue
+        i = inst_of[r]
+        ctx.add("rank %d waits in %s (%s) for %s (cascade)" % (
+            r, _inst_text(ctx, i), ctx.views[r].blocked.get("op"), format_ranks(i.missing, 8) if i.missing else "nobody"))
+    d.details["direct_waiters"] = sorted(r for r, i in inst_of.items() if set(i.missing) & set(culprits))
+    d.details["culprit_kinds"] = {str(r): "skipped-collective" for r in culprits}
+    d.details["culprit_reasons"] = {str(r): "issued an extra %s on %s (%d vs %d on its peers and on the other %s groups)"
+                                    % (op, ctx.gdesc(inst.group), counts[r][1], base, role_name) for r in culprits}
+
+
 def _apply_hang(ctx, d, hang, insts, inst_of):
     kind = hang["kind"]
-    if kind == "collective-mismatch" and "inst" in hang:
+    if kind == "extra-collective":
+        _extra_verdict(ctx, d, hang, inst_of)
+    elif kind == "collective-mismatch" and "inst" in hang:
         _mismatch_verdict(ctx, hang["inst"], d)
         for i in hang["others"][:5]:
             ctx.add("another mismatch: %s (ranks %s)" % (_inst_text(ctx, i), format_ranks(
@@ -1142,7 +1386,55 @@ def _chain_verdict(ctx, d, hang, insts, inst_of):
         ctx.add("chain ends differ in kind: %s" % ", ".join("%d=%s" % (e, kinds[e][0]) for e in ends[:8]))
 
 
+# --- Ray identity and Ray's own death record (issue 4; meta from hooks/ray_hooks.py and
+# tracer/raystate.join). Ray's text is reported as Ray's, beside the cause found above. ---
+def _ray_actor(p):
+    m = p.meta or {}
+    if not (m.get("ray_actor_class") or m.get("ray_actor_name") or m.get("ray_actor_id")):
+        return None
+    return {"class": m.get("ray_actor_class"), "name": m.get("ray_actor_name") or None,
+            "actor_id": m.get("ray_actor_id"), "node_id": m.get("ray_node_id"),
+            "job_id": m.get("ray_job_id"), "pid": p.pid}
+
+
+def _ray_label(a):
+    return "%s%s" % (a.get("class") or "actor", " '%s'" % a["name"] if a.get("name") else "")
+
+
+def _ray_details(ctx, d):
+    actors = {}
+    for r, p in ctx.procs.items():
+        a = _ray_actor(p)
+        if a is not None:
+            actors[str(r)] = a
+    if actors:
+        d.details["ray_actors"] = actors
+        d.details["culprit_actors"] = [dict(actors[str(r)], rank=r) for r in d.culprit_ranks if str(r) in actors]
+        for a in d.details["culprit_actors"][:4]:
+            ctx.add("rank %d is Ray actor %s (actor id %s, node %s, pid %d)" % (
+                a["rank"], _ray_label(a), (a.get("actor_id") or "?")[:16], (a.get("node_id") or "?")[:12], a["pid"]))
+    says = {}
+    for r in list(d.culprit_ranks) + [c.get("rank") for c in d.cascade or ()]:
+        p = ctx.procs.get(r)
+        m = (p.meta or {}) if p is not None else {}
+        if m.get("ray_death") and str(r) not in says:
+            says[str(r)] = {"text": m["ray_death"], "actor_state": m.get("ray_actor_state"),
+                            "exit_type": m.get("ray_exit_type"), "exit_detail": m.get("ray_exit_detail")}
+    if says:
+        d.details["ray_says"] = says
+        for r in d.culprit_ranks[:4]:
+            x = says.get(str(r))
+            if x:
+                ctx.add("rank %d: Ray says: %s%s" % (r, " ".join(str(x["text"]).split())[:400],
+                                                    " [worker exit %s]" % x["exit_type"] if x.get("exit_type") else ""))
+                if d.kind == "dead-rank":
+                    ctx.add("rank %d: Ray's text is Ray's own record; the cause hangtrace's evidence supports "
+                            "is '%s'" % (r, d.cause))
+# --- end Ray ---
+
+
 def _finish(ctx, d):
+    _ray_details(ctx, d)  # issue 4
     for r in d.culprit_ranks[:4]:
         v = ctx.views.get(r)
         for e in (v.proc.events or ()) if v else ():

@@ -21,6 +21,11 @@ SLOTS = "HANGTRACE_SLOTS"
 STALL_S = "HANGTRACE_STALL_S"
 #: Per-phase stall thresholds, ``name=seconds,name=seconds`` (e.g. ``checkpoint=1800``).
 PHASE_STALL_S = "HANGTRACE_PHASE_STALL_S"
+#: Stall threshold in seconds while a live ranked process has made no progress since it
+#: started (still importing torch, or in rendezvous): ``import torch`` in several ranks
+#: on a busy node takes many seconds and is no hang. The larger of this and the stall
+#: threshold applies until every live ranked process made progress once.
+STARTUP_STALL_S = "HANGTRACE_STARTUP_STALL_S"
 #: Watcher poll period in seconds.
 POLL_S = "HANGTRACE_POLL_S"
 #: "1": the first traced process on a node starts a node watcher when none runs.
@@ -36,6 +41,7 @@ FAULT = "HANGTRACE_FAULT_INJECT"
 DEFAULTS = {
     SLOTS: 16384,
     STALL_S: 300.0,
+    STARTUP_STALL_S: 60.0,
     POLL_S: 1.0,
     AUTO_WATCH: "1",
 }

@@ -158,6 +158,8 @@ def read_header(buf, path="<buffer>"):
     """
     from .errors import CorruptRingError, ForeignFileError, TruncatedRingError, UnsupportedVersionError
     if len(buf) < 8:
+        if bytes(buf) != MAGIC[:len(buf)]:  # a short file of other content is not ours
+            raise ForeignFileError(path, "no hangtrace magic (found %r)" % bytes(buf))
         raise TruncatedRingError(path, "%d bytes, shorter than the 8-byte magic" % len(buf))
     if bytes(buf[:6]) != MAGIC[:6]:
         raise ForeignFileError(path, "no hangtrace magic (found %r)" % bytes(buf[:8]))
@@ -269,6 +271,9 @@ def read_ring(path):
         head = f.read(HEADER_SIZE)
         hdr = read_header(head, path)
         slots_len = hdr["nslots"] * SLOT_SIZE
+        if HEADER_SIZE + slots_len > os.fstat(f.fileno()).st_size:  # before allocating slots_len
+            raise TruncatedRingError(path, "%d of %d slot bytes present"
+                                     % (max(0, os.fstat(f.fileno()).st_size - HEADER_SIZE), slots_len))
         slots = f.read(slots_len)
         if len(slots) < slots_len:
             raise TruncatedRingError(path, "%d of %d slot bytes present" % (len(slots), slots_len))

@@ -94,6 +94,16 @@ def _where(diag):
     return " at " + ", ".join(parts) if parts else ""
 
 
+def _sig_where(sig):
+    """' in phase 'rollout', step 4' for one signature class of a mismatch ('' if unknown)."""
+    parts = []
+    if sig.get("phase"):
+        parts.append("phase '%s'" % sig["phase"])
+    if sig.get("step") is not None:
+        parts.append("step %s" % sig["step"])
+    return " in " + ", ".join(parts) if parts else ""
+
+
 def _doing(diag):
     if not diag.frames:
         return ""
@@ -110,6 +120,27 @@ def _coll(diag):
     if g:
         s += " on " + g
     return s.strip()
+
+
+# --- Ray (issue 4): actor identity of the culprits, and Ray's own death text as Ray's ---
+def _ray_actor_label(a):
+    return "%s%s" % (a.get("class") or "actor", " '%s'" % a["name"] if a.get("name") else "")
+
+
+def _ray_text(diag):
+    d = diag.details or {}
+    out = ""
+    acts = d.get("culprit_actors") or []
+    if acts:
+        out += " Ray actor%s: %s." % ("s" if len(acts) > 1 else "", ", ".join(
+            "rank %s = %s" % (a.get("rank"), _ray_actor_label(a)) for a in acts[:4]))
+    says = d.get("ray_says") or {}
+    for r in diag.culprit_ranks[:2]:
+        x = says.get(str(r))
+        if x:
+            out += " Ray says (rank %s): \"%s\"." % (r, " ".join(str(x.get("text")).split())[:240])
+    return out
+# --- end Ray ---
 
 
 def verdict_paragraph(diag):
@@ -130,14 +161,34 @@ def verdict_paragraph(diag):
                      who, _verb(diag.culprit_ranks), coll, _where(diag), _doing(diag)))
         else:
             sigs = d.get("signatures") or []
-            sig_txt = "; ".join("%s: %s%s%s" % (_ranks(x["ranks"]), x["op"],
-                                                " %s" % x["dtype"] if x.get("dtype") else "",
-                                                " numel=%s" % x["numel"] if x.get("numel") is not None else "")
+            # each side's phase/step only when they differ (e.g. rank 0 in 'checkpoint' of
+            # step 3 while the others are in 'rollout' of step 4)
+            differ = len({(x.get("phase"), x.get("step")) for x in sigs}) > 1
+            sig_txt = "; ".join("%s: %s%s%s%s" % (_ranks(x["ranks"]), x["op"],
+                                                  " %s" % x["dtype"] if x.get("dtype") else "",
+                                                  " numel=%s" % x["numel"] if x.get("numel") is not None else "",
+                                                  _sig_where(x) if differ else "")
                                 for x in sigs[:4])
             s = ("Collective mismatch: %s issued a different operation than the other members at %s "
                  "(%s)%s%s; the group cannot complete it." % (who, coll, sig_txt, _where(diag), _doing(diag)))
     elif k == "skipped-collective":
-        if diag.cause == "extra-collective":
+        ex = d.get("extra_collective")
+        if diag.cause == "extra-collective" and ex:
+            n_c = max((ex.get("culprit_counts") or {}).values() or [0])
+            base = ex.get("majority_count")
+            more = n_c - base if isinstance(base, int) else 1
+            others = ex.get("other_group_ranks") or []
+            s = ("Skipped collective (extra collective): %s issued %s more %s on %s than %s %s%s "
+                 "(%s vs %s): %s %s in %s%s, which %s never %s%s; the other waits are cascade%s." % (
+                     who, "one" if more == 1 else more, ex.get("op") or "collective",
+                     ex.get("group_desc") or coll, "its peer" if len(ex.get("peers") or ()) == 1 else "its peers",
+                     _ranks(ex.get("peers")),
+                     (" and than the other %s group(s)' %s" % (ex.get("role"), _ranks(others))) if others else "",
+                     n_c, base, who, _verb(diag.culprit_ranks), coll, _where(diag),
+                     _ranks(ex.get("peers")), _verb(ex.get("peers"), "issues", "issue"), _doing(diag),
+                     (" (%s %s)" % (_ranks(diag.waiting_ranks), _verb(diag.waiting_ranks)))
+                     if diag.waiting_ranks else ""))
+        elif diag.cause == "extra-collective":
             s = ("Skipped collective: %s alone entered %s%s%s; the other members never call it and "
                  "went on, so %s %s forever." % (who, coll, _where(diag), _doing(diag), who,
                                                  _verb(diag.culprit_ranks)))
@@ -189,6 +240,7 @@ def verdict_paragraph(diag):
         if coll:
             s += " (%s)" % coll
         s += "."
+    s += _ray_text(diag)  # issue 4
     nxt = _DEAD_NEXT.get(diag.cause if diag.cause in _DEAD_NEXT else "", None) if k == "dead-rank" else _NEXT.get(k)
     if k == "dead-rank" and nxt is None and (diag.cause or "").startswith("exit-code"):
         nxt = "read that rank's log around its exit; a non-zero exit without an exception is often sys.exit or a launcher"
@@ -295,6 +347,16 @@ def text_report(diag, snapshot, max_rows=512, width=100):
                                                          format_ranks(c["ranks"], 8), " > ".join(shown)))
         if len(diag.stack_classes) > 12:
             out.append("  ... %d more classes" % (len(diag.stack_classes) - 12))
+        out.append("")
+    acts = (diag.details or {}).get("ray_actors") or {}
+    if acts:  # issue 4
+        out.append("Ray actors:")
+        says = (diag.details or {}).get("ray_says") or {}
+        for r in sorted(acts, key=int)[:64]:
+            a = acts[r]
+            out.append("  rank %s: %s (actor id %s, node %s, pid %s)%s" % (
+                r, _ray_actor_label(a), (a.get("actor_id") or "?")[:16], (a.get("node_id") or "?")[:12],
+                a.get("pid"), "; Ray says: %s" % " ".join(str(says[r]["text"]).split())[:300] if r in says else ""))
         out.append("")
     out.append("Ranks:")
     out.extend("  " + ln for ln in _rank_rows(diag, snapshot, max_rows))

@@ -30,6 +30,12 @@ class Incident:
         self.kind, self.detail, self.keys = kind, detail, list(keys)
 
 
+def _starting(h):
+    """A ranked process with no progress since its ring was created (the recorder counts
+    1 at creation): still importing or in rendezvous, not hung (HANGTRACE_STARTUP_STALL_S)."""
+    return h.get("rank", -1) >= 0 and h["progress_count"] <= 1 and not h["phase_strid"]
+
+
 class Watcher:
     """Stall/death detector over the ring headers of ``run_dir``.
 
@@ -41,6 +47,7 @@ class Watcher:
         self.run_dir = run_dir
         self.stall_s = config.get_float(config.STALL_S) if stall_s is None else float(stall_s)
         self.phase_stall = config.phase_stall_s() if phase_stall is None else dict(phase_stall)
+        self.startup_stall_s = config.get_float(config.STARTUP_STALL_S)
         self.clock = clock
         self.seen = {}  # path -> (progress_count, phase, step, state)
         self.dead = set()
@@ -71,9 +78,13 @@ class Watcher:
         """Stall threshold in seconds for the phases live processes are in now."""
         t = self.stall_s
         for h in self.headers.values():
+            if h["state"] == F.ST_EXITED:
+                continue
             ph = h.get("phase")
-            if ph in self.phase_stall and h["state"] != F.ST_EXITED:
+            if ph in self.phase_stall:
                 t = max(t, self.phase_stall[ph])
+            if _starting(h):
+                t = max(t, self.startup_stall_s)
         return t
 
     def poll(self):

@@ -5,6 +5,7 @@ Real processes only: a parent that starts children by subprocess, multiprocessin
 """
 import glob
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -98,13 +99,14 @@ def test_torchrun_workers_are_traced(tmp_path):
            os.path.join(SCRIPTS, "act_gloo.py")]
     rc, out, err = run(cmd, env)
     assert rc == 0, err
-    results = sorted(l.split()[:3] for l in out.splitlines() if l.startswith("result"))
-    assert [r[1] for r in results] == ["0", "1"], out
+    # both workers share the stdout pipe: their lines may interleave
+    results = sorted(re.findall(r"result (\d) (\d+) ", out))
+    assert [r[0] for r in results] == ["0", "1"], out
     rs = rings(run_dir)
     workers = {r.header["rank"]: r for r in rs.values() if r.header["rank"] >= 0}
     assert sorted(workers) == [0, 1]
     for rank, r in workers.items():
-        assert r.header["pid"] == int(results[rank][2])
+        assert r.header["pid"] == int(results[rank][1])
         assert r.header["world_size"] == 2 and r.header["local_rank"] == rank
         assert colls(r) == [("all_reduce", 2, "completed")]
         assert r.groups[0]["ranks"] == [0, 1]
@@ -174,3 +176,40 @@ def test_default_run_dir_is_private_and_shared(tmp_path):
     assert rs[child].header["ppid"] == parent
     assert made[0] == "hangtrace-" + rs[parent].header["run_id"]
     assert rs[child].header["run_id"] == rs[parent].header["run_id"]
+
+
+def test_relative_run_dir_is_shared_by_children_in_other_directories(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rc, out, err = run([sys.executable, os.path.join(SCRIPTS, "act_modules.py"), str(elsewhere)],
+                       base_env("rel/run"), cwd=str(tmp_path))
+    assert rc == 0, err
+    pids = [int(l.split()[1]) for l in out.splitlines() if l.startswith("modules")]
+    assert sorted(rings(tmp_path / "rel" / "run")) == sorted(pids)
+    assert not (elsewhere / "rel").exists()
+
+
+def test_forked_child_without_a_ring_leaves_the_parents_alone(tmp_path):
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, "act_fork_fail.py")], env=base_env(run_dir),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        from jobs import wait_line
+        child = wait_line(p, "child").split()
+        wait_line(p, "checked-in")
+        # the untraced child behaves as without tracing: uncaught exception -> 1
+        assert child[2] == "1"
+        (parent,) = rings(str(run_dir) + "-moved").values()
+        assert parent.header["pid"] == p.pid
+        assert parent.header["state"] == F.ST_RUNNING and parent.header["step"] == -1
+        assert [e["event"] for e in parent.events] == ["start"]
+        assert [r["kind"] for r in parent.records] == ["event"]
+        assert parent.warnings == []
+        # nothing of the child's in the parent's signal files either
+        p.stdin.close()
+        assert p.wait(timeout=30) == 0
+        err = p.stderr.read()
+    finally:
+        kill_all([p])
+    assert "tracing disabled in forked child %s" % child[1] in err
+    assert err.count("hangtrace:") == 1, err

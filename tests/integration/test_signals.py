@@ -59,9 +59,10 @@ def main_thread_blocked(pid):
         return False
 
 
-def test_sigterm_while_sleeping(tmp_path):
+@pytest.mark.parametrize("mode", ["sleep", "thread_signal"])
+def test_sigterm_while_sleeping(tmp_path, mode):
     run_dir = tmp_path / "run"
-    procs = [start("sleep", run_dir), start("sleep", tmp_path / "off", traced=False)]
+    procs = [start(mode, run_dir), start(mode, tmp_path / "off", traced=False)]
     try:
         for p in procs:
             wait_line(p, "ready")

@@ -113,6 +113,23 @@ def test_mismatch_tie_names_all():
     assert any("no majority" in e for e in d.evidence)
 
 
+def test_rank0_checkpoint_mismatch_names_both_phases():
+    """train_faults --fault rank0-checkpoint: rank 0 alone all_reduces in 'checkpoint' of
+    step 3; ranks 1-3 went on to 'rollout' of step 4 and all_gather at the same seq."""
+    b = ranks(4)
+    b[0].mark(phase="checkpoint", step=3)
+    b[0].wait(op="all_reduce")
+    for r in (1, 2, 3):
+        b[r].mark(phase="rollout", step=4)
+        b[r].wait(op="all_gather", dtype="int64", numel=4)
+    d = check(diagnose(snap(b)), "collective-mismatch", [0])
+    assert (d.op, d.phase, d.step) == ("all_reduce", "checkpoint", 3)
+    sig = {x["op"]: (x["phase"], x["step"]) for x in d.details["signatures"]}
+    assert sig == {"all_reduce": ("checkpoint", 3), "all_gather": ("rollout", 4)}
+    assert "rank 0: all_reduce float32 numel=1 in phase 'checkpoint', step 3" in d.summary, d.summary
+    assert "ranks 1-3: all_gather int64 numel=4 in phase 'rollout', step 4" in d.summary, d.summary
+
+
 def test_rank0_extra_barrier_same_seq_is_mismatch():
     b = ranks(8)
     b[0].wait(op="barrier", dtype="", numel=0)
@@ -162,6 +179,118 @@ def test_cross_group_cycle_minority_named():
     d = check(diagnose(snap(b)), "cross-group-deadlock", [0])
     assert d.details["cycle"]["ranks"] == [0, 1, 2, 3]
     assert d.op == "barrier" and d.group == "0"
+
+
+def _cp_dp_groups(descs=True):
+    """World 4: CP {0,1},{2,3} (cp0, cp1), DP {0,2},{1,3} (dp0, dp1), created in that order."""
+    d = (lambda x: x) if descs else (lambda x: "undefined")
+    return [world(4), group("1", [0, 1], desc=d("cp0"), order=1), group("2", [2, 3], desc=d("cp1"), order=2),
+            group("3", [0, 2], desc=d("dp0"), order=3), group("4", [1, 3], desc=d("dp1"), order=4)]
+
+
+def _cp_extra_microbatch(descs=True):
+    """examples/train_faults.py --fault cp-extra-microbatch, as records: rank 1 issues one
+    extra CP all_reduce that rank 0 never issues; rank 0 goes on through dp0 into the
+    world loss all_reduce with rank 2; rank 3 waits in dp1 for rank 1."""
+    g = _cp_dp_groups(descs)
+    cp = {0: "1", 1: "1", 2: "2", 3: "2"}
+    dp = {0: "3", 1: "4", 2: "3", 3: "4"}
+    b = ranks(4, steps=5, groups=g)            # rollout: world all_gathers/all_reduce
+    for x in b:
+        x.mark(phase="train", step=2)
+        x.coll(cp[x.rank], n=10)               # 5 micro-batches x (weight, bias)
+    b[1].wait(cp[1])                           # rank 1: one micro-batch more
+    for r in (0, 2, 3):
+        if r != 3:
+            b[r].coll(dp[r], n=2)              # DP sync completes for ranks 0 and 2
+    b[3].wait(dp[3])                           # rank 3 waits for rank 1 in dp1
+    b[0].wait("0")                             # ranks 0 and 2: world loss all_reduce
+    b[2].wait("0")
+    return b
+
+
+@pytest.mark.parametrize("descs", [True, False], ids=["desc", "no-desc"])
+def test_cp_extra_microbatch_is_extra_collective_not_deadlock(descs):
+    b = _cp_extra_microbatch(descs)
+    d = check(diagnose(snap(b)), "skipped-collective", [1])
+    assert d.cause == "extra-collective"
+    assert (d.group, d.seq, d.op) == ("1", 11, "all_reduce")
+    assert d.group_ranks == [0, 1]
+    ex = d.details["extra_collective"]
+    assert ex["counts"] == {"0": 10, "1": 11, "2": 10, "3": 10} and ex["majority_count"] == 10
+    assert ex["peers"] == [0] and ex["other_group_ranks"] == [2, 3]
+    assert d.waiting_ranks == [0, 2, 3]
+    if descs:
+        assert d.details["group_desc"] == "cp0" and ex["role"] == "cp"
+        assert "rank 1 issued one more all_reduce on group '1' (cp0) than its peer rank 0 and than " \
+               "the other cp group(s)' ranks 2-3" in d.summary, d.summary
+    assert d.details["cycle"]["explained_by"] == "extra-collective"
+
+
+def test_cp_layout_genuine_cycle_stays_deadlock():
+    """Same CP/DP mesh, every rank issues the same number of collectives per group, but
+    ranks enter CP and DP in different orders: 0 waits in cp0 for 1, 1 in dp1 for 3,
+    3 in cp1 for 2, 2 in dp0 for 0. CP counts are 3,2,2,3: no majority -> a deadlock."""
+    g = _cp_dp_groups()
+    b = ranks(4, groups=g)
+    cp = {0: "1", 1: "1", 2: "2", 3: "2"}
+    dp = {0: "3", 1: "4", 2: "3", 3: "4"}
+    for x in b:
+        x.coll(cp[x.rank], n=2)
+        x.coll(dp[x.rank], n=2)
+    b[0].wait(cp[0])
+    b[1].wait(dp[1])
+    b[3].wait(cp[3])
+    b[2].wait(dp[2])
+    d = check(diagnose(snap(b)), "cross-group-deadlock", [0, 1, 2, 3])
+    assert d.details["cycle"]["ranks"] == [0, 1, 2, 3]
+    assert "extra_collective" not in d.details
+
+
+def test_two_rank_cycle_same_counts_stays_deadlock_with_role_groups():
+    """Two ranks, groups A and B both {0,1} (not a partition: no role), each rank has
+    issued the same number on both; they enter A and B in opposite orders."""
+    g = [world(2), group("A", [0, 1], desc="a0", order=1), group("B", [0, 1], desc="a1", order=2)]
+    b = ranks(2, groups=g)
+    for x in b:
+        x.coll("A", n=3)
+        x.coll("B", n=3)
+    b[0].wait("A")
+    b[1].wait("B")
+    check(diagnose(snap(b)), "cross-group-deadlock", [0, 1])
+
+
+def test_sigkilled_rank_whose_last_completion_follows_peer_wait_is_dead():
+    """kill-rank: rank 1 completes cp seq 6 a little after rank 0 issued seq 7, then is
+    SIGKILLed (no record). Its last sign of life is after the wait began, but it issued
+    nothing new: dead-rank, not 'moved on'."""
+    b = ranks(2)
+    b[0].wait()                                   # seq 4 issued at t
+    b[1].coll(n=1, seq=3)                         # re-records its seq 3, completing after rank 0's issue
+    b[1].records[-1]["t_wall_ns"] = b[0].t - MS // 2
+    b[1].records[-1]["t_mono_ns"] = b[1].records[-1]["t_wall_ns"] - T0
+    b[1].records[-1]["t_end_mono_ns"] = b[0].t - T0 + MS
+    b[1].t = b[0].t + MS                          # progress stamped at that completion
+    b[1].set(state="killed")
+    d = check(diagnose(snap(b)), "dead-rank", [1])
+    assert d.cause == "killed-without-record"
+
+
+def test_wrapper_frames_hidden_from_displayed_frames():
+    b = ranks(2)
+    b[0].wait()
+    b[0].set(stacks=stack("all_reduce /site-packages/torch/distributed/distributed_c10d.py:3252",
+                          "wrapper /site-packages/torch/distributed/c10d_logger.py:83",
+                          "_make_wrapper.<locals>.wrapper /work/hangtrace/hooks/torch_dist.py:177",
+                          "train_step train.py:40", "main train.py:90", active=False))
+    b[1].set(stacks=stack(*QUEUE_GET, active=False))
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [1])
+    assert d.frames[:3] == ["get (queue.py:171)", "next_batch (loader.py:22)", "train_step (train.py:38)"]
+    from hangtrace.tracer.analysis import _wrapper_frame
+    assert _wrapper_frame({"name": "_make_wrapper.<locals>.wrapper", "filename": "/x/hangtrace/hooks/torch_dist.py"})
+    assert _wrapper_frame({"name": "_exception_logger.<locals>.wrapper",
+                           "filename": "/s/torch/distributed/c10d_logger.py"})
+    assert not _wrapper_frame({"name": "all_reduce", "filename": "/s/torch/distributed/distributed_c10d.py"})
 
 
 def test_chain_across_groups_to_end_rank():

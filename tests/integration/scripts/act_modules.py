@@ -1,6 +1,7 @@
 """Does not import torch. Starts one Python child; each prints which modules it has at exit.
 
 Lines: ``modules <pid> <hangtrace?> <torch?> <ray?>`` (child first, then parent).
+The child runs in the directory given as argv[1], if any.
 """
 import atexit
 import os
@@ -16,4 +17,5 @@ def report():
 
 
 atexit.register(report)
-subprocess.run([sys.executable, "-c", "import atexit\natexit.register(lambda: exec(%r))" % REPORT], check=True)
+subprocess.run([sys.executable, "-c", "import atexit\natexit.register(lambda: exec(%r))" % REPORT], check=True,
+               cwd=sys.argv[1] if len(sys.argv) > 1 else None)

@@ -6,6 +6,7 @@ exists), ``--phases N`` enters N phases with distinct names (string table growth
 """
 import argparse
 import errno
+import os
 
 import torch
 import torch.distributed as dist
@@ -22,13 +23,14 @@ rank = dist.get_rank()
 if a.fill:
     dist.barrier()
     if rank == 0:
-        with open(a.fill, "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * (1 << 16))
-                    f.flush()
-            except OSError as e:
-                assert e.errno == errno.ENOSPC, e
+        fd = os.open(a.fill, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while True:
+                os.write(fd, bytes(4096))
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+        finally:
+            os.close(fd)
     dist.barrier()
 total = torch.zeros(1)
 for i in range(a.iters):

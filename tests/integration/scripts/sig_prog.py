@@ -1,6 +1,7 @@
 """One small program per mode, for signal and exit tests (no torch).
 
-Modes: sleep (prints 'ready' then sleeps in ``wait_in_sleep``), handler (same, with the
+Modes: sleep (prints 'ready' then sleeps in ``wait_in_sleep``), thread_signal (a
+thread's signal.signal call fails with ValueError first), handler (same, with the
 program's own SIGTERM handler that prints and exits 3), abort, segv, exit0, exit7,
 raise (uncaught exception in the main thread), thread_raise (in a thread, then exit 0).
 """
@@ -40,6 +41,17 @@ def fail_in_thread():
 
 mode = sys.argv[1]
 if mode == "sleep":
+    wait_in_sleep()
+elif mode == "thread_signal":
+    # signal.signal outside the main thread raises ValueError; the program carries on
+    def set_in_thread():
+        try:
+            signal.signal(signal.SIGTERM, on_term)
+        except ValueError as e:
+            print("error", e, flush=True)
+    t = threading.Thread(target=set_in_thread)
+    t.start()
+    t.join()
     wait_in_sleep()
 elif mode == "handler":
     old = signal.signal(signal.SIGTERM, on_term)

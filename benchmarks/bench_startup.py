@@ -1,0 +1,213 @@
+"""Interpreter start-up cost of having hangtrace installed, side by side in one run.
+
+``python -c pass`` is timed (wall time of the whole child process, fork to exit) in
+several interpreters, interleaved run by run so drift hits them alike:
+
+  venv-empty      a fresh venv (no system site-packages) with nothing installed
+  venv-wheel      the same kind of venv + ``pip install --no-deps`` of a hangtrace wheel
+                  (ships ``hangtrace.pth``: the one line that checks HANGTRACE)
+  venv-editable   the same kind of venv + ``pip install -e --no-deps`` (what developers
+                  have: hangtrace.pth + setuptools' editable finder .pth)
+  system          this interpreter as installed here (HANGTRACE unset)
+  system+HT       this interpreter with HANGTRACE=1 (HANGTRACE_AUTO_WATCH=0, a temp
+                  HANGTRACE_DIR): the bootstrap cost (ring file, lifecycle hooks, import
+                  hooks), for information
+
+The venvs differ only in what hangtrace's install put into site-packages, so
+``venv-wheel − venv-empty`` is the cost of hangtrace installed and inactive (target:
+≤ 1 ms). The venvs are built from a copy of the source tree in a temporary directory
+(nothing is written into the repository) and removed afterwards. The wheel is built
+with ``--no-build-isolation`` (this interpreter's setuptools; no network).
+
+``system+HT − system`` is measured in the same interpreter, with every dependency of
+the bootstrap present.
+
+Usage::
+
+    python3 benchmarks/bench_startup.py [--runs 60] [--out results.json] [--keep DIR]
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _clean_env():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("HANGTRACE") and k not in ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME")}
+    return env
+
+
+def _run(cmd, **kw):
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        raise SystemExit("%s failed (%d):\n%s\n%s" % (" ".join(cmd), p.returncode, p.stdout[-2000:], p.stderr[-3000:]))
+    return p
+
+
+def _copy_source(dst):
+    """Copy the repository's sources (not .git, build outputs or caches) to ``dst``."""
+    def ignore(d, names):
+        return {n for n in names if n in (".git", "build", "dist", "__pycache__", ".pytest_cache")
+                or n.endswith(".egg-info")}
+    shutil.copytree(REPO, dst, ignore=ignore)
+
+
+def build_venvs(root):
+    """Create the three venvs under ``root``; returns ({name: python path}, notes).
+
+    All three are made the same way (``python -m venv``, which installs pip and
+    setuptools offline from ``ensurepip``), so they differ only by hangtrace's install.
+    """
+    env = _clean_env()
+    src = os.path.join(root, "src")
+    _copy_source(src)
+    wheels = os.path.join(root, "wheels")
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, src],
+         env=env, cwd=root)
+    wheel = [os.path.join(wheels, f) for f in os.listdir(wheels) if f.endswith(".whl")][0]
+    pys = {}
+    notes = []
+    for name in ("venv-empty", "venv-wheel", "venv-editable"):
+        d = os.path.join(root, name)
+        _run([sys.executable, "-m", "venv", d], env=env)
+        pys[name] = os.path.join(d, "bin", "python")
+    _run([pys["venv-wheel"], "-m", "pip", "install", "-q", "--no-index", "--no-deps", wheel], env=env, cwd=root)
+    p = subprocess.run([pys["venv-editable"], "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--no-build-isolation", "-e", src], env=env, cwd=root, capture_output=True, text=True)
+    if p.returncode != 0:
+        errs = [ln.strip() for ln in p.stderr.splitlines() if "rror" in ln] or p.stderr.strip().splitlines()[-1:]
+        notes.append("editable install into the venv failed, variant skipped (the venv's setuptools is "
+                     "ensurepip's, older than this interpreter's): %s" % (errs[-1] if errs else "?"))
+        del pys["venv-editable"]
+    return pys, notes
+
+
+def _site_pth(python):
+    out = _run([python, "-c", "import site,os,json;d=site.getsitepackages()[0];"
+                "print(json.dumps(sorted(f for f in os.listdir(d) if f.endswith('.pth'))))"],
+               env=_clean_env()).stdout
+    return json.loads(out)
+
+
+def _time_once(cmd, env):
+    t0 = time.perf_counter_ns()
+    p = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    dt = time.perf_counter_ns() - t0
+    if p.returncode != 0:
+        raise SystemExit("%s failed: %s" % (cmd, p.stderr.decode()[-2000:]))
+    return dt
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=60, help="timed runs per variant (interleaved)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed runs per variant first")
+    ap.add_argument("--out", help="write JSON results here")
+    ap.add_argument("--keep", help="build the venvs in this directory and keep them")
+    a = ap.parse_args(argv)
+
+    root = a.keep or tempfile.mkdtemp(prefix="ht-bench-startup-")
+    os.makedirs(root, exist_ok=True)
+    run_dir = tempfile.mkdtemp(prefix="ht-bench-startup-run-")
+    t_start = time.time()
+    try:
+        pys, notes = build_venvs(root)
+        base_env = _clean_env()
+        ht_env = dict(base_env, HANGTRACE="1", HANGTRACE_DIR=run_dir, HANGTRACE_AUTO_WATCH="0")
+        variants = {n: ([py, "-c", "pass"], base_env) for n, py in pys.items()}
+        variants["system"] = ([sys.executable, "-c", "pass"], base_env)
+        variants["system+HT"] = ([sys.executable, "-c", "pass"], ht_env)
+        # the wheel venv really has our .pth, the empty one does not
+        pth = {n: _site_pth(py) for n, py in pys.items()}
+        assert "hangtrace.pth" in pth["venv-wheel"] and "hangtrace.pth" not in pth["venv-empty"], pth
+        names = list(variants)
+        for n in names:
+            for _ in range(a.warmup):
+                _time_once(*variants[n])
+        times = {n: [] for n in names}
+        load0 = os.getloadavg()
+        for r in range(a.runs):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for n in order:
+                times[n].append(_time_once(*variants[n]) / 1e6)
+        load1 = os.getloadavg()
+        rings = [f for f in os.listdir(run_dir) if f.startswith("ring-")]
+    finally:
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+    def st(xs):
+        xs = sorted(xs)
+        return {"median": statistics.median(xs), "p10": xs[len(xs) // 10], "p90": xs[(len(xs) * 9) // 10],
+                "runs": times_raw(xs)}
+
+    def times_raw(xs):
+        return [round(x, 3) for x in xs]
+
+    stats = {n: st(times[n]) for n in names}
+
+    def paired(n, b):
+        d = [x - y for x, y in zip(times[n], times[b])]
+        return statistics.median(d)
+
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
+        "python": platform.python_version(), "runs": a.runs, "loadavg_before": load0, "loadavg_after": load1,
+        "pth_files": pth, "rings_written_with_HANGTRACE_1": len(rings),
+        "ms": stats,
+        "added_ms": {
+            "installed, inactive (venv-wheel − venv-empty)": paired("venv-wheel", "venv-empty"),
+            "bootstrap, HANGTRACE=1 (system+HT − system)": paired("system+HT", "system"),
+        },
+        "notes": notes,
+        "wall_s": round(time.time() - t_start, 1),
+    }
+    if "venv-editable" in times:
+        result["added_ms"]["editable install, inactive (venv-editable − venv-empty)"] = \
+            paired("venv-editable", "venv-empty")
+    print(_table(result, names))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+LABELS = {
+    "venv-empty": "venv, nothing installed",
+    "venv-wheel": "venv + hangtrace wheel (HANGTRACE unset)",
+    "venv-editable": "venv + hangtrace editable (HANGTRACE unset)",
+    "system": "system interpreter (HANGTRACE unset)",
+    "system+HT": "system interpreter, HANGTRACE=1",
+}
+
+
+def _table(r, names):
+    L = ["### `python -c pass` start-up (%s, %d CPUs, Python %s)" % (r["date"], r["cpus"], r["python"]), "",
+         "%d runs per variant, interleaved; wall time of the child process. Load average before/after: "
+         "%.1f / %.1f." % (r["runs"], r["loadavg_before"][0], r["loadavg_after"][0]), "",
+         "| interpreter | median ms | p10 ms | p90 ms |", "|---|---:|---:|---:|"]
+    for n in names:
+        s = r["ms"][n]
+        L.append("| %s | %.2f | %.2f | %.2f |" % (LABELS[n], s["median"], s["p10"], s["p90"]))
+    L += ["", "| difference (median of paired runs) | ms |", "|---|---:|"]
+    for k, v in r["added_ms"].items():
+        L.append("| %s | %+.2f |" % (k, v))
+    L += ["", "Target: installed and inactive adds ≤ 1 ms. With HANGTRACE=1 each run wrote a ring file "
+          "(%d rings found)." % r["rings_written_with_HANGTRACE_1"]]
+    L += ["", "site-packages .pth files: " + "; ".join("%s: %s" % (n, ", ".join(v)) for n, v in r["pth_files"].items())]
+    L += ["Note: " + n for n in r["notes"]]
+    return "\n".join(L)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

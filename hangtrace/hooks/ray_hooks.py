@@ -1,0 +1,380 @@
+"""Ray worker-side hooks: identity of the traced Ray worker and actor-method phases.
+
+Installed by the post-import hook on ``ray`` (``bootstrap._hook_ray``) in every traced
+process that imports Ray: Ray workers started with ``HANGTRACE=1`` in their
+``runtime_env`` env_vars run the ``.pth`` at interpreter start (checked on Ray 2.60:
+``default_worker.py`` imports ray, our hook runs, then the worker connects), the
+driver too when it is traced.
+
+What it records (``Recorder.set_meta``, read back as ``ProcessInfo.meta``):
+
+* ``ray_pid``, ``ray_version``, ``ray_hook_path`` at install;
+* at the first actor method execution (normally ``__init__``): ``ray_actor_class``,
+  ``ray_actor_name`` (None for unnamed actors), ``ray_actor_id``, ``ray_job_id``,
+  ``ray_node_id``, ``ray_worker_id``, ``ray_namespace`` from the public
+  ``ray.get_runtime_context()``.
+
+Every actor method execution (``__init__`` included, Ray's own ``__ray_*`` methods
+excluded) is recorded as a phase named after the method: a phase-enter record at start,
+a phase-exit record at the end (failed, with ``Type: message``, when it raises). Phases
+the method's own code opens (``tracer.phase``) nest inside it and are the current phase
+while open, so an explicit phase always wins. Plain, threaded (``max_concurrency > 1``;
+Ray runs each call on a pool thread: phases are per thread) and async actors (the
+wrapper is itself ``async def``, so Ray still sees a coroutine function) are covered.
+Class methods, generator and async-generator methods (streaming) are left unwrapped.
+
+How methods are reached (Ray internals, version-gated; the path taken is recorded in
+``meta['ray_hook_path']``):
+
+* ``'executor'`` (Ray >= 2.0, < 3.0, and the method signature checked):
+  ``ray._private.function_manager.FunctionActorManager._make_actor_method_executor(
+  self, method_name, method)`` builds the per-method executor when a worker loads the
+  actor class (Ray 2.60 ``function_manager.py``); we hand it our wrapper of ``method``.
+* ``'class'`` (fallback): the actor class returned by
+  ``FunctionActorManager._load_actor_class_from_gcs`` / ``_load_actor_class_from_local``
+  is instrumented in place (its functions replaced by wrappers) before Ray builds the
+  executors from ``inspect.getmembers(actor_class)``.
+* ``'identity-only'``: neither is available; identity is then recorded from the runtime
+  context by a short-lived thread once the worker is connected, and no method phases.
+
+``HANGTRACE_RAY_HOOK`` (test and escape hatch: ``executor`` | ``class`` | ``off``)
+forces a path.
+
+Async actors: coroutines of one actor share the event-loop thread, whose phase stack
+the recorder keys by thread. The wrapper keeps one stack per asyncio task (a
+``contextvars.ContextVar``) and installs it as the thread's stack around its own
+enter/exit records, so each method's exit record names the right method; between
+those points the thread's current phase is the most recently entered or exited method.
+
+Never raises into Ray or the program: every failure is logged once to the run log and
+the method runs unwrapped.
+"""
+import contextvars
+import functools
+import inspect
+import os
+import threading
+
+from ..tracer import api
+
+#: Environment variable that forces a hook path (see module doc). Read here, not in
+#: ``tracer.config``, because only Ray workers use it.
+HOOK_ENV = "HANGTRACE_RAY_HOOK"
+#: Ray versions whose internals the 'executor' and 'class' paths were written against
+#: (lower bound inclusive, upper exclusive). Checked on 2.60.0.
+RAY_RANGE = ((2, 0), (3, 0))
+
+_rec = None
+_log = None
+_path = None
+_identity_done = False
+_id_lock = threading.Lock()
+_installed = {}  # (owner, attribute) -> original
+_task_stack = contextvars.ContextVar("hangtrace_ray_phase_stack", default=None)
+
+
+def _version_tuple(v):
+    out = []
+    for part in str(v).split(".")[:3]:
+        num = ""
+        for ch in part:
+            if ch.isdigit():
+                num += ch
+            else:
+                break
+        out.append(int(num or 0))
+    while len(out) < 3:
+        out.append(0)
+    return tuple(out)
+
+
+def _in_range(version):
+    v = _version_tuple(version)[:2]
+    return RAY_RANGE[0] <= v < RAY_RANGE[1]
+
+
+# --- identity ------------------------------------------------------------------------------
+def record_identity(instance=None, force=False):
+    """Record the Ray identity of this worker in the ring (once, unless ``force``).
+
+    ``instance``: the actor object (for its class name). Uses only the public
+    ``ray.get_runtime_context()``. Returns the dict recorded, or None.
+    """
+    global _identity_done
+    rec = _current()
+    if rec is None or (_identity_done and not force):
+        return None
+    with _id_lock:
+        if _identity_done and not force:
+            return None
+        meta = {}
+        try:
+            import ray
+            ctx = ray.get_runtime_context()
+            for key, fn in (("ray_job_id", "get_job_id"), ("ray_node_id", "get_node_id"),
+                            ("ray_worker_id", "get_worker_id"), ("ray_actor_id", "get_actor_id"),
+                            ("ray_actor_name", "get_actor_name")):
+                try:
+                    meta[key] = getattr(ctx, fn)()
+                except Exception:
+                    meta[key] = None
+            try:
+                meta["ray_namespace"] = ctx.namespace
+            except Exception:
+                pass
+        except Exception as e:
+            _log("ray identity failed: %r" % (e,), "ray-identity")
+        if instance is not None:
+            cls = type(instance)
+            meta["ray_actor_class"] = cls.__name__
+            meta["ray_actor_module"] = getattr(cls, "__module__", None)
+        meta["ray_pid"] = os.getpid()
+        if not meta.get("ray_actor_id") and not meta.get("ray_job_id"):
+            return None  # not connected yet: try again at the next method
+        try:
+            rec.set_meta(**meta)
+        except Exception as e:
+            _log("ray identity not recorded: %r" % (e,), "ray-identity-meta")
+            return None
+        _identity_done = True
+        return meta
+
+
+# --- phases ---------------------------------------------------------------------------------
+def _current():
+    """This process's recorder (the public API's: replaced in a forked child)."""
+    return api._recorder or _rec
+
+
+def _enter(name, instance):
+    rec = _current()
+    if rec is None:
+        return
+    try:
+        if not _identity_done:
+            record_identity(instance)
+        rec.phase_enter(name)
+    except Exception as e:
+        _log("recording actor method start failed: %r" % (e,), "ray-enter")
+
+
+def _exit(name, exc):
+    rec = _current()
+    if rec is None:
+        return
+    try:
+        rec.phase_exit(name, None if exc is None else "%s: %s" % (type(exc).__name__, exc))
+    except Exception as e:
+        _log("recording actor method end failed: %r" % (e,), "ray-exit")
+
+
+def _swap_task_stack():
+    """Install this asyncio task's phase stack as the thread's stack in the recorder."""
+    rec = _current()
+    phases = getattr(rec, "_phase", None)
+    if not isinstance(phases, dict):
+        return
+    st = _task_stack.get()
+    if st is None:
+        st = []
+        _task_stack.set(st)
+    phases[threading.get_ident()] = st
+
+
+def wrap_method(name, method):
+    """Return a wrapper of actor method ``method`` that records phase ``name``.
+
+    Returns ``method`` itself when it must not be wrapped (Ray internals, class methods,
+    generators, already wrapped). The wrapper passes arguments, return value and
+    exceptions through unchanged.
+    """
+    try:
+        if (name.startswith("__ray") or not inspect.isfunction(method)
+                or getattr(method, "__hangtrace_ray__", False)
+                or inspect.isgeneratorfunction(method) or inspect.isasyncgenfunction(method)):
+            return method
+        if inspect.iscoroutinefunction(method):
+            @functools.wraps(method)
+            async def awrapper(*args, **kwargs):
+                _swap_task_stack()
+                _enter(name, args[0] if args else None)
+                try:
+                    result = await method(*args, **kwargs)
+                except BaseException as e:
+                    _swap_task_stack()
+                    _exit(name, e)
+                    raise
+                _swap_task_stack()
+                _exit(name, None)
+                return result
+            awrapper.__hangtrace_ray__ = True
+            return awrapper
+
+        @functools.wraps(method)
+        def wrapper(*args, **kwargs):
+            _enter(name, args[0] if args else None)
+            try:
+                result = method(*args, **kwargs)
+            except BaseException as e:
+                _exit(name, e)
+                raise
+            _exit(name, None)
+            return result
+        wrapper.__hangtrace_ray__ = True
+        return wrapper
+    except Exception as e:
+        if _log:
+            _log("wrapping actor method %s failed: %r" % (name, e), "ray-wrap")
+        return method
+
+
+def instrument_class(cls):
+    """Replace the functions of actor class ``cls`` by phase-recording wrappers, in place.
+
+    Used by the 'class' path. Inherited methods are wrapped on ``cls`` itself; static
+    methods stay static; class methods, dunders other than ``__init__`` and Ray's
+    ``__ray_*`` methods are untouched. Returns the number of methods wrapped.
+    """
+    n = 0
+    for attr in dir(cls):
+        if attr.startswith("__ray") or (attr.startswith("__") and attr != "__init__"):
+            continue
+        try:
+            raw = inspect.getattr_static(cls, attr)
+        except AttributeError:
+            continue
+        is_static = isinstance(raw, staticmethod)
+        fn = raw.__func__ if is_static else raw
+        if not inspect.isfunction(fn):
+            continue
+        w = wrap_method(attr, fn)
+        if w is fn:
+            continue
+        try:
+            setattr(cls, attr, staticmethod(w) if is_static else w)
+            n += 1
+        except (AttributeError, TypeError):
+            pass
+    return n
+
+
+# --- install -----------------------------------------------------------------------------------
+def _patch(owner, attr, make):
+    key = (id(owner), attr)
+    if key in _installed:
+        return True
+    orig = getattr(owner, attr, None)
+    if orig is None:
+        return False
+    setattr(owner, attr, make(orig))
+    _installed[key] = (owner, attr, orig)
+    return True
+
+
+def _install_executor(fm):
+    cls = fm.FunctionActorManager
+    orig = getattr(cls, "_make_actor_method_executor", None)
+    if orig is None:
+        return False
+    params = list(inspect.signature(orig).parameters)
+    if params[:3] != ["self", "method_name", "method"]:
+        _log("ray: _make_actor_method_executor has parameters %r; not hooked" % (params,), "ray-sig")
+        return False
+
+    def make(orig):
+        @functools.wraps(orig)
+        def _make_actor_method_executor(self, method_name, method, *args, **kwargs):
+            return orig(self, method_name, wrap_method(method_name, method), *args, **kwargs)
+        return _make_actor_method_executor
+    return _patch(cls, "_make_actor_method_executor", make)
+
+
+def _install_class(fm):
+    cls = fm.FunctionActorManager
+    names = [n for n in ("_load_actor_class_from_gcs", "_load_actor_class_from_local") if hasattr(cls, n)]
+    if not names:
+        return False
+
+    def make(orig):
+        @functools.wraps(orig)
+        def loader(self, *args, **kwargs):
+            klass = orig(self, *args, **kwargs)
+            if klass is not None:
+                try:
+                    instrument_class(klass)
+                except Exception as e:
+                    _log("ray: instrumenting actor class failed: %r" % (e,), "ray-class")
+            return klass
+        return loader
+    for n in names:
+        _patch(cls, n, make)
+    return True
+
+
+def _identity_thread():
+    """identity-only path: poll (up to 60 s) until the worker is connected, then record."""
+    import time
+
+    def run():
+        for _ in range(600):
+            time.sleep(0.1)
+            try:
+                import ray
+                if ray.is_initialized() and record_identity() is not None:
+                    return
+            except Exception:
+                pass
+    threading.Thread(target=run, name="hangtrace-ray-identity", daemon=True).start()
+
+
+def install(ray, recorder, log):
+    """Hook Ray in this process (``ray`` is the imported module). Idempotent.
+
+    Returns the hook path taken: 'executor', 'class' or 'identity-only'.
+    """
+    global _rec, _log, _path
+    if _path is not None:
+        return _path
+    _rec, _log = recorder, log
+    version = getattr(ray, "__version__", "0")
+    want = os.environ.get(HOOK_ENV, "").strip().lower()
+    path = "identity-only"
+    try:
+        from ray._private import function_manager as fm
+    except Exception as e:
+        fm = None
+        log("ray: function_manager not importable (%r): no actor method phases" % (e,), "ray-fm")
+    if fm is not None and want != "off":
+        if not _in_range(version):
+            log("ray %s is outside the tested range %s-%s: no actor method phases"
+                % (version, RAY_RANGE[0], RAY_RANGE[1]), "ray-version")
+        else:
+            try:
+                if want != "class" and _install_executor(fm):
+                    path = "executor"
+                elif _install_class(fm):
+                    path = "class"
+            except Exception as e:
+                log("ray: hooking actor methods failed: %r" % (e,), "ray-hook")
+    _path = path
+    try:
+        recorder.set_meta(ray_pid=os.getpid(), ray_version=version, ray_hook_path=path)
+    except Exception as e:
+        log("ray: meta not recorded: %r" % (e,), "ray-meta")
+    if path == "identity-only":
+        _identity_thread()
+    return path
+
+
+def uninstall():
+    """Restore every patched attribute (tests)."""
+    global _path
+    for owner, attr, orig in list(_installed.values()):
+        setattr(owner, attr, orig)
+    _installed.clear()
+    _path = None
+
+
+def hook_path():
+    """The path taken by ``install`` in this process, or None before it ran."""
+    return _path

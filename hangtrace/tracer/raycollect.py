@@ -1,0 +1,347 @@
+"""Cluster-wide collection on Ray: one collector task pinned to every alive node.
+
+``hangtrace dump --ray [--address ADDR] [RUN_DIR]`` calls :func:`dump_cluster`. It
+connects to the cluster as a driver (tracing stripped: ``HANGTRACE_HELPER=1`` in the
+job's runtime env), and starts :func:`collect_node` once per alive node with
+``NodeAffinitySchedulingStrategy(node_id, soft=False)`` and ``num_cpus=0`` (so it runs
+even when the job holds every CPU). Each task, on its node:
+
+* selects the traced processes of **its node**: ring files in ``RUN_DIR`` whose ring
+  meta ``ray_node_id`` is the node's id, or, without a node id (a worker that never ran
+  an actor method yet), whose parent pid is the node's raylet (a Ray worker's parent is
+  the raylet that started it: the collector task's own ``os.getppid()``), or, neither,
+  non-Ray traced processes of the same host (the driver; de-duplicated by the caller).
+  This holds on a single host running several Ray nodes (``ray.cluster_utils.Cluster``),
+  where host names and the run directory are shared;
+* copies the used part of each selected ring, reads the faulthandler files, records
+  process states (checked there, where the pids live), takes py-spy stacks of the
+  alive ones (faulthandler fallback, as ``collect.take_snapshot``);
+* returns all of it as one dict of bytes/str to the caller.
+
+The caller writes every node's payload into one local snapshot folder
+(``RUN_DIR/snapshots/<UTC time>-ray/`` when RUN_DIR exists locally, else
+``./hangtrace-ray-<UTC time>/``) in the layout ``collect.load_snapshot`` reads, adds
+``ray_nodes.json`` (per node: id, host, files, errors, seconds) and ``ray_state.json``
+(``raystate.fetch``), joins Ray's actor/worker records into the processes
+(``raystate.join``) and returns the Snapshot for the analysis.
+
+Without RUN_DIR (and no ``HANGTRACE_DIR``), each node task first looks for the run
+directories of its Ray workers (``HANGTRACE_DIR`` in ``/proc/PID/environ`` of the
+raylet's children: runtime_env env vars are in the worker's initial environment); one
+directory across the cluster is used, several are an error listing them.
+"""
+import glob
+import os
+import socket
+import tempfile
+import time
+
+import orjson
+
+from . import config
+from .errors import HangtraceError, RunDirError
+
+__all__ = ["collect_node", "discover_node", "dump_cluster", "load_ray_snapshot"]
+
+#: Seconds to wait for the node tasks (all of them together).
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def _raylet_children(raylet_pid):
+    out = []
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(d + "/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == raylet_pid:
+            out.append(int(d[6:]))
+    return out
+
+
+def discover_node(raylet_pid=None):
+    """Run directories (``HANGTRACE_DIR``) of the traced Ray workers of this node.
+
+    Returns ``{'host', 'dirs': [str]}``. Runs inside a Ray task (``raylet_pid`` defaults
+    to the task's parent).
+    """
+    raylet_pid = raylet_pid or os.getppid()
+    dirs = set()
+    key = (config.DIR + "=").encode()
+    for pid in _raylet_children(raylet_pid):
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(key):
+                dirs.add(item[len(key):].decode("utf-8", "replace"))
+    return {"host": socket.gethostname(), "dirs": sorted(d for d in dirs if os.path.isdir(d))}
+
+
+def _on_node(p, node_id, raylet_pid, host):
+    m = p.meta or {}
+    nid = m.get("ray_node_id")
+    if nid:
+        return nid == node_id
+    if p.host != host:
+        return False
+    ppid = _ring_ppid(p.ring_path)
+    if ppid == raylet_pid:
+        return True
+    # a worker of another raylet of this host belongs to that node; anything else (the
+    # driver, a launcher) is reported by every node of this host, the caller keeps one copy
+    return not (ppid and _is_raylet(ppid))
+
+
+def _is_raylet(pid):
+    try:
+        with open("/proc/%d/comm" % pid, "rb") as f:
+            return f.read().strip() == b"raylet"
+    except OSError:
+        return False
+
+
+def _ring_ppid(path):
+    try:
+        from . import format as F
+        with open(path, "rb") as f:
+            return F.read_header(f.read(F.HEADER_SIZE), path).get("ppid")
+    except Exception:
+        return None
+
+
+def collect_node(run_dir, node_id=None, native=False, with_stacks=True, raylet_pid=None):
+    """Collect this node's part of the run in ``run_dir`` (runs inside a pinned Ray task).
+
+    Returns a dict: ``node_id, host, raylet_pid, run_dir, took_s, errors: [str],
+    rings: {file name: bytes}, stacks: {file name: bytes (JSON)}, signals: {file name:
+    [wall_ns, text]}, processes: {"host:pid": {state, exit_code, rank, stack_error}}``.
+    Never raises for missing or unreadable files (they become ``errors`` lines).
+    """
+    from . import collect as C
+    from . import format as F
+    t0 = time.time()
+    host = socket.gethostname()
+    raylet_pid = raylet_pid or os.getppid()
+    if node_id is None:
+        try:
+            import ray
+            node_id = ray.get_runtime_context().get_node_id()
+        except Exception:
+            node_id = None
+    out = {"node_id": node_id, "host": host, "raylet_pid": raylet_pid, "run_dir": run_dir, "errors": [],
+           "rings": {}, "stacks": {}, "signals": {}, "processes": {}, "took_s": 0.0}
+    if not os.path.isdir(run_dir):
+        out["errors"].append("node %s (%s): run directory %s does not exist there" % (node_id, host, run_dir))
+        return out
+    procs, errors = C.load_rings(run_dir)
+    out["errors"].extend("node %s: %s" % ((node_id or "?")[:12], e) for e in errors)
+    mine = [p for p in procs if _on_node(p, node_id, raylet_pid, host)]
+    tmp = tempfile.mkdtemp(prefix="hangtrace-raycollect-")
+    try:
+        for p in mine:
+            name = os.path.basename(p.ring_path)
+            dst = os.path.join(tmp, name)
+            try:
+                F.compact_copy(p.ring_path, dst)
+                with open(dst, "rb") as f:
+                    out["rings"][name] = f.read()
+            except (HangtraceError, OSError) as e:
+                out["errors"].append("%s: %s" % (p.ring_path, e))
+            for kind, s in (p.signals or {}).items():
+                out["signals"][os.path.basename(s["path"])] = [s["wall_ns"], s["text"]]
+    finally:
+        for f in glob.glob(os.path.join(tmp, "*")):
+            try:
+                os.unlink(f)
+            except OSError:
+                pass
+        try:
+            os.rmdir(tmp)
+        except OSError:
+            pass
+    if with_stacks:
+        try:
+            C._stacks_for(mine, native, run_dir)
+        except Exception as e:
+            out["errors"].append("node %s: stacks failed: %s" % ((node_id or "?")[:12], e))
+    for p in mine:
+        if p.stacks is not None:
+            out["stacks"]["%s-%d.json" % (p.host, p.pid)] = orjson.dumps(
+                {"threads": p.stacks, "source": p.stack_source, "error": p.stack_error})
+        out["processes"][p.key] = {"state": p.state, "exit_code": p.exit_code, "rank": p.rank,
+                                   "stack_error": p.stack_error, "node_id": node_id}
+    out["took_s"] = time.time() - t0
+    return out
+
+
+def _connect(address):
+    import ray
+    if ray.is_initialized():
+        return False
+    env = {config.HELPER: "1", config.ENABLE: "0"}
+    kw = dict(address=address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False,
+              runtime_env={"env_vars": env}, namespace="hangtrace", logging_level="ERROR")
+    try:
+        ray.init(**kw)
+    except ConnectionError as e:
+        raise HangtraceError("cannot connect to the Ray cluster at %s: %s" % (kw["address"], e),
+                             "pass --address HOST:PORT (the GCS address, `ray status` shows it) or set "
+                             "RAY_ADDRESS; run on a node of the cluster") from None
+    return True
+
+
+def _alive_nodes():
+    import ray
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def _run_on_nodes(fn, nodes, args_for, timeout_s):
+    """Run ``fn`` once per node (pinned, hard affinity); returns ({node_id: result}, errors)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    task = ray.remote(num_cpus=0, max_retries=0)(fn)
+    refs = {}
+    for n in nodes:
+        nid = n["NodeID"]
+        refs[task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
+                          name="hangtrace-collect").remote(*args_for(nid))] = nid
+    done, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    results, errors = {}, []
+    for ref in done:
+        nid = refs[ref]
+        try:
+            results[nid] = ray.get(ref)
+        except Exception as e:
+            errors.append("node %s: collector task failed: %s" % (nid, str(e).splitlines()[0] if str(e) else repr(e)))
+    for ref in pending:
+        errors.append("node %s: collector task did not finish in %.0f s (node overloaded or unreachable); "
+                      "its processes are missing" % (refs[ref], timeout_s))
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:
+            pass
+    return results, errors
+
+
+def _stamp():
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + ".%03d" % (time.time_ns() // 1000000 % 1000)
+
+
+def dump_cluster(run_dir=None, address=None, native=False, with_stacks=True, out_dir=None,
+                 timeout_s=DEFAULT_TIMEOUT_S, state_source=None):
+    """Collect the run on every alive Ray node, store one snapshot locally, join Ray state.
+
+    ``run_dir``: the run directory path (the same on every node; default
+    ``HANGTRACE_DIR``, else discovered on the nodes). ``address``: Ray address (default
+    ``RAY_ADDRESS``, else ``'auto'``); an already connected driver is reused.
+    ``out_dir``: where the snapshot folder goes (default: ``RUN_DIR/snapshots`` if RUN_DIR
+    exists here, else the current directory). Returns the ``Snapshot`` (``path`` set).
+    Raises HangtraceError (cannot connect), RunDirError (no run dir / no process found).
+    """
+    import ray
+    t0 = time.time()
+    connected = _connect(address)
+    try:
+        nodes = _alive_nodes()
+        run_dir = run_dir or os.environ.get(config.DIR)
+        errors = []
+        if not run_dir:
+            found, errs = _run_on_nodes(discover_node, nodes, lambda nid: (), timeout_s)
+            errors += errs
+            dirs = sorted({d for r in found.values() for d in r["dirs"]})
+            if not dirs:
+                raise RunDirError("no traced Ray worker found on %d node(s)" % len(nodes),
+                                  "pass RUN_DIR (the HANGTRACE_DIR of the job's runtime_env)")
+            if len(dirs) > 1:
+                raise RunDirError("several runs are traced on this cluster: %s" % ", ".join(dirs),
+                                  "pass one of them as RUN_DIR")
+            run_dir = dirs[0]
+        results, errs = _run_on_nodes(collect_node, nodes,
+                                      lambda nid: (run_dir, nid, native, with_stacks), timeout_s)
+        errors += errs
+        state = __import__("hangtrace.tracer.raystate", fromlist=["fetch"]).fetch(source=state_source)
+    finally:
+        if connected:
+            try:
+                ray.shutdown()
+            except Exception:
+                pass
+    base = out_dir or (os.path.join(run_dir, "snapshots") if os.path.isdir(run_dir) else os.getcwd())
+    stamp = _stamp()
+    sdir = os.path.join(base, stamp + "-ray") if out_dir or os.path.isdir(run_dir) else \
+        os.path.join(base, "hangtrace-ray-" + stamp)
+    write_ray_snapshot(sdir, run_dir, results, errors, state, took_s=time.time() - t0)
+    snap = load_ray_snapshot(sdir)
+    if not snap.processes:
+        raise RunDirError("no traced process of %s found on %d Ray node(s)%s" % (
+            run_dir, len(nodes), "; " + "; ".join(snap.errors[:3]) if snap.errors else ""),
+            "check HANGTRACE_DIR in the job's runtime_env (hangtrace env --ray) and that the job runs")
+    return snap
+
+
+def write_ray_snapshot(sdir, run_dir, results, errors, state, took_s=0.0):
+    """Write node payloads (``collect_node`` results by node id) as one snapshot folder."""
+    os.makedirs(os.path.join(sdir, "rings"), mode=0o700, exist_ok=True)
+    os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
+    processes = {}
+    files = set()
+    nodes = []
+    errors = list(errors)
+    for nid, r in sorted(results.items()):
+        errors.extend(r.get("errors") or ())
+        for name, data in r["rings"].items():
+            if name in files:
+                continue
+            with open(os.path.join(sdir, "rings", name), "wb") as f:
+                f.write(data)
+            files.add(name)
+        for name, data in r["stacks"].items():
+            with open(os.path.join(sdir, "stacks", name), "wb") as f:
+                f.write(data)
+        for name, (wall_ns, text) in r["signals"].items():
+            p = os.path.join(sdir, "stacks", name)
+            with open(p, "w") as f:
+                f.write(text)
+            os.utime(p, ns=(wall_ns, wall_ns))
+        for key, st in r["processes"].items():
+            prev = processes.get(key)
+            # a process reported by two nodes of one host (non-Ray): keep the first, but a
+            # node that owns it (by node id) wins
+            if prev is None or (st.get("node_id") == nid and prev.get("node_id") != nid):
+                processes[key] = st
+        nodes.append({"node_id": nid, "host": r.get("host"), "raylet_pid": r.get("raylet_pid"),
+                      "rings": sorted(r["rings"]), "took_s": r.get("took_s"), "errors": r.get("errors")})
+    meta = {"run_dir": run_dir, "taken_wall_ns": time.time_ns(), "reason": "request", "errors": errors,
+            "processes": processes, "collector": "ray", "took_s": took_s}
+    with open(os.path.join(sdir, "processes.json"), "wb") as f:
+        f.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    with open(os.path.join(sdir, "ray_nodes.json"), "wb") as f:
+        f.write(orjson.dumps(nodes, option=orjson.OPT_INDENT_2))
+    with open(os.path.join(sdir, "ray_state.json"), "wb") as f:
+        f.write(orjson.dumps(state, option=orjson.OPT_INDENT_2, default=str))
+    return sdir
+
+
+def load_ray_snapshot(sdir):
+    """``collect.load_snapshot`` plus Ray's records (``ray_state.json``) joined into meta."""
+    from . import raystate
+    from .collect import load_snapshot
+    snap = load_snapshot(sdir)
+    try:
+        with open(os.path.join(sdir, "ray_state.json"), "rb") as f:
+            state = orjson.loads(f.read())
+    except (OSError, ValueError):
+        state = None
+    if state:
+        raystate.join(snap.processes, state)
+        snap.errors.extend(state.get("errors") or () if not state.get("source") else ())
+    try:
+        with open(os.path.join(sdir, "ray_nodes.json"), "rb") as f:
+            snap.ray_nodes = orjson.loads(f.read())
+    except (OSError, ValueError):
+        snap.ray_nodes = []
+    return snap

@@ -1,0 +1,195 @@
+"""Ray's own record of actors and worker processes, joined to the traced processes.
+
+:func:`fetch` reads, from a connected Ray driver (``ray.init(address=...)`` done by the
+caller), every actor (``actor_id``, ``class_name``, ``name``, ``state``, ``pid``,
+``node_id``, ``death_cause``) and every worker process (``worker_id``, ``pid``,
+``node_id``, ``is_alive``, ``exit_type``, ``exit_detail``,
+``memory_used_bytes_at_death``). Two sources, tried in order; the one used is returned in
+``['source']``:
+
+* ``'state-api'``: the public ``ray.util.state.list_actors/list_workers(detail=True)``.
+  It goes through the dashboard's HTTP API server, so it fails on clusters started
+  without the dashboard (``include_dashboard=False``; Ray 2.60: "Failed to connect to API
+  server").
+* ``'gcs'`` (fallback): the GCS tables through ``ray._private.state.state`` (private,
+  Ray 2.x: ``actor_table(None)`` and ``global_state_accessor.get_worker_table()``, the
+  ``gcs_pb2.ActorTableData`` / ``WorkerTableData`` protobufs). Needs no dashboard.
+
+:func:`join` writes what Ray says into ``ProcessInfo.meta`` of the matching traced
+processes (by ``meta['ray_actor_id']``, else by pid on the same Ray node):
+``ray_actor_state``, ``ray_death`` (Ray's death text, verbatim), ``ray_death_cause``
+(the structured cause), ``ray_exit_type``, ``ray_exit_detail``, and the actor's class and
+name when the ring lacks them. The analysis reports ``ray_death`` as "Ray says: ..."
+beside, never instead of, the cause its own evidence supports: Ray gives the same text
+for a SIGKILL, a cgroup OOM-kill, a segfault and an abort (measured on Ray 2.60).
+
+Everything here is plain data in and out (``join`` is pure); only ``fetch`` talks to Ray.
+"""
+
+__all__ = ["fetch", "join", "death_text"]
+
+
+def _hex(v):
+    if v is None:
+        return None
+    if isinstance(v, (bytes, bytearray)):
+        return v.hex()
+    return str(v)
+
+
+def death_text(cause):
+    """Ray's human text from a death-cause dict (state API or GCS), or None.
+
+    Looks for ``error_message`` (``actor_died_error_context``, ``creation_task_failure_
+    context``, ``runtime_env_failed_context``, ...) at any depth; the first found wins.
+    """
+    if not cause:
+        return None
+    if isinstance(cause, str):
+        return cause
+    stack = [cause]
+    while stack:
+        c = stack.pop(0)
+        if isinstance(c, dict):
+            for k, v in c.items():
+                if k in ("error_message", "errorMessage") and v:
+                    return str(v)
+            stack.extend(v for v in c.values() if isinstance(v, (dict, list)))
+        elif isinstance(c, list):
+            stack.extend(c)
+    return None
+
+
+def _from_state_api(timeout_s):
+    from ray.util.state import list_actors, list_workers
+    actors = []
+    for a in list_actors(detail=True, limit=100000, timeout=int(max(1, timeout_s)),
+                         raise_on_missing_output=False):
+        a = a if isinstance(a, dict) else dict(a.__dict__)
+        actors.append({"actor_id": a.get("actor_id"), "class_name": a.get("class_name"), "name": a.get("name"),
+                       "state": a.get("state"), "pid": a.get("pid"), "node_id": a.get("node_id"),
+                       "job_id": a.get("job_id"), "death_cause": a.get("death_cause"),
+                       "death_text": death_text(a.get("death_cause"))})
+    workers = []
+    for w in list_workers(detail=True, limit=100000, timeout=int(max(1, timeout_s)),
+                          raise_on_missing_output=False):
+        w = w if isinstance(w, dict) else dict(w.__dict__)
+        workers.append({"worker_id": w.get("worker_id"), "pid": w.get("pid"), "node_id": w.get("node_id"),
+                        "is_alive": w.get("is_alive"), "exit_type": w.get("exit_type"),
+                        "exit_detail": w.get("exit_detail"), "worker_type": w.get("worker_type"),
+                        "job_id": w.get("job_id"), "memory_used_bytes_at_death": None})
+    return actors, workers
+
+
+def _from_gcs():
+    from google.protobuf.json_format import MessageToDict
+    from ray._private import state as rstate
+    from ray.core.generated import common_pb2, gcs_pb2
+    st = rstate.state
+    accessor = st._connect_and_get_accessor() if hasattr(st, "_connect_and_get_accessor") \
+        else st.global_state_accessor
+    actors = []
+    for raw in accessor.get_actor_table(None, None):
+        a = gcs_pb2.ActorTableData.FromString(raw)
+        cause = MessageToDict(a.death_cause, preserving_proto_field_name=True) if a.HasField("death_cause") else None
+        actors.append({"actor_id": a.actor_id.hex(), "class_name": a.class_name, "name": a.name,
+                       "state": gcs_pb2.ActorTableData.ActorState.Name(a.state), "pid": a.pid,
+                       "node_id": (a.node_id or a.address.node_id).hex() or None, "job_id": a.job_id.hex(),
+                       "death_cause": cause, "death_text": death_text(cause)})
+    workers = []
+    for raw in accessor.get_worker_table():
+        w = gcs_pb2.WorkerTableData.FromString(raw)
+        exit_type = None
+        if w.HasField("exit_type"):
+            exit_type = common_pb2.WorkerExitType.Name(w.exit_type)
+        workers.append({"worker_id": w.worker_address.worker_id.hex(), "pid": w.pid,
+                        "node_id": w.worker_address.node_id.hex() or None, "is_alive": w.is_alive,
+                        "exit_type": exit_type, "exit_detail": w.exit_detail if w.HasField("exit_detail") else None,
+                        "worker_type": common_pb2.WorkerType.Name(w.worker_type), "job_id": w.job_id.hex(),
+                        "memory_used_bytes_at_death": w.memory_used_bytes_at_death or None})
+    return actors, workers
+
+
+def fetch(timeout_s=10.0, source=None):
+    """Ray's actor and worker tables from the connected cluster.
+
+    Returns ``{'source': 'state-api'|'gcs'|None, 'actors': [...], 'workers': [...],
+    'errors': [str]}`` (keys of the items: see the module doc). ``source`` forces one
+    source. Never raises: failures are lines in ``errors``.
+    """
+    out = {"source": None, "actors": [], "workers": [], "errors": []}
+    order = [source] if source else ["state-api", "gcs"]
+    for src in order:
+        try:
+            if src == "state-api":
+                actors, workers = _from_state_api(timeout_s)
+            else:
+                actors, workers = _from_gcs()
+        except Exception as e:
+            out["errors"].append("Ray %s unavailable: %s" % (src, str(e).splitlines()[0][:300] if str(e) else repr(e)))
+            continue
+        out.update(source=src, actors=actors, workers=workers)
+        return out
+    return out
+
+
+def join(processes, state):
+    """Fill ``meta`` of each ``ProcessInfo`` in ``processes`` from ``state`` (see ``fetch``).
+
+    Returns the number of processes matched. Pure (no Ray calls).
+    """
+    if not state:
+        return 0
+    by_actor = {a.get("actor_id"): a for a in state.get("actors") or () if a.get("actor_id")}
+    by_pid = {}
+    for a in state.get("actors") or ():
+        if a.get("pid"):
+            by_pid.setdefault(("a", a["pid"]), []).append(a)
+    for w in state.get("workers") or ():
+        if w.get("pid"):
+            by_pid.setdefault(("w", w["pid"]), []).append(w)
+    n = 0
+    for p in processes:
+        m = p.meta
+        if m is None:
+            continue
+        if not any(str(k).startswith("ray_") for k in m):
+            continue  # not a Ray process: pids of other hosts could collide
+        node = m.get("ray_node_id")
+
+        def pick(kind):
+            cands = by_pid.get((kind, p.pid)) or []
+            if node:
+                same = [c for c in cands if not c.get("node_id") or c.get("node_id") == node]
+                cands = same
+            # the newest incarnation last (restarted actors reuse nothing, but be safe)
+            return cands[-1] if cands else None
+        actor = by_actor.get(m.get("ray_actor_id")) or pick("a")
+        worker = pick("w")
+        if actor is None and worker is None:
+            continue
+        n += 1
+        if actor is not None:
+            m["ray_actor_state"] = actor.get("state")
+            if actor.get("class_name") and not m.get("ray_actor_class"):
+                m["ray_actor_class"] = actor["class_name"]
+            if actor.get("name") and not m.get("ray_actor_name"):
+                m["ray_actor_name"] = actor["name"]
+            if not m.get("ray_actor_id"):
+                m["ray_actor_id"] = actor.get("actor_id")
+            if actor.get("state") == "DEAD" or actor.get("death_cause"):
+                m["ray_death_cause"] = actor.get("death_cause")
+                if actor.get("death_text"):
+                    m["ray_death"] = actor["death_text"]
+        if worker is not None:
+            m["ray_worker_alive"] = worker.get("is_alive")
+            if worker.get("exit_type"):
+                m["ray_exit_type"] = worker.get("exit_type")
+            if worker.get("exit_detail"):
+                m["ray_exit_detail"] = worker.get("exit_detail")
+            if worker.get("memory_used_bytes_at_death"):
+                m["ray_memory_used_bytes_at_death"] = worker["memory_used_bytes_at_death"]
+            if not m.get("ray_death") and worker.get("is_alive") is False and worker.get("exit_detail"):
+                m["ray_death"] = "worker exit %s: %s" % (worker.get("exit_type"), worker.get("exit_detail"))
+        m["ray_state_source"] = state.get("source")
+    return n
