@@ -1,0 +1,116 @@
+"""Watcher: stall only when nothing progresses anywhere; per-phase thresholds; deaths at once."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from hangtrace.hooks.recorder import Recorder
+from hangtrace.tracer import config
+from hangtrace.tracer.watcher import Watcher
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from jobs import base_env, wait_until  # noqa: E402
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def rec(tmp_path):
+    r = Recorder(str(tmp_path), "t", 256, lambda *a, **k: None)
+    r.set_rank(0, 0, 1)
+    r.step(1)  # past start-up
+    yield r
+    r.close()
+
+
+def test_stall_reported_once_after_threshold(tmp_path, rec):
+    clk = Clock()
+    w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
+    assert w.poll() is None          # first sight counts as progress
+    clk.t += 9.9
+    assert w.poll() is None
+    clk.t += 0.2
+    inc = w.poll()
+    assert inc is not None and inc.kind == "stall" and "10.1 s" in inc.detail
+    clk.t += 30
+    assert w.poll() is None          # reported once per stall
+    rec.heartbeat()                  # progress resets the clock
+    clk.t += 1
+    assert w.poll() is None
+    clk.t += 10.5
+    assert w.poll().kind == "stall"
+
+
+def test_slow_but_progressing_never_stalls(tmp_path, rec):
+    clk = Clock()
+    w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
+    for i in range(30):              # 240 s of a job whose sequence numbers advance every 8 s
+        clk.t += 8
+        idx = rec.issue(1, 1, rec.intern("0"), i + 1, 1, 0, 1, -1, 0)
+        rec.complete(idx)
+        assert w.poll() is None
+
+
+def test_per_phase_threshold(tmp_path, rec):
+    clk = Clock()
+    w = Watcher(str(tmp_path), stall_s=10, phase_stall={"checkpoint": 100}, clock=clk)
+    rec.phase_enter("checkpoint", step=3)
+    assert w.poll() is None
+    clk.t += 50
+    assert w.poll() is None          # a checkpoint may take long
+    assert w.threshold() == 100
+    clk.t += 51
+    assert w.poll().kind == "stall"
+    rec.phase_exit("checkpoint")
+    clk.t += 1
+    assert w.poll() is None
+    assert w.threshold() == 10
+
+
+def test_startup_grace(tmp_path, monkeypatch):
+    monkeypatch.setenv(config.STARTUP_STALL_S, "60")
+    r = Recorder(str(tmp_path), "t", 256, lambda *a, **k: None)
+    r.set_rank(0, 0, 2)              # a rank still importing torch / in rendezvous
+    clk = Clock()
+    w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
+    w.poll()
+    clk.t += 30
+    assert w.poll() is None
+    clk.t += 31
+    assert w.poll().kind == "stall"
+    r.close()
+
+
+@pytest.mark.parametrize("how,expect", [("kill", "vanished without a clean-exit record"),
+                                        ("exit3", "exited with code 3"), ("exit0", None)])
+def test_death_detected_at_next_poll(tmp_path, how, expect):
+    code = {"kill": "import time; print('ready', flush=True); time.sleep(60)",
+            "exit3": "import sys; sys.exit(3)", "exit0": "pass"}[how]
+    p = subprocess.Popen([sys.executable, "-c", code], env=base_env(tmp_path, RANK=1),
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        clk = Clock()
+        w = Watcher(str(tmp_path), stall_s=1000, phase_stall={}, clock=clk)
+        if how == "kill":
+            assert p.stdout.readline().strip() == "ready"
+            assert w.poll() is None
+            p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        inc = w.poll()
+        if expect is None:
+            assert inc is None
+        else:
+            assert inc.kind == "death" and expect in inc.detail and "rank 1" in inc.detail
+            assert w.poll() is None   # reported once
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
