@@ -42,8 +42,8 @@ def maybe_start(rt):
                     pid = int(f.read().strip() or 0)
             except (OSError, ValueError):
                 return None  # being written by the winner right now
-            if pid and _alive(pid):
-                return None
+            if not pid or _alive(pid):
+                return None  # empty: the winner is starting the watcher right now
             try:
                 os.unlink(pidfile)
             except OSError:
@@ -63,5 +63,11 @@ def maybe_start(rt):
         os.write(fd, str(pid).encode())
         rt.log("started node watcher pid %d" % pid)
         return pid
+    except BaseException:
+        try:
+            os.unlink(pidfile)  # let a later process try again
+        except OSError:
+            pass
+        raise
     finally:
         os.close(fd)

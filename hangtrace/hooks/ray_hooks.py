@@ -9,10 +9,11 @@ driver too when it is traced.
 What it records (``Recorder.set_meta``, read back as ``ProcessInfo.meta``):
 
 * ``ray_pid``, ``ray_version``, ``ray_hook_path`` at install;
-* at the first actor method execution (normally ``__init__``): ``ray_actor_class``,
-  ``ray_actor_name`` (None for unnamed actors), ``ray_actor_id``, ``ray_job_id``,
-  ``ray_node_id``, ``ray_worker_id``, ``ray_namespace`` from the public
-  ``ray.get_runtime_context()``.
+* once the worker is connected (a daemon thread polls ``ray.is_initialized()`` every
+  0.1 s for up to 60 s) and again at the first actor method (normally ``__init__``):
+  ``ray_job_id``, ``ray_node_id``, ``ray_worker_id``, ``ray_actor_id`` and
+  ``ray_actor_name`` (actors; "" for unnamed ones), ``ray_namespace`` from the public
+  ``ray.get_runtime_context()``; ``ray_actor_class`` from the actor object.
 
 Every actor method execution (``__init__`` included, Ray's own ``__ray_*`` methods
 excluded) is recorded as a phase named after the method: a phase-enter record at start,
@@ -34,8 +35,8 @@ How methods are reached (Ray internals, version-gated; the path taken is recorde
   ``FunctionActorManager._load_actor_class_from_gcs`` / ``_load_actor_class_from_local``
   is instrumented in place (its functions replaced by wrappers) before Ray builds the
   executors from ``inspect.getmembers(actor_class)``.
-* ``'identity-only'``: neither is available; identity is then recorded from the runtime
-  context by a short-lived thread once the worker is connected, and no method phases.
+* ``'identity-only'``: neither is available; the worker-level identity is recorded, no
+  actor class and no method phases.
 
 ``HANGTRACE_RAY_HOOK`` (test and escape hatch: ``executor`` | ``class`` | ``off``)
 forces a path.
@@ -55,11 +56,9 @@ import inspect
 import os
 import threading
 
-from ..tracer import api
+from ..tracer import api, config
 
-#: Environment variable that forces a hook path (see module doc). Read here, not in
-#: ``tracer.config``, because only Ray workers use it.
-HOOK_ENV = "HANGTRACE_RAY_HOOK"
+HOOK_ENV = config.RAY_HOOK
 #: Ray versions whose internals the 'executor' and 'class' paths were written against
 #: (lower bound inclusive, upper exclusive). Checked on 2.60.0.
 RAY_RANGE = ((2, 0), (3, 0))
@@ -67,7 +66,7 @@ RAY_RANGE = ((2, 0), (3, 0))
 _rec = None
 _log = None
 _path = None
-_identity_done = False
+_identity_done = set()  # levels recorded: 'worker', 'actor'
 _id_lock = threading.Lock()
 _installed = {}  # (owner, attribute) -> original
 _task_stack = contextvars.ContextVar("hangtrace_ray_phase_stack", default=None)
@@ -95,17 +94,19 @@ def _in_range(version):
 
 # --- identity ------------------------------------------------------------------------------
 def record_identity(instance=None, force=False):
-    """Record the Ray identity of this worker in the ring (once, unless ``force``).
+    """Record the Ray identity of this worker in the ring; returns the dict recorded or None.
 
-    ``instance``: the actor object (for its class name). Uses only the public
-    ``ray.get_runtime_context()``. Returns the dict recorded, or None.
+    Two levels, each recorded once (unless ``force``): the worker (job, node, worker,
+    actor id and name - from the public ``ray.get_runtime_context()``, once the worker is
+    connected) and, with ``instance`` (the actor object), the actor class. Meta entries
+    merge, so the order of the two does not matter.
     """
-    global _identity_done
     rec = _current()
-    if rec is None or (_identity_done and not force):
+    level = "actor" if instance is not None else "worker"
+    if rec is None or (level in _identity_done and not force):
         return None
     with _id_lock:
-        if _identity_done and not force:
+        if level in _identity_done and not force:
             return None
         meta = {}
         try:
@@ -128,15 +129,20 @@ def record_identity(instance=None, force=False):
             cls = type(instance)
             meta["ray_actor_class"] = cls.__name__
             meta["ray_actor_module"] = getattr(cls, "__module__", None)
+        elif not meta.get("ray_job_id") and not meta.get("ray_actor_id"):
+            return None  # not connected yet
+        if not meta.get("ray_actor_id"):
+            meta.pop("ray_actor_name", None)
         meta["ray_pid"] = os.getpid()
-        if not meta.get("ray_actor_id") and not meta.get("ray_job_id"):
-            return None  # not connected yet: try again at the next method
+        meta = {k: v for k, v in meta.items() if v is not None}
         try:
             rec.set_meta(**meta)
         except Exception as e:
             _log("ray identity not recorded: %r" % (e,), "ray-identity-meta")
             return None
-        _identity_done = True
+        _identity_done.add(level)
+        if instance is not None and meta.get("ray_job_id"):
+            _identity_done.add("worker")
         return meta
 
 
@@ -151,7 +157,7 @@ def _enter(name, instance):
     if rec is None:
         return
     try:
-        if not _identity_done:
+        if "actor" not in _identity_done and instance is not None:
             record_identity(instance)
         rec.phase_enter(name)
     except Exception as e:
@@ -312,7 +318,9 @@ def _install_class(fm):
 
 
 def _identity_thread():
-    """identity-only path: poll (up to 60 s) until the worker is connected, then record."""
+    """Poll (every 0.1 s, up to 60 s) until this process is connected to Ray, then record
+    the worker-level identity (task workers, idle workers, actors before their first
+    method, the identity-only path)."""
     import time
 
     def run():
@@ -320,6 +328,8 @@ def _identity_thread():
             time.sleep(0.1)
             try:
                 import ray
+                if "worker" in _identity_done:
+                    return
                 if ray.is_initialized() and record_identity() is not None:
                     return
             except Exception:
@@ -361,8 +371,7 @@ def install(ray, recorder, log):
         recorder.set_meta(ray_pid=os.getpid(), ray_version=version, ray_hook_path=path)
     except Exception as e:
         log("ray: meta not recorded: %r" % (e,), "ray-meta")
-    if path == "identity-only":
-        _identity_thread()
+    _identity_thread()
     return path
 
 

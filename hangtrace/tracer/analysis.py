@@ -161,7 +161,7 @@ class _View:
 
     __slots__ = ("rank", "proc", "last", "p2p", "blocked", "blocked_failed", "last_wall",
                  "activity_wall", "last_rec", "failed", "dead", "cause", "cause_text", "victim", "fail_wall",
-                 "phase", "step", "nrec")
+                 "phase", "step", "nrec", "mem")
 
     def __init__(self, rank, proc):
         self.rank, self.proc = rank, proc
@@ -178,6 +178,7 @@ class _View:
         self.fail_wall = 0
         self.phase = self.step = None
         self.nrec = 0
+        self.mem = None  # memory attribution (tracer.memory.attribute), issue 5
 
 
 def _index(rank, proc):
@@ -243,9 +244,21 @@ def _death_after(v, start):
     is exact (signal dump, exception, exit record) and later, or - for a death without a
     record, whose time is only a lower bound - it issued something after ``start``
     (the completion of its last collective does not count)."""
-    if v.cause == "killed-without-record":
+    if v.cause == "killed-without-record" or (v.mem or {}).get("base_cause") == "killed-without-record":
         return bool(v.activity_wall and v.activity_wall > start)
     return bool(v.fail_wall and v.fail_wall > start)
+
+
+#: A culprit that died within this many ns of the moment the others began waiting for it
+#: died *into* the hang (killed mid-step just after issuing its collective): the death is
+#: the root. Later deaths of a hung culprit (a user's kill of a stuck job) leave the hang
+#: verdict standing.
+DIED_INTO_HANG_NS = 2_000_000_000
+
+
+def _died_soon_after(v, start):
+    last = max(v.activity_wall or 0, v.fail_wall or 0)
+    return bool(last) and last - start < DIED_INTO_HANG_NS
 
 
 def _rec_fail_wall(rec):
@@ -312,6 +325,21 @@ def _death(v):
         # SIGTERMed while waiting in a collective (e.g. the user stopped a hung job): a
         # victim of the hang, not its root
         v.victim = True
+    _memory_cause(v)  # issue 5: host OOM-kill, Ray memory monitor, CUDA OOM, external SIGTERM
+
+
+def _memory_cause(v):
+    """Refine ``v.cause`` from memory evidence (tracer/memory.py); keeps the cause when the
+    evidence supports no other. Never raises."""
+    try:
+        from .memory import attribute
+        att = attribute(v.proc, v.cause, v.cause_text)
+    except Exception as e:  # a bug here must not cost the verdict
+        v.mem = {"base_cause": v.cause, "evidence": ["memory attribution failed: %r" % (e,)]}
+        return
+    v.mem = att
+    if att["cause"] != v.cause:
+        v.cause, v.cause_text = att["cause"], att["cause_text"]
 
 
 def _rk(rs, limit=12):
@@ -860,7 +888,8 @@ def diagnose(snapshot, now_wall_ns=None, stall_s=None):
         root = roots[0]
         hang_wins = (hang is not None and hang["kind"] != "dead-rank"
                      and (hang["kind"] != "chain" or hang["kinds"].get(root.rank, ("",))[0] != "dead-rank")
-                     and hang.get("start") and _death_after(root, hang["start"]))
+                     and hang.get("start") and _death_after(root, hang["start"])
+                     and not (root.rank in hang.get("culprits", ()) and _died_soon_after(root, hang["start"])))
         if not hang_wins:
             return _finish(ctx, _dead_verdict(ctx, d, root, roots, failures, insts, inst_of))
         ctx.add("rank %d died (%s) after the hang had begun: listed as cascade" % (root.rank, root.cause))
@@ -915,7 +944,8 @@ def _dead_verdict(ctx, d, root, roots, failures, insts, inst_of):
         " exit code %s" % p.exit_code if p.exit_code is not None else ""), root.cause, root.cause_text))
     if root.fail_wall:
         ctx.add("rank %d failed first (at %s%s)" % (
-            root.rank, _ts(root.fail_wall), ", its last sign of life" if root.cause == "killed-without-record" else ""))
+            root.rank, _ts(root.fail_wall), ", its last sign of life" if (root.mem or {}).get("base_cause", root.cause)
+            == "killed-without-record" else ""))
     if d.group is not None:
         ctx.add(_rank_line(ctx, root.rank, d.group))
     if inst is not None:
@@ -1433,8 +1463,43 @@ def _ray_details(ctx, d):
 # --- end Ray ---
 
 
+# --- memory (issue 5): ledger, trends, kept-across flags, attribution evidence ---
+def _memory_details(ctx, d):
+    """``details['memory']`` (tracer.memory.summarize) and memory evidence lines for the
+    culprits. Skipped silently when no process sampled memory; never raises."""
+    try:
+        from .memory import summarize
+        focus = list(d.culprit_ranks) + [c.get("rank") for c in d.cascade or () if c.get("rank") not in d.culprit_ranks]
+        atts = {r: ctx.views[r].mem for r in focus if r in ctx.views and ctx.views[r].mem}
+        mem = summarize(ctx.procs, focus, atts)
+    except Exception as e:
+        ctx.add("memory analysis failed: %r" % (e,))
+        return
+    if mem is None:
+        return
+    d.details["memory"] = mem
+    if d.kind == "dead-rank" and d.culprit_ranks:
+        a = atts.get(d.culprit_ranks[0]) or {}
+        c = a.get("cuda_oom") or {}
+        if d.phase is None and c.get("phase"):  # the phase the OOM left, not the (empty) current one
+            d.phase = c["phase"]
+        if d.step is None and c.get("step") is not None:
+            d.step = c["step"]
+    lines = []
+    for r in d.culprit_ranks[:4]:
+        a = atts.get(r)
+        if a:
+            lines += ["rank %d: %s" % (r, e) for e in a.get("evidence") or ()]
+    lines += mem.get("evidence") or []
+    for ln in lines[:10]:
+        if ln not in ctx.evidence:
+            ctx.add(ln)
+# --- end memory ---
+
+
 def _finish(ctx, d):
     _ray_details(ctx, d)  # issue 4
+    _memory_details(ctx, d)  # issue 5
     for r in d.culprit_ranks[:4]:
         v = ctx.views.get(r)
         for e in (v.proc.events or ()) if v else ():

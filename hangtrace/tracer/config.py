@@ -34,6 +34,26 @@ AUTO_WATCH = "HANGTRACE_AUTO_WATCH"
 #: Set by hangtrace in the environment of its own helper processes (watcher,
 #: py-spy): such processes never trace themselves.
 HELPER = "HANGTRACE_HELPER"
+#: Memory sampling (issue 5): "0" turns it off; anything else (default "1") samples host
+#: RSS/swap, the process's memory cgroup, CUDA (when initialised) and registered gauges
+#: into the ring at every phase entry/exit, every step and on a timer.
+MEM = "HANGTRACE_MEM"
+#: Seconds between timer memory samples (default 1.0). A timer tick writes no record when
+#: a phase/step sample was taken within the interval; it still refreshes swap and limits.
+MEM_INTERVAL_S = "HANGTRACE_MEM_INTERVAL_S"
+#: "1": when CUDA is initialised, also record torch's allocator history
+#: (``torch.cuda.memory._record_memory_history``) and dump a snapshot file into
+#: ``RUN_DIR/memory/`` on a CUDA out-of-memory error. Default "0" (it costs allocator time).
+MEM_CUDA_HISTORY = "HANGTRACE_MEM_CUDA_HISTORY"
+#: "1": record with the pure-Python hot path even when the optional C extension
+#: ``hangtrace.hooks._fastrec`` is built (same records; for tests and comparisons).
+PURE_PYTHON = "HANGTRACE_PURE_PYTHON"
+#: Ray workers: force the hook path for actor method phases, ``executor`` (default,
+#: version-gated private Ray API), ``class`` (fallback) or ``off`` (identity only).
+RAY_HOOK = "HANGTRACE_RAY_HOOK"
+#: "0": a watcher that detects a stall in a Ray job collects this node only, instead of
+#: every alive node through Ray tasks (as ``hangtrace dump --ray``).
+RAY_COLLECT = "HANGTRACE_RAY_COLLECT"
 #: Test-only fault injection: "recorder" makes the collective recorder raise on
 #: every call (the traced program must not notice).
 FAULT = "HANGTRACE_FAULT_INJECT"
@@ -44,6 +64,9 @@ DEFAULTS = {
     STARTUP_STALL_S: 60.0,
     POLL_S: 1.0,
     AUTO_WATCH: "1",
+    MEM: "1",
+    MEM_INTERVAL_S: 1.0,
+    MEM_CUDA_HISTORY: "0",
 }
 
 
@@ -81,6 +104,18 @@ def phase_stall_s(environ=None):
         except ValueError:
             pass
     return out
+
+
+def mem_enabled(environ=None):
+    """True unless ``HANGTRACE_MEM`` is "0" (memory sampling, issue 5)."""
+    env = os.environ if environ is None else environ
+    return env.get(MEM, "1").strip() not in ("0", "false", "no", "off")
+
+
+def pure_python(environ=None):
+    """True when ``HANGTRACE_PURE_PYTHON`` forces the pure-Python recording path."""
+    env = os.environ if environ is None else environ
+    return env.get(PURE_PYTHON, "") not in ("", "0")
 
 
 def helper_env(environ=None):

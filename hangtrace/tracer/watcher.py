@@ -23,6 +23,10 @@ from . import format as F
 from .collect import RING_GLOB, live_state
 
 
+#: seconds between two memory-trend checks of the live rings (each reads every ring once)
+MEM_CHECK_S = 5.0
+
+
 class Incident:
     """What the watcher saw: ``kind`` 'stall' or 'death'; ``detail`` a human line."""
 
@@ -54,6 +58,10 @@ class Watcher:
         self.last_progress = clock()
         self.reported_stall = False
         self.headers = {}
+        # memory early warnings (issue 5): checked every MEM_CHECK_S, once per process and metric
+        self.mem_warned = set()
+        self.mem_next = clock() + MEM_CHECK_S
+        self.mem_log = None  # callable(line); default: append to RUN_DIR/watcher-<host>.log
 
     def _read_headers(self):
         out = {}
@@ -110,6 +118,9 @@ class Watcher:
         if progressed:
             self.last_progress = now
             self.reported_stall = False
+        if now >= self.mem_next:
+            self.mem_next = now + MEM_CHECK_S
+            self.memory_warnings()
         if deaths:
             lines = []
             for path, h, st in deaths:
@@ -122,8 +133,57 @@ class Watcher:
                             % (now - self.last_progress, self.threshold()))
         return None
 
+    def memory_warnings(self):
+        """Early warning before an OOM kill (issue 5): for every live process whose memory
+        grows steadily step after step (tracer.memory.watch_lines), one line per process
+        and metric in the watcher log. Returns the new lines; never raises."""
+        new = []
+        try:
+            from .memory import watch_lines
+            for path, h in self.headers.items():
+                if h["state"] == F.ST_EXITED or live_state(h) != "alive":
+                    continue
+                try:
+                    ring = F.read_ring(path)
+                except Exception:
+                    continue
+                label = "rank %d (pid %d on %s)" % (h["rank"], h["pid"], h["host"]) if h["rank"] >= 0 else \
+                    "pid %d on %s" % (h["pid"], h["host"])
+                for key, line in watch_lines(ring.records, label):
+                    if (path, key) in self.mem_warned:
+                        continue
+                    self.mem_warned.add((path, key))
+                    new.append(line)
+            for line in new:
+                self._mem_log(line)
+        except Exception:
+            pass
+        return new
+
+    def _mem_log(self, line):
+        if self.mem_log is not None:
+            self.mem_log(line)
+            return
+        import socket
+        try:
+            with open(os.path.join(self.run_dir, "watcher-%s.log" % socket.gethostname()), "a") as f:
+                f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), line))
+        except OSError:
+            pass
+
     def any_alive(self):
         return any(live_state(h) == "alive" for h in self.headers.values())
+
+
+def is_ray_run(run_dir):
+    """True when a ring of ``run_dir`` belongs to a Ray worker (Ray node id in its metadata)."""
+    for path in glob.glob(os.path.join(run_dir, RING_GLOB)):
+        try:
+            if F.read_ring(path).meta.get("ray_node_id"):
+                return True
+        except Exception:
+            continue
+    return False
 
 
 def diagnose_and_report(run_dir, reason, native=False, with_stacks=True):
@@ -131,7 +191,19 @@ def diagnose_and_report(run_dir, reason, native=False, with_stacks=True):
     from .analysis import diagnose
     from .collect import take_snapshot, write_diagnosis
     from .report import text_report, verdict_paragraph
-    snap = take_snapshot(run_dir, reason=reason, native=native, with_stacks=with_stacks)
+    snap = None
+    if with_stacks and is_ray_run(run_dir) and os.environ.get(config.RAY_COLLECT, "1") != "0":
+        # a Ray job: the same cluster-wide collection as `hangtrace dump --ray`, so the
+        # ranks on other nodes are seen too; on failure, this node's snapshot
+        try:
+            from .raycollect import dump_cluster
+            snap = dump_cluster(run_dir, native=native)
+            snap.reason = reason
+        except Exception as e:
+            snap = None
+            sys.stderr.write("hangtrace: cluster-wide collection failed (%s); this node only\n" % (e,))
+    if snap is None:
+        snap = take_snapshot(run_dir, reason=reason, native=native, with_stacks=with_stacks)
     diag = diagnose(snap)
     para = verdict_paragraph(diag)
     write_diagnosis(snap, diag, text_report(diag, snap))
@@ -151,6 +223,7 @@ def main(argv=None):
     log_path = os.path.join(run_dir, "watcher-%s.log" % socket.gethostname())
     w = Watcher(run_dir)
     idle = 0
+    w.mem_log = lambda line: log(line)  # issue 5: memory early warnings
 
     def log(msg):
         with open(log_path, "a") as f:
