@@ -92,7 +92,7 @@ def process_from_ring(ring, state=None):
                 if r["state"] == "issued" and not r["async_op"]:
                     inflight = r
                 break
-    return ProcessInfo(
+    p = ProcessInfo(
         host=h["host"], pid=h["pid"], rank=h["rank"], local_rank=h["local_rank"],
         world_size=h["world_size"], run_id=h["run_id"],
         state=state or live_state(h),
@@ -104,6 +104,175 @@ def process_from_ring(ring, state=None):
         meta=dict(ring.meta, dump_signal=h["dump_signal"], proc_start_ticks=h["proc_start_ticks"],
                   progress_count=h["progress_count"]),
         ring_path=ring.path, warnings=list(ring.warnings))
+    p.memory = _mem_samples(recs)  # issue 5
+    return p
+
+
+# --- memory (issue 5): samples from the ring, and OOM evidence read at collection time ---
+def _mem_samples(records):
+    try:
+        from .memory import samples
+        return samples(records)
+    except Exception:
+        return []
+
+
+_KILLED_RE = None
+
+
+def _kernel_re():
+    global _KILLED_RE
+    if _KILLED_RE is None:
+        import re
+        _KILLED_RE = (re.compile(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(.*)"),
+                      re.compile(r"oom-kill:.*?\bpid=(\d+)"), re.compile(r"anon-rss:(\d+)kB"),
+                      re.compile(r"oom_memcg=([^,\s]+)"))
+    return _KILLED_RE
+
+
+def parse_kernel_oom(lines):
+    """Kernel log lines -> {pid: {'line', 'anon_rss' (bytes), 'memcg', 'mono_s', 'scope'}}.
+
+    Recognises the OOM killer's "Memory cgroup out of memory: Killed process N (name)
+    total-vm:..kB, anon-rss:..kB, ..." (cgroup limit), "Out of memory: Killed process N"
+    (the whole host) and the "oom-kill:constraint=...,oom_memcg=...,task=...,pid=N" summary
+    (Linux mm/oom_kill.c). ``lines``: iterable of ``(mono_s or None, text)``.
+    """
+    killed, summary, anon, memcg = _kernel_re()
+    out = {}
+    for mono, text in lines:
+        m = killed.search(text)
+        if m:
+            pid = int(m.group(1))
+            d = out.setdefault(pid, {})
+            d["line"] = text.strip()[:400]
+            d["name"] = m.group(2)
+            d["mono_s"] = mono
+            d["scope"] = "cgroup" if "Memory cgroup" in text else "host"
+            a = anon.search(text)
+            if a:
+                d["anon_rss"] = int(a.group(1)) * 1024
+            continue
+        m = summary.search(text)
+        if m:
+            d = out.setdefault(int(m.group(1)), {})
+            c = memcg.search(text)
+            if c:
+                d["memcg"] = c.group(1)
+            d.setdefault("mono_s", mono)
+            d.setdefault("line", text.strip()[:400])
+    return out
+
+
+def read_kernel_log():
+    """Kernel log as ``(lines, status)``: ``lines`` [(mono_s, text)]; ``status`` 'read' or
+    why not. /dev/kmsg first (records ``prio,seq,usec,flags;text``), then ``dmesg``."""
+    import errno
+    lines = []
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        fd, why = None, "/dev/kmsg: %s" % e.strerror
+    if fd is not None:
+        try:
+            for _ in range(200000):
+                try:
+                    rec = os.read(fd, 8192)
+                except OSError as e:
+                    if e.errno == errno.EPIPE:  # overwritten while reading: go on
+                        continue
+                    if e.errno == errno.EAGAIN:
+                        break
+                    raise
+                if not rec:
+                    break
+                head, _, text = rec.decode("utf-8", "replace").partition(";")
+                f = head.split(",")
+                try:
+                    mono = int(f[2]) / 1e6
+                except (IndexError, ValueError):
+                    mono = None
+                lines.append((mono, text.split("\n", 1)[0]))
+            return lines, "read"
+        except OSError as e:
+            why = "/dev/kmsg: %s" % e.strerror
+        finally:
+            os.close(fd)
+    import subprocess
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5)
+        if out.returncode == 0:
+            for ln in out.stdout.splitlines():
+                mono = None
+                if ln.startswith("[") and "]" in ln:
+                    try:
+                        mono = float(ln[1:ln.index("]")])
+                    except ValueError:
+                        pass
+                    ln = ln[ln.index("]") + 1:].strip()
+                lines.append((mono, ln))
+            return lines, "read"
+        why += "; dmesg: %s" % (out.stderr.strip()[:100] or "status %d" % out.returncode)
+    except (OSError, subprocess.SubprocessError) as e:
+        why += "; dmesg: %s" % e
+    return [], why
+
+
+def _read_int_file(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096)
+    except OSError:
+        return None
+
+
+def memory_facts(p, cache=None):
+    """Collection-time OOM evidence for a dead process of this host (dict, see
+    ``ProcessInfo.memory_facts``); {} for live or foreign processes. ``cache`` (a dict
+    shared over one collection) keeps the kernel log read once."""
+    facts = {}
+    if p.host != _HOST or not (p.state == "killed" or (p.state == "exited" and p.exit_code not in (0, None))):
+        return facts
+    try:
+        from ..hooks.memory import parse_oom_kill
+        d = (p.meta or {}).get("mem_cgroup")
+        ver = (p.meta or {}).get("mem_cgroup_version")
+        if d:
+            facts["cgroup_dir"] = d
+            raw = _read_int_file(os.path.join(d, "memory.oom_control" if ver == 1 else "memory.events"))
+            facts["cgroup_exists"] = raw is not None
+            if raw is not None:
+                n = parse_oom_kill(raw)
+                facts["cgroup_oom_kill_now"] = n if n >= 0 else None
+        if cache is not None and "kernel" in cache:
+            klines, status = cache["kernel"]
+        else:
+            klines, status = read_kernel_log()
+            klines = parse_kernel_oom(klines)
+            if cache is not None:
+                cache["kernel"] = (klines, status)
+        facts["kernel_log"] = status
+        k = klines.get(p.pid)
+        if k:
+            # a line for this pid after the process started (pids are reused)
+            ok = True
+            if k.get("mono_s") is not None and p.start_wall_ns:
+                wall = time.time() - (time.clock_gettime(time.CLOCK_MONOTONIC) - k["mono_s"])
+                ok = wall * 1e9 >= p.start_wall_ns - 2e9
+            if ok:
+                facts["kernel_oom"] = k
+        try:
+            with open("/proc/meminfo") as f:
+                for ln in f:
+                    if ln.startswith("MemTotal:"):
+                        facts["host_mem_total"] = int(ln.split()[1]) * 1024
+                        break
+        except (OSError, ValueError):
+            pass
+    except Exception as e:  # evidence gathering must not stop a collection
+        facts["error"] = repr(e)
+    return facts
+# --- end memory ---
 
 
 def _error_line(path, e):
@@ -117,8 +286,22 @@ def load_rings(ring_dir, run_dir=None, states=None):
 
     ``states`` maps ``"host:pid"`` to a stored state (snapshots); without it the state
     is checked live. Signal files are read from ``run_dir`` (default ``ring_dir``).
+    The garbage collector is paused meanwhile: millions of record dicts are allocated
+    and none is garbage (20-30 % faster on 512 rings, benchmarks/README.md).
     """
+    import gc
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _load_rings(ring_dir, run_dir, states)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _load_rings(ring_dir, run_dir, states):
     procs, errors = [], []
+    kcache = {}
     for path in sorted(glob.glob(os.path.join(ring_dir, RING_GLOB))):
         try:
             ring = F.read_ring(path)
@@ -131,6 +314,10 @@ def load_rings(ring_dir, run_dir=None, states=None):
         if st:
             p.exit_code = st.get("exit_code", p.exit_code)
         p.signals = read_signal_files(run_dir or ring_dir, p.host, p.pid)
+        if st:
+            p.memory_facts = st.get("memory_facts") or {}
+        else:
+            p.memory_facts = memory_facts(p, kcache)  # issue 5
         for w in p.warnings:
             errors.append("%s: %s" % (path, w))
         procs.append(p)
@@ -266,7 +453,8 @@ def take_snapshot(run_dir, reason="request", native=False, with_stacks=True):
     meta = {"run_dir": os.path.abspath(run_dir), "taken_wall_ns": time.time_ns(), "reason": reason,
             "errors": snap.errors,
             "processes": {p.key: {"state": p.state, "exit_code": p.exit_code, "rank": p.rank,
-                                  "stack_error": p.stack_error} for p in snap.processes}}
+                                  "stack_error": p.stack_error, "memory_facts": p.memory_facts}
+                          for p in snap.processes}}
     with open(os.path.join(sdir, "processes.json"), "wb") as f:
         f.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     return snap

@@ -56,6 +56,25 @@ K_COLL, K_P2P, K_GROUP, K_PHASE_ENTER, K_PHASE_EXIT, K_STEP, K_HEARTBEAT, K_EVEN
 KIND_NAMES = {K_COLL: "collective", K_P2P: "p2p", K_GROUP: "group", K_PHASE_ENTER: "phase_enter",
               K_PHASE_EXIT: "phase_exit", K_STEP: "step", K_HEARTBEAT: "heartbeat",
               K_EVENT: "event", K_MEM: "memory"}
+# Memory records (kind K_MEM, issue 5; writer: hooks/memory.py via Recorder.memory,
+# reader: tracer/memory.py). The generic slot fields are reused, no layout change:
+#   op     = sample source: MEM_TIMER 1, MEM_ENTER 2 (just after a phase was entered),
+#            MEM_EXIT 3 (just before it is left), MEM_STEP 4 (tracer.step), MEM_OOM 5 (an
+#            out-of-memory error: CUDA allocator observer, or an OOM exception leaving a
+#            phase / reaching sys.excepthook)
+#   group  = string id of what was sampled: 'host', 'cuda:N', 'gauge:<name>'
+#   phase, step, thread, t_*: as for every record
+#   a0..a4 = host:   rss bytes, swap bytes, cgroup usage bytes, cgroup limit bytes
+#                    (0 = no limit), cgroup oom_kill count
+#            cuda:N: allocated, reserved, peak allocated, device free, device total (bytes)
+#                    (MEM_OOM from the allocator: a0 = bytes requested, a1 = the
+#                    allocator's device figure, a3 = device free)
+#            gauge:  a0 = value bytes, a1 = limit bytes (0 = none)
+#   -1 = unknown / unreadable. decode_slots reports ``op`` through OPS (1 -> 'all_reduce'
+#   ...); tracer/memory.py maps it back with OP_IDS.
+MEM_TIMER, MEM_ENTER, MEM_EXIT, MEM_STEP, MEM_OOM = 1, 2, 3, 4, 5
+MEM_SOURCES = ("", "timer", "phase_enter", "phase_exit", "step", "oom")
+
 # record states
 S_ISSUED, S_COMPLETED, S_FAILED = 1, 2, 3
 STATE_NAMES = {0: "none", S_ISSUED: "issued", S_COMPLETED: "completed", S_FAILED: "failed"}
@@ -229,12 +248,13 @@ def decode_slots(slots, nslots, strings):
     """
     S = strings.get
     out = []
-    pos = 0
-    for rec in SLOT.iter_unpack(slots):
-        idx = rec[0]
+    # First only the 8-byte index of every slot (one C-level pass), then unpack just the
+    # valid ones: an unfilled ring costs almost nothing.
+    idxs = memoryview(slots).cast("B").cast("Q")[::SLOT_SIZE // 8].tolist()
+    unpack = SLOT.unpack_from
+    for pos, idx in enumerate(idxs):
         if idx and (idx - 1) % nslots == pos:
-            out.append(rec)
-        pos += 1
+            out.append(unpack(slots, pos * SLOT_SIZE))
     out.sort(key=lambda r: r[0])
     if out:
         newest = out[-1][0]
