@@ -103,6 +103,16 @@ def _hook_ray(module):
 # --- end ray ---
 
 
+# --- memory (issue 5): sampler thread 'hangtrace-memory', see hooks/memory.py ---
+def _start_memory(rt, forked=False):
+    try:
+        from . import memory
+        memory.start(rt, forked=forked)
+    except Exception as e:
+        rt.log("memory sampling failed to start: %r" % (e,), "mem-start")
+# --- end memory ---
+
+
 def _register_import_hooks():
     import wrapt
     if "torch.distributed" in sys.modules:
@@ -133,6 +143,7 @@ def _after_fork_child():
         if "torch.distributed" in sys.modules:
             from . import torch_dist
             torch_dist.reset_after_fork(rt.recorder)
+        _start_memory(rt, forked=True)  # issue 5: the parent's sampler thread is not here
     except Exception as e:
         _active = None
         api._set_recorder(None)
@@ -182,6 +193,7 @@ def activate():
             _register_import_hooks()
         except Exception as e:
             rt.log("import hooks failed: %r" % (e,), "import-hooks")
+        _start_memory(rt)  # issue 5
         try:
             os.register_at_fork(after_in_child=_after_fork_child)
         except Exception as e:

@@ -14,13 +14,21 @@ Recorder sees those.
 Sequence numbers are ours, counted per group name: collectives on one counter, p2p
 on one counter per (group, peer). Every rank that calls the same Python API in the
 same order gets the same numbers, which is what the cross-rank alignment needs.
+
+Per-call work: with the optional C extension (``_fastrec``, see ``_wrap``) each wrapper's
+``__call__`` is a ``_fastrec.Call`` that does what ``_make_wrapper``'s ``call`` does and
+calls back into Python only on cache misses and rare cases; ``HANGTRACE_PURE_PYTHON=1``
+or a build without a compiler gives the Python ``call``, with the same records.
 """
+import functools
 import inspect
+import sys
 import threading
 
 import wrapt
 
 from ..tracer import format as F
+from .recorder import _fastrec
 
 # name -> (input tensor parameter or None, peer parameter names, is_p2p, payload kind)
 # payload kind: "t" tensor, "tl" list of tensors, "o" python object, "ol" object list, None
@@ -73,6 +81,21 @@ class State:
         self.fault = False
 
 
+if _fastrec is not None:
+    class _FastState(_fastrec.StateBase, State):
+        """State whose fields the C wrappers (``_fastrec.Call``) read directly; ``rec``
+        also keeps the recorder's C Ring (None for a pure-Python recorder)."""
+
+
+def _new_state(recorder, log):
+    """A State for ``recorder``: the C-readable one when the recorder has a C Ring."""
+    if _fastrec is not None and getattr(recorder, "_fast", None) is not None:
+        return _FastState(recorder, log)
+    return State(recorder, log)
+
+
+# The current State (None = not recording). The C wrappers read this global at every
+# call, exactly as the Python ones do.
 _state = None
 _installed = {}  # attribute name -> original function
 
@@ -269,14 +292,46 @@ class _FastFunctionWrapper(wrapt.FunctionWrapper):
 
 
 def _wrap(name, orig, params):
-    """The installed wrapper of ``orig`` (a ``wrapt.FunctionWrapper`` instance)."""
+    """The installed wrapper of ``orig`` (a ``wrapt.FunctionWrapper`` instance).
+
+    Its class's ``__call__`` is the C ``_fastrec.Call`` when the current State is C
+    readable (extension built, recorder with a C Ring), else the Python ``call``. The C
+    call has no ``__get__``, so the type slot calls it with the call's own arguments; it
+    does what ``call`` does and falls back to ``call`` itself when ``_state`` is a
+    plain-Python State or fault injection is on.
+    """
     call = _make_wrapper(name, params)
 
     def wrapper(wrapped, instance, args, kwargs):  # wrapt's protocol (bound use)
         return call(_Callee(wrapped), *args, **kwargs)
 
-    cls = type("FunctionWrapper", (_FastFunctionWrapper,), {"__call__": call, "__module__": __name__})
+    fast = None
+    if _fastrec is not None and isinstance(_state, _FastState):
+        try:
+            fast = _fast_call(name, orig, params, call)
+        except Exception as e:  # the Python call records the same
+            _state.log("C wrapper of %s unavailable, Python used: %r" % (name, e), "fastcall-" + name)
+    cls = type("FunctionWrapper", (_FastFunctionWrapper,), {"__call__": fast or call, "__module__": __name__})
     return cls(orig, wrapper)
+
+
+def _global_rank(group, rank):
+    return _state.dist.get_global_rank(group, rank)
+
+
+def _fast_call(name, orig, params, call):
+    """The C recording call of ``name`` (``_fastrec.Call``), same arguments as ``call``."""
+    tparam, peer_params, is_p2p, pkind = SPECS[name]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        _fastrec.set_tensor_type(torch.Tensor)
+    pos = {p: i for i, p in enumerate(params)}
+    peers = tuple((pos.get(p, _ABSENT), p, p.startswith("group_")) for p in peer_params)
+    return _fastrec.Call(orig, functools.partial(call, _Callee(orig)), name, F.OP_IDS[name],
+                         F.K_P2P if is_p2p else F.K_COLL, is_p2p, pkind, tparam,
+                         pos.get(tparam, _ABSENT) if tparam else _ABSENT, pos.get("group", _ABSENT),
+                         pos.get("async_op", _ABSENT), peers, name in ("isend", "irecv"), globals(), _busy,
+                         (_group_entry, _shape_id, _dtype_id, _payload, _on_work_done, _finish_error, _global_rank))
 
 
 def _finish_error(idx, e):
@@ -504,7 +559,7 @@ def install(dist, recorder, log):
     import os
     from ..tracer import config
     if _state is None:
-        _state = State(recorder, log)
+        _state = _new_state(recorder, log)
         _state.dist = dist
         _state.fault = os.environ.get(config.FAULT) == "recorder"
     c10d = dist.distributed_c10d

@@ -105,6 +105,13 @@ How the verdict is reached
    "moving on".
    Transport failures with no dead rank and no hang culprit -> 'transport-error' naming
    the first rank to fail; the rest are cascade.
+   *Memory evidence* (issue 5, ``tracer/memory.py``, ``docs/MEMORY.md``) then refines a
+   death's cause: 'host-oom-kill' (kernel OOM-killer line for the pid, or its cgroup's
+   oom_kill counter rose after its last sample), 'ray-memory-monitor' (Ray's own record),
+   'cuda-oom' (torch's OutOfMemoryError / the allocator's OOM observer),
+   'sigterm-external' (SIGTERM with memory well below the limit: not an OOM); a death
+   without a record keeps its lower-bound failure time. ``details['memory']`` carries
+   the ledger, kept-across flags, trends, attribution and advice.
 
 Performance: one pass over every record list plus work linear in the group sizes of the
 instances ranks are blocked in; 4,096 ranks x 2,000 records is a few seconds in CPython.

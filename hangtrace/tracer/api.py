@@ -1,4 +1,8 @@
-"""Public phase API: ``phase(name, step=None)``, ``step(n)``, ``heartbeat()``.
+"""Public phase API: ``phase(name, step=None)``, ``step(n)``, ``heartbeat()``,
+``gauge(name, fn, limit=None)`` (memory the tool cannot see, issue 5).
+
+Phase entry/exit and steps also take a memory sample when memory sampling is on
+(``hooks/memory.py``; ``HANGTRACE_MEM=0`` turns it off).
 
 Free no-ops when tracing is off (no recorder installed): ``phase()`` then returns one
 shared do-nothing object. Imported in every traced process: standard library only.
@@ -11,6 +15,41 @@ _recorder = None  # set by hangtrace.hooks.bootstrap when tracing is on
 def _set_recorder(rec):
     global _recorder
     _recorder = rec
+
+
+# --- memory (issue 5): the sampler (hooks/memory.py) and the gauges it reads ---
+_sampler = None  # set by hangtrace.hooks.memory when memory sampling is on
+_gauges = {}     # name -> (fn, limit bytes or None); read by the sampler
+
+
+def _set_sampler(sampler):
+    global _sampler
+    _sampler = sampler
+
+
+def gauge(name, fn, limit=None):
+    """Register memory hangtrace cannot see itself (an inference engine's KV pool, a
+    pinned-host cache, ...), sampled like host and CUDA memory: at every phase entry and
+    exit, every step and on the timer, into this process's flight record.
+
+    ``name``: str (recorded as ``gauge:<name>``); ``fn()``: returns the bytes in use (int),
+    or ``(bytes, limit_bytes)``; ``limit``: the budget in bytes (int) when ``fn`` returns
+    only bytes, for "peak vs limit" and the projected step at which it is reached.
+    Registering a name again replaces it; ``fn=None`` removes it. ``fn`` runs on the
+    caller's thread at phase boundaries and on the sampler thread; it must be cheap and
+    thread-safe; its exceptions are swallowed (logged once). A free no-op when tracing is
+    off; never raises.
+    """
+    if _recorder is None:
+        return
+    try:
+        if fn is None:
+            _gauges.pop(str(name), None)
+        else:
+            _gauges[str(name)] = (fn, int(limit) if limit else None)
+    except Exception as e:
+        _report(e)
+# --- end memory ---
 
 
 def _report(e):
@@ -38,11 +77,19 @@ class _Phase:
                 rec.phase_enter(self.name, self.step)
             except Exception as e:
                 _report(e)
+            s = _sampler
+            if s is not None:
+                s.sample(2)  # MEM_ENTER; never raises
         return self
 
     def __exit__(self, etype, evalue, tb):
         rec = _recorder
         if rec is not None:
+            s = _sampler
+            if s is not None:
+                if etype is not None:
+                    s.on_exception(etype, evalue)  # an OOM error leaving a phase: MEM_OOM sample
+                s.sample(3)  # MEM_EXIT; never raises
             try:
                 rec.phase_exit(self.name, None if etype is None else "%s: %s" % (etype.__name__, evalue))
             except Exception as e:
@@ -96,6 +143,9 @@ def step(n):
             rec.step(n)
         except Exception as e:
             _report(e)
+        s = _sampler
+        if s is not None:
+            s.sample(4)  # MEM_STEP
 
 
 def heartbeat():

@@ -52,6 +52,12 @@ class ProcessInfo:
     stack_error: Optional[str] = None
     ring_path: Optional[str] = None
     warnings: List[str] = field(default_factory=list)
+    # memory samples decoded from the ring's K_MEM records (tracer.memory.samples), and
+    # facts gathered at collection time: 'cgroup_dir', 'cgroup_oom_kill_now',
+    # 'kernel_oom' {'line', 'anon_rss', 'memcg', ...}, 'kernel_log' ('read' | why not),
+    # 'host_mem_total' (issue 5)
+    memory: List[Dict[str, Any]] = field(default_factory=list)
+    memory_facts: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def key(self):

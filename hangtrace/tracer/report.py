@@ -49,6 +49,13 @@ _DEAD_NEXT = {
     "killed-without-record": ("no handler ran: check the kernel log (dmesg) for the OOM killer, the "
                               "cgroup's memory.events/memory.oom_control, Ray's memory monitor and the "
                               "raylet log for who killed the pid"),
+    # issue 5 (memory attribution); the evidence-specific advice is in details['memory']['advice']
+    "host-oom-kill": "see the memory ledger and trend: which phase grows, and the peak against the limit",
+    "ray-memory-monitor": ("lower the memory use on that node (workers per node, batch sizes) or adjust "
+                           "RAY_memory_usage_threshold; see the memory figures of the rank"),
+    "cuda-oom": "see the memory ledger: memory kept by earlier phases or steps is what the failing phase could not get",
+    "sigterm-external": ("not an OOM: find who sent SIGTERM (scheduler preemption, Ray stopping the actor, a "
+                         "user, a health check)"),
 }
 
 
@@ -141,6 +148,94 @@ def _ray_text(diag):
             out += " Ray says (rank %s): \"%s\"." % (r, " ".join(str(x.get("text")).split())[:240])
     return out
 # --- end Ray ---
+
+
+# --- memory (issue 5): attribution figures, kept-across flags, trends, the ledger ---
+def _fb(n):
+    from .memory import fmt_bytes
+    return fmt_bytes(n)
+
+
+def _memory_text(diag):
+    mem = (diag.details or {}).get("memory") or {}
+    if not mem:
+        return ""
+    out = ""
+    for r in diag.culprit_ranks[:2]:
+        a = (mem.get("attribution") or {}).get(str(r)) or {}
+        at = a.get("at_death") or {}
+        if at.get("limit") and (at.get("cgroup_usage") is not None or at.get("rss") is not None):
+            v = at.get("cgroup_usage") if at.get("cgroup_usage") is not None else at.get("rss")
+            out += " Memory (rank %s): %s of limit %s at its last sample (%s%s), peak %s." % (
+                r, _fb(v), _fb(at["limit"]), "phase '%s', " % at["phase"] if at.get("phase") else "",
+                "step %s" % at.get("step"), _fb(at.get("peak")))
+    for f in (mem.get("kept_across") or [])[:1]:
+        out += (" Memory kept across phases (rank %s): %s of %s kept across %s on step%s %s, released on "
+                "step%s %s." % (f["rank"], _fb(f["bytes_kept_median"]), f["metric"], " -> ".join(f["sequence"]),
+                                "s" if len(f["kept_steps"]) > 1 else "", ", ".join(map(str, f["kept_steps"][:6])),
+                                "s" if len(f["released_steps"]) > 1 else "",
+                                ", ".join(map(str, f["released_steps"][:6]))))
+    for t in (mem.get("trends") or [])[:1]:
+        out += " Memory growth (rank %s): %s +%s/step%s%s." % (
+            t["rank"], t["metric"], _fb(t["bytes_per_step"]),
+            " in phase '%s'" % t["growing_phase"] if t.get("growing_phase") else "",
+            "; limit %s reached at about step %s" % (_fb(t["limit"]), t["projected_limit_step"])
+            if t.get("projected_limit_step") is not None else "")
+    adv = mem.get("advice") or []
+    if adv and (mem.get("kept_across") or mem.get("trends") or diag.cause in (
+            "host-oom-kill", "ray-memory-monitor", "cuda-oom")):
+        out += " Memory advice: %s." % adv[0]
+    return out
+
+
+def _memory_section(diag, max_rows=60):
+    mem = (diag.details or {}).get("memory") or {}
+    if not mem:
+        return []
+    out = ["Memory:"]
+    for r, a in sorted((mem.get("attribution") or {}).items(), key=lambda kv: int(kv[0]))[:4]:
+        if a.get("cause") != a.get("base_cause"):
+            out.append("  rank %s: cause %s (from %s): %s" % (r, a.get("cause"), a.get("base_cause"),
+                                                             (a.get("cause_text") or "")[:300]))
+    for ln in mem.get("evidence") or ():
+        out.append("  - %s" % ln)
+    for ln in mem.get("advice") or ():
+        out.append("  advice: %s" % ln)
+    rows = mem.get("ledger") or []
+    if rows:
+        flagged = {(f["rank"], f["metric"]) for f in mem.get("kept_across") or ()}
+        trending = {(t["rank"], t["metric"]) for t in mem.get("trends") or ()}
+        marks = {}
+        for f in mem.get("kept_across") or ():
+            for st in f["kept_steps"]:
+                marks[(f["rank"], f["metric"], st, f["grown_in"])] = "!"
+        pick = flagged | trending
+        if not pick:
+            for r in {x["rank"] for x in rows}:
+                ms = [x["metric"] for x in rows if x["rank"] == r]
+                pick.add((r, "cgroup" if "cgroup" in ms else ms[0]))
+        sel = [x for x in rows if (x["rank"], x["metric"]) in pick]
+        focus = [int(c) for c in diag.culprit_ranks]
+        sel.sort(key=lambda x: (x["rank"] not in focus, x["rank"], x["metric"]))
+        out.append("  Ledger (memory just after entering / just before leaving each phase; '!' = kept across "
+                   "the phase boundary):")
+        header = ("rank", "step", "phase", "metric", "enter", "exit", "delta", "")
+        table = []
+        for x in sel[-max_rows:] if len(sel) > max_rows else sel:
+            table.append((str(x["rank"]), "-" if x["step"] is None else str(x["step"]),
+                          "  " * (x.get("depth") or 0) + str(x["phase"]), x["metric"], _fb(x["enter"]),
+                          _fb(x["exit"]) if x["exit"] is not None else "(open: %s)" % _fb(x.get("last")),
+                          "" if x["delta"] is None else ("+" if x["delta"] >= 0 else "-") + _fb(abs(x["delta"])),
+                          marks.get((x["rank"], x["metric"], x["step"], x["phase"]), "")))
+        widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(header)]
+        fmt = "  ".join("%%-%ds" % w for w in widths)
+        out.append(("    " + fmt % header).rstrip())
+        out.extend(("    " + fmt % t).rstrip() for t in table)
+        if len(sel) > max_rows:
+            out.append("    ... %d earlier rows in the JSON (details.memory.ledger)" % (len(sel) - max_rows))
+    out.append("")
+    return out
+# --- end memory ---
 
 
 def verdict_paragraph(diag):
@@ -241,6 +336,7 @@ def verdict_paragraph(diag):
             s += " (%s)" % coll
         s += "."
     s += _ray_text(diag)  # issue 4
+    s += _memory_text(diag)  # issue 5
     nxt = _DEAD_NEXT.get(diag.cause if diag.cause in _DEAD_NEXT else "", None) if k == "dead-rank" else _NEXT.get(k)
     if k == "dead-rank" and nxt is None and (diag.cause or "").startswith("exit-code"):
         nxt = "read that rank's log around its exit; a non-zero exit without an exception is often sys.exit or a launcher"
@@ -358,6 +454,7 @@ def text_report(diag, snapshot, max_rows=512, width=100):
                 r, _ray_actor_label(a), (a.get("actor_id") or "?")[:16], (a.get("node_id") or "?")[:12],
                 a.get("pid"), "; Ray says: %s" % " ".join(str(says[r]["text"]).split())[:300] if r in says else ""))
         out.append("")
+    out.extend(_memory_section(diag))  # issue 5
     out.append("Ranks:")
     out.extend("  " + ln for ln in _rank_rows(diag, snapshot, max_rows))
     out.append("")

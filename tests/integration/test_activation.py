@@ -203,7 +203,9 @@ def test_forked_child_without_a_ring_leaves_the_parents_alone(tmp_path):
         assert parent.header["pid"] == p.pid
         assert parent.header["state"] == F.ST_RUNNING and parent.header["step"] == -1
         assert [e["event"] for e in parent.events] == ["start"]
-        assert [r["kind"] for r in parent.records] == ["event"]
+        # the parent's own start-up memory sample (issue 5) aside, only its start event
+        assert [r["kind"] for r in parent.records if r["kind"] != "memory"] == ["event"]
+        assert all(r["step"] is None and r["phase"] is None for r in parent.records)
         assert parent.warnings == []
         # nothing of the child's in the parent's signal files either
         p.stdin.close()
@@ -213,3 +215,19 @@ def test_forked_child_without_a_ring_leaves_the_parents_alone(tmp_path):
         kill_all([p])
     assert "tracing disabled in forked child %s" % child[1] in err
     assert err.count("hangtrace:") == 1, err
+
+
+def test_child_started_with_preexec_fn_is_traced(tmp_path):
+    """subprocess with preexec_fn runs fork hooks in the child before exec: the ring made
+    there must not keep the exec'd program from tracing (same pid, same start time)."""
+    prog = ("import subprocess, sys\n"
+            "p = subprocess.run([sys.executable, '-c', 'from hangtrace import tracer; "
+            "tracer.step(7); print(tracer.enabled())'], preexec_fn=lambda: None, "
+            "capture_output=True, text=True)\n"
+            "print(p.stdout.strip(), p.stderr.strip())\n")
+    out = subprocess.run([sys.executable, "-c", prog], env=base_env(tmp_path), capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() == "True", out
+    rings = [F.read_ring(p) for p in glob.glob(str(tmp_path / "ring-*.htr"))]
+    assert len(rings) == 2
+    assert sorted(r.header["step"] for r in rings) == [-1, 7]
