@@ -142,12 +142,23 @@ def test_vanished_and_non_python_pids():
         stop(procs)
 
 
+def _blocked(pid, polls=4, timeout=20):
+    """Wait until ``pid`` has been asleep (state S) for ``polls`` consecutive 50 ms polls."""
+    import time
+    deadline, n = time.time() + timeout, 0
+    while time.time() < deadline and n < polls:
+        with open("/proc/%d/stat" % pid) as f:
+            n = n + 1 if f.read().rsplit(")", 1)[1].split()[0] == "S" else 0
+        time.sleep(0.05)
+
+
 def test_faulthandler_round_trip(tmp_path):
     dump = tmp_path / "fh.txt"
     procs = []
     try:
         fh = start(FH_CHILD, str(dump))
         procs.append(fh)
+        _blocked(fh.pid)  # "ready" comes just before the blocking call: wait until it sleeps
         assert stacks.signal_caught(fh.pid, signal.SIGUSR2)
         assert not stacks.signal_caught(fh.pid, signal.SIGUSR1)
         # refuses when the caller does not vouch for the handler: no signal sent
