@@ -1,4 +1,5 @@
-"""Only here to ship ``hangtrace.pth`` (the activation line) into site-packages.
+"""Ships ``hangtrace.pth`` (the activation line) into site-packages and builds the
+optional C extension ``hangtrace.hooks._fastrec``.
 
 setup.cfg holds all metadata. A ``.pth`` must sit at the top of site-packages, which
 declarative configuration cannot express; this build_py copies it next to the
@@ -6,7 +7,7 @@ packages, for regular and editable (PEP 660) installs alike.
 """
 import os
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
@@ -51,4 +52,8 @@ class EditableWheelWithPth(editable_wheel):
         return WithPth()
 
 
-setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth})
+# The per-collective hot path in C (hangtrace/hooks/_fastrec.c). Optional: without a
+# compiler the build goes on and hangtrace records through the pure-Python path.
+FASTREC = Extension("hangtrace.hooks._fastrec", ["hangtrace/hooks/_fastrec.c"], optional=True)
+
+setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth}, ext_modules=[FASTREC])

@@ -8,19 +8,22 @@ that machine drift hits every configuration alike.
 Configurations (environment of the child):
 
   base   HANGTRACE unset, TORCH_FR_BUFFER_SIZE=0       (nothing recorded)
-  ht     HANGTRACE=1 (own run dir, AUTO_WATCH=0), FR 0 (hangtrace only)
+  ht     HANGTRACE=1 (own run dir, AUTO_WATCH=0), FR 0 (hangtrace only; C hot path
+         when the extension hangtrace.hooks._fastrec is built)
+  htpy   as ht, plus HANGTRACE_PURE_PYTHON=1           (hangtrace's pure-Python path)
   fr     HANGTRACE unset, TORCH_FR_BUFFER_SIZE=2000    (Flight Recorder only)
   both   HANGTRACE=1 and TORCH_FR_BUFFER_SIZE=2000
 
 Note: in torch 2.13 the Flight Recorder is ON by default (TORCH_FR_BUFFER_SIZE unset
 gives entries too), so the baseline must set it to 0 explicitly. Each child verifies
 after timing that its recorder really recorded: the hangtrace ring's progress counter
-advanced by the number of calls, and ``_dump_fr_trace_json()`` holds ``gloo:all_reduce``
+advanced by the number of calls (and which path recorded: C or Python), and ``_dump_fr_trace_json()`` holds ``gloo:all_reduce``
 entries (gloo does record into the Flight Recorder) -- or holds none when FR is off.
 
 A second, torch-free part times the recorder's ``issue()`` + ``complete()`` pair, the
-full hangtrace wrapper around a no-op function (fake tensor and group), and a bare
-wrapt ``FunctionWrapper`` layer, to show where the added time goes.
+full hangtrace wrapper around a no-op function (fake tensor and group), each through
+the C and the pure-Python path, and a bare wrapt ``FunctionWrapper`` layer, to show
+where the added time goes.
 
 Usage::
 
@@ -43,12 +46,14 @@ import time
 CONFIGS = {
     "base": {"HANGTRACE": None, "TORCH_FR_BUFFER_SIZE": "0"},
     "ht": {"HANGTRACE": "1", "TORCH_FR_BUFFER_SIZE": "0"},
+    "htpy": {"HANGTRACE": "1", "TORCH_FR_BUFFER_SIZE": "0", "HANGTRACE_PURE_PYTHON": "1"},
     "fr": {"HANGTRACE": None, "TORCH_FR_BUFFER_SIZE": "2000"},
     "both": {"HANGTRACE": "1", "TORCH_FR_BUFFER_SIZE": "2000"},
 }
 LABELS = {
     "base": "(a) unwrapped, FR off",
-    "ht": "(b) hangtrace on, FR off",
+    "ht": "(b) hangtrace on (default path), FR off",
+    "htpy": "(b') hangtrace on, pure Python (HANGTRACE_PURE_PYTHON=1), FR off",
     "fr": "(c) Flight Recorder on (2000), hangtrace off",
     "both": "(d) hangtrace + Flight Recorder",
 }
@@ -79,9 +84,13 @@ def child_collective(iters, warmup, batches, ab_pairs):
     ar = dist.all_reduce
     wrapped = isinstance(ar, wrapt.FunctionWrapper)
     rec = None
+    path = None
     if wrapped:
         from hangtrace.hooks import bootstrap
+        from hangtrace.hooks.recorder import _fastrec
         rec = bootstrap.active().recorder
+        call = type(ar).__dict__.get("__call__")
+        path = "C" if _fastrec is not None and isinstance(call, _fastrec.Call) else "Python"
     for _ in range(warmup):
         ar(t)
     progress0 = _ring_progress(rec)
@@ -99,7 +108,7 @@ def child_collective(iters, warmup, batches, ab_pairs):
         wall.append((t1 - t0) / iters)
         cpu_ns.append((c1 - c0) / iters)
     out = {"wall_median": statistics.median(wall), "wall_p10": _p10(wall), "cpu_median": statistics.median(cpu_ns),
-           "wrapped": wrapped}
+           "wrapped": wrapped, "path": path}
     if rec is not None:
         out["ring_progress_delta"] = _ring_progress(rec) - progress0
         out["ring_expected"] = iters * batches
@@ -139,15 +148,18 @@ def _ring_progress(rec):
 
 
 def child_micro(iters, batches):
-    """Torch-free: recorder pair, full wrapper around a no-op, bare wrapt layer."""
+    """Torch-free: recorder pair, full wrapper around a no-op (C and pure-Python paths),
+    bare wrapt layer. Keys ending in ``_py`` are the pure-Python path, ``_c`` the C one."""
+    import inspect
+
     import wrapt
     from hangtrace.hooks import recorder as R
     from hangtrace.hooks import torch_dist as TD
+    from hangtrace.tracer import config
     from hangtrace.tracer import format as F
 
     d = tempfile.mkdtemp(prefix="ht-bench-")
     try:
-        rec = R.Recorder(d, "bench", 16384, lambda msg, key=None: None)
         clock = time.thread_time_ns  # CPU time of this thread: robust against other load
         res = {}
 
@@ -159,12 +171,7 @@ def child_micro(iters, batches):
                 per.append((clock() - t0) / iters)
             res[label] = statistics.median(per)
 
-        issue, complete = rec.issue, rec.complete
         rng = range(iters)
-
-        def pair():
-            for _ in rng:
-                complete(issue(F.K_COLL, 1, 8, 1, 1, 8, 7, -1, 0))
 
         def empty_loop():
             for _ in rng:
@@ -193,15 +200,10 @@ def child_micro(iters, batches):
         class FakeDist:
             distributed_c10d = _C10d
 
-        TD._state = TD.State(rec, lambda msg, key=None: None)
-        TD._state.dist = FakeDist
-
         def noop_all_reduce(tensor, op=None, group=None, async_op=False):
             return None
 
-        import inspect
         params = list(inspect.signature(noop_all_reduce).parameters)
-        ht_w = TD._wrap("all_reduce", noop_all_reduce, params)  # what install() installs
         bare_w = wrapt.FunctionWrapper(noop_all_reduce, lambda w, i, a, k: w(*a, **k))
         ft = FakeTensor()
 
@@ -213,21 +215,42 @@ def child_micro(iters, batches):
             for _ in rng:
                 bare_w(ft)
 
-        def call_ht():
-            for _ in rng:
-                ht_w(ft)
-
-        for fn in (pair, call_ht):  # warm caches (string interning, dicts)
-            fn()
         run("loop", empty_loop)
-        run("issue_complete", pair)
         run("noop_call", call_plain)
         run("wrapt_noop_layer", call_bare)
-        run("hangtrace_wrapper_noop", call_ht)
-        for k in ("issue_complete", "noop_call", "wrapt_noop_layer", "hangtrace_wrapper_noop"):
+        keys = ["noop_call", "wrapt_noop_layer"]
+        modes = [("py", "1")] + ([("c", "0")] if R._fastrec is not None else [])
+        for mode, pure in modes:
+            os.environ[config.PURE_PYTHON] = pure
+            sub = os.path.join(d, mode)
+            os.mkdir(sub)
+            rec = R.Recorder(sub, "bench", 16384, lambda msg, key=None: None)
+            issue, complete = rec.issue, rec.complete
+
+            def pair():
+                for _ in rng:
+                    complete(issue(F.K_COLL, 1, 8, 1, 1, 8, 7, -1, 0))
+
+            TD._state = TD._new_state(rec, lambda msg, key=None: None)  # what install() makes
+            TD._state.dist = FakeDist
+            ht_w = TD._wrap("all_reduce", noop_all_reduce, params)  # what install() installs
+            call = type(ht_w).__dict__["__call__"]
+            res["path_" + mode] = "C" if R._fastrec is not None and isinstance(call, R._fastrec.Call) else "Python"
+
+            def call_ht():
+                for _ in rng:
+                    ht_w(ft)
+
+            for fn in (pair, call_ht):  # warm caches (string interning, dicts)
+                fn()
+            run("issue_complete_" + mode, pair)
+            run("hangtrace_wrapper_noop_" + mode, call_ht)
+            keys += ["issue_complete_" + mode, "hangtrace_wrapper_noop_" + mode]
+            TD._state = None
+            rec.close()
+        os.environ.pop(config.PURE_PYTHON, None)
+        for k in keys:
             res[k] -= res["loop"]
-        TD._state = None
-        rec.close()
         print(json.dumps(res))
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -236,14 +259,14 @@ def child_micro(iters, batches):
 # --------------------------------------------------------------------------- parent
 def _env_for(name, run_dir):
     env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("HANGTRACE_"):
+            del env[k]
     for k, v in CONFIGS[name].items():
         if v is None:
             env.pop(k, None)
         else:
             env[k] = v
-    for k in list(env):
-        if k.startswith("HANGTRACE_"):
-            del env[k]
     if env.get("HANGTRACE"):
         env["HANGTRACE_DIR"] = run_dir
         env["HANGTRACE_AUTO_WATCH"] = "0"
@@ -279,7 +302,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=7, help="fresh processes per configuration")
     ap.add_argument("--ab-pairs", type=int, default=100, help="in-process A/B batch pairs (hangtrace runs)")
-    ap.add_argument("--configs", default="base,ht,fr,both")
+    ap.add_argument("--configs", default="base,ht,htpy,fr,both")
     ap.add_argument("--micro-iters", type=int, default=200000)
     ap.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0,
                     help="niceness increment for the children (negative = higher priority; root only)")
@@ -312,9 +335,10 @@ def main(argv=None):
                 if "ab_added_median" in res:
                     ab[n].append(res["ab_added_median"])
                 checks[n].append({k: v for k, v in res.items() if k not in METRICS})
-                print("  round %d %-5s wall median %7.0f  p10 %7.0f  cpu %7.0f ns/op%s"
+                print("  round %d %-5s wall median %7.0f  p10 %7.0f  cpu %7.0f ns/op%s%s"
                       % (r + 1, n, res["wall_median"], res["wall_p10"], res["cpu_median"],
-                         "  A/B added %+.0f" % res["ab_added_median"] if "ab_added_median" in res else ""),
+                         "  A/B added %+.0f" % res["ab_added_median"] if "ab_added_median" in res else "",
+                         "  (%s path)" % res["path"] if res.get("path") else ""),
                       file=sys.stderr, flush=True)
         micro = [_run_child(["--child", "micro", "--micro-iters", str(a.micro_iters)], _env_for("base", root),
                             a.nice) for _ in range(3)]
@@ -334,6 +358,8 @@ def main(argv=None):
                                                                c.get("ring_expected")))
             if want_fr != bool(c.get("fr_entries")):
                 problems.append("%s: fr_entries=%s" % (n, c.get("fr_entries")))
+            if CONFIGS[n].get("HANGTRACE_PURE_PYTHON") and c.get("path") != "Python":
+                problems.append("%s: path=%s, not Python" % (n, c.get("path")))
 
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
@@ -352,10 +378,15 @@ def main(argv=None):
                     diffs = [x - b for x, b in zip(runs[n][m], runs["base"][m])]
                     added[n] = {"median": statistics.median(diffs), "paired": diffs}
         result["added_ns"][m] = added
-        if "ht" in added and "fr" in added and added["fr"]["median"] > 0:
-            result["ratio_ht_over_fr"][m] = added["ht"]["median"] / added["fr"]["median"]
+        for n in ("ht", "htpy"):
+            if n in added and "fr" in added and added["fr"]["median"] > 0:
+                result["ratio_ht_over_fr"].setdefault(m, {})[n] = added[n]["median"] / added["fr"]["median"]
+    result["paths"] = {n: sorted({str(c.get("path")) for c in checks[n]}) for n in names
+                       if CONFIGS[n]["HANGTRACE"] is not None}
     result["ab_added_ns"] = {n: _stats(v) for n, v in ab.items() if v}
-    result["micro_ns"] = {k: statistics.median(m[k] for m in micro) for k in micro[0]}
+    result["micro_ns"] = {k: statistics.median(m[k] for m in micro) for k in micro[0]
+                          if not k.startswith("path_")}
+    result["micro_paths"] = {k: v for k, v in micro[0].items() if k.startswith("path_")}
     result["micro_runs"] = micro
     result["fr_gloo_check"] = next((c for c in checks.get("fr", []) if c.get("fr_entries")), None)
     result["wall_s"] = round(time.time() - t_start, 1)
@@ -401,9 +432,11 @@ def _table(r, names):
         L.append("| %s | %s |" % (LABELS[n], " | ".join(cells)))
     L.append("")
     L.append("added = median over rounds of (configuration − baseline of the same round), ns per all_reduce.")
+    for n, paths in r.get("paths", {}).items():
+        L.append("- %s: recorded through the **%s** path" % (LABELS[n], " / ".join(paths)))
     for m in METRICS:
-        if m in r["ratio_ht_over_fr"]:
-            L.append("- %s: hangtrace added / Flight Recorder added = **%.2f**" % (m, r["ratio_ht_over_fr"][m]))
+        for n, ratio in r["ratio_ht_over_fr"].get(m, {}).items():
+            L.append("- %s, %s: hangtrace added / Flight Recorder added = **%.2f**" % (m, n, ratio))
     for n, s in r["ab_added_ns"].items():
         L.append("- %s, in-process A/B (wrapper vs. `__wrapped__`, adjacent batches): added **%+.0f** ns "
                  "median [%+.0f … %+.0f] over processes" % (LABELS[n], s["median"], s["min"], s["max"]))
@@ -413,10 +446,14 @@ def _table(r, names):
     L.append("| torch-free micro-benchmark (thread CPU time, median of 3 processes) | ns per call |")
     L.append("|---|---:|")
     m = r["micro_ns"]
-    for k, label in (("issue_complete", "Recorder.issue() + complete()"),
+    for k, label in (("issue_complete_py", "Recorder.issue() + complete(), pure Python"),
+                     ("issue_complete_c", "Recorder.issue() + complete(), C"),
                      ("noop_call", "plain call of a no-op all_reduce(t)"),
                      ("wrapt_noop_layer", "plain wrapt.FunctionWrapper pass-through around it (for scale)"),
-                     ("hangtrace_wrapper_noop", "hangtrace's installed wrapper around it (all of the recording)")):
+                     ("hangtrace_wrapper_noop_py", "hangtrace's installed wrapper around it (all of the recording), "
+                                                   "pure Python"),
+                     ("hangtrace_wrapper_noop_c", "hangtrace's installed wrapper around it (all of the recording), "
+                                                  "C")):
         if k in m:
             L.append("| %s | %.0f |" % (label, m[k]))
     if r["fr_gloo_check"]:

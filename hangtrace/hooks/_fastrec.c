@@ -1,0 +1,1300 @@
+/* hangtrace.hooks._fastrec: the per-collective hot path in C (optional).
+ *
+ * Same behaviour as the pure-Python code it replaces (``recorder.Recorder.issue`` /
+ * ``complete`` and ``torch_dist._make_wrapper``); the pure-Python path stays the
+ * reference and the fallback (no compiler, or HANGTRACE_PURE_PYTHON=1).
+ *
+ * Types:
+ *   Ring       slot writer over the ring file's mmap (docs/FORMAT.md, version 1). Holds
+ *              a Py_buffer of the mapping for its whole life, the record counter, the
+ *              last index, the progress counter, the current step and phase. Methods
+ *              issue(), complete(), slot(), touch(). The GIL makes the counter atomic.
+ *   StateBase  C fields of torch_dist.State (rec -> its Ring, seq/groups/dtypes/shapes
+ *              dicts, log, fault), so the wrapper reads them without attribute lookups.
+ *   Call       the recording call of one wrapped torch.distributed function; installed
+ *              as ``__call__`` of the function's wrapt FunctionWrapper subclass. Reads
+ *              torch_dist's module global ``_state`` at every call (None = pass through;
+ *              a plain-Python State = the Python wrapper ``slow``), keeps the
+ *              per-thread nesting guard in torch_dist's ``_busy`` dict, and calls back
+ *              into Python only on cache misses and rare cases (async completion,
+ *              group-relative peers, list/object payloads, failures).
+ *
+ * Never raises from recording into the caller: recording errors (subclasses of
+ * Exception, as in Python) are reported through the state's log callable; the
+ * wrapped function's return value and exception pass through untouched.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <pythread.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+/* --- ring layout (docs/FORMAT.md; hangtrace/tracer/format.py) ----------------- */
+#define HEADER_SIZE 4096
+#define SLOT_SIZE 128
+#define LIVE_ISSUE_OFF 512 /* next_idx, inflight_idx */
+#define LIVE_DONE_OFF 520  /* inflight_idx, progress_mono_ns, progress_wall_ns, progress_count */
+#define COMPLETE_OFF 72    /* state u8, 3 pad, err u32, t_end_mono_ns u64 */
+#define S_ISSUED 1
+#define S_COMPLETED 2
+#define S_FAILED 3
+#define F_ASYNC 1
+
+static PyObject *StructError; /* struct.error: what struct.pack_into raises on range errors */
+
+static inline void put8(char *p, uint64_t v) { *(unsigned char *)p = (unsigned char)v; }
+static inline void put32(char *p, uint32_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    memcpy(p, &v, 4);
+}
+static inline void put64(char *p, uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    memcpy(p, &v, 8);
+}
+
+/* time.monotonic_ns() and time.time_ns() read these clocks (CPython, Linux). */
+static inline uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+static inline uint64_t wall_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#define U8_MAX_ 255LL
+#define U32_MAX_ 4294967295LL
+#define I32_MIN_ (-2147483648LL)
+#define I32_MAX_ 2147483647LL
+
+/* struct.error with struct's own message for a value v outside [lo, hi]. */
+static void range_error(long long lo, long long hi, long long v) {
+    const char *msg = "argument out of range";
+    if (hi == U8_MAX_)
+        msg = "ubyte format requires 0 <= number <= 255";
+    else if (hi == U32_MAX_ && v >= 0)
+        msg = "'I' format requires 0 <= number <= 4294967295";
+    else if (hi == I32_MAX_)
+        msg = "'i' format requires -2147483648 <= number <= 2147483647";
+    PyErr_SetString(StructError, msg);
+}
+
+/* An integer argument within [lo, hi] (struct's range check; error = struct.error). */
+static int get_int(PyObject *o, long long lo, long long hi, long long *out) {
+    long long v;
+    if (!PyLong_Check(o) && !PyIndex_Check(o)) {
+        PyErr_SetString(StructError, "required argument is not an integer");
+        return -1;
+    }
+    v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_SetString(StructError, "argument out of range");
+        }
+        return -1;
+    }
+    if (v < lo || v > hi) {
+        range_error(lo, hi, v);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* =============================================================================== Ring */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    int have_view;
+    char *base;
+    unsigned long long nslots;
+    unsigned long long counter;  /* last index handed out */
+    unsigned long long last;     /* newest index written (Recorder._last) */
+    unsigned long long progress; /* Recorder._progress */
+    long long step;              /* Recorder._step */
+    unsigned int cur_phase;      /* Recorder._cur_phase */
+    PyObject *threads;           /* dict: thread ident -> thread name strid (Recorder._threads) */
+    PyObject *phases;            /* dict: thread ident -> [(phase strid, name), ...] (Recorder._phase) */
+    PyObject *thread_id;         /* callable() -> strid of the calling thread (cache miss) */
+    PyObject *intern;            /* callable(text) -> strid */
+} RingObject;
+
+static PyTypeObject RingType;
+
+static int ring_check(RingObject *r) {
+    if (r->base == NULL) {
+        PyErr_SetString(PyExc_ValueError, "hangtrace ring released");
+        return -1;
+    }
+    return 0;
+}
+
+static inline char *slot_ptr(RingObject *r, long long idx) {
+    long long n = (long long)r->nslots;
+    long long pos = (idx - 1) % n;
+    if (pos < 0)
+        pos += n; /* Python's modulo for odd indices */
+    return r->base + HEADER_SIZE + pos * SLOT_SIZE;
+}
+
+/* Thread-name strid and innermost phase strid of thread ``ident``. */
+static int ring_thread_phase(RingObject *r, PyObject *ident, unsigned long long *tid, unsigned long long *phase) {
+    PyObject *v = PyDict_GetItemWithError(r->threads, ident); /* borrowed */
+    int truth = 0;
+    if (v != NULL) {
+        truth = PyObject_IsTrue(v);
+        if (truth < 0)
+            return -1;
+    } else if (PyErr_Occurred()) {
+        return -1;
+    }
+    if (truth) {
+        Py_INCREF(v);
+    } else {
+        v = PyObject_CallNoArgs(r->thread_id);
+        if (v == NULL)
+            return -1;
+    }
+    long long t;
+    int rc = get_int(v, 0, U32_MAX_, &t);
+    Py_DECREF(v);
+    if (rc < 0)
+        return -1;
+    *tid = (unsigned long long)t;
+
+    PyObject *st = PyDict_GetItemWithError(r->phases, ident);
+    if (st == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        *phase = r->cur_phase;
+        return 0;
+    }
+    Py_INCREF(st);
+    truth = PyObject_IsTrue(st);
+    if (truth <= 0) {
+        Py_DECREF(st);
+        if (truth < 0)
+            return -1;
+        *phase = r->cur_phase;
+        return 0;
+    }
+    PyObject *top = PySequence_GetItem(st, -1);
+    Py_DECREF(st);
+    if (top == NULL)
+        return -1;
+    PyObject *sid = PySequence_GetItem(top, 0);
+    Py_DECREF(top);
+    if (sid == NULL)
+        return -1;
+    rc = get_int(sid, 0, U32_MAX_, &t);
+    Py_DECREF(sid);
+    if (rc < 0)
+        return -1;
+    *phase = (unsigned long long)t;
+    return 0;
+}
+
+/* Write one full slot. Fields as in format.SLOT. Returns the index or 0 with an error set. */
+static unsigned long long ring_write(RingObject *r, PyObject *ident, long long kind, long long flags, long long dtype,
+                                     long long op, long long group, long long seq, long long numel, long long shape,
+                                     long long peer, long long state, long long err, const long long *a,
+                                     int header) {
+    unsigned long long idx, tid, phase;
+    uint64_t now, wall;
+    char buf[SLOT_SIZE];
+    if (ring_check(r) < 0)
+        return 0;
+    idx = ++r->counter;
+    r->last = idx;
+    if (ring_thread_phase(r, ident, &tid, &phase) < 0)
+        return 0;
+    now = mono_ns();
+    wall = wall_ns();
+    memset(buf, 0, sizeof(buf));
+    put64(buf + 0, idx);
+    put8(buf + 8, (uint64_t)kind);
+    put8(buf + 9, (uint64_t)flags);
+    put8(buf + 10, (uint64_t)dtype);
+    put8(buf + 11, (uint64_t)op);
+    put32(buf + 12, (uint32_t)group);
+    put64(buf + 16, (uint64_t)seq);
+    put64(buf + 24, (uint64_t)numel);
+    put32(buf + 32, (uint32_t)shape);
+    put32(buf + 36, (uint32_t)(int32_t)peer);
+    put32(buf + 40, (uint32_t)tid);
+    put32(buf + 44, (uint32_t)phase);
+    put64(buf + 48, (uint64_t)r->step);
+    put64(buf + 56, now);
+    put64(buf + 64, wall);
+    put8(buf + 72, (uint64_t)state);
+    put32(buf + 76, (uint32_t)err);
+    put64(buf + 80, state != S_ISSUED ? now : 0);
+    if (a != NULL) {
+        for (int i = 0; i < 5; i++)
+            put64(buf + 88 + 8 * i, (uint64_t)a[i]);
+    }
+    memcpy(slot_ptr(r, (long long)idx), buf, SLOT_SIZE);
+    if (header) {
+        put64(r->base + LIVE_ISSUE_OFF, idx);
+        put64(r->base + LIVE_ISSUE_OFF + 8, idx);
+    }
+    return idx;
+}
+
+/* Record ``idx`` as completed (no error): in place when not yet overwritten; progress. */
+static int ring_complete_ok(RingObject *r, long long idx) {
+    uint64_t now;
+    char *p;
+    if (ring_check(r) < 0)
+        return -1;
+    now = mono_ns();
+    if ((long long)r->last - idx < (long long)r->nslots) {
+        p = slot_ptr(r, idx) + COMPLETE_OFF;
+        put8(p, S_COMPLETED);
+        p[1] = p[2] = p[3] = 0;
+        put32(p + 4, 0);
+        put64(p + 8, now);
+    }
+    r->progress += 1;
+    p = r->base + LIVE_DONE_OFF;
+    put64(p, 0);
+    put64(p + 8, now);
+    put64(p + 16, wall_ns());
+    put64(p + 24, r->progress);
+    return 0;
+}
+
+static int ring_complete_err(RingObject *r, long long idx, PyObject *err) {
+    uint64_t now;
+    if (ring_check(r) < 0)
+        return -1;
+    now = mono_ns();
+    if ((long long)r->last - idx < (long long)r->nslots) {
+        PyObject *cut = PySequence_GetSlice(err, 0, 4000);
+        if (cut == NULL)
+            return -1;
+        PyObject *sid = PyObject_CallOneArg(r->intern, cut);
+        Py_DECREF(cut);
+        if (sid == NULL)
+            return -1;
+        long long s;
+        int rc = get_int(sid, 0, U32_MAX_, &s);
+        Py_DECREF(sid);
+        if (rc < 0)
+            return -1;
+        if (ring_check(r) < 0)
+            return -1;
+        char *p = slot_ptr(r, idx) + COMPLETE_OFF;
+        put8(p, S_FAILED);
+        p[1] = p[2] = p[3] = 0;
+        put32(p + 4, (uint32_t)s);
+        put64(p + 8, now);
+    }
+    put64(r->base + LIVE_DONE_OFF, 0); /* clear in-flight */
+    return 0;
+}
+
+/* A record whose fields do not fit uses up an index and leaves its slot empty, as in
+ * Python (struct.pack_into raises after next(counter); the slot is then zeroed). */
+static void ring_burn(RingObject *r) {
+    if (r->base != NULL) {
+        r->last = ++r->counter;
+        memset(slot_ptr(r, (long long)r->counter), 0, SLOT_SIZE);
+    }
+}
+
+/* threading.get_ident() of the calling thread as an int object (new reference); the
+ * object is kept per thread, to save an allocation per call. */
+static __thread unsigned long tls_ident_val;
+static __thread PyObject *tls_ident;
+
+static PyObject *current_ident(void) {
+    unsigned long id = PyThread_get_thread_ident();
+    if (tls_ident == NULL || tls_ident_val != id) {
+        PyObject *o = PyLong_FromUnsignedLong(id);
+        if (o == NULL)
+            return NULL;
+        Py_XSETREF(tls_ident, o);
+        tls_ident_val = id;
+    }
+    Py_INCREF(tls_ident);
+    return tls_ident;
+}
+
+/* Ring(mm, nslots, threads, phases, thread_id, intern) */
+static int Ring_init(RingObject *self, PyObject *args, PyObject *kwds) {
+    PyObject *mm, *threads, *phases, *thread_id, *intern;
+    unsigned long long nslots;
+    static char *kwlist[] = {"mm", "nslots", "threads", "phases", "thread_id", "intern", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OKO!O!OO:Ring", kwlist, &mm, &nslots, &PyDict_Type, &threads,
+                                     &PyDict_Type, &phases, &thread_id, &intern))
+        return -1;
+    if (self->have_view) {
+        PyErr_SetString(PyExc_RuntimeError, "Ring already initialised");
+        return -1;
+    }
+    if (nslots == 0) {
+        PyErr_SetString(PyExc_ValueError, "nslots must be > 0");
+        return -1;
+    }
+    if (PyObject_GetBuffer(mm, &self->view, PyBUF_WRITABLE) < 0)
+        return -1;
+    self->have_view = 1;
+    if ((unsigned long long)self->view.len < HEADER_SIZE + nslots * SLOT_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "buffer shorter than the header and slots");
+        return -1;
+    }
+    self->base = (char *)self->view.buf;
+    self->nslots = nslots;
+    self->step = -1;
+    Py_INCREF(threads);
+    Py_XSETREF(self->threads, threads);
+    Py_INCREF(phases);
+    Py_XSETREF(self->phases, phases);
+    Py_INCREF(thread_id);
+    Py_XSETREF(self->thread_id, thread_id);
+    Py_INCREF(intern);
+    Py_XSETREF(self->intern, intern);
+    return 0;
+}
+
+static int Ring_traverse(RingObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->threads);
+    Py_VISIT(self->phases);
+    Py_VISIT(self->thread_id);
+    Py_VISIT(self->intern);
+    if (self->have_view)
+        Py_VISIT(self->view.obj);
+    return 0;
+}
+
+static void ring_release(RingObject *self) {
+    self->base = NULL;
+    if (self->have_view) {
+        self->have_view = 0;
+        PyBuffer_Release(&self->view);
+    }
+}
+
+static int Ring_clear(RingObject *self) {
+    Py_CLEAR(self->threads);
+    Py_CLEAR(self->phases);
+    Py_CLEAR(self->thread_id);
+    Py_CLEAR(self->intern);
+    ring_release(self);
+    return 0;
+}
+
+static void Ring_dealloc(RingObject *self) {
+    PyObject_GC_UnTrack(self);
+    Ring_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int ring_ready(RingObject *self) {
+    if (self->threads == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Ring not initialised");
+        return -1;
+    }
+    return ring_check(self);
+}
+
+PyDoc_STRVAR(Ring_issue_doc,
+             "issue(kind, op, group, seq, numel, shape, dtype, peer, flags) -> idx\n\n"
+             "Write a collective or p2p record (state issued) and the header's next/in-flight index.");
+
+static PyObject *Ring_issue(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long kind, op, group, seq, numel, shape, dtype, peer, flags;
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "issue() takes 9 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (ring_ready(self) < 0)
+        return NULL;
+    if (get_int(args[0], 0, U8_MAX_, &kind) < 0 || get_int(args[1], 0, U8_MAX_, &op) < 0 ||
+        get_int(args[2], 0, U32_MAX_, &group) < 0 || get_int(args[3], LLONG_MIN, LLONG_MAX, &seq) < 0 ||
+        get_int(args[4], LLONG_MIN, LLONG_MAX, &numel) < 0 || get_int(args[5], 0, U32_MAX_, &shape) < 0 ||
+        get_int(args[6], 0, U8_MAX_, &dtype) < 0 || get_int(args[7], I32_MIN_, I32_MAX_, &peer) < 0 ||
+        get_int(args[8], 0, U8_MAX_, &flags) < 0) {
+        ring_burn(self);
+        return NULL;
+    }
+    PyObject *ident = current_ident();
+    if (ident == NULL)
+        return NULL;
+    unsigned long long idx = ring_write(self, ident, kind, flags, dtype, op, group, seq, numel, shape, peer,
+                                        S_ISSUED, 0, NULL, 1);
+    Py_DECREF(ident);
+    if (idx == 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(idx);
+}
+
+PyDoc_STRVAR(Ring_complete_doc,
+             "complete(idx, err=None)\n\n"
+             "Mark record idx completed (or failed with the text err) in place unless the ring\n"
+             "overwrote it meanwhile; count progress (completed) or clear the in-flight index (failed).");
+
+static PyObject *Ring_complete(RingObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *idxo = NULL, *err = Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 2 || nargs + nkw > 2) {
+        PyErr_SetString(PyExc_TypeError, "complete() takes idx and optional err");
+        return NULL;
+    }
+    if (nargs >= 1)
+        idxo = args[0];
+    if (nargs == 2)
+        err = args[1];
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        if (PyUnicode_CompareWithASCIIString(k, "err") == 0 && nargs < 2)
+            err = args[nargs + i];
+        else if (PyUnicode_CompareWithASCIIString(k, "idx") == 0 && nargs < 1)
+            idxo = args[nargs + i];
+        else {
+            PyErr_Format(PyExc_TypeError, "complete() got an unexpected keyword argument %R", k);
+            return NULL;
+        }
+    }
+    if (idxo == NULL) {
+        PyErr_SetString(PyExc_TypeError, "complete() missing argument 'idx'");
+        return NULL;
+    }
+    if (ring_ready(self) < 0)
+        return NULL;
+    long long idx = PyLong_AsLongLong(idxo);
+    if (idx == -1 && PyErr_Occurred())
+        return NULL;
+    if ((err == Py_None ? ring_complete_ok(self, idx) : ring_complete_err(self, idx, err)) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Ring_slot_doc,
+             "slot(kind, op, group, seq, numel, shape, dtype, peer, state, flags, err, a0, a1, a2, a3, a4) -> idx\n\n"
+             "Write any record (Recorder._slot); completed/failed records get t_end = t_issue.");
+
+static PyObject *Ring_slot(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long v[11], a[5];
+    static const long long lo[11] = {0, 0, 0, LLONG_MIN, LLONG_MIN, 0, 0, I32_MIN_, 0, 0, 0};
+    static const long long hi[11] = {U8_MAX_, U8_MAX_, U32_MAX_, LLONG_MAX, LLONG_MAX, U32_MAX_, U8_MAX_, I32_MAX_,
+                                     U8_MAX_, U8_MAX_, U32_MAX_};
+    if (nargs != 16) {
+        PyErr_Format(PyExc_TypeError, "slot() takes 16 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (ring_ready(self) < 0)
+        return NULL;
+    for (int i = 0; i < 11; i++)
+        if (get_int(args[i], lo[i], hi[i], &v[i]) < 0) {
+            ring_burn(self);
+            return NULL;
+        }
+    for (int i = 0; i < 5; i++)
+        if (get_int(args[11 + i], LLONG_MIN, LLONG_MAX, &a[i]) < 0) {
+            ring_burn(self);
+            return NULL;
+        }
+    PyObject *ident = current_ident();
+    if (ident == NULL)
+        return NULL;
+    /* kind, op, group, seq, numel, shape, dtype, peer, state, flags, err */
+    unsigned long long idx =
+        ring_write(self, ident, v[0], v[9], v[6], v[1], v[2], v[3], v[4], v[5], v[7], v[8], v[10], a, 0);
+    Py_DECREF(ident);
+    if (idx == 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(idx);
+}
+
+static PyObject *Ring_touch(RingObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (ring_ready(self) < 0)
+        return NULL;
+    uint64_t now = mono_ns();
+    char *p = self->base + LIVE_DONE_OFF;
+    self->progress += 1;
+    put64(p, 0);
+    put64(p + 8, now);
+    put64(p + 16, wall_ns());
+    put64(p + 24, self->progress);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Ring_release(RingObject *self, PyObject *Py_UNUSED(ignored)) {
+    ring_release(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Ring_methods[] = {
+    {"issue", (PyCFunction)(void (*)(void))Ring_issue, METH_FASTCALL, Ring_issue_doc},
+    {"complete", (PyCFunction)(void (*)(void))Ring_complete, METH_FASTCALL | METH_KEYWORDS, Ring_complete_doc},
+    {"slot", (PyCFunction)(void (*)(void))Ring_slot, METH_FASTCALL, Ring_slot_doc},
+    {"touch", (PyCFunction)Ring_touch, METH_NOARGS, "Count one progress event (header progress fields)."},
+    {"release", (PyCFunction)Ring_release, METH_NOARGS, "Drop the buffer (later writes raise ValueError)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Ring_members[] = {
+    {"nslots", T_ULONGLONG, offsetof(RingObject, nslots), READONLY, "number of slots"},
+    {"counter", T_ULONGLONG, offsetof(RingObject, counter), 0, "last record index handed out"},
+    {"last", T_ULONGLONG, offsetof(RingObject, last), 0, "newest record index written"},
+    {"progress", T_ULONGLONG, offsetof(RingObject, progress), 0, "progress events so far"},
+    {"step", T_LONGLONG, offsetof(RingObject, step), 0, "current step (-1 none)"},
+    {"cur_phase", T_UINT, offsetof(RingObject, cur_phase), 0, "strid of the process's current phase"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject RingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hangtrace.hooks._fastrec.Ring",
+    .tp_basicsize = sizeof(RingObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Ring(mm, nslots, threads, phases, thread_id, intern): C slot writer of a ring file.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Ring_init,
+    .tp_dealloc = (destructor)Ring_dealloc,
+    .tp_traverse = (traverseproc)Ring_traverse,
+    .tp_clear = (inquiry)Ring_clear,
+    .tp_methods = Ring_methods,
+    .tp_members = Ring_members,
+};
+
+/* ========================================================================= StateBase */
+typedef struct {
+    PyObject_HEAD
+    PyObject *rec;
+    RingObject *ring; /* rec._fast when it is a Ring, else NULL */
+    PyObject *log, *seq, *groups, *dtypes, *shapes;
+    int fault;
+} StateObject;
+
+static PyTypeObject StateType;
+
+static int State_traverse(StateObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->rec);
+    Py_VISIT(self->ring);
+    Py_VISIT(self->log);
+    Py_VISIT(self->seq);
+    Py_VISIT(self->groups);
+    Py_VISIT(self->dtypes);
+    Py_VISIT(self->shapes);
+    return 0;
+}
+
+static int State_clear(StateObject *self) {
+    Py_CLEAR(self->rec);
+    Py_CLEAR(self->ring);
+    Py_CLEAR(self->log);
+    Py_CLEAR(self->seq);
+    Py_CLEAR(self->groups);
+    Py_CLEAR(self->dtypes);
+    Py_CLEAR(self->shapes);
+    return 0;
+}
+
+static void State_dealloc(StateObject *self) {
+    PyObject_GC_UnTrack(self);
+    State_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *State_get_rec(StateObject *self, void *closure) {
+    if (self->rec == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(self->rec);
+    return self->rec;
+}
+
+static int State_set_rec(StateObject *self, PyObject *value, void *closure) {
+    RingObject *ring = NULL;
+    if (value == NULL)
+        value = Py_None;
+    if (value != Py_None) {
+        PyObject *f = PyObject_GetAttrString(value, "_fast");
+        if (f == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return -1;
+            PyErr_Clear();
+        } else if (PyObject_TypeCheck(f, &RingType)) {
+            ring = (RingObject *)f;
+        } else {
+            Py_DECREF(f);
+        }
+    }
+    Py_INCREF(value);
+    Py_XSETREF(self->rec, value);
+    Py_XSETREF(self->ring, ring);
+    return 0;
+}
+
+static PyObject *State_get_fault(StateObject *self, void *closure) { return PyBool_FromLong(self->fault); }
+
+static int State_set_fault(StateObject *self, PyObject *value, void *closure) {
+    int t = value == NULL ? 0 : PyObject_IsTrue(value);
+    if (t < 0)
+        return -1;
+    self->fault = t;
+    return 0;
+}
+
+static PyObject *State_get_fast(StateObject *self, void *closure) { return PyBool_FromLong(self->ring != NULL); }
+
+static PyGetSetDef State_getset[] = {
+    {"rec", (getter)State_get_rec, (setter)State_set_rec, "the Recorder (its C Ring is used when it has one)", NULL},
+    {"fault", (getter)State_get_fault, (setter)State_set_fault, "test fault injection flag", NULL},
+    {"fast", (getter)State_get_fast, NULL, "True when the C path records (the recorder has a C Ring)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef State_members[] = {
+    {"log", T_OBJECT, offsetof(StateObject, log), 0, NULL},
+    {"seq", T_OBJECT, offsetof(StateObject, seq), 0, NULL},
+    {"groups", T_OBJECT, offsetof(StateObject, groups), 0, NULL},
+    {"dtypes", T_OBJECT, offsetof(StateObject, dtypes), 0, NULL},
+    {"shapes", T_OBJECT, offsetof(StateObject, shapes), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject StateType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hangtrace.hooks._fastrec.StateBase",
+    .tp_basicsize = sizeof(StateObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "C fields of torch_dist.State read by Call.",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)State_dealloc,
+    .tp_traverse = (traverseproc)State_traverse,
+    .tp_clear = (inquiry)State_clear,
+    .tp_getset = State_getset,
+    .tp_members = State_members,
+};
+
+/* ============================================================================== Call */
+enum { PK_NONE = 0, PK_T, PK_TL, PK_O, PK_OL };
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *wrapped;  /* the original torch function */
+    PyObject *slow;     /* the pure-Python recording call (same arguments) */
+    PyObject *name;     /* op name */
+    PyObject *globals;  /* torch_dist's module dict: "_state" is read per call */
+    PyObject *busy;     /* torch_dist._busy: thread ident -> 1 while inside a wrapped call */
+    PyObject *tparam;   /* payload parameter name or None */
+    PyObject *pkind_s;  /* payload kind string for the Python payload() callback */
+    PyObject *peer_names[2];
+    Py_ssize_t peer_pos[2];
+    int peer_isgroup[2];
+    int npeers;
+    Py_ssize_t tpos, gpos, apos;
+    int op_id, kind, is_p2p, pkind, always_async;
+    PyObject *cb_group, *cb_shape, *cb_dtype, *cb_payload, *cb_work, *cb_fail, *cb_grank;
+    PyObject *rec_key, *done_key;
+} CallObject;
+
+static PyObject *TensorType; /* torch.Tensor (set_tensor_type), or NULL */
+static PyObject *s_state, *s_group, *s_async_op, *s_numel, *s_shape, *s_dtype, *one;
+
+static PyObject *getarg(PyObject *const *args, Py_ssize_t n, PyObject *kwnames, Py_ssize_t pos, PyObject *name) {
+    if (pos < n)
+        return args[pos];
+    if (kwnames != NULL && name != Py_None) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames), i;
+        for (i = 0; i < nk; i++)
+            if (PyTuple_GET_ITEM(kwnames, i) == name)
+                return args[n + i];
+        for (i = 0; i < nk; i++)
+            if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, i), name) == 0)
+                return args[n + i];
+        if (PyErr_Occurred())
+            PyErr_Clear();
+    }
+    return NULL;
+}
+
+/* numel, shape strid, dtype id of a tensor payload (errors: caller zeroes them). */
+static int tensor_payload(CallObject *self, StateObject *S, PyObject *obj, long long *numel, long long *shape,
+                          long long *dtype) {
+    PyObject *v, *shp;
+    if (TensorType != NULL && (PyObject *)Py_TYPE(obj) == TensorType) {
+        /* a plain torch.Tensor: numel() is the product of its sizes (saves a call) */
+        shp = PyObject_GetAttr(obj, s_shape);
+        if (shp == NULL)
+            return -1;
+        long long prod = 1;
+        int ok = PyTuple_Check(shp);
+        for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(shp); i++) {
+            PyObject *d = PyTuple_GET_ITEM(shp, i);
+            long long x = PyLong_CheckExact(d) ? PyLong_AsLongLong(d) : -1;
+            if (x < 0 || (x > 0 && prod > LLONG_MAX / x)) {
+                PyErr_Clear();
+                ok = 0;
+            } else {
+                prod *= x;
+            }
+        }
+        if (ok) {
+            *numel = prod;
+        } else {
+            Py_CLEAR(shp);
+        }
+    } else {
+        shp = NULL;
+    }
+    if (shp == NULL) {
+        v = PyObject_CallMethodNoArgs(obj, s_numel);
+        if (v == NULL)
+            return -1;
+        *numel = PyLong_AsLongLong(v);
+        Py_DECREF(v);
+        if (*numel == -1 && PyErr_Occurred())
+            return -1;
+        shp = PyObject_GetAttr(obj, s_shape);
+        if (shp == NULL)
+            return -1;
+    }
+    v = PyDict_GetItemWithError(S->shapes, shp);
+    if (v != NULL) {
+        Py_INCREF(v);
+    } else if (!PyErr_Occurred()) {
+        v = PyObject_CallOneArg(self->cb_shape, shp);
+    }
+    Py_DECREF(shp);
+    if (v == NULL)
+        return -1;
+    *shape = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (*shape == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *dt = PyObject_GetAttr(obj, s_dtype);
+    if (dt == NULL)
+        return -1;
+    v = PyDict_GetItemWithError(S->dtypes, dt);
+    Py_DECREF(dt);
+    if (v != NULL) {
+        Py_INCREF(v);
+    } else if (!PyErr_Occurred()) {
+        v = PyObject_CallOneArg(self->cb_dtype, obj);
+    }
+    if (v == NULL)
+        return -1;
+    *dtype = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (*dtype == -1 && PyErr_Occurred())
+        return -1;
+    return 0;
+}
+
+static int other_payload(CallObject *self, PyObject *obj, long long *numel, long long *shape, long long *dtype) {
+    PyObject *r = PyObject_CallFunctionObjArgs(self->cb_payload, self->pkind_s, obj, NULL);
+    if (r == NULL)
+        return -1;
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 3) {
+        Py_DECREF(r);
+        PyErr_SetString(PyExc_TypeError, "payload() must return a 3-tuple");
+        return -1;
+    }
+    *numel = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 0));
+    *shape = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1));
+    *dtype = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 2));
+    Py_DECREF(r);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Everything of the Python wrapper's ``try:`` block. 0 ok (*pidx set), -1 error set. */
+static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObject *ident, PyObject *const *args,
+                       Py_ssize_t n, PyObject *kwnames, unsigned long long *pidx, int *pasync) {
+    PyObject *group = getarg(args, n, kwnames, self->gpos, s_group);
+    PyObject *gkey, *g, *key = NULL, *peer_o = NULL;
+    long long gsid, peer = -1, numel = 0, shape = 0, dtype = 0, seq = 0;
+    int async_op = 0, rc = -1, peer_bad = 0;
+
+    if (group == Py_None)
+        group = NULL;
+    /* group entry (strid, name, pg), cached by id(group) (None = default group) */
+    if (group == NULL) {
+        gkey = Py_None;
+        Py_INCREF(gkey);
+    } else {
+        gkey = PyLong_FromVoidPtr(group);
+        if (gkey == NULL)
+            return -1;
+    }
+    g = PyDict_GetItemWithError(S->groups, gkey);
+    Py_DECREF(gkey);
+    if (g != NULL && ((PyTuple_Check(g) && PyTuple_GET_SIZE(g) > 0) || PyObject_IsTrue(g) == 1)) {
+        Py_INCREF(g);
+    } else {
+        if (PyErr_Occurred())
+            return -1;
+        g = PyObject_CallOneArg(self->cb_group, group ? group : Py_None);
+        if (g == NULL)
+            return -1;
+    }
+    if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) < 2) {
+        PyErr_SetString(PyExc_TypeError, "group entry must be a (strid, name, pg) tuple");
+        goto done;
+    }
+    gsid = PyLong_AsLongLong(PyTuple_GET_ITEM(g, 0));
+    if (gsid == -1 && PyErr_Occurred())
+        goto done;
+
+    /* root / peer: first given of the peer parameters; group-relative ones translated */
+    for (int i = 0; i < self->npeers; i++) {
+        PyObject *v = getarg(args, n, kwnames, self->peer_pos[i], self->peer_names[i]);
+        if (v != NULL && v != Py_None) {
+            PyObject *gv;
+            if (self->peer_isgroup[i] && group != NULL)
+                gv = PyObject_CallFunctionObjArgs(self->cb_grank, group, v, NULL);
+            else {
+                gv = v;
+                Py_INCREF(gv);
+            }
+            if (gv == NULL)
+                goto done;
+            peer_o = PyNumber_Long(gv);
+            Py_DECREF(gv);
+            if (peer_o == NULL)
+                goto done;
+            peer = PyLong_AsLongLong(peer_o);
+            if (peer == -1 && PyErr_Occurred()) { /* too large: fails at the write, as in Python */
+                PyErr_Clear();
+                peer_bad = 1;
+            }
+            break;
+        }
+    }
+
+    if (self->pkind != PK_NONE) {
+        PyObject *obj = getarg(args, n, kwnames, self->tpos, self->tparam);
+        if (obj != NULL && obj != Py_None) {
+            int prc = self->pkind == PK_T ? tensor_payload(self, S, obj, &numel, &shape, &dtype)
+                                          : other_payload(self, obj, &numel, &shape, &dtype);
+            if (prc < 0) {
+                /* a wrong argument type: torch raises it to the user; we still record the call */
+                if (!PyErr_ExceptionMatches(PyExc_Exception))
+                    goto done;
+                PyErr_Clear();
+                numel = shape = dtype = 0;
+            }
+        }
+    }
+
+    if (self->always_async) {
+        async_op = 1;
+    } else {
+        PyObject *a = getarg(args, n, kwnames, self->apos, s_async_op);
+        if (a != NULL) {
+            async_op = PyObject_IsTrue(a);
+            if (async_op < 0)
+                goto done;
+        }
+    }
+
+    /* per-group sequence number: collectives by group name, p2p by (group name, peer) */
+    if (self->is_p2p) {
+        if (peer_o == NULL) {
+            peer_o = PyLong_FromLongLong(peer);
+            if (peer_o == NULL)
+                goto done;
+        }
+        key = PyTuple_Pack(2, PyTuple_GET_ITEM(g, 1), peer_o);
+        if (key == NULL)
+            goto done;
+    } else {
+        key = PyTuple_GET_ITEM(g, 1);
+        Py_INCREF(key);
+    }
+    {
+        PyObject *cur = PyDict_GetItemWithError(S->seq, key);
+        if (cur != NULL) {
+            seq = PyLong_AsLongLong(cur);
+            if (seq == -1 && PyErr_Occurred())
+                goto done;
+        } else if (PyErr_Occurred()) {
+            goto done;
+        }
+        seq += 1;
+        PyObject *sv = PyLong_FromLongLong(seq);
+        if (sv == NULL)
+            goto done;
+        int src = PyDict_SetItem(S->seq, key, sv);
+        Py_DECREF(sv);
+        if (src < 0)
+            goto done;
+    }
+
+    if (peer_bad || gsid < 0 || gsid > U32_MAX_ || shape < 0 || shape > U32_MAX_ || dtype < 0 || dtype > U8_MAX_ ||
+        peer < I32_MIN_ || peer > I32_MAX_) {
+        if (peer_bad)
+            PyErr_SetString(StructError, "argument out of range");
+        else if (gsid < 0 || gsid > U32_MAX_)
+            range_error(0, U32_MAX_, gsid);
+        else if (dtype < 0 || dtype > U8_MAX_)
+            range_error(0, U8_MAX_, dtype);
+        else if (shape < 0 || shape > U32_MAX_)
+            range_error(0, U32_MAX_, shape);
+        else
+            range_error(I32_MIN_, I32_MAX_, peer);
+        ring_burn(ring);
+        goto done;
+    }
+    *pidx = ring_write(ring, ident, self->kind, async_op ? F_ASYNC : 0, dtype, self->op_id, gsid, seq, numel, shape,
+                       peer, S_ISSUED, 0, NULL, 1);
+    if (*pidx == 0)
+        goto done;
+    *pasync = async_op;
+    rc = 0;
+done:
+    Py_DECREF(g);
+    Py_XDECREF(key);
+    Py_XDECREF(peer_o);
+    return rc;
+}
+
+/* The C path records for this state: it has a Ring, its caches are dicts, no fault injection. */
+static inline int state_ready(StateObject *S) {
+    return S->ring != NULL && !S->fault && S->groups != NULL && PyDict_CheckExact(S->groups) && S->seq != NULL &&
+           PyDict_CheckExact(S->seq) && S->shapes != NULL && PyDict_CheckExact(S->shapes) && S->dtypes != NULL &&
+           PyDict_CheckExact(S->dtypes);
+}
+
+/* Report the current exception once through the state's log callable; clear it. */
+static void log_error(StateObject *S, const char *fmt, PyObject *name, PyObject *key) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    PyObject *msg = PyUnicode_FromFormat(fmt, name, v ? v : Py_None);
+    if (msg != NULL && S->log != NULL && S->log != Py_None) {
+        PyObject *r = PyObject_CallFunctionObjArgs(S->log, msg, key, NULL);
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(msg);
+    PyErr_Clear();
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+}
+
+static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    PyObject *st = PyDict_GetItemWithError(self->globals, s_state); /* borrowed */
+    if (st == NULL) {
+        if (PyErr_Occurred())
+            PyErr_Clear();
+        return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
+    }
+    if (st == Py_None)
+        return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
+    if (!PyObject_TypeCheck(st, &StateType) || !state_ready((StateObject *)st))
+        return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+
+    StateObject *S = (StateObject *)st;
+    RingObject *ring = S->ring;
+    PyObject *ident = current_ident();
+    if (ident == NULL) { /* (out of memory) never into the user's call: run it unrecorded */
+        PyErr_Clear();
+        return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
+    }
+    int b = PyDict_Contains(self->busy, ident);
+    if (b != 0) { /* nested call on this thread: not recorded again */
+        Py_DECREF(ident);
+        if (b < 0)
+            PyErr_Clear();
+        return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
+    }
+    Py_INCREF(S);
+    Py_INCREF(ring);
+
+    unsigned long long idx = 0;
+    int async_op = 0;
+    PyObject *result = NULL;
+    if (call_record(self, S, ring, ident, args, n, kwnames, &idx, &async_op) < 0) {
+        idx = 0;
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            goto out; /* KeyboardInterrupt & co. propagate, as in the Python wrapper */
+        log_error(S, "recording %U failed: %R", self->name, self->rec_key);
+    }
+    if (PyDict_SetItem(self->busy, ident, one) < 0)
+        PyErr_Clear();
+    result = PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
+    if (result == NULL) {
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        if (PyDict_DelItem(self->busy, ident) < 0)
+            PyErr_Clear();
+        if (idx) {
+            PyErr_NormalizeException(&t, &v, &tb);
+            if (tb != NULL && v != NULL)
+                PyException_SetTraceback(v, tb);
+            PyObject *io = PyLong_FromUnsignedLongLong(idx);
+            PyObject *r = io ? PyObject_CallFunctionObjArgs(self->cb_fail, io, v ? v : Py_None, NULL) : NULL;
+            Py_XDECREF(io);
+            Py_XDECREF(r);
+            PyErr_Clear();
+        }
+        PyErr_Restore(t, v, tb);
+        goto out;
+    }
+    if (PyDict_DelItem(self->busy, ident) < 0)
+        PyErr_Clear();
+    if (idx) {
+        int rc;
+        if (async_op && result != Py_None) {
+            PyObject *io = PyLong_FromUnsignedLongLong(idx);
+            PyObject *r = io ? PyObject_CallFunctionObjArgs(self->cb_work, io, result, NULL) : NULL;
+            Py_XDECREF(io);
+            rc = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        } else {
+            rc = ring_complete_ok(ring, (long long)idx);
+        }
+        if (rc < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                Py_CLEAR(result);
+                goto out;
+            }
+            log_error(S, "completing %U failed: %R", self->name, self->done_key);
+        }
+    }
+out:
+    Py_DECREF(ident);
+    Py_DECREF(ring);
+    Py_DECREF(S);
+    return result;
+}
+
+/* Call(wrapped, slow, name, op_id, kind, is_p2p, pkind, tparam, tpos, gpos, apos, peers, always_async,
+ *      globals, busy, callbacks)
+ * peers: tuple of (position, name, is_group_rank); pkind: "t", "tl", "o", "ol" or None;
+ * callbacks: (group_entry, shape_id, dtype_id, payload, on_work_done, finish_error, global_rank). */
+static int Call_init(CallObject *self, PyObject *args, PyObject *kwds) {
+    PyObject *wrapped, *slow, *name, *pkind, *tparam, *peers, *globals, *busy, *cbs;
+    int op_id, kind, is_p2p, always_async;
+    Py_ssize_t tpos, gpos, apos;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "Call() takes positional arguments only");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OOUiipOOnnnO!pO!O!O!:Call", &wrapped, &slow, &name, &op_id, &kind, &is_p2p, &pkind,
+                          &tparam, &tpos, &gpos, &apos, &PyTuple_Type, &peers, &always_async, &PyDict_Type, &globals,
+                          &PyDict_Type, &busy, &PyTuple_Type, &cbs))
+        return -1;
+    if (PyTuple_GET_SIZE(cbs) != 7) {
+        PyErr_SetString(PyExc_TypeError, "callbacks must be a 7-tuple");
+        return -1;
+    }
+    if (PyTuple_GET_SIZE(peers) > 2) {
+        PyErr_SetString(PyExc_ValueError, "at most 2 peer parameters");
+        return -1;
+    }
+    if (pkind == Py_None)
+        self->pkind = PK_NONE;
+    else if (PyUnicode_Check(pkind) && PyUnicode_CompareWithASCIIString(pkind, "t") == 0)
+        self->pkind = PK_T;
+    else if (PyUnicode_Check(pkind) && PyUnicode_CompareWithASCIIString(pkind, "tl") == 0)
+        self->pkind = PK_TL;
+    else if (PyUnicode_Check(pkind) && PyUnicode_CompareWithASCIIString(pkind, "o") == 0)
+        self->pkind = PK_O;
+    else if (PyUnicode_Check(pkind) && PyUnicode_CompareWithASCIIString(pkind, "ol") == 0)
+        self->pkind = PK_OL;
+    else {
+        PyErr_SetString(PyExc_ValueError, "unknown payload kind");
+        return -1;
+    }
+    self->npeers = (int)PyTuple_GET_SIZE(peers);
+    for (int i = 0; i < self->npeers; i++) {
+        PyObject *p = PyTuple_GET_ITEM(peers, i), *pn;
+        Py_ssize_t pos;
+        int isg;
+        if (!PyArg_ParseTuple(p, "nUp:peer", &pos, &pn, &isg))
+            return -1;
+        self->peer_pos[i] = pos;
+        Py_INCREF(pn);
+        PyUnicode_InternInPlace(&pn);
+        Py_XSETREF(self->peer_names[i], pn);
+        self->peer_isgroup[i] = isg;
+    }
+#define SET(field, val)          \
+    do {                         \
+        PyObject *v_ = (val);    \
+        Py_INCREF(v_);           \
+        Py_XSETREF(self->field, v_); \
+    } while (0)
+    SET(wrapped, wrapped);
+    SET(slow, slow);
+    SET(name, name);
+    SET(pkind_s, pkind);
+    if (PyUnicode_Check(tparam)) {
+        Py_INCREF(tparam);
+        PyUnicode_InternInPlace(&tparam);
+        Py_XSETREF(self->tparam, tparam);
+    } else {
+        SET(tparam, Py_None);
+    }
+    SET(globals, globals);
+    SET(busy, busy);
+    SET(cb_group, PyTuple_GET_ITEM(cbs, 0));
+    SET(cb_shape, PyTuple_GET_ITEM(cbs, 1));
+    SET(cb_dtype, PyTuple_GET_ITEM(cbs, 2));
+    SET(cb_payload, PyTuple_GET_ITEM(cbs, 3));
+    SET(cb_work, PyTuple_GET_ITEM(cbs, 4));
+    SET(cb_fail, PyTuple_GET_ITEM(cbs, 5));
+    SET(cb_grank, PyTuple_GET_ITEM(cbs, 6));
+#undef SET
+    Py_XSETREF(self->rec_key, PyUnicode_FromFormat("rec-%U", name));
+    Py_XSETREF(self->done_key, PyUnicode_FromFormat("done-%U", name));
+    if (self->rec_key == NULL || self->done_key == NULL)
+        return -1;
+    self->op_id = op_id;
+    self->kind = kind;
+    self->is_p2p = is_p2p;
+    self->always_async = always_async;
+    self->tpos = tpos;
+    self->gpos = gpos;
+    self->apos = apos;
+    self->vectorcall = (vectorcallfunc)Call_vectorcall;
+    return 0;
+}
+
+static int Call_traverse(CallObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->wrapped);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->globals);
+    Py_VISIT(self->busy);
+    Py_VISIT(self->cb_group);
+    Py_VISIT(self->cb_shape);
+    Py_VISIT(self->cb_dtype);
+    Py_VISIT(self->cb_payload);
+    Py_VISIT(self->cb_work);
+    Py_VISIT(self->cb_fail);
+    Py_VISIT(self->cb_grank);
+    return 0;
+}
+
+static int Call_clear(CallObject *self) {
+    Py_CLEAR(self->wrapped);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->globals);
+    Py_CLEAR(self->busy);
+    Py_CLEAR(self->tparam);
+    Py_CLEAR(self->pkind_s);
+    Py_CLEAR(self->peer_names[0]);
+    Py_CLEAR(self->peer_names[1]);
+    Py_CLEAR(self->cb_group);
+    Py_CLEAR(self->cb_shape);
+    Py_CLEAR(self->cb_dtype);
+    Py_CLEAR(self->cb_payload);
+    Py_CLEAR(self->cb_work);
+    Py_CLEAR(self->cb_fail);
+    Py_CLEAR(self->cb_grank);
+    Py_CLEAR(self->rec_key);
+    Py_CLEAR(self->done_key);
+    return 0;
+}
+
+static void Call_dealloc(CallObject *self) {
+    PyObject_GC_UnTrack(self);
+    Call_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Call_call(CallObject *self, PyObject *args, PyObject *kwargs) {
+    if (self->vectorcall == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Call not initialised");
+        return NULL;
+    }
+    return PyVectorcall_Call((PyObject *)self, args, kwargs);
+}
+
+static PyMemberDef Call_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(CallObject, wrapped), READONLY, "the original function"},
+    {"name", T_OBJECT, offsetof(CallObject, name), READONLY, "op name"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject CallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hangtrace.hooks._fastrec.Call",
+    .tp_basicsize = sizeof(CallObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The C recording call of one wrapped torch.distributed function (see torch_dist._wrap).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Call_init,
+    .tp_dealloc = (destructor)Call_dealloc,
+    .tp_traverse = (traverseproc)Call_traverse,
+    .tp_clear = (inquiry)Call_clear,
+    .tp_call = (ternaryfunc)Call_call,
+    .tp_vectorcall_offset = offsetof(CallObject, vectorcall),
+    .tp_members = Call_members,
+};
+
+/* ============================================================================ module */
+static PyObject *set_tensor_type(PyObject *m, PyObject *tp) {
+    if (tp != Py_None && !PyType_Check(tp)) {
+        PyErr_SetString(PyExc_TypeError, "a type or None");
+        return NULL;
+    }
+    Py_XDECREF(TensorType);
+    TensorType = tp == Py_None ? NULL : tp;
+    Py_XINCREF(TensorType);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef mod_methods[] = {
+    {"set_tensor_type", set_tensor_type, METH_O,
+     "set_tensor_type(torch.Tensor): tensors of exactly this type get numel = product of their shape."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef fastrec_module = {
+    PyModuleDef_HEAD_INIT, "hangtrace.hooks._fastrec",
+    "C hot path of hangtrace's recorder and torch.distributed wrappers (optional; see recorder.py).", -1,
+    mod_methods,
+};
+
+PyMODINIT_FUNC PyInit__fastrec(void) {
+    PyObject *m, *structmod;
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&StateType) < 0 || PyType_Ready(&CallType) < 0)
+        return NULL;
+    structmod = PyImport_ImportModule("struct");
+    if (structmod == NULL)
+        return NULL;
+    StructError = PyObject_GetAttrString(structmod, "error");
+    Py_DECREF(structmod);
+    if (StructError == NULL)
+        return NULL;
+    s_state = PyUnicode_InternFromString("_state");
+    s_group = PyUnicode_InternFromString("group");
+    s_async_op = PyUnicode_InternFromString("async_op");
+    s_numel = PyUnicode_InternFromString("numel");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_dtype = PyUnicode_InternFromString("dtype");
+    one = PyLong_FromLong(1);
+    if (!s_state || !s_group || !s_async_op || !s_numel || !s_shape || !s_dtype || !one)
+        return NULL;
+    m = PyModule_Create(&fastrec_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&RingType);
+    Py_INCREF(&StateType);
+    Py_INCREF(&CallType);
+    if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0 ||
+        PyModule_AddObject(m, "StateBase", (PyObject *)&StateType) < 0 ||
+        PyModule_AddObject(m, "Call", (PyObject *)&CallType) < 0 ||
+        PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER_SIZE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
