@@ -5,6 +5,15 @@ job. Elsewhere the first traced process on a node that finds no watcher creates
 ``RUN_DIR/watcher-<host>.pid`` (O_EXCL: exactly one wins) and starts
 ``python -m hangtrace.tracer.watcher RUN_DIR`` detached, with tracing stripped from its
 environment. A pid file whose process is gone is replaced.
+
+The pid file is per host, not per Ray node: several Ray nodes on one host (as with
+``ray.cluster_utils.Cluster``) share the host name and the run directory, so one watcher
+reads every ring of the host. When the starting process is a Ray worker, the watcher gets
+``RAY_ADDRESS`` = the GCS address of the worker's own cluster (its ``--gcs-address``
+argument, set by the raylet that started it), so its cluster-wide collection reaches the
+right cluster even when several run on the host (``auto`` may pick another one), and Ray's
+internal per-worker flags (``RAY_JOB_ID``, ``RAY_RAYLET_PID``; ``ray_constants.
+RAY_INTERNAL_FLAGS``) are dropped from its environment.
 """
 import os
 import socket
@@ -22,6 +31,44 @@ def _alive(pid):
         return False
     except PermissionError:
         return True
+
+
+#: Ray's internal per-worker flags (``ray._private.ray_constants.RAY_INTERNAL_FLAGS``):
+#: never for a process that may connect to Ray as a driver.
+_RAY_WORKER_ONLY = ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE_ID_FOR_TESTING")
+
+
+def ray_gcs_address(argv=None):
+    """The ``--gcs-address`` of this process when it is a Ray worker, else None.
+
+    Ray's raylet starts every worker (``default_worker.py``) with ``--gcs-address=HOST:PORT``
+    on its command line; read from ``/proc/self/cmdline`` (``sys.argv`` may not be set
+    yet when the ``.pth`` line runs).
+    """
+    if argv is None:
+        try:
+            with open("/proc/self/cmdline", "rb") as f:
+                argv = f.read().decode("utf-8", "replace").split("\0")
+        except OSError:
+            argv = list(sys.argv)
+    for i, a in enumerate(argv):
+        if a.startswith("--gcs-address="):
+            return a.split("=", 1)[1] or None
+        if a == "--gcs-address" and i + 1 < len(argv):
+            return argv[i + 1] or None
+    return None
+
+
+def watcher_env():
+    """Environment of the detached watcher: tracing stripped (``config.helper_env``), Ray's
+    per-worker flags dropped, ``RAY_ADDRESS`` set to this Ray worker's cluster."""
+    env = config.helper_env()
+    gcs = ray_gcs_address()
+    if gcs:
+        for k in _RAY_WORKER_ONLY:
+            env.pop(k, None)
+        env["RAY_ADDRESS"] = gcs
+    return env
 
 
 def maybe_start(rt):
@@ -51,17 +98,18 @@ def maybe_start(rt):
     else:
         return None
     try:
+        env = watcher_env()
         # Through a short-lived intermediate process, so the watcher is not our child:
         # a program that calls os.wait() must never reap it by surprise.
         launcher = ("import subprocess, sys; p = subprocess.Popen(sys.argv[1:], start_new_session=True, "
                     "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
                     "print(p.pid)")
         out = subprocess.run([sys.executable, "-c", launcher, sys.executable, "-m", "hangtrace.tracer.watcher",
-                              rt.run_dir], env=config.helper_env(), stdin=subprocess.DEVNULL,
+                              rt.run_dir], env=env, stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30, check=True)
         pid = int(out.stdout.strip())
         os.write(fd, str(pid).encode())
-        rt.log("started node watcher pid %d" % pid)
+        rt.log("started node watcher pid %d%s" % (pid, " (RAY_ADDRESS %s)" % env["RAY_ADDRESS"] if env.get("RAY_ADDRESS") else ""))
         return pid
     except BaseException:
         try:

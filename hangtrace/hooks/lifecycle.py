@@ -55,6 +55,10 @@ def _on_exit():
     if rt is None or rt.recorder.closed:
         return
     try:
+        # stop our threads first: none may be inside a torch call during finalization
+        mem = sys.modules.get("hangtrace.hooks.memory")
+        if mem is not None:
+            mem.stop()
         td = sys.modules.get("hangtrace.hooks.torch_dist")
         if td is not None:
             td.flush()

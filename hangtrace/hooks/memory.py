@@ -472,8 +472,13 @@ class Sampler:
         t.start()
         self._thread = t
 
-    def stop(self):
+    def stop(self, timeout_s=2.0):
+        """Stop the timer thread and wait for it (at exit: no thread of ours may be inside
+        a torch call when the interpreter finalizes, see torch_dist._Poller)."""
         self._stop.set()
+        t = getattr(self, "_thread", None)
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout_s)
 
     def abandon(self):
         """In a forked child: stop using this (the parent's) sampler without touching the ring."""

@@ -344,34 +344,29 @@ def _finish_error(idx, e):
 def _on_work_done(idx, work):
     """Record completion of an async op when its Work finishes (the Work itself is untouched).
 
-    Uses ``work.get_future().then(cb)`` where the backend has futures; gloo's p2p Work
-    has none ("Work::getFuture not implemented", torch 2.13), so those are polled with
-    ``is_completed()`` by one daemon thread (``_Poller``).
+    One daemon thread of ours polls ``Work.is_completed()`` (``_Poller``). Not
+    ``work.get_future().then(cb)``: torch runs such a Python callback on the backend's
+    C++ thread, and when that happens while the interpreter finalizes (the program
+    waited, then exited), CPython ends the thread with ``pthread_exit`` inside a C++
+    frame and the process aborts ("terminate called without an active exception",
+    seen here on gloo about once in 15 runs). gloo's p2p Work also has no future
+    ("Work::getFuture not implemented", torch 2.13).
     """
-    rec = _state.rec
-
-    def cb(fut):
-        try:
-            fut.value()
-        except Exception as e:
-            rec.complete(idx, err="%s: %s" % (type(e).__name__, e))
-            return None
-        rec.complete(idx)
-        return None
-
-    try:
-        fut = work.get_future()
-    except Exception:
-        _poller().add(idx, work)
-        return
-    fut.then(cb)
+    _poller().add(idx, work, _state.rec)
 
 
 _poller_inst = []
 
 
 class _Poller:
-    """Daemon thread that polls ``Work.is_completed()`` of pending async ops every 20 ms."""
+    """Daemon thread that polls ``Work.is_completed()`` of pending async ops every 5 ms
+    (only while some are pending; completion times are late by at most that).
+
+    ``stop()`` (called at exit) joins the thread: a thread of ours must never be inside a
+    torch call when the interpreter finalizes. pybind releases the GIL in such calls and
+    CPython then ends the thread with ``pthread_exit`` while it re-acquires the GIL, in a
+    C++ frame, which aborts the process ("terminate called without an active exception").
+    """
 
     MAX_PENDING = 4096
 
@@ -379,51 +374,64 @@ class _Poller:
         self.pending = []
         self.lock = threading.Lock()
         self.wake = threading.Event()
+        self.stopping = False
         self.pid = __import__("os").getpid()
-        t = threading.Thread(target=self.run, name="hangtrace-async-poller", daemon=True)
-        t.start()
+        self.thread = threading.Thread(target=self.run, name="hangtrace-async-poller", daemon=True)
+        self.thread.start()
 
-    def add(self, idx, work):
+    def add(self, idx, work, rec):
         with self.lock:
-            if len(self.pending) < self.MAX_PENDING:
-                self.pending.append((idx, work))
+            if len(self.pending) < self.MAX_PENDING and not self.stopping:
+                self.pending.append((idx, work, rec))
         self.wake.set()
 
     def run(self):
         import time
-        while True:
+        while not self.stopping:
             self.wake.wait()
-            time.sleep(0.02)
+            if self.stopping:
+                return
+            time.sleep(0.005)
             self.poll()
 
     def poll(self):
         """Check every pending Work once (also called at exit)."""
-        if True:
-            with self.lock:
-                items, self.pending = self.pending, []
-            keep = []
-            for idx, work in items:
-                try:
-                    # is_completed() only: wait() can block (after destroy_process_group)
-                    # and is_success()/exception() print deprecation warnings (torch 2.13),
-                    # so a polled op's failure is not distinguished from its completion.
-                    if work.is_completed():
-                        _state.rec.complete(idx)
-                    else:
-                        keep.append((idx, work))
-                except Exception:
-                    pass
-            with self.lock:
-                self.pending = keep + self.pending
-                if not self.pending:
-                    self.wake.clear()
+        with self.lock:
+            items, self.pending = self.pending, []
+        keep = []
+        for idx, work, rec in items:
+            try:
+                # is_completed() only: wait() can block (after destroy_process_group)
+                # and is_success()/exception() print deprecation warnings (torch 2.13),
+                # so a polled op's failure is not distinguished from its completion.
+                if work.is_completed():
+                    rec.complete(idx)
+                else:
+                    keep.append((idx, work, rec))
+            except Exception:
+                pass
+        with self.lock:
+            self.pending = keep + self.pending
+            if not self.pending:
+                self.wake.clear()
+
+    def stop(self, timeout_s=2.0):
+        self.stopping = True
+        self.wake.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout_s)
 
 
 def flush():
-    """Record completions of pending polled async ops (at exit)."""
+    """At exit: stop the poller thread, record the completions it can still see, and drop
+    our references to Work objects (before interpreter teardown, not during it)."""
     import os
     if _poller_inst and _poller_inst[0].pid == os.getpid():
-        _poller_inst[0].poll()
+        p = _poller_inst[0]
+        p.stop()
+        p.poll()
+        with p.lock:
+            p.pending = []
 
 
 def _poller():

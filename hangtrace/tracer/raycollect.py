@@ -232,14 +232,15 @@ def _stamp():
 
 
 def dump_cluster(run_dir=None, address=None, native=False, with_stacks=True, out_dir=None,
-                 timeout_s=DEFAULT_TIMEOUT_S, state_source=None):
+                 timeout_s=DEFAULT_TIMEOUT_S, state_source=None, reason="request"):
     """Collect the run on every alive Ray node, store one snapshot locally, join Ray state.
 
     ``run_dir``: the run directory path (the same on every node; default
     ``HANGTRACE_DIR``, else discovered on the nodes). ``address``: Ray address (default
     ``RAY_ADDRESS``, else ``'auto'``); an already connected driver is reused.
     ``out_dir``: where the snapshot folder goes (default: ``RUN_DIR/snapshots`` if RUN_DIR
-    exists here, else the current directory). Returns the ``Snapshot`` (``path`` set).
+    exists here, else the current directory). ``reason``: stored in ``processes.json``
+    ('request', or the watcher's 'stall' / 'death'). Returns the ``Snapshot`` (``path`` set).
     Raises HangtraceError (cannot connect), RunDirError (no run dir / no process found).
     """
     import ray
@@ -274,7 +275,7 @@ def dump_cluster(run_dir=None, address=None, native=False, with_stacks=True, out
     stamp = _stamp()
     sdir = os.path.join(base, stamp + "-ray") if out_dir or os.path.isdir(run_dir) else \
         os.path.join(base, "hangtrace-ray-" + stamp)
-    write_ray_snapshot(sdir, run_dir, results, errors, state, took_s=time.time() - t0)
+    write_ray_snapshot(sdir, run_dir, results, errors, state, took_s=time.time() - t0, reason=reason)
     snap = load_ray_snapshot(sdir)
     if not snap.processes:
         raise RunDirError("no traced process of %s found on %d Ray node(s)%s" % (
@@ -283,7 +284,7 @@ def dump_cluster(run_dir=None, address=None, native=False, with_stacks=True, out
     return snap
 
 
-def write_ray_snapshot(sdir, run_dir, results, errors, state, took_s=0.0):
+def write_ray_snapshot(sdir, run_dir, results, errors, state, took_s=0.0, reason="request"):
     """Write node payloads (``collect_node`` results by node id) as one snapshot folder."""
     os.makedirs(os.path.join(sdir, "rings"), mode=0o700, exist_ok=True)
     os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
@@ -315,7 +316,7 @@ def write_ray_snapshot(sdir, run_dir, results, errors, state, took_s=0.0):
                 processes[key] = st
         nodes.append({"node_id": nid, "host": r.get("host"), "raylet_pid": r.get("raylet_pid"),
                       "rings": sorted(r["rings"]), "took_s": r.get("took_s"), "errors": r.get("errors")})
-    meta = {"run_dir": run_dir, "taken_wall_ns": time.time_ns(), "reason": "request", "errors": errors,
+    meta = {"run_dir": run_dir, "taken_wall_ns": time.time_ns(), "reason": reason, "errors": errors,
             "processes": processes, "collector": "ray", "took_s": took_s}
     with open(os.path.join(sdir, "processes.json"), "wb") as f:
         f.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2))

@@ -186,8 +186,93 @@ def is_ray_run(run_dir):
     return False
 
 
-def diagnose_and_report(run_dir, reason, native=False, with_stacks=True):
-    """Snapshot the run, analyse it, store diagnosis.json/report.txt. Returns (snap, diag, paragraph)."""
+#: Cluster-wide collection of a Ray run (``ray_collect``): seconds allowed to the node
+#: tasks, and to the whole collector process (connect, tasks, Ray state) before it is killed.
+RAY_TASK_TIMEOUT_S = 60.0
+RAY_COLLECT_TIMEOUT_S = 100.0
+
+_RAY_COLLECT_CODE = (
+    "import sys\n"
+    "from hangtrace.tracer.raycollect import dump_cluster\n"
+    "run_dir, address, reason, native, timeout_s = sys.argv[1:6]\n"
+    "snap = dump_cluster(run_dir, address=address or None, native=native == '1', timeout_s=float(timeout_s),\n"
+    "                    reason=reason)\n"
+    "print('SNAPSHOT ' + snap.path, flush=True)\n")
+
+
+def _gcs_unreachable(address, timeout_s=3.0):
+    """Why the Ray GCS at ``address`` (HOST:PORT) cannot be reached by TCP, or None.
+
+    ``ray.init`` to an address nobody listens on retries for minutes (measured here: more
+    than 200 s), so the watcher checks first.
+    """
+    import socket
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return None  # 'auto', 'ray://…' or a form we do not parse: let Ray decide
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        return None
+    except OSError as e:
+        return "%s: %s" % (address, e)
+
+
+def ray_collect(run_dir, reason, native=False, log=None, address=None, timeout_s=RAY_COLLECT_TIMEOUT_S):
+    """The same cluster-wide collection as ``hangtrace dump --ray``, from a watcher.
+
+    Runs ``raycollect.dump_cluster`` in a child process (tracing stripped, its own session)
+    so the watcher never becomes a Ray driver itself: the child is killed after
+    ``timeout_s`` seconds. ``address``: the Ray GCS address (default ``RAY_ADDRESS``, which
+    ``hooks.autowatch`` sets to the cluster of the Ray worker that started the watcher;
+    else ``auto``). Returns the Snapshot (``raycollect.load_ray_snapshot``), or None after
+    writing one line to ``log`` (callable; default stderr) saying why.
+    """
+    import signal
+    import subprocess
+    log = log or (lambda line: sys.stderr.write("hangtrace: %s\n" % line))
+    address = address or os.environ.get("RAY_ADDRESS") or ""
+    why = _gcs_unreachable(address) if address else None
+    if why:
+        log("cluster-wide collection skipped: Ray unreachable (%s); this node only" % why)
+        return None
+    p = subprocess.Popen([sys.executable, "-c", _RAY_COLLECT_CODE, run_dir, address, reason, "1" if native else "0",
+                          str(min(RAY_TASK_TIMEOUT_S, max(5.0, timeout_s - 20.0)))],
+                         env=config.helper_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        p.communicate()
+        log("cluster-wide collection (Ray at %s) did not finish in %.0f s; this node only" % (address or "auto", timeout_s))
+        return None
+    path = None
+    for line in out.decode("utf-8", "replace").splitlines():
+        if line.startswith("SNAPSHOT "):
+            path = line[len("SNAPSHOT "):].strip()
+    if p.returncode != 0 or not path:
+        lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+        log("cluster-wide collection (Ray at %s) failed (exit %s: %s); this node only"
+            % (address or "auto", p.returncode, lines[-1][-500:] if lines else "no output"))
+        return None
+    from .raycollect import load_ray_snapshot
+    snap = load_ray_snapshot(path)
+    snap.reason, snap.path = reason, path
+    log("cluster-wide collection (Ray at %s): %d node(s), %d process(es)"
+        % (address or "auto", len(getattr(snap, "ray_nodes", None) or ()), len(snap.processes)))
+    return snap
+
+
+def diagnose_and_report(run_dir, reason, native=False, with_stacks=True, log=None):
+    """Snapshot the run, analyse it, store diagnosis.json/report.txt. Returns (snap, diag, paragraph).
+
+    For a Ray run (``is_ray_run``) the snapshot comes from every alive node (``ray_collect``,
+    unless ``HANGTRACE_RAY_COLLECT=0``); when Ray cannot be reached it is this node's
+    only, and ``log`` (callable(line); default stderr) says why.
+    """
     from .analysis import diagnose
     from .collect import take_snapshot, write_diagnosis
     from .report import text_report, verdict_paragraph
@@ -196,12 +281,11 @@ def diagnose_and_report(run_dir, reason, native=False, with_stacks=True):
         # a Ray job: the same cluster-wide collection as `hangtrace dump --ray`, so the
         # ranks on other nodes are seen too; on failure, this node's snapshot
         try:
-            from .raycollect import dump_cluster
-            snap = dump_cluster(run_dir, native=native)
-            snap.reason = reason
+            snap = ray_collect(run_dir, reason, native=native, log=log)
         except Exception as e:
             snap = None
-            sys.stderr.write("hangtrace: cluster-wide collection failed (%s); this node only\n" % (e,))
+            (log or (lambda line: sys.stderr.write("hangtrace: %s\n" % line)))(
+                "cluster-wide collection failed (%r); this node only" % (e,))
     if snap is None:
         snap = take_snapshot(run_dir, reason=reason, native=native, with_stacks=with_stacks)
     diag = diagnose(snap)
@@ -235,7 +319,7 @@ def main(argv=None):
         if inc is not None:
             log("%s: %s" % (inc.kind, inc.detail))
             try:
-                snap, diag, para = diagnose_and_report(run_dir, inc.kind)
+                snap, diag, para = diagnose_and_report(run_dir, inc.kind, log=log)
                 log("verdict: %s" % para)
                 log("snapshot: %s" % snap.path)
             except Exception as e:

@@ -323,6 +323,66 @@ def test_kill_trainer_dead_rank_with_rays_death_cause(cluster, tmp_path):
     assert st["source"] == "gcs" and "state-api" in st["errors"][0]
 
 
+def _pid_alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_node_watcher_stall_collects_on_every_node(cluster, tmp_path):
+    """Auto-watch on: the first traced worker of the host starts the node watcher (with its
+    cluster's GCS address); the watcher detects the stall itself and collects on both nodes
+    through Ray tasks, like `dump --ray`."""
+    import socket
+    run_dir = tmp_path / "run"
+    rte = _runtime_env(run_dir, HANGTRACE_AUTO_WATCH="1", HANGTRACE_STALL_S="6")
+    argv = [sys.executable, RL_LOOP, "--fault", "cp-extra-microbatch", "--address", cluster.address, "--spread",
+            "--timeout-s", str(TIMEOUT_S), "--runtime-env-json", json.dumps(rte)]
+    wlog = run_dir / ("watcher-%s.log" % socket.gethostname())
+    wpid = None
+    t0 = time.time()
+    drv = Driver(argv, _driver_env(), str(tmp_path / "driver.log"))
+    try:
+        drv.wait_line("step 2: actor_train start", timeout=120)
+        t_hang = time.time()
+
+        def verdict():
+            text = wlog.read_text() if wlog.exists() else ""
+            return text if "snapshot: " in text else None
+        text = wait_until(verdict, timeout=60, period=0.25)
+        t_verdict = time.time()
+        wpid = int((run_dir / ("watcher-%s.pid" % socket.gethostname())).read_text())
+        # one watcher per host and run, although the host runs two Ray nodes
+        assert text.count("watcher started") == 1, text
+        assert [n for n in os.listdir(run_dir) if n.startswith("watcher-") and n.endswith(".pid")] == \
+            ["watcher-%s.pid" % socket.gethostname()]
+        started = [ln for ln in (run_dir / "hangtrace.log").read_text().splitlines() if "started node watcher" in ln]
+        assert len(started) == 1 and "RAY_ADDRESS %s" % cluster.address in started[0], started
+        assert "stall: no progress" in text
+        assert "cluster-wide collection (Ray at %s): 2 node(s), 5 process(es)" % cluster.address in text, text
+        sdir = text.split("snapshot: ", 1)[1].split()[0]
+        assert sdir.endswith("-ray") and os.path.exists(os.path.join(sdir, "ray_state.json"))
+        with open(os.path.join(sdir, "processes.json")) as f:
+            assert json.load(f)["reason"] == "stall"
+        with open(os.path.join(sdir, "diagnosis.json")) as f:
+            d = json.load(f)
+        d["snapshot"] = sdir
+        check_verdict(d, "skipped-collective", 1, "trainer-1")
+        assert d["phase"] == "train_step" and d["step"] == 2
+        print("watcher verdict %.1f s after the hang (%.1f s from start): %s"
+              % (t_verdict - t_hang, t_verdict - t0, d["summary"]))
+    finally:
+        if wpid and _pid_alive(wpid):
+            os.kill(wpid, signal.SIGTERM)  # before the job ends: no second (death) collection
+            try:
+                wait_until(lambda: not _pid_alive(wpid), timeout=10, period=0.1)
+            except Exception:
+                os.kill(wpid, signal.SIGKILL)
+        drv.stop()
+
+
 # --- the Ray-state join, on plain data ---------------------------------------------------------------
 
 def test_raystate_join_by_actor_id_then_pid_and_death_text():
