@@ -18,6 +18,7 @@ from ..tracer import api, config
 
 _active = None  # the Runtime of this process, or None
 _lock = threading.Lock()
+_failed_pid = None  # pid in which activation failed (and warned) already
 
 
 class RunLog:
@@ -168,16 +169,17 @@ def _warn(msg):
 
 def activate():
     """Turn tracing on in this process (idempotent). Returns the Runtime or None."""
-    global _active
+    global _active, _failed_pid
     with _lock:
         if _active is not None:
             return _active
-        if not config.enabled():
-            return None
+        if not config.enabled() or _failed_pid == os.getpid():
+            return None  # (a .pth can be processed twice, e.g. in some venvs: warn once)
         try:
             run_dir, run_id = resolve_run_dir()
             rt = Runtime(run_dir, run_id)
         except Exception as e:
+            _failed_pid = os.getpid()
             _warn("tracing disabled for pid %d: cannot create the flight record in %r: %s "
                   "(remedy: set HANGTRACE_DIR to a writable directory with free space)"
                   % (os.getpid(), os.environ.get(config.DIR), e))
