@@ -7,13 +7,14 @@ command was killed by signal N, as shells report it).
 """
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 
 from .tracer import config
-from .tracer.errors import HangtraceError, RunDirError
+from .tracer.errors import HangtraceError, RunDirError, UnreadableRunError
 
 
 def _err(msg):
@@ -68,7 +69,8 @@ def _fmt_record(r):
 def cmd_records(args):
     """List every traced process of a run and its last records."""
     from .tracer.collect import load_run
-    snap = load_run(args.run_dir)
+    _check_dir(args.run_dir)
+    snap = _readable(load_run(args.run_dir))
     if args.json:
         out = []
         for p in snap.processes:
@@ -114,6 +116,27 @@ def _print_diag(diag, snap, as_json):
             print("note: %s" % e)
 
 
+def _check_dir(path):
+    """A path given as RUN_DIR must be a directory (exit 4 otherwise)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunDirError("%s is not a directory" % path,
+                          "pass the run directory printed by `hangtrace run` (HANGTRACE_DIR of the "
+                          "job) or one of its snapshots RUN_DIR/snapshots/<time>")
+
+
+def _readable(snap):
+    """``snap`` unless ring files were found but none could be read: then exit 3 with the
+    error lines (an empty directory stays exit 4, raised by load_run)."""
+    if not snap.processes and snap.errors:
+        for e in snap.errors:
+            _err("error: %s" % e)
+        where = snap.path or snap.run_dir
+        raise UnreadableRunError("no readable ring file in %s (%d error(s) above)" % (where, len(snap.errors)),
+                                 "copy the ring files again from the run directory, or read them with "
+                                 "the hangtrace version that wrote them")
+    return snap
+
+
 def _load_snapshot_any(path):
     """A stored snapshot; one taken by ``dump --ray`` gets Ray's records joined (issue 4)."""
     from .tracer.collect import load_snapshot
@@ -128,11 +151,13 @@ def cmd_analyze(args):
     from .tracer.analysis import diagnose
     from .tracer.collect import is_snapshot, load_run, load_snapshot, newest_snapshot
     path = args.path
+    _check_dir(path)
     if is_snapshot(path):
         snap = _load_snapshot_any(path)
     else:
         newest = newest_snapshot(path) if os.path.isdir(path) else None
         snap = _load_snapshot_any(newest) if newest else load_run(path)
+    snap = _readable(snap)
     diag = diagnose(snap)
     _print_diag(diag, snap, args.json)
     return 0
@@ -157,6 +182,13 @@ def _dump_ray(args):
     from .tracer.collect import write_diagnosis
     from .tracer.raycollect import dump_cluster
     from .tracer.report import text_report
+    from .tracer.watcher import _gcs_unreachable
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    why = _gcs_unreachable(address, timeout_s=3.0) if address and address != "auto" else None
+    if why:
+        raise HangtraceError("cannot reach the Ray cluster at %s (no answer within 3 s)" % why,
+                             "pass --address HOST:PORT of the Ray head (GCS, `ray status` shows it) "
+                             "or set RAY_ADDRESS; check that the cluster is up and the port is open")
     snap = dump_cluster(args.run_dir or os.environ.get(config.DIR), address=args.address,
                         native=args.native)
     diag = diagnose(snap)
@@ -174,6 +206,22 @@ def _exit_status(rc):
     return 128 - rc if rc < 0 else rc
 
 
+def _prepare_run_dir(path):
+    """Create the run directory; returns True when it was created here. HangtraceError
+    (exit 2) with a remedy when it cannot be used."""
+    remedy = "pass --dir with a writable directory (it is created if missing), or omit --dir"
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise HangtraceError("--dir %s is not a directory" % path, remedy)
+    created = not os.path.exists(path)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise HangtraceError("cannot create run directory %s: %s" % (path, e.strerror or e), remedy) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise HangtraceError("run directory %s is not writable" % path, remedy)
+    return created
+
+
 def cmd_run(args):
     """Run CMD traced; print the verdict on stall or crash; exit with CMD's status."""
     from .hooks.bootstrap import default_run_id
@@ -184,25 +232,41 @@ def cmd_run(args):
     run_id = default_run_id()
     run_dir = os.path.abspath(args.dir) if args.dir else os.path.join(
         __import__("tempfile").gettempdir(), "hangtrace-" + run_id)
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    created = _prepare_run_dir(run_dir)
     env = dict(os.environ)
     env.pop(config.HELPER, None)
     env.update({config.ENABLE: "1", config.DIR: run_dir, config.RUN_ID: run_id, config.AUTO_WATCH: "0"})
     if args.stall_s is not None:
         env[config.STALL_S] = str(args.stall_s)
-    _err("run directory %s" % run_dir)
     try:
         child = subprocess.Popen(cmd, env=env, start_new_session=True)
     except OSError as e:
-        raise HangtraceError("cannot start %r: %s" % (cmd[0], e), "check the command name and PATH")
+        if created:
+            try:
+                os.rmdir(run_dir)  # leave no empty run directory behind
+            except OSError:
+                pass
+        err = HangtraceError("cannot start %r: %s" % (cmd[0], e.strerror or e),
+                             "check the command name, its permissions and PATH")
+        # shell convention: 127 command not found, 126 found but not executable
+        err.exit_code = 127 if isinstance(e, FileNotFoundError) else 126
+        raise err from None
+    _err("run directory %s" % run_dir)
+
+    interrupts = []  # signals received from the user (Ctrl-C, kill)
 
     def forward(signum, frame):
+        # first SIGINT/SIGTERM: passed on to the job; a second one: SIGKILL the job's group
+        interrupts.append(signum)
         try:
-            os.killpg(child.pid, signum)
+            os.killpg(child.pid, signum if len(interrupts) == 1 else signal.SIGKILL)
         except OSError:
             pass
+        if len(interrupts) == 2:
+            _err("second interrupt: killing the job (SIGKILL)")
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     w = Watcher(run_dir, stall_s=args.stall_s, clock=time.monotonic)
+    w.log = _err
     poll = args.poll_s if args.poll_s is not None else min(config.get_float(config.POLL_S),
                                                            max(0.2, w.stall_s / 4))
     reported = False
@@ -213,29 +277,33 @@ def cmd_run(args):
                 break
             except subprocess.TimeoutExpired:
                 pass
+            if interrupts:
+                continue  # the user is stopping the job: its deaths are no incident
             inc = w.poll()
             if inc is None:
                 continue
             _err("%s detected: %s; collecting stacks and records ..." % (inc.kind, inc.detail))
+            reported = True  # one verdict per incident, even when the diagnosis failed
             try:
                 snap, diag, para = diagnose_and_report(run_dir, inc.kind, native=args.native)
-                reported = True
                 _report(snap, para)
             except HangtraceError as e:
-                _err(e.render())
+                sys.stderr.write(e.render() + "\n")
             if args.stop_on_stall and inc.kind == "stall":
                 # a death is not a stall: let the job end by itself (and exit with its own
                 # status); if the survivors hang, the stall that follows stops it
                 _err("stopping the job (--stop-on-stall)")
                 _stop(child)
-        if rc != 0 and not reported:
+        if interrupts:
+            _err("command interrupted; exit status %d; records in %s" % (_exit_status(rc), run_dir))
+        elif rc != 0 and not reported:
             # a crash the watcher did not catch in time (or a fast failure): analyse what is left
             try:
                 w.poll()
                 snap, diag, para = diagnose_and_report(run_dir, "death", with_stacks=False)
                 _report(snap, para)
             except HangtraceError as e:
-                _err(e.render())
+                sys.stderr.write(e.render() + "\n")
         elif rc == 0:
             _err("command finished with status 0; records in %s" % run_dir)
     finally:
@@ -291,8 +359,18 @@ def cmd_env(args):
         print(_dumps({"env_vars": env}))
     else:
         for k, v in env.items():
-            print("export %s=%s" % (k, v))
+            print("export %s=%s" % (k, shlex.quote(v)))
     return 0
+
+
+def _positive_float(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % text) from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError("must be > 0 seconds, got %r" % text)
+    return v
 
 
 def build_parser():
@@ -300,7 +378,7 @@ def build_parser():
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run a command traced; verdict on stall or crash")
-    r.add_argument("--stall-s", type=float, default=None, help="stall threshold in seconds (HANGTRACE_STALL_S)")
+    r.add_argument("--stall-s", type=_positive_float, default=None, help="stall threshold in seconds (HANGTRACE_STALL_S)")
     r.add_argument("--dir", default=None, help="run directory (HANGTRACE_DIR)")
     r.add_argument("--stop-on-stall", action="store_true", help="stop the job after the verdict")
     r.add_argument("--native", action="store_true", help="include native frames in stacks (slower)")
@@ -338,7 +416,7 @@ def build_parser():
     e = sub.add_parser("env", help="print the environment that turns tracing on")
     e.add_argument("--ray", action="store_true", help="as a Ray runtime_env JSON fragment")
     e.add_argument("--dir", default=None)
-    e.add_argument("--stall-s", type=float, default=None)
+    e.add_argument("--stall-s", type=_positive_float, default=None)
     e.set_defaults(fn=cmd_env)
     return p
 

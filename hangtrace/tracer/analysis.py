@@ -314,8 +314,9 @@ def _death(v):
         v.victim = bool(v.failed and is_transport_error(v.failed.get("error")))
     else:
         v.cause = "killed-without-record"
-        v.cause_text = ("pid vanished without a clean-exit record or signal dump "
-                        "(SIGKILL? host OOM-kill? Ray memory monitor?)")
+        v.cause_text = ("no exit record (SIGKILL, OOM kill, or stopped): the pid vanished without a "
+                        "clean-exit record or signal dump (a SIGTERM leaves a stacks/sigterm-* "
+                        "dump only where that folder is kept)")
         if code == -9:
             v.cause_text = "exit code -9 (SIGKILL; host OOM-kill or an external kill)"
         oom = [k for k, val in (p.meta or {}).items() if "oom" in str(k).lower() and val]
@@ -396,6 +397,22 @@ def _where(rec):
     return ", ".join(parts)
 
 
+#: Larger world sizes (and ranks) in a ring header are corrupt/implausible: ignored, so
+#: that one bad header cannot make the analysis allocate per-rank structures unboundedly.
+MAX_WORLD = 1 << 20
+#: At most this many ranks without a record file are listed (``missing_ranks``).
+MAX_MISSING_LISTED = 65536
+
+
+def _plausible_world(ws):
+    """``ws`` when it is a plausible world size (1..MAX_WORLD), else 0 (unknown)."""
+    try:
+        ws = int(ws)
+    except (TypeError, ValueError):
+        return 0
+    return ws if 0 < ws <= MAX_WORLD else 0
+
+
 class _Ctx:
     """Shared state of one diagnose() call."""
 
@@ -405,23 +422,46 @@ class _Ctx:
         self.evidence = []
         self.dups = []
         self.unranked = 0
+        self.bad = []  # evidence lines: implausible rank/world_size in a ring header
         procs = sorted(snapshot.processes, key=lambda p: (p.start_wall_ns or 0))
         chosen = {}
+        worlds = []
         for p in procs:
-            if p.rank is None or p.rank < 0:
+            ws = _plausible_world(p.world_size)
+            if p.world_size is not None and p.world_size > MAX_WORLD:
+                self.bad.append("process %s: implausible world_size %s in its ring header: ignored "
+                                "(world size treated as unknown)" % (p.key, p.world_size))
+            rank = p.rank
+            if rank is not None and (rank < -1 or rank >= MAX_WORLD or (ws and rank >= ws)):
+                self.bad.append("process %s: implausible rank %s%s in its ring header: "
+                                "treated as unranked" % (p.key, rank, " (world size %d)" % ws if ws else ""))
+                rank = None
+            if rank is None or rank < 0:
                 self.unranked += 1
                 continue
-            if p.rank in chosen:
-                self.dups.append((p.rank, chosen[p.rank].key, p.key))
-            chosen[p.rank] = p  # later start wins
+            if ws:
+                worlds.append(ws)
+            if rank in chosen:
+                self.dups.append((rank, chosen[rank].key, p.key))
+            chosen[rank] = p  # later start wins
         self.procs = chosen
         for r, p in chosen.items():
             self.views[r] = _index(r, p)
-        self.world = max([p.world_size or 0 for p in chosen.values()] + [0])
+        self.world = max(worlds + [0])
         if self.views:
             self.world = max(self.world, max(self.views) + 1)
         self.groups = self._groups()
-        self.nofile = sorted(set(range(self.world)) - set(self.views))
+        # ranks of range(world) without a record file; at most MAX_MISSING_LISTED listed
+        # (self.nmissing counts them all) - never a set of range(world)
+        self.nmissing = max(0, self.world - len(self.views))
+        self.nofile = []
+        if self.nmissing:
+            have = self.views
+            for r in range(self.world):
+                if r not in have:
+                    self.nofile.append(r)
+                    if len(self.nofile) >= MAX_MISSING_LISTED:
+                        break
         times = [v.last_wall for v in self.views.values() if v.last_wall]
         self.last_progress = max(times) if times else 0
         self.now = now_wall_ns or snapshot.taken_wall_ns or self.last_progress
@@ -868,12 +908,19 @@ def diagnose(snapshot, now_wall_ns=None, stall_s=None):
         d.cause = "no-data"
         d.summary = "No traced process with a rank in the snapshot%s." % (
             " (%d unreadable file(s), see errors)" % len(d.errors) if d.errors else "")
-        d.evidence = ["%d process(es), %d without a rank" % (len(snapshot.processes), ctx.unranked)]
+        ctx.add("%d process(es), %d without a rank" % (len(snapshot.processes), ctx.unranked))
+        for ln in ctx.bad[:10]:
+            ctx.add(ln)
         return _finish(ctx, d)
 
+    for ln in ctx.bad[:10]:
+        ctx.add(ln)
+    if len(ctx.bad) > 10:
+        ctx.add("... %d more processes with an implausible rank/world size" % (len(ctx.bad) - 10))
     if ctx.nofile:
-        ctx.add("ranks %s: no record file (world size %d): not traced, or file lost/unreadable"
-                % (format_ranks(ctx.nofile, 12), ctx.world))
+        ctx.add("%s: no record file (world size %d): not traced, or file lost/unreadable"
+                % ((_rk(ctx.nofile, 12) if ctx.nmissing == len(ctx.nofile) else
+                    "%d ranks (first: %s)" % (ctx.nmissing, format_ranks(ctx.nofile[:12], 12))), ctx.world))
     for r, k1, k2 in ctx.dups[:5]:
         ctx.add("rank %d: several processes (%s, %s); the later-started one is analysed" % (r, k1, k2))
 
@@ -884,9 +931,23 @@ def diagnose(snapshot, now_wall_ns=None, stall_s=None):
         if miss:
             d.details["missing_from_common_frame"] = miss
     insts, inst_of = _build_instances(ctx)
-    d.waiting_ranks = sorted(inst_of)
-
     hang = _hang(ctx, insts, inst_of)  # (Diagnosis-like dict) or None
+    stopped = _stopped_after_stall(ctx) if hang is None or hang["kind"] == "dead-rank" else None
+    if stopped is not None:
+        # every rank was killed at about the same time long after its last progress: the
+        # job was stopped because it hung; the hang is the verdict, the deaths cascade
+        for v in ctx.views.values():
+            v.victim = True
+        i2, o2 = _build_instances(ctx)
+        h2 = _hang(ctx, i2, o2)
+        if h2 is not None and h2["kind"] != "dead-rank":
+            insts, inst_of, hang = i2, o2, h2
+            ctx.add("every rank died within %.0f s, at least %.0f s after its last progress: the job was "
+                    "stopped after it hung; the deaths are listed as cascade" % stopped[:2])
+        else:
+            for r, was in stopped[2].items():
+                ctx.views[r].victim = was
+    d.waiting_ranks = sorted(inst_of)
     dead = [v for v in ctx.views.values() if v.dead]
     roots = sorted((v for v in dead if not v.victim), key=lambda v: (v.fail_wall or 0, v.rank))
     failures = _failures(ctx)
@@ -907,6 +968,40 @@ def diagnose(snapshot, now_wall_ns=None, stall_s=None):
     if failures:
         return _finish(ctx, _transport_verdict(ctx, d, failures))
     return _finish(ctx, _idle_verdict(ctx, d, insts, tree))
+
+
+#: "Stopped after a stall": every rank dead within this window (s) ...
+STOPPED_WINDOW_S = 30.0
+#: ... and each at least this long (s) after its last progress.
+STOPPED_GAP_S = 60.0
+_PROGRESS_KINDS = ("collective", "p2p", "step", "phase_enter", "phase_exit", "group")
+
+
+def _stopped_after_stall(ctx):
+    """``(spread_s, min_gap_s, {rank: victim})`` when every rank died without an exception
+    or exit code (killed without record / SIGTERM) within STOPPED_WINDOW_S of each other,
+    each at least STOPPED_GAP_S after its last progress (its records show it alive: memory
+    samples, progress stamps, dumps); else None."""
+    vs = list(ctx.views.values())
+    if len(vs) < 2 or not all(v.dead for v in vs):
+        return None
+    alive_at, gaps = [], []
+    for v in vs:
+        base = (v.mem or {}).get("base_cause") or v.cause
+        if base not in ("killed-without-record", "sigterm"):
+            return None
+        recs = v.proc.records or ()
+        prog = max([r.get("t_wall_ns") or 0 for r in recs if r.get("kind") in _PROGRESS_KINDS] or [0])
+        seen = max([v.last_wall or 0, v.proc.exit_wall_ns or 0]
+                   + [(x or {}).get("wall_ns") or 0 for x in (v.proc.signals or {}).values()])
+        if not prog or not seen:
+            return None
+        alive_at.append(seen)
+        gaps.append((seen - prog) / 1e9)
+    spread = (max(alive_at) - min(alive_at)) / 1e9
+    if spread > STOPPED_WINDOW_S or min(gaps) < STOPPED_GAP_S or spread > min(gaps) / 2:
+        return None
+    return spread, min(gaps), {v.rank: v.victim for v in vs}
 
 
 def _failures(ctx):
@@ -1497,7 +1592,13 @@ def _memory_details(ctx, d):
         a = atts.get(r)
         if a:
             lines += ["rank %d: %s" % (r, e) for e in a.get("evidence") or ()]
-    lines += mem.get("evidence") or []
+    try:
+        from .memory import significant
+        flags, trends = significant(mem, d.cause)
+    except Exception:
+        flags, trends = (), ()
+    if flags or trends:  # small kept/grown bytes stay in details['memory'] (text report)
+        lines += mem.get("evidence") or []
     for ln in lines[:10]:
         if ln not in ctx.evidence:
             ctx.add(ln)

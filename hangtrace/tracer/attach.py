@@ -17,6 +17,9 @@ from .discover import find_torch_processes
 from .errors import NoProcessesError
 from .model import ProcessInfo, Snapshot
 
+#: world sizes above this (from a process environment) are implausible and ignored
+_MAX_WORLD = 1 << 20
+
 
 def attach(pids=None, native=False, out_dir=None):
     """Find the job's processes (``pids`` or a scan), take stacks, diagnose.
@@ -132,8 +135,14 @@ def stack_verdict(snap):
     ev = d.evidence
     for c in cls:
         ev.append("ranks %s: %s" % (format_ranks(c["ranks"]), " > ".join(c["frames"][-4:])))
-    world = max([p.world_size for p in procs] or [-1])
-    missing = sorted(set(range(world)) - {p.rank for p in procs}) if world > 0 else []
+    world = max([p.world_size for p in procs if p.world_size and p.world_size <= _MAX_WORLD] or [-1])
+    have = {p.rank for p in procs}
+    missing = []
+    for r in range(world if world > 0 else 0):  # bounded: world <= _MAX_WORLD, <= 65536 listed
+        if r not in have:
+            missing.append(r)
+            if len(missing) >= 65536:
+                break
     if missing:
         ev.append("ranks %s of world size %d were not found on this host (dead, or on another node)"
                   % (format_ranks(missing), world))
@@ -168,6 +177,8 @@ def stack_verdict(snap):
         else:
             d.culprit_ranks = sorted(inside)
         d.kind = "collective-mismatch"
+        d.details["signatures"] = [{"op": op, "dtype": None, "numel": None, "ranks": sorted(rs)}
+                                   for op, rs in ranked]
         d.waiting_ranks = sorted(set(inside) - set(d.culprit_ranks))
         d.frames = top(d.culprit_ranks[0])
         d.summary = ("Collective mismatch: ranks are blocked in different collectives (%s). The odd one%s: "

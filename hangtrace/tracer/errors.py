@@ -52,6 +52,12 @@ class CorruptRingError(RingFormatError):
     remedy = "the header is inconsistent; the file was damaged. Remove it to analyse the other ranks"
 
 
+class UnreadableRunError(HangtraceError):
+    """Ring files were found, but none of them could be read."""
+
+    exit_code = 3
+
+
 class RunDirError(HangtraceError):
     """The run directory or snapshot is missing, empty or unreadable."""
 

@@ -122,28 +122,90 @@ def reserve(fd, off, length):
     os.pwrite(fd, bytes(length), off)
 
 
+def _proc_start_ticks(pid):
+    """Start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), or 0."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _env_int(name, default=-1):
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+def _write_identity(mm):
+    """Identity fields known at creation (the recorder writes the same ones again)."""
+    import socket
+    import time
+    pid = os.getpid()
+    IDENT.pack_into(mm, IDENT_OFF, pid, os.getppid(), time.time_ns(), time.monotonic_ns(),
+                    _proc_start_ticks(pid))
+    mm[HOST_OFF:HOST_OFF + HOST_LEN] = socket.gethostname().encode()[:HOST_LEN - 1].ljust(HOST_LEN, b"\0")
+    run_id = os.environ.get("HANGTRACE_RUN_ID", "")
+    mm[RUNID_OFF:RUNID_OFF + RUNID_LEN] = run_id.encode()[:RUNID_LEN - 1].ljust(RUNID_LEN, b"\0")
+    EXIT.pack_into(mm, EXIT_OFF, ST_RUNNING, 0, 0)
+    RANK.pack_into(mm, RANK_OFF, _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE"), 0)
+    PHASE.pack_into(mm, PHASE_OFF, 0, 0, -1)
+
+
 def create_ring(path, nslots, strtab_size=DEFAULT_STRTAB_SIZE):
     """Create a ring file and map it; return ``(fd, mmap, strtab_off)``.
 
-    The file is created with mode 0600 (O_EXCL), sized to its full length (sparse) and
-    mapped ``MAP_SHARED``; header and slots are reserved on disk at once.
+    The file is created with mode 0600, sized to its full length (sparse) and mapped
+    ``MAP_SHARED``; header and slots are reserved on disk at once.
+
+    It is built under a hidden temporary name (``.<name>.<pid>.creating``, which readers
+    never glob) and appears under ``path`` only once its fixed header and the identity
+    known at creation (pid, start time, host, run id, env rank) are written: a process
+    killed while creating its ring leaves no half-made ring (no 'rank 0 :0 unknown').
+    ``path`` is claimed exclusively (hard link; FileExistsError when it exists).
     Raises OSError (ENOSPC, EACCES, EEXIST ...) and leaves no file behind on failure.
     """
+    import errno
     strtab_off, total = layout(nslots, strtab_size)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    d, name = os.path.split(path)
+    tmp = os.path.join(d, ".%s.%d.creating" % (name, os.getpid()))
+    try:
+        os.unlink(tmp)  # left by a killed process that had our pid
+    except OSError:
+        pass
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    mm = None
     try:
         os.ftruncate(fd, total)
         reserve(fd, 0, strtab_off + STRTAB_CHUNK)
         mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        HDR_FIXED.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, nslots, strtab_off, strtab_size)
+        STRUSED.pack_into(mm, STRUSED_OFF, 8)
+        _write_identity(mm)
+        try:
+            os.link(tmp, path)  # atomic, exclusive: the complete header appears at once
+        except FileExistsError:
+            raise
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV):
+                raise
+            # no hard links on this file system: claim the name, then move the file over it
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            os.rename(tmp, path)
     except BaseException:
+        if mm is not None:
+            mm.close()
         os.close(fd)
         try:
-            os.unlink(path)
+            os.unlink(tmp)
         except OSError:
             pass
         raise
-    HDR_FIXED.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, nslots, strtab_off, strtab_size)
-    STRUSED.pack_into(mm, STRUSED_OFF, 8)
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
     return fd, mm, strtab_off
 
 

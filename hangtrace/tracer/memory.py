@@ -58,7 +58,7 @@ import math
 
 from . import format as F
 
-__all__ = ["samples", "ledger", "kept_across", "trend", "attribute", "summarize", "watch_lines",
+__all__ = ["significant", "significant_bytes", "samples", "ledger", "kept_across", "trend", "attribute", "summarize", "watch_lines",
            "fmt_bytes", "NEAR", "LOW"]
 
 #: memory at or above this fraction of the limit is "near the limit"
@@ -221,6 +221,8 @@ def kept_across(rows, rank=None):
     """Kept-across-phase-boundary flags of one process's ledger rows (see module doc)."""
     flags = []
     for metric, mrows in _by_metric(rows).items():
+        if metric == "cgroup":
+            continue  # shared by the ranks of a container: its growth is nobody's in particular
         steps = _steps_of(mrows)
         thr = _thr([r["enter"] for r in mrows] + [r["exit"] for r in mrows])
         if metric in ("rss", "cgroup"):  # host figures move with allocator arenas, page cache
@@ -309,9 +311,15 @@ def trend(ss, rows, metric):
             per_phase.setdefault(r["phase"], []).append(r["delta"])
     phase_growth = {ph: int(sum(d) / len(d)) for ph, d in per_phase.items()}
     limit = None
+    headroom_base = None  # the level the limit is compared with (default: this metric's)
     for s in reversed(ss):
         if s["limits"].get(metric):
             limit = s["limits"][metric]
+            break
+        if metric == "rss" and s["limits"].get("cgroup") and s["values"].get("cgroup") is not None:
+            # RSS has no limit of its own: the (possibly shared) cgroup's limit bounds it;
+            # this rank's growth eats the cgroup's remaining headroom
+            limit, headroom_base = s["limits"]["cgroup"], s["values"]["cgroup"]
             break
     last_step, last_v = ser[-1][0], ser[-1][1]
     newest = last_v
@@ -321,7 +329,8 @@ def trend(ss, rows, metric):
             break
     proj = None
     if steady and limit and slope > 0:
-        proj = last_step + max(0, int(math.ceil((limit - last_v) / slope)))
+        proj = last_step + max(0, int(math.ceil((limit - (last_v if headroom_base is None else headroom_base))
+                                                / slope)))
     growing = max(phase_growth.items(), key=lambda kv: kv[1])[0] if phase_growth else None
     return {"metric": metric, "steps": [ser[0][0], last_step], "nsteps": n, "bytes_per_step": int(slope),
             "steady": bool(steady), "first": int(ys[0]), "last": int(newest), "limit": limit,
@@ -558,10 +567,10 @@ def _metrics(ss):
 
 
 def _primary(ss, metric):
-    """Metrics worth a trend: cgroup (when limited) else rss; CUDA; gauges."""
-    if metric == "rss":
-        return not any(s["limits"].get("cgroup") for s in ss[-5:])
-    return True
+    """Metrics worth a per-rank trend: rss, CUDA, gauges. Never the cgroup usage: the
+    cgroup is usually shared by every rank of a container, so its growth is not one rank's
+    (it is only compared against its limit, see :func:`attribute`)."""
+    return metric != "cgroup"
 
 
 def analyse_process(proc, rank=None):
@@ -708,6 +717,41 @@ def summarize(procs_by_rank, focus, attributions=None, max_ranks=LEDGER_MAX_RANK
     out["advice"] = list(dict.fromkeys(out["advice"]))[:6]
     out["evidence"] = out["evidence"][:12]
     return out
+
+
+#: Kept/grown memory below both figures is not worth a line in a verdict (allocator noise,
+#: caches): at least this many bytes ...
+SIGNIFICANT_BYTES = 64 * MIB
+#: ... or this fraction of the limit.
+SIGNIFICANT_FRACTION = 0.05
+#: Death causes for which memory always matters.
+MEMORY_CAUSES = ("host-oom-kill", "ray-memory-monitor", "cuda-oom")
+
+
+def significant_bytes(n, limit=None):
+    """True when ``n`` bytes kept/grown matter: >= SIGNIFICANT_BYTES or >=
+    SIGNIFICANT_FRACTION of ``limit``."""
+    if n is None:
+        return False
+    return n >= SIGNIFICANT_BYTES or bool(limit and n >= SIGNIFICANT_FRACTION * limit)
+
+
+def significant(mem, cause=None):
+    """``(flags, trends)`` of a ``summarize`` result worth showing in a verdict: kept
+    flags / steady trends whose bytes are significant (:func:`significant_bytes`);
+    everything when ``cause`` is memory-related (MEMORY_CAUSES)."""
+    if not mem:
+        return [], []
+    flags, trends = mem.get("kept_across") or [], mem.get("trends") or []
+    if cause in MEMORY_CAUSES:
+        return list(flags), list(trends)
+    ranks = mem.get("ranks") or {}
+
+    def lim(r):
+        return (ranks.get(str(r)) or {}).get("limit")
+    return ([f for f in flags if significant_bytes(f.get("bytes_kept_median"), lim(f.get("rank")))],
+            [t for t in trends if significant_bytes((t.get("last") or 0) - (t.get("first") or 0),
+                                                    t.get("limit") or lim(t.get("rank")))])
 
 
 def watch_lines(records, label):

@@ -38,8 +38,8 @@ _NEXT = {
                         "directly"),
     "progressing": ("nothing to fix yet: take another snapshot later if the job still seems stuck, or "
                     "lower the stall threshold"),
-    "unknown": ("collect more data: stacks of every rank (hangtrace snapshot with py-spy, --native for "
-                "in-kernel waits), and the ranks without record files"),
+    "unknown": ("collect more data: stacks of every rank (`hangtrace dump RUN_DIR` while the job is "
+                "still hung, with py-spy installed; --native for in-kernel waits), and the ranks without record files"),
 }
 
 _DEAD_NEXT = {
@@ -169,21 +169,22 @@ def _memory_text(diag):
             out += " Memory (rank %s): %s of limit %s at its last sample (%s%s), peak %s." % (
                 r, _fb(v), _fb(at["limit"]), "phase '%s', " % at["phase"] if at.get("phase") else "",
                 "step %s" % at.get("step"), _fb(at.get("peak")))
-    for f in (mem.get("kept_across") or [])[:1]:
+    from .memory import significant
+    flags, trends = significant(mem, diag.cause)  # small kept/grown bytes: text report only
+    for f in flags[:1]:
         out += (" Memory kept across phases (rank %s): %s of %s kept across %s on step%s %s, released on "
                 "step%s %s." % (f["rank"], _fb(f["bytes_kept_median"]), f["metric"], " -> ".join(f["sequence"]),
                                 "s" if len(f["kept_steps"]) > 1 else "", ", ".join(map(str, f["kept_steps"][:6])),
                                 "s" if len(f["released_steps"]) > 1 else "",
                                 ", ".join(map(str, f["released_steps"][:6]))))
-    for t in (mem.get("trends") or [])[:1]:
+    for t in trends[:1]:
         out += " Memory growth (rank %s): %s +%s/step%s%s." % (
             t["rank"], t["metric"], _fb(t["bytes_per_step"]),
             " in phase '%s'" % t["growing_phase"] if t.get("growing_phase") else "",
             "; limit %s reached at about step %s" % (_fb(t["limit"]), t["projected_limit_step"])
             if t.get("projected_limit_step") is not None else "")
     adv = mem.get("advice") or []
-    if adv and (mem.get("kept_across") or mem.get("trends") or diag.cause in (
-            "host-oom-kill", "ray-memory-monitor", "cuda-oom")):
+    if adv and (flags or trends or diag.cause in ("host-oom-kill", "ray-memory-monitor", "cuda-oom")):
         out += " Memory advice: %s." % adv[0]
     return out
 
@@ -264,8 +265,15 @@ def verdict_paragraph(diag):
                                                   " numel=%s" % x["numel"] if x.get("numel") is not None else "",
                                                   _sig_where(x) if differ else "")
                                 for x in sigs[:4])
-            s = ("Collective mismatch: %s issued a different operation than the other members at %s "
-                 "(%s)%s%s; the group cannot complete it." % (who, coll, sig_txt, _where(diag), _doing(diag)))
+            if coll:
+                s = ("Collective mismatch: %s issued a different operation than the other members at %s"
+                     "%s%s%s; the group cannot complete it." % (
+                         who, coll, " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag)))
+            else:  # group/sequence number unknown (e.g. stacks only: hangtrace attach)
+                s = ("Collective mismatch: %s %s blocked in a different collective than the other ranks"
+                     "%s (group and sequence number unknown)%s%s; they cannot complete it." % (
+                         who, "is" if len(diag.culprit_ranks or ()) == 1 else "are",
+                         " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag)))
     elif k == "skipped-collective":
         ex = d.get("extra_collective")
         if diag.cause == "extra-collective" and ex:

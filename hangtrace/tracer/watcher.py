@@ -62,6 +62,7 @@ class Watcher:
         self.mem_warned = set()
         self.mem_next = clock() + MEM_CHECK_S
         self.mem_log = None  # callable(line); default: append to RUN_DIR/watcher-<host>.log
+        self.log = None  # callable(line) for other notes; default: the same log file
 
     def _read_headers(self):
         out = {}
@@ -100,11 +101,13 @@ class Watcher:
         now = self.clock()
         self.headers = self._read_headers()
         progressed = False
+        alive_progressed = False
         deaths = []
         alive_any = False
         for path, h in self.headers.items():
             sig = (h["progress_count"], h["phase_strid"], h["step"], h["state"])
-            if self.seen.get(path) != sig:
+            changed = self.seen.get(path) != sig
+            if changed:
                 progressed = True
                 self.seen[path] = sig
             if path in self.dead:
@@ -112,11 +115,16 @@ class Watcher:
             st = live_state(h)
             if st == "alive":
                 alive_any = True
+                if changed:
+                    alive_progressed = True
             elif st == "killed" or (st == "exited" and h["exit_code"] != 0):
                 self.dead.add(path)
                 deaths.append((path, h, st))
         if progressed:
             self.last_progress = now
+        if alive_progressed:
+            # only a process that is still alive and moved is progress after a stall: the
+            # state change of a process dying (stopped by the user or the launcher) is not
             self.reported_stall = False
         if now >= self.mem_next:
             self.mem_next = now + MEM_CHECK_S
@@ -126,6 +134,13 @@ class Watcher:
             for path, h, st in deaths:
                 what = "vanished without a clean-exit record" if st == "killed" else "exited with code %d" % h["exit_code"]
                 lines.append("rank %d (pid %d on %s) %s" % (h["rank"], h["pid"], h["host"], what))
+            if self.reported_stall:
+                # a stall was reported and nothing progressed since: these deaths are the
+                # hung job being stopped (user's signal, launcher, --stop-on-stall), not a
+                # new incident; the stall verdict and its snapshot stay the newest
+                for line in lines:
+                    self._log("%s: stopped after the stall" % line)
+                return None
             return Incident("death", "; ".join(lines), [p for p, _, _ in deaths])
         if alive_any and not self.reported_stall and now - self.last_progress >= self.threshold():
             self.reported_stall = True
@@ -160,10 +175,20 @@ class Watcher:
             pass
         return new
 
+    def _log(self, line):
+        """Watcher log line: ``self.log`` (callable) if set, else the watcher log file."""
+        if self.log is not None:
+            self.log(line)
+            return
+        self._write_log(line)
+
     def _mem_log(self, line):
         if self.mem_log is not None:
             self.mem_log(line)
             return
+        self._write_log(line)
+
+    def _write_log(self, line):
         import socket
         try:
             with open(os.path.join(self.run_dir, "watcher-%s.log" % socket.gethostname()), "a") as f:
@@ -207,8 +232,10 @@ def _gcs_unreachable(address, timeout_s=3.0):
     than 200 s), so the watcher checks first.
     """
     import socket
+    if address.startswith("ray://"):
+        address = address[len("ray://"):]  # Ray client: its server port is checked the same way
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isdigit() or "/" in host:
         return None  # 'auto', 'ray://…' or a form we do not parse: let Ray decide
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
@@ -308,6 +335,7 @@ def main(argv=None):
     w = Watcher(run_dir)
     idle = 0
     w.mem_log = lambda line: log(line)  # issue 5: memory early warnings
+    w.log = lambda line: log(line)
 
     def log(msg):
         with open(log_path, "a") as f:

@@ -114,3 +114,60 @@ def test_death_detected_at_next_poll(tmp_path, how, expect):
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+@pytest.mark.parametrize("how", ["kill", "exit143"])
+def test_deaths_after_stall_are_not_a_new_incident(tmp_path, how):
+    """Stopping a hung job (user's SIGTERM, launcher's SIGKILL, --stop-on-stall) keeps the
+    stall verdict: the deaths are logged, no second incident."""
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+            "from hangtrace.hooks import lifecycle\n"
+            "print('ready', flush=True); time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], env=base_env(tmp_path, RANK=1),
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        clk = Clock()
+        logged = []
+        w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
+        w.log = logged.append
+        assert w.poll() is None
+        clk.t += 60  # past the start-up grace too
+        w.startup_stall_s = 10
+        inc = w.poll()
+        assert inc is not None and inc.kind == "stall"
+        p.send_signal(signal.SIGKILL if how == "kill" else signal.SIGTERM)
+        p.wait(timeout=30)
+        clk.t += 1
+        assert w.poll() is None
+        assert any("stopped after the stall" in line and "rank 1" in line for line in logged)
+        assert w.poll() is None
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_death_after_progress_since_stall_is_reported(tmp_path, rec):
+    p = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read(); sys.exit(3)"],
+                         env=base_env(tmp_path, RANK=1), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        clk = Clock()
+        w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
+        w.startup_stall_s = 10
+        assert w.poll() is None
+        clk.t += 11
+        assert w.poll().kind == "stall"
+        rec.heartbeat()              # the job moved on after the stall
+        clk.t += 1
+        assert w.poll() is None
+        p.stdin.close()
+        p.wait(timeout=30)
+        inc = w.poll()
+        assert inc is not None and inc.kind == "death" and "exited with code 3" in inc.detail
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()

@@ -1,0 +1,197 @@
+"""CLI robustness: exit codes, messages and the verdict of `hangtrace run` (real subprocesses)."""
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from jobs import base_env, free_port  # noqa: E402
+
+from hangtrace.tracer import format as F  # noqa: E402
+
+
+def ht(*args, env=None, cwd=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "hangtrace"] + [str(a) for a in args], env=env or base_env(traced=False),
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def start_run(run_dir, code, *opts, **extra):
+    env = base_env(traced=False, RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, HANGTRACE_STARTUP_STALL_S=1, **extra)
+    return subprocess.Popen([sys.executable, "-m", "hangtrace", "run", "--dir", str(run_dir), "--poll-s", "0.2"]
+                            + list(opts) + ["--", sys.executable, "-c", code],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_stderr(p, needle, timeout=60):
+    """Read p's stderr lines until one contains ``needle``; returns the lines read."""
+    lines = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = p.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError("no %r in stderr: %s" % (needle, "".join(lines)))
+
+
+HANG = "import os, time; print('ready', os.getpid(), flush=True); time.sleep(120)"
+
+
+def snapshots(run_dir):
+    d = os.path.join(str(run_dir), "snapshots")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+@pytest.mark.parametrize("how", ["user_sigterm", "launcher_sigkill", "stop_on_stall"])
+def test_stopping_after_stall_keeps_the_stall_verdict(tmp_path, how):
+    run_dir = tmp_path / "run"
+    opts = ["--stall-s", "1"] + (["--stop-on-stall"] if how == "stop_on_stall" else [])
+    p = start_run(run_dir, HANG, *opts)
+    try:
+        job_pid = int(p.stdout.readline().split()[1])
+        wait_stderr(p, "==== hangtrace verdict")
+        if how == "user_sigterm":
+            p.send_signal(signal.SIGTERM)
+        elif how == "launcher_sigkill":
+            time.sleep(1)
+            os.kill(job_pid, signal.SIGKILL)
+        rc = p.wait(timeout=60)
+        rest = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert rc in (128 + signal.SIGTERM, 128 + signal.SIGKILL), rest
+    assert "==== hangtrace verdict" not in rest, rest
+    assert "death detected" not in rest, rest
+    assert "hangtrace: hangtrace:" not in rest
+    assert len(snapshots(run_dir)) == 1
+    out = ht("analyze", run_dir)
+    assert out.returncode == 0, out.stderr
+    assert "dead rank" not in out.stdout.lower()
+
+
+def test_second_sigint_kills_job_without_verdict(tmp_path):
+    code = ("import os, signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "print('ready', os.getpid(), flush=True); time.sleep(120)")
+    p = start_run(tmp_path / "run", code, "--stall-s", "600")
+    try:
+        p.stdout.readline()
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert p.poll() is None      # forwarded, ignored by the job
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=30)
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert rc == 128 + signal.SIGKILL, err
+    assert "verdict" not in err and "Unknown" not in err and "no ring files" not in err, err
+
+
+def test_first_sigint_forwarded_no_postmortem(tmp_path):
+    p = start_run(tmp_path / "run", HANG, "--stall-s", "600")
+    try:
+        p.stdout.readline()
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=30)
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert rc not in (0, 128 + signal.SIGKILL), err
+    assert "verdict" not in err and "Unknown" not in err, err
+    assert "hangtrace: hangtrace:" not in err
+
+
+def test_env_is_shell_quoted(tmp_path):
+    for d in ["a b", "x;echo PWNED", "it's"]:
+        out = ht("env", "--dir", d, cwd=tmp_path)
+        assert out.returncode == 0
+        script = out.stdout + 'printf "%s" "$HANGTRACE_DIR"\n'
+        res = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+        assert res.stdout == str(tmp_path / d) and "PWNED\n" not in res.stdout
+        assert ("export HANGTRACE_DIR=%s" % shlex.quote(str(tmp_path / d))) in out.stdout
+
+
+def test_run_bad_dir_is_user_error(tmp_path):
+    f = tmp_path / "README.md"
+    f.write_text("x")
+    for d in [f, "/proc/xx"]:
+        out = ht("run", "--dir", d, "--", "true")
+        assert out.returncode == 2, out.stderr
+        assert "Traceback" not in out.stderr and "remedy:" in out.stderr
+
+
+def test_run_missing_command_127_no_dir_left(tmp_path):
+    d = tmp_path / "run"
+    out = ht("run", "--dir", d, "--", "no-such-cmd-hangtrace")
+    assert out.returncode == 127, out.stderr
+    assert "no-such-cmd-hangtrace" in out.stderr and "Traceback" not in out.stderr
+    assert "hangtrace: hangtrace:" not in out.stderr
+    assert not d.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "abc"])
+def test_stall_s_must_be_positive(tmp_path, value):
+    out = ht("run", "--stall-s", value, "--dir", tmp_path / "r", "--", "true")
+    assert out.returncode == 2 and "--stall-s" in out.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_exit_codes_of_analyze_and_records(tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "ring-h-1.htr").write_bytes(b"garbage" * 100)
+    (bad / "ring-h-2.htr").write_bytes(b"HTRING01")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    f = tmp_path / "README.md"
+    f.write_text("x")
+    for cmd in ("analyze", "records"):
+        out = ht(cmd, bad)
+        assert out.returncode == 3, out.stderr
+        assert "ring-h-1.htr" in out.stderr and "ring-h-2.htr" in out.stderr
+        assert ht(cmd, empty).returncode == 4
+        out = ht(cmd, f)
+        assert out.returncode == 4 and "is not a directory" in out.stderr
+
+
+def test_ring_appears_with_identity(tmp_path):
+    """A ring is created under a hidden name and appears with its identity written: a
+    process killed while creating it leaves no 'rank 0 :0' ghost."""
+    path = str(tmp_path / "ring-x-1.htr")
+    fd, mm, _ = F.create_ring(path, 16)
+    try:
+        with open(path, "rb") as f:
+            h = F.read_header(f.read(F.HEADER_SIZE), path)
+        assert h["pid"] == os.getpid() and h["host"] and h["proc_start_ticks"] > 0
+        assert os.listdir(str(tmp_path)) == ["ring-x-1.htr"]
+        with pytest.raises(FileExistsError):
+            F.create_ring(path, 16)
+        assert os.listdir(str(tmp_path)) == ["ring-x-1.htr"]
+    finally:
+        mm.close()
+        os.close(fd)
+    # what a process killed during creation leaves: a hidden file, invisible to readers
+    (tmp_path / ".ring-x-2.htr.2.creating").write_bytes(bytes(F.HEADER_SIZE + 16 * F.SLOT_SIZE))
+    out = ht("records", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert ":0 " not in out.stdout and "creating" not in out.stdout + out.stderr
+
+
+def test_dump_ray_unreachable_address_fails_fast(tmp_path):
+    t = time.time()
+    out = ht("dump", "--ray", "--address", "127.0.0.1:%d" % free_port(), tmp_path, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "cannot reach the Ray cluster" in out.stderr and "remedy:" in out.stderr
+    assert time.time() - t < 30
