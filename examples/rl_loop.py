@@ -247,9 +247,9 @@ def run(a):
 
     def opts(i):
         o = {"num_cpus": 0}
-        if a.spread:   # round-robin over the nodes (Ray's "SPREAD" is best effort)
+        if a.spread:   # round-robin over the nodes, hard affinity (Ray's "SPREAD" and soft affinity are best effort)
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-            o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=True)
+            o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False)
         return o
     TrainerActor = ray.remote(Trainer)
     RolloutActor = ray.remote(Rollout)

@@ -47,14 +47,7 @@ _S_COMPLETED = F.S_COMPLETED
 _EMPTY_SLOT = bytes(F.SLOT_SIZE)
 
 
-def _proc_start_ticks(pid):
-    """Start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), or 0."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read()
-        return int(data.rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return 0
+_proc_start_ticks = F.proc_start_ticks
 
 
 def _free_ring_path(path, pid):

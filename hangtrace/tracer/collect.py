@@ -25,12 +25,7 @@ _HOST = socket.gethostname()
 
 
 def _proc_ticks(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read()
-        return int(data.rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    return F.proc_start_ticks(pid, None)
 
 
 def _zombie(pid):

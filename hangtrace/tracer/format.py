@@ -122,13 +122,15 @@ def reserve(fd, off, length):
     os.pwrite(fd, bytes(length), off)
 
 
-def _proc_start_ticks(pid):
-    """Start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), or 0."""
+def proc_start_ticks(pid, default=0):
+    """Start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), or
+    ``default`` when the process does not exist or cannot be read. Tells a reused pid
+    from the process that wrote a ring (proc(5): the value never changes, even at exec)."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             return int(f.read().rsplit(b")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
-        return 0
+        return default
 
 
 def _env_int(name, default=-1):
@@ -144,7 +146,7 @@ def _write_identity(mm):
     import time
     pid = os.getpid()
     IDENT.pack_into(mm, IDENT_OFF, pid, os.getppid(), time.time_ns(), time.monotonic_ns(),
-                    _proc_start_ticks(pid))
+                    proc_start_ticks(pid))
     mm[HOST_OFF:HOST_OFF + HOST_LEN] = socket.gethostname().encode()[:HOST_LEN - 1].ljust(HOST_LEN, b"\0")
     run_id = os.environ.get("HANGTRACE_RUN_ID", "")
     mm[RUNID_OFF:RUNID_OFF + RUNID_LEN] = run_id.encode()[:RUNID_LEN - 1].ljust(RUNID_LEN, b"\0")
