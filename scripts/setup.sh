@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# One-time set-up on a fresh machine (idempotent): hangtrace (editable, with its .pth
-# activation line), a CPU build of torch pinned to the file on this machine's disk,
-# Ray with its state API, and the test tools.
+# One-time set-up on a fresh machine (idempotent): hangtrace from THIS checkout (editable,
+# with its .pth activation line and the optional C hot path), a CPU build of torch pinned
+# to the file on this machine's disk, numpy, Ray with its state API, and the test tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+here=$(pwd -P)
 PY=${PYTHON:-python3}
-if ! "$PY" -c "import hangtrace, torch, ray, pytest" >/dev/null 2>&1 || \
-   ! "$PY" -c "import importlib.metadata as m; m.version('hangtrace')" >/dev/null 2>&1; then
+# Checked from / so that the checkout itself is not on sys.path: the installed hangtrace
+# must be this checkout's (another clone's editable install would be tested otherwise).
+installed=$(cd / && "$PY" -c "import hangtrace, torch, ray, pytest, numpy, os; \
+print(os.path.realpath(os.path.dirname(os.path.dirname(hangtrace.__file__))))" 2>/dev/null || true)
+if [ "$installed" != "$here" ]; then
   "$PY" -m pip install --quiet --root-user-action=ignore --disable-pip-version-check \
       "torch==2.13.0" -e ".[torch,ray,test]"
 fi
