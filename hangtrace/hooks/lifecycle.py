@@ -177,6 +177,10 @@ def detach():
             _own_fatal[0] = False
     except Exception:
         pass
+    _close_files()
+
+
+def _close_files():
     for f in _files:
         try:
             f.close()
@@ -192,12 +196,7 @@ def install(rt, forked_from=None):
     rec = rt.recorder
     rec.event("start", argv=list(sys.argv)[:50], executable=sys.executable, ppid=os.getppid(),
               forked_from=forked_from)
-    for f in _files:
-        try:
-            f.close()
-        except Exception:
-            pass
-    del _files[:]
+    _close_files()
     del _sigterm_file[:]
     if forked_from is None:
         atexit.register(_on_exit)

@@ -281,7 +281,7 @@ def test_wrapper_frames_hidden_from_displayed_frames():
     b[0].wait()
     b[0].set(stacks=stack("all_reduce /site-packages/torch/distributed/distributed_c10d.py:3252",
                           "wrapper /site-packages/torch/distributed/c10d_logger.py:83",
-                          "_make_wrapper.<locals>.wrapper /work/hangtrace/hooks/torch_dist.py:177",
+                          "_make_wrapper.<locals>.wrapper /opt/site-packages/hangtrace/hooks/torch_dist.py:177",
                           "train_step train.py:40", "main train.py:90", active=False))
     b[1].set(stacks=stack(*QUEUE_GET, active=False))
     d = check(diagnose(snap(b)), "stuck-outside-collective", [1])
