@@ -103,7 +103,7 @@ def _os_exit_wrapper(wrapped, instance, args, kwargs):
 def _excepthook_wrapper(wrapped, instance, args, kwargs):
     try:
         etype, evalue, tb = args[:3]
-        if not issubclass(etype, (SystemExit, KeyboardInterrupt)) or etype is KeyboardInterrupt:
+        if not issubclass(etype, SystemExit):  # KeyboardInterrupt counts: the process dies of it
             _exit_code[0] = 1
             _rt.recorder.event("exception", type=etype.__name__, message=str(evalue)[:4000],
                                traceback="".join(traceback.format_exception(etype, evalue, tb))[-16000:])
