@@ -14,7 +14,7 @@ modelled on a real incident in RL post-training:
     the rank instead runs a **self-watchdog stand-in** that SIGKILLs itself when its RSS
     passes the limit; it prints that it is a stand-in, and hangtrace will then (rightly)
     not call it a host OOM-kill. This is the plain-process version of the issue's Ray
-    trainer actor; the Ray-actor variant is not built.
+    trainer actor; the Ray-actor variant is ``--fault ray-grow`` (see ``ray_grow`` below).
 ``--fault kept`` - validation every 2 steps, checkpoint every step; on the steps doing both,
     the checkpoint keeps the validation cache (it "saves the eval results" and holds on to
     them), so the rollout engine's next ``wake_up`` exceeds its pool budget and raises an
@@ -64,7 +64,7 @@ except ImportError:  # runs without hangtrace too
             pass
     tracer = _T()
 
-FAULTS = ("none", "grow", "kept", "sigterm")
+FAULTS = ("none", "grow", "kept", "sigterm", "ray-grow")
 MIB = 1 << 20
 GIB = 1 << 30
 VAL_EVERY = 2      # kept: validation on steps 2, 4, ...
@@ -89,9 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.steps is None:
-        a.steps = 40 if a.fault == "grow" else 8
+        a.steps = 40 if a.fault in ("grow", "ray-grow") else 8
     if a.limit_mb is None:
-        a.limit_mb = {"grow": 450, "sigterm": 2048}.get(a.fault, 0)
+        a.limit_mb = {"grow": 450, "sigterm": 2048, "ray-grow": 400}.get(a.fault, 0)
     return a
 
 
@@ -367,10 +367,87 @@ def _rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+# ------------------------------------------------------------------------------ ray-grow
+# ``--fault ray-grow`` (added after the three above): the issue's own shape. A local Ray
+# (``ray.init(num_cpus=2)``, hangtrace's env vars in the job's runtime_env), one Trainer
+# actor named ``trainer-0`` whose ``train()`` keeps ``--grow-mb`` MiB per call (bytearrays,
+# every page touched) in phase ``train``. The driver asks the actor for its pid, moves that
+# worker process into a child memory cgroup (``--limit-mb``, default 400 MiB; swap too,
+# where the cgroup has it) and calls ``train()`` step by step until the kernel OOM-kills the
+# worker; it prints Ray's own error text (for this kill Ray says the worker "died
+# unexpectedly", without naming the OOM), removes the cgroup once the pid is gone and
+# shuts Ray down. Exit 137 on the kill, 1 if the actor outlived all steps, 2 without a
+# cgroup (no stand-in here). The actor's own runtime_env adds RANK=0/WORLD_SIZE=1 (as a
+# trainer launcher would), so hangtrace calls it rank 0.
+class Trainer:
+    """ray-grow: the trainer actor (made a Ray actor class in ``ray_grow``)."""
+
+    def __init__(self):
+        self.keep = []            # what the train phase keeps every step
+
+    def pid(self):
+        return os.getpid()
+
+    def train(self, s, grow_mb, sleep_s):
+        tracer.step(s)
+        with tracer.phase("train", step=s):
+            b = bytearray(grow_mb * MIB)
+            for i in range(0, len(b), 4096):
+                b[i] = 1          # touch every page: RSS really grows
+            self.keep.append(b)
+            time.sleep(sleep_s)
+        return _rss()
+
+
+def ray_grow(a):
+    import ray
+    run_dir = os.environ.get("HANGTRACE_DIR") or os.path.abspath("hangtrace-run")
+    env = {"HANGTRACE": "1", "HANGTRACE_DIR": run_dir, "HANGTRACE_AUTO_WATCH": "0"}
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=True)
+    cg = None
+    try:
+        # RANK/WORLD_SIZE as a trainer launcher sets them: hangtrace names the actor rank 0
+        actor = ray.remote(num_cpus=1, max_restarts=0)(Trainer).options(
+            name="trainer-0", runtime_env={"env_vars": dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")}).remote()
+        pid = ray.get(actor.pid.remote(), timeout=120)
+        cg = Cgroup(a.limit_mb * MIB)
+        if not cg.path:
+            print("driver: cannot create a memory cgroup (%s); ray-grow has no stand-in" % cg.error, flush=True)
+            cg = None
+            return 2
+        Cgroup._write(cg.path, "cgroup.procs", pid)
+        print("driver: Trainer 'trainer-0' pid %d moved into memory cgroup v%d %s (limit %d MiB)"
+              % (pid, cg.version, cg.path, a.limit_mb), flush=True)
+        errors = (ray.exceptions.RayActorError,)
+        if hasattr(ray.exceptions, "ActorDiedError"):
+            errors += (ray.exceptions.ActorDiedError,)
+        for s in range(1, a.steps + 1):
+            try:
+                rss = ray.get(actor.train.remote(s, a.grow_mb, a.step_sleep_s), timeout=120)
+            except errors as e:
+                print("driver: trainer-0 died in train step %d; cgroup oom_kill counter %s" % (s, cg.oom_kills()),
+                      flush=True)
+                print("driver: Ray says: %s" % " ".join(str(e).split())[:1000], flush=True)
+                return 137
+            print("driver: trainer-0 step %d done rss %d MiB" % (s, rss // MIB), flush=True)
+        print("driver: trainer-0 survived %d steps (no kill)" % a.steps, flush=True)
+        return 1
+    finally:
+        if cg is not None:
+            for _ in range(100):          # rmdir only once the worker is gone
+                if not os.path.exists("/proc/%d" % pid):
+                    break
+                time.sleep(0.1)
+            cg.remove()
+        ray.shutdown()
+
+
 def main(argv=None):
     a = parse_args(argv)
     if a.worker:
         return worker(a)
+    if a.fault == "ray-grow":
+        return ray_grow(a)
     return launch(a)
 
 
