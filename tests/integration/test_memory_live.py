@@ -176,3 +176,40 @@ def test_watcher_warns_before_the_limit(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_ray_trainer_actor_grows_until_cgroup_oom_kill(tmp_path):
+    """examples/mem_faults.py --fault ray-grow: a Ray trainer actor in a real memory cgroup."""
+    pytest.importorskip("ray")
+    reason = _can_make_cgroup()
+    if reason:
+        pytest.skip("ray-grow needs a real memory cgroup: " + reason)
+    rc, out, err, diags, report, why = run_example(tmp_path, "ray-grow", timeout=120)
+    run_dir = str(tmp_path / "run")
+    if "cannot create a memory cgroup" in out:
+        pytest.skip("ray-grow could not create its cgroup: " + out[-500:])
+    assert rc == 137, why                          # the driver saw the actor die
+    assert "Trainer 'trainer-0' pid" in out and "died in train step" in out, why
+    assert "Ray says:" in out, why                            # Ray's message, printed by the driver
+
+    a = subprocess.run([sys.executable, "-m", "hangtrace", "analyze", "--json", run_dir],
+                       env=base_env(traced=False), capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert a.returncode == 0, a.stderr[-3000:]
+    d = json.loads(a.stdout)
+    assert (d["kind"], d["cause"]) == ("dead-rank", "host-oom-kill"), d["summary"] + "\n" + why
+    assert d["culprit_ranks"] == [0], d["summary"]
+    assert d["phase"] == "train" and isinstance(d["step"], int) and d["step"] >= 5, d["summary"]
+    det = d["details"]
+    acts = det["culprit_actors"]
+    assert [(x["class"], x["name"], x["rank"]) for x in acts] == [("Trainer", "trainer-0", 0)], acts
+    assert det["ray_actors"]["0"]["name"] == "trainer-0"
+    assert "Trainer 'trainer-0'" in d["summary"]
+    assert "Killed process %d" % acts[0]["pid"] in det["cause_text"], det["cause_text"]
+    at = det["memory"]["attribution"]["0"]["at_death"]
+    assert at["limit"] == 400 * MIB and at["phase"] == "train", at
+    # Ray's own death text, where the Ray join filled it, is Ray's: reported apart, not the cause
+    says = det.get("ray_says") or {}
+    for r, x in says.items():
+        assert x["text"] and x["text"] not in det["cause_text"] and x["text"] not in d["cause"], x
+        assert any("Ray says:" in e for e in d["evidence"]), d["evidence"]
+    assert not glob.glob("/sys/fs/cgroup/memory/hangtrace-test-*") and not glob.glob("/sys/fs/cgroup/hangtrace-test-*")
