@@ -118,7 +118,7 @@ def positions(rank, culprit, sched):
 
 # --------------------------------------------------------------------------- hangtrace side
 def build_snapshot(world, nrec):
-    from hangtrace.tracer.model import ProcessInfo, Snapshot
+    from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
     sched = schedule(nrec)
     defs = groups_of(world)
     culprit = culprit_of(world)
@@ -180,7 +180,7 @@ def _verdict(d):
 
 
 def _timed_diagnose(snap, out, tag):
-    from hangtrace.tracer.analysis import diagnose
+    from hangtrace.tracer.analyze.diagnose import diagnose
     base = _status()["VmRSS"]
     hwm_ok = _reset_hwm()
     t = time.perf_counter()
@@ -195,7 +195,7 @@ def _timed_diagnose(snap, out, tag):
 
 
 def child_hangtrace(world, nrec):
-    import hangtrace.tracer.analysis  # noqa: F401  (imports outside the measured build)
+    import hangtrace.tracer.analyze.diagnose  # noqa: F401  (imports outside the measured build)
     out = {"world": world, "records": nrec}
     out["rss_after_imports"] = _status()["VmRSS"]
     t = time.perf_counter()
@@ -217,7 +217,7 @@ def write_rings(world, nrec, snap_dir):
     """Real ring files (Recorder) for the synthetic hang, as a stored snapshot folder."""
     from unittest import mock
     from hangtrace.hooks import recorder as R
-    from hangtrace.tracer import format as F
+    from hangtrace.tracer.ring import layout as F
     rings = os.path.join(snap_dir, "rings")
     os.makedirs(rings, exist_ok=True)
     sched = schedule(nrec)
@@ -273,8 +273,8 @@ def child_write_rings(world, nrec, snap_dir):
 
 
 def child_read_rings(snap_dir):
-    from hangtrace.tracer.analysis import diagnose
-    from hangtrace.tracer.collect import load_snapshot
+    from hangtrace.tracer.analyze.diagnose import diagnose
+    from hangtrace.tracer.collect.rings import load_snapshot
     out = {"rss_after_imports": _status()["VmRSS"]}
     t = time.perf_counter()
     snap = load_snapshot(snap_dir)

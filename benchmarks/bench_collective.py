@@ -143,7 +143,7 @@ def child_collective(iters, warmup, batches, ab_pairs):
 def _ring_progress(rec):
     if rec is None:
         return 0
-    from hangtrace.tracer import format as F
+    from hangtrace.tracer.ring import layout as F
     return F.LIVE_DONE.unpack_from(rec.mm, F.LIVE_DONE_OFF)[3]
 
 
@@ -156,7 +156,7 @@ def child_micro(iters, batches):
     from hangtrace.hooks import recorder as R
     from hangtrace.hooks import torch_dist as TD
     from hangtrace.tracer import config
-    from hangtrace.tracer import format as F
+    from hangtrace.tracer.ring import layout as F
 
     d = tempfile.mkdtemp(prefix="ht-bench-")
     try:

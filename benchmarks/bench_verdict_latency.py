@@ -11,7 +11,7 @@ stamped with ``time.time_ns()`` (and ``time.monotonic()``) on arrival.
 
 The **stall onset** is the last progress anywhere in the run: the largest header field
 ``progress_wall_ns`` over the ring files of the run, read with
-``hangtrace.tracer.format.read_ring`` from the snapshot hangtrace stored when it gave
+``hangtrace.tracer.ring.reader.read_ring`` from the snapshot hangtrace stored when it gave
 the verdict (``RUN/snapshots/<time>/rings``; the live rings are read too, after the run,
 and any difference is reported). Reported per run:
 
@@ -65,11 +65,11 @@ def _clean_env():
 
 def _max_progress(ring_dir):
     """(max progress_wall_ns over the rings in ring_dir, {rank: progress_wall_ns})."""
-    from hangtrace.tracer import format as F
+    from hangtrace.tracer.ring import reader as R
     per = {}
     for path in glob.glob(os.path.join(ring_dir, "ring-*.htr")):
         try:
-            h = F.read_ring(path).header
+            h = R.read_ring(path).header
         except Exception:
             continue
         per["%d:%d" % (h["rank"], h["pid"])] = h["progress_wall_ns"]
@@ -136,7 +136,8 @@ def one_run(stall_s, tmp, timeout_s=180.0):
 # --------------------------------------------------------------------------- part 2
 def _wait_hung(run_dir, proc, quiet_s=3.0, timeout_s=120.0):
     """Wait until 5 rings exist and no progress for quiet_s; return the rings' pids."""
-    from hangtrace.tracer import format as F
+    from hangtrace.tracer.ring import layout as F
+    from hangtrace.tracer.ring import reader as R
     t0 = time.monotonic()
     last, since = None, time.monotonic()
     while time.monotonic() - t0 < timeout_s:
@@ -146,7 +147,7 @@ def _wait_hung(run_dir, proc, quiet_s=3.0, timeout_s=120.0):
         for path in glob.glob(os.path.join(run_dir, "ring-*.htr")):
             try:
                 with open(path, "rb") as f:
-                    heads.append(F.read_header(f.read(F.HEADER_SIZE), path))
+                    heads.append(R.read_header(f.read(F.HEADER_SIZE), path))
             except Exception:
                 pass
         ranked = [h for h in heads if h["rank"] >= 0]
@@ -172,7 +173,7 @@ def child_breakdown(rounds, tmp):
         for i in range(rounds):
             r = {}
             t = time.perf_counter()
-            from hangtrace.tracer.collect import load_run, take_snapshot, write_diagnosis
+            from hangtrace.tracer.collect.rings import load_run, take_snapshot, write_diagnosis
             r["import_collect_s"] = time.perf_counter() - t
             t = time.perf_counter()
             load_run(run_dir)
@@ -181,7 +182,7 @@ def child_breakdown(rounds, tmp):
             take_snapshot(run_dir, reason="request", with_stacks=False)
             r["snapshot_copy_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            from hangtrace.tracer import stacks as S
+            from hangtrace.tracer.collect import stacks as S
             r["import_stacks_s"] = time.perf_counter() - t
             t = time.perf_counter()
             res = S.dump_stacks(pids)
@@ -189,8 +190,8 @@ def child_breakdown(rounds, tmp):
             r["pyspy_ok"] = sum(1 for v in res.values() if v.get("threads"))
             snap = take_snapshot(run_dir, reason="request", with_stacks=True)
             t = time.perf_counter()
-            from hangtrace.tracer.analysis import diagnose
-            from hangtrace.tracer.report import text_report, verdict_paragraph
+            from hangtrace.tracer.analyze.diagnose import diagnose
+            from hangtrace.tracer.report.text import text_report, verdict_paragraph
             r["import_analysis_report_s"] = time.perf_counter() - t
             t = time.perf_counter()
             diag = diagnose(snap)
@@ -202,7 +203,7 @@ def child_breakdown(rounds, tmp):
             t = time.perf_counter()
             write_diagnosis(snap, diag, text)
             r["write_diagnosis_s"] = time.perf_counter() - t
-            from hangtrace.tracer.watcher import diagnose_and_report
+            from hangtrace.tracer.watch.watcher import diagnose_and_report
             t = time.perf_counter()
             _s, d2, _p = diagnose_and_report(run_dir, "request")
             r["diagnose_and_report_s"] = time.perf_counter() - t

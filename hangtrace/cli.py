@@ -68,7 +68,7 @@ def _fmt_record(r):
 
 def cmd_records(args):
     """List every traced process of a run and its last records."""
-    from .tracer.collect import load_run
+    from .tracer.collect.rings import load_run
     _check_dir(args.run_dir)
     snap = _readable(load_run(args.run_dir))
     if args.json:
@@ -103,7 +103,7 @@ def cmd_records(args):
 
 # --- analyze / dump ------------------------------------------------------------------------
 def _print_diag(diag, snap, as_json):
-    from .tracer.report import diagnosis_json, verdict_paragraph
+    from .tracer.report.text import diagnosis_json, verdict_paragraph
     if as_json:
         d = diagnosis_json(diag)
         d["snapshot"] = snap.path
@@ -139,17 +139,17 @@ def _readable(snap):
 
 def _load_snapshot_any(path):
     """A stored snapshot; one taken by ``dump --ray`` gets Ray's records joined (issue 4)."""
-    from .tracer.collect import load_snapshot
+    from .tracer.collect.rings import load_snapshot
     if os.path.exists(os.path.join(path, "ray_state.json")):
-        from .tracer.raycollect import load_ray_snapshot
+        from .tracer.collect.raycluster import load_ray_snapshot
         return load_ray_snapshot(path)
     return load_snapshot(path)
 
 
 def cmd_analyze(args):
     """Offline analysis of a run directory (newest snapshot, else the rings) or a snapshot."""
-    from .tracer.analysis import diagnose
-    from .tracer.collect import is_snapshot, load_run, load_snapshot, newest_snapshot
+    from .tracer.analyze.diagnose import diagnose
+    from .tracer.collect.rings import is_snapshot, load_run, load_snapshot, newest_snapshot
     path = args.path
     _check_dir(path)
     if is_snapshot(path):
@@ -165,7 +165,7 @@ def cmd_analyze(args):
 
 def cmd_dump(args):
     """Snapshot and diagnose a live run now; the job keeps running."""
-    from .tracer.watcher import diagnose_and_report
+    from .tracer.watch.watcher import diagnose_and_report
     if getattr(args, "ray", False):  # issue 4: every alive node of a Ray cluster
         return _dump_ray(args)
     run_dir = args.run_dir or os.environ.get(config.DIR)
@@ -178,11 +178,11 @@ def cmd_dump(args):
 
 def _dump_ray(args):
     """``dump --ray``: collector tasks pinned to every alive Ray node, one local snapshot."""
-    from .tracer.analysis import diagnose
-    from .tracer.collect import write_diagnosis
-    from .tracer.raycollect import dump_cluster
-    from .tracer.report import text_report
-    from .tracer.watcher import _gcs_unreachable
+    from .tracer.analyze.diagnose import diagnose
+    from .tracer.collect.rings import write_diagnosis
+    from .tracer.collect.raycluster import dump_cluster
+    from .tracer.report.text import text_report
+    from .tracer.watch.watcher import _gcs_unreachable
     address = args.address or os.environ.get("RAY_ADDRESS")
     why = _gcs_unreachable(address, timeout_s=3.0) if address and address != "auto" else None
     if why:
@@ -225,7 +225,7 @@ def _prepare_run_dir(path):
 def cmd_run(args):
     """Run CMD traced; print the verdict on stall or crash; exit with CMD's status."""
     from .hooks.bootstrap import default_run_id
-    from .tracer.watcher import Watcher, diagnose_and_report
+    from .tracer.watch.watcher import Watcher, diagnose_and_report
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if not cmd:
         raise HangtraceError("no command given", "usage: hangtrace run [options] -- CMD ...")
@@ -339,7 +339,7 @@ def _stop(child, grace_s=5.0):
 # --- attach ------------------------------------------------------------------------------
 def cmd_attach(args):
     """Stacks of a hung job that was not started with hangtrace; names the outliers."""
-    from .tracer.attach import attach
+    from .tracer.collect.attach import attach
     diag, snap = attach(args.pid or None, native=args.native)
     _print_diag(diag, snap, args.json)
     return 0

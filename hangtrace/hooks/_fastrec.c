@@ -31,7 +31,7 @@
 #include <string.h>
 #include <time.h>
 
-/* --- ring layout (docs/FORMAT.md; hangtrace/tracer/format.py) ----------------- */
+/* --- ring layout (docs/FORMAT.md; hangtrace/tracer/ring/layout.py) ----------------- */
 #define HEADER_SIZE 4096
 #define SLOT_SIZE 128
 #define LIVE_ISSUE_OFF 512 /* next_idx, inflight_idx */

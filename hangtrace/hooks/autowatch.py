@@ -3,7 +3,7 @@
 ``hangtrace run`` starts its own watcher and sets ``HANGTRACE_AUTO_WATCH=0`` for the
 job. Elsewhere the first traced process on a node that finds no watcher creates
 ``RUN_DIR/watcher-<host>.pid`` (O_EXCL: exactly one wins) and starts
-``python -m hangtrace.tracer.watcher RUN_DIR`` detached, with tracing stripped from its
+``python -m hangtrace.tracer.watch.watcher RUN_DIR`` detached, with tracing stripped from its
 environment. A pid file whose process is gone is replaced.
 
 The pid file is per host, not per Ray node: several Ray nodes on one host (as with
@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 
-from ..tracer import config
+from hangtrace.tracer import config
 
 
 def _alive(pid):
@@ -104,7 +104,7 @@ def maybe_start(rt):
         launcher = ("import subprocess, sys; p = subprocess.Popen(sys.argv[1:], start_new_session=True, "
                     "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
                     "print(p.pid)")
-        out = subprocess.run([sys.executable, "-c", launcher, sys.executable, "-m", "hangtrace.tracer.watcher",
+        out = subprocess.run([sys.executable, "-c", launcher, sys.executable, "-m", "hangtrace.tracer.watch.watcher",
                               rt.run_dir], env=env, stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30, check=True)
         pid = int(out.stdout.strip())

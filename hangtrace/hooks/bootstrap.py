@@ -14,7 +14,8 @@ import tempfile
 import threading
 import time
 
-from ..tracer import api, config
+from hangtrace.tracer import api
+from hangtrace.tracer import config
 
 _active = None  # the Runtime of this process, or None
 _lock = threading.Lock()

@@ -1,6 +1,6 @@
 """Memory sampling inside a traced process (issue 5): host, cgroup, CUDA, gauges -> ring.
 
-What one sample writes (record layout in ``tracer/format.py``, kind K_MEM):
+What one sample writes (record layout in ``tracer/ring/layout.py``, kind K_MEM):
 
 * ``host``: RSS (``/proc/PID/statm`` field 2 x page size), swap (``VmSwap`` of
   ``/proc/PID/status``), and the process's memory cgroup: usage, limit (the smallest limit
@@ -40,8 +40,9 @@ import sys
 import threading
 import time
 
-from ..tracer import api, config
-from ..tracer import format as F
+from hangtrace.tracer import api
+from hangtrace.tracer import config
+from hangtrace.tracer.ring import layout as F
 
 THREAD_NAME = "hangtrace-memory"
 NO_LIMIT = 1 << 60  # limits at or above this are "no limit" (v1 reports 2**63 - 4096)

@@ -56,7 +56,8 @@ import inspect
 import os
 import threading
 
-from ..tracer import api, config
+from hangtrace.tracer import api
+from hangtrace.tracer import config
 
 HOOK_ENV = config.RAY_HOOK
 #: Ray versions whose internals the 'executor' and 'class' paths were written against

@@ -20,8 +20,9 @@ import sys
 import threading
 import time
 
-from ..tracer import config as _config
-from ..tracer import format as F
+from hangtrace.tracer import config as _config
+from hangtrace.tracer.ring import layout as F
+from hangtrace.tracer.ring import reader as R
 
 try:  # optional C hot path (built by setup.py where a compiler exists); see _FastRecorder
     from . import _fastrec
@@ -61,7 +62,7 @@ def _free_ring_path(path, pid):
     ticks = _proc_start_ticks(pid)
     try:
         with open(path, "rb") as f:
-            h = F.read_header(f.read(F.HEADER_SIZE), path)
+            h = R.read_header(f.read(F.HEADER_SIZE), path)
         same = h["pid"] == pid and h["proc_start_ticks"] == ticks
     except Exception:
         same = False
@@ -309,7 +310,7 @@ class Recorder:
         self._touch_progress()
 
     def memory(self, source, what, a0=-1, a1=-1, a2=-1, a3=-1, a4=-1):
-        """Write one memory record (kind K_MEM; layout in ``tracer/format.py``, issue 5).
+        """Write one memory record (kind K_MEM; layout in ``tracer/ring/layout.py``, issue 5).
 
         ``source``: MEM_TIMER/ENTER/EXIT/STEP/OOM; ``what``: string id of 'host', 'cuda:N'
         or 'gauge:<name>'; ``a0..a4``: byte figures (-1 unknown). Not progress: the

@@ -27,7 +27,7 @@ import threading
 
 import wrapt
 
-from ..tracer import format as F
+from hangtrace.tracer.ring import layout as F
 from .recorder import _fastrec
 
 # name -> (input tensor parameter or None, peer parameter names, is_p2p, payload kind)
@@ -565,7 +565,7 @@ def install(dist, recorder, log):
     """
     global _state
     import os
-    from ..tracer import config
+    from hangtrace.tracer import config
     if _state is None:
         _state = _new_state(recorder, log)
         _state.dist = dist

@@ -4,6 +4,6 @@
 ``tracer.step(n)``; ``tracer.heartbeat()``. This package's ``__init__`` stays light:
 ``hangtrace.hooks`` imports from it inside every traced process.
 """
-from .api import enabled, gauge, heartbeat, phase, step
+from hangtrace.tracer.api import enabled, gauge, heartbeat, phase, step
 
 __all__ = ["phase", "step", "heartbeat", "enabled", "gauge"]

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from jobs import base_env, free_port, kill_all
-from hangtrace.tracer import format as F
+from hangtrace.tracer.ring import layout as F
+from hangtrace.tracer.ring import reader as R
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")
@@ -33,7 +34,7 @@ def rings(run_dir):
     """{pid: RingData} of every ring file in ``run_dir``."""
     out = {}
     for path in glob.glob(os.path.join(str(run_dir), "ring-*.htr")):
-        r = F.read_ring(path)
+        r = R.read_ring(path)
         assert path.endswith("-%d.htr" % r.header["pid"])
         out[r.header["pid"]] = r
     return out
@@ -228,6 +229,6 @@ def test_child_started_with_preexec_fn_is_traced(tmp_path):
     out = subprocess.run([sys.executable, "-c", prog], env=base_env(tmp_path), capture_output=True,
                          text=True, timeout=60)
     assert out.stdout.strip() == "True", out
-    rings = [F.read_ring(p) for p in glob.glob(str(tmp_path / "ring-*.htr"))]
+    rings = [R.read_ring(p) for p in glob.glob(str(tmp_path / "ring-*.htr"))]
     assert len(rings) == 2
     assert sorted(r.header["step"] for r in rings) == [-1, 7]

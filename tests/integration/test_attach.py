@@ -36,7 +36,7 @@ def test_attach_names_stuck_rank_of_uninstrumented_job(tmp_path):
         assert os.path.exists(os.path.join(d["snapshot"], "report.txt"))
         # scan mode (no --pid) finds the job's ranks by their RANK/WORLD_SIZE environment
         # (other jobs may run on this machine, so check discovery rather than the choice)
-        from hangtrace.tracer.discover import find_torch_processes
+        from hangtrace.tracer.collect.discover import find_torch_processes
         found = {d["pid"]: d for d in find_torch_processes()}
         assert sorted((found[p]["rank"], found[p]["world_size"]) for p in pids) == [(0, 2), (1, 2)]
         assert job.pid not in found  # the launcher has no RANK: not a rank

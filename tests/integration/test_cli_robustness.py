@@ -11,7 +11,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from jobs import base_env, free_port  # noqa: E402
 
-from hangtrace.tracer import format as F  # noqa: E402
+from hangtrace.tracer.ring import layout as F  # noqa: E402
+from hangtrace.tracer.ring import reader as R
 
 
 def ht(*args, env=None, cwd=None, timeout=60):
@@ -173,7 +174,7 @@ def test_ring_appears_with_identity(tmp_path):
     fd, mm, _ = F.create_ring(path, 16)
     try:
         with open(path, "rb") as f:
-            h = F.read_header(f.read(F.HEADER_SIZE), path)
+            h = R.read_header(f.read(F.HEADER_SIZE), path)
         assert h["pid"] == os.getpid() and h["host"] and h["proc_start_ticks"] > 0
         assert os.listdir(str(tmp_path)) == ["ring-x-1.htr"]
         with pytest.raises(FileExistsError):

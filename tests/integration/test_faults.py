@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 from jobs import kill_all, start_ranks
-from hangtrace.tracer import format as F
+from hangtrace.tracer.ring import layout as F
+from hangtrace.tracer.ring import reader as R
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "scripts", "fault_job.py")
@@ -134,7 +135,7 @@ def test_disk_fills_while_the_string_table_grows(tmp_path, mounts):
     assert_job_unchanged(results)
     for rc, out, err in results:
         assert hangtrace_lines(err) == [], err
-    rings = [F.read_ring(os.path.join(str(mnt), n)) for n in os.listdir(str(mnt)) if n.startswith("ring-")]
+    rings = [R.read_ring(os.path.join(str(mnt), n)) for n in os.listdir(str(mnt)) if n.startswith("ring-")]
     assert len(rings) == 2
     for r in rings:
         # the ring stays readable; the last records are the phases (names lost, '?'/None)
@@ -172,7 +173,7 @@ def test_recorder_failing_in_every_collective(tmp_path):
     # the rings still carry the lifecycle and group records
     for name in os.listdir(str(run_dir)):
         if name.startswith("ring-"):
-            r = F.read_ring(str(run_dir / name))
+            r = R.read_ring(str(run_dir / name))
             assert r.header["state"] == F.ST_EXITED
             assert [x for x in r.records if x["kind"] == "collective"] == []
             assert r.groups and r.groups[0]["ranks"] == [0, 1]

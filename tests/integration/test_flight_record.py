@@ -2,13 +2,12 @@
 import glob
 import os
 import signal
-import sys
 
 import pytest
 
 from jobs import kill_all, start_ranks, wait_line, wait_until
-from hangtrace.tracer import format as F
-from hangtrace.tracer.collect import load_run
+from hangtrace.tracer.ring import reader as R
+from hangtrace.tracer.collect.rings import load_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")
@@ -99,7 +98,7 @@ def test_sigkill_mid_collective_is_readable(tmp_path):
 
         def inflight():
             for path in ring():
-                r = F.read_ring(path)
+                r = R.read_ring(path)
                 if r.header["rank"] == 1 and r.header["inflight_idx"]:
                     return r
         wait_until(inflight)

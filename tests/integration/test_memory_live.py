@@ -138,7 +138,7 @@ def test_sampler_thread_runs_in_forked_child_and_off_switch(tmp_path):
     out = subprocess.run([sys.executable, s], env=base_env(tmp_path / "run"), capture_output=True, text=True,
                          timeout=60).stdout
     assert "parent ['MainThread', 'hangtrace-memory']" in out and "child ['MainThread', 'hangtrace-memory']" in out
-    from hangtrace.tracer.collect import load_rings
+    from hangtrace.tracer.collect.rings import load_rings
     procs, _ = load_rings(str(tmp_path / "run"))
     assert len(procs) == 2 and all(p.memory for p in procs)
     off = subprocess.run([sys.executable, s], env=base_env(tmp_path / "run2", HANGTRACE_MEM="0"),
@@ -147,7 +147,7 @@ def test_sampler_thread_runs_in_forked_child_and_off_switch(tmp_path):
 
 
 def test_watcher_warns_before_the_limit(tmp_path):
-    from hangtrace.tracer.watcher import Watcher
+    from hangtrace.tracer.watch.watcher import Watcher
     s = _script(tmp_path, """
         import time
         from hangtrace import tracer

@@ -16,8 +16,9 @@ import time
 import pytest
 
 from jobs import REPO, base_env, wait_until
-from hangtrace.tracer import format as F
-from hangtrace.tracer.collect import load_run
+from hangtrace.tracer.ring import layout as F
+from hangtrace.tracer.ring import reader as R
+from hangtrace.tracer.collect.rings import load_run
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
@@ -103,7 +104,7 @@ def _headers(run_dir):
         if name.startswith("ring-"):
             try:
                 with open(os.path.join(run_dir, name), "rb") as f:
-                    out[name] = F.read_header(f.read(F.HEADER_SIZE))
+                    out[name] = R.read_header(f.read(F.HEADER_SIZE))
             except Exception:
                 pass
     return out
@@ -386,8 +387,8 @@ def test_node_watcher_stall_collects_on_every_node(cluster, tmp_path):
 # --- the Ray-state join, on plain data ---------------------------------------------------------------
 
 def test_raystate_join_by_actor_id_then_pid_and_death_text():
-    from hangtrace.tracer.model import ProcessInfo
-    from hangtrace.tracer.raystate import death_text, join
+    from hangtrace.tracer.snapshot import ProcessInfo
+    from hangtrace.tracer.collect.raystate import death_text, join
     cause = {"actor_died_error_context": {"error_message": "The actor is dead because its worker process has died.",
                                           "pid": 11}}
     state = {"source": "gcs",

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from jobs import base_env, kill_all, start_ranks, wait_line, wait_until
-from hangtrace.tracer import format as F
+from hangtrace.tracer.ring import reader as R
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")
@@ -123,7 +123,7 @@ def test_sigterm_inside_a_gloo_collective(tmp_path):
         def inflight():
             for path in os.listdir(str(run_dir)):
                 if path.startswith("ring-"):
-                    r = F.read_ring(os.path.join(str(run_dir), path))
+                    r = R.read_ring(os.path.join(str(run_dir), path))
                     if r.header["pid"] == traced[1].pid and r.header["inflight_idx"]:
                         return True
         wait_until(inflight)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from jobs import REPO, base_env, wait_until
-from hangtrace.tracer.collect import load_snapshot, take_snapshot
+from hangtrace.tracer.collect.rings import load_snapshot, take_snapshot
 
 
 def _make_run(run_dir, n=3):

@@ -9,7 +9,9 @@ import textwrap
 
 import pytest
 
-from hangtrace.tracer import config, discover, stacks
+from hangtrace.tracer import config
+from hangtrace.tracer.collect import discover
+from hangtrace.tracer.collect import stacks
 
 ok, why = stacks.pyspy_available()
 needs_pyspy = pytest.mark.skipif(not ok, reason=why)
@@ -276,11 +278,11 @@ def test_permission_denied_names_remedy():
         procs.append(target)
         assert target.stdout.readline().strip() == "ready"
         probe = ("import json, sys\n"
-                 "from hangtrace.tracer import stacks\n"
+                 "from hangtrace.tracer.collect import stacks\n"
                  "r = stacks.dump_stacks([%d])[%d]\n"
                  "print(json.dumps([r['error'], r['remedy'], stacks.ptrace_problem(%d)]))\n"
                  % (target.pid, target.pid, target.pid))
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(stacks.__file__))))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(stacks.__file__)))))
         env = dict(os.environ, PYTHONPATH=root)
         out = subprocess.run(["capsh", "--drop=cap_sys_ptrace", "--",
                               "-c", 'exec "$0" -c "$1"', sys.executable, probe],

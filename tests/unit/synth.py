@@ -5,7 +5,7 @@ collective with the next per-group seq, ``.p2p(group, peer, op)`` a p2p op with 
 per-(group, peer) seq; records get increasing ``idx`` and ``t_wall_ns`` (1 ms apart from
 ``T0`` plus the rank's offset). ``.build()`` returns the ProcessInfo. Times are ns.
 """
-from hangtrace.tracer.model import ProcessInfo, Snapshot
+from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 T0 = 1_700_000_000_000_000_000  # ns since the epoch
 MS = 1_000_000

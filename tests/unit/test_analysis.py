@@ -9,9 +9,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from synth import COLL_STACK, MS, S, T0, R, group, ranks, snap, stack, world  # noqa: E402
 
-from hangtrace.tracer.analysis import diagnose, is_transport_error  # noqa: E402
-from hangtrace.tracer.model import KINDS  # noqa: E402
-from hangtrace.tracer.report import diagnosis_json  # noqa: E402
+from hangtrace.tracer.analyze.diagnose import diagnose, is_transport_error  # noqa: E402
+from hangtrace.tracer.diagnosis import KINDS  # noqa: E402
+from hangtrace.tracer.report.text import diagnosis_json  # noqa: E402
 
 QUEUE_GET = ("get queue.py:171", "next_batch loader.py:22", "train_step train.py:38",
              "main train.py:90", "<module> train.py:100")
@@ -286,7 +286,7 @@ def test_wrapper_frames_hidden_from_displayed_frames():
     b[1].set(stacks=stack(*QUEUE_GET, active=False))
     d = check(diagnose(snap(b)), "stuck-outside-collective", [1])
     assert d.frames[:3] == ["get (queue.py:171)", "next_batch (loader.py:22)", "train_step (train.py:38)"]
-    from hangtrace.tracer.analysis import _wrapper_frame
+    from hangtrace.tracer.analyze.diagnose import _wrapper_frame
     assert _wrapper_frame({"name": "_make_wrapper.<locals>.wrapper", "filename": "/x/hangtrace/hooks/torch_dist.py"})
     assert _wrapper_frame({"name": "_exception_logger.<locals>.wrapper",
                            "filename": "/s/torch/distributed/c10d_logger.py"})
@@ -546,7 +546,7 @@ def test_dead_producer_thread_reported():
 
 def test_random_snapshots_never_raise():
     import random
-    from hangtrace.tracer.report import text_report
+    from hangtrace.tracer.report.text import text_report
     rnd = random.Random(7)
     ops = ["all_reduce", "broadcast", "barrier", "send", "recv", "all_gather"]
     for trial in range(400):

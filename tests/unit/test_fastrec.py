@@ -16,7 +16,8 @@ import pytest
 
 from hangtrace.hooks import recorder as R
 from hangtrace.tracer import config
-from hangtrace.tracer import format as F
+from hangtrace.tracer.ring import layout as F
+from hangtrace.tracer.ring import reader as RD
 
 HAVE_C = R._fastrec is not None
 NO_C = "hangtrace.hooks._fastrec is not built (no C compiler when hangtrace was installed)"
@@ -118,7 +119,7 @@ def test_recorder_writes_the_same_records_on_both_paths(tmp_path, monkeypatch):
         t0 = time.time_ns()
         idxs = recorder_script(rec)
         t1 = time.time_ns()
-        ring = F.read_ring(rec.path)
+        ring = RD.read_ring(rec.path)
         rings[m] = (rec, ring, idxs)
         for r in ring.records:
             assert t0 <= r["t_wall_ns"] <= t1 and r["t_mono_ns"] > 0
@@ -145,11 +146,11 @@ def test_issue_complete_fields_and_header(tmp_path, mode):
     rec.phase_enter("ph", step=4)
     i = rec.issue(F.K_P2P, F.OP_IDS["irecv"], rec.intern("g"), 7, 12, rec.intern("3x4"), F.DTYPE_IDS["bfloat16"],
                   5, F.F_ASYNC | F.F_BATCH)
-    h = F.read_ring(rec.path).header
+    h = RD.read_ring(rec.path).header
     assert (h["next_idx"], h["inflight_idx"]) == (i, i)
     before = h["progress_count"]
     rec.complete(i)
-    ring = F.read_ring(rec.path)
+    ring = RD.read_ring(rec.path)
     (r,) = [x for x in ring.records if x["idx"] == i]
     assert {k: r[k] for k in ("kind", "op", "group", "seq", "numel", "shape", "dtype", "peer", "async_op", "batch",
                               "thread", "phase", "step", "state", "error")} == \
@@ -162,7 +163,7 @@ def test_issue_complete_fields_and_header(tmp_path, mode):
 def test_slot_indices_are_unique_across_threads(tmp_path, mode):
     rec = new_recorder(tmp_path, mode, nslots=1 << 14)
     seen, n, k = [], 4, 2000
-    start = F.read_ring(rec.path).header["progress_count"]
+    start = RD.read_ring(rec.path).header["progress_count"]
     together = threading.Barrier(n)  # all alive at once: distinct thread idents
 
     def work():
@@ -180,7 +181,7 @@ def test_slot_indices_are_unique_across_threads(tmp_path, mode):
     for t in ts:
         t.join()
     assert sorted(seen) == list(range(1, n * k + 1))
-    ring = F.read_ring(rec.path)
+    ring = RD.read_ring(rec.path)
     assert len(ring.records) == n * k and all(r["state"] == "completed" for r in ring.records)
     assert {r["thread"] for r in ring.records} == {"w%d" % j for j in range(n)}
     assert ring.header["progress_count"] == start + n * k
@@ -224,11 +225,11 @@ def hooked(pg, tmp_path, mode):
 def wait_completed(rec, deadline_s=5.0):
     end = time.time() + deadline_s
     while time.time() < end:
-        recs = F.read_ring(rec.path).records
+        recs = RD.read_ring(rec.path).records
         if all(r["state"] != "issued" for r in recs if r["kind"] in ("collective", "p2p")):
             return recs
         time.sleep(0.01)
-    return F.read_ring(rec.path).records
+    return RD.read_ring(rec.path).records
 
 
 def wrapper_script(dist, rec, g):
@@ -353,7 +354,7 @@ def test_return_values_and_exceptions_are_the_originals(pg, tmp_path, mode):
     finally:
         torch_dist.uninstall()
         c10d.all_reduce = pg.all_reduce = orig
-    recs = [r for r in F.read_ring(rec.path).records if r["kind"] == "collective"]
+    recs = [r for r in RD.read_ring(rec.path).records if r["kind"] == "collective"]
     assert [(r["state"], r["error"]) for r in recs] == [("completed", None), ("failed", "KeyError: 'boom'"),
                                                         ("completed", None)]
     assert rec.log.lines == []
@@ -367,7 +368,7 @@ def test_recorder_fault_never_reaches_the_user(hooked, pg, mode):
     pg.all_reduce(t)
     torch_dist._state.fault = False
     pg.all_reduce(t)
-    recs = [r for r in F.read_ring(hooked.path).records if r["kind"] == "collective"]
+    recs = [r for r in RD.read_ring(hooked.path).records if r["kind"] == "collective"]
     assert [r["seq"] for r in recs] == [1]
     assert [k for _, k in hooked.log.lines] == ["rec-all_reduce"] * 2  # the run log keeps one per key
     assert "hangtrace test fault" in hooked.log.lines[0][0]
@@ -381,7 +382,7 @@ def test_state_none_passes_through(hooked, pg, mode):
     finally:
         torch_dist._state = st
     pg.all_reduce(torch.ones(1))
-    recs = [r for r in F.read_ring(hooked.path).records if r["kind"] == "collective"]
+    recs = [r for r in RD.read_ring(hooked.path).records if r["kind"] == "collective"]
     assert [r["seq"] for r in recs] == [1]
 
 
@@ -390,8 +391,8 @@ def test_after_fork_recorder_swap_records_into_the_new_ring(hooked, pg, tmp_path
     new = new_recorder(tmp_path / "child", mode)
     torch_dist.reset_after_fork(new)
     pg.all_reduce(torch.ones(5))
-    assert [r["numel"] for r in F.read_ring(new.path).records if r["kind"] == "collective"] == [5]
-    assert [r for r in F.read_ring(hooked.path).records if r["kind"] == "collective"] == []
+    assert [r["numel"] for r in RD.read_ring(new.path).records if r["kind"] == "collective"] == [5]
+    assert [r for r in RD.read_ring(hooked.path).records if r["kind"] == "collective"] == []
     new.close()
 
 

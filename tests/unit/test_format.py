@@ -13,8 +13,9 @@ import pytest
 from hangtrace import cli
 from hangtrace.hooks.recorder import Recorder
 from hangtrace.tracer import errors as E
-from hangtrace.tracer import format as F
-from hangtrace.tracer.collect import load_run
+from hangtrace.tracer.ring import layout as F
+from hangtrace.tracer.ring import reader as R
+from hangtrace.tracer.collect.rings import load_run
 
 
 class Log:
@@ -70,7 +71,7 @@ def test_round_trip_of_every_field(rec, monkeypatch):
     rec.mm.flush()
     t1 = time.time_ns()
 
-    ring = F.read_ring(rec.path)
+    ring = R.read_ring(rec.path)
     assert ring.path == rec.path
     assert os.path.basename(rec.path) == "ring-%s-%d.htr" % (socket.gethostname(), os.getpid())
     h = ring.header
@@ -122,7 +123,7 @@ def test_nested_phases_and_threads(rec):
     import threading
     rec.phase_enter("outer")
     rec.phase_enter("inner", step=2)
-    assert F.read_ring(rec.path).header["phase_depth"] == 2
+    assert R.read_ring(rec.path).header["phase_depth"] == 2
     out = []
 
     def other():
@@ -132,7 +133,7 @@ def test_nested_phases_and_threads(rec):
     t.join()
     i = coll(rec, 2)
     rec.phase_exit("inner")
-    ring = F.read_ring(rec.path)
+    ring = R.read_ring(rec.path)
     recs = {r["idx"]: r for r in ring.records}
     assert recs[out[0]]["thread"] == "side-thread"
     assert recs[i]["phase"] == "inner" and recs[i]["thread"] == "MainThread"
@@ -143,7 +144,7 @@ def test_ring_wraps_and_keeps_the_last_nslots_in_order(rec):
     for i in range(1000):
         idx = coll(rec, i + 1, numel=i)
         rec.complete(idx)
-    ring = F.read_ring(rec.path)
+    ring = R.read_ring(rec.path)
     assert [r["idx"] for r in ring.records] == list(range(937, 1001))
     assert [r["seq"] for r in ring.records] == list(range(937, 1001))
     assert [r["numel"] for r in ring.records] == list(range(936, 1000))
@@ -156,14 +157,14 @@ def test_late_completion_of_an_overwritten_record(rec, err):
     newer = [coll(rec, s) for s in range(2, 66)]  # 64 newer records: idx 65 reuses old's slot
     assert (newer[-1] - 1) % 64 == (old - 1) % 64
     rec.complete(old, err=err)
-    ring = F.read_ring(rec.path)
+    ring = R.read_ring(rec.path)
     assert [r["idx"] for r in ring.records] == list(range(2, 66))
     last = ring.records[-1]
     assert (last["idx"], last["seq"], last["state"], last["error"], last["t_end_mono_ns"]) == \
         (65, 65, "issued", None, None)
     # the record just inside the window is still completed in place
     rec.complete(newer[0], err=err)
-    first = F.read_ring(rec.path).records[0]
+    first = R.read_ring(rec.path).records[0]
     assert first["idx"] == 2 and first["state"] == ("completed" if err is None else "failed")
 
 
@@ -227,7 +228,7 @@ BAD_KINDS = ["truncated_header", "empty", "truncated_slots", "random", "text", "
 def test_bad_file_raises_the_right_error(tmp_path, kind):
     path, cls = make_bad(kind, tmp_path, tmp_path / "src")
     with pytest.raises(E.RingFormatError) as ei:
-        F.read_ring(path)
+        R.read_ring(path)
     assert type(ei.value) is cls, (kind, ei.value)
     assert ei.value.path == path and path in str(ei.value)
     assert ei.value.remedy
@@ -274,7 +275,7 @@ def test_corrupt_string_table_warns_and_keeps_records(tmp_path, how, capsys):
         F.STR_ENTRY.pack_into(b, entry, 99, len("first-group"))
     with open(r.path, "wb") as f:
         f.write(b)
-    ring = F.read_ring(r.path)
+    ring = R.read_ring(r.path)
     assert len(ring.warnings) == 1 and "string table corrupt" in ring.warnings[0]
     assert [x["seq"] for x in ring.records if x["kind"] == "collective"] == [1]
     assert ring.records[0]["state"] == "completed"
@@ -290,7 +291,7 @@ def test_corrupt_string_table_warns_and_keeps_records(tmp_path, how, capsys):
 def test_snapshot_cut_after_used_strings_reads(tmp_path):
     path = good_ring(tmp_path)
     dst = str(tmp_path / "copy.htr")
-    n = F.compact_copy(path, dst)
+    n = R.compact_copy(path, dst)
     assert n == os.path.getsize(dst) < os.path.getsize(path)
-    a, b = F.read_ring(path), F.read_ring(dst)
+    a, b = R.read_ring(path), R.read_ring(dst)
     assert a.records == b.records and a.strings == b.strings and b.warnings == []

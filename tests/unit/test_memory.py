@@ -8,10 +8,12 @@ import pytest
 
 from synth import MS, S, T0, R, ranks, snap
 from hangtrace.hooks import memory as HM
-from hangtrace.tracer import api, memory as M
-from hangtrace.tracer import format as F
-from hangtrace.tracer.analysis import diagnose
-from hangtrace.tracer.report import diagnosis_json, text_report
+from hangtrace.tracer import api
+from hangtrace.tracer.analyze import memory as M
+from hangtrace.tracer.ring import layout as F
+from hangtrace.tracer.ring import reader as RD
+from hangtrace.tracer.analyze.diagnose import diagnose
+from hangtrace.tracer.report.text import diagnosis_json, text_report
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -61,7 +63,7 @@ def test_cgroup_paths_v1_v2_and_namespaces():
 
 
 def test_kernel_oom_line_parsing():
-    from hangtrace.tracer.collect import parse_kernel_oom
+    from hangtrace.tracer.collect.rings import parse_kernel_oom
     k = parse_kernel_oom([
         (2672.67, "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
                   "oom_memcg=/hangtrace-test-1,task_memcg=/hangtrace-test-1,task=python3,pid=28926,uid=0"),
@@ -95,7 +97,7 @@ def test_sampler_records_host_gauges_and_cuda_oom_stand_in(recorder, tmp_path, m
     # allocated, device free). It records the event and a MEM_OOM sample.
     s.on_cuda_oom(0, 2 * GIB, 15 * GIB, 100 * MIB)
     s.tick()
-    ring = F.read_ring(recorder.path)
+    ring = RD.read_ring(recorder.path)
     ss = M.samples(ring.records)
     hs = [x for x in ss if x["what"] == "host"]
     assert hs[0]["source"] == "phase_enter" and hs[0]["phase"] == "train" and hs[0]["step"] == 3
@@ -111,7 +113,7 @@ def test_sampler_records_host_gauges_and_cuda_oom_stand_in(recorder, tmp_path, m
         assert hs[0]["values"]["cgroup"] > 0 and hs[0]["oom_kills"] is not None
     assert ring.meta.get("mem_cgroup") == s.cg_dir
     # the OOM attributed from these records alone
-    from hangtrace.tracer.collect import process_from_ring
+    from hangtrace.tracer.collect.rings import process_from_ring
     p = process_from_ring(ring, state="killed")
     a = M.attribute(p, "killed-without-record", "x")
     assert a["cause"] == "cuda-oom" and "2.0 GiB requested" in a["cause_text"]
@@ -125,7 +127,7 @@ def test_oom_exception_leaving_a_phase_is_sampled_once(recorder, monkeypatch):
         with api.phase("outer", step=1):
             with api.phase("wake_up"):
                 raise MemoryError("pool")
-    ss = M.samples(F.read_ring(recorder.path).records)
+    ss = M.samples(RD.read_ring(recorder.path).records)
     assert [x["phase"] for x in ss if x["source"] == "oom"] == ["wake_up"]
     assert [x["source"] for x in ss] == ["phase_enter", "phase_enter", "oom", "phase_exit", "phase_exit"]
 

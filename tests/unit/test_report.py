@@ -8,9 +8,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from synth import COLL_STACK, group, ranks, snap, stack, world  # noqa: E402
 
-from hangtrace.tracer.analysis import diagnose  # noqa: E402
-from hangtrace.tracer.model import Diagnosis  # noqa: E402
-from hangtrace.tracer.report import SCHEMA_VERSION, diagnosis_json, text_report, verdict_paragraph  # noqa: E402
+from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
+from hangtrace.tracer.diagnosis import Diagnosis  # noqa: E402
+from hangtrace.tracer.report.text import SCHEMA_VERSION, diagnosis_json, text_report, verdict_paragraph  # noqa: E402
 
 QUEUE = ("get queue.py:171", "next_batch loader.py:22", "train_step train.py:38", "main train.py:90")
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "DIAGNOSIS.md")

@@ -2,10 +2,10 @@
 import time
 import tracemalloc
 
-from hangtrace.tracer import memory as M
-from hangtrace.tracer.analysis import diagnose
-from hangtrace.tracer.model import Diagnosis
-from hangtrace.tracer.report import verdict_paragraph
+from hangtrace.tracer.analyze import memory as M
+from hangtrace.tracer.analyze.diagnose import diagnose
+from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.report.text import verdict_paragraph
 from synth import S, ranks, snap
 
 

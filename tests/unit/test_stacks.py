@@ -5,7 +5,7 @@ import subprocess
 import sys
 import textwrap
 
-from hangtrace.tracer import stacks
+from hangtrace.tracer.collect import stacks
 
 # A trimmed sample of `py-spy dump --pid P --json` (py-spy 0.4.3, Python 3.11), captured from
 # a process whose main thread waits in queue.Queue.get and a thread in time.sleep; the

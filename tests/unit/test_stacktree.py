@@ -6,7 +6,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from synth import COLL_STACK, R, stack  # noqa: E402
 
-from hangtrace.tracer.stacktree import (NO_STACK, blocking_reason, classes, collective_frame,  # noqa: E402
+from hangtrace.tracer.analyze.stacktree import (NO_STACK, blocking_reason, classes, collective_frame,  # noqa: E402
                                         format_ranks, frame_label,
                                         merge_stacks, missing_from_common_frame, outliers, pick_thread,
                                         process_frames)

@@ -8,7 +8,7 @@ import pytest
 
 from hangtrace.hooks.recorder import Recorder
 from hangtrace.tracer import config
-from hangtrace.tracer.watcher import Watcher
+from hangtrace.tracer.watch.watcher import Watcher
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from jobs import base_env, wait_until  # noqa: E402

@@ -17,7 +17,7 @@ import torch.distributed as dist  # noqa: E402
 from jobs import free_port  # noqa: E402
 from hangtrace.hooks import torch_dist  # noqa: E402
 from hangtrace.hooks.recorder import Recorder  # noqa: E402
-from hangtrace.tracer import format as F  # noqa: E402
+from hangtrace.tracer.ring import reader as R
 
 c10d = dist.distributed_c10d
 NAMES = [n for n in list(torch_dist.SPECS) + [torch_dist.BATCH_OP, "init_process_group", "new_group",
@@ -69,7 +69,7 @@ def no_addr(text):
 
 
 def records(rec, kind=("collective", "p2p")):
-    return [r for r in F.read_ring(rec.path).records if r["kind"] in kind]
+    return [r for r in R.read_ring(rec.path).records if r["kind"] in kind]
 
 
 def test_wrappers_look_like_the_originals(hooked, originals):
@@ -148,7 +148,7 @@ def test_async_call_returns_the_exact_work_and_args(tmp_path, originals):
         torch_dist.uninstall()
         c10d.all_reduce = dist.all_reduce = orig
         rec.close()
-    recs = [r for r in F.read_ring(rec.path).records if r["kind"] == "collective"]
+    recs = [r for r in R.read_ring(rec.path).records if r["kind"] == "collective"]
     assert [(r["async_op"], r["shape"]) for r in recs] == [(True, "2x3"), (False, "2x3")]
     # the async record completes through the Work's future
     deadline = time.time() + 5
@@ -196,7 +196,7 @@ def test_nested_calls_are_recorded_once(hooked):
 def test_group_ops_are_recorded(hooked):
     g = dist.new_group([0])
     dist.all_reduce(torch.ones(1), group=g)
-    ring = F.read_ring(hooked.path)
+    ring = R.read_ring(hooked.path)
     assert ring.groups[0]["op"] == "existing" and ring.groups[0]["ranks"] == [0]
     assert ring.groups[-1]["op"] == "new_group" and ring.groups[-1]["ranks"] == [0]
     name = ring.groups[-1]["name"]

@@ -16,9 +16,10 @@ import time
 
 import orjson
 
-from . import format as F
-from .errors import HangtraceError, RunDirError
-from .model import ProcessInfo, Snapshot
+from hangtrace.tracer.ring import layout as F
+from hangtrace.tracer.ring import reader as R
+from hangtrace.tracer.errors import HangtraceError, RunDirError
+from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 RING_GLOB = "ring-*.htr"
 _HOST = socket.gethostname()
@@ -106,7 +107,7 @@ def process_from_ring(ring, state=None):
 # --- memory (issue 5): samples from the ring, and OOM evidence read at collection time ---
 def _mem_samples(records):
     try:
-        from .memory import samples
+        from hangtrace.tracer.analyze.memory import samples
         return samples(records)
     except Exception:
         return []
@@ -229,7 +230,7 @@ def memory_facts(p, cache=None):
     if p.host != _HOST or not (p.state == "killed" or (p.state == "exited" and p.exit_code not in (0, None))):
         return facts
     try:
-        from ..hooks.memory import parse_oom_kill
+        from hangtrace.hooks.memory import parse_oom_kill
         d = (p.meta or {}).get("mem_cgroup")
         ver = (p.meta or {}).get("mem_cgroup_version")
         if d:
@@ -304,7 +305,7 @@ def _load_rings(ring_dir, run_dir, states, live_facts=True):
     fresh = []
     for path in sorted(glob.glob(os.path.join(ring_dir, RING_GLOB))):
         try:
-            ring = F.read_ring(path)
+            ring = R.read_ring(path)
         except (HangtraceError, OSError) as e:
             errors.append(_error_line(path, e))
             continue
@@ -402,7 +403,7 @@ def load_snapshot(snap_dir):
 
 def _stacks_for(procs, native, run_dir):
     """Take stacks of the alive processes: py-spy in parallel, faulthandler fallback."""
-    from . import stacks as S
+    from hangtrace.tracer.collect import stacks as S
     alive = [p for p in procs if p.state == "alive"]
     if not alive:
         return
@@ -446,7 +447,7 @@ def take_snapshot(run_dir, reason="request", native=False, with_stacks=True):
     snap.reason, snap.path = reason, sdir
     for p in snap.processes:
         try:
-            F.compact_copy(p.ring_path, os.path.join(sdir, "rings", os.path.basename(p.ring_path)))
+            R.compact_copy(p.ring_path, os.path.join(sdir, "rings", os.path.basename(p.ring_path)))
         except (HangtraceError, OSError) as e:
             snap.errors.append(_error_line(p.ring_path, e))
         for kind, s in p.signals.items():
@@ -475,7 +476,7 @@ def take_snapshot(run_dir, reason="request", native=False, with_stacks=True):
 
 def write_diagnosis(snap, diag, text):
     """Store ``diagnosis.json`` and ``report.txt`` in the snapshot folder (if any)."""
-    from .report import diagnosis_json
+    from hangtrace.tracer.report.text import diagnosis_json
     if not snap.path:
         return
     with open(os.path.join(snap.path, "diagnosis.json"), "wb") as f:

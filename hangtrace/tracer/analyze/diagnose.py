@@ -105,7 +105,7 @@ How the verdict is reached
    "moving on".
    Transport failures with no dead rank and no hang culprit -> 'transport-error' naming
    the first rank to fail; the rest are cascade.
-   *Memory evidence* (issue 5, ``tracer/memory.py``, ``docs/MEMORY.md``) then refines a
+   *Memory evidence* (issue 5, ``tracer/analyze/memory.py``, ``docs/MEMORY.md``) then refines a
    death's cause: 'host-oom-kill' (kernel OOM-killer line for the pid, or its cgroup's
    oom_kill counter rose after its last sample), 'ray-memory-monitor' (Ray's own record),
    'cuda-oom' (torch's OutOfMemoryError / the allocator's OOM observer),
@@ -119,8 +119,8 @@ instances ranks are blocked in; 4,096 ranks x 2,000 records is a few seconds in 
 import re
 import time
 
-from .model import Diagnosis
-from .stacktree import (blocking_reason, classes as stack_classes_of, collective_frame,
+from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.analyze.stacktree import (blocking_reason, classes as stack_classes_of, collective_frame,
                         format_ranks, frame_label, merge_stacks, missing_from_common_frame,
                         process_frames)
 
@@ -337,10 +337,10 @@ def _death(v):
 
 
 def _memory_cause(v):
-    """Refine ``v.cause`` from memory evidence (tracer/memory.py); keeps the cause when the
+    """Refine ``v.cause`` from memory evidence (tracer/analyze/memory.py); keeps the cause when the
     evidence supports no other. Never raises."""
     try:
-        from .memory import attribute
+        from hangtrace.tracer.analyze.memory import attribute
         att = attribute(v.proc, v.cause, v.cause_text)
     except Exception as e:  # a bug here must not cost the verdict
         v.mem = {"base_cause": v.cause, "evidence": ["memory attribution failed: %r" % (e,)]}
@@ -1519,7 +1519,7 @@ def _chain_verdict(ctx, d, hang, insts, inst_of):
 
 
 # --- Ray identity and Ray's own death record (issue 4; meta from hooks/ray_hooks.py and
-# tracer/raystate.join). Ray's text is reported as Ray's, beside the cause found above. ---
+# tracer/collect/raystate.join). Ray's text is reported as Ray's, beside the cause found above. ---
 def _ray_actor(p):
     m = p.meta or {}
     if not (m.get("ray_actor_class") or m.get("ray_actor_name") or m.get("ray_actor_id")):
@@ -1570,7 +1570,7 @@ def _memory_details(ctx, d):
     """``details['memory']`` (tracer.memory.summarize) and memory evidence lines for the
     culprits. Skipped silently when no process sampled memory; never raises."""
     try:
-        from .memory import summarize
+        from hangtrace.tracer.analyze.memory import summarize
         focus = list(d.culprit_ranks) + [c.get("rank") for c in d.cascade or () if c.get("rank") not in d.culprit_ranks]
         atts = {r: ctx.views[r].mem for r in focus if r in ctx.views and ctx.views[r].mem}
         mem = summarize(ctx.procs, focus, atts)
@@ -1593,7 +1593,7 @@ def _memory_details(ctx, d):
         if a:
             lines += ["rank %d: %s" % (r, e) for e in a.get("evidence") or ()]
     try:
-        from .memory import significant
+        from hangtrace.tracer.analyze.memory import significant
         flags, trends = significant(mem, d.cause)
     except Exception:
         flags, trends = (), ()
@@ -1625,6 +1625,6 @@ def _finish(ctx, d):
     if len(ev) > MAX_EVIDENCE:
         ev = ev[:MAX_EVIDENCE - 1] + ["... %d more evidence lines" % (len(ev) - MAX_EVIDENCE + 1)]
     d.evidence = ev
-    from .report import verdict_paragraph
+    from hangtrace.tracer.report.text import verdict_paragraph
     d.summary = verdict_paragraph(d)
     return d

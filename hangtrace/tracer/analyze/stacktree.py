@@ -103,7 +103,7 @@ def _threads_of(proc):
         text = (sig.get(name) or {}).get("text")
         if text:
             try:
-                from .stacks import parse_faulthandler_text
+                from hangtrace.tracer.collect.stacks import parse_faulthandler_text
                 threads = parse_faulthandler_text(text)
             except Exception:  # parser unavailable or confused: no stack, not a crash
                 threads = []

@@ -4,13 +4,13 @@ A Snapshot is plain data (no files, no processes): the analysis takes one and re
 Diagnosis, so it can be tested on synthetic snapshots of any size.
 
 Record dicts (``ProcessInfo.records``) have the keys produced by
-``tracer.format.decode_slots``: ``idx, kind ('collective'|'p2p'|'group'|'phase_enter'|
+``tracer.ring.reader.decode_slots``: ``idx, kind ('collective'|'p2p'|'group'|'phase_enter'|
 'phase_exit'|'step'|'heartbeat'|'event'|'memory'), op, group (group name, str), seq
 (per-group sequence number; for p2p counted per (group, peer)), dtype, numel, shape,
 peer (global rank, -1 none), async_op, thread, phase, step, t_mono_ns, t_wall_ns,
 t_end_mono_ns, state ('issued'|'completed'|'failed'), error``.
 """
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 
@@ -72,33 +72,3 @@ class Snapshot:
     processes: List[ProcessInfo] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)  # one line per unreadable file, with remedy
     path: Optional[str] = None  # snapshot folder, when stored
-
-
-@dataclass
-class Diagnosis:
-    """The verdict. ``kind`` is one of KINDS; ``culprit_ranks`` are global ranks."""
-
-    kind: str
-    culprit_ranks: List[int] = field(default_factory=list)
-    summary: str = ""
-    group: Optional[str] = None
-    group_ranks: Optional[List[int]] = None
-    seq: Optional[int] = None
-    op: Optional[str] = None
-    phase: Optional[str] = None
-    step: Optional[int] = None
-    cause: Optional[str] = None
-    frames: List[str] = field(default_factory=list)
-    evidence: List[str] = field(default_factory=list)
-    waiting_ranks: List[int] = field(default_factory=list)
-    cascade: List[Dict[str, Any]] = field(default_factory=list)
-    stack_classes: List[Dict[str, Any]] = field(default_factory=list)
-    details: Dict[str, Any] = field(default_factory=dict)
-    errors: List[str] = field(default_factory=list)
-
-    def to_dict(self):
-        return asdict(self)
-
-
-KINDS = ("collective-mismatch", "skipped-collective", "cross-group-deadlock",
-         "stuck-outside-collective", "dead-rank", "transport-error", "progressing", "unknown")

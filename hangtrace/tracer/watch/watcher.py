@@ -10,7 +10,7 @@ whose counters move is progressing and is never reported.
 A dead rank — a process that vanished without a clean-exit record, or exited with a
 non-zero code — is reported at the next poll.
 
-Run standalone as ``python -m hangtrace.tracer.watcher RUN_DIR`` (what a traced
+Run standalone as ``python -m hangtrace.tracer.watch.watcher RUN_DIR`` (what a traced
 process starts when no watcher runs on its node), or embedded by ``hangtrace run``.
 """
 import glob
@@ -18,9 +18,10 @@ import os
 import sys
 import time
 
-from . import config
-from . import format as F
-from .collect import RING_GLOB, live_state
+from hangtrace.tracer import config
+from hangtrace.tracer.ring import layout as F
+from hangtrace.tracer.ring import reader as R
+from hangtrace.tracer.collect.rings import RING_GLOB, live_state
 
 
 #: seconds between two memory-trend checks of the live rings (each reads every ring once)
@@ -70,7 +71,7 @@ class Watcher:
             try:
                 with open(path, "rb") as f:
                     head = f.read(F.HEADER_SIZE)
-                h = F.read_header(head, path)
+                h = R.read_header(head, path)
                 if h["phase_strid"]:
                     with open(path, "rb") as f:
                         f.seek(h["strtab_off"] + h["phase_strid"])
@@ -154,12 +155,12 @@ class Watcher:
         and metric in the watcher log. Returns the new lines; never raises."""
         new = []
         try:
-            from .memory import watch_lines
+            from hangtrace.tracer.analyze.memory import watch_lines
             for path, h in self.headers.items():
                 if h["state"] == F.ST_EXITED or live_state(h) != "alive":
                     continue
                 try:
-                    ring = F.read_ring(path)
+                    ring = R.read_ring(path)
                 except Exception:
                     continue
                 label = "rank %d (pid %d on %s)" % (h["rank"], h["pid"], h["host"]) if h["rank"] >= 0 else \
@@ -204,7 +205,7 @@ def is_ray_run(run_dir):
     """True when a ring of ``run_dir`` belongs to a Ray worker (Ray node id in its metadata)."""
     for path in glob.glob(os.path.join(run_dir, RING_GLOB)):
         try:
-            if F.read_ring(path).meta.get("ray_node_id"):
+            if R.read_ring(path).meta.get("ray_node_id"):
                 return True
         except Exception:
             continue
@@ -218,7 +219,7 @@ RAY_COLLECT_TIMEOUT_S = 100.0
 
 _RAY_COLLECT_CODE = (
     "import sys\n"
-    "from hangtrace.tracer.raycollect import dump_cluster\n"
+    "from hangtrace.tracer.collect.raycluster import dump_cluster\n"
     "run_dir, address, reason, native, timeout_s = sys.argv[1:6]\n"
     "snap = dump_cluster(run_dir, address=address or None, native=native == '1', timeout_s=float(timeout_s),\n"
     "                    reason=reason)\n"
@@ -285,7 +286,7 @@ def ray_collect(run_dir, reason, native=False, log=None, address=None, timeout_s
         log("cluster-wide collection (Ray at %s) failed (exit %s: %s); this node only"
             % (address or "auto", p.returncode, lines[-1][-500:] if lines else "no output"))
         return None
-    from .raycollect import load_ray_snapshot
+    from hangtrace.tracer.collect.raycluster import load_ray_snapshot
     snap = load_ray_snapshot(path)
     snap.reason, snap.path = reason, path
     log("cluster-wide collection (Ray at %s): %d node(s), %d process(es)"
@@ -300,9 +301,9 @@ def diagnose_and_report(run_dir, reason, native=False, with_stacks=True, log=Non
     unless ``HANGTRACE_RAY_COLLECT=0``); when Ray cannot be reached it is this node's
     only, and ``log`` (callable(line); default stderr) says why.
     """
-    from .analysis import diagnose
-    from .collect import take_snapshot, write_diagnosis
-    from .report import text_report, verdict_paragraph
+    from hangtrace.tracer.analyze.diagnose import diagnose
+    from hangtrace.tracer.collect.rings import take_snapshot, write_diagnosis
+    from hangtrace.tracer.report.text import text_report, verdict_paragraph
     snap = None
     if with_stacks and is_ray_run(run_dir) and os.environ.get(config.RAY_COLLECT, "1") != "0":
         # a Ray job: the same cluster-wide collection as `hangtrace dump --ray`, so the
@@ -322,7 +323,7 @@ def diagnose_and_report(run_dir, reason, native=False, with_stacks=True, log=Non
 
 
 def main(argv=None):
-    """Standalone node watcher: ``python -m hangtrace.tracer.watcher RUN_DIR``.
+    """Standalone node watcher: ``python -m hangtrace.tracer.watch.watcher RUN_DIR``.
 
     Logs to RUN_DIR/watcher-<host>.log; exits when no traced process of the run is
     alive on this node any more (after a grace period of 2 polls).

@@ -12,7 +12,7 @@ Pure functions: no I/O.
 """
 import textwrap
 
-from .stacktree import NO_STACK, format_ranks
+from hangtrace.tracer.analyze.stacktree import NO_STACK, format_ranks
 
 __all__ = ["verdict_paragraph", "text_report", "diagnosis_json", "SCHEMA_VERSION"]
 
@@ -152,7 +152,7 @@ def _ray_text(diag):
 
 # --- memory (issue 5): attribution figures, kept-across flags, trends, the ledger ---
 def _fb(n):
-    from .memory import fmt_bytes
+    from hangtrace.tracer.analyze.memory import fmt_bytes
     return fmt_bytes(n)
 
 
@@ -169,7 +169,7 @@ def _memory_text(diag):
             out += " Memory (rank %s): %s of limit %s at its last sample (%s%s), peak %s." % (
                 r, _fb(v), _fb(at["limit"]), "phase '%s', " % at["phase"] if at.get("phase") else "",
                 "step %s" % at.get("step"), _fb(at.get("peak")))
-    from .memory import significant
+    from hangtrace.tracer.analyze.memory import significant
     flags, trends = significant(mem, diag.cause)  # small kept/grown bytes: text report only
     for f in flags[:1]:
         out += (" Memory kept across phases (rank %s): %s of %s kept across %s on step%s %s, released on "

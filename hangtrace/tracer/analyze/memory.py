@@ -4,7 +4,7 @@ Pure functions on plain data (``ProcessInfo.memory`` samples, ``ProcessInfo.memo
 gathered at collection time, ``ProcessInfo.meta``): no I/O, unit-testable on synthetic
 processes. Bytes are ints; times are ns since the Unix epoch.
 
-Samples (:func:`samples`, from the K_MEM ring records, layout in ``tracer/format.py``)::
+Samples (:func:`samples`, from the K_MEM ring records, layout in ``tracer/ring/layout.py``)::
 
     {"t_wall_ns", "source": 'timer'|'phase_enter'|'phase_exit'|'step'|'oom',
      "what": 'host'|'cuda:N'|'gauge:<name>', "phase", "step", "thread",
@@ -56,7 +56,7 @@ its signals/exit code/events (see ``analysis._death``), from evidence only:
 """
 import math
 
-from . import format as F
+from hangtrace.tracer.ring import layout as F
 
 __all__ = ["significant", "significant_bytes", "samples", "ledger", "kept_across", "trend", "attribute", "summarize", "watch_lines",
            "fmt_bytes", "NEAR", "LOW"]

@@ -9,7 +9,7 @@ through their ring files instead, or by passing their pids.
 import os
 import socket
 
-from . import config
+from hangtrace.tracer import config
 
 #: Variables whose presence marks a torch.distributed process (torchrun / torch.distributed
 #: launchers and most schedulers set them; see torch docs "torchrun (Elastic Launch)").

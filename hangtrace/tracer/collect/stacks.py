@@ -29,7 +29,7 @@ import sysconfig
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import config
+from hangtrace.tracer import config
 
 #: Linux capability number of CAP_SYS_PTRACE (linux/capability.h).
 CAP_SYS_PTRACE = 19

@@ -13,9 +13,9 @@ import time
 
 import orjson
 
-from .discover import find_torch_processes
-from .errors import NoProcessesError
-from .model import ProcessInfo, Snapshot
+from hangtrace.tracer.collect.discover import find_torch_processes
+from hangtrace.tracer.errors import NoProcessesError
+from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 #: world sizes above this (from a process environment) are implausible and ignored
 _MAX_WORLD = 1 << 20
@@ -29,9 +29,9 @@ def attach(pids=None, native=False, out_dir=None):
     ``hangtrace-attach-<time>`` in the temp dir). Raises NoProcessesError when no
     torch.distributed process is found (with the reasons of skipped ones).
     """
-    from . import stacks as S
-    from .collect import write_diagnosis
-    from .report import text_report
+    from hangtrace.tracer.collect import stacks as S
+    from hangtrace.tracer.collect.rings import write_diagnosis
+    from hangtrace.tracer.report.text import text_report
     found = find_torch_processes(pids)
     notes = []
     if pids is None and found:
@@ -110,8 +110,8 @@ def stack_verdict(snap):
     named in the evidence; otherwise ``unknown`` (all ranks in the same collective:
     the transport, or a rank outside this host).
     """
-    from .model import Diagnosis
-    from .stacktree import (blocking_reason, classes, collective_frame, format_ranks, merge_stacks,
+    from hangtrace.tracer.diagnosis import Diagnosis
+    from hangtrace.tracer.analyze.stacktree import (blocking_reason, classes, collective_frame, format_ranks, merge_stacks,
                             process_frames)
     procs = [p for p in snap.processes if p.rank >= 0]
     tree = merge_stacks(procs)

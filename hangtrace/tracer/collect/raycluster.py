@@ -38,8 +38,8 @@ import time
 
 import orjson
 
-from . import config
-from .errors import HangtraceError, RunDirError
+from hangtrace.tracer import config
+from hangtrace.tracer.errors import HangtraceError, RunDirError
 
 __all__ = ["collect_node", "discover_node", "dump_cluster", "load_ray_snapshot"]
 
@@ -106,9 +106,10 @@ def _is_raylet(pid):
 
 def _ring_ppid(path):
     try:
-        from . import format as F
+        from hangtrace.tracer.ring import layout as F
+        from hangtrace.tracer.ring import reader as R
         with open(path, "rb") as f:
-            return F.read_header(f.read(F.HEADER_SIZE), path).get("ppid")
+            return R.read_header(f.read(F.HEADER_SIZE), path).get("ppid")
     except Exception:
         return None
 
@@ -121,8 +122,8 @@ def collect_node(run_dir, node_id=None, native=False, with_stacks=True, raylet_p
     [wall_ns, text]}, processes: {"host:pid": {state, exit_code, rank, stack_error}}``.
     Never raises for missing or unreadable files (they become ``errors`` lines).
     """
-    from . import collect as C
-    from . import format as F
+    from hangtrace.tracer.collect import rings as C
+    from hangtrace.tracer.ring import reader as R
     t0 = time.time()
     host = socket.gethostname()
     raylet_pid = raylet_pid or os.getppid()
@@ -146,7 +147,7 @@ def collect_node(run_dir, node_id=None, native=False, with_stacks=True, raylet_p
             name = os.path.basename(p.ring_path)
             dst = os.path.join(tmp, name)
             try:
-                F.compact_copy(p.ring_path, dst)
+                R.compact_copy(p.ring_path, dst)
                 with open(dst, "rb") as f:
                     out["rings"][name] = f.read()
             except (HangtraceError, OSError) as e:
@@ -264,7 +265,7 @@ def dump_cluster(run_dir=None, address=None, native=False, with_stacks=True, out
         results, errs = _run_on_nodes(collect_node, nodes,
                                       lambda nid: (run_dir, nid, native, with_stacks), timeout_s)
         errors += errs
-        state = __import__("hangtrace.tracer.raystate", fromlist=["fetch"]).fetch(source=state_source)
+        state = __import__("hangtrace.tracer.collect.raystate", fromlist=["fetch"]).fetch(source=state_source)
     finally:
         if connected:
             try:
@@ -329,8 +330,8 @@ def write_ray_snapshot(sdir, run_dir, results, errors, state, took_s=0.0, reason
 
 def load_ray_snapshot(sdir):
     """``collect.load_snapshot`` plus Ray's records (``ray_state.json``) joined into meta."""
-    from . import raystate
-    from .collect import load_snapshot
+    from hangtrace.tracer.collect import raystate
+    from hangtrace.tracer.collect.rings import load_snapshot
     snap = load_snapshot(sdir)
     try:
         with open(os.path.join(sdir, "ray_state.json"), "rb") as f:

@@ -1,0 +1,2 @@
+"""Analysis (pure): a ``Snapshot`` in, one ``Diagnosis`` out (no I/O, no processes).
+"""

@@ -1,0 +1,2 @@
+"""Reports (pure rendering): a ``Diagnosis`` (+ its ``Snapshot``) in, text / JSON out.
+"""

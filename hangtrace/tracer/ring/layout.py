@@ -1,0 +1,204 @@
+"""The ring file: one memory-mapped, fixed-size flight record per traced process.
+
+Layout (version 1, little endian; documented in docs/FORMAT.md)::
+
+    [0, 4096)                    header: identity + liveness fields
+    [4096, 4096 + nslots*128)    slots: fixed 128-byte records, slot = (idx-1) % nslots
+    [strtab_off, +strtab_size)   string table, append only: entries ``<u8 tag><u32 len><bytes>``
+
+The file lives in a ``MAP_SHARED`` mapping, so every byte the writer stored is in the
+page cache and readable after the process is SIGKILLed (the kernel writes it back;
+nothing depends on the process exiting cleanly).
+
+This module is imported inside traced processes: it imports only the standard library.
+"""
+import mmap
+import os
+import struct
+
+from hangtrace.tracer.procfs import proc_start_ticks
+
+MAGIC = b"HTRING01"
+VERSION = 1
+HEADER_SIZE = 4096
+SLOT_SIZE = 128
+DEFAULT_STRTAB_SIZE = 4 << 20
+
+# --- header ---------------------------------------------------------------------
+HDR_FIXED = struct.Struct("<8sIIIIQQ")  # magic, version, header_size, slot_size, nslots, strtab_off, strtab_size
+IDENT_OFF = 48
+IDENT = struct.Struct("<qqqqQ")  # pid, ppid, start_wall_ns, start_mono_ns, proc_start_ticks
+HOST_OFF, HOST_LEN = 96, 64
+RUNID_OFF, RUNID_LEN = 160, 64
+LIVE_ISSUE_OFF = 512
+LIVE_ISSUE = struct.Struct("<QQ")  # next_idx, inflight_idx (record idx, 0 = none)
+LIVE_DONE_OFF = 520
+LIVE_DONE = struct.Struct("<QQQQ")  # inflight_idx, progress_mono_ns, progress_wall_ns, progress_count
+PHASE_OFF = 552
+PHASE = struct.Struct("<Iiq")  # cur_phase strid, phase depth, cur_step
+STRUSED_OFF = 568
+U64 = struct.Struct("<Q")
+STRUSED = U64
+EXIT_OFF = 576
+EXIT = struct.Struct("<iiQ")  # state, exit_code, exit_wall_ns
+RANK_OFF = 592
+RANK = struct.Struct("<iiii")  # rank, local_rank, world_size, dump signal registered (0 = none)
+
+# process states stored in the header
+ST_RUNNING, ST_EXITED = 1, 2
+
+# --- slots ----------------------------------------------------------------------
+SLOT = struct.Struct("<QBBBBIqqIiIIqQQB3xIQqqqqq")
+assert SLOT.size == SLOT_SIZE
+COMPLETE_OFF = 72
+COMPLETE = struct.Struct("<B3xIQ")  # state, err strid, t_end_mono_ns
+
+# record kinds
+K_COLL, K_P2P, K_GROUP, K_PHASE_ENTER, K_PHASE_EXIT, K_STEP, K_HEARTBEAT, K_EVENT, K_MEM = range(1, 10)
+KIND_NAMES = {K_COLL: "collective", K_P2P: "p2p", K_GROUP: "group", K_PHASE_ENTER: "phase_enter",
+              K_PHASE_EXIT: "phase_exit", K_STEP: "step", K_HEARTBEAT: "heartbeat",
+              K_EVENT: "event", K_MEM: "memory"}
+# Memory records (kind K_MEM, issue 5; writer: hooks/memory.py via Recorder.memory,
+# reader: tracer/analyze/memory.py). The generic slot fields are reused, no layout change:
+#   op     = sample source: MEM_TIMER 1, MEM_ENTER 2 (just after a phase was entered),
+#            MEM_EXIT 3 (just before it is left), MEM_STEP 4 (tracer.step), MEM_OOM 5 (an
+#            out-of-memory error: CUDA allocator observer, or an OOM exception leaving a
+#            phase / reaching sys.excepthook)
+#   group  = string id of what was sampled: 'host', 'cuda:N', 'gauge:<name>'
+#   phase, step, thread, t_*: as for every record
+#   a0..a4 = host:   rss bytes, swap bytes, cgroup usage bytes, cgroup limit bytes
+#                    (0 = no limit), cgroup oom_kill count
+#            cuda:N: allocated, reserved, peak allocated, device free, device total (bytes)
+#                    (MEM_OOM from the allocator: a0 = bytes requested, a1 = the
+#                    allocator's device figure, a3 = device free)
+#            gauge:  a0 = value bytes, a1 = limit bytes (0 = none)
+#   -1 = unknown / unreadable. decode_slots reports ``op`` through OPS (1 -> 'all_reduce'
+#   ...); tracer/analyze/memory.py maps it back with OP_IDS.
+MEM_TIMER, MEM_ENTER, MEM_EXIT, MEM_STEP, MEM_OOM = 1, 2, 3, 4, 5
+MEM_SOURCES = ("", "timer", "phase_enter", "phase_exit", "step", "oom")
+
+# record states
+S_ISSUED, S_COMPLETED, S_FAILED = 1, 2, 3
+STATE_NAMES = {0: "none", S_ISSUED: "issued", S_COMPLETED: "completed", S_FAILED: "failed"}
+# flags
+F_ASYNC, F_BATCH, F_CUDA = 1, 2, 4
+
+OPS = ("", "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+       "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+       "broadcast", "broadcast_object_list", "reduce", "gather", "gather_object", "scatter",
+       "scatter_object_list", "barrier", "monitored_barrier", "send", "recv", "isend",
+       "irecv", "batch_isend_irecv", "init_process_group", "new_group", "new_subgroups",
+       "destroy_process_group", "_allgather_base", "_reduce_scatter_base")
+OP_IDS = {name: i for i, name in enumerate(OPS)}
+
+DTYPES = ("", "float32", "float64", "float16", "bfloat16", "uint8", "int8", "int16", "int32",
+          "int64", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "uint16",
+          "uint32", "uint64", "object")
+DTYPE_IDS = {name: i for i, name in enumerate(DTYPES)}
+
+# string table tags
+T_STR, T_GROUP, T_EVENT, T_META = 1, 2, 3, 4
+STR_ENTRY = struct.Struct("<BI")
+STRTAB_CHUNK = 1 << 16  # bytes reserved on disk at a time
+
+
+def layout(nslots, strtab_size=DEFAULT_STRTAB_SIZE):
+    """Return ``(strtab_off, total_size)`` in bytes for a ring of ``nslots`` slots."""
+    strtab_off = HEADER_SIZE + nslots * SLOT_SIZE
+    return strtab_off, strtab_off + strtab_size
+
+
+def reserve(fd, off, length):
+    """Allocate disk blocks for ``[off, off+length)`` of a ring file.
+
+    A write through a mapping into an unallocated block of a full file system kills the
+    process with SIGBUS; reserving first turns that into an OSError (ENOSPC) that the
+    writer can swallow. Falls back to writing zeros where fallocate is unsupported.
+    """
+    try:
+        os.posix_fallocate(fd, off, length)
+        return
+    except OSError as e:
+        if e.errno not in (95,):  # EOPNOTSUPP
+            raise
+    os.pwrite(fd, bytes(length), off)
+
+
+
+
+def _env_int(name, default=-1):
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+def _write_identity(mm):
+    """Identity fields known at creation (the recorder writes the same ones again)."""
+    import socket
+    import time
+    pid = os.getpid()
+    IDENT.pack_into(mm, IDENT_OFF, pid, os.getppid(), time.time_ns(), time.monotonic_ns(),
+                    proc_start_ticks(pid))
+    mm[HOST_OFF:HOST_OFF + HOST_LEN] = socket.gethostname().encode()[:HOST_LEN - 1].ljust(HOST_LEN, b"\0")
+    run_id = os.environ.get("HANGTRACE_RUN_ID", "")
+    mm[RUNID_OFF:RUNID_OFF + RUNID_LEN] = run_id.encode()[:RUNID_LEN - 1].ljust(RUNID_LEN, b"\0")
+    EXIT.pack_into(mm, EXIT_OFF, ST_RUNNING, 0, 0)
+    RANK.pack_into(mm, RANK_OFF, _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE"), 0)
+    PHASE.pack_into(mm, PHASE_OFF, 0, 0, -1)
+
+
+def create_ring(path, nslots, strtab_size=DEFAULT_STRTAB_SIZE):
+    """Create a ring file and map it; return ``(fd, mmap, strtab_off)``.
+
+    The file is created with mode 0600, sized to its full length (sparse) and mapped
+    ``MAP_SHARED``; header and slots are reserved on disk at once.
+
+    It is built under a hidden temporary name (``.<name>.<pid>.creating``, which readers
+    never glob) and appears under ``path`` only once its fixed header and the identity
+    known at creation (pid, start time, host, run id, env rank) are written: a process
+    killed while creating its ring leaves no half-made ring (no 'rank 0 :0 unknown').
+    ``path`` is claimed exclusively (hard link; FileExistsError when it exists).
+    Raises OSError (ENOSPC, EACCES, EEXIST ...) and leaves no file behind on failure.
+    """
+    import errno
+    strtab_off, total = layout(nslots, strtab_size)
+    d, name = os.path.split(path)
+    tmp = os.path.join(d, ".%s.%d.creating" % (name, os.getpid()))
+    try:
+        os.unlink(tmp)  # left by a killed process that had our pid
+    except OSError:
+        pass
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    mm = None
+    try:
+        os.ftruncate(fd, total)
+        reserve(fd, 0, strtab_off + STRTAB_CHUNK)
+        mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        HDR_FIXED.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, nslots, strtab_off, strtab_size)
+        STRUSED.pack_into(mm, STRUSED_OFF, 8)
+        _write_identity(mm)
+        try:
+            os.link(tmp, path)  # atomic, exclusive: the complete header appears at once
+        except FileExistsError:
+            raise
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV):
+                raise
+            # no hard links on this file system: claim the name, then move the file over it
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            os.rename(tmp, path)
+    except BaseException:
+        if mm is not None:
+            mm.close()
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+    return fd, mm, strtab_off

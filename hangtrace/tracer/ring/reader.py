@@ -1,0 +1,186 @@
+"""Reading ring files: header validation, string table, slot decoding (the read side of
+``ring/layout.py``). Used by collection and ``hangtrace records``; never by traced processes."""
+import os
+
+from hangtrace.tracer.ring.layout import (DTYPES, EXIT, EXIT_OFF, F_ASYNC, F_BATCH, HDR_FIXED,
+    HEADER_SIZE, HOST_LEN, HOST_OFF, IDENT, IDENT_OFF, KIND_NAMES, LIVE_DONE, LIVE_DONE_OFF,
+    LIVE_ISSUE, LIVE_ISSUE_OFF, MAGIC, OPS, PHASE, PHASE_OFF, RANK, RANK_OFF, RUNID_LEN, RUNID_OFF,
+    SLOT, SLOT_SIZE, STATE_NAMES, STRUSED, STRUSED_OFF, STR_ENTRY, T_EVENT, T_GROUP, T_META, T_STR,
+    VERSION)
+
+
+# --- reading ----------------------------------------------------------------------
+class RingData:
+    """Decoded content of one ring file (plain attributes, no mmap kept).
+
+    ``records``: list of dicts ordered by record index; ``strings``: {strid: str};
+    ``groups``: group definitions in creation order; ``events``: lifecycle events;
+    ``meta``: merged identity updates (Ray actor, ...); ``header``: dict of header fields;
+    ``warnings``: problems found that did not stop the read (e.g. a torn string table).
+    """
+
+    __slots__ = ("path", "header", "records", "strings", "groups", "events", "meta", "warnings")
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.header, self.records, self.strings = {}, [], {}
+        self.groups, self.events, self.meta, self.warnings = [], [], {}, []
+
+
+def _cstr(raw):
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def read_header(buf, path="<buffer>"):
+    """Validate and decode the header of ``buf`` (bytes-like, >= HEADER_SIZE bytes).
+
+    Returns a dict. Raises TruncatedRingError, ForeignFileError, UnsupportedVersionError
+    or CorruptRingError naming ``path``.
+    """
+    from hangtrace.tracer.errors import CorruptRingError, ForeignFileError, TruncatedRingError, UnsupportedVersionError
+    if len(buf) < 8:
+        if bytes(buf) != MAGIC[:len(buf)]:  # a short file of other content is not ours
+            raise ForeignFileError(path, "no hangtrace magic (found %r)" % bytes(buf))
+        raise TruncatedRingError(path, "%d bytes, shorter than the 8-byte magic" % len(buf))
+    if bytes(buf[:6]) != MAGIC[:6]:
+        raise ForeignFileError(path, "no hangtrace magic (found %r)" % bytes(buf[:8]))
+    if bytes(buf[:8]) != MAGIC:
+        raise UnsupportedVersionError(path, "ring format %r, this reader knows %r" % (bytes(buf[:8]), MAGIC))
+    if len(buf) < HEADER_SIZE:
+        raise TruncatedRingError(path, "%d bytes, shorter than the %d-byte header" % (len(buf), HEADER_SIZE))
+    magic, version, hsize, ssize, nslots, stroff, strsize = HDR_FIXED.unpack_from(buf, 0)
+    if version != VERSION:
+        raise UnsupportedVersionError(path, "format version %d, this reader knows %d" % (version, VERSION))
+    if hsize != HEADER_SIZE or ssize != SLOT_SIZE or nslots <= 0 or stroff != HEADER_SIZE + nslots * SLOT_SIZE:
+        raise CorruptRingError(path, "inconsistent sizes (header %d, slot %d, slots %d, strtab at %d)"
+                               % (hsize, ssize, nslots, stroff))
+    pid, ppid, start_wall, start_mono, ticks = IDENT.unpack_from(buf, IDENT_OFF)
+    next_idx, inflight = LIVE_ISSUE.unpack_from(buf, LIVE_ISSUE_OFF)
+    _, pmono, pwall, pcount = LIVE_DONE.unpack_from(buf, LIVE_DONE_OFF)
+    phase, depth, step = PHASE.unpack_from(buf, PHASE_OFF)
+    (strused,) = STRUSED.unpack_from(buf, STRUSED_OFF)
+    state, exit_code, exit_wall = EXIT.unpack_from(buf, EXIT_OFF)
+    rank, local_rank, world, dumpsig = RANK.unpack_from(buf, RANK_OFF)
+    return dict(version=version, nslots=nslots, strtab_off=stroff, strtab_size=strsize,
+                pid=pid, ppid=ppid, start_wall_ns=start_wall, start_mono_ns=start_mono,
+                proc_start_ticks=ticks, host=_cstr(buf[HOST_OFF:HOST_OFF + HOST_LEN]),
+                run_id=_cstr(buf[RUNID_OFF:RUNID_OFF + RUNID_LEN]), next_idx=next_idx,
+                inflight_idx=inflight, progress_mono_ns=pmono, progress_wall_ns=pwall,
+                progress_count=pcount, phase_strid=phase, phase_depth=depth, step=step,
+                strtab_used=strused, state=state, exit_code=exit_code, exit_wall_ns=exit_wall,
+                rank=rank, local_rank=local_rank, world_size=world, dump_signal=dumpsig)
+
+
+def _parse_strtab(data, used, ring):
+    import json
+    off = 8
+    end = min(used, len(data))
+    if used > len(data):
+        ring.warnings.append("string table cut short: %d of %d bytes present" % (len(data), used))
+    while off + STR_ENTRY.size <= end:
+        tag, n = STR_ENTRY.unpack_from(data, off)
+        if tag not in (T_STR, T_GROUP, T_EVENT, T_META) or off + STR_ENTRY.size + n > end:
+            ring.warnings.append("string table corrupt at byte %d; %d bytes after it ignored" % (off, end - off))
+            break
+        text = bytes(data[off + STR_ENTRY.size: off + STR_ENTRY.size + n]).decode("utf-8", "replace")
+        if tag == T_STR:
+            ring.strings[off] = text
+        else:
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                ring.warnings.append("unreadable %s entry at byte %d" % ({T_GROUP: "group", T_EVENT: "event",
+                                                                          T_META: "meta"}[tag], off))
+                obj = None
+            if isinstance(obj, dict):
+                if tag == T_GROUP:
+                    ring.groups.append(obj)
+                elif tag == T_EVENT:
+                    ring.events.append(obj)
+                else:
+                    ring.meta.update(obj)
+        off += STR_ENTRY.size + n
+
+
+def decode_slots(slots, nslots, strings):
+    """Decode the valid slots of ``slots`` (bytes) into record dicts ordered by index.
+
+    A slot is valid when its stored index maps to its own position; of the valid ones,
+    only the newest ``nslots`` window is kept (older leftovers of a torn write are dropped).
+    """
+    S = strings.get
+    out = []
+    # First only the 8-byte index of every slot (one C-level pass), then unpack just the
+    # valid ones: an unfilled ring costs almost nothing.
+    idxs = memoryview(slots).cast("B").cast("Q")[::SLOT_SIZE // 8].tolist()
+    unpack = SLOT.unpack_from
+    for pos, idx in enumerate(idxs):
+        if idx and (idx - 1) % nslots == pos:
+            out.append(unpack(slots, pos * SLOT_SIZE))
+    out.sort(key=lambda r: r[0])
+    if out:
+        newest = out[-1][0]
+        out = [r for r in out if r[0] > newest - nslots]
+    res = []
+    for (idx, kind, flags, dtype, op, group, seq, numel, shape, peer, thread, phase, step,
+         t_mono, t_wall, state, err, t_end, a0, a1, a2, a3, a4) in out:
+        res.append({
+            "idx": idx, "kind": KIND_NAMES.get(kind, str(kind)),
+            "op": OPS[op] if op < len(OPS) else str(op),
+            "group": S(group, "") if group else None, "seq": seq,
+            "dtype": DTYPES[dtype] if dtype < len(DTYPES) else str(dtype),
+            "numel": numel, "shape": S(shape) if shape else None,
+            "peer": peer, "async_op": bool(flags & F_ASYNC), "batch": bool(flags & F_BATCH),
+            "thread": S(thread) if thread else None, "phase": S(phase) if phase else None,
+            "step": step if step >= 0 else None,
+            "t_mono_ns": t_mono, "t_wall_ns": t_wall, "t_end_mono_ns": t_end or None,
+            "state": STATE_NAMES.get(state, str(state)), "error": S(err) if err else None,
+            "a": (a0, a1, a2, a3, a4),
+        })
+    return res
+
+
+def read_ring(path):
+    """Read and decode a ring file. Returns RingData.
+
+    Accepts files cut after the used part of the string table (snapshots store them so).
+    Raises a RingFormatError subclass naming ``path`` for truncated, foreign, other-version
+    or inconsistent files; OSError when the file cannot be opened.
+    """
+    from hangtrace.tracer.errors import TruncatedRingError
+    ring = RingData(path)
+    with open(path, "rb") as f:
+        head = f.read(HEADER_SIZE)
+        hdr = read_header(head, path)
+        slots_len = hdr["nslots"] * SLOT_SIZE
+        if HEADER_SIZE + slots_len > os.fstat(f.fileno()).st_size:  # before allocating slots_len
+            raise TruncatedRingError(path, "%d of %d slot bytes present"
+                                     % (max(0, os.fstat(f.fileno()).st_size - HEADER_SIZE), slots_len))
+        slots = f.read(slots_len)
+        if len(slots) < slots_len:
+            raise TruncatedRingError(path, "%d of %d slot bytes present" % (len(slots), slots_len))
+        used = hdr["strtab_used"]
+        if used > hdr["strtab_size"]:
+            ring.warnings.append("string table use %d > size %d" % (used, hdr["strtab_size"]))
+            used = hdr["strtab_size"]
+        strtab = f.read(used)
+    ring.header = hdr
+    _parse_strtab(strtab, used, ring)
+    ring.header["phase"] = ring.strings.get(hdr["phase_strid"]) if hdr["phase_strid"] else None
+    ring.records = decode_slots(slots, hdr["nslots"], ring.strings)
+    return ring
+
+
+def compact_copy(src, dst):
+    """Copy the used part of ring ``src`` (header, slots, used string table) to ``dst``.
+
+    Returns bytes written. Raises OSError or RingFormatError.
+    """
+    with open(src, "rb") as f:
+        head = f.read(HEADER_SIZE)
+        hdr = read_header(head, src)
+        rest = f.read(hdr["nslots"] * SLOT_SIZE + hdr["strtab_used"])
+    with open(dst, "wb") as g:
+        g.write(head)
+        g.write(rest)
+    return len(head) + len(rest)
