@@ -121,6 +121,12 @@ def _register_import_hooks():
         _hook_torch(sys.modules["torch.distributed"])
     else:
         wrapt.register_post_import_hook(_hook_torch, "torch.distributed")
+    from . import failures  # issue 9: failures caught at their source
+    for name, hook in failures.IMPORT_HOOKS.items():
+        if name in sys.modules:
+            hook(sys.modules[name])
+        else:
+            wrapt.register_post_import_hook(hook, name)
     if "ray" in sys.modules:  # issue 4
         _hook_ray(sys.modules["ray"])
     else:
@@ -192,6 +198,11 @@ def activate():
             lifecycle.install(rt)
         except Exception as e:
             rt.log("lifecycle hooks failed: %r" % (e,), "lifecycle")
+        try:
+            from . import failures
+            failures.configure(lambda: api._recorder, rt.log)
+        except Exception as e:
+            rt.log("failure capture failed: %r" % (e,), "failures")
         try:
             _register_import_hooks()
         except Exception as e:

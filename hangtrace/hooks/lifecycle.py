@@ -28,6 +28,8 @@ import traceback
 
 import wrapt
 
+from hangtrace.hooks import failures
+
 DUMP_SIGNAL = signal.SIGUSR2
 
 _rt = None
@@ -83,6 +85,7 @@ def _code_of(arg):
 def _sys_exit_wrapper(wrapped, instance, args, kwargs):
     try:
         _exit_code[0] = _code_of(args[0] if args else kwargs.get("status"))
+        failures.exiting(_exit_code[0])  # an exception being handled is the real cause
     except Exception:
         pass
     return wrapped(*args, **kwargs)
@@ -93,6 +96,7 @@ def _os_exit_wrapper(wrapped, instance, args, kwargs):
         rt = _rt
         if rt is not None and not rt.recorder.closed and rt.recorder.pid == os.getpid():
             code = int(args[0] if args else kwargs.get("status", 0))
+            failures.exiting(code)
             rt.recorder.event("exit", code=code, via="os._exit")
             rt.recorder.mark_exit(code)
     except Exception:
