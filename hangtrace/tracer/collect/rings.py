@@ -98,7 +98,8 @@ def process_from_ring(ring, state=None):
         progress_wall_ns=h["progress_wall_ns"], progress_mono_ns=h["progress_mono_ns"],
         inflight=inflight, records=recs, groups=ring.groups, events=ring.events,
         meta=dict(ring.meta, dump_signal=h["dump_signal"], proc_start_ticks=h["proc_start_ticks"],
-                  progress_count=h["progress_count"]),
+                  progress_count=h["progress_count"], ppid=h["ppid"],
+                  rank_source=h.get("rank_source", 0)),
         ring_path=ring.path, warnings=list(ring.warnings))
     p.memory = _mem_samples(recs)  # issue 5
     return p

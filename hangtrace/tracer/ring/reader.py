@@ -4,7 +4,7 @@ import os
 
 from hangtrace.tracer.ring.layout import (DTYPES, EXIT, EXIT_OFF, F_ASYNC, F_BATCH, HDR_FIXED,
     HEADER_SIZE, HOST_LEN, HOST_OFF, IDENT, IDENT_OFF, KIND_NAMES, LIVE_DONE, LIVE_DONE_OFF,
-    LIVE_ISSUE, LIVE_ISSUE_OFF, MAGIC, OPS, PHASE, PHASE_OFF, RANK, RANK_OFF, RUNID_LEN, RUNID_OFF,
+    LIVE_ISSUE, LIVE_ISSUE_OFF, MAGIC, OPS, PHASE, PHASE_OFF, RANK, RANK_OFF, RANK_SOURCE, RANK_SOURCE_OFF, RUNID_LEN, RUNID_OFF,
     SLOT, SLOT_SIZE, STATE_NAMES, STRUSED, STRUSED_OFF, STR_ENTRY, T_EVENT, T_GROUP, T_META, T_STR,
     VERSION)
 
@@ -68,7 +68,8 @@ def read_header(buf, path="<buffer>"):
                 inflight_idx=inflight, progress_mono_ns=pmono, progress_wall_ns=pwall,
                 progress_count=pcount, phase_strid=phase, phase_depth=depth, step=step,
                 strtab_used=strused, state=state, exit_code=exit_code, exit_wall_ns=exit_wall,
-                rank=rank, local_rank=local_rank, world_size=world, dump_signal=dumpsig)
+                rank=rank, local_rank=local_rank, world_size=world, dump_signal=dumpsig,
+                rank_source=RANK_SOURCE.unpack_from(buf, RANK_SOURCE_OFF)[0])
 
 
 def _parse_strtab(data, used, ring):
