@@ -96,6 +96,11 @@ class Watcher:
         t = self.stall_s
         joined = frozenset(h["rank"] for h in self.headers.values()
                            if h.get("rank_source", 0) == F.RANK_FROM_GROUP)
+        if self.headers and not any(h.get("rank", -1) >= 0 or h["progress_count"] > 1 or h["phase_strid"]
+                                    for h in self.headers.values()):
+            # only launchers so far, none has made progress (torchrun's agent importing
+            # torch and spawning the ranks on a loaded machine): the run is starting
+            t = max(t, self.startup_stall_s)
         for h in self.headers.values():
             if h["state"] == F.ST_EXITED:
                 continue
