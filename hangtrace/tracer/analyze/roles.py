@@ -13,10 +13,10 @@ Rules, in order (:func:`assign_roles`):
 1. Ray actors are ``ray-actor`` (they may also hold a rank); Ray workers without an actor
    are ``ray-task-worker``; the Ray driver is a ``launcher``.
 2. Rank r is held by the processes that joined as r. One such process: it is rank r.
-   Several: when the older ones had died before the newest started, that is a restart
-   (torchelastic, a Ray actor restart): the newest holds the rank and the restart is
-   noted; otherwise two live processes joined as r in one generation, a ``conflict``
-   (the newest is analysed, the conflict is reported).
+   Several: when the older ones are dead, that is a restart (torchelastic, a Ray actor
+   restart): the newest holds the rank and the restart is noted; otherwise two live
+   processes joined as r, a ``conflict`` (the newest is analysed, the conflict is
+   reported).
 3. A rank no process joined as (rendezvous not reached, or rings from before joining)
    is held by a candidate with that rank hint: alive before dead, then the one with no
    traced ancestor holding the same hint, then the earliest started.
@@ -127,18 +127,15 @@ def _dead(p: ProcessInfo) -> bool:
     return p.state in ("killed", "exited")
 
 
-def _end_ns(p: ProcessInfo) -> int:
-    return p.exit_wall_ns or p.progress_wall_ns or p.start_wall_ns or 0
-
-
 def _pick_joined(rank: int, cands: Sequence[ProcessInfo]) -> Tuple[ProcessInfo, Optional[RankClaim]]:
     cands = sorted(cands, key=lambda p: p.start_wall_ns or 0)
     kept = cands[-1]
     if len(cands) == 1:
         return kept, None
     older = cands[:-1]
-    restart = all(_dead(p) and (not kept.start_wall_ns or _end_ns(p) <= kept.start_wall_ns)
-                  for p in older)
+    # a dead process's end time is only a lower bound after a SIGKILL: every older one
+    # being dead is what makes a restart; two live processes are a conflict
+    restart = all(_dead(p) for p in older)
     return kept, RankClaim(rank, "restart" if restart else "conflict", kept.key,
                            tuple(p.key for p in older))
 
@@ -200,7 +197,11 @@ def assign_roles(processes: Iterable[ProcessInfo], valid_rank=lambda r: r is not
             claims.append(claim)
     for r, cands in hinted_by_rank.items():
         if r not in ranks:
-            ranks[r] = _pick_hinted(cands, by_pid)
+            kept = ranks[r] = _pick_hinted(cands, by_pid)
+            gone = tuple(p.key for p in cands if p is not kept and _dead(p)
+                         and (p.start_wall_ns or 0) <= (kept.start_wall_ns or 0))
+            if gone:  # an earlier generation that never joined a group
+                claims.append(RankClaim(r, "restart", kept.key, gone))
     rank_of = {p.key: r for r, p in ranks.items()}
     for r, cands in joined_by_rank.items():  # older generations of a restarted rank
         for p in cands:
