@@ -14,6 +14,8 @@ import pytest
 from test_examples import EXAMPLE, run_example
 
 LOADER = ("--loader-workers", "2")
+#: DataLoader workers import torch before the first batch: more than 8 s on two busy cores
+LOADER_STALL_S = 20
 TORCHRUN = shutil.which("torchrun")
 
 
@@ -38,7 +40,8 @@ def run_torchrun(tmp_path, fault, nproc, extra=()):
     if TORCHRUN is None:
         pytest.skip("torchrun not on PATH")
     # run_example's command with torchrun in place of the example's own launcher
-    return run_example(tmp_path, fault, extra=list(extra), launcher_cmd=[
+    return run_example(tmp_path, fault, extra=list(extra), stall_s=LOADER_STALL_S if LOADER[0] in extra else 8,
+                       launcher_cmd=[
         TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), EXAMPLE])
 
 
@@ -56,9 +59,9 @@ def test_torchrun_loader_raise(tmp_path):
     assert "ValueError: bad batch shape" in d["details"]["cause_text"]
 
 
-def test_torchrun_loader_decode_loop(tmp_path):
-    r = run_torchrun(tmp_path, "decode-loop", 2, LOADER)
-    check(r, "collective-mismatch", [1])
+def test_torchrun_loader_kill_rank(tmp_path):
+    r = run_torchrun(tmp_path, "kill-rank", 2, LOADER)
+    check(r, "dead-rank", [1], "killed-without-record")
 
 
 # --- torch.multiprocessing.spawn, RANK set in the parent ---------------------------------------
@@ -75,7 +78,8 @@ def test_spawn_kill_rank(tmp_path):
 
 
 def test_spawn_rank0_checkpoint(tmp_path):
-    r = run_example(tmp_path, "rank0-checkpoint", extra=("--launcher", "spawn"))
+    # world size 4: with 2 ranks, one all_reduce against one all_gather is a tie (both named)
+    r = run_example(tmp_path, "rank0-checkpoint", 4, extra=("--launcher", "spawn"))
     check(r, "collective-mismatch", [0])
 
 
@@ -88,7 +92,7 @@ def test_mp_raise(tmp_path):
 
 
 def test_mp_loader_stuck_queue(tmp_path):
-    r = run_example(tmp_path, "stuck-queue", extra=("--launcher", "mp") + LOADER)
+    r = run_example(tmp_path, "stuck-queue", extra=("--launcher", "mp") + LOADER, stall_s=LOADER_STALL_S)
     check(r, "stuck-outside-collective", [1])
 
 
