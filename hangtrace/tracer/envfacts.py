@@ -146,13 +146,6 @@ def from_json(d: Dict[str, Any], path: Optional[str] = None) -> ProcessEnv:
                       wall_ns=int(d.get("wall_ns", 0)), reason=str(d.get("reason", "")), path=path)
 
 
-def libraries_by_key(pe: ProcessEnv) -> Dict[str, List[Library]]:
-    out: Dict[str, List[Library]] = {}
-    for lb in pe.libraries:
-        out.setdefault(lb.key, []).append(lb)
-    return out
-
-
 def unique(items: Iterable[str]) -> List[str]:
     seen: List[str] = []
     for i in items:

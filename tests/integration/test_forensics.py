@@ -137,5 +137,10 @@ def test_segfault_in_c_library_named_with_symbol(tmp_path) -> None:
         got = fatal_frame_library(text, mine[0].mappings, F.symbolize, pid=pid)
         assert got is not None and got.startswith("libcrashy.so, crash_here+0x"), (got, text)
         assert os.path.realpath(lib) in got
+        # the same through the verdict's call site (the snapshot's process list)
+        from hangtrace.tracer.collect.rings import load_run
+        snap = load_run(str(run_dir))
+        lines = F.verdict_evidence(str(run_dir), snap.processes, [1])
+        assert any(ln.startswith("rank 1 died in libcrashy.so, crash_here+0x") for ln in lines), lines
     finally:
         kill_all(procs)

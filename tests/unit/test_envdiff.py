@@ -2,10 +2,9 @@
 the evidence line, the report section and the crashing-frame lookup."""
 import dataclasses
 import json
-import os
 import shutil
+import socket
 import subprocess
-import sys
 
 import pytest
 
@@ -147,7 +146,8 @@ def test_parse_kernel_fault_lines_of_old_and_new_kernels_and_traps() -> None:
     assert (trap.pid, trap.what, trap.file_offset) == (77, "divide error", 0x1109)
 
 
-def test_fatal_frame_from_recorded_maps_and_symbol_table(tmp_path) -> None:
+def crash_lib(tmp_path) -> tuple:
+    """A ``cc``-built library, a recorded mapping of it and a kernel line for pid 9."""
     cc = shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler (cc) on this machine")
@@ -155,7 +155,6 @@ def test_fatal_frame_from_recorded_maps_and_symbol_table(tmp_path) -> None:
     src.write_text("int crash_here(int *p) { return p[3] + 1; }\nint other(void) { return 2; }\n")
     lib = tmp_path / "libcrash.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O0", "-Wl,--build-id", "-o", str(lib), str(src)], check=True)
-    sym = None
     from elftools.elf.elffile import ELFFile
     with open(lib, "rb") as f:
         sym = ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name("crash_here")[0]["st_value"]
@@ -165,9 +164,52 @@ def test_fatal_frame_from_recorded_maps_and_symbol_table(tmp_path) -> None:
     ip = base + sym + 5
     line = "python[9]: segfault at c ip %016x sp 00007ffe9b51dd50 error 4 in libcrash.so[%x,%x+1000]" % (
         ip, sym + 5, base + 0x1000)
+    return lib, sym, maps, line
+
+
+def test_fatal_frame_from_recorded_maps_and_symbol_table(tmp_path) -> None:
+    lib, sym, maps, line = crash_lib(tmp_path)
     got = fatal_frame_library(line, maps, F.symbolize, pid=9)
     assert got is not None and got.startswith("libcrash.so, crash_here+0x5 (segfault; %s +0x%x)" % (lib, sym + 5))
     # without maps (process recorded nothing): the kernel's file offset and name still place it
     assert fatal_frame_library(line, [], None).startswith("libcrash.so (segfault; libcrash.so +0x")
     assert fatal_frame_library(line, maps, F.symbolize, pid=10) is None
     assert fatal_frame_library("Fatal Python error: Aborted", maps, F.symbolize) is None
+
+
+def test_crash_frame_reads_the_record_and_the_kernel_log(tmp_path) -> None:
+    lib, sym, maps, line = crash_lib(tmp_path)
+    run = str(tmp_path / "run")
+    F.write(run, E.ProcessEnv(host=socket.gethostname(), pid=9, mappings=tuple(maps)))
+    log = lambda: ([(1.0, "python[8]: segfault at 0 ip 0000000000000001 sp 0 error 4"), (2.0, line)], "read")
+    assert F.crash_frame(run, socket.gethostname(), 9, log).startswith("libcrash.so, crash_here+0x5")
+    assert F.crash_frame(run, socket.gethostname(), 9, lambda: ([], "/dev/kmsg: denied")) is None
+    assert F.crash_frame(run, "another-host", 9, log) is None
+
+
+class _Rt:
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self.lines = []
+
+        class Rec:
+            host = "h"
+        self.recorder = Rec()
+
+    def log(self, msg: str, key: str = None) -> None:
+        self.lines.append(msg)
+
+
+def test_in_process_record_never_raises_and_skips_known_libraries(tmp_path) -> None:
+    from hangtrace.hooks import envrecord
+    bad = tmp_path / "a-file"
+    bad.write_text("x")
+    rt = _Rt(str(bad))  # the run directory is a file: nothing can be written
+    envrecord.record(rt, "test")
+    assert rt.lines and "environment record failed" in rt.lines[0]
+    good = _Rt(str(tmp_path / "run"))
+    envrecord.record(good, "test")
+    assert good.lines == [] and len(F.load_env(good.run_dir)[0]) == 1
+    libc = next(m.path for m in envrecord._last.mappings if "libc" in m.path)
+    assert not envrecord._loaded_new(libc) and not envrecord._loaded_new(None)
+    assert envrecord._loaded_new(str(tmp_path / "libnew.so"))

@@ -315,3 +315,41 @@ def run_env(path: str, enrich_local: bool = True) -> Tuple[List[E.ProcessEnv], L
     if enrich_local:
         envs = [enrich(pe) for pe in envs]
     return envs, errors
+
+
+def crash_frame(run_dir: str, host: str, pid: int,
+                read_log: Optional[Callable[[], Tuple[list, str]]] = None) -> Optional[str]:
+    """Library and symbol of the native frame where process ``host:pid`` of ``run_dir``
+    took its fatal signal (see ``analyze.envdiff.fatal_frame_library``), from its
+    recorded mappings and this host's kernel log; None for another host, no record, no
+    kernel line (SIGABRT, rate limit, exception-trace off) or an unreadable log."""
+    from hangtrace.tracer.analyze.envdiff import fatal_frame_library
+    if host != socket.gethostname():
+        return None
+    envs, _ = load_env(run_dir)
+    maps = next((pe.mappings for pe in envs if pe.host == host and pe.pid == pid), ())
+    text, status = kernel_fault_text(pid, read_log)
+    if status != "read" or not text:
+        return None
+    return fatal_frame_library(text, maps, symbolize, pid=pid)
+
+
+def verdict_evidence(run_dir: str, processes: Sequence, culprit_ranks: Sequence[int]) -> List[str]:
+    """The evidence lines issue 12 adds to a verdict, for the one call site after
+    ``diagnose``: the culprits' environment differences (``envdiff_evidence``) and, for a
+    culprit that died with a fatal-signal dump, the crashing native frame
+    ("rank 1 died in libX.so, sym+0x9 (segfault; path +0xOFF)"). ``processes``: the
+    snapshot's ProcessInfo list (host, pid, rank, state, signals). Never raises."""
+    from hangtrace.tracer.analyze.envdiff import envdiff_evidence
+    out: List[str] = []
+    try:
+        envs, _ = run_env(run_dir)
+        out += envdiff_evidence(envs, culprit_ranks)
+        for p in processes:
+            if p.rank in culprit_ranks and p.state != "alive" and "fatal" in (p.signals or {}):
+                frame = crash_frame(run_dir, p.host, p.pid)
+                if frame:
+                    out.append("rank %d died in %s" % (p.rank, frame))
+    except Exception:
+        pass
+    return out
