@@ -346,7 +346,7 @@ def cmd_attach(args):
 
 
 # --- env-diff (issue 12) -------------------------------------------------------------------
-def cmd_env_diff(args):
+def cmd_env_diff(args: argparse.Namespace) -> int:
     """Differences across ranks and hosts in libraries, versions and job environment."""
     from .tracer.analyze.envdiff import diff_env
     from .tracer.collect.forensics import run_env

@@ -107,7 +107,7 @@ def _hook_ray(module):
 
 
 # --- environment forensics (issue 12): RUN_DIR/env/<host>-<pid>.json, see hooks/envrecord.py ---
-def _record_env(rt, reason, ctypes_hook=False):
+def _record_env(rt: "Runtime", reason: str, ctypes_hook: bool = False) -> None:
     try:
         from . import envrecord
         envrecord.record(rt, reason)

@@ -193,7 +193,7 @@ def _close_files():
 _FAULT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL") if hasattr(signal, n))
 
 
-def _fault_line_disposition():
+def _fault_line_disposition() -> list:
     """Make SIG_IGN the disposition faulthandler saves as "previous" for hardware-fault
     signals that are at SIG_DFL; returns the signals changed.
 
@@ -221,7 +221,7 @@ def _fault_line_disposition():
     return changed
 
 
-def _restore_default(sigs):
+def _restore_default(sigs: list) -> None:
     for sig in sigs:
         try:
             signal.signal(sig, signal.SIG_DFL)
