@@ -118,7 +118,8 @@ def test_segfault_in_c_library_named_with_symbol(tmp_path) -> None:
         pass
     run_dir = tmp_path / "run"
     lib = build_lib(str(tmp_path / "c"), "libcrashy.so", 3)
-    procs = start(run_dir, "crash", [lib, lib], [{}, {}], free_port())
+    fl = {"HANGTRACE_FAULT_LINE": "1"}  # opt-in: keep the kernel fault line (config.FAULT_LINE)
+    procs = start(run_dir, "crash", [lib, lib], [fl, fl], free_port())
     try:
         for p in procs:
             wait_line(p, "READY", timeout=240)
