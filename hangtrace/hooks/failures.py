@@ -146,6 +146,8 @@ def _check_unretrieved(task: Any) -> None:
         exc = getattr(task, "_exception", None)
         if exc is None or not getattr(task, "_log_traceback", False):
             return  # an awaiter (or gather, or a done callback) retrieved it
+        if not isinstance(exc, Exception):
+            return  # SystemExit / KeyboardInterrupt in a task: a deliberate exit, not a failure
         coro = getattr(task, "get_coro", lambda: None)()
         record_exception(exc, "asyncio-task", kind="task_exception", task=task.get_name(),
                          coro=getattr(coro, "__qualname__", None))
