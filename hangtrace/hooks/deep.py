@@ -70,6 +70,10 @@ class DeepTracer:
             self.log("deep trace on: rank %d, phases %s, %d entries" % (
                 self.rank(), ",".join(sorted(self.phases)) or "all", self.entries), "deep-on")
             self._start_watchdog()
+        else:
+            # frames entered before the last pause (the phase exit that paused it) are still
+            # on viztracer's stack: drop them, or they show up as callers of the next phase
+            self.viz.reset_stack()
         self.viz.start()
 
     def phase_enter(self, name: str) -> None:

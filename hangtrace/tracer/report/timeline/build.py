@@ -107,6 +107,8 @@ def _deep_events(d: DeepTrace, track: Track, threads: Threads, clock: Clock, hos
     shift_ns = d.mono_ns - d.viz_us * 1000.0
     out: List[Event] = []
     for e in d.events:
+        if names.get(e.get("tid"), "").startswith("hangtrace-"):
+            continue  # our own threads (the deep trace's watchdog writing the dump)
         ph = e.get("ph")
         if ph not in ("X", "i", "I", "B", "E", "C") or "ts" not in e:
             continue
