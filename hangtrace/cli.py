@@ -1,4 +1,4 @@
-"""``hangtrace`` command line: run | dump | analyze | attach | records | env.
+"""``hangtrace`` command line: run | dump | analyze | attach | records | timeline | env.
 
 Exit codes: 0 done; 1 internal bug (traceback printed); 2 usage or generic user error;
 3 unreadable ring file; 4 run directory or snapshot missing/empty; 5 no processes
