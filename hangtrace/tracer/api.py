@@ -52,6 +52,16 @@ def gauge(name, fn, limit=None):
 # --- end memory ---
 
 
+# --- deep trace (issue 11): set by hangtrace.hooks.deep only when HANGTRACE_DEEP is set ---
+_deep = None
+
+
+def _set_deep(deep):
+    global _deep
+    _deep = deep
+# --- end deep trace ---
+
+
 def _report(e):
     rec = _recorder
     try:
@@ -80,11 +90,17 @@ class _Phase:
             s = _sampler
             if s is not None:
                 s.sample(2)  # MEM_ENTER; never raises
+            d = _deep
+            if d is not None:
+                d.phase_enter(self.name)  # never raises
         return self
 
     def __exit__(self, etype, evalue, tb):
         rec = _recorder
         if rec is not None:
+            d = _deep
+            if d is not None:
+                d.phase_exit(self.name)  # never raises
             s = _sampler
             if s is not None:
                 if etype is not None:

@@ -60,6 +60,16 @@ RAY_COLLECT = "HANGTRACE_RAY_COLLECT"
 #: program (a kill(2)-sent SIGSEGV is then ignored, and SIG_IGN is inherited across exec by
 #: every child the program starts) - see ``hooks/lifecycle._fault_line_disposition``.
 FAULT_LINE = "HANGTRACE_FAULT_LINE"
+#: "0": the watcher and ``hangtrace run`` do not write ``timeline.json`` (a Perfetto trace
+#: of every rank, issue 11) next to ``report.txt`` at each incident. Default "1".
+TIMELINE = "HANGTRACE_TIMELINE"
+#: Deep trace (issue 11), off by default: ``rank=1,phase=train`` runs viztracer with a
+#: bounded ring buffer in the selected ranks (``rank=1|3`` or ``rank=1,rank=3``) and only
+#: inside the selected phases (none named: the whole process); both keys optional, but
+#: the variable must name at least one. ``hooks/deep.py`` is imported only when this is set.
+DEEP = "HANGTRACE_DEEP"
+#: Entries of the deep trace's ring buffer (viztracer ``tracer_entries``; oldest dropped).
+DEEP_ENTRIES = "HANGTRACE_DEEP_ENTRIES"
 #: Test-only fault injection: "recorder" makes the collective recorder raise on
 #: every call (the traced program must not notice).
 FAULT = "HANGTRACE_FAULT_INJECT"
@@ -73,6 +83,7 @@ DEFAULTS = {
     MEM: "1",
     MEM_INTERVAL_S: 1.0,
     MEM_CUDA_HISTORY: "0",
+    DEEP_ENTRIES: 200000,
 }
 
 
@@ -122,6 +133,37 @@ def fault_line(environ=None):
     """True when ``HANGTRACE_FAULT_LINE`` is "1" (issue 12; off by default)."""
     env = os.environ if environ is None else environ
     return env.get(FAULT_LINE, "0").strip() in ("1", "true", "yes", "on")
+def timeline_enabled(environ=None):
+    """True unless ``HANGTRACE_TIMELINE`` is "0" (timeline.json at each incident, issue 11)."""
+    env = os.environ if environ is None else environ
+    return env.get(TIMELINE, "1").strip() not in ("0", "false", "no", "off")
+
+
+def deep_selection(environ=None):
+    """Parse ``HANGTRACE_DEEP`` into ``(ranks, phases)`` (frozensets; empty = any), or None
+    when unset, empty or naming nothing. ``"rank=1|3,phase=train"`` -> ({1, 3}, {"train"});
+    unknown keys and non-integer ranks are ignored."""
+    env = os.environ if environ is None else environ
+    text = env.get(DEEP, "").strip()
+    if not text or text == "0":
+        return None
+    ranks, phases = set(), set()
+    for item in text.split(","):
+        key, _, val = item.partition("=")
+        for v in val.split("|"):
+            v = v.strip()
+            if not v:
+                continue
+            if key.strip() == "rank":
+                try:
+                    ranks.add(int(v))
+                except ValueError:
+                    pass
+            elif key.strip() == "phase":
+                phases.add(v)
+    if not ranks and not phases:
+        return None
+    return frozenset(ranks), frozenset(phases)
 
 
 def pure_python(environ=None):

@@ -352,7 +352,22 @@ def diagnose_and_report(run_dir, reason, native=False, with_stacks=True, log=Non
     diag = diagnose(snap)
     para = verdict_paragraph(diag)
     write_diagnosis(snap, diag, text_report(diag, snap))
+    write_timeline(snap, diag, log)  # issue 11
     return snap, diag, para
+
+
+def write_timeline(snap, diag, log=None):
+    """``timeline.json`` (Perfetto trace, issue 11) next to report.txt, unless
+    ``HANGTRACE_TIMELINE=0``. Never raises: a failure is one line in ``log``."""
+    if not config.timeline_enabled():
+        return None
+    try:
+        from hangtrace.tracer.report.text import diagnosis_json
+        from hangtrace.tracer.report.timeline.load import write_incident_timeline
+        return write_incident_timeline(snap, diagnosis_json(diag))
+    except Exception as e:
+        (log or (lambda line: sys.stderr.write("hangtrace: %s\n" % line)))("timeline not written: %r" % (e,))
+        return None
 
 
 def main(argv=None):

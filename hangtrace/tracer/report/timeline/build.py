@@ -1,0 +1,239 @@
+"""Snapshot (+ verdict, + deep traces) in, Chrome trace-event JSON dict out (pure).
+
+The trace-event format is the one viztracer writes and Perfetto, ``vizviewer`` and
+``chrome://tracing`` load ("Trace Event Format", Google, 2016: ``X`` complete slices,
+``b``/``e`` async slices, ``i`` instants, ``C`` counters, ``s``/``t``/``f`` flows,
+``M`` metadata). ``ts``/``dur`` are microseconds since ``otherData.t0_wall_ns``.
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from hangtrace.tracer.report.timeline.events import Event, FlowRefs, Mark, ProcessEvents, end_wall_ns
+from hangtrace.tracer.report.timeline.model import (Clock, Threads, TimelineOptions, Track, assign_tracks,
+                                                    host_offsets)
+from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
+
+#: Version of the trace's ``otherData`` block (bumped when its keys change meaning).
+TIMELINE_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class DeepTrace:
+    """Function-level events of one process, from a viztracer dump (``hooks/deep.py``).
+
+    ``events``: viztracer's ``traceEvents``; ``viz_us``/``mono_ns``: one instant read on
+    viztracer's clock (µs) and on CLOCK_MONOTONIC (ns) together, so the dump is placed on
+    the host's aligned clock whatever viztracer's time base is.
+    """
+
+    host: str
+    pid: int
+    viz_us: float
+    mono_ns: int
+    events: Tuple[Dict[str, Any], ...]
+    path: str = ""
+
+
+def _mark(diag: Optional[Dict[str, Any]]) -> Optional[Mark]:
+    if not diag or not diag.get("culprit_ranks"):
+        return None
+    return Mark(kind=str(diag.get("kind")), ranks=tuple(diag.get("culprit_ranks") or ()),
+                group=diag.get("group"), seq=diag.get("seq"))
+
+
+def _rec_wall(p: ProcessInfo, r: Dict[str, Any], clock: Clock) -> int:
+    return clock.mono_to_wall(p.host, r["t_mono_ns"])
+
+
+def _window(procs: Sequence[ProcessInfo], clock: Clock, opts: TimelineOptions,
+            t_first: int, t_last: int) -> Tuple[int, int]:
+    lo, hi = t_first, t_last
+    if opts.since_s is not None:
+        lo = int((t_first if opts.since_s >= 0 else t_last) + opts.since_s * 1e9)
+    if opts.until_s is not None:
+        hi = int((t_first if opts.until_s >= 0 else t_last) + opts.until_s * 1e9)
+    return lo, hi
+
+
+def _select(p: ProcessInfo, clock: Clock, lo: Optional[int], hi: int, quota: Optional[int]) -> Tuple[List[Dict[str, Any]], int]:
+    """Records of ``p`` in the window; above ``quota`` only the newest (in-flight and failed
+    records always kept; memory samples thinned to a quarter of the quota). Returns
+    (records, records dropped by the quota)."""
+    recs = p.records if lo is None else [
+        r for r in p.records
+        if lo <= _rec_wall(p, r, clock) <= hi
+            or (r["state"] == "issued" and r["kind"] in ("collective", "p2p") and _rec_wall(p, r, clock) <= hi)]
+    if quota is None or len(recs) <= quota:
+        return recs, 0
+    mem = [r for r in recs if r["kind"] == "memory"]
+    other = [r for r in recs if r["kind"] != "memory"]
+    keep_mem = mem[::max(1, -(-len(mem) // max(1, quota // 4)))] if mem else []
+    n_other = max(1, quota - len(keep_mem))
+    newest = other[-n_other:]
+    first = newest[0]["idx"] if newest else 0
+    pinned = [r for r in other[:-n_other] if r["state"] in ("issued", "failed") or r["kind"] == "group"]
+    kept = sorted(pinned + newest + [r for r in keep_mem if r["idx"] >= first or not newest],
+                  key=lambda r: r["idx"])
+    return kept, len(recs) - len(kept)
+
+
+def _flows(refs: FlowRefs, budget: int) -> List[Event]:
+    out: List[Event] = []
+    fid = 0
+    for key, lst in refs.items():
+        if len(lst) < 2:
+            continue
+        if len(out) + len(lst) > budget:
+            break
+        fid += 1
+        lst.sort()
+        name = "%s %s #%s" % (key[0], key[1], key[-1])
+        for i, (ts, pid, tid, rank) in enumerate(lst):
+            ph = "s" if i == 0 else ("f" if i == len(lst) - 1 else "t")
+            ev = {"ph": ph, "id": fid, "name": name, "cat": "flow", "ts": ts, "pid": pid, "tid": tid,
+                  "args": {"rank": rank, "arrival": i}}
+            if ph != "s":
+                ev["bp"] = "e"
+            out.append(ev)
+    return out
+
+
+def _deep_events(d: DeepTrace, track: Track, threads: Threads, clock: Clock, host: str) -> List[Event]:
+    """viztracer events moved onto ``track``, clock-aligned, threads named ``deep: …``."""
+    names: Dict[Any, str] = {}
+    for e in d.events:
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            names[e.get("tid")] = str((e.get("args") or {}).get("name"))
+    shift_ns = d.mono_ns - d.viz_us * 1000.0
+    out: List[Event] = []
+    for e in d.events:
+        if names.get(e.get("tid"), "").startswith("hangtrace-"):
+            continue  # our own threads (the deep trace's watchdog writing the dump)
+        ph = e.get("ph")
+        if ph not in ("X", "i", "I", "B", "E", "C") or "ts" not in e:
+            continue
+        ev = dict(e)
+        ev["ts"] = clock.mono_us(host, int(e["ts"] * 1000.0 + shift_ns))
+        ev["pid"] = track.pid
+        ev["tid"] = threads.tid("deep: %s" % names.get(e.get("tid"), e.get("tid")))
+        ev["cat"] = "deep"
+        out.append(ev)
+    return out
+
+
+def build_timeline(snap: Snapshot, diagnosis: Optional[Dict[str, Any]] = None,
+                   deep: Sequence[DeepTrace] = (), options: TimelineOptions = TimelineOptions(),
+                   source: str = "") -> Dict[str, Any]:
+    """The trace of ``snap`` as a JSON-ready dict ``{"traceEvents": [...], "otherData": {...}}``.
+
+    ``diagnosis``: the stored ``diagnosis.json`` dict (verdict marks: culprit tracks named
+    ``CULPRIT``, the verdict's collective named ``VERDICT <kind>: …``, a global instant at
+    detection time and at the last progress); ``deep``: viztracer dumps merged into the
+    tracks of their processes. Never raises on odd records; raises nothing of its own.
+    """
+    opts = options
+    procs = list(snap.processes)
+    offsets = host_offsets(procs)
+    clock0 = Clock(offsets, 0)
+    walls = [_rec_wall(p, r, clock0) for p in procs for r in p.records[:1]]
+    walls += [e["wall_ns"] for p in procs for e in p.events or () if isinstance(e.get("wall_ns"), int)]
+    t_first = min(walls) if walls else (snap.taken_wall_ns or 0)
+    ends = {p.key: end_wall_ns(p, clock0, snap.taken_wall_ns) for p in procs}
+    t_last = max(list(ends.values()) + [snap.taken_wall_ns or 0, t_first])
+    lo, hi = _window(procs, clock0, opts, t_first, t_last)
+    clock = Clock(offsets, max(t_first, lo))
+    diag = diagnosis or {}
+    tracks, by_key = assign_tracks(procs, diag.get("culprit_ranks") or (), diag.get("culprit_actors") or ())
+    if opts.ranks is not None:  # helpers of other ranks went with their rank
+        keep = {t.pid for t in tracks if t.rank in opts.ranks}
+        tracks = [t for t in tracks if t.pid in keep]
+        by_key = {k: t for k, t in by_key.items() if t.pid in keep}
+    procs = [p for p in procs if p.key in by_key]
+    total = sum(len(p.records) for p in procs)
+    per_proc_budget = opts.max_events // max(1, 2 * len(procs)) if total * 2 > opts.max_events else None
+    threads = {t.pid: Threads(t.tid_base) for t in tracks}
+    mark = _mark(diag)
+    events: List[Event] = []
+    refs: FlowRefs = {}
+    dropped = 0
+    for p in procs:
+        t = by_key[p.key]
+        helper = "" if t.members[0] == p.key else "helper %d: " % p.pid
+        windowed = opts.since_s is not None or opts.until_s is not None
+        recs, n = _select(p, clock, lo if windowed else None, hi, per_proc_budget)
+        dropped += n
+        pe = ProcessEvents(p, clock, t.pid, threads[t.pid], min(ends[p.key], hi), mark, helper)
+        ev, fl = pe.build(recs)
+        events += ev
+        for k, v in fl.items():
+            refs.setdefault(k, []).extend(v)
+    for d in deep:
+        t = by_key.get("%s:%d" % (d.host, d.pid))
+        if t is not None:
+            events += _deep_events(d, t, threads[t.pid], clock, d.host)
+    if opts.flows:
+        events += _flows(refs, max(0, opts.max_events - len(events)))
+    events += _verdict_instants(snap, diag, clock)
+    if opts.since_s is not None or opts.until_s is not None:
+        events = _clip(events, clock.wall_us(hi))
+    meta = _metadata(tracks, threads)
+    other = {"hangtrace_timeline": TIMELINE_SCHEMA, "t0_wall_ns": clock.t0_ns, "source": source,
+             "snapshot_reason": snap.reason, "clock_offsets_ns": offsets,
+             "clock_alignment": "per host: median(t_wall_ns - t_mono_ns) over its records; hosts by wall clock",
+             "processes": len(procs), "tracks": len(tracks),
+             "sampling": {"max_events": opts.max_events, "per_process_records": per_proc_budget,
+                          "records_dropped": dropped, "records_total": total}}
+    if diag:
+        other["verdict"] = {k: diag.get(k) for k in ("kind", "culprit_ranks", "culprit_actors", "group", "seq",
+                                                     "op", "phase", "step", "summary") if k in diag}
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _clip(events: List[Event], hi_us: float) -> List[Event]:
+    """Events inside [0, hi_us] (trace µs); slices crossing an edge are cut at it."""
+    out: List[Event] = []
+    for e in events:
+        ts = e.get("ts", 0.0)
+        if e["ph"] == "X":
+            end = ts + e.get("dur", 0.0)
+            if end < 0 or ts > hi_us:
+                continue
+            if ts < 0 or end > hi_us:
+                e = dict(e, ts=max(ts, 0.0), dur=round(min(end, hi_us) - max(ts, 0.0), 3))
+        elif ts < 0 or ts > hi_us:
+            continue
+        out.append(e)
+    return out
+
+
+def _verdict_instants(snap: Snapshot, diag: Dict[str, Any], clock: Clock) -> List[Event]:
+    out: List[Event] = []
+    det = diag.get("details") or {}
+    args = {"kind": diag.get("kind"), "culprit_ranks": diag.get("culprit_ranks"), "summary": diag.get("summary")}
+    if snap.reason in ("stall", "death") and snap.taken_wall_ns:
+        out.append({"ph": "i", "s": "g", "name": "%s detected" % snap.reason, "cat": "verdict",
+                    "ts": clock.wall_us(snap.taken_wall_ns), "pid": 0, "tid": 0, "args": args})
+    elif snap.taken_wall_ns and diag:
+        out.append({"ph": "i", "s": "g", "name": "snapshot (%s)" % snap.reason, "cat": "verdict",
+                    "ts": clock.wall_us(snap.taken_wall_ns), "pid": 0, "tid": 0, "args": args})
+    t = det.get("hang_start_wall_ns") or det.get("last_progress_wall_ns")
+    if isinstance(t, int) and t > 0:
+        out.append({"ph": "i", "s": "g", "name": "last progress", "cat": "verdict", "ts": clock.wall_us(t),
+                    "pid": 0, "tid": 0, "args": {"note": "newest completed collective / phase / step of the run"}})
+    return out
+
+
+def _metadata(tracks: List[Track], threads: Dict[int, Threads]) -> List[Event]:
+    out: List[Event] = []
+    for i, t in enumerate(tracks):
+        out.append({"ph": "M", "name": "process_name", "pid": t.pid, "tid": 0, "args": {"name": t.name}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": t.pid, "tid": 0, "args": {"sort_index": i}})
+        if t.labels:
+            out.append({"ph": "M", "name": "process_labels", "pid": t.pid, "tid": 0,
+                        "args": {"labels": ",".join(t.labels)}})
+        for tid, name in sorted(threads[t.pid].names.items()):
+            out.append({"ph": "M", "name": "thread_name", "pid": t.pid, "tid": tid, "args": {"name": name}})
+            order = 0 if name.endswith("steps") else (2 if name.startswith("deep:") else 1)
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": t.pid, "tid": tid,
+                        "args": {"sort_index": order * 1000 + tid % 1000}})
+    return out

@@ -1,0 +1,182 @@
+"""Timeline building blocks: options, the aligned clock, track identities (pure).
+
+Times in the ring are per-process pairs ``(t_mono_ns, t_wall_ns)`` taken together by the
+recorder. ``CLOCK_MONOTONIC`` is one clock per host (shared by every process there, never
+stepped by NTP), so a host's offset ``wall - mono`` is estimated once as the median over
+every record of every process on that host, and a record is placed at
+``t_mono_ns + offset(host)``. Hosts are aligned by their wall clocks (NTP/PTP): the
+offset carries each host onto the Unix epoch. Times that exist only as wall time
+(faulthandler file mtimes, snapshot time) are used as they are.
+
+Trace times are microseconds (Chrome trace-event format, ``ts``/``dur``) since ``t0_ns``,
+the earliest time in the trace.
+"""
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+
+from hangtrace.tracer.snapshot import ProcessInfo
+
+#: Default event budget: a trace of about this many events (≈ 210 bytes each in JSON,
+#: so ≈ 33 MB; 1.4 MB gzipped) still opens in the Perfetto UI in a browser tab.
+DEFAULT_MAX_EVENTS = 200_000
+
+
+@dataclass(frozen=True)
+class TimelineOptions:
+    """What goes into a timeline.
+
+    Args:
+        ranks: only these global ranks (and their helper processes); None = all.
+        since_s / until_s: time window in seconds from the first record of the run; a
+            negative value counts back from the last one (``since_s=-30``: the last 30 s).
+        max_events: event budget; above it each process keeps only its newest records
+            (plus its in-flight and failed ones) and memory samples are thinned. The trace
+            says so in ``otherData.sampling``.
+        flows: draw flow arrows between the ranks' slices of one (group, seq).
+    """
+
+    ranks: Optional[FrozenSet[int]] = None
+    since_s: Optional[float] = None
+    until_s: Optional[float] = None
+    max_events: int = DEFAULT_MAX_EVENTS
+    flows: bool = True
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Maps a host's monotonic ns, or wall ns, to trace microseconds since ``t0_ns``.
+
+    ``offsets``: {host: wall_ns - mono_ns} (median over that host's records).
+    """
+
+    offsets: Dict[str, int]
+    t0_ns: int
+
+    def mono_us(self, host: str, mono_ns: int) -> float:
+        """Trace µs of a monotonic time (ns) taken on ``host``."""
+        return round((mono_ns + self.offsets.get(host, 0) - self.t0_ns) / 1000.0, 3)
+
+    def wall_us(self, wall_ns: int) -> float:
+        """Trace µs of a wall time (ns since the Unix epoch)."""
+        return round((wall_ns - self.t0_ns) / 1000.0, 3)
+
+    def mono_to_wall(self, host: str, mono_ns: int) -> int:
+        """Wall ns of a monotonic ns on ``host``."""
+        return mono_ns + self.offsets.get(host, 0)
+
+
+def host_offsets(procs: Iterable[ProcessInfo], per_proc: int = 64) -> Dict[str, int]:
+    """{host: median(t_wall_ns - t_mono_ns)} over up to ``per_proc`` records per process
+    (evenly spread), plus each durable event's own pair. Hosts without records get none."""
+    pairs: Dict[str, List[int]] = {}
+    for p in procs:
+        recs = p.records
+        stride = max(1, len(recs) // per_proc)
+        out = pairs.setdefault(p.host, [])
+        for r in recs[::stride]:
+            if r.get("t_wall_ns") and r.get("t_mono_ns"):
+                out.append(r["t_wall_ns"] - r["t_mono_ns"])
+        for e in p.events or ():
+            if isinstance(e.get("wall_ns"), int) and isinstance(e.get("mono_ns"), int):
+                out.append(e["wall_ns"] - e["mono_ns"])
+    return {h: int(median(v)) for h, v in pairs.items() if v}
+
+
+@dataclass(frozen=True)
+class Track:
+    """One process track of the trace (a rank, or a process without a rank).
+
+    ``tid_base``: thread ids of this track are ``tid_base + k`` (globally unique).
+    ``members``: the traced processes shown on it (``"host:pid"``), the rank's own
+    process first, then its helper processes (DataLoader workers, ...).
+    """
+
+    pid: int
+    name: str
+    rank: int
+    members: Tuple[str, ...]
+    labels: Tuple[str, ...] = ()
+
+    @property
+    def tid_base(self) -> int:
+        return self.pid * 1000
+
+
+def process_label(p: ProcessInfo) -> str:
+    """``rank 1 · vm:22375 · trainer-1`` (rank, host:pid, Ray actor name or class)."""
+    parts = ["rank %d" % p.rank if p.rank >= 0 else "no rank", "%s:%d" % (p.host, p.pid)]
+    meta = p.meta or {}
+    actor = meta.get("ray_actor_name") or meta.get("ray_actor_class")
+    if actor:
+        parts.append(str(actor))
+    return " · ".join(parts)
+
+
+def parent_pid(p: ProcessInfo) -> Optional[int]:
+    """The parent pid recorded by the process's ``start`` event (or its meta), else None."""
+    ppid = (p.meta or {}).get("ppid")
+    if isinstance(ppid, int):
+        return ppid
+    for e in p.events or ():
+        if e.get("event") == "start" and isinstance(e.get("ppid"), int):
+            return e["ppid"]
+    return None
+
+
+def assign_tracks(procs: Sequence[ProcessInfo], culprit_ranks: Sequence[int] = (),
+                  culprit_actors: Sequence[str] = ()) -> Tuple[List[Track], Dict[str, Track]]:
+    """One track per rank (its helpers grouped under it), one per other process.
+
+    A helper is a process without a rank whose parent (``ppid``, same host) is a ranked
+    process: torch DataLoader workers and other children inherit RANK without joining a
+    group (DESIGN.md "a rank is a process that joined a group"). Returns the tracks in
+    display order and {"host:pid": track}. Culprit tracks are named ``CULPRIT …``.
+    """
+    ranked = {(p.host, p.pid): p for p in procs if p.rank >= 0}
+    owner: Dict[str, ProcessInfo] = {}
+    for p in procs:
+        if p.rank < 0:
+            ppid = parent_pid(p)
+            par = ranked.get((p.host, ppid)) if ppid else None
+            if par is not None:
+                owner[p.key] = par
+    order = sorted((p for p in procs if p.key not in owner), key=lambda p: (p.rank < 0, p.rank, p.host, p.pid))
+    tracks: List[Track] = []
+    by_key: Dict[str, Track] = {}
+    cr, ca = set(culprit_ranks), set(culprit_actors)
+    for i, p in enumerate(order):
+        helpers = tuple(h.key for h in procs if owner.get(h.key) is p)
+        name = process_label(p)
+        meta = p.meta or {}
+        culprit = (p.rank >= 0 and p.rank in cr) or (
+            bool(ca) and (meta.get("ray_actor_name") in ca or meta.get("ray_actor_id") in ca))
+        labels: Tuple[str, ...] = ()
+        if culprit:
+            name = "CULPRIT " + name
+            labels = ("culprit",)
+        if helpers:
+            name += " (+%d helper process%s)" % (len(helpers), "" if len(helpers) == 1 else "es")
+        t = Track(pid=i + 1, name=name, rank=p.rank, members=(p.key,) + helpers, labels=labels)
+        tracks.append(t)
+        for k in t.members:
+            by_key[k] = t
+    return tracks, by_key
+
+
+@dataclass
+class Threads:
+    """Thread ids of one track, allocated on first use; ``names`` {tid: name}."""
+
+    base: int
+    names: Dict[int, str] = field(default_factory=dict)
+    _ids: Dict[str, int] = field(default_factory=dict)
+
+    def tid(self, name: str) -> int:
+        """Thread id for the thread track called ``name`` (created on first use)."""
+        t = self._ids.get(name)
+        if t is None:
+            t = self.base + len(self._ids) + 1
+            self._ids[name] = t
+            self.names[t] = name
+        return t
