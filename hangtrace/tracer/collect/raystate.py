@@ -29,6 +29,11 @@ Everything here is plain data in and out (``join`` is pure); only ``fetch`` talk
 __all__ = ["fetch", "join", "death_text"]
 
 
+#: Rows asked of Ray's state API per list: its server refuses more than 10,000 (Ray 2.60:
+#: "Given limit 100000 exceeds the supported limit 10000", ``RAY_MAX_LIMIT_FROM_API_SERVER``).
+_LIMIT = 10000
+
+
 def _hex(v):
     if v is None:
         return None
@@ -60,18 +65,74 @@ def death_text(cause):
     return None
 
 
+def _as_dict(x):
+    return x if isinstance(x, dict) else dict(x.__dict__)
+
+
+#: Task states worth keeping (finished tasks are many and say nothing about a hang);
+#: Ray 2.x ``TaskStatus`` names.
+_LIVE_TASK_STATES = frozenset(("PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT", "PENDING_OBJ_STORE_MEM_AVAIL",
+                               "PENDING_ARGS_FETCH", "SUBMITTED_TO_WORKER", "PENDING_ACTOR_TASK_ARGS_FETCH",
+                               "PENDING_ACTOR_TASK_ORDERING_OR_CONCURRENCY", "RUNNING",
+                               "RUNNING_IN_RAY_GET", "RUNNING_IN_RAY_WAIT", "FAILED"))
+
+
+def _tasks_from_state_api(timeout_s):
+    """Live (pending, running) and failed tasks: task_id, name, state, actor_id,
+    parent_task_id, type, func_or_class_name, required_resources, worker_pid, node_id,
+    error_type, error_message (truncated), creation/start time (ms since the epoch)."""
+    from ray.util.state import list_tasks
+    out = []
+    for t in list_tasks(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
+                        raise_on_missing_output=False):
+        t = _as_dict(t)
+        if t.get("state") not in _LIVE_TASK_STATES:
+            continue
+        out.append({k: t.get(k) for k in ("task_id", "name", "state", "actor_id", "parent_task_id", "type",
+                                          "func_or_class_name", "required_resources", "worker_pid",
+                                          "node_id", "error_type", "creation_time_ms", "start_time_ms",
+                                          "placement_group_id")})
+        out[-1]["error_message"] = (t.get("error_message") or "")[:2000] or None
+    return out
+
+
+def _placement_groups_from_state_api(timeout_s):
+    from ray.util.state import list_placement_groups
+    out = []
+    for g in list_placement_groups(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
+                                   raise_on_missing_output=False):
+        g = _as_dict(g)
+        bundles = []
+        for b in g.get("bundles") or ():
+            b = _as_dict(b)
+            bundles.append(b.get("unit_resources") or b.get("resources") or b)
+        out.append({"placement_group_id": g.get("placement_group_id"), "name": g.get("name"),
+                    "state": g.get("state"), "strategy": g.get("topology_strategy") or g.get("strategy"),
+                    "bundles": bundles})
+    return out
+
+
+def _cluster_resources():
+    """``(total, available)`` resource dicts of the connected cluster (``ray.cluster_resources``)."""
+    import ray
+    return dict(ray.cluster_resources()), dict(ray.available_resources())
+
+
 def _from_state_api(timeout_s):
     from ray.util.state import list_actors, list_workers
     actors = []
-    for a in list_actors(detail=True, limit=100000, timeout=int(max(1, timeout_s)),
+    for a in list_actors(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
                          raise_on_missing_output=False):
         a = a if isinstance(a, dict) else dict(a.__dict__)
         actors.append({"actor_id": a.get("actor_id"), "class_name": a.get("class_name"), "name": a.get("name"),
                        "state": a.get("state"), "pid": a.get("pid"), "node_id": a.get("node_id"),
                        "job_id": a.get("job_id"), "death_cause": a.get("death_cause"),
-                       "death_text": death_text(a.get("death_cause"))})
+                       "death_text": death_text(a.get("death_cause")),
+                       "required_resources": a.get("required_resources"),
+                       "placement_group_id": a.get("placement_group_id"),
+                       "num_restarts": a.get("num_restarts")})
     workers = []
-    for w in list_workers(detail=True, limit=100000, timeout=int(max(1, timeout_s)),
+    for w in list_workers(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
                           raise_on_missing_output=False):
         w = w if isinstance(w, dict) else dict(w.__dict__)
         workers.append({"worker_id": w.get("worker_id"), "pid": w.get("pid"), "node_id": w.get("node_id"),
@@ -95,7 +156,8 @@ def _from_gcs():
         actors.append({"actor_id": a.actor_id.hex(), "class_name": a.class_name, "name": a.name,
                        "state": gcs_pb2.ActorTableData.ActorState.Name(a.state), "pid": a.pid,
                        "node_id": (a.node_id or a.address.node_id).hex() or None, "job_id": a.job_id.hex(),
-                       "death_cause": cause, "death_text": death_text(cause)})
+                       "death_cause": cause, "death_text": death_text(cause),
+                       "required_resources": dict(a.required_resources) or None})
     workers = []
     for raw in accessor.get_worker_table():
         w = gcs_pb2.WorkerTableData.FromString(raw)
@@ -114,10 +176,13 @@ def fetch(timeout_s=10.0, source=None):
     """Ray's actor and worker tables from the connected cluster.
 
     Returns ``{'source': 'state-api'|'gcs'|None, 'actors': [...], 'workers': [...],
-    'errors': [str]}`` (keys of the items: see the module doc). ``source`` forces one
-    source. Never raises: failures are lines in ``errors``.
+    'tasks': [...], 'placement_groups': [...], 'cluster_resources': {name: amount} | None,
+    'available_resources': {...} | None, 'errors': [str]}`` (keys of the items: see the
+    module doc and ``_tasks_from_state_api``; tasks and placement groups only through the
+    state API). ``source`` forces one source. Never raises: failures are lines in ``errors``.
     """
-    out = {"source": None, "actors": [], "workers": [], "errors": []}
+    out = {"source": None, "actors": [], "workers": [], "tasks": [], "placement_groups": [],
+           "cluster_resources": None, "available_resources": None, "errors": []}
     order = [source] if source else ["state-api", "gcs"]
     for src in order:
         try:
@@ -126,11 +191,25 @@ def fetch(timeout_s=10.0, source=None):
             else:
                 actors, workers = _from_gcs()
         except Exception as e:
-            out["errors"].append("Ray %s unavailable: %s" % (src, str(e).splitlines()[0][:300] if str(e) else repr(e)))
+            out["errors"].append("Ray %s unavailable: %s" % (src, _first_line(e)))
             continue
         out.update(source=src, actors=actors, workers=workers)
-        return out
+        break
+    if out["source"] == "state-api":  # tasks and placement groups: the state API only
+        for key, fn in (("tasks", _tasks_from_state_api), ("placement_groups", _placement_groups_from_state_api)):
+            try:
+                out[key] = fn(timeout_s)
+            except Exception as e:
+                out["errors"].append("Ray %s unavailable: %s" % (key, _first_line(e)))
+    try:
+        out["cluster_resources"], out["available_resources"] = _cluster_resources()
+    except Exception as e:
+        out["errors"].append("Ray cluster resources unavailable: %s" % _first_line(e))
     return out
+
+
+def _first_line(e):
+    return str(e).splitlines()[0][:300] if str(e) else repr(e)
 
 
 def join(processes, state):
