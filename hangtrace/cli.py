@@ -70,7 +70,7 @@ def cmd_records(args):
     """List every traced process of a run and its last records."""
     from .tracer.collect.rings import load_run
     _check_dir(args.run_dir)
-    snap = _readable(load_run(args.run_dir))
+    snap = _readable(load_run(args.run_dir, records=True))  # every record, not the summary
     if args.json:
         out = []
         for p in snap.processes:

@@ -13,6 +13,7 @@ non-zero code — is reported at the next poll.
 Run standalone as ``python -m hangtrace.tracer.watch.watcher RUN_DIR`` (what a traced
 process starts when no watcher runs on its node), or embedded by ``hangtrace run``.
 """
+import dataclasses
 import glob
 import os
 import sys
@@ -160,12 +161,12 @@ class Watcher:
                 if h["state"] == F.ST_EXITED or live_state(h) != "alive":
                     continue
                 try:
-                    ring = R.read_ring(path)
+                    ring = R.read_ring(path, records=False)
                 except Exception:
                     continue
                 label = "rank %d (pid %d on %s)" % (h["rank"], h["pid"], h["host"]) if h["rank"] >= 0 else \
                     "pid %d on %s" % (h["pid"], h["host"])
-                for key, line in watch_lines(ring.records, label):
+                for key, line in watch_lines(list(ring.summary.memory), label):
                     if (path, key) in self.mem_warned:
                         continue
                     self.mem_warned.add((path, key))
@@ -205,7 +206,7 @@ def is_ray_run(run_dir):
     """True when a ring of ``run_dir`` belongs to a Ray worker (Ray node id in its metadata)."""
     for path in glob.glob(os.path.join(run_dir, RING_GLOB)):
         try:
-            if R.read_ring(path).meta.get("ray_node_id"):
+            if R.read_ring(path, records=False).meta.get("ray_node_id"):
                 return True
         except Exception:
             continue
@@ -287,8 +288,7 @@ def ray_collect(run_dir, reason, native=False, log=None, address=None, timeout_s
             % (address or "auto", p.returncode, lines[-1][-500:] if lines else "no output"))
         return None
     from hangtrace.tracer.collect.raycluster import load_ray_snapshot
-    snap = load_ray_snapshot(path)
-    snap.reason, snap.path = reason, path
+    snap = dataclasses.replace(load_ray_snapshot(path), reason=reason, path=path)
     log("cluster-wide collection (Ray at %s): %d node(s), %d process(es)"
         % (address or "auto", len(getattr(snap, "ray_nodes", None) or ()), len(snap.processes)))
     return snap
