@@ -58,11 +58,16 @@ def live_state(header):
     return "exited" if exited else "killed"
 
 
-def read_signal_files(run_dir, host, pid):
-    """{'sigterm'|'fatal'|'dump': {'wall_ns', 'text', 'path'}} for non-empty faulthandler files."""
-    out = {}
+def read_signal_files(run_dir: str, host: str, pid: int, names: Optional[set] = None) -> Dict[str, Any]:
+    """{'sigterm'|'fatal'|'dump': {'wall_ns', 'text', 'path'}} for non-empty faulthandler files.
+
+    ``names``: the file names in ``run_dir/stacks`` when already listed (None = look)."""
+    out: Dict[str, Any] = {}
     for kind in ("sigterm", "fatal", "dump"):
-        p = os.path.join(run_dir, "stacks", "%s-%s-%d.txt" % (kind, host, pid))
+        name = "%s-%s-%d.txt" % (kind, host, pid)
+        if names is not None and name not in names:
+            continue
+        p = os.path.join(run_dir, "stacks", name)
         try:
             st = os.stat(p)
             if st.st_size == 0:
@@ -75,8 +80,9 @@ def read_signal_files(run_dir, host, pid):
     return out
 
 
-def process_from_ring(ring: R.RingData, state: Optional[str] = None) -> ProcessInfo:
-    """Build a ProcessInfo from RingData (``state`` overrides the live check).
+def process_from_ring(ring: R.RingData, state: Optional[str] = None, **fields: Any) -> ProcessInfo:
+    """Build a ProcessInfo from RingData (``state`` overrides the live check; ``fields``
+    set or override any other ProcessInfo field, e.g. ``signals``).
 
     The process gets the ring's summary and, as ``records``, the summary's record subset
     (``RingSummary.records()``); a ring read with every record keeps them all.
@@ -84,7 +90,7 @@ def process_from_ring(ring: R.RingData, state: Optional[str] = None) -> ProcessI
     h = ring.header
     summ = ring.summary
     recs = ring.records or summ.records()
-    return ProcessInfo(
+    kw: Dict[str, Any] = dict(
         host=h["host"], pid=h["pid"], rank=h["rank"], local_rank=h["local_rank"],
         world_size=h["world_size"], run_id=h["run_id"],
         state=state or live_state(h),
@@ -98,6 +104,8 @@ def process_from_ring(ring: R.RingData, state: Optional[str] = None) -> ProcessI
                   progress_count=h["progress_count"]),
         ring_path=ring.path, warnings=list(ring.warnings), memory=_mem_samples(summ.memory),
         summary=summ)
+    kw.update(fields)
+    return ProcessInfo(**kw)
 
 
 # --- memory (issue 5): samples from the ring, and OOM evidence read at collection time ---
@@ -290,20 +298,23 @@ def load_rings(ring_dir: str, run_dir: Optional[str] = None, states: Optional[Di
     errors: List[str] = []
     kcache: Dict[str, Any] = {}
     fresh = []
+    try:
+        names: Optional[set] = set(os.listdir(os.path.join(run_dir or ring_dir, "stacks")))
+    except OSError:
+        names = set()
     for path in sorted(glob.glob(os.path.join(ring_dir, RING_GLOB))):
         try:
             ring = R.read_ring(path, records=records)
         except (HangtraceError, OSError) as e:
             errors.append(_error_line(path, e))
             continue
-        key = "%s:%d" % (ring.header["host"], ring.header["pid"])
-        st = states.get(key) if states else None
-        p = process_from_ring(ring, st.get("state") if st else None)
-        upd: Dict[str, Any] = {"signals": read_signal_files(run_dir or ring_dir, p.host, p.pid)}
+        h = ring.header
+        st = states.get("%s:%d" % (h["host"], h["pid"])) if states else None
+        upd: Dict[str, Any] = {"signals": read_signal_files(run_dir or ring_dir, h["host"], h["pid"], names)}
         if st:
-            upd["exit_code"] = st.get("exit_code", p.exit_code)
+            upd["exit_code"] = st.get("exit_code", h["exit_code"] if h["state"] == F.ST_EXITED else None)
             upd["memory_facts"] = st.get("memory_facts") or {}
-        p = dataclasses.replace(p, **upd)
+        p = process_from_ring(ring, st.get("state") if st else None, **upd)
         if not st:
             fresh.append(len(procs))
         for w in p.warnings:
@@ -311,8 +322,10 @@ def load_rings(ring_dir: str, run_dir: Optional[str] = None, states: Optional[Di
         procs.append(p)
     if live_facts is None:
         live_facts = any(p.state == "alive" for p in procs)
-    for i in fresh:
-        procs[i] = dataclasses.replace(procs[i], memory_facts=memory_facts(procs[i], kcache) if live_facts else {})
+    for i in fresh if live_facts else ():
+        facts = memory_facts(procs[i], kcache)
+        if facts:
+            procs[i] = dataclasses.replace(procs[i], memory_facts=facts)
     procs.sort(key=lambda p: (p.rank < 0, p.rank, p.host, p.pid))
     return procs, errors
 

@@ -87,6 +87,12 @@ def read_header(buf: Any, path: str = "<buffer>") -> Dict[str, Any]:
                 rank=rank, local_rank=local_rank, world_size=world, dump_signal=dumpsig)
 
 
+#: group definitions by their JSON text, shared by the rings of one read: every rank of a
+#: 4,096-rank job stores the world group's 4,096-rank list (about 600 MiB as 4,096 lists
+#: of ints). Readers must not modify a ``RingData.groups`` entry.
+_GROUPS: Dict[str, Any] = {}
+
+
 def _parse_strtab(data: bytes, used: int, ring: RingData) -> None:
     import json
     off = 8
@@ -103,7 +109,13 @@ def _parse_strtab(data: bytes, used: int, ring: RingData) -> None:
             ring.strings[off] = text
         else:
             try:
-                obj = json.loads(text)
+                obj = _GROUPS.get(text) if tag == T_GROUP else None
+                if obj is None:
+                    obj = json.loads(text)
+                    if tag == T_GROUP and isinstance(obj, dict) and len(text) > 256:
+                        if len(_GROUPS) >= 1024:
+                            _GROUPS.clear()
+                        _GROUPS[text] = obj
             except ValueError:
                 ring.warnings.append("unreadable %s entry at byte %d" % ({T_GROUP: "group", T_EVENT: "event",
                                                                           T_META: "meta"}[tag], off))
