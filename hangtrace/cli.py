@@ -18,6 +18,7 @@ from .tracer.errors import HangtraceError, RunDirError
 
 if TYPE_CHECKING:
     from .tracer.pipeline import Result
+    from .tracer.snapshot import ProcessInfo
 
 
 def _err(msg: str) -> None:
@@ -27,11 +28,11 @@ def _err(msg: str) -> None:
 
 def _dumps(obj: Any) -> str:
     import orjson
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode()
+    return str(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode())
 
 
 # --- records ---------------------------------------------------------------------------
-def _fmt_state(p: Any) -> str:
+def _fmt_state(p: "ProcessInfo") -> str:
     if p.state == "exited":
         return "exited(%s)" % p.exit_code
     return p.state
@@ -98,8 +99,8 @@ def cmd_records(args: argparse.Namespace) -> int:
         recs = p.records[-args.last:] if args.last else p.records
         for r in recs:
             print("  #%d %s" % (r["idx"], _fmt_record(r)))
-    for e in snap.errors:
-        print("error: %s" % e)
+    for line in snap.errors:
+        print("error: %s" % line)
     return 0
 
 

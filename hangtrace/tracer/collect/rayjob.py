@@ -19,6 +19,10 @@ from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.snapshot import Snapshot
 
 
+def _stderr_log(line: str) -> None:
+    sys.stderr.write("hangtrace: %s\n" % line)
+
+
 def is_ray_run(run_dir: str) -> bool:
     """True when a ring of ``run_dir`` belongs to a Ray worker (Ray node id in its metadata)."""
     for path in glob.glob(os.path.join(run_dir, RING_GLOB)):
@@ -76,7 +80,8 @@ def ray_collect(run_dir: str, reason: str, native: bool = False, log: Optional[C
     """
     import signal
     import subprocess
-    log = log or (lambda line: sys.stderr.write("hangtrace: %s\n" % line) and None)
+    if log is None:
+        log = _stderr_log
     address = address or os.environ.get("RAY_ADDRESS") or ""
     why = gcs_unreachable(address) if address else None
     if why:

@@ -11,7 +11,7 @@ epoch). Sizes are elements (``numel``); memory values are bytes. Format: docs/FO
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple, TypedDict, Union
+from typing import Mapping, Optional, Tuple, TypedDict, Union
 
 from hangtrace.tracer.ring.layout import (DTYPES, F_ASYNC, F_BATCH, K_MEM, KIND_NAMES, MEM_SOURCES, OPS,
                                           STATE_NAMES)
@@ -85,7 +85,7 @@ class MemorySample(TypedDict):
 Record = Union[SlotRecord, MemorySample]
 
 
-def decode(t: SlotTuple, strings: Dict[int, str]) -> Record:
+def decode(t: SlotTuple, strings: Mapping[int, str]) -> Record:
     """One unpacked slot -> its record dict. ``strings``: the ring's {strid: text}."""
     (idx, kind, flags, dtype, op, group, seq, numel, shape, peer, thread, phase, step,
      t_mono, t_wall, state, err, t_end, a0, a1, a2, a3, a4) = t

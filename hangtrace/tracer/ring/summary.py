@@ -62,7 +62,7 @@ class LazyRecords(Sequence[AnyRecord]):
             i += n
         if not 0 <= i < n:
             raise IndexError(i)
-        return decode(SLOT.unpack_from(self._raw, i * SLOT_SIZE), self._strings)  # type: ignore[arg-type]
+        return decode(SLOT.unpack_from(self._raw, i * SLOT_SIZE), self._strings)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
@@ -122,7 +122,7 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
     for r in records:
         kind = r.get("kind")
         if kind == "collective" or kind == "p2p":
-            d: Dict[Any, AnyRecord] = by_group if kind == "collective" else by_peer  # type: ignore[assignment]
+            d: Dict[Any, AnyRecord] = by_group if kind == "collective" else by_peer
             k: Any = r.get("group") if kind == "collective" else (r.get("group"), r.get("peer"))
             cur = d.get(k)
             if cur is None or (r.get("seq") or 0) >= (cur.get("seq") or 0):
@@ -233,7 +233,7 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
     def rec(p: int) -> Record:
         r = cache.get(p)
         if r is None:
-            r = cache[p] = decode(SLOT.unpack_from(slots, p * SLOT_SIZE), strings)  # type: ignore[arg-type]
+            r = cache[p] = decode(SLOT.unpack_from(slots, p * SLOT_SIZE), strings)
         return r
 
     comm = (kind == K_COLL) | (kind == K_P2P)
@@ -249,13 +249,13 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
     by_group: Dict[Optional[str], Record] = {}
     gpos = pos[kind == K_COLL]
     for p in _last_per_key(np, gpos, (idx[gpos], arr["seq"][gpos], arr["group"][gpos])).tolist():
-        _keep_max(by_group, rec(p)["group"], rec(p))
+        _keep_max(by_group, rec(p).get("group"), rec(p))
     by_peer: Dict[Tuple[Optional[str], int], Record] = {}
     ppos = pos[kind == K_P2P]
     for p in _last_per_key(np, ppos, (idx[ppos], arr["seq"][ppos], arr["peer"][ppos],
                                       arr["group"][ppos])).tolist():
         r = rec(p)
-        _keep_max(by_peer, (r["group"], r["peer"]), r)  # type: ignore[typeddict-item]
+        _keep_max(by_peer, (r.get("group"), r.get("peer")), r)
     inflight = None
     if inflight_idx:
         ip = (inflight_idx - 1) % nslots
