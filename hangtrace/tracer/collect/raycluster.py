@@ -23,7 +23,7 @@ The caller writes every node's payload into one local snapshot folder
 ``./hangtrace-ray-<UTC time>/``) in the layout ``collect.load_snapshot`` reads, adds
 ``ray_nodes.json`` (per node: id, host, files, errors, seconds) and ``ray_state.json``
 (``raystate.fetch``), joins Ray's actor/worker records into the processes
-(``raystate.join``) and returns the Snapshot for the analysis.
+(``raystate.joined``) and returns the Snapshot for the analysis.
 
 Without RUN_DIR (and no ``HANGTRACE_DIR``), each node task first looks for the run
 directories of its Ray workers (``HANGTRACE_DIR`` in ``/proc/PID/environ`` of the
@@ -341,12 +341,14 @@ def load_ray_snapshot(sdir: str) -> Snapshot:
     except (OSError, ValueError):
         state = None
     errors = list(snap.errors)
+    procs = snap.processes
     if state:
-        raystate.join(snap.processes, state)  # fills each process's meta dict with Ray's record
+        procs, _ = raystate.joined(procs, state)
         errors.extend(state.get("errors") or () if not state.get("source") else ())
     try:
         with open(os.path.join(sdir, "ray_nodes.json"), "rb") as f:
             nodes = orjson.loads(f.read())
     except (OSError, ValueError):
         nodes = []
-    return dataclasses.replace(snap, errors=errors, ray_nodes=nodes if isinstance(nodes, list) else [])
+    return dataclasses.replace(snap, processes=procs, errors=errors,
+                               ray_nodes=nodes if isinstance(nodes, list) else [])
