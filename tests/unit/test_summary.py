@@ -101,3 +101,13 @@ def test_empty_ring(tmp_path):
     for np_ in (True, False):
         s = R.read_ring(rec.path, records=False, use_numpy=np_).summary
         assert s.count == 0 and s.last is None and s.records() == []
+
+
+def test_without_numpy_the_reader_falls_back_to_python(tmp_path, monkeypatch):
+    path = _write(tmp_path, 64, 120, fail_at=100, hang=True)
+    with_np = R.read_ring(path, records=False).summary
+    monkeypatch.setitem(__import__("sys").modules, "numpy", None)  # import numpy -> ImportError
+    without = R.read_ring(path, records=False).summary
+    assert without == with_np and type(without.tail) is tuple
+    with pytest.raises(ImportError):
+        R.read_ring(path, records=False, use_numpy=True)
