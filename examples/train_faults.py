@@ -64,7 +64,8 @@ except ImportError:  # the example also runs without hangtrace ("attach" on an u
 
 
 FAULTS = ("none", "rank0-checkpoint", "cp-extra-microbatch", "decode-loop", "mismatch",
-          "stuck-queue", "kill-rank", "slow")
+          "stuck-queue", "kill-rank", "slow", "raise", "cuda-oom")
+LAUNCHERS = ("subprocess", "spawn", "mp")
 DEFAULT_WORLD = {"cp-extra-microbatch": 4}
 EVAL_EVERY = 2        # eval on steps 2, 4, 6, ...
 CKPT_EVERY = 3        # checkpoint on steps 3, 6, ...
@@ -90,6 +91,15 @@ def parse_args(argv=None):
                         "the first checkpoint step >= it)")
     p.add_argument("--cp-size", type=int, default=None,
                    help="context-parallel group size (default 2 if world size is even, else 1)")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="subprocess",
+                   help="how the ranks are started: 'subprocess' (default: one python child per "
+                        "rank, RANK etc. in the child's environment), 'spawn' "
+                        "(torch.multiprocessing.spawn) or 'mp' (multiprocessing.Process, spawn "
+                        "context); both set RANK/WORLD_SIZE/MASTER_* in the parent's own "
+                        "os.environ before starting each child, as many real jobs do")
+    p.add_argument("--loader-workers", type=int, default=0,
+                   help="DataLoader(num_workers=N, persistent_workers=True) feeding the training "
+                        "micro-batches (default 0: inputs made in the rank itself)")
     p.add_argument("--launch", action="store_true",
                    help="start the ranks even if RANK/WORLD_SIZE are already set")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -117,10 +127,62 @@ def _worker_argv(a):
             "--step-sleep-s", str(a.step_sleep_s), "--fault-step", str(a.fault_step)]
     if a.cp_size is not None:
         argv += ["--cp-size", str(a.cp_size)]
+    if a.loader_workers:
+        argv += ["--loader-workers", str(a.loader_workers)]
     return argv
 
 
+def _in_process_rank(rank, a, world, port):
+    """Target of the 'spawn' and 'mp' launchers (module level: picklable)."""
+    _die_with_parent(os.getppid())
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    Job(a).run()
+
+
+def launch_in_process(a):
+    """'spawn' / 'mp': the parent sets RANK, WORLD_SIZE, MASTER_* in its OWN environment
+    before starting each child (the children, multiprocessing's resource tracker and any
+    other helper inherit them). An exception in a rank is caught by the launcher, which
+    prints or forwards it and exits 1 (DESIGN.md)."""
+    world = a.world_size or DEFAULT_WORLD.get(a.fault, 2)
+    port = _free_port()
+    os.environ.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    print("launcher pid %d (%s): fault=%s world_size=%d port=%d"
+          % (os.getpid(), a.launcher, a.fault, world, port), flush=True)
+    if a.launcher == "spawn":
+        import torch.multiprocessing as tmp
+        os.environ["RANK"] = "0"
+        try:
+            tmp.spawn(_in_process_rank, args=(a, world, port), nprocs=world, join=True)
+        except Exception as e:                      # ProcessRaisedException / ProcessExitedException
+            print("launcher: %s" % (str(e).splitlines()[0] if str(e) else type(e).__name__), flush=True)
+            return 1
+        return 0
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(world):
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+        p = ctx.Process(target=_in_process_rank, args=(rank, a, world, port), name="rank%d" % rank)
+        p.start()
+        procs.append(p)
+    first_bad = 0
+    alive = list(procs)
+    while alive:
+        for p in list(alive):
+            p.join(0.2)
+            if p.exitcode is not None:
+                alive.remove(p)
+                if p.exitcode != 0 and first_bad == 0:
+                    first_bad = 128 - p.exitcode if p.exitcode < 0 else p.exitcode
+                    print("launcher: %s exited with %d" % (p.name, p.exitcode), flush=True)
+    return first_bad
+
+
 def launch(a):
+    if a.launcher != "subprocess":
+        return launch_in_process(a)
     world = a.world_size or DEFAULT_WORLD.get(a.fault, 2)
     port = _free_port()
     procs = []
@@ -188,6 +250,21 @@ def _die_with_parent(parent_pid):
         threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+class _Inputs:
+    """Map-style dataset of random inputs (module level: spawn-started DataLoader workers
+    unpickle it)."""
+
+    def __init__(self, rank):
+        self.rank = rank
+
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        import torch
+        return torch.randn(HIDDEN, generator=torch.Generator().manual_seed(i * 131 + self.rank))
+
+
 class Job:
     def __init__(self, a):
         import datetime
@@ -221,7 +298,15 @@ class Job:
         self.model = torch.nn.Linear(HIDDEN, 1)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.loss = 0.0
+        self.batches = None
+        if a.loader_workers:
+            self.batches = iter(self._loader(a.loader_workers))
         print("rank %d ready pid %d" % (self.rank, os.getpid()), flush=True)
+
+    def _loader(self, workers):
+        """Micro-batch inputs from DataLoader workers (processes that inherit RANK)."""
+        return self.torch.utils.data.DataLoader(_Inputs(self.rank), batch_size=8, num_workers=workers,
+                                                persistent_workers=True)
 
     def _new_group(self, ranks, desc, timeout):
         try:
@@ -286,7 +371,14 @@ class Job:
         for mb in range(n_micro):
             if self.a.step_sleep_s:
                 time.sleep(self.a.step_sleep_s / n_micro)      # "compute"
-            x = torch.randn(8, HIDDEN, generator=g)
+            x = next(self.batches) if self.batches is not None else torch.randn(8, HIDDEN, generator=g)
+            if self.fault_now("raise", n) and self.rank == 1:
+                raise ValueError("bad batch shape (8, %d) at step %d: expected (8, %d)" % (HIDDEN - 1, n, HIDDEN))
+            if self.fault_now("cuda-oom", n) and self.rank == 1:
+                # CPU stand-in for a real CUDA OOM: torch's own exception type and message
+                raise torch.cuda.OutOfMemoryError(
+                    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
+                    "79.15 GiB of which 1.02 GiB is free. (stand-in raised by train_faults.py)")
             loss = self.model(x).pow(2).mean()
             loss.backward()
             total += float(loss.detach())

@@ -1,4 +1,4 @@
-"""``hangtrace`` command line: run | dump | analyze | attach | records | env.
+"""``hangtrace`` command line: run | dump | analyze | attach | records | env | env-diff.
 
 Exit codes: 0 done; 1 internal bug (traceback printed); 2 usage or generic user error;
 3 unreadable ring file; 4 run directory or snapshot missing/empty; 5 no processes
@@ -159,6 +159,23 @@ def cmd_attach(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- env-diff (issue 12) -------------------------------------------------------------------
+def cmd_env_diff(args: argparse.Namespace) -> int:
+    """Differences across ranks and hosts in libraries, versions and job environment."""
+    from .tracer.pipeline import env_diff
+    from .tracer.report.envdiff import render_json, render_text
+    diff, errors = env_diff(args.run_dir)
+    if args.json:
+        d = render_json(diff)
+        d["errors"] = errors
+        print(_dumps(d))
+    else:
+        print(render_text(diff))
+        for e in errors:
+            print("note: %s" % e)
+    return 0
+
+
 # --- env -----------------------------------------------------------------------------------
 def cmd_env(args: argparse.Namespace) -> int:
     """Print the environment that turns tracing on (shell lines, or Ray runtime_env JSON)."""
@@ -232,6 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dir", default=None)
     e.add_argument("--stall-s", type=_positive_float, default=None)
     e.set_defaults(fn=cmd_env)
+
+    ed = sub.add_parser("env-diff", help="libraries, versions and environment that differ across ranks")
+    ed.add_argument("run_dir", metavar="RUN_DIR")
+    ed.add_argument("--json", action="store_true")
+    ed.set_defaults(fn=cmd_env_diff)
     return p
 
 

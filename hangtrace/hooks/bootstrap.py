@@ -88,6 +88,7 @@ def _hook_torch(module):
         from . import torch_dist
         torch_dist.install(dist, rt.recorder, rt.log)
         rt.torch_hooked = True
+        _record_env(rt, "torch")  # issue 12
     except Exception as e:
         rt.log("hooking torch.distributed failed: %r" % (e,), "hook-torch")
 
@@ -103,6 +104,18 @@ def _hook_ray(module):
     except Exception as e:
         rt.log("hooking ray failed: %r" % (e,), "hook-ray")
 # --- end ray ---
+
+
+# --- environment forensics (issue 12): RUN_DIR/env/<host>-<pid>.json, see hooks/envrecord.py ---
+def _record_env(rt: "Runtime", reason: str, ctypes_hook: bool = False) -> None:
+    try:
+        from . import envrecord
+        envrecord.record(rt, reason)
+        if ctypes_hook:
+            envrecord.install_ctypes_hook(rt)
+    except Exception as e:
+        rt.log("environment record failed: %r" % (e,), "env-record")
+# --- end environment forensics ---
 
 
 # --- memory (issue 5): sampler thread 'hangtrace-memory', see hooks/memory.py ---
@@ -121,6 +134,12 @@ def _register_import_hooks():
         _hook_torch(sys.modules["torch.distributed"])
     else:
         wrapt.register_post_import_hook(_hook_torch, "torch.distributed")
+    from . import failures  # issue 9: failures caught at their source
+    for name, hook in failures.IMPORT_HOOKS.items():
+        if name in sys.modules:
+            hook(sys.modules[name])
+        else:
+            wrapt.register_post_import_hook(hook, name)
     if "ray" in sys.modules:  # issue 4
         _hook_ray(sys.modules["ray"])
     else:
@@ -146,6 +165,7 @@ def _after_fork_child():
             from . import torch_dist
             torch_dist.reset_after_fork(rt.recorder)
         _start_memory(rt, forked=True)  # issue 5: the parent's sampler thread is not here
+        _record_env(rt, "fork")  # issue 12
     except Exception as e:
         _active = None
         api._set_recorder(None)
@@ -193,10 +213,16 @@ def activate():
         except Exception as e:
             rt.log("lifecycle hooks failed: %r" % (e,), "lifecycle")
         try:
+            from . import failures
+            failures.configure(lambda: api._recorder, rt.log)
+        except Exception as e:
+            rt.log("failure capture failed: %r" % (e,), "failures")
+        try:
             _register_import_hooks()
         except Exception as e:
             rt.log("import hooks failed: %r" % (e,), "import-hooks")
         _start_memory(rt)  # issue 5
+        _record_env(rt, "bootstrap", ctypes_hook=True)  # issue 12
         try:
             os.register_at_fork(after_in_child=_after_fork_child)
         except Exception as e:

@@ -28,6 +28,8 @@ import traceback
 
 import wrapt
 
+from hangtrace.hooks import failures
+
 DUMP_SIGNAL = signal.SIGUSR2
 
 _rt = None
@@ -83,6 +85,7 @@ def _code_of(arg):
 def _sys_exit_wrapper(wrapped, instance, args, kwargs):
     try:
         _exit_code[0] = _code_of(args[0] if args else kwargs.get("status"))
+        failures.exiting(_exit_code[0])  # an exception being handled is the real cause
     except Exception:
         pass
     return wrapped(*args, **kwargs)
@@ -93,6 +96,7 @@ def _os_exit_wrapper(wrapped, instance, args, kwargs):
         rt = _rt
         if rt is not None and not rt.recorder.closed and rt.recorder.pid == os.getpid():
             code = int(args[0] if args else kwargs.get("status", 0))
+            failures.exiting(code)
             rt.recorder.event("exit", code=code, via="os._exit")
             rt.recorder.mark_exit(code)
     except Exception:
@@ -189,6 +193,47 @@ def _close_files():
     del _files[:]
 
 
+# --- issue 12: keep the kernel's fault line (library + offset of the crashing native frame) ---
+_FAULT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL") if hasattr(signal, n))
+
+
+def _fault_line_disposition() -> list:
+    """Make SIG_IGN the disposition faulthandler saves as "previous" for hardware-fault
+    signals that are at SIG_DFL; returns the signals changed.
+
+    Why: faulthandler (CPython 3.11 ``faulthandler_fatal_error``) dumps, restores the
+    previous disposition and ``raise()``s the signal again. With SIG_DFL that kills at once
+    and the kernel prints no ``segfault at ... ip ... in libX.so[off,base+size]`` line (it
+    prints only for faults with no handler, arch/x86/mm/fault.c ``show_signal_msg``). With
+    SIG_IGN the re-raise is dropped, the handler returns, the faulting instruction runs
+    again, and the kernel, finding the signal ignored, resets it to SIG_DFL, prints the
+    line (``/proc/sys/debug/exception-trace``) and kills: same status (-11), same core
+    behaviour (measured). The one difference: a SIGSEGV/SIGBUS/SIGFPE/SIGILL *sent* with
+    kill(2) to a traced process is then dumped and ignored; ``HANGTRACE_FAULT_LINE=0``
+    turns this off."""
+    from hangtrace.tracer import config
+    changed = []
+    if not config.fault_line():
+        return changed
+    for sig in _FAULT_SIGNALS:
+        try:
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, signal.SIG_IGN)
+                changed.append(sig)
+        except Exception:
+            pass
+    return changed
+
+
+def _restore_default(sigs: list) -> None:
+    for sig in sigs:
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except Exception:
+            pass
+# --- end issue 12 ---
+
+
 def install(rt, forked_from=None):
     """Install lifecycle hooks for Runtime ``rt`` (again in a forked child)."""
     global _rt
@@ -209,7 +254,12 @@ def install(rt, forked_from=None):
         _exit_code[0] = None
     try:
         if (forked_from is not None and _own_fatal[0]) or not faulthandler.is_enabled():
-            faulthandler.enable(file=_open("fatal"), all_threads=True)
+            ign = _fault_line_disposition()  # issue 12
+            try:
+                faulthandler.enable(file=_open("fatal"), all_threads=True)
+            except Exception:
+                _restore_default(ign)
+                raise
             _own_fatal[0] = True
     except Exception as e:
         rt.log("faulthandler for fatal signals failed: %r" % (e,), "fh-fatal")

@@ -133,8 +133,11 @@ class Recorder:
 
     # --- identity ---------------------------------------------------------------
     def set_rank(self, rank, local_rank, world_size):
+        """The rank this process has in the default process group it joined (torch's
+        ``get_rank()``): from now on it is a rank, not a helper with an inherited RANK."""
         F.RANK.pack_into(self.mm, F.RANK_OFF, rank, local_rank, world_size,
                          F.RANK.unpack_from(self.mm, F.RANK_OFF)[3])
+        F.RANK_SOURCE.pack_into(self.mm, F.RANK_SOURCE_OFF, F.RANK_FROM_GROUP)
 
     def set_dump_signal(self, signum):
         r = F.RANK.unpack_from(self.mm, F.RANK_OFF)

@@ -54,6 +54,12 @@ RAY_HOOK = "HANGTRACE_RAY_HOOK"
 #: "0": a watcher that detects a stall in a Ray job collects this node only, instead of
 #: every alive node through Ray tasks (as ``hangtrace dump --ray``).
 RAY_COLLECT = "HANGTRACE_RAY_COLLECT"
+#: "1": SIG_IGN (instead of SIG_DFL) under our fatal-signal faulthandler for SIGSEGV/SIGBUS/
+#: SIGFPE/SIGILL, so that after the Python stacks are dumped the fault recurs and the kernel
+#: logs the crashing library and offset (issue 12). Off by default: it changes the traced
+#: program (a kill(2)-sent SIGSEGV is then ignored, and SIG_IGN is inherited across exec by
+#: every child the program starts) - see ``hooks/lifecycle._fault_line_disposition``.
+FAULT_LINE = "HANGTRACE_FAULT_LINE"
 #: Test-only fault injection: "recorder" makes the collective recorder raise on
 #: every call (the traced program must not notice).
 FAULT = "HANGTRACE_FAULT_INJECT"
@@ -110,6 +116,12 @@ def mem_enabled(environ=None):
     """True unless ``HANGTRACE_MEM`` is "0" (memory sampling, issue 5)."""
     env = os.environ if environ is None else environ
     return env.get(MEM, "1").strip() not in ("0", "false", "no", "off")
+
+
+def fault_line(environ=None):
+    """True when ``HANGTRACE_FAULT_LINE`` is "1" (issue 12; off by default)."""
+    env = os.environ if environ is None else environ
+    return env.get(FAULT_LINE, "0").strip() in ("1", "true", "yes", "on")
 
 
 def pure_python(environ=None):

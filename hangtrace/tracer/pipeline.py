@@ -3,7 +3,7 @@
 Every entry point goes through here: ``hangtrace analyze`` (:func:`diagnose_path`),
 ``hangtrace dump`` and the watcher (:func:`dump_live`), ``hangtrace dump --ray``
 (:func:`dump_ray`), ``hangtrace attach`` (:func:`attach`), ``hangtrace records``
-(:func:`records`). Each returns a typed :class:`Result` (or a Snapshot); nothing here
+(:func:`records`), ``hangtrace env-diff`` (:func:`env_diff`). Each returns a typed :class:`Result` (or a Snapshot); nothing here
 prints. Stage modules are imported lazily: the CLI's start-up stays light.
 
 Stages (``tracer/``): ``collect`` (impure: run directory, processes, stacks, Ray) ->
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from hangtrace.tracer import config
 from hangtrace.tracer.diagnosis import Diagnosis
@@ -156,3 +156,21 @@ def attach(pids: Optional[List[int]] = None, native: bool = False, out_dir: Opti
     diag = stack_verdict(snap)
     write_diagnosis(snap, diag, text_report(diag, snap))
     return Result(snap, diag, verdict_paragraph(diag))
+
+
+def env_diff(run_dir: str) -> Tuple[Any, List[str]]:
+    """``hangtrace env-diff``: the environment records of a run (collect.forensics) and
+    their differences across ranks and hosts (analyze.envdiff). Returns ``(diff, error
+    lines)``; raises RunDirError when the directory or its env records are missing."""
+    from hangtrace.tracer.analyze.envdiff import diff_env
+    from hangtrace.tracer.collect.forensics import run_env
+    check_dir(run_dir)
+    if not os.path.isdir(run_dir):
+        raise RunDirError("run directory %s does not exist" % run_dir,
+                          "pass the directory printed by `hangtrace run`, or HANGTRACE_DIR of the job")
+    envs, errors = run_env(run_dir)
+    if not envs:
+        raise RunDirError("no environment records (env/*.json) in %s" % run_dir,
+                          "records are written by traced processes of this hangtrace version "
+                          "(HANGTRACE=1); pass their run directory")
+    return diff_env(envs), list(errors)

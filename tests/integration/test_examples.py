@@ -60,10 +60,13 @@ def _kill_group(pgid):
         pass
 
 
-def run_example(tmp_path, fault, world=None, stall_s=STALL_S, extra=()):
+def run_example(tmp_path, fault, world=None, stall_s=STALL_S, extra=(), launcher_cmd=None):
+    """``launcher_cmd``: the command that starts the example (default ``python EXAMPLE``),
+    e.g. torchrun's."""
     run_dir = str(tmp_path / "run")
     cmd = [sys.executable, "-m", "hangtrace", "run", "--stall-s", str(stall_s), "--stop-on-stall",
-           "--dir", run_dir, "--", sys.executable, EXAMPLE, "--fault", fault, "--timeout-s", "90"]
+           "--dir", run_dir, "--"] + list(launcher_cmd or [sys.executable, EXAMPLE]) + [
+           "--fault", fault, "--timeout-s", "90"]
     if world is not None:
         cmd += ["--world-size", str(world)]
     cmd += list(extra)

@@ -171,3 +171,25 @@ def test_death_after_progress_since_stall_is_reported(tmp_path, rec):
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+def test_helpers_never_hold_the_startup_grace_and_a_launcher_alone_is_starting():
+    """Issue 9: a DataLoader worker (RANK inherited, never joined a group, no progress)
+    must not stretch --stall-s to the start-up grace once its rank has joined; a run with
+    only a launcher that has not progressed yet (torchrun importing torch) is starting."""
+    from hangtrace.tracer.ring import layout as F
+    from hangtrace.tracer.watch.watcher import Watcher
+
+    def hdr(rank, source, count=5, phase=0):
+        return {"rank": rank, "rank_source": source, "progress_count": count, "phase_strid": phase,
+                "state": F.ST_RUNNING, "phase": None}
+    w = Watcher("/nonexistent", stall_s=10, phase_stall={})
+    w.startup_stall_s = 60
+    w.headers = {"r0": hdr(0, F.RANK_FROM_GROUP), "worker": hdr(0, F.RANK_FROM_ENV, count=1)}
+    assert w.threshold() == 10
+    w.headers = {"r0": hdr(0, F.RANK_FROM_ENV, count=1)}            # rank 0 not joined yet
+    assert w.threshold() == 60
+    w.headers = {"agent": hdr(-1, F.RANK_FROM_ENV, count=1)}         # only the launcher
+    assert w.threshold() == 60
+    w.headers = {"actor": hdr(-1, F.RANK_FROM_ENV, count=9, phase=3)}  # rank-less Ray actors
+    assert w.threshold() == 10

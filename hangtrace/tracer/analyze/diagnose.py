@@ -120,6 +120,7 @@ import re
 import time
 
 from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.analyze.roles import assign_roles
 from hangtrace.tracer.analyze.stacktree import (blocking_reason, classes as stack_classes_of, collective_frame,
                         format_ranks, frame_label, merge_stacks, missing_from_common_frame,
                         process_frames)
@@ -423,10 +424,9 @@ class _Ctx:
         self.dups = []
         self.unranked = 0
         self.bad = []  # evidence lines: implausible rank/world_size in a ring header
-        procs = sorted(snapshot.processes, key=lambda p: (p.start_wall_ns or 0))
-        chosen = {}
         worlds = []
-        for p in procs:
+        valid = set()
+        for p in snapshot.processes:
             ws = _plausible_world(p.world_size)
             if p.world_size is not None and p.world_size > MAX_WORLD:
                 self.bad.append("process %s: implausible world_size %s in its ring header: ignored "
@@ -439,11 +439,15 @@ class _Ctx:
             if rank is None or rank < 0:
                 self.unranked += 1
                 continue
+            valid.add(p.key)
             if ws:
                 worlds.append(ws)
-            if rank in chosen:
-                self.dups.append((rank, chosen[rank].key, p.key))
-            chosen[rank] = p  # later start wins
+        # issue 9: the process that joined a group as rank r is rank r; helpers that
+        # inherited RANK (DataLoader workers, resource trackers) never stand for it
+        self.roles = assign_roles([p for p in snapshot.processes if p.key in valid])
+        chosen = dict(self.roles.ranks)
+        for c in self.roles.claims:
+            self.dups.append((c.rank, c.kind, c.kept, c.others))
         self.procs = chosen
         for r, p in chosen.items():
             self.views[r] = _index(r, p)
@@ -921,8 +925,13 @@ def diagnose(snapshot, now_wall_ns=None, stall_s=None):
         ctx.add("%s: no record file (world size %d): not traced, or file lost/unreadable"
                 % ((_rk(ctx.nofile, 12) if ctx.nmissing == len(ctx.nofile) else
                     "%d ranks (first: %s)" % (ctx.nmissing, format_ranks(ctx.nofile[:12], 12))), ctx.world))
-    for r, k1, k2 in ctx.dups[:5]:
-        ctx.add("rank %d: several processes (%s, %s); the later-started one is analysed" % (r, k1, k2))
+    for r, kind, kept, others in ctx.dups[:5]:
+        if kind == "restart":
+            ctx.add("rank %d: restarted (earlier process %s); the newest, %s, is analysed"
+                    % (r, ", ".join(others), kept))
+        else:
+            ctx.add("rank %d: several live processes joined as this rank (%s and %s): conflicting "
+                    "launches; %s is analysed" % (r, ", ".join(others), kept, kept))
 
     tree = merge_stacks(ctx.procs[r] for r in sorted(ctx.procs))
     if tree.ranks:

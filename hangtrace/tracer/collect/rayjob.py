@@ -23,6 +23,25 @@ def _stderr_log(line: str) -> None:
     sys.stderr.write("hangtrace: %s\n" % line)
 
 
+def ray_address_of_run(run_dir: str) -> Optional[str]:
+    """The Ray GCS address (HOST:PORT) of the cluster this run's Ray workers belong to, or
+    None: from the ``--gcs-address`` argument Ray's raylet gives every worker, as recorded
+    in the ring's start event. Several clusters can run on one host (``address='auto'``
+    would pick one of them, not necessarily this run's)."""
+    from hangtrace.hooks.autowatch import ray_gcs_address
+    for path in glob.glob(os.path.join(run_dir, RING_GLOB)):
+        try:
+            ring = R.read_ring(path, records=False)
+        except Exception:
+            continue
+        for e in ring.events:
+            if e.get("event") == "start":
+                gcs = ray_gcs_address([str(a) for a in e.get("argv") or ()])
+                if gcs:
+                    return str(gcs)
+    return None
+
+
 def is_ray_run(run_dir: str) -> bool:
     """True when a ring of ``run_dir`` belongs to a Ray worker (Ray node id in its metadata)."""
     for path in glob.glob(os.path.join(run_dir, RING_GLOB)):
@@ -82,7 +101,7 @@ def ray_collect(run_dir: str, reason: str, native: bool = False, log: Optional[C
     import subprocess
     if log is None:
         log = _stderr_log
-    address = address or os.environ.get("RAY_ADDRESS") or ""
+    address = address or os.environ.get("RAY_ADDRESS") or ray_address_of_run(run_dir) or ""
     why = gcs_unreachable(address) if address else None
     if why:
         log("cluster-wide collection skipped: Ray unreachable (%s); this node only" % why)

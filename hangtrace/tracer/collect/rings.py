@@ -102,7 +102,8 @@ def process_from_ring(ring: R.RingData, state: Optional[str] = None, **fields: A
         inflight=dict(summ.inflight) if summ.inflight is not None else None, records=list(recs),
         groups=ring.groups, events=ring.events,
         meta=dict(ring.meta, dump_signal=h["dump_signal"], proc_start_ticks=h["proc_start_ticks"],
-                  progress_count=h["progress_count"]),
+                  progress_count=h["progress_count"], ppid=h["ppid"],
+                  rank_source=h.get("rank_source", 0)),
         ring_path=ring.path, warnings=list(ring.warnings), memory=_mem_samples(summ.memory),
         summary=summ)
     kw.update(fields)

@@ -43,6 +43,12 @@ EXIT_OFF = 576
 EXIT = struct.Struct("<iiQ")  # state, exit_code, exit_wall_ns
 RANK_OFF = 592
 RANK = struct.Struct("<iiii")  # rank, local_rank, world_size, dump signal registered (0 = none)
+RANK_SOURCE_OFF = 608
+RANK_SOURCE = struct.Struct("<i")  # where the rank field came from (RANK_FROM_*)
+#: rank_source values. A ring written before this field existed reads 0 (the env hint):
+#: the environment's RANK is only a hint (DataLoader workers, resource trackers and any
+#: child of a rank inherit it); a process is a rank once it joined a process group.
+RANK_FROM_ENV, RANK_FROM_GROUP = 0, 1
 
 # process states stored in the header
 ST_RUNNING, ST_EXITED = 1, 2

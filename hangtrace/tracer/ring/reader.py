@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Optional
 
 from hangtrace.tracer.ring.layout import (EXIT, EXIT_OFF, HDR_FIXED, HEADER_SIZE, HOST_LEN, HOST_OFF, IDENT,
     IDENT_OFF, LIVE_DONE, LIVE_DONE_OFF, LIVE_ISSUE, LIVE_ISSUE_OFF, MAGIC, PHASE, PHASE_OFF, RANK, RANK_OFF,
-    RUNID_LEN, RUNID_OFF, SLOT, SLOT_SIZE, STRUSED, STRUSED_OFF, STR_ENTRY, T_EVENT, T_GROUP, T_META, T_STR,
+    RANK_SOURCE, RANK_SOURCE_OFF, RUNID_LEN, RUNID_OFF, SLOT, SLOT_SIZE, STRUSED, STRUSED_OFF, STR_ENTRY, T_EVENT,
+    T_GROUP, T_META, T_STR,
     VERSION)
 from hangtrace.tracer.ring.records import Record, decode
 from hangtrace.tracer.ring.summary import RingSummary, summarize_records, summarize_slots
@@ -84,7 +85,8 @@ def read_header(buf: Any, path: str = "<buffer>") -> Dict[str, Any]:
                 inflight_idx=inflight, progress_mono_ns=pmono, progress_wall_ns=pwall,
                 progress_count=pcount, phase_strid=phase, phase_depth=depth, step=step,
                 strtab_used=strused, state=state, exit_code=exit_code, exit_wall_ns=exit_wall,
-                rank=rank, local_rank=local_rank, world_size=world, dump_signal=dumpsig)
+                rank=rank, local_rank=local_rank, world_size=world, dump_signal=dumpsig,
+                rank_source=RANK_SOURCE.unpack_from(buf, RANK_SOURCE_OFF)[0])
 
 
 #: group definitions by their JSON text, shared by the rings of one read: every rank of a

@@ -36,10 +36,17 @@ class Incident:
         self.kind, self.detail, self.keys = kind, detail, list(keys)
 
 
-def _starting(h):
-    """A ranked process with no progress since its ring was created (the recorder counts
-    1 at creation): still importing or in rendezvous, not hung (HANGTRACE_STARTUP_STALL_S)."""
-    return h.get("rank", -1) >= 0 and h["progress_count"] <= 1 and not h["phase_strid"]
+def _starting(h, joined_ranks=frozenset()):
+    """A process that may still become a rank, with no progress since its ring was created
+    (the recorder counts 1 at creation): still importing or in rendezvous, not hung
+    (HANGTRACE_STARTUP_STALL_S). Not starting: a process whose rank hint (RANK in its
+    environment) is already held by a process that joined a group as that rank - it is a
+    helper of that rank (DataLoader worker, resource tracker), and helpers never hold the
+    start-up grace open (issue 9)."""
+    rank = h.get("rank", -1)
+    if rank < 0 or h["progress_count"] > 1 or h["phase_strid"]:
+        return False
+    return h.get("rank_source", 0) == F.RANK_FROM_GROUP or rank not in joined_ranks
 
 
 class Watcher:
@@ -88,13 +95,20 @@ class Watcher:
     def threshold(self):
         """Stall threshold in seconds for the phases live processes are in now."""
         t = self.stall_s
+        joined = frozenset(h["rank"] for h in self.headers.values()
+                           if h.get("rank_source", 0) == F.RANK_FROM_GROUP)
+        if self.headers and not any(h.get("rank", -1) >= 0 or h["progress_count"] > 1 or h["phase_strid"]
+                                    for h in self.headers.values()):
+            # only launchers so far, none has made progress (torchrun's agent importing
+            # torch and spawning the ranks on a loaded machine): the run is starting
+            t = max(t, self.startup_stall_s)
         for h in self.headers.values():
             if h["state"] == F.ST_EXITED:
                 continue
             ph = h.get("phase")
             if ph in self.phase_stall:
                 t = max(t, self.phase_stall[ph])
-            if _starting(h):
+            if _starting(h, joined):
                 t = max(t, self.startup_stall_s)
         return t
 

@@ -1,0 +1,78 @@
+"""Records what this traced process runs (issue 12): ``RUN_DIR/env/<host>-<pid>.json``.
+
+Called from ``bootstrap`` at activation, when torch is imported and after fork; and
+from a wrapper around ``ctypes.CDLL.__init__`` when a library not recorded yet gets
+loaded (torch loads its own libraries that way, and so do jobs that load plugins). A
+crashed process's mappings are needed after its death to name the crashing library, so
+they are written while it lives. Nothing here is on the per-collective path. Never
+raises: a failure is one line in the run log.
+"""
+import os
+import threading
+from typing import Any, Optional
+
+_last: Optional[Any] = None  # the ProcessEnv written last by this process
+_lock = threading.Lock()
+_patched = [False]
+
+
+def record(rt: Any, reason: str) -> None:
+    """Collect and write this process's facts now; ``rt`` is bootstrap's Runtime."""
+    global _last
+    try:
+        from hangtrace.tracer.collect import forensics
+        with _lock:
+            prev = _last if _last is not None and _last.pid == os.getpid() else None
+            pe = forensics.collect_self(reason, host=rt.recorder.host, previous=prev)
+            forensics.write(rt.run_dir, pe)
+            _last = pe
+    except Exception as e:
+        try:
+            rt.log("environment record failed: %r" % (e,), "env-record")
+        except Exception:
+            pass
+
+
+def _loaded_new(name: Any) -> bool:
+    last = _last
+    if not isinstance(name, str):
+        return False  # CDLL(None): the program itself, already mapped
+    if last is None or last.pid != os.getpid():
+        return True
+    real = os.path.realpath(name) if os.sep in name else None
+    return not any(m.path == real or os.path.basename(m.path) == name for m in last.mappings)
+
+
+def install_ctypes_hook(rt: Any) -> None:
+    """Wrap ``ctypes.CDLL.__init__`` (when ctypes is imported) so that loading a library
+    not yet recorded records again. Idempotent."""
+    def hook(module: Any) -> None:
+        if _patched[0]:
+            return
+        try:
+            import wrapt
+
+            def after_load(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+                result = wrapped(*args, **kwargs)
+                try:
+                    if _loaded_new(args[0] if args else kwargs.get("name")):
+                        from . import bootstrap
+                        cur = bootstrap.active()
+                        if cur is not None:
+                            record(cur, "ctypes")
+                except Exception:
+                    pass
+                return result
+            module.CDLL.__init__ = wrapt.FunctionWrapper(module.CDLL.__init__, after_load)
+            _patched[0] = True
+        except Exception as e:
+            rt.log("ctypes hook failed: %r" % (e,), "env-ctypes")
+    try:
+        import sys
+        if "ctypes" in sys.modules:
+            hook(sys.modules["ctypes"])
+        else:
+            import wrapt
+            wrapt.register_post_import_hook(hook, "ctypes")
+    except Exception as e:
+        rt.log("ctypes hook failed: %r" % (e,), "env-ctypes")

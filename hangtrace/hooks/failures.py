@@ -1,0 +1,182 @@
+"""Failures caught at their source, before a launcher or a framework swallows them.
+
+Launchers and frameworks catch the exceptions of the code they run, print or forward
+them, and exit 1, so ``sys.excepthook`` never runs and the flight record would only
+say "exit code 1" (DESIGN.md, "Launchers and frameworks swallow failures"). Each entry
+of :data:`SOURCES` is one place where such a failure is still visible, and records it
+into the ring as a durable event before it is swallowed:
+
+=======================  ==============================================================
+source                   how it is seen
+=======================  ==============================================================
+``exit-while-handling``  ``sys.exit(n)`` / ``os._exit(n)`` with ``n != 0`` called while an
+                         exception is being handled (``sys.exc_info()``): torch's
+                         ``multiprocessing.spawn`` worker wrapper (``_wrap``: ``except
+                         Exception: error_queue.put(format_exc()); sys.exit(1)``), and
+                         most hand-written launcher wrappers. Event ``exception``.
+``multiprocessing``      ``multiprocessing.process.BaseProcess._bootstrap`` catches the
+                         exception of ``run()``, prints it and returns exit code 1 (fork:
+                         ``os._exit(1)``; spawn: ``sys.exit(1)`` after the exception was
+                         cleared). We wrap the instance's ``run`` for the duration of
+                         ``_bootstrap``. Event ``exception``.
+``asyncio-task``         an exception in an asyncio task nobody awaits is never printed
+                         while the task object lives. Every task created through
+                         ``BaseEventLoop.create_task`` gets a done callback; one loop
+                         iteration after the task failed (so an awaiter's wake-up ran
+                         first) the exception is recorded if it is still unretrieved
+                         (``Task._log_traceback``: CPython ``Lib/asyncio/futures.py``).
+                         Event ``task_exception``: the process lives on.
+=======================  ==============================================================
+
+Ray actor task errors are recorded by ``ray_hooks`` (the method's phase exit carries
+the exception) and background-thread exceptions by ``lifecycle`` (``thread_exception``).
+
+Every hook passes the original call's arguments, return value and exceptions through
+unchanged and swallows its own errors (reported once to the run log).
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Any, Callable, Optional, Protocol
+
+#: Where a failure was caught (the ``caught_by`` field of the event).
+SOURCES = ("exit-while-handling", "multiprocessing", "asyncio-task")
+
+_MESSAGE_MAX = 4000  # characters kept of an exception message
+_TRACEBACK_MAX = 16000  # characters kept of a formatted traceback (the innermost part)
+
+
+class _Recorder(Protocol):
+    def event(self, kind: str, **fields: Any) -> Any: ...
+
+
+_get_recorder: Callable[[], Optional[_Recorder]] = lambda: None  # noqa: E731
+_log: Callable[[str, Optional[str]], None] = lambda msg, key=None: None  # noqa: E731
+_recorded: set[int] = set()  # id() of exceptions already recorded in this process
+
+
+def configure(get_recorder: Callable[[], Optional[_Recorder]],
+              log: Callable[[str, Optional[str]], None]) -> None:
+    """Set where events go: ``get_recorder()`` returns this process's recorder (or None
+    when tracing is off or was detached); ``log(msg, key)`` writes once per key."""
+    global _get_recorder, _log
+    _get_recorder, _log = get_recorder, log
+
+
+def _format(exc: BaseException) -> tuple[str, str, str]:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return type(exc).__name__, str(exc)[:_MESSAGE_MAX], tb[-_TRACEBACK_MAX:]
+
+
+def record_exception(exc: BaseException, caught_by: str, kind: str = "exception",
+                     **extra: Any) -> None:
+    """Record ``exc`` once (by identity) as a durable event ``kind`` with the place that
+    caught it. Never raises."""
+    try:
+        if id(exc) in _recorded:
+            return
+        rec = _get_recorder()
+        if rec is None:
+            return
+        etype, message, tb = _format(exc)
+        rec.event(kind, type=etype, message=message, traceback=tb, caught_by=caught_by, **extra)
+        _recorded.add(id(exc))
+    except Exception as e:
+        _log("recording a caught exception failed: %r" % (e,), "failures-record")
+
+
+def exiting(code: int) -> None:
+    """Called by the exit wrappers with the exit status about to be used: a non-zero
+    exit while an exception is being handled records that exception (spawn's ``_wrap``)."""
+    try:
+        if not code:
+            return
+        exc = sys.exc_info()[1]
+        if exc is not None and not isinstance(exc, SystemExit):
+            record_exception(exc, "exit-while-handling", exit_code=code)
+    except Exception:
+        pass
+
+
+# --- multiprocessing ---------------------------------------------------------------------
+def _wrap_run(run: Callable[[], Any]) -> Callable[[], Any]:
+    def run_recorded() -> Any:
+        try:
+            return run()
+        except SystemExit:
+            raise
+        except BaseException as e:
+            record_exception(e, "multiprocessing")
+            raise
+    return run_recorded
+
+
+def _bootstrap_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    try:
+        if instance is not None and "run" not in vars(instance):
+            instance.run = _wrap_run(instance.run)
+    except Exception as e:
+        _log("wrapping Process.run failed: %r" % (e,), "failures-mp")
+    return wrapped(*args, **kwargs)
+
+
+def hook_multiprocessing(module: Any) -> None:
+    """Post-import hook for ``multiprocessing.process``: wrap ``BaseProcess._bootstrap``."""
+    import wrapt
+    cls = getattr(module, "BaseProcess", None)
+    if cls is None or isinstance(vars(cls).get("_bootstrap"), wrapt.FunctionWrapper):
+        return
+    wrapt.wrap_function_wrapper(cls, "_bootstrap", _bootstrap_wrapper)
+
+
+# --- asyncio -----------------------------------------------------------------------------
+def _task_done(task: Any) -> None:
+    try:
+        if task.cancelled() or getattr(task, "_exception", None) is None:
+            return
+        loop = task.get_loop()
+        loop.call_soon(_check_unretrieved, task)  # after the awaiters' wake-ups
+    except Exception:
+        pass
+
+
+def _check_unretrieved(task: Any) -> None:
+    try:
+        exc = getattr(task, "_exception", None)
+        if exc is None or not getattr(task, "_log_traceback", False):
+            return  # an awaiter (or gather, or a done callback) retrieved it
+        if not isinstance(exc, Exception):
+            return  # SystemExit / KeyboardInterrupt in a task: a deliberate exit, not a failure
+        coro = getattr(task, "get_coro", lambda: None)()
+        record_exception(exc, "asyncio-task", kind="task_exception", task=task.get_name(),
+                         coro=getattr(coro, "__qualname__", None))
+    except Exception:
+        pass
+
+
+def _create_task_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    task = wrapped(*args, **kwargs)
+    try:
+        task.add_done_callback(_task_done)
+    except Exception:
+        pass
+    return task
+
+
+def hook_asyncio(module: Any) -> None:
+    """Post-import hook for ``asyncio.base_events``: every task created through
+    ``BaseEventLoop.create_task`` (``asyncio.create_task``, ``ensure_future``,
+    ``gather`` …) is watched for an exception nobody retrieves."""
+    import wrapt
+    cls = getattr(module, "BaseEventLoop", None)
+    if cls is None or isinstance(vars(cls).get("create_task"), wrapt.FunctionWrapper):
+        return
+    wrapt.wrap_function_wrapper(cls, "create_task", _create_task_wrapper)
+
+
+#: Post-import hooks: module name -> installer (applied once, when the module is imported).
+IMPORT_HOOKS: dict[str, Callable[[Any], None]] = {
+    "multiprocessing.process": hook_multiprocessing,
+    "asyncio.base_events": hook_asyncio,
+}

@@ -1,0 +1,229 @@
+"""The process model: which traced process IS rank r, and what every other process is.
+
+RANK in a process's environment is only a hint. DataLoader workers (forked from a rank),
+multiprocessing's resource tracker (started after a launcher set RANK in its own
+environment), compile workers and any child of a rank inherit it without being ranks
+(DESIGN.md, "Helper processes inherit the environment"). A process *is* rank r once it
+joined a process group as r: the ring header's ``rank_source`` says so (written by the
+torch.distributed hooks at ``init_process_group``, docs/FORMAT.md), and a ring that
+recorded group definitions joined one too (rings written before that header field).
+
+Rules, in order (:func:`assign_roles`):
+
+1. Ray actors are ``ray-actor`` (they may also hold a rank); Ray workers without an actor
+   are ``ray-task-worker``; the Ray driver is a ``launcher``.
+2. Rank r is held by the processes that joined as r. One such process: it is rank r.
+   Several: when the older ones are dead, that is a restart (torchelastic, a Ray actor
+   restart): the newest holds the rank and the restart is noted; otherwise two live
+   processes joined as r, a ``conflict`` (the newest is analysed, the conflict is
+   reported).
+3. A rank no process joined as (rendezvous not reached, or rings from before joining)
+   is held by a candidate with that rank hint: alive before dead, then the one with no
+   traced ancestor holding the same hint, then the earliest started.
+4. Every other process with a rank hint, or a traced ancestor that holds a rank, is a
+   ``rank-helper`` of that rank: listed under it in reports, never standing for it.
+5. A traced process that is the parent of ranks (torchrun's agent, the parent of
+   ``torch.multiprocessing.spawn``) is a ``launcher``; the rest are ``other``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from hangtrace.tracer.snapshot import ProcessInfo
+
+#: ring header ``rank_source`` value for "joined a process group" (tracer.ring.layout)
+_RANK_FROM_GROUP = 1
+
+
+class Role(str, Enum):
+    """What a traced process is in the job."""
+
+    #: starts ranks and waits for them: torchrun's agent, a spawn parent, the Ray driver
+    LAUNCHER = "launcher"
+    #: joined a torch.distributed process group (its rank comes from the group)
+    RANK = "rank"
+    #: a process of the job that never joined a group: DataLoader worker, resource
+    #: tracker, compile worker, any forked or spawned child of a rank
+    RANK_HELPER = "rank-helper"
+    #: a Ray actor's worker process (with or without a rank)
+    RAY_ACTOR = "ray-actor"
+    #: a Ray worker process running tasks, not an actor
+    RAY_TASK_WORKER = "ray-task-worker"
+    #: anything else
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class RankClaim:
+    """Several processes for one rank: ``kept`` is analysed, ``others`` are listed.
+
+    ``kind``: 'restart' (the others had died before ``kept`` started) or 'conflict' (two
+    processes joined as one rank in one generation)."""
+
+    rank: int
+    kind: str
+    kept: str
+    others: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ProcessRoles:
+    """Result of :func:`assign_roles`. Keys are ``ProcessInfo.key`` ('host:pid')."""
+
+    ranks: Mapping[int, ProcessInfo]
+    roles: Mapping[str, Role]
+    #: helper key -> the rank it belongs to (by rank hint or by ancestry)
+    helper_of: Mapping[str, int]
+    claims: Tuple[RankClaim, ...] = field(default=())
+
+    def role(self, p: ProcessInfo) -> Role:
+        return self.roles.get(p.key, Role.OTHER)
+
+
+def joined(p: ProcessInfo) -> bool:
+    """True when ``p`` joined a process group (its rank is the group's, not a hint)."""
+    meta = p.meta or {}
+    if meta.get("rank_source") == _RANK_FROM_GROUP:
+        return True
+    return bool(p.groups) and p.rank is not None and p.rank >= 0
+
+
+def _ray_kind(p: ProcessInfo) -> Optional[Role]:
+    meta = p.meta or {}
+    if meta.get("ray_actor_id") or meta.get("ray_actor_class"):
+        return Role.RAY_ACTOR
+    if not (meta.get("ray_job_id") or meta.get("ray_worker_id") or meta.get("ray_pid")):
+        return None
+    argv = _argv(p)
+    if any("default_worker.py" in a or a.startswith("ray::") for a in argv):
+        return Role.RAY_TASK_WORKER
+    return Role.LAUNCHER
+
+
+def _argv(p: ProcessInfo) -> List[str]:
+    for e in p.events or ():
+        if isinstance(e, dict) and e.get("event") == "start":
+            return [str(a) for a in (e.get("argv") or ())]
+    return []
+
+
+def _ppid(p: ProcessInfo) -> int:
+    meta = p.meta or {}
+    v = meta.get("ppid")
+    if v is None:
+        for e in p.events or ():
+            if isinstance(e, dict) and e.get("event") == "start":
+                v = e.get("ppid")
+                break
+    try:
+        return int(v) if v is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _dead(p: ProcessInfo) -> bool:
+    return p.state in ("killed", "exited")
+
+
+def _pick_joined(rank: int, cands: Sequence[ProcessInfo]) -> Tuple[ProcessInfo, Optional[RankClaim]]:
+    cands = sorted(cands, key=lambda p: p.start_wall_ns or 0)
+    kept = cands[-1]
+    if len(cands) == 1:
+        return kept, None
+    older = cands[:-1]
+    # a dead process's end time is only a lower bound after a SIGKILL: every older one
+    # being dead is what makes a restart; two live processes are a conflict
+    restart = all(_dead(p) for p in older)
+    return kept, RankClaim(rank, "restart" if restart else "conflict", kept.key,
+                           tuple(p.key for p in older))
+
+
+def _pick_hinted(cands: Sequence[ProcessInfo], by_pid: Mapping[Tuple[str, int], ProcessInfo]
+                 ) -> ProcessInfo:
+    rank = cands[0].rank
+
+    def has_hinted_ancestor(p: ProcessInfo) -> bool:
+        seen = 0
+        cur = by_pid.get((p.host, _ppid(p)))
+        while cur is not None and seen < 64:
+            if cur.rank == rank:
+                return True
+            cur = by_pid.get((cur.host, _ppid(cur)))
+            seen += 1
+        return False
+
+    return min(cands, key=lambda p: (_dead(p), has_hinted_ancestor(p), p.start_wall_ns or 0))
+
+
+def _ancestor_rank(p: ProcessInfo, by_pid: Mapping[Tuple[str, int], ProcessInfo],
+                   rank_of: Mapping[str, int]) -> Optional[int]:
+    cur = by_pid.get((p.host, _ppid(p)))
+    for _ in range(64):
+        if cur is None:
+            return None
+        if cur.key in rank_of:
+            return rank_of[cur.key]
+        cur = by_pid.get((cur.host, _ppid(cur)))
+    return None
+
+
+def assign_roles(processes: Iterable[ProcessInfo], valid_rank=lambda r: r is not None and r >= 0
+                 ) -> ProcessRoles:
+    """Assign a :class:`Role` to every process and choose the process of each rank.
+
+    ``valid_rank(rank) -> bool`` filters implausible header ranks (the caller's bounds).
+    Pure; linear in the number of processes (ancestor walks are bounded by 64 levels).
+    """
+    procs = list(processes)
+    by_pid: Dict[Tuple[str, int], ProcessInfo] = {(p.host, p.pid): p for p in procs}
+    roles: Dict[str, Role] = {}
+    joined_by_rank: Dict[int, List[ProcessInfo]] = {}
+    hinted_by_rank: Dict[int, List[ProcessInfo]] = {}
+    for p in procs:
+        ray = _ray_kind(p)
+        if ray is not None:
+            roles[p.key] = ray
+        if not valid_rank(p.rank):
+            continue
+        (joined_by_rank if joined(p) else hinted_by_rank).setdefault(p.rank, []).append(p)
+    ranks: Dict[int, ProcessInfo] = {}
+    claims: List[RankClaim] = []
+    for r, cands in joined_by_rank.items():
+        kept, claim = _pick_joined(r, cands)
+        ranks[r] = kept
+        if claim is not None:
+            claims.append(claim)
+    for r, cands in hinted_by_rank.items():
+        if r not in ranks:
+            kept = ranks[r] = _pick_hinted(cands, by_pid)
+            gone = tuple(p.key for p in cands if p is not kept and _dead(p)
+                         and (p.start_wall_ns or 0) <= (kept.start_wall_ns or 0))
+            if gone:  # an earlier generation that never joined a group
+                claims.append(RankClaim(r, "restart", kept.key, gone))
+    rank_of = {p.key: r for r, p in ranks.items()}
+    for r, cands in joined_by_rank.items():  # older generations of a restarted rank
+        for p in cands:
+            if p.key not in rank_of:
+                roles.setdefault(p.key, Role.OTHER)
+    helper_of: Dict[str, int] = {}
+    parents = {(p.host, _ppid(p)) for p in ranks.values()}
+    for p in procs:
+        if p.key in rank_of:
+            roles.setdefault(p.key, Role.RANK)
+            continue
+        if p.key in roles:
+            continue
+        anc = _ancestor_rank(p, by_pid, rank_of)
+        if anc is not None:
+            helper_of[p.key] = anc
+            roles[p.key] = Role.RANK_HELPER
+        elif valid_rank(p.rank) and p.rank in ranks:
+            helper_of[p.key] = p.rank
+            roles[p.key] = Role.RANK_HELPER
+        elif (p.host, p.pid) in parents:
+            roles[p.key] = Role.LAUNCHER
+        else:
+            roles[p.key] = Role.OTHER
+    return ProcessRoles(ranks=ranks, roles=roles, helper_of=helper_of, claims=tuple(claims))

@@ -1,0 +1,154 @@
+"""The file contract for environment forensics (issue 12): ``RUN_DIR/env/<host>-<pid>.json``.
+
+One JSON file per traced process, rewritten (atomically: temporary file + rename) each
+time the process records its facts: at bootstrap, when torch is imported, after a fork
+and when ``ctypes`` loads a library not seen before. The collector and ``hangtrace
+env-diff`` read it into the frozen dataclasses below; nothing else crosses the boundary.
+
+Secrets: the value of every recorded environment variable whose name contains TOKEN,
+KEY, SECRET, PASSWORD or CREDENTIAL (case-insensitive) is replaced by :data:`MASK` before
+anything is written (:func:`mask_environ`). This module imports only the standard
+library: traced processes import it.
+"""
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping as TMapping, Optional, Tuple
+
+SCHEMA = 1
+ENV_DIR = "env"
+MASK = "<masked>"
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
+#: Job-relevant environment: every variable with one of these prefixes, plus ENV_NAMES.
+ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "OMP_", "RAY_", "MASTER_", "PYTORCH_")
+ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """One executable, file-backed mapping of /proc/PID/maps (proc(5)).
+
+    ``start``/``end``: virtual addresses (bytes); ``offset``: file offset (bytes) mapped
+    at ``start``; ``path``: the file as the kernel names it (symlinks resolved)."""
+
+    start: int
+    end: int
+    offset: int
+    path: str
+
+
+@dataclass(frozen=True)
+class Library:
+    """A shared library that matters for distributed jobs, as mapped by the process.
+
+    ``size``/``mtime_ns``/``inode`` identify the file as it was when recorded (bytes,
+    ns since the epoch); ``build_id``: GNU build-id (hex) from the ELF note
+    ``NT_GNU_BUILD_ID`` or None; ``version``: the version the library states, with
+    ``version_source`` ('file name', 'strings' for NCCL's "NCCL version" text)."""
+
+    path: str
+    size: int = -1
+    mtime_ns: int = 0
+    inode: int = 0
+    build_id: Optional[str] = None
+    version: Optional[str] = None
+    version_source: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    @property
+    def key(self) -> str:
+        """The name without version suffix: ``libnccl.so.2.21.5`` -> ``libnccl.so``."""
+        n = self.name
+        i = n.find(".so")
+        return n[:i + 3] if i >= 0 else n
+
+
+@dataclass(frozen=True)
+class ProcessEnv:
+    """What one traced process was running. ``rank`` is -1 until joined with the ring
+    (the loader fills it from the ring header: a rank is a process that joined a group).
+    ``environ``: (name, value) pairs, secret-looking values already masked.
+    ``wall_ns``: when recorded (ns since the epoch); ``reason``: what triggered it."""
+
+    host: str
+    pid: int
+    rank: int = -1
+    python: str = ""
+    executable: str = ""
+    torch: Optional[str] = None
+    ray: Optional[str] = None
+    libraries: Tuple[Library, ...] = ()
+    environ: Tuple[Tuple[str, str], ...] = ()
+    mappings: Tuple[Mapping, ...] = ()
+    wall_ns: int = 0
+    reason: str = ""
+    path: Optional[str] = field(default=None, compare=False)
+
+    @property
+    def key(self) -> str:
+        return "%s:%d" % (self.host, self.pid)
+
+
+def is_secret_name(name: str) -> bool:
+    """True when an environment variable's name suggests a secret (see SECRET_WORDS)."""
+    up = name.upper()
+    return any(w in up for w in SECRET_WORDS)
+
+
+def is_job_relevant(name: str) -> bool:
+    return name in ENV_NAMES or name.startswith(ENV_PREFIXES)
+
+
+def mask_environ(environ: TMapping[str, str]) -> Tuple[Tuple[str, str], ...]:
+    """The job-relevant variables of ``environ``, sorted, secret-looking values masked."""
+    return tuple((k, MASK if is_secret_name(k) else str(v))
+                 for k, v in sorted(environ.items()) if is_job_relevant(k))
+
+
+def env_path(run_dir: str, host: str, pid: int) -> str:
+    return os.path.join(run_dir, ENV_DIR, "%s-%d.json" % (host, pid))
+
+
+def to_json(pe: ProcessEnv) -> Dict[str, Any]:
+    """A JSON-ready dict (schema :data:`SCHEMA`); values of secret names are masked again."""
+    return {"schema": SCHEMA, "host": pe.host, "pid": pe.pid, "python": pe.python,
+            "executable": pe.executable, "torch": pe.torch, "ray": pe.ray,
+            "wall_ns": pe.wall_ns, "reason": pe.reason,
+            "environ": {k: (MASK if is_secret_name(k) else v) for k, v in pe.environ},
+            "libraries": [{"path": lb.path, "size": lb.size, "mtime_ns": lb.mtime_ns,
+                           "inode": lb.inode, "build_id": lb.build_id, "version": lb.version,
+                           "version_source": lb.version_source} for lb in pe.libraries],
+            "mappings": [[m.start, m.end, m.offset, m.path] for m in pe.mappings]}
+
+
+def _opt(v: Any) -> Optional[str]:
+    return None if v is None else str(v)
+
+
+def from_json(d: Dict[str, Any], path: Optional[str] = None) -> ProcessEnv:
+    """Parse one env file's dict. Raises ValueError (or KeyError/TypeError, both caught
+    by the loader) when it is not a schema-1 record."""
+    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+        raise ValueError("not an env record of schema %d" % SCHEMA)
+    libs = tuple(Library(path=str(x["path"]), size=int(x.get("size", -1)),
+                         mtime_ns=int(x.get("mtime_ns", 0)), inode=int(x.get("inode", 0)),
+                         build_id=_opt(x.get("build_id")), version=_opt(x.get("version")),
+                         version_source=_opt(x.get("version_source")))
+                 for x in d.get("libraries", []))
+    maps = tuple(Mapping(int(a), int(b), int(c), str(p)) for a, b, c, p in d.get("mappings", []))
+    env = tuple(sorted((str(k), MASK if is_secret_name(str(k)) else str(v))
+                       for k, v in dict(d.get("environ", {})).items()))
+    return ProcessEnv(host=str(d["host"]), pid=int(d["pid"]), python=str(d.get("python", "")),
+                      executable=str(d.get("executable", "")), torch=_opt(d.get("torch")),
+                      ray=_opt(d.get("ray")), libraries=libs, environ=env, mappings=maps,
+                      wall_ns=int(d.get("wall_ns", 0)), reason=str(d.get("reason", "")), path=path)
+
+
+def unique(items: Iterable[str]) -> List[str]:
+    seen: List[str] = []
+    for i in items:
+        if i not in seen:
+            seen.append(i)
+    return seen

@@ -1,0 +1,78 @@
+"""The process model (issue 9): a rank is a process that joined a group; RANK in the
+environment is only a hint that helpers inherit."""
+from hangtrace.tracer.analyze.roles import Role, assign_roles
+from hangtrace.tracer.snapshot import ProcessInfo
+
+S = 1_700_000_000_000_000_000
+
+
+def proc(pid, rank, ppid=1, joined=False, start=0, state="alive", meta=None, **kw):
+    m = dict(meta or {}, ppid=ppid, rank_source=1 if joined else 0)
+    return ProcessInfo(host="h", pid=pid, rank=rank, world_size=2, start_wall_ns=S + start * 10**9,
+                       state=state, meta=m, **kw)
+
+
+def test_dataloader_workers_started_later_never_stand_for_their_rank():
+    launcher = proc(10, -1, ppid=1)
+    r0, r1 = proc(11, 0, ppid=10, joined=True), proc(12, 1, ppid=10, joined=True, start=1)
+    workers = [proc(20 + i, i % 2, ppid=11 + i % 2, start=5 + i) for i in range(4)]
+    out = assign_roles([launcher, r0, r1] + workers)
+    assert out.ranks == {0: r0, 1: r1}
+    assert out.role(launcher) == Role.LAUNCHER
+    for w in workers:
+        assert out.role(w) == Role.RANK_HELPER
+        assert out.helper_of[w.key] == w.rank
+    assert not out.claims
+
+
+def test_resource_tracker_with_the_launchers_rank_hint_is_a_helper():
+    # spawn with RANK set in the parent: the resource tracker (child of the launcher,
+    # started last) carries RANK=1 without being rank 1
+    launcher = proc(10, -1)
+    r0, r1 = proc(11, 0, ppid=10, joined=True), proc(12, 1, ppid=10, joined=True, start=1)
+    tracker = proc(13, 1, ppid=10, start=2)
+    out = assign_roles([launcher, r0, r1, tracker])
+    assert out.ranks[1] is r1 and out.role(tracker) == Role.RANK_HELPER
+
+
+def test_before_anyone_joined_the_rootmost_live_candidate_holds_the_rank():
+    r0 = proc(11, 0, ppid=10)
+    child = proc(21, 0, ppid=11, start=3)  # forked before init (e.g. a compile worker)
+    dead_earlier = proc(9, 0, ppid=10, start=-5, state="killed")
+    out = assign_roles([child, r0, dead_earlier])
+    assert out.ranks[0] is r0
+    assert out.role(child) == Role.RANK_HELPER
+
+
+def test_restart_keeps_the_new_generation_and_notes_it():
+    old = proc(11, 0, joined=True, start=0, state="killed", progress_wall_ns=S + 3 * 10**9)
+    new = proc(31, 0, joined=True, start=10)
+    out = assign_roles([new, old])
+    assert out.ranks[0] is new
+    assert [(c.kind, c.kept, c.others) for c in out.claims] == [("restart", new.key, (old.key,))]
+
+
+def test_two_live_processes_joined_as_one_rank_is_a_conflict():
+    a, b = proc(11, 0, joined=True), proc(12, 0, joined=True, start=1)
+    out = assign_roles([a, b])
+    assert out.claims[0].kind == "conflict" and out.claims[0].kept == b.key
+
+
+def test_ray_actors_and_task_workers():
+    actor = proc(40, -1, meta={"ray_actor_id": "ab", "ray_actor_class": "Producer"})
+    ranked_actor = proc(41, 0, joined=True, meta={"ray_actor_id": "cd", "ray_actor_class": "Trainer"})
+    worker = proc(42, -1, meta={"ray_job_id": "01", "ray_worker_id": "ff"},
+                  events=[{"event": "start", "argv": [".../ray/_private/workers/default_worker.py"]}])
+    driver = proc(43, -1, meta={"ray_job_id": "01"}, events=[{"event": "start", "argv": ["train.py"]}])
+    out = assign_roles([actor, ranked_actor, worker, driver])
+    assert out.role(actor) == Role.RAY_ACTOR and out.role(ranked_actor) == Role.RAY_ACTOR
+    assert out.ranks == {0: ranked_actor}
+    assert out.role(worker) == Role.RAY_TASK_WORKER and out.role(driver) == Role.LAUNCHER
+
+
+def test_rings_from_before_rank_source_count_group_definitions_as_joining():
+    rank = ProcessInfo(host="h", pid=11, rank=0, world_size=1, start_wall_ns=S,
+                       groups=[{"name": "0", "ranks": [0]}])
+    helper = ProcessInfo(host="h", pid=12, rank=0, world_size=1, start_wall_ns=S + 10**9)
+    out = assign_roles([rank, helper])
+    assert out.ranks[0] is rank and out.role(helper) == Role.RANK_HELPER
