@@ -32,7 +32,8 @@ imports of the analysis modules, as the first incident of ``hangtrace run`` does
 * ``diagnose`` on the snapshot with stacks;
 * ``text_report`` + ``verdict_paragraph``;
 * ``write_diagnosis``;
-* ``watcher.diagnose_and_report`` end to end (what ``hangtrace run`` calls).
+* ``pipeline.dump_live`` end to end (what ``hangtrace run`` calls; ``watcher.diagnose_and_report``
+  before issue 8).
 
 Usage::
 
@@ -203,9 +204,9 @@ def child_breakdown(rounds, tmp):
             t = time.perf_counter()
             write_diagnosis(snap, diag, text)
             r["write_diagnosis_s"] = time.perf_counter() - t
-            from hangtrace.tracer.watch.watcher import diagnose_and_report
+            from hangtrace.tracer.pipeline import dump_live
             t = time.perf_counter()
-            _s, d2, _p = diagnose_and_report(run_dir, "request")
+            d2 = dump_live(run_dir, "request").diagnosis
             r["diagnose_and_report_s"] = time.perf_counter() - t
             r["kind"], r["culprit_ranks"] = d2.kind, d2.culprit_ranks
             out["rounds"].append(r)

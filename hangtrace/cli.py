@@ -5,36 +5,40 @@ Exit codes: 0 done; 1 internal bug (traceback printed); 2 usage or generic user 
 found. ``hangtrace run`` exits with the status of the command it ran (128+N when the
 command was killed by signal N, as shells report it).
 """
+from __future__ import annotations
+
 import argparse
 import os
 import shlex
-import signal
-import subprocess
 import sys
-import time
+from typing import TYPE_CHECKING, Any, FrozenSet, List, Optional, Set
 
 from .tracer import config
-from .tracer.errors import HangtraceError, RunDirError, UnreadableRunError
+from .tracer.errors import HangtraceError, RunDirError
+
+if TYPE_CHECKING:
+    from .tracer.pipeline import Result
+    from .tracer.snapshot import ProcessInfo
 
 
-def _err(msg):
+def _err(msg: str) -> None:
     sys.stderr.write("hangtrace: %s\n" % msg)
     sys.stderr.flush()
 
 
-def _dumps(obj):
+def _dumps(obj: Any) -> str:
     import orjson
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode()
+    return str(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode())
 
 
 # --- records ---------------------------------------------------------------------------
-def _fmt_state(p):
+def _fmt_state(p: "ProcessInfo") -> str:
     if p.state == "exited":
         return "exited(%s)" % p.exit_code
     return p.state
 
 
-def _fmt_record(r):
+def _fmt_record(r: Any) -> str:
     if r["kind"] in ("collective", "p2p"):
         s = "%s %s group=%s seq=%d" % (r["kind"], r["op"], r["group"], r["seq"])
         if r["numel"] or r["dtype"]:
@@ -66,11 +70,10 @@ def _fmt_record(r):
     return "%s%s" % (s, ("  [" + " ".join(ctx) + "]") if ctx else "")
 
 
-def cmd_records(args):
-    """List every traced process of a run and its last records."""
-    from .tracer.collect.rings import load_run
-    _check_dir(args.run_dir)
-    snap = _readable(load_run(args.run_dir))
+def cmd_records(args: argparse.Namespace) -> int:
+    """List every traced process of a run and its last records (every record decoded)."""
+    from .tracer.pipeline import records
+    snap = records(args.run_dir, log=_err)
     if args.json:
         out = []
         for p in snap.processes:
@@ -96,289 +99,72 @@ def cmd_records(args):
         recs = p.records[-args.last:] if args.last else p.records
         for r in recs:
             print("  #%d %s" % (r["idx"], _fmt_record(r)))
-    for e in snap.errors:
-        print("error: %s" % e)
+    for line in snap.errors:
+        print("error: %s" % line)
     return 0
 
 
-# --- analyze / dump ------------------------------------------------------------------------
-def _print_diag(diag, snap, as_json):
-    from .tracer.report.text import diagnosis_json, verdict_paragraph
+# --- analyze / dump / attach -------------------------------------------------------------
+def _print_diag(res: "Result", as_json: bool) -> None:
+    from .tracer.report.text import diagnosis_json
+    snap = res.snapshot
     if as_json:
-        d = diagnosis_json(diag)
+        d = diagnosis_json(res.diagnosis)
         d["snapshot"] = snap.path
         print(_dumps(d))
     else:
-        print(verdict_paragraph(diag))
+        print(res.paragraph)
         if snap.path:
             print("\nreport: %s" % os.path.join(snap.path, "report.txt"))
         for e in snap.errors:
             print("note: %s" % e)
 
 
-def _check_dir(path):
-    """A path given as RUN_DIR must be a directory (exit 4 otherwise)."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise RunDirError("%s is not a directory" % path,
-                          "pass the run directory printed by `hangtrace run` (HANGTRACE_DIR of the "
-                          "job) or one of its snapshots RUN_DIR/snapshots/<time>")
-
-
-def _readable(snap):
-    """``snap`` unless ring files were found but none could be read: then exit 3 with the
-    error lines (an empty directory stays exit 4, raised by load_run)."""
-    if not snap.processes and snap.errors:
-        for e in snap.errors:
-            _err("error: %s" % e)
-        where = snap.path or snap.run_dir
-        raise UnreadableRunError("no readable ring file in %s (%d error(s) above)" % (where, len(snap.errors)),
-                                 "copy the ring files again from the run directory, or read them with "
-                                 "the hangtrace version that wrote them")
-    return snap
-
-
-def _load_snapshot_any(path):
-    """A stored snapshot; one taken by ``dump --ray`` gets Ray's records joined (issue 4)."""
-    from .tracer.collect.rings import load_snapshot
-    if os.path.exists(os.path.join(path, "ray_state.json")):
-        from .tracer.collect.raycluster import load_ray_snapshot
-        return load_ray_snapshot(path)
-    return load_snapshot(path)
-
-
-def cmd_analyze(args):
+def cmd_analyze(args: argparse.Namespace) -> int:
     """Offline analysis of a run directory (newest snapshot, else the rings) or a snapshot."""
-    from .tracer.analyze.diagnose import diagnose
-    from .tracer.collect.rings import is_snapshot, load_run, load_snapshot, newest_snapshot
-    path = args.path
-    _check_dir(path)
-    if is_snapshot(path):
-        snap = _load_snapshot_any(path)
-    else:
-        newest = newest_snapshot(path) if os.path.isdir(path) else None
-        snap = _load_snapshot_any(newest) if newest else load_run(path)
-    snap = _readable(snap)
-    diag = diagnose(snap)
-    _print_diag(diag, snap, args.json)
+    from .tracer.pipeline import diagnose_path
+    _print_diag(diagnose_path(args.path, log=_err), args.json)
     return 0
 
 
-def cmd_dump(args):
+def cmd_dump(args: argparse.Namespace) -> int:
     """Snapshot and diagnose a live run now; the job keeps running."""
-    from .tracer.watch.watcher import diagnose_and_report
+    from .tracer import pipeline
     if getattr(args, "ray", False):  # issue 4: every alive node of a Ray cluster
-        return _dump_ray(args)
+        res = pipeline.dump_ray(args.run_dir, args.address, native=args.native)
+        if not args.json:
+            _err("collected %d process(es) from %d Ray node(s) into %s" % (
+                len(res.snapshot.processes), len(res.snapshot.ray_nodes), res.snapshot.path))
+        _print_diag(res, args.json)
+        return 0
     run_dir = args.run_dir or os.environ.get(config.DIR)
     if not run_dir:
         raise RunDirError("no run directory given", "pass RUN_DIR, or set HANGTRACE_DIR")
-    snap, diag, para = diagnose_and_report(run_dir, "request", native=args.native)
-    _print_diag(diag, snap, args.json)
+    _print_diag(pipeline.dump_live(run_dir, "request", native=args.native), args.json)
     return 0
 
 
-def _dump_ray(args):
-    """``dump --ray``: collector tasks pinned to every alive Ray node, one local snapshot."""
-    from .tracer.analyze.diagnose import diagnose
-    from .tracer.collect.rings import write_diagnosis
-    from .tracer.collect.raycluster import dump_cluster
-    from .tracer.report.text import text_report
-    from .tracer.watch.watcher import _gcs_unreachable
-    address = args.address or os.environ.get("RAY_ADDRESS")
-    why = _gcs_unreachable(address, timeout_s=3.0) if address and address != "auto" else None
-    if why:
-        raise HangtraceError("cannot reach the Ray cluster at %s (no answer within 3 s)" % why,
-                             "pass --address HOST:PORT of the Ray head (GCS, `ray status` shows it) "
-                             "or set RAY_ADDRESS; check that the cluster is up and the port is open")
-    snap = dump_cluster(args.run_dir or os.environ.get(config.DIR), address=args.address,
-                        native=args.native)
-    diag = diagnose(snap)
-    write_diagnosis(snap, diag, text_report(diag, snap))
-    if not args.json:
-        nodes = getattr(snap, "ray_nodes", [])
-        _err("collected %d process(es) from %d Ray node(s) into %s" % (
-            len(snap.processes), len(nodes), snap.path))
-    _print_diag(diag, snap, args.json)
-    return 0
-
-
-# --- run -------------------------------------------------------------------------------
-def _exit_status(rc):
-    return 128 - rc if rc < 0 else rc
-
-
-def _prepare_run_dir(path):
-    """Create the run directory; returns True when it was created here. HangtraceError
-    (exit 2) with a remedy when it cannot be used."""
-    remedy = "pass --dir with a writable directory (it is created if missing), or omit --dir"
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise HangtraceError("--dir %s is not a directory" % path, remedy)
-    created = not os.path.exists(path)
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError as e:
-        raise HangtraceError("cannot create run directory %s: %s" % (path, e.strerror or e), remedy) from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise HangtraceError("run directory %s is not writable" % path, remedy)
-    return created
-
-
-def cmd_run(args):
+def cmd_run(args: argparse.Namespace) -> int:
     """Run CMD traced; print the verdict on stall or crash; exit with CMD's status."""
-    from .hooks.bootstrap import default_run_id
-    from .tracer.watch.watcher import Watcher, diagnose_and_report
-    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
-    if not cmd:
-        raise HangtraceError("no command given", "usage: hangtrace run [options] -- CMD ...")
-    run_id = default_run_id()
-    run_dir = os.path.abspath(args.dir) if args.dir else os.path.join(
-        __import__("tempfile").gettempdir(), "hangtrace-" + run_id)
-    created = _prepare_run_dir(run_dir)
-    env = dict(os.environ)
-    env.pop(config.HELPER, None)
-    env.update({config.ENABLE: "1", config.DIR: run_dir, config.RUN_ID: run_id, config.AUTO_WATCH: "0"})
-    if args.stall_s is not None:
-        env[config.STALL_S] = str(args.stall_s)
-    if args.no_timeline:  # issue 11
-        env[config.TIMELINE] = os.environ[config.TIMELINE] = "0"
-    if args.deep:
-        env[config.DEEP] = args.deep
-    try:
-        child = subprocess.Popen(cmd, env=env, start_new_session=True)
-    except OSError as e:
-        if created:
-            try:
-                os.rmdir(run_dir)  # leave no empty run directory behind
-            except OSError:
-                pass
-        err = HangtraceError("cannot start %r: %s" % (cmd[0], e.strerror or e),
-                             "check the command name, its permissions and PATH")
-        # shell convention: 127 command not found, 126 found but not executable
-        err.exit_code = 127 if isinstance(e, FileNotFoundError) else 126
-        raise err from None
-    _err("run directory %s" % run_dir)
-
-    interrupts = []  # signals received from the user (Ctrl-C, kill)
-
-    def forward(signum, frame):
-        # first SIGINT/SIGTERM: passed on to the job; a second one: SIGKILL the job's group
-        interrupts.append(signum)
-        try:
-            os.killpg(child.pid, signum if len(interrupts) == 1 else signal.SIGKILL)
-        except OSError:
-            pass
-        if len(interrupts) == 2:
-            _err("second interrupt: killing the job (SIGKILL)")
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    w = Watcher(run_dir, stall_s=args.stall_s, clock=time.monotonic)
-    w.log = _err
-    poll = args.poll_s if args.poll_s is not None else min(config.get_float(config.POLL_S),
-                                                           max(0.2, w.stall_s / 4))
-    reported = False
-    try:
-        while True:
-            try:
-                rc = child.wait(timeout=poll)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if interrupts:
-                continue  # the user is stopping the job: its deaths are no incident
-            inc = w.poll()
-            if inc is None:
-                continue
-            _err("%s detected: %s; collecting stacks and records ..." % (inc.kind, inc.detail))
-            reported = True  # one verdict per incident, even when the diagnosis failed
-            try:
-                snap, diag, para = diagnose_and_report(run_dir, inc.kind, native=args.native)
-                _report(snap, para)
-            except HangtraceError as e:
-                sys.stderr.write(e.render() + "\n")
-            if args.stop_on_stall and inc.kind == "stall":
-                # a death is not a stall: let the job end by itself (and exit with its own
-                # status); if the survivors hang, the stall that follows stops it
-                _err("stopping the job (--stop-on-stall)")
-                _stop(child)
-        if interrupts:
-            _err("command interrupted; exit status %d; records in %s" % (_exit_status(rc), run_dir))
-        elif rc != 0 and not reported:
-            # a crash the watcher did not catch in time (or a fast failure): analyse what is left
-            try:
-                w.poll()
-                snap, diag, para = diagnose_and_report(run_dir, "death", with_stacks=False)
-                _report(snap, para)
-            except HangtraceError as e:
-                sys.stderr.write(e.render() + "\n")
-        elif rc == 0:
-            _err("command finished with status 0; records in %s" % run_dir)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        if child.poll() is None:
-            _stop(child)
-    return _exit_status(rc)
+    from .tracer.watch.supervise import RunOptions, supervise
+    return supervise(RunOptions(cmd=list(args.cmd or ()), run_dir=args.dir, stall_s=args.stall_s,
+                                poll_s=args.poll_s, native=args.native, stop_on_stall=args.stop_on_stall,
+                                timeline=not args.no_timeline, deep=args.deep),
+                     log=_err)
 
 
-def _report(snap, para):
-    sys.stderr.write("\n==== hangtrace verdict ====\n%s\n" % para)
-    sys.stderr.write("report:  %s\n" % os.path.join(snap.path, "report.txt"))
-    if os.path.exists(os.path.join(snap.path, "timeline.json")):  # issue 11
-        sys.stderr.write("timeline: %s      (hangtrace timeline --open)\n" % os.path.join(snap.path, "timeline.json"))
-    sys.stderr.write("next:    hangtrace analyze %s      (or --json)\n" % snap.path)
-    sys.stderr.write("         hangtrace records %s --last 20\n\n" % snap.run_dir)
-    sys.stderr.flush()
-
-
-def _stop(child, grace_s=5.0):
-    try:
-        os.killpg(child.pid, signal.SIGTERM)
-        child.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        child.wait()
-    except OSError:
-        pass
-
-
-# --- attach ------------------------------------------------------------------------------
-def cmd_attach(args):
+def cmd_attach(args: argparse.Namespace) -> int:
     """Stacks of a hung job that was not started with hangtrace; names the outliers."""
-    from .tracer.collect.attach import attach
-    diag, snap = attach(args.pid or None, native=args.native)
-    _print_diag(diag, snap, args.json)
+    from .tracer.pipeline import attach
+    _print_diag(attach(args.pid or None, native=args.native), args.json)
     return 0
 
 
 # --- env-diff (issue 12) -------------------------------------------------------------------
-def cmd_env_diff(args: argparse.Namespace) -> int:
-    """Differences across ranks and hosts in libraries, versions and job environment."""
-    from .tracer.analyze.envdiff import diff_env
-    from .tracer.collect.forensics import run_env
-    from .tracer.report.envdiff import render_json, render_text
-    _check_dir(args.run_dir)
-    if not os.path.isdir(args.run_dir):
-        raise RunDirError("run directory %s does not exist" % args.run_dir,
-                          "pass the directory printed by `hangtrace run`, or HANGTRACE_DIR of the job")
-    envs, errors = run_env(args.run_dir)
-    if not envs:
-        raise RunDirError("no environment records (env/*.json) in %s" % args.run_dir,
-                          "records are written by traced processes of this hangtrace version "
-                          "(HANGTRACE=1); pass their run directory")
-    diff = diff_env(envs)
-    if args.json:
-        d = render_json(diff)
-        d["errors"] = errors
-        print(_dumps(d))
-    else:
-        print(render_text(diff))
-        for e in errors:
-            print("note: %s" % e)
 # --- timeline (issue 11) -----------------------------------------------------------------
-def _ranks_arg(text):
+def _ranks_arg(text: str) -> FrozenSet[int]:
     """``0,2,5-7`` -> frozenset of ints (argparse type)."""
-    out = set()
+    out: Set[int] = set()
     try:
         for part in text.split(","):
             a, _, b = part.strip().partition("-")
@@ -388,15 +174,16 @@ def _ranks_arg(text):
     return frozenset(out)
 
 
-def cmd_timeline(args):
+def cmd_timeline(args: argparse.Namespace) -> int:
     """Write a Perfetto/vizviewer trace (Chrome trace-event JSON) of a run or snapshot."""
+    from .tracer.pipeline import check_dir, readable
     from .tracer.report.timeline.load import timeline_of, write_trace
     from .tracer.report.timeline.model import TimelineOptions
-    _check_dir(args.path)
+    check_dir(args.path)
     opts = TimelineOptions(ranks=args.ranks, since_s=args.since, until_s=args.until,
                            max_events=args.max_events, flows=not args.no_flows)
     trace, snap = timeline_of(args.path, opts)
-    _readable(snap)
+    readable(snap, log=_err)
     out = args.output or os.path.join(snap.path or snap.run_dir, "timeline.json")
     try:
         size = write_trace(trace, out)
@@ -410,12 +197,28 @@ def cmd_timeline(args):
         print("note: %s" % e)
     if args.open:
         from .tracer.report.timeline.serve import serve_forever
-        return serve_forever(out, args.port)
+        return int(serve_forever(out, args.port))
+    return 0
+
+
+def cmd_env_diff(args: argparse.Namespace) -> int:
+    """Differences across ranks and hosts in libraries, versions and job environment."""
+    from .tracer.pipeline import env_diff
+    from .tracer.report.envdiff import render_json, render_text
+    diff, errors = env_diff(args.run_dir)
+    if args.json:
+        d = render_json(diff)
+        d["errors"] = errors
+        print(_dumps(d))
+    else:
+        print(render_text(diff))
+        for e in errors:
+            print("note: %s" % e)
     return 0
 
 
 # --- env -----------------------------------------------------------------------------------
-def cmd_env(args):
+def cmd_env(args: argparse.Namespace) -> int:
     """Print the environment that turns tracing on (shell lines, or Ray runtime_env JSON)."""
     from .hooks.bootstrap import default_run_id
     run_id = default_run_id()
@@ -432,7 +235,7 @@ def cmd_env(args):
     return 0
 
 
-def _positive_float(text):
+def _positive_float(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
@@ -442,7 +245,7 @@ def _positive_float(text):
     return v
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hangtrace", description="Which rank broke, where, and why.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -452,11 +255,11 @@ def build_parser():
     r.add_argument("--stop-on-stall", action="store_true", help="stop the job after the verdict")
     r.add_argument("--native", action="store_true", help="include native frames in stacks (slower)")
     r.add_argument("--poll-s", type=float, default=None, help="watcher poll period in seconds")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
     r.add_argument("--no-timeline", action="store_true",
                    help="do not write timeline.json next to report.txt (HANGTRACE_TIMELINE=0)")
     r.add_argument("--deep", default=None, metavar="SEL",
                    help="deep trace with viztracer, e.g. 'rank=1,phase=train' (HANGTRACE_DEEP)")
-    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
     r.set_defaults(fn=cmd_run)
 
     d = sub.add_parser("dump", help="snapshot and diagnose a live run now")
@@ -516,11 +319,12 @@ def build_parser():
     return p
 
 
-def main(argv=None):
-    """Entry point; returns the exit code. Only HangtraceError is caught."""
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point; returns the exit code. Only HangtraceError (and its subclasses) is
+    caught, so real bugs keep their traceback (exit 1)."""
     args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
+        return int(args.fn(args))
     except HangtraceError as e:
         sys.stderr.write(e.render() + "\n")
         return e.exit_code

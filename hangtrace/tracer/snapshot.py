@@ -1,27 +1,68 @@
-"""The data model shared by collector and analysis: a Snapshot of a run, a Diagnosis.
+"""The snapshot: what collection hands to the analysis (collect -> analyze).
 
-A Snapshot is plain data (no files, no processes): the analysis takes one and returns a
-Diagnosis, so it can be tested on synthetic snapshots of any size.
+A :class:`Snapshot` is plain, frozen data (no files, no processes): the analysis takes
+one and returns a Diagnosis, so it can be tested on synthetic snapshots of any size.
+Collectors build new values with ``dataclasses.replace`` instead of mutating.
 
-Record dicts (``ProcessInfo.records``) have the keys produced by
-``tracer.ring.reader.decode_slots``: ``idx, kind ('collective'|'p2p'|'group'|'phase_enter'|
-'phase_exit'|'step'|'heartbeat'|'event'|'memory'), op, group (group name, str), seq
-(per-group sequence number; for p2p counted per (group, peer)), dtype, numel, shape,
-peer (global rank, -1 none), async_op, thread, phase, step, t_mono_ns, t_wall_ns,
-t_end_mono_ns, state ('issued'|'completed'|'failed'), error``.
+Per process the snapshot holds a :class:`~hangtrace.tracer.ring.summary.RingSummary` (the
+records the analysis reads: newest per group and per peer, in flight, first failure,
+last record, last progress, a recent tail, memory samples), never the whole ring.
+``ProcessInfo.records`` is the summary's record subset in index order for collected
+processes; synthetic snapshots (unit tests) may give every record instead, and the
+summary is then computed from them. Record dicts: ``tracer/ring/records.py``.
 """
+from __future__ import annotations
+
+import enum
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
+
+from hangtrace.tracer.ring.summary import RingSummary, summarize_records
+
+Record = Mapping[str, Any]
 
 
-@dataclass
+#: ``meta`` keys written by collect/raystate.py from Ray's own record (the rest of the
+#: ``ray_*`` keys are the process's own identity, written by hooks/ray_hooks.py)
+RAY_RECORD_PREFIXES = ("ray_death", "ray_actor_state", "ray_worker_", "ray_exit_", "ray_memory", "ray_state_")
+
+
+class Role(str, enum.Enum):
+    """What a traced process is in the job.
+
+    Today: a process with a rank or process-group records is ``rank``; a Ray actor (its
+    ring meta names an actor id) is ``ray-actor``; everything else is ``other``. The
+    other values (launcher, rank helper such as a DataLoader worker, Ray task worker) are
+    reserved for the role model of a later issue.
+    """
+
+    LAUNCHER = "launcher"
+    RANK = "rank"
+    RANK_HELPER = "rank-helper"
+    RAY_ACTOR = "ray-actor"
+    RAY_TASK_WORKER = "ray-task-worker"
+    OTHER = "other"
+
+
+def role_of(rank: int, groups: List[Dict[str, Any]], summary: Optional[RingSummary],
+            meta: Mapping[str, Any]) -> Role:
+    """The role known from identity alone (see :class:`Role`)."""
+    if rank >= 0 or groups or (summary is not None and (summary.by_group or summary.by_peer)):
+        return Role.RANK
+    if meta.get("ray_actor_id"):
+        return Role.RAY_ACTOR
+    return Role.OTHER
+
+
+@dataclass(frozen=True)
 class ProcessInfo:
     """One traced process as seen at snapshot time.
 
     ``state``: 'alive' (pid exists and is the same process), 'exited' (clean-exit record,
     see ``exit_code``), 'killed' (pid gone without a clean-exit record), 'unknown'
     (another host, or not checkable). Times are ns (wall = Unix epoch, mono = the
-    host's CLOCK_MONOTONIC).
+    host's CLOCK_MONOTONIC). ``role``: filled from identity when not given.
+    ``summary``: computed from ``records`` when not given.
     """
 
     host: str
@@ -39,7 +80,7 @@ class ProcessInfo:
     progress_wall_ns: int = 0
     progress_mono_ns: int = 0
     inflight: Optional[Dict[str, Any]] = None
-    records: List[Dict[str, Any]] = field(default_factory=list)
+    records: List[Any] = field(default_factory=list)
     groups: List[Dict[str, Any]] = field(default_factory=list)
     events: List[Dict[str, Any]] = field(default_factory=list)
     # 'sigterm' / 'fatal' / 'dump' -> {'wall_ns': int, 'text': faulthandler output}
@@ -52,23 +93,53 @@ class ProcessInfo:
     stack_error: Optional[str] = None
     ring_path: Optional[str] = None
     warnings: List[str] = field(default_factory=list)
-    # memory samples decoded from the ring's K_MEM records (tracer.memory.samples), and
+    # memory samples decoded from the ring's memory records (analyze.memory.samples), and
     # facts gathered at collection time: 'cgroup_dir', 'cgroup_oom_kill_now',
     # 'kernel_oom' {'line', 'anon_rss', 'memcg', ...}, 'kernel_log' ('read' | why not),
     # 'host_mem_total' (issue 5)
     memory: List[Dict[str, Any]] = field(default_factory=list)
     memory_facts: Dict[str, Any] = field(default_factory=dict)
+    summary: Optional[RingSummary] = None
+    role: Optional[Role] = None
+
+    def __post_init__(self) -> None:
+        if self.summary is None:
+            object.__setattr__(self, "summary", summarize_records(self.records))
+        if self.role is None:
+            object.__setattr__(self, "role", role_of(self.rank, self.groups, self.summary, self.meta))
 
     @property
-    def key(self):
+    def key(self) -> str:
+        """``"host:pid"``: the process's identity within a run."""
         return "%s:%d" % (self.host, self.pid)
 
+    @property
+    def ray_identity(self) -> Dict[str, Any]:
+        """What the process's own ring says of its Ray identity (``meta['ray_*']`` written by
+        hooks/ray_hooks.py: job, node, actor id, class, name ...)."""
+        return {k: v for k, v in self.meta.items()
+                if k.startswith("ray_") and not k.startswith(RAY_RECORD_PREFIXES)}
 
-@dataclass
+    @property
+    def ray_record(self) -> Dict[str, Any]:
+        """Ray's own record of the process joined by collect/raystate.py (actor state, death
+        cause text ...): the ``meta`` keys it writes (``ray_actor_state``, ``ray_death*``)."""
+        return {k: v for k, v in self.meta.items() if k.startswith(RAY_RECORD_PREFIXES)}
+
+
+@dataclass(frozen=True)
 class Snapshot:
+    """A run at one moment: its traced processes, unreadable-file lines, where it is stored.
+
+    ``reason``: 'stall' | 'death' | 'request' | 'offline' | 'attach'; ``path``: the stored
+    snapshot folder (None when not stored); ``ray_nodes``: Ray nodes collected by
+    ``dump --ray`` (list of dicts, ``ray_nodes.json``).
+    """
+
     run_dir: str
     taken_wall_ns: int = 0
-    reason: str = "offline"  # 'stall' | 'death' | 'request' | 'offline'
+    reason: str = "offline"
     processes: List[ProcessInfo] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)  # one line per unreadable file, with remedy
-    path: Optional[str] = None  # snapshot folder, when stored
+    path: Optional[str] = None
+    ray_nodes: List[Dict[str, Any]] = field(default_factory=list)

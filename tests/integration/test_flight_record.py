@@ -27,7 +27,7 @@ def test_records_agree_across_ranks(tmp_path, world_size):
             assert p.returncode == 0, err
     finally:
         kill_all(procs)
-    snap = load_run(str(tmp_path))
+    snap = load_run(str(tmp_path), records=True)
     assert snap.errors == []
     ranks = {p.rank: p for p in snap.processes}
     assert sorted(ranks) == list(range(world_size))
@@ -41,7 +41,7 @@ def test_records_agree_across_ranks(tmp_path, world_size):
     # all_gather_object's inner all_gather calls are not counted twice: 6 per step + barrier
     assert len(world[0]) == 3 * 5 + 1
     # async op recorded as async and completed
-    asyncs = [r for r in ranks[0].records if r["async_op"] and r["kind"] == "collective"]
+    asyncs = [r for r in ranks[0].records if r["kind"] == "collective" and r["async_op"]]
     assert len(asyncs) == 3 and all(r["state"] == "completed" and r["shape"] == "2x3" for r in asyncs)
     # subgroup: pair members agree, others do not see it
     for i in range(0, world_size - 1, 2):

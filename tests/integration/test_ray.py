@@ -388,7 +388,7 @@ def test_node_watcher_stall_collects_on_every_node(cluster, tmp_path):
 
 def test_raystate_join_by_actor_id_then_pid_and_death_text():
     from hangtrace.tracer.snapshot import ProcessInfo
-    from hangtrace.tracer.collect.raystate import death_text, join
+    from hangtrace.tracer.collect.raystate import death_text, joined
     cause = {"actor_died_error_context": {"error_message": "The actor is dead because its worker process has died.",
                                           "pid": 11}}
     state = {"source": "gcs",
@@ -402,7 +402,8 @@ def test_raystate_join_by_actor_id_then_pid_and_death_text():
     by_pid = ProcessInfo(host="h", pid=12, meta={"ray_pid": 12, "ray_node_id": "n2"})
     wrong_node = ProcessInfo(host="h", pid=12, meta={"ray_pid": 12, "ray_node_id": "n9"})
     not_ray = ProcessInfo(host="h", pid=11, meta={})
-    assert join([by_id, by_pid, wrong_node, not_ray], state) == 2
+    (by_id, by_pid, wrong_node, not_ray), n = joined([by_id, by_pid, wrong_node, not_ray], state)
+    assert n == 2
     assert by_id.meta["ray_death"].startswith("The actor is dead") and by_id.meta["ray_actor_state"] == "DEAD"
     assert by_id.meta["ray_actor_class"] == "Trainer" and by_id.meta["ray_actor_name"] == "trainer-1"
     assert by_pid.meta["ray_actor_class"] == "Rollout" and "ray_death" not in by_pid.meta

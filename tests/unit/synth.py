@@ -102,12 +102,11 @@ class R:
 
     def build(self, keep_last=None):
         recs = self.records[-keep_last:] if keep_last else list(self.records)
-        p = ProcessInfo(host=self.host, pid=self.pid, rank=self.rank, local_rank=self.rank % 8,
-                        world_size=self.world, state="alive", start_wall_ns=T0, phase=self.phase,
-                        step=self.step, progress_wall_ns=self.t, records=recs, groups=list(self.groups))
-        for k, v in self.kw.items():
-            setattr(p, k, v)
-        return p
+        kw = dict(host=self.host, pid=self.pid, rank=self.rank, local_rank=self.rank % 8,
+                  world_size=self.world, state="alive", start_wall_ns=T0, phase=self.phase,
+                  step=self.step, progress_wall_ns=self.t, records=recs, groups=list(self.groups))
+        kw.update(self.kw)
+        return ProcessInfo(**kw)
 
 
 def snap(procs, reason="stall", taken=None, errors=()):

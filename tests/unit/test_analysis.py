@@ -1,4 +1,5 @@
 """diagnose() on synthetic snapshots: every verdict kind, exact kinds and culprit ranks."""
+import dataclasses
 import json
 import os
 import sys
@@ -517,10 +518,7 @@ def test_duplicate_rank_uses_later_process():
     b[0].wait()
     old = R(1, 2, pid=999)
     old.coll(n=1)
-    oldp = old.build()
-    oldp.start_wall_ns = T0 - 100 * S
-    oldp.state = "exited"
-    oldp.exit_code = 0
+    oldp = dataclasses.replace(old.build(), start_wall_ns=T0 - 100 * S, state="exited", exit_code=0)
     b[1].set(stacks=stack(*QUEUE_GET))
     d = check(diagnose(snap([oldp] + [x.build() for x in b])), "stuck-outside-collective", [1])
     assert any("rank 1: restarted" in e for e in d.evidence), d.evidence

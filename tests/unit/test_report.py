@@ -24,7 +24,7 @@ def stuck_case():
         b[r].set(stacks=stack(*COLL_STACK))
     b[2].set(stacks=stack(*QUEUE), phase="rollout", step=7)
     procs = [x.build() for x in b]
-    procs[2].phase, procs[2].step = "rollout", 7
+    procs[2] = dataclasses.replace(procs[2], phase="rollout", step=7)
     s = snap(procs[:3] + procs[3:], errors=["/run/ring-h0-77.htr: truncated (remedy: copy it again)"])
     return s, diagnose(s)
 

@@ -1,4 +1,5 @@
 """Robustness of the offline analysis: implausible headers, memory facts, stopped jobs, wording."""
+import dataclasses
 import time
 import tracemalloc
 
@@ -13,7 +14,7 @@ def test_huge_world_size_is_ignored_quickly():
     b = ranks(2)
     b[0].wait()
     procs = [x.build() for x in b]
-    procs[1].world_size = 2 ** 31 - 1
+    procs[1] = dataclasses.replace(procs[1], world_size=2 ** 31 - 1)
     tracemalloc.start()
     t0 = time.time()
     d = diagnose(snap(procs))
@@ -27,7 +28,7 @@ def test_huge_world_size_is_ignored_quickly():
 def test_rank_beyond_world_is_unranked():
     b = ranks(2)
     procs = [x.build() for x in b]
-    procs[1].rank = 300000000
+    procs[1] = dataclasses.replace(procs[1], rank=300000000)
     d = diagnose(snap(procs))
     assert d.details["world_size"] == 2 and d.details["missing_ranks"] == [1]
     assert any("implausible rank 300000000" in e for e in d.evidence)
@@ -47,10 +48,7 @@ def test_all_killed_without_record_after_stall_keeps_hang():
     b[0].wait()
     b[1].wait()
     later = b[1].t + 3600 * S
-    procs = [x.build() for x in b]
-    for p in procs:
-        p.state = "killed"
-        p.progress_wall_ns = later + p.rank
+    procs = [dataclasses.replace(p, state="killed", progress_wall_ns=later + p.rank) for p in (x.build() for x in b)]
     d = diagnose(snap(procs))
     assert d.kind != "dead-rank", (d.kind, d.evidence)
     assert 2 in d.culprit_ranks
@@ -61,7 +59,7 @@ def test_all_killed_without_record_after_stall_keeps_hang():
 def test_killed_without_record_wording():
     b = ranks(2)
     procs = [x.build() for x in b]
-    procs[1].state = "killed"
+    procs[1] = dataclasses.replace(procs[1], state="killed")
     d = diagnose(snap(procs))
     assert "no exit record (SIGKILL, OOM kill, or stopped)" in (d.details.get("cause_text") or d.summary)
 

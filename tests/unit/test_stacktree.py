@@ -1,4 +1,5 @@
 """stacktree: STAT-like merge of every rank's main-thread stack into classes."""
+import dataclasses
 import os
 import sys
 
@@ -18,9 +19,7 @@ QUEUE = ("get queue.py:171", "next_batch loader.py:22", "train_step train.py:38"
 def procs_with(stacks):
     out = []
     for r, st in enumerate(stacks):
-        p = R(r, len(stacks)).build()
-        p.stacks = st
-        out.append(p)
+        out.append(dataclasses.replace(R(r, len(stacks)).build(), stacks=st))
     return out
 
 
@@ -62,8 +61,7 @@ def test_key_line_splits_lines():
 
 def test_no_stack_class_and_unranked_skipped():
     ps = procs_with([stack(*COLL_STACK), None, stack(*COLL_STACK)])
-    drv = R(-1, 3).build()
-    drv.stacks = stack(*QUEUE)
+    drv = dataclasses.replace(R(-1, 3).build(), stacks=stack(*QUEUE))
     cl = classes(merge_stacks(ps + [drv]))
     assert cl[-1]["frames"] == [NO_STACK] and cl[-1]["ranks"] == [1]
     assert cl[0]["ranks"] == [0, 2]
@@ -80,12 +78,11 @@ def test_pick_thread_ignores_hangtrace_threads():
 
 
 def test_faulthandler_text_fallback():
-    p = R(0, 1).build()
-    p.signals = {"sigterm": {"wall_ns": 1, "text": (
+    p = dataclasses.replace(R(0, 1).build(), signals={"sigterm": {"wall_ns": 1, "text": (
         "Current thread 0x00007f0000000001 (most recent call first):\n"
         '  File "/usr/lib/python3.11/queue.py", line 171 in get\n'
         '  File "/app/train.py", line 38 in train_step\n'
-        '  File "/app/train.py", line 100 in <module>\n')}}
+        '  File "/app/train.py", line 100 in <module>\n')}})
     frames, _t = process_frames(p)
     assert frames and frame_label(frames[0]) == "get (queue.py:171)"
     assert blocking_reason(frames).startswith("queue.get")

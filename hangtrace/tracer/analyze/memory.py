@@ -113,8 +113,8 @@ def samples(records):
         if r.get("kind") != "memory":
             continue
         a = tuple(r.get("a") or (-1, -1, -1, -1, -1))
-        what = r.get("group") or "?"
-        src = _source(r.get("op"))
+        what = r.get("what") or r.get("group") or "?"  # MemorySample; older dicts: group/op
+        src = _source(r.get("source") or r.get("op"))
         s = {"t_wall_ns": r.get("t_wall_ns") or 0, "source": src, "what": what,
              "phase": r.get("phase"), "step": r.get("step"), "thread": r.get("thread"),
              "values": {}, "limits": {}, "oom_kills": None, "swap": None, "raw": a}

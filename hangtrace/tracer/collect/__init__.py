@@ -1,3 +1,8 @@
-"""Collection (impure): run directory, live processes, py-spy/faulthandler stacks,
-Ray state -> a ``Snapshot`` (``hangtrace.tracer.snapshot``), stored under RUN_DIR/snapshots/.
+"""Collection (impure).
+
+In: a run directory (ring files, faulthandler stack files), the live processes of this
+host (/proc, py-spy), the kernel log and cgroups, and Ray's state API.
+Out: a frozen ``tracer.snapshot.Snapshot``, stored under RUN_DIR/snapshots/<time>/
+(``rings.take_snapshot``) or read back from there (``rings.load_snapshot``).
+Composed with analysis and reports only in ``tracer/pipeline.py``.
 """

@@ -5,11 +5,15 @@ initial environment (rank, local rank, world size from ``/proc/PID/environ``) an
 py-spy stacks of every rank, taken in parallel. The analysis is the same pure
 ``diagnose()`` on a Snapshot whose processes have stacks and no records; it merges the
 stacks (STAT-style prefix tree) and names the outliers in the same vocabulary.
+:func:`collect` gathers and stores; :func:`stack_verdict` is the stack-only verdict (pure);
+``tracer.pipeline.attach`` composes them.
 """
 import os
 import socket
 import tempfile
 import time
+
+from typing import List, Optional
 
 import orjson
 
@@ -21,17 +25,15 @@ from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 _MAX_WORLD = 1 << 20
 
 
-def attach(pids=None, native=False, out_dir=None):
-    """Find the job's processes (``pids`` or a scan), take stacks, diagnose.
+def collect(pids: Optional[List[int]] = None, native: bool = False, out_dir: Optional[str] = None) -> Snapshot:
+    """Find the job's processes (``pids`` or a scan) and take their stacks.
 
-    Returns ``(Diagnosis, Snapshot)``; the snapshot (processes.json, stacks/*.json,
-    diagnosis.json, report.txt) is stored under ``out_dir`` (default: a new folder
-    ``hangtrace-attach-<time>`` in the temp dir). Raises NoProcessesError when no
+    Returns the Snapshot, stored (processes.json, stacks/*.json) under ``out_dir``
+    (default: a new folder ``hangtrace-attach-<time>`` in the temp dir); the pipeline
+    (``tracer.pipeline.attach``) diagnoses it. Raises NoProcessesError when no
     torch.distributed process is found (with the reasons of skipped ones).
     """
     from hangtrace.tracer.collect import stacks as S
-    from hangtrace.tracer.collect.rings import write_diagnosis
-    from hangtrace.tracer.report.text import text_report
     found = find_torch_processes(pids)
     notes = []
     if pids is None and found:
@@ -71,9 +73,7 @@ def attach(pids=None, native=False, out_dir=None):
                           for p in procs}}
     with open(os.path.join(sdir, "processes.json"), "wb") as f:
         f.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
-    diag = stack_verdict(snap)
-    write_diagnosis(snap, diag, text_report(diag, snap))
-    return diag, snap
+    return snap
 
 
 def _job_key(d):

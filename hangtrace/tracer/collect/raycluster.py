@@ -23,13 +23,14 @@ The caller writes every node's payload into one local snapshot folder
 ``./hangtrace-ray-<UTC time>/``) in the layout ``collect.load_snapshot`` reads, adds
 ``ray_nodes.json`` (per node: id, host, files, errors, seconds) and ``ray_state.json``
 (``raystate.fetch``), joins Ray's actor/worker records into the processes
-(``raystate.join``) and returns the Snapshot for the analysis.
+(``raystate.joined``) and returns the Snapshot for the analysis.
 
 Without RUN_DIR (and no ``HANGTRACE_DIR``), each node task first looks for the run
 directories of its Ray workers (``HANGTRACE_DIR`` in ``/proc/PID/environ`` of the
 raylet's children: runtime_env env vars are in the worker's initial environment); one
 directory across the cluster is used, several are an error listing them.
 """
+import dataclasses
 import glob
 import os
 import socket
@@ -40,6 +41,7 @@ import orjson
 
 from hangtrace.tracer import config
 from hangtrace.tracer.errors import HangtraceError, RunDirError
+from hangtrace.tracer.snapshot import Snapshot
 
 __all__ = ["collect_node", "discover_node", "dump_cluster", "load_ray_snapshot"]
 
@@ -166,7 +168,7 @@ def collect_node(run_dir, node_id=None, native=False, with_stacks=True, raylet_p
             pass
     if with_stacks:
         try:
-            C._stacks_for(mine, native, run_dir)
+            mine = C._stacks_for(mine, native, run_dir)
         except Exception as e:
             out["errors"].append("node %s: stacks failed: %s" % ((node_id or "?")[:12], e))
     for p in mine:
@@ -328,7 +330,7 @@ def write_ray_snapshot(sdir, run_dir, results, errors, state, took_s=0.0, reason
     return sdir
 
 
-def load_ray_snapshot(sdir):
+def load_ray_snapshot(sdir: str) -> Snapshot:
     """``collect.load_snapshot`` plus Ray's records (``ray_state.json``) joined into meta."""
     from hangtrace.tracer.collect import raystate
     from hangtrace.tracer.collect.rings import load_snapshot
@@ -338,12 +340,15 @@ def load_ray_snapshot(sdir):
             state = orjson.loads(f.read())
     except (OSError, ValueError):
         state = None
+    errors = list(snap.errors)
+    procs = snap.processes
     if state:
-        raystate.join(snap.processes, state)
-        snap.errors.extend(state.get("errors") or () if not state.get("source") else ())
+        procs, _ = raystate.joined(procs, state)
+        errors.extend(state.get("errors") or () if not state.get("source") else ())
     try:
         with open(os.path.join(sdir, "ray_nodes.json"), "rb") as f:
-            snap.ray_nodes = orjson.loads(f.read())
+            nodes = orjson.loads(f.read())
     except (OSError, ValueError):
-        snap.ray_nodes = []
-    return snap
+        nodes = []
+    return dataclasses.replace(snap, processes=procs, errors=errors,
+                               ray_nodes=nodes if isinstance(nodes, list) else [])

@@ -9,10 +9,14 @@ faulthandler stacks), and, once analysed, ``diagnosis.json`` and ``report.txt``.
 Unreadable files never stop a collection: each becomes one line in ``Snapshot.errors``
 naming the file and the remedy, and the other processes are analysed.
 """
+from __future__ import annotations
+
+import dataclasses
 import glob
 import os
 import socket
 import time
+from typing import Any, Dict, List, Optional
 
 import orjson
 
@@ -20,6 +24,7 @@ from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.errors import HangtraceError, RunDirError
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
+from hangtrace.tracer.collect.memfacts import memory_facts, parse_kernel_oom, read_kernel_log  # noqa: F401
 
 RING_GLOB = "ring-*.htr"
 _HOST = socket.gethostname()
@@ -54,11 +59,16 @@ def live_state(header):
     return "exited" if exited else "killed"
 
 
-def read_signal_files(run_dir, host, pid):
-    """{'sigterm'|'fatal'|'dump': {'wall_ns', 'text', 'path'}} for non-empty faulthandler files."""
-    out = {}
+def read_signal_files(run_dir: str, host: str, pid: int, names: Optional[set] = None) -> Dict[str, Any]:
+    """{'sigterm'|'fatal'|'dump': {'wall_ns', 'text', 'path'}} for non-empty faulthandler files.
+
+    ``names``: the file names in ``run_dir/stacks`` when already listed (None = look)."""
+    out: Dict[str, Any] = {}
     for kind in ("sigterm", "fatal", "dump"):
-        p = os.path.join(run_dir, "stacks", "%s-%s-%d.txt" % (kind, host, pid))
+        name = "%s-%s-%d.txt" % (kind, host, pid)
+        if names is not None and name not in names:
+            continue
+        p = os.path.join(run_dir, "stacks", name)
         try:
             st = os.stat(p)
             if st.st_size == 0:
@@ -71,24 +81,17 @@ def read_signal_files(run_dir, host, pid):
     return out
 
 
-def process_from_ring(ring, state=None):
-    """Build a ProcessInfo from RingData (``state`` overrides the live check)."""
+def process_from_ring(ring: R.RingData, state: Optional[str] = None, **fields: Any) -> ProcessInfo:
+    """Build a ProcessInfo from RingData (``state`` overrides the live check; ``fields``
+    set or override any other ProcessInfo field, e.g. ``signals``).
+
+    The process gets the ring's summary and, as ``records``, the summary's record subset
+    (``RingSummary.records()``); a ring read with every record keeps them all.
+    """
     h = ring.header
-    recs = ring.records
-    inflight = None
-    if h["inflight_idx"]:
-        for r in reversed(recs):
-            if r["idx"] == h["inflight_idx"]:
-                if r["state"] == "issued":
-                    inflight = r
-                break
-    if inflight is None:
-        for r in reversed(recs):
-            if r["kind"] in ("collective", "p2p"):
-                if r["state"] == "issued" and not r["async_op"]:
-                    inflight = r
-                break
-    p = ProcessInfo(
+    summ = ring.summary
+    recs = ring.records or summ.records()
+    kw: Dict[str, Any] = dict(
         host=h["host"], pid=h["pid"], rank=h["rank"], local_rank=h["local_rank"],
         world_size=h["world_size"], run_id=h["run_id"],
         state=state or live_state(h),
@@ -96,17 +99,19 @@ def process_from_ring(ring, state=None):
         exit_wall_ns=h["exit_wall_ns"], start_wall_ns=h["start_wall_ns"],
         phase=h.get("phase"), step=h["step"] if h["step"] >= 0 else None,
         progress_wall_ns=h["progress_wall_ns"], progress_mono_ns=h["progress_mono_ns"],
-        inflight=inflight, records=recs, groups=ring.groups, events=ring.events,
+        inflight=dict(summ.inflight) if summ.inflight is not None else None, records=list(recs),
+        groups=ring.groups, events=ring.events,
         meta=dict(ring.meta, dump_signal=h["dump_signal"], proc_start_ticks=h["proc_start_ticks"],
                   progress_count=h["progress_count"], ppid=h["ppid"],
                   rank_source=h.get("rank_source", 0)),
-        ring_path=ring.path, warnings=list(ring.warnings))
-    p.memory = _mem_samples(recs)  # issue 5
-    return p
+        ring_path=ring.path, warnings=list(ring.warnings), memory=_mem_samples(summ.memory),
+        summary=summ)
+    kw.update(fields)
+    return ProcessInfo(**kw)
 
 
-# --- memory (issue 5): samples from the ring, and OOM evidence read at collection time ---
-def _mem_samples(records):
+# --- memory (issue 5): samples from the ring; OOM evidence in collect/memfacts.py ---
+def _mem_samples(records: Any) -> List[Dict[str, Any]]:
     try:
         from hangtrace.tracer.analyze.memory import samples
         return samples(records)
@@ -114,162 +119,6 @@ def _mem_samples(records):
         return []
 
 
-_KILLED_RE = None
-
-
-def _kernel_re():
-    global _KILLED_RE
-    if _KILLED_RE is None:
-        import re
-        _KILLED_RE = (re.compile(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(.*)"),
-                      re.compile(r"oom-kill:.*?\bpid=(\d+)"), re.compile(r"anon-rss:(\d+)kB"),
-                      re.compile(r"oom_memcg=([^,\s]+)"))
-    return _KILLED_RE
-
-
-def parse_kernel_oom(lines):
-    """Kernel log lines -> {pid: {'line', 'anon_rss' (bytes), 'memcg', 'mono_s', 'scope'}}.
-
-    Recognises the OOM killer's "Memory cgroup out of memory: Killed process N (name)
-    total-vm:..kB, anon-rss:..kB, ..." (cgroup limit), "Out of memory: Killed process N"
-    (the whole host) and the "oom-kill:constraint=...,oom_memcg=...,task=...,pid=N" summary
-    (Linux mm/oom_kill.c). ``lines``: iterable of ``(mono_s or None, text)``.
-    """
-    killed, summary, anon, memcg = _kernel_re()
-    out = {}
-    for mono, text in lines:
-        m = killed.search(text)
-        if m:
-            pid = int(m.group(1))
-            d = out.setdefault(pid, {})
-            d["line"] = text.strip()[:400]
-            d["name"] = m.group(2)
-            d["mono_s"] = mono
-            d["scope"] = "cgroup" if "Memory cgroup" in text else "host"
-            a = anon.search(text)
-            if a:
-                d["anon_rss"] = int(a.group(1)) * 1024
-            continue
-        m = summary.search(text)
-        if m:
-            d = out.setdefault(int(m.group(1)), {})
-            c = memcg.search(text)
-            if c:
-                d["memcg"] = c.group(1)
-            d.setdefault("mono_s", mono)
-            d.setdefault("line", text.strip()[:400])
-    return out
-
-
-def read_kernel_log():
-    """Kernel log as ``(lines, status)``: ``lines`` [(mono_s, text)]; ``status`` 'read' or
-    why not. /dev/kmsg first (records ``prio,seq,usec,flags;text``), then ``dmesg``."""
-    import errno
-    lines = []
-    try:
-        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        fd, why = None, "/dev/kmsg: %s" % e.strerror
-    if fd is not None:
-        try:
-            for _ in range(200000):
-                try:
-                    rec = os.read(fd, 8192)
-                except OSError as e:
-                    if e.errno == errno.EPIPE:  # overwritten while reading: go on
-                        continue
-                    if e.errno == errno.EAGAIN:
-                        break
-                    raise
-                if not rec:
-                    break
-                head, _, text = rec.decode("utf-8", "replace").partition(";")
-                f = head.split(",")
-                try:
-                    mono = int(f[2]) / 1e6
-                except (IndexError, ValueError):
-                    mono = None
-                lines.append((mono, text.split("\n", 1)[0]))
-            return lines, "read"
-        except OSError as e:
-            why = "/dev/kmsg: %s" % e.strerror
-        finally:
-            os.close(fd)
-    import subprocess
-    try:
-        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5)
-        if out.returncode == 0:
-            for ln in out.stdout.splitlines():
-                mono = None
-                if ln.startswith("[") and "]" in ln:
-                    try:
-                        mono = float(ln[1:ln.index("]")])
-                    except ValueError:
-                        pass
-                    ln = ln[ln.index("]") + 1:].strip()
-                lines.append((mono, ln))
-            return lines, "read"
-        why += "; dmesg: %s" % (out.stderr.strip()[:100] or "status %d" % out.returncode)
-    except (OSError, subprocess.SubprocessError) as e:
-        why += "; dmesg: %s" % e
-    return [], why
-
-
-def _read_int_file(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read(4096)
-    except OSError:
-        return None
-
-
-def memory_facts(p, cache=None):
-    """Collection-time OOM evidence for a dead process of this host (dict, see
-    ``ProcessInfo.memory_facts``); {} for live or foreign processes. ``cache`` (a dict
-    shared over one collection) keeps the kernel log read once."""
-    facts = {}
-    if p.host != _HOST or not (p.state == "killed" or (p.state == "exited" and p.exit_code not in (0, None))):
-        return facts
-    try:
-        from hangtrace.hooks.memory import parse_oom_kill
-        d = (p.meta or {}).get("mem_cgroup")
-        ver = (p.meta or {}).get("mem_cgroup_version")
-        if d:
-            facts["cgroup_dir"] = d
-            raw = _read_int_file(os.path.join(d, "memory.oom_control" if ver == 1 else "memory.events"))
-            facts["cgroup_exists"] = raw is not None
-            if raw is not None:
-                n = parse_oom_kill(raw)
-                facts["cgroup_oom_kill_now"] = n if n >= 0 else None
-        if cache is not None and "kernel" in cache:
-            klines, status = cache["kernel"]
-        else:
-            klines, status = read_kernel_log()
-            klines = parse_kernel_oom(klines)
-            if cache is not None:
-                cache["kernel"] = (klines, status)
-        facts["kernel_log"] = status
-        k = klines.get(p.pid)
-        if k:
-            # a line for this pid after the process started (pids are reused)
-            ok = True
-            if k.get("mono_s") is not None and p.start_wall_ns:
-                wall = time.time() - (time.clock_gettime(time.CLOCK_MONOTONIC) - k["mono_s"])
-                ok = wall * 1e9 >= p.start_wall_ns - 2e9
-            if ok:
-                facts["kernel_oom"] = k
-        try:
-            with open("/proc/meminfo") as f:
-                for ln in f:
-                    if ln.startswith("MemTotal:"):
-                        facts["host_mem_total"] = int(ln.split()[1]) * 1024
-                        break
-        except (OSError, ValueError):
-            pass
-    except Exception as e:  # evidence gathering must not stop a collection
-        facts["error"] = repr(e)
-    return facts
-# --- end memory ---
 
 
 def _error_line(path, e):
@@ -278,7 +127,8 @@ def _error_line(path, e):
     return "%s: %s (remedy: check the file's permissions; run as the job's user or root)" % (path, e)
 
 
-def load_rings(ring_dir, run_dir=None, states=None, live_facts=True):
+def load_rings(ring_dir: str, run_dir: Optional[str] = None, states: Optional[Dict[str, Any]] = None,
+               live_facts: Optional[bool] = True, records: bool = False) -> "tuple[List[ProcessInfo], List[str]]":
     """Read every ring in ``ring_dir``; return ``(processes, errors)``.
 
     ``states`` maps ``"host:pid"`` to a stored state (snapshots); without it the state
@@ -287,46 +137,41 @@ def load_rings(ring_dir, run_dir=None, states=None, live_facts=True):
     read now when ``live_facts`` is True, never when False, and when None only if a
     process of the run is still alive (the cgroup/kernel state is then current; for a
     run that is over it is today's, not the one of the deaths).
-    The garbage collector is paused meanwhile: millions of record dicts are allocated
-    and none is garbage (20-30 % faster on 512 rings, benchmarks/README.md).
+    ``records``: True decodes every record into ``ProcessInfo.records`` (``hangtrace
+    records``); False (collection) reads each ring's summary only.
     """
-    import gc
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        return _load_rings(ring_dir, run_dir, states, live_facts)
-    finally:
-        if was:
-            gc.enable()
-
-
-def _load_rings(ring_dir, run_dir, states, live_facts=True):
-    procs, errors = [], []
-    kcache = {}
+    procs: List[ProcessInfo] = []
+    errors: List[str] = []
+    kcache: Dict[str, Any] = {}
     fresh = []
+    try:
+        names: Optional[set] = set(os.listdir(os.path.join(run_dir or ring_dir, "stacks")))
+    except OSError:
+        names = set()
     for path in sorted(glob.glob(os.path.join(ring_dir, RING_GLOB))):
         try:
-            ring = R.read_ring(path)
+            ring = R.read_ring(path, records=records)
         except (HangtraceError, OSError) as e:
             errors.append(_error_line(path, e))
             continue
-        key = "%s:%d" % (ring.header["host"], ring.header["pid"])
-        st = states.get(key) if states else None
-        p = process_from_ring(ring, st.get("state") if st else None)
+        h = ring.header
+        st = states.get("%s:%d" % (h["host"], h["pid"])) if states else None
+        upd: Dict[str, Any] = {"signals": read_signal_files(run_dir or ring_dir, h["host"], h["pid"], names)}
         if st:
-            p.exit_code = st.get("exit_code", p.exit_code)
-        p.signals = read_signal_files(run_dir or ring_dir, p.host, p.pid)
-        if st:
-            p.memory_facts = st.get("memory_facts") or {}
-        else:
-            fresh.append(p)
+            upd["exit_code"] = st.get("exit_code", h["exit_code"] if h["state"] == F.ST_EXITED else None)
+            upd["memory_facts"] = st.get("memory_facts") or {}
+        p = process_from_ring(ring, st.get("state") if st else None, **upd)
+        if not st:
+            fresh.append(len(procs))
         for w in p.warnings:
             errors.append("%s: %s" % (path, w))
         procs.append(p)
     if live_facts is None:
         live_facts = any(p.state == "alive" for p in procs)
-    for p in fresh:
-        p.memory_facts = memory_facts(p, kcache) if live_facts else {}  # issue 5
+    for i in fresh if live_facts else ():
+        facts = memory_facts(procs[i], kcache)
+        if facts:
+            procs[i] = dataclasses.replace(procs[i], memory_facts=facts)
     procs.sort(key=lambda p: (p.rank < 0, p.rank, p.host, p.pid))
     return procs, errors
 
@@ -340,10 +185,10 @@ def newest_snapshot(run_dir):
     return os.path.dirname(snaps[-1]) if snaps else None
 
 
-def load_run(run_dir, live_facts=None):
+def load_run(run_dir: str, live_facts: Optional[bool] = None, records: bool = False) -> Snapshot:
     """Snapshot of ``run_dir`` as its files are now (no stacks, nothing written).
 
-    ``live_facts``: see :func:`load_rings`; by default memory facts are read only while a
+    ``live_facts``, ``records``: see :func:`load_rings`; by default memory facts are read only while a
     process of the run is alive (offline analysis of a finished run uses none).
 
     Raises RunDirError when the directory does not exist or holds no ring file.
@@ -351,7 +196,7 @@ def load_run(run_dir, live_facts=None):
     if not os.path.isdir(run_dir):
         raise RunDirError("run directory %s does not exist" % run_dir,
                           "pass the directory printed by `hangtrace run`, or HANGTRACE_DIR of the job")
-    procs, errors = load_rings(run_dir, live_facts=live_facts)
+    procs, errors = load_rings(run_dir, live_facts=live_facts, records=records)
     if not procs and not errors:
         raise RunDirError("no ring files (ring-*.htr) in %s" % run_dir,
                           "was the job started with HANGTRACE=1 and this HANGTRACE_DIR?")
@@ -359,8 +204,9 @@ def load_run(run_dir, live_facts=None):
                     processes=procs, errors=errors)
 
 
-def load_snapshot(snap_dir):
-    """Read a stored snapshot folder. Raises RunDirError if it is not one."""
+def load_snapshot(snap_dir: str, records: bool = False) -> Snapshot:
+    """Read a stored snapshot folder (``records``: decode every record, as for the
+    timeline; default the compact summary). Raises RunDirError if it is not one."""
     if not is_snapshot(snap_dir):
         raise RunDirError("%s is not a snapshot (no processes.json)" % snap_dir,
                           "pass RUN_DIR or RUN_DIR/snapshots/<time>")
@@ -381,9 +227,9 @@ def load_snapshot(snap_dir):
     states = {k: v for k, v in meta.get("processes", {}).items() if isinstance(v, dict)}
     # memory facts: only the stored ones (never today's cgroup/kernel state)
     procs, errs = load_rings(os.path.join(snap_dir, "rings"), run_dir=snap_dir, states=states,
-                             live_facts=False)
+                             live_facts=False, records=records)
     errors += errs
-    for p in procs:
+    for i, p in enumerate(procs):
         sp = os.path.join(snap_dir, "stacks", "%s-%d.json" % (p.host, p.pid))
         if os.path.exists(sp):
             try:
@@ -391,33 +237,39 @@ def load_snapshot(snap_dir):
                     d = orjson.loads(f.read())
                 if not isinstance(d, dict) or not isinstance(d.get("threads"), (list, type(None))):
                     raise ValueError("expected an object with a 'threads' list")
-                p.stacks, p.stack_source, p.stack_error = d.get("threads"), d.get("source"), d.get("error")
+                procs[i] = dataclasses.replace(p, stacks=d.get("threads"), stack_source=d.get("source"),
+                                               stack_error=d.get("error"))
             except (OSError, ValueError) as e:
                 errors.append("%s: unreadable stacks (%s); analysed without them" % (sp, e))
         else:
             st = states.get(p.key, {})
-            p.stack_error = st.get("stack_error")
+            procs[i] = dataclasses.replace(p, stack_error=st.get("stack_error"))
     return Snapshot(run_dir=meta.get("run_dir", os.path.dirname(os.path.dirname(snap_dir))),
                     taken_wall_ns=meta.get("taken_wall_ns", 0), reason=meta.get("reason", "offline"),
                     processes=procs, errors=errors + meta.get("errors", []), path=snap_dir)
 
 
-def _stacks_for(procs, native, run_dir):
-    """Take stacks of the alive processes: py-spy in parallel, faulthandler fallback."""
+def _stacks_for(procs: List[ProcessInfo], native: bool, run_dir: str) -> List[ProcessInfo]:
+    """``procs`` with stacks of the alive ones: py-spy in parallel, faulthandler fallback."""
     from hangtrace.tracer.collect import stacks as S
     alive = [p for p in procs if p.state == "alive"]
     if not alive:
-        return
+        return procs
     try:
         res = S.dump_stacks([p.pid for p in alive], native=native)
     except Exception as e:  # py-spy missing or broken: use the fallback for all
         res = {p.pid: {"threads": None, "source": None, "error": str(e)} for p in alive}
-    for p in alive:
+    out = []
+    for p in procs:
+        if p.state != "alive":
+            out.append(p)
+            continue
         r = res.get(p.pid) or {}
         if r.get("threads"):
-            p.stacks, p.stack_source = r["threads"], r.get("source", "py-spy")
+            out.append(dataclasses.replace(p, stacks=r["threads"], stack_source=r.get("source", "py-spy")))
             continue
-        p.stack_error = r.get("error") or "no stacks"
+        err = r.get("error") or "no stacks"
+        stacks, source = p.stacks, p.stack_source
         sig = p.meta.get("dump_signal") or 0
         if sig:
             dump = os.path.join(run_dir, "stacks", "dump-%s-%d.txt" % (p.host, p.pid))
@@ -425,14 +277,17 @@ def _stacks_for(procs, native, run_dir):
                 threads = S.request_faulthandler_dump(p.pid, sig, dump)
             except Exception as e:
                 threads = None
-                p.stack_error += "; faulthandler fallback failed: %s" % e
+                err += "; faulthandler fallback failed: %s" % e
             if threads:
-                p.stacks, p.stack_source = threads, "faulthandler"
+                stacks, source = threads, "faulthandler"
         else:
-            p.stack_error += "; no faulthandler fallback (the process registered no dump signal)"
+            err += "; no faulthandler fallback (the process registered no dump signal)"
+        out.append(dataclasses.replace(p, stacks=stacks, stack_source=source, stack_error=err))
+    return out
 
 
-def take_snapshot(run_dir, reason="request", native=False, with_stacks=True):
+def take_snapshot(run_dir: str, reason: str = "request", native: bool = False,
+                  with_stacks: bool = True) -> Snapshot:
     """Collect a snapshot of a live run into ``RUN_DIR/snapshots/<UTC time>/``.
 
     Copies the used part of every ring, records process states, takes stacks of every
@@ -445,7 +300,7 @@ def take_snapshot(run_dir, reason="request", native=False, with_stacks=True):
     sdir = os.path.join(run_dir, "snapshots", stamp)
     os.makedirs(os.path.join(sdir, "rings"), mode=0o700, exist_ok=True)
     os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
-    snap.reason, snap.path = reason, sdir
+    snap = dataclasses.replace(snap, reason=reason, path=sdir)
     for p in snap.processes:
         try:
             R.compact_copy(p.ring_path, os.path.join(sdir, "rings", os.path.basename(p.ring_path)))
@@ -460,7 +315,7 @@ def take_snapshot(run_dir, reason="request", native=False, with_stacks=True):
             except OSError:
                 pass
     if with_stacks:
-        _stacks_for(snap.processes, native, run_dir)
+        snap = dataclasses.replace(snap, processes=_stacks_for(snap.processes, native, run_dir))
     for p in snap.processes:
         if p.stacks is not None:
             with open(os.path.join(sdir, "stacks", "%s-%d.json" % (p.host, p.pid)), "wb") as f:
@@ -475,7 +330,7 @@ def take_snapshot(run_dir, reason="request", native=False, with_stacks=True):
     return snap
 
 
-def write_diagnosis(snap, diag, text):
+def write_diagnosis(snap: Snapshot, diag: Any, text: str) -> None:
     """Store ``diagnosis.json`` and ``report.txt`` in the snapshot folder (if any)."""
     from hangtrace.tracer.report.text import diagnosis_json
     if not snap.path:

@@ -1,5 +1,11 @@
 """The ring file: THE contract between traced processes and everything else.
 
-``layout``: constants, slot/header structs and ring creation (imported by traced processes);
-``reader``: validation and decoding (collection, ``hangtrace records``). Format: docs/FORMAT.md.
+In: a ring file ``ring-<host>-<pid>.htr`` (written by ``hooks/recorder.py``).
+Out: ``reader.RingData`` (header dict, group definitions, events, meta) with a
+``summary.RingSummary`` and, on request, every record (``records.py`` types).
+
+``layout``: constants, slot/header structs and ring creation (imported by traced
+processes: standard library only); ``records``: the decoded record types;
+``reader``: validation and decoding; ``summary``: the compact per-process summary (numpy
+index pass, pure-Python fallback). Format: docs/FORMAT.md.
 """

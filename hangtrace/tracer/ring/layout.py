@@ -108,13 +108,13 @@ STR_ENTRY = struct.Struct("<BI")
 STRTAB_CHUNK = 1 << 16  # bytes reserved on disk at a time
 
 
-def layout(nslots, strtab_size=DEFAULT_STRTAB_SIZE):
+def layout(nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE) -> "tuple[int, int]":
     """Return ``(strtab_off, total_size)`` in bytes for a ring of ``nslots`` slots."""
     strtab_off = HEADER_SIZE + nslots * SLOT_SIZE
     return strtab_off, strtab_off + strtab_size
 
 
-def reserve(fd, off, length):
+def reserve(fd: int, off: int, length: int) -> None:
     """Allocate disk blocks for ``[off, off+length)`` of a ring file.
 
     A write through a mapping into an unallocated block of a full file system kills the
@@ -132,14 +132,14 @@ def reserve(fd, off, length):
 
 
 
-def _env_int(name, default=-1):
+def _env_int(name: str, default: int = -1) -> int:
     try:
         return int(os.environ[name])
     except (KeyError, ValueError):
         return default
 
 
-def _write_identity(mm):
+def _write_identity(mm: mmap.mmap) -> None:
     """Identity fields known at creation (the recorder writes the same ones again)."""
     import socket
     import time
@@ -154,7 +154,7 @@ def _write_identity(mm):
     PHASE.pack_into(mm, PHASE_OFF, 0, 0, -1)
 
 
-def create_ring(path, nslots, strtab_size=DEFAULT_STRTAB_SIZE):
+def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE) -> "tuple[int, mmap.mmap, int]":
     """Create a ring file and map it; return ``(fd, mmap, strtab_off)``.
 
     The file is created with mode 0600, sized to its full length (sparse) and mapped

@@ -1,2 +1,7 @@
-"""Detection and supervision: the node watcher (stall, dead rank) and what it triggers.
+"""Detection and supervision.
+
+In: ring headers polled over time (``watcher.Watcher``); a command to run traced
+(``supervise.supervise``, what ``hangtrace run`` does).
+Out: incidents (stall, dead rank) handed to ``tracer.pipeline.dump_live``, memory early
+warnings in the watcher log, and the supervised command's exit status.
 """

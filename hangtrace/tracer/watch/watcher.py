@@ -11,7 +11,8 @@ A dead rank — a process that vanished without a clean-exit record, or exited w
 non-zero code — is reported at the next poll.
 
 Run standalone as ``python -m hangtrace.tracer.watch.watcher RUN_DIR`` (what a traced
-process starts when no watcher runs on its node), or embedded by ``hangtrace run``.
+process starts when no watcher runs on its node), or embedded by ``hangtrace run``
+(``watch/supervise.py``). On an incident it calls ``tracer.pipeline.dump_live``.
 """
 import glob
 import os
@@ -174,12 +175,12 @@ class Watcher:
                 if h["state"] == F.ST_EXITED or live_state(h) != "alive":
                     continue
                 try:
-                    ring = R.read_ring(path)
+                    ring = R.read_ring(path, records=False)
                 except Exception:
                     continue
                 label = "rank %d (pid %d on %s)" % (h["rank"], h["pid"], h["host"]) if h["rank"] >= 0 else \
                     "pid %d on %s" % (h["pid"], h["host"])
-                for key, line in watch_lines(ring.records, label):
+                for key, line in watch_lines(list(ring.summary.memory), label):
                     if (path, key) in self.mem_warned:
                         continue
                     self.mem_warned.add((path, key))
@@ -215,168 +216,14 @@ class Watcher:
         return any(live_state(h) == "alive" for h in self.headers.values())
 
 
-def ray_address_of_run(run_dir):
-    """The Ray GCS address (HOST:PORT) of the cluster this run's Ray workers belong to, or
-    None: from the ``--gcs-address`` argument Ray's raylet gives every worker, as recorded
-    in the ring's start event. Several clusters can run on one host (``address='auto'``
-    would pick one of them, not necessarily this run's)."""
-    from hangtrace.hooks.autowatch import ray_gcs_address
-    for path in glob.glob(os.path.join(run_dir, RING_GLOB)):
-        try:
-            ring = R.read_ring(path)
-        except Exception:
-            continue
-        for e in ring.events:
-            if e.get("event") == "start":
-                gcs = ray_gcs_address([str(a) for a in e.get("argv") or ()])
-                if gcs:
-                    return gcs
-    return None
-
-
-def is_ray_run(run_dir):
-    """True when a ring of ``run_dir`` belongs to a Ray worker (Ray node id in its metadata)."""
-    for path in glob.glob(os.path.join(run_dir, RING_GLOB)):
-        try:
-            if R.read_ring(path).meta.get("ray_node_id"):
-                return True
-        except Exception:
-            continue
-    return False
-
-
-#: Cluster-wide collection of a Ray run (``ray_collect``): seconds allowed to the node
-#: tasks, and to the whole collector process (connect, tasks, Ray state) before it is killed.
-RAY_TASK_TIMEOUT_S = 60.0
-RAY_COLLECT_TIMEOUT_S = 100.0
-
-_RAY_COLLECT_CODE = (
-    "import sys\n"
-    "from hangtrace.tracer.collect.raycluster import dump_cluster\n"
-    "run_dir, address, reason, native, timeout_s = sys.argv[1:6]\n"
-    "snap = dump_cluster(run_dir, address=address or None, native=native == '1', timeout_s=float(timeout_s),\n"
-    "                    reason=reason)\n"
-    "print('SNAPSHOT ' + snap.path, flush=True)\n")
-
-
-def _gcs_unreachable(address, timeout_s=3.0):
-    """Why the Ray GCS at ``address`` (HOST:PORT) cannot be reached by TCP, or None.
-
-    ``ray.init`` to an address nobody listens on retries for minutes (measured here: more
-    than 200 s), so the watcher checks first.
-    """
-    import socket
-    if address.startswith("ray://"):
-        address = address[len("ray://"):]  # Ray client: its server port is checked the same way
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or "/" in host:
-        return None  # 'auto', 'ray://…' or a form we do not parse: let Ray decide
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-        return None
-    except OSError as e:
-        return "%s: %s" % (address, e)
-
-
-def ray_collect(run_dir, reason, native=False, log=None, address=None, timeout_s=RAY_COLLECT_TIMEOUT_S):
-    """The same cluster-wide collection as ``hangtrace dump --ray``, from a watcher.
-
-    Runs ``raycollect.dump_cluster`` in a child process (tracing stripped, its own session)
-    so the watcher never becomes a Ray driver itself: the child is killed after
-    ``timeout_s`` seconds. ``address``: the Ray GCS address (default ``RAY_ADDRESS``, which
-    ``hooks.autowatch`` sets to the cluster of the Ray worker that started the watcher;
-    else ``auto``). Returns the Snapshot (``raycollect.load_ray_snapshot``), or None after
-    writing one line to ``log`` (callable; default stderr) saying why.
-    """
-    import signal
-    import subprocess
-    log = log or (lambda line: sys.stderr.write("hangtrace: %s\n" % line))
-    address = address or os.environ.get("RAY_ADDRESS") or ray_address_of_run(run_dir) or ""
-    why = _gcs_unreachable(address) if address else None
-    if why:
-        log("cluster-wide collection skipped: Ray unreachable (%s); this node only" % why)
-        return None
-    p = subprocess.Popen([sys.executable, "-c", _RAY_COLLECT_CODE, run_dir, address, reason, "1" if native else "0",
-                          str(min(RAY_TASK_TIMEOUT_S, max(5.0, timeout_s - 20.0)))],
-                         env=config.helper_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        p.communicate()
-        log("cluster-wide collection (Ray at %s) did not finish in %.0f s; this node only" % (address or "auto", timeout_s))
-        return None
-    path = None
-    for line in out.decode("utf-8", "replace").splitlines():
-        if line.startswith("SNAPSHOT "):
-            path = line[len("SNAPSHOT "):].strip()
-    if p.returncode != 0 or not path:
-        lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
-        log("cluster-wide collection (Ray at %s) failed (exit %s: %s); this node only"
-            % (address or "auto", p.returncode, lines[-1][-500:] if lines else "no output"))
-        return None
-    from hangtrace.tracer.collect.raycluster import load_ray_snapshot
-    snap = load_ray_snapshot(path)
-    snap.reason, snap.path = reason, path
-    log("cluster-wide collection (Ray at %s): %d node(s), %d process(es)"
-        % (address or "auto", len(getattr(snap, "ray_nodes", None) or ()), len(snap.processes)))
-    return snap
-
-
-def diagnose_and_report(run_dir, reason, native=False, with_stacks=True, log=None):
-    """Snapshot the run, analyse it, store diagnosis.json/report.txt. Returns (snap, diag, paragraph).
-
-    For a Ray run (``is_ray_run``) the snapshot comes from every alive node (``ray_collect``,
-    unless ``HANGTRACE_RAY_COLLECT=0``); when Ray cannot be reached it is this node's
-    only, and ``log`` (callable(line); default stderr) says why.
-    """
-    from hangtrace.tracer.analyze.diagnose import diagnose
-    from hangtrace.tracer.collect.rings import take_snapshot, write_diagnosis
-    from hangtrace.tracer.report.text import text_report, verdict_paragraph
-    snap = None
-    if with_stacks and is_ray_run(run_dir) and os.environ.get(config.RAY_COLLECT, "1") != "0":
-        # a Ray job: the same cluster-wide collection as `hangtrace dump --ray`, so the
-        # ranks on other nodes are seen too; on failure, this node's snapshot
-        try:
-            snap = ray_collect(run_dir, reason, native=native, log=log)
-        except Exception as e:
-            snap = None
-            (log or (lambda line: sys.stderr.write("hangtrace: %s\n" % line)))(
-                "cluster-wide collection failed (%r); this node only" % (e,))
-    if snap is None:
-        snap = take_snapshot(run_dir, reason=reason, native=native, with_stacks=with_stacks)
-    diag = diagnose(snap)
-    para = verdict_paragraph(diag)
-    write_diagnosis(snap, diag, text_report(diag, snap))
-    write_timeline(snap, diag, log)  # issue 11
-    return snap, diag, para
-
-
-def write_timeline(snap, diag, log=None):
-    """``timeline.json`` (Perfetto trace, issue 11) next to report.txt, unless
-    ``HANGTRACE_TIMELINE=0``. Never raises: a failure is one line in ``log``."""
-    if not config.timeline_enabled():
-        return None
-    try:
-        from hangtrace.tracer.report.text import diagnosis_json
-        from hangtrace.tracer.report.timeline.load import write_incident_timeline
-        return write_incident_timeline(snap, diagnosis_json(diag))
-    except Exception as e:
-        (log or (lambda line: sys.stderr.write("hangtrace: %s\n" % line)))("timeline not written: %r" % (e,))
-        return None
-
-
-def main(argv=None):
+def main(argv: "list[str] | None" = None) -> int:
     """Standalone node watcher: ``python -m hangtrace.tracer.watch.watcher RUN_DIR``.
 
     Logs to RUN_DIR/watcher-<host>.log; exits when no traced process of the run is
     alive on this node any more (after a grace period of 2 polls).
     """
     import socket
+    from hangtrace.tracer.pipeline import dump_live
     argv = sys.argv[1:] if argv is None else argv
     run_dir = argv[0]
     poll = config.get_float(config.POLL_S)
@@ -396,9 +243,9 @@ def main(argv=None):
         if inc is not None:
             log("%s: %s" % (inc.kind, inc.detail))
             try:
-                snap, diag, para = diagnose_and_report(run_dir, inc.kind, log=log)
-                log("verdict: %s" % para)
-                log("snapshot: %s" % snap.path)
+                res = dump_live(run_dir, inc.kind, log=log)
+                log("verdict: %s" % res.paragraph)
+                log("snapshot: %s" % res.snapshot.path)
             except Exception as e:
                 log("diagnosis failed: %r" % (e,))
         if w.any_alive() or not w.headers:

@@ -8,6 +8,7 @@ name ends in ``.gz`` (Perfetto and vizviewer open both).
 """
 import glob
 import gzip
+import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -60,11 +61,12 @@ def load_for_timeline(path: str) -> Tuple[Snapshot, Optional[Dict[str, Any]], st
     Raises RunDirError (exit 4) when ``path`` holds neither rings nor a snapshot.
     """
     from hangtrace.tracer.collect.rings import is_snapshot, load_run, load_snapshot, newest_snapshot
+    # every record, not the analysis' compact summary: the timeline draws them all
     if is_snapshot(path):
-        snap = load_snapshot(path)
+        snap = load_snapshot(path, records=True)
     else:
         newest = newest_snapshot(path) if os.path.isdir(path) else None
-        snap = load_snapshot(newest) if newest else load_run(path, live_facts=False)
+        snap = load_snapshot(newest, records=True) if newest else load_run(path, live_facts=False, records=True)
     src = snap.path or snap.run_dir
     return snap, read_diagnosis(snap.path), src
 
@@ -98,8 +100,13 @@ def write_incident_timeline(snap: Snapshot, diagnosis: Optional[Dict[str, Any]])
     snapshot has no folder. Raises OSError."""
     if not snap.path:
         return None
+    from hangtrace.tracer.collect.rings import is_snapshot, load_snapshot
+    full = snap
+    if is_snapshot(snap.path):  # the analysis kept a compact summary: decode every record
+        full = dataclasses.replace(load_snapshot(snap.path, records=True), reason=snap.reason,
+                                   taken_wall_ns=snap.taken_wall_ns)
     deep, errs = read_deep(snap.run_dir)
-    trace = build_timeline(snap, diagnosis, deep, TimelineOptions(), source=snap.path)
+    trace = build_timeline(full, diagnosis, deep, TimelineOptions(), source=snap.path)
     if errs:
         trace["otherData"]["errors"] = errs
     out = os.path.join(snap.path, INCIDENT_FILE)

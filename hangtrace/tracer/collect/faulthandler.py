@@ -1,0 +1,198 @@
+"""faulthandler stacks: parse its text dumps, and request one from a live process.
+
+Thread format: see ``collect/stacks.py``. faulthandler prints "most recent call first"
+(innermost first), ``co_name`` only, ``???`` for unknown lines. A dump can be requested
+with a signal only from a process that registered ``faulthandler.register`` for it
+(its ring header's dump signal): in Ray workers SIGUSR1 is SIG_DFL and kills.
+"""
+import os
+import re
+import time
+
+# Formats, from CPython's Python/traceback.c (3.8 .. 3.13):
+#   "Thread 0x00007f...  (most recent call first):"  / "Current thread 0x... (...):"
+#   "Stack (most recent call first):"  (all_threads=False)
+#   '  File "x.py", line 3 in f'   '  File "???", line ??? in ???'   "  ..." (depth > 100)
+#   "  <no Python frame>"
+# Newer versions may add a thread name: 'Thread 0x... [name] (most recent call first):'.
+# Threads of one dump are separated by a blank line; consecutive dumps are not.
+_THREAD_RE = re.compile(
+    r"^(?P<cur>Current thread|Thread) (?P<tid>0x[0-9a-fA-F]+)(?: \[(?P<name>[^\]]*)\])?"
+    r" \(most recent call first\):\s*$")
+_STACK_RE = re.compile(r"^Stack \(most recent call first\):\s*$")
+_FRAME_RE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?+) in (?P<name>.*?)\s*$')
+_FATAL_RE = re.compile(r"^Fatal Python error: (?P<msg>.*)$")
+
+
+def _is_threading_bootstrap(frame):
+    return (frame["name"] in ("_bootstrap", "Thread._bootstrap")
+            and os.path.basename(frame["filename"]) == "threading.py")
+
+
+def _mark_main(threads):
+    """faulthandler does not name threads: call the one not started by threading 'MainThread'.
+
+    Inferred: the main thread's outermost frame is the script's ``<module>`` (or runpy),
+    while every ``threading.Thread`` starts in ``threading.py: _bootstrap``. CPython lists
+    threads newest first, so among several candidates the last one is the oldest.
+    """
+    if any(t.get("thread_name") for t in threads):
+        return
+    cands = [t for t in threads if t["frames"] and not _is_threading_bootstrap(t["frames"][-1])]
+    if not cands:
+        return
+    mod = [t for t in cands if t["frames"][-1]["name"] == "<module>"]
+    (mod or cands)[-1]["thread_name"] = "MainThread"
+
+
+def parse_faulthandler_dumps(text):
+    """All dumps in a faulthandler file, oldest first.
+
+    ``text``: what ``faulthandler.dump_traceback`` / ``register`` / ``enable`` wrote (one
+    file may hold several appended dumps). Returns ``[{'header': str | None, 'threads':
+    [thread, ...], 'truncated': bool}]``; ``header`` is e.g. ``"Fatal Python error:
+    Segmentation fault"``; ``truncated`` when a thread had more than 100 frames
+    (faulthandler prints ``...``). A new dump starts at a header line, at a thread line not
+    preceded by a blank line, after unknown unindented text (e.g. "Extension modules: ..."),
+    or when a thread id repeats. Unknown indented lines inside a thread are ignored.
+    Threads carry ``thread_id`` (int), ``current`` (the "Current thread"), ``thread_name``
+    (``'MainThread'`` inferred, see ``_mark_main``, or the ``[name]`` newer Pythons print),
+    ``active``/``owns_gil`` None.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    dumps = []
+    cur = None             # current dump
+    thread = None          # current thread (frames go there)
+    prev_blank = True      # the previous line was blank
+    saw_other = False      # unknown text since the last thread line
+    pending_header = None  # "Fatal Python error: ..." waiting for its first thread
+
+    for raw in text.splitlines():
+        line = raw.rstrip("\r")
+        m = _THREAD_RE.match(line)
+        stack_line = m is None and _STACK_RE.match(line) is not None
+        if m or stack_line:
+            tid = int(m.group("tid"), 16) if m else None
+            if (cur is None or stack_line or pending_header is not None or saw_other
+                    or not prev_blank
+                    or (tid is not None and any(t["thread_id"] == tid for t in cur["threads"]))):
+                cur = {"header": pending_header, "threads": [], "truncated": False}
+                dumps.append(cur)
+                pending_header = None
+            thread = {"thread_name": (m.group("name") if m else None) or None,
+                      "thread_id": tid, "os_thread_id": None, "active": None,
+                      "owns_gil": None, "current": stack_line or m.group("cur") != "Thread",
+                      "frames": []}
+            cur["threads"].append(thread)
+            prev_blank = saw_other = False
+            continue
+        stripped = line.strip()
+        if not stripped:
+            prev_blank = True
+            continue
+        prev_blank = False
+        fm = _FRAME_RE.match(line)
+        if fm and thread is not None:
+            ln = fm.group("line")
+            thread["frames"].append({"name": fm.group("name"), "filename": fm.group("file"),
+                                     "line": int(ln) if ln.isdigit() else 0, "native": False})
+        elif stripped == "..." and thread is not None:
+            cur["truncated"] = True
+        elif stripped == "<no Python frame>" and thread is not None:
+            pass
+        elif line[:1].isspace() and thread is not None:
+            pass   # other indented detail inside a thread (e.g. "  Garbage-collecting")
+        elif _FATAL_RE.match(stripped):
+            pending_header = stripped
+            thread = None
+        else:
+            # other text ("Extension modules: ...", a marker line): the dump is over
+            thread = None
+            saw_other = True
+    for d in dumps:
+        _mark_main(d["threads"])
+    return [d for d in dumps if d["threads"]]
+
+
+def parse_faulthandler_text(text):
+    """Threads of the **last** dump in ``text`` (thread format above); [] when there is none.
+
+    See :func:`parse_faulthandler_dumps` for every dump in the file.
+    """
+    dumps = parse_faulthandler_dumps(text)
+    return dumps[-1]["threads"] if dumps else []
+
+
+def signal_caught(pid, signum):
+    """True when ``pid`` has a handler installed for ``signum`` (``SigCgt`` in
+    ``/proc/PID/status``, a hex mask with bit ``signum - 1``; proc(5)). False when the
+    signal is default/ignored or the process is unreadable."""
+    try:
+        with open("/proc/%d/status" % int(pid)) as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & (1 << (int(signum) - 1)))
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def request_faulthandler_dump(pid, signum, dump_file, timeout_s=3.0, *, registered=True):
+    """Make ``pid`` write its stacks with faulthandler and return them (thread list) or None.
+
+    Calling this is the caller's statement (from the ring header or run directory) that
+    the process ran ``faulthandler.register(signum, file=dump_file, all_threads=True)``;
+    pass ``registered=False`` when that is not known, and nothing is sent. As a second,
+    independent guard the handler must show in ``SigCgt`` of ``/proc/PID/status``;
+    otherwise no signal is sent — SIGUSR1/SIGUSR2 left at SIG_DFL terminate the process (in Ray
+    workers SIGUSR1 is SIG_DFL). faulthandler's C handler dumps even while the main thread
+    waits inside a C call (a gloo collective), unlike a Python ``signal.signal`` handler.
+
+    Sends ``signum``, waits up to ``timeout_s`` seconds for ``dump_file`` to grow and stop
+    growing (polls every 10 ms), and parses what was appended. Returns None when not
+    registered, the pid is gone, the signal cannot be sent (EPERM), or nothing arrived in
+    time.
+    """
+    from hangtrace.tracer.collect.stacks import _pid_state
+    if not registered or not signal_caught(pid, signum):
+        return None
+    start = _size(dump_file)
+    try:
+        os.kill(int(pid), int(signum))
+    except (ProcessLookupError, PermissionError):
+        return None
+    deadline = time.monotonic() + timeout_s
+    last, stable_since = start, None
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        size = _size(dump_file)
+        if size < start:       # file was truncated/rewritten: read from the beginning
+            start = 0
+        if size > start:
+            if size != last:
+                last, stable_since = size, time.monotonic()
+            elif time.monotonic() - stable_since >= 0.05:
+                break
+        elif _pid_state(int(pid)) != "alive":
+            return None
+    if last <= start:
+        return None
+    try:
+        with open(dump_file, "rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    threads = parse_faulthandler_text(text)
+    return threads or None
+
+
+# --------------------------------------------------------------------------- helpers

@@ -1,0 +1,168 @@
+"""Collection-time OOM evidence of dead processes (issue 5): kernel log, cgroup counters.
+
+Moved from collect/rings.py (issue 8: modules under 400 lines). ``memory_facts(p)`` is
+what ``ProcessInfo.memory_facts`` holds; the analysis reads it in analyze/memory.py.
+"""
+import os
+import time
+
+import socket
+
+_HOST = socket.gethostname()
+
+
+_KILLED_RE = None
+
+
+def _kernel_re():
+    global _KILLED_RE
+    if _KILLED_RE is None:
+        import re
+        _KILLED_RE = (re.compile(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(.*)"),
+                      re.compile(r"oom-kill:.*?\bpid=(\d+)"), re.compile(r"anon-rss:(\d+)kB"),
+                      re.compile(r"oom_memcg=([^,\s]+)"))
+    return _KILLED_RE
+
+
+def parse_kernel_oom(lines):
+    """Kernel log lines -> {pid: {'line', 'anon_rss' (bytes), 'memcg', 'mono_s', 'scope'}}.
+
+    Recognises the OOM killer's "Memory cgroup out of memory: Killed process N (name)
+    total-vm:..kB, anon-rss:..kB, ..." (cgroup limit), "Out of memory: Killed process N"
+    (the whole host) and the "oom-kill:constraint=...,oom_memcg=...,task=...,pid=N" summary
+    (Linux mm/oom_kill.c). ``lines``: iterable of ``(mono_s or None, text)``.
+    """
+    killed, summary, anon, memcg = _kernel_re()
+    out = {}
+    for mono, text in lines:
+        m = killed.search(text)
+        if m:
+            pid = int(m.group(1))
+            d = out.setdefault(pid, {})
+            d["line"] = text.strip()[:400]
+            d["name"] = m.group(2)
+            d["mono_s"] = mono
+            d["scope"] = "cgroup" if "Memory cgroup" in text else "host"
+            a = anon.search(text)
+            if a:
+                d["anon_rss"] = int(a.group(1)) * 1024
+            continue
+        m = summary.search(text)
+        if m:
+            d = out.setdefault(int(m.group(1)), {})
+            c = memcg.search(text)
+            if c:
+                d["memcg"] = c.group(1)
+            d.setdefault("mono_s", mono)
+            d.setdefault("line", text.strip()[:400])
+    return out
+
+
+def read_kernel_log():
+    """Kernel log as ``(lines, status)``: ``lines`` [(mono_s, text)]; ``status`` 'read' or
+    why not. /dev/kmsg first (records ``prio,seq,usec,flags;text``), then ``dmesg``."""
+    import errno
+    lines = []
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        fd, why = None, "/dev/kmsg: %s" % e.strerror
+    if fd is not None:
+        try:
+            for _ in range(200000):
+                try:
+                    rec = os.read(fd, 8192)
+                except OSError as e:
+                    if e.errno == errno.EPIPE:  # overwritten while reading: go on
+                        continue
+                    if e.errno == errno.EAGAIN:
+                        break
+                    raise
+                if not rec:
+                    break
+                head, _, text = rec.decode("utf-8", "replace").partition(";")
+                f = head.split(",")
+                try:
+                    mono = int(f[2]) / 1e6
+                except (IndexError, ValueError):
+                    mono = None
+                lines.append((mono, text.split("\n", 1)[0]))
+            return lines, "read"
+        except OSError as e:
+            why = "/dev/kmsg: %s" % e.strerror
+        finally:
+            os.close(fd)
+    import subprocess
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5)
+        if out.returncode == 0:
+            for ln in out.stdout.splitlines():
+                mono = None
+                if ln.startswith("[") and "]" in ln:
+                    try:
+                        mono = float(ln[1:ln.index("]")])
+                    except ValueError:
+                        pass
+                    ln = ln[ln.index("]") + 1:].strip()
+                lines.append((mono, ln))
+            return lines, "read"
+        why += "; dmesg: %s" % (out.stderr.strip()[:100] or "status %d" % out.returncode)
+    except (OSError, subprocess.SubprocessError) as e:
+        why += "; dmesg: %s" % e
+    return [], why
+
+
+def _read_int_file(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096)
+    except OSError:
+        return None
+
+
+def memory_facts(p, cache=None):
+    """Collection-time OOM evidence for a dead process of this host (dict, see
+    ``ProcessInfo.memory_facts``); {} for live or foreign processes. ``cache`` (a dict
+    shared over one collection) keeps the kernel log read once."""
+    facts = {}
+    if p.host != _HOST or not (p.state == "killed" or (p.state == "exited" and p.exit_code not in (0, None))):
+        return facts
+    try:
+        from hangtrace.hooks.memory import parse_oom_kill
+        d = (p.meta or {}).get("mem_cgroup")
+        ver = (p.meta or {}).get("mem_cgroup_version")
+        if d:
+            facts["cgroup_dir"] = d
+            raw = _read_int_file(os.path.join(d, "memory.oom_control" if ver == 1 else "memory.events"))
+            facts["cgroup_exists"] = raw is not None
+            if raw is not None:
+                n = parse_oom_kill(raw)
+                facts["cgroup_oom_kill_now"] = n if n >= 0 else None
+        if cache is not None and "kernel" in cache:
+            klines, status = cache["kernel"]
+        else:
+            klines, status = read_kernel_log()
+            klines = parse_kernel_oom(klines)
+            if cache is not None:
+                cache["kernel"] = (klines, status)
+        facts["kernel_log"] = status
+        k = klines.get(p.pid)
+        if k:
+            # a line for this pid after the process started (pids are reused)
+            ok = True
+            if k.get("mono_s") is not None and p.start_wall_ns:
+                wall = time.time() - (time.clock_gettime(time.CLOCK_MONOTONIC) - k["mono_s"])
+                ok = wall * 1e9 >= p.start_wall_ns - 2e9
+            if ok:
+                facts["kernel_oom"] = k
+        try:
+            with open("/proc/meminfo") as f:
+                for ln in f:
+                    if ln.startswith("MemTotal:"):
+                        facts["host_mem_total"] = int(ln.split()[1]) * 1024
+                        break
+        except (OSError, ValueError):
+            pass
+    except Exception as e:  # evidence gathering must not stop a collection
+        facts["error"] = repr(e)
+    return facts

@@ -1,0 +1,192 @@
+"""The pipeline: the ONLY place that composes collect -> store -> analyze -> report.
+
+Every entry point goes through here: ``hangtrace analyze`` (:func:`diagnose_path`),
+``hangtrace dump`` and the watcher (:func:`dump_live`), ``hangtrace dump --ray``
+(:func:`dump_ray`), ``hangtrace attach`` (:func:`attach`), ``hangtrace records``
+(:func:`records`), ``hangtrace env-diff`` (:func:`env_diff`). Each returns a typed :class:`Result` (or a Snapshot); nothing here
+prints. Stage modules are imported lazily: the CLI's start-up stays light.
+
+Stages (``tracer/``): ``collect`` (impure: run directory, processes, stacks, Ray) ->
+``snapshot.Snapshot`` -> ``analyze`` (pure) -> ``diagnosis.Diagnosis`` -> ``report``
+(pure rendering); ``collect.rings.write_diagnosis`` stores diagnosis.json/report.txt
+in the snapshot folder.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Tuple
+
+from hangtrace.tracer import config
+from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.errors import HangtraceError, RunDirError, UnreadableRunError
+from hangtrace.tracer.snapshot import Snapshot
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Result:
+    """One diagnosed snapshot: ``paragraph`` is the verdict paragraph (report.text)."""
+
+    snapshot: Snapshot
+    diagnosis: Diagnosis
+    paragraph: str
+
+
+def _stderr_log(line: str) -> None:
+    sys.stderr.write("hangtrace: %s\n" % line)
+
+
+def check_dir(path: str) -> None:
+    """A path given as RUN_DIR must be a directory. Raises RunDirError (exit 4)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunDirError("%s is not a directory" % path,
+                          "pass the run directory printed by `hangtrace run` (HANGTRACE_DIR of the "
+                          "job) or one of its snapshots RUN_DIR/snapshots/<time>")
+
+
+def readable(snap: Snapshot, log: Log = _stderr_log) -> Snapshot:
+    """``snap`` unless ring files were found but none could be read: then each error line
+    goes to ``log`` and UnreadableRunError (exit 3) is raised (an empty directory stays
+    exit 4, raised by ``load_run``)."""
+    if not snap.processes and snap.errors:
+        for e in snap.errors:
+            log("error: %s" % e)
+        where = snap.path or snap.run_dir
+        raise UnreadableRunError("no readable ring file in %s (%d error(s) above)" % (where, len(snap.errors)),
+                                 "copy the ring files again from the run directory, or read them with "
+                                 "the hangtrace version that wrote them")
+    return snap
+
+
+def load_stored(path: str) -> Snapshot:
+    """A stored snapshot folder; one taken by ``dump --ray`` gets Ray's records joined."""
+    from hangtrace.tracer.collect.rings import load_snapshot
+    if os.path.exists(os.path.join(path, "ray_state.json")):
+        from hangtrace.tracer.collect.raycluster import load_ray_snapshot
+        return load_ray_snapshot(path)
+    return load_snapshot(path)
+
+
+def load_path(path: str) -> Snapshot:
+    """A snapshot folder, else the newest snapshot of a run directory, else its rings as
+    they are now. Raises RunDirError when ``path`` is none of these."""
+    from hangtrace.tracer.collect.rings import is_snapshot, load_run, newest_snapshot
+    check_dir(path)
+    if is_snapshot(path):
+        return load_stored(path)
+    newest = newest_snapshot(path) if os.path.isdir(path) else None
+    return load_stored(newest) if newest else load_run(path)
+
+
+def diagnose_snapshot(snap: Snapshot, store: bool = False) -> Result:
+    """Analyse ``snap``; with ``store`` (and ``snap.path``) write diagnosis.json and
+    report.txt into its folder."""
+    from hangtrace.tracer.analyze.diagnose import diagnose
+    from hangtrace.tracer.report.text import text_report, verdict_paragraph
+    diag = diagnose(snap)
+    if store:
+        from hangtrace.tracer.collect.rings import write_diagnosis
+        write_diagnosis(snap, diag, text_report(diag, snap))
+        write_timeline(snap, diag)
+    return Result(snap, diag, verdict_paragraph(diag))
+
+
+def write_timeline(snap: Snapshot, diag: Any, log: Log = _stderr_log) -> Optional[str]:
+    """``timeline.json`` (Perfetto trace, issue 11) next to report.txt in the snapshot
+    folder, unless ``HANGTRACE_TIMELINE=0``. Returns its path or None. Never raises: a
+    failure is one line in ``log``."""
+    if not config.timeline_enabled() or not snap.path:
+        return None
+    try:
+        from hangtrace.tracer.report.text import diagnosis_json
+        from hangtrace.tracer.report.timeline.load import write_incident_timeline
+        return write_incident_timeline(snap, diagnosis_json(diag))
+    except Exception as e:
+        log("timeline not written: %r" % (e,))
+        return None
+
+
+def diagnose_path(path: str, log: Log = _stderr_log) -> Result:
+    """``hangtrace analyze``: offline analysis of a run directory or snapshot (nothing
+    written). Raises RunDirError (exit 4), UnreadableRunError (exit 3)."""
+    return diagnose_snapshot(readable(load_path(path), log))
+
+
+def records(run_dir: str, log: Log = _stderr_log) -> Snapshot:
+    """``hangtrace records``: the run's processes with EVERY record decoded (not the
+    summary). Raises RunDirError, UnreadableRunError."""
+    from hangtrace.tracer.collect.rings import load_run
+    check_dir(run_dir)
+    return readable(load_run(run_dir, records=True), log)
+
+
+def dump_live(run_dir: str, reason: str, native: bool = False, with_stacks: bool = True,
+              log: Optional[Log] = None) -> Result:
+    """Snapshot a live run (stacks of the alive processes), analyse it, store
+    diagnosis.json/report.txt (``hangtrace dump``, the watcher, ``hangtrace run``).
+
+    For a Ray run (``collect.rayjob.is_ray_run``) the snapshot comes from every alive node
+    (``ray_collect``, unless ``HANGTRACE_RAY_COLLECT=0``); when Ray cannot be reached it is
+    this node's only, and ``log`` (default stderr) says why. Raises RunDirError.
+    """
+    from hangtrace.tracer.collect.rayjob import is_ray_run, ray_collect
+    from hangtrace.tracer.collect.rings import take_snapshot
+    log = log or _stderr_log
+    snap = None
+    if with_stacks and is_ray_run(run_dir) and os.environ.get(config.RAY_COLLECT, "1") != "0":
+        try:
+            snap = ray_collect(run_dir, reason, native=native, log=log)
+        except Exception as e:  # any failure of the cluster-wide path: this node's snapshot
+            log("cluster-wide collection failed (%r); this node only" % (e,))
+    if snap is None:
+        snap = take_snapshot(run_dir, reason=reason, native=native, with_stacks=with_stacks)
+    return diagnose_snapshot(snap, store=True)
+
+
+def dump_ray(run_dir: Optional[str], address: Optional[str], native: bool = False) -> Result:
+    """``hangtrace dump --ray``: collector tasks pinned to every alive Ray node, one local
+    snapshot, diagnosed and stored. Raises HangtraceError when the GCS at ``address``
+    (default RAY_ADDRESS) does not answer within 3 s."""
+    from hangtrace.tracer.collect.raycluster import dump_cluster
+    from hangtrace.tracer.collect.rayjob import gcs_unreachable
+    addr = address or os.environ.get("RAY_ADDRESS")
+    why = gcs_unreachable(addr, timeout_s=3.0) if addr and addr != "auto" else None
+    if why:
+        raise HangtraceError("cannot reach the Ray cluster at %s (no answer within 3 s)" % why,
+                             "pass --address HOST:PORT of the Ray head (GCS, `ray status` shows it) "
+                             "or set RAY_ADDRESS; check that the cluster is up and the port is open")
+    snap = dump_cluster(run_dir or os.environ.get(config.DIR), address=address, native=native)
+    return diagnose_snapshot(snap, store=True)
+
+
+def attach(pids: Optional[List[int]] = None, native: bool = False, out_dir: Optional[str] = None) -> Result:
+    """``hangtrace attach``: stacks of a job not started with hangtrace, the stack-only
+    verdict, stored with the snapshot. Raises NoProcessesError."""
+    from hangtrace.tracer.collect.attach import collect, stack_verdict
+    from hangtrace.tracer.collect.rings import write_diagnosis
+    from hangtrace.tracer.report.text import text_report, verdict_paragraph
+    snap = collect(pids, native=native, out_dir=out_dir)
+    diag = stack_verdict(snap)
+    write_diagnosis(snap, diag, text_report(diag, snap))
+    return Result(snap, diag, verdict_paragraph(diag))
+
+
+def env_diff(run_dir: str) -> Tuple[Any, List[str]]:
+    """``hangtrace env-diff``: the environment records of a run (collect.forensics) and
+    their differences across ranks and hosts (analyze.envdiff). Returns ``(diff, error
+    lines)``; raises RunDirError when the directory or its env records are missing."""
+    from hangtrace.tracer.analyze.envdiff import diff_env
+    from hangtrace.tracer.collect.forensics import run_env
+    check_dir(run_dir)
+    if not os.path.isdir(run_dir):
+        raise RunDirError("run directory %s does not exist" % run_dir,
+                          "pass the directory printed by `hangtrace run`, or HANGTRACE_DIR of the job")
+    envs, errors = run_env(run_dir)
+    if not envs:
+        raise RunDirError("no environment records (env/*.json) in %s" % run_dir,
+                          "records are written by traced processes of this hangtrace version "
+                          "(HANGTRACE=1); pass their run directory")
+    return diff_env(envs), list(errors)

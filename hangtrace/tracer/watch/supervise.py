@@ -1,0 +1,198 @@
+"""``hangtrace run``'s supervision: start the job traced, watch it, report, exit like it.
+
+The job runs in its own session with tracing turned on; an embedded :class:`Watcher`
+polls its rings. On a stall or a death the pipeline (``tracer.pipeline.dump_live``)
+snapshots and diagnoses the run and the verdict goes to stderr. The first SIGINT/SIGTERM
+from the user is passed on to the job's process group, a second one SIGKILLs it; deaths
+while the user stops the job are no incident. ``--stop-on-stall`` stops the job after a
+stall verdict (SIGTERM, then SIGKILL after 5 s).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+from hangtrace.tracer import config
+from hangtrace.tracer.errors import HangtraceError
+
+Log = Callable[[str], None]
+
+
+def _err(msg: str) -> None:
+    sys.stderr.write("hangtrace: %s\n" % msg)
+    sys.stderr.flush()
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``hangtrace run`` was asked: ``stall_s`` and ``poll_s`` in seconds (None =
+    configuration default), ``run_dir`` (None = a new temp dir)."""
+
+    cmd: List[str]
+    run_dir: Optional[str] = None
+    stall_s: Optional[float] = None
+    poll_s: Optional[float] = None
+    native: bool = False
+    stop_on_stall: bool = False
+    #: False: no timeline.json at an incident (HANGTRACE_TIMELINE=0, issue 11)
+    timeline: bool = True
+    #: deep-trace selection for the job, e.g. 'rank=1,phase=train' (HANGTRACE_DEEP, issue 11)
+    deep: Optional[str] = None
+
+
+def exit_status(rc: int) -> int:
+    """A child's return code as shells report it (128+N when killed by signal N)."""
+    return 128 - rc if rc < 0 else rc
+
+
+def prepare_run_dir(path: str) -> bool:
+    """Create the run directory; True when it was created here. HangtraceError (exit 2)
+    with a remedy when it cannot be used."""
+    remedy = "pass --dir with a writable directory (it is created if missing), or omit --dir"
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise HangtraceError("--dir %s is not a directory" % path, remedy)
+    created = not os.path.exists(path)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise HangtraceError("cannot create run directory %s: %s" % (path, e.strerror or e), remedy) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise HangtraceError("run directory %s is not writable" % path, remedy)
+    return created
+
+
+def _start(cmd: List[str], run_dir: str, run_id: str, stall_s: Optional[float], created: bool,
+           extra_env: Optional[Dict[str, str]] = None) -> "subprocess.Popen[bytes]":
+    env = dict(os.environ)
+    env.pop(config.HELPER, None)
+    env.update({config.ENABLE: "1", config.DIR: run_dir, config.RUN_ID: run_id, config.AUTO_WATCH: "0"})
+    if stall_s is not None:
+        env[config.STALL_S] = str(stall_s)
+    env.update(extra_env or {})
+    try:
+        return subprocess.Popen(cmd, env=env, start_new_session=True)
+    except OSError as e:
+        if created:
+            try:
+                os.rmdir(run_dir)  # leave no empty run directory behind
+            except OSError:
+                pass
+        err = HangtraceError("cannot start %r: %s" % (cmd[0], e.strerror or e),
+                             "check the command name, its permissions and PATH")
+        # shell convention: 127 command not found, 126 found but not executable
+        err.exit_code = 127 if isinstance(e, FileNotFoundError) else 126
+        raise err from None
+
+
+def supervise(opts: RunOptions, log: Log = _err) -> int:
+    """Run ``opts.cmd`` traced until it ends; returns its exit status (shell convention).
+
+    Raises HangtraceError when no command is given, the run directory is unusable or the
+    command cannot be started (exit 127/126).
+    """
+    from hangtrace.hooks.bootstrap import default_run_id
+    from hangtrace.tracer.pipeline import dump_live
+    from hangtrace.tracer.watch.watcher import Watcher
+    cmd = opts.cmd[1:] if opts.cmd and opts.cmd[0] == "--" else opts.cmd
+    if not cmd:
+        raise HangtraceError("no command given", "usage: hangtrace run [options] -- CMD ...")
+    run_id = default_run_id()
+    run_dir = os.path.abspath(opts.run_dir) if opts.run_dir else os.path.join(
+        __import__("tempfile").gettempdir(), "hangtrace-" + run_id)
+    created = prepare_run_dir(run_dir)
+    extra: Dict[str, str] = {}
+    if not opts.timeline:  # issue 11: here too, the incident's timeline is written by this process
+        extra[config.TIMELINE] = os.environ[config.TIMELINE] = "0"
+    if opts.deep:
+        extra[config.DEEP] = opts.deep
+    child = _start(cmd, run_dir, run_id, opts.stall_s, created, extra)
+    log("run directory %s" % run_dir)
+    interrupts: List[int] = []  # signals received from the user (Ctrl-C, kill)
+
+    def forward(signum: int, frame: Any) -> None:
+        # first SIGINT/SIGTERM: passed on to the job; a second one: SIGKILL the job's group
+        interrupts.append(signum)
+        try:
+            os.killpg(child.pid, signum if len(interrupts) == 1 else signal.SIGKILL)
+        except OSError:
+            pass
+        if len(interrupts) == 2:
+            log("second interrupt: killing the job (SIGKILL)")
+    old: Dict[int, Any] = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    w = Watcher(run_dir, stall_s=opts.stall_s, clock=time.monotonic)
+    w.log = log
+    poll = opts.poll_s if opts.poll_s is not None else min(config.get_float(config.POLL_S), max(0.2, w.stall_s / 4))
+    reported = False
+    try:
+        while True:
+            try:
+                rc = child.wait(timeout=poll)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if interrupts:
+                continue  # the user is stopping the job: its deaths are no incident
+            inc = w.poll()
+            if inc is None:
+                continue
+            log("%s detected: %s; collecting stacks and records ..." % (inc.kind, inc.detail))
+            reported = True  # one verdict per incident, even when the diagnosis failed
+            try:
+                res = dump_live(run_dir, inc.kind, native=opts.native)
+                report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
+            except HangtraceError as e:
+                sys.stderr.write(e.render() + "\n")
+            if opts.stop_on_stall and inc.kind == "stall":
+                # a death is not a stall: let the job end by itself (and exit with its own
+                # status); if the survivors hang, the stall that follows stops it
+                log("stopping the job (--stop-on-stall)")
+                stop(child)
+        if interrupts:
+            log("command interrupted; exit status %d; records in %s" % (exit_status(rc), run_dir))
+        elif rc != 0 and not reported:
+            # a crash the watcher did not catch in time (or a fast failure): analyse what is left
+            try:
+                w.poll()
+                res = dump_live(run_dir, "death", with_stacks=False)
+                report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
+            except HangtraceError as e:
+                sys.stderr.write(e.render() + "\n")
+        elif rc == 0:
+            log("command finished with status 0; records in %s" % run_dir)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if child.poll() is None:
+            stop(child)
+    return exit_status(rc)
+
+
+def report(snap_path: str, run_dir: str, paragraph: str) -> None:
+    """The verdict block ``hangtrace run`` writes to stderr."""
+    sys.stderr.write("\n==== hangtrace verdict ====\n%s\n" % paragraph)
+    sys.stderr.write("report:  %s\n" % os.path.join(snap_path, "report.txt"))
+    if os.path.exists(os.path.join(snap_path, "timeline.json")):  # issue 11
+        sys.stderr.write("timeline: %s      (hangtrace timeline --open)\n" % os.path.join(snap_path, "timeline.json"))
+    sys.stderr.write("next:    hangtrace analyze %s      (or --json)\n" % snap_path)
+    sys.stderr.write("         hangtrace records %s --last 20\n\n" % run_dir)
+    sys.stderr.flush()
+
+
+def stop(child: "subprocess.Popen[bytes]", grace_s: float = 5.0) -> None:
+    """SIGTERM the job's process group, SIGKILL it after ``grace_s`` seconds."""
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        child.wait()
+    except OSError:
+        pass

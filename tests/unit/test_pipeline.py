@@ -1,0 +1,109 @@
+"""tracer.pipeline on real ring files: the analysis of the compact summaries gives the
+same verdict as the analysis of every record, `hangtrace analyze --json` goes through it,
+and `records` still decodes every record."""
+import dataclasses
+import json
+import os
+
+import pytest
+
+from hangtrace import cli
+from hangtrace.hooks.recorder import Recorder
+from hangtrace.tracer import pipeline
+from hangtrace.tracer.analyze.diagnose import diagnose
+from hangtrace.tracer.collect.rings import load_run
+from hangtrace.tracer.ring import layout as F
+from hangtrace.tracer.snapshot import ProcessInfo, Role
+
+
+def _log(msg, key=None):
+    pass
+
+
+def _rank(run_dir, rank, world, n, blocked, nslots=64, exit_code=None):
+    """A real ring of ``rank``: n all_reduce on the world group (wraps when n > nslots),
+    a p2p send to the next rank every 4th, memory samples; ``blocked`` leaves one more
+    all_reduce issued; ``exit_code`` writes a clean-exit record."""
+    rec = Recorder(str(run_dir), "run-p", nslots, _log)
+    try:
+        rec.set_rank(rank, rank, world)
+        g = rec.intern("0")
+        rec.group_created({"op": "init_process_group", "name": "0", "desc": "default_pg", "backend": "gloo",
+                           "ranks": list(range(world)), "order": 0, "member": True})
+        rec.phase_enter("train", step=0)
+        sends = 0
+        for i in range(1, n + 1):
+            c = rec.issue(F.K_COLL, F.OP_IDS["all_reduce"], g, i, 8, 0, F.DTYPE_IDS["float32"], -1, 0)
+            rec.complete(c)
+            if i % 4 == 0:
+                sends += 1
+                s = rec.issue(F.K_P2P, F.OP_IDS["send"], g, sends, 1, 0, F.DTYPE_IDS["float32"], (rank + 1) % world, 0)
+                rec.complete(s)
+                rec.memory(F.MEM_STEP, rec.intern("host"), 1 << 20, 0, 2 << 20, 0, 0)
+            rec.step(i)
+        if blocked:
+            rec.issue(F.K_COLL, F.OP_IDS["all_reduce"], g, n + 1, 8, 0, F.DTYPE_IDS["float32"], -1, 0)
+        if exit_code is not None:
+            rec.mark_exit(exit_code)
+    finally:
+        rec.close()
+    # one process writes every rank's ring: give each its own host/pid (another host, so
+    # liveness is 'unknown', or 'exited' with an exit record), as a 4-node job would
+    host, pid = "node-%d" % rank, 50000 + rank
+    with open(rec.path, "r+b") as f:
+        ident = list(F.IDENT.unpack(f.read(F.HEADER_SIZE)[F.IDENT_OFF:F.IDENT_OFF + F.IDENT.size]))
+        ident[0] = pid
+        f.seek(F.IDENT_OFF)
+        f.write(F.IDENT.pack(*ident))
+        f.seek(F.HOST_OFF)
+        f.write(host.encode().ljust(F.HOST_LEN, b"\0"))
+    os.rename(rec.path, os.path.join(str(run_dir), "ring-%s-%d.htr" % (host, pid)))
+
+
+@pytest.mark.parametrize("n", [10, 300])
+def test_summary_and_full_records_give_the_same_verdict(tmp_path, n):
+    for r in range(4):
+        _rank(tmp_path, r, 4, n, blocked=r != 2, exit_code=0 if r == 2 else None)
+    res = pipeline.diagnose_path(str(tmp_path))
+    assert res.diagnosis.kind == "skipped-collective" and res.diagnosis.culprit_ranks == [2]
+    full = load_run(str(tmp_path), records=True)
+    assert all(p.role is Role.RANK for p in full.processes)
+    d_full = diagnose(full)
+    d_sum = res.diagnosis
+    keys = ("kind", "culprit_ranks", "group", "seq", "op", "waiting_ranks", "phase", "step", "cause")
+    assert {k: getattr(d_full, k) for k in keys} == {k: getattr(d_sum, k) for k in keys}
+    for pf, ps in zip(full.processes, res.snapshot.processes):
+        assert ps.summary == pf.summary
+        assert len(ps.records) < len(pf.records) or n <= 10
+        assert ps.memory == pf.memory and ps.inflight == pf.inflight
+
+
+def test_analyze_json_goes_through_the_pipeline(tmp_path, capsys):
+    for r in range(2):
+        _rank(tmp_path, r, 2, 20, blocked=r == 0, exit_code=0 if r == 1 else None)
+    assert cli.main(["analyze", "--json", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kind"] == "skipped-collective" and out["culprit_ranks"] == [1]
+
+
+def test_records_shows_every_record_and_memory_samples_without_op(tmp_path, capsys):
+    _rank(tmp_path, 0, 1, 40, blocked=False, nslots=256)
+    assert cli.main(["records", "--json", "--last", "0", str(tmp_path)]) == 0
+    procs = json.loads(capsys.readouterr().out)["processes"]
+    recs = procs[0]["records"]
+    assert len(recs) == 1 + 1 + 40 * 2 + 10 * 2  # group, phase enter, coll+step, send+memory
+    mem = [r for r in recs if r["kind"] == "memory"]
+    assert len(mem) == 10 and all("op" not in r and r["source"] == "step" and r["what"] == "host" for r in mem)
+
+
+def test_process_info_is_frozen_and_summarised_from_records():
+    recs = [{"idx": 1, "kind": "collective", "group": "0", "seq": 1, "state": "completed", "t_wall_ns": 5},
+            {"idx": 2, "kind": "collective", "group": "0", "seq": 2, "state": "issued", "t_wall_ns": 6}]
+    p = ProcessInfo(host="h", pid=1, rank=0, records=recs)
+    assert p.summary.by_group["0"]["seq"] == 2 and p.summary.inflight["idx"] == 2 and p.role is Role.RANK
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.state = "killed"
+    q = dataclasses.replace(p, state="killed")
+    assert q.state == "killed" and q.summary == p.summary
+    assert ProcessInfo(host="h", pid=2, meta={"ray_actor_id": "ab"}).role is Role.RAY_ACTOR
+    assert ProcessInfo(host="h", pid=3).role is Role.OTHER
