@@ -20,6 +20,9 @@ class _StrEnum(str, Enum):
     def __format__(self, spec: str) -> str:
         return format(str(self.value), spec)
 
+    def __hash__(self) -> int:  # the value's hash: a member is a dict key equal to its string
+        return str.__hash__(self)
+
 
 class Kind(_StrEnum):
     """What broke (``Diagnosis.kind``). Each member: what it means, when it fires."""
