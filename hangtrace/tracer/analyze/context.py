@@ -193,7 +193,7 @@ class Ctx:
             if p.world_size is not None and p.world_size > MAX_WORLD:
                 self.bad.append("process %s: implausible world_size %s in its ring header: ignored "
                                 "(world size treated as unknown)" % (p.key, p.world_size))
-            rank = p.rank
+            rank: Optional[int] = p.rank
             if rank is not None and (rank < -1 or rank >= MAX_WORLD or (ws and rank >= ws)):
                 self.bad.append("process %s: implausible rank %s%s in its ring header: "
                                 "treated as unranked" % (p.key, rank, " (world size %d)" % ws if ws else ""))

@@ -60,10 +60,10 @@ def rec_fail_wall(rec: Optional[Mapping[str, Any]]) -> int:
     duration; its start when the end is unknown; 0 for no record."""
     if not rec:
         return 0
-    w: int = rec.get("t_wall_ns") or 0
+    w = int(rec.get("t_wall_ns") or 0)
     end, start = rec.get("t_end_mono_ns"), rec.get("t_mono_ns")
     if w and end and start and end >= start:
-        return w + (end - start)
+        return w + int(end - start)
     return w
 
 

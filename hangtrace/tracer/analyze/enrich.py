@@ -40,9 +40,10 @@ def ray_details(ctx: Ctx, d: Diagnosis) -> None:
             ctx.add("rank %d is Ray actor %s (actor id %s, node %s, pid %d)" % (
                 a["rank"], _ray_label(a), (a.get("actor_id") or "?")[:16], (a.get("node_id") or "?")[:12], a["pid"]))
     says: Dict[str, Dict[str, Any]] = {}
-    for r in list(d.culprit_ranks) + [c.get("rank") for c in d.cascade or ()]:
-        p = ctx.procs.get(r) if r is not None else None
-        m = (p.meta or {}) if p is not None else {}
+    focus: List[Any] = list(d.culprit_ranks) + [c.get("rank") for c in d.cascade or ()]
+    for r in focus:
+        proc = ctx.procs.get(r) if r is not None else None
+        m = (proc.meta or {}) if proc is not None else {}
         if m.get("ray_death") and str(r) not in says:
             says[str(r)] = {"text": m["ray_death"], "actor_state": m.get("ray_actor_state"),
                             "exit_type": m.get("ray_exit_type"), "exit_detail": m.get("ray_exit_detail")}

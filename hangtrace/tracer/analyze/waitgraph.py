@@ -137,7 +137,7 @@ def _fill_p2p(ctx: Ctx, inst: Inst) -> None:
         else:
             inst.at.append(peer)
             mine = ctx.blocked(w)
-            d1, d2 = _SEND.get(mine.get("op")), _SEND.get(rec.get("op"))
+            d1, d2 = _SEND.get(str(mine.get("op"))), _SEND.get(str(rec.get("op")))
             bad = (d1 and d2 and d1 == d2) or (
                 mine.get("numel") != rec.get("numel") or mine.get("dtype") != rec.get("dtype"))
             if (bad and peer != w and mine.get("op") != "batch_isend_irecv"

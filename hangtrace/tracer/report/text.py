@@ -70,7 +70,7 @@ def _memory_section(diag: Diagnosis, max_rows: int = 60) -> List[str]:
 def _last_coll(proc: ProcessInfo) -> Optional[Dict[str, Any]]:
     for rec in reversed(proc.records or ()):
         if rec.get("kind") in ("collective", "p2p"):
-            return rec
+            return dict(rec)
     return None
 
 
@@ -89,8 +89,8 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
         tag = "-" if c.get("frames") == [NO_STACK] else "#%d%s" % (i, "!" if c.get("outlier") else "")
         for r in c.get("ranks", ()):
             cls[r] = tag
-    procs = {}
-    unranked = []
+    procs: Dict[int, ProcessInfo] = {}
+    unranked: List[ProcessInfo] = []
     for p in snapshot.processes:
         if p.rank is None or p.rank < 0:
             unranked.append(p)
@@ -108,14 +108,14 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
     header = ("rank", "host:pid", "state", "phase", "step", "last collective (group/seq/op/state)", "stack")
     rows = []
     for r in ranks:
-        p = procs.get(r)
+        proc = procs.get(r)
         mark = "*" if r in culp else ""
-        if p is None:
+        if proc is None:
             rows.append(("%d%s" % (r, mark), "-", "no file", "-", "-", "-", "-"))
             continue
-        st = p.state + (" (%s)" % p.exit_code if p.exit_code not in (None,) and p.state == "exited" else "")
-        rows.append(("%d%s" % (r, mark), p.key, st, str(p.phase or "-"),
-                     "-" if p.step is None else str(p.step), _coll_cell(_last_coll(p)), cls.get(r, "-")))
+        st = proc.state + (" (%s)" % proc.exit_code if proc.exit_code not in (None,) and proc.state == "exited" else "")
+        rows.append(("%d%s" % (r, mark), proc.key, st, str(proc.phase or "-"),
+                     "-" if proc.step is None else str(proc.step), _coll_cell(_last_coll(proc)), cls.get(r, "-")))
     for p in unranked[:20]:
         rows.append(("?", p.key, p.state, str(p.phase or "-"), "-" if p.step is None else str(p.step),
                      _coll_cell(_last_coll(p)), "-"))

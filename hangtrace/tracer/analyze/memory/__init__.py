@@ -13,10 +13,26 @@ The public API is re-exported here.
 """
 from hangtrace.tracer.analyze.memory.attribution import attribute
 from hangtrace.tracer.analyze.memory.ledger import kept_across, ledger
-from hangtrace.tracer.analyze.memory.samples import LOW, MIB, NEAR, _primary, fmt_bytes, samples
-from hangtrace.tracer.analyze.memory.summary import (LEDGER_MAX_RANKS, LEDGER_MAX_STEPS, MEMORY_CAUSES, SIGNIFICANT_BYTES,
-                                                     SIGNIFICANT_FRACTION, analyse_process, significant,
-                                                     significant_bytes, summarize, watch_lines)
+from hangtrace.tracer.analyze.memory.samples import (
+                                                     LOW,
+                                                     MIB,
+                                                     NEAR,
+                                                     _primary,
+                                                     fmt_bytes,
+                                                     samples,
+)
+from hangtrace.tracer.analyze.memory.summary import (
+                                                     LEDGER_MAX_RANKS,
+                                                     LEDGER_MAX_STEPS,
+                                                     MEMORY_CAUSES,
+                                                     SIGNIFICANT_BYTES,
+                                                     SIGNIFICANT_FRACTION,
+                                                     analyse_process,
+                                                     significant,
+                                                     significant_bytes,
+                                                     summarize,
+                                                     watch_lines,
+)
 from hangtrace.tracer.analyze.memory.trend import trend
 
 __all__ = ["significant", "significant_bytes", "samples", "ledger", "kept_across", "trend", "attribute", "summarize",

@@ -23,10 +23,20 @@ its signals/exit code/events (see ``analyze/deaths.py``), from evidence only:
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.memory.samples import LOW, NEAR, _last_host, _level, _peak, _where, fmt_bytes, samples
+from hangtrace.tracer.analyze.memory.samples import (
+    LOW,
+    NEAR,
+    Sample,
+    _last_host,
+    _level,
+    _peak,
+    _where,
+    fmt_bytes,
+    samples,
+)
 
 
-def _ray_memory_monitor(meta):
+def _ray_memory_monitor(meta: Optional[Dict[str, Any]]) -> Tuple[bool, Optional[str]]:
     """Ray's own record says its memory monitor killed the worker: (True, why) or (False, None)."""
     m = meta or {}
     rd = m.get("ray_death")
@@ -47,7 +57,7 @@ def _ray_memory_monitor(meta):
     return False, None
 
 
-def _cuda_oom(proc, ss):
+def _cuda_oom(proc: Any, ss: List[Sample]) -> Optional[Dict[str, Any]]:
     """A CUDA OOM of ``proc``: dict or None."""
     for e in proc.events or ():
         if not isinstance(e, dict):
@@ -72,7 +82,7 @@ def _cuda_oom(proc, ss):
     return None
 
 
-def _pct(v, lim):
+def _pct(v: Optional[float], lim: Optional[float]) -> str:
     return "%d%%" % round(100.0 * v / lim) if v is not None and lim else "?"
 
 
@@ -174,10 +184,11 @@ def _kernel_kill(lv: _Level, ev: List[str]) -> Optional[str]:
         return "killed by the kernel OOM killer (%s): '%s'%s" % (
             "memory cgroup limit" if kern.get("scope") == "cgroup" else "host out of memory", short,
             ", anon RSS %s" % fmt_bytes(kern["anon_rss"]) if kern.get("anon_rss") else "")
-    if lv.ctr_up:
-        ev.append("cgroup %s: oom_kill %d at the last sample, %d now" % (lv.facts.get("cgroup_dir"), lv.last_ctr, lv.now_ctr))
+    last, now = lv.last_ctr, lv.now_ctr
+    if lv.ctr_up and last is not None and now is not None:
+        ev.append("cgroup %s: oom_kill %d at the last sample, %d now" % (lv.facts.get("cgroup_dir"), last, now))
         return ("SIGKILLed while its memory cgroup's oom_kill counter rose from %d (last sample) to %d "
-                "(collection): the kernel OOM killer" % (lv.last_ctr, lv.now_ctr))
+                "(collection): the kernel OOM killer" % (last, now))
     return None
 
 
@@ -193,7 +204,7 @@ def _killed_case(proc: Any, lv: _Level, cause: str, cause_text: str, ev: List[st
         return "host-oom-kill", text
     why = []
     if lv.ctr_same:
-        why.append("its cgroup's oom_kill counter is unchanged (%d)" % lv.now_ctr)
+        why.append("its cgroup's oom_kill counter is unchanged (%s)" % lv.now_ctr)
     if lv.facts.get("kernel_log") == "read":
         why.append("the kernel log has no OOM-killer line for pid %d" % proc.pid)
     if lv.frac is not None and lv.frac < LOW:

@@ -14,13 +14,15 @@ checkpoint every step): it names the steps, the phase where the memory grew and 
 after it in those steps (the sequence, e.g. ``validation -> checkpoint``), and the bytes
 kept per step.
 """
-from hangtrace.tracer.analyze.memory.samples import MIB, _thr
+from typing import Any, Dict, List, Optional
+
+from hangtrace.tracer.analyze.memory.samples import MIB, Sample, _thr
 
 
-def ledger(ss, rank=None):
+def ledger(ss: List[Sample], rank: Optional[int] = None) -> List[Dict[str, Any]]:
     """Ledger rows of one process's samples (see module doc), in phase-entry order."""
     rows = []
-    stacks = {}  # (thread, metric) -> [row, ...] open phases
+    stacks: Dict[Any, List[Dict[str, Any]]] = {}  # (thread, metric) -> [row, ...] open phases
     for s in ss:
         src = s["source"]
         if src not in ("phase_enter", "phase_exit"):
@@ -52,16 +54,16 @@ def ledger(ss, rank=None):
     return rows
 
 
-def _by_metric(rows):
-    out = {}
+def _by_metric(rows: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    out: Dict[str, List[Dict[str, Any]]] = {}
     for r in rows:
         out.setdefault(r["metric"], []).append(r)
     return out
 
 
-def _steps_of(rows):
+def _steps_of(rows: List[Dict[str, Any]]) -> Dict[Any, List[Dict[str, Any]]]:
     """{step: [top-level rows in order]} for rows with a step."""
-    steps = {}
+    steps: Dict[Any, List[Dict[str, Any]]] = {}
     for r in rows:
         if r["step"] is None or r["depth"] != 0:
             continue
@@ -69,7 +71,7 @@ def _steps_of(rows):
     return steps
 
 
-def _period(steps):
+def _period(steps: List[int]) -> Optional[int]:
     steps = sorted(set(steps))
     if len(steps) < 2:
         return None
@@ -77,7 +79,7 @@ def _period(steps):
     return diffs.pop() if len(diffs) == 1 else None
 
 
-def kept_across(rows, rank=None):
+def kept_across(rows: List[Dict[str, Any]], rank: Optional[int] = None) -> List[Dict[str, Any]]:
     """Kept-across-phase-boundary flags of one process's ledger rows (see module doc)."""
     flags = []
     for metric, mrows in _by_metric(rows).items():
@@ -108,7 +110,7 @@ def kept_across(rows, rank=None):
         # where it grew: after the last phase that began at the step's starting level, the
         # first phase that ended above it (growth later given back, e.g. an engine's
         # wake_up undone by its sleep, is not what was kept); majority over keeping steps
-        grow = {}
+        grow: Dict[str, int] = {}
         for s in kept:
             rs = steps[s]
             base = rs[0]["enter"]

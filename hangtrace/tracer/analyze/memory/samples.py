@@ -12,7 +12,12 @@ Metrics: ``rss`` and ``cgroup`` (usage, limited by the cgroup limit) from 'host'
 ``cuda:N allocated`` / ``cuda:N reserved`` (limit: device total); ``gauge:<name>``
 (limit: the registered budget). Bytes are ints; times are ns since the Unix epoch.
 """
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
 from hangtrace.tracer.ring import layout as F
+
+#: one memory sample (see the module docstring)
+Sample = Dict[str, Any]
 
 
 #: memory at or above this fraction of the limit is "near the limit"
@@ -29,7 +34,7 @@ MIB = 1 << 20
 _SRC = {i: n for i, n in enumerate(F.MEM_SOURCES)}
 
 
-def fmt_bytes(n):
+def fmt_bytes(n: Optional[float]) -> str:
     """1536 -> '1.5 KiB'; None/negative -> '?'."""
     if n is None or n < 0:
         return "?"
@@ -41,18 +46,18 @@ def fmt_bytes(n):
     return "?"
 
 
-def _sb(n):
+def _sb(n: Optional[float]) -> str:
     """Signed bytes: '+20.0 MiB' / '-1.0 GiB'."""
     if n is None:
         return "?"
     return ("+" if n >= 0 else "-") + fmt_bytes(abs(n))
 
 
-def _v(x):
+def _v(x: Optional[float]) -> Optional[int]:
     return None if x is None or x < 0 else int(x)
 
 
-def _source(op):
+def _source(op: Any) -> str:
     if isinstance(op, int):
         return _SRC.get(op, str(op))
     i = F.OP_IDS.get(op)
@@ -64,7 +69,7 @@ def _source(op):
     return _SRC.get(i, str(op))
 
 
-def samples(records):
+def samples(records: Optional[List[Any]]) -> List[Sample]:
     """Memory samples (dicts, see module doc) of a record list, in record order."""
     out = []
     for r in records or ():
@@ -106,18 +111,18 @@ def samples(records):
     return out
 
 
-def _host(ss):
+def _host(ss: List[Sample]) -> List[Sample]:
     return [s for s in ss if s["what"] == "host"]
 
 
-def _last_host(ss):
+def _last_host(ss: List[Sample]) -> Optional[Sample]:
     for s in reversed(ss):
         if s["what"] == "host":
             return s
     return None
 
 
-def _peak(ss, metric):
+def _peak(ss: List[Sample], metric: str) -> Optional[Tuple[int, Sample]]:
     best = None
     for s in ss:
         v = s["values"].get(metric)
@@ -126,7 +131,7 @@ def _peak(ss, metric):
     return best
 
 
-def _level(h):
+def _level(h: Optional[Sample]) -> Tuple[Optional[str], Optional[int], Optional[int]]:
     """(metric, value, limit) judging a host sample against its limit."""
     if h is None:
         return None, None, None
@@ -136,7 +141,7 @@ def _level(h):
     return "rss", h["values"].get("rss"), lim or None
 
 
-def _where(s):
+def _where(s: Dict[str, Any]) -> str:
     parts = []
     if s.get("phase"):
         parts.append("phase '%s'" % s["phase"])
@@ -145,7 +150,7 @@ def _where(s):
     return ", ".join(parts) or "no phase"
 
 
-def _metrics(ss):
+def _metrics(ss: List[Sample]) -> List[str]:
     ms = []
     for s in ss:
         for m in s["values"]:
@@ -154,13 +159,14 @@ def _metrics(ss):
     return ms
 
 
-def _primary(ss, metric):
+def _primary(ss: List[Sample], metric: str) -> bool:
     """Metrics worth a per-rank trend: rss, CUDA, gauges. Never the cgroup usage: the
     cgroup is usually shared by every rank of a container, so its growth is not one rank's
     (it is only compared against its limit, see :func:`attribute`)."""
     return metric != "cgroup"
 
 
-def _thr(values):
+def _thr(values: Sequence[Optional[float]]) -> int:
+    """Noise threshold (bytes): max(1 MiB, 1 % of the largest absolute value)."""
     peak = max([abs(v) for v in values if v is not None] or [0])
     return max(MIB, int(0.01 * peak))

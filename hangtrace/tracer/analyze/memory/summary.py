@@ -1,10 +1,21 @@
 """The memory summary of a diagnosis (``details['memory']``): per-process analysis,
 flags and trends worth reporting, advice, and the watcher's memory lines (pure)."""
-from hangtrace.tracer.analyze.memory.ledger import kept_across, ledger
-from hangtrace.tracer.analyze.memory.samples import (MIB, _last_host, _level, _metrics, _peak, _primary, _sb, _where,
-                                                     fmt_bytes, samples)
-from hangtrace.tracer.analyze.memory.trend import trend
+from typing import Any, Dict, List, Optional, Tuple
 
+from hangtrace.tracer.analyze.memory.ledger import kept_across, ledger
+from hangtrace.tracer.analyze.memory.samples import (
+    MIB,
+    _last_host,
+    _level,
+    _metrics,
+    _peak,
+    _primary,
+    _sb,
+    _where,
+    fmt_bytes,
+    samples,
+)
+from hangtrace.tracer.analyze.memory.trend import trend
 
 LEDGER_MAX_STEPS = 16
 
@@ -12,7 +23,7 @@ LEDGER_MAX_STEPS = 16
 LEDGER_MAX_RANKS = 8
 
 
-def analyse_process(proc, rank=None):
+def analyse_process(proc: Any, rank: Optional[int] = None) -> Dict[str, Any]:
     """Samples, ledger rows, kept flags and trends of one process (dict)."""
     ss = getattr(proc, "memory", None) or samples(proc.records)
     rows = ledger(ss, rank)
@@ -27,7 +38,7 @@ def analyse_process(proc, rank=None):
     return {"samples": ss, "rows": rows, "kept": flags, "trends": trends}
 
 
-def _flag_text(f):
+def _flag_text(f: Dict[str, Any]) -> str:
     seq = " -> ".join(f["sequence"])
     rel = f["released_steps"]
     s = ("rank %s: %s kept %s across %s on step%s %s (grown in '%s'%s), released on step%s %s (%s)" % (
@@ -41,7 +52,7 @@ def _flag_text(f):
     return s
 
 
-def _trend_text(who, t):
+def _trend_text(who: str, t: Dict[str, Any]) -> str:
     s = "%s: %s grows %s/step over steps %s-%s (%s -> %s)" % (
         who, t["metric"], fmt_bytes(t["bytes_per_step"]), t["steps"][0], t["steps"][1], fmt_bytes(t["first"]),
         fmt_bytes(t["last"]))
@@ -54,9 +65,11 @@ def _trend_text(who, t):
     return s
 
 
-def _advice(att, flags, trends, rank):
-    out = []
+def _advice(att: Optional[Dict[str, Any]], flags: List[Dict[str, Any]], trends: Dict[str, Dict[str, Any]],
+            rank: int) -> List[str]:
+    out: List[str] = []
     cause = att.get("cause") if att else None
+    att = att or {}
     for f in flags[:2]:
         per = f.get("periods") or {}
         only = f["only_in_kept_steps"]
@@ -96,7 +109,8 @@ def _advice(att, flags, trends, rank):
     return out
 
 
-def summarize(procs_by_rank, focus, attributions=None, max_ranks=LEDGER_MAX_RANKS, max_steps=LEDGER_MAX_STEPS):
+def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Optional[Dict[int, Any]] = None,
+              max_ranks: int = LEDGER_MAX_RANKS, max_steps: int = LEDGER_MAX_STEPS) -> Optional[Dict[str, Any]]:
     """``details['memory']`` of a diagnosis (dict) or None when nothing was sampled.
 
     ``procs_by_rank``: {rank: ProcessInfo}; ``focus``: ranks to report first (culprits,
@@ -107,7 +121,7 @@ def summarize(procs_by_rank, focus, attributions=None, max_ranks=LEDGER_MAX_RANK
     ``attribution`` {str(rank): ...}, ``advice`` [str], ``evidence`` [str].
     """
     attributions = attributions or {}
-    per = {}
+    per: Dict[int, Dict[str, Any]] = {}
     for r, p in procs_by_rank.items():
         if not (getattr(p, "memory", None) or any(rec.get("kind") == "memory" for rec in (p.records or ()))):
             continue
@@ -119,7 +133,7 @@ def summarize(procs_by_rank, focus, attributions=None, max_ranks=LEDGER_MAX_RANK
         t["steady"] for t in per[r]["trends"].values()))]
     interesting += [r for r in sorted(per) if r not in interesting]
     shown = interesting[:max_ranks]
-    out = {"ranks": {}, "ledger": [], "kept_across": [], "trends": [], "attribution": {}, "advice": [],
+    out: Dict[str, Any] = {"ranks": {}, "ledger": [], "kept_across": [], "trends": [], "attribution": {}, "advice": [],
            "evidence": []}
     for r in sorted(per):
         a = per[r]
@@ -171,7 +185,7 @@ SIGNIFICANT_FRACTION = 0.05
 MEMORY_CAUSES = ("host-oom-kill", "ray-memory-monitor", "cuda-oom")
 
 
-def significant_bytes(n, limit=None):
+def significant_bytes(n: Optional[float], limit: Optional[float] = None) -> bool:
     """True when ``n`` bytes kept/grown matter: >= SIGNIFICANT_BYTES or >=
     SIGNIFICANT_FRACTION of ``limit``."""
     if n is None:
@@ -179,7 +193,7 @@ def significant_bytes(n, limit=None):
     return n >= SIGNIFICANT_BYTES or bool(limit and n >= SIGNIFICANT_FRACTION * limit)
 
 
-def significant(mem, cause=None):
+def significant(mem: Optional[Dict[str, Any]], cause: Any = None) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """``(flags, trends)`` of a ``summarize`` result worth showing in a verdict: kept
     flags / steady trends whose bytes are significant (:func:`significant_bytes`);
     everything when ``cause`` is memory-related (MEMORY_CAUSES)."""
@@ -190,14 +204,14 @@ def significant(mem, cause=None):
         return list(flags), list(trends)
     ranks = mem.get("ranks") or {}
 
-    def lim(r):
+    def lim(r: Any) -> Optional[int]:
         return (ranks.get(str(r)) or {}).get("limit")
     return ([f for f in flags if significant_bytes(f.get("bytes_kept_median"), lim(f.get("rank")))],
             [t for t in trends if significant_bytes((t.get("last") or 0) - (t.get("first") or 0),
                                                     t.get("limit") or lim(t.get("rank")))])
 
 
-def watch_lines(records, label):
+def watch_lines(records: List[Any], label: str) -> List[Tuple[str, str]]:
     """Early-warning lines for the watcher: one per steadily growing metric (list of
     ``(key, line)``; ``key`` identifies the metric so the watcher warns once)."""
     ss = samples(records)

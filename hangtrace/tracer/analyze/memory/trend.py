@@ -6,11 +6,12 @@ at least 75 % of step-to-step changes are increases; mean growth per phase from 
 ledger; the step at which the limit is reached at that rate.
 """
 import math
+from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.memory.samples import _thr
+from hangtrace.tracer.analyze.memory.samples import Sample, _thr
 
 
-def _series(ss, metric):
+def _series(ss: List[Sample], metric: str) -> List[Tuple[int, int, Optional[int]]]:
     """[(step, value, limit)] - the first sample of each step."""
     out = {}
     for s in ss:
@@ -22,7 +23,7 @@ def _series(ss, metric):
     return sorted((st, v, lim) for st, (v, lim) in out.items())
 
 
-def trend(ss, rows, metric):
+def trend(ss: List[Sample], rows: List[Dict[str, Any]], metric: str) -> Optional[Dict[str, Any]]:
     """Growth of ``metric`` per step (dict) or None with fewer than 3 steps."""
     ser = _series(ss, metric)
     if len(ser) < 3:
@@ -36,7 +37,7 @@ def trend(ss, rows, metric):
     thr = _thr(ys)
     ups = sum(1 for a, b in zip(ys, ys[1:]) if b - a > 0.25 * max(slope, 1))
     steady = slope > thr and ups >= 0.75 * (n - 1)
-    per_phase = {}
+    per_phase: Dict[str, List[int]] = {}
     for r in rows:
         if r["metric"] == metric and r["delta"] is not None and r["depth"] == 0:
             per_phase.setdefault(r["phase"], []).append(r["delta"])
