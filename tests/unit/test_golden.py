@@ -12,7 +12,7 @@ Regenerate (then review the diff before committing):
   expected outputs from the stored inputs with the current code;
 * ``HANGTRACE_REGEN_GOLDEN=capture python -m pytest tests/unit/test_golden.py`` first
   re-captures the inputs by running the scenario tests (tests/unit/rules/,
-  test_robustness_analysis.py, test_memory.py, test_report.py) with the capture plugin.
+  test_diagnose.py, test_robustness_analysis.py, test_memory.py, test_report.py) with the capture plugin.
 """
 import glob
 import gzip
@@ -33,7 +33,7 @@ GOLDEN = os.path.join(HERE, "golden")
 REGEN = os.environ.get("HANGTRACE_REGEN_GOLDEN", "")
 #: expected outputs longer than this (characters) are stored gzipped (``.out.json.gz``)
 BIG = 256 * 1024
-SCENARIO_TESTS = ["rules", "test_robustness_analysis.py", "test_memory.py", "test_report.py"]
+SCENARIO_TESTS = ["rules", "test_diagnose.py", "test_robustness_analysis.py", "test_memory.py", "test_report.py"]
 
 
 def snapshot_from_json(d: Dict[str, Any]) -> Snapshot:
@@ -82,8 +82,8 @@ def test_golden(name: str) -> None:
             if os.path.exists(old):
                 os.unlink(old)
         if len(text) > BIG:  # the 400 random snapshots: kept small on disk
-            with gzip.open(out_path + ".gz", "wt") as f:
-                f.write(text)
+            with open(out_path + ".gz", "wb") as f:
+                f.write(gzip.compress(text.encode(), mtime=0))
         else:
             with open(out_path, "w") as f:
                 f.write(text)

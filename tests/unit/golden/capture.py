@@ -53,5 +53,6 @@ def pytest_runtest_call(item: Any) -> Any:
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     for name, cases in _CASES.items():
-        with gzip.open(os.path.join(HERE, name + ".in.json.gz"), "wt") as f:
-            json.dump(cases, f, sort_keys=True, separators=(",", ":"))
+        data = json.dumps(cases, sort_keys=True, separators=(",", ":")).encode()
+        with open(os.path.join(HERE, name + ".in.json.gz"), "wb") as f:
+            f.write(gzip.compress(data, mtime=0))  # byte-identical when the scenario is
