@@ -5,7 +5,7 @@ The verdict paragraph is ``report.paragraph``, the JSON form ``report.json``; bo
 re-exported here (the names the CLI, watcher and collectors import). Pure: no I/O.
 """
 import textwrap
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.stacktree import NO_STACK, format_ranks
 from hangtrace.tracer.diagnosis import Diagnosis
@@ -17,7 +17,52 @@ __all__ = ["verdict_paragraph", "text_report", "diagnosis_json", "SCHEMA_VERSION
 
 
 # --- memory (issue 5): the ledger ---
+def _ledger_rows(diag: Diagnosis, mem: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Dict[Tuple[Any, ...], str]]:
+    """The ledger rows shown (flagged or trending metrics, else one metric per rank;
+    culprits first) and the '!' marks of kept-across steps."""
+    rows = mem.get("ledger") or []
+    flagged = {(f["rank"], f["metric"]) for f in mem.get("kept_across") or ()}
+    trending = {(t["rank"], t["metric"]) for t in mem.get("trends") or ()}
+    marks: Dict[Tuple[Any, ...], str] = {}
+    for f in mem.get("kept_across") or ():
+        for st in f["kept_steps"]:
+            marks[(f["rank"], f["metric"], st, f["grown_in"])] = "!"
+    pick = flagged | trending
+    if not pick:
+        for r in {x["rank"] for x in rows}:
+            ms = [x["metric"] for x in rows if x["rank"] == r]
+            pick.add((r, "cgroup" if "cgroup" in ms else ms[0]))
+    sel = [x for x in rows if (x["rank"], x["metric"]) in pick]
+    focus = [int(c) for c in diag.culprit_ranks]
+    sel.sort(key=lambda x: (x["rank"] not in focus, x["rank"], x["metric"]))
+    return sel, marks
+
+
+def _ledger_cells(x: Dict[str, Any], marks: Dict[Tuple[Any, ...], str]) -> Tuple[str, ...]:
+    return (str(x["rank"]), "-" if x["step"] is None else str(x["step"]),
+            "  " * (x.get("depth") or 0) + str(x["phase"]), x["metric"], fb(x["enter"]),
+            fb(x["exit"]) if x["exit"] is not None else "(open: %s)" % fb(x.get("last")),
+            "" if x["delta"] is None else ("+" if x["delta"] >= 0 else "-") + fb(abs(x["delta"])),
+            marks.get((x["rank"], x["metric"], x["step"], x["phase"]), ""))
+
+
+def _ledger_table(diag: Diagnosis, mem: Dict[str, Any], max_rows: int) -> List[str]:
+    sel, marks = _ledger_rows(diag, mem)
+    out = ["  Ledger (memory just after entering / just before leaving each phase; '!' = kept across "
+           "the phase boundary):"]
+    header = ("rank", "step", "phase", "metric", "enter", "exit", "delta", "")
+    table = [_ledger_cells(x, marks) for x in (sel[-max_rows:] if len(sel) > max_rows else sel)]
+    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(header)]
+    fmt = "  ".join("%%-%ds" % w for w in widths)
+    out.append(("    " + fmt % header).rstrip())
+    out.extend(("    " + fmt % t).rstrip() for t in table)
+    if len(sel) > max_rows:
+        out.append("    ... %d earlier rows in the JSON (details.memory.ledger)" % (len(sel) - max_rows))
+    return out
+
+
 def _memory_section(diag: Diagnosis, max_rows: int = 60) -> List[str]:
+    """The 'Memory:' section: changed causes, evidence, advice, the ledger table."""
     mem = (diag.details or {}).get("memory") or {}
     if not mem:
         return []
@@ -30,38 +75,8 @@ def _memory_section(diag: Diagnosis, max_rows: int = 60) -> List[str]:
         out.append("  - %s" % ln)
     for ln in mem.get("advice") or ():
         out.append("  advice: %s" % ln)
-    rows = mem.get("ledger") or []
-    if rows:
-        flagged = {(f["rank"], f["metric"]) for f in mem.get("kept_across") or ()}
-        trending = {(t["rank"], t["metric"]) for t in mem.get("trends") or ()}
-        marks = {}
-        for f in mem.get("kept_across") or ():
-            for st in f["kept_steps"]:
-                marks[(f["rank"], f["metric"], st, f["grown_in"])] = "!"
-        pick = flagged | trending
-        if not pick:
-            for r in {x["rank"] for x in rows}:
-                ms = [x["metric"] for x in rows if x["rank"] == r]
-                pick.add((r, "cgroup" if "cgroup" in ms else ms[0]))
-        sel = [x for x in rows if (x["rank"], x["metric"]) in pick]
-        focus = [int(c) for c in diag.culprit_ranks]
-        sel.sort(key=lambda x: (x["rank"] not in focus, x["rank"], x["metric"]))
-        out.append("  Ledger (memory just after entering / just before leaving each phase; '!' = kept across "
-                   "the phase boundary):")
-        header = ("rank", "step", "phase", "metric", "enter", "exit", "delta", "")
-        table = []
-        for x in sel[-max_rows:] if len(sel) > max_rows else sel:
-            table.append((str(x["rank"]), "-" if x["step"] is None else str(x["step"]),
-                          "  " * (x.get("depth") or 0) + str(x["phase"]), x["metric"], fb(x["enter"]),
-                          fb(x["exit"]) if x["exit"] is not None else "(open: %s)" % fb(x.get("last")),
-                          "" if x["delta"] is None else ("+" if x["delta"] >= 0 else "-") + fb(abs(x["delta"])),
-                          marks.get((x["rank"], x["metric"], x["step"], x["phase"]), "")))
-        widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(header)]
-        fmt = "  ".join("%%-%ds" % w for w in widths)
-        out.append(("    " + fmt % header).rstrip())
-        out.extend(("    " + fmt % t).rstrip() for t in table)
-        if len(sel) > max_rows:
-            out.append("    ... %d earlier rows in the JSON (details.memory.ledger)" % (len(sel) - max_rows))
+    if mem.get("ledger"):
+        out.extend(_ledger_table(diag, mem, max_rows))
     out.append("")
     return out
 # --- end memory ---
@@ -83,8 +98,19 @@ def _coll_cell(rec: Optional[Dict[str, Any]]) -> str:
     return s
 
 
+def _rank_cells(r: int, proc: Optional[ProcessInfo], culprit: bool, cls: Dict[int, str]) -> Tuple[str, ...]:
+    mark = "*" if culprit else ""
+    if proc is None:
+        return ("%d%s" % (r, mark), "-", "no file", "-", "-", "-", "-")
+    st = proc.state + (" (%s)" % proc.exit_code if proc.exit_code not in (None,) and proc.state == "exited" else "")
+    return ("%d%s" % (r, mark), proc.key, st, str(proc.phase or "-"),
+            "-" if proc.step is None else str(proc.step), _coll_cell(_last_coll(proc)), cls.get(r, "-"))
+
+
 def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> List[str]:
-    cls = {}
+    """The per-rank table: at most ``max_rows`` rank rows (culprits always), then up to
+    20 unranked processes."""
+    cls: Dict[int, str] = {}
     for i, c in enumerate(diag.stack_classes or ()):
         tag = "-" if c.get("frames") == [NO_STACK] else "#%d%s" % (i, "!" if c.get("outlier") else "")
         for r in c.get("ranks", ()):
@@ -106,16 +132,7 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
     else:
         omitted = 0
     header = ("rank", "host:pid", "state", "phase", "step", "last collective (group/seq/op/state)", "stack")
-    rows = []
-    for r in ranks:
-        proc = procs.get(r)
-        mark = "*" if r in culp else ""
-        if proc is None:
-            rows.append(("%d%s" % (r, mark), "-", "no file", "-", "-", "-", "-"))
-            continue
-        st = proc.state + (" (%s)" % proc.exit_code if proc.exit_code not in (None,) and proc.state == "exited" else "")
-        rows.append(("%d%s" % (r, mark), proc.key, st, str(proc.phase or "-"),
-                     "-" if proc.step is None else str(proc.step), _coll_cell(_last_coll(proc)), cls.get(r, "-")))
+    rows = [_rank_cells(r, procs.get(r), r in culp, cls) for r in ranks]
     for p in unranked[:20]:
         rows.append(("?", p.key, p.state, str(p.phase or "-"), "-" if p.step is None else str(p.step),
                      _coll_cell(_last_coll(p)), "-"))

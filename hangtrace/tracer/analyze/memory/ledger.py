@@ -14,7 +14,7 @@ checkpoint every step): it names the steps, the phase where the memory grew and 
 after it in those steps (the sequence, e.g. ``validation -> checkpoint``), and the bytes
 kept per step.
 """
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.memory.samples import MIB, Sample, _thr
 
@@ -79,6 +79,37 @@ def _period(steps: List[int]) -> Optional[int]:
     return diffs.pop() if len(diffs) == 1 else None
 
 
+def _net_per_step(steps: Dict[Any, List[Dict[str, Any]]], metric: str) -> Tuple[Dict[Any, int], Dict[Any, List[Any]]]:
+    """Per finished step: bytes at its end minus bytes at its start; and its phase sequence."""
+    net: Dict[Any, int] = {}
+    seqs: Dict[Any, List[Any]] = {}
+    order = sorted(steps)
+    for st, rs in steps.items():
+        seqs[st] = [r["phase"] for r in rs]
+        if rs[-1]["exit"] is None:
+            continue  # the step did not finish (died in it)
+        if len(order) > 2 and (st == order[-1] or (st == order[0] and metric in ("rss", "cgroup"))):
+            continue  # the newest step may be cut short by a failure; host memory warms up in the first
+        net[st] = rs[-1]["exit"] - rs[0]["enter"]
+    return net, seqs
+
+
+def _grown_in(steps: Dict[Any, List[Dict[str, Any]]], kept: List[Any], thr: int, only: List[Any]) -> Any:
+    """Where it grew: after the last phase that began at the step's starting level, the
+    first phase that ended above it (growth later given back, e.g. an engine's wake_up
+    undone by its sleep, is not what was kept); majority over keeping steps."""
+    grow: Dict[str, int] = {}
+    for s in kept:
+        rs = steps[s]
+        base = rs[0]["enter"]
+        i0 = max([i for i, r in enumerate(rs) if r["enter"] <= base + thr] or [0])
+        for r in rs[i0:]:
+            if r["exit"] is not None and r["exit"] > base + thr:
+                grow[r["phase"]] = grow.get(r["phase"], 0) + 1
+                break
+    return max(grow.items(), key=lambda kv: kv[1])[0] if grow else only[0]
+
+
 def kept_across(rows: List[Dict[str, Any]], rank: Optional[int] = None) -> List[Dict[str, Any]]:
     """Kept-across-phase-boundary flags of one process's ledger rows (see module doc)."""
     flags = []
@@ -89,15 +120,7 @@ def kept_across(rows: List[Dict[str, Any]], rank: Optional[int] = None) -> List[
         thr = _thr([r["enter"] for r in mrows] + [r["exit"] for r in mrows])
         if metric in ("rss", "cgroup"):  # host figures move with allocator arenas, page cache
             thr = max(thr, 8 * MIB, int(2 * thr))
-        net, seqs = {}, {}
-        order = sorted(steps)
-        for st, rs in steps.items():
-            seqs[st] = [r["phase"] for r in rs]
-            if rs[-1]["exit"] is None:
-                continue  # the step did not finish (died in it)
-            if len(order) > 2 and (st == order[-1] or (st == order[0] and metric in ("rss", "cgroup"))):
-                continue  # the newest step may be cut short by a failure; host memory warms up in the first
-            net[st] = rs[-1]["exit"] - rs[0]["enter"]
+        net, seqs = _net_per_step(steps, metric)
         kept = sorted(s for s, n in net.items() if n > thr)
         released = sorted(s for s, n in net.items() if abs(n) <= thr)
         if not kept or not released:
@@ -107,34 +130,18 @@ def kept_across(rows: List[Dict[str, Any]], rank: Optional[int] = None) -> List[
         only = sorted(in_all_kept - in_all_rel)
         if not only:
             continue
-        # where it grew: after the last phase that began at the step's starting level, the
-        # first phase that ended above it (growth later given back, e.g. an engine's
-        # wake_up undone by its sleep, is not what was kept); majority over keeping steps
-        grow: Dict[str, int] = {}
-        for s in kept:
-            rs = steps[s]
-            base = rs[0]["enter"]
-            i0 = max([i for i, r in enumerate(rs) if r["enter"] <= base + thr] or [0])
-            for r in rs[i0:]:
-                if r["exit"] is not None and r["exit"] > base + thr:
-                    grow[r["phase"]] = grow.get(r["phase"], 0) + 1
-                    break
-        grown_in = max(grow.items(), key=lambda kv: kv[1])[0] if grow else only[0]
+        grown_in = _grown_in(steps, kept, thr, only)
         s0 = kept[0]
         seq0 = seqs[s0]
         i = seq0.index(grown_in) if grown_in in seq0 else 0
         sequence = seq0[i:]
         # the step after a keeping step: the first phase that begins with the memory held
-        carried = []
-        for s in kept:
-            nxt = steps.get(s + 1)
-            if nxt:
-                carried.append({"step": s + 1, "phase": nxt[0]["phase"], "enter": nxt[0]["enter"]})
-        held_by = sequence[1:]
+        carried = [{"step": s + 1, "phase": steps[s + 1][0]["phase"], "enter": steps[s + 1][0]["enter"]}
+                   for s in kept if steps.get(s + 1)]
         flags.append({
             "rank": rank, "metric": metric, "kept_steps": kept, "released_steps": released,
             "bytes_kept": {str(s): net[s] for s in kept}, "bytes_kept_median": sorted(net[s] for s in kept)[len(kept) // 2],
-            "grown_in": grown_in, "sequence": sequence, "held_by": held_by, "only_in_kept_steps": only,
+            "grown_in": grown_in, "sequence": sequence, "held_by": sequence[1:], "only_in_kept_steps": only,
             "kept_sequence": seq0, "released_sequence": seqs[released[0]], "carried_into": carried[:4],
             "periods": {ph: _period([s for s, q in seqs.items() if ph in q]) for ph in set(sequence) | set(only)},
             "threshold": thr})

@@ -109,6 +109,31 @@ def _advice(att: Optional[Dict[str, Any]], flags: List[Dict[str, Any]], trends: 
     return out
 
 
+def _interesting(per: Dict[int, Dict[str, Any]], focus: List[Any]) -> List[Any]:
+    """Ranks in report order: focus first, then ranks with flags or steady growth, then the rest."""
+    interesting = [r for r in focus if r in per]
+    interesting += [r for r in sorted(per) if r not in interesting and (per[r]["kept"] or any(
+        t["steady"] for t in per[r]["trends"].values()))]
+    interesting += [r for r in sorted(per) if r not in interesting]
+    return interesting
+
+
+def _rank_figures(a: Dict[str, Any]) -> Dict[str, Any]:
+    """``ranks[str(rank)]`` of the summary: last level, limit, peak, trends."""
+    h = _last_host(a["samples"])
+    metric, val, lim = _level(h)
+    pk = _peak(a["samples"], metric) if metric else None
+    return {"metric": metric, "last": val, "limit": lim, "peak": pk[0] if pk else None,
+            "peak_where": _where(pk[1]) if pk else None, "samples": len(a["samples"]), "trends": a["trends"]}
+
+
+def _ledger_of(a: Dict[str, Any], max_steps: int) -> List[Dict[str, Any]]:
+    """A rank's ledger rows of its newest ``max_steps`` steps (and open step-less rows)."""
+    keep = set(sorted({row["step"] for row in a["rows"] if row["step"] is not None})[-max_steps:])
+    return [{k: row[k] for k in ("rank", "step", "phase", "metric", "enter", "exit", "delta", "last", "depth", "limit")}
+            for row in a["rows"] if row["step"] in keep or (row["step"] is None and row["exit"] is None)]
+
+
 def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Optional[Dict[int, Any]] = None,
               max_ranks: int = LEDGER_MAX_RANKS, max_steps: int = LEDGER_MAX_STEPS) -> Optional[Dict[str, Any]]:
     """``details['memory']`` of a diagnosis (dict) or None when nothing was sampled.
@@ -128,29 +153,12 @@ def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Opt
         per[r] = analyse_process(p, r)
     if not per:
         return None
-    interesting = [r for r in focus if r in per]
-    interesting += [r for r in sorted(per) if r not in interesting and (per[r]["kept"] or any(
-        t["steady"] for t in per[r]["trends"].values()))]
-    interesting += [r for r in sorted(per) if r not in interesting]
-    shown = interesting[:max_ranks]
-    out: Dict[str, Any] = {"ranks": {}, "ledger": [], "kept_across": [], "trends": [], "attribution": {}, "advice": [],
-           "evidence": []}
-    for r in sorted(per):
-        a = per[r]
-        h = _last_host(a["samples"])
-        metric, val, lim = _level(h)
-        pk = _peak(a["samples"], metric) if metric else None
-        out["ranks"][str(r)] = {"metric": metric, "last": val, "limit": lim, "peak": pk[0] if pk else None,
-                                "peak_where": _where(pk[1]) if pk else None, "samples": len(a["samples"]),
-                                "trends": a["trends"]}
-    for r in shown:
-        a = per[r]
-        steps = sorted({row["step"] for row in a["rows"] if row["step"] is not None})[-max_steps:]
-        keep = set(steps)
-        for row in a["rows"]:
-            if row["step"] in keep or (row["step"] is None and row["exit"] is None):
-                out["ledger"].append({k: row[k] for k in ("rank", "step", "phase", "metric", "enter", "exit",
-                                                          "delta", "last", "depth", "limit")})
+    interesting = _interesting(per, focus)
+    out: Dict[str, Any] = {"ranks": {str(r): _rank_figures(per[r]) for r in sorted(per)},
+                           "ledger": [], "kept_across": [], "trends": [], "attribution": {}, "advice": [],
+                           "evidence": []}
+    for r in interesting[:max_ranks]:
+        out["ledger"] += _ledger_of(per[r], max_steps)
     for r in interesting:
         for f in per[r]["kept"]:
             out["kept_across"].append(f)
