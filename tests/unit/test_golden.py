@@ -10,6 +10,11 @@ Regenerate (then review the diff before committing):
 
 * ``HANGTRACE_REGEN_GOLDEN=1 python -m pytest tests/unit/test_golden.py`` rewrites the
   expected outputs from the stored inputs with the current code;
+* ``golden/examples/example_<fault>.in.json.gz``: the snapshot a real run of
+  ``examples/train_faults.py --fault <fault>`` under ``hangtrace run --stall-s 8
+  --stop-on-stall`` stored (processes, records, stacks), made offline-deterministic by
+  freezing it as JSON; expected outputs computed by the analysis before the issue-8
+  refactoring (``golden/examples/README.md``). Never re-captured by the command below.
 * ``HANGTRACE_REGEN_GOLDEN=capture python -m pytest tests/unit/test_golden.py`` first
   re-captures the inputs by running the scenario tests (tests/unit/rules/,
   test_diagnose.py, test_robustness_analysis.py, test_memory.py, test_report.py) with the capture plugin.
@@ -63,7 +68,9 @@ def _capture() -> None:
 if REGEN == "capture":
     _capture()
 
-NAMES = sorted(os.path.basename(f)[:-len(".in.json.gz")] for f in glob.glob(os.path.join(GOLDEN, "*.in.json.gz")))
+NAMES = sorted(os.path.relpath(f, GOLDEN)[:-len(".in.json.gz")]
+               for pattern in ("*.in.json.gz", os.path.join("examples", "*.in.json.gz"))
+               for f in glob.glob(os.path.join(GOLDEN, pattern)))
 
 
 def test_golden_inputs_present() -> None:
