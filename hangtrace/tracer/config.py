@@ -5,6 +5,7 @@ CLI flags map onto these variables (``hangtrace run --stall-s`` sets
 ``HANGTRACE_STALL_S`` for the watcher, and so on).
 """
 import os
+from typing import Dict, FrozenSet, Mapping, Optional, Tuple
 
 #: Turns tracing on in this process and every Python process it starts when set
 #: to anything but "" or "0". Checked by the ``.pth`` file before anything is imported.
@@ -87,13 +88,13 @@ DEFAULTS = {
 }
 
 
-def enabled(environ=None):
+def enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True when ``HANGTRACE`` asks for tracing and this is not one of our helpers."""
     env = os.environ if environ is None else environ
     return env.get(ENABLE, "") not in ("", "0") and not env.get(HELPER)
 
 
-def get_int(name, environ=None):
+def get_int(name: str, environ: Optional[Mapping[str, str]] = None) -> int:
     env = os.environ if environ is None else environ
     try:
         return int(env.get(name, DEFAULTS[name]))
@@ -101,7 +102,7 @@ def get_int(name, environ=None):
         return int(DEFAULTS[name])
 
 
-def get_float(name, environ=None):
+def get_float(name: str, environ: Optional[Mapping[str, str]] = None) -> float:
     env = os.environ if environ is None else environ
     try:
         return float(env.get(name, DEFAULTS[name]))
@@ -109,7 +110,7 @@ def get_float(name, environ=None):
         return float(DEFAULTS[name])
 
 
-def phase_stall_s(environ=None):
+def phase_stall_s(environ: Optional[Mapping[str, str]] = None) -> Dict[str, float]:
     """Parse ``HANGTRACE_PHASE_STALL_S`` into ``{phase: seconds}``; bad items are ignored."""
     env = os.environ if environ is None else environ
     out = {}
@@ -123,23 +124,23 @@ def phase_stall_s(environ=None):
     return out
 
 
-def mem_enabled(environ=None):
+def mem_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True unless ``HANGTRACE_MEM`` is "0" (memory sampling, issue 5)."""
     env = os.environ if environ is None else environ
     return env.get(MEM, "1").strip() not in ("0", "false", "no", "off")
 
 
-def fault_line(environ=None):
+def fault_line(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True when ``HANGTRACE_FAULT_LINE`` is "1" (issue 12; off by default)."""
     env = os.environ if environ is None else environ
     return env.get(FAULT_LINE, "0").strip() in ("1", "true", "yes", "on")
-def timeline_enabled(environ=None):
+def timeline_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True unless ``HANGTRACE_TIMELINE`` is "0" (timeline.json at each incident, issue 11)."""
     env = os.environ if environ is None else environ
     return env.get(TIMELINE, "1").strip() not in ("0", "false", "no", "off")
 
 
-def deep_selection(environ=None):
+def deep_selection(environ: Optional[Mapping[str, str]] = None) -> Optional[Tuple[FrozenSet[int], FrozenSet[str]]]:
     """Parse ``HANGTRACE_DEEP`` into ``(ranks, phases)`` (frozensets; empty = any), or None
     when unset, empty or naming nothing. ``"rank=1|3,phase=train"`` -> ({1, 3}, {"train"});
     unknown keys and non-integer ranks are ignored."""
@@ -166,13 +167,13 @@ def deep_selection(environ=None):
     return frozenset(ranks), frozenset(phases)
 
 
-def pure_python(environ=None):
+def pure_python(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True when ``HANGTRACE_PURE_PYTHON`` forces the pure-Python recording path."""
     env = os.environ if environ is None else environ
     return env.get(PURE_PYTHON, "") not in ("", "0")
 
 
-def helper_env(environ=None):
+def helper_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """Environment for our own helper processes: tracing stripped, helper mark set."""
     env = dict(os.environ if environ is None else environ)
     env.pop(ENABLE, None)

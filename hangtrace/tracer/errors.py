@@ -3,6 +3,7 @@
 ``hangtrace.cli.main`` catches only ``HangtraceError``; anything else is a bug and keeps
 its traceback.
 """
+from typing import Optional
 
 
 class HangtraceError(Exception):
@@ -11,12 +12,12 @@ class HangtraceError(Exception):
     exit_code = 2
     remedy = ""
 
-    def __init__(self, message, remedy=None):
+    def __init__(self, message: str, remedy: Optional[str] = None) -> None:
         super().__init__(message)
         if remedy is not None:
             self.remedy = remedy
 
-    def render(self):
+    def render(self) -> str:
         text = "hangtrace: error: %s" % self
         if self.remedy:
             text += "\n  remedy: %s" % self.remedy
@@ -28,7 +29,7 @@ class RingFormatError(HangtraceError):
 
     exit_code = 3
 
-    def __init__(self, path, problem, remedy=None):
+    def __init__(self, path: str, problem: str, remedy: Optional[str] = None) -> None:
         self.path = str(path)
         self.problem = problem
         super().__init__("%s: %s" % (path, problem), remedy)

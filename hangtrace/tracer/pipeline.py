@@ -165,11 +165,12 @@ def dump_ray(run_dir: Optional[str], address: Optional[str], native: bool = Fals
 def attach(pids: Optional[List[int]] = None, native: bool = False, out_dir: Optional[str] = None) -> Result:
     """``hangtrace attach``: stacks of a job not started with hangtrace, the stack-only
     verdict, stored with the snapshot. Raises NoProcessesError."""
-    from hangtrace.tracer.collect.attach import collect, stack_verdict
+    from hangtrace.tracer.analyze.diagnose import diagnose
+    from hangtrace.tracer.collect.attach import collect
     from hangtrace.tracer.collect.rings import write_diagnosis
     from hangtrace.tracer.report.text import text_report, verdict_paragraph
     snap = collect(pids, native=native, out_dir=out_dir)
-    diag = stack_verdict(snap)
+    diag = diagnose(snap)  # reason 'attach': the stack_only rule
     write_diagnosis(snap, diag, text_report(diag, snap))
     return Result(snap, diag, verdict_paragraph(diag))
 

@@ -14,7 +14,7 @@ passed in as a function by the caller).
 """
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from hangtrace.tracer.envfacts import Mapping, ProcessEnv
 
@@ -67,7 +67,7 @@ class EnvDiff:
     differences: Tuple[Difference, ...]
 
 
-def _lib_value(libs: list) -> str:
+def _lib_value(libs: List[Any]) -> str:
     parts = []
     for lb in sorted(libs, key=lambda x: x.path):
         v = "build-id %s" % lb.build_id if lb.build_id else "no build-id, %s (%d bytes)" % (lb.path, lb.size)
@@ -82,13 +82,13 @@ def facts_of(pe: ProcessEnv) -> Dict[Tuple[str, str], str]:
     out: Dict[Tuple[str, str], str] = {("version", "python"): pe.python or UNSET,
                                        ("version", "torch"): pe.torch or "(not imported)",
                                        ("version", "ray"): pe.ray or "(not imported)"}
-    libs: Dict[str, list] = {}
+    libs: Dict[str, List[Any]] = {}
     for lb in pe.libraries:
         libs.setdefault(lb.key, []).append(lb)
-    for k, v in libs.items():
-        out[("library", k)] = _lib_value(v)
-    for k, v in pe.environ:
-        out[("environment", k)] = v
+    for k, group in libs.items():
+        out[("library", k)] = _lib_value(group)
+    for k, val in pe.environ:
+        out[("environment", k)] = val
     return out
 
 

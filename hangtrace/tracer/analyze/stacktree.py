@@ -25,6 +25,14 @@ node stand at different lines of that function.
 Everything here is pure (no I/O) and linear in ranks x stack depth.
 """
 import os
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+from hangtrace.tracer.snapshot import ProcessInfo
+
+#: one py-spy frame: {'name', 'filename', 'line', 'native'?}
+Frame = Dict[str, Any]
+#: one thread: {'thread_name', 'thread_id', 'active', 'frames': [Frame] innermost first}
+Thread = Dict[str, Any]
 
 __all__ = ["StackNode", "StackTree", "pick_thread", "process_frames", "frame_label",
            "merge_stacks", "classes", "outliers", "missing_from_common_frame",
@@ -33,7 +41,7 @@ __all__ = ["StackNode", "StackTree", "pick_thread", "process_frames", "frame_lab
 NO_STACK = "<no stack>"
 
 
-def format_ranks(ranks, limit=None):
+def format_ranks(ranks: Iterable[Any], limit: Optional[int] = None) -> str:
     """Compact text of a rank list: ``[0, 1, 2, 5, 7, 8]`` -> ``'0-2,5,7-8'``.
 
     ``limit``: at most this many ranges, then ``',... (N ranks)'``.
@@ -55,7 +63,7 @@ def format_ranks(ranks, limit=None):
     return ",".join(parts)
 
 
-def frame_label(frame):
+def frame_label(frame: Frame) -> str:
     """``'func (file.py:line)'`` (base name of the file; no line when unknown)."""
     fn = os.path.basename(frame.get("filename") or "?") or "?"
     line = frame.get("line") or 0
@@ -63,22 +71,22 @@ def frame_label(frame):
     return "%s (%s:%d)" % (name, fn, line) if line else "%s (%s)" % (name, fn)
 
 
-def _short(name):
+def _short(name: Optional[str]) -> str:
     return (name or "?").rsplit(".", 1)[-1]
 
 
-def _frame_key(frame, key):
+def _frame_key(frame: Frame, key: str) -> Tuple[Any, ...]:
     base = os.path.basename(frame.get("filename") or "?")
     if key == "line":
         return (_short(frame.get("name")), base, frame.get("line") or 0)
     return (_short(frame.get("name")), base)
 
 
-def _own_thread(t):
+def _own_thread(t: Thread) -> bool:
     return str(t.get("thread_name") or "").startswith("hangtrace")
 
 
-def pick_thread(threads):
+def pick_thread(threads: Optional[List[Any]]) -> Optional[Thread]:
     """The thread to analyse from a thread list (see module doc), or None."""
     cands = [t for t in threads or () if isinstance(t, dict) and not _own_thread(t)]
     if not cands:
@@ -95,7 +103,7 @@ def pick_thread(threads):
     return cands[0]
 
 
-def _threads_of(proc):
+def _threads_of(proc: ProcessInfo) -> Optional[List[Any]]:
     if proc.stacks:
         return proc.stacks
     sig = proc.signals or {}
@@ -104,7 +112,8 @@ def _threads_of(proc):
         if text:
             try:
                 from hangtrace.tracer.collect.stacks import parse_faulthandler_text
-                threads = parse_faulthandler_text(text)
+                parse: Callable[[str], List[Any]] = parse_faulthandler_text  # untyped (collect/)
+                threads = parse(text)
             except Exception:  # parser unavailable or confused: no stack, not a crash
                 threads = []
             if threads:
@@ -112,7 +121,7 @@ def _threads_of(proc):
     return None
 
 
-def process_frames(proc):
+def process_frames(proc: ProcessInfo) -> Tuple[Optional[List[Frame]], Optional[Thread]]:
     """Python frames (innermost first) of the analysed thread of ``proc``, or None.
 
     Returns ``(frames, thread)``; ``frames`` excludes native frames.
@@ -130,20 +139,21 @@ class StackNode:
 
     __slots__ = ("label", "key", "children", "ranks", "ends", "parent", "depth", "line")
 
-    def __init__(self, label, key, parent=None):
+    def __init__(self, label: Optional[str], key: Optional[Tuple[Any, ...]],
+                 parent: Optional["StackNode"] = None) -> None:
         self.label, self.key, self.parent = label, key, parent
-        self.children = {}
-        self.ranks = []
-        self.ends = []
-        self.depth = 0 if parent is None else parent.depth + 1
-        self.line = 0
+        self.children: Dict[Tuple[Any, ...], StackNode] = {}
+        self.ranks: List[int] = []
+        self.ends: List[int] = []
+        self.depth: int = 0 if parent is None else parent.depth + 1
+        self.line: Optional[int] = 0
 
-    def path(self):
+    def path(self) -> List[str]:
         """Labels from the outermost frame to this node (root excluded)."""
-        out = []
-        n = self
+        out: List[str] = []
+        n: Optional[StackNode] = self
         while n is not None and n.parent is not None:
-            out.append(n.label)
+            out.append(n.label or "?")
             n = n.parent
         out.reverse()
         return out
@@ -154,14 +164,15 @@ class StackTree:
     usable stack; ``ranks``: every rank with a stack; ``innermost``: rank -> innermost
     frame dict (for :func:`blocking_reason`)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.root = StackNode(None, None)
-        self.no_stack = []
-        self.ranks = []
-        self.innermost = {}
-        self.active = {}
+        self.no_stack: List[int] = []
+        self.ranks: List[int] = []
+        self.innermost: Dict[int, Frame] = {}
+        self.active: Dict[int, Optional[bool]] = {}
 
-    def nodes(self):
+    def nodes(self) -> Iterator[StackNode]:
+        """Every node, depth first (root included)."""
         stack = [self.root]
         while stack:
             n = stack.pop()
@@ -169,7 +180,7 @@ class StackTree:
             stack.extend(n.children.values())
 
 
-def merge_stacks(procs, key="function"):
+def merge_stacks(procs: Iterable[ProcessInfo], key: str = "function") -> StackTree:
     """Merge the analysed thread of every process into a :class:`StackTree`.
 
     ``procs``: iterable of ``ProcessInfo`` (processes with ``rank < 0`` are skipped; with
@@ -177,7 +188,7 @@ def merge_stacks(procs, key="function"):
     ``'line'`` (see module doc).
     """
     tree = StackTree()
-    seen = set()
+    seen: set[int] = set()
     for p in procs:
         r = p.rank
         if r is None or r < 0 or r in seen:
@@ -210,12 +221,12 @@ def merge_stacks(procs, key="function"):
     return tree
 
 
-def classes(tree, outlier_fraction=0.1):
+def classes(tree: StackTree, outlier_fraction: float = 0.1) -> List[Dict[str, Any]]:
     """Equivalence classes of ``tree``: ``[{'frames': [label] outer->inner, 'ranks': [int],
     'count': int, 'outlier': bool}]``, largest first; ranks without a stack form a last
     class with ``frames == ['<no stack>']``. ``outlier``: see :func:`outliers`.
     """
-    out = []
+    out: List[Dict[str, Any]] = []
     for n in tree.nodes():
         if n.ends:
             out.append({"frames": n.path(), "ranks": sorted(n.ends), "count": len(n.ends)})
@@ -229,11 +240,11 @@ def classes(tree, outlier_fraction=0.1):
     return out
 
 
-def _is_outlier(count, total, nclasses, fraction):
+def _is_outlier(count: int, total: int, nclasses: int, fraction: float) -> bool:
     return nclasses > 1 and count <= max(1, int(total * fraction)) and count * 2 < total
 
 
-def outliers(class_list, fraction=0.1):
+def outliers(class_list: List[Dict[str, Any]], fraction: float = 0.1) -> List[Dict[str, Any]]:
     """Classes with few ranks: at most ``max(1, fraction * ranks with stacks)`` ranks and
     fewer than half of them, when there is more than one class. The ``'<no stack>'`` class
     is never an outlier."""
@@ -242,7 +253,7 @@ def outliers(class_list, fraction=0.1):
     return [c for c in real if _is_outlier(c["count"], total, len(real), fraction)]
 
 
-def missing_from_common_frame(tree, majority=0.5):
+def missing_from_common_frame(tree: StackTree, majority: float = 0.5) -> Optional[Dict[str, Any]]:
     """The deepest frame that more than ``majority`` of the ranks share, following the
     heaviest child from the root, and the ranks (with stacks) that are *not* in it.
 
@@ -296,7 +307,7 @@ _COLLECTIVE_NAMES = frozenset((
     "_allgather_base", "_reduce_scatter_base"))
 
 
-def collective_frame(frames):
+def collective_frame(frames: Optional[Iterable[Frame]]) -> Optional[str]:
     """The innermost frame of ``frames`` (innermost first) that is a torch.distributed
     collective/p2p call (file under ``torch/distributed``), as a label, or None."""
     for f in frames or ():
@@ -306,7 +317,7 @@ def collective_frame(frames):
     return None
 
 
-def blocking_reason(frames, active=None):
+def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None) -> Optional[str]:
     """Why a stack (innermost first) looks blocked outside collectives, or None.
 
     Checks the innermost three frames against known blocking calls (queue.get, locks,

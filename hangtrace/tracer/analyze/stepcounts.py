@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.snapshot import ProcessInfo
 
@@ -43,9 +43,9 @@ class StepDeviation:
                 "(%d per step)" % (self.rank, what, self.group, self.step, self.baseline))
 
 
-def per_step(records: Iterable[Mapping], group: str) -> Dict[int, int]:
+def per_step(records: Iterable[Mapping[str, Any]], group: str) -> Dict[int, int]:
     """{step: number of collectives issued on ``group`` in that step} (step -1/None skipped)."""
-    c: Counter = Counter()
+    c: "Counter[int]" = Counter()
     for r in records:
         if r.get("kind") == "collective" and r.get("group") == group:
             s = r.get("step")

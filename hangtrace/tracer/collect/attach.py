@@ -5,8 +5,9 @@ initial environment (rank, local rank, world size from ``/proc/PID/environ``) an
 py-spy stacks of every rank, taken in parallel. The analysis is the same pure
 ``diagnose()`` on a Snapshot whose processes have stacks and no records; it merges the
 stacks (STAT-style prefix tree) and names the outliers in the same vocabulary.
-:func:`collect` gathers and stores; :func:`stack_verdict` is the stack-only verdict (pure);
-``tracer.pipeline.attach`` composes them.
+:func:`collect` gathers and stores; ``tracer.pipeline.attach`` diagnoses the Snapshot
+(reason 'attach') with ``diagnose()``, whose ``stack_only`` rule
+(``analyze/rules/stack_only.py``) gives the stack-only verdict.
 """
 import os
 import socket
@@ -96,110 +97,3 @@ def _newest_job(found):
                          "choose" % (key[1], key[2], (" run id " + key[0]) if key[0] else "",
                                      ",".join(str(d["pid"]) for d in ds[:8])))
     return type(found)(newest, found.skipped), notes
-
-
-def stack_verdict(snap):
-    """Diagnosis from stacks alone (no flight records): pure function of the snapshot.
-
-    Each rank's analysed thread is classified as *in a collective* (a torch.distributed
-    collective/p2p frame on its stack, which op) or *outside* (blocked in a queue, lock,
-    sleep, IO ... or simply not in torch.distributed). Then:
-    ranks outside while others wait in collectives -> ``stuck-outside-collective``;
-    all in collectives but in different ops or call paths -> ``collective-mismatch``
-    naming the minority; missing ranks (world size larger than the ranks found) ->
-    named in the evidence; otherwise ``unknown`` (all ranks in the same collective:
-    the transport, or a rank outside this host).
-    """
-    from hangtrace.tracer.diagnosis import Diagnosis
-    from hangtrace.tracer.analyze.stacktree import (blocking_reason, classes, collective_frame, format_ranks, merge_stacks,
-                            process_frames)
-    procs = [p for p in snap.processes if p.rank >= 0]
-    tree = merge_stacks(procs)
-    cls = classes(tree)
-    inside, outside, nostack = {}, {}, []
-    frames_of = {}
-    for p in procs:
-        frames, thread = process_frames(p)
-        if not frames:
-            nostack.append(p.rank)
-            continue
-        frames_of[p.rank] = frames
-        cf = collective_frame(frames)
-        if cf:
-            inside[p.rank] = cf.split(" ")[0]
-        else:
-            outside[p.rank] = blocking_reason(frames, thread.get("active") if thread else None) or \
-                "not in torch.distributed"
-    d = Diagnosis(kind="unknown", stack_classes=cls, errors=list(snap.errors))
-    d.details["source"] = "stacks only (hangtrace attach: no flight records)"
-    ev = d.evidence
-    for c in cls:
-        ev.append("ranks %s: %s" % (format_ranks(c["ranks"]), " > ".join(c["frames"][-4:])))
-    world = max([p.world_size for p in procs if p.world_size and p.world_size <= _MAX_WORLD] or [-1])
-    have = {p.rank for p in procs}
-    missing = []
-    for r in range(world if world > 0 else 0):  # bounded: world <= _MAX_WORLD, <= 65536 listed
-        if r not in have:
-            missing.append(r)
-            if len(missing) >= 65536:
-                break
-    if missing:
-        ev.append("ranks %s of world size %d were not found on this host (dead, or on another node)"
-                  % (format_ranks(missing), world))
-    if nostack:
-        ev.append("ranks %s: no stack (see errors)" % format_ranks(nostack))
-
-    def top(rank):
-        return ["%s (%s:%s)" % (f.get("name"), os.path.basename(f.get("filename") or ""), f.get("line"))
-                for f in frames_of.get(rank, [])[:8]]
-
-    if inside and outside:
-        d.kind = "stuck-outside-collective"
-        d.culprit_ranks = sorted(outside)
-        d.waiting_ranks = sorted(inside)
-        first = d.culprit_ranks[0]
-        d.frames = top(first)
-        ops = sorted(set(inside.values()))
-        d.op = ops[0] if len(ops) == 1 else None
-        d.summary = ("Stuck outside collectives: rank%s %s %s not in any torch.distributed call (%s) while "
-                     "rank%s %s wait in %s. Its stack: %s. Next: find what it waits for outside "
-                     "torch.distributed (the producer of its queue, the holder of its lock, its IO)."
-                     % ("s" if len(outside) > 1 else "", format_ranks(outside), "are" if len(outside) > 1 else "is",
-                        outside[first], "s" if len(inside) > 1 else "", format_ranks(inside), "/".join(ops),
-                        " < ".join(d.frames[:4])))
-    elif inside and len(set(inside.values())) > 1:
-        by_op = {}
-        for r, op in inside.items():
-            by_op.setdefault(op, []).append(r)
-        ranked = sorted(by_op.items(), key=lambda kv: len(kv[1]))
-        if len(ranked[0][1]) < len(ranked[-1][1]):
-            d.culprit_ranks = sorted(ranked[0][1])
-        else:
-            d.culprit_ranks = sorted(inside)
-        d.kind = "collective-mismatch"
-        d.details["signatures"] = [{"op": op, "dtype": None, "numel": None, "ranks": sorted(rs)}
-                                   for op, rs in ranked]
-        d.waiting_ranks = sorted(set(inside) - set(d.culprit_ranks))
-        d.frames = top(d.culprit_ranks[0])
-        d.summary = ("Collective mismatch: ranks are blocked in different collectives (%s). The odd one%s: "
-                     "rank%s %s. Its stack: %s. Next: compare the code paths; a rank took a different branch."
-                     % ("; ".join("%s: ranks %s" % (op, format_ranks(rs)) for op, rs in ranked),
-                        "s" if len(d.culprit_ranks) > 1 else "", "s" if len(d.culprit_ranks) > 1 else "",
-                        format_ranks(d.culprit_ranks), " < ".join(d.frames[:4])))
-    elif inside and missing:
-        d.kind = "unknown"
-        d.culprit_ranks = missing
-        d.waiting_ranks = sorted(inside)
-        d.summary = ("Ranks %s wait in %s; ranks %s were not found on this host: they died or run on another "
-                     "node. Next: attach on the other nodes, or check those ranks' logs for a crash."
-                     % (format_ranks(inside), "/".join(sorted(set(inside.values()))), format_ranks(missing)))
-    elif inside:
-        d.waiting_ranks = sorted(inside)
-        d.summary = ("Unknown: every rank found waits in the same collective (%s) with the same stack; stacks "
-                     "alone cannot tell who is late. Next: run the job with HANGTRACE=1 for sequence numbers, "
-                     "or check the transport (NCCL/gloo logs)." % "/".join(sorted(set(inside.values()))))
-    else:
-        d.summary = ("Unknown: no rank is inside a torch.distributed collective%s. Next: look at the stack "
-                     "classes below; the job may be busy, not hung." % (
-                         " (ranks %s have no stack)" % format_ranks(nostack) if nostack else ""))
-    return d

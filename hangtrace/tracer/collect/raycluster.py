@@ -36,6 +36,7 @@ import os
 import socket
 import tempfile
 import time
+from typing import Optional
 
 import orjson
 
@@ -234,8 +235,9 @@ def _stamp():
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + ".%03d" % (time.time_ns() // 1000000 % 1000)
 
 
-def dump_cluster(run_dir=None, address=None, native=False, with_stacks=True, out_dir=None,
-                 timeout_s=DEFAULT_TIMEOUT_S, state_source=None, reason="request"):
+def dump_cluster(run_dir: Optional[str] = None, address: Optional[str] = None, native: bool = False,
+                 with_stacks: bool = True, out_dir: Optional[str] = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 state_source: Optional[str] = None, reason: str = "request") -> Snapshot:
     """Collect the run on every alive Ray node, store one snapshot locally, join Ray state.
 
     ``run_dir``: the run directory path (the same on every node; default

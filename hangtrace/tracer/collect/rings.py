@@ -176,11 +176,13 @@ def load_rings(ring_dir: str, run_dir: Optional[str] = None, states: Optional[Di
     return procs, errors
 
 
-def is_snapshot(path):
+def is_snapshot(path: str) -> bool:
+    """True when ``path`` is a stored snapshot folder (it holds processes.json)."""
     return os.path.isfile(os.path.join(path, "processes.json"))
 
 
-def newest_snapshot(run_dir):
+def newest_snapshot(run_dir: str) -> Optional[str]:
+    """The newest ``RUN_DIR/snapshots/<time>`` folder, or None."""
     snaps = sorted(glob.glob(os.path.join(run_dir, "snapshots", "*", "processes.json")))
     return os.path.dirname(snaps[-1]) if snaps else None
 

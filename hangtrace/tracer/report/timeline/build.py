@@ -168,9 +168,9 @@ def build_timeline(snap: Snapshot, diagnosis: Optional[Dict[str, Any]] = None,
         for k, v in fl.items():
             refs.setdefault(k, []).extend(v)
     for d in deep:
-        t = by_key.get("%s:%d" % (d.host, d.pid))
-        if t is not None:
-            events += _deep_events(d, t, threads[t.pid], clock, d.host)
+        dt = by_key.get("%s:%d" % (d.host, d.pid))
+        if dt is not None:
+            events += _deep_events(d, dt, threads[dt.pid], clock, d.host)
     if opts.flows:
         events += _flows(refs, max(0, opts.max_events - len(events)))
     events += _verdict_instants(snap, diag, clock)

@@ -162,7 +162,7 @@ class ProcessEvents:
         ts = self.us(r["t_mono_ns"])
         done = r.get("t_end_mono_ns")
         open_ = r["state"] == "issued" or not done
-        end = self.end_us if open_ else self.us(done)
+        end = self.end_us if open_ or done is None else self.us(int(done))
         args = {"group": r.get("group"), "group_desc": self.desc.get(str(r.get("group"))) or None,
                 "seq": r.get("seq"), "op": r["op"], "dtype": r.get("dtype") or None, "numel": r.get("numel"),
                 "shape": r.get("shape"), "state": r["state"], "phase": r.get("phase"), "step": r.get("step"),
@@ -201,7 +201,7 @@ class ProcessEvents:
     def _phase(self, enter: Optional[Dict[str, Any]], exit_: Optional[Dict[str, Any]]) -> None:
         if enter is None and exit_ is None:
             return
-        r = enter or exit_
+        r: Dict[str, Any] = enter or exit_ or {}
         ts = self.us(enter["t_mono_ns"]) if enter else None
         end = self.us(exit_["t_mono_ns"]) if exit_ else self.end_us
         args: Dict[str, Any] = {"step": r.get("step")}

@@ -120,7 +120,7 @@ def parent_pid(p: ProcessInfo) -> Optional[int]:
         return ppid
     for e in p.events or ():
         if e.get("event") == "start" and isinstance(e.get("ppid"), int):
-            return e["ppid"]
+            return int(e["ppid"])
     return None
 
 

@@ -9,7 +9,7 @@ import functools
 import socketserver
 import threading
 import time
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 
 class _TraceSource:
@@ -17,7 +17,7 @@ class _TraceSource:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.file_info: dict = {}
+        self.file_info: Dict[str, Any] = {}
         self.last_active = time.time()
 
     def notify_active(self) -> None:

@@ -1,6 +1,7 @@
 """The process model (issue 9): a rank is a process that joined a group; RANK in the
 environment is only a hint that helpers inherit."""
-from hangtrace.tracer.analyze.roles import Role, assign_roles
+from hangtrace.tracer.process_model import assign_roles
+from hangtrace.tracer.snapshot import Role
 from hangtrace.tracer.snapshot import ProcessInfo
 
 S = 1_700_000_000_000_000_000

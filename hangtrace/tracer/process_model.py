@@ -28,31 +28,12 @@ Rules, in order (:func:`assign_roles`):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from hangtrace.tracer.snapshot import ProcessInfo
+from hangtrace.tracer.snapshot import ProcessInfo, Role
 
 #: ring header ``rank_source`` value for "joined a process group" (tracer.ring.layout)
 _RANK_FROM_GROUP = 1
-
-
-class Role(str, Enum):
-    """What a traced process is in the job."""
-
-    #: starts ranks and waits for them: torchrun's agent, a spawn parent, the Ray driver
-    LAUNCHER = "launcher"
-    #: joined a torch.distributed process group (its rank comes from the group)
-    RANK = "rank"
-    #: a process of the job that never joined a group: DataLoader worker, resource
-    #: tracker, compile worker, any forked or spawned child of a rank
-    RANK_HELPER = "rank-helper"
-    #: a Ray actor's worker process (with or without a rank)
-    RAY_ACTOR = "ray-actor"
-    #: a Ray worker process running tasks, not an actor
-    RAY_TASK_WORKER = "ray-task-worker"
-    #: anything else
-    OTHER = "other"
 
 
 @dataclass(frozen=True)
@@ -169,8 +150,12 @@ def _ancestor_rank(p: ProcessInfo, by_pid: Mapping[Tuple[str, int], ProcessInfo]
     return None
 
 
-def assign_roles(processes: Iterable[ProcessInfo], valid_rank=lambda r: r is not None and r >= 0
-                 ) -> ProcessRoles:
+def _is_rank(r: Optional[int]) -> bool:
+    return r is not None and r >= 0
+
+
+def assign_roles(processes: Iterable[ProcessInfo],
+                 valid_rank: Callable[[Optional[int]], bool] = _is_rank) -> ProcessRoles:
     """Assign a :class:`Role` to every process and choose the process of each rank.
 
     ``valid_rank(rank) -> bool`` filters implausible header ranks (the caller's bounds).

@@ -1,0 +1,267 @@
+"""The analysis context: one indexed view per rank and the shared state of one
+``diagnose()`` call (pure).
+
+Index (one pass over each process's records, O(records)): per group the record with the
+highest ``seq`` of kind 'collective' (the ring may have wrapped: only the per-group
+maximum is trusted, never history from seq 1); per ``(group, peer)`` the highest p2p
+record; the record the rank is *blocked* in: ``ProcessInfo.inflight``, else its newest
+collective/p2p record if that is still 'issued' (not async), or 'failed' with a
+transport error (it was waiting there when the transport gave up). Group membership
+comes from the group definitions of every process (``groups``); a group nobody defined
+gets the ranks seen using it (the default group ``'0'`` / 'default_pg' gets
+``range(world_size)``). Processes with ``rank < 0`` are ignored; of two processes
+claiming one rank the later-started one is used. Ranks of ``range(world_size)`` with no
+process are reported as "no record file". Times are ns since the epoch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+
+from hangtrace.tracer.analyze.deaths import fill_death, is_transport_error, rec_fail_wall
+from hangtrace.tracer.process_model import ProcessRoles, assign_roles
+from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
+
+if TYPE_CHECKING:
+    from hangtrace.tracer.analyze.waitgraph import Inst
+
+#: One flight record (keys: ``tracer.ring.reader.decode_slots``). The one place to point
+#: at the typed record of ``tracer/ring/records.py`` once it exists.
+Record = Mapping[str, Any]
+#: A group definition: ``{'name', 'desc', 'backend', 'ranks', 'inferred', 'order'}``.
+GroupDef = Dict[str, Any]
+
+DEFAULT_STALL_S = 300.0
+#: progress stamped within this many ns after the end of a rank's last record is that
+#: record's completion, not new activity (the recorder stamps both at completion)
+COMPLETION_SLACK_NS = 50_000_000
+#: Larger world sizes (and ranks) in a ring header are corrupt/implausible: ignored, so
+#: that one bad header cannot make the analysis allocate per-rank structures unboundedly.
+MAX_WORLD = 1 << 20
+#: At most this many ranks without a record file are listed (``missing_ranks``).
+MAX_MISSING_LISTED = 65536
+
+
+@dataclass
+class RankView:
+    """What the analysis needs of one rank (built by :func:`index_process`, deaths filled
+    by ``deaths.fill_death``). Mutable on purpose: the arbiter re-runs the wait-for graph
+    with every death marked a victim when a stalled job was stopped.
+
+    ``last``: group -> newest collective record; ``p2p``: (group, peer) -> newest p2p
+    record; ``blocked``: the record the rank waits in; ``*_wall``: ns since the epoch.
+    """
+
+    rank: int
+    proc: ProcessInfo
+    last: Dict[Any, Record] = field(default_factory=dict)
+    p2p: Dict[Tuple[Any, Any], Record] = field(default_factory=dict)
+    blocked: Optional[Record] = None
+    blocked_failed: bool = False
+    last_wall: int = 0
+    activity_wall: int = 0
+    last_rec: Optional[Record] = None
+    failed: Optional[Record] = None
+    dead: bool = False
+    cause: Optional[str] = None
+    cause_text: Optional[str] = None
+    victim: bool = False
+    fail_wall: int = 0
+    phase: Optional[str] = None
+    step: Optional[int] = None
+    nrec: int = 0
+    mem: Optional[Dict[str, Any]] = None  # memory attribution (analyze.memory.attribute), issue 5
+
+
+def index_process(rank: int, proc: ProcessInfo) -> RankView:
+    """One pass over ``proc.records``: the per-group / per-peer newest records, the
+    blocked record, the first failed record, last sign of life and last activity
+    (see the module docstring). Deaths are not filled here (``deaths.fill_death``)."""
+    v = RankView(rank, proc)
+    last, p2p = v.last, v.p2p
+    lastcp: Optional[Record] = None
+    first_failed: Optional[Record] = None
+    last_wall = 0
+    recs = proc.records or ()
+    for rec in recs:
+        kind = rec.get("kind")
+        if kind == "collective":
+            g = rec.get("group")
+            cur = last.get(g)
+            if cur is None or rec.get("seq", 0) >= cur.get("seq", 0):
+                last[g] = rec
+            lastcp = rec
+            if first_failed is None and rec.get("state") == "failed":
+                first_failed = rec
+        elif kind == "p2p":
+            k = (rec.get("group"), rec.get("peer"))
+            cur = p2p.get(k)
+            if cur is None or rec.get("seq", 0) >= cur.get("seq", 0):
+                p2p[k] = rec
+            lastcp = rec
+            if first_failed is None and rec.get("state") == "failed":
+                first_failed = rec
+    activity = 0
+    prog = proc.progress_wall_ns or 0
+    if recs:
+        lr = recs[-1]
+        v.last_rec = lr
+        last_wall = lr.get("t_wall_ns") or 0
+        activity = last_wall
+        # progress stamped by the completion of the last record is not new activity
+        if prog and not (lr.get("state") in ("completed", "failed")
+                         and prog <= rec_fail_wall(lr) + COMPLETION_SLACK_NS):
+            activity = max(activity, prog)
+    else:
+        activity = prog
+    v.nrec = len(recs)
+    v.last_wall = max(last_wall, prog)
+    v.activity_wall = activity
+    v.failed = first_failed
+    inf = proc.inflight
+    if isinstance(inf, dict) and inf.get("kind") in ("collective", "p2p") and inf.get("state", "issued") == "issued":
+        v.blocked = inf
+    elif lastcp is not None:
+        st = lastcp.get("state")
+        if st == "issued" and not lastcp.get("async_op"):
+            v.blocked = lastcp
+        elif st == "failed" and is_transport_error(lastcp.get("error")):
+            v.blocked = lastcp
+            v.blocked_failed = True
+    v.phase = proc.phase if proc.phase is not None else (v.last_rec or {}).get("phase")
+    v.step = proc.step if proc.step is not None else (v.last_rec or {}).get("step")
+    return v
+
+
+def plausible_world(ws: Any) -> int:
+    """``ws`` when it is a plausible world size (1..MAX_WORLD), else 0 (unknown)."""
+    try:
+        n = int(ws)
+    except (TypeError, ValueError):
+        return 0
+    return n if 0 < n <= MAX_WORLD else 0
+
+
+class Ctx:
+    """Shared state of one diagnose() call: the rank views, groups, ranks without a
+    record file, evidence lines, staleness, and (set by ``diagnose``) the wait-for graph
+    ``insts`` / ``inst_of``. ``cache`` memoises derived analyses (chain ends, cycles)
+    for the rules; ``reset_graph`` clears it."""
+
+    def __init__(self, snapshot: Snapshot, now_wall_ns: Optional[int], stall_s: Optional[float]) -> None:
+        self.snap = snapshot
+        self.views: Dict[int, RankView] = {}
+        self.evidence: List[str] = []
+        self.dups: List[Tuple[int, str, str, Tuple[str, ...]]] = []  # (rank, kind, kept, others)
+        self.unranked = 0
+        self.bad: List[str] = []  # evidence lines: implausible rank/world_size in a ring header
+        self.procs: Dict[int, ProcessInfo] = self._choose(snapshot)
+        for r, p in self.procs.items():
+            v = index_process(r, p)
+            fill_death(v)
+            self.views[r] = v
+        self.world = max(self._worlds + [0])
+        if self.views:
+            self.world = max(self.world, max(self.views) + 1)
+        self.groups: Dict[str, GroupDef] = self._groups()
+        # ranks of range(world) without a record file; at most MAX_MISSING_LISTED listed
+        # (self.nmissing counts them all) - never a set of range(world)
+        self.nmissing = max(0, self.world - len(self.views))
+        self.nofile: List[int] = []
+        if self.nmissing:
+            for r in range(self.world):
+                if r not in self.views:
+                    self.nofile.append(r)
+                    if len(self.nofile) >= MAX_MISSING_LISTED:
+                        break
+        times = [v.last_wall for v in self.views.values() if v.last_wall]
+        self.last_progress = max(times) if times else 0
+        self.now = now_wall_ns or snapshot.taken_wall_ns or self.last_progress
+        self.age_s = (self.now - self.last_progress) / 1e9 if self.last_progress and self.now else None
+        self.stall_s = DEFAULT_STALL_S if stall_s is None else stall_s
+        self.stalled = snapshot.reason in ("stall",) or (self.age_s is not None and self.age_s >= self.stall_s)
+        self.insts: Dict[Any, Inst] = {}
+        self.inst_of: Dict[int, Inst] = {}
+        self.cache: Dict[str, Any] = {}
+
+    def _choose(self, snapshot: Snapshot) -> Dict[int, ProcessInfo]:
+        """The process analysed per rank, by the process model (``tracer.process_model``:
+        the process that joined a group as rank r; helpers that inherited RANK never stand
+        for it; restarts and conflicts go to ``dups``); records implausible headers."""
+        self._worlds: List[int] = []
+        valid: List[ProcessInfo] = []
+        for p in snapshot.processes:
+            ws = plausible_world(p.world_size)
+            if p.world_size is not None and p.world_size > MAX_WORLD:
+                self.bad.append("process %s: implausible world_size %s in its ring header: ignored "
+                                "(world size treated as unknown)" % (p.key, p.world_size))
+            rank: Optional[int] = p.rank
+            if rank is not None and (rank < -1 or rank >= MAX_WORLD or (ws and rank >= ws)):
+                self.bad.append("process %s: implausible rank %s%s in its ring header: "
+                                "treated as unranked" % (p.key, rank, " (world size %d)" % ws if ws else ""))
+                rank = None
+            if rank is None or rank < 0:
+                self.unranked += 1
+                continue
+            if ws:
+                self._worlds.append(ws)
+            valid.append(p)
+        self.roles: ProcessRoles = assign_roles(valid)
+        for c in self.roles.claims:
+            self.dups.append((c.rank, c.kind, c.kept, c.others))
+        return dict(self.roles.ranks)
+
+    def _groups(self) -> Dict[str, GroupDef]:
+        groups: Dict[str, GroupDef] = {}
+        seen: Dict[Any, List[int]] = {}
+        for r, v in self.views.items():
+            for g in v.last:
+                seen.setdefault(g, []).append(r)
+            for (g, _peer) in v.p2p:
+                seen.setdefault(g, []).append(r)
+        for p in self.procs.values():
+            for gd in p.groups or ():
+                if not isinstance(gd, dict) or gd.get("name") is None:
+                    continue
+                name = str(gd["name"])
+                if name in groups and groups[name].get("ranks"):
+                    continue
+                ranks = gd.get("ranks")
+                groups[name] = {"name": name, "desc": gd.get("desc"), "backend": gd.get("backend"),
+                                "ranks": sorted(int(x) for x in ranks) if ranks else None,
+                                "inferred": False, "order": gd.get("order")}
+        for name, rs in seen.items():
+            gdef = groups.get(name)
+            if gdef is None:
+                gdef = groups[name] = {"name": name, "desc": None, "backend": None, "ranks": None,
+                                       "inferred": True, "order": None}
+            if not gdef["ranks"]:
+                if (name in ("0", "default_pg", "WORLD") or gdef.get("desc") == "default_pg") and self.world:
+                    gdef["ranks"] = list(range(self.world))
+                else:
+                    gdef["ranks"] = sorted(set(rs))
+                    gdef["inferred"] = True
+        return groups
+
+    def members(self, g: Any) -> List[int]:
+        """Global ranks of group ``g`` ([] when unknown)."""
+        gd = self.groups.get(g)
+        return list(gd["ranks"]) if gd and gd["ranks"] else []
+
+    def gdesc(self, g: Any) -> str:
+        """"group 'g' (desc)" for evidence lines."""
+        gd = self.groups.get(g) or {}
+        d = "group '%s'" % g
+        if gd.get("desc") and gd.get("desc") != g:
+            d += " (%s)" % gd["desc"]
+        return d
+
+    def blocked(self, r: int) -> Record:
+        """The record rank ``r`` waits in (only for waiting ranks)."""
+        b = self.views[r].blocked
+        assert b is not None, "rank %d is not blocked" % r
+        return b
+
+    def add(self, line: str) -> None:
+        """Append an evidence line."""
+        self.evidence.append(line)

@@ -1,0 +1,229 @@
+"""Deaths: which ranks died, of what, when, and which deaths are victims (pure).
+
+A rank is dead when ``state == 'killed'``, or 'exited' with a non-zero exit code, or it
+has an 'exception' event. Cause (a :class:`~hangtrace.tracer.diagnosis.Cause` value):
+'sigterm' (a SIGTERM dump or exit code -15), 'fatal-signal' (a fatal-error dump, or exit
+code -6/-11/-7/-4/-8), 'exception' (type and message in ``cause_text``), 'exit-code N',
+else 'killed-without-record' (SIGKILL? host OOM-kill? - no handler ran). A death whose
+only reason is a transport error ("Connection closed by peer", "Timed out waiting",
+"connection reset", ...) is a *victim*, never the root when a non-victim death exists.
+Failure time: exception/signal/exit time, else the failed record's end, else the last
+sign of life (last record, progress) - a lower bound for SIGKILL. Memory evidence
+(``analyze/memory``, docs/MEMORY.md) then refines the cause ('host-oom-kill',
+'ray-memory-monitor', 'cuda-oom', 'sigterm-external'). Times are ns since the epoch.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+
+from hangtrace.tracer.diagnosis import Cause, exit_code_cause
+
+if TYPE_CHECKING:
+    from hangtrace.tracer.analyze.context import Ctx, RankView
+
+#: Lower-case substrings of error texts that mean "the transport (peer, socket) failed".
+#: gloo: "Connection closed by peer" (peer SIGKILLed), "Timed out waiting ...ms for recv
+#: operation to complete" (timeout); NCCL: "NCCL communicator was aborted", watchdog.
+TRANSPORT_MARKERS = ("connection closed by peer", "timed out waiting", "connection reset",
+                     "broken pipe", "connection refused", "socket timeout",
+                     "nccl communicator was aborted", "watchdog caught collective operation timeout",
+                     "ncclremoteerror", "ncclsystemerror", "read error", "write error",
+                     "no route to host", "peer closed", "ecconnreset", "econnreset")
+
+_SIGNAL_CAUSES = {-15: Cause.SIGTERM.value, -6: Cause.FATAL_SIGNAL.value, -11: Cause.FATAL_SIGNAL.value,
+                  -7: Cause.FATAL_SIGNAL.value, -4: Cause.FATAL_SIGNAL.value, -8: Cause.FATAL_SIGNAL.value}
+KILLED = Cause.KILLED_WITHOUT_RECORD.value
+
+#: A culprit that died within this many ns of the moment the others began waiting for it
+#: died *into* the hang (killed mid-step just after issuing its collective): the death is
+#: the root. Later deaths of a hung culprit (a user's kill of a stuck job) leave the hang
+#: verdict standing.
+DIED_INTO_HANG_NS = 2_000_000_000
+#: "Stopped after a stall": every rank dead within this window (s) ...
+STOPPED_WINDOW_S = 30.0
+#: ... and each at least this long (s) after its last progress.
+STOPPED_GAP_S = 60.0
+_PROGRESS_KINDS = ("collective", "p2p", "step", "phase_enter", "phase_exit", "group")
+
+
+def is_transport_error(text: Any) -> bool:
+    """True when ``text`` (an error message) names a transport failure (see
+    ``TRANSPORT_MARKERS``)."""
+    if not text:
+        return False
+    t = str(text).lower()
+    return any(m in t for m in TRANSPORT_MARKERS)
+
+
+def rec_fail_wall(rec: Optional[Mapping[str, Any]]) -> int:
+    """End time (ns since the epoch) of record ``rec``: its wall start plus its monotonic
+    duration; its start when the end is unknown; 0 for no record."""
+    if not rec:
+        return 0
+    w = int(rec.get("t_wall_ns") or 0)
+    end, start = rec.get("t_end_mono_ns"), rec.get("t_mono_ns")
+    if w and end and start and end >= start:
+        return w + int(end - start)
+    return w
+
+
+def base_cause(v: RankView) -> Optional[str]:
+    """The cause before memory evidence refined it."""
+    b: Optional[str] = (v.mem or {}).get("base_cause") or v.cause
+    return b
+
+
+def death_after(v: RankView, start: int) -> bool:
+    """True when dead rank ``v`` provably lived on after ``start`` (ns): its death time
+    is exact (signal dump, exception, exit record) and later, or - for a death without a
+    record, whose time is only a lower bound - it issued something after ``start``
+    (the completion of its last collective does not count)."""
+    if v.cause == KILLED or (v.mem or {}).get("base_cause") == KILLED:
+        return bool(v.activity_wall and v.activity_wall > start)
+    return bool(v.fail_wall and v.fail_wall > start)
+
+
+def died_soon_after(v: RankView, start: int) -> bool:
+    """True when ``v``'s last sign of life is within DIED_INTO_HANG_NS of ``start`` (ns)."""
+    last = max(v.activity_wall or 0, v.fail_wall or 0)
+    return bool(last) and last - start < DIED_INTO_HANG_NS
+
+
+def _signal_cause(v: RankView, sig: Mapping[str, Any], code: Optional[int], times: List[int]) -> bool:
+    """Fill a SIGTERM / fatal-signal cause; False when neither applies."""
+    if "sigterm" in sig or code == -15:
+        v.cause = Cause.SIGTERM.value
+        v.cause_text = "SIGTERM received (faulthandler dump present)" if "sigterm" in sig else "exit code -15"
+        times.append((sig.get("sigterm") or {}).get("wall_ns") or 0)
+        return True
+    if "fatal" in sig or code in _SIGNAL_CAUSES:
+        v.cause = Cause.FATAL_SIGNAL.value
+        text = (sig.get("fatal") or {}).get("text") or ""
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+        v.cause_text = first or "exit code %s" % code
+        times.append((sig.get("fatal") or {}).get("wall_ns") or 0)
+        return True
+    return False
+
+
+def _killed_text(v: RankView, code: Optional[int]) -> str:
+    p = v.proc
+    text = ("no exit record (SIGKILL, OOM kill, or stopped): the pid vanished without a "
+            "clean-exit record or signal dump (a SIGTERM leaves a stacks/sigterm-* "
+            "dump only where that folder is kept)")
+    if code == -9:
+        text = "exit code -9 (SIGKILL; host OOM-kill or an external kill)"
+    oom = [k for k, val in (p.meta or {}).items() if "oom" in str(k).lower() and val]
+    if oom:
+        text += "; meta: %s" % ", ".join("%s=%s" % (k, p.meta[k]) for k in oom)
+    return text
+
+
+def fill_death(v: RankView) -> None:
+    """Fill v.dead / cause / cause_text / victim / fail_wall from state, events, signals
+    (see the module docstring), then refine the cause from memory evidence."""
+    p = v.proc
+    exc: Optional[Dict[str, Any]] = None
+    for e in p.events or ():
+        if isinstance(e, dict) and e.get("event") == "exception":
+            exc = e
+            break
+    code: Optional[int] = p.exit_code
+    dead = p.state == "killed" or (p.state == "exited" and code not in (0, None)) or exc is not None
+    if not dead:
+        return
+    v.dead = True
+    sig: Mapping[str, Any] = p.signals or {}
+    times: List[int] = []
+    if _signal_cause(v, sig, code, times):
+        pass
+    elif exc is not None:
+        v.cause = Cause.EXCEPTION.value
+        v.cause_text = "%s: %s" % (exc.get("type") or "Exception", (exc.get("message") or "").strip())
+        v.victim = is_transport_error(exc.get("message"))
+        times.append(exc.get("wall_ns") or 0)
+    elif p.state == "exited" and code is not None:
+        v.cause = exit_code_cause(code)
+        v.cause_text = "exited with code %d" % code
+        v.victim = bool(v.failed and is_transport_error(v.failed.get("error")))
+    else:
+        v.cause = KILLED
+        v.cause_text = _killed_text(v, code)
+    if v.failed is not None:
+        times.append(rec_fail_wall(v.failed))
+    if p.exit_wall_ns:
+        times.append(p.exit_wall_ns)
+    times = [t for t in times if t]
+    v.fail_wall = min(times) if times else v.last_wall
+    b = v.blocked
+    if v.cause == Cause.SIGTERM.value and b is not None and times and v.fail_wall > (b.get("t_wall_ns") or 0):
+        # SIGTERMed while waiting in a collective (e.g. the user stopped a hung job): a
+        # victim of the hang, not its root
+        v.victim = True
+    _memory_cause(v)  # issue 5: host OOM-kill, Ray memory monitor, CUDA OOM, external SIGTERM
+
+
+def _memory_cause(v: RankView) -> None:
+    """Refine ``v.cause`` from memory evidence (analyze/memory); keeps the cause when the
+    evidence supports no other. Never raises."""
+    try:
+        from hangtrace.tracer.analyze.memory import attribute
+        att = attribute(v.proc, v.cause, v.cause_text)
+    except Exception as e:  # a bug here must not cost the verdict
+        v.mem = {"base_cause": v.cause, "evidence": ["memory attribution failed: %r" % (e,)]}
+        return
+    v.mem = att
+    if att["cause"] != v.cause:
+        v.cause, v.cause_text = att["cause"], att["cause_text"]
+
+
+def failures(ctx: Ctx) -> List[Dict[str, Any]]:
+    """Every failure: dead ranks and ranks with a failed collective/p2p record, by time.
+
+    Items: ``{'rank', 'cause', 'wall_ns', 'text', 'victim'}`` (+ ``group, seq, op`` for a
+    failed record) - the ``cascade`` items of docs/DIAGNOSIS.md."""
+    out: List[Dict[str, Any]] = []
+    for r, v in ctx.views.items():
+        if v.dead:
+            out.append({"rank": r, "cause": v.cause, "wall_ns": v.fail_wall, "text": v.cause_text,
+                        "victim": v.victim})
+        elif v.failed is not None:
+            err = v.failed.get("error") or ""
+            out.append({"rank": r, "cause": Cause.TRANSPORT_ERROR.value if is_transport_error(err) else "collective-failed",
+                        "wall_ns": rec_fail_wall(v.failed), "text": err[:300], "victim": is_transport_error(err),
+                        "group": v.failed.get("group"), "seq": v.failed.get("seq"), "op": v.failed.get("op")})
+    out.sort(key=lambda c: (c["wall_ns"] or 0, c["rank"]))
+    return out
+
+
+def roots(ctx: Ctx) -> List[RankView]:
+    """Non-victim deaths, earliest failure first (ties: lower rank)."""
+    return sorted((v for v in ctx.views.values() if v.dead and not v.victim),
+                  key=lambda v: (v.fail_wall or 0, v.rank))
+
+
+def stopped_after_stall(ctx: Ctx) -> Optional[Tuple[float, float, Dict[int, bool]]]:
+    """``(spread_s, min_gap_s, {rank: victim})`` when every rank died without an exception
+    or exit code (killed without record / SIGTERM) within STOPPED_WINDOW_S of each other,
+    each at least STOPPED_GAP_S after its last progress (its records show it alive: memory
+    samples, progress stamps, dumps); else None."""
+    vs = list(ctx.views.values())
+    if len(vs) < 2 or not all(v.dead for v in vs):
+        return None
+    alive_at: List[int] = []
+    gaps: List[float] = []
+    for v in vs:
+        if base_cause(v) not in (KILLED, Cause.SIGTERM.value):
+            return None
+        recs = v.proc.records or ()
+        prog = max([r.get("t_wall_ns") or 0 for r in recs if r.get("kind") in _PROGRESS_KINDS] or [0])
+        seen = max([v.last_wall or 0, v.proc.exit_wall_ns or 0]
+                   + [(x or {}).get("wall_ns") or 0 for x in (v.proc.signals or {}).values()])
+        if not prog or not seen:
+            return None
+        alive_at.append(seen)
+        gaps.append((seen - prog) / 1e9)
+    spread = (max(alive_at) - min(alive_at)) / 1e9
+    if spread > STOPPED_WINDOW_S or min(gaps) < STOPPED_GAP_S or spread > min(gaps) / 2:
+        return None
+    return spread, min(gaps), {v.rank: v.victim for v in vs}

@@ -1,0 +1,112 @@
+"""Enrichment after the verdict: Ray identity and Ray's own death record (issue 4; meta
+from hooks/ray_hooks.py and collect/raystate.join), memory ledger, trends and
+attribution (issue 5), dead helper threads, ranks outside the common stack frame (pure;
+never raises on odd data). Ray's text is reported as Ray's, beside the cause found."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.stacktree import format_ranks
+from hangtrace.tracer.diagnosis import Diagnosis, Kind
+from hangtrace.tracer.snapshot import ProcessInfo
+
+
+def ray_actor(p: ProcessInfo) -> Optional[Dict[str, Any]]:
+    """Ray actor identity of a process (from its ring meta), or None."""
+    m = p.meta or {}
+    if not (m.get("ray_actor_class") or m.get("ray_actor_name") or m.get("ray_actor_id")):
+        return None
+    return {"class": m.get("ray_actor_class"), "name": m.get("ray_actor_name") or None,
+            "actor_id": m.get("ray_actor_id"), "node_id": m.get("ray_node_id"),
+            "job_id": m.get("ray_job_id"), "pid": p.pid}
+
+
+def _ray_label(a: Dict[str, Any]) -> str:
+    return "%s%s" % (a.get("class") or "actor", " '%s'" % a["name"] if a.get("name") else "")
+
+
+def ray_details(ctx: Ctx, d: Diagnosis) -> None:
+    """``details['ray_actors']``, ``['culprit_actors']``, ``['ray_says']`` and evidence."""
+    actors: Dict[str, Dict[str, Any]] = {}
+    for r, p in ctx.procs.items():
+        a = ray_actor(p)
+        if a is not None:
+            actors[str(r)] = a
+    if actors:
+        d.details["ray_actors"] = actors
+        d.details["culprit_actors"] = [dict(actors[str(r)], rank=r) for r in d.culprit_ranks if str(r) in actors]
+        for a in d.details["culprit_actors"][:4]:
+            ctx.add("rank %d is Ray actor %s (actor id %s, node %s, pid %d)" % (
+                a["rank"], _ray_label(a), (a.get("actor_id") or "?")[:16], (a.get("node_id") or "?")[:12], a["pid"]))
+    says: Dict[str, Dict[str, Any]] = {}
+    focus: List[Any] = list(d.culprit_ranks) + [c.get("rank") for c in d.cascade or ()]
+    for r in focus:
+        proc = ctx.procs.get(r) if r is not None else None
+        m = (proc.meta or {}) if proc is not None else {}
+        if m.get("ray_death") and str(r) not in says:
+            says[str(r)] = {"text": m["ray_death"], "actor_state": m.get("ray_actor_state"),
+                            "exit_type": m.get("ray_exit_type"), "exit_detail": m.get("ray_exit_detail")}
+    if says:
+        d.details["ray_says"] = says
+        for r in d.culprit_ranks[:4]:
+            x = says.get(str(r))
+            if x:
+                ctx.add("rank %d: Ray says: %s%s" % (r, " ".join(str(x["text"]).split())[:400],
+                                                    " [worker exit %s]" % x["exit_type"] if x.get("exit_type") else ""))
+                if d.kind == Kind.DEAD_RANK:
+                    ctx.add("rank %d: Ray's text is Ray's own record; the cause hangtrace's evidence supports "
+                            "is '%s'" % (r, d.cause))
+
+
+def memory_details(ctx: Ctx, d: Diagnosis) -> None:
+    """``details['memory']`` (analyze.memory.summarize) and memory evidence lines for the
+    culprits. Skipped silently when no process sampled memory; never raises."""
+    try:
+        from hangtrace.tracer.analyze.memory import summarize
+        focus = list(d.culprit_ranks) + [c.get("rank") for c in d.cascade or () if c.get("rank") not in d.culprit_ranks]
+        atts = {r: ctx.views[r].mem for r in focus if r in ctx.views and ctx.views[r].mem}
+        mem = summarize(ctx.procs, focus, atts)
+    except Exception as e:
+        ctx.add("memory analysis failed: %r" % (e,))
+        return
+    if mem is None:
+        return
+    d.details["memory"] = mem
+    if d.kind == Kind.DEAD_RANK and d.culprit_ranks:
+        a = atts.get(d.culprit_ranks[0]) or {}
+        c = a.get("cuda_oom") or {}
+        if d.phase is None and c.get("phase"):  # the phase the OOM left, not the (empty) current one
+            d.phase = c["phase"]
+        if d.step is None and c.get("step") is not None:
+            d.step = c["step"]
+    lines: List[str] = []
+    for r in d.culprit_ranks[:4]:
+        att = atts.get(r)
+        if att:
+            lines += ["rank %d: %s" % (r, e) for e in att.get("evidence") or ()]
+    try:
+        from hangtrace.tracer.analyze.memory import significant
+        flags, trends = significant(mem, d.cause)
+    except Exception:
+        flags, trends = [], []
+    if flags or trends:  # small kept/grown bytes stay in details['memory'] (text report)
+        lines += mem.get("evidence") or []
+    for ln in lines[:10]:
+        if ln not in ctx.evidence:
+            ctx.add(ln)
+
+
+def thread_and_stack_notes(ctx: Ctx, d: Diagnosis) -> None:
+    """Evidence: helper threads of the culprits that died earlier; ranks outside the
+    frame most ranks share."""
+    for r in d.culprit_ranks[:4]:
+        v = ctx.views.get(r)
+        for e in (v.proc.events or ()) if v else ():
+            if isinstance(e, dict) and e.get("event") == "thread_exception":
+                ctx.add("rank %d: thread %s died earlier with %s: %s (a dead producer/helper thread?)" % (
+                    r, e.get("thread") or "?", e.get("type") or "Exception", str(e.get("message") or "")[:160]))
+    miss = d.details.get("missing_from_common_frame")
+    if miss and miss["missing"] and len(miss["missing"]) <= 16:
+        ctx.add("stacks: %d ranks share %s; ranks %s are not in it" % (
+            miss["ranks_in"], miss["frames"][-1] if miss["frames"] else "?", format_ranks(miss["missing"], 8)))

@@ -1,0 +1,129 @@
+"""Wording shared by the rules: rank lists, record descriptions, per-rank lines, the
+culprit's frames, and the common fields of a verdict (pure)."""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, List, Mapping, Optional, Tuple
+
+from hangtrace.tracer.analyze.context import Ctx, Record
+from hangtrace.tracer.analyze.stacktree import format_ranks, frame_label, process_frames
+from hangtrace.tracer.analyze.waitgraph import Inst
+from hangtrace.tracer.diagnosis import Diagnosis
+
+MAX_FRAMES = 8
+
+
+def rk(rs: Iterable[int], limit: int = 12) -> str:
+    """'rank 3' / 'ranks 0-2,5' for a rank list."""
+    rl = list(rs)
+    return ("rank " if len(rl) == 1 else "ranks ") + format_ranks(rl, limit)
+
+
+def vb(rs: Iterable[int], one: str = "waits", many: str = "wait") -> str:
+    """The verb agreeing with the number of ranks."""
+    return one if len(list(rs)) == 1 else many
+
+
+def ts(wall_ns: Optional[int]) -> str:
+    """ns since the epoch -> '2023-11-14T22:13:20.005Z' (UTC)."""
+    if not wall_ns:
+        return "?"
+    sec, ns = divmod(int(wall_ns), 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)) + ".%03dZ" % (ns // 1_000_000)
+
+
+def desc_rec(rec: Record) -> str:
+    """'all_reduce float32 numel=4 shape=[4] peer=1'."""
+    s = "%s" % rec.get("op")
+    if rec.get("dtype"):
+        s += " %s" % rec.get("dtype")
+    if rec.get("numel") is not None:
+        s += " numel=%s" % rec.get("numel")
+    if rec.get("shape"):
+        s += " shape=%s" % rec.get("shape")
+    if rec.get("peer") not in (None, -1):
+        s += " peer=%s" % rec.get("peer")
+    return s
+
+
+def where_rec(rec: Record) -> str:
+    """'step 3, phase train' of a record ('' when unknown)."""
+    parts = []
+    if rec.get("step") is not None:
+        parts.append("step %s" % rec.get("step"))
+    if rec.get("phase"):
+        parts.append("phase %s" % rec.get("phase"))
+    return ", ".join(parts)
+
+
+def wrapper_frame(f: Mapping[str, Any]) -> bool:
+    """True for call-forwarding wrappers that say nothing about the program: hangtrace's
+    own hooks (``hangtrace/hooks/*.py``) and torch's c10d logging decorators
+    (``torch/distributed/c10d_logger.py``: ``_exception_logger``/``_time_logger``)."""
+    fn = (f.get("filename") or "").replace("\\", "/")
+    if "/hangtrace/hooks/" in fn:
+        return True
+    if fn.endswith("ray/util/tracing/tracing_helper.py"):  # Ray's actor-method span wrapper (issue 4)
+        return True
+    return fn.endswith("torch/distributed/c10d_logger.py") and "wrapper" in (f.get("name") or "")
+
+
+def frames_of(ctx: Ctx, r: int) -> Tuple[List[str], Optional[List[Any]], Optional[bool]]:
+    """(display labels, raw frames, active) of rank ``r``'s analysed thread; the labels
+    skip wrapper frames (``wrapper_frame``), so they start at the torch.distributed op
+    or the blocking call and go on into the user's code."""
+    p = ctx.procs.get(r)
+    if p is None:
+        return [], None, None
+    frames, thread = process_frames(p)
+    frames = frames or []
+    shown = [f for f in frames if not wrapper_frame(f)] or frames
+    return [frame_label(f) for f in shown[:MAX_FRAMES]], frames, (thread or {}).get("active")
+
+
+def rank_line(ctx: Ctx, r: int, g: Any) -> str:
+    """'rank 1: last all_reduce on group 'cp' seq 7 completed at step 3, phase train'."""
+    v = ctx.views.get(r)
+    if v is None:
+        return "rank %d: no record file (state unknown)" % r
+    rec = v.last.get(g)
+    if rec is None:
+        s = "rank %d: no collective on %s in its last %d records" % (r, ctx.gdesc(g), v.nrec)
+    else:
+        s = "rank %d: last %s on %s seq %s %s" % (r, rec.get("op"), ctx.gdesc(g), rec.get("seq"),
+                                               rec.get("state"))
+        w = where_rec(rec)
+        if w:
+            s += " at " + w
+    s += "; now %s" % v.proc.state
+    if v.phase or v.step is not None:
+        s += ", phase %s step %s" % (v.phase, v.step)
+    return s
+
+
+def stall_note(ctx: Ctx) -> Optional[str]:
+    """How long ago anything progressed, against the stall threshold."""
+    if ctx.age_s is None:
+        return None
+    return "last progress anywhere %.1f s before the snapshot%s" % (
+        ctx.age_s, "" if ctx.stalled else " (below the %.0f s stall threshold: may still move)" % ctx.stall_s)
+
+
+def fill_common(ctx: Ctx, d: Diagnosis, culprits: Iterable[int], inst: Optional[Inst]) -> None:
+    """Group/seq/op/phase/step/frames of the verdict from the main instance and culprit."""
+    d.culprit_ranks = sorted(set(culprits))
+    if inst is not None:
+        d.group = inst.group
+        d.group_ranks = list(ctx.members(inst.group)) or None
+        d.details["group_desc"] = (ctx.groups.get(inst.group) or {}).get("desc")
+        d.seq = inst.seq
+        w = inst.waiters[0] if inst.waiters else None
+        if w is not None:
+            d.op = ctx.blocked(w).get("op")
+    if d.culprit_ranks:
+        c = d.culprit_ranks[0]
+        v = ctx.views.get(c)
+        if v is not None:
+            d.phase, d.step = v.phase, v.step
+            labels, _frames, _a = frames_of(ctx, c)
+            d.frames = labels

@@ -1,0 +1,70 @@
+"""Trends: memory growth per step (pure).
+
+Trends (:func:`trend`): per metric, the level at the first sample of each step; least
+squares bytes/step; *steady* when at least 3 steps, the slope is above the threshold and
+at least 75 % of step-to-step changes are increases; mean growth per phase from the
+ledger; the step at which the limit is reached at that rate.
+"""
+import math
+from typing import Any, Dict, List, Optional, Tuple
+
+from hangtrace.tracer.analyze.memory.samples import Sample, _thr
+
+
+def _series(ss: List[Sample], metric: str) -> List[Tuple[int, int, Optional[int]]]:
+    """[(step, value, limit)] - the first sample of each step."""
+    out = {}
+    for s in ss:
+        v = s["values"].get(metric)
+        if v is None or s["step"] is None or s["source"] == "oom":
+            continue
+        if s["step"] not in out:
+            out[s["step"]] = (v, s["limits"].get(metric))
+    return sorted((st, v, lim) for st, (v, lim) in out.items())
+
+
+def trend(ss: List[Sample], rows: List[Dict[str, Any]], metric: str) -> Optional[Dict[str, Any]]:
+    """Growth of ``metric`` per step (dict) or None with fewer than 3 steps."""
+    ser = _series(ss, metric)
+    if len(ser) < 3:
+        return None
+    xs = [float(s) for s, _v, _l in ser]
+    ys = [float(v) for _s, v, _l in ser]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    thr = _thr(ys)
+    ups = sum(1 for a, b in zip(ys, ys[1:]) if b - a > 0.25 * max(slope, 1))
+    steady = slope > thr and ups >= 0.75 * (n - 1)
+    per_phase: Dict[str, List[int]] = {}
+    for r in rows:
+        if r["metric"] == metric and r["delta"] is not None and r["depth"] == 0:
+            per_phase.setdefault(r["phase"], []).append(r["delta"])
+    phase_growth = {ph: int(sum(d) / len(d)) for ph, d in per_phase.items()}
+    limit = None
+    headroom_base = None  # the level the limit is compared with (default: this metric's)
+    for s in reversed(ss):
+        if s["limits"].get(metric):
+            limit = s["limits"][metric]
+            break
+        if metric == "rss" and s["limits"].get("cgroup") and s["values"].get("cgroup") is not None:
+            # RSS has no limit of its own: the (possibly shared) cgroup's limit bounds it;
+            # this rank's growth eats the cgroup's remaining headroom
+            limit, headroom_base = s["limits"]["cgroup"], s["values"]["cgroup"]
+            break
+    last_step, last_v = ser[-1][0], ser[-1][1]
+    newest = last_v
+    for s in reversed(ss):
+        if metric in s["values"]:
+            newest = s["values"][metric]
+            break
+    proj = None
+    if steady and limit and slope > 0:
+        proj = last_step + max(0, int(math.ceil((limit - (last_v if headroom_base is None else headroom_base))
+                                                / slope)))
+    growing = max(phase_growth.items(), key=lambda kv: kv[1])[0] if phase_growth else None
+    return {"metric": metric, "steps": [ser[0][0], last_step], "nsteps": n, "bytes_per_step": int(slope),
+            "steady": bool(steady), "first": int(ys[0]), "last": int(newest), "limit": limit,
+            "projected_limit_step": proj, "phase_growth": phase_growth,
+            "growing_phase": growing if growing is not None and phase_growth.get(growing, 0) > thr else None}

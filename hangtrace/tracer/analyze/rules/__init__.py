@@ -1,0 +1,34 @@
+"""The verdict rules, one per module, in precedence order (docs/ARCHITECTURE.md,
+"Analysis"; "how to add a verdict rule").
+
+``HANG_RULES``: tried in order over the wait-for graph; the first that finds is *the
+hang*. ``DEATH_RULE`` finds the root death. The arbiter (``analyze/arbiter.py``) decides
+between them; with neither, ``FALLBACK_RULES`` are tried in order (``idle`` always
+finds). ``STACK_ONLY`` replaces all of them for stacks-only snapshots (attach).
+"""
+from typing import Dict, Tuple
+
+from hangtrace.tracer.analyze.rules import (chain, dead_rank, deadlock, diverged, extra_collective, idle,
+                                            minority, mismatch, no_record_file, stack_only, transport)
+from hangtrace.tracer.analyze.rules.base import Finding, Rule
+
+HANG_RULES: Tuple[Rule, ...] = (
+    mismatch,          # 'collective-mismatch' / mismatch: signatures differ at one seq (definitive)
+    extra_collective,  # 'skipped-collective' / extra-collective: a cycle explained by one extra collective
+    deadlock,          # 'cross-group-deadlock' / cycle
+    no_record_file,    # 'unknown' / no-record-file: only ranks without a file are waited for
+    diverged,          # 'collective-mismatch' / sequence-diverged
+    minority,          # 'skipped-collective' / extra-collective: the waiting minority diverged
+    chain,             # dead-rank / skipped-collective / stuck-outside-collective: the chain ends
+)
+DEATH_RULE: Rule = dead_rank      # 'dead-rank': the earliest non-victim death
+FALLBACK_RULES: Tuple[Rule, ...] = (
+    transport,         # 'transport-error': failed records, nobody dead, nobody hung
+    idle,              # 'progressing' / 'unknown' stalled-*: always finds
+)
+STACK_ONLY: Rule = stack_only     # attach: stacks only, every kind from stacks
+
+ALL_RULES: Tuple[Rule, ...] = HANG_RULES + (DEATH_RULE,) + FALLBACK_RULES + (STACK_ONLY,)
+BY_NAME: Dict[str, Rule] = {r.NAME: r for r in ALL_RULES}
+
+__all__ = ["HANG_RULES", "DEATH_RULE", "FALLBACK_RULES", "STACK_ONLY", "ALL_RULES", "BY_NAME", "Finding", "Rule"]

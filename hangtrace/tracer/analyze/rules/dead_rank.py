@@ -1,0 +1,80 @@
+"""Rule *dead_rank* -> 'dead-rank' with the death's cause (``analyze/deaths.py``).
+
+The root is the earliest non-victim death; every other failure (dead ranks, failed
+records) goes to ``cascade``. Whether the death or a hang is the verdict is the
+arbiter's decision table (``analyze/arbiter.py``). The group/seq shown are those of the
+instance with the most waiters that misses the root, else the root's newest collective.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from hangtrace.tracer.analyze.context import Ctx, RankView
+from hangtrace.tracer.analyze.deaths import failures, roots
+from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk, ts, vb
+from hangtrace.tracer.analyze.rules.base import Finding
+from hangtrace.tracer.analyze.stacktree import format_ranks
+from hangtrace.tracer.analyze.waitgraph import Inst, inst_text
+from hangtrace.tracer.diagnosis import Diagnosis, Kind
+
+NAME = "dead_rank"
+
+
+def find(ctx: Ctx) -> Optional[Finding]:
+    """The root death (``data``: (root view, every root, failures)), or None."""
+    rs = roots(ctx)
+    if not rs:
+        return None
+    return Finding(NAME, (rs[0].rank,), rs[0].fail_wall, data=(rs[0], rs, failures(ctx)))
+
+
+def _where_it_stopped(ctx: Ctx, d: Diagnosis, root: RankView) -> Optional[Inst]:
+    inst: Optional[Inst] = None
+    for i in ctx.insts.values():
+        if root.rank in i.missing and (inst is None or len(i.waiters) > len(inst.waiters)):
+            inst = i
+    fill_common(ctx, d, [root.rank], inst)
+    if inst is not None:
+        d.details["direct_waiters"] = sorted(inst.waiters)
+        return inst
+    b = root.blocked or root.last_rec
+    if root.last:
+        g = max(root.last.items(), key=lambda kv: kv[1].get("idx") or 0)[0]
+        rec = root.last[g]
+        d.group, d.group_ranks, d.seq, d.op = g, list(ctx.members(g)) or None, rec.get("seq"), rec.get("op")
+    elif b:
+        d.op = b.get("op")
+    return None
+
+
+def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
+    """Cause, failure time, the root's last collective, its waiters, the cascade;
+    ``details['cause_text']``, ``['fail_wall_ns']``."""
+    root: RankView
+    all_roots: List[RankView]
+    fails: List[Dict[str, Any]]
+    root, all_roots, fails = finding.data
+    d.kind = Kind.DEAD_RANK
+    d.cause = root.cause
+    d.details["cause_text"] = root.cause_text
+    d.details["fail_wall_ns"] = root.fail_wall
+    inst = _where_it_stopped(ctx, d, root)
+    p = root.proc
+    ctx.add("rank %d (%s): %s; cause %s: %s" % (root.rank, p.key, p.state + (
+        " exit code %s" % p.exit_code if p.exit_code is not None else ""), root.cause, root.cause_text))
+    if root.fail_wall:
+        ctx.add("rank %d failed first (at %s%s)" % (
+            root.rank, ts(root.fail_wall), ", its last sign of life" if (root.mem or {}).get("base_cause", root.cause)
+            == "killed-without-record" else ""))
+    if d.group is not None:
+        ctx.add(rank_line(ctx, root.rank, d.group))
+    if inst is not None:
+        ctx.add("%s %s at %s for it" % (rk(inst.waiters), vb(inst.waiters), inst_text(ctx, inst)))
+    d.cascade = [c for c in fails if c["rank"] != root.rank]
+    if d.cascade:
+        vict = [c for c in d.cascade if c.get("victim")]
+        ctx.add("%d later failure(s) (cascade)%s: first rank %d (%s)" % (
+            len(d.cascade), ", %d transport error(s)" % len(vict) if vict else "",
+            d.cascade[0]["rank"], (d.cascade[0]["text"] or d.cascade[0]["cause"])[:120]))
+    if len(all_roots) > 1:
+        ctx.add("other non-transport deaths after the root: ranks %s" % format_ranks([v.rank for v in all_roots[1:]], 12))

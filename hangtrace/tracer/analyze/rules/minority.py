@@ -1,0 +1,57 @@
+"""Rule *minority* -> 'skipped-collective', cause 'extra-collective' (the minority flip
+of the chain; checked before *chain*).
+
+When every missing member (with a process) of the chain's main instance was classified
+as having moved on ('skipped-collective'), they are all chain ends, the waiters are
+fewer than the missing ones and nobody waits for the waiters, the waiting minority is
+what diverged (rank 0 alone in a checkpoint barrier the others never call): it is named.
+P2P instances never flip. For the arbiter the Finding carries the chain ends as
+``culprits`` (as rule *chain* would), so hang-versus-death precedence is that of the chain.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from hangtrace.tracer.analyze.chainends import ChainEnds
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk
+from hangtrace.tracer.analyze.rules.base import Finding
+from hangtrace.tracer.analyze.rules.chain import chain_finding, main_instance
+from hangtrace.tracer.analyze.waitgraph import inst_text
+from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
+
+NAME = "minority"
+
+
+def find(ctx: Ctx) -> Optional[Finding]:
+    """The chain Finding (``data``: (ChainEnds, main instance)) when the flip applies."""
+    f = chain_finding(ctx, NAME)
+    if f is None:
+        return None
+    ce: ChainEnds = f.data
+    main = main_instance(ce)
+    if main is None or main.p2p:
+        return None
+    miss_present = [m for m in main.missing if m in ctx.views]
+    all_moved = bool(miss_present) and all(ce.kinds.get(m, ("", ""))[0] == Kind.SKIPPED_COLLECTIVE.value
+                                           for m in miss_present)
+    if (all_moved and len(main.waiters) < len(main.missing) and not (set(main.waiters) & ce.waited)
+            and set(miss_present) <= set(ce.present)):
+        return Finding(NAME, f.culprits, f.start, end_kinds=f.end_kinds, data=(ce, main))
+    return None
+
+
+def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
+    """The waiters named; the lines of the members that moved on."""
+    ce, main = finding.data
+    kinds = ce.kinds
+    d.kind = Kind.SKIPPED_COLLECTIVE
+    d.cause = Cause.EXTRA_COLLECTIVE
+    fill_common(ctx, d, main.waiters, main)
+    ctx.add("%s alone entered %s (%s); %s never called it and moved on: the minority "
+            "took a different path (e.g. a rank-0-only checkpoint/barrier)" % (
+                rk(main.waiters, 8), inst_text(ctx, main),
+                ctx.blocked(main.waiters[0]).get("op"), rk(main.missing, 8)))
+    for m in main.missing[:3]:
+        ctx.add(rank_line(ctx, m, main.group) + " (%s)" % kinds[m][1] if m in kinds else rank_line(ctx, m, main.group))
+    d.details["culprit_kinds"] = {str(r): Kind.SKIPPED_COLLECTIVE.value for r in main.waiters}

@@ -1,0 +1,162 @@
+"""Rule *stack_only* -> a verdict from stacks alone (``hangtrace attach``: a job not
+started with hangtrace, so no flight records). Applies to snapshots whose reason is
+'attach' and replaces every other rule for them.
+
+Each rank's analysed thread is classified as *in a collective* (a torch.distributed
+collective/p2p frame on its stack, which op) or *outside* (blocked in a queue, lock,
+sleep, IO ... or simply not in torch.distributed). Then: ranks outside while others
+wait in collectives -> 'stuck-outside-collective'; all in collectives but in different
+ops -> 'collective-mismatch' naming the minority (every rank on a tie); ranks missing
+(world size larger than the ranks found) while the others wait -> 'unknown' naming the
+missing ranks; otherwise 'unknown' (all ranks in the same collective: the transport, or
+a rank outside this host; or nobody in a collective). The summary is written here
+(stacks-only wording), not by ``report.paragraph``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from hangtrace.tracer.analyze.context import MAX_MISSING_LISTED, MAX_WORLD, Ctx
+from hangtrace.tracer.analyze.rules.base import Finding
+from hangtrace.tracer.analyze.stacktree import (blocking_reason, classes, collective_frame, format_ranks,
+                                                merge_stacks, process_frames)
+from hangtrace.tracer.diagnosis import Diagnosis, Kind
+
+NAME = "stack_only"
+#: ``Snapshot.reason`` of a stacks-only snapshot (written by ``collect/attach.py``)
+REASON = "attach"
+
+
+@dataclass(frozen=True)
+class StackView:
+    """Ranks by what their stacks show: ``inside``: rank -> collective op; ``outside``:
+    rank -> why it is not in one; ``frames``: rank -> frames (innermost first)."""
+
+    inside: Mapping[int, str]
+    outside: Mapping[int, str]
+    nostack: Tuple[int, ...]
+    missing: Tuple[int, ...]
+    world: int
+    classes: Tuple[Dict[str, Any], ...]
+    frames: Mapping[int, List[Any]]
+
+
+def applies(ctx: Ctx) -> bool:
+    """True for a stacks-only snapshot."""
+    return ctx.snap.reason == REASON
+
+
+def find(ctx: Ctx) -> Optional[Finding]:
+    """The stack view of every rank (``data``: StackView) for a stacks-only snapshot."""
+    if not applies(ctx):
+        return None
+    procs = [p for p in ctx.snap.processes if p.rank >= 0]
+    inside: Dict[int, str] = {}
+    outside: Dict[int, str] = {}
+    nostack: List[int] = []
+    frames_of: Dict[int, List[Any]] = {}
+    for p in procs:
+        frames, thread = process_frames(p)
+        if not frames:
+            nostack.append(p.rank)
+            continue
+        frames_of[p.rank] = frames
+        cf = collective_frame(frames)
+        if cf:
+            inside[p.rank] = cf.split(" ")[0]
+        else:
+            outside[p.rank] = blocking_reason(frames, thread.get("active") if thread else None) or \
+                "not in torch.distributed"
+    world = max([p.world_size for p in procs if p.world_size and p.world_size <= MAX_WORLD] or [-1])
+    have = {p.rank for p in procs}
+    missing: List[int] = []
+    for r in range(world if world > 0 else 0):  # bounded: world <= MAX_WORLD, <= 65536 listed
+        if r not in have:
+            missing.append(r)
+            if len(missing) >= MAX_MISSING_LISTED:
+                break
+    sv = StackView(inside, outside, tuple(nostack), tuple(missing), world,
+                   tuple(classes(merge_stacks(procs))), frames_of)
+    return Finding(NAME, data=sv)
+
+
+def _top(sv: StackView, rank: int) -> List[str]:
+    return ["%s (%s:%s)" % (f.get("name"), os.path.basename(f.get("filename") or ""), f.get("line"))
+            for f in sv.frames.get(rank, [])[:8]]
+
+
+def _stuck(sv: StackView, d: Diagnosis) -> None:
+    inside, outside = sv.inside, sv.outside
+    d.kind = Kind.STUCK_OUTSIDE_COLLECTIVE
+    d.culprit_ranks = sorted(outside)
+    d.waiting_ranks = sorted(inside)
+    first = d.culprit_ranks[0]
+    d.frames = _top(sv, first)
+    ops = sorted(set(inside.values()))
+    d.op = ops[0] if len(ops) == 1 else None
+    d.summary = ("Stuck outside collectives: rank%s %s %s not in any torch.distributed call (%s) while "
+                 "rank%s %s wait in %s. Its stack: %s. Next: find what it waits for outside "
+                 "torch.distributed (the producer of its queue, the holder of its lock, its IO)."
+                 % ("s" if len(outside) > 1 else "", format_ranks(outside), "are" if len(outside) > 1 else "is",
+                    outside[first], "s" if len(inside) > 1 else "", format_ranks(inside), "/".join(ops),
+                    " < ".join(d.frames[:4])))
+
+
+def _mismatch(sv: StackView, d: Diagnosis) -> None:
+    inside = sv.inside
+    by_op: Dict[str, List[int]] = {}
+    for r, op in inside.items():
+        by_op.setdefault(op, []).append(r)
+    ranked = sorted(by_op.items(), key=lambda kv: len(kv[1]))
+    if len(ranked[0][1]) < len(ranked[-1][1]):
+        d.culprit_ranks = sorted(ranked[0][1])
+    else:
+        d.culprit_ranks = sorted(inside)
+    d.kind = Kind.COLLECTIVE_MISMATCH
+    d.details["signatures"] = [{"op": op, "dtype": None, "numel": None, "ranks": sorted(rs)}
+                               for op, rs in ranked]
+    d.waiting_ranks = sorted(set(inside) - set(d.culprit_ranks))
+    d.frames = _top(sv, d.culprit_ranks[0])
+    d.summary = ("Collective mismatch: ranks are blocked in different collectives (%s). The odd one%s: "
+                 "rank%s %s. Its stack: %s. Next: compare the code paths; a rank took a different branch."
+                 % ("; ".join("%s: ranks %s" % (op, format_ranks(rs)) for op, rs in ranked),
+                    "s" if len(d.culprit_ranks) > 1 else "", "s" if len(d.culprit_ranks) > 1 else "",
+                    format_ranks(d.culprit_ranks), " < ".join(d.frames[:4])))
+
+
+def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
+    """The whole stacks-only Diagnosis, summary included (``details['source']``)."""
+    sv: StackView = finding.data
+    inside, outside, missing = sv.inside, sv.outside, list(sv.missing)
+    d.kind = Kind.UNKNOWN
+    d.stack_classes = list(sv.classes)
+    d.details["source"] = "stacks only (hangtrace attach: no flight records)"
+    ev = d.evidence
+    for c in sv.classes:
+        ev.append("ranks %s: %s" % (format_ranks(c["ranks"]), " > ".join(c["frames"][-4:])))
+    if missing:
+        ev.append("ranks %s of world size %d were not found on this host (dead, or on another node)"
+                  % (format_ranks(missing), sv.world))
+    if sv.nostack:
+        ev.append("ranks %s: no stack (see errors)" % format_ranks(sv.nostack))
+    if inside and outside:
+        _stuck(sv, d)
+    elif inside and len(set(inside.values())) > 1:
+        _mismatch(sv, d)
+    elif inside and missing:
+        d.culprit_ranks = missing
+        d.waiting_ranks = sorted(inside)
+        d.summary = ("Ranks %s wait in %s; ranks %s were not found on this host: they died or run on another "
+                     "node. Next: attach on the other nodes, or check those ranks' logs for a crash."
+                     % (format_ranks(inside), "/".join(sorted(set(inside.values()))), format_ranks(missing)))
+    elif inside:
+        d.waiting_ranks = sorted(inside)
+        d.summary = ("Unknown: every rank found waits in the same collective (%s) with the same stack; stacks "
+                     "alone cannot tell who is late. Next: run the job with HANGTRACE=1 for sequence numbers, "
+                     "or check the transport (NCCL/gloo logs)." % "/".join(sorted(set(inside.values()))))
+    else:
+        d.summary = ("Unknown: no rank is inside a torch.distributed collective%s. Next: look at the stack "
+                     "classes below; the job may be busy, not hung." % (
+                         " (ranks %s have no stack)" % format_ranks(sv.nostack) if sv.nostack else ""))

@@ -1,0 +1,60 @@
+"""What to look at next, per verdict kind and (for dead ranks) per cause (pure)."""
+from typing import Dict, Optional
+
+from hangtrace.tracer.diagnosis import Diagnosis, Kind
+
+NEXT: Dict[str, Optional[str]] = {
+    "collective-mismatch": ("look at the code that issues collectives on this group on the named "
+                            "rank(s): threads or coroutines sharing one group, data-dependent shapes or "
+                            "branches, groups created in a different order; rerun with "
+                            "TORCH_DISTRIBUTED_DEBUG=DETAIL to have torch check shapes"),
+    "skipped-collective": ("look for the condition that makes the named rank(s) take another path "
+                           "(rank-0-only code such as checkpoint/logging, data-dependent loop lengths, "
+                           "early exit or an exception swallowed on that rank)"),
+    "cross-group-deadlock": ("make every rank enter these groups in the same order (the same sequence "
+                             "of collectives on every group), or separate them onto different streams/"
+                             "threads consistently"),
+    "stuck-outside-collective": ("find what the named rank waits for outside torch.distributed: the "
+                                 "producer of its queue, the holder of its lock, its IO or Ray call; "
+                                 "its top frames show where"),
+    "dead-rank": None,  # per cause, see DEAD_NEXT
+    "transport-error": ("check the network and the peer host named in the error (NIC, firewall, "
+                        "timeouts); if a rank on that host is missing from the snapshot, check it "
+                        "directly"),
+    "progressing": ("nothing to fix yet: take another snapshot later if the job still seems stuck, or "
+                    "lower the stall threshold"),
+    "unknown": ("collect more data: stacks of every rank (`hangtrace dump RUN_DIR` while the job is "
+                "still hung, with py-spy installed; --native for in-kernel waits), and the ranks without record files"),
+}
+
+DEAD_NEXT: Dict[str, str] = {
+    "sigterm": "find who sent SIGTERM (scheduler preemption, Ray stopping the actor, a user, a health check)",
+    "fatal-signal": "read the faulthandler dump of the fatal signal (segfault/abort) and the native stack",
+    "exception": "read the exception and traceback of that rank (its events and log)",
+    "killed-without-record": ("no handler ran: check the kernel log (dmesg) for the OOM killer, the "
+                              "cgroup's memory.events/memory.oom_control, Ray's memory monitor and the "
+                              "raylet log for who killed the pid"),
+    # issue 5 (memory attribution); the evidence-specific advice is in details['memory']['advice']
+    "host-oom-kill": "see the memory ledger and trend: which phase grows, and the peak against the limit",
+    "ray-memory-monitor": ("lower the memory use on that node (workers per node, batch sizes) or adjust "
+                           "RAY_memory_usage_threshold; see the memory figures of the rank"),
+    "cuda-oom": "see the memory ledger: memory kept by earlier phases or steps is what the failing phase could not get",
+    "sigterm-external": ("not an OOM: find who sent SIGTERM (scheduler preemption, Ray stopping the actor, a "
+                         "user, a health check)"),
+}
+
+#: advice for a dead rank whose cause is "exit-code N"
+EXIT_CODE_NEXT = ("read that rank's log around its exit; a non-zero exit without an exception is often "
+                  "sys.exit or a launcher")
+
+
+def next_step(diag: Diagnosis) -> Optional[str]:
+    """The "Next:" advice of ``diag`` (no trailing period), or None."""
+    k = diag.kind
+    if k != Kind.DEAD_RANK:
+        return NEXT.get(k)
+    cause = str(diag.cause) if diag.cause is not None else ""
+    nxt = DEAD_NEXT.get(cause)
+    if nxt is None and cause.startswith("exit-code"):
+        nxt = EXIT_CODE_NEXT
+    return nxt

@@ -1,0 +1,290 @@
+"""The verdict paragraph: one paragraph a human reads first - which rank(s), which group
+(name, desc, ranks), which seq/op, phase, step, what the culprit is doing (top frames),
+why the others wait, and what to look at next (pure)."""
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from hangtrace.tracer.analyze.stacktree import format_ranks
+from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
+from hangtrace.tracer.report.advice import next_step
+
+
+def _ranks(rs: Optional[Iterable[int]]) -> str:
+    rs = list(rs or ())
+    if not rs:
+        return "no rank"
+    return ("rank " if len(rs) == 1 else "ranks ") + format_ranks(rs, 12)
+
+
+def _waiters_text(diag: Diagnosis, coll: str) -> str:
+    direct = (diag.details or {}).get("direct_waiters") or diag.waiting_ranks
+    s = "%s %s for it in %s" % (_ranks(direct), _verb(direct), coll)
+    extra = len(diag.waiting_ranks) - len(direct)
+    if extra > 0:
+        s += " (%d more rank(s) wait through a chain of collectives)" % extra
+    return s + "."
+
+
+def _verb(rs: Optional[List[Any]], one: str = "waits", many: str = "wait") -> str:
+    return one if len(rs or ()) == 1 else many
+
+
+def _group_text(diag: Diagnosis) -> Optional[str]:
+    if diag.group is None:
+        return None
+    d = diag.details or {}
+    desc = d.get("group_desc")
+    s = "group '%s'" % diag.group
+    if desc and desc != diag.group:
+        s += " (%s)" % desc
+    if diag.group_ranks:
+        s += " [ranks %s]" % format_ranks(diag.group_ranks, 8)
+    return s
+
+
+def _where(diag: Diagnosis) -> str:
+    parts = []
+    if diag.phase:
+        parts.append("phase '%s'" % diag.phase)
+    if diag.step is not None:
+        parts.append("step %s" % diag.step)
+    return " at " + ", ".join(parts) if parts else ""
+
+
+def _sig_where(sig: Dict[str, Any]) -> str:
+    """' in phase 'rollout', step 4' for one signature class of a mismatch ('' if unknown)."""
+    parts = []
+    if sig.get("phase"):
+        parts.append("phase '%s'" % sig["phase"])
+    if sig.get("step") is not None:
+        parts.append("step %s" % sig["step"])
+    return " in " + ", ".join(parts) if parts else ""
+
+
+def _doing(diag: Diagnosis) -> str:
+    if not diag.frames:
+        return ""
+    return "; it is in %s" % " < ".join(diag.frames[:3])
+
+
+def _coll(diag: Diagnosis) -> str:
+    s = ""
+    if diag.op:
+        s += diag.op
+    if diag.seq is not None:
+        s += " seq %s" % diag.seq
+    g = _group_text(diag)
+    if g:
+        s += " on " + g
+    return s.strip()
+
+
+
+
+# --- Ray (issue 4): actor identity of the culprits, and Ray's own death text as Ray's ---
+def ray_actor_label(a: Dict[str, Any]) -> str:
+    """"Trainer 't0'" for a Ray actor identity dict."""
+    return "%s%s" % (a.get("class") or "actor", " '%s'" % a["name"] if a.get("name") else "")
+
+
+def _ray_text(diag: Diagnosis) -> str:
+    d = diag.details or {}
+    out = ""
+    acts = d.get("culprit_actors") or []
+    if acts:
+        out += " Ray actor%s: %s." % ("s" if len(acts) > 1 else "", ", ".join(
+            "rank %s = %s" % (a.get("rank"), ray_actor_label(a)) for a in acts[:4]))
+    says = d.get("ray_says") or {}
+    for r in diag.culprit_ranks[:2]:
+        x = says.get(str(r))
+        if x:
+            out += " Ray says (rank %s): \"%s\"." % (r, " ".join(str(x.get("text")).split())[:240])
+    return out
+# --- end Ray ---
+
+
+# --- memory (issue 5): attribution figures, kept-across flags, trends, the ledger ---
+def fb(n: Optional[int]) -> str:
+    """Bytes as text (analyze.memory.fmt_bytes)."""
+    from hangtrace.tracer.analyze.memory import fmt_bytes
+    return fmt_bytes(n)
+
+
+def _memory_text(diag: Diagnosis) -> str:
+    mem = (diag.details or {}).get("memory") or {}
+    if not mem:
+        return ""
+    out = ""
+    for r in diag.culprit_ranks[:2]:
+        a = (mem.get("attribution") or {}).get(str(r)) or {}
+        at = a.get("at_death") or {}
+        if at.get("limit") and (at.get("cgroup_usage") is not None or at.get("rss") is not None):
+            v = at.get("cgroup_usage") if at.get("cgroup_usage") is not None else at.get("rss")
+            out += " Memory (rank %s): %s of limit %s at its last sample (%s%s), peak %s." % (
+                r, fb(v), fb(at["limit"]), "phase '%s', " % at["phase"] if at.get("phase") else "",
+                "step %s" % at.get("step"), fb(at.get("peak")))
+    from hangtrace.tracer.analyze.memory import significant
+    flags, trends = significant(mem, diag.cause)  # small kept/grown bytes: text report only
+    for f in flags[:1]:
+        out += (" Memory kept across phases (rank %s): %s of %s kept across %s on step%s %s, released on "
+                "step%s %s." % (f["rank"], fb(f["bytes_kept_median"]), f["metric"], " -> ".join(f["sequence"]),
+                                "s" if len(f["kept_steps"]) > 1 else "", ", ".join(map(str, f["kept_steps"][:6])),
+                                "s" if len(f["released_steps"]) > 1 else "",
+                                ", ".join(map(str, f["released_steps"][:6]))))
+    for t in trends[:1]:
+        out += " Memory growth (rank %s): %s +%s/step%s%s." % (
+            t["rank"], t["metric"], fb(t["bytes_per_step"]),
+            " in phase '%s'" % t["growing_phase"] if t.get("growing_phase") else "",
+            "; limit %s reached at about step %s" % (fb(t["limit"]), t["projected_limit_step"])
+            if t.get("projected_limit_step") is not None else "")
+    adv = mem.get("advice") or []
+    if adv and (flags or trends or diag.cause in ("host-oom-kill", "ray-memory-monitor", "cuda-oom")):
+        out += " Memory advice: %s." % adv[0]
+    return out
+
+
+
+def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    if diag.cause == Cause.SEQUENCE_DIVERGED:
+        return ("Collective mismatch: %s %s in %s, which the other members already passed: the "
+                "sequence of collectives on this group diverged%s%s." % (
+                    who, _verb(diag.culprit_ranks), coll, _where(diag), _doing(diag)))
+    sigs = d.get("signatures") or []
+    # each side's phase/step only when they differ (e.g. rank 0 in 'checkpoint' of
+    # step 3 while the others are in 'rollout' of step 4)
+    differ = len({(x.get("phase"), x.get("step")) for x in sigs}) > 1
+    sig_txt = "; ".join("%s: %s%s%s%s" % (_ranks(x["ranks"]), x["op"],
+                                          " %s" % x["dtype"] if x.get("dtype") else "",
+                                          " numel=%s" % x["numel"] if x.get("numel") is not None else "",
+                                          _sig_where(x) if differ else "")
+                        for x in sigs[:4])
+    if coll:
+        return ("Collective mismatch: %s issued a different operation than the other members at %s"
+                "%s%s%s; the group cannot complete it." % (
+                    who, coll, " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag)))
+    # group/sequence number unknown (e.g. stacks only: hangtrace attach)
+    return ("Collective mismatch: %s %s blocked in a different collective than the other ranks"
+            "%s (group and sequence number unknown)%s%s; they cannot complete it." % (
+                who, "is" if len(diag.culprit_ranks or ()) == 1 else "are",
+                " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag)))
+
+
+def _extra(diag: Diagnosis, who: str, coll: str, ex: Dict[str, Any]) -> str:
+    n_c = max((ex.get("culprit_counts") or {}).values() or [0])
+    base = ex.get("majority_count")
+    more = n_c - base if isinstance(base, int) else 1
+    others = ex.get("other_group_ranks") or []
+    return ("Skipped collective (extra collective): %s issued %s more %s on %s than %s %s%s "
+            "(%s vs %s): %s %s in %s%s, which %s never %s%s; the other waits are cascade%s." % (
+                who, "one" if more == 1 else more, ex.get("op") or "collective",
+                ex.get("group_desc") or coll, "its peer" if len(ex.get("peers") or ()) == 1 else "its peers",
+                _ranks(ex.get("peers")),
+                (" and than the other %s group(s)' %s" % (ex.get("role"), _ranks(others))) if others else "",
+                n_c, base, who, _verb(diag.culprit_ranks), coll, _where(diag),
+                _ranks(ex.get("peers")), _verb(ex.get("peers"), "issues", "issue"), _doing(diag),
+                (" (%s %s)" % (_ranks(diag.waiting_ranks), _verb(diag.waiting_ranks)))
+                if diag.waiting_ranks else ""))
+
+
+def _skipped(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    ex = d.get("extra_collective")
+    if diag.cause == Cause.EXTRA_COLLECTIVE and ex:
+        return _extra(diag, who, coll, ex)
+    if diag.cause == Cause.EXTRA_COLLECTIVE:
+        return ("Skipped collective: %s alone entered %s%s%s; the other members never call it and "
+                "went on, so %s %s forever." % (who, coll, _where(diag), _doing(diag), who,
+                                                _verb(diag.culprit_ranks)))
+    waiting = _waiting(diag)
+    return ("Skipped collective: %s never reached %s%s: %s%s.%s" % (
+        who, coll or "the collective the others wait in", _where(diag), _reason(diag) or "it took another path",
+        _doing(diag), waiting and waiting[:1].upper() + waiting[1:] + "."))
+
+
+def _deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    cyc = d.get("cycle") or {}
+    groups = ", ".join("'%s'" % g for g in cyc.get("groups", []))
+    return ("Cross-group deadlock: ranks %s wait on each other in a cycle over groups %s "
+            "(entered in different orders); named: %s, waiting in %s%s%s." % (
+                format_ranks(cyc.get("ranks", diag.culprit_ranks), 12), groups or "?", who, coll,
+                _where(diag), _doing(diag)))
+
+
+def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    return ("Stuck outside collectives: %s is not in any collective%s: %s%s. %s" % (
+        who, _where(diag), _reason(diag) or "it made no progress", _doing(diag),
+        _waiters_text(diag, coll) if diag.waiting_ranks and coll else
+        ("Others wait for it in %s." % coll if coll else "")))
+
+
+def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    text = d.get("cause_text") or ""
+    casc = diag.cascade or []
+    s = ("Dead rank: %s died first (cause: %s%s)%s%s%s." % (
+        who, diag.cause, (": " + text) if text else "", _where(diag),
+        (" during/after %s" % coll) if coll else "", _doing(diag)))
+    if casc:
+        s += " %d other rank(s) failed after it (cascade, e.g. rank %d: %s)." % (
+            len(casc), casc[0]["rank"], (casc[0].get("text") or casc[0].get("cause") or "")[:100])
+    elif diag.waiting_ranks:
+        s += " %s %s for it." % (_ranks(diag.waiting_ranks), _verb(diag.waiting_ranks))
+    return s
+
+
+def _transport(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    s = ("Transport error: %s failed first in %s with '%s', and no rank is dead%s." % (
+        who, coll or "a collective", (d.get("cause_text") or "")[:160], _where(diag)))
+    if diag.cascade:
+        s += " %d more rank(s) failed after it." % len(diag.cascade)
+    return s
+
+
+def _progressing(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    age = d.get("last_progress_age_s")
+    return "Progressing: no rank waits for a missing or diverged rank%s." % (
+        "; last progress %.1f s before the snapshot" % age if age is not None else "")
+
+
+#: unknown: why, per cause
+_UNKNOWN_WHY = {Cause.NO_DATA.value: "no traced process with a rank in the snapshot",
+                Cause.NO_RECORD_FILE.value: "the ranks everyone waits for left no record file",
+                Cause.STALLED_INSIDE_COLLECTIVE.value: "every member entered the collective and it does not complete",
+                Cause.STALLED_OUTSIDE_COLLECTIVES.value: "nothing progressed but no rank is in a collective"}
+
+
+def _unknown(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    why = _UNKNOWN_WHY.get(str(diag.cause) if diag.cause else "", str(diag.cause) if diag.cause else "not enough data")
+    s = "Unknown: %s" % why
+    if diag.culprit_ranks:
+        s += "; suspects: %s" % who
+    if coll:
+        s += " (%s)" % coll
+    return s + "."
+
+
+def _waiting(diag: Diagnosis) -> str:
+    return (" %s %s for it" % (_ranks(diag.waiting_ranks), _verb(diag.waiting_ranks))) if diag.waiting_ranks else ""
+
+
+def _reason(diag: Diagnosis) -> str:
+    reasons = (diag.details or {}).get("culprit_reasons") or {}
+    if diag.culprit_ranks and str(diag.culprit_ranks[0]) in reasons:
+        return str(reasons[str(diag.culprit_ranks[0])])
+    return ""
+
+
+#: the opening sentences per kind (any other kind reads as unknown)
+_BY_KIND: Dict[str, Callable[[Diagnosis, str, str, Dict[str, Any]], str]] = {
+    Kind.COLLECTIVE_MISMATCH.value: _mismatch, Kind.SKIPPED_COLLECTIVE.value: _skipped,
+    Kind.CROSS_GROUP_DEADLOCK.value: _deadlock, Kind.STUCK_OUTSIDE_COLLECTIVE.value: _stuck,
+    Kind.DEAD_RANK.value: _dead, Kind.TRANSPORT_ERROR.value: _transport, Kind.PROGRESSING.value: _progressing,
+    Kind.UNKNOWN.value: _unknown}
+
+
+def verdict_paragraph(diag: Diagnosis) -> str:
+    """One paragraph (a str, no trailing newline) a human reads first."""
+    s = _BY_KIND.get(str(diag.kind), _unknown)(diag, _ranks(diag.culprit_ranks), _coll(diag), diag.details or {})
+    s += _ray_text(diag)  # issue 4
+    s += _memory_text(diag)  # issue 5
+    nxt = next_step(diag)
+    if nxt:
+        s += " Next: %s." % nxt
+    return " ".join(s.split())

@@ -1,0 +1,191 @@
+"""Rule chain: the ranks at the end of the wait chains, classified (skipped / stuck outside / dead)."""
+import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ruleutil import QUEUE_GET, check  # noqa: E402
+from synth import COLL_STACK, T0, R, S, group, ranks, snap, stack, world  # noqa: E402
+
+from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
+
+
+def test_two_rank_skipped_moved_on():
+    b = ranks(2)
+    b[0].wait()
+    b[1].mark(step=1)
+    b[1].mark(phase="eval")
+    d = check(diagnose(snap(b)), "skipped-collective", [1])
+    assert (d.group, d.seq, d.op) == ("0", 4, "all_reduce")
+    assert d.waiting_ranks == [0]
+    assert d.group_ranks == [0, 1]
+    assert (d.phase, d.step) == ("eval", 1)
+    assert any("rank 1: last all_reduce" in e and "seq 3 completed" in e for e in d.evidence)
+
+def test_two_rank_exited_cleanly_is_skipped():
+    b = ranks(2)
+    b[0].wait()
+    b[1].set(state="exited", exit_code=0)
+    d = check(diagnose(snap(b)), "skipped-collective", [1])
+    assert "exited cleanly" in d.details["culprit_reasons"]["1"]
+
+def test_stuck_outside_queue_get():
+    b = ranks(4, steps=5)
+    for r in (0, 1, 3):
+        b[r].wait()
+        b[r].set(stacks=stack(*COLL_STACK, active=False))
+    b[2].set(stacks=stack(*QUEUE_GET, active=False,
+                          extra_threads=[("hangtrace-watch", ["loop watcher.py:5"])]))
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [2])
+    assert d.frames[0] == "get (queue.py:171)"
+    assert (d.group, d.seq) == ("0", 6)
+    assert d.waiting_ranks == [0, 1, 3]
+    assert "queue" in d.details["culprit_reasons"]["2"]
+    # stack classes: the queue.get rank is its own (outlier-sized) class
+    cls = {tuple(c["ranks"]): c for c in d.stack_classes}
+    assert (2,) in cls and (0, 1, 3) in cls
+    assert d.details["missing_from_common_frame"]["missing"] == [2]
+
+def test_stuck_outside_without_stack_no_progress():
+    b = ranks(3)
+    b[0].wait()
+    b[1].wait()
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [2])
+    assert d.cause == "no-progress"
+
+def test_wrapper_frames_hidden_from_displayed_frames():
+    b = ranks(2)
+    b[0].wait()
+    b[0].set(stacks=stack("all_reduce /site-packages/torch/distributed/distributed_c10d.py:3252",
+                          "wrapper /site-packages/torch/distributed/c10d_logger.py:83",
+                          "_make_wrapper.<locals>.wrapper /opt/site-packages/hangtrace/hooks/torch_dist.py:177",
+                          "train_step train.py:40", "main train.py:90", active=False))
+    b[1].set(stacks=stack(*QUEUE_GET, active=False))
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [1])
+    assert d.frames[:3] == ["get (queue.py:171)", "next_batch (loader.py:22)", "train_step (train.py:38)"]
+    from hangtrace.tracer.analyze.evidence import wrapper_frame as _wrapper_frame
+    assert _wrapper_frame({"name": "_make_wrapper.<locals>.wrapper", "filename": "/x/hangtrace/hooks/torch_dist.py"})
+    assert _wrapper_frame({"name": "_exception_logger.<locals>.wrapper",
+                           "filename": "/s/torch/distributed/c10d_logger.py"})
+    assert not _wrapper_frame({"name": "all_reduce", "filename": "/s/torch/distributed/distributed_c10d.py"})
+
+def test_chain_across_groups_to_end_rank():
+    g = [world(8), group("tp0", range(4)), group("tp1", range(4, 8)), group("x", [3, 6])]
+    b = ranks(8, groups=g)
+    for x in b:
+        x.coll("tp0" if x.rank < 4 else "tp1", n=4)
+    b[3].coll("x", n=1)
+    b[6].coll("x", n=1)
+    for r in (0, 1, 2):
+        b[r].wait("tp0")                  # wait for rank 3
+    b[3].wait("x")                        # rank 3 waits for rank 6 in group x
+    for r in (4, 5, 7):
+        b[r].wait("tp1")                  # wait for rank 6
+    b[6].set(stacks=stack(*QUEUE_GET))    # rank 6 is stuck in queue.get
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [6])
+    chain = [e for e in d.evidence if e.startswith("wait chain")]
+    assert chain and "rank 3 waits in group 'x'" in chain[0] and chain[0].endswith("rank 6 (not in a collective)")
+    assert d.waiting_ranks == [0, 1, 2, 3, 4, 5, 7]
+
+def test_timeout_failures_still_name_stuck_rank():
+    b = ranks(3)
+    for r in (0, 1):
+        b[r].coll(state="failed", error="Timed out waiting 1800000ms for recv operation to complete")
+    b[2].set(stacks=stack(*QUEUE_GET))
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [2])
+    assert sorted(c["rank"] for c in d.cascade) == [0, 1]
+
+def test_p2p_unmatched_send_names_peer():
+    b = ranks(2)
+    for _ in range(3):
+        b[0].p2p("0", 1, "send")
+        b[1].p2p("0", 0, "recv")
+    b[0].p2p("0", 1, "send", state="issued")   # pair seq 4: rank 1 never posts the recv
+    b[1].mark(step=1)
+    d = check(diagnose(snap(b)), "skipped-collective", [1])
+    assert d.seq == 4 and d.op == "send"
+
+def test_1024_ranks_tp_dp_one_culprit():
+    n, tp = 1024, 8
+    groups = [world(n)] + [group("tp%d" % i, range(i * tp, (i + 1) * tp), desc="tp") for i in range(n // tp)] \
+        + [group("dp%d" % j, range(j, n, tp), desc="dp") for j in range(tp)]
+    bs = []
+    culprit = 517
+    for r in range(n):
+        x = R(r, n, groups=groups)
+        tpg, dpg = "tp%d" % (r // tp), "dp%d" % (r % tp)
+        for step in range(5):
+            x.mark(step=step)
+            x.coll(tpg)
+            x.coll(dpg)
+        if r == culprit:
+            x.set(stacks=stack(*QUEUE_GET))
+        elif r // tp == culprit // tp:
+            x.wait(tpg)                          # TP mates wait for the culprit
+        else:
+            x.coll(tpg)
+            x.wait(dpg)                          # everyone else waits in DP
+        bs.append(x)
+    d = check(diagnose(snap(bs)), "stuck-outside-collective", [culprit])
+    assert d.group == "tp64" and d.seq == 6
+    assert len(d.waiting_ranks) == n - 1
+
+def test_incomplete_snapshot_still_names_culprit():
+    b = ranks(8)
+    for r in range(8):
+        if r != 3:
+            b[r].wait()
+    b[3].set(stacks=stack(*QUEUE_GET))
+    procs = [x.build() for x in b if x.rank not in (5, 6)]
+    s = snap(procs, errors=["ring-h0-1005.htr: truncated", "ring-h0-1006.htr: foreign file"])
+    d = check(diagnose(s), "stuck-outside-collective", [3])
+    assert d.details["missing_ranks"] == [5, 6]
+    assert any("5-6" in e and "no record file" in e for e in d.evidence)
+    assert d.errors == s.errors
+
+def test_ring_wrapped_last_50_records():
+    n = 6
+    g = [world(n), group("tp", range(n))]
+    b = [R(r, n, groups=g) for r in range(n)]
+    for x in b:
+        for step in range(200):
+            x.mark(step=step)
+            x.coll("tp")
+            x.coll("0")
+    for r in range(n):
+        if r != 4:
+            b[r].wait("tp")
+    b[4].mark(step=200)
+    b[4].mark(phase="eval")
+    procs = [x.build(keep_last=50) for x in b]
+    assert all(p.records[0]["idx"] > 500 for p in procs)
+    d = check(diagnose(snap(procs)), "skipped-collective", [4])
+    assert d.seq == 201 and d.group == "tp"
+
+def test_duplicate_rank_uses_later_process():
+    b = ranks(2)
+    b[0].wait()
+    old = R(1, 2, pid=999)
+    old.coll(n=1)
+    oldp = dataclasses.replace(old.build(), start_wall_ns=T0 - 100 * S, state="exited", exit_code=0)
+    b[1].set(stacks=stack(*QUEUE_GET))
+    d = check(diagnose(snap([oldp] + [x.build() for x in b])), "stuck-outside-collective", [1])
+    assert any("rank 1: restarted" in e for e in d.evidence), d.evidence
+
+def test_unranked_processes_ignored():
+    b = ranks(2)
+    b[0].wait()
+    b[1].set(stacks=stack(*QUEUE_GET))
+    drv = R(-1, -1, groups=[])
+    s = snap([drv.build()] + [x.build() for x in b])
+    check(diagnose(s), "stuck-outside-collective", [1])
+
+def test_dead_producer_thread_reported():
+    b = ranks(2)
+    b[0].wait()
+    b[1].set(stacks=stack(*QUEUE_GET), events=[{"event": "thread_exception", "thread": "loader",
+                                                "type": "IOError", "message": "no such file", "wall_ns": T0}])
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [1])
+    assert any("thread loader died" in e for e in d.evidence)

@@ -1,0 +1,84 @@
+"""Rule dead_rank and the arbiter: the earliest non-victim death, hang-versus-death precedence (dead-rank / its cause)."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ruleutil import QUEUE_GET, check  # noqa: E402
+from synth import MS, T0, S, ranks, snap, stack  # noqa: E402
+
+from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
+
+
+def test_sigkilled_rank_whose_last_completion_follows_peer_wait_is_dead():
+    """kill-rank: rank 1 completes cp seq 6 a little after rank 0 issued seq 7, then is
+    SIGKILLed (no record). Its last sign of life is after the wait began, but it issued
+    nothing new: dead-rank, not 'moved on'."""
+    b = ranks(2)
+    b[0].wait()                                   # seq 4 issued at t
+    b[1].coll(n=1, seq=3)                         # re-records its seq 3, completing after rank 0's issue
+    b[1].records[-1]["t_wall_ns"] = b[0].t - MS // 2
+    b[1].records[-1]["t_mono_ns"] = b[1].records[-1]["t_wall_ns"] - T0
+    b[1].records[-1]["t_end_mono_ns"] = b[0].t - T0 + MS
+    b[1].t = b[0].t + MS                          # progress stamped at that completion
+    b[1].set(state="killed")
+    d = check(diagnose(snap(b)), "dead-rank", [1])
+    assert d.cause == "killed-without-record"
+
+def test_dead_rank_killed_first_then_connection_closed_cascade():
+    b = ranks(4, steps=5)
+    b[2].set(state="killed")                 # SIGKILL: no record of it, last sign of life
+    for r in (0, 1, 3):
+        b[r].t += 2 * S
+        b[r].coll(state="failed", error="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1234")
+        b[r].set(state="exited", exit_code=1,
+                 events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[r].t + MS,
+                          "message": "Connection closed by peer [10.0.0.2]:1234"}])
+    d = check(diagnose(snap(b)), "dead-rank", [2])
+    assert d.cause == "killed-without-record"
+    assert sorted(c["rank"] for c in d.cascade) == [0, 1, 3]
+    assert all(c["victim"] for c in d.cascade)
+    assert d.group == "0" and d.seq == 6
+
+@pytest.mark.parametrize("setup,cause", [
+    (dict(state="killed", signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}}), "sigterm"),
+    (dict(state="killed", signals={"fatal": {"wall_ns": T0 + 10 * S,
+                                             "text": "Fatal Python error: Segmentation fault\n"}}), "fatal-signal"),
+    (dict(state="exited", exit_code=1, events=[{"event": "exception", "type": "ValueError",
+                                                "message": "bad batch", "wall_ns": T0 + 10 * S}]), "exception"),
+    (dict(state="exited", exit_code=3), "exit-code 3"),
+    (dict(state="killed", exit_code=-15), "sigterm"),
+])
+def test_dead_rank_causes(setup, cause):
+    b = ranks(3)
+    for r in (0, 2):
+        b[r].t += 20 * S   # the others reach the next collective after rank 1 died
+        b[r].wait()
+    b[1].set(**setup)
+    d = check(diagnose(snap(b)), "dead-rank", [1])
+    assert d.cause == cause
+    if cause == "exception":
+        assert d.details["cause_text"] == "ValueError: bad batch"
+
+def test_first_death_by_time_is_root():
+    b = ranks(4)
+    b[3].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "OSError",
+                                                   "message": "disk full", "wall_ns": T0 + 50 * S}])
+    b[1].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "KeyError",
+                                                   "message": "'x'", "wall_ns": T0 + 20 * S}])
+    d = check(diagnose(snap(b)), "dead-rank", [1])
+    assert [c["rank"] for c in d.cascade] == [3]
+
+def test_hang_then_sigterm_all_keeps_hang_verdict():
+    b = ranks(3)
+    b[0].wait()
+    b[1].wait()
+    later = b[1].t + 3600 * S
+    for x in b:
+        x.set(state="killed", signals={"sigterm": {"wall_ns": later + x.rank, "text": ""}})
+    b[2].set(stacks=stack(*QUEUE_GET))
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [2])
+    assert "killed later: sigterm" in d.details["culprit_reasons"]["2"]

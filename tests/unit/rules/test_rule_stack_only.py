@@ -1,0 +1,73 @@
+"""Rule stack_only (``hangtrace attach``): verdicts from py-spy stacks alone, no flight records."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from synth import COLL_STACK, T0, stack  # noqa: E402
+
+from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
+from hangtrace.tracer.diagnosis import Kind  # noqa: E402
+from hangtrace.tracer.report.text import diagnosis_json, text_report  # noqa: E402
+from hangtrace.tracer.snapshot import ProcessInfo, Snapshot  # noqa: E402
+
+QUEUE_GET = ("get queue.py:171", "next_batch loader.py:22", "train_step train.py:38",
+             "main train.py:90", "<module> train.py:100")
+BROADCAST = ("broadcast /site-packages/torch/distributed/distributed_c10d.py:2600",
+             "wrapper /site-packages/torch/distributed/c10d_logger.py:80",
+             "sync_params train.py:55", "main train.py:90", "<module> train.py:100")
+
+
+def attached(stacks_by_rank, world):
+    """A stacks-only snapshot as ``collect/attach.py`` builds it (reason 'attach')."""
+    procs = [ProcessInfo(host="h0", pid=2000 + r, rank=r, local_rank=r, world_size=world, state="alive",
+                         stacks=stack(*fr) if fr else None, stack_source="py-spy" if fr else None,
+                         stack_error=None if fr else "py-spy failed", meta={"attached": True})
+             for r, fr in sorted(stacks_by_rank.items())]
+    return Snapshot(run_dir="/tmp/attach", taken_wall_ns=T0, reason="attach", processes=procs)
+
+
+def check(s, kind, culprits, waiting=None):
+    d = diagnose(s)
+    assert (d.kind, d.culprit_ranks) == (kind, culprits), (d.kind, d.culprit_ranks, d.summary)
+    if waiting is not None:
+        assert d.waiting_ranks == waiting
+    assert d.details["source"].startswith("stacks only")
+    assert d.summary
+    json.dumps(diagnosis_json(d))
+    assert text_report(d, s)
+    return d
+
+
+def test_stack_only_rank_outside_collectives_is_stuck():
+    d = check(attached({0: COLL_STACK, 1: COLL_STACK, 2: QUEUE_GET, 3: COLL_STACK}, 4),
+              Kind.STUCK_OUTSIDE_COLLECTIVE, [2], waiting=[0, 1, 3])
+    assert d.op == "all_reduce"
+    assert d.frames[0].startswith("get (queue.py")
+    assert "rank 2 is not in any torch.distributed call" in d.summary
+
+
+def test_stack_only_different_collectives_names_minority():
+    d = check(attached({0: COLL_STACK, 1: COLL_STACK, 2: COLL_STACK, 3: BROADCAST}, 4),
+              Kind.COLLECTIVE_MISMATCH, [3], waiting=[0, 1, 2])
+    assert [s["op"] for s in d.details["signatures"]] == ["broadcast", "all_reduce"]
+
+
+def test_stack_only_mismatch_tie_names_all():
+    check(attached({0: COLL_STACK, 1: BROADCAST}, 2), Kind.COLLECTIVE_MISMATCH, [0, 1], waiting=[])
+
+
+def test_stack_only_missing_ranks_are_suspects():
+    d = check(attached({0: COLL_STACK, 1: COLL_STACK}, 4), Kind.UNKNOWN, [2, 3], waiting=[0, 1])
+    assert any("were not found on this host" in e for e in d.evidence)
+
+
+def test_stack_only_everybody_in_same_collective_is_unknown():
+    d = check(attached({0: COLL_STACK, 1: COLL_STACK}, 2), Kind.UNKNOWN, [], waiting=[0, 1])
+    assert "stacks alone cannot tell" in d.summary
+
+
+def test_stack_only_nobody_in_a_collective():
+    d = check(attached({0: QUEUE_GET, 1: None}, 2), Kind.UNKNOWN, [])
+    assert "ranks 1 have no stack" in d.summary
