@@ -4,6 +4,7 @@ memory samples, an in-flight record), and match what a full decode shows."""
 import pytest
 
 from hangtrace.hooks.recorder import Recorder
+from hangtrace.tracer.ring.summary import TAIL
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.ring.summary import summarize_records
@@ -60,7 +61,7 @@ def test_numpy_and_python_paths_agree(tmp_path, nslots, n, fail_at, hang):
     recs = full.records
     assert s.count == len(recs) == min(nslots, len(recs))
     assert s.last == recs[-1]
-    assert s.tail == tuple(recs[-64:])
+    assert s.tail == tuple(recs[-TAIL:])
     assert list(s.memory) == [r for r in recs if r["kind"] == "memory"]
     colls = [r for r in recs if r["kind"] == "collective"]
     assert set(s.by_group) == {r["group"] for r in colls}

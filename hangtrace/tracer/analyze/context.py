@@ -74,37 +74,21 @@ class RankView:
 
 
 def index_process(rank: int, proc: ProcessInfo) -> RankView:
-    """One pass over ``proc.records``: the per-group / per-peer newest records, the
-    blocked record, the first failed record, last sign of life and last activity
-    (see the module docstring). Deaths are not filled here (``deaths.fill_death``)."""
+    """The rank's view from its compact summary (``proc.summary``, built by the reader in
+    one vectorised pass, or from ``proc.records`` for synthetic snapshots): the
+    per-group / per-peer newest records, the blocked record, the first failed record,
+    last sign of life and last activity. Deaths are not filled here (``deaths.fill_death``)."""
     v = RankView(rank, proc)
-    last, p2p = v.last, v.p2p
-    lastcp: Optional[Record] = None
-    first_failed: Optional[Record] = None
+    sm = proc.summary
+    assert sm is not None  # ProcessInfo computes it from its records when not given
+    v.last.update(sm.by_group)
+    v.p2p.update(sm.by_peer)
+    lastcp: Optional[Record] = sm.last_comm
     last_wall = 0
-    recs = proc.records or ()
-    for rec in recs:
-        kind = rec.get("kind")
-        if kind == "collective":
-            g = rec.get("group")
-            cur = last.get(g)
-            if cur is None or rec.get("seq", 0) >= cur.get("seq", 0):
-                last[g] = rec
-            lastcp = rec
-            if first_failed is None and rec.get("state") == "failed":
-                first_failed = rec
-        elif kind == "p2p":
-            k = (rec.get("group"), rec.get("peer"))
-            cur = p2p.get(k)
-            if cur is None or rec.get("seq", 0) >= cur.get("seq", 0):
-                p2p[k] = rec
-            lastcp = rec
-            if first_failed is None and rec.get("state") == "failed":
-                first_failed = rec
     activity = 0
     prog = proc.progress_wall_ns or 0
-    if recs:
-        lr = recs[-1]
+    lr = sm.last
+    if lr is not None:
         v.last_rec = lr
         last_wall = lr.get("t_wall_ns") or 0
         activity = last_wall
@@ -114,10 +98,10 @@ def index_process(rank: int, proc: ProcessInfo) -> RankView:
             activity = max(activity, prog)
     else:
         activity = prog
-    v.nrec = len(recs)
+    v.nrec = sm.count
     v.last_wall = max(last_wall, prog)
     v.activity_wall = activity
-    v.failed = first_failed
+    v.failed = sm.first_failed
     inf = proc.inflight
     if isinstance(inf, dict) and inf.get("kind") in ("collective", "p2p") and inf.get("state", "issued") == "issued":
         v.blocked = inf
@@ -131,6 +115,17 @@ def index_process(rank: int, proc: ProcessInfo) -> RankView:
     v.phase = proc.phase if proc.phase is not None else (v.last_rec or {}).get("phase")
     v.step = proc.step if proc.step is not None else (v.last_rec or {}).get("step")
     return v
+
+
+def history(proc: ProcessInfo) -> List[Record]:
+    """The records the snapshot keeps of ``proc`` (the summary's and its recent tail),
+    once each, oldest first: what rules that look back (per-step counts, failed phases)
+    can read. Decodes the tail on access."""
+    seen: Dict[Any, Record] = {}
+    tail = proc.summary.tail if proc.summary is not None else ()
+    for r in (*(proc.records or ()), *tail):
+        seen.setdefault(r.get("idx") if r.get("idx") is not None else id(r), r)
+    return sorted(seen.values(), key=lambda r: r.get("idx") or 0)
 
 
 def plausible_world(ws: Any) -> int:

@@ -43,7 +43,7 @@ DIED_INTO_HANG_NS = 2_000_000_000
 STOPPED_WINDOW_S = 30.0
 #: ... and each at least this long (s) after its last progress.
 STOPPED_GAP_S = 60.0
-_PROGRESS_KINDS = ("collective", "p2p", "step", "phase_enter", "phase_exit", "group")
+
 
 
 def is_transport_error(text: Any) -> bool:
@@ -215,8 +215,8 @@ def stopped_after_stall(ctx: Ctx) -> Optional[Tuple[float, float, Dict[int, bool
     for v in vs:
         if base_cause(v) not in (KILLED, Cause.SIGTERM.value):
             return None
-        recs = v.proc.records or ()
-        prog = max([r.get("t_wall_ns") or 0 for r in recs if r.get("kind") in _PROGRESS_KINDS] or [0])
+        sm = v.proc.summary
+        prog = ((sm.last_progress if sm is not None else None) or {}).get("t_wall_ns") or 0
         seen = max([v.last_wall or 0, v.proc.exit_wall_ns or 0]
                    + [(x or {}).get("wall_ns") or 0 for x in (v.proc.signals or {}).values()])
         if not prog or not seen:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence
 
+from hangtrace.tracer.analyze.context import history
 from hangtrace.tracer.snapshot import ProcessInfo
 
 _MAX_TEXT = 300  # characters of an exception text kept in an evidence line
@@ -64,7 +65,7 @@ def survived(p: ProcessInfo, ray_actor: bool = False) -> List[SurvivedException]
     """The exceptions ``p`` survived, oldest first. ``ray_actor``: name failed phases
     as actor methods (Ray actor methods are recorded as phases)."""
     out: List[SurvivedException] = []
-    for rec in p.records or ():
+    for rec in history(p):
         if rec.get("kind") == "phase_exit" and rec.get("state") == "failed" and rec.get("error"):
             out.append(SurvivedException("ray-method" if ray_actor else "phase", rec.get("phase"),
                                          str(rec.get("error")), int(rec.get("t_wall_ns") or 0),

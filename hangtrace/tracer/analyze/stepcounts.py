@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from hangtrace.tracer.analyze.context import history
 from hangtrace.tracer.snapshot import ProcessInfo
 
 
@@ -71,7 +72,7 @@ def deviations(procs: Mapping[int, ProcessInfo], group: str, ranks: Sequence[int
         p = procs.get(r)
         if p is None:
             return []
-        counts = per_step(p.records or (), group)
+        counts = per_step(history(p), group)
         if not counts:
             return []
         tables[r] = (counts, max(counts))

@@ -83,10 +83,8 @@ def _memory_section(diag: Diagnosis, max_rows: int = 60) -> List[str]:
 
 
 def _last_coll(proc: ProcessInfo) -> Optional[Dict[str, Any]]:
-    for rec in reversed(proc.records or ()):
-        if rec.get("kind") in ("collective", "p2p"):
-            return dict(rec)
-    return None
+    rec = proc.summary.last_comm if proc.summary is not None else None
+    return dict(rec) if rec is not None else None
 
 
 def _coll_cell(rec: Optional[Dict[str, Any]]) -> str:

@@ -32,7 +32,7 @@ from hangtrace.tracer.ring.layout import (K_COLL, K_GROUP, K_MEM, K_P2P, K_PHASE
 from hangtrace.tracer.ring.records import Record, decode
 
 #: records kept in ``RingSummary.tail`` (newest first out)
-TAIL = 64
+TAIL = 256
 #: record kinds that are progress (the analysis' "last progress" of a rank)
 PROGRESS_KINDS = ("collective", "p2p", "step", "phase_enter", "phase_exit", "group")
 _PROGRESS_IDS = (K_COLL, K_P2P, K_STEP, K_PHASE_ENTER, K_PHASE_EXIT, K_GROUP)
