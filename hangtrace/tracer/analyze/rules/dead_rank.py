@@ -1,7 +1,14 @@
 """Rule *dead_rank* -> 'dead-rank' with the death's cause (``analyze/deaths.py``).
 
 The root is the earliest non-victim death; every other failure (dead ranks, failed
-records) goes to ``cascade``. Whether the death or a hang is the verdict is the
+records) goes to ``cascade``.
+
+*A mismatch that killed* (issue 9): gloo aborts the rank that receives more data than
+it expects (SIGABRT, "Received data size doesn't match expected size", DESIGN.md) and its
+peers then fail with a connection error. When the root died of a fatal signal and its
+newest collective has another signature (op, dtype, numel, root) than a peer's record at
+the same (group, seq), the verdict is 'collective-mismatch' (cause 'mismatch') naming the
+dead rank, with both signatures and the signal as evidence. Whether the death or a hang is the verdict is the
 arbiter's decision table (``analyze/arbiter.py``). The group/seq shown are those of the
 instance with the most waiters that misses the root, else the root's newest collective.
 """
@@ -9,13 +16,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from hangtrace.tracer.analyze.context import Ctx, RankView
+from hangtrace.tracer.analyze.context import Ctx, RankView, history
 from hangtrace.tracer.analyze.deaths import failures, roots
-from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk, ts, vb
+from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rank_line, rk, ts, vb
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
-from hangtrace.tracer.analyze.waitgraph import Inst, inst_text
-from hangtrace.tracer.diagnosis import Diagnosis, Kind
+from hangtrace.tracer.analyze.waitgraph import Inst, inst_text, signature
+from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "dead_rank"
 
@@ -26,6 +33,40 @@ def find(ctx: Ctx) -> Optional[Finding]:
     if not rs:
         return None
     return Finding(NAME, (rs[0].rank,), rs[0].fail_wall, data=(rs[0], rs, failures(ctx)))
+
+
+def _abort_mismatch(ctx: Ctx, root: RankView) -> Optional[Dict[str, Any]]:
+    """The peer record that disagrees with the fatally signalled root's last collective at
+    the same (group, seq): {'rec', 'peer', 'peer_rec'}, or None."""
+    if root.cause != "fatal-signal" or not root.last:
+        return None
+    g, rec = max(root.last.items(), key=lambda kv: kv[1].get("idx") or 0)
+    seq, mine = rec.get("seq"), signature(rec)
+    for r in ctx.members(g):
+        if r == root.rank or r not in ctx.procs:
+            continue
+        for other in reversed(history(ctx.procs[r])):
+            if other.get("kind") == "collective" and other.get("group") == g and other.get("seq") == seq:
+                if signature(other) != mine:
+                    return {"rec": rec, "peer": r, "peer_rec": other}
+                break
+    return None
+
+
+def _explain_abort_mismatch(ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Diagnosis) -> None:
+    rec, peer, prec = mm["rec"], mm["peer"], mm["peer_rec"]
+    d.kind, d.cause = Kind.COLLECTIVE_MISMATCH, Cause.MISMATCH
+    g = rec.get("group")
+    d.group, d.group_ranks, d.seq, d.op = g, list(ctx.members(g)) or None, rec.get("seq"), rec.get("op")
+    d.details["cause_text"] = root.cause_text
+    d.details["group_desc"] = (ctx.groups.get(g) or {}).get("desc")
+    d.details["signatures"] = [
+        {"op": x.get("op"), "dtype": x.get("dtype"), "numel": x.get("numel"), "peer": x.get("peer"),
+         "ranks": [r], "phase": x.get("phase"), "step": x.get("step")} for r, x in ((root.rank, rec), (peer, prec))]
+    ctx.add("rank %d at seq %s of %s: %s; rank %d: %s - the sizes disagree, and rank %d died of a "
+            "fatal signal in it (%s): gloo aborts the rank that receives more data than it expects"
+            % (root.rank, rec.get("seq"), ctx.gdesc(g), desc_rec(rec), peer, desc_rec(prec), root.rank,
+               (root.cause_text or "")[:160]))
 
 
 def _where_it_stopped(ctx: Ctx, d: Diagnosis, root: RankView) -> Optional[Inst]:
@@ -54,6 +95,12 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     all_roots: List[RankView]
     fails: List[Dict[str, Any]]
     root, all_roots, fails = finding.data
+    mm = _abort_mismatch(ctx, root)
+    if mm is not None:
+        fill_common(ctx, d, [root.rank], None)
+        _explain_abort_mismatch(ctx, root, mm, d)
+        d.cascade = [c for c in fails if c["rank"] != root.rank]
+        return
     d.kind = Kind.DEAD_RANK
     d.cause = root.cause
     d.details["cause_text"] = root.cause_text

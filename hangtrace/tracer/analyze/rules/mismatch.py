@@ -3,8 +3,19 @@
 In an instance, the ranks at the same seq are compared on (op, dtype, numel, root/peer);
 numel/dtype are not compared for ops whose sizes legitimately differ per rank (object
 ops, all_to_all, gather/scatter). Two or more signatures -> mismatch; the culprits are
-the ranks outside the largest signature class, or every rank when the largest classes
-tie ("name all"). P2P: both sides posted the pair seq in the same direction
+the ranks outside the largest signature class. When the largest classes tie (two ranks,
+one each), facts of the flight record break the tie (issue 9), in this order:
+
+0. exactly one tied class holds a rank that died of a fatal signal in it (gloo aborts the
+   rank that receives more data than it expects: SIGABRT, DESIGN.md);
+1. exactly one tied class holds ranks that survived an exception since the others began
+   to wait (a failed phase, a dead thread, an asyncio task nobody awaited: it took
+   another path because of it, e.g. torchtitan's teardown barrier after an exception);
+2. exactly one tied rank deviates from the loop's per-step collective count on the group
+   (``analyze/stepcounts.py``: it issued one more, or one fewer, than in every earlier
+   step);
+
+otherwise every rank is named ("name all"). P2P: both sides posted the pair seq in the same direction
 (send/send, recv/recv) or with different sizes -> mismatch on both ranks. Of several
 mismatched instances the one with the most waiters (then the earliest) is shown.
 """
@@ -14,6 +25,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx, Record
 from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rk, where_rec
+from hangtrace.tracer.analyze.exceptions import since as exc_since
+from hangtrace.tracer.analyze.exceptions import survived
+from hangtrace.tracer.analyze.stepcounts import tie_breaker
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import Inst, Sig, inst_text
@@ -31,11 +45,42 @@ def find(ctx: Ctx) -> Optional[Finding]:
     return Finding(NAME, (), main.start, data=(main, [i for i in mism if i is not main]))
 
 
-def _culprits(sigs: Dict[Sig, List[int]]) -> Tuple[List[int], Optional[str]]:
+def _tie_break(ctx: Ctx, inst: Inst, tied: List[List[int]]) -> Optional[Tuple[List[int], str]]:
+    """The tied class that diverged (see the module doc), with the evidence line, or None."""
+    aborted = [rs for rs in tied if any(ctx.views[r].dead and ctx.views[r].cause == "fatal-signal" for r in rs)]
+    if len(aborted) == 1:
+        r = next(r for r in aborted[0] if ctx.views[r].dead)
+        return list(aborted[0]), ("tie broken: rank %d died of a fatal signal in it (%s): gloo aborts the rank "
+                                  "that receives more data than it expects" % (r, (ctx.views[r].cause_text or "")[:120]))
+    since_wall = inst.start or 0
+    with_exc = []
+    for rs in tied:
+        hits = [(r, x) for r in rs for x in exc_since(survived(ctx.procs[r]), since_wall - EXC_WINDOW_NS)]
+        if hits:
+            with_exc.append((rs, hits))
+    if len(with_exc) == 1:
+        rs, hits = with_exc[0]
+        r, x = hits[-1]
+        return list(rs), "tie broken: rank %d survived an exception that changed its path: %s" % (r, x.line())
+    if all(len(rs) == 1 for rs in tied):
+        dev = tie_breaker(ctx.procs, inst.group, [rs[0] for rs in tied])
+        if dev is not None:
+            return [dev.rank], "tie broken by the per-step collective count: %s" % dev.line()
+    return None
+
+
+#: an exception up to this long before the hang began still explains the divergence
+EXC_WINDOW_NS = 60_000_000_000
+
+
+def _culprits(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> Tuple[List[int], Optional[str]]:
     sizes = sorted(((len(rs), k) for k, rs in sigs.items()), key=lambda x: -x[0])
     top = sizes[0][0]
     tied = [k for n, k in sizes if n == top]
     if len(tied) > 1:
+        broken = _tie_break(ctx, inst, [sorted(sigs[k]) for k in tied])
+        if broken is not None:
+            return broken
         return ([r for rs in sigs.values() for r in rs],
                 "no majority: %d signatures with %d rank(s) each; naming all" % (len(tied), top))
     culprits = [r for k, rs in sigs.items() if k != tied[0] for r in rs]
@@ -56,7 +101,8 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     """Signatures per rank class, the minority marked; ``details['signatures']``."""
     inst, others = finding.data
     sigs: Dict[Sig, List[int]] = inst.mismatch
-    culprits, tie_note = _culprits(sigs)
+    culprits, tie_note = _culprits(ctx, inst, sigs)
+    broken = tie_note is not None and tie_note.startswith("tie broken")
     d.kind = Kind.COLLECTIVE_MISMATCH
     fill_common(ctx, d, culprits, inst)
     d.op = (_rec_at(ctx, inst, d.culprit_ranks[0]) or {}).get("op") or d.op
@@ -67,7 +113,8 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         where[k] = (rec.get("phase"), rec.get("step"))
         ctx.add("%s at %s: %s (%s)%s%s" % (rk(rs, 8), inst_text(ctx, inst), desc_rec(rec),
                                            rec.get("state"), " in " + where_rec(rec) if where_rec(rec) else "",
-                                           " [minority]" if set(rs) & set(culprits) and not tie_note else ""))
+                                           " [minority]" if set(rs) & set(culprits) and not tie_note else
+                                           " [diverged]" if set(rs) & set(culprits) and broken else ""))
     if tie_note:
         ctx.add(tie_note)
     if inst.behind or inst.nofile:
