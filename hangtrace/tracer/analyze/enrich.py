@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from hangtrace.tracer.analyze.exceptions import survived
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
@@ -98,14 +99,22 @@ def memory_details(ctx: Ctx, d: Diagnosis) -> None:
 
 
 def thread_and_stack_notes(ctx: Ctx, d: Diagnosis) -> None:
-    """Evidence: helper threads of the culprits that died earlier; ranks outside the
-    frame most ranks share."""
+    """Evidence: helper threads of the culprits that died earlier, asyncio tasks whose
+    exception nobody retrieved (issue 9, ``hooks/failures.py``), phases an exception
+    left (not repeated when a tie-break line already names it); ranks outside the frame
+    most ranks share."""
     for r in d.culprit_ranks[:4]:
         v = ctx.views.get(r)
         for e in (v.proc.events or ()) if v else ():
             if isinstance(e, dict) and e.get("event") == "thread_exception":
                 ctx.add("rank %d: thread %s died earlier with %s: %s (a dead producer/helper thread?)" % (
                     r, e.get("thread") or "?", e.get("type") or "Exception", str(e.get("message") or "")[:160]))
+        if v is None or v.dead:
+            continue
+        for x in survived(v.proc)[-3:]:
+            if x.source in ("asyncio-task", "phase") and not any(x.text[:60] in ln for ln in ctx.evidence):
+                ctx.add("rank %d: %s%s" % (r, x.line(), " - the exception was swallowed: the process lives on"
+                                           if x.source == "asyncio-task" else ""))
     miss = d.details.get("missing_from_common_frame")
     if miss and miss["missing"] and len(miss["missing"]) <= 16:
         ctx.add("stacks: %d ranks share %s; ranks %s are not in it" % (
