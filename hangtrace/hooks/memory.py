@@ -35,11 +35,15 @@ Nothing here raises into the program: every entry point swallows its errors and 
 each kind once to the run log. Standard library only (torch is looked up in
 ``sys.modules``, never imported).
 """
+from __future__ import annotations
+
 import os
 import sys
 import threading
 import time
+from typing import Any, Optional
 
+from hangtrace.hooks.instrument import Instrumentor
 from hangtrace.tracer import api
 from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
@@ -509,13 +513,10 @@ def _install_excepthook():
     sys.excepthook = _excepthook
 
 
-_fork_hook = []
-
-
-def _after_fork_child():
-    """Registered once: in a forked child the inherited sampler (its thread is gone, its
-    descriptors are the parent's /proc files) must never write again; bootstrap starts a
-    new one when the child gets its own ring."""
+def _after_fork_child() -> None:
+    """In a forked child the inherited sampler (its thread is gone, its descriptors are the
+    parent's /proc files) must never write again; ``MemoryInstrumentor`` then starts a
+    new one for the child's own ring."""
     global _sampler
     s = _sampler
     if s is not None and s.pid != os.getpid():
@@ -524,7 +525,7 @@ def _after_fork_child():
         api._set_sampler(None)
 
 
-def start(rt, forked=False):
+def start(rt: Any, forked: bool = False) -> Optional[Sampler]:
     """Start sampling for Runtime ``rt`` (from ``bootstrap.activate``, and again in a forked
     child, where the parent's sampler thread does not exist). Returns the Sampler or None
     (HANGTRACE_MEM=0, or it failed: logged once)."""
@@ -539,9 +540,6 @@ def start(rt, forked=False):
             api._set_sampler(None)
         if not config.mem_enabled():
             return None
-        if not _fork_hook:
-            _fork_hook.append(True)
-            os.register_at_fork(after_in_child=_after_fork_child)
         try:
             s = Sampler(rt.recorder, rt.log, config.get_float(config.MEM_INTERVAL_S), rt.run_dir)
             _sampler = s
@@ -556,7 +554,7 @@ def start(rt, forked=False):
             return None
 
 
-def stop():
+def stop() -> None:
     """Stop the timer thread and phase/step sampling (tests, benchmarks)."""
     global _sampler
     with _lock:
@@ -567,5 +565,26 @@ def stop():
             s.stop()
 
 
-def active():
+def active() -> Optional[Sampler]:
     return _sampler
+
+
+class MemoryInstrumentor(Instrumentor):
+    """Memory sampling (this module): the sampler and its timer thread, the OOM hooks.
+
+    ``HANGTRACE_MEM=0`` installs nothing. Stopped at exit before the exit record."""
+
+    name = "memory"
+
+    def _install(self, runtime: Any) -> None:
+        start(runtime)
+
+    def _uninstall(self) -> None:
+        stop()
+
+    def _after_fork_child(self) -> None:
+        _after_fork_child()
+        start(self.runtime, forked=True)
+
+    def _at_exit(self) -> None:
+        stop()

@@ -11,23 +11,26 @@ not set), ``Recorder(...)`` returns a ``_FastRecorder``: the same records, writt
 Every public method swallows its own errors (reported once to the run log): a
 recorder failure must never reach the traced program.
 """
+from __future__ import annotations
+
 import itertools
 import json
 import os
-import socket
 import struct
-import sys
 import threading
 import time
+from typing import Any, Callable, List, Optional, Tuple
 
+from hangtrace.hooks import ringsize
 from hangtrace.tracer import config as _config
 from hangtrace.tracer.ring import layout as F
-from hangtrace.tracer.ring import reader as R
 
+_fastrec_error: Optional[BaseException] = None
 try:  # optional C hot path (built by setup.py where a compiler exists); see _FastRecorder
     from . import _fastrec
-except ImportError:
+except ImportError as _e:
     _fastrec = None
+    _fastrec_error = _e
 
 _get_ident = threading.get_ident
 _mono = time.monotonic_ns
@@ -51,7 +54,7 @@ _EMPTY_SLOT = bytes(F.SLOT_SIZE)
 _proc_start_ticks = F.proc_start_ticks
 
 
-def _free_ring_path(path, pid):
+def _free_ring_path(path: str, pid: int) -> str:
     """Where to put our ring when ``path`` exists already.
 
     Same pid and same process start time: the file was made by this very process before
@@ -59,6 +62,7 @@ def _free_ring_path(path, pid):
     is replaced. Otherwise it is an earlier process whose pid was reused: its record is
     kept and ours gets the start time in its name.
     """
+    from hangtrace.tracer.ring import reader as R
     ticks = _proc_start_ticks(pid)
     try:
         with open(path, "rb") as f:
@@ -79,27 +83,37 @@ class Recorder:
     extension is built and ``HANGTRACE_PURE_PYTHON`` is not set (``fast_available()``).
     """
 
-    def __new__(cls, *args, **kwargs):
-        if cls is Recorder and fast_available():
-            cls = _FastRecorder
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Recorder":
+        if cls is Recorder:
+            cls = choose()[0]
         return object.__new__(cls)
 
-    def __init__(self, run_dir, run_id, nslots, log):
+    def __init__(self, run_dir: str, run_id: str, nslots: int, log: Callable[..., None],
+                 full_slots: int = 0) -> None:
+        """``nslots``: slots of the ring created now; ``full_slots`` > ``nslots``: this is a
+        small ring (a helper's), replaced by one of ``full_slots`` slots by ``grow()``
+        (hooks/ringsize.py). Raises OSError when the ring file cannot be created."""
         self.run_dir = run_dir
         self.run_id = run_id
         self.log = log  # callable(msg, key) that logs once per key
-        self.host = socket.gethostname()
+        self.host = os.uname().nodename  # = socket.gethostname() on Linux
         self.pid = os.getpid()
         self.nslots = nslots
+        self.full_slots = full_slots if full_slots > nslots else 0
+        self.on_grow: List[Callable[["Recorder"], None]] = []  # called after grow() replaced the ring
+        self._old_maps: List[Any] = []  # mappings of replaced rings (a writer may still hold one)
+        if self.full_slots:
+            strtab = (ringsize.SMALL_STRTAB_SIZE, ringsize.SMALL_STRTAB_RESERVE)
+        else:
+            strtab = (F.DEFAULT_STRTAB_SIZE, F.STRTAB_CHUNK)
         self.path = os.path.join(run_dir, "ring-%s-%d.htr" % (self.host, self.pid))
         try:
-            self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots)
+            self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots, *strtab)
         except FileExistsError:
             self.path = _free_ring_path(self.path, self.pid)
-            self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots)
-        self.strtab_size = F.DEFAULT_STRTAB_SIZE
+            self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots, *strtab)
+        self.strtab_size, self.strtab_reserved = strtab
         self.strtab_used = 8
-        self.strtab_reserved = F.STRTAB_CHUNK
         self._lock = threading.Lock()
         self._counter = itertools.count(1)
         self._strings = {}
@@ -140,9 +154,55 @@ class Recorder:
         r = F.RANK.unpack_from(self.mm, F.RANK_OFF)
         F.RANK.pack_into(self.mm, F.RANK_OFF, r[0], r[1], r[2], signum)
 
-    def set_meta(self, **meta):
-        """Merge identity fields (Ray actor class/name/id, ...) into the ring's metadata."""
+    def set_meta(self, **meta: Any) -> None:
+        """Merge identity fields (Ray actor class/name/id, ...) into the ring's metadata.
+        A Ray actor id makes this process an actor: a small ring is grown first."""
+        if self.full_slots and meta.get("ray_actor_id"):
+            self.grow("Ray actor")
         self._append(F.T_META, json.dumps(meta, default=str))
+
+    # --- ring size by role (hooks/ringsize.py) -------------------------------------------
+    def grow(self, reason: str) -> bool:
+        """Replace a small ring by the full one (same path, same records). Returns True
+        when it did; False when the ring is full-size already or growing failed (logged
+        once; the small ring stays in use). Never raises."""
+        if not self.full_slots:
+            return False
+        with self._lock:
+            ok = self._grow_locked(reason)
+        if ok:
+            for fn in list(self.on_grow):
+                try:
+                    fn(self)
+                except Exception as e:
+                    self.log("after growing the ring: %r" % (e,), "grow-cb")
+        return ok
+
+    def _grow_locked(self, reason: str) -> bool:
+        nslots = self.full_slots
+        if not nslots:
+            return False
+        self.full_slots = 0  # one attempt per process
+        try:
+            fd, mm, strtab_off, reserved = ringsize.grow_file(
+                self.path, self.mm, self.nslots, self.strtab_off, self.strtab_used, nslots)
+        except Exception as e:
+            self.log("cannot grow the ring %s to %d slots (%s): %r; the small ring stays"
+                     % (self.path, nslots, reason, e), "grow")
+            return False
+        old_fd = self.fd
+        self._old_maps.append(self.mm)
+        self._remap(fd, mm, nslots, strtab_off, reserved)
+        try:
+            os.close(old_fd)
+        except OSError:
+            pass
+        self.log("ring grown to %d slots: %s" % (nslots, reason), "grown")
+        return True
+
+    def _remap(self, fd: int, mm: Any, nslots: int, strtab_off: int, reserved: int) -> None:
+        self.fd, self.mm, self.nslots = fd, mm, nslots
+        self.strtab_off, self.strtab_size, self.strtab_reserved = strtab_off, F.DEFAULT_STRTAB_SIZE, reserved
 
     # --- string table -----------------------------------------------------------
     def _append(self, tag, text, limit=65536):
@@ -156,6 +216,10 @@ class Recorder:
         n = F.STR_ENTRY.size + len(data)
         with self._lock:
             off = self.strtab_used
+            if off + n > self.strtab_size and self.full_slots:
+                grown = self._grow_locked("string table full")
+            else:
+                grown = False
             if off + n > self.strtab_size:
                 self.log("string table of %s is full; later strings are recorded as '?'" % self.path,
                          "strtab-full")
@@ -174,6 +238,12 @@ class Recorder:
             self.mm[base + F.STR_ENTRY.size: base + n] = data
             self.strtab_used = off + n
             F.STRUSED.pack_into(self.mm, F.STRUSED_OFF, self.strtab_used)
+        if grown:
+            for fn in list(self.on_grow):
+                try:
+                    fn(self)
+                except Exception as e:
+                    self.log("after growing the ring: %r" % (e,), "grow-cb")
         return off
 
     def intern(self, text):
@@ -204,8 +274,11 @@ class Recorder:
         self._slot(F.K_EVENT, 0, self.intern(kind), 0, 0, 0, 0, -1, F.S_COMPLETED, a=(sid, 0, 0, 0, 0))
         return sid
 
-    def group_created(self, info):
-        """Durable group definition: name, desc, backend, ranks (global), order."""
+    def group_created(self, info: dict) -> None:
+        """Durable group definition: name, desc, backend, ranks (global), order.
+        Joining a group makes this process a rank: a small ring is grown first."""
+        if self.full_slots and info.get("member") is not False:
+            self.grow("joined process group %s" % (info.get("name"),))
         self._append(F.T_GROUP, json.dumps(info, default=str))
         self._slot(F.K_GROUP, F.OP_IDS.get(info.get("op", "new_group"), 0), self.intern(str(info.get("name"))),
                    0, 0, 0, 0, -1, F.S_COMPLETED)
@@ -274,7 +347,9 @@ class Recorder:
         F.LIVE_DONE.pack_into(self.mm, F.LIVE_DONE_OFF, 0, now, _wall(), self._progress)
 
     # --- phases, steps, heartbeats -----------------------------------------------------
-    def phase_enter(self, name, step=None):
+    def phase_enter(self, name: str, step: Optional[int] = None) -> None:
+        if self.full_slots:
+            self.grow("phase API")
         if step is not None:
             self._step = int(step)
         sid = self.intern(str(name))
@@ -299,7 +374,11 @@ class Recorder:
         F.PHASE.pack_into(self.mm, F.PHASE_OFF, self._cur_phase, len(st) if st else 0, self._step)
         self._touch_progress()
 
-    def step(self, n):
+    def step(self, n: int, grow: bool = True) -> None:
+        """Set the current step (a K_STEP record; progress). ``grow=False``: keep a small
+        ring small (a forked child inheriting its parent's step)."""
+        if self.full_slots and grow:
+            self.grow("step API")
         self._step = int(n)
         F.PHASE.pack_into(self.mm, F.PHASE_OFF, self._cur_phase,
                           F.PHASE.unpack_from(self.mm, F.PHASE_OFF)[1], self._step)
@@ -346,54 +425,31 @@ class Recorder:
             pass
 
 
-def fast_available(environ=None):
+def choose(environ: Optional[dict] = None) -> Tuple[type, str]:
+    """THE place where the Python or C recorder is chosen: ``(class, reason)``.
+
+    ``reason`` is the run-log line: "recorder: C (_fastrec)", "recorder: Python
+    (HANGTRACE_PURE_PYTHON=1)" or "recorder: Python (_fastrec not built: ImportError ...)".
+    """
+    if _fastrec is None:
+        return Recorder, "recorder: Python (_fastrec not built: %s: %s)" % (
+            type(_fastrec_error).__name__, _fastrec_error)
+    if _config.pure_python(environ):
+        env = os.environ if environ is None else environ
+        return Recorder, "recorder: Python (%s=%s)" % (_config.PURE_PYTHON, env.get(_config.PURE_PYTHON))
+    from hangtrace.hooks.fastrecorder import _FastRecorder
+    return _FastRecorder, "recorder: C (_fastrec)"
+
+
+def fast_available(environ: Optional[dict] = None) -> bool:
     """True when new Recorders use the C hot path: ``_fastrec`` is built and
     ``HANGTRACE_PURE_PYTHON`` is not set."""
-    return _fastrec is not None and not _config.pure_python(environ)
+    return choose(environ)[0] is not Recorder
 
 
-def _ring_field(name, doc):
-    def get(self):
-        return getattr(self._ring(), name)
-
-    def set(self, value):
-        setattr(self._ring(), name, value)
-    return property(get, set, doc=doc)
-
-
-class _FastRecorder(Recorder):
-    """A Recorder whose hot path is the C ``_fastrec.Ring``; records are byte-for-byte
-    those of the Python methods (times aside), see tests/unit/test_fastrec.py.
-
-    The record counter and ``_last``, ``_progress``, ``_step``, ``_cur_phase`` live in the
-    Ring (properties below) so that the Python methods (phases, steps, events, memory)
-    and the C writer share them. ``issue`` and ``complete`` become the Ring's own
-    methods as instance attributes: no Python frame per collective. The Ring keeps a
-    buffer export of ``mm`` for its lifetime (the mapping is never closed anyway).
-    """
-
-    _last = _ring_field("last", "index of the newest record")
-    _progress = _ring_field("progress", "progress events so far")
-    _step = _ring_field("step", "current step, -1 = none")
-    _cur_phase = _ring_field("cur_phase", "string id of the current phase, 0 = none")
-
-    def _ring(self):
-        r = self.__dict__.get("_fast")
-        if r is None:
-            r = _fastrec.Ring(self.mm, self.nslots, self._threads, self._phase, self.thread_id, self.intern)
-            self._fast = r
-            self.issue = r.issue
-            self.complete = r.complete
-        return r
-
-    def issue(self, kind, op, group, seq, numel, shape, dtype, peer, flags):
-        return self._ring().issue(kind, op, group, seq, numel, shape, dtype, peer, flags)
-
-    def complete(self, idx, err=None):
-        return self._ring().complete(idx, err)
-
-    def _slot(self, kind, op, group, seq, numel, shape, dtype, peer, state, flags=0, a=(0, 0, 0, 0, 0), err=0):
-        return self._ring().slot(kind, op, group, seq, numel, shape, dtype, peer, state, flags, err, *a)
-
-    def _touch_progress(self):
-        self._ring().touch()
+def __getattr__(name: str) -> Any:
+    """``recorder._FastRecorder``: the C-backed class lives in hooks/fastrecorder.py."""
+    if name == "_FastRecorder" and _fastrec is not None:
+        from hangtrace.hooks.fastrecorder import _FastRecorder
+        return _FastRecorder
+    raise AttributeError(name)

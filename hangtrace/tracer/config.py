@@ -17,6 +17,13 @@ DIR = "HANGTRACE_DIR"
 RUN_ID = "HANGTRACE_RUN_ID"
 #: Number of record slots per ring file (128 bytes each). Default 16384 (2 MiB).
 SLOTS = "HANGTRACE_SLOTS"
+#: Slots of the small ring a process starts with (128 bytes each; default 256 = 32 KiB,
+#: about 52 KiB on disk with its string table). It is replaced by the full ring
+#: (``HANGTRACE_SLOTS``) when the process joins a process group, becomes a Ray actor or
+#: uses the phase/step API, so helpers (DataLoader workers, resource tracker, compile
+#: workers) cost kilobytes. "0" (or a value >= HANGTRACE_SLOTS): every process gets the
+#: full ring at once. See hooks/ringsize.py.
+HELPER_SLOTS = "HANGTRACE_HELPER_SLOTS"
 #: Seconds without progress anywhere in the run before the watcher reports a stall.
 STALL_S = "HANGTRACE_STALL_S"
 #: Per-phase stall thresholds, ``name=seconds,name=seconds`` (e.g. ``checkpoint=1800``).
@@ -60,6 +67,7 @@ FAULT = "HANGTRACE_FAULT_INJECT"
 
 DEFAULTS = {
     SLOTS: 16384,
+    HELPER_SLOTS: 256,
     STALL_S: 300.0,
     STARTUP_STALL_S: 60.0,
     POLL_S: 1.0,
