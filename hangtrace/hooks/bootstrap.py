@@ -25,7 +25,7 @@ import os
 import sys
 import threading
 import time
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from hangtrace.hooks.instrument import Instrumentor
 from hangtrace.tracer import api
@@ -105,8 +105,10 @@ class Runtime:
         self.parent_pid: Optional[int] = None  # set in a forked child: the pid forked from
         self.recorder = self._make_recorder()
 
-    def _make_recorder(self):  # -> Recorder
-        from hangtrace.hooks.recorder import Recorder, choose
+    def _make_recorder(self) -> Any:
+        """A Recorder (Python or C, ``recorder.choose``) with a small ring grown to
+        ``HANGTRACE_SLOTS`` by role; the choice and its reason go to the run log."""
+        from hangtrace.hooks.recorder import choose
         cls, reason = choose()
         full = config.get_int(config.SLOTS)
         small = config.get_int(config.HELPER_SLOTS)

@@ -4,7 +4,7 @@ Imported only when the C extension is built and not switched off.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Tuple
 
 from hangtrace.hooks import _fastrec
 from hangtrace.hooks.recorder import Recorder
@@ -58,14 +58,16 @@ class _FastRecorder(Recorder):
             self.complete = r.complete
         return r
 
-    def issue(self, kind, op, group, seq, numel, shape, dtype, peer, flags):
+    def issue(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
+              flags: int) -> int:
         return self._ring().issue(kind, op, group, seq, numel, shape, dtype, peer, flags)
 
-    def complete(self, idx, err=None):
+    def complete(self, idx: int, err: Optional[str] = None) -> None:
         return self._ring().complete(idx, err)
 
-    def _slot(self, kind, op, group, seq, numel, shape, dtype, peer, state, flags=0, a=(0, 0, 0, 0, 0), err=0):
+    def _slot(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
+              state: int, flags: int = 0, a: Tuple[int, ...] = (0, 0, 0, 0, 0), err: int = 0) -> int:
         return self._ring().slot(kind, op, group, seq, numel, shape, dtype, peer, state, flags, err, *a)
 
-    def _touch_progress(self):
+    def _touch_progress(self) -> None:
         self._ring().touch()

@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from hangtrace.hooks.instrument import Instrumentor
 

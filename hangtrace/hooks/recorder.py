@@ -54,29 +54,7 @@ _EMPTY_SLOT = bytes(F.SLOT_SIZE)
 _proc_start_ticks = F.proc_start_ticks
 
 
-def _free_ring_path(path: str, pid: int) -> str:
-    """Where to put our ring when ``path`` exists already.
-
-    Same pid and same process start time: the file was made by this very process before
-    an ``exec`` (``subprocess.Popen(preexec_fn=...)`` runs fork hooks in the child), so it
-    is replaced. Otherwise it is an earlier process whose pid was reused: its record is
-    kept and ours gets the start time in its name.
-    """
-    from hangtrace.tracer.ring import reader as R
-    ticks = _proc_start_ticks(pid)
-    try:
-        with open(path, "rb") as f:
-            h = R.read_header(f.read(F.HEADER_SIZE), path)
-        same = h["pid"] == pid and h["proc_start_ticks"] == ticks
-    except Exception:
-        same = False
-    if same:
-        os.unlink(path)
-        return path
-    return "%s-%d.htr" % (path[:-len(".htr")], ticks)
-
-
-class Recorder:
+class Recorder(ringsize.Growable):
     """One per traced process. ``path`` is the ring file; ``run_dir`` the run directory.
 
     ``Recorder(...)`` gives a ``_FastRecorder`` (C hot path, same records) when the
@@ -110,7 +88,7 @@ class Recorder:
         try:
             self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots, *strtab)
         except FileExistsError:
-            self.path = _free_ring_path(self.path, self.pid)
+            self.path = ringsize.free_ring_path(self.path, self.pid)
             self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots, *strtab)
         self.strtab_size, self.strtab_reserved = strtab
         self.strtab_used = 8
@@ -137,8 +115,8 @@ class Recorder:
         self._touch_progress()
 
     @staticmethod
-    def _env_rank():
-        def gi(name):
+    def _env_rank() -> Tuple[int, int, int]:
+        def gi(name: str) -> int:
             try:
                 return int(os.environ[name])
             except (KeyError, ValueError):
@@ -146,11 +124,11 @@ class Recorder:
         return gi("RANK"), gi("LOCAL_RANK"), gi("WORLD_SIZE")
 
     # --- identity ---------------------------------------------------------------
-    def set_rank(self, rank, local_rank, world_size):
+    def set_rank(self, rank: int, local_rank: int, world_size: int) -> None:
         F.RANK.pack_into(self.mm, F.RANK_OFF, rank, local_rank, world_size,
                          F.RANK.unpack_from(self.mm, F.RANK_OFF)[3])
 
-    def set_dump_signal(self, signum):
+    def set_dump_signal(self, signum: int) -> None:
         r = F.RANK.unpack_from(self.mm, F.RANK_OFF)
         F.RANK.pack_into(self.mm, F.RANK_OFF, r[0], r[1], r[2], signum)
 
@@ -161,51 +139,8 @@ class Recorder:
             self.grow("Ray actor")
         self._append(F.T_META, json.dumps(meta, default=str))
 
-    # --- ring size by role (hooks/ringsize.py) -------------------------------------------
-    def grow(self, reason: str) -> bool:
-        """Replace a small ring by the full one (same path, same records). Returns True
-        when it did; False when the ring is full-size already or growing failed (logged
-        once; the small ring stays in use). Never raises."""
-        if not self.full_slots:
-            return False
-        with self._lock:
-            ok = self._grow_locked(reason)
-        if ok:
-            for fn in list(self.on_grow):
-                try:
-                    fn(self)
-                except Exception as e:
-                    self.log("after growing the ring: %r" % (e,), "grow-cb")
-        return ok
-
-    def _grow_locked(self, reason: str) -> bool:
-        nslots = self.full_slots
-        if not nslots:
-            return False
-        self.full_slots = 0  # one attempt per process
-        try:
-            fd, mm, strtab_off, reserved = ringsize.grow_file(
-                self.path, self.mm, self.nslots, self.strtab_off, self.strtab_used, nslots)
-        except Exception as e:
-            self.log("cannot grow the ring %s to %d slots (%s): %r; the small ring stays"
-                     % (self.path, nslots, reason, e), "grow")
-            return False
-        old_fd = self.fd
-        self._old_maps.append(self.mm)
-        self._remap(fd, mm, nslots, strtab_off, reserved)
-        try:
-            os.close(old_fd)
-        except OSError:
-            pass
-        self.log("ring grown to %d slots: %s" % (nslots, reason), "grown")
-        return True
-
-    def _remap(self, fd: int, mm: Any, nslots: int, strtab_off: int, reserved: int) -> None:
-        self.fd, self.mm, self.nslots = fd, mm, nslots
-        self.strtab_off, self.strtab_size, self.strtab_reserved = strtab_off, F.DEFAULT_STRTAB_SIZE, reserved
-
     # --- string table -----------------------------------------------------------
-    def _append(self, tag, text, limit=65536):
+    def _append(self, tag: int, text: str, limit: int = 65536) -> int:
         """Append an entry to the string table; return its id (0 when full or failed).
 
         Never raises OSError: when the disk cannot give the table more room (ENOSPC),
@@ -239,14 +174,10 @@ class Recorder:
             self.strtab_used = off + n
             F.STRUSED.pack_into(self.mm, F.STRUSED_OFF, self.strtab_used)
         if grown:
-            for fn in list(self.on_grow):
-                try:
-                    fn(self)
-                except Exception as e:
-                    self.log("after growing the ring: %r" % (e,), "grow-cb")
+            self._run_on_grow()
         return off
 
-    def intern(self, text):
+    def intern(self, text: str) -> int:
         sid = self._strings.get(text)
         if sid is None:
             try:
@@ -257,14 +188,14 @@ class Recorder:
             self._strings[text] = sid
         return sid
 
-    def thread_id(self):
+    def thread_id(self) -> int:
         ident = _get_ident()
         sid = self._threads.get(ident)
         if sid is None:
             sid = self._threads[ident] = self.intern(threading.current_thread().name)
         return sid
 
-    def event(self, kind, **fields):
+    def event(self, kind: str, **fields: Any) -> int:
         """Durable lifecycle event (never overwritten by the ring): start, exit, exception, ..."""
         fields["event"] = kind
         fields.setdefault("wall_ns", _wall())
@@ -284,11 +215,12 @@ class Recorder:
                    0, 0, 0, 0, -1, F.S_COMPLETED)
 
     # --- records ----------------------------------------------------------------
-    def _current_phase(self):
+    def _current_phase(self) -> int:
         st = self._phase.get(_get_ident())
         return st[-1][0] if st else self._cur_phase
 
-    def _slot(self, kind, op, group, seq, numel, shape, dtype, peer, state, flags=0, a=(0, 0, 0, 0, 0), err=0):
+    def _slot(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
+              state: int, flags: int = 0, a: Tuple[int, ...] = (0, 0, 0, 0, 0), err: int = 0) -> int:
         idx = self._last = next(self._counter)
         now = _mono()
         off = F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE
@@ -301,7 +233,8 @@ class Recorder:
             raise
         return idx
 
-    def issue(self, kind, op, group, seq, numel, shape, dtype, peer, flags):
+    def issue(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
+              flags: int) -> int:
         """Record a collective or p2p op as issued; returns its record index. Hot path."""
         idx = self._last = next(self._counter)
         ident = _get_ident()
@@ -322,7 +255,7 @@ class Recorder:
         _LIVE_ISSUE_PACK(mm, _LIVE_ISSUE_OFF, idx, idx)
         return idx
 
-    def complete(self, idx, err=None):
+    def complete(self, idx: int, err: Optional[str] = None) -> None:
         """Mark record ``idx`` completed (or failed with ``err`` text) and count progress. Hot path.
 
         A record already overwritten by the ring (more than ``nslots`` newer records) is
@@ -341,7 +274,7 @@ class Recorder:
                                      + F.COMPLETE_OFF, F.S_FAILED, self.intern(err[:4000]), now)
             F.U64.pack_into(self.mm, F.LIVE_DONE_OFF, 0)  # clear in-flight
 
-    def _touch_progress(self):
+    def _touch_progress(self) -> None:
         now = _mono()
         self._progress += 1
         F.LIVE_DONE.pack_into(self.mm, F.LIVE_DONE_OFF, 0, now, _wall(), self._progress)
@@ -360,7 +293,7 @@ class Recorder:
         self._slot(F.K_PHASE_ENTER, 0, 0, 0, 0, 0, 0, -1, F.S_COMPLETED)
         self._touch_progress()
 
-    def phase_exit(self, name, error=None):
+    def phase_exit(self, name: str, error: Optional[str] = None) -> None:
         st = self._phase.get(_get_ident())
         self._slot(F.K_PHASE_EXIT, 0, 0, 0, 0, 0, 0, -1, F.S_FAILED if error else F.S_COMPLETED,
                    err=self.intern(error[:2000]) if error else 0)
@@ -385,10 +318,11 @@ class Recorder:
         self._slot(F.K_STEP, 0, 0, self._step, 0, 0, 0, -1, F.S_COMPLETED)
         self._touch_progress()
 
-    def heartbeat(self):
+    def heartbeat(self) -> None:
         self._touch_progress()
 
-    def memory(self, source, what, a0=-1, a1=-1, a2=-1, a3=-1, a4=-1):
+    def memory(self, source: int, what: int, a0: int = -1, a1: int = -1, a2: int = -1, a3: int = -1,
+               a4: int = -1) -> int:
         """Write one memory record (kind K_MEM; layout in ``tracer/ring/layout.py``, issue 5).
 
         ``source``: MEM_TIMER/ENTER/EXIT/STEP/OOM; ``what``: string id of 'host', 'cuda:N'
@@ -397,16 +331,16 @@ class Recorder:
         """
         return self._slot(F.K_MEM, source, what, 0, 0, 0, 0, -1, F.S_COMPLETED, a=(a0, a1, a2, a3, a4))
 
-    def current(self):
+    def current(self) -> Tuple[Optional[str], Optional[int]]:
         """(phase name or None, step or None) of the calling thread."""
         st = self._phase.get(_get_ident())
         return (st[-1][1] if st else None), (self._step if self._step >= 0 else None)
 
     # --- lifecycle ----------------------------------------------------------------
-    def mark_exit(self, code):
+    def mark_exit(self, code: int) -> None:
         F.EXIT.pack_into(self.mm, F.EXIT_OFF, F.ST_EXITED, int(code), _wall())
 
-    def close(self):
+    def close(self) -> None:
         """Flush and unmap (the file stays). Idempotent."""
         if self.closed:
             return
@@ -416,7 +350,7 @@ class Recorder:
         except Exception:
             pass
 
-    def abandon(self):
+    def abandon(self) -> None:
         """Forget the mapping without touching it (used in a forked child: the parent owns it)."""
         self.closed = True
         try:

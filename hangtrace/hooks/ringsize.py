@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Any, Tuple
+from typing import Any, Callable, List, Tuple
 
+from hangtrace.tracer.procfs import proc_start_ticks
 from hangtrace.tracer.ring import layout as F
 
 #: String table of a small ring (bytes, apparent size; sparse) and the part reserved on
@@ -79,3 +80,92 @@ def grow_file(path: str, old: Any, old_nslots: int, old_strtab_off: int, strtab_
             pass
         raise
     return fd, mm, strtab_off, reserved
+
+
+def free_ring_path(path: str, pid: int) -> str:
+    """Where to put our ring when ``path`` exists already.
+
+    Same pid and same process start time: the file was made by this very process before
+    an ``exec`` (``subprocess.Popen(preexec_fn=...)`` runs fork hooks in the child), so it
+    is replaced. Otherwise it is an earlier process whose pid was reused: its record is
+    kept and ours gets the start time in its name.
+    """
+    from hangtrace.tracer.ring import reader as R
+    ticks = proc_start_ticks(pid)
+    try:
+        with open(path, "rb") as f:
+            h = R.read_header(f.read(F.HEADER_SIZE), path)
+        same = h["pid"] == pid and h["proc_start_ticks"] == ticks
+    except Exception:
+        same = False
+    if same:
+        os.unlink(path)
+        return path
+    return "%s-%d.htr" % (path[:-len(".htr")], ticks)
+
+
+class Growable:
+    """Mixin of ``recorder.Recorder``: replacing a small ring by the full one in place.
+
+    Uses the recorder's ``path``, ``mm``, ``fd``, ``nslots``, ``strtab_*``, ``full_slots``
+    (0 = full-size already), ``_lock``, ``log`` and ``on_grow`` (callables run with the
+    recorder after the ring was replaced: the torch wrappers re-read its C Ring)."""
+
+    path: str
+    mm: Any
+    fd: int
+    nslots: int
+    full_slots: int
+    strtab_off: int
+    strtab_size: int
+    strtab_used: int
+    strtab_reserved: int
+    on_grow: List[Callable[[Any], None]]
+    _old_maps: List[Any]
+    _lock: Any
+    log: Callable[..., None]
+
+    def grow(self, reason: str) -> bool:
+        """Replace a small ring by the full one (same path, same records). Returns True
+        when it did; False when the ring is full-size already or growing failed (logged
+        once; the small ring stays in use). Never raises."""
+        if not self.full_slots:
+            return False
+        with self._lock:
+            ok = self._grow_locked(reason)
+        if ok:
+            self._run_on_grow()
+        return ok
+
+    def _run_on_grow(self) -> None:
+        for fn in list(self.on_grow):
+            try:
+                fn(self)
+            except Exception as e:
+                self.log("after growing the ring: %r" % (e,), "grow-cb")
+
+    def _grow_locked(self, reason: str) -> bool:
+        nslots = self.full_slots
+        if not nslots:
+            return False
+        self.full_slots = 0  # one attempt per process
+        try:
+            fd, mm, strtab_off, reserved = grow_file(
+                self.path, self.mm, self.nslots, self.strtab_off, self.strtab_used, nslots)
+        except Exception as e:
+            self.log("cannot grow the ring %s to %d slots (%s): %r; the small ring stays"
+                     % (self.path, nslots, reason, e), "grow")
+            return False
+        old_fd = self.fd
+        self._old_maps.append(self.mm)
+        self._remap(fd, mm, nslots, strtab_off, reserved)
+        try:
+            os.close(old_fd)
+        except OSError:
+            pass
+        self.log("ring grown to %d slots: %s" % (nslots, reason), "grown")
+        return True
+
+    def _remap(self, fd: int, mm: Any, nslots: int, strtab_off: int, reserved: int) -> None:
+        self.fd, self.mm, self.nslots = fd, mm, nslots
+        self.strtab_off, self.strtab_size, self.strtab_reserved = strtab_off, F.DEFAULT_STRTAB_SIZE, reserved

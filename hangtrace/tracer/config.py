@@ -4,7 +4,10 @@ This module is imported inside every traced process: it imports only ``os``.
 CLI flags map onto these variables (``hangtrace run --stall-s`` sets
 ``HANGTRACE_STALL_S`` for the watcher, and so on).
 """
+from __future__ import annotations
+
 import os
+from typing import Dict, Mapping, Optional
 
 #: Turns tracing on in this process and every Python process it starts when set
 #: to anything but "" or "0". Checked by the ``.pth`` file before anything is imported.
@@ -78,13 +81,14 @@ DEFAULTS = {
 }
 
 
-def enabled(environ=None):
+def enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True when ``HANGTRACE`` asks for tracing and this is not one of our helpers."""
     env = os.environ if environ is None else environ
     return env.get(ENABLE, "") not in ("", "0") and not env.get(HELPER)
 
 
-def get_int(name, environ=None):
+def get_int(name: str, environ: Optional[Mapping[str, str]] = None) -> int:
+    """``name``'s value as an int; its default when unset or not a number."""
     env = os.environ if environ is None else environ
     try:
         return int(env.get(name, DEFAULTS[name]))
@@ -92,7 +96,8 @@ def get_int(name, environ=None):
         return int(DEFAULTS[name])
 
 
-def get_float(name, environ=None):
+def get_float(name: str, environ: Optional[Mapping[str, str]] = None) -> float:
+    """``name``'s value as a float; its default when unset or not a number."""
     env = os.environ if environ is None else environ
     try:
         return float(env.get(name, DEFAULTS[name]))
@@ -100,7 +105,7 @@ def get_float(name, environ=None):
         return float(DEFAULTS[name])
 
 
-def phase_stall_s(environ=None):
+def phase_stall_s(environ: Optional[Mapping[str, str]] = None) -> Dict[str, float]:
     """Parse ``HANGTRACE_PHASE_STALL_S`` into ``{phase: seconds}``; bad items are ignored."""
     env = os.environ if environ is None else environ
     out = {}
@@ -114,19 +119,19 @@ def phase_stall_s(environ=None):
     return out
 
 
-def mem_enabled(environ=None):
+def mem_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True unless ``HANGTRACE_MEM`` is "0" (memory sampling, issue 5)."""
     env = os.environ if environ is None else environ
     return env.get(MEM, "1").strip() not in ("0", "false", "no", "off")
 
 
-def pure_python(environ=None):
+def pure_python(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True when ``HANGTRACE_PURE_PYTHON`` forces the pure-Python recording path."""
     env = os.environ if environ is None else environ
     return env.get(PURE_PYTHON, "") not in ("", "0")
 
 
-def helper_env(environ=None):
+def helper_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """Environment for our own helper processes: tracing stripped, helper mark set."""
     env = dict(os.environ if environ is None else environ)
     env.pop(ENABLE, None)
