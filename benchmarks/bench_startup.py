@@ -136,6 +136,10 @@ def traced_cost(runs, warmup, baseline=None):
 
     Returns ``{variant: {"ms": [...], "kib": [...]}}`` and prints a table."""
     run_dir = tempfile.mkdtemp(prefix="ht-bench-startup-run-")
+    # Bytecode as in a real install: pip writes .pyc files, but this machine sets
+    # PYTHONDONTWRITEBYTECODE=1, so every start would compile our sources (and only
+    # ours: the stdlib and torch ship .pyc). A cache outside the trees, filled by warm-up.
+    pyc = dict(PYTHONPYCACHEPREFIX=os.path.join(run_dir, "pycache"))
     trees = {"this": REPO}
     if baseline:
         trees["baseline"] = os.path.abspath(baseline)
@@ -143,7 +147,8 @@ def traced_cost(runs, warmup, baseline=None):
     variants = {}
     for prog, code in progs.items():
         for tree, path in trees.items():
-            base = dict(_clean_env(), PYTHONPATH=path)
+            base = dict(_clean_env(), PYTHONPATH=path, **pyc)
+            base.pop("PYTHONDONTWRITEBYTECODE", None)
             if tree == "this":
                 variants["%s, untraced" % prog] = ([sys.executable, "-c", code], base)
             variants["%s, traced (%s tree)" % (prog, tree)] = (
@@ -153,7 +158,7 @@ def traced_cost(runs, warmup, baseline=None):
     out = {n: {"ms": [], "kib": [], "cpu_ms": []} for n in names}
     try:
         for n in names:
-            for _ in range(warmup):
+            for _ in range(max(1, warmup)):
                 _run_rusage(*variants[n])
         load0 = os.getloadavg()
         for r in range(runs):
