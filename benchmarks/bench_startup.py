@@ -22,9 +22,18 @@ with ``--no-build-isolation`` (this interpreter's setuptools; no network).
 ``system+HT − system`` is measured in the same interpreter, with every dependency of
 the bootstrap present.
 
+Traced vs untraced (``--traced``, issue 8): the same interpreter with this tree on
+``PYTHONPATH``, HANGTRACE unset vs ``HANGTRACE=1``, for ``python -c pass`` and for
+``python -c "import torch.distributed"`` (what a rank starts with), interleaved run by
+run; wall time (fork to exit) and peak RSS (``ru_maxrss`` of the child from ``wait4``,
+KiB). ``--baseline TREE`` adds the same traced runs with another source tree on
+``PYTHONPATH`` (the previous code), side by side in the same run. Target: with
+torch.distributed imported, traced ≤ untraced + 10 ms and + 4 MB.
+
 Usage::
 
     python3 benchmarks/bench_startup.py [--runs 60] [--out results.json] [--keep DIR]
+    python3 benchmarks/bench_startup.py --traced [--runs 20] [--baseline /path/to/old/tree]
 """
 import argparse
 import json
@@ -107,13 +116,99 @@ def _time_once(cmd, env):
     return dt
 
 
+def _run_rusage(cmd, env):
+    """(wall ms, peak RSS KiB, CPU ms) of one child run: fork to exit; ``ru_maxrss`` and
+    user+system CPU time from wait4 (CPU time is what a loaded machine distorts least)."""
+    t0 = time.perf_counter_ns()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    dt = time.perf_counter_ns() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    err = p.stderr.read()
+    p.stderr.close()
+    if p.returncode != 0:
+        raise SystemExit("%s failed: %s" % (cmd, err.decode()[-2000:]))
+    return dt / 1e6, ru.ru_maxrss, (ru.ru_utime + ru.ru_stime) * 1e3
+
+
+def traced_cost(runs, warmup, baseline=None):
+    """Traced vs untraced start-up of ``-c pass`` and ``-c 'import torch.distributed'``.
+
+    Returns ``{variant: {"ms": [...], "kib": [...]}}`` and prints a table."""
+    run_dir = tempfile.mkdtemp(prefix="ht-bench-startup-run-")
+    # Bytecode as in a real install: pip writes .pyc files, but this machine sets
+    # PYTHONDONTWRITEBYTECODE=1, so every start would compile our sources (and only
+    # ours: the stdlib and torch ship .pyc). A cache outside the trees, filled by warm-up.
+    pyc = dict(PYTHONPYCACHEPREFIX=os.path.join(run_dir, "pycache"))
+    trees = {"this": REPO}
+    if baseline:
+        trees["baseline"] = os.path.abspath(baseline)
+    progs = {"pass": "pass", "torch.distributed": "import torch.distributed"}
+    variants = {}
+    for prog, code in progs.items():
+        for tree, path in trees.items():
+            base = dict(_clean_env(), PYTHONPATH=path, **pyc)
+            base.pop("PYTHONDONTWRITEBYTECODE", None)
+            if tree == "this":
+                variants["%s, untraced" % prog] = ([sys.executable, "-c", code], base)
+            variants["%s, traced (%s tree)" % (prog, tree)] = (
+                [sys.executable, "-c", code],
+                dict(base, HANGTRACE="1", HANGTRACE_DIR=os.path.join(run_dir, tree), HANGTRACE_AUTO_WATCH="0"))
+    names = list(variants)
+    out = {n: {"ms": [], "kib": [], "cpu_ms": []} for n in names}
+    try:
+        for n in names:
+            for _ in range(max(1, warmup)):
+                _run_rusage(*variants[n])
+        load0 = os.getloadavg()
+        for r in range(runs):
+            for n in names[r % len(names):] + names[:r % len(names)]:
+                ms, kib, cpu = _run_rusage(*variants[n])
+                out[n]["ms"].append(ms)
+                out[n]["kib"].append(kib)
+                out[n]["cpu_ms"].append(cpu)
+        load1 = os.getloadavg()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    med = statistics.median
+    L = ["### Start-up, traced vs untraced (%s, %d CPUs, Python %s)" % (time.strftime("%Y-%m-%d"),
+         os.cpu_count(), platform.python_version()), "",
+         "%d runs per variant, interleaved; wall time fork to exit, peak RSS from wait4. Load average "
+         "before/after: %.1f / %.1f." % (runs, load0[0], load1[0]), "",
+         "| program | variant | median wall ms | p10–p90 wall ms | median CPU ms | median peak RSS MiB "
+         "| Δ wall ms | Δ CPU ms | Δ RSS MiB |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for prog in progs:
+        ref = "%s, untraced" % prog
+        for n in [x for x in names if x.startswith(prog + ",")]:
+            xs = sorted(out[n]["ms"])
+            d_ms = med([a - b for a, b in zip(out[n]["ms"], out[ref]["ms"])])
+            d_mb = med([(a - b) / 1024 for a, b in zip(out[n]["kib"], out[ref]["kib"])])
+            d_cpu = med([a - b for a, b in zip(out[n]["cpu_ms"], out[ref]["cpu_ms"])])
+            L.append("| `%s` | %s | %.1f | %.1f–%.1f | %.1f | %.1f | %+.1f | %+.1f | %+.2f |" % (
+                progs[prog], n.split(", ", 1)[1], med(xs), xs[len(xs) // 10], xs[(len(xs) * 9) // 10],
+                med(out[n]["cpu_ms"]), med(out[n]["kib"]) / 1024, d_ms, d_cpu, d_mb))
+    L += ["", "Δ: median of the paired differences (run r of the variant minus run r untraced), vs the "
+          "untraced run of the same program."]
+    print("\n".join(L))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--traced", action="store_true", help="traced vs untraced start-up only (no venvs)")
+    ap.add_argument("--baseline", help="with --traced: another source tree to compare, side by side")
     ap.add_argument("--runs", type=int, default=60, help="timed runs per variant (interleaved)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed runs per variant first")
     ap.add_argument("--out", help="write JSON results here")
     ap.add_argument("--keep", help="build the venvs in this directory and keep them")
     a = ap.parse_args(argv)
+    if a.traced:
+        out = traced_cost(a.runs, a.warmup, a.baseline)
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(out, f, indent=2)
+        return 0
 
     root = a.keep or tempfile.mkdtemp(prefix="ht-bench-startup-")
     os.makedirs(root, exist_ok=True)

@@ -15,15 +15,16 @@ right cluster even when several run on the host (``auto`` may pick another one),
 internal per-worker flags (``RAY_JOB_ID``, ``RAY_RAYLET_PID``; ``ray_constants.
 RAY_INTERNAL_FLAGS``) are dropped from its environment.
 """
+from __future__ import annotations
+
 import os
-import socket
-import subprocess
 import sys
+from typing import Any, List, Optional
 
 from hangtrace.tracer import config
 
 
-def _alive(pid):
+def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
         return True
@@ -38,7 +39,7 @@ def _alive(pid):
 _RAY_WORKER_ONLY = ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_OVERRIDE_NODE_ID_FOR_TESTING")
 
 
-def ray_gcs_address(argv=None):
+def ray_gcs_address(argv: Optional[List[str]] = None) -> Optional[str]:
     """The ``--gcs-address`` of this process when it is a Ray worker, else None.
 
     Ray's raylet starts every worker (``default_worker.py``) with ``--gcs-address=HOST:PORT``
@@ -59,7 +60,7 @@ def ray_gcs_address(argv=None):
     return None
 
 
-def watcher_env():
+def watcher_env() -> dict:
     """Environment of the detached watcher: tracing stripped (``config.helper_env``), Ray's
     per-worker flags dropped, ``RAY_ADDRESS`` set to this Ray worker's cluster."""
     env = config.helper_env()
@@ -71,14 +72,15 @@ def watcher_env():
     return env
 
 
-def maybe_start(rt):
+def maybe_start(rt: Any) -> Optional[int]:
     """Start the node watcher for ``rt.run_dir`` unless one runs or auto-watch is off.
 
     Returns the watcher's pid, or None.
     """
     if os.environ.get(config.AUTO_WATCH, config.DEFAULTS[config.AUTO_WATCH]) == "0":
         return None
-    pidfile = os.path.join(rt.run_dir, "watcher-%s.pid" % socket.gethostname())
+    # host name as socket.gethostname() gives it on Linux, without importing socket
+    pidfile = os.path.join(rt.run_dir, "watcher-%s.pid" % os.uname().nodename)
     for _ in range(2):
         try:
             fd = os.open(pidfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -98,6 +100,7 @@ def maybe_start(rt):
     else:
         return None
     try:
+        import subprocess  # only in the one process per node that starts the watcher
         env = watcher_env()
         # Through a short-lived intermediate process, so the watcher is not our child:
         # a program that calls os.wait() must never reap it by surprise.

@@ -1,35 +1,54 @@
 """Activation inside a traced process: called by the ``.pth`` line when HANGTRACE is set.
 
-``activate()`` creates this process's ring in the run directory, installs lifecycle
-records (exit, uncaught exceptions, SIGTERM and fatal-signal stacks through
-faulthandler), and registers post-import hooks so torch.distributed (and Ray, later)
-are wrapped when the program imports them (Ray: ``ray_hooks``). It imports neither torch nor ray.
+``activate()`` creates this process's ring in the run directory (small until the process
+joins a process group or becomes a Ray actor: ``hooks/ringsize.py``), then installs the
+instrumentors in this order (``INSTRUMENTORS``):
+
+1. lifecycle: start record, exit code, uncaught exceptions, signal stacks (faulthandler);
+2. failures: exceptions that launchers and frameworks swallow (spawn, multiprocessing,
+   unretrieved asyncio tasks), ``hooks/failures.py``;
+3. memory: the sampler (``HANGTRACE_MEM=0``: none);
+4. torch: a post-import hook; torch.distributed is wrapped when the program imports it;
+5. ray: a post-import hook; Ray worker identity and actor-method phases;
+6. env-record: libraries, versions and job environment (issue 12, ``hooks/envrecord.py``);
+7. deep: only with ``HANGTRACE_DEEP`` (issue 11, viztracer).
+
+ONE ``os.register_at_fork(after_in_child=...)`` handler gives a forked child its own ring
+and then calls every instrumentor's ``after_fork_child`` in that order; ONE exit handler
+calls every ``at_exit`` in reverse order, so threads stop before lifecycle writes the
+exit record. The Python or C recorder is chosen in one place (``recorder.choose``) and
+the reason written to the run log. It imports neither torch nor ray nor wrapt.
 
 Any failure here disables tracing for this process with one line on stderr and, where
 possible, a line in the run log; the program itself runs on unchanged.
 """
+from __future__ import annotations
+
+import atexit
 import os
 import sys
-import tempfile
 import threading
 import time
+from typing import Any, List, Optional, Tuple
 
+from hangtrace.hooks.instrument import Instrumentor
 from hangtrace.tracer import api
 from hangtrace.tracer import config
 
-_active = None  # the Runtime of this process, or None
+_active: Optional["Runtime"] = None  # the Runtime of this process, or None
 _lock = threading.Lock()
-_failed_pid = None  # pid in which activation failed (and warned) already
+_failed_pid: Optional[int] = None  # pid in which activation failed (and warned) already
+INSTRUMENTORS: List[Instrumentor] = []  # in install order (filled by activate)
 
 
 class RunLog:
     """Appends lines to ``RUN_DIR/hangtrace.log``; ``__call__(msg, key)`` logs once per key."""
 
-    def __init__(self, run_dir):
+    def __init__(self, run_dir: str) -> None:
         self.path = os.path.join(run_dir, "hangtrace.log")
-        self.seen = set()
+        self.seen: set = set()
 
-    def __call__(self, msg, key=None):
+    def __call__(self, msg: str, key: Optional[str] = None) -> None:
         if key is not None:
             if key in self.seen:
                 return
@@ -45,11 +64,23 @@ class RunLog:
             pass
 
 
-def default_run_id():
+def default_run_id() -> str:
     return "%s-%d" % (time.strftime("%Y%m%d-%H%M%S", time.gmtime()), os.getpid())
 
 
-def resolve_run_dir(environ=None):
+def _tempdir(env: dict) -> str:
+    """``tempfile.gettempdir()`` for the usual cases without importing tempfile."""
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        d = env.get(name)
+        if d and os.path.isdir(d):
+            return d
+    if os.path.isdir("/tmp"):
+        return "/tmp"
+    import tempfile
+    return tempfile.gettempdir()
+
+
+def resolve_run_dir(environ: Optional[dict] = None) -> Tuple[str, str]:
     """The run directory for this process; exports HANGTRACE_DIR/RUN_ID for children.
 
     Returns ``(run_dir, run_id)``. Creates the directory (mode 0700) if needed.
@@ -57,7 +88,7 @@ def resolve_run_dir(environ=None):
     """
     env = os.environ if environ is None else environ
     run_id = env.get(config.RUN_ID) or default_run_id()
-    run_dir = env.get(config.DIR) or os.path.join(tempfile.gettempdir(), "hangtrace-" + run_id)
+    run_dir = env.get(config.DIR) or os.path.join(_tempdir(env), "hangtrace-" + run_id)
     # absolute, so children started in another working directory (Ray workers, tools
     # that chdir) find the same directory
     run_dir = os.path.abspath(run_dir)
@@ -68,104 +99,64 @@ def resolve_run_dir(environ=None):
 
 
 class Runtime:
-    def __init__(self, run_dir, run_id):
-        from .recorder import Recorder
+    """This process's tracing state: run directory, run log, recorder (one per process;
+    the same object in a forked child, where ``new_recorder`` gives it its own ring)."""
+
+    def __init__(self, run_dir: str, run_id: str) -> None:
         self.run_dir = run_dir
         self.run_id = run_id
         self.log = RunLog(run_dir)
-        self.recorder = Recorder(run_dir, run_id, config.get_int(config.SLOTS), self.log)
-        self.torch_hooked = False
+        self.parent_pid: Optional[int] = None  # set in a forked child: the pid forked from
+        self.recorder = self._make_recorder()
 
+    def _make_recorder(self) -> Any:
+        """A Recorder (Python or C, ``recorder.choose``) with a small ring grown to
+        ``HANGTRACE_SLOTS`` by role; the choice and its reason go to the run log."""
+        from hangtrace.hooks.recorder import choose
+        cls, reason = choose()
+        full = config.get_int(config.SLOTS)
+        small = config.get_int(config.HELPER_SLOTS)
+        if small <= 0 or small >= full:
+            small = full
+        rec = cls(self.run_dir, self.run_id, small, self.log, full_slots=full)
+        self.log(reason, "recorder-choice")
+        return rec
 
-def _hook_torch(module):
-    rt = _active
-    if rt is None:
-        return
-    try:
-        dist = sys.modules.get("torch.distributed", module)
-        if not getattr(dist, "is_available", lambda: False)():
-            return
-        from . import torch_dist
-        torch_dist.install(dist, rt.recorder, rt.log)
-        rt.torch_hooked = True
-        _record_env(rt, "torch")  # issue 12
-    except Exception as e:
-        rt.log("hooking torch.distributed failed: %r" % (e,), "hook-torch")
-
-
-# --- ray (issue 4): actor identity and method phases, see hooks/ray_hooks.py ---
-def _hook_ray(module):
-    rt = _active
-    if rt is None:
-        return
-    try:
-        from . import ray_hooks
-        ray_hooks.install(sys.modules.get("ray", module), rt.recorder, rt.log)
-    except Exception as e:
-        rt.log("hooking ray failed: %r" % (e,), "hook-ray")
-# --- end ray ---
-
-
-# --- environment forensics (issue 12): RUN_DIR/env/<host>-<pid>.json, see hooks/envrecord.py ---
-def _record_env(rt: "Runtime", reason: str, ctypes_hook: bool = False) -> None:
-    try:
-        from . import envrecord
-        envrecord.record(rt, reason)
-        if ctypes_hook:
-            envrecord.install_ctypes_hook(rt)
-    except Exception as e:
-        rt.log("environment record failed: %r" % (e,), "env-record")
-# --- end environment forensics ---
-
-
-# --- memory (issue 5): sampler thread 'hangtrace-memory', see hooks/memory.py ---
-def _start_memory(rt, forked=False):
-    try:
-        from . import memory
-        memory.start(rt, forked=forked)
-    except Exception as e:
-        rt.log("memory sampling failed to start: %r" % (e,), "mem-start")
-# --- end memory ---
-
-
-def _register_import_hooks():
-    import wrapt
-    if "torch.distributed" in sys.modules:
-        _hook_torch(sys.modules["torch.distributed"])
-    else:
-        wrapt.register_post_import_hook(_hook_torch, "torch.distributed")
-    from . import failures  # issue 9: failures caught at their source
-    for name, hook in failures.IMPORT_HOOKS.items():
-        if name in sys.modules:
-            hook(sys.modules[name])
-        else:
-            wrapt.register_post_import_hook(hook, name)
-    if "ray" in sys.modules:  # issue 4
-        _hook_ray(sys.modules["ray"])
-    else:
-        wrapt.register_post_import_hook(_hook_ray, "ray")
-
-
-def _after_fork_child():
-    global _active
-    old = _active
-    if old is None:
-        return
-    try:
-        old.recorder.abandon()
-        phase, step = old.recorder.current()
-        rt = Runtime(old.run_dir, old.run_id)
-        _active = rt
-        api._set_recorder(rt.recorder)
-        from . import lifecycle
-        lifecycle.install(rt, forked_from=old.recorder.pid)
+    def new_recorder(self) -> None:
+        """In a forked child: forget the parent's ring, create our own. Raises OSError."""
+        old = self.recorder
+        old.abandon()
+        phase, step = old.current()
+        self.parent_pid = old.pid
+        self.log = RunLog(self.run_dir)
+        self.recorder = self._make_recorder()
         if step is not None:
-            rt.recorder.step(step)
-        if "torch.distributed" in sys.modules:
-            from . import torch_dist
-            torch_dist.reset_after_fork(rt.recorder)
-        _start_memory(rt, forked=True)  # issue 5: the parent's sampler thread is not here
-        _record_env(rt, "fork")  # issue 12
+            self.recorder.step(step, grow=False)
+
+
+def _default_instrumentors() -> List[Instrumentor]:
+    from hangtrace.hooks.envrecord import EnvRecordInstrumentor
+    from hangtrace.hooks.failures import FailuresInstrumentor
+    from hangtrace.hooks.libraries import RayInstrumentor, TorchDistInstrumentor
+    from hangtrace.hooks.lifecycle import LifecycleInstrumentor
+    from hangtrace.hooks.memory import MemoryInstrumentor
+    out: List[Instrumentor] = [LifecycleInstrumentor(), FailuresInstrumentor(), MemoryInstrumentor(),
+                               TorchDistInstrumentor(), RayInstrumentor(), EnvRecordInstrumentor()]
+    if os.environ.get(config.DEEP):  # issue 11: viztracer's module only when asked for
+        from hangtrace.hooks.deep import DeepInstrumentor
+        out.append(DeepInstrumentor())
+    return out
+
+
+def _after_fork_child() -> None:
+    """The ONE fork handler: the child's own ring, then every instrumentor in order."""
+    global _active
+    rt = _active
+    if rt is None:
+        return
+    try:
+        rt.new_recorder()
+        api._set_recorder(rt.recorder)
     except Exception as e:
         _active = None
         api._set_recorder(None)
@@ -174,21 +165,33 @@ def _after_fork_child():
             td = sys.modules.get("hangtrace.hooks.torch_dist")
             if td is not None:
                 td._state = None
-            from . import lifecycle
+            mem = sys.modules.get("hangtrace.hooks.memory")
+            if mem is not None:
+                mem._after_fork_child()
+            from hangtrace.hooks import lifecycle
             lifecycle.detach()
         except Exception:
             pass
         _warn("tracing disabled in forked child %d: %r" % (os.getpid(), e))
+        return
+    for ins in INSTRUMENTORS:
+        ins.after_fork_child()
 
 
-def _warn(msg):
+def _at_exit() -> None:
+    """The ONE exit handler: every instrumentor's ``at_exit``, in reverse install order."""
+    for ins in reversed(INSTRUMENTORS):
+        ins.at_exit()
+
+
+def _warn(msg: str) -> None:
     try:
         sys.stderr.write("hangtrace: %s\n" % msg)
     except Exception:
         pass
 
 
-def activate():
+def activate() -> Optional[Runtime]:
     """Turn tracing on in this process (idempotent). Returns the Runtime or None."""
     global _active, _failed_pid
     with _lock:
@@ -208,30 +211,16 @@ def activate():
         _active = rt
         api._set_recorder(rt.recorder)
         try:
-            from . import lifecycle
-            lifecycle.install(rt)
+            if not INSTRUMENTORS:
+                INSTRUMENTORS.extend(_default_instrumentors())
+                atexit.register(_at_exit)
+                os.register_at_fork(after_in_child=_after_fork_child)
         except Exception as e:
-            rt.log("lifecycle hooks failed: %r" % (e,), "lifecycle")
+            rt.log("instrumentors, exit or fork handler failed: %r" % (e,), "instrumentors")
+        for ins in INSTRUMENTORS:
+            ins.install(rt)
         try:
-            from . import failures
-            failures.configure(lambda: api._recorder, rt.log)
-        except Exception as e:
-            rt.log("failure capture failed: %r" % (e,), "failures")
-        try:
-            _register_import_hooks()
-        except Exception as e:
-            rt.log("import hooks failed: %r" % (e,), "import-hooks")
-        _start_memory(rt)  # issue 5
-        _record_env(rt, "bootstrap", ctypes_hook=True)  # issue 12
-        if os.environ.get(config.DEEP):  # issue 11: viztracer only when asked for
-            from . import deep
-            deep.install(rt)
-        try:
-            os.register_at_fork(after_in_child=_after_fork_child)
-        except Exception as e:
-            rt.log("fork hook failed: %r" % (e,), "fork")
-        try:
-            from . import autowatch
+            from hangtrace.hooks import autowatch
             autowatch.maybe_start(rt)
         except ImportError:
             pass
@@ -240,5 +229,6 @@ def activate():
         return rt
 
 
-def active():
+def active() -> Optional[Runtime]:
+    """The Runtime of this process, or None when tracing is off."""
     return _active

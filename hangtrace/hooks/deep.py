@@ -177,3 +177,17 @@ def _at_exit() -> None:
     dt = _deep
     if dt is not None and dt.viz is not None and not dt.dumped_at_stall:
         dt.dump("exit")
+
+
+# --- the instrumentor (hooks/instrument.py contract) -------------------------------------
+from hangtrace.hooks.instrument import Instrumentor  # noqa: E402
+
+
+class DeepInstrumentor(Instrumentor):
+    """Issue 11: the opt-in deep trace. ``bootstrap`` imports this module only when
+    ``HANGTRACE_DEEP`` is set (constructing a VizTracer installs a profile hook)."""
+
+    name = "deep"
+
+    def _install(self, runtime: Any) -> None:
+        install(runtime)

@@ -76,3 +76,25 @@ def install_ctypes_hook(rt: Any) -> None:
             wrapt.register_post_import_hook(hook, "ctypes")
     except Exception as e:
         rt.log("ctypes hook failed: %r" % (e,), "env-ctypes")
+
+
+# --- the instrumentor (hooks/instrument.py contract) -------------------------------------
+from hangtrace.hooks.instrument import Instrumentor  # noqa: E402
+
+
+class EnvRecordInstrumentor(Instrumentor):
+    """Issue 12: the environment record of this process at start, when torch.distributed
+    is imported (its libraries are mapped then), after a fork, and when ``ctypes`` loads
+    a library not recorded yet. Off the per-collective path."""
+
+    name = "env-record"
+
+    def _install(self, runtime: Any) -> None:
+        from hangtrace.hooks import importhook
+        record(runtime, "bootstrap")
+        install_ctypes_hook(runtime)
+        importhook.when_imported("torch.distributed", lambda _m: record(runtime, "torch"))
+
+    def _after_fork_child(self) -> None:
+        if self.runtime is not None:
+            record(self.runtime, "fork")

@@ -36,6 +36,7 @@ unchanged and swallows its own errors (reported once to the run log).
 """
 from __future__ import annotations
 
+import functools
 import sys
 import traceback
 from typing import Any, Callable, Optional, Protocol
@@ -112,22 +113,34 @@ def _wrap_run(run: Callable[[], Any]) -> Callable[[], Any]:
     return run_recorded
 
 
-def _bootstrap_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    try:
-        if instance is not None and "run" not in vars(instance):
-            instance.run = _wrap_run(instance.run)
-    except Exception as e:
-        _log("wrapping Process.run failed: %r" % (e,), "failures-mp")
-    return wrapped(*args, **kwargs)
+def _patch_method(cls: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace ``cls.name`` by ``make(original)`` once (a plain function marked
+    ``__hangtrace_wrapped__``; no wrapt: these modules are imported early by most programs)."""
+    orig = vars(cls).get(name)
+    if orig is None or getattr(orig, "__hangtrace_wrapped__", None) is not None:
+        return
+    new = make(orig)
+    new.__hangtrace_wrapped__ = orig  # type: ignore[attr-defined]
+    functools.update_wrapper(new, orig)
+    setattr(cls, name, new)
+
+
+def _make_bootstrap(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if "run" not in vars(self):
+                self.run = _wrap_run(self.run)
+        except Exception as e:
+            _log("wrapping Process.run failed: %r" % (e,), "failures-mp")
+        return orig(self, *args, **kwargs)
+    return _bootstrap
 
 
 def hook_multiprocessing(module: Any) -> None:
     """Post-import hook for ``multiprocessing.process``: wrap ``BaseProcess._bootstrap``."""
-    import wrapt
     cls = getattr(module, "BaseProcess", None)
-    if cls is None or isinstance(vars(cls).get("_bootstrap"), wrapt.FunctionWrapper):
-        return
-    wrapt.wrap_function_wrapper(cls, "_bootstrap", _bootstrap_wrapper)
+    if cls is not None:
+        _patch_method(cls, "_bootstrap", _make_bootstrap)
 
 
 # --- asyncio -----------------------------------------------------------------------------
@@ -155,24 +168,24 @@ def _check_unretrieved(task: Any) -> None:
         pass
 
 
-def _create_task_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    task = wrapped(*args, **kwargs)
-    try:
-        task.add_done_callback(_task_done)
-    except Exception:
-        pass
-    return task
+def _make_create_task(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def create_task(self: Any, *args: Any, **kwargs: Any) -> Any:
+        task = orig(self, *args, **kwargs)
+        try:
+            task.add_done_callback(_task_done)
+        except Exception:
+            pass
+        return task
+    return create_task
 
 
 def hook_asyncio(module: Any) -> None:
     """Post-import hook for ``asyncio.base_events``: every task created through
     ``BaseEventLoop.create_task`` (``asyncio.create_task``, ``ensure_future``,
     ``gather`` …) is watched for an exception nobody retrieves."""
-    import wrapt
     cls = getattr(module, "BaseEventLoop", None)
-    if cls is None or isinstance(vars(cls).get("create_task"), wrapt.FunctionWrapper):
-        return
-    wrapt.wrap_function_wrapper(cls, "create_task", _create_task_wrapper)
+    if cls is not None:
+        _patch_method(cls, "create_task", _make_create_task)
 
 
 #: Post-import hooks: module name -> installer (applied once, when the module is imported).
@@ -180,3 +193,26 @@ IMPORT_HOOKS: dict[str, Callable[[Any], None]] = {
     "multiprocessing.process": hook_multiprocessing,
     "asyncio.base_events": hook_asyncio,
 }
+
+
+# --- the instrumentor (hooks/instrument.py contract) -------------------------------------
+from hangtrace.hooks.instrument import Instrumentor  # noqa: E402
+
+
+class FailuresInstrumentor(Instrumentor):
+    """Failures caught at their source (this module): the exit wrappers of ``lifecycle``
+    call :func:`exiting`; this instrumentor points the records at the process's recorder
+    and hooks ``multiprocessing.process`` and ``asyncio.base_events`` when they are
+    imported (at once when they already are)."""
+
+    name = "failures"
+
+    def _install(self, runtime: Any) -> None:
+        from hangtrace.hooks import importhook
+        from hangtrace.tracer import api
+        configure(lambda: api._recorder, runtime.log)
+        for module, hook in IMPORT_HOOKS.items():
+            importhook.when_imported(module, hook)
+
+    def _after_fork_child(self) -> None:
+        _recorded.clear()  # the child's ring has none of them

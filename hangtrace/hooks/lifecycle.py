@@ -18,32 +18,41 @@
   to write ``stacks/dump-<host>-<pid>.txt``; the ring header records the signal number
   so the collector never signals a process that did not register it.
 """
-import atexit
+from __future__ import annotations
+
 import faulthandler
+import functools
 import os
 import signal
 import sys
 import threading
-import traceback
+from typing import Any, Callable, List, Optional, Tuple
 
-import wrapt
+from hangtrace.hooks.instrument import Instrumentor
 
 from hangtrace.hooks import failures
 
 DUMP_SIGNAL = signal.SIGUSR2
 
-_rt = None
-_exit_code = [None]
-_files = []
-_patched = []
+_rt: Any = None  # the Runtime (hooks/bootstrap.py), or None when detached
+_exit_code: List[Optional[int]] = [None]
+_files: List[Any] = []
+_patched: List[Tuple[Any, str, Any]] = []
+
+Wrapper = Callable[[Any, Any, tuple, dict], Any]
 
 
-def stack_file(run_dir, kind, host, pid):
+def _format_exception(etype: Any, evalue: Any, tb: Any) -> str:
+    import traceback  # only when an exception is recorded: not at start-up
+    return "".join(traceback.format_exception(etype, evalue, tb))
+
+
+def stack_file(run_dir: str, kind: str, host: str, pid: int) -> str:
     """Path of a faulthandler output file: kind is 'sigterm', 'fatal' or 'dump'."""
     return os.path.join(run_dir, "stacks", "%s-%s-%d.txt" % (kind, host, pid))
 
 
-def _open(kind):
+def _open(kind: str) -> Any:
     rec = _rt.recorder
     d = os.path.join(_rt.run_dir, "stacks")
     os.makedirs(d, mode=0o700, exist_ok=True)
@@ -52,18 +61,13 @@ def _open(kind):
     return f
 
 
-def _on_exit():
+def _on_exit() -> None:
+    """Write the exit record and close the ring (called last by bootstrap's exit handler,
+    after the other instrumentors stopped their threads)."""
     rt = _rt
     if rt is None or rt.recorder.closed:
         return
     try:
-        # stop our threads first: none may be inside a torch call during finalization
-        mem = sys.modules.get("hangtrace.hooks.memory")
-        if mem is not None:
-            mem.stop()
-        td = sys.modules.get("hangtrace.hooks.torch_dist")
-        if td is not None:
-            td.flush()
         code = _exit_code[0]
         if code is None:
             code = 0
@@ -74,7 +78,7 @@ def _on_exit():
         rt.log("exit record failed: %r" % (e,), "exit")
 
 
-def _code_of(arg):
+def _code_of(arg: Any) -> int:
     if arg is None:
         return 0
     if isinstance(arg, int):
@@ -82,7 +86,7 @@ def _code_of(arg):
     return 1
 
 
-def _sys_exit_wrapper(wrapped, instance, args, kwargs):
+def _sys_exit_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     try:
         _exit_code[0] = _code_of(args[0] if args else kwargs.get("status"))
         failures.exiting(_exit_code[0])  # an exception being handled is the real cause
@@ -91,7 +95,7 @@ def _sys_exit_wrapper(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def _os_exit_wrapper(wrapped, instance, args, kwargs):
+def _os_exit_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     try:
         rt = _rt
         if rt is not None and not rt.recorder.closed and rt.recorder.pid == os.getpid():
@@ -104,13 +108,13 @@ def _os_exit_wrapper(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def _excepthook_wrapper(wrapped, instance, args, kwargs):
+def _excepthook_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     try:
         etype, evalue, tb = args[:3]
         if not issubclass(etype, SystemExit):  # KeyboardInterrupt counts: the process dies of it
             _exit_code[0] = 1
             _rt.recorder.event("exception", type=etype.__name__, message=str(evalue)[:4000],
-                               traceback="".join(traceback.format_exception(etype, evalue, tb))[-16000:])
+                               traceback=_format_exception(etype, evalue, tb)[-16000:])
     except Exception as e:
         try:
             _rt.log("exception record failed: %r" % (e,), "excepthook")
@@ -119,20 +123,19 @@ def _excepthook_wrapper(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def _thread_excepthook_wrapper(wrapped, instance, args, kwargs):
+def _thread_excepthook_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     try:
         a = args[0]
         if a.exc_type is not SystemExit:
             _rt.recorder.event("thread_exception", type=a.exc_type.__name__, message=str(a.exc_value)[:4000],
                                thread_name=getattr(a.thread, "name", None),
-                               traceback="".join(traceback.format_exception(a.exc_type, a.exc_value,
-                                                                            a.exc_traceback))[-16000:])
+                               traceback=_format_exception(a.exc_type, a.exc_value, a.exc_traceback)[-16000:])
     except Exception:
         pass
     return wrapped(*args, **kwargs)
 
 
-def _signal_wrapper(wrapped, instance, args, kwargs):
+def _signal_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """signal.signal: when the program sets SIGTERM, keep our C-level stack dump on top."""
     signum = args[0] if args else kwargs.get("signalnum")
     if signum != signal.SIGTERM or _rt is None or not _sigterm_file:
@@ -150,19 +153,37 @@ def _signal_wrapper(wrapped, instance, args, kwargs):
             pass
 
 
-_sigterm_file = []
+_sigterm_file: List[Any] = []
 _own_fatal = [False]  # True when the fatal-signal faulthandler is ours (not the program's)
 
 
-def _patch(module, name, wrapper):
+def _patch(module: Any, name: str, wrapper: Wrapper) -> None:
+    """Replace ``module.name`` by a pass-through function that calls
+    ``wrapper(original, None, args, kwargs)``; once (a marked function is left alone).
+
+    Plain closures, not ``wrapt``: importing wrapt at start-up costs tens of ms here.
+    """
     cur = getattr(module, name)
-    if isinstance(cur, wrapt.FunctionWrapper):
+    if getattr(cur, "__hangtrace_wrapped__", None) is not None:
         return
-    setattr(module, name, wrapt.FunctionWrapper(cur, wrapper))
+
+    @functools.wraps(cur)
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        return wrapper(cur, None, args, kwargs)
+    patched.__hangtrace_wrapped__ = cur  # type: ignore[attr-defined]
+    setattr(module, name, patched)
     _patched.append((module, name, cur))
 
 
-def detach():
+def _unpatch() -> None:
+    """Put back every function ``_patch`` replaced (only where ours is still in place)."""
+    for module, name, orig in reversed(_patched):
+        if getattr(getattr(module, name, None), "__hangtrace_wrapped__", None) is orig:
+            setattr(module, name, orig)
+    del _patched[:]
+
+
+def detach() -> None:
     """Stop recording lifecycle events and signal stacks (a forked child whose own ring
     could not be created: the parent's ring and stack files must stay the parent's).
     The wrappers stay installed and pass through; signal dispositions go back to what
@@ -184,7 +205,7 @@ def detach():
     _close_files()
 
 
-def _close_files():
+def _close_files() -> None:
     for f in _files:
         try:
             f.close()
@@ -234,8 +255,9 @@ def _restore_default(sigs: list) -> None:
 # --- end issue 12 ---
 
 
-def install(rt, forked_from=None):
-    """Install lifecycle hooks for Runtime ``rt`` (again in a forked child)."""
+def install(rt: Any, forked_from: Optional[int] = None) -> None:
+    """Install lifecycle hooks for Runtime ``rt`` (again in a forked child, with the
+    parent's pid as ``forked_from``: start record, own faulthandler files)."""
     global _rt
     _rt = rt
     rec = rt.recorder
@@ -244,7 +266,6 @@ def install(rt, forked_from=None):
     _close_files()
     del _sigterm_file[:]
     if forked_from is None:
-        atexit.register(_on_exit)
         _patch(sys, "exit", _sys_exit_wrapper)
         _patch(os, "_exit", _os_exit_wrapper)
         _patch(sys, "excepthook", _excepthook_wrapper)
@@ -279,3 +300,26 @@ def install(rt, forked_from=None):
             rec.set_dump_signal(int(DUMP_SIGNAL))
     except Exception as e:
         rt.log("faulthandler dump signal failed: %r" % (e,), "fh-dump")
+
+
+class LifecycleInstrumentor(Instrumentor):
+    """Start and exit records, uncaught exceptions, signal stacks (this module's hooks).
+
+    Installed first and left last: its ``at_exit`` writes the exit record and closes the
+    ring after the other instrumentors stopped their threads."""
+
+    name = "lifecycle"
+
+    def _install(self, runtime: Any) -> None:
+        install(runtime)
+
+    def _uninstall(self) -> None:
+        detach()
+        _unpatch()
+
+    def _after_fork_child(self) -> None:
+        rt = self.runtime
+        install(rt, forked_from=rt.parent_pid)
+
+    def _at_exit(self) -> None:
+        _on_exit()

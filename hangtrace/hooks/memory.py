@@ -35,140 +35,36 @@ Nothing here raises into the program: every entry point swallows its errors and 
 each kind once to the run log. Standard library only (torch is looked up in
 ``sys.modules``, never imported).
 """
+from __future__ import annotations
+
 import os
 import sys
 import threading
 import time
+from typing import Any, Callable, Optional
 
+from hangtrace.hooks.instrument import Instrumentor
+from hangtrace.hooks.memcuda import CudaSampling
 from hangtrace.tracer import api
 from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
 
 THREAD_NAME = "hangtrace-memory"
-NO_LIMIT = 1 << 60  # limits at or above this are "no limit" (v1 reports 2**63 - 4096)
 _mono = time.monotonic_ns
 
 _sampler = None
 _lock = threading.Lock()
 
 
-# --- cgroup discovery (pure functions on file contents; unit-tested) -----------------------
-def parse_proc_cgroup(text):
-    """``/proc/PID/cgroup`` text -> ``(v1 memory path or None, v2 path or None)``."""
-    v1 = v2 = None
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        hid, ctrls, path = parts
-        if hid == "0" and ctrls == "":
-            v2 = path
-        elif "memory" in ctrls.split(","):
-            v1 = path
-    return v1, v2
+# cgroup discovery lives in hooks/cgroup.py (pure functions; re-exported here)
+from hangtrace.hooks.cgroup import (NO_LIMIT, V1_FILES, V2_FILES, cgroup_candidates, find_cgroup,  # noqa: E402,F401
+                                    parse_limit, parse_mountinfo, parse_oom_kill, parse_proc_cgroup)
+
+__all__ = ["NO_LIMIT", "cgroup_candidates", "parse_mountinfo", "parse_proc_cgroup", "parse_oom_kill",
+           "Sampler", "MemoryInstrumentor", "start", "stop", "active"]
 
 
-def parse_mountinfo(text):
-    """``/proc/PID/mountinfo`` -> ``{'v1': (root, mountpoint) or None, 'v2': ... }``."""
-    out = {"v1": None, "v2": None}
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        f = left.split()
-        r = right.split()
-        if len(f) < 5 or len(r) < 1:
-            continue
-        fstype = r[0]
-        supers = r[2].split(",") if len(r) > 2 else []
-        root, mnt = f[3], f[4].replace("\\040", " ")
-        if fstype == "cgroup" and "memory" in supers and out["v1"] is None:
-            out["v1"] = (root, mnt)
-        elif fstype == "cgroup2" and out["v2"] is None:
-            out["v2"] = (root, mnt)
-    return out
-
-
-def _join(root, mnt, path):
-    if root != "/" and (path == root or path.startswith(root + "/")):
-        path = path[len(root):]
-    return os.path.normpath(mnt + "/" + path.lstrip("/"))
-
-
-def cgroup_candidates(cgroup_text, mountinfo_text):
-    """Directories that may hold this process's memory cgroup files, best first:
-    ``[(version, dir), ...]`` (v1 memory controller first: on hybrid hosts it is the one
-    that limits; then v2). The caller keeps the first whose files exist."""
-    v1, v2 = parse_proc_cgroup(cgroup_text)
-    mi = parse_mountinfo(mountinfo_text)
-    out = []
-    if v1 is not None:
-        root, mnt = mi["v1"] or ("/", "/sys/fs/cgroup/memory")
-        out.append((1, _join(root, mnt, v1)))
-        out.append((1, mnt))  # inside a cgroup namespace the mount root is our cgroup
-    if v2 is not None:
-        root, mnt = mi["v2"] or ("/", "/sys/fs/cgroup")
-        out.append((2, _join(root, mnt, v2)))
-        out.append((2, mnt))
-    return out
-
-
-V1_FILES = ("memory.usage_in_bytes", "memory.limit_in_bytes", "memory.oom_control")
-V2_FILES = ("memory.current", "memory.max", "memory.events")
-
-
-def find_cgroup(pid=None):
-    """``(version, dir)`` of the memory cgroup of ``pid`` (default: this process), or
-    ``(0, None)`` when no memory controller is readable."""
-    pid = os.getpid() if pid is None else pid
-    try:
-        with open("/proc/%d/cgroup" % pid) as f:
-            cg = f.read()
-        try:
-            with open("/proc/%d/mountinfo" % pid) as f:
-                mi = f.read()
-        except OSError:
-            mi = ""
-    except OSError:
-        return 0, None
-    for ver, d in cgroup_candidates(cg, mi):
-        files = V1_FILES if ver == 1 else V2_FILES
-        if os.path.exists(os.path.join(d, files[0])):
-            return ver, d
-    return 0, None
-
-
-def parse_limit(raw):
-    """A limit file's content -> bytes, 0 for none ('max', or >= 2**60)."""
-    raw = raw.strip()
-    if not raw or raw == b"max" or raw == "max":
-        return 0
-    v = int(raw)
-    return 0 if v >= NO_LIMIT else v
-
-
-def parse_oom_kill(raw):
-    """``oom_kill N`` from memory.oom_control (v1) or memory.events (v2) -> N, -1 if absent."""
-    if isinstance(raw, bytes):
-        i = raw.find(b"\noom_kill ")  # fast path (every sample): never the first line
-        if i >= 0:
-            j = raw.find(b"\n", i + 10)
-            try:
-                return int(raw[i + 10:j if j > 0 else len(raw)])
-            except ValueError:
-                pass
-        raw = raw.decode("ascii", "replace")
-    for line in raw.splitlines():
-        k, _, v = line.partition(" ")
-        if k == "oom_kill":
-            try:
-                return int(v)
-            except ValueError:
-                return -1
-    return -1
-
-
-def _is_oom_type(etype):
+def _is_oom_type(etype: Any) -> bool:
     try:
         if issubclass(etype, MemoryError):
             return True
@@ -177,10 +73,11 @@ def _is_oom_type(etype):
     return etype.__name__ == "OutOfMemoryError"
 
 
-class Sampler:
+class Sampler(CudaSampling):
     """Samples memory into ``recorder``'s ring. ``log(msg, key)`` logs once per key."""
 
-    def __init__(self, recorder, log, interval_s=1.0, run_dir=None):
+    def __init__(self, recorder: Any, log: Callable[..., None], interval_s: float = 1.0,
+                 run_dir: Optional[str] = None) -> None:
         self.rec = recorder
         self.log = log
         self.run_dir = run_dir
@@ -212,7 +109,7 @@ class Sampler:
         self._refresh_slow()
 
     # -- file handling ------------------------------------------------------------------
-    def _open(self, path):
+    def _open(self, path: str) -> Optional[int]:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -220,7 +117,7 @@ class Sampler:
         self._fds.append(fd)
         return fd
 
-    def _close_cgroup(self):
+    def _close_cgroup(self) -> None:
         for fd in [self._usage, self._oom] + self._limit_fds:
             if fd is not None:
                 try:
@@ -232,7 +129,7 @@ class Sampler:
         self._usage = self._oom = None
         self._limit_fds = []
 
-    def _check_cgroup(self):
+    def _check_cgroup(self) -> None:
         """(Re)open the cgroup files when ``/proc/PID/cgroup`` changed (a launcher or Ray
         may move the process after it started)."""
         try:
@@ -269,7 +166,7 @@ class Sampler:
         except Exception:
             pass
 
-    def _refresh_slow(self):
+    def _refresh_slow(self) -> None:
         """Swap, limit, CUDA free/total: the expensive figures (timer thread only)."""
         try:
             with open("/proc/%d/status" % self.pid, "rb") as f:
@@ -292,94 +189,8 @@ class Sampler:
         self.limit = lim if seen else -1
         self._cuda_slow()
 
-    # -- CUDA ---------------------------------------------------------------------------
-    @staticmethod
-    def _torch_cuda():
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return None
-        cuda = getattr(torch, "cuda", None)
-        try:
-            if cuda is None or not cuda.is_initialized():
-                return None
-        except Exception:
-            return None
-        return cuda
-
-    def _cuda_slow(self):
-        cuda = self._torch_cuda()
-        if cuda is None:
-            return
-        try:
-            n = cuda.device_count()
-        except Exception:
-            return
-        for d in range(n):
-            ent = self._cuda.get(d)
-            if ent is None:
-                ent = self._cuda[d] = [self.rec.intern("cuda:%d" % d), -1, -1]
-            try:
-                ent[1], ent[2] = cuda.mem_get_info(d)
-            except Exception:
-                pass
-        if not self._cuda_hooked:
-            self._cuda_hooked = True
-            self._hook_cuda_oom()
-
-    def _hook_cuda_oom(self):
-        torch = sys.modules.get("torch")
-        attach = getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
-        if attach is None:
-            self.log("memory: this torch has no CUDA out-of-memory observer; CUDA OOMs are seen "
-                     "through the exception only", "mem-noobs")
-            return
-        try:
-            attach(self.on_cuda_oom)
-        except Exception as e:
-            self.log("memory: attaching the CUDA OOM observer failed: %r" % (e,), "mem-obs")
-        if os.environ.get(config.MEM_CUDA_HISTORY, "0") == "1":
-            try:
-                torch.cuda.memory._record_memory_history(max_entries=100000)
-            except Exception as e:
-                self.log("memory: _record_memory_history failed: %r" % (e,), "mem-hist")
-
-    def on_cuda_oom(self, device, alloc, device_allocated, device_free):
-        """The allocator's OOM observer (also what a test stand-in calls): record the event
-        with phase, step and the allocator's figures; dump torch's memory snapshot when
-        HANGTRACE_MEM_CUDA_HISTORY=1. Never raises."""
-        try:
-            d = int(device)
-            ent = self._cuda.get(d)
-            sid = ent[0] if ent else self.rec.intern("cuda:%d" % d)
-            total = ent[2] if ent else -1
-            self.rec.memory(F.MEM_OOM, sid, int(alloc), int(device_allocated), -1, int(device_free), total)
-            self._oom_count += 1
-            snap = None
-            if os.environ.get(config.MEM_CUDA_HISTORY, "0") == "1" and self.run_dir:
-                snap = self._dump_cuda_snapshot()
-            phase, step = self.rec.current()
-            self.rec.event("cuda_oom", device=d, requested=int(alloc), device_allocated=int(device_allocated),
-                           device_free=int(device_free), device_total=total, phase=phase, step=step,
-                           snapshot=snap, source="allocator-observer")
-        except Exception as e:
-            self.log("memory: recording a CUDA OOM failed: %r" % (e,), "mem-oomrec")
-
-    def _dump_cuda_snapshot(self):
-        try:
-            import pickle
-            torch = sys.modules["torch"]
-            d = os.path.join(self.run_dir, "memory")
-            os.makedirs(d, mode=0o700, exist_ok=True)
-            path = os.path.join(d, "cuda-oom-%s-%d-%d.pickle" % (self.rec.host, self.pid, self._oom_count))
-            with open(path, "wb") as f:
-                pickle.dump(torch.cuda.memory._snapshot(), f)
-            return path
-        except Exception as e:
-            self.log("memory: CUDA memory snapshot failed: %r" % (e,), "mem-snap")
-            return None
-
     # -- sampling -----------------------------------------------------------------------
-    def sample(self, source):
+    def sample(self, source: int) -> None:
         """Write one sample of every source (host, CUDA devices, gauges). Never raises."""
         if self.dead:
             return
@@ -410,18 +221,7 @@ class Sampler:
         except Exception as e:
             self.log("memory: sampling failed: %r" % (e,), "mem-sample")
 
-    def _sample_cuda(self, source):
-        cuda = self._torch_cuda()
-        if cuda is None:
-            return
-        for d, (sid, free, total) in list(self._cuda.items()):
-            try:
-                self.rec.memory(source, sid, cuda.memory_allocated(d), cuda.memory_reserved(d),
-                                cuda.max_memory_allocated(d), free, total)
-            except Exception as e:
-                self.log("memory: CUDA sample failed: %r" % (e,), "mem-cuda")
-
-    def _sample_gauges(self, source):
+    def _sample_gauges(self, source: int) -> None:
         for name, (fn, limit) in list(api._gauges.items()):
             try:
                 v = fn()
@@ -437,7 +237,7 @@ class Sampler:
                 sid = self._gauge_sids[name] = self.rec.intern("gauge:" + name)
             self.rec.memory(source, sid, v, lim, -1, -1, -1)
 
-    def on_exception(self, etype, evalue):
+    def on_exception(self, etype: Any, evalue: Any) -> None:
         """An exception leaves a phase (or reaches sys.excepthook): an out-of-memory error
         (torch's OutOfMemoryError, MemoryError) gets one MEM_OOM sample, with the phase and
         step where it was raised. Never raises."""
@@ -451,7 +251,7 @@ class Sampler:
             pass
 
     # -- timer thread -------------------------------------------------------------------
-    def tick(self):
+    def tick(self) -> None:
         """One timer tick: refresh the slow figures; sample unless a sample is recent."""
         try:
             self._check_cgroup()
@@ -461,19 +261,19 @@ class Sampler:
         if _mono() - self.last_ns >= self.interval_ns * 0.9:
             self.sample(F.MEM_TIMER)
 
-    def _run(self):
+    def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             if self.dead:
                 return
             self.tick()
 
-    def start(self):
+    def start(self) -> None:
         self.sample(F.MEM_TIMER)
         t = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         t.start()
         self._thread = t
 
-    def stop(self, timeout_s=2.0):
+    def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the timer thread and wait for it (at exit: no thread of ours may be inside
         a torch call when the interpreter finalizes, see torch_dist._Poller)."""
         self._stop.set()
@@ -481,7 +281,7 @@ class Sampler:
         if t is not None and t is not threading.current_thread():
             t.join(timeout_s)
 
-    def abandon(self):
+    def abandon(self) -> None:
         """In a forked child: stop using this (the parent's) sampler without touching the ring."""
         self.dead = True
         self._stop.set()
@@ -493,14 +293,14 @@ class Sampler:
         self._fds = []
 
 
-def _excepthook(etype, evalue, tb):
+def _excepthook(etype: Any, evalue: Any, tb: Any) -> Any:
     s = _sampler
     if s is not None:
         s.on_exception(etype, evalue)
     return _excepthook.prev(etype, evalue, tb)
 
 
-def _install_excepthook():
+def _install_excepthook() -> None:
     cur = sys.excepthook
     if getattr(cur, "_hangtrace_mem", False):
         return
@@ -509,13 +309,10 @@ def _install_excepthook():
     sys.excepthook = _excepthook
 
 
-_fork_hook = []
-
-
-def _after_fork_child():
-    """Registered once: in a forked child the inherited sampler (its thread is gone, its
-    descriptors are the parent's /proc files) must never write again; bootstrap starts a
-    new one when the child gets its own ring."""
+def _after_fork_child() -> None:
+    """In a forked child the inherited sampler (its thread is gone, its descriptors are the
+    parent's /proc files) must never write again; ``MemoryInstrumentor`` then starts a
+    new one for the child's own ring."""
     global _sampler
     s = _sampler
     if s is not None and s.pid != os.getpid():
@@ -524,7 +321,7 @@ def _after_fork_child():
         api._set_sampler(None)
 
 
-def start(rt, forked=False):
+def start(rt: Any, forked: bool = False) -> Optional[Sampler]:
     """Start sampling for Runtime ``rt`` (from ``bootstrap.activate``, and again in a forked
     child, where the parent's sampler thread does not exist). Returns the Sampler or None
     (HANGTRACE_MEM=0, or it failed: logged once)."""
@@ -539,9 +336,6 @@ def start(rt, forked=False):
             api._set_sampler(None)
         if not config.mem_enabled():
             return None
-        if not _fork_hook:
-            _fork_hook.append(True)
-            os.register_at_fork(after_in_child=_after_fork_child)
         try:
             s = Sampler(rt.recorder, rt.log, config.get_float(config.MEM_INTERVAL_S), rt.run_dir)
             _sampler = s
@@ -556,7 +350,7 @@ def start(rt, forked=False):
             return None
 
 
-def stop():
+def stop() -> None:
     """Stop the timer thread and phase/step sampling (tests, benchmarks)."""
     global _sampler
     with _lock:
@@ -567,5 +361,26 @@ def stop():
             s.stop()
 
 
-def active():
+def active() -> Optional[Sampler]:
     return _sampler
+
+
+class MemoryInstrumentor(Instrumentor):
+    """Memory sampling (this module): the sampler and its timer thread, the OOM hooks.
+
+    ``HANGTRACE_MEM=0`` installs nothing. Stopped at exit before the exit record."""
+
+    name = "memory"
+
+    def _install(self, runtime: Any) -> None:
+        start(runtime)
+
+    def _uninstall(self) -> None:
+        stop()
+
+    def _after_fork_child(self) -> None:
+        _after_fork_child()
+        start(self.runtime, forked=True)
+
+    def _at_exit(self) -> None:
+        stop()

@@ -50,11 +50,14 @@ those points the thread's current phase is the most recently entered or exited m
 Never raises into Ray or the program: every failure is logged once to the run log and
 the method runs unwrapped.
 """
+from __future__ import annotations
+
 import contextvars
 import functools
 import inspect
 import os
 import threading
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 from hangtrace.tracer import api
 from hangtrace.tracer import config
@@ -64,16 +67,16 @@ HOOK_ENV = config.RAY_HOOK
 #: (lower bound inclusive, upper exclusive). Checked on 2.60.0.
 RAY_RANGE = ((2, 0), (3, 0))
 
-_rec = None
-_log = None
-_path = None
-_identity_done = set()  # levels recorded: 'worker', 'actor'
+_rec: Any = None
+_log: Any = None
+_path: Optional[str] = None
+_identity_done: Set[str] = set()  # levels recorded: 'worker', 'actor'
 _id_lock = threading.Lock()
-_installed = {}  # (owner, attribute) -> original
+_installed: Dict[Tuple[int, str], Tuple[Any, str, Any]] = {}  # (owner, attribute) -> original
 _task_stack = contextvars.ContextVar("hangtrace_ray_phase_stack", default=None)
 
 
-def _version_tuple(v):
+def _version_tuple(v: Any) -> Tuple[int, ...]:
     out = []
     for part in str(v).split(".")[:3]:
         num = ""
@@ -88,13 +91,13 @@ def _version_tuple(v):
     return tuple(out)
 
 
-def _in_range(version):
+def _in_range(version: Any) -> bool:
     v = _version_tuple(version)[:2]
     return RAY_RANGE[0] <= v < RAY_RANGE[1]
 
 
 # --- identity ------------------------------------------------------------------------------
-def record_identity(instance=None, force=False):
+def record_identity(instance: Any = None, force: bool = False) -> Optional[Dict[str, Any]]:
     """Record the Ray identity of this worker in the ring; returns the dict recorded or None.
 
     Two levels, each recorded once (unless ``force``): the worker (job, node, worker,
@@ -148,12 +151,12 @@ def record_identity(instance=None, force=False):
 
 
 # --- phases ---------------------------------------------------------------------------------
-def _current():
+def _current() -> Any:
     """This process's recorder (the public API's: replaced in a forked child)."""
     return api._recorder or _rec
 
 
-def _enter(name, instance):
+def _enter(name: str, instance: Any) -> None:
     rec = _current()
     if rec is None:
         return
@@ -165,7 +168,7 @@ def _enter(name, instance):
         _log("recording actor method start failed: %r" % (e,), "ray-enter")
 
 
-def _exit(name, exc):
+def _exit(name: str, exc: Optional[BaseException]) -> None:
     rec = _current()
     if rec is None:
         return
@@ -175,7 +178,7 @@ def _exit(name, exc):
         _log("recording actor method end failed: %r" % (e,), "ray-exit")
 
 
-def _swap_task_stack():
+def _swap_task_stack() -> None:
     """Install this asyncio task's phase stack as the thread's stack in the recorder."""
     rec = _current()
     phases = getattr(rec, "_phase", None)
@@ -188,7 +191,7 @@ def _swap_task_stack():
     phases[threading.get_ident()] = st
 
 
-def wrap_method(name, method):
+def wrap_method(name: str, method: Any) -> Any:
     """Return a wrapper of actor method ``method`` that records phase ``name``.
 
     Returns ``method`` itself when it must not be wrapped (Ray internals, class methods,
@@ -202,7 +205,7 @@ def wrap_method(name, method):
             return method
         if inspect.iscoroutinefunction(method):
             @functools.wraps(method)
-            async def awrapper(*args, **kwargs):
+            async def awrapper(*args: Any, **kwargs: Any) -> Any:
                 _swap_task_stack()
                 _enter(name, args[0] if args else None)
                 try:
@@ -218,7 +221,7 @@ def wrap_method(name, method):
             return awrapper
 
         @functools.wraps(method)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             _enter(name, args[0] if args else None)
             try:
                 result = method(*args, **kwargs)
@@ -235,7 +238,7 @@ def wrap_method(name, method):
         return method
 
 
-def instrument_class(cls):
+def instrument_class(cls: type) -> int:
     """Replace the functions of actor class ``cls`` by phase-recording wrappers, in place.
 
     Used by the 'class' path. Inherited methods are wrapped on ``cls`` itself; static
@@ -266,7 +269,7 @@ def instrument_class(cls):
 
 
 # --- install -----------------------------------------------------------------------------------
-def _patch(owner, attr, make):
+def _patch(owner: Any, attr: str, make: Callable[[Any], Any]) -> bool:
     key = (id(owner), attr)
     if key in _installed:
         return True
@@ -278,7 +281,7 @@ def _patch(owner, attr, make):
     return True
 
 
-def _install_executor(fm):
+def _install_executor(fm: Any) -> bool:
     cls = fm.FunctionActorManager
     orig = getattr(cls, "_make_actor_method_executor", None)
     if orig is None:
@@ -288,23 +291,23 @@ def _install_executor(fm):
         _log("ray: _make_actor_method_executor has parameters %r; not hooked" % (params,), "ray-sig")
         return False
 
-    def make(orig):
+    def make(orig: Any) -> Any:
         @functools.wraps(orig)
-        def _make_actor_method_executor(self, method_name, method, *args, **kwargs):
+        def _make_actor_method_executor(self: Any, method_name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
             return orig(self, method_name, wrap_method(method_name, method), *args, **kwargs)
         return _make_actor_method_executor
     return _patch(cls, "_make_actor_method_executor", make)
 
 
-def _install_class(fm):
+def _install_class(fm: Any) -> bool:
     cls = fm.FunctionActorManager
     names = [n for n in ("_load_actor_class_from_gcs", "_load_actor_class_from_local") if hasattr(cls, n)]
     if not names:
         return False
 
-    def make(orig):
+    def make(orig: Any) -> Any:
         @functools.wraps(orig)
-        def loader(self, *args, **kwargs):
+        def loader(self: Any, *args: Any, **kwargs: Any) -> Any:
             klass = orig(self, *args, **kwargs)
             if klass is not None:
                 try:
@@ -318,13 +321,13 @@ def _install_class(fm):
     return True
 
 
-def _identity_thread():
+def _identity_thread() -> None:
     """Poll (every 0.1 s, up to 60 s) until this process is connected to Ray, then record
     the worker-level identity (task workers, idle workers, actors before their first
     method, the identity-only path)."""
     import time
 
-    def run():
+    def run() -> None:
         for _ in range(600):
             time.sleep(0.1)
             try:
@@ -338,7 +341,7 @@ def _identity_thread():
     threading.Thread(target=run, name="hangtrace-ray-identity", daemon=True).start()
 
 
-def install(ray, recorder, log):
+def install(ray: Any, recorder: Any, log: Callable[..., None]) -> str:
     """Hook Ray in this process (``ray`` is the imported module). Idempotent.
 
     Returns the hook path taken: 'executor', 'class' or 'identity-only'.
@@ -376,7 +379,7 @@ def install(ray, recorder, log):
     return path
 
 
-def uninstall():
+def uninstall() -> None:
     """Restore every patched attribute (tests)."""
     global _path
     for owner, attr, orig in list(_installed.values()):
@@ -385,6 +388,6 @@ def uninstall():
     _path = None
 
 
-def hook_path():
+def hook_path() -> Optional[str]:
     """The path taken by ``install`` in this process, or None before it ran."""
     return _path

@@ -11,23 +11,26 @@ not set), ``Recorder(...)`` returns a ``_FastRecorder``: the same records, writt
 Every public method swallows its own errors (reported once to the run log): a
 recorder failure must never reach the traced program.
 """
+from __future__ import annotations
+
 import itertools
 import json
 import os
-import socket
 import struct
-import sys
 import threading
 import time
+from typing import Any, Callable, List, Optional, Tuple
 
+from hangtrace.hooks import ringsize
 from hangtrace.tracer import config as _config
 from hangtrace.tracer.ring import layout as F
-from hangtrace.tracer.ring import reader as R
 
+_fastrec_error: Optional[BaseException] = None
 try:  # optional C hot path (built by setup.py where a compiler exists); see _FastRecorder
     from . import _fastrec
-except ImportError:
+except ImportError as _e:
     _fastrec = None
+    _fastrec_error = _e
 
 _get_ident = threading.get_ident
 _mono = time.monotonic_ns
@@ -51,55 +54,44 @@ _EMPTY_SLOT = bytes(F.SLOT_SIZE)
 _proc_start_ticks = F.proc_start_ticks
 
 
-def _free_ring_path(path, pid):
-    """Where to put our ring when ``path`` exists already.
-
-    Same pid and same process start time: the file was made by this very process before
-    an ``exec`` (``subprocess.Popen(preexec_fn=...)`` runs fork hooks in the child), so it
-    is replaced. Otherwise it is an earlier process whose pid was reused: its record is
-    kept and ours gets the start time in its name.
-    """
-    ticks = _proc_start_ticks(pid)
-    try:
-        with open(path, "rb") as f:
-            h = R.read_header(f.read(F.HEADER_SIZE), path)
-        same = h["pid"] == pid and h["proc_start_ticks"] == ticks
-    except Exception:
-        same = False
-    if same:
-        os.unlink(path)
-        return path
-    return "%s-%d.htr" % (path[:-len(".htr")], ticks)
-
-
-class Recorder:
+class Recorder(ringsize.Growable):
     """One per traced process. ``path`` is the ring file; ``run_dir`` the run directory.
 
     ``Recorder(...)`` gives a ``_FastRecorder`` (C hot path, same records) when the
     extension is built and ``HANGTRACE_PURE_PYTHON`` is not set (``fast_available()``).
     """
 
-    def __new__(cls, *args, **kwargs):
-        if cls is Recorder and fast_available():
-            cls = _FastRecorder
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Recorder":
+        if cls is Recorder:
+            cls = choose()[0]
         return object.__new__(cls)
 
-    def __init__(self, run_dir, run_id, nslots, log):
+    def __init__(self, run_dir: str, run_id: str, nslots: int, log: Callable[..., None],
+                 full_slots: int = 0) -> None:
+        """``nslots``: slots of the ring created now; ``full_slots`` > ``nslots``: this is a
+        small ring (a helper's), replaced by one of ``full_slots`` slots by ``grow()``
+        (hooks/ringsize.py). Raises OSError when the ring file cannot be created."""
         self.run_dir = run_dir
         self.run_id = run_id
         self.log = log  # callable(msg, key) that logs once per key
-        self.host = socket.gethostname()
+        self.host = os.uname().nodename  # = socket.gethostname() on Linux
         self.pid = os.getpid()
         self.nslots = nslots
+        self.full_slots = full_slots if full_slots > nslots else 0
+        self.on_grow: List[Callable[["Recorder"], None]] = []  # called after grow() replaced the ring
+        self._old_maps: List[Any] = []  # mappings of replaced rings (a writer may still hold one)
+        if self.full_slots:
+            strtab = (ringsize.SMALL_STRTAB_SIZE, ringsize.SMALL_STRTAB_RESERVE)
+        else:
+            strtab = (F.DEFAULT_STRTAB_SIZE, F.STRTAB_CHUNK)
         self.path = os.path.join(run_dir, "ring-%s-%d.htr" % (self.host, self.pid))
         try:
-            self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots)
+            self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots, *strtab)
         except FileExistsError:
-            self.path = _free_ring_path(self.path, self.pid)
-            self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots)
-        self.strtab_size = F.DEFAULT_STRTAB_SIZE
+            self.path = ringsize.free_ring_path(self.path, self.pid)
+            self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots, *strtab)
+        self.strtab_size, self.strtab_reserved = strtab
         self.strtab_used = 8
-        self.strtab_reserved = F.STRTAB_CHUNK
         self._lock = threading.Lock()
         self._counter = itertools.count(1)
         self._strings = {}
@@ -123,8 +115,8 @@ class Recorder:
         self._touch_progress()
 
     @staticmethod
-    def _env_rank():
-        def gi(name):
+    def _env_rank() -> Tuple[int, int, int]:
+        def gi(name: str) -> int:
             try:
                 return int(os.environ[name])
             except (KeyError, ValueError):
@@ -132,23 +124,26 @@ class Recorder:
         return gi("RANK"), gi("LOCAL_RANK"), gi("WORLD_SIZE")
 
     # --- identity ---------------------------------------------------------------
-    def set_rank(self, rank, local_rank, world_size):
+    def set_rank(self, rank: int, local_rank: int, world_size: int) -> None:
         """The rank this process has in the default process group it joined (torch's
         ``get_rank()``): from now on it is a rank, not a helper with an inherited RANK."""
         F.RANK.pack_into(self.mm, F.RANK_OFF, rank, local_rank, world_size,
                          F.RANK.unpack_from(self.mm, F.RANK_OFF)[3])
         F.RANK_SOURCE.pack_into(self.mm, F.RANK_SOURCE_OFF, F.RANK_FROM_GROUP)
 
-    def set_dump_signal(self, signum):
+    def set_dump_signal(self, signum: int) -> None:
         r = F.RANK.unpack_from(self.mm, F.RANK_OFF)
         F.RANK.pack_into(self.mm, F.RANK_OFF, r[0], r[1], r[2], signum)
 
-    def set_meta(self, **meta):
-        """Merge identity fields (Ray actor class/name/id, ...) into the ring's metadata."""
+    def set_meta(self, **meta: Any) -> None:
+        """Merge identity fields (Ray actor class/name/id, ...) into the ring's metadata.
+        A Ray actor id makes this process an actor: a small ring is grown first."""
+        if self.full_slots and meta.get("ray_actor_id"):
+            self.grow("Ray actor")
         self._append(F.T_META, json.dumps(meta, default=str))
 
     # --- string table -----------------------------------------------------------
-    def _append(self, tag, text, limit=65536):
+    def _append(self, tag: int, text: str, limit: int = 65536) -> int:
         """Append an entry to the string table; return its id (0 when full or failed).
 
         Never raises OSError: when the disk cannot give the table more room (ENOSPC),
@@ -159,6 +154,10 @@ class Recorder:
         n = F.STR_ENTRY.size + len(data)
         with self._lock:
             off = self.strtab_used
+            if off + n > self.strtab_size and self.full_slots:
+                grown = self._grow_locked("string table full")
+            else:
+                grown = False
             if off + n > self.strtab_size:
                 self.log("string table of %s is full; later strings are recorded as '?'" % self.path,
                          "strtab-full")
@@ -177,9 +176,11 @@ class Recorder:
             self.mm[base + F.STR_ENTRY.size: base + n] = data
             self.strtab_used = off + n
             F.STRUSED.pack_into(self.mm, F.STRUSED_OFF, self.strtab_used)
+        if grown:
+            self._run_on_grow()
         return off
 
-    def intern(self, text):
+    def intern(self, text: str) -> int:
         sid = self._strings.get(text)
         if sid is None:
             try:
@@ -190,14 +191,14 @@ class Recorder:
             self._strings[text] = sid
         return sid
 
-    def thread_id(self):
+    def thread_id(self) -> int:
         ident = _get_ident()
         sid = self._threads.get(ident)
         if sid is None:
             sid = self._threads[ident] = self.intern(threading.current_thread().name)
         return sid
 
-    def event(self, kind, **fields):
+    def event(self, kind: str, **fields: Any) -> int:
         """Durable lifecycle event (never overwritten by the ring): start, exit, exception, ..."""
         fields["event"] = kind
         fields.setdefault("wall_ns", _wall())
@@ -207,18 +208,22 @@ class Recorder:
         self._slot(F.K_EVENT, 0, self.intern(kind), 0, 0, 0, 0, -1, F.S_COMPLETED, a=(sid, 0, 0, 0, 0))
         return sid
 
-    def group_created(self, info):
-        """Durable group definition: name, desc, backend, ranks (global), order."""
+    def group_created(self, info: dict) -> None:
+        """Durable group definition: name, desc, backend, ranks (global), order.
+        Joining a group makes this process a rank: a small ring is grown first."""
+        if self.full_slots and info.get("member") is not False:
+            self.grow("joined process group %s" % (info.get("name"),))
         self._append(F.T_GROUP, json.dumps(info, default=str))
         self._slot(F.K_GROUP, F.OP_IDS.get(info.get("op", "new_group"), 0), self.intern(str(info.get("name"))),
                    0, 0, 0, 0, -1, F.S_COMPLETED)
 
     # --- records ----------------------------------------------------------------
-    def _current_phase(self):
+    def _current_phase(self) -> int:
         st = self._phase.get(_get_ident())
         return st[-1][0] if st else self._cur_phase
 
-    def _slot(self, kind, op, group, seq, numel, shape, dtype, peer, state, flags=0, a=(0, 0, 0, 0, 0), err=0):
+    def _slot(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
+              state: int, flags: int = 0, a: Tuple[int, ...] = (0, 0, 0, 0, 0), err: int = 0) -> int:
         idx = self._last = next(self._counter)
         now = _mono()
         off = F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE
@@ -231,7 +236,8 @@ class Recorder:
             raise
         return idx
 
-    def issue(self, kind, op, group, seq, numel, shape, dtype, peer, flags):
+    def issue(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
+              flags: int) -> int:
         """Record a collective or p2p op as issued; returns its record index. Hot path."""
         idx = self._last = next(self._counter)
         ident = _get_ident()
@@ -252,7 +258,7 @@ class Recorder:
         _LIVE_ISSUE_PACK(mm, _LIVE_ISSUE_OFF, idx, idx)
         return idx
 
-    def complete(self, idx, err=None):
+    def complete(self, idx: int, err: Optional[str] = None) -> None:
         """Mark record ``idx`` completed (or failed with ``err`` text) and count progress. Hot path.
 
         A record already overwritten by the ring (more than ``nslots`` newer records) is
@@ -271,13 +277,15 @@ class Recorder:
                                      + F.COMPLETE_OFF, F.S_FAILED, self.intern(err[:4000]), now)
             F.U64.pack_into(self.mm, F.LIVE_DONE_OFF, 0)  # clear in-flight
 
-    def _touch_progress(self):
+    def _touch_progress(self) -> None:
         now = _mono()
         self._progress += 1
         F.LIVE_DONE.pack_into(self.mm, F.LIVE_DONE_OFF, 0, now, _wall(), self._progress)
 
     # --- phases, steps, heartbeats -----------------------------------------------------
-    def phase_enter(self, name, step=None):
+    def phase_enter(self, name: str, step: Optional[int] = None) -> None:
+        if self.full_slots:
+            self.grow("phase API")
         if step is not None:
             self._step = int(step)
         sid = self.intern(str(name))
@@ -288,7 +296,7 @@ class Recorder:
         self._slot(F.K_PHASE_ENTER, 0, 0, 0, 0, 0, 0, -1, F.S_COMPLETED)
         self._touch_progress()
 
-    def phase_exit(self, name, error=None):
+    def phase_exit(self, name: str, error: Optional[str] = None) -> None:
         st = self._phase.get(_get_ident())
         self._slot(F.K_PHASE_EXIT, 0, 0, 0, 0, 0, 0, -1, F.S_FAILED if error else F.S_COMPLETED,
                    err=self.intern(error[:2000]) if error else 0)
@@ -302,17 +310,22 @@ class Recorder:
         F.PHASE.pack_into(self.mm, F.PHASE_OFF, self._cur_phase, len(st) if st else 0, self._step)
         self._touch_progress()
 
-    def step(self, n):
+    def step(self, n: int, grow: bool = True) -> None:
+        """Set the current step (a K_STEP record; progress). ``grow=False``: keep a small
+        ring small (a forked child inheriting its parent's step)."""
+        if self.full_slots and grow:
+            self.grow("step API")
         self._step = int(n)
         F.PHASE.pack_into(self.mm, F.PHASE_OFF, self._cur_phase,
                           F.PHASE.unpack_from(self.mm, F.PHASE_OFF)[1], self._step)
         self._slot(F.K_STEP, 0, 0, self._step, 0, 0, 0, -1, F.S_COMPLETED)
         self._touch_progress()
 
-    def heartbeat(self):
+    def heartbeat(self) -> None:
         self._touch_progress()
 
-    def memory(self, source, what, a0=-1, a1=-1, a2=-1, a3=-1, a4=-1):
+    def memory(self, source: int, what: int, a0: int = -1, a1: int = -1, a2: int = -1, a3: int = -1,
+               a4: int = -1) -> int:
         """Write one memory record (kind K_MEM; layout in ``tracer/ring/layout.py``, issue 5).
 
         ``source``: MEM_TIMER/ENTER/EXIT/STEP/OOM; ``what``: string id of 'host', 'cuda:N'
@@ -321,16 +334,16 @@ class Recorder:
         """
         return self._slot(F.K_MEM, source, what, 0, 0, 0, 0, -1, F.S_COMPLETED, a=(a0, a1, a2, a3, a4))
 
-    def current(self):
+    def current(self) -> Tuple[Optional[str], Optional[int]]:
         """(phase name or None, step or None) of the calling thread."""
         st = self._phase.get(_get_ident())
         return (st[-1][1] if st else None), (self._step if self._step >= 0 else None)
 
     # --- lifecycle ----------------------------------------------------------------
-    def mark_exit(self, code):
+    def mark_exit(self, code: int) -> None:
         F.EXIT.pack_into(self.mm, F.EXIT_OFF, F.ST_EXITED, int(code), _wall())
 
-    def close(self):
+    def close(self) -> None:
         """Flush and unmap (the file stays). Idempotent."""
         if self.closed:
             return
@@ -340,7 +353,7 @@ class Recorder:
         except Exception:
             pass
 
-    def abandon(self):
+    def abandon(self) -> None:
         """Forget the mapping without touching it (used in a forked child: the parent owns it)."""
         self.closed = True
         try:
@@ -349,54 +362,31 @@ class Recorder:
             pass
 
 
-def fast_available(environ=None):
+def choose(environ: Optional[dict] = None) -> Tuple[type, str]:
+    """THE place where the Python or C recorder is chosen: ``(class, reason)``.
+
+    ``reason`` is the run-log line: "recorder: C (_fastrec)", "recorder: Python
+    (HANGTRACE_PURE_PYTHON=1)" or "recorder: Python (_fastrec not built: ImportError ...)".
+    """
+    if _fastrec is None:
+        return Recorder, "recorder: Python (_fastrec not built: %s: %s)" % (
+            type(_fastrec_error).__name__, _fastrec_error)
+    if _config.pure_python(environ):
+        env = os.environ if environ is None else environ
+        return Recorder, "recorder: Python (%s=%s)" % (_config.PURE_PYTHON, env.get(_config.PURE_PYTHON))
+    from hangtrace.hooks.fastrecorder import _FastRecorder
+    return _FastRecorder, "recorder: C (_fastrec)"
+
+
+def fast_available(environ: Optional[dict] = None) -> bool:
     """True when new Recorders use the C hot path: ``_fastrec`` is built and
     ``HANGTRACE_PURE_PYTHON`` is not set."""
-    return _fastrec is not None and not _config.pure_python(environ)
+    return choose(environ)[0] is not Recorder
 
 
-def _ring_field(name, doc):
-    def get(self):
-        return getattr(self._ring(), name)
-
-    def set(self, value):
-        setattr(self._ring(), name, value)
-    return property(get, set, doc=doc)
-
-
-class _FastRecorder(Recorder):
-    """A Recorder whose hot path is the C ``_fastrec.Ring``; records are byte-for-byte
-    those of the Python methods (times aside), see tests/unit/test_fastrec.py.
-
-    The record counter and ``_last``, ``_progress``, ``_step``, ``_cur_phase`` live in the
-    Ring (properties below) so that the Python methods (phases, steps, events, memory)
-    and the C writer share them. ``issue`` and ``complete`` become the Ring's own
-    methods as instance attributes: no Python frame per collective. The Ring keeps a
-    buffer export of ``mm`` for its lifetime (the mapping is never closed anyway).
-    """
-
-    _last = _ring_field("last", "index of the newest record")
-    _progress = _ring_field("progress", "progress events so far")
-    _step = _ring_field("step", "current step, -1 = none")
-    _cur_phase = _ring_field("cur_phase", "string id of the current phase, 0 = none")
-
-    def _ring(self):
-        r = self.__dict__.get("_fast")
-        if r is None:
-            r = _fastrec.Ring(self.mm, self.nslots, self._threads, self._phase, self.thread_id, self.intern)
-            self._fast = r
-            self.issue = r.issue
-            self.complete = r.complete
-        return r
-
-    def issue(self, kind, op, group, seq, numel, shape, dtype, peer, flags):
-        return self._ring().issue(kind, op, group, seq, numel, shape, dtype, peer, flags)
-
-    def complete(self, idx, err=None):
-        return self._ring().complete(idx, err)
-
-    def _slot(self, kind, op, group, seq, numel, shape, dtype, peer, state, flags=0, a=(0, 0, 0, 0, 0), err=0):
-        return self._ring().slot(kind, op, group, seq, numel, shape, dtype, peer, state, flags, err, *a)
-
-    def _touch_progress(self):
-        self._ring().touch()
+def __getattr__(name: str) -> Any:
+    """``recorder._FastRecorder``: the C-backed class lives in hooks/fastrecorder.py."""
+    if name == "_FastRecorder" and _fastrec is not None:
+        from hangtrace.hooks.fastrecorder import _FastRecorder
+        return _FastRecorder
+    raise AttributeError(name)

@@ -7,27 +7,32 @@ Phase entry/exit and steps also take a memory sample when memory sampling is on
 Free no-ops when tracing is off (no recorder installed): ``phase()`` then returns one
 shared do-nothing object. Imported in every traced process: standard library only.
 """
+from __future__ import annotations
+
 import functools
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union
 
-_recorder = None  # set by hangtrace.hooks.bootstrap when tracing is on
+F = TypeVar("F", bound=Callable[..., Any])
+
+_recorder: Any = None  # set by hangtrace.hooks.bootstrap when tracing is on
 
 
-def _set_recorder(rec):
+def _set_recorder(rec: Any) -> None:
     global _recorder
     _recorder = rec
 
 
 # --- memory (issue 5): the sampler (hooks/memory.py) and the gauges it reads ---
-_sampler = None  # set by hangtrace.hooks.memory when memory sampling is on
-_gauges = {}     # name -> (fn, limit bytes or None); read by the sampler
+_sampler: Any = None  # set by hangtrace.hooks.memory when memory sampling is on
+_gauges: Dict[str, Tuple[Callable[[], Any], Optional[int]]] = {}  # name -> (fn, limit bytes or None); read by the sampler
 
 
-def _set_sampler(sampler):
+def _set_sampler(sampler: Any) -> None:
     global _sampler
     _sampler = sampler
 
 
-def gauge(name, fn, limit=None):
+def gauge(name: str, fn: Optional[Callable[[], Union[int, Tuple[int, int]]]], limit: Optional[int] = None) -> None:
     """Register memory hangtrace cannot see itself (an inference engine's KV pool, a
     pinned-host cache, ...), sampled like host and CUDA memory: at every phase entry and
     exit, every step and on the timer, into this process's flight record.
@@ -62,7 +67,7 @@ def _set_deep(deep):
 # --- end deep trace ---
 
 
-def _report(e):
+def _report(e: BaseException) -> None:
     rec = _recorder
     try:
         if rec is not None:
@@ -76,11 +81,11 @@ class _Phase:
 
     __slots__ = ("name", "step")
 
-    def __init__(self, name, step=None):
+    def __init__(self, name: str, step: Optional[int] = None) -> None:
         self.name = str(name)
         self.step = step
 
-    def __enter__(self):
+    def __enter__(self) -> "_Phase":
         rec = _recorder
         if rec is not None:
             try:
@@ -95,7 +100,7 @@ class _Phase:
                 d.phase_enter(self.name)  # never raises
         return self
 
-    def __exit__(self, etype, evalue, tb):
+    def __exit__(self, etype: Any, evalue: Any, tb: Any) -> bool:
         rec = _recorder
         if rec is not None:
             d = _deep
@@ -112,33 +117,33 @@ class _Phase:
                 _report(e)
         return False
 
-    def __call__(self, fn):
+    def __call__(self, fn: F) -> F:
         name, step = self.name, self.step
 
         @functools.wraps(fn)
-        def inner(*args, **kwargs):
+        def inner(*args: Any, **kwargs: Any) -> Any:
             with _Phase(name, step):
                 return fn(*args, **kwargs)
-        return inner
+        return inner  # type: ignore[return-value]
 
 
 class _NoPhase:
     __slots__ = ()
 
-    def __enter__(self):
+    def __enter__(self) -> "_NoPhase":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> bool:
         return False
 
-    def __call__(self, fn):
+    def __call__(self, fn: F) -> F:
         return fn
 
 
 _NO_PHASE = _NoPhase()
 
 
-def phase(name, step=None):
+def phase(name: str, step: Optional[int] = None) -> Union[_Phase, _NoPhase]:
     """Mark a phase of the program (``rollout``, ``train``, ``checkpoint`` ...).
 
     Use as ``with phase("train", step=3):`` or as a decorator ``@phase("eval")``.
@@ -151,7 +156,7 @@ def phase(name, step=None):
     return _Phase(name, step)
 
 
-def step(n):
+def step(n: int) -> None:
     """Set the current training step (int). Counts as progress. No-op when tracing is off."""
     rec = _recorder
     if rec is not None:
@@ -164,7 +169,7 @@ def step(n):
             s.sample(4)  # MEM_STEP
 
 
-def heartbeat():
+def heartbeat() -> None:
     """Tell the watcher this process is making progress (long compute without collectives)."""
     rec = _recorder
     if rec is not None:
@@ -174,6 +179,6 @@ def heartbeat():
             _report(e)
 
 
-def enabled():
+def enabled() -> bool:
     """True when this process is traced."""
     return _recorder is not None

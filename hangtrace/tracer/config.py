@@ -4,6 +4,8 @@ This module is imported inside every traced process: it imports only ``os``.
 CLI flags map onto these variables (``hangtrace run --stall-s`` sets
 ``HANGTRACE_STALL_S`` for the watcher, and so on).
 """
+from __future__ import annotations
+
 import os
 from typing import Dict, FrozenSet, Mapping, Optional, Tuple
 
@@ -18,6 +20,13 @@ DIR = "HANGTRACE_DIR"
 RUN_ID = "HANGTRACE_RUN_ID"
 #: Number of record slots per ring file (128 bytes each). Default 16384 (2 MiB).
 SLOTS = "HANGTRACE_SLOTS"
+#: Slots of the small ring a process starts with (128 bytes each; default 256 = 32 KiB,
+#: about 52 KiB on disk with its string table). It is replaced by the full ring
+#: (``HANGTRACE_SLOTS``) when the process joins a process group, becomes a Ray actor or
+#: uses the phase/step API, so helpers (DataLoader workers, resource tracker, compile
+#: workers) cost kilobytes. "0" (or a value >= HANGTRACE_SLOTS): every process gets the
+#: full ring at once. See hooks/ringsize.py.
+HELPER_SLOTS = "HANGTRACE_HELPER_SLOTS"
 #: Seconds without progress anywhere in the run before the watcher reports a stall.
 STALL_S = "HANGTRACE_STALL_S"
 #: Per-phase stall thresholds, ``name=seconds,name=seconds`` (e.g. ``checkpoint=1800``).
@@ -77,6 +86,7 @@ FAULT = "HANGTRACE_FAULT_INJECT"
 
 DEFAULTS = {
     SLOTS: 16384,
+    HELPER_SLOTS: 256,
     STALL_S: 300.0,
     STARTUP_STALL_S: 60.0,
     POLL_S: 1.0,
@@ -95,6 +105,7 @@ def enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
 
 
 def get_int(name: str, environ: Optional[Mapping[str, str]] = None) -> int:
+    """``name``'s value as an int; its default when unset or not a number."""
     env = os.environ if environ is None else environ
     try:
         return int(env.get(name, DEFAULTS[name]))
@@ -103,6 +114,7 @@ def get_int(name: str, environ: Optional[Mapping[str, str]] = None) -> int:
 
 
 def get_float(name: str, environ: Optional[Mapping[str, str]] = None) -> float:
+    """``name``'s value as a float; its default when unset or not a number."""
     env = os.environ if environ is None else environ
     try:
         return float(env.get(name, DEFAULTS[name]))

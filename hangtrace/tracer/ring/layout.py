@@ -141,12 +141,11 @@ def _env_int(name: str, default: int = -1) -> int:
 
 def _write_identity(mm: mmap.mmap) -> None:
     """Identity fields known at creation (the recorder writes the same ones again)."""
-    import socket
     import time
     pid = os.getpid()
     IDENT.pack_into(mm, IDENT_OFF, pid, os.getppid(), time.time_ns(), time.monotonic_ns(),
                     proc_start_ticks(pid))
-    mm[HOST_OFF:HOST_OFF + HOST_LEN] = socket.gethostname().encode()[:HOST_LEN - 1].ljust(HOST_LEN, b"\0")
+    mm[HOST_OFF:HOST_OFF + HOST_LEN] = os.uname().nodename.encode()[:HOST_LEN - 1].ljust(HOST_LEN, b"\0")
     run_id = os.environ.get("HANGTRACE_RUN_ID", "")
     mm[RUNID_OFF:RUNID_OFF + RUNID_LEN] = run_id.encode()[:RUNID_LEN - 1].ljust(RUNID_LEN, b"\0")
     EXIT.pack_into(mm, EXIT_OFF, ST_RUNNING, 0, 0)
@@ -154,11 +153,14 @@ def _write_identity(mm: mmap.mmap) -> None:
     PHASE.pack_into(mm, PHASE_OFF, 0, 0, -1)
 
 
-def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE) -> "tuple[int, mmap.mmap, int]":
+def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE,
+                strtab_reserve: int = STRTAB_CHUNK) -> "tuple[int, mmap.mmap, int]":
     """Create a ring file and map it; return ``(fd, mmap, strtab_off)``.
 
     The file is created with mode 0600, sized to its full length (sparse) and mapped
-    ``MAP_SHARED``; header and slots are reserved on disk at once.
+    ``MAP_SHARED``; header, slots and the first ``strtab_reserve`` bytes of the string
+    table are reserved on disk at once. (The host name is ``os.uname().nodename``, the
+    value ``socket.gethostname()`` returns on Linux, without importing socket.)
 
     It is built under a hidden temporary name (``.<name>.<pid>.creating``, which readers
     never glob) and appears under ``path`` only once its fixed header and the identity
@@ -179,7 +181,7 @@ def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE) 
     mm = None
     try:
         os.ftruncate(fd, total)
-        reserve(fd, 0, strtab_off + STRTAB_CHUNK)
+        reserve(fd, 0, strtab_off + strtab_reserve)
         mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         HDR_FIXED.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, nslots, strtab_off, strtab_size)
         STRUSED.pack_into(mm, STRUSED_OFF, 8)

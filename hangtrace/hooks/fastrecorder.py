@@ -1,0 +1,73 @@
+"""The recorder with the C hot path (``_fastrec.Ring``); chosen by ``recorder.choose()``.
+
+Imported only when the C extension is built and not switched off.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from hangtrace.hooks import _fastrec
+from hangtrace.hooks.recorder import Recorder
+
+
+def _ring_field(name: str, doc: str) -> property:
+    def get(self: Any) -> Any:
+        return getattr(self._ring(), name)
+
+    def set(self: Any, value: Any) -> None:
+        setattr(self._ring(), name, value)
+    return property(get, set, doc=doc)
+
+
+class _FastRecorder(Recorder):
+    """A Recorder whose hot path is the C ``_fastrec.Ring``; records are byte-for-byte
+    those of the Python methods (times aside), see tests/unit/test_fastrec.py.
+
+    The record counter and ``_last``, ``_progress``, ``_step``, ``_cur_phase`` live in the
+    Ring (properties below) so that the Python methods (phases, steps, events, memory)
+    and the C writer share them. ``issue`` and ``complete`` become the Ring's own
+    methods as instance attributes: no Python frame per collective. The Ring keeps a
+    buffer export of ``mm`` for its lifetime (the mapping is never closed anyway).
+    """
+
+    _last = _ring_field("last", "index of the newest record")
+    _progress = _ring_field("progress", "progress events so far")
+    _step = _ring_field("step", "current step, -1 = none")
+    _cur_phase = _ring_field("cur_phase", "string id of the current phase, 0 = none")
+
+    def _remap(self, fd: int, mm: Any, nslots: int, strtab_off: int, reserved: int) -> None:
+        """After ``grow``: a new C Ring over the new mapping, carrying the counters over
+        (the old Ring keeps its buffer export of the old mapping, so a writer that still
+        holds it writes there harmlessly)."""
+        old = self.__dict__.get("_fast")
+        Recorder._remap(self, fd, mm, nslots, strtab_off, reserved)
+        r = _fastrec.Ring(mm, nslots, self._threads, self._phase, self.thread_id, self.intern)
+        if old is not None:
+            r.counter, r.last, r.progress = old.counter, old.last, old.progress
+            r.step, r.cur_phase = old.step, old.cur_phase
+        self._fast = r
+        self.issue = r.issue
+        self.complete = r.complete
+
+    def _ring(self) -> Any:
+        r = self.__dict__.get("_fast")
+        if r is None:
+            r = _fastrec.Ring(self.mm, self.nslots, self._threads, self._phase, self.thread_id, self.intern)
+            self._fast = r
+            self.issue = r.issue
+            self.complete = r.complete
+        return r
+
+    def issue(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
+              flags: int) -> int:
+        return self._ring().issue(kind, op, group, seq, numel, shape, dtype, peer, flags)
+
+    def complete(self, idx: int, err: Optional[str] = None) -> None:
+        return self._ring().complete(idx, err)
+
+    def _slot(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
+              state: int, flags: int = 0, a: Tuple[int, ...] = (0, 0, 0, 0, 0), err: int = 0) -> int:
+        return self._ring().slot(kind, op, group, seq, numel, shape, dtype, peer, state, flags, err, *a)
+
+    def _touch_progress(self) -> None:
+        self._ring().touch()

@@ -1,0 +1,99 @@
+"""Instrumentors of the libraries a traced program may import: torch.distributed and Ray.
+
+Each is a light façade: ``install`` only registers a post-import hook
+(``hooks/importhook.py``); the wrapping code (``torch_dist``, which imports wrapt, and
+``ray_hooks``) is imported when the program imports the library, so a process that never
+imports torch or Ray pays nothing for them. A library already imported at install time
+is hooked at once.
+"""
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+from hangtrace.hooks import importhook
+from hangtrace.hooks.instrument import Instrumentor
+
+
+class TorchDistInstrumentor(Instrumentor):
+    """torch.distributed collectives, p2p and group creation (``hooks/torch_dist.py``)."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hooked = False  # True once torch.distributed is wrapped in this process
+
+    def _install(self, runtime: Any) -> None:
+        importhook.when_imported("torch.distributed", self._on_import)
+
+    def _on_import(self, module: ModuleType) -> None:
+        rt = self.runtime
+        if rt is None:
+            return
+        try:
+            dist = sys.modules.get("torch.distributed", module)
+            if not getattr(dist, "is_available", lambda: False)():
+                return
+            from hangtrace.hooks import torch_dist
+            rec = rt.recorder
+            rec.on_grow.append(self._ring_grown)
+            torch_dist.install(dist, rec, rt.log)
+            self.hooked = True
+        except Exception as e:
+            rt.log("hooking torch.distributed failed: %r" % (e,), "hook-torch")
+
+    @staticmethod
+    def _ring_grown(recorder: Any) -> None:
+        """The recorder replaced its ring: the C wrappers must take its new C Ring."""
+        td = sys.modules.get("hangtrace.hooks.torch_dist")
+        if td is not None:
+            td.reset_after_fork(recorder)  # sets State.rec, which re-reads the recorder's Ring
+
+    def _uninstall(self) -> None:
+        td = sys.modules.get("hangtrace.hooks.torch_dist")
+        if td is not None:
+            td.uninstall()
+        self.hooked = False
+
+    def _after_fork_child(self) -> None:
+        td = sys.modules.get("hangtrace.hooks.torch_dist")
+        if td is not None and self.runtime is not None:
+            rec = self.runtime.recorder
+            rec.on_grow.append(self._ring_grown)
+            td.reset_after_fork(rec)
+
+    def _at_exit(self) -> None:
+        td = sys.modules.get("hangtrace.hooks.torch_dist")
+        if td is not None:
+            td.flush()
+
+
+class RayInstrumentor(Instrumentor):
+    """Ray worker identity and actor-method phases (``hooks/ray_hooks.py``)."""
+
+    name = "ray"
+
+    def _install(self, runtime: Any) -> None:
+        importhook.when_imported("ray", self._on_import)
+
+    def _on_import(self, module: ModuleType) -> None:
+        rt = self.runtime
+        if rt is None:
+            return
+        try:
+            from hangtrace.hooks import ray_hooks
+            ray_hooks.install(sys.modules.get("ray", module), rt.recorder, rt.log)
+        except Exception as e:
+            rt.log("hooking ray failed: %r" % (e,), "hook-ray")
+
+    def _uninstall(self) -> None:
+        rh = sys.modules.get("hangtrace.hooks.ray_hooks")
+        if rh is not None:
+            rh.uninstall()
+
+    def _after_fork_child(self) -> None:
+        rh = sys.modules.get("hangtrace.hooks.ray_hooks")
+        if rh is not None and self.runtime is not None:
+            rh._rec = self.runtime.recorder

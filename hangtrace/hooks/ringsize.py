@@ -1,0 +1,171 @@
+"""Rings sized by role (issue 13): a small ring for helpers, the full ring for ranks and actors.
+
+A traced process starts with a small ring (``HANGTRACE_HELPER_SLOTS`` slots, default 256
+= 32 KiB, and a 256 KiB string table of which 16 KiB are reserved on disk: about 52 KiB
+on disk). DataLoader workers, multiprocessing's resource tracker, compile workers and
+other helpers never leave it: their start, exit, exceptions and signal stacks are in it
+(events live in the string table, which the slot ring never overwrites), readable after
+SIGKILL like any ring.
+
+The recorder replaces it by the full ring (``HANGTRACE_SLOTS``, default 16384 slots = 2
+MiB, 4 MiB string table) the moment the process shows it is more than a helper: it joins
+a process group (``Recorder.group_created`` of a group it is a member of, also for
+groups that existed before tracing began), becomes a Ray actor (``set_meta`` with a Ray
+actor id), uses the phase/step API, or fills the small string table. ``grow_file``
+builds the full ring under a hidden name (readers glob ``ring-*.htr``, never dot files)
+with the same header, every record at its slot for the new size and the string table
+byte for byte (string ids are offsets into the table, so they stay valid), then renames
+it over the small one: a reader sees either the small or the full ring, never half of
+one. Same format (version 1), only ``nslots``/``strtab_off``/``strtab_size`` differ; the
+reader takes them from the header (docs/FORMAT.md).
+
+Standard library only: imported in every traced process.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any, Callable, List, Tuple
+
+from hangtrace.tracer.procfs import proc_start_ticks
+from hangtrace.tracer.ring import layout as F
+
+#: String table of a small ring (bytes, apparent size; sparse) and the part reserved on
+#: disk at creation (bytes). A helper's events (start with argv, exit, an exception with
+#: up to 16 KB of traceback) fit; more grows the ring.
+SMALL_STRTAB_SIZE = 256 << 10
+SMALL_STRTAB_RESERVE = 16 << 10
+
+
+def grow_file(path: str, old: Any, old_nslots: int, old_strtab_off: int, strtab_used: int,
+              nslots: int) -> Tuple[int, mmap.mmap, int, int]:
+    """Write a ring of ``nslots`` slots holding what mapping ``old`` holds and put it at ``path``.
+
+    ``old``: the mapping of the current ring (``old_nslots`` slots, string table at
+    ``old_strtab_off`` with ``strtab_used`` bytes in use). Returns ``(fd, mmap,
+    strtab_off, strtab_reserved)`` of the new ring (bytes). Raises OSError (ENOSPC, ...)
+    and then leaves the old ring in place and no temporary file behind. Records written
+    into ``old`` by another thread while this runs may be missing from the copy.
+    """
+    strtab_off, total = F.layout(nslots, F.DEFAULT_STRTAB_SIZE)
+    d, name = os.path.split(path)
+    tmp = os.path.join(d, ".%s.%d.growing" % (name, os.getpid()))
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    mm = None
+    try:
+        os.ftruncate(fd, total)
+        chunk = F.STRTAB_CHUNK
+        reserved = max(chunk, (strtab_used + chunk - 1) // chunk * chunk)
+        F.reserve(fd, 0, strtab_off + reserved)
+        mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        mm[0:F.HEADER_SIZE] = old[0:F.HEADER_SIZE]
+        F.HDR_FIXED.pack_into(mm, 0, F.MAGIC, F.VERSION, F.HEADER_SIZE, F.SLOT_SIZE, nslots, strtab_off,
+                              F.DEFAULT_STRTAB_SIZE)
+        size = F.SLOT_SIZE
+        for pos in range(old_nslots):
+            o = F.HEADER_SIZE + pos * size
+            (idx,) = F.U64.unpack_from(old, o)
+            if idx and (idx - 1) % old_nslots == pos:
+                n = F.HEADER_SIZE + (idx - 1) % nslots * size
+                mm[n:n + size] = old[o:o + size]
+        mm[strtab_off:strtab_off + strtab_used] = old[old_strtab_off:old_strtab_off + strtab_used]
+        os.rename(tmp, path)
+    except BaseException:
+        if mm is not None:
+            mm.close()
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return fd, mm, strtab_off, reserved
+
+
+def free_ring_path(path: str, pid: int) -> str:
+    """Where to put our ring when ``path`` exists already.
+
+    Same pid and same process start time: the file was made by this very process before
+    an ``exec`` (``subprocess.Popen(preexec_fn=...)`` runs fork hooks in the child), so it
+    is replaced. Otherwise it is an earlier process whose pid was reused: its record is
+    kept and ours gets the start time in its name.
+    """
+    from hangtrace.tracer.ring import reader as R
+    ticks = proc_start_ticks(pid)
+    try:
+        with open(path, "rb") as f:
+            h = R.read_header(f.read(F.HEADER_SIZE), path)
+        same = h["pid"] == pid and h["proc_start_ticks"] == ticks
+    except Exception:
+        same = False
+    if same:
+        os.unlink(path)
+        return path
+    return "%s-%d.htr" % (path[:-len(".htr")], ticks)
+
+
+class Growable:
+    """Mixin of ``recorder.Recorder``: replacing a small ring by the full one in place.
+
+    Uses the recorder's ``path``, ``mm``, ``fd``, ``nslots``, ``strtab_*``, ``full_slots``
+    (0 = full-size already), ``_lock``, ``log`` and ``on_grow`` (callables run with the
+    recorder after the ring was replaced: the torch wrappers re-read its C Ring)."""
+
+    path: str
+    mm: Any
+    fd: int
+    nslots: int
+    full_slots: int
+    strtab_off: int
+    strtab_size: int
+    strtab_used: int
+    strtab_reserved: int
+    on_grow: List[Callable[[Any], None]]
+    _old_maps: List[Any]
+    _lock: Any
+    log: Callable[..., None]
+
+    def grow(self, reason: str) -> bool:
+        """Replace a small ring by the full one (same path, same records). Returns True
+        when it did; False when the ring is full-size already or growing failed (logged
+        once; the small ring stays in use). Never raises."""
+        if not self.full_slots:
+            return False
+        with self._lock:
+            ok = self._grow_locked(reason)
+        if ok:
+            self._run_on_grow()
+        return ok
+
+    def _run_on_grow(self) -> None:
+        for fn in list(self.on_grow):
+            try:
+                fn(self)
+            except Exception as e:
+                self.log("after growing the ring: %r" % (e,), "grow-cb")
+
+    def _grow_locked(self, reason: str) -> bool:
+        nslots = self.full_slots
+        if not nslots:
+            return False
+        self.full_slots = 0  # one attempt per process
+        try:
+            fd, mm, strtab_off, reserved = grow_file(
+                self.path, self.mm, self.nslots, self.strtab_off, self.strtab_used, nslots)
+        except Exception as e:
+            self.log("cannot grow the ring %s to %d slots (%s): %r; the small ring stays"
+                     % (self.path, nslots, reason, e), "grow")
+            return False
+        old_fd = self.fd
+        self._old_maps.append(self.mm)
+        self._remap(fd, mm, nslots, strtab_off, reserved)
+        try:
+            os.close(old_fd)
+        except OSError:
+            pass
+        self.log("ring grown to %d slots: %s" % (nslots, reason), "grown")
+        return True
+
+    def _remap(self, fd: int, mm: Any, nslots: int, strtab_off: int, reserved: int) -> None:
+        self.fd, self.mm, self.nslots = fd, mm, nslots
+        self.strtab_off, self.strtab_size, self.strtab_reserved = strtab_off, F.DEFAULT_STRTAB_SIZE, reserved

@@ -1,0 +1,222 @@
+"""The in-process side's contracts: import direction, the instrumentor contract, our
+post-import finder, the recorder choice, and small rings grown to full size (issue 8 item
+3, issue 13 item 2)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jobs import REPO, base_env
+
+from hangtrace.hooks import importhook, ringsize
+from hangtrace.hooks.instrument import Instrumentor
+from hangtrace.hooks.recorder import Recorder, choose, fast_available
+from hangtrace.tracer.ring import layout as F
+from hangtrace.tracer.ring.reader import read_ring
+
+#: Code a traced process must never load: collection, analysis, rendering, watcher, CLI.
+FORBIDDEN = ("hangtrace.tracer.collect", "hangtrace.tracer.analyze", "hangtrace.tracer.report",
+             "hangtrace.tracer.watch", "hangtrace.tracer.pipeline", "hangtrace.cli")
+HOOKS_DIR = os.path.join(REPO, "hangtrace", "hooks")
+
+
+def _hooks_modules():
+    return sorted("hangtrace.hooks." + f[:-3] for f in os.listdir(HOOKS_DIR)
+                  if f.endswith(".py") and f != "__init__.py")
+
+
+@pytest.mark.parametrize("module", _hooks_modules())
+def test_hooks_module_loads_no_collection_analysis_report_or_watcher_code(module):
+    code = ("import sys, %s\nbad = [m for m in sys.modules if m.startswith(%r)]\nprint(repr(bad))"
+            % (module, FORBIDDEN))
+    p = subprocess.run([sys.executable, "-c", code], env=base_env(traced=False), capture_output=True,
+                       text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "[]", "%s loads %s" % (module, p.stdout)
+
+
+class _Log:
+    def __init__(self):
+        self.lines = []
+        self.seen = set()
+
+    def __call__(self, msg, key=None):
+        if key is not None:
+            if key in self.seen:
+                return
+            self.seen.add(key)
+        self.lines.append(msg)
+
+
+class _Runtime:
+    def __init__(self):
+        self.log = _Log()
+
+
+class _Counting(Instrumentor):
+    name = "counting"
+
+    def __init__(self, fail=None):
+        super().__init__()
+        self.calls = []
+        self.fail = fail
+
+    def _step(self, what):
+        self.calls.append(what)
+        if self.fail == what:
+            raise RuntimeError("boom in " + what)
+
+    def _install(self, runtime):
+        self._step("install")
+
+    def _uninstall(self):
+        self._step("uninstall")
+
+    def _after_fork_child(self):
+        self._step("fork")
+
+    def _at_exit(self):
+        self._step("exit")
+
+
+def test_instrumentor_install_is_idempotent_and_warns_once_per_repeat():
+    rt, ins = _Runtime(), _Counting()
+    assert ins.install(rt) is True
+    assert ins.install(rt) is False and ins.install(rt) is False
+    assert ins.calls == ["install"]
+    assert [ln for ln in rt.log.lines if "install called again" in ln] == \
+        ["instrumentor counting: install called again; nothing stacked"]
+    ins.after_fork_child()
+    ins.at_exit()
+    ins.uninstall()
+    ins.uninstall()                   # a second uninstall does nothing
+    ins.at_exit()                     # nor does anything after uninstall
+    assert ins.calls == ["install", "fork", "exit", "uninstall"]
+    assert ins.install(rt) is True    # a later install starts afresh
+
+
+@pytest.mark.parametrize("what", ["install", "fork", "exit", "uninstall"])
+def test_instrumentor_never_raises_and_logs_the_error_once(what):
+    rt, ins = _Runtime(), _Counting(fail=what)
+    ins.install(rt)
+    for _ in range(3):
+        ins.after_fork_child()
+        ins.at_exit()
+    ins.uninstall()
+    errors = [ln for ln in rt.log.lines if "boom" in ln]
+    assert len(errors) == 1 and ("boom in " + what) in errors[0], rt.log.lines
+
+
+def test_post_import_hook_fires_once_with_the_finished_module(tmp_path, monkeypatch):
+    pkg = tmp_path / "htpkg_probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("VALUE = 41\nVALUE += 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    try:
+        importhook.when_imported("htpkg_probe.mod", lambda m: seen.append((m.__name__, m.VALUE)))
+        assert seen == []
+        import htpkg_probe.mod as mod
+        assert seen == [("htpkg_probe.mod", 42)]
+        # the module keeps its own loader (nothing of ours left on it)
+        assert type(mod.__loader__).__name__ == "SourceFileLoader"
+        assert type(mod.__spec__.loader).__name__ == "SourceFileLoader"
+        importhook.when_imported("htpkg_probe.mod", lambda m: seen.append("again"))  # imported: at once
+        assert seen[-1] == "again"
+    finally:
+        importhook.clear()
+        for name in ("htpkg_probe.mod", "htpkg_probe"):
+            sys.modules.pop(name, None)
+
+
+def test_recorder_choice_gives_its_reason():
+    cls, why = choose({"HANGTRACE_PURE_PYTHON": "1"})
+    assert cls is Recorder and why == "recorder: Python (HANGTRACE_PURE_PYTHON=1)"
+    cls, why = choose({})
+    if fast_available({}):
+        assert why == "recorder: C (_fastrec)" and cls is not Recorder
+    else:
+        assert why.startswith("recorder: Python (_fastrec not built: ImportError")
+
+
+@pytest.mark.parametrize("pure", ["1", "0"])
+def test_small_ring_grows_to_full_ring_with_every_record(tmp_path, monkeypatch, pure):
+    monkeypatch.setenv("HANGTRACE_PURE_PYTHON", pure)
+    log = _Log()
+    rec = Recorder(str(tmp_path), "grow", 16, log, full_slots=1024)
+    rec.event("start", argv=["x"])
+    sid = rec.intern("host")
+    for i in range(40):                            # wraps the 16-slot ring
+        rec.memory(F.MEM_TIMER, sid, i, -1, -1, -1, -1)
+    small = read_ring(rec.path)
+    assert small.header["nslots"] == 16 and small.header["strtab_size"] == ringsize.SMALL_STRTAB_SIZE
+    assert os.stat(rec.path).st_blocks * 512 <= 64 << 10     # kilobytes on disk
+    assert [r["idx"] for r in small.records] == list(range(26, 42))
+
+    rec.group_created({"op": "init_process_group", "member": True, "name": "0", "ranks": [0]})
+    assert rec.nslots == 1024 and any("ring grown to 1024 slots: joined process group 0" in ln
+                                      for ln in log.lines)
+    rec.complete(rec.issue(F.K_COLL, F.OP_IDS["all_reduce"], rec.intern("0"), 1, 4, 0, 1, -1, 0))
+    full = read_ring(rec.path)
+    assert full.header["nslots"] == 1024 and full.header["strtab_size"] == F.DEFAULT_STRTAB_SIZE
+    idxs = [r["idx"] for r in full.records]
+    assert idxs == list(range(26, idxs[-1] + 1))   # what the small ring held, then the new ones
+    assert full.records[-1]["op"] == "all_reduce" and full.records[-1]["state"] == "completed"
+    assert [e["event"] for e in full.events] == ["start"] and full.groups[0]["name"] == "0"
+    assert full.strings[sid] == "host"             # string ids stay valid
+    assert full.header["pid"] == os.getpid() and full.header["progress_count"] >= 2
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]   # no temporary left
+    assert rec.grow("again") is False              # once
+
+
+def test_ray_actor_identity_grows_and_a_non_member_group_does_not(tmp_path):
+    rec = Recorder(str(tmp_path), "g", 16, _Log(), full_slots=256)
+    rec.group_created({"op": "new_group", "member": False, "name": None, "ranks": [1, 2]})
+    assert rec.nslots == 16
+    rec.set_meta(ray_job_id="01000000")
+    assert rec.nslots == 16
+    rec.set_meta(ray_actor_id="abc", ray_actor_class="Trainer")
+    assert rec.nslots == 256 and read_ring(rec.path).meta["ray_actor_class"] == "Trainer"
+
+
+def test_full_string_table_of_a_small_ring_grows_it(tmp_path):
+    rec = Recorder(str(tmp_path), "s", 16, _Log(), full_slots=64)
+    big = "x" * 4000
+    for i in range(80):                            # 320 KB of strings > the small 256 KiB table
+        rec.intern("%d%s" % (i, big))
+    ring = read_ring(rec.path)
+    assert ring.header["nslots"] == 64 and len([s for s in ring.strings.values() if s.endswith(big)]) == 80
+
+
+def test_traced_fork_child_keeps_a_small_ring(tmp_path):
+    """A helper forked from a rank (a DataLoader worker) starts small, even when its parent
+    is full-size and had a step; what it records is readable afterwards."""
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        from hangtrace import tracer
+        tracer.step(3)                       # the parent uses the step API: full ring
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        os.waitpid(pid, 0)
+    """))
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, str(script)], env=base_env(run), capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    rings = {}
+    for f in os.listdir(run):
+        if f.startswith("ring-"):
+            r = read_ring(str(run / f))
+            rings[r.header["nslots"]] = r
+    assert sorted(rings) == [256, 16384], sorted(rings)
+    child = rings[256]
+    assert [e["event"] for e in child.events] == ["start", "exit"] and child.events[-1]["code"] == 7
+    assert child.header["step"] == 3
+    with open(run / "hangtrace.log") as f:
+        log = f.read()
+    assert "recorder: " in log and "ring grown to 16384 slots: step API" in log
