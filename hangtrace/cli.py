@@ -150,13 +150,14 @@ def cmd_analyze(args):
     """Offline analysis of a run directory (newest snapshot, else the rings) or a snapshot."""
     from .tracer.analyze.diagnose import diagnose
     from .tracer.collect.rings import is_snapshot, load_run, load_snapshot, newest_snapshot
+    from .tracer.collect.frdump import load_run_or_fr
     path = args.path
     _check_dir(path)
     if is_snapshot(path):
         snap = _load_snapshot_any(path)
     else:
         newest = newest_snapshot(path) if os.path.isdir(path) else None
-        snap = _load_snapshot_any(newest) if newest else load_run(path)
+        snap = _load_snapshot_any(newest) if newest else load_run_or_fr(path)  # issue 10: FR dumps
     snap = _readable(snap)
     diag = diagnose(snap)
     _print_diag(diag, snap, args.json)
