@@ -42,7 +42,7 @@ OP_ALIASES = {"all_gather_into_tensor": ("_allgather_base", "allgather_into_tens
               "gather_object": ("gather", "all_gather"), "scatter_object_list": ("scatter", "broadcast"),
               "monitored_barrier": ("barrier",), "all_to_all_single": ("alltoall_base",),
               "all_to_all": ("alltoall",)}
-_SLACK_NS = 2_000_000  # clock reads on both sides of a call: 2 ms of tolerance
+_SLACK_NS = 200_000  # both sides read CLOCK_REALTIME around one call: 0.2 ms of tolerance
 
 
 def fr_state(e: FrEntry) -> str:
@@ -101,11 +101,12 @@ def fr_records(dump: FrDump) -> List[Dict[str, Any]]:
 
 
 def _end_wall(r: Dict[str, Any]) -> float:
+    """Wall time (ns) our call returned; +inf while it is still 'issued'."""
     w = r.get("t_wall_ns") or 0
     end, start = r.get("t_end_mono_ns"), r.get("t_mono_ns")
     if end and start and end >= start:
-        return w + (end - start) + _SLACK_NS
-    return float("inf") if r.get("state") == "issued" else w + _SLACK_NS
+        return w + (end - start)
+    return float("inf") if r.get("state") == "issued" else w
 
 
 def _compatible(ours: str, fr_op: str) -> bool:
@@ -140,9 +141,13 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
         if not cands:
             out.append(r)
             continue
-        w0, w1 = (r.get("t_wall_ns") or 0) - _SLACK_NS, _end_wall(r)
-        inside = [e for e in cands if w0 <= e["t_wall_ns"] <= w1 and id(e) not in used]
-        match = next((e for e in inside if _compatible(r.get("op"), e["op"])), inside[0] if inside else None)
+        t0, t1 = r.get("t_wall_ns") or 0, _end_wall(r)
+        w0 = t0 - _SLACK_NS
+        near = [e for e in cands if w0 <= e["t_wall_ns"] <= t1 + _SLACK_NS and id(e) not in used]
+        match = next((e for e in near if _compatible(r.get("op"), e["op"])), near[0] if near else None)
+        # further launches of the same Python call (all_gather_object: two all_gathers)
+        inside = [match] + [e for e in near if e is not match and e["t_wall_ns"] > match["t_wall_ns"]
+                            and t0 <= e["t_wall_ns"] <= t1] if match is not None else []
         m = dict(r)
         m["seq_ours"] = r.get("seq")
         if match is None:
