@@ -1,8 +1,7 @@
 """Read torch Flight Recorder dumps (issue 10, item 3): files in, typed ``FrDump`` out.
 
-Impure part: finding and reading files (``find_fr_files``, ``read_fr_file``,
-``load_fr_dir``). Pure part: ``parse_fr_bytes`` (bytes -> ``FrDump``). The format is
-described in ``/work/shared/FR-FORMAT.md``; facts below were checked on torch 2.13 CPU.
+Impure: ``find_fr_files``, ``read_fr_file``, ``load_fr_dir``, ``load_run_or_fr``. Pure:
+``parse_fr_bytes``. Format: ``/work/shared/FR-FORMAT.md``; checked on torch 2.13 CPU.
 
 Files recognised in a directory:
 
