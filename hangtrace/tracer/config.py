@@ -191,3 +191,9 @@ def helper_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     env.pop(ENABLE, None)
     env[HELPER] = "1"
     return env
+
+#: Flight Recorder capture (issue 10): "0" turns it off. Otherwise (default "1") a traced
+#: process turns torch's Flight Recorder on when the user has not configured it
+#: (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE`` unset: 2000 entries, torch's
+#: own default) and runs an agent thread that dumps it into ``RUN_DIR/fr/`` on request.
+FR = "HANGTRACE_FR"

@@ -72,13 +72,16 @@ def load_stored(path: str) -> Snapshot:
 
 def load_path(path: str) -> Snapshot:
     """A snapshot folder, else the newest snapshot of a run directory, else its rings as
-    they are now. Raises RunDirError when ``path`` is none of these."""
-    from hangtrace.tracer.collect.rings import is_snapshot, load_run, newest_snapshot
+    they are now joined with the torch Flight Recorder dumps found in it (or those dumps
+    alone: a directory of ``comm_lib_trace_rank_<r>`` files, issue 10). Raises RunDirError
+    when ``path`` is none of these."""
+    from hangtrace.tracer.collect.frdump import load_run_or_fr
+    from hangtrace.tracer.collect.rings import is_snapshot, newest_snapshot
     check_dir(path)
     if is_snapshot(path):
         return load_stored(path)
     newest = newest_snapshot(path) if os.path.isdir(path) else None
-    return load_stored(newest) if newest else load_run(path)
+    return load_stored(newest) if newest else load_run_or_fr(path)
 
 
 def diagnose_snapshot(snap: Snapshot, store: bool = False) -> Result:

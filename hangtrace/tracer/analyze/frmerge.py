@@ -1,0 +1,267 @@
+"""Flight Recorder entries as our records, and joined with our ring records. Pure.
+
+``fr_records(dump)`` turns each ``FrEntry`` into a record dict of the shape
+``snapshot.ProcessInfo.records`` has (``tracer.ring.reader.decode_slots``), with
+``source='flight-recorder'``. ``merge_records(ours, fr)`` joins both streams of one process;
+``fr_processes(dumps)`` builds one ``ProcessInfo`` per rank from dumps alone.
+
+How the two numberings align (checked on torch 2.13 gloo, tests/integration/test_fr_live.py):
+both name a group by torch's process-group name (``_get_process_group_name``: ``'0'`` for the
+default group, ``'1'``, ... for new groups; FR's ``process_group[0]``), and both count
+collectives per group from 1, one per launch. A world ``all_reduce`` loop gets 1, 2, 3 ... in
+both. They part where a Python call launches more or fewer than one collective: torch counts
+every launch (DDP's C++ gradient all-reduce, FSDP, functional collectives, the two
+``all_gather``s of ``all_gather_object``), our wrappers count Python calls. So torch's number
+is the one all ranks agree on: a joined event takes FR's ``collective_seq_id``, and our
+record is paired with the FR entry of its group created inside its call (FR's
+``time_created_ns`` between our record's issue and completion wall times), preferring the
+same op. gloo records no p2p in the Flight Recorder (torch 2.13): p2p records stay ours.
+
+State (torch 2.13, checked here): gloo entries stay ``scheduled`` and are marked
+``retired`` when the work finishes, so on gloo retired = 'completed', not retired =
+'issued'. Other backends update ``state``: 'completed' -> 'completed'; retired without
+completing (timed out, aborted) -> 'failed'; else 'issued'.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from typing import Tuple, Any, Dict, Iterable, List, Optional
+
+from hangtrace.tracer.collect.frdump import FrDump, FrEntry
+from hangtrace.tracer.snapshot import ProcessInfo
+
+#: torch scalar-type names (FR ``input_dtypes``) -> our dtype names (ring layout DTYPES)
+DTYPE_NAMES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+               "Byte": "uint8", "Char": "int8", "Short": "int16", "Int": "int32", "Long": "int64",
+               "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128",
+               "Float8_e4m3fn": "float8_e4m3fn", "Float8_e5m2": "float8_e5m2", "UInt16": "uint16",
+               "UInt32": "uint32", "UInt64": "uint64"}
+#: our op -> FR ops its Python call launches (beyond the same name)
+OP_ALIASES = {"all_gather_into_tensor": ("_allgather_base", "allgather_into_tensor_coalesced"),
+              "reduce_scatter_tensor": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced"),
+              "all_gather_object": ("all_gather",), "broadcast_object_list": ("broadcast",),
+              "gather_object": ("gather", "all_gather"), "scatter_object_list": ("scatter", "broadcast"),
+              "monitored_barrier": ("barrier",), "all_to_all_single": ("alltoall_base",),
+              "all_to_all": ("alltoall",)}
+_SLACK_NS = 200_000  # both sides read CLOCK_REALTIME around one call: 0.2 ms of tolerance
+
+
+def fr_state(e: FrEntry) -> str:
+    """'completed' | 'issued' | 'failed' of an entry (rules in the module docstring)."""
+    if e.state == "completed":
+        return "completed"
+    if e.backend == "gloo":
+        return "completed" if e.retired else "issued"
+    return "failed" if e.retired else "issued"
+
+
+def _global(ranks: Optional[Tuple[int, ...]], local: Optional[int], group: str, desc: str) -> int:
+    if local is None:
+        return -1
+    if ranks:
+        return ranks[local] if 0 <= local < len(ranks) else -1
+    if group == "0" or desc == "default_pg":
+        return local
+    return -1
+
+
+def fr_record(e: FrEntry, dump: Optional[FrDump] = None) -> Dict[str, Any]:
+    """One entry as a record dict (``snapshot`` module docstring keys, plus ``fr_*``)."""
+    sizes = e.input_sizes or e.output_sizes
+    numel = 0
+    for s in sizes:
+        n = 1
+        for d in s:
+            n *= d
+        numel += n
+    dts = e.input_dtypes or e.output_dtypes
+    g = dump.pg_config.get(e.group) if dump is not None else None
+    state = fr_state(e)
+    p2p = e.is_p2p or e.peer_local is not None
+    return {
+        "idx": e.record_id + 1, "kind": "p2p" if p2p else "collective", "op": e.op, "group": e.group,
+        "seq": e.p2p_seq_id if p2p else e.collective_seq_id,
+        "dtype": DTYPE_NAMES.get(dts[0], dts[0].lower()) if dts else "",
+        "numel": numel, "shape": "x".join(str(d) for d in sizes[0]) or "scalar" if sizes else None,
+        "peer": _global(g.ranks if g else None, e.peer_local, e.group, e.group_desc),
+        "async_op": False, "thread": e.thread_name or None, "phase": None, "step": None,
+        "t_mono_ns": 0, "t_wall_ns": e.time_created_ns, "t_end_mono_ns": None, "state": state,
+        "error": ("flight recorder: retired before completion (timed out or aborted; timeout %d ms)"
+                  % e.timeout_ms) if state == "failed" else None,
+        "source": "flight-recorder", "fr_op": e.profiling_name, "fr_state": e.state, "fr_retired": e.retired,
+        "fr_record_id": e.record_id, "fr_seq": e.collective_seq_id, "fr_p2p_seq": e.p2p_seq_id,
+        "fr_timeout_ms": e.timeout_ms, "fr_thread_id": e.thread_id, "group_desc": e.group_desc,
+        "fr_started_ns": e.time_discovered_started_ns, "fr_completed_ns": e.time_discovered_completed_ns,
+        "frames": [{"name": f.name, "filename": f.filename, "line": f.line} for f in e.frames],
+    }
+
+
+def fr_records(dump: FrDump) -> List[Dict[str, Any]]:
+    """Every entry of ``dump`` as a record dict, in launch order (``record_id``)."""
+    return [fr_record(e, dump) for e in sorted(dump.entries, key=lambda e: e.record_id)]
+
+
+def _end_wall(r: Dict[str, Any]) -> float:
+    """Wall time (ns) our call returned; +inf while it is still 'issued'."""
+    w = float(r.get("t_wall_ns") or 0)
+    end, start = r.get("t_end_mono_ns"), r.get("t_mono_ns")
+    if end and start and end >= start:
+        return w + float(end - start)
+    return float("inf") if r.get("state") == "issued" else w
+
+
+def _compatible(ours: str, fr_op: str) -> bool:
+    return ours == fr_op or fr_op in OP_ALIASES.get(ours, ())
+
+
+def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One record stream of a process from our ring records and its FR records.
+
+    Collectives of a group FR saw: our record paired with the FR entry of that group created
+    within its call (module docstring) becomes one event: our dict with ``seq`` = FR's,
+    ``seq_ours`` = ours, FR's state when ours is still 'issued' (the ring lags the Work),
+    the ``fr_*`` fields and ``source='hangtrace+flight-recorder'``. Further FR entries of the
+    same call are kept with ``within_op`` = our op. FR-only entries (C++-issued) are kept
+    as they are. Our unpaired collectives of such a group are numbered after the FR launch
+    before them (``seq_ours`` keeps ours). Other records (p2p when FR has none on that group,
+    phases, steps, events) pass unchanged. Result ordered by wall time (ties: ours first).
+    """
+    fr_coll: Dict[str, List[Dict[str, Any]]] = {}
+    fr_p2p_groups = set()
+    for r in fr:
+        if r["kind"] == "collective":
+            fr_coll.setdefault(r["group"], []).append(r)
+        else:
+            fr_p2p_groups.add(r["group"])
+    used = set()
+    out: List[Dict[str, Any]] = []
+    ours_p2p_groups = {r.get("group") for r in ours if r.get("kind") == "p2p"}
+    for r in ours:
+        kind, g = r.get("kind"), r.get("group")
+        cands = fr_coll.get(str(g)) if kind == "collective" else None
+        if not cands:
+            out.append(r)
+            continue
+        t0, t1 = r.get("t_wall_ns") or 0, _end_wall(r)
+        w0 = t0 - _SLACK_NS
+        near = [e for e in cands if w0 <= e["t_wall_ns"] <= t1 + _SLACK_NS and id(e) not in used]
+        match = next((e for e in near if _compatible(str(r.get("op")), e["op"])), near[0] if near else None)
+        # further launches of the same Python call (all_gather_object: two all_gathers)
+        inside = [match] + [e for e in near if e is not match and e["t_wall_ns"] > match["t_wall_ns"]
+                            and t0 <= e["t_wall_ns"] <= t1] if match is not None else []
+        m = dict(r)
+        m["seq_ours"] = r.get("seq")
+        if match is None:
+            before = [e["seq"] for e in cands if e["t_wall_ns"] < w0]
+            if before:
+                m["seq"] = max(before)
+                m["fr_unmatched"] = True
+            out.append(m)
+            continue
+        for e in inside:
+            used.add(id(e))
+            if e is not match:
+                x = dict(e)
+                x["within_op"] = r.get("op")
+                out.append(x)
+        m["seq"] = match["seq"]
+        for k, v in match.items():
+            if k.startswith("fr_") or k == "group_desc":
+                m[k] = v
+        if not m.get("frames") and match.get("frames"):
+            m["frames"] = match["frames"]
+        if m.get("state") == "issued" and match["state"] != "issued":
+            m["state"] = match["state"]
+            m["error"] = m.get("error") or match.get("error")
+        m["source"] = "hangtrace+flight-recorder"
+        out.append(m)
+    for g, cands in fr_coll.items():
+        out.extend(e for e in cands if id(e) not in used)
+    for r in fr:
+        if r["kind"] != "collective" and r["group"] not in ours_p2p_groups:
+            out.append(r)
+    out.sort(key=lambda r: (r.get("t_wall_ns") or 0, 0 if r.get("source") != "flight-recorder" else 1))
+    return out
+
+
+def fr_groups(dump: FrDump) -> List[Dict[str, Any]]:
+    """Group definitions (``ProcessInfo.groups`` shape) from pg_config and the entries."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, g in dump.pg_config.items():
+        if name:
+            out[name] = {"name": name, "desc": g.desc or None, "ranks": list(g.ranks) if g.ranks else None,
+                         "member": True, "op": "flight-recorder"}
+    for e in dump.entries:
+        if e.group and e.group not in out:
+            out[e.group] = {"name": e.group, "desc": e.group_desc or None, "ranks": None, "member": True,
+                            "op": "flight-recorder"}
+    return list(out.values())
+
+
+def _world_size(dumps: List[FrDump]) -> int:
+    for d in dumps:
+        if d.world_size > 0:
+            return d.world_size
+        for g in d.pg_config.values():
+            if (g.name == "0" or g.desc == "default_pg") and g.ranks:
+                return len(g.ranks)
+    ranks = [d.rank for d in dumps if d.rank >= 0]
+    return max(ranks) + 1 if ranks else -1
+
+
+def fr_processes(dumps: Iterable[FrDump]) -> List[ProcessInfo]:
+    """One ``ProcessInfo`` per rank from dumps alone (several dumps of one rank merged).
+
+    ``pid`` is the dump's (our agent's files) or 0; ``state`` 'unknown' (a dump says
+    nothing about liveness); ``world_size`` from the dumps' metadata or default group,
+    else the highest rank + 1 (an undercount when the last ranks' files are missing).
+    """
+    dumps = list(dumps)
+    world = _world_size(dumps)
+    by_rank: Dict[int, List[FrDump]] = {}
+    for d in dumps:
+        by_rank.setdefault(d.rank, []).append(d)
+    procs = []
+    for rank in sorted(by_rank):
+        ds = by_rank[rank]
+        recs: List[Dict[str, Any]] = []
+        groups: Dict[str, Dict[str, Any]] = {}
+        for d in ds:
+            recs.extend(fr_records(d))
+            for g in fr_groups(d):
+                if g["name"] not in groups or (g["ranks"] and not groups[g["name"]]["ranks"]):
+                    groups[g["name"]] = g
+        recs.sort(key=lambda r: (r["t_wall_ns"], r["idx"]))
+        host = ds[0].host or "rank%d" % rank
+        procs.append(ProcessInfo(
+            host=host, pid=ds[0].pid, rank=rank, world_size=world, records=recs, groups=list(groups.values()),
+            progress_wall_ns=max([r["t_wall_ns"] for r in recs if r["state"] == "completed"] or [0]),
+            meta={"flight_recorder": [d.path for d in ds]}))
+    return procs
+
+
+def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessInfo]:
+    """Join dumps into ring-backed processes (by host+pid, else by rank); dumps of ranks
+    without a ring become FR-only processes. Returns the new list of processes (new
+    ProcessInfo values for the joined ones; their summary is recomputed from the merged
+    records)."""
+    dumps = list(dumps)
+    out = list(procs)
+    by_pid = {(p.host, p.pid): i for i, p in enumerate(out)}
+    by_rank = {p.rank: i for i, p in enumerate(out) if p.rank >= 0}
+    alone = []
+    for d in dumps:
+        i = by_pid.get((d.host, d.pid)) if d.pid else None
+        i = i if i is not None else (by_rank.get(d.rank) if d.rank >= 0 else None)
+        if i is None:
+            alone.append(d)
+            continue
+        p = out[i]
+        known = {g.get("name") for g in p.groups}
+        meta = dict(p.meta)
+        meta["flight_recorder"] = list(meta.get("flight_recorder") or []) + [d.path]
+        out[i] = dataclasses.replace(
+            p, records=merge_records(p.records, fr_records(d)), summary=None, meta=meta,
+            groups=list(p.groups) + [g for g in fr_groups(d) if g["name"] not in known])
+    return out + fr_processes(alone)

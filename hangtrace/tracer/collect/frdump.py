@@ -1,0 +1,401 @@
+"""Read torch Flight Recorder dumps (issue 10, item 3): files in, typed ``FrDump`` out.
+
+Impure: ``find_fr_files``, ``read_fr_file``, ``load_fr_dir``, ``load_run_or_fr``. Pure:
+``parse_fr_bytes``. Format: ``/work/shared/FR-FORMAT.md``; checked on torch 2.13 CPU.
+
+Files recognised in a directory:
+
+* ``comm_lib_trace_rank_<r>`` and the older ``nccl_trace_rank_<r>``: torch's own names
+  (``TORCH_FR_DUMP_TEMP_FILE`` + global rank). The rank comes from the name (torch's
+  ``flight_recorder/components/loader.py`` does the same: the dump holds no global rank).
+* ``<host>-<pid>.pkl`` / ``.json`` written by our agent (``hooks/fr_agent.py``) under
+  ``RUN_DIR/fr/``, each with a sidecar ``<host>-<pid>.meta.json`` giving rank, world size,
+  host and pid.
+
+Pickles are read through ``_SafeUnpickler``: the only globals admitted are
+``torch.jit._pickle.build_{int,double,bool,tensor}list`` (mapped to ``list``); anything
+else (``os.system``, ``builtins.eval`` ...) raises ``UnsafePickleError`` naming the file,
+before any of it is called. Versions ``2.x`` are read (unknown keys ignored); a bare list
+(pre-2024 dumps) is read as the entries; any other major version raises
+``UnsupportedFrVersionError``.
+"""
+from __future__ import annotations
+
+import glob
+import io
+import json
+import dataclasses
+import os
+import pickle
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+from hangtrace.tracer.errors import HangtraceError
+
+TORCH_NAME_RE = re.compile(r"^(?:comm_lib_trace_rank_|nccl_trace_rank_)(\d+)$")
+AGENT_NAME_RE = re.compile(r"^(.+)-(\d+)\.(pkl|json)$")
+#: backends seen in ``profiling_name`` prefixes (torch 2.13 sources and hook backends)
+BACKEND_PREFIXES = ("nccl", "gloo", "ncclx", "xccl", "nccl2", "ucc", "mpi", "custom")
+_P2P_RE = re.compile(r"^(\w+) (\d+)(->|<-)(\d+)$")
+_LIST_BUILDERS = {"build_intlist", "build_doublelist", "build_boollist", "build_tensorlist"}
+MAX_FILE_BYTES = 1 << 30
+
+
+class FlightRecordError(HangtraceError):
+    """A Flight Recorder dump that cannot be read: names the file and the problem."""
+
+    exit_code = 3
+    remedy = ("remove the file to analyse the other ranks, or dump it again "
+              "(torch._C._distributed_c10d._dump_fr_trace)")
+
+    def __init__(self, path: str, problem: str, remedy: Optional[str] = None) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__("%s: %s" % (path, problem), remedy)
+
+
+class UnsafePickleError(FlightRecordError):
+    remedy = ("the pickle asks to import code a Flight Recorder dump never contains; it was not "
+              "written by torch's Flight Recorder and was not executed. Remove it, or ask its "
+              "author for a JSON dump (_dump_fr_trace_json)")
+
+
+class UnsupportedFrVersionError(FlightRecordError):
+    remedy = ("hangtrace reads Flight Recorder dumps of version 2.x; read this one with the torch "
+              "version that wrote it (python -m torch.distributed.flight_recorder.fr_trace), or "
+              "upgrade hangtrace")
+
+
+class FrFrame(NamedTuple):
+    """One Python/C++ frame of an entry's stack (innermost first, as torch stores it)."""
+
+    name: str
+    filename: str
+    line: int
+
+
+class FrGroup(NamedTuple):
+    """A process group from ``pg_config``: ``ranks`` global, None when not given (gloo)."""
+
+    name: str
+    desc: str
+    ranks: Optional[Tuple[int, ...]]
+
+
+class FrPgStatus(NamedTuple):
+    """``pg_status`` of one process group (torch's collective sequence ids, -1 = none)."""
+
+    last_enqueued: int
+    last_started: int
+    last_completed: int
+
+
+@dataclass(frozen=True)
+class FrEntry:
+    """One Flight Recorder entry: one collective or p2p launch on a process group.
+
+    ``op`` is ``profiling_name`` without its backend prefix (``backend``); for p2p names
+    like ``send 1->2`` / ``recv 3<-0``, ``op`` is ``send``/``recv``, ``self_local`` the
+    issuing rank and ``peer_local`` the other one (group-local ranks). Sizes are element
+    counts per dimension, one tuple per tensor; dtypes torch's scalar names (``Float``).
+    Times are ns since the Unix epoch; discovery times None when unknown (0 in JSON).
+    ``state`` is torch's (``scheduled``|``started``|``completed``); gloo entries stay
+    ``scheduled`` and get ``retired`` when the work finishes (torch 2.13, checked here).
+    """
+
+    record_id: int
+    pg_id: int
+    group: str
+    group_desc: str
+    collective_seq_id: int
+    p2p_seq_id: int
+    op_id: int
+    profiling_name: str
+    backend: str
+    op: str
+    self_local: Optional[int]
+    peer_local: Optional[int]
+    is_p2p: bool
+    input_sizes: Tuple[Tuple[int, ...], ...]
+    input_dtypes: Tuple[str, ...]
+    output_sizes: Tuple[Tuple[int, ...], ...]
+    output_dtypes: Tuple[str, ...]
+    state: str
+    retired: bool
+    timeout_ms: int
+    time_created_ns: int
+    time_discovered_started_ns: Optional[int]
+    time_discovered_completed_ns: Optional[int]
+    duration_ms: Optional[float]
+    thread_name: str
+    thread_id: str
+    frames: Tuple[FrFrame, ...]
+
+
+@dataclass(frozen=True)
+class FrDump:
+    """One rank's dump. ``rank`` is global (-1 unknown); ``pid`` 0 when unknown."""
+
+    path: str
+    rank: int
+    version: str
+    comm_lib_version: str
+    pg_config: Dict[str, FrGroup]
+    pg_status: Dict[int, FrPgStatus]
+    entries: Tuple[FrEntry, ...]
+    host: str = ""
+    pid: int = 0
+    world_size: int = -1
+    written_wall_ns: int = 0
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Admits only torch's list-building helpers; refuses every other global."""
+
+    def __init__(self, data: bytes, path: str) -> None:
+        super().__init__(io.BytesIO(data))
+        self._path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch.jit._pickle" and name in _LIST_BUILDERS:
+            return list
+        raise UnsafePickleError(self._path, "pickle refers to %s.%s, which a Flight Recorder dump never "
+                                "contains; refused (nothing was executed)" % (module, name))
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafePickleError(self._path, "pickle uses persistent ids; refused")
+
+
+def _int(v: Any, default: int = 0) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+def _opt_int(v: Any) -> Optional[int]:
+    """None for None and for 0 (JSON writes 0 for 'not discovered')."""
+    i = _int(v, 0)
+    return i or None
+
+
+def _sizes(v: Any) -> Tuple[Tuple[int, ...], ...]:
+    if not isinstance(v, (list, tuple)):
+        return ()
+    return tuple(tuple(_int(d) for d in s) if isinstance(s, (list, tuple)) else (_int(s),) for s in v)
+
+
+def _strs(v: Any) -> Tuple[str, ...]:
+    return tuple(str(x) for x in v) if isinstance(v, (list, tuple)) else ()
+
+
+def split_profiling_name(name: str) -> Tuple[str, str, Optional[int], Optional[int]]:
+    """``(backend, op, self_local, peer_local)`` of a ``profiling_name``.
+
+    ``gloo:all_reduce`` -> ('gloo', 'all_reduce', None, None); ``nccl:send 1->2`` ->
+    ('nccl', 'send', 1, 2); ``nccl:recv 3<-0`` -> ('nccl', 'recv', 3, 0). A name without a
+    ``backend:`` prefix gets backend ''.
+    """
+    backend, sep, rest = name.partition(":")
+    if not sep:
+        backend, rest = "", name
+    m = _P2P_RE.match(rest.strip())
+    if m:
+        return backend, m.group(1), int(m.group(2)), int(m.group(4))
+    return backend, rest.strip(), None, None
+
+
+def _entry(d: Dict[str, Any]) -> FrEntry:
+    pg = d.get("process_group") or ("", "")
+    pg = list(pg) + ["", ""]
+    backend, op, me, peer = split_profiling_name(str(d.get("profiling_name") or ""))
+    frames = tuple(FrFrame(str(f.get("name", "")), str(f.get("filename", "")), _int(f.get("line")))
+                   for f in (d.get("frames") or ()) if isinstance(f, dict))
+    dur = d.get("duration_ms")
+    return FrEntry(
+        record_id=_int(d.get("record_id")), pg_id=_int(d.get("pg_id"), -1),
+        group=str(pg[0]), group_desc=str(pg[1]),
+        collective_seq_id=_int(d.get("collective_seq_id")), p2p_seq_id=_int(d.get("p2p_seq_id")),
+        op_id=_int(d.get("op_id")), profiling_name=str(d.get("profiling_name") or ""),
+        backend=backend, op=op, self_local=me, peer_local=peer,
+        is_p2p=bool(d.get("is_p2p", peer is not None)),
+        input_sizes=_sizes(d.get("input_sizes")), input_dtypes=_strs(d.get("input_dtypes")),
+        output_sizes=_sizes(d.get("output_sizes")), output_dtypes=_strs(d.get("output_dtypes")),
+        state=str(d.get("state") or ""), retired=bool(d.get("retired", False)),
+        timeout_ms=_int(d.get("timeout_ms")), time_created_ns=_int(d.get("time_created_ns")),
+        time_discovered_started_ns=_opt_int(d.get("time_discovered_started_ns")),
+        time_discovered_completed_ns=_opt_int(d.get("time_discovered_completed_ns")),
+        duration_ms=float(dur) if isinstance(dur, (int, float)) else None,
+        thread_name=str(d.get("thread_name") or ""), thread_id=str(d.get("thread_id") or ""),
+        frames=frames)
+
+
+def _ranks(v: Any) -> Optional[Tuple[int, ...]]:
+    """``ranks`` of a pg_config item: a string like ``"[0, 1]"`` (torch) or a list."""
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return None
+    if isinstance(v, (list, tuple)) and v:
+        try:
+            return tuple(int(x) for x in v)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _decode(data: bytes, path: str) -> Any:
+    if data[:1] == b"\x80":
+        try:
+            return _SafeUnpickler(data, path).load()
+        except FlightRecordError:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
+                AttributeError, MemoryError) as e:
+            raise FlightRecordError(path, "truncated or corrupt pickle (%s: %s)" % (type(e).__name__, e))
+    head = data.lstrip()[:1]
+    if head in (b"{", b"["):
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            raise FlightRecordError(path, "truncated or corrupt JSON (%s)" % e)
+    raise FlightRecordError(path, "not a Flight Recorder dump (neither a pickle nor JSON)",
+                            "remove the file from the directory, or pass the directory holding the dumps")
+
+
+def parse_fr_bytes(data: bytes, path: str, rank: int = -1, host: str = "", pid: int = 0,
+                   world_size: int = -1, written_wall_ns: int = 0) -> FrDump:
+    """Parse one dump (pickle or JSON bytes) into a ``FrDump``. Pure.
+
+    Raises ``UnsafePickleError`` (a global other than torch's list builders),
+    ``UnsupportedFrVersionError`` (version not 2.x), ``FlightRecordError`` (truncated,
+    corrupt or foreign data); each names ``path``.
+    """
+    obj = _decode(data, path)
+    if isinstance(obj, list):  # pre-2024: a bare list of entries
+        obj = {"version": "1.0-bare-list", "entries": obj}
+    if not isinstance(obj, dict):
+        raise FlightRecordError(path, "expected a dict or a list at top level, got %s" % type(obj).__name__)
+    version = str(obj.get("version", ""))
+    if version != "1.0-bare-list":
+        major = version.split(".")[0]
+        if major != "2":
+            raise UnsupportedFrVersionError(path, "Flight Recorder dump version %r is not supported"
+                                            % (version or "(none)"))
+    raw_entries = obj.get("entries") or []
+    if not isinstance(raw_entries, list):
+        raise FlightRecordError(path, "'entries' is not a list")
+    entries = tuple(_entry(e) for e in raw_entries if isinstance(e, dict))
+    cfg: Dict[str, FrGroup] = {}
+    for key, g in (obj.get("pg_config") or {}).items():
+        if isinstance(g, dict) and (g.get("name") or key):
+            cfg[str(g.get("name") or key)] = FrGroup(str(g.get("name") or key), str(g.get("desc") or ""),
+                                                     _ranks(g.get("ranks")))
+    status: Dict[int, FrPgStatus] = {}
+    for key, s in (obj.get("pg_status") or {}).items():
+        if isinstance(s, dict):
+            status[_int(key, -1)] = FrPgStatus(_int(s.get("last_enqueued_collective"), -1),
+                                               _int(s.get("last_started_collective"), -1),
+                                               _int(s.get("last_completed_collective"), -1))
+    lib = obj.get("comm_lib_version", obj.get("nccl_version", ""))
+    return FrDump(path=path, rank=rank, version=version, comm_lib_version=str(lib or ""), pg_config=cfg,
+                  pg_status=status, entries=entries, host=host, pid=pid, world_size=world_size,
+                  written_wall_ns=written_wall_ns)
+
+
+def find_fr_files(directory: str) -> List[str]:
+    """Paths of Flight Recorder dumps in ``directory`` and in ``directory/fr`` (sorted)."""
+    out = []
+    for d in (directory, os.path.join(directory, "fr")):
+        for p in sorted(glob.glob(os.path.join(d, "*"))):
+            b = os.path.basename(p)
+            if not os.path.isfile(p) or b.endswith(".meta.json") or b.endswith(".tmp"):
+                continue
+            if TORCH_NAME_RE.match(b) or (d.endswith("fr") and AGENT_NAME_RE.match(b)):
+                out.append(p)
+    return out
+
+
+def read_fr_file(path: str) -> FrDump:
+    """Read one dump file. Identity: rank from a torch file name, else from our sidecar
+    ``<host>-<pid>.meta.json``. Raises ``FlightRecordError`` (and subclasses), naming it."""
+    try:
+        st = os.stat(path)
+        if st.st_size > MAX_FILE_BYTES:
+            raise FlightRecordError(path, "file of %d bytes is larger than any Flight Recorder dump" % st.st_size)
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise FlightRecordError(path, "unreadable (%s)" % e, "check the file's permissions")
+    if not data:
+        raise FlightRecordError(path, "empty file (the dump was interrupted)")
+    base = os.path.basename(path)
+    rank, host, pid, world = -1, "", 0, -1
+    m = TORCH_NAME_RE.match(base)
+    if m:
+        rank = int(m.group(1))
+    else:
+        m = AGENT_NAME_RE.match(base)
+        if m:
+            host, pid = m.group(1), int(m.group(2))
+            try:
+                with open(os.path.join(os.path.dirname(path), "%s-%d.meta.json" % (host, pid)), "rb") as f:
+                    meta = json.loads(f.read())
+                rank, world = _int(meta.get("rank"), -1), _int(meta.get("world_size"), -1)
+            except (OSError, ValueError, AttributeError):
+                pass
+    return parse_fr_bytes(data, path, rank=rank, host=host, pid=pid, world_size=world,
+                          written_wall_ns=st.st_mtime_ns)
+
+
+def load_fr_dir(directory: str, errors: Optional[List[str]] = None) -> List[FrDump]:
+    """Every readable dump of ``directory`` (see ``find_fr_files``), ordered by rank.
+
+    A file that cannot be read adds one line (problem and remedy) to ``errors`` and the
+    other files are still read. Never raises for a bad file.
+    """
+    dumps = []
+    for p in find_fr_files(directory):
+        try:
+            dumps.append(read_fr_file(p))
+        except FlightRecordError as e:
+            if errors is not None:
+                errors.append("%s (remedy: %s)" % (e, e.remedy))
+    dumps.sort(key=lambda d: (d.rank < 0, d.rank, d.path))
+    return dumps
+
+
+def snapshot_with_fr(path: str, snap: Any = None) -> Any:
+    """``snap`` (a ``Snapshot`` or None) with the Flight Recorder dumps of ``path`` joined.
+
+    None and dumps present -> a Snapshot of the dumps alone (``taken_wall_ns`` = newest
+    dump's mtime). No dumps -> ``snap`` unchanged. Unreadable dumps add lines to ``errors``.
+    """
+    if not find_fr_files(path):
+        return snap
+    from hangtrace.tracer.analyze.frmerge import fr_processes, join_fr
+    from hangtrace.tracer.snapshot import Snapshot
+    errors: List[str] = []
+    dumps = load_fr_dir(path, errors)
+    if snap is None:
+        return Snapshot(run_dir=os.path.abspath(path), reason="offline", processes=fr_processes(dumps),
+                        taken_wall_ns=max([d.written_wall_ns for d in dumps] or [0]), errors=errors)
+    return dataclasses.replace(snap, processes=join_fr(list(snap.processes), dumps),
+                               errors=list(snap.errors) + errors)
+
+
+def load_run_or_fr(path: str) -> Any:
+    """``rings.load_run(path)`` joined with the dumps in ``path``; the dumps alone when the
+    directory has no ring file. Raises what ``load_run`` raises when it has neither."""
+    from hangtrace.tracer.collect.rings import load_run
+    from hangtrace.tracer.errors import RunDirError
+    try:
+        # with dumps to join, every record (they are aligned with torch's entries by time)
+        snap = load_run(path, records=bool(find_fr_files(path)))
+    except RunDirError:
+        if not find_fr_files(path):
+            raise
+        snap = None
+    return snapshot_with_fr(path, snap)
