@@ -71,13 +71,7 @@ def grow_file(path: str, old: Any, old_nslots: int, old_strtab_off: int, strtab_
         mm[strtab_off:strtab_off + strtab_used] = old[old_strtab_off:old_strtab_off + strtab_used]
         os.rename(tmp, path)
     except BaseException:
-        if mm is not None:
-            mm.close()
-        os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        F.discard_partial(fd, mm, tmp)
         raise
     return fd, mm, strtab_off, reserved
 

@@ -153,6 +153,18 @@ def _write_identity(mm: mmap.mmap) -> None:
     PHASE.pack_into(mm, PHASE_OFF, 0, 0, -1)
 
 
+def discard_partial(fd: int, mm: "mmap.mmap | None", tmp: str) -> None:
+    """Undo a ring file being built under the temporary name ``tmp``: unmap, close, unlink
+    (each step best effort: this runs while an error propagates)."""
+    if mm is not None:
+        mm.close()
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
 def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE,
                 strtab_reserve: int = STRTAB_CHUNK) -> "tuple[int, mmap.mmap, int]":
     """Create a ring file and map it; return ``(fd, mmap, strtab_off)``.
@@ -197,13 +209,7 @@ def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE,
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             os.rename(tmp, path)
     except BaseException:
-        if mm is not None:
-            mm.close()
-        os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        discard_partial(fd, mm, tmp)
         raise
     try:
         os.unlink(tmp)
