@@ -1,4 +1,4 @@
-"""``hangtrace`` command line: run | dump | analyze | attach | records | timeline | env | env-diff.
+"""``hangtrace`` command line: run | dump | analyze | attach | records | timeline | env | env-diff | gc.
 
 Exit codes: 0 done; 1 internal bug (traceback printed); 2 usage or generic user error;
 3 unreadable ring file; 4 run directory or snapshot missing/empty; 5 no processes
@@ -11,7 +11,8 @@ import argparse
 import os
 import shlex
 import sys
-from typing import TYPE_CHECKING, Any, FrozenSet, List, Optional, Set
+import time
+from typing import TYPE_CHECKING, Any, Callable, FrozenSet, List, Optional, Set
 
 from .tracer import config
 from .tracer.errors import HangtraceError, RunDirError
@@ -235,6 +236,60 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+
+# --- gc (issue 13) ---------------------------------------------------------------------------
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Delete old run directories per the retention policy (never a live run or a named one)."""
+    from .tracer.watch import housekeeping as hk
+    from .tracer.watch.retention import MIB, plan
+    explicit = args.dir is not None
+    base = os.path.abspath(args.dir) if explicit else hk.default_base()
+    if not os.path.isdir(base):
+        raise RunDirError("%s is not a directory" % base, "pass --dir with the directory that holds run directories")
+    if explicit and hk.is_run_dir(base):
+        raise HangtraceError("--dir %s is itself a run directory" % base,
+                             "pass the directory that holds run directories (its parent), or remove "
+                             "this one run with rm -r")
+    pol = hk.policy_from_env(keep=args.keep, max_mb=args.max_mb)
+    now = time.time()
+    p = plan(hk.scan(base, explicit), pol, now)
+    for d in p.decisions:
+        print("%-6s %9.1f MiB  %8s  %s  (%s)" % ("delete" if d.delete else "keep", d.run.disk_bytes / MIB,
+                                                _age(now - d.run.last_active_s), d.run.path, d.reason))
+    n = len(p.to_delete)
+    if args.dry_run:
+        print("dry run: would delete %d of %d run(s) in %s, freeing %.1f MiB; %.1f MiB kept"
+              % (n, len(p.decisions), base, p.freed_bytes / MIB, p.kept_bytes / MIB))
+        return 0
+    res = hk.execute(p)
+    for path in res.spared:
+        print("spared %s (came alive or was written since the plan)" % path)
+    for e in res.errors:
+        _err("could not delete: %s" % e)
+    print("deleted %d of %d run(s) in %s, freed %.1f MiB" % (len(res.deleted), len(p.decisions), base,
+                                                          res.freed_bytes / MIB))
+    return 2 if res.errors else 0
+
+
+def _age(seconds: float) -> str:
+    s = max(0.0, seconds)
+    for unit, div in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= div:
+            return "%.1f %s" % (s / div, unit)
+    return "%.0f s" % s
+
+
+def _non_negative(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not a number" % text) from None
+        if v < 0:
+            raise argparse.ArgumentTypeError("must be >= 0, got %r" % text)
+        return v
+    return parse
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -316,6 +371,16 @@ def build_parser() -> argparse.ArgumentParser:
     ed.add_argument("run_dir", metavar="RUN_DIR")
     ed.add_argument("--json", action="store_true")
     ed.set_defaults(fn=cmd_env_diff)
+
+    g = sub.add_parser("gc", help="delete old run directories (keeps live runs and directories you named)")
+    g.add_argument("--keep", type=_non_negative(int), default=None,
+                   help="newest runs kept (HANGTRACE_GC_KEEP, default 20)")
+    g.add_argument("--max-mb", type=_non_negative(float), default=None,
+                   help="MiB on disk all runs may take (HANGTRACE_GC_MAX_MB, default 2000)")
+    g.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
+    g.add_argument("--dir", default=None, metavar="BASE", help="directory holding run directories "
+                   "(default: $TMPDIR, only hangtrace-<time>-<pid> directories hangtrace named itself)")
+    g.set_defaults(fn=cmd_gc)
     return p
 
 

@@ -80,6 +80,14 @@ TIMELINE = "HANGTRACE_TIMELINE"
 DEEP = "HANGTRACE_DEEP"
 #: Entries of the deep trace's ring buffer (viztracer ``tracer_entries``; oldest dropped).
 DEEP_ENTRIES = "HANGTRACE_DEEP_ENTRIES"
+#: "0": ``hangtrace run`` does not clean old run directories when it starts a run in the
+#: default location (issue 13). Default "1": it applies the retention policy below there.
+GC = "HANGTRACE_GC"
+#: Retention (``hangtrace gc --keep``, and ``hangtrace run``'s automatic clean-up): the newest
+#: this many runs in the default location are kept (default 20).
+GC_KEEP = "HANGTRACE_GC_KEEP"
+#: Retention (``hangtrace gc --max-mb``): MiB on disk all runs together may take (default 2000).
+GC_MAX_MB = "HANGTRACE_GC_MAX_MB"
 #: Test-only fault injection: "recorder" makes the collective recorder raise on
 #: every call (the traced program must not notice).
 FAULT = "HANGTRACE_FAULT_INJECT"
@@ -95,6 +103,8 @@ DEFAULTS = {
     MEM_INTERVAL_S: 1.0,
     MEM_CUDA_HISTORY: "0",
     DEEP_ENTRIES: 200000,
+    GC_KEEP: 20,
+    GC_MAX_MB: 2000.0,
 }
 
 
@@ -150,6 +160,12 @@ def timeline_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True unless ``HANGTRACE_TIMELINE`` is "0" (timeline.json at each incident, issue 11)."""
     env = os.environ if environ is None else environ
     return env.get(TIMELINE, "1").strip() not in ("0", "false", "no", "off")
+
+
+def gc_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """True unless ``HANGTRACE_GC`` is "0" (automatic clean-up of old runs, issue 13)."""
+    env = os.environ if environ is None else environ
+    return env.get(GC, "1").strip() not in ("0", "false", "no", "off")
 
 
 def deep_selection(environ: Optional[Mapping[str, str]] = None) -> Optional[Tuple[FrozenSet[int], FrozenSet[str]]]:

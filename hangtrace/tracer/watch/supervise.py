@@ -112,6 +112,10 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
         extra[config.DEEP] = opts.deep
     child = _start(cmd, run_dir, run_id, opts.stall_s, created, extra)
     log("run directory %s" % run_dir)
+    pidfile = _write_run_pidfile(run_dir)  # issue 13: `hangtrace gc` keeps this run while we run
+    if not opts.run_dir:  # issue 13: old runs in the default location, per the retention policy
+        from hangtrace.tracer.watch.housekeeping import auto_prune
+        auto_prune(log)
     interrupts: List[int] = []  # signals received from the user (Ctrl-C, kill)
 
     def forward(signum: int, frame: Any) -> None:
@@ -169,7 +173,24 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             signal.signal(s, h)
         if child.poll() is None:
             stop(child)
+        if pidfile:
+            try:
+                os.unlink(pidfile)
+            except OSError:
+                pass
     return exit_status(rc)
+
+
+def _write_run_pidfile(run_dir: str) -> Optional[str]:
+    """Write ``RUN_DIR/run-<host>.pid`` (this process's pid) so that `hangtrace gc` sees the
+    run as alive even before the job's first traced process writes its ring; its path or None."""
+    path = os.path.join(run_dir, "run-%s.pid" % os.uname().nodename)
+    try:
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+        return path
+    except OSError:
+        return None
 
 
 def report(snap_path: str, run_dir: str, paragraph: str) -> None:

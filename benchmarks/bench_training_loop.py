@@ -1,0 +1,328 @@
+"""Tracing on a real training loop (issue 13): step time and run-directory size, side by side.
+
+A DDP training loop (gloo, 2 ranks = 2 real processes, an MLP, ``torch.set_num_threads(1)``)
+runs ``--epochs`` epochs of ``--steps`` steps; its ``DataLoader(num_workers=2)`` is created
+anew each epoch, so every epoch forks two worker processes per rank (what issue 13 saw). Each
+step: forward, backward (DDP's C++ gradient all-reduce), optimizer step, and a loss
+``all_reduce`` for logging (a Python-API collective hangtrace records), inside
+``tracer.phase("train")`` with ``tracer.step(n)`` (no-ops untraced).
+
+Variants, interleaved round by round (the order rotates each round, ``--rounds`` rounds):
+
+  base       HANGTRACE unset
+  ht         HANGTRACE=1 (C recorder when built, memory sampler on): what a user gets
+  ht-mem0    HANGTRACE=1 HANGTRACE_MEM=0: the memory sampler's share
+  ht-pure    HANGTRACE=1 HANGTRACE_PURE_PYTHON=1: the pure-Python recorder's share
+
+Reported per variant: the median over rounds of (a) the median step time (rank 0; the first
+step of each epoch excluded, it waits for the new workers) and (b) the mean step time
+(loop wall time / steps: includes the workers' start-up), min-max spread, and the added
+percentage against ``base``. Where the time goes, measured directly inside rank 0:
+first-batch latency of each epoch (worker start-up as the loop sees it), fork+exit of a bare
+child (the after-fork handler: new ring, lifecycle hooks, sampler thread), ``create_ring``
+alone, and one ``all_reduce`` through hangtrace's wrapper vs ``__wrapped__`` (ABBA batches).
+
+Then, unless ``--no-footprint``: one traced run of ``--footprint-epochs`` (30) epochs, and the
+run directory's size on disk (``du -s --block-size=1``) and apparent size.
+
+With ``transformers`` and ``accelerate`` importable, a Hugging Face ``Trainer`` row: GPT-2
+built from a tiny ``GPT2Config`` (never downloaded), same 2 ranks, gloo, ``dataloader_num_
+workers=2``, base vs ht, ``--hf-rounds`` rounds; the row is skipped with the reason otherwise.
+
+Usage::
+
+    python benchmarks/bench_training_loop.py [--rounds 3] [--epochs 5] [--steps 40] [--out r.json]
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.abspath(__file__)
+VARIANTS = {"base": {}, "ht": {"HANGTRACE": "1"}, "ht-mem0": {"HANGTRACE": "1", "HANGTRACE_MEM": "0"},
+            "ht-pure": {"HANGTRACE": "1", "HANGTRACE_PURE_PYTHON": "1"}}
+
+
+# --- children ----------------------------------------------------------------------------
+def _abba(fn_a, fn_b, batches: int = 30, calls: int = 100) -> tuple[float, float]:
+    """Median ns per call of fn_a and fn_b, batches in ABBA order."""
+    a, b = [], []
+    for i in range(batches):
+        for which in ((fn_a, a), (fn_b, b)) if i % 2 == 0 else ((fn_b, b), (fn_a, a)):
+            t = time.perf_counter_ns()
+            for _ in range(calls):
+                which[0]()
+            which[1].append((time.perf_counter_ns() - t) / calls)
+    return statistics.median(a), statistics.median(b)
+
+
+def _breakdown(dist, torch) -> dict:
+    """Rank 0 only: fork+exit of a bare child, ring creation, per-collective cost."""
+    out = {}
+    times = []
+    for _ in range(20):
+        t = time.perf_counter_ns()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        times.append(time.perf_counter_ns() - t)
+    out["fork_exit_us"] = statistics.median(times) / 1e3
+    from hangtrace.tracer.ring.layout import create_ring
+    with tempfile.TemporaryDirectory() as d:
+        times = []
+        for i in range(20):
+            t = time.perf_counter_ns()
+            fd, mm, _ = create_ring(os.path.join(d, "r%d" % i), 16384)
+            times.append(time.perf_counter_ns() - t)
+            mm.close()
+            os.close(fd)
+        out["create_ring_us"] = statistics.median(times) / 1e3
+    return out
+
+
+def child_train(a: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from hangtrace import tracer
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                                    torch.nn.ReLU(), torch.nn.Linear(1024, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    n = a.steps * 32
+    ds = TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
+    steps, first, epochs = [], [], []
+    step = 0
+    for _ in range(a.epochs):
+        te = time.perf_counter_ns()
+        loader = DataLoader(ds, batch_size=32, num_workers=2, shuffle=False)  # new workers each epoch
+        t = time.perf_counter_ns()
+        for i, (x, y) in enumerate(loader):
+            tracer.step(step)
+            with tracer.phase("train"):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                dist.all_reduce(loss.detach())
+            now = time.perf_counter_ns()
+            (first if i == 0 else steps).append(now - t)
+            t, step = now, step + 1
+        epochs.append(time.perf_counter_ns() - te)
+    res = {"rank": rank, "step_median_ms": statistics.median(steps) / 1e6,
+           "step_mean_ms": (sum(epochs) / step) / 1e6, "first_batch_ms": statistics.median(first) / 1e6}
+    one = torch.ones(1)
+    # torch's own decorator also sets __wrapped__: only hangtrace's wrapper is compared
+    wrapped = getattr(dist.all_reduce, "__wrapped__", None) if os.environ.get("HANGTRACE") else None
+    if wrapped is not None:  # both ranks are traced alike: the same calls in the same order
+        w, u = _abba(lambda: dist.all_reduce(one), lambda: wrapped(one))
+        res["allreduce_added_us"] = (w - u) / 1e3
+    dist.barrier()
+    if rank == 0 and not a.no_breakdown:  # its forks would add rings to the footprint run
+        res.update(_breakdown(dist, torch))
+    dist.barrier()
+    print("RESULT " + json.dumps(res), flush=True)
+    dist.destroy_process_group()
+
+
+def child_hf(a: argparse.Namespace) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=512, n_positions=64, n_embd=64, n_layer=2, n_head=2)
+    model = GPT2LMHeadModel(cfg)
+
+    class DS(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return a.steps * 8 * 2
+
+        def __getitem__(self, i: int) -> dict:
+            g = torch.Generator().manual_seed(i)
+            ids = torch.randint(0, 512, (64,), generator=g)
+            return {"input_ids": ids, "labels": ids}
+
+    times = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *args, **kw):  # type: ignore[no-untyped-def]
+            self.t = time.perf_counter_ns()
+
+        def on_step_end(self, *args, **kw):  # type: ignore[no-untyped-def]
+            times.append(time.perf_counter_ns() - self.t)
+
+    targs = TrainingArguments(output_dir=a.hf_out, per_device_train_batch_size=8, num_train_epochs=a.epochs,
+                              dataloader_num_workers=2, ddp_backend="gloo", use_cpu=True, report_to=[],
+                              save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    tr = Trainer(model=model, args=targs, train_dataset=DS(), callbacks=[Timer()])
+    out = tr.train()
+    if int(os.environ["RANK"]) == 0:
+        print("RESULT " + json.dumps({"step_median_ms": statistics.median(times) / 1e6,
+                                      "train_runtime_s": out.metrics["train_runtime"],
+                                      "steps": len(times), "loss": out.training_loss}), flush=True)
+
+
+# --- parent ------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(kind: str, extra: dict, a: argparse.Namespace, run_dir: str, epochs: int,
+           footprint: bool = False) -> dict:
+    """Run the 2-rank job once; returns rank 0's RESULT dict. Raises SystemExit on failure."""
+    port = _free_port()
+    procs = []
+    for r in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
+        env.update(extra, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), HANGTRACE_DIR=run_dir, HANGTRACE_AUTO_WATCH="0",
+                   TORCH_FR_BUFFER_SIZE="0", OMP_NUM_THREADS="1")
+        cmd = [sys.executable, HERE, "--child", kind, "--epochs", str(epochs), "--steps", str(a.steps),
+               "--hf-out", os.path.join(run_dir, "hf-out")] + (["--no-breakdown"] if footprint else [])
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        outs = [p.communicate(timeout=1800) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (o, e) in zip(procs, outs):
+        if p.returncode != 0:
+            raise SystemExit("%s %s failed (%d):\n%s" % (kind, extra, p.returncode, e[-3000:]))
+    res = [json.loads(l[7:]) for o, _ in outs for l in o.splitlines() if l.startswith("RESULT ")]
+    return next(r for r in res if r.get("rank", 0) == 0)
+
+
+def disk_usage(path: str) -> tuple[int, int, int]:
+    """(bytes on disk per ``du -s --block-size=1``, apparent bytes, ring files)."""
+    on_disk = int(subprocess.run(["du", "-s", "--block-size=1", path], capture_output=True, text=True,
+                                 check=True).stdout.split()[0])
+    apparent = int(subprocess.run(["du", "-s", "--block-size=1", "--apparent-size", path], capture_output=True,
+                                  text=True, check=True).stdout.split()[0])
+    rings = sum(1 for f in os.listdir(path) if f.startswith("ring-"))
+    return on_disk, apparent, rings
+
+
+def _spread(xs: list) -> str:
+    return "%.3f (%.3f-%.3f)" % (statistics.median(xs), min(xs), max(xs))
+
+
+def _rows(results: dict, keys: tuple, base: str) -> list:
+    lines = []
+    b = {k: statistics.median(r[k] for r in results[base]) for k in keys}
+    for name, rs in results.items():
+        cells = []
+        for k in keys:
+            xs = [r[k] for r in rs]
+            added = "" if name == base else " (%+.1f %%)" % (100 * (statistics.median(xs) / b[k] - 1))
+            cells.append(_spread(xs) + added)
+        lines.append("| %s | %s |" % (name, " | ".join(cells)))
+    return lines
+
+
+def parent(a: argparse.Namespace) -> dict:
+    report: dict = {"args": vars(a), "loop": {}, "hf": None, "footprint": None}
+    names = list(VARIANTS) if not a.variants else a.variants.split(",")
+    root = tempfile.mkdtemp(prefix="bench-training-")
+    loop = {n: [] for n in names}
+    for rnd in range(a.rounds):
+        order = names[rnd % len(names):] + names[:rnd % len(names)]
+        for n in order:
+            d = os.path.join(root, "%s-%d" % (n, rnd))
+            loop[n].append(launch("train", VARIANTS[n], a, d, a.epochs))
+            print("round %d %-8s %s" % (rnd, n, loop[n][-1]), file=sys.stderr, flush=True)
+    report["loop"] = loop
+    print("\n### Step time, DDP loop (2 ranks, gloo, MLP, %d epochs x %d steps, DataLoader(num_workers=2) "
+          "re-created each epoch), %d interleaved rounds: median (min-max) over rounds\n" % (a.epochs, a.steps, a.rounds))
+    print("| variant | median step (ms) | mean step incl. worker start-up (ms) | first batch of an epoch (ms) |")
+    print("|---|---|---|---|")
+    print("\n".join(_rows(loop, ("step_median_ms", "step_mean_ms", "first_batch_ms"), names[0])))
+    print("\n### Where the time goes (rank 0, measured directly; median over rounds)\n")
+    print("| variant | fork+exit of a bare child (µs) | create_ring, 16384 slots (µs) | all_reduce added by the wrapper (µs) |")
+    print("|---|---|---|---|")
+    for n, rs in loop.items():
+        rs = [r for r in rs if "fork_exit_us" in r]
+        ar = [r["allreduce_added_us"] for r in rs if "allreduce_added_us" in r]
+        print("| %s | %.0f | %.0f | %s |" % (n, statistics.median(r["fork_exit_us"] for r in rs),
+                                           statistics.median(r["create_ring_us"] for r in rs),
+                                           "%.1f" % statistics.median(ar) if ar else "–"))
+    if not a.no_hf:
+        report["hf"] = hf_rows(a, root)
+    if not a.no_footprint:
+        d = os.path.join(root, "footprint")
+        launch("train", VARIANTS["ht"], a, d, a.footprint_epochs, footprint=True)
+        on_disk, apparent, rings = disk_usage(d)
+        report["footprint"] = {"on_disk": on_disk, "apparent": apparent, "rings": rings}
+        print("\n### Run directory after a traced %d-epoch loop (2 ranks, num_workers=2 re-created each epoch)\n"
+              % a.footprint_epochs)
+        print("| ring files | on disk (`du -s --block-size=1`) | apparent size | target |\n|---|---|---|---|")
+        print("| %d | %.1f MB | %.1f MB | < 20 MB on disk: %s |" % (rings, on_disk / 1e6, apparent / 1e6,
+                                                                 "met" if on_disk < 20e6 else "NOT met"))
+    if not a.keep:
+        subprocess.run(["rm", "-rf", root])
+    return report
+
+
+def hf_rows(a: argparse.Namespace, root: str) -> dict:
+    try:
+        import accelerate  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        print("\n### Hugging Face Trainer: skipped (%s; pip install transformers accelerate)" % e)
+        return {"skipped": str(e)}
+    res = {"base": [], "ht": []}
+    for rnd in range(a.hf_rounds):
+        for n in (("base", "ht") if rnd % 2 == 0 else ("ht", "base")):
+            res[n].append(launch("hf", VARIANTS[n], a, os.path.join(root, "hf-%s-%d" % (n, rnd)), a.hf_epochs))
+            print("hf round %d %-4s %s" % (rnd, n, res[n][-1]), file=sys.stderr, flush=True)
+    print("\n### Hugging Face Trainer (tiny GPT-2 from GPT2Config, 2 ranks, gloo, dataloader_num_workers=2, "
+          "%d epochs x %d steps), %d interleaved rounds\n" % (a.hf_epochs, a.steps, a.hf_rounds))
+    print("| variant | median step (ms) | Trainer train_runtime (s) |\n|---|---|---|")
+    print("\n".join(_rows(res, ("step_median_ms", "train_runtime_s"), "base")))
+    same = len({round(r["loss"], 6) for r in res["base"] + res["ht"]}) == 1
+    print("\ntraining loss identical in every run: %s" % same)
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--child", choices=("train", "hf"), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--hf-out", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--no-breakdown", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--steps", type=int, default=40, help="steps per epoch")
+    p.add_argument("--variants", default=None, help="comma list of %s" % ",".join(VARIANTS))
+    p.add_argument("--footprint-epochs", type=int, default=30)
+    p.add_argument("--no-footprint", action="store_true")
+    p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--hf-rounds", type=int, default=3)
+    p.add_argument("--hf-epochs", type=int, default=3)
+    p.add_argument("--keep", action="store_true", help="keep the run directories (printed on stderr)")
+    p.add_argument("--out", default=None, help="write all figures as JSON")
+    a = p.parse_args()
+    if a.child == "train":
+        return child_train(a)
+    if a.child == "hf":
+        return child_hf(a)
+    report = parent(a)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
