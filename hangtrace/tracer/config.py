@@ -208,8 +208,10 @@ def helper_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     env[HELPER] = "1"
     return env
 
-#: Flight Recorder capture (issue 10): "0" turns it off. Otherwise (default "1") a traced
-#: process turns torch's Flight Recorder on when the user has not configured it
+
+#: Flight Recorder capture agent (issue 10, ``hooks/fr_agent.py``): "0" turns it off. When
+#: started, it turns torch's Flight Recorder on if the user has not configured it
 #: (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE`` unset: 2000 entries, torch's
-#: own default) and runs an agent thread that dumps it into ``RUN_DIR/fr/`` on request.
+#: own default) and runs a thread that dumps it into ``RUN_DIR/fr/`` on request. Not yet
+#: started by the bootstrap nor requested by the collector: only its own tests use it.
 FR = "HANGTRACE_FR"
