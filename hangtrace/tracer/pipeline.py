@@ -90,11 +90,32 @@ def diagnose_snapshot(snap: Snapshot, store: bool = False) -> Result:
     from hangtrace.tracer.analyze.diagnose import diagnose
     from hangtrace.tracer.report.text import text_report, verdict_paragraph
     diag = diagnose(snap)
+    env_section = _environment(snap, diag)
     if store:
         from hangtrace.tracer.collect.rings import write_diagnosis
-        write_diagnosis(snap, diag, text_report(diag, snap))
+        text = text_report(diag, snap)
+        write_diagnosis(snap, diag, text + ("\n" + env_section + "\n" if env_section else ""))
         write_timeline(snap, diag)
     return Result(snap, diag, verdict_paragraph(diag))
+
+
+def _environment(snap: Snapshot, diag: Diagnosis) -> str:
+    """Issue 12: the culprits' library/environment differences and a crashing native frame
+    appended to ``diag.evidence``; returns the text report's section ("" when nothing
+    differs or the run has no environment records). Never raises."""
+    try:
+        from hangtrace.tracer.analyze.envdiff import diff_env
+        from hangtrace.tracer.collect.forensics import run_env, verdict_evidence
+        from hangtrace.tracer.report.envdiff import environment_section
+        root = snap.path or snap.run_dir
+        if not root or not (os.path.isdir(os.path.join(snap.run_dir or "", "env")) or
+                            os.path.isdir(os.path.join(root, "env"))):
+            return ""
+        envs, _ = run_env(root, enrich_local=False)
+        diag.evidence.extend(verdict_evidence(root, snap.processes, diag.culprit_ranks, envs))
+        return environment_section(diff_env(envs)) if envs else ""
+    except Exception:
+        return ""
 
 
 def write_timeline(snap: Snapshot, diag: Any, log: Log = _stderr_log) -> Optional[str]:

@@ -1,6 +1,7 @@
 """Environment forensics on real jobs (issue 12): two builds of a library and different
 NCCL_* values across two gloo ranks, one then hanging; a rank dying of SIGSEGV inside a
 small C library; secret-looking variables masked in everything we write."""
+import glob
 import json
 import os
 import secrets
@@ -97,6 +98,11 @@ def test_two_builds_and_nccl_values_named_and_secrets_masked(tmp_path) -> None:
         lines = envdiff_evidence(facts, verdict["culprit_ranks"])
         assert len(lines) == 1 and lines[0].startswith("rank 1 runs differently from its peers")
         assert ids[1][:12] in lines[0] and ids[0][:12] in lines[0] and "NCCL_P2P_DISABLE=1 (peers: 0)" in lines[0]
+        # ... and the verdict itself carries it (pipeline), and the text report its section
+        assert lines[0] in verdict["evidence"], verdict["evidence"]
+        snaps = sorted(glob.glob(os.path.join(str(run_dir), "snapshots", "*", "report.txt")))
+        with open(snaps[-1]) as f:
+            assert "Environment differences" in f.read()
         # masked everywhere we write: records, rings, stack files, snapshot, logs; and our output
         for name in secret_vals:
             assert name in text.stdout or name not in js.stdout  # names may show, values never

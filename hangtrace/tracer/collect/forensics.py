@@ -334,16 +334,19 @@ def crash_frame(run_dir: str, host: str, pid: int,
     return fatal_frame_library(text, maps, symbolize, pid=pid)
 
 
-def verdict_evidence(run_dir: str, processes: Sequence, culprit_ranks: Sequence[int]) -> List[str]:
+def verdict_evidence(run_dir: str, processes: Sequence, culprit_ranks: Sequence[int],
+                     envs: Optional[List[E.ProcessEnv]] = None) -> List[str]:
     """The evidence lines issue 12 adds to a verdict, for the one call site after
     ``diagnose``: the culprits' environment differences (``envdiff_evidence``) and, for a
     culprit that died with a fatal-signal dump, the crashing native frame
     ("rank 1 died in libX.so, sym+0x9 (segfault; path +0xOFF)"). ``processes``: the
-    snapshot's ProcessInfo list (host, pid, rank, state, signals). Never raises."""
+    snapshot's ProcessInfo list (host, pid, rank, state, signals); ``envs``: the records
+    when the caller read them already (``run_env``). Never raises."""
     from hangtrace.tracer.analyze.envdiff import envdiff_evidence
     out: List[str] = []
     try:
-        envs, _ = run_env(run_dir)
+        if envs is None:
+            envs, _ = run_env(run_dir, enrich_local=False)
         out += envdiff_evidence(envs, culprit_ranks)
         for p in processes:
             if p.rank in culprit_ranks and p.state != "alive" and "fatal" in (p.signals or {}):
