@@ -239,7 +239,7 @@ def test_env_vars_activate_unmodified_actors_with_identity_and_method_phases(clu
     assert "HANGTRACE in driver: False" in r.stdout           # the driver itself is not traced
     procs = {p.meta.get("ray_actor_name"): p for p in load_run(str(run_dir)).processes}
     def named():
-        ps = {p.meta.get("ray_actor_name"): p for p in load_run(str(run_dir)).processes}
+        ps = {p.meta.get("ray_actor_name"): p for p in load_run(str(run_dir), records=True).processes}
         return ps if "off-1" in ps else None
     procs = wait_until(named, timeout=15)   # the identity-only path records from a thread
     assert {"plain-1", "threaded-1", "async-1", "fallback-1"} <= set(procs), list(procs)
@@ -287,7 +287,7 @@ def test_cp_extra_microbatch(cluster, tmp_path):
     check_verdict(d, "skipped-collective", 1, "trainer-1")
     assert d["phase"] == "train_step" and d["step"] == 2
     # actor method phases in the records of the culprit
-    procs = {p.rank: p for p in load_run(str(run_dir)).processes}
+    procs = {p.rank: p for p in load_run(str(run_dir), records=True).processes}
     names = [r["phase"] for r in procs[1].records if r["kind"] == "phase_enter"]
     assert names[:2] == ["__init__", "address"] or names[0] == "__init__"
     assert {"setup", "train_step", "sync_weights"} <= set(names)

@@ -160,3 +160,24 @@ def test_demo_hang_timeline_with_deep_trace(tmp_path):
               if e["ph"] == "X" and e.get("cat") == "phase" and e["name"] == "train" and e["pid"] == ranks[1]]
     for e in deep:
         assert any(a - 1000 <= e["ts"] <= b + 1000 for a, b in trains), (e, trains)
+
+
+def test_sigkilled_rank_track_ends_at_its_last_record(tmp_path):
+    """train_faults --fault kill-rank (rank 1 SIGKILLs itself mid-step): the incident's
+    timeline.json, written from the rings alone, ends rank 1's track at its last record
+    (not at the snapshot) and marks the death there; rank 0's track goes on."""
+    from test_examples import run_example
+    r = run_example(tmp_path, "kill-rank")
+    paths = sorted(glob.glob(os.path.join(r.run_dir, "snapshots", "*", "timeline.json")))
+    assert paths, r.why()
+    with open(paths[0]) as f:
+        t = json.load(f)
+    pids = _rank_pids(t)
+    assert set(pids) >= {0, 1}, _tracks(t)
+
+    def last_end(pid):
+        return max(e["ts"] + e.get("dur", 0) for e in t["traceEvents"] if e.get("pid") == pid and e["ph"] != "M")
+    deaths = [e for e in t["traceEvents"] if e.get("pid") == pids[1] and e["ph"] == "i" and e.get("cat") == "death"]
+    assert deaths, [e for e in t["traceEvents"] if e.get("pid") == pids[1] and e["ph"] == "i"]
+    assert last_end(pids[1]) <= deaths[0]["ts"] + 1.0   # nothing drawn after its last record
+    assert last_end(pids[0]) > deaths[0]["ts"]          # the survivor's track goes on
