@@ -75,3 +75,21 @@ def test_two_rank_cycle_same_counts_stays_deadlock_with_role_groups():
     b[0].wait("A")
     b[1].wait("B")
     check(diagnose(snap(b)), "cross-group-deadlock", [0, 1])
+
+
+def test_minority_side_counts_every_waiter_of_its_instance():
+    """3 ranks; group A = {0,1,2}, group B = {0,1}; rank 1 entered B first while ranks 0
+    and 2 entered A first: the cycle is 0 <-> 1, but rank 2 waits beside rank 0, so rank 1
+    alone took the other order (blind job mp_group_cycle)."""
+    from synth import R, group, snap, world
+    from hangtrace.tracer.analyze.diagnose import diagnose
+    gs = [world(3), group("A", [0, 1, 2], "gA", 1), group("B", [0, 1], "gB", 2)]
+    b = [R(r, 3, groups=gs) for r in range(3)]
+    for x in b:
+        x.coll("0", n=2)
+    b[0].wait("A")
+    b[2].wait("A")
+    b[1].wait("B")
+    d = diagnose(snap(b))
+    assert (d.kind, d.culprit_ranks) == ("cross-group-deadlock", [1]), d.summary
+    assert d.details["cycle"]["ranks"] == [0, 1]

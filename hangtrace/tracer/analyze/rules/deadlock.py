@@ -3,9 +3,11 @@
 Tarjan's SCC over the wait-for graph: a cycle of ranks waiting on each other through
 instances of two or more groups (or p2p), not explained by an extra collective (rule
 *extra_collective*, checked first). Culprits: every rank of the (largest) cycle, except
-when the ranks of one group/instance form a strict minority (e.g. rank 0 alone in a
-world barrier while 1..7 wait in a DP all_reduce for it): then that minority diverged
-and is named; the whole cycle stays in ``details['cycle']``.
+when one side of the cycle is a strict minority, counting every rank waiting in each
+side's instance, in the cycle or not (e.g. rank 0 alone in a world barrier while 1..7
+wait in a DP all_reduce for it; or ranks 0 and 2 in group A against rank 1 alone in
+group B, 3 ranks that created their groups in different orders): then that minority
+diverged and is named; the whole cycle stays in ``details['cycle']``.
 """
 from __future__ import annotations
 
@@ -38,11 +40,14 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     parts: Dict[Any, List[int]] = {}
     for r in ranks:
         parts.setdefault(ctx.inst_of[r].key, []).append(r)
-    sizes = sorted(len(v) for v in parts.values())
+    # a side's weight: every rank waiting in its instance, in the cycle or not (rank 2
+    # waiting beside rank 0 sides with rank 0 against rank 1, which alone took the other order)
+    weight = {k: len(ctx.inst_of[rs[0]].waiters) or len(rs) for k, rs in parts.items()}
+    sizes = sorted(weight.values())
     culprits = ranks
     minority: Optional[List[int]] = None
     if len(sizes) > 1 and sizes[0] < sizes[1]:
-        minority = min(parts.values(), key=len)
+        minority = parts[min(weight, key=lambda k: weight[k])]
         culprits = minority
     d.kind = Kind.CROSS_GROUP_DEADLOCK
     d.cause = Cause.CYCLE
