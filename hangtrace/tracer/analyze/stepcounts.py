@@ -55,12 +55,16 @@ def per_step(records: Iterable[Mapping[str, Any]], group: str) -> Dict[int, int]
     return dict(c)
 
 
-def _baseline(counts: Mapping[int, int], before: int) -> Optional[int]:
+def _baseline(counts: Mapping[int, int], before: int, whole: bool) -> Optional[int]:
     """The per-step count all complete steps before ``before`` agree on, else None.
-    The first step seen is skipped (the ring may start in the middle of it)."""
-    steps = sorted(s for s in counts if s < before)[1:]
+    ``whole``: the history starts at the process's first record (the ring did not wrap);
+    otherwise the first step seen is skipped (the ring may start in the middle of it) and
+    two steps are needed."""
+    steps = sorted(s for s in counts if s < before)
+    if not whole:
+        steps = steps[1:]
     vals = {counts[s] for s in steps}
-    return vals.pop() if len(steps) >= 2 and len(vals) == 1 else None
+    return vals.pop() if len(steps) >= (1 if whole else 2) and len(vals) == 1 else None
 
 
 def deviations(procs: Mapping[int, ProcessInfo], group: str, ranks: Sequence[int]) -> List[StepDeviation]:
@@ -68,16 +72,19 @@ def deviations(procs: Mapping[int, ProcessInfo], group: str, ranks: Sequence[int
     differs from the baseline shared by all of them. Empty when no common baseline exists.
     The current step of a rank is the step of its newest record on the group."""
     tables: Dict[int, Tuple[Dict[int, int], int]] = {}
+    whole: Dict[int, bool] = {}
     for r in ranks:
         p = procs.get(r)
         if p is None:
             return []
-        counts = per_step(history(p), group)
+        hist = history(p)
+        counts = per_step(hist, group)
         if not counts:
             return []
         tables[r] = (counts, max(counts))
+        whole[r] = bool(hist) and hist[0].get("idx") == 1
     first = min(cur for _, cur in tables.values())
-    bases = {_baseline(counts, first) for counts, _ in tables.values()}
+    bases = {_baseline(counts, first, whole[r]) for r, (counts, _) in tables.items()}
     if len(bases) != 1 or None in bases:
         return []
     base = bases.pop()

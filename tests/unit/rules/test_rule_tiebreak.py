@@ -78,3 +78,18 @@ def test_gloo_size_mismatch_abort_is_a_mismatch_naming_the_dead_rank():
     assert (d.kind, d.cause, d.culprit_ranks) == ("collective-mismatch", "mismatch", [1]), d.summary
     assert sorted(s["numel"] for s in d.details["signatures"]) == [4, 1024]
     assert any("gloo aborts the rank that receives more data" in e for e in d.evidence), d.evidence
+
+
+def test_one_complete_step_is_a_baseline_when_the_ring_holds_the_whole_history():
+    # divergence already in step 2 (blind job tr_dl_extra): step 1 is complete and the ring
+    # starts at record 1, so it is the baseline
+    r0, r1 = R(0, 2), R(1, 2)
+    for b in (r0, r1):
+        steps(b, 1, 3)
+        b.mark(step=2)
+        b.coll(n=3)
+    r0.wait(op="all_reduce")
+    r1.mark(step=3)
+    r1.wait(op="all_gather")
+    d = diagnose(snap([r0, r1]))
+    assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0]), d.summary
