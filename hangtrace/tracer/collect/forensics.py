@@ -308,7 +308,11 @@ def run_env(path: str, enrich_local: bool = True) -> Tuple[List[E.ProcessEnv], L
     ranks: Dict[Tuple[str, int], int] = {}
     try:
         snap = rings.load_snapshot(path) if rings.is_snapshot(path) else rings.load_run(path, live_facts=False)
-        ranks = {(p.host, p.pid): p.rank for p in snap.processes}
+        # the process model: only the process that IS rank r compares as rank r (helpers
+        # that inherited RANK - resource trackers, DataLoader workers - do not)
+        from hangtrace.tracer.process_model import assign_roles
+        model = assign_roles(snap.processes)
+        ranks = {(p.host, p.pid): (p.rank if model.ranks.get(p.rank) is p else -1) for p in snap.processes}
     except Exception as e:  # no ring: compare without ranks
         errors.append("ranks unknown (%s): processes are named by pid" % e)
     envs = with_ranks(envs, ranks)
