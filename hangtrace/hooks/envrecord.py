@@ -20,7 +20,7 @@ def record(rt: Any, reason: str) -> None:
     """Collect and write this process's facts now; ``rt`` is bootstrap's Runtime."""
     global _last
     try:
-        from hangtrace.tracer.collect import forensics
+        from hangtrace.hooks import envcollect as forensics
         with _lock:
             prev = _last if _last is not None and _last.pid == os.getpid() else None
             pe = forensics.collect_self(reason, host=rt.recorder.host, previous=prev)
