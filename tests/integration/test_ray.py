@@ -6,6 +6,7 @@ actors only through the runtime env's env_vars. Verdicts come from
 ``hangtrace dump RUN_DIR --ray --address ADDR --json``: collector tasks pinned to both
 nodes, one local snapshot, Ray's actor/worker tables joined in.
 """
+import glob
 import json
 import os
 import signal
@@ -293,6 +294,14 @@ def test_cp_extra_microbatch(cluster, tmp_path):
     assert {"setup", "train_step", "sync_weights"} <= set(names)
     assert {"setup", "generate", "receive_weights"} <= {r["phase"] for r in procs[4].records
                                                         if r["kind"] == "phase_enter"}
+    # issue 11: the snapshot's timeline names every track with its Ray actor, the culprit marked
+    tls = sorted(glob.glob(os.path.join(str(run_dir), "snapshots", "*", "timeline.json")))
+    assert tls, os.listdir(os.path.join(str(run_dir), "snapshots"))
+    with open(tls[-1]) as f:
+        tracks = [e["args"]["name"] for e in json.load(f)["traceEvents"]
+                  if e.get("ph") == "M" and e.get("name") == "process_name"]
+    assert any(t.startswith("CULPRIT rank 1 ") and t.endswith("trainer-1") for t in tracks), tracks
+    assert any(t.startswith("rank 0 ") and t.endswith("trainer-0") for t in tracks), tracks
 
 
 def test_sync_order_is_cross_group_deadlock(cluster, tmp_path):
