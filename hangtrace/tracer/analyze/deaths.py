@@ -129,7 +129,16 @@ def fill_death(v: RankView) -> None:
             exc = e
             break
     code: Optional[int] = p.exit_code
-    dead = p.state == "killed" or (p.state == "exited" and code not in (0, None)) or exc is not None
+    sigs: Mapping[str, Any] = p.signals or {}
+    # issue 9: a SIGTERM or fatal-signal dump decides, whatever the exit code: Ray turns
+    # SIGTERM into its own graceful exit (code 0 or 1) - the founding report's "Worker
+    # exits with an exit code 1 ... The process receives a SIGTERM". Only while it was at
+    # work (in a collective or a phase): an idle worker SIGTERMed by ``ray.shutdown()`` at
+    # the end of a clean run did not die of it
+    signalled = (p.state in ("exited", "killed") and ("sigterm" in sigs or "fatal" in sigs)
+                 and (v.blocked is not None or p.phase is not None))
+    dead = (p.state == "killed" or (p.state == "exited" and code not in (0, None)) or exc is not None
+            or signalled)
     if not dead:
         return
     v.dead = True

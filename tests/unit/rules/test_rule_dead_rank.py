@@ -82,3 +82,23 @@ def test_hang_then_sigterm_all_keeps_hang_verdict():
     b[2].set(stacks=stack(*QUEUE_GET))
     d = check(diagnose(snap(b)), "stuck-outside-collective", [2])
     assert "killed later: sigterm" in d.details["culprit_reasons"]["2"]
+
+
+def test_sigterm_decides_whatever_the_exit_code():
+    """Issue 9, the founding report: Ray turns a SIGTERM into its own graceful exit (code 0
+    or 1); the SIGTERM dump of a rank that was at work decides the cause. An idle process
+    SIGTERMed at the end of a clean run (``ray.shutdown()``) did not die of it."""
+    import dataclasses
+    from synth import MS, R, snap
+    from hangtrace.tracer.analyze.diagnose import diagnose
+    r0, r1 = R(0, 2), R(1, 2)
+    for b in (r0, r1):
+        b.coll(n=3)
+    r0.wait()
+    term = {"sigterm": {"wall_ns": r1.t + 5 * MS, "text": "Thread 0x1 (most recent call first):\n"}}
+    p1 = r1.set(state="exited", exit_code=0, signals=term, phase="train_step").build()
+    d = diagnose(snap([r0.build(), p1], reason="death"))
+    assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "sigterm"), d.summary
+    idle = dataclasses.replace(p1, phase=None)
+    d2 = diagnose(snap([r0.build(), idle], reason="death"))
+    assert d2.kind != "dead-rank", d2.summary
