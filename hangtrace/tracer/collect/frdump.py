@@ -1,7 +1,7 @@
 """Read torch Flight Recorder dumps (issue 10, item 3): files in, typed ``FrDump`` out.
 
 Impure: ``find_fr_files``, ``read_fr_file``, ``load_fr_dir``, ``load_run_or_fr``. Pure:
-``parse_fr_bytes``. Format: ``/work/shared/FR-FORMAT.md``; checked on torch 2.13 CPU.
+``parse_fr_bytes``. Format: torch's ``FlightRecorder.hpp``, checked on torch 2.13 CPU.
 
 Files recognised in a directory:
 
@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import glob
 import io
-import json
 import dataclasses
+import json
 import os
 import pickle
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from hangtrace.tracer.errors import HangtraceError
+from hangtrace.tracer.errors import HangtraceError, RunDirError
 
 TORCH_NAME_RE = re.compile(r"^(?:comm_lib_trace_rank_|nccl_trace_rank_)(\d+)$")
 AGENT_NAME_RE = re.compile(r"^(.+)-(\d+)\.(pkl|json)$")
@@ -390,12 +390,11 @@ def load_run_or_fr(path: str) -> Any:
     """``rings.load_run(path)`` joined with the dumps in ``path``; the dumps alone when the
     directory has no ring file. Raises what ``load_run`` raises when it has neither."""
     from hangtrace.tracer.collect.rings import load_run
-    from hangtrace.tracer.errors import RunDirError
-    try:
-        # with dumps to join, every record (they are aligned with torch's entries by time)
-        snap = load_run(path, records=bool(find_fr_files(path)))
+    has_dumps = bool(find_fr_files(path))
+    try:  # with dumps to join, every record (they are aligned with torch's entries by time)
+        snap = load_run(path, records=has_dumps)
     except RunDirError:
-        if not find_fr_files(path):
+        if not has_dumps:
             raise
         snap = None
     return snapshot_with_fr(path, snap)

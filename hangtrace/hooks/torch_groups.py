@@ -1,0 +1,81 @@
+"""Process-group operations (``init_process_group``, ``new_group``,
+``destroy_process_group``) and the groups that exist when tracing begins: durable group
+definitions in the ring, and the rank this process joined as (``Recorder.set_rank``).
+Split out of ``torch_dist.py``, whose state (``torch_dist._state``) it uses.
+"""
+
+
+def _describe(pg, op):
+    """Group definition dict for the ring's durable group table."""
+    st = _td._state
+    dist = st.dist
+    c10d = dist.distributed_c10d
+    info = {"op": op, "order": st.order}
+    st.order += 1
+    if pg is None or pg is c10d.GroupMember.NON_GROUP_MEMBER:
+        info["member"] = False
+        info["name"] = None
+        return info
+    info["member"] = True
+    for key, fn in (("name", lambda: c10d._get_process_group_name(pg)),
+                    ("desc", lambda: getattr(pg, "group_desc", None)),
+                    ("backend", lambda: str(dist.get_backend(pg))),
+                    ("ranks", lambda: list(dist.get_process_group_ranks(pg)))):
+        try:
+            info[key] = fn()
+        except Exception:
+            info[key] = None
+    return info
+
+
+def _group_op_wrapper(wrapped, instance, args, kwargs):
+    name = wrapped.__name__
+    result = wrapped(*args, **kwargs)
+    st = _td._state
+    if st is None:
+        return result
+    try:
+        if name == "init_process_group":
+            dist = st.dist
+            st.groups.clear()
+            st.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
+            st.rec.group_created(_describe(dist.distributed_c10d._get_default_group(), name))
+        elif name == "new_group":
+            info = _describe(result, name)
+            if info.get("member") is False:
+                ranks = kwargs.get("ranks", args[0] if args else None)
+                info["ranks"] = sorted(int(r) for r in ranks) if ranks is not None else None
+            st.rec.group_created(info)
+        elif name == "destroy_process_group":
+            st.groups.clear()
+            st.rec.event("destroy_process_group")
+    except Exception as e:
+        st.log("recording %s failed: %r" % (name, e), "rec-" + name)
+    return result
+
+
+def _local_rank():
+    import os
+    try:
+        return int(os.environ.get("LOCAL_RANK", "-1"))
+    except ValueError:
+        return -1
+
+
+def record_existing_groups():
+    """Record the process groups that exist already (tracing began after init)."""
+    dist = _td._state.dist
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    c10d = dist.distributed_c10d
+    _td._state.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
+    pgs = list(getattr(c10d._world, "pg_names", {}).keys())
+    default = c10d._get_default_group()
+    if default in pgs:
+        pgs.remove(default)
+    for pg in [default] + pgs:
+        _td._state.rec.group_created(_describe(pg, "existing"))
+
+
+# last: torch_dist imports this module at its end (either may be imported first)
+from hangtrace.hooks import torch_dist as _td  # noqa: E402
