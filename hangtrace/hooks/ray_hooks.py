@@ -11,9 +11,10 @@ What it records (``Recorder.set_meta``, read back as ``ProcessInfo.meta``):
 * ``ray_pid``, ``ray_version``, ``ray_hook_path`` at install;
 * once the worker is connected (a daemon thread polls ``ray.is_initialized()`` every
   0.1 s for up to 60 s) and again at the first actor method (normally ``__init__``):
-  ``ray_job_id``, ``ray_node_id``, ``ray_worker_id``, ``ray_actor_id`` and
-  ``ray_actor_name`` (actors; "" for unnamed ones), ``ray_namespace`` from the public
-  ``ray.get_runtime_context()``; ``ray_actor_class`` from the actor object.
+  ``ray_job_id``, ``ray_node_id``, ``ray_worker_id``, ``ray_actor_id``,
+  ``ray_namespace`` from the public ``ray.get_runtime_context()``; at the first actor
+  method only (never from the polling thread: see ``record_identity``) also
+  ``ray_actor_name`` ("" for unnamed actors) and ``ray_actor_class`` from the actor object.
 
 Every actor method execution (``__init__`` included, Ray's own ``__ray_*`` methods
 excluded) is recorded as a phase named after the method: a phase-enter record at start,
@@ -70,7 +71,7 @@ RAY_RANGE = ((2, 0), (3, 0))
 _rec: Any = None
 _log: Any = None
 _path: Optional[str] = None
-_identity_done: Set[str] = set()  # levels recorded: 'worker', 'actor'
+_identity_done: Set[str] = set()  # levels recorded: 'worker', 'actor', 'name'
 _id_lock = threading.Lock()
 _installed: Dict[Tuple[int, str], Tuple[Any, str, Any]] = {}  # (owner, attribute) -> original
 _task_stack = contextvars.ContextVar("hangtrace_ray_phase_stack", default=None)
@@ -97,7 +98,21 @@ def _in_range(version: Any) -> bool:
 
 
 # --- identity ------------------------------------------------------------------------------
-def record_identity(instance: Any = None, force: bool = False) -> Optional[Dict[str, Any]]:
+def _self_handle_registered() -> bool:
+    """True once this worker's actor object exists, i.e. once calling ``get_actor_name()``
+    is safe: Ray's ``execute_task`` stores the actor object in ``global_worker.actors``
+    only after ``CoreWorker::ExecuteTask`` registered the actor's own handle (Ray 2.x).
+    False for task workers and on any surprise."""
+    try:
+        import ray
+        acts = getattr(ray._private.worker.global_worker, "actors", None)
+        return isinstance(acts, dict) and len(acts) > 0
+    except Exception:
+        return False
+
+
+def record_identity(instance: Any = None, force: bool = False,
+                    with_name: bool = False) -> Optional[Dict[str, Any]]:
     """Record the Ray identity of this worker in the ring; returns the dict recorded or None.
 
     Two levels, each recorded once (unless ``force``): the worker (job, node, worker,
@@ -116,9 +131,15 @@ def record_identity(instance: Any = None, force: bool = False) -> Optional[Dict[
         try:
             import ray
             ctx = ray.get_runtime_context()
-            for key, fn in (("ray_job_id", "get_job_id"), ("ray_node_id", "get_node_id"),
-                            ("ray_worker_id", "get_worker_id"), ("ray_actor_id", "get_actor_id"),
-                            ("ray_actor_name", "get_actor_name")):
+            getters = [("ray_job_id", "get_job_id"), ("ray_node_id", "get_node_id"),
+                       ("ray_worker_id", "get_worker_id"), ("ray_actor_id", "get_actor_id")]
+            if instance is not None or with_name:
+                # Only from an actor method or once _self_handle_registered(): Ray sets
+                # the worker's actor id before it registers the actor's own handle
+                # (CoreWorker::ExecuteTask, Ray 2.60), and get_actor_name() in that
+                # window fails a RAY_CHECK and aborts the worker.
+                getters.append(("ray_actor_name", "get_actor_name"))
+            for key, fn in getters:
                 try:
                     meta[key] = getattr(ctx, fn)()
                 except Exception:
@@ -332,9 +353,16 @@ def _identity_thread() -> None:
             time.sleep(0.1)
             try:
                 import ray
-                if "worker" in _identity_done:
+                if "actor" in _identity_done or "name" in _identity_done:
                     return
-                if ray.is_initialized() and record_identity() is not None:
+                if not ray.is_initialized():
+                    continue
+                if "worker" not in _identity_done:
+                    record_identity()
+                if "worker" in _identity_done and _self_handle_registered():
+                    # an actor whose methods are not hooked (identity-only): its name
+                    if record_identity(force=True, with_name=True) is not None:
+                        _identity_done.add("name")
                     return
             except Exception:
                 pass
