@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
-from hangtrace.tracer.analyze.deaths import fill_death, is_transport_error, rec_fail_wall
+from hangtrace.tracer.analyze.deaths import (fill_death, is_transport_error, rec_fail_wall, sigterm_in_long_wait,
+                                             sigterm_wait_completed)
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
@@ -159,6 +160,9 @@ class Ctx:
         if self.views:
             self.world = max(self.world, max(self.views) + 1)
         self.groups: Dict[str, GroupDef] = self._groups()
+        for v in self.views.values():
+            if v.victim and sigterm_in_long_wait(v) and sigterm_wait_completed(self, v):
+                v.victim = False  # the others completed the collective it waited in: not hung
         # ranks of range(world) without a record file; at most MAX_MISSING_LISTED listed
         # (self.nmissing counts them all) - never a set of range(world)
         self.nmissing = max(0, self.world - len(self.views))

@@ -102,3 +102,47 @@ def test_sigterm_decides_whatever_the_exit_code():
     idle = dataclasses.replace(p1, phase=None)
     d2 = diagnose(snap([r0.build(), idle], reason="death"))
     assert d2.kind != "dead-rank", d2.summary
+
+
+def _sigterm_in_wait(wait_s, peer_passed):
+    """Rank 1 is SIGTERMed ``wait_s`` into an all_reduce; rank 0 either passed it (and then
+    died of the closed connection) or never reached it."""
+    b = ranks(2)
+    b[1].wait()                                   # rank 1 waits in seq N
+    start = b[1].records[-1]["t_wall_ns"]
+    b[1].set(state="killed", exit_code=-15, signals={"sigterm": {"wall_ns": start + int(wait_s * S), "text": ""}})
+    if peer_passed:
+        b[0].coll(n=1)                            # rank 0 completes seq N with rank 1's data ...
+        b[0].t = start + int(wait_s * S) + 50 * MS
+        b[0].wait()                               # ... and fails in seq N+1
+        b[0].records[-1].update(state="failed", error="Connection closed by peer [127.0.0.1]:1")
+        b[0].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "RuntimeError",
+                                                       "wall_ns": b[0].t + MS,
+                                                       "message": "Connection closed by peer [127.0.0.1]:1"}])
+    else:
+        b[0].set(stacks=stack(*QUEUE_GET))
+    return snap(b, reason="death")
+
+
+@pytest.mark.parametrize("wait_s", [0.3, 30.0])
+def test_sigterm_in_a_collective_the_peer_completed_is_the_root(wait_s):
+    """CI, 2026-12-01 (examples/mem_faults.py --fault sigterm on a loaded machine): rank 1
+    was SIGTERMed while waiting in an all_reduce for a slower peer, which then completed it
+    and died of the closed connection. The collective was not hung: the SIGTERM is the root
+    (it had been called a victim of a 'sequence diverged' hang)."""
+    d = check(diagnose(_sigterm_in_wait(wait_s, peer_passed=True)), "dead-rank", [1])
+    assert d.cause == "sigterm"
+    assert [c["rank"] for c in d.cascade] == [0]
+
+
+def test_sigterm_after_a_long_wait_nobody_completed_stays_a_victim():
+    """Rank 1 waited 30 s in an all_reduce rank 0 never reached (rank 0 is in queue.get),
+    then was SIGTERMed: the user stopped a hung job; the hang is the verdict."""
+    d = check(diagnose(_sigterm_in_wait(30.0, peer_passed=False)), "stuck-outside-collective", [0])
+    assert "sigterm" in d.summary.lower() or any(c["rank"] == 1 for c in d.cascade)
+
+
+def test_sigterm_early_in_a_wait_is_the_root_even_when_the_peer_never_came():
+    """A SIGTERM 0.3 s into a wait (preemption, a kill of one rank) is no stopped hang."""
+    d = check(diagnose(_sigterm_in_wait(0.3, peer_passed=False)), "dead-rank", [1])
+    assert d.cause == "sigterm"
