@@ -72,8 +72,8 @@ def install_ctypes_hook(rt: Any) -> None:
         if "ctypes" in sys.modules:
             hook(sys.modules["ctypes"])
         else:
-            import wrapt
-            wrapt.register_post_import_hook(hook, "ctypes")
+            from hangtrace.hooks import importhook  # not wrapt.importer: see importhook's docstring
+            importhook.when_imported("ctypes", hook)
     except Exception as e:
         rt.log("ctypes hook failed: %r" % (e,), "env-ctypes")
 
