@@ -25,12 +25,11 @@ Nothing here raises into the user's program; failures are logged once through ``
 """
 from __future__ import annotations
 
-import json
 import os
-import socket
-import threading
-import time
 from typing import Callable, Optional
+
+# json, socket, threading and time are imported when an agent starts: this module is
+# imported at every traced start-up (``configure_env``), most processes never start one.
 
 FR_SUBDIR = "fr"
 ENV_BUFFER = "TORCH_FR_BUFFER_SIZE"
@@ -75,6 +74,8 @@ class _Agent:
     def __init__(self, run_dir: str, log: Callable[..., None]) -> None:
         self.run_dir = run_dir
         self.log = log
+        import socket
+        import threading
         self.pid = os.getpid()
         self.host = socket.gethostname()
         self.fifo = fifo_path(run_dir, self.host, self.pid)
@@ -136,6 +137,8 @@ def _identity() -> dict:
 
 def _write_dump(run_dir: str, host: str, pid: int, reason: str, token: str) -> Optional[str]:
     """Dump now; returns the dump's path, or None when torch has no Flight Recorder."""
+    import json
+    import time
     import torch  # the agent starts only once torch.distributed is in use
     c10d = torch._C._distributed_c10d
     fn = getattr(c10d, "_dump_fr_trace", None)

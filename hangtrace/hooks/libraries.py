@@ -26,6 +26,10 @@ class TorchDistInstrumentor(Instrumentor):
         self.hooked = False  # True once torch.distributed is wrapped in this process
 
     def _install(self, runtime: Any) -> None:
+        from hangtrace.hooks import fr_agent
+        if fr_agent.configure_env():  # before any process group reads it
+            runtime.log("TORCH_FR_BUFFER_SIZE=%s set (torch's Flight Recorder on)" % fr_agent.DEFAULT_ENTRIES,
+                        "fr-env")
         importhook.when_imported("torch.distributed", self._on_import)
 
     def _on_import(self, module: ModuleType) -> None:

@@ -40,6 +40,7 @@ def _group_op_wrapper(wrapped, instance, args, kwargs):
             st.groups.clear()
             st.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
             st.rec.group_created(_describe(dist.distributed_c10d._get_default_group(), name))
+            _start_fr_agent(st)
         elif name == "new_group":
             info = _describe(result, name)
             if info.get("member") is False:
@@ -52,6 +53,16 @@ def _group_op_wrapper(wrapped, instance, args, kwargs):
     except Exception as e:
         st.log("recording %s failed: %r" % (name, e), "rec-" + name)
     return result
+
+
+def _start_fr_agent(st):
+    """This process joined a group: serve Flight Recorder dump requests (``fr_agent``;
+    off with ``HANGTRACE_FR=0``). Never raises."""
+    try:
+        from hangtrace.hooks import fr_agent
+        fr_agent.start(st.rec.run_dir, st.log)
+    except Exception as e:
+        st.log("flight recorder agent not started: %r" % (e,), "fr-start")
 
 
 def _local_rank():
@@ -75,6 +86,7 @@ def record_existing_groups():
         pgs.remove(default)
     for pg in [default] + pgs:
         _td._state.rec.group_created(_describe(pg, "existing"))
+    _start_fr_agent(_td._state)
 
 
 # last: torch_dist imports this module at its end (either may be imported first)

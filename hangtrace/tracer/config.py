@@ -209,9 +209,10 @@ def helper_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     return env
 
 
-#: Flight Recorder capture agent (issue 10, ``hooks/fr_agent.py``): "0" turns it off. When
-#: started, it turns torch's Flight Recorder on if the user has not configured it
+#: Flight Recorder capture (issue 10, ``hooks/fr_agent.py``): "0" turns it off. Traced
+#: processes turn torch's Flight Recorder on if the user has not configured it
 #: (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE`` unset: 2000 entries, torch's
-#: own default) and runs a thread that dumps it into ``RUN_DIR/fr/`` on request. Not yet
-#: started by the bootstrap nor requested by the collector: only its own tests use it.
+#: own default); a process that joins a process group runs a thread that dumps it into
+#: ``RUN_DIR/fr/`` on request, and every live snapshot (watcher, ``hangtrace dump``)
+#: requests those dumps and keeps them in ``snapshots/<time>/fr/``.
 FR = "HANGTRACE_FR"

@@ -1,13 +1,16 @@
-"""Flight Recorder on real gloo jobs (issue 10): the agent dumps ranks blocked in a
-collective; torch's own dumps read by ``hangtrace analyze DIR``; the C++-issued DDP
+"""Flight Recorder on real gloo jobs (issue 10): the agent (started by our
+init_process_group hook) dumps ranks blocked in a collective, also when a live snapshot asks;
+torch's own dumps read by ``hangtrace analyze DIR``; the C++-issued DDP
 all-reduce is named."""
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from jobs import REPO, base_env, kill_all, start_ranks, wait_line, wait_until
 
+from hangtrace.tracer import pipeline
 from hangtrace.tracer.analyze.diagnose import diagnose
 from hangtrace.tracer.analyze.frmerge import fr_processes
 from hangtrace.tracer.collect.frdump import load_fr_dir, load_run_or_fr
@@ -61,6 +64,14 @@ def test_agent_dumps_blocked_ranks_and_cpp_allreduce_is_named(tmp_path):
         # the Python-issued world all_reduces: the same numbers in both
         first = [r for r in by_rank[1].records if r.get("source") == "hangtrace+flight-recorder"][:3]
         assert [(r["op"], r["seq"], r["seq_ours"]) for r in first] == [("all_reduce", i, i) for i in (1, 2, 3)]
+        # a live snapshot (the watcher's and `hangtrace dump`'s path) asks the agents itself,
+        # keeps their dumps in the snapshot, and names the C++-issued collective
+        res = pipeline.dump_live(str(run_dir), "request")
+        assert res.diagnosis.kind == "collective-mismatch" and res.diagnosis.culprit_ranks == [2], res.paragraph
+        assert len(list((Path(res.snapshot.path) / "fr").glob("*.pkl"))) == WORLD
+        again = pipeline.diagnose_path(res.snapshot.path)  # read back later, job gone or not
+        assert (again.diagnosis.kind, again.diagnosis.culprit_ranks) == ("collective-mismatch", [2])
+        assert "all_reduce" in again.paragraph, again.paragraph
     finally:
         kill_all(procs)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import socket
 import time
 from typing import Any, Dict, List, Optional
@@ -228,8 +229,9 @@ def load_snapshot(snap_dir: str, records: bool = False) -> Snapshot:
         meta["errors"] = []
     states = {k: v for k, v in meta.get("processes", {}).items() if isinstance(v, dict)}
     # memory facts: only the stored ones (never today's cgroup/kernel state)
+    has_fr = os.path.isdir(os.path.join(snap_dir, "fr"))  # Flight Recorder dumps: join every record
     procs, errs = load_rings(os.path.join(snap_dir, "rings"), run_dir=snap_dir, states=states,
-                             live_facts=False, records=records)
+                             live_facts=False, records=records or has_fr)
     errors += errs
     for i, p in enumerate(procs):
         sp = os.path.join(snap_dir, "stacks", "%s-%d.json" % (p.host, p.pid))
@@ -246,9 +248,10 @@ def load_snapshot(snap_dir: str, records: bool = False) -> Snapshot:
         else:
             st = states.get(p.key, {})
             procs[i] = dataclasses.replace(p, stack_error=st.get("stack_error"))
-    return Snapshot(run_dir=meta.get("run_dir", os.path.dirname(os.path.dirname(snap_dir))),
+    snap = Snapshot(run_dir=meta.get("run_dir", os.path.dirname(os.path.dirname(snap_dir))),
                     taken_wall_ns=meta.get("taken_wall_ns", 0), reason=meta.get("reason", "offline"),
                     processes=procs, errors=errors + meta.get("errors", []), path=snap_dir)
+    return _with_fr(snap_dir, snap) if has_fr else snap
 
 
 def _stacks_for(procs: List[ProcessInfo], native: bool, run_dir: str) -> List[ProcessInfo]:
@@ -297,10 +300,11 @@ def take_snapshot(run_dir: str, reason: str = "request", native: bool = False,
     Snapshot (with ``path`` set). Raises RunDirError if ``run_dir`` has no rings.
     The traced processes keep running.
     """
-    snap = load_run(run_dir, live_facts=True)  # memory facts now, stored in processes.json
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + ".%03d" % (time.time_ns() // 1000000 % 1000)
     sdir = os.path.join(run_dir, "snapshots", stamp)
     os.makedirs(os.path.join(sdir, "rings"), mode=0o700, exist_ok=True)
+    fr = _fr_dumps(run_dir, sdir) if with_stacks else []  # before the rings: FR is never newer
+    snap = load_run(run_dir, live_facts=True, records=bool(fr))  # memory facts now, in processes.json
     os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
     snap = dataclasses.replace(snap, reason=reason, path=sdir)
     for p in snap.processes:
@@ -329,7 +333,25 @@ def take_snapshot(run_dir: str, reason: str = "request", native: bool = False,
                           for p in snap.processes}}
     with open(os.path.join(sdir, "processes.json"), "wb") as f:
         f.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
-    return snap
+    return _with_fr(sdir, snap) if fr else snap
+
+
+def _fr_dumps(run_dir: str, sdir: str) -> List[str]:
+    """The Flight Recorder dumps of this host's live traced processes, copied into
+    ``sdir/fr`` (issue 10; ``collect/frrequest.py``). Never raises."""
+    from hangtrace.hooks.fr_agent import fr_dir
+    if not os.path.isdir(fr_dir(run_dir)):
+        return []
+    from hangtrace.tracer.collect.frrequest import fr_into_snapshot
+    pids = [int(m.group(1)) for m in (re.match(r"ring-%s-(\d+)\.htr$" % re.escape(socket.gethostname()), b)
+                                      for b in os.listdir(run_dir)) if m]
+    return fr_into_snapshot(run_dir, pids, sdir)
+
+
+def _with_fr(sdir: str, snap: Snapshot) -> Snapshot:
+    """``snap`` with the Flight Recorder dumps of ``sdir/fr`` joined (``frdump``)."""
+    from hangtrace.tracer.collect.frdump import snapshot_with_fr
+    return snapshot_with_fr(sdir, snap)
 
 
 def write_diagnosis(snap: Snapshot, diag: Any, text: str) -> None:

@@ -4,7 +4,8 @@ Ranks 0..W-2 run N batches then a barrier; rank W-1 runs N+1 batches: its extra
 backward's C++ gradient all-reduce (DDP's reducer, never seen by Python wrappers) meets
 its peers' barrier at the same sequence number, and all hang.
 
-argv[1]: 'agent' -> hangtrace's Flight Recorder agent serves dump requests (RUN_DIR/fr);
+argv[1]: 'agent' -> nothing special: traced, hangtrace's Flight Recorder agent (started by
+         the init_process_group hook) serves dump requests (RUN_DIR/fr);
          'torch' -> a helper thread writes torch's own dump ``comm_lib_trace_rank_<r>``
          into argv[2] each time the file argv[2]/go<r>-<k> appears (k = 1, 2, ...).
 Prints 'HANGING <rank>' just before the call that hangs.
@@ -24,10 +25,7 @@ rank = int(os.environ["RANK"])
 world = int(os.environ["WORLD_SIZE"])
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
 
-if mode == "agent":
-    from hangtrace.hooks import fr_agent
-    assert fr_agent.start(os.environ["HANGTRACE_DIR"])
-else:
+if mode != "agent":
     out = sys.argv[2]
 
     def helper():
