@@ -12,7 +12,6 @@ The out-of-process half (reading, enriching with pyelftools, differences) is
 import json
 import os
 import re
-import socket
 import struct
 import sys
 import time
@@ -129,7 +128,7 @@ def collect_self(reason: str, host: Optional[str] = None,
         if matters(path):
             lb = known.get(path)
             libs.append(lb if lb is not None else _library(path))
-    return E.ProcessEnv(host=host or socket.gethostname(), pid=os.getpid(), python=sys.version.split()[0],
+    return E.ProcessEnv(host=host or os.uname().nodename, pid=os.getpid(), python=sys.version.split()[0],
                         executable=sys.executable, torch=_module_version("torch"), ray=_module_version("ray"),
                         libraries=tuple(libs), environ=E.mask_environ(os.environ), mappings=tuple(maps),
                         wall_ns=time.time_ns(), reason=reason)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import traceback
 from typing import Any, Callable, Optional, Protocol
 
 #: Where a failure was caught (the ``caught_by`` field of the event).
@@ -66,6 +65,7 @@ def configure(get_recorder: Callable[[], Optional[_Recorder]],
 
 
 def _format(exc: BaseException) -> tuple[str, str, str]:
+    import traceback  # only when a failure is recorded: not at start-up (about 2 ms)
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return type(exc).__name__, str(exc)[:_MESSAGE_MAX], tb[-_TRACEBACK_MAX:]
 

@@ -8,11 +8,12 @@ env-diff`` read it into the frozen dataclasses below; nothing else crosses the b
 Secrets: the value of every recorded environment variable whose name contains TOKEN,
 KEY, SECRET, PASSWORD or CREDENTIAL (case-insensitive) is replaced by :data:`MASK` before
 anything is written (:func:`mask_environ`). This module imports only the standard
-library: traced processes import it.
+library: traced processes import it. The records are typed, immutable ``NamedTuple``s,
+not dataclasses: ``dataclasses`` imports ``inspect`` (about 4 ms at every traced start-up,
+``python -X importtime``); ``_replace`` gives a changed copy.
 """
 import os
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping as TMapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping as TMapping, NamedTuple, Optional, Tuple
 
 SCHEMA = 1
 ENV_DIR = "env"
@@ -23,8 +24,7 @@ ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "OMP_", "RAY_", "MASTER_", "PYTORCH_
 ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
 
 
-@dataclass(frozen=True)
-class Mapping:
+class Mapping(NamedTuple):
     """One executable, file-backed mapping of /proc/PID/maps (proc(5)).
 
     ``start``/``end``: virtual addresses (bytes); ``offset``: file offset (bytes) mapped
@@ -36,8 +36,7 @@ class Mapping:
     path: str
 
 
-@dataclass(frozen=True)
-class Library:
+class Library(NamedTuple):
     """A shared library that matters for distributed jobs, as mapped by the process.
 
     ``size``/``mtime_ns``/``inode`` identify the file as it was when recorded (bytes,
@@ -65,8 +64,7 @@ class Library:
         return n[:i + 3] if i >= 0 else n
 
 
-@dataclass(frozen=True)
-class ProcessEnv:
+class ProcessEnv(NamedTuple):
     """What one traced process was running. ``rank`` is -1 until joined with the ring
     (the loader fills it from the ring header: a rank is a process that joined a group).
     ``environ``: (name, value) pairs, secret-looking values already masked.
@@ -84,7 +82,7 @@ class ProcessEnv:
     mappings: Tuple[Mapping, ...] = ()
     wall_ns: int = 0
     reason: str = ""
-    path: Optional[str] = field(default=None, compare=False)
+    path: Optional[str] = None  # where it was read from (not part of the record)
 
     @property
     def key(self) -> str:

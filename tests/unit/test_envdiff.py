@@ -1,6 +1,5 @@
 """Environment forensics (issue 12): maps parsing, build-id reader, masking, the differ,
 the evidence line, the report section and the crashing-frame lookup."""
-import dataclasses
 import json
 import shutil
 import socket
@@ -62,7 +61,7 @@ def test_secret_names_masked_and_irrelevant_variables_dropped() -> None:
                       "MASTER_PASSWORD": E.MASK, "CUDA_CREDENTIALS": E.MASK, "PYTORCH_SECRET": E.MASK,
                       "LD_PRELOAD": "/x.so"}
     # a record written by someone else with a clear secret is masked on reading and writing
-    pe = dataclasses.replace(proc(0, "a", NCCL_A, "2.21.5", {}), environ=(("NCCL_KEY", "clear"),))
+    pe = proc(0, "a", NCCL_A, "2.21.5", {})._replace(environ=(("NCCL_KEY", "clear"),))
     assert "clear" not in json.dumps(E.to_json(pe))
     d = E.to_json(pe)
     d["environ"] = {"NCCL_KEY": "clear"}
@@ -75,7 +74,7 @@ def test_record_round_trips_through_json(tmp_path) -> None:
     envs, errors = F.load_env(str(tmp_path))
     assert errors == [] and len(envs) == 1
     got = envs[0]
-    assert dataclasses.replace(got, path=None) == pe
+    assert got._replace(path=None) == pe
     assert any(lb.key == "libc.so" for lb in got.libraries) or any("libpython" in lb.name for lb in got.libraries)
     (tmp_path / "env" / "h-1.json").write_text("{not json")
     envs, errors = F.load_env(str(tmp_path))
@@ -98,8 +97,8 @@ def test_diff_groups_ranks_by_host_with_majority_as_the_others() -> None:
 
 def test_helpers_without_rank_are_left_out_and_missing_facts_named() -> None:
     envs = cluster()[:2]
-    helper = dataclasses.replace(proc(-1, "a", NCCL_A, "2.21.5", {}), pid=5)
-    bare = dataclasses.replace(envs[1], libraries=envs[1].libraries[1:], environ=())
+    helper = proc(-1, "a", NCCL_A, "2.21.5", {})._replace(pid=5)
+    bare = envs[1]._replace(libraries=envs[1].libraries[1:], environ=())
     diff = diff_env([envs[0], bare, helper])
     assert diff.processes == 2
     vals = {d.name: [g.value for g in d.groups] for d in diff.differences}

@@ -16,7 +16,6 @@ Two halves, both impure:
 
 Module import is light (stdlib only); pyelftools is imported inside the functions that need it.
 """
-import dataclasses
 import json
 import os
 import re
@@ -51,7 +50,7 @@ def load_env(run_dir: str) -> Tuple[List[E.ProcessEnv], List[str]]:
 
 def with_ranks(envs: Sequence[E.ProcessEnv], ranks: Dict[Tuple[str, int], int]) -> List[E.ProcessEnv]:
     """``envs`` with ``rank`` set from ``{(host, pid): rank}`` (the ring headers)."""
-    return [dataclasses.replace(pe, rank=ranks.get((pe.host, pe.pid), -1)) for pe in envs]
+    return [pe._replace(rank=ranks.get((pe.host, pe.pid), -1)) for pe in envs]
 
 
 def _same_file(lb: E.Library) -> bool:
@@ -101,8 +100,8 @@ def enrich(pe: E.ProcessEnv, host: Optional[str] = None) -> E.ProcessEnv:
             sv = stated_version(lb.path)
             if sv:
                 ver, src = sv, "strings"
-        libs.append(dataclasses.replace(lb, build_id=bid, version=ver, version_source=src))
-    return dataclasses.replace(pe, libraries=tuple(libs))
+        libs.append(lb._replace(build_id=bid, version=ver, version_source=src))
+    return pe._replace(libraries=tuple(libs))
 
 
 def _elftools_build_id(path: str) -> Optional[str]:
