@@ -5,12 +5,16 @@
   ``TORCH_NCCL_TRACE_BUFFER_SIZE``. torch 2.13 records 2000 entries by default already
   (checked here: a gloo job without the variable has entries); the variable keeps it on
   for torch versions whose default is 0 and documents our choice.
-* ``start(run_dir)`` (call when torch.distributed is first used): a daemon thread
-  ``hangtrace-fr-agent`` that blocks on a FIFO ``RUN_DIR/fr/<host>-<pid>.req``. A collector
-  writes a request token into it (``tracer.collect.frrequest.request_fr_dumps``); the agent
-  calls ``torch._C._distributed_c10d._dump_fr_trace(True, True, False)`` (and the NCCL dump
+* ``start(run_dir)`` (called when this process joins a process group): a daemon thread
+  ``hangtrace-fr-agent`` that waits in ``accept`` on a Unix socket in the abstract namespace
+  (``socket_name``: no file anywhere, nothing left behind by a killed process, nothing that
+  blocks a ``grep -r`` or a copy of the run directory, as a FIFO would). A collector
+  connects and sends a request token (``tracer.collect.frrequest.request_fr_dumps``); the
+  agent calls ``torch._C._distributed_c10d._dump_fr_trace(True, True, False)`` (and the NCCL dump
   where present) and writes ``<host>-<pid>.pkl`` atomically (tmp + rename), then
-  ``<host>-<pid>.meta.json`` with rank, world size, host, pid and the token. The main thread
+  ``<host>-<pid>.meta.json`` with rank, world size, host, pid and the token, and answers
+  ``done`` on the connection. Abstract sockets are per network namespace: the collector
+  must run in the job's (the node watcher, started by the job, does). The main thread
   is not needed: torch's dump functions read the recorder's own buffer under its own lock,
   and the main thread blocked inside a gloo collective has released the GIL (checked here:
   tests/integration/test_fr_live.py dumps from ranks blocked in a collective).
@@ -42,9 +46,13 @@ def fr_dir(run_dir: str) -> str:
     return os.path.join(run_dir, FR_SUBDIR)
 
 
-def fifo_path(run_dir: str, host: str, pid: int) -> str:
-    """The request FIFO of process ``pid`` on ``host``."""
-    return os.path.join(fr_dir(run_dir), "%s-%d.req" % (host, pid))
+def socket_name(run_dir: str, pid: int) -> bytes:
+    """The abstract Unix socket address of process ``pid``'s agent for ``run_dir``
+    (leading NUL: Linux abstract namespace, unix(7)); the run directory's CRC-32 keeps two
+    runs' processes apart."""
+    import zlib
+    rd = os.path.abspath(run_dir).encode("utf-8", "surrogateescape")
+    return b"\0hangtrace-fr-%d-%08x" % (pid, zlib.crc32(rd))
 
 
 def dump_path(run_dir: str, host: str, pid: int) -> str:
@@ -72,32 +80,37 @@ def _noop_log(msg: str, key: Optional[str] = None) -> None:
 
 class _Agent:
     def __init__(self, run_dir: str, log: Callable[..., None]) -> None:
-        self.run_dir = run_dir
-        self.log = log
         import socket
         import threading
+        self.run_dir = run_dir
+        self.log = log
         self.pid = os.getpid()
         self.host = socket.gethostname()
-        self.fifo = fifo_path(run_dir, self.host, self.pid)
         self.stopping = False
         self.lock = threading.Lock()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # close-on-exec (PEP 446)
+        self.sock.bind(socket_name(run_dir, self.pid))  # OSError EADDRINUSE: another agent has it
+        self.sock.listen(16)
         self.thread = threading.Thread(target=self.run, name="hangtrace-fr-agent", daemon=True)
 
     def run(self) -> None:
         while not self.stopping:
             try:
-                fd = os.open(self.fifo, os.O_RDONLY)  # blocks until a collector opens it
-                try:
-                    token = os.read(fd, 256).decode("ascii", "replace").strip()
-                finally:
-                    os.close(fd)
+                conn, _ = self.sock.accept()
             except OSError as e:
-                self.log("flight recorder agent stopped: %r" % (e,), "fr-agent")
+                if not self.stopping:
+                    self.log("flight recorder agent stopped: %r" % (e,), "fr-agent")
                 return
-            if self.stopping:
-                return
-            if token:
-                self.dump("request", token)
+            try:
+                conn.settimeout(2.0)
+                token = conn.recv(256).decode("ascii", "replace").strip()
+                if token and not self.stopping:
+                    self.dump("request", token)
+                    conn.sendall(b"done\n")
+            except OSError:
+                pass
+            finally:
+                conn.close()
 
     def dump(self, reason: str, token: str = "") -> Optional[str]:
         with self.lock:
@@ -108,16 +121,14 @@ class _Agent:
                 return None
 
     def stop(self) -> None:
+        """Stop listening; wakes the thread blocked in ``accept`` (``shutdown``: on Linux
+        it returns EINVAL there). Never raises."""
         self.stopping = True
-        try:  # wake the thread blocked in open(): open the FIFO for writing, without blocking
-            fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
-            os.close(fd)
-        except OSError:
-            pass
-        try:
-            os.unlink(self.fifo)
-        except OSError:
-            pass
+        for fn in (lambda: self.sock.shutdown(2), self.sock.close):
+            try:
+                fn()
+            except OSError:
+                pass
 
 
 _agent: Optional[_Agent] = None
@@ -170,31 +181,40 @@ def _atomic_write(path: str, data: bytes) -> None:
 
 
 def start(run_dir: str, log: Optional[Callable[..., None]] = None) -> bool:
-    """Start this process's agent (idempotent; again in a forked child). Never raises.
-
-    Returns True when an agent listens. Off when ``HANGTRACE_FR=0``.
-    """
+    """Start this process's agent (idempotent; again in a forked child that joins a group
+    of its own). Never raises. Returns True when an agent listens. Off when
+    ``HANGTRACE_FR=0``."""
     global _agent
     try:
         if os.environ.get("HANGTRACE_FR", "1") == "0":
             return False
         if _agent is not None and _agent.pid == os.getpid() and _agent.thread.is_alive():
             return True
-        a = _Agent(run_dir, log or _noop_log)
         os.makedirs(fr_dir(run_dir), mode=0o700, exist_ok=True)
-        try:
-            os.unlink(a.fifo)
-        except OSError:
-            pass
-        os.mkfifo(a.fifo, 0o600)
+        a = _Agent(run_dir, log or _noop_log)
         a.thread.start()
+        if _agent is None:
+            import atexit
+            atexit.register(stop)
+            os.register_at_fork(after_in_child=_forget_in_child)
         _agent = a
-        import atexit
-        atexit.register(a.stop)
         return True
     except Exception as e:
         (log or _noop_log)("flight recorder agent not started: %r" % (e,), "fr-start")
         return False
+
+
+def _forget_in_child() -> None:
+    """A forked child has the parent's listening socket but not its thread: close our
+    copy, so that requests reach the parent's agent only."""
+    global _agent
+    a = _agent
+    if a is not None and a.pid != os.getpid():
+        try:
+            a.sock.close()
+        except OSError:
+            pass
+        _agent = None
 
 
 def dump_now(reason: str = "request") -> Optional[str]:

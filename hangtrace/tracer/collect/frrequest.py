@@ -1,19 +1,21 @@
 """Collector side of the Flight Recorder agents (``hangtrace.hooks.fr_agent``). Impure.
 
-``request_fr_dumps`` writes a request token into each process's FIFO
-``RUN_DIR/fr/<host>-<pid>.req`` and waits until each agent's ``.meta.json`` carries that
-token (its dump was written, atomically, before the sidecar).
+``request_fr_dumps`` connects to each process's agent (an abstract Unix socket,
+``fr_agent.socket_name``), sends a request token, and waits until the agent answers
+``done`` and its ``.meta.json`` carries that token (its dump was written, atomically,
+before the sidecar).
 """
 from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import socket
 import time
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional
 
-from hangtrace.hooks.fr_agent import FR_SUBDIR, dump_path, fifo_path, meta_path
+from hangtrace.hooks.fr_agent import FR_SUBDIR, dump_path, meta_path, socket_name
 
 
 def _token_of(path: str) -> Optional[str]:
@@ -26,37 +28,44 @@ def _token_of(path: str) -> Optional[str]:
 
 def request_fr_dumps(run_dir: str, pids: Iterable[int], timeout_s: float = 5.0,
                      host: Optional[str] = None) -> List[str]:
-    """Ask the agents of ``pids`` (on ``host``, default this one) to dump; wait up to
-    ``timeout_s`` seconds in all. Returns the dump paths written in answer (a process
-    without a listening agent, or one that did not answer in time, is left out).
-    Never raises for a single process.
+    """Ask the agents of ``pids`` (this host's; ``host`` names it in the dump file names,
+    default this one) to dump; wait up to ``timeout_s`` seconds in all. Returns the dump
+    paths written in answer (a process without a listening agent, or one that did not
+    answer in time, is left out). Never raises for a single process.
     """
     host = host or socket.gethostname()
     token = "%d-%d" % (os.getpid(), time.time_ns())
-    asked = []
+    conns: Dict[socket.socket, int] = {}
     for pid in pids:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            fd = os.open(fifo_path(run_dir, host, pid), os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:  # ENXIO: nobody reads (agent gone); ENOENT: no agent
-            continue
-        try:
-            os.write(fd, (token + "\n").encode())
-            asked.append(pid)
+            s.settimeout(1.0)
+            s.connect(socket_name(run_dir, pid))  # ECONNREFUSED / ENOENT: no agent
+            s.sendall((token + "\n").encode())
+            s.setblocking(False)
+            conns[s] = pid
         except OSError:
-            pass
-        finally:
-            os.close(fd)
+            s.close()
     done: List[str] = []
     deadline = time.monotonic() + timeout_s
-    pending = list(asked)
-    while pending:
-        for pid in list(pending):
-            if _token_of(meta_path(run_dir, host, pid)) == token:
-                done.append(dump_path(run_dir, host, pid))
-                pending.remove(pid)
-        if not pending or time.monotonic() > deadline:
-            break
-        time.sleep(0.01)
+    try:
+        while conns:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, _, _ = select.select(list(conns), [], [], left)
+            for s in ready:
+                pid = conns.pop(s)
+                try:
+                    answer = s.recv(16)
+                except OSError:
+                    answer = b""
+                s.close()
+                if answer.startswith(b"done") and _token_of(meta_path(run_dir, host, pid)) == token:
+                    done.append(dump_path(run_dir, host, pid))
+    finally:
+        for s in conns:
+            s.close()
     return done
 
 
