@@ -77,7 +77,10 @@ class _Poller:
                 # is_completed() only: wait() can block (after destroy_process_group)
                 # and is_success()/exception() print deprecation warnings (torch 2.13),
                 # so a polled op's failure is not distinguished from its completion.
-                if work.is_completed():
+                # a Work, or the torch.futures.Future that all_reduce_coalesced and
+                # all_gather_coalesced return for async_op=True (no is_completed)
+                done = getattr(work, "is_completed", None) or work.done
+                if done():
                     rec.complete(idx)
                 else:
                     keep.append((idx, work, rec))

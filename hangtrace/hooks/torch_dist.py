@@ -130,7 +130,14 @@ def _payload(kind, obj):
         return len(obj), 0, F.DTYPE_IDS["object"]
     if kind == "o":
         return -1, 0, F.DTYPE_IDS["object"]
+    if kind == "tt":  # one tensor or a list of them (all_reduce_coalesced)
+        return _payload("tl" if isinstance(obj, (list, tuple)) else "t", obj)
     return 0, 0, 0
+
+
+def _payload_tt(kind, obj):
+    """``_payload`` of a "tt" payload for the C call, which knows kind "tl" (not "tt")."""
+    return _payload("tt", obj)
 
 
 _ABSENT = 1 << 30  # parameter position of a parameter the function does not have
@@ -296,6 +303,9 @@ def _global_rank(group, rank):
 def _fast_call(name, orig, params, call):
     """The C recording call of ``name`` (``_fastrec.Call``), same arguments as ``call``."""
     tparam, peer_params, is_p2p, pkind = SPECS[name]
+    payload = _payload
+    if pkind == "tt":  # C knows t, tl, o, ol; any kind but "t" calls back ``payload``
+        pkind, payload = "tl", _payload_tt
     torch = sys.modules.get("torch")
     if torch is not None:
         _fastrec.set_tensor_type(torch.Tensor)
@@ -305,7 +315,7 @@ def _fast_call(name, orig, params, call):
                          F.K_P2P if is_p2p else F.K_COLL, is_p2p, pkind, tparam,
                          pos.get(tparam, _ABSENT) if tparam else _ABSENT, pos.get("group", _ABSENT),
                          pos.get("async_op", _ABSENT), peers, name in ("isend", "irecv"), globals(), _busy,
-                         (_group_entry, _shape_id, _dtype_id, _payload, _on_work_done, _finish_error, _global_rank))
+                         (_group_entry, _shape_id, _dtype_id, payload, _on_work_done, _finish_error, _global_rank))
 
 
 def install(dist, recorder, log):

@@ -203,3 +203,30 @@ def test_group_ops_are_recorded(hooked):
     (r,) = records(hooked)
     assert (r["group"], r["seq"]) == (name, 1)
     assert ring.header["rank"] == 0 and ring.header["world_size"] == 1
+
+
+NEW_213 = ("all_gather_single", "reduce_scatter_single", "all_gather_coalesced", "all_reduce_coalesced")
+
+
+@pytest.mark.skipif(not all(hasattr(c10d, n) for n in NEW_213), reason="torch before 2.13")
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # the *_coalesced functions are deprecated
+def test_single_and_coalesced_collectives_are_recorded(hooked) -> None:
+    dist.all_gather_single(torch.zeros(4), torch.ones(4))
+    dist.reduce_scatter_single(torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
+    dist.all_gather_coalesced([[torch.zeros(2), torch.zeros(3)]], [torch.ones(2), torch.ones(3)])
+    dist.all_reduce_coalesced([torch.ones(2, 5), torch.ones(3)])
+    dist.all_reduce_coalesced(torch.ones(3, dtype=torch.int32))  # one tensor, not a list
+    fut = dist.all_reduce_coalesced([torch.ones(2)], async_op=True)  # a Future, not a Work
+    fut.wait()
+    got = [(r["op"], r["seq"], r["numel"], r["shape"], r["dtype"], r["async_op"]) for r in records(hooked)]
+    assert got == [("all_gather_single", 1, 4, "4", "float32", False),
+                   ("reduce_scatter_single", 2, 2, "2", "float64", False),
+                   ("all_gather_coalesced", 3, 5, "2", "float32", False),
+                   ("all_reduce_coalesced", 4, 13, "2x5", "float32", False),
+                   ("all_reduce_coalesced", 5, 3, "3", "int32", False),
+                   ("all_reduce_coalesced", 6, 2, "2", "float32", True)]
+    # the async one completes through the poller, which reads a Future's done()
+    deadline = time.time() + 5
+    while records(hooked)[-1]["state"] != "completed" and time.time() < deadline:
+        time.sleep(0.01)
+    assert all(r["state"] == "completed" for r in records(hooked))

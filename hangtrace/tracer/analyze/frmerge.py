@@ -43,7 +43,10 @@ OP_ALIASES = {"all_gather_into_tensor": ("_allgather_base", "allgather_into_tens
               "all_gather_object": ("all_gather",), "broadcast_object_list": ("broadcast",),
               "gather_object": ("gather", "all_gather"), "scatter_object_list": ("scatter", "broadcast"),
               "monitored_barrier": ("barrier",), "all_to_all_single": ("alltoall_base",),
-              "all_to_all": ("alltoall",)}
+              "all_to_all": ("alltoall",),
+              # torch 2.13: all_gather_into_tensor / reduce_scatter_tensor call these two
+              "all_gather_single": ("_allgather_base", "allgather_into_tensor_coalesced"),
+              "reduce_scatter_single": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced")}
 _SLACK_NS = 200_000  # both sides read CLOCK_REALTIME around one call: 0.2 ms of tolerance
 
 

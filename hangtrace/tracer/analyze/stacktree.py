@@ -304,7 +304,8 @@ _COLLECTIVE_NAMES = frozenset((
     "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
     "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier",
     "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait",
-    "_allgather_base", "_reduce_scatter_base"))
+    "_allgather_base", "_reduce_scatter_base", "all_gather_single", "reduce_scatter_single",
+    "all_gather_coalesced", "all_reduce_coalesced", "send_object_list", "recv_object_list"))
 
 
 def collective_frame(frames: Optional[Iterable[Frame]]) -> Optional[str]:

@@ -19,7 +19,8 @@ from typing import Any, Dict, Hashable, Iterable, List, Mapping, Optional, Seque
 
 from hangtrace.tracer.analyze.context import Ctx, Record
 
-_SEND = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
+_SEND = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv",
+         "send_object_list": "send", "recv_object_list": "recv"}
 # ops whose dtype/numel legitimately differ between ranks
 _VARSIZE_OPS = frozenset(("all_gather_object", "gather_object", "broadcast_object_list",
                           "scatter_object_list", "all_to_all", "all_to_all_single", "gather",

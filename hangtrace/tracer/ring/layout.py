@@ -94,7 +94,10 @@ OPS = ("", "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_obj
        "broadcast", "broadcast_object_list", "reduce", "gather", "gather_object", "scatter",
        "scatter_object_list", "barrier", "monitored_barrier", "send", "recv", "isend",
        "irecv", "batch_isend_irecv", "init_process_group", "new_group", "new_subgroups",
-       "destroy_process_group", "_allgather_base", "_reduce_scatter_base")
+       "destroy_process_group", "_allgather_base", "_reduce_scatter_base",
+       # appended (ids of older rings keep their meaning)
+       "all_gather_single", "reduce_scatter_single", "all_gather_coalesced",
+       "all_reduce_coalesced", "send_object_list", "recv_object_list")
 OP_IDS = {name: i for i, name in enumerate(OPS)}
 
 DTYPES = ("", "float32", "float64", "float16", "bfloat16", "uint8", "int8", "int16", "int32",

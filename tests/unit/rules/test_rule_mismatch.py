@@ -73,3 +73,11 @@ def test_p2p_both_send_is_mismatch():
     b[0].p2p("0", 1, "send", state="issued")
     b[1].p2p("0", 0, "send", state="issued")
     check(diagnose(snap(b)), "collective-mismatch", [0, 1])
+
+
+def test_p2p_both_send_object_list_is_mismatch():
+    # same list length and dtype on both sides: only the direction tells them apart
+    b = ranks(2)
+    b[0].p2p("0", 1, "send_object_list", numel=2, dtype="object", state="issued")
+    b[1].p2p("0", 0, "send_object_list", numel=2, dtype="object", state="issued")
+    check(diagnose(snap(b)), "collective-mismatch", [0, 1])
