@@ -2,8 +2,10 @@
 
 Exit codes: 0 done; 1 internal bug (traceback printed); 2 usage or generic user error;
 3 unreadable ring file; 4 run directory or snapshot missing/empty; 5 no processes
-found. ``hangtrace run`` exits with the status of the command it ran (128+N when the
-command was killed by signal N, as shells report it).
+found; 141 standard output closed by its reader (``hangtrace records RUN | head``: what a
+command killed by SIGPIPE reports, the rest of the output is dropped silently). ``hangtrace
+run`` exits with the status of the command it ran (128+N when the command was killed by
+signal N, as shells report it).
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, FrozenSet, List, Optional, Set
 
+from . import __version__
+from .cli_out import EXIT_PIPE, stdout_closed
 from .cli_out import dumps as _dumps
 from .cli_out import err as _err
 from .cli_records import add_parser as add_records_parser
@@ -221,6 +225,7 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hangtrace", description="Which rank broke, where, and why.")
+    p.add_argument("--version", action="version", version="hangtrace %s" % __version__)
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run a command traced; verdict on stall or crash")
@@ -300,14 +305,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point; returns the exit code. Only HangtraceError (and its subclasses) is
-    caught, so real bugs keep their traceback (exit 1)."""
+    """Entry point; returns the exit code. Only HangtraceError (and its subclasses) and a
+    closed standard output are caught, so real bugs keep their traceback (exit 1)."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.fn(args))
+        rc = int(args.fn(args))
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe is not caught
+        return rc
     except HangtraceError as e:
         sys.stderr.write(e.render() + "\n")
         return e.exit_code
+    except BrokenPipeError:
+        if not stdout_closed():
+            raise  # a pipe of our own (a helper process): a bug, keep the traceback
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":

@@ -96,6 +96,18 @@ def test_records_shows_every_record_and_memory_samples_without_op(tmp_path, caps
     assert len(mem) == 10 and all("op" not in r and r["source"] == "step" and r["what"] == "host" for r in mem)
 
 
+def test_broken_pipe_of_our_own_keeps_its_traceback(tmp_path, monkeypatch):
+    """Only a closed standard output is a quiet exit 141 (tests/integration/
+    test_cli_robustness.py pipes into head); a BrokenPipeError from any other pipe is a bug."""
+    from hangtrace import cli_records
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr(cli_records, "cmd_records", broken)
+    with pytest.raises(BrokenPipeError):
+        cli.main(["records", str(tmp_path)])
+
+
 def test_process_info_is_frozen_and_summarised_from_records():
     recs = [{"idx": 1, "kind": "collective", "group": "0", "seq": 1, "state": "completed", "t_wall_ns": 5},
             {"idx": 2, "kind": "collective", "group": "0", "seq": 2, "state": "issued", "t_wall_ns": 6}]
