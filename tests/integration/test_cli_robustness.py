@@ -249,3 +249,19 @@ def test_output_into_head_closes_quietly(busy_run, args):
             assert rc == 141, err
         else:  # may fit in the pipe before head exits
             assert rc in (0, 141), err
+
+
+def test_records_of_a_real_job_leave_memory_samples_out_unless_asked(busy_run):
+    import json
+    out = ht("records", busy_run, "--last", "50")
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("  #")]
+    assert len(lines) == 50 and not [ln for ln in lines if " memory " in ln]
+    assert "memory samples not shown: --memory shows them" in out.stdout
+    out = ht("records", busy_run, "--last", "0", "--memory")
+    assert out.returncode == 0, out.stderr
+    assert " memory host (" in out.stdout and "not shown" not in out.stdout
+    d = json.loads(ht("records", busy_run, "--last", "0", "--json").stdout)["processes"][0]
+    assert d["records"] and all(r["kind"] != "memory" for r in d["records"]) and d["memory_samples_hidden"] > 0
+    d = json.loads(ht("records", busy_run, "--last", "0", "--json", "--memory").stdout)["processes"][0]
+    assert sum(r["kind"] == "memory" for r in d["records"]) > 0 and d["memory_samples_hidden"] == 0
