@@ -80,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_attach(args: argparse.Namespace) -> int:
     """Stacks of a hung job that was not started with hangtrace; names the outliers."""
     from .tracer.pipeline import attach
-    _print_diag(attach(args.pid or None, native=args.native), args.json)
+    _print_diag(attach(args.pid or None, native=args.native, log=_err), args.json)
     return 0
 
 
@@ -257,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(fn=cmd_analyze)
 
     t = sub.add_parser("attach", help="diagnose a hung torch.distributed job not started with hangtrace")
-    t.add_argument("--pid", type=int, action="append", help="process id (repeat); default: find them")
+    t.add_argument("--pid", type=int, action="append", help="process id (repeat); default: the "
+                   "torch.distributed job you started most recently (named on stderr, with the reason)")
     t.add_argument("--json", action="store_true")
     t.add_argument("--native", action="store_true")
     t.set_defaults(fn=cmd_attach)
