@@ -2,8 +2,10 @@
 
 Exit codes: 0 done; 1 internal bug (traceback printed); 2 usage or generic user error;
 3 unreadable ring file; 4 run directory or snapshot missing/empty; 5 no processes
-found. ``hangtrace run`` exits with the status of the command it ran (128+N when the
-command was killed by signal N, as shells report it).
+found; 141 standard output closed by its reader (``hangtrace records RUN | head``: what a
+command killed by SIGPIPE reports, the rest of the output is dropped silently). ``hangtrace
+run`` exits with the status of the command it ran (128+N when the command was killed by
+signal N, as shells report it).
 """
 from __future__ import annotations
 
@@ -14,95 +16,16 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, FrozenSet, List, Optional, Set
 
+from . import __version__
+from .cli_out import EXIT_PIPE, stdout_closed
+from .cli_out import dumps as _dumps
+from .cli_out import err as _err
+from .cli_records import add_parser as add_records_parser
 from .tracer import config
 from .tracer.errors import HangtraceError, RunDirError
 
 if TYPE_CHECKING:
     from .tracer.pipeline import Result
-    from .tracer.snapshot import ProcessInfo
-
-
-def _err(msg: str) -> None:
-    sys.stderr.write("hangtrace: %s\n" % msg)
-    sys.stderr.flush()
-
-
-def _dumps(obj: Any) -> str:
-    import orjson
-    return str(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode())
-
-
-# --- records ---------------------------------------------------------------------------
-def _fmt_state(p: "ProcessInfo") -> str:
-    if p.state == "exited":
-        return "exited(%s)" % p.exit_code
-    return p.state
-
-
-def _fmt_record(r: Any) -> str:
-    if r["kind"] in ("collective", "p2p"):
-        s = "%s %s group=%s seq=%d" % (r["kind"], r["op"], r["group"], r["seq"])
-        if r["numel"] or r["dtype"]:
-            s += " %s[%s]" % (r["dtype"], r["shape"] or r["numel"])
-        if r["peer"] >= 0:
-            s += " peer=%d" % r["peer"]
-        if r["async_op"]:
-            s += " async"
-        s += " %s" % r["state"]
-        if r["error"]:
-            s += " (%s)" % r["error"]
-    elif r["kind"] == "group":
-        s = "group %s created" % r["group"]
-    elif r["kind"] in ("phase_enter", "phase_exit"):
-        s = "%s %s" % (r["kind"].replace("_", " "), r["phase"])
-    elif r["kind"] == "event":
-        s = "event %s" % r["group"]
-    elif r["kind"] == "step":
-        s = "step %d" % r["seq"]
-    else:
-        s = r["kind"]
-    ctx = []
-    if r["phase"]:
-        ctx.append("phase=%s" % r["phase"])
-    if r["step"] is not None:
-        ctx.append("step=%d" % r["step"])
-    if r["thread"] and r["thread"] != "MainThread":
-        ctx.append("thread=%s" % r["thread"])
-    return "%s%s" % (s, ("  [" + " ".join(ctx) + "]") if ctx else "")
-
-
-def cmd_records(args: argparse.Namespace) -> int:
-    """List every traced process of a run and its last records (every record decoded)."""
-    from .tracer.pipeline import records
-    snap = records(args.run_dir, log=_err)
-    if args.json:
-        out = []
-        for p in snap.processes:
-            recs = p.records[-args.last:] if args.last else p.records
-            out.append({"rank": p.rank, "local_rank": p.local_rank, "world_size": p.world_size,
-                        "host": p.host, "pid": p.pid, "state": p.state, "exit_code": p.exit_code,
-                        "phase": p.phase, "step": p.step, "inflight": p.inflight, "groups": p.groups,
-                        "events": p.events, "signals": {k: {"wall_ns": v["wall_ns"], "path": v["path"]}
-                                                        for k, v in p.signals.items()},
-                        "meta": p.meta, "records": recs})
-        print(_dumps({"run_dir": snap.run_dir, "processes": out, "errors": snap.errors}))
-        return 0
-    for p in snap.processes:
-        print("rank %s  %s:%d  %s  phase=%s step=%s" % (p.rank if p.rank >= 0 else "?", p.host, p.pid,
-                                                       _fmt_state(p), p.phase, p.step))
-        if p.inflight:
-            print("  in flight: %s" % _fmt_record(p.inflight))
-        for k, v in p.signals.items():
-            print("  %s stacks written: %s" % (k, v["path"]))
-        for e in p.events:
-            if e.get("event") in ("exception", "thread_exception"):
-                print("  %s: %s: %s" % (e["event"], e.get("type"), e.get("message")))
-        recs = p.records[-args.last:] if args.last else p.records
-        for r in recs:
-            print("  #%d %s" % (r["idx"], _fmt_record(r)))
-    for line in snap.errors:
-        print("error: %s" % line)
-    return 0
 
 
 # --- analyze / dump / attach -------------------------------------------------------------
@@ -157,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_attach(args: argparse.Namespace) -> int:
     """Stacks of a hung job that was not started with hangtrace; names the outliers."""
     from .tracer.pipeline import attach
-    _print_diag(attach(args.pid or None, native=args.native), args.json)
+    _print_diag(attach(args.pid or None, native=args.native, log=_err), args.json)
     return 0
 
 
@@ -194,8 +117,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     print("timeline: %s (%d events, %d bytes%s)" % (
         out, len(trace["traceEvents"]), size,
         ", %d records sampled out" % samp["records_dropped"] if samp["records_dropped"] else ""))
-    for e in trace["otherData"].get("errors", ()):
-        print("note: %s" % e)
+    for note in trace["otherData"].get("errors", ()):
+        print("note: %s" % note)
     if args.open:
         from .tracer.report.timeline.serve import serve_forever
         return int(serve_forever(out, args.port))
@@ -302,6 +225,7 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hangtrace", description="Which rank broke, where, and why.")
+    p.add_argument("--version", action="version", version="hangtrace %s" % __version__)
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run a command traced; verdict on stall or crash")
@@ -333,16 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(fn=cmd_analyze)
 
     t = sub.add_parser("attach", help="diagnose a hung torch.distributed job not started with hangtrace")
-    t.add_argument("--pid", type=int, action="append", help="process id (repeat); default: find them")
+    t.add_argument("--pid", type=int, action="append", help="process id (repeat); default: the "
+                   "torch.distributed job you started most recently (named on stderr, with the reason)")
     t.add_argument("--json", action="store_true")
     t.add_argument("--native", action="store_true")
     t.set_defaults(fn=cmd_attach)
 
-    rc = sub.add_parser("records", help="list traced processes and their last records")
-    rc.add_argument("run_dir")
-    rc.add_argument("--json", action="store_true")
-    rc.add_argument("--last", type=int, default=20, help="records per process (0 = all)")
-    rc.set_defaults(fn=cmd_records)
+    add_records_parser(sub)
 
     tl = sub.add_parser("timeline", help="Perfetto trace of every rank (open in ui.perfetto.dev or vizviewer)")
     tl.add_argument("path", metavar="RUN_DIR|SNAPSHOT")
@@ -385,14 +306,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point; returns the exit code. Only HangtraceError (and its subclasses) is
-    caught, so real bugs keep their traceback (exit 1)."""
+    """Entry point; returns the exit code. Only HangtraceError (and its subclasses) and a
+    closed standard output are caught, so real bugs keep their traceback (exit 1)."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.fn(args))
+        rc = int(args.fn(args))
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe is not caught
+        return rc
     except HangtraceError as e:
         sys.stderr.write(e.render() + "\n")
         return e.exit_code
+    except BrokenPipeError:
+        if not stdout_closed():
+            raise  # a pipe of our own (a helper process): a bug, keep the traceback
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":

@@ -186,14 +186,16 @@ def dump_ray(run_dir: Optional[str], address: Optional[str], native: bool = Fals
     return diagnose_snapshot(snap, store=True)
 
 
-def attach(pids: Optional[List[int]] = None, native: bool = False, out_dir: Optional[str] = None) -> Result:
+def attach(pids: Optional[List[int]] = None, native: bool = False, out_dir: Optional[str] = None,
+           log: Log = _stderr_log) -> Result:
     """``hangtrace attach``: stacks of a job not started with hangtrace, the stack-only
-    verdict, stored with the snapshot. Raises NoProcessesError."""
+    verdict, stored with the snapshot. Without ``pids``: the job this user started most
+    recently, named on ``log`` with the reason. Raises NoProcessesError."""
     from hangtrace.tracer.analyze.diagnose import diagnose
     from hangtrace.tracer.collect.attach import collect
     from hangtrace.tracer.collect.rings import write_diagnosis
     from hangtrace.tracer.report.text import text_report, verdict_paragraph
-    snap = collect(pids, native=native, out_dir=out_dir)
+    snap = collect(pids, native=native, out_dir=out_dir, log=log)
     diag = diagnose(snap)  # reason 'attach': the stack_only rule
     write_diagnosis(snap, diag, text_report(diag, snap))
     return Result(snap, diag, verdict_paragraph(diag))

@@ -5,7 +5,7 @@ import signal
 import subprocess
 import sys
 
-from jobs import REPO, base_env, wait_line
+from jobs import REPO, base_env, free_port, wait_line
 
 
 def test_attach_names_stuck_rank_of_uninstrumented_job(tmp_path):
@@ -46,3 +46,53 @@ def test_attach_names_stuck_rank_of_uninstrumented_job(tmp_path):
         except OSError:
             pass
         job.wait(timeout=10)
+
+
+def _start_time(pid):
+    import psutil
+    return psutil.Process(pid).create_time()
+
+
+def test_attach_without_pid_picks_the_newest_job_of_this_user_and_says_why(tmp_path):
+    """Two uninstrumented one-rank jobs of this user started a second apart (and, as root,
+    a newer one of another user): `hangtrace attach` takes the newer of this user's and
+    names it with the reason on stderr; the older one is a note."""
+    import re
+    import time
+    import psutil
+
+    def job(port, **kw):
+        env = base_env(traced=False, RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=port)
+        return subprocess.Popen(kw.pop("cmd", [sys.executable, "-c", "import time; time.sleep(120)"]), env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+    procs = []
+    try:
+        procs.append(job(free_port()))
+        time.sleep(1.2)
+        procs.append(job(free_port()))
+        older, newer = procs
+        if os.getuid() == 0:  # a newer job owned by another user is not this user's job
+            time.sleep(1.2)
+            procs.append(job(free_port(), cmd=["sleep", "120"], user="nobody"))
+            assert psutil.Process(procs[2].pid).uids().real != 0
+        time.sleep(0.5)
+        out = subprocess.run([sys.executable, "-m", "hangtrace", "attach"], env=base_env(traced=False, TMPDIR=tmp_path),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        m = re.search(r"hangtrace: attaching to pid (\d+) .*\(started [^)]*\): (.*)$", out.stderr, re.M)
+        assert m, out.stderr
+        chosen, why = int(m.group(1)), m.group(2)
+        assert "torch.distributed job" in why and "owned by uid %d" % os.getuid() in why, why
+        assert chosen not in [p.pid for p in procs[2:]]
+        if chosen != newer.pid:  # another test's job of this user started after ours meanwhile
+            assert chosen != older.pid and _start_time(chosen) >= _start_time(newer.pid), out.stderr
+        else:
+            assert "pass --pid to choose another" in why
+            assert "another job left out (pid %d (rank 0)" % older.pid in out.stdout, out.stdout
+            if len(procs) == 3:
+                assert "of other users left out" in why, why
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)

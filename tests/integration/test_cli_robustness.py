@@ -196,3 +196,72 @@ def test_dump_ray_unreachable_address_fails_fast(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "cannot reach the Ray cluster" in out.stderr and "remedy:" in out.stderr
     assert time.time() - t < 30
+
+
+def test_version_is_the_package_version():
+    import hangtrace
+    out = ht("--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "hangtrace %s" % hangtrace.__version__
+
+
+#: A traced job with many records: phases, steps, and memory samples (every 10 ms and at
+#: every phase boundary), so `records` output is far larger than a pipe's buffer.
+BUSY = ("from hangtrace import tracer\n"
+        "import time\n"
+        "for i in range(3000):\n"
+        "    with tracer.phase('train'):\n"
+        "        tracer.step(i)\n"
+        "    if i % 500 == 0:\n"
+        "        time.sleep(0.05)\n")
+
+
+@pytest.fixture(scope="module")
+def busy_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("busy")
+    p = subprocess.run([sys.executable, "-c", BUSY], env=base_env(d, HANGTRACE_MEM_INTERVAL_S=0.01),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return d
+
+
+@pytest.mark.parametrize("args", [["records", "--last", "0"], ["records", "--last", "0", "--json"],
+                                  ["analyze", "--json"]])
+def test_output_into_head_closes_quietly(busy_run, args):
+    """`hangtrace records RUN | head -1`: no BrokenPipeError traceback, exit 141 (SIGPIPE's
+    status, what a shell reports for `yes | head`), head gets the first line."""
+    env = base_env(traced=False)
+    env.pop("PYTHONUNBUFFERED", None)  # block-buffered, as in a user's shell
+    for unbuffered in (False, True):
+        if unbuffered:
+            env["PYTHONUNBUFFERED"] = "1"
+        cli = subprocess.Popen([sys.executable, "-m", "hangtrace"] + args + [str(busy_run)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        head = subprocess.Popen(["head", "-1"], stdin=cli.stdout, stdout=subprocess.PIPE)
+        cli.stdout.close()  # head alone reads the pipe
+        first = head.communicate(timeout=120)[0].decode()
+        err = cli.stderr.read().decode()
+        rc = cli.wait(timeout=120)
+        cli.stderr.close()
+        assert first.strip(), err
+        assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+        if args[0] == "records":  # large output: the pipe was closed while we wrote
+            assert rc == 141, err
+        else:  # may fit in the pipe before head exits
+            assert rc in (0, 141), err
+
+
+def test_records_of_a_real_job_leave_memory_samples_out_unless_asked(busy_run):
+    import json
+    out = ht("records", busy_run, "--last", "50")
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("  #")]
+    assert len(lines) == 50 and not [ln for ln in lines if " memory " in ln]
+    assert "memory samples not shown: --memory shows them" in out.stdout
+    out = ht("records", busy_run, "--last", "0", "--memory")
+    assert out.returncode == 0, out.stderr
+    assert " memory host (" in out.stdout and "not shown" not in out.stdout
+    d = json.loads(ht("records", busy_run, "--last", "0", "--json").stdout)["processes"][0]
+    assert d["records"] and all(r["kind"] != "memory" for r in d["records"]) and d["memory_samples_hidden"] > 0
+    d = json.loads(ht("records", busy_run, "--last", "0", "--json", "--memory").stdout)["processes"][0]
+    assert sum(r["kind"] == "memory" for r in d["records"]) > 0 and d["memory_samples_hidden"] == 0

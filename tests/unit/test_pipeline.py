@@ -88,12 +88,51 @@ def test_analyze_json_goes_through_the_pipeline(tmp_path, capsys):
 
 def test_records_shows_every_record_and_memory_samples_without_op(tmp_path, capsys):
     _rank(tmp_path, 0, 1, 40, blocked=False, nslots=256)
-    assert cli.main(["records", "--json", "--last", "0", str(tmp_path)]) == 0
+    assert cli.main(["records", "--json", "--last", "0", "--memory", str(tmp_path)]) == 0
     procs = json.loads(capsys.readouterr().out)["processes"]
     recs = procs[0]["records"]
     assert len(recs) == 1 + 1 + 40 * 2 + 10 * 2  # group, phase enter, coll+step, send+memory
     mem = [r for r in recs if r["kind"] == "memory"]
     assert len(mem) == 10 and all("op" not in r and r["source"] == "step" and r["what"] == "host" for r in mem)
+    assert procs[0]["memory_samples_hidden"] == 0
+
+
+def test_records_leaves_memory_samples_out_unless_asked(tmp_path, capsys):
+    """Memory samples are left out by default (text and JSON) and --last counts the records
+    shown; --memory shows them; an out-of-memory sample is always shown."""
+    _rank(tmp_path, 0, 1, 40, blocked=False, nslots=256)
+    assert cli.main(["records", "--json", "--last", "0", str(tmp_path)]) == 0
+    p = json.loads(capsys.readouterr().out)["processes"][0]
+    assert len(p["records"]) == 1 + 1 + 40 * 2 + 10 and p["memory_samples_hidden"] == 10
+    assert not [r for r in p["records"] if r["kind"] == "memory"]
+    assert cli.main(["records", "--json", "--last", "5", str(tmp_path)]) == 0
+    recs = json.loads(capsys.readouterr().out)["processes"][0]["records"]
+    assert len(recs) == 5 and all(r["kind"] != "memory" for r in recs)
+    assert cli.main(["records", "--last", "0", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert " memory host" not in out and "(10 memory samples not shown: --memory shows them)" in out
+    assert cli.main(["records", "--last", "0", "--memory", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" memory host (step) rss=") == 10 and "not shown" not in out
+
+    from hangtrace.cli_records import shown
+    oom = {"kind": "memory", "source": "oom"}
+    timer = {"kind": "memory", "source": "timer"}
+    coll = {"kind": "collective"}
+    assert shown([coll, timer, oom, timer], memory=False, last=0) == ([coll, oom], 2)
+    assert shown([coll, timer, oom, timer], memory=True, last=2) == ([oom, timer], 0)
+
+
+def test_broken_pipe_of_our_own_keeps_its_traceback(tmp_path, monkeypatch):
+    """Only a closed standard output is a quiet exit 141 (tests/integration/
+    test_cli_robustness.py pipes into head); a BrokenPipeError from any other pipe is a bug."""
+    from hangtrace import cli_records
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr(cli_records, "cmd_records", broken)
+    with pytest.raises(BrokenPipeError):
+        cli.main(["records", str(tmp_path)])
 
 
 def test_process_info_is_frozen_and_summarised_from_records():

@@ -10,11 +10,13 @@ stacks (STAT-style prefix tree) and names the outliers in the same vocabulary.
 (``analyze/rules/stack_only.py``) gives the stack-only verdict.
 """
 import os
+import shlex
 import socket
+import sys
 import tempfile
 import time
 
-from typing import List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import orjson
 
@@ -26,8 +28,17 @@ from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 _MAX_WORLD = 1 << 20
 
 
-def collect(pids: Optional[List[int]] = None, native: bool = False, out_dir: Optional[str] = None) -> Snapshot:
+def _stderr(line: str) -> None:
+    sys.stderr.write("hangtrace: %s\n" % line)
+    sys.stderr.flush()
+
+
+def collect(pids: Optional[List[int]] = None, native: bool = False, out_dir: Optional[str] = None,
+            log: Optional[Callable[[str], None]] = None) -> Snapshot:
     """Find the job's processes (``pids`` or a scan) and take their stacks.
+
+    Without ``pids``, the job started most recently by this user (``choose_job``); ``log``
+    (default stderr) gets one line naming it and why.
 
     Returns the Snapshot, stored (processes.json, stacks/*.json) under ``out_dir``
     (default: a new folder ``hangtrace-attach-<time>`` in the temp dir); the pipeline
@@ -36,9 +47,11 @@ def collect(pids: Optional[List[int]] = None, native: bool = False, out_dir: Opt
     """
     from hangtrace.tracer.collect import stacks as S
     found = find_torch_processes(pids)
-    notes = []
+    notes: List[str] = []
     if pids is None and found:
-        found, notes = _newest_job(found)
+        chosen, line, notes = choose_job(found, os.getuid())
+        (log or _stderr)(line)
+        found = type(found)(chosen, found.skipped)
     if not found:
         why = "; ".join("pid %s: %s" % (s["pid"], s["reason"]) for s in found.skipped[:5])
         raise NoProcessesError(
@@ -77,23 +90,61 @@ def collect(pids: Optional[List[int]] = None, native: bool = False, out_dir: Opt
     return snap
 
 
-def _job_key(d):
+Found = Dict[str, Any]
+
+
+def _job_key(d: Found) -> Tuple[Any, ...]:
+    """Which job a discovered process belongs to: its torchrun run id and rendezvous address;
+    processes with none of these are grouped by session (one launch from a shell)."""
     e = d.get("env", {})
-    return (e.get("TORCHELASTIC_RUN_ID", ""), e.get("MASTER_ADDR", ""), e.get("MASTER_PORT", ""))
+    key = (e.get("TORCHELASTIC_RUN_ID", ""), e.get("MASTER_ADDR", ""), e.get("MASTER_PORT", ""))
+    return key if any(key) else ("session", d.get("sid"))
 
 
-def _newest_job(found):
-    """Keep the processes of the most recently started job; notes name the others."""
-    jobs = {}
+def _started(ds: List[Found]) -> float:
+    """When a job started most recently: its newest process (a restarted rank counts)."""
+    return max(d.get("start_time") or 0.0 for d in ds)
+
+
+def _describe_job(ds: List[Found]) -> str:
+    """``pid 12 (rank 0), pid 13 (rank 1): python train.py --lr 1 (started 20:10:03)``"""
+    ds = sorted(ds, key=lambda d: (d["rank"] < 0, d["rank"], d["pid"]))
+    who = ", ".join("pid %d%s" % (d["pid"], " (rank %d)" % d["rank"] if d["rank"] >= 0 else "") for d in ds[:8])
+    if len(ds) > 8:
+        who += ", ... (%d processes)" % len(ds)
+    cmd = shlex.join(ds[0].get("cmdline") or ["?"])
+    if len(cmd) > 120:
+        cmd = cmd[:117] + "..."
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(_started(ds))) if _started(ds) else "?"
+    return "%s: %s (started %s)" % (who, cmd, when)
+
+
+def choose_job(found: List[Found], uid: int) -> Tuple[List[Found], str, List[str]]:
+    """Which job ``hangtrace attach`` without ``--pid`` diagnoses: among the jobs of
+    ``found`` (grouped by ``_job_key``), the one started most recently among those owned
+    by ``uid`` (every process of it), else among all. Returns its processes, the line that
+    says which and why, and one note per job left out."""
+    jobs: Dict[Tuple[Any, ...], List[Found]] = {}
     for d in found:
         jobs.setdefault(_job_key(d), []).append(d)
-    if len(jobs) <= 1:
-        return found, []
-    newest = max(jobs.values(), key=lambda ds: max(d.get("start_time") or 0 for d in ds))
+    mine = [ds for ds in jobs.values() if all(d.get("uid") == uid for d in ds)]
+    pool = mine or list(jobs.values())
+    chosen = max(pool, key=_started)
+    n, others = len(pool), len(jobs) - len(mine)
+    if mine:
+        why = ("the only torch.distributed job owned by uid %d" % uid if n == 1 else
+               "the newest of %d torch.distributed jobs owned by uid %d" % (n, uid))
+        if others:
+            why += "; %d job%s of other users left out" % (others, "" if others == 1 else "s")
+    else:
+        owners = sorted({int(d["uid"]) for d in chosen if d.get("uid") is not None})
+        why = "no torch.distributed job is owned by uid %d; %s (uid %s)" % (
+            uid, "the only job found" if n == 1 else "the newest of %d jobs found" % n,
+            ",".join(str(u) for u in owners) or "?")
+    line = "attaching to %s: %s%s" % (_describe_job(chosen), why,
+                                      "; pass --pid to choose another" if len(jobs) > 1 else "")
     notes = []
-    for key, ds in jobs.items():
-        if ds is not newest:
-            notes.append("another job (MASTER_ADDR:PORT %s:%s%s) with pids %s was left out; pass --pid to "
-                         "choose" % (key[1], key[2], (" run id " + key[0]) if key[0] else "",
-                                     ",".join(str(d["pid"]) for d in ds[:8])))
-    return type(found)(newest, found.skipped), notes
+    for ds in jobs.values():
+        if ds is not chosen:
+            notes.append("another job left out (%s); pass --pid to choose it" % _describe_job(ds))
+    return chosen, line, notes

@@ -68,6 +68,14 @@ def _describe(proc, env, host):
         start = proc.create_time()
     except Exception:
         start = None
+    try:
+        uid = proc.uids().real
+    except Exception:
+        uid = None
+    try:
+        sid = os.getsid(proc.pid)
+    except OSError:
+        sid = None
     return {
         "pid": proc.pid,
         "ppid": ppid,
@@ -78,6 +86,8 @@ def _describe(proc, env, host):
         "run_id": env.get("TORCHELASTIC_RUN_ID", ""),
         "cmdline": cmdline,
         "start_time": start,
+        "uid": uid,
+        "sid": sid,
         "python": _is_python(proc, cmdline),
         "env": {k: env[k] for k in ENV_KEYS if k in env},
     }
@@ -128,7 +138,8 @@ def find_torch_processes(pids=None, include_all=False):
 
     Returns a :class:`DiscoveryResult` (a list) of dicts ``{pid, ppid, host, rank,
     local_rank, world_size (-1 when unset), run_id (TORCHELASTIC_RUN_ID or ''), cmdline
-    (list), start_time (Unix s), python (bool), env (subset: ENV_KEYS)}``; its
+    (list), start_time (Unix s), uid (real user id), sid (session id), python (bool), env
+    (subset: ENV_KEYS)}`` (uid, sid, start_time: None when unreadable); its
     ``skipped`` lists ``{pid, reason}`` for processes whose environ could not be read
     (another user without CAP_SYS_PTRACE/root: "access denied"), that vanished, or
     (explicit pids) do not exist.

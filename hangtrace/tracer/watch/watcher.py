@@ -216,11 +216,29 @@ class Watcher:
         return any(live_state(h) == "alive" for h in self.headers.values())
 
 
+def run_dir_gone(run_dir: str, ino: "tuple[int, int]") -> "str | None":
+    """Why a standalone watcher of ``run_dir`` has nothing left to watch, or None: the
+    directory was deleted (``rm -r``, ``hangtrace gc``) or replaced by another one of the
+    same name (``ino``: its (device, inode) when the watcher started)."""
+    try:
+        st = os.stat(run_dir)
+    except FileNotFoundError:
+        return "run directory %s was deleted" % run_dir
+    except OSError as e:
+        return "run directory %s cannot be read: %s" % (run_dir, e.strerror or e)
+    if (st.st_dev, st.st_ino) != ino:
+        return "run directory %s was replaced by another directory" % run_dir
+    return None
+
+
 def main(argv: "list[str] | None" = None) -> int:
     """Standalone node watcher: ``python -m hangtrace.tracer.watch.watcher RUN_DIR``.
 
-    Logs to RUN_DIR/watcher-<host>.log; exits when no traced process of the run is
-    alive on this node any more (after a grace period of 2 polls).
+    Logs to RUN_DIR/watcher-<host>.log. Exits (status 0) when no traced process of the run
+    is alive on this node any more (after a grace period of 2 polls), when no ring file has
+    been in the run directory for ``HANGTRACE_STARTUP_STALL_S`` seconds (they were
+    deleted), and at the next poll when the run directory was deleted or replaced: an
+    auto-started watcher must not outlive its run. Exits with 4 when RUN_DIR does not exist.
     """
     import socket
     from hangtrace.tracer.pipeline import dump_live
@@ -233,12 +251,25 @@ def main(argv: "list[str] | None" = None) -> int:
     w.mem_log = lambda line: log(line)  # issue 5: memory early warnings
     w.log = lambda line: log(line)
 
-    def log(msg):
-        with open(log_path, "a") as f:
-            f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
+    def log(msg: str) -> None:
+        try:
+            with open(log_path, "a") as f:
+                f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
+        except OSError:
+            pass  # the run directory went away: the next poll ends the watcher
 
+    try:
+        st = os.stat(run_dir)
+    except OSError as e:
+        sys.stderr.write("hangtrace watcher: cannot watch %s: %s (remedy: pass the run directory of a "
+                         "traced job, HANGTRACE_DIR)\n" % (run_dir, e.strerror or e))
+        return 4
+    ino = (st.st_dev, st.st_ino)
     log("watcher started, pid %d, stall threshold %.1f s" % (os.getpid(), w.stall_s))
+    last_ring = time.monotonic()
     while True:
+        if run_dir_gone(run_dir, ino):
+            return 0  # no log line: the log was deleted, or is another run's now
         inc = w.poll()
         if inc is not None:
             log("%s: %s" % (inc.kind, inc.detail))
@@ -248,6 +279,11 @@ def main(argv: "list[str] | None" = None) -> int:
                 log("snapshot: %s" % res.snapshot.path)
             except Exception as e:
                 log("diagnosis failed: %r" % (e,))
+        if w.headers:
+            last_ring = time.monotonic()
+        elif time.monotonic() - last_ring >= max(w.startup_stall_s, 2 * poll):
+            log("no ring file in %s for %.0f s; watcher exits" % (run_dir, time.monotonic() - last_ring))
+            return 0
         if w.any_alive() or not w.headers:
             idle = 0
         else:
