@@ -50,10 +50,14 @@ def install_ctypes_hook(rt: Any) -> None:
         if _patched[0]:
             return
         try:
-            import wrapt
+            import functools
+            original = module.CDLL.__init__
 
-            def after_load(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-                result = wrapped(*args, **kwargs)
+            # a plain function, not wrapt: importing wrapt here (ctypes is imported early
+            # in torch's import) pulled in importlib.metadata before torch needed it
+            @functools.wraps(original)
+            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+                original(self, *args, **kwargs)
                 try:
                     if _loaded_new(args[0] if args else kwargs.get("name")):
                         from . import bootstrap
@@ -62,8 +66,7 @@ def install_ctypes_hook(rt: Any) -> None:
                             record(cur, "ctypes")
                 except Exception:
                     pass
-                return result
-            module.CDLL.__init__ = wrapt.FunctionWrapper(module.CDLL.__init__, after_load)
+            module.CDLL.__init__ = __init__
             _patched[0] = True
         except Exception as e:
             rt.log("ctypes hook failed: %r" % (e,), "env-ctypes")
