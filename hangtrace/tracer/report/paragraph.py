@@ -209,6 +209,10 @@ def _deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 
 
 def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py
+        meth = d.get("actor_methods") or {}
+        return "Stuck Ray actors: %s (no rank) inside %s, and nothing progressed." % (
+            ", ".join(diag.culprit_actors[:6]), "; ".join("%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]) or "a method")
     return ("Stuck outside collectives: %s is not in any collective%s: %s%s. %s" % (
         who, _where(diag), _reason(diag) or "it made no progress", _doing(diag),
         _waiters_text(diag, coll) if diag.waiting_ranks and coll else
@@ -218,6 +222,14 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     text = d.get("cause_text") or ""
     casc = diag.cascade or []
+    if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py: Ray actors without a rank
+        s = "Failed Ray actor: %s (no rank) failed first (cause: %s%s)." % (
+            ", ".join(diag.culprit_actors[:6]), diag.cause, (": " + text) if text else "")
+        if casc:
+            s += " %d later failure(s) (cascade, e.g. %s: %s)." % (
+                len(casc), casc[0].get("actor") or "rank %s" % casc[0].get("rank"),
+                (casc[0].get("text") or casc[0].get("cause") or "")[:100])
+        return s
     s = ("Dead rank: %s died first (cause: %s%s)%s%s%s." % (
         who, diag.cause, (": " + text) if text else "", _where(diag),
         (" during/after %s" % coll) if coll else "", _doing(diag)))
@@ -281,7 +293,9 @@ _BY_KIND: Dict[str, Callable[[Diagnosis, str, str, Dict[str, Any]], str]] = {
 
 def verdict_paragraph(diag: Diagnosis) -> str:
     """One paragraph (a str, no trailing newline) a human reads first."""
-    s = _BY_KIND.get(str(diag.kind), _unknown)(diag, _ranks(diag.culprit_ranks), _coll(diag), diag.details or {})
+    who = _ranks(diag.culprit_ranks) if diag.culprit_ranks or not diag.culprit_actors else \
+        "Ray actor%s %s" % ("s" if len(diag.culprit_actors) > 1 else "", ", ".join(diag.culprit_actors[:6]))
+    s = _BY_KIND.get(str(diag.kind), _unknown)(diag, who, _coll(diag), diag.details or {})
     s += _ray_text(diag)  # issue 4
     s += _memory_text(diag)  # issue 5
     nxt = next_step(diag)

@@ -19,6 +19,9 @@ Selection rules (the ones the analysis has always applied to the full record lis
   with the newest ``t_wall_ns`` (of equal times, the newest index);
 * ``inflight``: the record the header names as in flight, if still 'issued', else
   ``last_comm`` when it is 'issued' and not async;
+* ``failed_phases``: per phase name, the newest phase-exit record of that phase when it
+  failed (a Ray actor method, or a ``tracer.phase``, that raised and has not completed
+  since);
 * ``tail``: the newest :data:`TAIL` records (numpy path: kept as raw slots, decoded on
   access, :class:`LazyRecords`); ``memory``: every memory sample.
 """
@@ -94,6 +97,7 @@ class RingSummary:
     by_peer: Mapping[Tuple[Optional[str], int], AnyRecord] = field(default_factory=dict)
     tail: Sequence[AnyRecord] = ()
     memory: Tuple[AnyRecord, ...] = ()
+    failed_phases: Mapping[str, AnyRecord] = field(default_factory=dict)
 
     def records(self) -> List[AnyRecord]:
         """The records the analysis reads, once each, in index order: the singles above,
@@ -102,7 +106,8 @@ class RingSummary:
         record and last progress as in the full list."""
         seen: Dict[Any, AnyRecord] = {}
         single = (self.last, self.last_comm, self.first_failed, self.last_progress, self.inflight)
-        for r in (*single, *self.by_group.values(), *self.by_peer.values(), *self.memory):
+        for r in (*single, *self.by_group.values(), *self.by_peer.values(), *self.memory,
+                  *self.failed_phases.values()):
             if r is not None:
                 seen.setdefault(r.get("idx", id(r)), r)
         return sorted(seen.values(), key=lambda r: r.get("idx") or 0)
@@ -119,8 +124,11 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
     last_comm = first_failed = last_progress = None
     best_t = -1
     memory = []
+    exits: Dict[str, AnyRecord] = {}
     for r in records:
         kind = r.get("kind")
+        if kind == "phase_exit" and r.get("phase"):
+            exits[str(r.get("phase"))] = r
         if kind == "collective" or kind == "p2p":
             d: Dict[Any, AnyRecord] = by_group if kind == "collective" else by_peer
             k: Any = r.get("group") if kind == "collective" else (r.get("group"), r.get("peer"))
@@ -149,7 +157,8 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
     return RingSummary(count=len(records), last=records[-1] if records else None, last_comm=last_comm,
                        first_failed=first_failed, last_progress=last_progress, inflight=inflight,
                        by_group=by_group, by_peer=by_peer, tail=tuple(records[-tail:]) if tail else (),
-                       memory=tuple(memory))
+                       memory=tuple(memory),
+                       failed_phases={k: r for k, r in exits.items() if r.get("state") == "failed"})
 
 
 def summarize_slots(slots: bytes, nslots: int, strings: Dict[int, str], inflight_idx: int = 0,
@@ -182,7 +191,7 @@ def _slot_dtype() -> Any:
     if _DTYPE is None:
         import numpy as np
         fields = [("idx", "<u8", 0), ("kind", "u1", 8), ("flags", "u1", 9), ("group", "<u4", 12),
-                  ("seq", "<i8", 16), ("peer", "<i4", 36), ("t_wall", "<u8", 64), ("state", "u1", 72)]
+                  ("seq", "<i8", 16), ("peer", "<i4", 36), ("phase", "<u4", 44), ("t_wall", "<u8", 64), ("state", "u1", 72)]
         _DTYPE = np.dtype({"names": [f[0] for f in fields], "formats": [f[1] for f in fields],
                            "offsets": [f[2] for f in fields], "itemsize": SLOT_SIZE})
         assert SLOT.size == SLOT_SIZE
@@ -256,6 +265,13 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
                                       arr["group"][ppos])).tolist():
         r = rec(p)
         _keep_max(by_peer, (r.get("group"), r.get("peer")), r)
+    failed_phases: Dict[str, Record] = {}
+    xpos = pos[(kind == K_PHASE_EXIT) & (arr["phase"][pos] != 0)]
+    for p in _last_per_key(np, xpos, (idx[xpos], idx[xpos], arr["phase"][xpos])).tolist():
+        r = rec(p)
+        name = r.get("phase")
+        if r.get("state") == "failed" and name:
+            failed_phases[str(name)] = r
     inflight = None
     if inflight_idx:
         ip = (inflight_idx - 1) % nslots
@@ -271,7 +287,7 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
         last_progress=last_progress, inflight=inflight, by_group=by_group, by_peer=by_peer,
         tail=LazyRecords(np.frombuffer(slots, dtype=np.uint8, count=nslots * SLOT_SIZE).reshape(nslots, SLOT_SIZE)
                          [pos[-tail:]].tobytes(), strings) if tail else (),
-        memory=tuple(rec(p) for p in pos[kind == K_MEM].tolist()))
+        memory=tuple(rec(p) for p in pos[kind == K_MEM].tolist()), failed_phases=failed_phases)
 
 
 def _keep_max(d: Dict[Any, Record], key: Any, r: Record) -> None:

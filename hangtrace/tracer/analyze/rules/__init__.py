@@ -4,11 +4,12 @@
 ``HANG_RULES``: tried in order over the wait-for graph; the first that finds is *the
 hang*. ``DEATH_RULE`` finds the root death. The arbiter (``analyze/arbiter.py``) decides
 between them; with neither, ``FALLBACK_RULES`` are tried in order (``idle`` always
-finds). ``STACK_ONLY`` replaces all of them for stacks-only snapshots (attach).
+finds). ``STACK_ONLY`` replaces all of them for stacks-only snapshots (attach);
+``ACTORS`` is the verdict when no traced process has a rank (Ray actors only).
 """
 from typing import Dict, Tuple
 
-from hangtrace.tracer.analyze.rules import (chain, dead_rank, deadlock, diverged, extra_collective, idle,
+from hangtrace.tracer.analyze.rules import (actors, chain, dead_rank, deadlock, diverged, extra_collective, idle,
                                             minority, mismatch, no_record_file, stack_only, transport)
 from hangtrace.tracer.analyze.rules.base import Finding, Rule
 
@@ -27,8 +28,9 @@ FALLBACK_RULES: Tuple[Rule, ...] = (
     idle,              # 'progressing' / 'unknown' stalled-*: always finds
 )
 STACK_ONLY: Rule = stack_only     # attach: stacks only, every kind from stacks
+ACTORS: Rule = actors             # no rank at all: Ray actors without a rank (dead-rank / stuck, culprit_actors)
 
-ALL_RULES: Tuple[Rule, ...] = HANG_RULES + (DEATH_RULE,) + FALLBACK_RULES + (STACK_ONLY,)
+ALL_RULES: Tuple[Rule, ...] = HANG_RULES + (DEATH_RULE,) + FALLBACK_RULES + (STACK_ONLY, ACTORS)
 BY_NAME: Dict[str, Rule] = {r.NAME: r for r in ALL_RULES}
 
-__all__ = ["HANG_RULES", "DEATH_RULE", "FALLBACK_RULES", "STACK_ONLY", "ALL_RULES", "BY_NAME", "Finding", "Rule"]
+__all__ = ["HANG_RULES", "DEATH_RULE", "FALLBACK_RULES", "STACK_ONLY", "ACTORS", "ALL_RULES", "BY_NAME", "Finding", "Rule"]

@@ -1,0 +1,126 @@
+"""Rule *actors* -> a verdict over Ray actors that have no rank (issue 9, item 3).
+
+Used when no traced process has a rank (producers and consumers, rollout engines, reward
+workers, controllers: most processes of an RL stack): before this rule such snapshots
+were "Unknown: no traced process with a rank".
+
+Failures of each rank-less actor (``Role.RAY_ACTOR``, rank -1), by time:
+
+* a method that raised and has not completed since (``RingSummary.failed_phases``: the
+  actor-method phases of ``hooks/ray_hooks.py`` end 'failed' with ``Type: message``). A
+  ``SystemExit`` / ``KeyboardInterrupt`` is how Ray ends a worker it stops (SIGTERM,
+  ``ray.shutdown``, ``ray.kill``): that is the death below, not a failure of the method;
+* a death (``deaths.fill_death``: killed, non-zero exit, fatal signal, SIGTERM while in a
+  method, with the memory refinements: Ray's memory monitor, host OOM kill).
+
+The earliest failure is the root: ``dead-rank`` with ``culprit_actors`` naming the actor
+(``Class 'name'``) and the cause (``exception`` for a method that raised, the death's cause
+otherwise); later failures are its cascade. With no failure and the job stalled, the
+actors inside a method are named ``stuck-outside-collective`` (cause ``blocked``), each
+with its method. Otherwise the rule does not find.
+
+Known limit: a method failure its caller handled (and did not retry with success) is
+still a failure here; a retried method that completed is not (its newest exit completed).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from hangtrace.tracer.analyze.context import Ctx, RankView, index_process
+from hangtrace.tracer.analyze.deaths import fill_death
+from hangtrace.tracer.analyze.evidence import ts
+from hangtrace.tracer.analyze.rules.base import Finding
+from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
+from hangtrace.tracer.snapshot import ProcessInfo, Role
+
+NAME = "actors"
+
+#: A method that ended with one of these was stopped, not failed (Ray's SIGTERM handler
+#: raises SystemExit in the worker; Ctrl-C raises KeyboardInterrupt).
+STOP_ERRORS = ("SystemExit", "KeyboardInterrupt")
+
+#: One failure: (wall ns, actor label, cause value, text, process key)
+Failure = Tuple[int, str, str, str, str]
+
+
+def actor_label(p: ProcessInfo) -> str:
+    """``Producer`` / ``Engine 'engine-1'`` for a Ray actor process (class and name from
+    its own ring, ``hooks/ray_hooks.py``)."""
+    m = p.meta or {}
+    cls = str(m.get("ray_actor_class") or "actor")
+    return "%s '%s'" % (cls, m["ray_actor_name"]) if m.get("ray_actor_name") else cls
+
+
+def rankless_actors(ctx: Ctx) -> List[ProcessInfo]:
+    """Processes of the snapshot that are Ray actors without a rank."""
+    return [p for p in ctx.snap.processes if p.role == Role.RAY_ACTOR and (p.rank is None or p.rank < 0)]
+
+
+def _failures(p: ProcessInfo, v: RankView) -> List[Failure]:
+    label, out = actor_label(p), []
+    sm = p.summary
+    for method, rec in (sm.failed_phases.items() if sm is not None else ()):
+        err = str(rec.get("error") or "")
+        if err.split(":", 1)[0].strip() in STOP_ERRORS:
+            continue
+        out.append((int(rec.get("t_wall_ns") or 0), label, Cause.EXCEPTION.value,
+                    "method %s raised %s" % (method, err.strip()[:300]), p.key))
+    if v.dead and not v.victim:
+        out.append((int(v.fail_wall or 0), label, str(v.cause), str(v.cause_text or ""), p.key))
+    return out
+
+
+def find(ctx: Ctx) -> Optional[Finding]:
+    """``data``: ('failed', root, later failures) or ('stuck', [(label, method, key)])."""
+    actors = rankless_actors(ctx)
+    if not actors:
+        return None
+    fails: List[Failure] = []
+    open_methods: List[Tuple[str, str, str]] = []
+    for p in actors:
+        v = index_process(-1, p)
+        fill_death(v)
+        fails.extend(_failures(p, v))
+        if p.state == "alive" and v.phase:
+            open_methods.append((actor_label(p), str(v.phase), p.key))
+    if fails:
+        fails.sort(key=lambda f: (f[0] or 1 << 62, f[1]))
+        return Finding(NAME, (), fails[0][0], data=("failed", fails[0], fails[1:]))
+    if ctx.stalled and open_methods:
+        return Finding(NAME, (), 0, data=("stuck", open_methods))
+    return None
+
+
+def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
+    """``culprit_actors``, cause and ``details['cause_text']`` / ``['actor_methods']``;
+    the cascade lists later actor failures (``actor`` instead of ``rank``: -1)."""
+    what, *rest = finding.data
+    if what == "failed":
+        root, later = rest
+        t, label, cause, text, key = root
+        d.kind, d.cause = Kind.DEAD_RANK, cause
+        d.culprit_actors = [label]
+        d.details["cause_text"] = text
+        d.details["fail_wall_ns"] = t
+        d.details["culprit_process"] = key
+        ctx.add("Ray actor %s (%s, no rank) failed first%s: %s" % (label, key, " at %s" % ts(t) if t else "",
+                                                                   text or cause))
+        d.cascade = [{"rank": -1, "actor": lab, "cause": c, "wall_ns": tw, "text": tx[:300], "victim": False}
+                     for tw, lab, c, tx, _ in later]
+        for c in d.cascade[:6]:
+            ctx.add("later: Ray actor %s: %s" % (c["actor"], c["text"] or c["cause"]))
+        meta = next((p.meta or {} for p in ctx.snap.processes if p.key == key), {})
+        says = meta.get("ray_death")
+        if says:  # Ray's own record of the death, beside ours (collect/raystate.py)
+            d.details["ray_says"] = {label: {"text": says, "actor_state": meta.get("ray_actor_state"),
+                                             "exit_type": meta.get("ray_exit_type")}}
+            ctx.add("Ray actor %s: Ray says: %s" % (label, " ".join(str(says).split())[:400]))
+        return
+    stuck: List[Tuple[str, str, str]] = rest[0]
+    d.kind, d.cause = Kind.STUCK_OUTSIDE_COLLECTIVE, Cause.BLOCKED
+    d.culprit_actors = sorted({lab for lab, _, _ in stuck})
+    methods: Dict[str, Any] = {}
+    for lab, method, key in stuck:
+        methods.setdefault(lab, []).append(method)
+        ctx.add("Ray actor %s (%s, no rank) is inside method %s and the job made no progress" % (lab, key, method))
+    d.details["actor_methods"] = methods

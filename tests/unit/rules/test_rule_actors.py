@@ -1,0 +1,99 @@
+"""Rule actors: Ray actors without a rank (issue 9) - the earliest failure (a method that
+raised, a death) is the root by name (culprit_actors); stuck actors when nothing fails."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ruleutil import check  # noqa: E402
+from synth import MS, S, T0, R, snap  # noqa: E402
+
+from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
+from hangtrace.tracer.report.paragraph import verdict_paragraph  # noqa: E402
+
+
+def actor(cls, pid, name="", **kw):
+    """A rank-less Ray actor process builder (its ring meta names the actor)."""
+    b = R(-1, -1, groups=[], pid=pid, phase=None)
+    b.set(meta={"ray_actor_id": "%032x" % pid, "ray_actor_class": cls, "ray_actor_name": name}, **kw)
+    return b
+
+
+def method(b, name, error=None, dt=MS):
+    b.phase = name
+    b.mark("phase_enter", dt=dt)
+    r = b.mark("phase_exit", dt=dt)
+    r["state"] = "failed" if error else "completed"
+    r["error"] = error
+    b.phase = None
+    return r
+
+
+def test_background_method_raised_names_the_actor_and_its_exception_consumer_is_cascade():
+    """Producer.run raised; the Consumer keeps polling pop() (progress), then the driver
+    gives up and Ray SIGTERMs both: the producer and its RuntimeError, not 'no rank'."""
+    prod, cons = actor("Producer", 11), actor("Consumer", 12)
+    method(prod, "run", error="RuntimeError: rollout engine returned malformed batch")
+    for _ in range(20):  # pop() answers 'empty' long after run() died
+        method(prod, "pop", dt=100 * MS)
+        method(cons, "consume_poll", dt=100 * MS)
+    cons.phase = "consume"
+    cons.mark("phase_enter")
+    r = cons.mark("phase_exit", dt=S)
+    r["state"], r["error"] = "failed", "SystemExit: 1"  # Ray's SIGTERM handler in the worker
+    for b in (prod, cons):
+        b.set(state="killed", signals={"sigterm": {"wall_ns": cons.t, "text": "SIGTERM"}})
+    d = check(diagnose(snap([prod, cons], reason="death")), "dead-rank", [])
+    assert d.culprit_actors == ["Producer"] and d.cause == "exception", d.evidence
+    assert "RuntimeError: rollout engine returned malformed batch" in d.details["cause_text"]
+    assert {c["actor"] for c in d.cascade} == {"Consumer", "Producer"}  # both SIGTERMed by the driver later
+    assert "SystemExit" not in d.details["cause_text"]
+    p = verdict_paragraph(d)
+    assert "Producer" in p and "RuntimeError" in p and "no rank died" not in p, p
+
+
+def test_retried_method_that_completed_is_no_failure():
+    """A method that raised once and completed on the retry: not a root (its newest exit
+    completed); with nothing else failing and no stall, the rule does not find."""
+    a = actor("Engine", 21, name="engine-0")
+    method(a, "generate", error="TimeoutError: slow")
+    method(a, "generate")
+    d = diagnose(snap([a], reason="request", taken=a.t + S))
+    assert d.kind == "unknown" and d.culprit_actors == [], d.summary
+
+
+def test_killed_actor_is_the_root_with_its_death_cause():
+    """An actor killed without a record (SIGKILL) while its peer waits: dead-rank naming
+    it, cause killed-without-record."""
+    a, b = actor("RewardModel", 31, name="reward"), actor("Rollout", 32)
+    method(a, "score")
+    a.phase = "score"
+    a.mark("phase_enter")
+    a.set(state="killed")
+    b.phase = "generate"
+    b.mark("phase_enter", dt=5 * S)
+    d = check(diagnose(snap([a, b], reason="death")), "dead-rank", [])
+    assert d.culprit_actors == ["RewardModel 'reward'"] and d.cause == "killed-without-record", d.evidence
+
+
+def test_stalled_actors_inside_methods_are_named_stuck():
+    """Two actors each inside a method, no failure, the watcher saw a stall: both named,
+    with their methods (an actor cycle or a wedged engine)."""
+    a, b = actor("PolicyTrainer", 41), actor("RewardServer", 42)
+    for x, m in ((a, "step"), (b, "score")):
+        x.phase = m
+        x.mark("phase_enter")
+    d = check(diagnose(snap([a, b], reason="stall")), "stuck-outside-collective", [])
+    assert d.culprit_actors == ["PolicyTrainer", "RewardServer"]
+    assert d.details["actor_methods"] == {"PolicyTrainer": ["step"], "RewardServer": ["score"]}
+    assert "PolicyTrainer in step" in verdict_paragraph(d)
+
+
+def test_no_actor_keeps_no_data():
+    """Processes without rank that are no Ray actors: still 'no traced process with a rank'."""
+    a = R(-1, -1, groups=[], pid=51, phase=None)
+    a.mark("heartbeat")
+    d = diagnose(snap([a]))
+    assert (d.kind, d.cause) == ("unknown", "no-data")
+    assert T0  # synth's clock is the one used above
