@@ -185,7 +185,25 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
         if r["kind"] != "collective" and r["group"] not in ours_p2p_groups:
             out.append(r)
     out.sort(key=lambda r: (r.get("t_wall_ns") or 0, 0 if r.get("source") != "flight-recorder" else 1))
-    return out
+    return _with_phase(out)
+
+
+def _with_phase(out: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """FR-only records (C++-issued: DDP's reducer, FSDP, DTensor) take the phase and step
+    of this process's newest own record before them (``phase_from`` = 'preceding record'):
+    torch's entries carry neither, and the tie-breaks of the analysis (which rank is a step
+    ahead, which phase it is in) need them."""
+    phase: Any = None
+    step: Any = None
+    res: List[Dict[str, Any]] = []
+    for r in out:
+        if r.get("source") == "flight-recorder":
+            if r.get("phase") is None and r.get("step") is None and (phase is not None or step is not None):
+                r = dict(r, phase=phase, step=step, phase_from="preceding record")
+        elif r.get("kind") != "memory":
+            phase, step = r.get("phase"), r.get("step")
+        res.append(r)
+    return res
 
 
 def fr_groups(dump: FrDump) -> List[Dict[str, Any]]:
