@@ -369,7 +369,8 @@ def _rss():
 
 # ------------------------------------------------------------------------------ ray-grow
 # ``--fault ray-grow`` (added after the three above): the issue's own shape. A local Ray
-# (``ray.init(num_cpus=2)``, hangtrace's env vars in the job's runtime_env), one Trainer
+# (``ray.init(address="local", num_cpus=2)``: a cluster of its own, never one already
+# running on the machine; hangtrace's env vars in the job's runtime_env), one Trainer
 # actor named ``trainer-0`` whose ``train()`` keeps ``--grow-mb`` MiB per call (bytearrays,
 # every page touched) in phase ``train``. The driver asks the actor for its pid, moves that
 # worker process into a child memory cgroup (``--limit-mb``, default 400 MiB; swap too,
@@ -403,7 +404,7 @@ def ray_grow(a):
     import ray
     run_dir = os.environ.get("HANGTRACE_DIR") or os.path.abspath("hangtrace-run")
     env = {"HANGTRACE": "1", "HANGTRACE_DIR": run_dir, "HANGTRACE_AUTO_WATCH": "0"}
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=True)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=True)
     cg = None
     try:
         # RANK/WORLD_SIZE as a trainer launcher sets them: hangtrace names the actor rank 0

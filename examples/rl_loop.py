@@ -240,7 +240,7 @@ def run(a):
     if a.address:
         ray.init(address=a.address, **kw)
     else:
-        ray.init(num_cpus=a.num_cpus, include_dashboard=False, **kw)
+        ray.init(address="local", num_cpus=a.num_cpus, include_dashboard=False, **kw)
     log("ray ready: fault=%s trainers=%d steps=%d nodes=%d" % (a.fault, a.trainers, a.steps,
                                                              sum(1 for n in ray.nodes() if n.get("Alive"))))
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))

@@ -10,7 +10,7 @@
   (``socket_name``: no file anywhere, nothing left behind by a killed process, nothing that
   blocks a ``grep -r`` or a copy of the run directory, as a FIFO would). A collector
   connects and sends a request token (``tracer.collect.frrequest.request_fr_dumps``); the
-  agent calls ``torch._C._distributed_c10d._dump_fr_trace(True, True, False)`` (and the NCCL dump
+  agent calls ``torch._C._distributed_c10d._dump_fr_trace(True, False, False)`` (and the NCCL dump
   where present) and writes ``<host>-<pid>.pkl`` atomically (tmp + rename), then
   ``<host>-<pid>.meta.json`` with rank, world size, host, pid and the token, and answers
   ``done`` on the connection. Abstract sockets are per network namespace: the collector
@@ -155,7 +155,11 @@ def _write_dump(run_dir: str, host: str, pid: int, reason: str, token: str) -> O
     fn = getattr(c10d, "_dump_fr_trace", None)
     if fn is None:
         return None
-    data = fn(True, True, False)  # includeCollectives, includeStackTraces, onlyActive
+    # includeCollectives, includeStackTraces, onlyActive. No stack traces: torch symbolizes
+    # them in Python, and the first such dump imported 829 modules (torch._dynamo, sympy...)
+    # and took 1.05 s here (torch 2.13, a gloo rank): side effects in the user's process
+    # while it hangs. The rank's own stacks come from py-spy.
+    data = fn(True, False, False)
     path = dump_path(run_dir, host, pid)
     _atomic_write(path, data)
     nccl = getattr(c10d, "_dump_nccl_trace", None)
@@ -163,7 +167,7 @@ def _write_dump(run_dir: str, host: str, pid: int, reason: str, token: str) -> O
     if nccl is not None:
         try:
             npath = os.path.join(fr_dir(run_dir), "%s-%d-nccl.pkl" % (host, pid))
-            _atomic_write(npath, nccl(True, True, False))
+            _atomic_write(npath, nccl(True, False, False))
             paths.append(npath)
         except Exception:
             pass  # no NCCL process group in this process
