@@ -125,7 +125,11 @@ def history(proc: ProcessInfo) -> List[Record]:
     seen: Dict[Any, Record] = {}
     tail = proc.summary.tail if proc.summary is not None else ()
     for r in (*(proc.records or ()), *tail):
-        seen.setdefault(r.get("idx") if r.get("idx") is not None else id(r), r)
+        # a Flight Recorder entry's idx is torch's record id: its own numbering, not the ring's
+        key = (r.get("source") == "flight-recorder", r.get("idx")) if r.get("idx") is not None else id(r)
+        seen.setdefault(key, r)
+    if any(r.get("source") for r in seen.values()):  # joined with the Flight Recorder: by time
+        return sorted(seen.values(), key=lambda r: (r.get("t_wall_ns") or 0, r.get("idx") or 0))
     return sorted(seen.values(), key=lambda r: r.get("idx") or 0)
 
 
