@@ -12,7 +12,7 @@ STRICT = ["-p", "hangtrace.tracer.analyze", "-p", "hangtrace.tracer.report", "-p
           "-m", "hangtrace.tracer.diagnosis", "-m", "hangtrace.tracer.snapshot", "-m", "hangtrace.tracer.process_model",
           "-m", "hangtrace.tracer.pipeline",
           # every function annotated, bodies checked (setup.cfg's second section)
-          "-p", "hangtrace.tracer.collect"]
+          "-p", "hangtrace.tracer.collect", "-p", "hangtrace.tracer.watch", "-m", "hangtrace.tracer.api"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (pip install -e .[test])")
