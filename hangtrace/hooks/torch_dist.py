@@ -47,7 +47,9 @@ _get_ident = threading.get_ident
 
 
 if _fastrec is not None:
-    class _FastState(_fastrec.StateBase, State):
+    from hangtrace.hooks._fastrec import StateBase as _StateBase  # (loaded: _fastrec is that module)
+
+    class _FastState(_StateBase, State):
         """State whose fields the C wrappers (``_fastrec.Call``) read directly; ``rec``
         also keeps the recorder's C Ring (None for a pure-Python recorder)."""
 
@@ -302,6 +304,7 @@ def _global_rank(group: Any, rank: int) -> int:
 
 def _fast_call(name: str, orig: Callable[..., Any], params: List[str], call: Callable[..., Any]) -> Any:
     """The C recording call of ``name`` (``_fastrec.Call``), same arguments as ``call``."""
+    assert _fastrec is not None  # at install, by _wrap, which checked
     tparam, peer_params, is_p2p, pkind = SPECS[name]
     payload = _payload
     if pkind == "tt":  # C knows t, tl, o, ol; any kind but "t" calls back ``payload``

@@ -16,8 +16,7 @@ STRICT = ["-p", "hangtrace.tracer.analyze", "-p", "hangtrace.tracer.report", "-p
           "-m", "hangtrace.tracer.pipeline",
           # every function annotated, bodies checked (setup.cfg's second section)
           "-p", "hangtrace.tracer.collect", "-p", "hangtrace.tracer.watch", "-m", "hangtrace.tracer.api",
-          "-m", "hangtrace.hooks.torch_dist", "-m", "hangtrace.hooks.torch_completion", "-m", "hangtrace.hooks.torch_groups",
-          "-m", "hangtrace.hooks.torch_specs", "-m", "hangtrace.hooks.torch_state"]
+          "-p", "hangtrace.hooks"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (pip install -e .[test])")
