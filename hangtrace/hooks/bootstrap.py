@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from hangtrace.hooks.instrument import Instrumentor
 from hangtrace.tracer import api
@@ -68,7 +68,7 @@ def default_run_id() -> str:
     return "%s-%d" % (time.strftime("%Y%m%d-%H%M%S", time.gmtime()), os.getpid())
 
 
-def _tempdir(env: dict) -> str:
+def _tempdir(env: Mapping[str, str]) -> str:
     """``tempfile.gettempdir()`` for the usual cases without importing tempfile."""
     for name in ("TMPDIR", "TEMP", "TMP"):
         d = env.get(name)
@@ -164,7 +164,7 @@ def _after_fork_child() -> None:
         try:
             td = sys.modules.get("hangtrace.hooks.torch_dist")
             if td is not None:
-                td._state = None
+                setattr(td, "_state", None)  # (a module from sys.modules: typed ModuleType)
             mem = sys.modules.get("hangtrace.hooks.memory")
             if mem is not None:
                 mem._after_fork_child()

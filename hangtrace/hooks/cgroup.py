@@ -32,7 +32,7 @@ def parse_proc_cgroup(text: str) -> Tuple[Optional[str], Optional[str]]:
 
 def parse_mountinfo(text: str) -> Dict[str, Optional[Tuple[str, str]]]:
     """``/proc/PID/mountinfo`` -> ``{'v1': (root, mountpoint) or None, 'v2': ... }``."""
-    out = {"v1": None, "v2": None}
+    out: Dict[str, Optional[Tuple[str, str]]] = {"v1": None, "v2": None}
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
         if not sep:

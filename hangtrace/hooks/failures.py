@@ -52,7 +52,13 @@ class _Recorder(Protocol):
 
 
 _get_recorder: Callable[[], Optional[_Recorder]] = lambda: None  # noqa: E731
-_log: Callable[[str, Optional[str]], None] = lambda msg, key=None: None  # noqa: E731
+
+
+def _no_log(msg: str, key: Optional[str] = None) -> None:
+    """The log until ``configure`` sets one."""
+
+
+_log: Callable[[str, Optional[str]], None] = _no_log
 _recorded: set[int] = set()  # id() of exceptions already recorded in this process
 
 

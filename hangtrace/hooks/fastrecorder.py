@@ -46,16 +46,16 @@ class _FastRecorder(Recorder):
             r.counter, r.last, r.progress = old.counter, old.last, old.progress
             r.step, r.cur_phase = old.step, old.cur_phase
         self._fast = r
-        self.issue = r.issue
-        self.complete = r.complete
+        self.issue = r.issue  # type: ignore[method-assign]  # the Ring's own method: no Python frame per call
+        self.complete = r.complete  # type: ignore[method-assign]  # (same)
 
     def _ring(self) -> Any:
         r = self.__dict__.get("_fast")
         if r is None:
             r = _fastrec.Ring(self.mm, self.nslots, self._threads, self._phase, self.thread_id, self.intern)
             self._fast = r
-            self.issue = r.issue
-            self.complete = r.complete
+            self.issue = r.issue  # type: ignore[method-assign]  # the Ring's own method: no Python frame per call
+            self.complete = r.complete  # type: ignore[method-assign]  # (same)
         return r
 
     def issue(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,

@@ -38,8 +38,9 @@ class _Loader:
     def exec_module(self, module: ModuleType) -> None:
         try:
             module.__loader__ = self.loader
-            if getattr(module, "__spec__", None) is not None:
-                module.__spec__.loader = self.loader
+            spec = getattr(module, "__spec__", None)
+            if spec is not None:
+                spec.loader = self.loader
         except Exception:
             pass
         self.loader.exec_module(module)

@@ -100,4 +100,4 @@ class RayInstrumentor(Instrumentor):
     def _after_fork_child(self) -> None:
         rh = sys.modules.get("hangtrace.hooks.ray_hooks")
         if rh is not None and self.runtime is not None:
-            rh._rec = self.runtime.recorder
+            setattr(rh, "_rec", self.runtime.recorder)  # (a module from sys.modules: typed ModuleType)

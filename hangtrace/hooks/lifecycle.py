@@ -88,8 +88,8 @@ def _code_of(arg: Any) -> int:
 
 def _sys_exit_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     try:
-        _exit_code[0] = _code_of(args[0] if args else kwargs.get("status"))
-        failures.exiting(_exit_code[0])  # an exception being handled is the real cause
+        code = _exit_code[0] = _code_of(args[0] if args else kwargs.get("status"))
+        failures.exiting(code)  # an exception being handled is the real cause
     except Exception:
         pass
     return wrapped(*args, **kwargs)
@@ -218,7 +218,7 @@ def _close_files() -> None:
 _FAULT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL") if hasattr(signal, n))
 
 
-def _fault_line_disposition() -> list:
+def _fault_line_disposition() -> List[int]:
     """Make SIG_IGN the disposition faulthandler saves as "previous" for hardware-fault
     signals that are at SIG_DFL; returns the signals changed.
 
@@ -233,7 +233,7 @@ def _fault_line_disposition() -> list:
     kill(2) to a traced process is then dumped and ignored; ``HANGTRACE_FAULT_LINE=0``
     turns this off."""
     from hangtrace.tracer import config
-    changed = []
+    changed: List[int] = []  # signal numbers
     if not config.fault_line():
         return changed
     for sig in _FAULT_SIGNALS:
@@ -319,6 +319,7 @@ class LifecycleInstrumentor(Instrumentor):
 
     def _after_fork_child(self) -> None:
         rt = self.runtime
+        assert rt is not None  # after_fork runs only for an installed instrumentor
         install(rt, forked_from=rt.parent_pid)
 
     def _at_exit(self) -> None:

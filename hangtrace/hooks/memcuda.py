@@ -64,7 +64,7 @@ class CudaSampling:
     def _hook_cuda_oom(self) -> None:
         torch = sys.modules.get("torch")
         attach = getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
-        if attach is None:
+        if torch is None or attach is None:  # (no torch: no attach either)
             self.log("memory: this torch has no CUDA out-of-memory observer; CUDA OOMs are seen "
                      "through the exception only", "mem-noobs")
             return
@@ -91,7 +91,7 @@ class CudaSampling:
             self._oom_count += 1
             snap = None
             if os.environ.get(config.MEM_CUDA_HISTORY, "0") == "1" and self.run_dir:
-                snap = self._dump_cuda_snapshot()
+                snap = self._dump_cuda_snapshot(self.run_dir)
             phase, step = self.rec.current()
             self.rec.event("cuda_oom", device=d, requested=int(alloc), device_allocated=int(device_allocated),
                            device_free=int(device_free), device_total=total, phase=phase, step=step,
@@ -99,11 +99,11 @@ class CudaSampling:
         except Exception as e:
             self.log("memory: recording a CUDA OOM failed: %r" % (e,), "mem-oomrec")
 
-    def _dump_cuda_snapshot(self) -> Optional[str]:
+    def _dump_cuda_snapshot(self, run_dir: str) -> Optional[str]:
         try:
             import pickle
             torch = sys.modules["torch"]
-            d = os.path.join(self.run_dir, "memory")
+            d = os.path.join(run_dir, "memory")
             os.makedirs(d, mode=0o700, exist_ok=True)
             path = os.path.join(d, "cuda-oom-%s-%d-%d.pickle" % (self.rec.host, self.pid, self._oom_count))
             with open(path, "wb") as f:

@@ -41,7 +41,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from hangtrace.hooks.instrument import Instrumentor
 from hangtrace.hooks.memcuda import CudaSampling
@@ -89,21 +89,23 @@ class Sampler(CudaSampling):
         self.last_ns = 0
         self.nsamples = 0
         self._stop = threading.Event()
-        self._thread = None
-        self._fds = []
+        self._thread: Optional[threading.Thread] = None
+        self._fds: List[int] = []
         self._statm = self._open("/proc/%d/statm" % self.pid)
         self.swap = -1
-        self.cg_version, self.cg_dir = 0, None
-        self._cg_raw = None
-        self._usage = self._oom = None
-        self._limit_fds = []
+        self.cg_version = 0
+        self.cg_dir: Optional[str] = None
+        self._cg_raw: Optional[bytes] = None
+        self._usage: Optional[int] = None
+        self._oom: Optional[int] = None
+        self._limit_fds: List[int] = []
         self.limit = -1
         self.oom_kills = -1
         self._host = recorder.intern("host")
         self._cuda = {}          # device -> [strid, free, total]
         self._cuda_hooked = False
-        self._gauge_sids = {}
-        self._oom_seen = None    # id of the last exception recorded as MEM_OOM
+        self._gauge_sids: Dict[str, int] = {}
+        self._oom_seen: Optional[int] = None    # id of the last exception recorded as MEM_OOM
         self._oom_count = 0
         self._check_cgroup()
         self._refresh_slow()
@@ -197,7 +199,8 @@ class Sampler(CudaSampling):
         try:
             rec = self.rec
             try:
-                rss = int(os.pread(self._statm, 64, 0).split(None, 2)[1]) * self.page
+                # _statm None (unreadable): the TypeError below gives -1, no check per sample
+                rss = int(os.pread(self._statm, 64, 0).split(None, 2)[1]) * self.page  # type: ignore[arg-type]
             except (OSError, TypeError, ValueError, IndexError):
                 rss = -1
             usage = oom = -1
@@ -224,11 +227,11 @@ class Sampler(CudaSampling):
     def _sample_gauges(self, source: int) -> None:
         for name, (fn, limit) in list(api._gauges.items()):
             try:
-                v = fn()
-                if isinstance(v, (tuple, list)):
-                    v, lim = int(v[0]), int(v[1] or 0)
+                got = fn()
+                if isinstance(got, (tuple, list)):
+                    v, lim = int(got[0]), int(got[1] or 0)
                 else:
-                    v, lim = int(v), int(limit or 0)
+                    v, lim = int(got), int(limit or 0)
             except Exception as e:
                 self.log("memory: gauge %r raised %r; its samples are skipped" % (name, e), "mem-g-" + name)
                 continue
@@ -293,19 +296,23 @@ class Sampler(CudaSampling):
         self._fds = []
 
 
+_prev_excepthook: Callable[..., Any] = sys.__excepthook__  # what _excepthook chains to (set when installed)
+
+
 def _excepthook(etype: Any, evalue: Any, tb: Any) -> Any:
     s = _sampler
     if s is not None:
         s.on_exception(etype, evalue)
-    return _excepthook.prev(etype, evalue, tb)
+    return _prev_excepthook(etype, evalue, tb)
 
 
 def _install_excepthook() -> None:
+    global _prev_excepthook
     cur = sys.excepthook
     if getattr(cur, "_hangtrace_mem", False):
         return
-    _excepthook.prev = cur
-    _excepthook._hangtrace_mem = True
+    _prev_excepthook = cur
+    setattr(_excepthook, "_hangtrace_mem", True)  # (marks it installed, for the check above)
     sys.excepthook = _excepthook
 
 

@@ -1,10 +1,9 @@
 """Ray worker-side hooks: identity of the traced Ray worker and actor-method phases.
 
-Installed by the post-import hook on ``ray`` (``bootstrap._hook_ray``) in every traced
-process that imports Ray: Ray workers started with ``HANGTRACE=1`` in their
-``runtime_env`` env_vars run the ``.pth`` at interpreter start (checked on Ray 2.60:
-``default_worker.py`` imports ray, our hook runs, then the worker connects), the
-driver too when it is traced.
+Installed by the post-import hook on ``ray`` (``bootstrap._hook_ray``) in every traced process
+that imports Ray: Ray workers started with ``HANGTRACE=1`` in their ``runtime_env`` env_vars run
+the ``.pth`` at interpreter start (checked on Ray 2.60: ``default_worker.py`` imports ray, our
+hook runs, then the worker connects), the driver too when it is traced.
 
 What it records (``Recorder.set_meta``, read back as ``ProcessInfo.meta``):
 
@@ -39,8 +38,7 @@ How methods are reached (Ray internals, version-gated; the path taken is recorde
 * ``'identity-only'``: neither is available; the worker-level identity is recorded, no
   actor class and no method phases.
 
-``HANGTRACE_RAY_HOOK`` (test and escape hatch: ``executor`` | ``class`` | ``off``)
-forces a path.
+``HANGTRACE_RAY_HOOK`` (test and escape hatch: ``executor`` | ``class`` | ``off``) forces a path.
 
 Async actors: coroutines of one actor share the event-loop thread, whose phase stack
 the recorder keys by thread. The wrapper keeps one stack per asyncio task (a
@@ -58,7 +56,7 @@ import functools
 import inspect
 import os
 import threading
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from hangtrace.tracer import api
 from hangtrace.tracer import config
@@ -74,7 +72,8 @@ _path: Optional[str] = None
 _identity_done: Set[str] = set()  # levels recorded: 'worker', 'actor', 'name'
 _id_lock = threading.Lock()
 _installed: Dict[Tuple[int, str], Tuple[Any, str, Any]] = {}  # (owner, attribute) -> original
-_task_stack = contextvars.ContextVar("hangtrace_ray_phase_stack", default=None)
+_task_stack: contextvars.ContextVar[Optional[List[Tuple[int, str]]]] = contextvars.ContextVar(
+    "hangtrace_ray_phase_stack", default=None)
 
 
 def _version_tuple(v: Any) -> Tuple[int, ...]:
@@ -207,7 +206,7 @@ def _swap_task_stack() -> None:
         return
     st = _task_stack.get()
     if st is None:
-        st = []
+        st = []  # (phase strid, name) of the task's open phases
         _task_stack.set(st)
     phases[threading.get_ident()] = st
 
@@ -238,7 +237,7 @@ def wrap_method(name: str, method: Any) -> Any:
                 _swap_task_stack()
                 _exit(name, None)
                 return result
-            awrapper.__hangtrace_ray__ = True
+            setattr(awrapper, "__hangtrace_ray__", True)  # (once per method, not per call)
             return awrapper
 
         @functools.wraps(method)
@@ -251,7 +250,7 @@ def wrap_method(name: str, method: Any) -> Any:
                 raise
             _exit(name, None)
             return result
-        wrapper.__hangtrace_ray__ = True
+        setattr(wrapper, "__hangtrace_ray__", True)
         return wrapper
     except Exception as e:
         if _log:
@@ -381,6 +380,7 @@ def install(ray: Any, recorder: Any, log: Callable[..., None]) -> str:
     version = getattr(ray, "__version__", "0")
     want = os.environ.get(HOOK_ENV, "").strip().lower()
     path = "identity-only"
+    fm: Any  # Ray's private function_manager module, or None
     try:
         from ray._private import function_manager as fm
     except Exception as e:

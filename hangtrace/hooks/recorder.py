@@ -19,13 +19,17 @@ import os
 import struct
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 from hangtrace.hooks import ringsize
 from hangtrace.tracer import config as _config
 from hangtrace.tracer.ring import layout as F
 
 _fastrec_error: Optional[BaseException] = None
+_fastrec: Optional[ModuleType]  # the C extension, or None when it is not built
 try:  # optional C hot path (built by setup.py where a compiler exists); see _FastRecorder
     from . import _fastrec
 except ImportError as _e:
@@ -94,9 +98,9 @@ class Recorder(ringsize.Growable):
         self.strtab_used = 8
         self._lock = threading.Lock()
         self._counter = itertools.count(1)
-        self._strings = {}
-        self._threads = {}
-        self._phase = {}  # thread ident -> list of (phase strid, name)
+        self._strings: Dict[str, int] = {}
+        self._threads: Dict[int, Any] = {}
+        self._phase: Dict[int, List[Tuple[int, str]]] = {}  # thread ident -> list of (phase strid, name)
         # (_FastRecorder: the fields from here on live in its C Ring, created on first use
         # from mm, nslots, _threads and _phase: keep those above this line, and never
         # rebind _threads or _phase, the Ring holds these very dicts)

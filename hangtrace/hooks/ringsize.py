@@ -95,7 +95,7 @@ def free_ring_path(path: str, pid: int) -> str:
     if same:
         os.unlink(path)
         return path
-    return "%s-%d.htr" % (path[:-len(".htr")], ticks)
+    return "%s-%d.htr" % (path[:-len(".htr")], ticks or 0)  # (never None: default 0)
 
 
 class Growable:

@@ -3,18 +3,27 @@ recorded by our own poller thread rather than future callbacks on torch's C++ th
 (those aborted the process about 1 in 15 runs at exit: pthread_exit in a C++ frame during
 finalization), and the ``batch_isend_irecv`` wrapper whose works it completes. Split out of ``torch_dist.py``, whose state (``torch_dist._state``) it uses.
 """
+from __future__ import annotations
+
 import threading
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
 
 from hangtrace.tracer.ring import layout as F
 
-def _finish_error(idx, e):
+if TYPE_CHECKING:
+    from hangtrace.hooks.recorder import Recorder
+
+
+# Per call (a failed or an async op): ``_td._state`` is read unchecked, as in torch_dist's helpers
+# (the callers checked it; a check would cost every call), hence "type: ignore[union-attr]".
+def _finish_error(idx: int, e: BaseException) -> None:
     try:
-        _td._state.rec.complete(idx, err="%s: %s" % (type(e).__name__, e))
+        _td._state.rec.complete(idx, err="%s: %s" % (type(e).__name__, e))  # type: ignore[union-attr]
     except Exception as e2:
-        _td._state.log("recording a failure failed: %r" % (e2,), "fail-rec")
+        _td._state.log("recording a failure failed: %r" % (e2,), "fail-rec")  # type: ignore[union-attr]
 
 
-def _on_work_done(idx, work):
+def _on_work_done(idx: int, work: Any) -> None:
     """Record completion of an async op when its Work finishes (the Work itself is untouched).
 
     One daemon thread of ours polls ``Work.is_completed()`` (``_Poller``). Not
@@ -25,10 +34,10 @@ def _on_work_done(idx, work):
     seen here on gloo about once in 15 runs). gloo's p2p Work also has no future
     ("Work::getFuture not implemented", torch 2.13).
     """
-    _poller().add(idx, work, _td._state.rec)
+    _poller().add(idx, work, _td._state.rec)  # type: ignore[union-attr]
 
 
-_poller_inst = []
+_poller_inst: List[_Poller] = []
 
 
 class _Poller:
@@ -43,8 +52,8 @@ class _Poller:
 
     MAX_PENDING = 4096
 
-    def __init__(self):
-        self.pending = []
+    def __init__(self) -> None:
+        self.pending: List[Tuple[int, Any, Recorder]] = []  # (record index, Work or Future, recorder)
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.stopping = False
@@ -52,13 +61,13 @@ class _Poller:
         self.thread = threading.Thread(target=self.run, name="hangtrace-async-poller", daemon=True)
         self.thread.start()
 
-    def add(self, idx, work, rec):
+    def add(self, idx: int, work: Any, rec: Recorder) -> None:
         with self.lock:
             if len(self.pending) < self.MAX_PENDING and not self.stopping:
                 self.pending.append((idx, work, rec))
         self.wake.set()
 
-    def run(self):
+    def run(self) -> None:
         import time
         while not self.stopping:
             self.wake.wait()
@@ -67,7 +76,7 @@ class _Poller:
             time.sleep(0.005)
             self.poll()
 
-    def poll(self):
+    def poll(self) -> None:
         """Check every pending Work once (also called at exit)."""
         with self.lock:
             items, self.pending = self.pending, []
@@ -91,14 +100,14 @@ class _Poller:
             if not self.pending:
                 self.wake.clear()
 
-    def stop(self, timeout_s=2.0):
+    def stop(self, timeout_s: float = 2.0) -> None:
         self.stopping = True
         self.wake.set()
         if self.thread is not threading.current_thread():
             self.thread.join(timeout_s)
 
 
-def flush():
+def flush() -> None:
     """At exit: stop the poller thread, record the completions it can still see, and drop
     our references to Work objects (before interpreter teardown, not during it)."""
     import os
@@ -110,23 +119,23 @@ def flush():
             p.pending = []
 
 
-def _poller():
+def _poller() -> _Poller:
     import os
     if not _poller_inst or _poller_inst[0].pid != os.getpid():
         _poller_inst[:] = [_Poller()]
     return _poller_inst[0]
 
 
-def _batch_wrapper(wrapped, instance, args, kwargs):
+def _batch_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     ident = _td._get_ident()
-    if ident in _td._busy or _td._state is None:
+    st = _td._state
+    if ident in _td._busy or st is None:
         return wrapped(*args, **kwargs)
-    idxs = []
+    idxs: List[int] = []
     try:
-        st = _td._state
         if st.fault:
             raise RuntimeError("hangtrace test fault: recorder failure")
-        ops = args[0] if args else kwargs.get("p2p_op_list")
+        ops: Any = args[0] if args else kwargs.get("p2p_op_list")  # P2POp list (None: TypeError, logged)
         for p in ops:
             opname = getattr(p.op, "__name__", "isend")
             gsid, gname = _td._group_key(p.group)
@@ -140,7 +149,7 @@ def _batch_wrapper(wrapped, instance, args, kwargs):
             idxs.append(st.rec.issue(F.K_P2P, F.OP_IDS.get(opname, F.OP_IDS["isend"]), gsid, seq, t.numel(),
                                      _td._shape_id(t.shape), _td._dtype_id(t), int(peer), F.F_ASYNC | F.F_BATCH))
     except Exception as e:
-        _td._state.log("recording batch_isend_irecv failed: %r" % (e,), "rec-batch")
+        st.log("recording batch_isend_irecv failed: %r" % (e,), "rec-batch")
     _td._busy[ident] = 1
     try:
         works = wrapped(*args, **kwargs)
@@ -158,7 +167,7 @@ def _batch_wrapper(wrapped, instance, args, kwargs):
             for i in idxs:
                 _on_work_done(i, works[-1])
     except Exception as e:
-        _td._state.log("batch completion failed: %r" % (e,), "done-batch")
+        st.log("batch completion failed: %r" % (e,), "done-batch")
     return works
 
 

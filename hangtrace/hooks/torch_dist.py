@@ -1,29 +1,31 @@
 """Wrappers around the public torch.distributed API that record into the ring.
 
-Installed by a post-import hook on ``torch.distributed`` (or at once if it is already
-imported). Each wrapped function is replaced, by the same wrapt ``FunctionWrapper``
-object, both in ``torch.distributed`` and in ``torch.distributed.distributed_c10d``;
-calls made *inside* a wrapped call on the same thread (``all_gather_object`` calling
-``all_gather``, ...) are not recorded again.
+Installed by a post-import hook on ``torch.distributed`` (or at once if it is already imported).
+Each wrapped function is replaced, by the same wrapt ``FunctionWrapper`` object, both in
+``torch.distributed`` and in ``torch.distributed.distributed_c10d``; calls made *inside* a wrapped
+call on the same thread (``all_gather_object`` calling ``all_gather``, ...) are not recorded again.
 
-Not seen by these wrappers (torch calls C++ directly): DDP's gradient all-reduce and
-functional collectives (``torch.distributed._functional_collectives``). Source: torch
-2.13 ``torch/nn/parallel/distributed.py`` uses the C++ reducer; torch's own Flight
-Recorder sees those.
+Not seen by these wrappers (torch calls C++ directly): DDP's gradient all-reduce and functional
+collectives (``torch.distributed._functional_collectives``). Source: torch 2.13
+``torch/nn/parallel/distributed.py`` uses the C++ reducer; torch's own Flight Recorder sees those.
 
-Sequence numbers are ours, counted per group name: collectives on one counter, p2p
-on one counter per (group, peer). Every rank that calls the same Python API in the
-same order gets the same numbers, which is what the cross-rank alignment needs.
+Sequence numbers are ours, counted per group name: collectives on one counter, p2p on one counter
+per (group, peer). Every rank that calls the same Python API in the same order gets the same
+numbers, which is what the cross-rank alignment needs.
 
 Per-call work: with the optional C extension (``_fastrec``, see ``_wrap``) each wrapper's
-``__call__`` is a ``_fastrec.Call`` that does what ``_make_wrapper``'s ``call`` does and
-calls back into Python only on cache misses and rare cases; ``HANGTRACE_PURE_PYTHON=1``
-or a build without a compiler gives the Python ``call``, with the same records.
+``__call__`` is a ``_fastrec.Call`` that does what ``_make_wrapper``'s ``call`` does and calls back
+into Python only on cache misses and rare cases; ``HANGTRACE_PURE_PYTHON=1`` or a build without a
+compiler gives the Python ``call``, with the same records. Annotations only: nothing from
+``typing`` runs per call (helpers that run per call read ``_state`` unchecked, see below).
 """
+from __future__ import annotations
+
 import functools
 import inspect
 import sys
 import threading
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import wrapt
 
@@ -31,37 +33,28 @@ from hangtrace.tracer.ring import layout as F
 from .recorder import _fastrec
 
 from hangtrace.hooks.torch_specs import BATCH_OP, GROUP_OPS, SPECS  # noqa: E402
+from hangtrace.hooks.torch_state import GroupEntry, Log, State
+
+if TYPE_CHECKING:
+    from hangtrace.hooks.recorder import Recorder
 
 
 # Threads (by ``threading.get_ident()``) that are inside a wrapped call: calls they make
 # from there (``all_gather_object`` calling ``all_gather``, ...) are not recorded again.
 # A dict item per thread costs less per call than a ``threading.local`` attribute.
-_busy = {}
+_busy: Dict[int, int] = {}
 _get_ident = threading.get_ident
 
 
-class State:
-    """Per-process state of the torch hooks (one instance; recreated after fork)."""
-
-    def __init__(self, recorder, log):
-        self.rec = recorder
-        self.log = log
-        self.seq = {}  # (group name, peer or None) -> last seq
-        self.groups = {}  # id(pg) or None -> (strid, name, pg)
-        self.dtypes = {}
-        self.shapes = {}
-        self.order = 0
-        self.dist = None
-        self.fault = False
-
-
 if _fastrec is not None:
-    class _FastState(_fastrec.StateBase, State):
+    from hangtrace.hooks._fastrec import StateBase as _StateBase  # (loaded: _fastrec is that module)
+
+    class _FastState(_StateBase, State):
         """State whose fields the C wrappers (``_fastrec.Call``) read directly; ``rec``
         also keeps the recorder's C Ring (None for a pure-Python recorder)."""
 
 
-def _new_state(recorder, log):
+def _new_state(recorder: Recorder, log: Log) -> State:
     """A State for ``recorder``: the C-readable one when the recorder has a C Ring."""
     if _fastrec is not None and getattr(recorder, "_fast", None) is not None:
         return _FastState(recorder, log)
@@ -70,16 +63,20 @@ def _new_state(recorder, log):
 
 # The current State (None = not recording). The C wrappers read this global at every
 # call, exactly as the Python ones do.
-_state = None
-_installed = {}  # attribute name -> original function
+_state: Optional[State] = None
+_installed: Dict[str, Callable[..., Any]] = {}  # attribute name -> original function
+
+# Per-call helpers read ``_state`` unchecked (callers checked; a check would cost every call):
+# those lines carry "type: ignore[union-attr]".
 
 
-def _group_entry(group):
+def _group_entry(group: Any) -> GroupEntry:
     """Cached ``(strid, name, pg)`` of ``group`` (None = default group), keyed by id(group).
 
     The entry holds the group object itself so that its id is not reused while cached.
     """
     st = _state
+    assert st is not None  # a cache miss (once per group), called while recording
     key = None if group is None else id(group)
     g = st.groups.get(key)
     if g is not None:
@@ -97,28 +94,29 @@ def _group_entry(group):
     return g
 
 
-def _group_key(group):
+def _group_key(group: Any) -> Tuple[int, str]:
     """(strid, name) of ``group`` (None = default group); cached per group object."""
     g = _group_entry(group)
     return g[0], g[1]
 
 
-def _dtype_id(t):
+def _dtype_id(t: Any) -> int:
     dt = t.dtype
-    d = _state.dtypes.get(dt)
+    d = _state.dtypes.get(dt)  # type: ignore[union-attr]  # per call (see above)
     if d is None:
-        d = _state.dtypes[dt] = F.DTYPE_IDS.get(str(dt).replace("torch.", ""), 0)
+        d = _state.dtypes[dt] = F.DTYPE_IDS.get(str(dt).replace("torch.", ""), 0)  # type: ignore[union-attr]
     return d
 
 
-def _shape_id(shape):
-    s = _state.shapes.get(shape)
+def _shape_id(shape: Any) -> int:
+    s = _state.shapes.get(shape)  # type: ignore[union-attr]  # per call (see above)
     if s is None:
-        s = _state.shapes[shape] = _state.rec.intern("x".join(str(int(d)) for d in shape) or "scalar")
+        s = _state.shapes[shape] = _state.rec.intern(  # type: ignore[union-attr]
+            "x".join(str(int(d)) for d in shape) or "scalar")
     return s
 
 
-def _payload(kind, obj):
+def _payload(kind: Optional[str], obj: Any) -> Tuple[int, int, int]:
     """(numel, shape strid, dtype id) of the op's payload."""
     if kind == "t":
         return obj.numel(), _shape_id(obj.shape), _dtype_id(obj)
@@ -135,7 +133,7 @@ def _payload(kind, obj):
     return 0, 0, 0
 
 
-def _payload_tt(kind, obj):
+def _payload_tt(kind: Optional[str], obj: Any) -> Tuple[int, int, int]:
     """``_payload`` of a "tt" payload for the C call, which knows kind "tl" (not "tt")."""
     return _payload("tt", obj)
 
@@ -143,7 +141,7 @@ def _payload_tt(kind, obj):
 _ABSENT = 1 << 30  # parameter position of a parameter the function does not have
 
 
-def _make_wrapper(name, params):
+def _make_wrapper(name: str, params: List[str]) -> Callable[..., Any]:
     """The recording call of ``name`` (parameter names ``params``, in order).
 
     Returns ``call(self, *args, **kwargs)``, used as ``__call__`` of the function's
@@ -157,6 +155,7 @@ def _make_wrapper(name, params):
     op_id = F.OP_IDS[name]
     kind = F.K_P2P if is_p2p else F.K_COLL
     tpos = params.index(tparam) if tparam in params else _ABSENT
+    tkey = tparam or ""  # = tparam wherever a payload is read (every spec with one names it)
     gpos = params.index("group") if "group" in params else _ABSENT
     apos = params.index("async_op") if "async_op" in params else _ABSENT
     peers = tuple((params.index(p) if p in params else _ABSENT, p, p.startswith("group_")) for p in peer_params)
@@ -171,7 +170,7 @@ def _make_wrapper(name, params):
     busy = _busy
     get_ident = _get_ident
 
-    def call(self, /, *args, **kwargs):
+    def call(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         wrapped = self.__wrapped__
         st = _state
         ident = get_ident()
@@ -193,9 +192,11 @@ def _make_wrapper(name, params):
                         v = st.dist.get_global_rank(group, v) if group is not None else v
                     peer = int(v)
                     break
+            shape: Optional[int]  # (annotations only: no code per call)
+            dtype: Optional[int]
             numel = shape = dtype = 0
             if has_payload:
-                obj = args[tpos] if tpos < n else (kwargs.get(tparam) if kwargs else None)
+                obj = args[tpos] if tpos < n else (kwargs.get(tkey) if kwargs else None)
                 try:  # a wrong argument type: torch raises it to the user; we still record the call
                     if obj is None:
                         pass
@@ -251,28 +252,28 @@ class _Callee:
 
     __slots__ = ("__wrapped__",)
 
-    def __init__(self, wrapped):
+    def __init__(self, wrapped: Callable[..., Any]) -> None:
         self.__wrapped__ = wrapped
 
 
 class _FastFunctionWrapper(wrapt.FunctionWrapper):
     """A ``wrapt.FunctionWrapper`` whose ``__call__`` is our recording call itself.
 
-    wrapt 2.1's C ``__call__`` looks up ``__self__`` on the wrapped object at every call
-    (to bind functions that were already bound); on a plain function that raises and
-    clears an AttributeError, about 0.5 us here, then calls the wrapper with
-    ``(wrapped, instance, args, kwargs)`` — another frame. Our targets are module-level
-    functions of ``torch.distributed`` (never bound methods), so each wrapped function
-    gets a subclass whose ``__call__`` is its recording call. Everything else
-    (``__wrapped__``, ``__name__``, signature, isinstance checks, binding through
-    ``__get__``, which goes through the wrapper function) is wrapt's.
+    wrapt 2.1's C ``__call__`` looks up ``__self__`` on the wrapped object at every call (to bind
+    functions that were already bound); on a plain function that raises and clears an
+    AttributeError, about 0.5 us here, then calls the wrapper with ``(wrapped, instance, args,
+    kwargs)`` — another frame. Our targets are module-level functions of ``torch.distributed``
+    (never bound methods), so each wrapped function gets a subclass whose ``__call__`` is its
+    recording call. Everything else (``__wrapped__``, ``__name__``, signature, isinstance checks,
+    binding through ``__get__``, which goes through the wrapper function) is wrapt's.
     """
 
-    def __call__(self, /, *args, **kwargs):
-        return self._self_wrapper(self.__wrapped__, None, args, kwargs)
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        # wrapt's stub types _self_wrapper for the class-method form: ours is (wrapped, instance, args, kwargs)
+        return self._self_wrapper(self.__wrapped__, None, args, kwargs)  # type: ignore[call-arg,arg-type]
 
 
-def _wrap(name, orig, params):
+def _wrap(name: str, orig: Callable[..., Any], params: List[str]) -> wrapt.FunctionWrapper:
     """The installed wrapper of ``orig`` (a ``wrapt.FunctionWrapper`` instance).
 
     Its class's ``__call__`` is the C ``_fastrec.Call`` when the current State is C
@@ -283,7 +284,8 @@ def _wrap(name, orig, params):
     """
     call = _make_wrapper(name, params)
 
-    def wrapper(wrapped, instance, args, kwargs):  # wrapt's protocol (bound use)
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
+                kwargs: Dict[str, Any]) -> Any:  # wrapt's protocol (bound use)
         return call(_Callee(wrapped), *args, **kwargs)
 
     fast = None
@@ -296,12 +298,13 @@ def _wrap(name, orig, params):
     return cls(orig, wrapper)
 
 
-def _global_rank(group, rank):
-    return _state.dist.get_global_rank(group, rank)
+def _global_rank(group: Any, rank: int) -> int:
+    return _state.dist.get_global_rank(group, rank)  # type: ignore[union-attr]  # per call (see above)
 
 
-def _fast_call(name, orig, params, call):
+def _fast_call(name: str, orig: Callable[..., Any], params: List[str], call: Callable[..., Any]) -> Any:
     """The C recording call of ``name`` (``_fastrec.Call``), same arguments as ``call``."""
+    assert _fastrec is not None  # at install, by _wrap, which checked
     tparam, peer_params, is_p2p, pkind = SPECS[name]
     payload = _payload
     if pkind == "tt":  # C knows t, tl, o, ol; any kind but "t" calls back ``payload``
@@ -318,7 +321,7 @@ def _fast_call(name, orig, params, call):
                          (_group_entry, _shape_id, _dtype_id, payload, _on_work_done, _finish_error, _global_rank))
 
 
-def install(dist, recorder, log):
+def install(dist: Any, recorder: Recorder, log: Log) -> int:
     """Wrap torch.distributed's API (``dist`` is the imported module). Idempotent.
 
     Returns the number of functions wrapped.
@@ -362,7 +365,7 @@ def install(dist, recorder, log):
     return count
 
 
-def uninstall():
+def uninstall() -> None:
     """Restore the original functions in both modules and forget the recorder.
 
     A later ``install()`` starts afresh (new recorder, sequence numbers from 1).
@@ -384,7 +387,7 @@ def uninstall():
         del _installed[name]
 
 
-def reset_after_fork(recorder):
+def reset_after_fork(recorder: Recorder) -> None:
     """A forked child keeps the wrappers but records into its own ring."""
     if _state is not None:
         _state.rec = recorder

@@ -3,14 +3,21 @@
 definitions in the ring, and the rank this process joined as (``Recorder.set_rank``).
 Split out of ``torch_dist.py``, whose state (``torch_dist._state``) it uses.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, Tuple
+
+if TYPE_CHECKING:
+    from hangtrace.hooks.torch_state import State
 
 
-def _describe(pg, op):
+def _describe(pg: Any, op: str) -> Dict[str, Any]:
     """Group definition dict for the ring's durable group table."""
     st = _td._state
+    assert st is not None  # group operations only (never per collective), while recording
     dist = st.dist
     c10d = dist.distributed_c10d
-    info = {"op": op, "order": st.order}
+    info: Dict[str, Any] = {"op": op, "order": st.order}
     st.order += 1
     if pg is None or pg is c10d.GroupMember.NON_GROUP_MEMBER:
         info["member"] = False
@@ -28,7 +35,8 @@ def _describe(pg, op):
     return info
 
 
-def _group_op_wrapper(wrapped, instance, args, kwargs):
+def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
+                      kwargs: Dict[str, Any]) -> Any:
     name = wrapped.__name__
     result = wrapped(*args, **kwargs)
     st = _td._state
@@ -55,7 +63,7 @@ def _group_op_wrapper(wrapped, instance, args, kwargs):
     return result
 
 
-def _start_fr_agent(st):
+def _start_fr_agent(st: State) -> None:
     """This process joined a group: serve Flight Recorder dump requests (``fr_agent``;
     off with ``HANGTRACE_FR=0``). Never raises."""
     try:
@@ -65,7 +73,7 @@ def _start_fr_agent(st):
         st.log("flight recorder agent not started: %r" % (e,), "fr-start")
 
 
-def _local_rank():
+def _local_rank() -> int:
     import os
     try:
         return int(os.environ.get("LOCAL_RANK", "-1"))
@@ -73,20 +81,22 @@ def _local_rank():
         return -1
 
 
-def record_existing_groups():
+def record_existing_groups() -> None:
     """Record the process groups that exist already (tracing began after init)."""
-    dist = _td._state.dist
+    st = _td._state
+    assert st is not None  # called by install(), which set it
+    dist = st.dist
     if not dist.is_available() or not dist.is_initialized():
         return
     c10d = dist.distributed_c10d
-    _td._state.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
+    st.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
     pgs = list(getattr(c10d._world, "pg_names", {}).keys())
     default = c10d._get_default_group()
     if default in pgs:
         pgs.remove(default)
     for pg in [default] + pgs:
-        _td._state.rec.group_created(_describe(pg, "existing"))
-    _start_fr_agent(_td._state)
+        st.rec.group_created(_describe(pg, "existing"))
+    _start_fr_agent(st)
 
 
 # last: torch_dist imports this module at its end (either may be imported first)

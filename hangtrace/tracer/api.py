@@ -10,7 +10,10 @@ shared do-nothing object. Imported in every traced process: standard library onl
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Literal, Optional, Tuple, TypeVar, Union
+
+if TYPE_CHECKING:
+    from hangtrace.hooks.deep import DeepTracer
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -58,10 +61,10 @@ def gauge(name: str, fn: Optional[Callable[[], Union[int, Tuple[int, int]]]], li
 
 
 # --- deep trace (issue 11): set by hangtrace.hooks.deep only when HANGTRACE_DEEP is set ---
-_deep = None
+_deep: Optional[DeepTracer] = None
 
 
-def _set_deep(deep):
+def _set_deep(deep: Optional[DeepTracer]) -> None:
     global _deep
     _deep = deep
 # --- end deep trace ---
@@ -100,7 +103,7 @@ class _Phase:
                 d.phase_enter(self.name)  # never raises
         return self
 
-    def __exit__(self, etype: Any, evalue: Any, tb: Any) -> bool:
+    def __exit__(self, etype: Any, evalue: Any, tb: Any) -> Literal[False]:
         rec = _recorder
         if rec is not None:
             d = _deep
@@ -133,7 +136,7 @@ class _NoPhase:
     def __enter__(self) -> "_NoPhase":
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> Literal[False]:
         return False
 
     def __call__(self, fn: F) -> F:

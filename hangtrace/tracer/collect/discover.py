@@ -6,10 +6,19 @@ actors of RL frameworks do for RANK/WORLD_SIZE) are not visible there (proc(5):
 environ shows the block the process was exec'ed with); such processes are found
 through their ring files instead, or by passing their pids.
 """
+from __future__ import annotations
+
 import os
 import socket
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from hangtrace.tracer import config
+
+if TYPE_CHECKING:
+    import psutil
+
+#: One process found (keys: see ``find_torch_processes``).
+Found = Dict[str, Any]
 
 #: Variables whose presence marks a torch.distributed process (torchrun / torch.distributed
 #: launchers and most schedulers set them; see torch docs "torchrun (Elastic Launch)").
@@ -22,24 +31,24 @@ ENV_KEYS = TORCH_ENV + ("MASTER_PORT", "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_NA
                         config.RUN_ID)
 
 
-class DiscoveryResult(list):
+class DiscoveryResult(list[Found]):
     """A list of process dicts, plus ``skipped``: ``[{'pid': int, 'reason': str}]`` for
     processes that could not be examined (environ unreadable, gone, not torch)."""
 
-    def __init__(self, items=(), skipped=None):
+    def __init__(self, items: Iterable[Found] = (), skipped: Optional[Iterable[Dict[str, Any]]] = None) -> None:
         super().__init__(items)
         self.skipped = list(skipped or [])
 
 
-def _int(env, key):
+def _int(env: Mapping[str, str], key: str) -> int:
     try:
         return int(env.get(key, ""))
     except (TypeError, ValueError):
         return -1
 
 
-def _is_python(proc, cmdline):
-    names = []
+def _is_python(proc: psutil.Process, cmdline: List[str]) -> bool:
+    names: List[str] = []
     try:
         names.append(os.path.basename(proc.exe() or ""))
     except Exception:
@@ -55,7 +64,7 @@ def _is_python(proc, cmdline):
     return any(n.startswith(("python", "pypy")) for n in names if n)
 
 
-def _describe(proc, env, host):
+def _describe(proc: psutil.Process, env: Mapping[str, str], host: str) -> Found:
     try:
         cmdline = proc.cmdline()
     except Exception:
@@ -93,13 +102,13 @@ def _describe(proc, env, host):
     }
 
 
-def _job_key(d):
+def _job_key(d: Found) -> Tuple[str, str, str, str, int]:
     e = d["env"]
     return (e.get("TORCHELASTIC_RUN_ID", ""), e.get("MASTER_ADDR", ""), e.get("MASTER_PORT", ""),
             e.get("WORLD_SIZE", ""), d["rank"])
 
 
-def _prefer_leaves(cands):
+def _prefer_leaves(cands: List[Found]) -> List[Found]:
     """Keep the rank processes, drop launchers, wrappers and forked helpers.
 
     1. If any candidate has RANK, drop those without (torchrun/launcher parents usually
@@ -112,10 +121,10 @@ def _prefer_leaves(cands):
     with_rank = [d for d in cands if d["rank"] >= 0]
     if with_rank:
         cands = with_rank
-    groups = {}
+    groups: Dict[Tuple[str, str, str, str, int], List[Found]] = {}
     for d in cands:
         groups.setdefault(_job_key(d), []).append(d)
-    keep = []
+    keep: List[Found] = []
     for members in groups.values():
         if len(members) > 1:
             py = [d for d in members if d["python"]]
@@ -127,7 +136,8 @@ def _prefer_leaves(cands):
     return keep
 
 
-def find_torch_processes(pids=None, include_all=False):
+def find_torch_processes(pids: Optional[Iterable[Union[int, str]]] = None,
+                         include_all: bool = False) -> DiscoveryResult:
     """torch.distributed processes on this host, sorted by rank (then pid).
 
     ``pids``: examine exactly these (a pid whose environment lacks torch variables is still
@@ -148,7 +158,9 @@ def find_torch_processes(pids=None, include_all=False):
 
     host = socket.gethostname()
     me = os.getpid()
-    found, skipped = [], []
+    found: List[Found] = []
+    skipped: List[Dict[str, Any]] = []
+    procs: Iterable[psutil.Process]
     if pids is not None:
         procs = []
         for p in pids:

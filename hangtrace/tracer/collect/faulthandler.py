@@ -5,9 +5,15 @@ Thread format: see ``collect/stacks.py``. faulthandler prints "most recent call 
 with a signal only from a process that registered ``faulthandler.register`` for it
 (its ring header's dump signal): in Ray workers SIGUSR1 is SIG_DFL and kills.
 """
+from __future__ import annotations
+
 import os
 import re
 import time
+from typing import Any, Dict, List, Optional, Union
+
+Thread = Dict[str, Any]  # thread format of ``collect/stacks.py``
+Dump = Dict[str, Any]  # {'header': str | None, 'threads': [Thread, ...], 'truncated': bool}
 
 # Formats, from CPython's Python/traceback.c (3.8 .. 3.13):
 #   "Thread 0x00007f...  (most recent call first):"  / "Current thread 0x... (...):"
@@ -24,12 +30,12 @@ _FRAME_RE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?+) in (?P<
 _FATAL_RE = re.compile(r"^Fatal Python error: (?P<msg>.*)$")
 
 
-def _is_threading_bootstrap(frame):
+def _is_threading_bootstrap(frame: Dict[str, Any]) -> bool:
     return (frame["name"] in ("_bootstrap", "Thread._bootstrap")
             and os.path.basename(frame["filename"]) == "threading.py")
 
 
-def _mark_main(threads):
+def _mark_main(threads: List[Thread]) -> None:
     """faulthandler does not name threads: call the one not started by threading 'MainThread'.
 
     Inferred: the main thread's outermost frame is the script's ``<module>`` (or runpy),
@@ -45,7 +51,7 @@ def _mark_main(threads):
     (mod or cands)[-1]["thread_name"] = "MainThread"
 
 
-def parse_faulthandler_dumps(text):
+def parse_faulthandler_dumps(text: Union[str, bytes]) -> List[Dump]:
     """All dumps in a faulthandler file, oldest first.
 
     ``text``: what ``faulthandler.dump_traceback`` / ``register`` / ``enable`` wrote (one
@@ -61,12 +67,12 @@ def parse_faulthandler_dumps(text):
     """
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    dumps = []
-    cur = None             # current dump
-    thread = None          # current thread (frames go there)
-    prev_blank = True      # the previous line was blank
-    saw_other = False      # unknown text since the last thread line
-    pending_header = None  # "Fatal Python error: ..." waiting for its first thread
+    dumps: List[Dump] = []
+    cur: Optional[Dump] = None             # current dump
+    thread: Optional[Thread] = None        # current thread (frames go there)
+    prev_blank = True                      # the previous line was blank
+    saw_other = False                      # unknown text since the last thread line
+    pending_header: Optional[str] = None   # "Fatal Python error: ..." waiting for its first thread
 
     for raw in text.splitlines():
         line = raw.rstrip("\r")
@@ -82,7 +88,7 @@ def parse_faulthandler_dumps(text):
                 pending_header = None
             thread = {"thread_name": (m.group("name") if m else None) or None,
                       "thread_id": tid, "os_thread_id": None, "active": None,
-                      "owns_gil": None, "current": stack_line or m.group("cur") != "Thread",
+                      "owns_gil": None, "current": m is None or m.group("cur") != "Thread",
                       "frames": []}
             cur["threads"].append(thread)
             prev_blank = saw_other = False
@@ -97,7 +103,7 @@ def parse_faulthandler_dumps(text):
             ln = fm.group("line")
             thread["frames"].append({"name": fm.group("name"), "filename": fm.group("file"),
                                      "line": int(ln) if ln.isdigit() else 0, "native": False})
-        elif stripped == "..." and thread is not None:
+        elif stripped == "..." and thread is not None and cur is not None:  # cur is set with thread
             cur["truncated"] = True
         elif stripped == "<no Python frame>" and thread is not None:
             pass
@@ -115,7 +121,7 @@ def parse_faulthandler_dumps(text):
     return [d for d in dumps if d["threads"]]
 
 
-def parse_faulthandler_text(text):
+def parse_faulthandler_text(text: Union[str, bytes]) -> List[Thread]:
     """Threads of the **last** dump in ``text`` (thread format above); [] when there is none.
 
     See :func:`parse_faulthandler_dumps` for every dump in the file.
@@ -124,7 +130,7 @@ def parse_faulthandler_text(text):
     return dumps[-1]["threads"] if dumps else []
 
 
-def signal_caught(pid, signum):
+def signal_caught(pid: int, signum: int) -> bool:
     """True when ``pid`` has a handler installed for ``signum`` (``SigCgt`` in
     ``/proc/PID/status``, a hex mask with bit ``signum - 1``; proc(5)). False when the
     signal is default/ignored or the process is unreadable."""
@@ -138,14 +144,15 @@ def signal_caught(pid, signum):
     return False
 
 
-def _size(path):
+def _size(path: str) -> int:
     try:
         return os.path.getsize(path)
     except OSError:
         return 0
 
 
-def request_faulthandler_dump(pid, signum, dump_file, timeout_s=3.0, *, registered=True):
+def request_faulthandler_dump(pid: int, signum: int, dump_file: str, timeout_s: float = 3.0, *,
+                              registered: bool = True) -> Optional[List[Thread]]:
     """Make ``pid`` write its stacks with faulthandler and return them (thread list) or None.
 
     Calling this is the caller's statement (from the ring header or run directory) that
@@ -170,7 +177,7 @@ def request_faulthandler_dump(pid, signum, dump_file, timeout_s=3.0, *, register
     except (ProcessLookupError, PermissionError):
         return None
     deadline = time.monotonic() + timeout_s
-    last, stable_since = start, None
+    last, stable_since = start, 0.0
     while time.monotonic() < deadline:
         time.sleep(0.01)
         size = _size(dump_file)

@@ -108,9 +108,10 @@ def _elftools_build_id(path: str) -> Optional[str]:
     """Build-id through pyelftools' note iterator (the slow, thorough reader)."""
     try:
         from elftools.elf.elffile import ELFFile
+        from elftools.elf.segments import NoteSegment
         with open(path, "rb") as f:
             for seg in ELFFile(f).iter_segments():
-                if seg["p_type"] == "PT_NOTE":
+                if isinstance(seg, NoteSegment):  # what pyelftools makes of every PT_NOTE segment
                     for n in seg.iter_notes():
                         if n["n_type"] == "NT_GNU_BUILD_ID":
                             return str(n["n_desc"])
@@ -126,6 +127,7 @@ def symbolize(path: str, file_offset: int) -> Optional[str]:
     turned into a virtual address through the PT_LOAD segment that contains it."""
     try:
         from elftools.elf.elffile import ELFFile
+        from elftools.elf.sections import SymbolTableSection
         with open(path, "rb") as f:
             elf = ELFFile(f)
             vaddr = None
@@ -139,6 +141,8 @@ def symbolize(path: str, file_offset: int) -> Optional[str]:
                 sec = elf.get_section_by_name(name)
                 if sec is None:
                     continue
+                if not isinstance(sec, SymbolTableSection):
+                    return None  # not a symbol table under that name: an unreadable file
                 best = None
                 for s in sec.iter_symbols():
                     if s["st_info"]["type"] != "STT_FUNC" or not s["st_value"]:
@@ -158,7 +162,8 @@ def kernel_fault_text(pid: int, read_log: Optional[Callable[[], Tuple[list, str]
     the kernel when ``/proc/sys/debug/exception-trace`` is 1, rate-limited) as
     ``(text, status)``; status is 'read' or why the log could not be read."""
     if read_log is None:
-        from hangtrace.tracer.collect.rings import read_kernel_log as read_log
+        from hangtrace.tracer.collect.rings import read_kernel_log
+        read_log = read_kernel_log
     lines, status = read_log()
     tag = "[%d]" % pid
     keep = [t for _, t in lines if tag in t and (" segfault at " in t or " trap " in t or "general protection" in t)]

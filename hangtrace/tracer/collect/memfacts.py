@@ -3,18 +3,27 @@
 Moved from collect/rings.py (issue 8: modules under 400 lines). ``memory_facts(p)`` is
 what ``ProcessInfo.memory_facts`` holds; the analysis reads it in analyze/memory.py.
 """
+from __future__ import annotations
+
 import os
 import time
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Pattern, Tuple
 
 import socket
+
+if TYPE_CHECKING:
+    from hangtrace.tracer.snapshot import ProcessInfo
+
+#: A kernel log line: (seconds since boot or None, text).
+KernelLine = Tuple[Optional[float], str]
 
 _HOST = socket.gethostname()
 
 
-_KILLED_RE = None
+_KILLED_RE: Optional[Tuple[Pattern[str], Pattern[str], Pattern[str], Pattern[str]]] = None
 
 
-def _kernel_re():
+def _kernel_re() -> Tuple[Pattern[str], Pattern[str], Pattern[str], Pattern[str]]:
     global _KILLED_RE
     if _KILLED_RE is None:
         import re
@@ -24,7 +33,7 @@ def _kernel_re():
     return _KILLED_RE
 
 
-def parse_kernel_oom(lines):
+def parse_kernel_oom(lines: Iterable[KernelLine]) -> Dict[int, Dict[str, Any]]:
     """Kernel log lines -> {pid: {'line', 'anon_rss' (bytes), 'memcg', 'mono_s', 'scope'}}.
 
     Recognises the OOM killer's "Memory cgroup out of memory: Killed process N (name)
@@ -33,7 +42,7 @@ def parse_kernel_oom(lines):
     (Linux mm/oom_kill.c). ``lines``: iterable of ``(mono_s or None, text)``.
     """
     killed, summary, anon, memcg = _kernel_re()
-    out = {}
+    out: Dict[int, Dict[str, Any]] = {}
     for mono, text in lines:
         m = killed.search(text)
         if m:
@@ -58,11 +67,12 @@ def parse_kernel_oom(lines):
     return out
 
 
-def read_kernel_log():
+def read_kernel_log() -> Tuple[List[KernelLine], str]:
     """Kernel log as ``(lines, status)``: ``lines`` [(mono_s, text)]; ``status`` 'read' or
     why not. /dev/kmsg first (records ``prio,seq,usec,flags;text``), then ``dmesg``."""
     import errno
-    lines = []
+    lines: List[KernelLine] = []
+    fd: Optional[int]
     try:
         fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
@@ -82,6 +92,7 @@ def read_kernel_log():
                     break
                 head, _, text = rec.decode("utf-8", "replace").partition(";")
                 f = head.split(",")
+                mono: Optional[float]
                 try:
                     mono = int(f[2]) / 1e6
                 except (IndexError, ValueError):
@@ -112,7 +123,7 @@ def read_kernel_log():
     return [], why
 
 
-def _read_int_file(path):
+def _read_int_file(path: str) -> Optional[bytes]:
     try:
         with open(path, "rb") as f:
             return f.read(4096)
@@ -120,11 +131,11 @@ def _read_int_file(path):
         return None
 
 
-def memory_facts(p, cache=None):
+def memory_facts(p: ProcessInfo, cache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Collection-time OOM evidence for a dead process of this host (dict, see
     ``ProcessInfo.memory_facts``); {} for live or foreign processes. ``cache`` (a dict
     shared over one collection) keeps the kernel log read once."""
-    facts = {}
+    facts: Dict[str, Any] = {}
     if p.host != _HOST or not (p.state == "killed" or (p.state == "exited" and p.exit_code not in (0, None))):
         return facts
     try:
@@ -138,11 +149,12 @@ def memory_facts(p, cache=None):
             if raw is not None:
                 n = parse_oom_kill(raw)
                 facts["cgroup_oom_kill_now"] = n if n >= 0 else None
+        klines: Dict[int, Dict[str, Any]]
         if cache is not None and "kernel" in cache:
             klines, status = cache["kernel"]
         else:
-            klines, status = read_kernel_log()
-            klines = parse_kernel_oom(klines)
+            lines, status = read_kernel_log()
+            klines = parse_kernel_oom(lines)
             if cache is not None:
                 cache["kernel"] = (klines, status)
         facts["kernel_log"] = status

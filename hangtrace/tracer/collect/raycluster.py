@@ -30,28 +30,34 @@ directories of its Ray workers (``HANGTRACE_DIR`` in ``/proc/PID/environ`` of th
 raylet's children: runtime_env env vars are in the worker's initial environment); one
 directory across the cluster is used, several are an error listing them.
 """
+from __future__ import annotations
+
 import dataclasses
 import glob
 import os
 import socket
 import tempfile
 import time
-from typing import Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import orjson
 
 from hangtrace.tracer import config
 from hangtrace.tracer.errors import HangtraceError, RunDirError
-from hangtrace.tracer.snapshot import Snapshot
+from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 __all__ = ["collect_node", "discover_node", "dump_cluster", "load_ray_snapshot"]
+
+#: What one node's collector task returns (see ``collect_node``), and a node of ``ray.nodes()``.
+NodeResult = Dict[str, Any]
+RayNode = Dict[str, Any]
 
 #: Seconds to wait for the node tasks (all of them together).
 DEFAULT_TIMEOUT_S = 120.0
 
 
-def _raylet_children(raylet_pid):
-    out = []
+def _raylet_children(raylet_pid: int) -> List[int]:
+    out: List[int] = []
     for d in glob.glob("/proc/[0-9]*"):
         try:
             with open(d + "/stat", "rb") as f:
@@ -63,14 +69,14 @@ def _raylet_children(raylet_pid):
     return out
 
 
-def discover_node(raylet_pid=None):
+def discover_node(raylet_pid: Optional[int] = None) -> Dict[str, Any]:
     """Run directories (``HANGTRACE_DIR``) of the traced Ray workers of this node.
 
     Returns ``{'host', 'dirs': [str]}``. Runs inside a Ray task (``raylet_pid`` defaults
     to the task's parent).
     """
     raylet_pid = raylet_pid or os.getppid()
-    dirs = set()
+    dirs: set[str] = set()
     key = (config.DIR + "=").encode()
     for pid in _raylet_children(raylet_pid):
         try:
@@ -84,7 +90,7 @@ def discover_node(raylet_pid=None):
     return {"host": socket.gethostname(), "dirs": sorted(d for d in dirs if os.path.isdir(d))}
 
 
-def _on_node(p, node_id, raylet_pid, host):
+def _on_node(p: ProcessInfo, node_id: Optional[str], raylet_pid: int, host: str) -> bool:
     m = p.meta or {}
     nid = m.get("ray_node_id")
     if nid:
@@ -99,7 +105,7 @@ def _on_node(p, node_id, raylet_pid, host):
     return not (ppid and _is_raylet(ppid))
 
 
-def _is_raylet(pid):
+def _is_raylet(pid: int) -> bool:
     try:
         with open("/proc/%d/comm" % pid, "rb") as f:
             return f.read().strip() == b"raylet"
@@ -107,7 +113,9 @@ def _is_raylet(pid):
         return False
 
 
-def _ring_ppid(path):
+def _ring_ppid(path: Optional[str]) -> Optional[int]:
+    if path is None:
+        return None
     try:
         from hangtrace.tracer.ring import layout as F
         from hangtrace.tracer.ring import reader as R
@@ -117,7 +125,8 @@ def _ring_ppid(path):
         return None
 
 
-def collect_node(run_dir, node_id=None, native=False, with_stacks=True, raylet_pid=None):
+def collect_node(run_dir: str, node_id: Optional[str] = None, native: bool = False, with_stacks: bool = True,
+                 raylet_pid: Optional[int] = None) -> NodeResult:
     """Collect this node's part of the run in ``run_dir`` (runs inside a pinned Ray task).
 
     Returns a dict: ``node_id, host, raylet_pid, run_dir, took_s, errors: [str],
@@ -136,7 +145,7 @@ def collect_node(run_dir, node_id=None, native=False, with_stacks=True, raylet_p
             node_id = ray.get_runtime_context().get_node_id()
         except Exception:
             node_id = None
-    out = {"node_id": node_id, "host": host, "raylet_pid": raylet_pid, "run_dir": run_dir, "errors": [],
+    out: NodeResult = {"node_id": node_id, "host": host, "raylet_pid": raylet_pid, "run_dir": run_dir, "errors": [],
            "rings": {}, "stacks": {}, "signals": {}, "processes": {}, "took_s": 0.0}
     if not os.path.isdir(run_dir):
         out["errors"].append("node %s (%s): run directory %s does not exist there" % (node_id, host, run_dir))
@@ -147,6 +156,7 @@ def collect_node(run_dir, node_id=None, native=False, with_stacks=True, raylet_p
     tmp = tempfile.mkdtemp(prefix="hangtrace-raycollect-")
     try:
         for p in mine:
+            assert p.ring_path is not None  # load_rings reads every process from its ring
             name = os.path.basename(p.ring_path)
             dst = os.path.join(tmp, name)
             try:
@@ -158,9 +168,9 @@ def collect_node(run_dir, node_id=None, native=False, with_stacks=True, raylet_p
             for kind, s in (p.signals or {}).items():
                 out["signals"][os.path.basename(s["path"])] = [s["wall_ns"], s["text"]]
     finally:
-        for f in glob.glob(os.path.join(tmp, "*")):
+        for leftover in glob.glob(os.path.join(tmp, "*")):
             try:
-                os.unlink(f)
+                os.unlink(leftover)
             except OSError:
                 pass
         try:
@@ -182,39 +192,41 @@ def collect_node(run_dir, node_id=None, native=False, with_stacks=True, raylet_p
     return out
 
 
-def _connect(address):
+def _connect(address: Optional[str]) -> bool:
     import ray
     if ray.is_initialized():
         return False
     env = {config.HELPER: "1", config.ENABLE: "0"}
-    kw = dict(address=address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False,
-              runtime_env={"env_vars": env}, namespace="hangtrace", logging_level="ERROR")
+    address = address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
-        ray.init(**kw)
+        ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env}, namespace="hangtrace",
+                 logging_level="ERROR")  # type: ignore[arg-type]  # Ray annotates int; it takes level names too
     except ConnectionError as e:
-        raise HangtraceError("cannot connect to the Ray cluster at %s: %s" % (kw["address"], e),
+        raise HangtraceError("cannot connect to the Ray cluster at %s: %s" % (address, e),
                              "pass --address HOST:PORT (the GCS address, `ray status` shows it) or set "
                              "RAY_ADDRESS; run on a node of the cluster") from None
     return True
 
 
-def _alive_nodes():
+def _alive_nodes() -> List[RayNode]:
     import ray
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-def _run_on_nodes(fn, nodes, args_for, timeout_s):
+def _run_on_nodes(fn: Callable[..., NodeResult], nodes: List[RayNode], args_for: Callable[[str], Tuple[Any, ...]],
+                  timeout_s: float) -> Tuple[Dict[str, NodeResult], List[str]]:
     """Run ``fn`` once per node (pinned, hard affinity); returns ({node_id: result}, errors)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     task = ray.remote(num_cpus=0, max_retries=0)(fn)
-    refs = {}
+    refs: Dict[Any, str] = {}  # ObjectRef -> node id
     for n in nodes:
         nid = n["NodeID"]
         refs[task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
                           name="hangtrace-collect").remote(*args_for(nid))] = nid
     done, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-    results, errors = {}, []
+    results: Dict[str, NodeResult] = {}
+    errors: List[str] = []
     for ref in done:
         nid = refs[ref]
         try:
@@ -231,7 +243,7 @@ def _run_on_nodes(fn, nodes, args_for, timeout_s):
     return results, errors
 
 
-def _stamp():
+def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + ".%03d" % (time.time_ns() // 1000000 % 1000)
 
 
@@ -254,7 +266,7 @@ def dump_cluster(run_dir: Optional[str] = None, address: Optional[str] = None, n
     try:
         nodes = _alive_nodes()
         run_dir = run_dir or os.environ.get(config.DIR)
-        errors = []
+        errors: List[str] = []
         if not run_dir:
             found, errs = _run_on_nodes(discover_node, nodes, lambda nid: (), timeout_s)
             errors += errs
@@ -289,13 +301,14 @@ def dump_cluster(run_dir: Optional[str] = None, address: Optional[str] = None, n
     return snap
 
 
-def write_ray_snapshot(sdir, run_dir, results, errors, state, took_s=0.0, reason="request"):
+def write_ray_snapshot(sdir: str, run_dir: str, results: Dict[str, NodeResult], errors: Iterable[str],
+                       state: Optional[Dict[str, Any]], took_s: float = 0.0, reason: str = "request") -> str:
     """Write node payloads (``collect_node`` results by node id) as one snapshot folder."""
     os.makedirs(os.path.join(sdir, "rings"), mode=0o700, exist_ok=True)
     os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
-    processes = {}
-    files = set()
-    nodes = []
+    processes: Dict[str, Dict[str, Any]] = {}
+    files: set[str] = set()
+    nodes: List[Dict[str, Any]] = []
     errors = list(errors)
     for nid, r in sorted(results.items()):
         errors.extend(r.get("errors") or ())

@@ -25,6 +25,8 @@ for a SIGKILL, a cgroup OOM-kill, a segfault and an abort (measured on Ray 2.60)
 
 Everything here is plain data in and out (``joined`` is pure); only ``fetch`` talks to Ray.
 """
+from __future__ import annotations
+
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -37,8 +39,11 @@ __all__ = ["fetch", "joined", "death_text"]
 #: "Given limit 100000 exceeds the supported limit 10000", ``RAY_MAX_LIMIT_FROM_API_SERVER``).
 _LIMIT = 10000
 
+#: One actor, worker, task or placement group (keys: see the module doc and ``fetch``).
+Row = Dict[str, Any]
 
-def _hex(v):
+
+def _hex(v: Any) -> Optional[str]:
     if v is None:
         return None
     if isinstance(v, (bytes, bytearray)):
@@ -46,7 +51,7 @@ def _hex(v):
     return str(v)
 
 
-def death_text(cause):
+def death_text(cause: Any) -> Optional[str]:
     """Ray's human text from a death-cause dict (state API or GCS), or None.
 
     Looks for ``error_message`` (``actor_died_error_context``, ``creation_task_failure_
@@ -56,7 +61,7 @@ def death_text(cause):
         return None
     if isinstance(cause, str):
         return cause
-    stack = [cause]
+    stack: List[Any] = [cause]
     while stack:
         c = stack.pop(0)
         if isinstance(c, dict):
@@ -69,7 +74,7 @@ def death_text(cause):
     return None
 
 
-def _as_dict(x):
+def _as_dict(x: Any) -> Dict[str, Any]:
     return x if isinstance(x, dict) else dict(x.__dict__)
 
 
@@ -81,15 +86,15 @@ _LIVE_TASK_STATES = frozenset(("PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT", 
                                "RUNNING_IN_RAY_GET", "RUNNING_IN_RAY_WAIT", "FAILED"))
 
 
-def _tasks_from_state_api(timeout_s):
+def _tasks_from_state_api(timeout_s: float) -> List[Row]:
     """Live (pending, running) and failed tasks: task_id, name, state, actor_id,
     parent_task_id, type, func_or_class_name, required_resources, worker_pid, node_id,
     error_type, error_message (truncated), creation/start time (ms since the epoch)."""
     from ray.util.state import list_tasks
-    out = []
-    for t in list_tasks(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
-                        raise_on_missing_output=False):
-        t = _as_dict(t)
+    out: List[Row] = []
+    for row in list_tasks(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
+                          raise_on_missing_output=False):
+        t = _as_dict(row)
         if t.get("state") not in _LIVE_TASK_STATES:
             continue
         out.append({k: t.get(k) for k in ("task_id", "name", "state", "actor_id", "parent_task_id", "type",
@@ -100,13 +105,13 @@ def _tasks_from_state_api(timeout_s):
     return out
 
 
-def _placement_groups_from_state_api(timeout_s):
+def _placement_groups_from_state_api(timeout_s: float) -> List[Row]:
     from ray.util.state import list_placement_groups
-    out = []
-    for g in list_placement_groups(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
-                                   raise_on_missing_output=False):
-        g = _as_dict(g)
-        bundles = []
+    out: List[Row] = []
+    for row in list_placement_groups(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
+                                     raise_on_missing_output=False):
+        g = _as_dict(row)
+        bundles: List[Any] = []
         for b in g.get("bundles") or ():
             b = _as_dict(b)
             bundles.append(b.get("unit_resources") or b.get("resources") or b)
@@ -116,18 +121,18 @@ def _placement_groups_from_state_api(timeout_s):
     return out
 
 
-def _cluster_resources():
+def _cluster_resources() -> Tuple[Dict[str, float], Dict[str, float]]:
     """``(total, available)`` resource dicts of the connected cluster (``ray.cluster_resources``)."""
     import ray
     return dict(ray.cluster_resources()), dict(ray.available_resources())
 
 
-def _from_state_api(timeout_s):
+def _from_state_api(timeout_s: float) -> Tuple[List[Row], List[Row]]:
     from ray.util.state import list_actors, list_workers
-    actors = []
-    for a in list_actors(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
-                         raise_on_missing_output=False):
-        a = a if isinstance(a, dict) else dict(a.__dict__)
+    actors: List[Row] = []
+    for row in list_actors(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
+                           raise_on_missing_output=False):
+        a = row if isinstance(row, dict) else dict(row.__dict__)
         actors.append({"actor_id": a.get("actor_id"), "class_name": a.get("class_name"), "name": a.get("name"),
                        "state": a.get("state"), "pid": a.get("pid"), "node_id": a.get("node_id"),
                        "job_id": a.get("job_id"), "death_cause": a.get("death_cause"),
@@ -135,10 +140,10 @@ def _from_state_api(timeout_s):
                        "required_resources": a.get("required_resources"),
                        "placement_group_id": a.get("placement_group_id"),
                        "num_restarts": a.get("num_restarts")})
-    workers = []
-    for w in list_workers(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
-                          raise_on_missing_output=False):
-        w = w if isinstance(w, dict) else dict(w.__dict__)
+    workers: List[Row] = []
+    for wrow in list_workers(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
+                             raise_on_missing_output=False):
+        w = wrow if isinstance(wrow, dict) else dict(wrow.__dict__)
         workers.append({"worker_id": w.get("worker_id"), "pid": w.get("pid"), "node_id": w.get("node_id"),
                         "is_alive": w.get("is_alive"), "exit_type": w.get("exit_type"),
                         "exit_detail": w.get("exit_detail"), "worker_type": w.get("worker_type"),
@@ -146,14 +151,18 @@ def _from_state_api(timeout_s):
     return actors, workers
 
 
-def _from_gcs():
+def _from_gcs() -> Tuple[List[Row], List[Row]]:
     from google.protobuf.json_format import MessageToDict
     from ray._private import state as rstate
-    from ray.core.generated import common_pb2, gcs_pb2
-    st = rstate.state
+    from ray.core.generated import common_pb2 as _common_pb2, gcs_pb2 as _gcs_pb2
+    # Any: a private API that differs between Ray versions, and generated protobuf modules
+    # whose message classes are built at import time (no static attributes to check)
+    st: Any = rstate.state
+    common_pb2: Any = _common_pb2
+    gcs_pb2: Any = _gcs_pb2
     accessor = st._connect_and_get_accessor() if hasattr(st, "_connect_and_get_accessor") \
         else st.global_state_accessor
-    actors = []
+    actors: List[Row] = []
     for raw in accessor.get_actor_table(None, None):
         a = gcs_pb2.ActorTableData.FromString(raw)
         cause = MessageToDict(a.death_cause, preserving_proto_field_name=True) if a.HasField("death_cause") else None
@@ -162,7 +171,7 @@ def _from_gcs():
                        "node_id": (a.node_id or a.address.node_id).hex() or None, "job_id": a.job_id.hex(),
                        "death_cause": cause, "death_text": death_text(cause),
                        "required_resources": dict(a.required_resources) or None})
-    workers = []
+    workers: List[Row] = []
     for raw in accessor.get_worker_table():
         w = gcs_pb2.WorkerTableData.FromString(raw)
         exit_type = None
@@ -176,7 +185,7 @@ def _from_gcs():
     return actors, workers
 
 
-def fetch(timeout_s=10.0, source=None):
+def fetch(timeout_s: float = 10.0, source: Optional[str] = None) -> Dict[str, Any]:
     """Ray's actor and worker tables from the connected cluster.
 
     Returns ``{'source': 'state-api'|'gcs'|None, 'actors': [...], 'workers': [...],
@@ -185,7 +194,7 @@ def fetch(timeout_s=10.0, source=None):
     module doc and ``_tasks_from_state_api``; tasks and placement groups only through the
     state API). ``source`` forces one source. Never raises: failures are lines in ``errors``.
     """
-    out = {"source": None, "actors": [], "workers": [], "tasks": [], "placement_groups": [],
+    out: Dict[str, Any] = {"source": None, "actors": [], "workers": [], "tasks": [], "placement_groups": [],
            "cluster_resources": None, "available_resources": None, "errors": []}
     order = [source] if source else ["state-api", "gcs"]
     for src in order:
@@ -212,7 +221,7 @@ def fetch(timeout_s=10.0, source=None):
     return out
 
 
-def _first_line(e):
+def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0][:300] if str(e) else repr(e)
 
 

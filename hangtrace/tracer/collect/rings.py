@@ -31,11 +31,11 @@ RING_GLOB = "ring-*.htr"
 _HOST = socket.gethostname()
 
 
-def _proc_ticks(pid):
+def _proc_ticks(pid: int) -> Optional[int]:
     return F.proc_start_ticks(pid, None)
 
 
-def _zombie(pid):
+def _zombie(pid: int) -> bool:
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
@@ -43,7 +43,7 @@ def _zombie(pid):
         return True
 
 
-def live_state(header):
+def live_state(header: Dict[str, Any]) -> str:
     """'alive' | 'exited' | 'killed' | 'unknown' for a ring header, checked on this host.
 
     A pid counts as the same process only if its start time (/proc/PID/stat field 22)
@@ -122,7 +122,7 @@ def _mem_samples(records: Any) -> List[Dict[str, Any]]:
 
 
 
-def _error_line(path, e):
+def _error_line(path: Optional[str], e: BaseException) -> str:
     if isinstance(e, HangtraceError):
         return "%s (remedy: %s)" % (e, e.remedy) if e.remedy else str(e)
     return "%s: %s (remedy: check the file's permissions; run as the job's user or root)" % (path, e)
@@ -308,6 +308,7 @@ def take_snapshot(run_dir: str, reason: str = "request", native: bool = False,
     os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
     snap = dataclasses.replace(snap, reason=reason, path=sdir)
     for p in snap.processes:
+        assert p.ring_path is not None  # load_run reads processes from their rings
         try:
             R.compact_copy(p.ring_path, os.path.join(sdir, "rings", os.path.basename(p.ring_path)))
         except (HangtraceError, OSError) as e:

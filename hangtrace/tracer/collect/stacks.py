@@ -19,6 +19,8 @@ Function names are what the source prints: py-spy shows ``co_qualname`` on Pytho
 Nothing here imports torch or ray. Helper subprocesses (py-spy) run with
 ``config.helper_env()`` so that a ``HANGTRACE=1`` environment never traces them.
 """
+from __future__ import annotations
+
 import json
 import os
 import re
@@ -28,8 +30,13 @@ import sys
 import sysconfig
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from hangtrace.tracer import config
+
+Thread = Dict[str, Any]  # one thread in the format above (what ``ProcessInfo.stacks`` holds)
+Frame = Dict[str, Any]  # one of its frames
+StackResult = Dict[str, Any]  # one process's dump (see ``dump_stacks``)
 
 #: Linux capability number of CAP_SYS_PTRACE (linux/capability.h).
 CAP_SYS_PTRACE = 19
@@ -49,7 +56,7 @@ PYSPY_MISSING = "py-spy missing: pip install py-spy"
 
 # --------------------------------------------------------------------------- py-spy
 
-def pyspy_path():
+def pyspy_path() -> Optional[str]:
     """Path of the py-spy executable, or None.
 
     Looks first in this interpreter's scripts directory (where ``pip install py-spy`` puts
@@ -67,7 +74,7 @@ def pyspy_path():
     return shutil.which("py-spy")
 
 
-def pyspy_available(timeout_s=5.0):
+def pyspy_available(timeout_s: float = 5.0) -> Tuple[bool, str]:
     """``(True, 'py-spy 0.4.3 at /path')`` or ``(False, reason)``.
 
     Runs ``py-spy --version`` (a few ms). Reasons: ``"py-spy missing: pip install py-spy"``,
@@ -89,7 +96,7 @@ def pyspy_available(timeout_s=5.0):
     return True, "%s at %s" % (out.stdout.strip() or "py-spy", path)
 
 
-def _cap_eff(status_path="/proc/self/status"):
+def _cap_eff(status_path: str = "/proc/self/status") -> Optional[int]:
     try:
         with open(status_path) as f:
             for line in f:
@@ -100,7 +107,7 @@ def _cap_eff(status_path="/proc/self/status"):
     return None
 
 
-def _yama_scope():
+def _yama_scope() -> Optional[int]:
     try:
         with open(YAMA_PTRACE_SCOPE) as f:
             return int(f.read().strip())
@@ -108,7 +115,7 @@ def _yama_scope():
         return None  # no Yama LSM: classic ptrace rules (same uid, or CAP_SYS_PTRACE)
 
 
-def _is_descendant(pid):
+def _is_descendant(pid: int) -> bool:
     try:
         import psutil
         me = os.getpid()
@@ -117,7 +124,7 @@ def _is_descendant(pid):
         return False
 
 
-def _proc_uids(pid):
+def _proc_uids(pid: int) -> Optional[List[int]]:
     try:
         with open("/proc/%d/status" % pid) as f:
             for line in f:
@@ -128,7 +135,7 @@ def _proc_uids(pid):
     return None
 
 
-def ptrace_problem(pid=None):
+def ptrace_problem(pid: Optional[int] = None) -> Optional[str]:
     """Why py-spy cannot read other processes from here, with the remedy; None if it can.
 
     Checks (Linux): the Yama LSM's ``/proc/sys/kernel/yama/ptrace_scope`` (0 classic,
@@ -165,7 +172,7 @@ def ptrace_problem(pid=None):
     return None
 
 
-def _first_error_line(stderr):
+def _first_error_line(stderr: Optional[str]) -> str:
     """py-spy prints 'Error: ...' then 'Caused by:' lines and a Rust backtrace; keep the gist."""
     lines = [l.strip() for l in (stderr or "").splitlines() if l.strip()]
     if not lines:
@@ -178,7 +185,7 @@ def _first_error_line(stderr):
     return out[:300]
 
 
-def _pid_state(pid):
+def _pid_state(pid: int) -> str:
     """'alive' | 'gone' | 'zombie'."""
     try:
         with open("/proc/%d/stat" % pid) as f:
@@ -192,7 +199,7 @@ def _pid_state(pid):
     return "zombie" if state in ("Z", "X", "x") else "alive"
 
 
-def normalize_pyspy(data):
+def normalize_pyspy(data: Union[str, bytes, List[Any]]) -> List[Thread]:
     """py-spy ``dump --json`` output (a list of thread dicts) -> the thread format above.
 
     py-spy 0.4.3 prints, per thread: ``pid, thread_id, thread_name, os_thread_id, active,
@@ -205,11 +212,11 @@ def normalize_pyspy(data):
         data = json.loads(data)
     if not isinstance(data, list):
         raise ValueError("py-spy JSON: expected a list of threads, got %s" % type(data).__name__)
-    threads = []
+    threads: List[Thread] = []
     for t in data:
         if not isinstance(t, dict):
             raise ValueError("py-spy JSON: thread entry is %s" % type(t).__name__)
-        frames = []
+        frames: List[Frame] = []
         for fr in t.get("frames") or []:
             frames.append({
                 "name": str(fr.get("name") or "?"),
@@ -229,7 +236,8 @@ def normalize_pyspy(data):
     return threads
 
 
-def _result(pid, threads=None, error=None, remedy=None, t0=None, **extra):
+def _result(pid: int, threads: Optional[List[Thread]] = None, error: Optional[str] = None,
+            remedy: Optional[str] = None, t0: Optional[float] = None, **extra: Any) -> StackResult:
     r = {"pid": pid, "threads": threads, "source": "py-spy" if threads is not None else None,
          "error": error, "remedy": remedy,
          "duration_s": (time.monotonic() - t0) if t0 is not None else 0.0}
@@ -237,13 +245,13 @@ def _result(pid, threads=None, error=None, remedy=None, t0=None, **extra):
     return r
 
 
-def _vanished(pid, state):
+def _vanished(pid: int, state: str) -> str:
     if state == "zombie":
         return "process vanished: pid %d has exited (zombie, not yet reaped by its parent)" % pid
     return "process vanished: pid %d no longer exists" % pid
 
 
-def dump_one(pid, native=False, timeout_s=10.0, pyspy=None):
+def dump_one(pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Optional[str] = None) -> StackResult:
     """One py-spy dump; see :func:`dump_stacks` for the result shape."""
     t0 = time.monotonic()
     pid = int(pid)
@@ -299,7 +307,8 @@ def dump_one(pid, native=False, timeout_s=10.0, pyspy=None):
     return _result(pid, threads=threads, t0=t0, nonblocking=nonblocking)
 
 
-def dump_stacks(pids, native=False, timeout_s=10.0, max_workers=8, pyspy=None):
+def dump_stacks(pids: Iterable[int], native: bool = False, timeout_s: float = 10.0, max_workers: int = 8,
+                pyspy: Optional[str] = None) -> Dict[int, StackResult]:
     """Take py-spy stacks of many local processes in parallel.
 
     ``pids``: iterable of ints (duplicates are taken once). ``native``: add C/C++ frames
@@ -323,7 +332,7 @@ def dump_stacks(pids, native=False, timeout_s=10.0, max_workers=8, pyspy=None):
     ``"py-spy timed out ..."``, or py-spy's own first error line. Never raises for a
     per-process failure. Every py-spy runs with ``config.helper_env()``.
     """
-    uniq = []
+    uniq: List[int] = []
     for p in pids:
         p = int(p)
         if p not in uniq:
@@ -340,8 +349,6 @@ def dump_stacks(pids, native=False, timeout_s=10.0, max_workers=8, pyspy=None):
 
 
 # --------------------------------------------------------------------------- faulthandler
-
-
 # faulthandler parsing and on-demand dumps live in collect/faulthandler.py (issue 8: modules
 # under 400 lines); re-exported here for existing callers.
 from hangtrace.tracer.collect.faulthandler import (_is_threading_bootstrap, parse_faulthandler_dumps,  # noqa: E402,F401
@@ -349,7 +356,7 @@ from hangtrace.tracer.collect.faulthandler import (_is_threading_bootstrap, pars
                                                    signal_caught)
 
 
-def frame_str(frame, full_path=False):
+def frame_str(frame: Frame, full_path: bool = False) -> str:
     """``'func (file.py:line)'``; the base name of the file unless ``full_path``."""
     fn = frame.get("filename") or "?"
     if not full_path:
@@ -359,7 +366,7 @@ def frame_str(frame, full_path=False):
         "%s (%s)" % (frame.get("name") or "?", fn)
 
 
-def frame_key(frame):
+def frame_key(frame: Frame) -> Tuple[str, int, str]:
     """Source-independent identity of a frame: ``(basename, line, short name)``, where the
     short name drops py-spy's class prefix (``Queue.get`` -> ``get``) so py-spy and
     faulthandler frames compare equal."""
@@ -367,10 +374,9 @@ def frame_key(frame):
     return (os.path.basename(frame.get("filename") or "?"), frame.get("line") or 0, name)
 
 
-def main_thread(threads):
-    """The main thread of a thread list: named 'MainThread', else the one not started by
-    ``threading`` (outermost frame not ``threading._bootstrap``), else the first; None if
-    empty."""
+def main_thread(threads: Optional[List[Thread]]) -> Optional[Thread]:
+    """The main thread of a thread list: named 'MainThread', else the one not started by ``threading``
+    (outermost frame not ``threading._bootstrap``), else the first; None if empty."""
     if not threads:
         return None
     for t in threads:
@@ -383,7 +389,7 @@ def main_thread(threads):
     return threads[0]
 
 
-def top_frames(threads, n=8, python_only=True):
+def top_frames(threads: Optional[List[Thread]], n: int = 8, python_only: bool = True) -> List[str]:
     """Up to ``n`` innermost frames of the main thread as :func:`frame_str` strings
     (innermost first). Native frames are skipped unless ``python_only`` is False."""
     t = main_thread(threads or [])

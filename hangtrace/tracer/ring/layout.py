@@ -16,7 +16,7 @@ import mmap
 import os
 import struct
 
-from hangtrace.tracer.procfs import proc_start_ticks
+from hangtrace.tracer.procfs import proc_start_ticks as proc_start_ticks  # re-exported: F.proc_start_ticks
 
 MAGIC = b"HTRING01"
 VERSION = 1

@@ -14,10 +14,13 @@ Run standalone as ``python -m hangtrace.tracer.watch.watcher RUN_DIR`` (what a t
 process starts when no watcher runs on its node), or embedded by ``hangtrace run``
 (``watch/supervise.py``). On an incident it calls ``tracer.pipeline.dump_live``.
 """
+from __future__ import annotations
+
 import glob
 import os
 import sys
 import time
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
@@ -28,15 +31,17 @@ from hangtrace.tracer.collect.rings import RING_GLOB, live_state
 #: seconds between two memory-trend checks of the live rings (each reads every ring once)
 MEM_CHECK_S = 5.0
 
+Header = Dict[str, Any]  # a ring header (``reader.read_header``), plus "phase" (its name or None)
+
 
 class Incident:
     """What the watcher saw: ``kind`` 'stall' or 'death'; ``detail`` a human line."""
 
-    def __init__(self, kind, detail, keys=()):
+    def __init__(self, kind: str, detail: str, keys: Iterable[str] = ()) -> None:
         self.kind, self.detail, self.keys = kind, detail, list(keys)
 
 
-def _starting(h, joined_ranks=frozenset()):
+def _starting(h: Header, joined_ranks: FrozenSet[int] = frozenset()) -> bool:
     """A process that may still become a rank, with no progress since its ring was created
     (the recorder counts 1 at creation): still importing or in rendezvous, not hung
     (HANGTRACE_STARTUP_STALL_S). Not starting: a process whose rank hint (RANK in its
@@ -56,25 +61,26 @@ class Watcher:
     {phase name: seconds}; ``clock``: monotonic seconds (injectable for tests).
     """
 
-    def __init__(self, run_dir, stall_s=None, phase_stall=None, clock=time.monotonic):
+    def __init__(self, run_dir: str, stall_s: Optional[float] = None, phase_stall: Optional[Mapping[str, float]] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.run_dir = run_dir
         self.stall_s = config.get_float(config.STALL_S) if stall_s is None else float(stall_s)
         self.phase_stall = config.phase_stall_s() if phase_stall is None else dict(phase_stall)
         self.startup_stall_s = config.get_float(config.STARTUP_STALL_S)
         self.clock = clock
-        self.seen = {}  # path -> (progress_count, phase, step, state)
-        self.dead = set()
+        self.seen: Dict[str, Tuple[int, int, int, int]] = {}  # path -> (progress_count, phase, step, state)
+        self.dead: Set[str] = set()
         self.last_progress = clock()
         self.reported_stall = False
-        self.headers = {}
+        self.headers: Dict[str, Header] = {}
         # memory early warnings (issue 5): checked every MEM_CHECK_S, once per process and metric
-        self.mem_warned = set()
+        self.mem_warned: Set[Tuple[str, str]] = set()  # (ring path, metric key)
         self.mem_next = clock() + MEM_CHECK_S
-        self.mem_log = None  # callable(line); default: append to RUN_DIR/watcher-<host>.log
-        self.log = None  # callable(line) for other notes; default: the same log file
+        self.mem_log: Optional[Callable[[str], None]] = None  # default: append to RUN_DIR/watcher-<host>.log
+        self.log: Optional[Callable[[str], None]] = None  # other notes; default: the same log file
 
-    def _read_headers(self):
-        out = {}
+    def _read_headers(self) -> Dict[str, Header]:
+        out: Dict[str, Header] = {}
         for path in glob.glob(os.path.join(self.run_dir, RING_GLOB)):
             try:
                 with open(path, "rb") as f:
@@ -92,7 +98,7 @@ class Watcher:
                 continue  # a file being created or a foreign file: the collector reports it
         return out
 
-    def threshold(self):
+    def threshold(self) -> float:
         """Stall threshold in seconds for the phases live processes are in now."""
         t = self.stall_s
         joined = frozenset(h["rank"] for h in self.headers.values()
@@ -112,13 +118,13 @@ class Watcher:
                 t = max(t, self.startup_stall_s)
         return t
 
-    def poll(self):
+    def poll(self) -> Optional[Incident]:
         """One poll. Returns an Incident or None."""
         now = self.clock()
         self.headers = self._read_headers()
         progressed = False
         alive_progressed = False
-        deaths = []
+        deaths: List[Tuple[str, Header, str]] = []
         alive_any = False
         for path, h in self.headers.items():
             sig = (h["progress_count"], h["phase_strid"], h["step"], h["state"])
@@ -164,11 +170,11 @@ class Watcher:
                             % (now - self.last_progress, self.threshold()))
         return None
 
-    def memory_warnings(self):
+    def memory_warnings(self) -> List[str]:
         """Early warning before an OOM kill (issue 5): for every live process whose memory
         grows steadily step after step (tracer.memory.watch_lines), one line per process
         and metric in the watcher log. Returns the new lines; never raises."""
-        new = []
+        new: List[str] = []
         try:
             from hangtrace.tracer.analyze.memory import watch_lines
             for path, h in self.headers.items():
@@ -191,20 +197,20 @@ class Watcher:
             pass
         return new
 
-    def _log(self, line):
+    def _log(self, line: str) -> None:
         """Watcher log line: ``self.log`` (callable) if set, else the watcher log file."""
         if self.log is not None:
             self.log(line)
             return
         self._write_log(line)
 
-    def _mem_log(self, line):
+    def _mem_log(self, line: str) -> None:
         if self.mem_log is not None:
             self.mem_log(line)
             return
         self._write_log(line)
 
-    def _write_log(self, line):
+    def _write_log(self, line: str) -> None:
         import socket
         try:
             with open(os.path.join(self.run_dir, "watcher-%s.log" % socket.gethostname()), "a") as f:
@@ -212,7 +218,7 @@ class Watcher:
         except OSError:
             pass
 
-    def any_alive(self):
+    def any_alive(self) -> bool:
         return any(live_state(h) == "alive" for h in self.headers.values())
 
 
