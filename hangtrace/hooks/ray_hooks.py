@@ -5,15 +5,11 @@ that imports Ray: Ray workers started with ``HANGTRACE=1`` in their ``runtime_en
 the ``.pth`` at interpreter start (checked on Ray 2.60: ``default_worker.py`` imports ray, our
 hook runs, then the worker connects), the driver too when it is traced.
 
-What it records (``Recorder.set_meta``, read back as ``ProcessInfo.meta``):
-
-* ``ray_pid``, ``ray_version``, ``ray_hook_path`` at install;
-* once the worker is connected (a daemon thread polls ``ray.is_initialized()`` every
-  0.1 s for up to 60 s) and again at the first actor method (normally ``__init__``):
-  ``ray_job_id``, ``ray_node_id``, ``ray_worker_id``, ``ray_actor_id``,
-  ``ray_namespace`` from the public ``ray.get_runtime_context()``; at the first actor
-  method only (never from the polling thread: see ``record_identity``) also
-  ``ray_actor_name`` ("" for unnamed actors) and ``ray_actor_class`` from the actor object.
+What it records (``Recorder.set_meta``, read back as ``ProcessInfo.meta``; docs/RAY.md
+section 2): ``ray_pid``, ``ray_version``, ``ray_hook_path`` at install; job, node, worker
+and actor ids and the namespace once the worker is connected (a daemon thread polls
+``ray.is_initialized()``) and at the first actor method; ``ray_actor_name`` and
+``ray_actor_class`` at the first actor method only (see ``record_identity``).
 
 Every actor method execution (``__init__`` included, Ray's own ``__ray_*`` methods
 excluded) is recorded as a phase named after the method: a phase-enter record at start,
@@ -25,20 +21,11 @@ wrapper is itself ``async def``, so Ray still sees a coroutine function) are cov
 Class methods, generator and async-generator methods (streaming) are left unwrapped.
 
 How methods are reached (Ray internals, version-gated; the path taken is recorded in
-``meta['ray_hook_path']``):
-
-* ``'executor'`` (Ray >= 2.0, < 3.0, and the method signature checked):
-  ``ray._private.function_manager.FunctionActorManager._make_actor_method_executor(
-  self, method_name, method)`` builds the per-method executor when a worker loads the
-  actor class (Ray 2.60 ``function_manager.py``); we hand it our wrapper of ``method``.
-* ``'class'`` (fallback): the actor class returned by
-  ``FunctionActorManager._load_actor_class_from_gcs`` / ``_load_actor_class_from_local``
-  is instrumented in place (its functions replaced by wrappers) before Ray builds the
-  executors from ``inspect.getmembers(actor_class)``.
-* ``'identity-only'``: neither is available; the worker-level identity is recorded, no
-  actor class and no method phases.
-
-``HANGTRACE_RAY_HOOK`` (test and escape hatch: ``executor`` | ``class`` | ``off``) forces a path.
+``meta['ray_hook_path']``): ``'executor'`` (we hand ``FunctionActorManager.
+_make_actor_method_executor`` our wrapper of each method), ``'class'`` (the loaded actor
+class instrumented in place) or ``'identity-only'``; docs/RAY.md section 3 gives the
+internals, the Ray 2.60 source and the gates. ``HANGTRACE_RAY_HOOK`` (``executor`` |
+``class`` | ``off``) forces a path.
 
 Async actors: coroutines of one actor share the event-loop thread, whose phase stack
 the recorder keys by thread. The wrapper keeps one stack per asyncio task (a
@@ -77,18 +64,10 @@ _task_stack: contextvars.ContextVar[Optional[List[Tuple[int, str]]]] = contextva
 
 
 def _version_tuple(v: Any) -> Tuple[int, ...]:
-    out = []
-    for part in str(v).split(".")[:3]:
-        num = ""
-        for ch in part:
-            if ch.isdigit():
-                num += ch
-            else:
-                break
-        out.append(int(num or 0))
-    while len(out) < 3:
-        out.append(0)
-    return tuple(out)
+    """(major, minor, patch) of a version string; digits before any suffix ('2.60.0rc1')."""
+    import re
+    nums = [int(m.group(0)) if m else 0 for m in (re.match(r"\d+", p) for p in str(v).split(".")[:3])]
+    return tuple(nums + [0] * (3 - len(nums)))
 
 
 def _in_range(version: Any) -> bool:
