@@ -136,10 +136,11 @@ def fill_death(v: RankView) -> None:
     # issue 9: a SIGTERM or fatal-signal dump decides, whatever the exit code: Ray turns
     # SIGTERM into its own graceful exit (code 0 or 1) - the founding report's "Worker
     # exits with an exit code 1 ... The process receives a SIGTERM". Only while it was at
-    # work (in a collective or a phase): an idle worker SIGTERMed by ``ray.shutdown()`` at
+    # work (in a collective or a phase, or a phase the stop itself unwound:
+    # ``interrupted_at_work``): an idle worker SIGTERMed by ``ray.shutdown()`` at
     # the end of a clean run did not die of it
     signalled = (p.state in ("exited", "killed") and ("sigterm" in sigs or "fatal" in sigs)
-                 and (v.blocked is not None or p.phase is not None))
+                 and (v.blocked is not None or p.phase is not None or interrupted_at_work(p)))
     dead = (p.state == "killed" or (p.state == "exited" and code not in (0, None)) or exc is not None
             or signalled)
     if not dead:
@@ -173,6 +174,16 @@ def fill_death(v: RankView) -> None:
         # completed that collective: ``sigterm_wait_completed``)
         v.victim = True
     _memory_cause(v)  # issue 5: host OOM-kill, Ray memory monitor, CUDA OOM, external SIGTERM
+
+
+def interrupted_at_work(p: Any) -> bool:
+    """True when a phase of ``p`` ended with ``SystemExit`` / ``KeyboardInterrupt`` and has
+    not completed since (``RingSummary.failed_phases``): the process was at work when it
+    was stopped - Ray's SIGTERM handler raises SystemExit in the worker, which unwinds the
+    actor method's phase, so at exit no phase is open any more."""
+    sm = getattr(p, "summary", None)
+    return any(str(r.get("error") or "").startswith(("SystemExit", "KeyboardInterrupt"))
+               for r in (sm.failed_phases.values() if sm is not None else ()))
 
 
 def sigterm_in_long_wait(v: RankView) -> bool:

@@ -146,3 +146,25 @@ def test_sigterm_early_in_a_wait_is_the_root_even_when_the_peer_never_came():
     """A SIGTERM 0.3 s into a wait (preemption, a kill of one rank) is no stopped hang."""
     d = check(diagnose(_sigterm_in_wait(0.3, peer_passed=False)), "dead-rank", [1])
     assert d.cause == "sigterm"
+
+
+def test_sigterm_that_unwound_an_actor_method_is_a_death_at_work():
+    """Ray's SIGTERM handler raises SystemExit in the worker: the trainer's method phase
+    ends failed ('SystemExit: 1') and the process exits 0 with no phase open. It was at
+    work when stopped: dead-rank, sigterm - not 'exited cleanly' (blind job
+    ray_trainer_sigterm)."""
+    from synth import MS, R, snap
+    from hangtrace.tracer.analyze.diagnose import diagnose
+    r0, r1 = R(0, 2), R(1, 2)
+    for b in (r0, r1):
+        b.coll(n=3)
+    r0.wait()
+    r1.phase = "train_step"
+    r1.mark("phase_enter")
+    x = r1.mark("phase_exit")
+    x.update(state="failed", error="SystemExit: 1")
+    r1.phase = None
+    term = {"sigterm": {"wall_ns": x["t_wall_ns"] - MS, "text": "Thread 0x1 (most recent call first):\n"}}
+    p1 = r1.set(state="exited", exit_code=0, signals=term, phase=None).build()
+    d = diagnose(snap([r0.build(), p1], reason="death"))
+    assert (d.kind, d.culprit_ranks) == ("dead-rank", [1]) and d.cause in ("sigterm", "sigterm-external"), d.summary
