@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from jobs import REPO, base_env, kill_all, start_ranks, wait_line, wait_until
@@ -106,3 +107,35 @@ def test_torch_written_dumps_read_by_analyze_dir(tmp_path):
     d = json.loads(res.stdout)
     assert d["kind"] == "collective-mismatch" and d["culprit_ranks"] == [2], d
     assert d["group"] == "0" and d["seq"] is not None
+
+
+def test_cpp_only_collectives_are_progress_for_the_watcher(tmp_path):
+    """A DDP job whose collectives are all C++-issued records nothing in the rings after
+    init: before the Flight Recorder counters, the watcher held the 60 s start-up
+    threshold and then called a healthy job stalled. Now torch's own counters are progress:
+    no stall while it trains (12 s > the 3 s threshold), a stall soon after it hangs."""
+    from hangtrace.tracer.watch.watcher import Watcher
+    script = os.path.join(REPO, "tests", "integration", "scripts", "ddp_slow_extra.py")
+    run_dir = tmp_path / "run"
+    procs = start_ranks(script, 2, run_dir, args=("24",), PYTHONPATH=REPO)
+    try:
+        wait_line(procs[0], "BATCH 0", timeout=120)
+        w = Watcher(str(run_dir), stall_s=3.0)
+        w.log = lambda line: None
+        t_train = time.time()
+        while time.time() - t_train < 10:  # 20 batches of C++ all-reduces, 0.5 s apart
+            inc = w.poll()
+            assert inc is None or inc.kind != "stall", inc.detail
+            time.sleep(0.5)
+        assert w.fr_started, "torch's counters never moved"
+        for p in procs:
+            wait_line(p, "HANGING", timeout=60)
+        t_hang = time.time()
+        inc = None
+        while time.time() - t_hang < 30 and (inc is None or inc.kind != "stall"):
+            inc = w.poll()
+            time.sleep(0.5)
+        assert inc is not None and inc.kind == "stall", "no stall reported within 30 s of the hang"
+        assert time.time() - t_hang < 15, "stall reported only after %.1f s" % (time.time() - t_hang)
+    finally:
+        kill_all(procs)

@@ -15,7 +15,7 @@ import socket
 import time
 from typing import Dict, Iterable, List, Optional
 
-from hangtrace.hooks.fr_agent import FR_SUBDIR, dump_path, meta_path, socket_name
+from hangtrace.hooks.fr_agent import FR_SUBDIR, PROGRESS, dump_path, meta_path, socket_name
 
 
 def _token_of(path: str) -> Optional[str]:
@@ -24,6 +24,41 @@ def _token_of(path: str) -> Optional[str]:
             return json.loads(f.read()).get("token")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _ask(run_dir: str, pids: Iterable[int], line: str, timeout_s: float) -> Dict[int, str]:
+    """Send ``line`` to the agent of each of ``pids`` (this host) and collect the answers
+    that arrive within ``timeout_s`` seconds in all: {pid: answer}. Never raises."""
+    out: Dict[int, str] = {}
+    conns: Dict[socket.socket, int] = {}
+    for pid in pids:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(min(1.0, timeout_s))
+            s.connect(socket_name(run_dir, pid))  # ECONNREFUSED / ENOENT: no agent
+            s.sendall((line + "\n").encode())
+            s.setblocking(False)
+            conns[s] = pid
+        except OSError:
+            s.close()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while conns:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, _, _ = select.select(list(conns), [], [], left)
+            for s in ready:
+                pid = conns.pop(s)
+                try:
+                    out[pid] = s.recv(4096).decode("ascii", "replace").strip()
+                except OSError:
+                    pass
+                s.close()
+    finally:
+        for s in conns:
+            s.close()
+    return out
 
 
 def request_fr_dumps(run_dir: str, pids: Iterable[int], timeout_s: float = 5.0,
@@ -35,38 +70,18 @@ def request_fr_dumps(run_dir: str, pids: Iterable[int], timeout_s: float = 5.0,
     """
     host = host or socket.gethostname()
     token = "%d-%d" % (os.getpid(), time.time_ns())
-    conns: Dict[socket.socket, int] = {}
-    for pid in pids:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.settimeout(1.0)
-            s.connect(socket_name(run_dir, pid))  # ECONNREFUSED / ENOENT: no agent
-            s.sendall((token + "\n").encode())
-            s.setblocking(False)
-            conns[s] = pid
-        except OSError:
-            s.close()
-    done: List[str] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while conns:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ready, _, _ = select.select(list(conns), [], [], left)
-            for s in ready:
-                pid = conns.pop(s)
-                try:
-                    answer = s.recv(16)
-                except OSError:
-                    answer = b""
-                s.close()
-                if answer.startswith(b"done") and _token_of(meta_path(run_dir, host, pid)) == token:
-                    done.append(dump_path(run_dir, host, pid))
-    finally:
-        for s in conns:
-            s.close()
-    return done
+    answers = _ask(run_dir, pids, token, timeout_s)
+    return [dump_path(run_dir, host, pid) for pid, a in sorted(answers.items())
+            if a.startswith("done") and _token_of(meta_path(run_dir, host, pid)) == token]
+
+
+def fr_progress(run_dir: str, pids: Iterable[int], timeout_s: float = 0.5) -> Dict[int, str]:
+    """Each agent's ``progress_line`` (torch's per-group enqueued/completed counters) for
+    ``pids`` on this host: {pid: line}; a process without an agent, or one that did not
+    answer within ``timeout_s`` seconds in all, is left out. Writes no file; never raises.
+    The node watcher calls it every poll: C++-issued collectives are progress too."""
+    return {pid: a[len(PROGRESS):].strip() for pid, a in _ask(run_dir, pids, PROGRESS, timeout_s).items()
+            if a.startswith(PROGRESS)}
 
 
 #: Seconds a live snapshot waits in all for the agents' dumps (each takes milliseconds;
@@ -99,3 +114,4 @@ def fr_into_snapshot(run_dir: str, pids: Iterable[int], snap_dir: str,
     except Exception:
         pass
     return out
+

@@ -78,6 +78,8 @@ class Watcher:
         self.mem_next = clock() + MEM_CHECK_S
         self.mem_log: Optional[Callable[[str], None]] = None  # default: append to RUN_DIR/watcher-<host>.log
         self.log: Optional[Callable[[str], None]] = None  # other notes; default: the same log file
+        self.fr_seen: Dict[str, str] = {}  # ring path -> torch's collective counters (issue 10)
+        self.fr_started: Set[str] = set()  # ring paths whose counters moved: past start-up
 
     def _read_headers(self) -> Dict[str, Header]:
         out: Dict[str, Header] = {}
@@ -108,13 +110,13 @@ class Watcher:
             # only launchers so far, none has made progress (torchrun's agent importing
             # torch and spawning the ranks on a loaded machine): the run is starting
             t = max(t, self.startup_stall_s)
-        for h in self.headers.values():
+        for path, h in self.headers.items():
             if h["state"] == F.ST_EXITED:
                 continue
             ph = h.get("phase")
             if ph in self.phase_stall:
                 t = max(t, self.phase_stall[ph])
-            if _starting(h, joined):
+            if _starting(h, joined) and path not in self.fr_started:
                 t = max(t, self.startup_stall_s)
         return t
 
@@ -126,6 +128,7 @@ class Watcher:
         alive_progressed = False
         deaths: List[Tuple[str, Header, str]] = []
         alive_any = False
+        ranks_alive: Dict[str, Header] = {}  # live processes that joined a group
         for path, h in self.headers.items():
             sig = (h["progress_count"], h["phase_strid"], h["step"], h["state"])
             changed = self.seen.get(path) != sig
@@ -139,9 +142,13 @@ class Watcher:
                 alive_any = True
                 if changed:
                     alive_progressed = True
+                if h.get("rank", -1) >= 0 and h.get("rank_source", 0) == F.RANK_FROM_GROUP:
+                    ranks_alive[path] = h
             elif st == "killed" or (st == "exited" and h["exit_code"] != 0):
                 self.dead.add(path)
                 deaths.append((path, h, st))
+        if self._fr_moved(ranks_alive):
+            progressed = alive_progressed = True
         if progressed:
             self.last_progress = now
         if alive_progressed:
@@ -169,6 +176,31 @@ class Watcher:
             return Incident("stall", "no progress in any traced process for %.1f s (threshold %.1f s)"
                             % (now - self.last_progress, self.threshold()))
         return None
+
+    def _fr_moved(self, ranks: Mapping[str, Header]) -> bool:
+        """True when torch's own collective counters (``fr_agent.progress_line``) of a live
+        rank of this host changed since the last poll: C++-issued collectives (DDP's
+        reducer, FSDP) are progress the rings never record. Ranks whose counters moved
+        once no longer hold the start-up threshold (``fr_started``). Never raises."""
+        if not ranks or not os.path.isdir(os.path.join(self.run_dir, "fr")):
+            return False
+        try:
+            import socket
+            from hangtrace.tracer.collect.frrequest import fr_progress
+            host = socket.gethostname()
+            by_pid = {h["pid"]: path for path, h in ranks.items() if h.get("host") == host}
+            answers = fr_progress(self.run_dir, list(by_pid), timeout_s=0.5)
+        except Exception:
+            return False
+        moved = False
+        for pid, line in answers.items():
+            path = by_pid[pid]
+            old = self.fr_seen.get(path)
+            self.fr_seen[path] = line
+            if old is not None and old != line:
+                moved = True
+                self.fr_started.add(path)
+        return moved
 
     def memory_warnings(self) -> List[str]:
         """Early warning before an OOM kill (issue 5): for every live process whose memory
