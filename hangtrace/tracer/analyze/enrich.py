@@ -98,6 +98,24 @@ def memory_details(ctx: Ctx, d: Diagnosis) -> None:
             ctx.add(ln)
 
 
+def _stopped_after_exception(d: Diagnosis, r: int, proc: Any) -> None:
+    """A culprit stuck outside collectives whose phase or actor method raised and has
+    not completed since (``RingSummary.failed_phases``; not ``SystemExit`` /
+    ``KeyboardInterrupt``): ``details['after_exception']`` names it, for the paragraph -
+    e.g. a Ray trainer whose ``train_step`` raised lives on, idle, while its peers wait."""
+    if d.kind != Kind.STUCK_OUTSIDE_COLLECTIVE or "after_exception" in d.details:
+        return
+    sm = proc.summary
+    failed = [(int(rec.get("t_wall_ns") or 0), name, str(rec.get("error") or ""), rec.get("step"))
+              for name, rec in (sm.failed_phases.items() if sm is not None else ())]
+    failed = [f for f in failed if f[2] and not f[2].startswith(("SystemExit", "KeyboardInterrupt"))]
+    if failed:
+        t, name, err, step = max(failed)
+        d.details["after_exception"] = "rank %d's %s left %s '%s'%s, which it has not run since" % (
+            r, err[:300], "method" if proc.meta.get("ray_actor_id") else "phase", name,
+            " at step %s" % step if step is not None else "")
+
+
 def thread_and_stack_notes(ctx: Ctx, d: Diagnosis) -> None:
     """Evidence: helper threads of the culprits that died earlier, asyncio tasks whose
     exception nobody retrieved (issue 9, ``hooks/failures.py``), phases an exception
@@ -111,6 +129,7 @@ def thread_and_stack_notes(ctx: Ctx, d: Diagnosis) -> None:
                     r, e.get("thread") or "?", e.get("type") or "Exception", str(e.get("message") or "")[:160]))
         if v is None or v.dead:
             continue
+        _stopped_after_exception(d, r, v.proc)
         for x in survived(v.proc)[-3:]:
             if x.source in ("asyncio-task", "phase") and not any(x.text[:60] in ln for ln in ctx.evidence):
                 ctx.add("rank %d: %s%s" % (r, x.line(), " - the exception was swallowed: the process lives on"

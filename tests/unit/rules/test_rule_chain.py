@@ -189,3 +189,26 @@ def test_dead_producer_thread_reported():
                                                 "type": "IOError", "message": "no such file", "wall_ns": T0}])
     d = check(diagnose(snap(b)), "stuck-outside-collective", [1])
     assert any("thread loader died" in e for e in d.evidence)
+
+
+def test_stuck_rank_whose_method_raised_is_named_with_its_exception():
+    """Blind job ray_trainer_raise: the trainer actor's train_step raised ValueError; Ray
+    keeps the actor alive and idle while its peer waits in all_reduce. Stuck outside
+    collectives, and the paragraph says it stopped after that exception."""
+    from synth import R, snap
+    from hangtrace.tracer.analyze.diagnose import diagnose
+    r0, r1 = R(0, 2), R(1, 2)
+    for b in (r0, r1):
+        b.coll(n=3)
+    r0.phase = "train_step"
+    r0.mark("phase_enter")
+    x = r0.mark("phase_exit")
+    x.update(state="failed", error="ValueError: loss is NaN at step 4")
+    r0.phase = None
+    r1.t = r0.t + 1000                            # rank 1 enters the all_reduce after that,
+    r1.phase = "train_step"                       # inside its own train_step
+    r1.wait()
+    d = diagnose(snap([r0, r1]))
+    assert (d.kind, d.culprit_ranks) == ("stuck-outside-collective", [0]), d.summary
+    assert "ValueError: loss is NaN" in d.details["after_exception"]
+    assert "It stopped after an exception" in d.summary and "ValueError" in d.summary, d.summary
