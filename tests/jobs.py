@@ -84,3 +84,19 @@ def kill_all(procs):
                 f and f.close()
             except Exception:
                 pass
+
+
+def finished_ranks(script, world_size, run_dir, **extra):
+    """Run ``script`` as ``world_size`` traced gloo ranks to a clean exit; return
+    {rank: ProcessInfo} with every record decoded (and no unreadable ring)."""
+    from hangtrace.tracer.collect.rings import load_run
+    procs = start_ranks(script, world_size, run_dir, **extra)
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+    finally:
+        kill_all(procs)
+    snap = load_run(str(run_dir), records=True)
+    assert snap.errors == []
+    return {p.rank: p for p in snap.processes}

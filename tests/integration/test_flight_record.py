@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from jobs import kill_all, start_ranks, wait_line, wait_until
+from jobs import finished_ranks, kill_all, start_ranks, wait_line, wait_until
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.collect.rings import load_run
 
@@ -20,16 +20,7 @@ def _coll(p):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_records_agree_across_ranks(tmp_path, world_size):
-    procs = start_ranks(os.path.join(SCRIPTS, "collectives.py"), world_size, tmp_path)
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-    finally:
-        kill_all(procs)
-    snap = load_run(str(tmp_path), records=True)
-    assert snap.errors == []
-    ranks = {p.rank: p for p in snap.processes}
+    ranks = finished_ranks(os.path.join(SCRIPTS, "collectives.py"), world_size, tmp_path)
     assert sorted(ranks) == list(range(world_size))
     # world-group collectives: identical (group, seq, op, size) sequence on every rank
     world = {r: [c for c in _coll(p) if c[0] == "0"] for r, p in ranks.items()}

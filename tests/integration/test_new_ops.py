@@ -6,9 +6,8 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from jobs import kill_all, start_ranks
+from jobs import finished_ranks
 from hangtrace.tracer import config
-from hangtrace.tracer.collect.rings import load_run
 
 pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -25,17 +24,7 @@ def _sig(r: Dict[str, Any]) -> Tuple[Any, ...]:
 @pytest.mark.skipif(not all(hasattr(dist, n) for n in NEW), reason="torch before 2.13")
 @pytest.mark.parametrize("pure", ["0", "1"], ids=["c", "py"])  # the C wrappers, the Python ones
 def test_new_ops_recorded_on_gloo(tmp_path: Any, pure: str) -> None:
-    procs = start_ranks(os.path.join(HERE, "scripts", "new_ops.py"), 2, tmp_path,
-                        **{config.PURE_PYTHON: pure})
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-    finally:
-        kill_all(procs)
-    snap = load_run(str(tmp_path), records=True)
-    assert snap.errors == []
-    ranks = {p.rank: p for p in snap.processes}
+    ranks = finished_ranks(os.path.join(HERE, "scripts", "new_ops.py"), 2, tmp_path, **{config.PURE_PYTHON: pure})
     assert sorted(ranks) == [0, 1]
     coll: Dict[int, List[Tuple[Any, ...]]] = {
         r: [_sig(x) for x in p.records if x["kind"] == "collective"] for r, p in ranks.items()}
