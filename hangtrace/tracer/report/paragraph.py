@@ -211,8 +211,8 @@ def _deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py
         meth = d.get("actor_methods") or {}
-        return "Stuck Ray actors: %s (no rank) inside %s, and nothing progressed." % (
-            ", ".join(diag.culprit_actors[:6]), "; ".join("%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]) or "a method")
+        return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s." % (
+            "; ".join("%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]) or "a method")
     after = (" It stopped after an exception: %s." % d["after_exception"]) if d.get("after_exception") else ""
     return ("Stuck outside collectives: %s is not in any collective%s: %s%s.%s %s" % (
         who, _where(diag), _reason(diag) or "it made no progress", _doing(diag), after,
