@@ -113,3 +113,23 @@ def test_docs_describe_every_field():
     for kind in ("collective-mismatch", "skipped-collective", "cross-group-deadlock", "stuck-outside-collective",
                  "dead-rank", "transport-error", "progressing", "unknown", "schema_version"):
         assert kind in doc
+
+
+def test_paragraph_reaches_the_users_line_below_torch_frames():
+    """A collective issued inside torch (DTensor redistribute, FSDP hooks, DDP's reducer):
+    the three innermost frames are torch's; the paragraph adds the user's innermost line."""
+    from hangtrace.tracer.analyze.evidence import user_frame
+    from hangtrace.tracer.diagnosis import Diagnosis, Kind
+    from hangtrace.tracer.report.paragraph import verdict_paragraph
+    lib = "/usr/lib/python3.11/site-packages/torch/"
+    frames = [{"name": "redispatch", "filename": lib + "_ops.py", "line": 882},
+              {"name": "forward_no_grad", "filename": lib + "_library/autograd.py", "line": 41},
+              {"name": "redistribute", "filename": lib + "distributed/tensor/_api.py", "line": 500},
+              {"name": "<lambda>", "filename": "<frozen importlib._bootstrap>", "line": 1},
+              {"name": "log_metrics", "filename": "/home/u/job/train.py", "line": 54},
+              {"name": "main", "filename": "/home/u/job/train.py", "line": 90}]
+    assert user_frame(frames)["name"] == "log_metrics"
+    assert user_frame(frames[:3]) is None
+    d = Diagnosis(kind=Kind.COLLECTIVE_MISMATCH, culprit_ranks=[0], frames=["redispatch (_ops.py:882)"],
+                  details={"user_frame": "log_metrics (train.py:54)"})
+    assert "redispatch (_ops.py:882) < ... < log_metrics (train.py:54)" in verdict_paragraph(d)

@@ -68,6 +68,22 @@ def wrapper_frame(f: Mapping[str, Any]) -> bool:
     return fn.endswith("torch/distributed/c10d_logger.py") and "wrapper" in (f.get("name") or "")
 
 
+#: Path fragments of frames that are not the user's code: installed packages (torch,
+#: Ray, numpy), the standard library, frozen importlib.
+LIBRARY_PATHS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
+
+
+def user_frame(frames: List[Any]) -> Optional[Any]:
+    """The innermost frame of the user's own code (not a library's: ``LIBRARY_PATHS``),
+    or None. For a collective issued from inside torch (DDP's reducer in backward, FSDP's
+    hooks, DTensor) the innermost frames are torch's; this is the line that led there."""
+    for f in frames:
+        fn = str((f or {}).get("filename") or "")
+        if fn and not any(x in fn for x in LIBRARY_PATHS) and not wrapper_frame(f):
+            return f
+    return None
+
+
 def frames_of(ctx: Ctx, r: int) -> Tuple[List[str], Optional[List[Any]], Optional[bool]]:
     """(display labels, raw frames, active) of rank ``r``'s analysed thread; the labels
     skip wrapper frames (``wrapper_frame``), so they start at the torch.distributed op
@@ -125,5 +141,8 @@ def fill_common(ctx: Ctx, d: Diagnosis, culprits: Iterable[int], inst: Optional[
         v = ctx.views.get(c)
         if v is not None:
             d.phase, d.step = v.phase, v.step
-            labels, _frames, _a = frames_of(ctx, c)
+            labels, raw, _a = frames_of(ctx, c)
             d.frames = labels
+            user = user_frame(raw or [])
+            if user is not None and frame_label(user) not in labels[:3]:
+                d.details["user_frame"] = frame_label(user)

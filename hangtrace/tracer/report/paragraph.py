@@ -63,7 +63,9 @@ def _sig_where(sig: Dict[str, Any]) -> str:
 def _doing(diag: Diagnosis) -> str:
     if not diag.frames:
         return ""
-    return "; it is in %s" % " < ".join(diag.frames[:3])
+    user = (diag.details or {}).get("user_frame")
+    who = "rank %d is" % diag.culprit_ranks[0] if len(diag.culprit_ranks) > 1 else "it is"
+    return "; %s in %s%s" % (who, " < ".join(diag.frames[:3]), " < ... < %s" % user if user else "")
 
 
 def _coll(diag: Diagnosis) -> str:
