@@ -93,3 +93,23 @@ def test_one_complete_step_is_a_baseline_when_the_ring_holds_the_whole_history()
     r1.wait(op="all_gather")
     d = diagnose(snap([r0, r1]))
     assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0]), d.summary
+
+
+def test_two_ranks_at_different_steps_are_both_named_with_the_step_skew():
+    """Blind job ddp_extra_batch (2 ranks): rank 1 trains one batch more (its DDP all-reduce
+    in step 4) while rank 0 left the loop into eval's barrier (step 3). No per-step
+    baseline decides (the first step also broadcast DDP's buffers): both are named, and
+    the evidence says they ran different numbers of steps."""
+    r0, r1 = R(0, 2), R(1, 2)
+    for b in (r0, r1):
+        b.mark(step=1)
+        b.coll(n=3)                                # DDP's initial broadcasts + the step's all_reduce
+        steps(b, 2, 1, start=2)
+    r1.mark(step=4)
+    r1.wait(op="all_reduce")
+    r0.mark(phase="eval", kind="phase_enter")
+    r0.wait(op="barrier", numel=0)
+    d = diagnose(snap([r0, r1]))
+    assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0, 1]), d.summary
+    skew = [e for e in d.evidence if "different numbers of steps" in e]
+    assert skew and "rank 1 at step 4" in skew[0] and "rank 0 at step 3 (phase eval)" in skew[0], d.evidence

@@ -82,9 +82,29 @@ def _culprits(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> Tuple[List[in
         if broken is not None:
             return broken
         return ([r for rs in sigs.values() for r in rs],
-                "no majority: %d signatures with %d rank(s) each; naming all" % (len(tied), top))
+                "no majority: %d signatures with %d rank(s) each; naming all%s" % (len(tied), top,
+                                                                             _step_skew(ctx, inst, sigs)))
     culprits = [r for k, rs in sigs.items() if k != tied[0] for r in rs]
     return culprits or [r for rs in sigs.values() for r in rs], None
+
+
+def _step_skew(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> str:
+    """When the tied ranks stand at the same seq in different steps: ' - rank 1 is at
+    step 4 (phase train), rank 0 at step 3 (phase eval): they ran different numbers of
+    steps ...' (uneven data per rank, or a rank that left its loop early: which one is
+    wrong is the job's to say), else ''."""
+    at: List[Tuple[int, int, Any]] = []
+    for rs in sigs.values():
+        for r in rs:
+            rec = _rec_at(ctx, inst, r) or {}
+            if rec.get("step") is not None:
+                at.append((int(rec["step"]), r, rec.get("phase")))
+    if len({s for s, _, _ in at}) < 2:
+        return ""
+    at.sort(reverse=True)
+    return (" - %s: they ran different numbers of steps before this collective (uneven data per rank, "
+            "e.g. a sampler without drop_last or an iterable dataset, or a rank that left its loop early)"
+            % ", ".join("rank %d at step %d%s" % (r, st, " (phase %s)" % ph if ph else "") for st, r, ph in at[:4]))
 
 
 def _rec_at(ctx: Ctx, inst: Inst, r: int) -> Optional[Record]:
