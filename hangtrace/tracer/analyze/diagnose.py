@@ -145,6 +145,7 @@ def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Opt
 
 def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
     enrich.ray_details(ctx, d)  # issue 4
+    enrich.rankless_actor_failures(ctx, d)  # issue 9: actors without a rank beside the ranks
     enrich.memory_details(ctx, d)  # issue 5
     enrich.thread_and_stack_notes(ctx, d)
     if d.culprit_ranks and d.waiting_ranks:

@@ -27,6 +27,26 @@ def _ray_label(a: Dict[str, Any]) -> str:
     return "%s%s" % (a.get("class") or "actor", " '%s'" % a["name"] if a.get("name") else "")
 
 
+def rankless_actor_failures(ctx: Ctx, d: Diagnosis) -> None:
+    """A verdict over ranks, with Ray actors without a rank that failed (a method that
+    raised, a death): ``details['actor_failures']`` and an evidence line each, saying
+    whether it came before the hang began - a rollout engine that crashed while the
+    trainers went on to mismatch is a candidate root the rank rules cannot weigh."""
+    if d.culprit_actors or not d.culprit_ranks:
+        return
+    from hangtrace.tracer.analyze.rules.actors import actor_failures
+    fails = actor_failures(ctx)
+    if not fails:
+        return
+    start = int(d.details.get("hang_start_wall_ns") or 0)
+    d.details["actor_failures"] = [{"actor": lab, "cause": c, "wall_ns": t, "text": tx[:300], "process": key}
+                                   for t, lab, c, tx, key in fails[:8]]
+    for t, lab, c, tx, key in fails[:3]:
+        ctx.add("Ray actor %s (%s, no rank) failed%s: %s" % (
+            lab, key, " BEFORE the hang began - a candidate root" if start and t and t < start else "",
+            (tx or c)[:200]))
+
+
 def ray_details(ctx: Ctx, d: Diagnosis) -> None:
     """``details['ray_actors']``, ``['culprit_actors']``, ``['ray_says']`` and evidence."""
     actors: Dict[str, Dict[str, Any]] = {}

@@ -97,3 +97,23 @@ def test_no_actor_keeps_no_data():
     d = diagnose(snap([a]))
     assert (d.kind, d.cause) == ("unknown", "no-data")
     assert T0  # synth's clock is the one used above
+
+
+def test_rankless_actor_failure_beside_a_ranked_hang_is_in_the_evidence():
+    """Trainers with ranks hang; a rollout actor without a rank died first: the ranked
+    verdict stands, and the evidence names the actor's death as before the hang began."""
+    rollout = actor("RolloutWorker", 61, name="rollout-0")
+    rollout.phase = "generate_loop"
+    rollout.mark("phase_enter")
+    rollout.set(state="killed", signals={"fatal": {"wall_ns": rollout.t + MS, "text": "Fatal Python error: "
+                                                   "Segmentation fault"}})
+    r0, r1 = R(0, 2), R(1, 2)
+    for b in (r0, r1):
+        b.t = rollout.t + 5 * S
+        b.coll(n=2)
+    r0.wait(op="all_reduce")
+    r1.wait(op="broadcast")
+    d = diagnose(snap([rollout, r0, r1]))
+    assert d.kind == "collective-mismatch" and d.culprit_ranks == [0, 1], d.summary
+    assert d.details["actor_failures"][0]["actor"] == "RolloutWorker 'rollout-0'"
+    assert any("rollout-0" in e and "BEFORE the hang began" in e for e in d.evidence), d.evidence

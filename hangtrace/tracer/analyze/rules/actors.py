@@ -70,6 +70,18 @@ def _failures(p: ProcessInfo, v: RankView) -> List[Failure]:
     return out
 
 
+def actor_failures(ctx: Ctx) -> List[Failure]:
+    """Every failure of a rank-less Ray actor of the snapshot, by time (see the module
+    docstring): what the ranked verdicts cannot see."""
+    out: List[Failure] = []
+    for p in rankless_actors(ctx):
+        v = index_process(-1, p)
+        fill_death(v)
+        out.extend(_failures(p, v))
+    out.sort(key=lambda f: (f[0] or 1 << 62, f[1]))
+    return out
+
+
 def find(ctx: Ctx) -> Optional[Finding]:
     """``data``: ('failed', root, later failures) or ('stuck', [(label, method, key)])."""
     actors = rankless_actors(ctx)
