@@ -93,9 +93,24 @@ def deviations(procs: Mapping[int, ProcessInfo], group: str, ranks: Sequence[int
     for r, (counts, cur) in sorted(tables.items()):
         # a rank already in a later step completed ``first``: compare that step
         n = counts.get(first, 0)
+        if n > base:
+            # only collectives of the phases the loop's steps used count as "one more": a
+            # rank that left its loop into another phase (eval's barrier) without a new
+            # step did not issue one more in the loop (blind ddp_extra_batch)
+            n = _in_loop_phases(history(procs[r]), group, first)
         if n != base:
             out.append(StepDeviation(r, group, first, n, base))
     return out
+
+
+def _in_loop_phases(records: Sequence[Mapping[str, Any]], group: str, step: int) -> int:
+    """Collectives on ``group`` in ``step`` whose phase one of the earlier steps' collectives
+    on the group had (all of them when the earlier steps recorded no phase)."""
+    coll = [(int(r["step"]), r.get("phase")) for r in records
+            if r.get("kind") == "collective" and r.get("group") == group and r.get("step") is not None
+            and int(r["step"]) >= 0]
+    loop = {ph for st, ph in coll if st < step}
+    return sum(1 for st, ph in coll if st == step and (ph in loop or not loop))
 
 
 def tie_breaker(procs: Mapping[int, ProcessInfo], group: str, ranks: Sequence[int]) -> Optional[StepDeviation]:

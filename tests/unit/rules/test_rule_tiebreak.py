@@ -113,3 +113,20 @@ def test_two_ranks_at_different_steps_are_both_named_with_the_step_skew():
     assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0, 1]), d.summary
     skew = [e for e in d.evidence if "different numbers of steps" in e]
     assert skew and "rank 1 at step 4" in skew[0] and "rank 0 at step 3 (phase eval)" in skew[0], d.evidence
+
+
+def test_a_rank_that_left_its_loop_into_another_phase_did_not_issue_one_more():
+    """Clean per-step baseline (one all_reduce per training step): rank 0 leaves the loop
+    into eval's barrier without a new step, rank 1 trains one batch more (step 4). Rank 0's
+    barrier is not 'one more collective in step 3' (another phase than the loop's): the
+    tie stands, both named, with the step skew."""
+    r0, r1 = R(0, 2), R(1, 2)
+    for b in (r0, r1):
+        steps(b, 3, 1)
+    r1.mark(step=4)
+    r1.wait(op="all_reduce")
+    r0.mark(phase="eval", kind="phase_enter")
+    r0.wait(op="barrier", numel=0)
+    d = diagnose(snap([r0, r1]))
+    assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0, 1]), d.summary
+    assert not any("tie broken" in e for e in d.evidence), d.evidence

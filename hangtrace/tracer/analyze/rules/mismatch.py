@@ -13,7 +13,8 @@ one each), facts of the flight record break the tie (issue 9), in this order:
    another path because of it, e.g. torchtitan's teardown barrier after an exception);
 2. exactly one tied rank deviates from the loop's per-step collective count on the group
    (``analyze/stepcounts.py``: it issued one more, or one fewer, than in every earlier
-   step);
+   step; "one more" counts only collectives of the phases the loop's steps used, so a
+   rank that left its loop into eval's barrier without a new step did not issue one more);
 
 otherwise every rank is named ("name all"). P2P: both sides posted the pair seq in the same direction
 (send/send, recv/recv) or with different sizes -> mismatch on both ranks. Of several
