@@ -251,9 +251,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --ray: Ray cluster address (default RAY_ADDRESS, else 'auto')")
     d.set_defaults(fn=cmd_dump)
 
-    a = sub.add_parser("analyze", help="diagnose a run directory or snapshot offline")
-    a.add_argument("path", metavar="RUN_DIR|SNAPSHOT")
-    a.add_argument("--json", action="store_true")
+    a = sub.add_parser("analyze", help="diagnose a run directory or snapshot offline",
+                       description="Diagnose offline: the newest snapshot of RUN_DIR, "
+                       "a snapshot folder RUN_DIR/snapshots/<time>, the rings as they are, "
+                       "or a directory of torch Flight Recorder dumps. Prints the verdict paragraph; writes nothing.")
+    a.add_argument("path", metavar="RUN_DIR|SNAPSHOT",
+                   help="the run directory `hangtrace run` printed (HANGTRACE_DIR of the job), one of its "
+                   "snapshots, or a directory of comm_lib_trace_rank_<r> dumps")
+    a.add_argument("--json", action="store_true",
+                   help="the whole diagnosis as JSON (schema 1, docs/DIAGNOSIS.md): kind, cause, culprit "
+                   "ranks and actors, group/seq/op, frames, evidence, cascade, details")
     a.set_defaults(fn=cmd_analyze)
 
     t = sub.add_parser("attach", help="diagnose a hung torch.distributed job not started with hangtrace")
