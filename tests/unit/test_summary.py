@@ -17,7 +17,8 @@ def _log(msg, key=None):
 def _write(tmp_path, nslots, n, fail_at=None, hang=False):
     """A ring of ``nslots`` slots with ``n`` rounds of: collective on 'g' (seq i), a p2p
     send on 'g' to peer (i % 3), an all_reduce on 'h' every 3rd round, a step record, a
-    memory sample every 5th round. Returns the ring path."""
+    phase 'train' (failed every 7th round; 'ckpt' failed at round 4), a memory sample
+    every 5th round. Returns the ring path."""
     rec = Recorder(str(tmp_path), "run-s", nslots, _log)
     try:
         rec.set_rank(2, 0, 4)
@@ -37,6 +38,11 @@ def _write(tmp_path, nslots, n, fail_at=None, hang=False):
                 x = rec.issue(F.K_COLL, F.OP_IDS["broadcast"], h, seq_h, 1, 0, F.DTYPE_IDS["int64"], 0, F.F_ASYNC)
                 rec.complete(x)
             rec.step(i)
+            rec.phase_enter("train")  # fails every 7th round; 'ckpt' fails once, at round 4
+            rec.phase_exit("train", "ValueError: round %d" % i if i % 7 == 0 else None)
+            if i == 4:
+                rec.phase_enter("ckpt")
+                rec.phase_exit("ckpt", "OSError: disk full")
             if i % 5 == 0:
                 rec.memory(F.MEM_TIMER, what, 100 * i, 0, 200 * i, 1 << 30, 0)
         if hang:
@@ -112,3 +118,18 @@ def test_without_numpy_the_reader_falls_back_to_python(tmp_path, monkeypatch):
     assert without == with_np and type(without.tail) is tuple
     with pytest.raises(ImportError):
         R.read_ring(path, records=False, use_numpy=True)
+
+
+def test_failed_phases_are_the_newest_exit_per_phase_when_it_failed(tmp_path):
+    """'train' failed at round 7 and completed after: not listed; at round 14 (the last
+    failure, nothing after in 14 rounds) it is; 'ckpt' failed once and never ran again."""
+    pytest.importorskip("numpy")
+    for n, want in ((9, {"ckpt"}), (14, {"ckpt", "train"})):
+        d = tmp_path / str(n)
+        d.mkdir()
+        path = _write(d, 4096, n)
+        fast = R.read_ring(path, records=False, use_numpy=True).summary
+        slow = R.read_ring(path, records=False, use_numpy=False).summary
+        assert fast.failed_phases == slow.failed_phases
+        assert set(fast.failed_phases) == want, fast.failed_phases
+        assert fast.failed_phases["ckpt"]["error"] == "OSError: disk full"
