@@ -176,14 +176,33 @@ def fill_death(v: RankView) -> None:
     _memory_cause(v)  # issue 5: host OOM-kill, Ray memory monitor, CUDA OOM, external SIGTERM
 
 
-def interrupted_at_work(p: Any) -> bool:
-    """True when a phase of ``p`` ended with ``SystemExit`` / ``KeyboardInterrupt`` and has
-    not completed since (``RingSummary.failed_phases``): the process was at work when it
-    was stopped - Ray's SIGTERM handler raises SystemExit in the worker, which unwinds the
-    actor method's phase, so at exit no phase is open any more."""
+#: A phase or Ray actor method that ended with one of these was stopped, not failed: Ray's
+#: SIGTERM handler raises SystemExit in the worker, Ctrl-C raises KeyboardInterrupt.
+STOP_ERRORS = ("SystemExit", "KeyboardInterrupt")
+
+
+def is_stop_error(error: Any) -> bool:
+    """True for a phase-exit error text ``Type: message`` whose type is in STOP_ERRORS."""
+    return str(error or "").split(":", 1)[0].strip() in STOP_ERRORS
+
+
+def raised_phases(p: Any) -> List[Tuple[int, str, str, Optional[int]]]:
+    """The phases (Ray actor methods included) of ``p`` that raised and have not completed
+    since (``RingSummary.failed_phases``), stops excepted: ``(wall ns, name, 'Type:
+    message', step)``, oldest first."""
     sm = getattr(p, "summary", None)
-    return any(str(r.get("error") or "").startswith(("SystemExit", "KeyboardInterrupt"))
-               for r in (sm.failed_phases.values() if sm is not None else ()))
+    out = [(int(rec.get("t_wall_ns") or 0), name, str(rec.get("error") or "").strip(), rec.get("step"))
+           for name, rec in (sm.failed_phases.items() if sm is not None else ())]
+    return sorted(f for f in out if f[2] and not is_stop_error(f[2]))
+
+
+def interrupted_at_work(p: Any) -> bool:
+    """True when a phase of ``p`` ended with a stop (STOP_ERRORS) and has not completed
+    since (``RingSummary.failed_phases``): the process was at work when it was stopped -
+    Ray's SIGTERM handler raises SystemExit in the worker, which unwinds the actor
+    method's phase, so at exit no phase is open any more."""
+    sm = getattr(p, "summary", None)
+    return any(is_stop_error(r.get("error")) for r in (sm.failed_phases.values() if sm is not None else ()))
 
 
 def sigterm_in_long_wait(v: RankView) -> bool:

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional
 
 from hangtrace.tracer.analyze.exceptions import survived
 from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.deaths import raised_phases
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
@@ -120,17 +121,13 @@ def memory_details(ctx: Ctx, d: Diagnosis) -> None:
 
 def _stopped_after_exception(d: Diagnosis, r: int, proc: Any) -> None:
     """A culprit stuck outside collectives whose phase or actor method raised and has
-    not completed since (``RingSummary.failed_phases``; not ``SystemExit`` /
-    ``KeyboardInterrupt``): ``details['after_exception']`` names it, for the paragraph -
+    not completed since (``deaths.raised_phases``): ``details['after_exception']`` names it, for the paragraph -
     e.g. a Ray trainer whose ``train_step`` raised lives on, idle, while its peers wait."""
     if d.kind != Kind.STUCK_OUTSIDE_COLLECTIVE or "after_exception" in d.details:
         return
-    sm = proc.summary
-    failed = [(int(rec.get("t_wall_ns") or 0), name, str(rec.get("error") or ""), rec.get("step"))
-              for name, rec in (sm.failed_phases.items() if sm is not None else ())]
-    failed = [f for f in failed if f[2] and not f[2].startswith(("SystemExit", "KeyboardInterrupt"))]
+    failed = raised_phases(proc)
     if failed:
-        t, name, err, step = max(failed)
+        t, name, err, step = failed[-1]
         d.details["after_exception"] = "rank %d's %s left %s '%s'%s, which it has not run since" % (
             r, err[:300], "method" if proc.meta.get("ray_actor_id") else "phase", name,
             " at step %s" % step if step is not None else "")

@@ -6,10 +6,11 @@ were "Unknown: no traced process with a rank".
 
 Failures of each rank-less actor (``Role.RAY_ACTOR``, rank -1), by time:
 
-* a method that raised and has not completed since (``RingSummary.failed_phases``: the
+* a method that raised and has not completed since (``deaths.raised_phases``: the
   actor-method phases of ``hooks/ray_hooks.py`` end 'failed' with ``Type: message``). A
-  ``SystemExit`` / ``KeyboardInterrupt`` is how Ray ends a worker it stops (SIGTERM,
-  ``ray.shutdown``, ``ray.kill``): that is the death below, not a failure of the method;
+  ``SystemExit`` / ``KeyboardInterrupt`` (``deaths.STOP_ERRORS``) is how Ray ends a
+  worker it stops (SIGTERM, ``ray.shutdown``, ``ray.kill``): that is the death below,
+  not a failure of the method;
 * a death (``deaths.fill_death``: killed, non-zero exit, fatal signal, SIGTERM while in a
   method, with the memory refinements: Ray's memory monitor, host OOM kill).
 
@@ -27,17 +28,13 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx, RankView, index_process
-from hangtrace.tracer.analyze.deaths import fill_death
+from hangtrace.tracer.analyze.deaths import fill_death, raised_phases
 from hangtrace.tracer.analyze.evidence import ts
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo, Role
 
 NAME = "actors"
-
-#: A method that ended with one of these was stopped, not failed (Ray's SIGTERM handler
-#: raises SystemExit in the worker; Ctrl-C raises KeyboardInterrupt).
-STOP_ERRORS = ("SystemExit", "KeyboardInterrupt")
 
 #: One failure: (wall ns, actor label, cause value, text, process key)
 Failure = Tuple[int, str, str, str, str]
@@ -57,49 +54,43 @@ def rankless_actors(ctx: Ctx) -> List[ProcessInfo]:
 
 
 def _failures(p: ProcessInfo, v: RankView) -> List[Failure]:
-    label, out = actor_label(p), []
-    sm = p.summary
-    for method, rec in (sm.failed_phases.items() if sm is not None else ()):
-        err = str(rec.get("error") or "")
-        if err.split(":", 1)[0].strip() in STOP_ERRORS:
-            continue
-        out.append((int(rec.get("t_wall_ns") or 0), label, Cause.EXCEPTION.value,
-                    "method %s raised %s" % (method, err.strip()[:300]), p.key))
+    label = actor_label(p)
+    out: List[Failure] = [(t, label, Cause.EXCEPTION.value, "method %s raised %s" % (method, err[:300]), p.key)
+                          for t, method, err, _ in raised_phases(p)]
     if v.dead and not v.victim:
         out.append((int(v.fail_wall or 0), label, str(v.cause), str(v.cause_text or ""), p.key))
     return out
 
 
-def actor_failures(ctx: Ctx) -> List[Failure]:
-    """Every failure of a rank-less Ray actor of the snapshot, by time (see the module
-    docstring): what the ranked verdicts cannot see."""
-    out: List[Failure] = []
+def _views(ctx: Ctx) -> List[Tuple[ProcessInfo, RankView]]:
+    """Each rank-less actor with its view, deaths filled (``deaths.fill_death``)."""
+    out = []
     for p in rankless_actors(ctx):
         v = index_process(-1, p)
         fill_death(v)
-        out.extend(_failures(p, v))
-    out.sort(key=lambda f: (f[0] or 1 << 62, f[1]))
+        out.append((p, v))
     return out
+
+
+def _by_time(fails: List[Failure]) -> List[Failure]:
+    return sorted(fails, key=lambda f: (f[0] or 1 << 62, f[1]))
+
+
+def actor_failures(ctx: Ctx) -> List[Failure]:
+    """Every failure of a rank-less Ray actor of the snapshot, by time (see the module
+    docstring): what the ranked verdicts cannot see."""
+    return _by_time([f for p, v in _views(ctx) for f in _failures(p, v)])
 
 
 def find(ctx: Ctx) -> Optional[Finding]:
     """``data``: ('failed', root, later failures) or ('stuck', [(label, method, key)])."""
-    actors = rankless_actors(ctx)
-    if not actors:
-        return None
-    fails: List[Failure] = []
-    open_methods: List[Tuple[str, str, str]] = []
-    for p in actors:
-        v = index_process(-1, p)
-        fill_death(v)
-        fails.extend(_failures(p, v))
-        if p.state == "alive" and v.phase:
-            open_methods.append((actor_label(p), str(v.phase), p.key))
+    views = _views(ctx)
+    fails = _by_time([f for p, v in views for f in _failures(p, v)])
     if fails:
-        fails.sort(key=lambda f: (f[0] or 1 << 62, f[1]))
         return Finding(NAME, (), fails[0][0], data=("failed", fails[0], fails[1:]))
-    if ctx.stalled and open_methods:
-        return Finding(NAME, (), 0, data=("stuck", open_methods))
+    stuck = [(actor_label(p), str(v.phase), p.key) for p, v in views if p.state == "alive" and v.phase]
+    if ctx.stalled and stuck:
+        return Finding(NAME, (), 0, data=("stuck", stuck))
     return None
 
 
