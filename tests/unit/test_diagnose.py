@@ -49,3 +49,17 @@ def test_random_snapshots_never_raise():
         assert d.kind in KINDS
         json.dumps(diagnosis_json(d))
         text_report(d, s)
+
+
+def test_history_keeps_ring_order_unless_joined_with_the_flight_recorder():
+    """Memory samples carry a ``source`` too ('timer'): they must not switch a process's
+    look-back to time order (only records joined with the Flight Recorder are ordered by
+    time, their idx being torch's own numbering - kept apart from the ring's)."""
+    from hangtrace.tracer.analyze.context import history
+    from hangtrace.tracer.snapshot import ProcessInfo
+    a = {"idx": 1, "kind": "collective", "t_wall_ns": 200}
+    m = {"idx": 2, "kind": "memory", "source": "timer", "t_wall_ns": 100}
+    assert [r["idx"] for r in history(ProcessInfo(host="h", pid=1, records=[a, m]))] == [1, 2]
+    fr = {"idx": 1, "kind": "collective", "source": "flight-recorder", "t_wall_ns": 50}
+    got = history(ProcessInfo(host="h", pid=1, records=[a, m, fr]))
+    assert [(r.get("source"), r["idx"]) for r in got] == [("flight-recorder", 1), ("timer", 2), (None, 1)]

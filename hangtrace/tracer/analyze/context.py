@@ -32,6 +32,11 @@ Record = Mapping[str, Any]
 #: A group definition: ``{'name', 'desc', 'backend', 'ranks', 'inferred', 'order'}``.
 GroupDef = Dict[str, Any]
 
+#: ``source`` of a record from torch's Flight Recorder alone, and of our record joined with
+#: its Flight Recorder entry (``analyze/frmerge.py``); our ring records have none.
+FR_SOURCE = "flight-recorder"
+FR_JOINED_SOURCE = "hangtrace+flight-recorder"
+
 DEFAULT_STALL_S = 300.0
 #: progress stamped within this many ns after the end of a rank's last record is that
 #: record's completion, not new activity (the recorder stamps both at completion)
@@ -126,9 +131,9 @@ def history(proc: ProcessInfo) -> List[Record]:
     tail = proc.summary.tail if proc.summary is not None else ()
     for r in (*(proc.records or ()), *tail):
         # a Flight Recorder entry's idx is torch's record id: its own numbering, not the ring's
-        key = (r.get("source") == "flight-recorder", r.get("idx")) if r.get("idx") is not None else id(r)
+        key = (r.get("source") == FR_SOURCE, r.get("idx")) if r.get("idx") is not None else id(r)
         seen.setdefault(key, r)
-    if any(r.get("source") for r in seen.values()):  # joined with the Flight Recorder: by time
+    if any(r.get("source") in (FR_SOURCE, FR_JOINED_SOURCE) for r in seen.values()):  # joined: by time
         return sorted(seen.values(), key=lambda r: (r.get("t_wall_ns") or 0, r.get("idx") or 0))
     return sorted(seen.values(), key=lambda r: r.get("idx") or 0)
 

@@ -28,6 +28,7 @@ import dataclasses
 
 from typing import Tuple, Any, Dict, Iterable, List, Optional
 
+from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE
 from hangtrace.tracer.collect.frdump import FrDump, FrEntry
 from hangtrace.tracer.snapshot import ProcessInfo
 
@@ -92,7 +93,7 @@ def fr_record(e: FrEntry, dump: Optional[FrDump] = None) -> Dict[str, Any]:
         "t_mono_ns": 0, "t_wall_ns": e.time_created_ns, "t_end_mono_ns": None, "state": state,
         "error": ("flight recorder: retired before completion (timed out or aborted; timeout %d ms)"
                   % e.timeout_ms) if state == "failed" else None,
-        "source": "flight-recorder", "fr_op": e.profiling_name, "fr_state": e.state, "fr_retired": e.retired,
+        "source": FR_SOURCE, "fr_op": e.profiling_name, "fr_state": e.state, "fr_retired": e.retired,
         "fr_record_id": e.record_id, "fr_seq": e.collective_seq_id, "fr_p2p_seq": e.p2p_seq_id,
         "fr_timeout_ms": e.timeout_ms, "fr_thread_id": e.thread_id, "group_desc": e.group_desc,
         "fr_started_ns": e.time_discovered_started_ns, "fr_completed_ns": e.time_discovered_completed_ns,
@@ -177,14 +178,14 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
         if m.get("state") == "issued" and match["state"] != "issued":
             m["state"] = match["state"]
             m["error"] = m.get("error") or match.get("error")
-        m["source"] = "hangtrace+flight-recorder"
+        m["source"] = FR_JOINED_SOURCE
         out.append(m)
     for g, cands in fr_coll.items():
         out.extend(e for e in cands if id(e) not in used)
     for r in fr:
         if r["kind"] != "collective" and r["group"] not in ours_p2p_groups:
             out.append(r)
-    out.sort(key=lambda r: (r.get("t_wall_ns") or 0, 0 if r.get("source") != "flight-recorder" else 1))
+    out.sort(key=lambda r: (r.get("t_wall_ns") or 0, 0 if r.get("source") != FR_SOURCE else 1))
     return _with_phase(out)
 
 
@@ -197,7 +198,7 @@ def _with_phase(out: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     step: Any = None
     res: List[Dict[str, Any]] = []
     for r in out:
-        if r.get("source") == "flight-recorder":
+        if r.get("source") == FR_SOURCE:
             if r.get("phase") is None and r.get("step") is None and (phase is not None or step is not None):
                 r = dict(r, phase=phase, step=step, phase_from="preceding record")
         elif r.get("kind") != "memory":
