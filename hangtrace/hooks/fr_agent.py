@@ -32,6 +32,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional
 
+from hangtrace.tracer import config
+
 # json, socket, threading and time are imported when an agent starts: this module is
 # imported at every traced start-up (``configure_env``), most processes never start one.
 
@@ -68,7 +70,7 @@ def meta_path(run_dir: str, host: str, pid: int) -> str:
 def configure_env(environ: Optional[dict] = None) -> bool:
     """Turn the Flight Recorder on unless the user configured it. True when we set it."""
     env = os.environ if environ is None else environ
-    if env.get("HANGTRACE_FR", "1") == "0" or ENV_BUFFER in env or ENV_BUFFER_ALIAS in env:
+    if env.get(config.FR, "1") == "0" or ENV_BUFFER in env or ENV_BUFFER_ALIAS in env:
         return False
     env[ENV_BUFFER] = DEFAULT_ENTRIES
     return True
@@ -215,7 +217,7 @@ def start(run_dir: str, log: Optional[Callable[..., None]] = None) -> bool:
     ``HANGTRACE_FR=0``."""
     global _agent
     try:
-        if os.environ.get("HANGTRACE_FR", "1") == "0":
+        if os.environ.get(config.FR, "1") == "0":
             return False
         if _agent is not None and _agent.pid == os.getpid() and _agent.thread.is_alive():
             return True

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from hangtrace.tracer.analyze.context import history
+from hangtrace.tracer.analyze.context import Record, history
 from hangtrace.tracer.snapshot import ProcessInfo
 
 
@@ -72,12 +72,13 @@ def deviations(procs: Mapping[int, ProcessInfo], group: str, ranks: Sequence[int
     differs from the baseline shared by all of them. Empty when no common baseline exists.
     The current step of a rank is the step of its newest record on the group."""
     tables: Dict[int, Tuple[Dict[int, int], int]] = {}
+    hists: Dict[int, List[Record]] = {}
     whole: Dict[int, bool] = {}
     for r in ranks:
         p = procs.get(r)
         if p is None:
             return []
-        hist = history(p)
+        hist = hists[r] = history(p)
         counts = per_step(hist, group)
         if not counts:
             return []
@@ -97,7 +98,7 @@ def deviations(procs: Mapping[int, ProcessInfo], group: str, ranks: Sequence[int
             # only collectives of the phases the loop's steps used count as "one more": a
             # rank that left its loop into another phase (eval's barrier) without a new
             # step did not issue one more in the loop (blind ddp_extra_batch)
-            n = _in_loop_phases(history(procs[r]), group, first)
+            n = _in_loop_phases(hists[r], group, first)
         if n != base:
             out.append(StepDeviation(r, group, first, n, base))
     return out

@@ -15,6 +15,7 @@ import socket
 import time
 from typing import Dict, Iterable, List, Optional
 
+from hangtrace.tracer import config
 from hangtrace.hooks.fr_agent import FR_SUBDIR, PROGRESS, dump_path, meta_path, socket_name
 
 
@@ -94,7 +95,7 @@ def fr_into_snapshot(run_dir: str, pids: Iterable[int], snap_dir: str,
     """Request dumps from the agents of ``pids`` (this host) and copy each answered dump
     with its sidecar into ``snap_dir/fr/``. Returns the copied dump paths ([] when no
     process runs an agent, e.g. ``HANGTRACE_FR=0`` or no process group). Never raises."""
-    if os.environ.get("HANGTRACE_FR", "1") == "0":
+    if os.environ.get(config.FR, "1") == "0":
         return []
     out: List[str] = []
     try:

@@ -344,7 +344,7 @@ def _fr_dumps(run_dir: str, sdir: str) -> List[str]:
     if not os.path.isdir(fr_dir(run_dir)):
         return []
     from hangtrace.tracer.collect.frrequest import fr_into_snapshot
-    pids = [int(m.group(1)) for m in (re.match(r"ring-%s-(\d+)\.htr$" % re.escape(socket.gethostname()), b)
+    pids = [int(m.group(1)) for m in (re.match(r"ring-%s-(\d+)\.htr$" % re.escape(_HOST), b)
                                       for b in os.listdir(run_dir)) if m]
     return fr_into_snapshot(run_dir, pids, sdir)
 

@@ -296,9 +296,7 @@ _BY_KIND: Dict[str, Callable[[Diagnosis, str, str, Dict[str, Any]], str]] = {
 
 def verdict_paragraph(diag: Diagnosis) -> str:
     """One paragraph (a str, no trailing newline) a human reads first."""
-    who = _ranks(diag.culprit_ranks) if diag.culprit_ranks or not diag.culprit_actors else \
-        "Ray actor%s %s" % ("s" if len(diag.culprit_actors) > 1 else "", ", ".join(diag.culprit_actors[:6]))
-    s = _BY_KIND.get(str(diag.kind), _unknown)(diag, who, _coll(diag), diag.details or {})
+    s = _BY_KIND.get(str(diag.kind), _unknown)(diag, _ranks(diag.culprit_ranks), _coll(diag), diag.details or {})
     s += _ray_text(diag)  # issue 4
     s += _memory_text(diag)  # issue 5
     nxt = next_step(diag)

@@ -182,7 +182,8 @@ class Watcher:
         rank of this host changed since the last poll: C++-issued collectives (DDP's
         reducer, FSDP) are progress the rings never record. Ranks whose counters moved
         once no longer hold the start-up threshold (``fr_started``). Never raises."""
-        if not ranks or not os.path.isdir(os.path.join(self.run_dir, "fr")):
+        from hangtrace.hooks.fr_agent import fr_dir
+        if not ranks or not os.path.isdir(fr_dir(self.run_dir)):
             return False
         try:
             import socket

@@ -95,38 +95,36 @@ def test_one_complete_step_is_a_baseline_when_the_ring_holds_the_whole_history()
     assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0]), d.summary
 
 
-def test_two_ranks_at_different_steps_are_both_named_with_the_step_skew():
-    """Blind job ddp_extra_batch (2 ranks): rank 1 trains one batch more (its DDP all-reduce
-    in step 4) while rank 0 left the loop into eval's barrier (step 3). No per-step
-    baseline decides (the first step also broadcast DDP's buffers): both are named, and
-    the evidence says they ran different numbers of steps."""
+def _extra_batch_against_eval(first_step_collectives):
+    """Rank 1 trains one batch more (its all-reduce in step 4) while rank 0 left the loop
+    into eval's barrier in step 3; the first step issues ``first_step_collectives``, each
+    later one a single all_reduce. Returns the diagnosis."""
     r0, r1 = R(0, 2), R(1, 2)
     for b in (r0, r1):
         b.mark(step=1)
-        b.coll(n=3)                                # DDP's initial broadcasts + the step's all_reduce
+        b.coll(n=first_step_collectives)
         steps(b, 2, 1, start=2)
     r1.mark(step=4)
     r1.wait(op="all_reduce")
     r0.mark(phase="eval", kind="phase_enter")
     r0.wait(op="barrier", numel=0)
-    d = diagnose(snap([r0, r1]))
+    return diagnose(snap([r0, r1]))
+
+
+def test_two_ranks_at_different_steps_are_both_named_with_the_step_skew():
+    """Blind job ddp_extra_batch (2 ranks). No per-step baseline decides (the first step
+    also broadcast DDP's buffers: 3 collectives): both are named, and the evidence says
+    they ran different numbers of steps."""
+    d = _extra_batch_against_eval(3)
     assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0, 1]), d.summary
     skew = [e for e in d.evidence if "different numbers of steps" in e]
     assert skew and "rank 1 at step 4" in skew[0] and "rank 0 at step 3 (phase eval)" in skew[0], d.evidence
 
 
 def test_a_rank_that_left_its_loop_into_another_phase_did_not_issue_one_more():
-    """Clean per-step baseline (one all_reduce per training step): rank 0 leaves the loop
-    into eval's barrier without a new step, rank 1 trains one batch more (step 4). Rank 0's
-    barrier is not 'one more collective in step 3' (another phase than the loop's): the
-    tie stands, both named, with the step skew."""
-    r0, r1 = R(0, 2), R(1, 2)
-    for b in (r0, r1):
-        steps(b, 3, 1)
-    r1.mark(step=4)
-    r1.wait(op="all_reduce")
-    r0.mark(phase="eval", kind="phase_enter")
-    r0.wait(op="barrier", numel=0)
-    d = diagnose(snap([r0, r1]))
+    """Clean per-step baseline (one all_reduce per step): rank 0's eval barrier is not
+    'one more collective in step 3' (another phase than the loop's): the tie stands, both
+    named."""
+    d = _extra_batch_against_eval(1)
     assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0, 1]), d.summary
     assert not any("tie broken" in e for e in d.evidence), d.evidence
