@@ -22,7 +22,7 @@ entries (gloo does record into the Flight Recorder) -- or holds none when FR is 
 
 A second, torch-free part times the recorder's ``issue()`` + ``complete()`` pair, the
 full hangtrace wrapper around a no-op function (fake tensor and group), each through
-the C and the pure-Python path, and a bare wrapt ``FunctionWrapper`` layer, to show
+the C and the pure-Python path, and a bare Python pass-through function layer, to show
 where the added time goes.
 
 Usage::
@@ -77,20 +77,19 @@ def child_collective(iters, warmup, batches, ab_pairs):
     """Run in a fresh interpreter: time all_reduce; print one JSON line (ns per call)."""
     import torch
     import torch.distributed as dist
-    import wrapt
 
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % _free_port(), rank=0, world_size=1)
     t = torch.ones(1)
     ar = dist.all_reduce
-    wrapped = isinstance(ar, wrapt.FunctionWrapper)
+    orig = getattr(ar, "__hangtrace_wrapped__", None)  # the original behind hangtrace's wrapper
+    wrapped = orig is not None
     rec = None
     path = None
     if wrapped:
         from hangtrace.hooks import bootstrap
         from hangtrace.hooks.recorder import _fastrec
         rec = bootstrap.active().recorder
-        call = type(ar).__dict__.get("__call__")
-        path = "C" if _fastrec is not None and isinstance(call, _fastrec.Call) else "Python"
+        path = "C" if _fastrec is not None and isinstance(ar, _fastrec.Call) else "Python"
     for _ in range(warmup):
         ar(t)
     progress0 = _ring_progress(rec)
@@ -114,7 +113,6 @@ def child_collective(iters, warmup, batches, ab_pairs):
         out["ring_expected"] = iters * batches
         # In-process A/B: the same group through the wrapper and through the original
         # function (``__wrapped__``), in adjacent batches (order ABBA), paired.
-        orig = ar.__wrapped__
         diffs = []
         for i in range(ab_pairs):
             first, second = (orig, ar) if i % 2 == 0 else (ar, orig)
@@ -149,10 +147,9 @@ def _ring_progress(rec):
 
 def child_micro(iters, batches):
     """Torch-free: recorder pair, full wrapper around a no-op (C and pure-Python paths),
-    bare wrapt layer. Keys ending in ``_py`` are the pure-Python path, ``_c`` the C one."""
+    a bare Python pass-through layer. Keys ending in ``_py`` are the pure-Python path, ``_c`` the C one."""
     import inspect
 
-    import wrapt
     from hangtrace.hooks import recorder as R
     from hangtrace.hooks import torch_dist as TD
     from hangtrace.tracer import config
@@ -204,7 +201,8 @@ def child_micro(iters, batches):
             return None
 
         params = list(inspect.signature(noop_all_reduce).parameters)
-        bare_w = wrapt.FunctionWrapper(noop_all_reduce, lambda w, i, a, k: w(*a, **k))
+        def bare_w(*args, **kwargs):  # the least a Python wrapper costs
+            return noop_all_reduce(*args, **kwargs)
         ft = FakeTensor()
 
         def call_plain():
@@ -217,8 +215,8 @@ def child_micro(iters, batches):
 
         run("loop", empty_loop)
         run("noop_call", call_plain)
-        run("wrapt_noop_layer", call_bare)
-        keys = ["noop_call", "wrapt_noop_layer"]
+        run("python_noop_layer", call_bare)
+        keys = ["noop_call", "python_noop_layer"]
         modes = [("py", "1")] + ([("c", "0")] if R._fastrec is not None else [])
         for mode, pure in modes:
             os.environ[config.PURE_PYTHON] = pure
@@ -234,8 +232,7 @@ def child_micro(iters, batches):
             TD._state = TD._new_state(rec, lambda msg, key=None: None)  # what install() makes
             TD._state.dist = FakeDist
             ht_w = TD._wrap("all_reduce", noop_all_reduce, params)  # what install() installs
-            call = type(ht_w).__dict__["__call__"]
-            res["path_" + mode] = "C" if R._fastrec is not None and isinstance(call, R._fastrec.Call) else "Python"
+            res["path_" + mode] = "C" if R._fastrec is not None and isinstance(ht_w, R._fastrec.Call) else "Python"
 
             def call_ht():
                 for _ in rng:
@@ -449,7 +446,7 @@ def _table(r, names):
     for k, label in (("issue_complete_py", "Recorder.issue() + complete(), pure Python"),
                      ("issue_complete_c", "Recorder.issue() + complete(), C"),
                      ("noop_call", "plain call of a no-op all_reduce(t)"),
-                     ("wrapt_noop_layer", "plain wrapt.FunctionWrapper pass-through around it (for scale)"),
+                     ("python_noop_layer", "plain Python pass-through function around it (for scale)"),
                      ("hangtrace_wrapper_noop_py", "hangtrace's installed wrapper around it (all of the recording), "
                                                    "pure Python"),
                      ("hangtrace_wrapper_noop_c", "hangtrace's installed wrapper around it (all of the recording), "

@@ -699,6 +699,7 @@ typedef struct {
     int op_id, kind, is_p2p, pkind, always_async;
     PyObject *cb_group, *cb_shape, *cb_dtype, *cb_payload, *cb_work, *cb_fail, *cb_grank;
     PyObject *rec_key, *done_key;
+    PyObject *dict; /* __name__, __qualname__, __module__, __doc__ of the original (set by torch_dist) */
 } CallObject;
 
 static PyObject *TensorType; /* torch.Tensor (set_tensor_type), or NULL */
@@ -1167,6 +1168,7 @@ static int Call_init(CallObject *self, PyObject *args, PyObject *kwds) {
 }
 
 static int Call_traverse(CallObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->dict);
     Py_VISIT(self->wrapped);
     Py_VISIT(self->slow);
     Py_VISIT(self->globals);
@@ -1182,6 +1184,7 @@ static int Call_traverse(CallObject *self, visitproc visit, void *arg) {
 }
 
 static int Call_clear(CallObject *self) {
+    Py_CLEAR(self->dict);
     Py_CLEAR(self->wrapped);
     Py_CLEAR(self->slow);
     Py_CLEAR(self->name);
@@ -1217,6 +1220,31 @@ static PyObject *Call_call(CallObject *self, PyObject *args, PyObject *kwargs) {
     return PyVectorcall_Call((PyObject *)self, args, kwargs);
 }
 
+/* Bound like a plain function: installed in place of one (``torch.distributed.all_reduce``),
+ * a Call read through an instance (a class attribute) binds that instance as its first argument. */
+static PyObject *Call_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+/* Pickled by reference, as the function it replaces: ``__module__`` + ``__qualname__``. */
+static PyObject *Call_reduce(PyObject *self, PyObject *Py_UNUSED(ignored)) {
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyMethodDef Call_methods[] = {
+    {"__reduce__", Call_reduce, METH_NOARGS, "pickled by reference (module + qualified name), as a function"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Call_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMemberDef Call_members[] = {
     {"__wrapped__", T_OBJECT, offsetof(CallObject, wrapped), READONLY, "the original function"},
     {"name", T_OBJECT, offsetof(CallObject, name), READONLY, "op name"},
@@ -1227,7 +1255,7 @@ static PyTypeObject CallType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hangtrace.hooks._fastrec.Call",
     .tp_basicsize = sizeof(CallObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "The C recording call of one wrapped torch.distributed function (see torch_dist._wrap).",
+    .tp_doc = "The C recording call of one wrapped torch.distributed function, installed in its place (see torch_dist._wrap).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Call_init,
     .tp_dealloc = (destructor)Call_dealloc,
@@ -1236,6 +1264,10 @@ static PyTypeObject CallType = {
     .tp_call = (ternaryfunc)Call_call,
     .tp_vectorcall_offset = offsetof(CallObject, vectorcall),
     .tp_members = Call_members,
+    .tp_methods = Call_methods,
+    .tp_getset = Call_getset,
+    .tp_descr_get = Call_descr_get,
+    .tp_dictoffset = offsetof(CallObject, dict),
 };
 
 /* ============================================================================ module */

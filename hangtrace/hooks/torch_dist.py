@@ -1,7 +1,8 @@
 """Wrappers around the public torch.distributed API that record into the ring.
 
 Installed by a post-import hook on ``torch.distributed`` (or at once if it is already imported).
-Each wrapped function is replaced, by the same wrapt ``FunctionWrapper`` object, both in
+Each wrapped function is replaced, by the same function-like object (``_wrap``; no wrapt: it
+is the hot path, and importing wrapt cost ~17 ms of every rank's start-up), both in
 ``torch.distributed`` and in ``torch.distributed.distributed_c10d``; calls made *inside* a wrapped
 call on the same thread (``all_gather_object`` calling ``all_gather``, ...) are not recorded again.
 
@@ -13,8 +14,8 @@ Sequence numbers are ours, counted per group name: collectives on one counter, p
 per (group, peer). Every rank that calls the same Python API in the same order gets the same
 numbers, which is what the cross-rank alignment needs.
 
-Per-call work: with the optional C extension (``_fastrec``, see ``_wrap``) each wrapper's
-``__call__`` is a ``_fastrec.Call`` that does what ``_make_wrapper``'s ``call`` does and calls back
+Per-call work: with the optional C extension (``_fastrec``, see ``_wrap``) the installed
+function is a ``_fastrec.Call`` that does what ``_make_wrapper``'s ``call`` does and calls back
 into Python only on cache misses and rare cases; ``HANGTRACE_PURE_PYTHON=1`` or a build without a
 compiler gives the Python ``call``, with the same records. Annotations only: nothing from
 ``typing`` runs per call (helpers that run per call read ``_state`` unchecked, see below).
@@ -26,8 +27,6 @@ import inspect
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
-
-import wrapt
 
 from hangtrace.tracer.ring import layout as F
 from .recorder import _fastrec
@@ -141,11 +140,11 @@ def _payload_tt(kind: Optional[str], obj: Any) -> Tuple[int, int, int]:
 _ABSENT = 1 << 30  # parameter position of a parameter the function does not have
 
 
-def _make_wrapper(name: str, params: List[str]) -> Callable[..., Any]:
-    """The recording call of ``name`` (parameter names ``params``, in order).
+def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> Callable[..., Any]:
+    """The recording call of ``name`` (parameter names ``params``, in order) around ``wrapped``.
 
-    Returns ``call(self, *args, **kwargs)``, used as ``__call__`` of the function's
-    wrapper class (see ``_wrap``); ``self.__wrapped__`` is the function called.
+    Returns ``call(*args, **kwargs)``: the installed function itself on the pure-Python path,
+    the C call's fallback otherwise (see ``_wrap``).
 
     Hot path: one call per collective. Positions and flags are resolved here, once; the
     common case (tensor payload, cached group/shape/dtype) makes no Python-level calls
@@ -170,8 +169,7 @@ def _make_wrapper(name: str, params: List[str]) -> Callable[..., Any]:
     busy = _busy
     get_ident = _get_ident
 
-    def call(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-        wrapped = self.__wrapped__
+    def call(*args: Any, **kwargs: Any) -> Any:
         st = _state
         ident = get_ident()
         if st is None or ident in busy:
@@ -247,55 +245,59 @@ def _make_wrapper(name: str, params: List[str]) -> Callable[..., Any]:
     return call
 
 
-class _Callee:
-    """Stand-in ``self`` for ``call`` when wrapt invokes the wrapper function itself."""
+def _take_identity(w: Any, orig: Callable[..., Any]) -> Any:
+    """Give ``w`` the identity of ``orig`` (name, qualified name, module, docstring, its
+    ``__dict__``) and mark it ``__hangtrace_wrapped__ = orig``; returns ``w``.
 
-    __slots__ = ("__wrapped__",)
-
-    def __init__(self, wrapped: Callable[..., Any]) -> None:
-        self.__wrapped__ = wrapped
-
-
-class _FastFunctionWrapper(wrapt.FunctionWrapper):
-    """A ``wrapt.FunctionWrapper`` whose ``__call__`` is our recording call itself.
-
-    wrapt 2.1's C ``__call__`` looks up ``__self__`` on the wrapped object at every call (to bind
-    functions that were already bound); on a plain function that raises and clears an
-    AttributeError, about 0.5 us here, then calls the wrapper with ``(wrapped, instance, args,
-    kwargs)`` — another frame. Our targets are module-level functions of ``torch.distributed``
-    (never bound methods), so each wrapped function gets a subclass whose ``__call__`` is its
-    recording call. Everything else (``__wrapped__``, ``__name__``, signature, isinstance checks,
-    binding through ``__get__``, which goes through the wrapper function) is wrapt's.
+    For plain functions this is ``functools.update_wrapper`` (which also sets
+    ``__wrapped__``); a ``_fastrec.Call`` has a read-only ``__wrapped__`` of its own.
     """
+    if isinstance(w, type(_take_identity)):
+        functools.update_wrapper(w, orig)
+    else:
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                setattr(w, attr, getattr(orig, attr))
+            except AttributeError:
+                pass
+        w.__dict__.update(getattr(orig, "__dict__", {}))
+    w.__hangtrace_wrapped__ = orig
+    return w
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        # wrapt's stub types _self_wrapper for the class-method form: ours is (wrapped, instance, args, kwargs)
-        return self._self_wrapper(self.__wrapped__, None, args, kwargs)  # type: ignore[call-arg,arg-type]
 
+def _wrap(name: str, orig: Callable[..., Any], params: List[str]) -> Callable[..., Any]:
+    """The function installed in place of ``orig``: no proxy object around it, so a call
+    costs one call (our own code: the per-collective hot path).
 
-def _wrap(name: str, orig: Callable[..., Any], params: List[str]) -> wrapt.FunctionWrapper:
-    """The installed wrapper of ``orig`` (a ``wrapt.FunctionWrapper`` instance).
-
-    Its class's ``__call__`` is the C ``_fastrec.Call`` when the current State is C
-    readable (extension built, recorder with a C Ring), else the Python ``call``. The C
-    call has no ``__get__``, so the type slot calls it with the call's own arguments; it
-    does what ``call`` does and falls back to ``call`` itself when ``_state`` is a
-    plain-Python State or fault injection is on.
+    The C ``_fastrec.Call`` when the current State is C readable (extension built,
+    recorder with a C Ring), else the Python ``call``; the C call does what ``call`` does
+    and falls back to ``call`` itself when ``_state`` is a plain-Python State or fault
+    injection is on. Either one binds like a function, pickles by reference (module and
+    qualified name), has ``__wrapped__`` (so ``inspect.signature`` gives the original's)
+    and ``__hangtrace_wrapped__`` = ``orig``.
     """
-    call = _make_wrapper(name, params)
-
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
-                kwargs: Dict[str, Any]) -> Any:  # wrapt's protocol (bound use)
-        return call(_Callee(wrapped), *args, **kwargs)
-
-    fast = None
+    call = _make_wrapper(name, params, orig)
     if _fastrec is not None and isinstance(_state, _FastState):
         try:
-            fast = _fast_call(name, orig, params, call)
+            return _take_identity(_fast_call(name, orig, params, call), orig)
         except Exception as e:  # the Python call records the same
             _state.log("C wrapper of %s unavailable, Python used: %r" % (name, e), "fastcall-" + name)
-    cls = type("FunctionWrapper", (_FastFunctionWrapper,), {"__call__": fast or call, "__module__": __name__})
-    return cls(orig, wrapper)
+    return _take_identity(call, orig)
+
+
+def _plain_wrapper(orig: Callable[..., Any],
+                   wrapper: Callable[[Callable[..., Any], Any, Tuple[Any, ...], Dict[str, Any]], Any]
+                   ) -> Callable[..., Any]:
+    """``orig`` wrapped by ``wrapper(wrapped, instance, args, kwargs)`` (the batch and group
+    operations), as a plain function with ``orig``'s identity."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return wrapper(orig, None, args, kwargs)
+    return _take_identity(call, orig)
+
+
+def wrapped_original(fn: Any) -> Optional[Callable[..., Any]]:
+    """The original torch function behind an installed wrapper ``fn``, or None."""
+    return getattr(fn, "__hangtrace_wrapped__", None)
 
 
 def _global_rank(group: Any, rank: int) -> int:
@@ -314,7 +316,7 @@ def _fast_call(name: str, orig: Callable[..., Any], params: List[str], call: Cal
         _fastrec.set_tensor_type(torch.Tensor)
     pos = {p: i for i, p in enumerate(params)}
     peers = tuple((pos.get(p, _ABSENT), p, p.startswith("group_")) for p in peer_params)
-    return _fastrec.Call(orig, functools.partial(call, _Callee(orig)), name, F.OP_IDS[name],
+    return _fastrec.Call(orig, call, name, F.OP_IDS[name],
                          F.K_P2P if is_p2p else F.K_COLL, is_p2p, pkind, tparam,
                          pos.get(tparam, _ABSENT) if tparam else _ABSENT, pos.get("group", _ABSENT),
                          pos.get("async_op", _ABSENT), peers, name in ("isend", "irecv"), globals(), _busy,
@@ -339,7 +341,7 @@ def install(dist: Any, recorder: Recorder, log: Log) -> int:
         if name in _installed:
             continue
         orig = getattr(c10d, name, None)
-        if orig is None or isinstance(orig, wrapt.FunctionWrapper):
+        if orig is None or wrapped_original(orig) is not None:
             continue
         if name in SPECS:
             try:
@@ -348,11 +350,11 @@ def install(dist: Any, recorder: Recorder, log: Log) -> int:
                 continue
             w = _wrap(name, orig, params)
         elif name == BATCH_OP:
-            w = wrapt.FunctionWrapper(orig, _batch_wrapper)
+            w = _plain_wrapper(orig, _batch_wrapper)
         elif name == "new_subgroups":
             continue  # recorded through the new_group calls it makes
         else:
-            w = wrapt.FunctionWrapper(orig, _group_op_wrapper)
+            w = _plain_wrapper(orig, _group_op_wrapper)
         _installed[name] = orig
         setattr(c10d, name, w)
         if getattr(dist, name, None) is orig:
@@ -380,9 +382,9 @@ def uninstall() -> None:
     c10d = dist.distributed_c10d
     for name, orig in list(_installed.items()):
         cur = getattr(c10d, name, None)
-        if isinstance(cur, wrapt.FunctionWrapper) and cur.__wrapped__ is orig:
+        if wrapped_original(cur) is orig:
             setattr(c10d, name, orig)
-        if isinstance(getattr(dist, name, None), wrapt.FunctionWrapper):
+        if wrapped_original(getattr(dist, name, None)) is orig:
             setattr(dist, name, orig)
         del _installed[name]
 

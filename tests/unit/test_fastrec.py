@@ -212,8 +212,9 @@ def hooked(pg, tmp_path, mode):
     rec = new_recorder(tmp_path, mode, nslots=256, name="wrappers")
     orig = pg.all_reduce
     torch_dist.install(pg, rec, rec.log)
-    call = type(pg.all_reduce).__dict__["__call__"]
+    call = pg.all_reduce  # the installed function itself: the C Call or the Python closure
     assert (HAVE_C and isinstance(call, R._fastrec.Call)) == (mode == "c"), call
+    assert call.__hangtrace_wrapped__ is orig and call.__wrapped__ is orig
     try:
         yield rec
     finally:
@@ -384,6 +385,33 @@ def test_state_none_passes_through(hooked, pg, mode):
     pg.all_reduce(torch.ones(1))
     recs = [r for r in RD.read_ring(hooked.path).records if r["kind"] == "collective"]
     assert [r["seq"] for r in recs] == [1]
+
+
+class _UsesCollectiveAsAttribute:
+    op = None  # set to the installed wrapper: read through an instance it binds like a function
+
+
+def test_installed_function_looks_like_the_original(hooked, pg, mode):
+    """The installed wrapper is a function-like object with the original's identity: name,
+    qualified name, module, docstring, signature; it pickles by reference (to itself, the
+    object installed under that name) and binds like a function (no wrapt: see
+    tests/integration/test_hooks_roles.py for a real traced process)."""
+    import inspect
+    import pickle
+    from hangtrace.hooks import torch_dist
+    w, orig = pg.all_reduce, torch_dist._installed["all_reduce"]
+    assert w is not orig and pg.distributed_c10d.all_reduce is w
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        assert getattr(w, attr) == getattr(orig, attr), attr
+    assert inspect.signature(w) == inspect.signature(orig)
+    assert pickle.loads(pickle.dumps(w)) is w
+    _UsesCollectiveAsAttribute.op = w
+    bound = _UsesCollectiveAsAttribute().op
+    assert bound.__func__ is w and bound.__self__ is not None
+    t = torch.ones(3)
+    assert _UsesCollectiveAsAttribute.op(t) is None and t.tolist() == [1.0] * 3  # through the class: unbound
+    recs = [r for r in RD.read_ring(hooked.path).records if r["kind"] == "collective"]
+    assert [r["numel"] for r in recs] == [3]
 
 
 def test_after_fork_recorder_swap_records_into_the_new_ring(hooked, pg, tmp_path, mode):
