@@ -8,6 +8,7 @@ always shown. ``--last N`` counts the records shown.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import TYPE_CHECKING, Any, List, Tuple
 
 from .cli_out import dumps, err
@@ -44,6 +45,8 @@ def _fmt_record(r: Any) -> str:
         s = "step %d" % r["seq"]
     elif r["kind"] == "memory":
         s = _fmt_memory(r)
+    elif r["kind"] == "ray_wait":
+        s = _fmt_wait(r)
     else:
         s = r["kind"]
     ctx = []
@@ -54,6 +57,18 @@ def _fmt_record(r: Any) -> str:
     if r["thread"] and r["thread"] != "MainThread":
         ctx.append("thread=%s" % r["thread"])
     return "%s%s" % (s, ("  [" + " ".join(ctx) + "]") if ctx else "")
+
+
+def _fmt_wait(r: Any) -> str:
+    """``ray.get on RewardServer.score (actor 1a2b3c4d) issued``: a Ray wait record."""
+    try:
+        d = json.loads(r["group"] or "{}")
+        what = ", ".join("%s.%s (actor %s)" % (t.get("class") or "?", t.get("method"), str(t.get("actor_id"))[:8])
+                         for t in d.get("targets") or ())
+        s = "ray.%s on %s%s" % (d.get("api"), what, " and %d more" % d["more"] if d.get("more") else "")
+    except (ValueError, TypeError, AttributeError):
+        s = "ray wait %s" % r["group"]
+    return "%s %s%s" % (s, r["state"], " (%s)" % r["error"] if r["error"] else "")
 
 
 #: names of a memory sample's five values, by what was sampled (``ring/layout.py``)

@@ -88,14 +88,24 @@ class RayInstrumentor(Instrumentor):
             return
         try:
             from hangtrace.hooks import ray_hooks
-            ray_hooks.install(sys.modules.get("ray", module), rt.recorder, rt.log)
+            ray = sys.modules.get("ray", module)
+            ray_hooks.install(ray, rt.recorder, rt.log)
         except Exception as e:
             rt.log("hooking ray failed: %r" % (e,), "hook-ray")
+            return
+        try:  # actor calls, waits on them, creation requests (issue 9)
+            from hangtrace.hooks import ray_calls
+            ray_calls.install(ray, ray_hooks._current, rt.log)
+        except Exception as e:
+            rt.log("hooking ray actor calls failed: %r" % (e,), "hook-ray-calls")
 
     def _uninstall(self) -> None:
         rh = sys.modules.get("hangtrace.hooks.ray_hooks")
         if rh is not None:
             rh.uninstall()
+        rc = sys.modules.get("hangtrace.hooks.ray_calls")
+        if rc is not None:
+            rc.uninstall()
 
     def _after_fork_child(self) -> None:
         rh = sys.modules.get("hangtrace.hooks.ray_hooks")

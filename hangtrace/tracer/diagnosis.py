@@ -51,6 +51,14 @@ class Kind(_StrEnum):
     #: Nobody waits for a missing or diverged rank and progress is recent. Fires in rule
     #: ``idle``.
     PROGRESSING = "progressing"
+    #: Ray actors wait on each other's methods in a cycle (``ray.get``/``ray.wait`` inside a
+    #: method on a call of the next actor's method, back to the first): none can go on.
+    #: Fires in rule ``actor_waits`` (``culprit_actors``: the cycle; ``details['actor_cycle']``).
+    ACTOR_DEADLOCK = "actor-deadlock"
+    #: A Ray actor that never got a process is waited on, and the resources it asks for
+    #: exceed every node of the cluster. Fires in rule ``unschedulable``
+    #: (``culprit_actors``: the actor; ``details['actor_request']``, ``['cluster_nodes']``).
+    UNSCHEDULABLE_ACTOR = "unschedulable-actor"
     #: Not enough data to name a kind (no ranks, culprits without record files, a stall
     #: with every member inside one collective). Fires in rules ``no_record_file``,
     #: ``idle`` and ``stack_only``, and for an empty snapshot.

@@ -133,7 +133,10 @@ class Snapshot:
 
     ``reason``: 'stall' | 'death' | 'request' | 'offline' | 'attach'; ``path``: the stored
     snapshot folder (None when not stored); ``ray_nodes``: Ray nodes collected by
-    ``dump --ray`` (list of dicts, ``ray_nodes.json``).
+    ``dump --ray`` (list of dicts, ``ray_nodes.json``); ``ray_state``: Ray's own tables
+    when they were reachable (``collect/raystate.fetch``, ``ray_state.json``: ``actors``
+    - pending ones too, which have no process -, ``placement_groups``,
+    ``cluster_resources``), else empty.
     """
 
     run_dir: str
@@ -143,3 +146,4 @@ class Snapshot:
     errors: List[str] = field(default_factory=list)  # one line per unreadable file, with remedy
     path: Optional[str] = None
     ray_nodes: List[Dict[str, Any]] = field(default_factory=list)
+    ray_state: Dict[str, Any] = field(default_factory=dict)

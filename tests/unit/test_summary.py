@@ -133,3 +133,68 @@ def test_failed_phases_are_the_newest_exit_per_phase_when_it_failed(tmp_path):
         assert fast.failed_phases == slow.failed_phases
         assert set(fast.failed_phases) == want, fast.failed_phases
         assert fast.failed_phases["ckpt"]["error"] == "OSError: disk full"
+
+
+class _Handle:
+    """Stands for a Ray ActorHandle (what hooks/ray_calls.note_call reads)."""
+
+    class _Id:
+        def __init__(self, h):
+            self._h = h
+
+        def hex(self):
+            return self._h
+
+    class _Desc:
+        class_name = "Server"
+
+    def __init__(self, aid):
+        self._ray_actor_id = self._Id(aid)
+        self._ray_actor_creation_function_descriptor = self._Desc()
+
+
+class _Ref:
+    def __init__(self, b):
+        self._b = b
+
+    def binary(self):
+        return b"ref-%d" % self._b
+
+
+def test_waits_newest_per_thread_on_both_paths(tmp_path):
+    """Ray wait records (hooks/ray_calls.py): per thread the newest, completed or still
+    issued, equal on the numpy and the Python path, kept in records() - also after the
+    ring wrapped (64 slots, 150 rounds)."""
+    import threading
+    from hangtrace.hooks import ray_calls
+    pytest.importorskip("numpy")
+    rec = Recorder(str(tmp_path), "run-w", 64, _log)
+    ray_calls._rec_fn = lambda: rec
+    try:
+        ray_calls.note_call(_Handle("aa01"), "score", [_Ref(1)])
+        ray_calls.note_call(_Handle("bb02"), "policy_version", _Ref(2))
+        for i in range(150):
+            r, idx = ray_calls._wait_begin("get", [_Ref(1), _Ref(99)])
+            ray_calls._wait_end(r, idx, None)
+            rec.step(i)
+        open_one = []
+        t = threading.Thread(target=lambda: open_one.append(ray_calls._wait_begin("wait", [_Ref(2)])), name="poller")
+        t.start()
+        t.join()
+        ray_calls._wait_end(*ray_calls._wait_begin("get", _Ref(1)), TimeoutError("x"))
+        path = rec.path
+    finally:
+        ray_calls._rec_fn = None
+        ray_calls._refs.clear()
+        rec.close()
+    fast = R.read_ring(path, records=False, use_numpy=True).summary
+    slow = R.read_ring(path, records=False, use_numpy=False).summary
+    assert fast.waits == slow.waits
+    assert set(fast.waits) == {"MainThread", "poller"}
+    main, poller = fast.waits["MainThread"], fast.waits["poller"]
+    assert (main["state"], main["error"]) == ("failed", "TimeoutError")
+    assert poller["state"] == "issued" and poller["kind"] == "ray_wait"
+    import json
+    assert json.loads(poller["group"]) == {"api": "wait", "n": 1, "targets": [
+        {"actor_id": "bb02", "class": "Server", "method": "policy_version"}]}
+    assert poller in fast.records() and main in fast.records()

@@ -74,13 +74,15 @@ def test_every_kind_and_dead_cause_has_advice() -> None:
 
 
 def test_paragraph_names_the_kind() -> None:
-    """Every paragraph opens with the words of its kind (not another kind's text)."""
+    """Every paragraph opens with the words of its kind (not another kind's text); Ray
+    actors without a rank (rule actors) read 'Stuck Ray actors' / 'Failed Ray actor'."""
     opening = {Kind.COLLECTIVE_MISMATCH.value: ("Collective mismatch",),
                Kind.SKIPPED_COLLECTIVE.value: ("Skipped collective",),
                Kind.CROSS_GROUP_DEADLOCK.value: ("Cross-group deadlock",),
-               Kind.STUCK_OUTSIDE_COLLECTIVE.value: ("Stuck outside collectives",),
-               Kind.DEAD_RANK.value: ("Dead rank",), Kind.TRANSPORT_ERROR.value: ("Transport error",),
-               Kind.PROGRESSING.value: ("Progressing",),
+               Kind.STUCK_OUTSIDE_COLLECTIVE.value: ("Stuck outside collectives", "Stuck Ray actors"),
+               Kind.DEAD_RANK.value: ("Dead rank", "Failed Ray actor"), Kind.TRANSPORT_ERROR.value: ("Transport error",),
+               Kind.PROGRESSING.value: ("Progressing",), Kind.ACTOR_DEADLOCK.value: ("Actor deadlock",),
+               Kind.UNSCHEDULABLE_ACTOR.value: ("Unschedulable Ray actor",),
                Kind.UNKNOWN.value: ("Unknown", "No traced process", "Ranks ")}
     assert set(opening) == {k.value for k in Kind}
     for name, case in CASES:

@@ -18,7 +18,8 @@ from hangtrace.tracer.analyze.arbiter import Outcome, Situation, decide
 from hangtrace.tracer.analyze.context import DEFAULT_STALL_S, Ctx
 from hangtrace.tracer.analyze.deaths import TRANSPORT_MARKERS, failures, is_transport_error, stopped_after_stall
 from hangtrace.tracer.analyze.evidence import rk, stall_note
-from hangtrace.tracer.analyze.rules import ACTORS, DEATH_RULE, FALLBACK_RULES, HANG_RULES, STACK_ONLY, BY_NAME, Finding
+from hangtrace.tracer.analyze.rules import (ACTOR_RULES, ACTORS, BY_NAME, DEATH_RULE, FALLBACK_RULES, HANG_RULES,
+                                            STACK_ONLY, Finding)
 from hangtrace.tracer.analyze.stacktree import classes as stack_classes_of
 from hangtrace.tracer.analyze.stacktree import format_ranks, merge_stacks, missing_from_common_frame
 from hangtrace.tracer.analyze.waitgraph import build_instances
@@ -102,9 +103,9 @@ def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Opt
     d.details.update(world_size=ctx.world, ranks_with_records=len(ctx.views), missing_ranks=ctx.nofile,
                      last_progress_wall_ns=ctx.last_progress, last_progress_age_s=ctx.age_s, stalled=ctx.stalled)
     if not ctx.views:
-        found = ACTORS.find(ctx)  # Ray actors without a rank (issue 9)
+        found = _rankless(ctx)  # Ray actors without a rank (issue 9)
         if found is not None:
-            ACTORS.explain(ctx, found, d)
+            BY_NAME[found.rule].explain(ctx, found, d)
             return _finish(ctx, d)
         d.cause = Cause.NO_DATA
         d.summary = "No traced process with a rank in the snapshot%s." % (
@@ -141,6 +142,15 @@ def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Opt
                 rule.explain(ctx, f, d)
                 break
     return _finish(ctx, d)
+
+
+def _rankless(ctx: Ctx) -> Optional[Finding]:
+    """No rank at all: an actor's failure (rule ``actors``) first, then ``ACTOR_RULES`` in
+    order (actor-call cycle or chain end, unschedulable actor), then the stuck actors."""
+    found = ACTORS.find(ctx)
+    if found is not None and found.data[0] == "failed":
+        return found
+    return next((f for f in (rule.find(ctx) for rule in ACTOR_RULES) if f is not None), found)
 
 
 def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:

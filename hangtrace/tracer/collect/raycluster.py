@@ -366,4 +366,5 @@ def load_ray_snapshot(sdir: str) -> Snapshot:
     except (OSError, ValueError):
         nodes = []
     return dataclasses.replace(snap, processes=procs, errors=errors,
-                               ray_nodes=nodes if isinstance(nodes, list) else [])
+                               ray_nodes=nodes if isinstance(nodes, list) else [],
+                               ray_state=state if isinstance(state, dict) else {})

@@ -18,6 +18,12 @@ NEXT: Dict[str, Optional[str]] = {
                                  "producer of its queue, the holder of its lock, its IO or Ray call; "
                                  "its top frames show where"),
     "dead-rank": None,  # per cause, see DEAD_NEXT
+    "actor-deadlock": ("break the cycle of blocking calls: do not ray.get an actor's result inside a "
+                       "method that actor calls back into; pass the value in the call, make the callee "
+                       "async (await) or give it max_concurrency > 1 / a concurrency group for the callback"),
+    "unschedulable-actor": ("give the actor what the cluster has (num_gpus/num_cpus/resources/memory in its "
+                            "options or @ray.remote), or add nodes that offer it; `ray status` shows the "
+                            "pending demand. Put a timeout on the ray.get that waits for it"),
     "transport-error": ("check the network and the peer host named in the error (NIC, firewall, "
                         "timeouts); if a rank on that host is missing from the snapshot, check it "
                         "directly"),

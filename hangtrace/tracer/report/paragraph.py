@@ -213,6 +213,12 @@ def _deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py
         meth = d.get("actor_methods") or {}
+        chain = d.get("actor_chain") or []
+        if chain:  # rules/actor_waits.py: the end of a chain of waits on actor calls
+            return ("Stuck outside collectives: Ray actor %s (no rank) is %s and waits on no other actor, while "
+                    "a chain of actor calls waits on it: %s." % (
+                        ", ".join(diag.culprit_actors), "in %s" % ", ".join(sum(meth.values(), [])) if
+                        any(meth.values()) else "inside no method", "; ".join(_call(x) for x in chain[:6])))
         return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s." % (
             "; ".join("%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]) or "a method")
     after = (" It stopped after an exception: %s." % d["after_exception"]) if d.get("after_exception") else ""
@@ -220,6 +226,46 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         who, _where(diag), _reason(diag) or "it made no progress", _doing(diag), after,
         _waiters_text(diag, coll) if diag.waiting_ranks and coll else
         ("Others wait for it in %s." % coll if coll else "")))
+
+
+def _call(x: Dict[str, Any]) -> str:
+    """``RewardServer in score is blocked in ray.get on PolicyTrainer.policy_version``."""
+    return "%s%s is blocked in ray.%s on %s.%s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
+                                                  x.get("api") or "get", x.get("waits_on"), x.get("target_method"))
+
+
+def _actor_deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    items = d.get("actor_cycle") or []
+    s = "Actor deadlock: Ray actors %s wait on each other's methods in a cycle: %s." % (
+        ", ".join(diag.culprit_actors[:6]), "; ".join(_call(x) + (
+            ", which has not started (%s is inside %s)" % (x.get("waits_on"), x.get("target_inside") or "no method")
+            if x.get("target_started") is False else "") for x in items[:6]))
+    waiters = d.get("actor_waiters") or []
+    if waiters:
+        s += " Waiting on the cycle: %s." % "; ".join(_call(x) for x in waiters[:4])
+    return s
+
+
+def _unschedulable(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    req = d.get("actor_request") or {}
+    res = req.get("resources") or {}
+    ask = ", ".join("%s: %g" % (k, v) for k, v in sorted(res.items()) if v and not k.startswith("node:")
+                    and k not in ("memory", "object_store_memory")) or "?"
+    nodes = d.get("cluster_nodes") or []
+    short = req.get("short_of") or []
+    s = "Unschedulable Ray actor: %s asks for {%s}%s and no node of the cluster (%d) offers %s; it never " \
+        "got a process." % (", ".join(diag.culprit_actors[:2]), ask,
+                            " in placement group %s" % str(req["placement_group"])[:12] if req.get("placement_group")
+                            else "", len(nodes), " and ".join(short) or "it")
+    waiters = d.get("actor_waiters") or []
+    if waiters:
+        s += " Waiting for it: %s." % "; ".join(
+            "%s%s, in ray.%s on its %s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
+                                           x.get("api"), x.get("target_method")) for x in waiters[:4])
+    says = next(iter((d.get("ray_says") or {}).values()), None)
+    if says:
+        s += " Ray says: %s." % says.get("text")
+    return s
 
 
 def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
@@ -291,7 +337,8 @@ _BY_KIND: Dict[str, Callable[[Diagnosis, str, str, Dict[str, Any]], str]] = {
     Kind.COLLECTIVE_MISMATCH.value: _mismatch, Kind.SKIPPED_COLLECTIVE.value: _skipped,
     Kind.CROSS_GROUP_DEADLOCK.value: _deadlock, Kind.STUCK_OUTSIDE_COLLECTIVE.value: _stuck,
     Kind.DEAD_RANK.value: _dead, Kind.TRANSPORT_ERROR.value: _transport, Kind.PROGRESSING.value: _progressing,
-    Kind.UNKNOWN.value: _unknown}
+    Kind.UNKNOWN.value: _unknown, Kind.ACTOR_DEADLOCK.value: _actor_deadlock,
+    Kind.UNSCHEDULABLE_ACTOR.value: _unschedulable}
 
 
 def verdict_paragraph(diag: Diagnosis) -> str:

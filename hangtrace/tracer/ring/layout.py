@@ -60,10 +60,15 @@ COMPLETE_OFF = 72
 COMPLETE = struct.Struct("<B3xIQ")  # state, err strid, t_end_mono_ns
 
 # record kinds
-K_COLL, K_P2P, K_GROUP, K_PHASE_ENTER, K_PHASE_EXIT, K_STEP, K_HEARTBEAT, K_EVENT, K_MEM = range(1, 10)
+K_COLL, K_P2P, K_GROUP, K_PHASE_ENTER, K_PHASE_EXIT, K_STEP, K_HEARTBEAT, K_EVENT, K_MEM, K_WAIT = range(1, 11)
 KIND_NAMES = {K_COLL: "collective", K_P2P: "p2p", K_GROUP: "group", K_PHASE_ENTER: "phase_enter",
               K_PHASE_EXIT: "phase_exit", K_STEP: "step", K_HEARTBEAT: "heartbeat",
-              K_EVENT: "event", K_MEM: "memory"}
+              K_EVENT: "event", K_MEM: "memory", K_WAIT: "ray_wait"}
+# Ray waits (kind K_WAIT, issue 9; writer hooks/ray_calls.py): a ray.get / ray.wait on the
+# result of Ray actor method calls. group = string id of a JSON text {"api": "get"|"wait",
+# "n": refs, "targets": [{"actor_id", "class", "method"}], "more": targets left out}; seq =
+# number of refs; state issued while waiting, completed / failed (err: the exception
+# type) when the call returned. Not progress.
 # Memory records (kind K_MEM, issue 5; writer: hooks/memory.py via Recorder.memory,
 # reader: tracer/analyze/memory.py). The generic slot fields are reused, no layout change:
 #   op     = sample source: MEM_TIMER 1, MEM_ENTER 2 (just after a phase was entered),

@@ -22,6 +22,8 @@ Selection rules (the ones the analysis has always applied to the full record lis
 * ``failed_phases``: per phase name, the newest phase-exit record of that phase when it
   failed (a Ray actor method, or a ``tracer.phase``, that raised and has not completed
   since);
+* ``waits``: per thread name, the newest Ray wait record (kind 'ray_wait', ``hooks/
+  ray_calls.py``: a ``ray.get``/``ray.wait`` on actor-call results; 'issued' = still waiting);
 * ``tail``: the newest :data:`TAIL` records (numpy path: kept as raw slots, decoded on
   access, :class:`LazyRecords`); ``memory``: every memory sample.
 """
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.ring.layout import (K_COLL, K_GROUP, K_MEM, K_P2P, K_PHASE_ENTER, K_PHASE_EXIT, K_STEP,
-                                          S_FAILED, SLOT, SLOT_SIZE)
+                                          K_WAIT, S_FAILED, SLOT, SLOT_SIZE)
 from hangtrace.tracer.ring.records import Record, decode
 
 #: records kept in ``RingSummary.tail`` (newest first out)
@@ -98,6 +100,7 @@ class RingSummary:
     tail: Sequence[AnyRecord] = ()
     memory: Tuple[AnyRecord, ...] = ()
     failed_phases: Mapping[str, AnyRecord] = field(default_factory=dict)
+    waits: Mapping[Optional[str], AnyRecord] = field(default_factory=dict)
 
     def records(self) -> List[AnyRecord]:
         """The records the analysis reads, once each, in index order: the singles above,
@@ -107,7 +110,7 @@ class RingSummary:
         seen: Dict[Any, AnyRecord] = {}
         single = (self.last, self.last_comm, self.first_failed, self.last_progress, self.inflight)
         for r in (*single, *self.by_group.values(), *self.by_peer.values(), *self.memory,
-                  *self.failed_phases.values()):
+                  *self.failed_phases.values(), *self.waits.values()):
             if r is not None:
                 seen.setdefault(r.get("idx", id(r)), r)
         return sorted(seen.values(), key=lambda r: r.get("idx") or 0)
@@ -125,10 +128,13 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
     best_t = -1
     memory = []
     exits: Dict[str, AnyRecord] = {}
+    waits: Dict[Optional[str], AnyRecord] = {}
     for r in records:
         kind = r.get("kind")
         if kind == "phase_exit" and r.get("phase"):
             exits[str(r.get("phase"))] = r
+        elif kind == "ray_wait":
+            waits[r.get("thread")] = r
         if kind == "collective" or kind == "p2p":
             d: Dict[Any, AnyRecord] = by_group if kind == "collective" else by_peer
             k: Any = r.get("group") if kind == "collective" else (r.get("group"), r.get("peer"))
@@ -158,7 +164,8 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
                        first_failed=first_failed, last_progress=last_progress, inflight=inflight,
                        by_group=by_group, by_peer=by_peer, tail=tuple(records[-tail:]) if tail else (),
                        memory=tuple(memory),
-                       failed_phases={k: r for k, r in exits.items() if r.get("state") == "failed"})
+                       failed_phases={k: r for k, r in exits.items() if r.get("state") == "failed"},
+                       waits=waits)
 
 
 def summarize_slots(slots: bytes, nslots: int, strings: Dict[int, str], inflight_idx: int = 0,
@@ -191,7 +198,7 @@ def _slot_dtype() -> Any:
     if _DTYPE is None:
         import numpy as np
         fields = [("idx", "<u8", 0), ("kind", "u1", 8), ("flags", "u1", 9), ("group", "<u4", 12),
-                  ("seq", "<i8", 16), ("peer", "<i4", 36), ("phase", "<u4", 44), ("t_wall", "<u8", 64), ("state", "u1", 72)]
+                  ("seq", "<i8", 16), ("peer", "<i4", 36), ("thread", "<u4", 40), ("phase", "<u4", 44), ("t_wall", "<u8", 64), ("state", "u1", 72)]
         _DTYPE = np.dtype({"names": [f[0] for f in fields], "formats": [f[1] for f in fields],
                            "offsets": [f[2] for f in fields], "itemsize": SLOT_SIZE})
         assert SLOT.size == SLOT_SIZE
@@ -272,6 +279,13 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
         name = r.get("phase")
         if r.get("state") == "failed" and name:
             failed_phases[str(name)] = r
+    waits: Dict[Optional[str], Record] = {}
+    wpos = pos[kind == K_WAIT]
+    for p in _last_per_key(np, wpos, (idx[wpos], idx[wpos], arr["thread"][wpos])).tolist():
+        r = rec(p)
+        cur = waits.get(r.get("thread"))
+        if cur is None or r["idx"] > cur["idx"]:
+            waits[r.get("thread")] = r
     inflight = None
     if inflight_idx:
         ip = (inflight_idx - 1) % nslots
@@ -287,7 +301,7 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
         last_progress=last_progress, inflight=inflight, by_group=by_group, by_peer=by_peer,
         tail=LazyRecords(np.frombuffer(slots, dtype=np.uint8, count=nslots * SLOT_SIZE).reshape(nslots, SLOT_SIZE)
                          [pos[-tail:]].tobytes(), strings) if tail else (),
-        memory=tuple(rec(p) for p in pos[kind == K_MEM].tolist()), failed_phases=failed_phases)
+        memory=tuple(rec(p) for p in pos[kind == K_MEM].tolist()), failed_phases=failed_phases, waits=waits)
 
 
 def _keep_max(d: Dict[Any, Record], key: Any, r: Record) -> None:

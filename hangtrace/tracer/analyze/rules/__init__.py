@@ -5,12 +5,15 @@
 hang*. ``DEATH_RULE`` finds the root death. The arbiter (``analyze/arbiter.py``) decides
 between them; with neither, ``FALLBACK_RULES`` are tried in order (``idle`` always
 finds). ``STACK_ONLY`` replaces all of them for stacks-only snapshots (attach);
-``ACTORS`` is the verdict when no traced process has a rank (Ray actors only).
+``ACTORS`` is the verdict when no traced process has a rank (Ray actors only): its
+failures first, then ``ACTOR_RULES`` in order (the wait-for graph across actor calls, an
+actor that can never be scheduled), then its stuck actors.
 """
 from typing import Dict, Tuple
 
-from hangtrace.tracer.analyze.rules import (actors, chain, dead_rank, deadlock, diverged, extra_collective, idle,
-                                            minority, mismatch, no_record_file, stack_only, transport)
+from hangtrace.tracer.analyze.rules import (actor_waits, actors, chain, dead_rank, deadlock, diverged,
+                                            extra_collective, idle, minority, mismatch, no_record_file, stack_only,
+                                            transport, unschedulable)
 from hangtrace.tracer.analyze.rules.base import Finding, Rule
 
 HANG_RULES: Tuple[Rule, ...] = (
@@ -29,8 +32,13 @@ FALLBACK_RULES: Tuple[Rule, ...] = (
 )
 STACK_ONLY: Rule = stack_only     # attach: stacks only, every kind from stacks
 ACTORS: Rule = actors             # no rank at all: Ray actors without a rank (dead-rank / stuck, culprit_actors)
+ACTOR_RULES: Tuple[Rule, ...] = (
+    actor_waits,       # 'actor-deadlock': a cycle of waits on actor calls; or the actor a chain ends at
+    unschedulable,     # 'unschedulable-actor': waited on, no process, asks more than any node has
+)
 
-ALL_RULES: Tuple[Rule, ...] = HANG_RULES + (DEATH_RULE,) + FALLBACK_RULES + (STACK_ONLY, ACTORS)
+ALL_RULES: Tuple[Rule, ...] = HANG_RULES + (DEATH_RULE,) + FALLBACK_RULES + (STACK_ONLY, ACTORS) + ACTOR_RULES
 BY_NAME: Dict[str, Rule] = {r.NAME: r for r in ALL_RULES}
 
-__all__ = ["HANG_RULES", "DEATH_RULE", "FALLBACK_RULES", "STACK_ONLY", "ACTORS", "ALL_RULES", "BY_NAME", "Finding", "Rule"]
+__all__ = ["HANG_RULES", "DEATH_RULE", "FALLBACK_RULES", "STACK_ONLY", "ACTORS", "ACTOR_RULES", "ALL_RULES", "BY_NAME",
+           "Finding", "Rule"]

@@ -1,0 +1,229 @@
+"""The wait-for graph across Ray actor calls (issue 9), from the processes' own records.
+
+A node is a traced process with a Ray identity (an actor, the driver, a task worker). An
+edge ``A -> B`` says: a thread of A is inside ``ray.get`` / ``ray.wait`` on the result of
+a call of B's method (``K_WAIT`` ring records of ``hooks/ray_calls.py``; newest per thread,
+``RingSummary.waits``). A wait is *open* when its record is still 'issued', or ended by
+a stop (``SystemExit`` / ``KeyboardInterrupt``: Ray's SIGTERM handler or ``ray.shutdown``
+ended the process inside the wait). A target actor id without a process in the snapshot
+is *absent* (never started, not traced, or on a node not collected).
+
+Pure; linear in processes + open waits. Actor ids are hex strings; times ns since the epoch.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from hangtrace.tracer.analyze.deaths import STOP_ERRORS
+from hangtrace.tracer.process_model import ProcessRoles, assign_roles
+from hangtrace.tracer.snapshot import ProcessInfo, Role
+
+#: process states that take part in the graph (a dead process waits for nothing)
+LIVE_STATES = ("alive", "unknown")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The actor method a wait is on: ``actor_id`` (hex), ``cls`` (class name, '' when
+    unknown), ``method``."""
+
+    actor_id: str
+    cls: str
+    method: str
+
+    def text(self) -> str:
+        """``RewardServer.score``."""
+        return "%s.%s" % (self.cls or "actor %s" % self.actor_id[:8], self.method)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """One open wait of process ``key``: in ``method`` (its actor method / phase, or None),
+    ``api`` ('get' | 'wait'), on ``targets``, since ``since_wall_ns``; ``stopped``: ended
+    by a stop of the process, not by a result."""
+
+    key: str
+    method: Optional[str]
+    api: str
+    thread: str
+    since_wall_ns: int
+    targets: Tuple[Target, ...]
+    stopped: bool = False
+
+
+@dataclass(frozen=True)
+class ActorGraph:
+    """``procs``: process key -> process (every process with a Ray identity); ``actor_of``:
+    actor id -> process key (the newest process of an actor); ``waits``: process key -> its
+    open waits (live processes only); ``edges``: process key -> [(target process key, the
+    wait, the target)]; ``absent``: [(wait, target)] whose actor has no process;
+    ``roles``: the process model's roles of ``procs`` (the driver is a launcher)."""
+
+    procs: Mapping[str, ProcessInfo]
+    actor_of: Mapping[str, str]
+    waits: Mapping[str, Tuple[Wait, ...]]
+    edges: Mapping[str, Tuple[Tuple[str, Wait, Target], ...]]
+    absent: Tuple[Tuple[Wait, Target], ...]
+    roles: ProcessRoles
+
+
+def label(p: ProcessInfo, roles: Optional[ProcessRoles] = None) -> str:
+    """``RewardServer``, ``Engine 'engine-1'`` for an actor; ``driver`` for the Ray driver
+    (role launcher, in ``roles`` of the process model or ``p.role``), else ``process host:pid``."""
+    m = p.meta or {}
+    if m.get("ray_actor_id"):
+        cls = str(m.get("ray_actor_class") or "actor")
+        return "%s '%s'" % (cls, m["ray_actor_name"]) if m.get("ray_actor_name") else cls
+    role = roles.role(p) if roles is not None else p.role
+    return "driver" if role == Role.LAUNCHER else "process %s" % p.key
+
+
+def open_waits(p: ProcessInfo) -> List[Wait]:
+    """The open waits of ``p`` (module docstring), oldest first."""
+    sm = p.summary
+    out = []
+    for r in (sm.waits.values() if sm is not None else ()):
+        err = str(r.get("error") or "")
+        stopped = r.get("state") == "failed" and err in STOP_ERRORS
+        if r.get("state") != "issued" and not stopped:
+            continue
+        try:
+            d = json.loads(r.get("group") or "{}")
+            targets = tuple(Target(str(t.get("actor_id") or ""), str(t.get("class") or ""), str(t.get("method") or "?"))
+                            for t in d.get("targets") or () if t.get("actor_id"))
+        except (ValueError, TypeError, AttributeError):
+            continue
+        if targets:
+            out.append(Wait(p.key, r.get("phase"), str(d.get("api") or "get"), str(r.get("thread") or "?"),
+                            int(r.get("t_wall_ns") or 0), targets, stopped))
+    return sorted(out, key=lambda w: w.since_wall_ns)
+
+
+def build(processes: Sequence[ProcessInfo]) -> ActorGraph:
+    """The graph of ``processes`` (module docstring)."""
+    procs = {p.key: p for p in processes if any(str(k).startswith("ray_") for k in (p.meta or {}))}
+    actor_of: Dict[str, str] = {}
+    for p in sorted(procs.values(), key=lambda q: q.start_wall_ns):
+        aid = (p.meta or {}).get("ray_actor_id")
+        if aid:
+            actor_of[str(aid)] = p.key
+    waits: Dict[str, Tuple[Wait, ...]] = {}
+    edges: Dict[str, Tuple[Tuple[str, Wait, Target], ...]] = {}
+    absent: List[Tuple[Wait, Target]] = []
+    for key, p in procs.items():
+        ws = [w for w in open_waits(p) if p.state in LIVE_STATES or w.stopped]
+        if not ws:
+            continue
+        waits[key] = tuple(ws)
+        out = []
+        for w in ws:
+            for t in w.targets:
+                dst = actor_of.get(t.actor_id)
+                if dst is None:
+                    absent.append((w, t))
+                else:
+                    out.append((dst, w, t))
+        edges[key] = tuple(out)
+    return ActorGraph(procs, actor_of, waits, edges, tuple(absent), assign_roles(procs.values()))
+
+
+def cycles(g: ActorGraph) -> List[List[str]]:
+    """The cycles of waits: each strongly connected component of two or more processes,
+    or one process waiting on itself; process keys in the order the waits run (from the
+    member that waits longest)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    on: Dict[str, bool] = {}
+    stack: List[str] = []
+    comps: List[List[str]] = []
+    counter = [0]
+
+    def succ(v: str) -> List[str]:
+        return [d for d, _, _ in g.edges.get(v, ()) if d in g.waits or d == v]
+
+    for root in sorted(g.waits):
+        if root in index:
+            continue
+        work: List[Tuple[str, int]] = [(root, 0)]
+        while work:  # iterative Tarjan
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = counter[0]
+                counter[0] += 1
+                stack.append(v)
+                on[v] = True
+            nxt = succ(v)
+            if i < len(nxt):
+                work.append((v, i + 1))
+                w = nxt[i]
+                if w not in index:
+                    work.append((w, 0))
+                elif on.get(w):
+                    low[v] = min(low[v], index[w])
+                continue
+            if work:
+                u = work[-1][0]
+                low[u] = min(low[u], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on[x] = False
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1 or v in succ(v):
+                    comps.append(_in_wait_order(g, comp))
+    return comps
+
+
+def _in_wait_order(g: ActorGraph, comp: List[str]) -> List[str]:
+    """The members of a cycle, starting at the longest waiter, following the waits."""
+    members = set(comp)
+    start = min(comp, key=lambda k: (min(w.since_wall_ns for w in g.waits[k]), k))
+    order = [start]
+    while True:
+        nxt = next((d for d, _, _ in g.edges.get(order[-1], ()) if d in members and d not in order), None)
+        if nxt is None:
+            break
+        order.append(nxt)
+    return order + sorted(members - set(order))
+
+
+def edge(g: ActorGraph, src: str, dst: str) -> Optional[Tuple[Wait, Target]]:
+    """The (oldest) wait of ``src`` on ``dst``, or None."""
+    return next(((w, t) for d, w, t in g.edges.get(src, ()) if d == dst), None)
+
+
+def chain_ends(g: ActorGraph) -> Dict[str, List[str]]:
+    """Process keys that others wait on (through any chain) but that wait on no live
+    process themselves -> the waiters whose chain ends there (cycles excluded)."""
+    out: Dict[str, List[str]] = {}
+    for src in sorted(g.waits):
+        seen = [src]
+        cur = src
+        while True:
+            nxt = next((d for d, _, _ in g.edges.get(cur, ()) if d not in seen), None)
+            if nxt is None:
+                break
+            seen.append(nxt)
+            cur = nxt
+        if cur != src and cur not in g.waits:
+            out.setdefault(cur, []).append(src)
+    return out
+
+
+def started_since(p: ProcessInfo, method: str, since_wall_ns: int) -> Optional[bool]:
+    """Did ``p`` enter ``method`` at or after ``since_wall_ns``? None when its kept records
+    (``RingSummary.tail``) do not reach back that far."""
+    sm = p.summary
+    tail = list(sm.tail) if sm is not None else []
+    recs = tail or list(p.records or ())
+    if not recs:
+        return None
+    if any(r.get("kind") == "phase_enter" and r.get("phase") == method and (r.get("t_wall_ns") or 0) >= since_wall_ns
+           for r in recs):
+        return True
+    return False if (recs[0].get("t_wall_ns") or 0) <= since_wall_ns else None

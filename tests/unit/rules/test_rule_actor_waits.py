@@ -1,0 +1,162 @@
+"""Rule actor_waits: the wait-for graph across Ray actor calls (issue 9) - a cycle of
+ray.get waits on actor methods is an actor-deadlock naming every member, its method and
+the call it is blocked in; a chain without a cycle names the actor it ends at."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ruleutil import check  # noqa: E402
+from synth import MS, S, R, snap  # noqa: E402
+
+from hangtrace.tracer.analyze import actorgraph  # noqa: E402
+from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
+from hangtrace.tracer.report.paragraph import verdict_paragraph  # noqa: E402
+
+
+def aid(pid):
+    return "%032x" % pid
+
+
+def actor(cls, pid, name=""):
+    """A rank-less Ray actor process builder (its ring meta names the actor)."""
+    b = R(-1, -1, groups=[], pid=pid, phase=None)
+    b.set(meta={"ray_actor_id": aid(pid), "ray_actor_class": cls, "ray_actor_name": name,
+                "ray_job_id": "01000000", "ray_worker_id": "w%d" % pid})
+    return b
+
+
+def driver(pid=5):
+    b = R(-1, -1, groups=[], pid=pid, phase=None)
+    b.set(meta={"ray_job_id": "01000000", "ray_worker_id": "d%d" % pid, "ray_pid": pid})
+    return b
+
+
+def enter(b, method_name, dt=MS):
+    b.phase = method_name
+    return b.mark("phase_enter", dt=dt)
+
+
+def ray_get(b, targets, state="issued", api="get", error=None, dt=MS):
+    """A K_WAIT record of hooks/ray_calls.py: ``targets`` = [(target builder, method)]."""
+    text = json.dumps({"api": api, "n": len(targets), "targets": [
+        {"actor_id": aid(t.pid), "class": t.kw["meta"]["ray_actor_class"], "method": m} for t, m in targets]},
+        sort_keys=True)
+    return b._rec("ray_wait", "", text, len(targets), dtype="", numel=0, state=state, error=error, dt=dt)
+
+
+def cycle_job():
+    """PolicyTrainer.step -> ray.get(RewardServer.score) -> ray.get(PolicyTrainer.policy_version);
+    the driver waits on PolicyTrainer.step (the blind job ray_actor_cycle.py)."""
+    drv, tr, rw = driver(), actor("PolicyTrainer", 41), actor("RewardServer", 42)
+    for b in (tr, rw):
+        enter(b, "__init__")
+        b.mark("phase_exit")
+        b.phase = None
+    ray_get(drv, [(tr, "step")], dt=50 * MS)
+    enter(tr, "step", dt=60 * MS)
+    ray_get(tr, [(rw, "score")])
+    enter(rw, "score", dt=70 * MS)
+    ray_get(rw, [(tr, "policy_version")])
+    return drv, tr, rw
+
+
+def test_two_actors_waiting_on_each_other_are_an_actor_deadlock():
+    drv, tr, rw = cycle_job()
+    d = check(diagnose(snap([drv, tr, rw], reason="stall")), "actor-deadlock", [])
+    assert d.culprit_actors == ["PolicyTrainer", "RewardServer"] and d.cause is None
+    cyc = d.details["actor_cycle"]
+    assert [(c["actor"], c["method"], c["waits_on"], c["target_method"]) for c in cyc] == [
+        ("PolicyTrainer", "step", "RewardServer", "score"),
+        ("RewardServer", "score", "PolicyTrainer", "policy_version")]
+    assert cyc[0]["target_started"] is True and cyc[1]["target_started"] is False
+    assert d.details["actor_waiters"][0]["actor"] == "driver"
+    p = verdict_paragraph(d)
+    assert p.startswith("Actor deadlock: Ray actors PolicyTrainer, RewardServer wait on each other's methods"), p
+    assert "PolicyTrainer in step is blocked in ray.get on RewardServer.score" in p
+    assert ("RewardServer in score is blocked in ray.get on PolicyTrainer.policy_version, which has not started "
+            "(PolicyTrainer is inside step)") in p
+    assert "driver is blocked in ray.get on PolicyTrainer.step" in p
+
+
+def test_three_actor_cycle_and_stopped_waits_count():
+    """A -> B -> C -> A, over ray.wait too; C's wait was ended by Ray's SystemExit when the
+    job was stopped (still a wait at the stop): one cycle of three, in wait order."""
+    a, b, c = actor("Learner", 51), actor("Buffer", 52, name="buf"), actor("Sampler", 53)
+    enter(a, "learn")
+    ray_get(a, [(b, "sample")])
+    b.t = a.t  # one clock: each call starts after the wait that made it
+    enter(b, "sample")
+    ray_get(b, [(c, "fill")], api="wait")
+    c.t = b.t
+    enter(c, "fill")
+    ray_get(c, [(a, "weights")], state="failed", error="SystemExit")
+    d = check(diagnose(snap([a, b, c], reason="stall")), "actor-deadlock", [])
+    assert d.culprit_actors == ["Buffer 'buf'", "Learner", "Sampler"]
+    assert [x["actor"] for x in d.details["actor_cycle"]] == ["Learner", "Buffer 'buf'", "Sampler"]
+    assert d.details["actor_cycle"][1]["api"] == "wait"
+    assert [x["target_started"] for x in d.details["actor_cycle"]] == [True, True, False]
+    assert "Buffer 'buf' in sample is blocked in ray.wait on Sampler.fill" in verdict_paragraph(d)
+
+
+def test_actor_waiting_on_its_own_method_is_a_cycle():
+    a = actor("Server", 61)
+    enter(a, "handle")
+    ray_get(a, [(a, "lookup")])
+    d = check(diagnose(snap([a], reason="stall")), "actor-deadlock", [])
+    assert d.culprit_actors == ["Server"]
+
+
+def test_chain_without_cycle_names_the_actor_it_ends_at():
+    """driver -> Trainer.step -> Reward.score -> Judge.grade, and Judge is inside grade,
+    waiting on no actor (a sleep, a lock): Judge is the culprit, the rest wait on it."""
+    drv, t, r, j = driver(), actor("Trainer", 71), actor("Reward", 72), actor("Judge", 73, name="judge-0")
+    ray_get(drv, [(t, "step")])
+    enter(t, "step")
+    ray_get(t, [(r, "score")])
+    enter(r, "score")
+    ray_get(r, [(j, "grade")])
+    enter(j, "grade")
+    d = check(diagnose(snap([drv, t, r, j], reason="stall")), "stuck-outside-collective", [])
+    assert d.culprit_actors == ["Judge 'judge-0'"] and d.cause == "blocked", d.evidence
+    assert [c["actor"] for c in d.details["actor_chain"]] == ["Reward", "Trainer", "driver"]  # nearest first
+    p = verdict_paragraph(d)
+    assert "Ray actor Judge 'judge-0' (no rank) is in grade and waits on no other actor" in p, p
+    assert "Reward in score is blocked in ray.get on Judge 'judge-0'.grade" in p
+
+
+def test_waits_that_completed_or_without_stall_find_nothing():
+    """Completed waits make no edge (the plain 'stuck actors' verdict stays); an open
+    cycle in a snapshot that is no stall and recent is not judged."""
+    drv, tr, rw = cycle_job()
+    d = diagnose(snap([drv, tr, rw], reason="request", taken=rw.t + S))
+    assert d.kind == "unknown", d.summary  # no stall: not judged
+    a, b = actor("A", 81), actor("B", 82)
+    enter(a, "run")
+    ray_get(a, [(b, "f")], state="completed")
+    enter(b, "g")
+    d = check(diagnose(snap([a, b], reason="stall")), "stuck-outside-collective", [])
+    assert d.culprit_actors == ["A", "B"] and "actor_chain" not in d.details
+
+
+def test_actor_failure_comes_before_the_cycle():
+    """A method that raised is the root even when waits form a cycle."""
+    drv, tr, rw = cycle_job()
+    other = actor("Logger", 91)
+    enter(other, "flush")
+    r = other.mark("phase_exit")
+    r["state"], r["error"] = "failed", "OSError: disk full"
+    d = check(diagnose(snap([drv, tr, rw, other], reason="stall")), "dead-rank", [])
+    assert d.culprit_actors == ["Logger"]
+
+
+def test_graph_cycles_are_linear_and_separate():
+    """Two disjoint two-actor cycles and a waiter into one: two cycles, each in wait order."""
+    bs = [actor("X%d" % i, 100 + i) for i in range(4)]
+    for i, (src, dst) in enumerate(((0, 1), (1, 0), (2, 3), (3, 2))):
+        enter(bs[src], "m%d" % i)
+        ray_get(bs[src], [(bs[dst], "n%d" % i)])
+    g = actorgraph.build(snap(bs).processes)
+    assert sorted(map(sorted, actorgraph.cycles(g))) == [["h0:100", "h0:101"], ["h0:102", "h0:103"]]
