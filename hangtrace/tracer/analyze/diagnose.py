@@ -18,7 +18,8 @@ from hangtrace.tracer.analyze.arbiter import Outcome, Situation, decide
 from hangtrace.tracer.analyze.context import DEFAULT_STALL_S, Ctx
 from hangtrace.tracer.analyze.deaths import TRANSPORT_MARKERS, failures, is_transport_error, stopped_after_stall
 from hangtrace.tracer.analyze.evidence import rk, stall_note
-from hangtrace.tracer.analyze.rules import ACTORS, DEATH_RULE, FALLBACK_RULES, HANG_RULES, STACK_ONLY, BY_NAME, Finding
+from hangtrace.tracer.analyze.rules import (ACTORS, BY_NAME, DEATH_RULE, FALLBACK_RULES, HANG_RULES, RANKLESS_ROOT,
+                                           STACK_ONLY, Finding)
 from hangtrace.tracer.analyze.stacktree import classes as stack_classes_of
 from hangtrace.tracer.analyze.stacktree import format_ranks, merge_stacks, missing_from_common_frame
 from hangtrace.tracer.analyze.waitgraph import build_instances
@@ -120,8 +121,11 @@ def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Opt
     d.waiting_ranks = sorted(ctx.inst_of)
     death = DEATH_RULE.find(ctx)
     fails = failures(ctx)
-    row = decide(ctx, Situation(hang, death, bool(fails)))
-    if row.outcome is Outcome.DEATH and death is not None:
+    rankless = RANKLESS_ROOT.find(ctx)  # issue 9: a rank-less Ray actor's failure beside the ranks
+    row = decide(ctx, Situation(hang, death, bool(fails), rankless))
+    if row.outcome is Outcome.RANKLESS and rankless is not None:
+        RANKLESS_ROOT.explain(ctx, rankless, d)
+    elif row.outcome is Outcome.DEATH and death is not None:
         DEATH_RULE.explain(ctx, death, d)
     elif row.outcome is Outcome.HANG and hang is not None:
         if death is not None:

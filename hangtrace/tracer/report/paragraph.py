@@ -228,6 +228,11 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py: Ray actors without a rank
         s = "Failed Ray actor: %s (no rank) failed first (cause: %s%s)." % (
             ", ".join(diag.culprit_actors[:6]), diag.cause, (": " + text) if text else "")
+        waits = d.get("rank_waits") or {}
+        if waits:  # rules/rankless_root.py: ranked processes wait afterwards
+            s += " No rank progressed after it; %s %s (cascade): %s." % (
+                _ranks(diag.waiting_ranks), _verb(diag.waiting_ranks), "; ".join(
+                    "rank %s %s" % (r, w[:120]) for r, w in list(waits.items())[:3]))
         if casc:
             s += " %d later failure(s) (cascade, e.g. %s: %s)." % (
                 len(casc), casc[0].get("actor") or "rank %s" % casc[0].get("rank"),

@@ -5,12 +5,15 @@
 hang*. ``DEATH_RULE`` finds the root death. The arbiter (``analyze/arbiter.py``) decides
 between them; with neither, ``FALLBACK_RULES`` are tried in order (``idle`` always
 finds). ``STACK_ONLY`` replaces all of them for stacks-only snapshots (attach);
-``ACTORS`` is the verdict when no traced process has a rank (Ray actors only).
+``ACTORS`` is the verdict when no traced process has a rank (Ray actors only);
+``RANKLESS_ROOT`` finds a rank-less Ray actor that failed beside the ranks (the arbiter
+weighs it against the hang and the root death).
 """
 from typing import Dict, Tuple
 
 from hangtrace.tracer.analyze.rules import (actors, chain, dead_rank, deadlock, diverged, extra_collective, idle,
-                                            minority, mismatch, no_record_file, stack_only, transport)
+                                            minority, mismatch, no_record_file, rankless_root, stack_only,
+                                            transport)
 from hangtrace.tracer.analyze.rules.base import Finding, Rule
 
 HANG_RULES: Tuple[Rule, ...] = (
@@ -29,8 +32,9 @@ FALLBACK_RULES: Tuple[Rule, ...] = (
 )
 STACK_ONLY: Rule = stack_only     # attach: stacks only, every kind from stacks
 ACTORS: Rule = actors             # no rank at all: Ray actors without a rank (dead-rank / stuck, culprit_actors)
+RANKLESS_ROOT: Rule = rankless_root  # 'dead-rank' naming a rank-less actor beside ranks (the arbiter decides)
 
-ALL_RULES: Tuple[Rule, ...] = HANG_RULES + (DEATH_RULE,) + FALLBACK_RULES + (STACK_ONLY, ACTORS)
+ALL_RULES: Tuple[Rule, ...] = HANG_RULES + (DEATH_RULE,) + FALLBACK_RULES + (STACK_ONLY, ACTORS, RANKLESS_ROOT)
 BY_NAME: Dict[str, Rule] = {r.NAME: r for r in ALL_RULES}
 
-__all__ = ["HANG_RULES", "DEATH_RULE", "FALLBACK_RULES", "STACK_ONLY", "ACTORS", "ALL_RULES", "BY_NAME", "Finding", "Rule"]
+__all__ = ["HANG_RULES", "DEATH_RULE", "FALLBACK_RULES", "STACK_ONLY", "ACTORS", "RANKLESS_ROOT", "ALL_RULES", "BY_NAME", "Finding", "Rule"]
