@@ -151,6 +151,7 @@ def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
     enrich.ray_details(ctx, d)  # issue 4
     enrich.rankless_actor_failures(ctx, d)  # issue 9: actors without a rank beside the ranks
     enrich.memory_details(ctx, d)  # issue 5
+    enrich.memory_monitor_holders(ctx, d)  # issue 9: who held the memory Ray's monitor freed
     enrich.thread_and_stack_notes(ctx, d)
     if d.culprit_ranks and d.waiting_ranks:
         cs = set(d.culprit_ranks)
