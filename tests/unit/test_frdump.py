@@ -135,3 +135,21 @@ def test_merge_takes_torch_seq_and_keeps_cpp_issued():
     assert colls == [("all_reduce", 1, None, "flight-recorder"), ("all_reduce", 2, None, "flight-recorder"),
                      ("barrier", 3, 1, "hangtrace+flight-recorder")]
     assert [r["op"] for r in m if r["kind"] == "p2p"] == ["send"]
+
+
+def test_join_renumbers_the_in_flight_record_too():
+    """A rank waits in broadcast_object_list (our seq 2; torch launched 2 broadcasts for the
+    first one: its seq 3) while its peer's last collective is torch's seq 2: the in-flight
+    record takes torch's number (3) like every other record, no false mismatch at seq 2."""
+    from hangtrace.tracer.analyze.frmerge import join_fr
+    from hangtrace.tracer.snapshot import ProcessInfo
+    es = [entry(1, "gloo:broadcast", t=T0 + 100), entry(2, "gloo:broadcast", t=T0 + 200),
+          entry(3, "gloo:broadcast", retired=False, t=T0 + 10_000_100)]
+    d = parse_fr_bytes(pickle.dumps(dump(es)), "x", rank=1, host="h", pid=7)
+    bol = {"idx": 2, "kind": "collective", "op": "broadcast_object_list", "group": "0", "seq": 2, "state": "issued",
+           "t_wall_ns": T0 + 10_000_000, "t_mono_ns": 5, "t_end_mono_ns": None, "async_op": False}
+    first = {"idx": 1, "kind": "collective", "op": "broadcast_object_list", "group": "0", "seq": 1,
+             "state": "completed", "t_wall_ns": T0 + 50, "t_mono_ns": 1, "t_end_mono_ns": 1 + 400}
+    p = ProcessInfo(host="h", pid=7, rank=1, world_size=2, records=[first, bol], inflight=bol)
+    (q,) = join_fr([p], [d])
+    assert q.inflight is not None and q.inflight["seq"] == 3 and q.inflight["seq_ours"] == 2

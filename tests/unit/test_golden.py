@@ -17,7 +17,8 @@ Regenerate (then review the diff before committing):
   refactoring (``golden/examples/README.md``). Never re-captured by the command below.
 * ``HANGTRACE_REGEN_GOLDEN=capture python -m pytest tests/unit/test_golden.py`` first
   re-captures the inputs by running the scenario tests (tests/unit/rules/,
-  test_diagnose.py, test_robustness_analysis.py, test_memory.py, test_report.py) with the capture plugin.
+  test_diagnose.py, test_robustness_analysis.py, test_memory.py, test_memory_monitor.py, test_report.py)
+  with the capture plugin.
 """
 import glob
 import gzip
@@ -38,7 +39,8 @@ GOLDEN = os.path.join(HERE, "golden")
 REGEN = os.environ.get("HANGTRACE_REGEN_GOLDEN", "")
 #: expected outputs longer than this (characters) are stored gzipped (``.out.json.gz``)
 BIG = 256 * 1024
-SCENARIO_TESTS = ["rules", "test_diagnose.py", "test_robustness_analysis.py", "test_memory.py", "test_report.py"]
+SCENARIO_TESTS = ["rules", "test_diagnose.py", "test_robustness_analysis.py", "test_memory.py", "test_memory_monitor.py",
+                  "test_report.py"]
 
 
 def snapshot_from_json(d: Dict[str, Any]) -> Snapshot:

@@ -79,6 +79,7 @@ def test_paragraph_names_the_kind() -> None:
     opening = {Kind.COLLECTIVE_MISMATCH.value: ("Collective mismatch",),
                Kind.SKIPPED_COLLECTIVE.value: ("Skipped collective",),
                Kind.CROSS_GROUP_DEADLOCK.value: ("Cross-group deadlock",),
+               # Ray actors without a rank (rules actors, rankless_root) open with the actor
                Kind.STUCK_OUTSIDE_COLLECTIVE.value: ("Stuck outside collectives", "Stuck Ray actors"),
                Kind.DEAD_RANK.value: ("Dead rank", "Failed Ray actor"), Kind.TRANSPORT_ERROR.value: ("Transport error",),
                Kind.PROGRESSING.value: ("Progressing",), Kind.ACTOR_DEADLOCK.value: ("Actor deadlock",),

@@ -7,6 +7,11 @@ first row whose condition holds gives the outcome:
 ====  ===========================================================  ============
 row   condition                                                    outcome
 ====  ===========================================================  ============
+0     a rank-less Ray actor failed (``rules/rankless_root.py``:    RANKLESS
+      no rank progressed after it, before the ranks stalled),
+      before the root death if any, and no hang was found or the
+      hang's culprits all wait outside collectives or are dead
+      (the ranks may be waiting for the actor, not each other)
 1     a root death exists and no hang was found                    DEATH
 2     root death; the hang is a chain whose end at the root's     DEATH
       rank is itself classified dead
@@ -36,6 +41,7 @@ from typing import Callable, Optional, Tuple
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.deaths import death_after, died_soon_after
 from hangtrace.tracer.analyze.rules.base import Finding
+from hangtrace.tracer.analyze.rules.rankless_root import ranks_wait_on_outside
 from hangtrace.tracer.diagnosis import Kind
 
 
@@ -45,17 +51,27 @@ class Outcome(Enum):
     DEATH = "death"          #: the root death (rule dead_rank)
     HANG = "hang"            #: the hang finding (the first hang rule that found)
     TRANSPORT = "transport"  #: the first failed record (rule transport)
+    RANKLESS = "rankless"    #: a Ray actor without a rank failed first (rule rankless_root)
     IDLE = "idle"            #: nobody is waiting for anyone broken (rule idle)
 
 
 @dataclass(frozen=True)
 class Situation:
     """The arbiter's input: the first hang finding (or None), the root death finding (or
-    None) and whether any failure (dead rank, failed record) exists."""
+    None), whether any failure (dead rank, failed record) exists, and the rank-less
+    candidate root (rule rankless_root, or None)."""
 
     hang: Optional[Finding]
     death: Optional[Finding]
     any_failure: bool
+    rankless: Optional[Finding] = None
+
+
+def _rankless_first(s: Situation) -> bool:
+    r = s.rankless
+    if r is None or (s.death is not None and s.death.start and not r.start < s.death.start):
+        return False
+    return s.hang is None or ranks_wait_on_outside(s.hang)
 
 
 def _root_is_dead_chain_end(s: Situation) -> bool:
@@ -79,6 +95,7 @@ class Row:
 
 
 TABLE: Tuple[Row, ...] = (
+    Row("rank-less actor failed first", lambda c, s: _rankless_first(s), Outcome.RANKLESS),
     Row("death, no hang", lambda c, s: s.death is not None and s.hang is None, Outcome.DEATH),
     Row("death is a dead chain end", lambda c, s: s.death is not None and _root_is_dead_chain_end(s), Outcome.DEATH),
     Row("hang start unknown", lambda c, s: s.death is not None and not (s.hang and s.hang.start), Outcome.DEATH),

@@ -19,7 +19,7 @@ from hangtrace.tracer.analyze.context import DEFAULT_STALL_S, Ctx
 from hangtrace.tracer.analyze.deaths import TRANSPORT_MARKERS, failures, is_transport_error, stopped_after_stall
 from hangtrace.tracer.analyze.evidence import rk, stall_note
 from hangtrace.tracer.analyze.rules import (ACTOR_RULES, ACTORS, BY_NAME, DEATH_RULE, FALLBACK_RULES, HANG_RULES,
-                                            STACK_ONLY, Finding)
+                                            RANKLESS_ROOT, STACK_ONLY, Finding)
 from hangtrace.tracer.analyze.stacktree import classes as stack_classes_of
 from hangtrace.tracer.analyze.stacktree import format_ranks, merge_stacks, missing_from_common_frame
 from hangtrace.tracer.analyze.waitgraph import build_instances
@@ -121,8 +121,11 @@ def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Opt
     d.waiting_ranks = sorted(ctx.inst_of)
     death = DEATH_RULE.find(ctx)
     fails = failures(ctx)
-    row = decide(ctx, Situation(hang, death, bool(fails)))
-    if row.outcome is Outcome.DEATH and death is not None:
+    rankless = RANKLESS_ROOT.find(ctx)  # issue 9: a rank-less Ray actor's failure beside the ranks
+    row = decide(ctx, Situation(hang, death, bool(fails), rankless))
+    if row.outcome is Outcome.RANKLESS and rankless is not None:
+        RANKLESS_ROOT.explain(ctx, rankless, d)
+    elif row.outcome is Outcome.DEATH and death is not None:
         DEATH_RULE.explain(ctx, death, d)
     elif row.outcome is Outcome.HANG and hang is not None:
         if death is not None:
@@ -157,6 +160,7 @@ def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
     enrich.ray_details(ctx, d)  # issue 4
     enrich.rankless_actor_failures(ctx, d)  # issue 9: actors without a rank beside the ranks
     enrich.memory_details(ctx, d)  # issue 5
+    enrich.memory_monitor_holders(ctx, d)  # issue 9: who held the memory Ray's monitor freed
     enrich.thread_and_stack_notes(ctx, d)
     if d.culprit_ranks and d.waiting_ranks:
         cs = set(d.culprit_ranks)

@@ -10,7 +10,8 @@ from hangtrace.tracer.analyze.exceptions import survived
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.deaths import raised_phases
 from hangtrace.tracer.analyze.stacktree import format_ranks
-from hangtrace.tracer.diagnosis import Diagnosis, Kind
+from hangtrace.tracer.analyze.memory.samples import fmt_bytes
+from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
 
 
@@ -79,6 +80,45 @@ def ray_details(ctx: Ctx, d: Diagnosis) -> None:
                 if d.kind == Kind.DEAD_RANK:
                     ctx.add("rank %d: Ray's text is Ray's own record; the cause hangtrace's evidence supports "
                             "is '%s'" % (r, d.cause))
+
+
+def _label(p: ProcessInfo) -> str:
+    from hangtrace.tracer.analyze.rules.actors import actor_label
+    if (p.meta or {}).get("ray_actor_class"):
+        return ("rank %d = " % p.rank if p.rank >= 0 else "") + actor_label(p)
+    return "rank %d" % p.rank if p.rank >= 0 else "pid %d" % p.pid
+
+
+def memory_monitor_holders(ctx: Ctx, d: Diagnosis) -> None:
+    """A process killed by Ray's memory monitor (cause 'ray-memory-monitor'): the job's
+    largest memory holders at the kill beside it (``analyze/memory/holders.py``; Ray kills
+    by policy, not the process holding the memory): ``details['memory_holders']``
+    {'killed': {label, pid, rss}, 'holders': [{process, pid, label, rss, source}]} (bytes)
+    and an evidence line."""
+    if d.kind != Kind.DEAD_RANK or d.cause != Cause.RAY_MEMORY_MONITOR.value:
+        return
+    key = d.details.get("culprit_process")
+    if not key and d.culprit_ranks and d.culprit_ranks[0] in ctx.procs:
+        key = ctx.procs[d.culprit_ranks[0]].key
+    proc = next((p for p in ctx.snap.processes if p.key == key), None)
+    if proc is None:
+        return
+    from hangtrace.tracer.analyze.memory.holders import _rss_at, holders
+    from hangtrace.tracer.collect.raylogs import RayOomKill
+    at = int(d.details.get("fail_wall_ns") or 0)
+    rk_ = (proc.memory_facts or {}).get("ray_oom_kill")
+    kill = RayOomKill.from_dict(rk_) if rk_ else None
+    hs = holders(ctx.snap.processes, at, proc.key, _label, kill)
+    rss = _rss_at(proc, at)
+    if rss is None and kill is not None:
+        rss = next((w.memory for w in kill.workers if w.selected and w.pid == proc.pid), None)
+    d.details["memory_holders"] = {"killed": {"label": _label(proc), "pid": proc.pid, "rss": rss},
+                                   "holders": [h.to_dict() for h in hs]}
+    ctx.add("Ray's memory monitor killed %s (pid %d, %s at the kill); the largest memory holder(s) then: %s"
+            % (_label(proc), proc.pid, "RSS %s" % fmt_bytes(rss) if rss is not None else "memory unknown",
+               "; ".join("%s (pid %d, %s, %s)" % (h.label, h.pid, fmt_bytes(h.rss),
+                                                  "our samples" if h.source == "samples" else "Ray's log")
+                         for h in hs) or "none sampled"))
 
 
 def memory_details(ctx: Ctx, d: Diagnosis) -> None:

@@ -263,6 +263,20 @@ def fr_processes(dumps: Iterable[FrDump]) -> List[ProcessInfo]:
     return procs
 
 
+def _joined_inflight(inflight: Optional[Dict[str, Any]], merged: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The ring's in-flight record as joined with the Flight Recorder (same ``idx``, our
+    record): it takes torch's numbering like the rest of the stream. Left as ours, an
+    in-flight ``broadcast_object_list`` (our seq 4, torch's 5 and 6) stood at a seq its
+    peer had passed in torch's numbering: a false mismatch (blind Ray job
+    ray_rollout_crash_trainer_waits)."""
+    if not inflight or inflight.get("idx") is None:
+        return inflight
+    for r in merged:
+        if r.get("idx") == inflight.get("idx") and r.get("source") != FR_SOURCE:
+            return r
+    return inflight
+
+
 def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessInfo]:
     """Join dumps into ring-backed processes (by host+pid, else by rank); dumps of ranks
     without a ring become FR-only processes. Returns the new list of processes (new
@@ -283,7 +297,8 @@ def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessIn
         known = {g.get("name") for g in p.groups}
         meta = dict(p.meta)
         meta["flight_recorder"] = list(meta.get("flight_recorder") or []) + [d.path]
+        merged = merge_records(p.records, fr_records(d))
         out[i] = dataclasses.replace(
-            p, records=merge_records(p.records, fr_records(d)), summary=None, meta=meta,
+            p, records=merged, summary=None, meta=meta, inflight=_joined_inflight(p.inflight, merged),
             groups=list(p.groups) + [g for g in fr_groups(d) if g["name"] not in known])
     return out + fr_processes(alone)

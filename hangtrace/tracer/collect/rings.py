@@ -26,6 +26,7 @@ from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.errors import HangtraceError, RunDirError
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 from hangtrace.tracer.collect.memfacts import memory_facts, parse_kernel_oom, read_kernel_log  # noqa: F401
+from hangtrace.tracer.collect.raylogs import ray_log_facts
 
 RING_GLOB = "ring-*.htr"
 _HOST = socket.gethostname()
@@ -173,6 +174,12 @@ def load_rings(ring_dir: str, run_dir: Optional[str] = None, states: Optional[Di
         facts = memory_facts(procs[i], kcache)
         if facts:
             procs[i] = dataclasses.replace(procs[i], memory_facts=facts)
+    # Ray's record of dead workers from its session logs: they outlive the cluster, so read
+    # them live or later, for stored snapshots too when the snapshot lacks them (raylogs.py)
+    rfacts = ray_log_facts(p for p in procs if not {"ray_worker_exit", "ray_oom_kill"} & set(p.memory_facts or {}))
+    for i, p in enumerate(procs):
+        if p.key in rfacts:
+            procs[i] = dataclasses.replace(p, memory_facts=dict(p.memory_facts or {}, **rfacts[p.key]))
     procs.sort(key=lambda p: (p.rank < 0, p.rank, p.host, p.pid))
     return procs, errors
 

@@ -145,6 +145,24 @@ def _memory_text(diag: Diagnosis) -> str:
 
 
 
+def _holders_text(diag: Diagnosis) -> str:
+    """Ray's memory monitor: the killed process and who held the memory (issue 9)."""
+    mh = (diag.details or {}).get("memory_holders") or {}
+    k = mh.get("killed") or {}
+    if not k:
+        return ""
+    every = mh.get("holders") or []
+    hs = [h for h in every if k.get("rss") is None or h["rss"] > k["rss"]]
+    if not hs:
+        return " Ray's memory monitor killed %s (%s), %s." % (
+            k.get("label"), "RSS %s" % fb(k["rss"]) if k.get("rss") is not None else "memory unknown",
+            "the largest holder of the job we sampled" if every else "no other process's memory was sampled")
+    return " Ray's memory monitor killed %s (%s), not the largest holder: the memory was held by %s." % (
+        k.get("label"), "RSS %s" % fb(k["rss"]) if k.get("rss") is not None else "memory unknown",
+        ", ".join("%s (%s%s)" % (h["label"], "" if str(h["label"]).startswith("pid ") else "pid %s, " % h["pid"],
+                                 fb(h["rss"])) for h in hs[:2]))
+
+
 def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     if diag.cause == Cause.SEQUENCE_DIVERGED:
         return ("Collective mismatch: %s %s in %s, which the other members already passed: the "
@@ -274,6 +292,11 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py: Ray actors without a rank
         s = "Failed Ray actor: %s (no rank) failed first (cause: %s%s)." % (
             ", ".join(diag.culprit_actors[:6]), diag.cause, (": " + text) if text else "")
+        waits = d.get("rank_waits") or {}
+        if waits:  # rules/rankless_root.py: ranked processes wait afterwards
+            s += " No rank progressed after it; %s %s (cascade): %s." % (
+                _ranks(diag.waiting_ranks), _verb(diag.waiting_ranks), "; ".join(
+                    "rank %s %s" % (r, w[:120]) for r, w in list(waits.items())[:3]))
         if casc:
             s += " %d later failure(s) (cascade, e.g. %s: %s)." % (
                 len(casc), casc[0].get("actor") or "rank %s" % casc[0].get("rank"),
@@ -346,6 +369,7 @@ def verdict_paragraph(diag: Diagnosis) -> str:
     s = _BY_KIND.get(str(diag.kind), _unknown)(diag, _ranks(diag.culprit_ranks), _coll(diag), diag.details or {})
     s += _ray_text(diag)  # issue 4
     s += _memory_text(diag)  # issue 5
+    s += _holders_text(diag)  # issue 9
     nxt = next_step(diag)
     if nxt:
         s += " Next: %s." % nxt

@@ -29,8 +29,13 @@ _ORIG = _dmod.diagnose
 
 
 def snapshot_to_json(snap: Any) -> Dict[str, Any]:
-    """A Snapshot as JSON-ready data (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(snap), default=list))
+    """A Snapshot as JSON-ready data (tuples become lists). Each process's ``summary`` is
+    left out: ``ProcessInfo`` recomputes it from the records (its per-peer keys are tuples,
+    which JSON cannot hold, and a stored dict would not be a RingSummary)."""
+    d = dataclasses.asdict(snap)
+    for p in d.get("processes") or ():
+        p.pop("summary", None)
+    return json.loads(json.dumps(d, default=list))
 
 
 def _wrapped(snapshot: Any, now_wall_ns: Optional[int] = None, stall_s: Optional[float] = None) -> Any:

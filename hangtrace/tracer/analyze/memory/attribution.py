@@ -5,7 +5,9 @@ its signals/exit code/events (see ``analyze/deaths.py``), from evidence only:
 
 * ``ray-memory-monitor``: Ray's own record says so (worker ``exit_type``
   NODE_OUT_OF_MEMORY, an ``oom_context`` death cause, or the memory monitor's text "killed
-  due to ... low on memory"). Ray's generic "may have exceeded K8s pod memory limits" is
+  due to ... low on memory"), from its state joined live or from its session logs on disk
+  (``collect/raylogs.py``: the monitor's kill decision in raylet.out, the exit type in
+  gcs_server.out), which outlive the cluster. Ray's generic "may have exceeded K8s pod memory limits" is
   never taken as evidence: Ray prints it for any SIGKILL/SIGTERM (Ray 2.60).
 * ``cuda-oom``: torch's ``OutOfMemoryError`` (the exception type, "CUDA out of memory"),
   or a MEM_OOM record of a ``cuda:N`` device from the allocator's observer.
@@ -20,6 +22,7 @@ its signals/exit code/events (see ``analyze/deaths.py``), from evidence only:
   record) and gets the memory figures at death as evidence, or the reasons it was not an
   OOM kill (counter unchanged, no kernel line, memory low).
 """
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -36,8 +39,30 @@ from hangtrace.tracer.analyze.memory.samples import (
 )
 
 
-def _ray_memory_monitor(meta: Optional[Dict[str, Any]]) -> Tuple[bool, Optional[str]]:
-    """Ray's own record says its memory monitor killed the worker: (True, why) or (False, None)."""
+def _ray_logs(facts: Optional[Dict[str, Any]]) -> Tuple[bool, Optional[str]]:
+    """Ray's session logs (``collect/raylogs.py``, in ``memory_facts``) say its memory
+    monitor killed the worker: its decision in raylet.out, else the worker's exit type
+    NODE_OUT_OF_MEMORY in gcs_server.out. (True, Ray's text) or (False, None)."""
+    from hangtrace.tracer.collect.raylogs import NODE_OUT_OF_MEMORY, RayOomKill, RayWorkerExit
+    f = facts or {}
+    if f.get("ray_oom_kill"):
+        k = RayOomKill.from_dict(f["ray_oom_kill"])
+        return True, "Ray's raylet log: %s; OOM kill reason: %s" % (
+            re.sub(r" \(IP: [^)]*\)", "", k.details), k.reason or "?")
+    if f.get("ray_worker_exit"):
+        x = RayWorkerExit.from_dict(f["ray_worker_exit"])
+        if x.exit_type == NODE_OUT_OF_MEMORY:
+            return True, "Ray's GCS log: worker exit type %s: %s" % (x.exit_type, x.exit_detail[:300])
+    return False, None
+
+
+def _ray_memory_monitor(meta: Optional[Dict[str, Any]], facts: Optional[Dict[str, Any]] = None
+                        ) -> Tuple[bool, Optional[str]]:
+    """Ray's own record (its state, joined live, in ``meta``; else its session logs in
+    ``facts``) says its memory monitor killed the worker: (True, why) or (False, None)."""
+    logs = _ray_logs(facts)
+    if logs[0]:
+        return logs
     m = meta or {}
     rd = m.get("ray_death")
     cands = {"exit_type": m.get("ray_exit_type"), "exit_detail": m.get("ray_exit_detail"),
@@ -250,7 +275,7 @@ def attribute(proc: Any, cause: Any, cause_text: Any, ss: Optional[List[Dict[str
     ev: List[str] = []
     new, text = cause, cause_text
     exit_code_cause = str(cause).startswith("exit-code")
-    ray_mm, ray_why = _ray_memory_monitor(proc.meta)
+    ray_mm, ray_why = _ray_memory_monitor(proc.meta, getattr(proc, "memory_facts", None))
     coom = _cuda_oom(proc, ss)
     if ray_mm and (cause in ("killed-without-record", "sigterm", "fatal-signal") or exit_code_cause):
         new, text = _ray_case(proc, lv, ray_why, ev)

@@ -7,13 +7,15 @@ between them; with neither, ``FALLBACK_RULES`` are tried in order (``idle`` alwa
 finds). ``STACK_ONLY`` replaces all of them for stacks-only snapshots (attach);
 ``ACTORS`` is the verdict when no traced process has a rank (Ray actors only): its
 failures first, then ``ACTOR_RULES`` in order (the wait-for graph across actor calls, an
-actor that can never be scheduled), then its stuck actors.
+actor that can never be scheduled), then its stuck actors. ``RANKLESS_ROOT`` finds a
+rank-less Ray actor that failed beside the ranks (the arbiter weighs it against the hang
+and the root death).
 """
 from typing import Dict, Tuple
 
 from hangtrace.tracer.analyze.rules import (actor_waits, actors, chain, dead_rank, deadlock, diverged,
-                                            extra_collective, idle, minority, mismatch, no_record_file, stack_only,
-                                            transport, unschedulable)
+                                            extra_collective, idle, minority, mismatch, no_record_file, rankless_root,
+                                            stack_only, transport, unschedulable)
 from hangtrace.tracer.analyze.rules.base import Finding, Rule
 
 HANG_RULES: Tuple[Rule, ...] = (
@@ -36,9 +38,11 @@ ACTOR_RULES: Tuple[Rule, ...] = (
     actor_waits,       # 'actor-deadlock': a cycle of waits on actor calls; or the actor a chain ends at
     unschedulable,     # 'unschedulable-actor': waited on, no process, asks more than any node has
 )
+RANKLESS_ROOT: Rule = rankless_root  # 'dead-rank' naming a rank-less actor beside ranks (the arbiter decides)
 
-ALL_RULES: Tuple[Rule, ...] = HANG_RULES + (DEATH_RULE,) + FALLBACK_RULES + (STACK_ONLY, ACTORS) + ACTOR_RULES
+ALL_RULES: Tuple[Rule, ...] = (HANG_RULES + (DEATH_RULE,) + FALLBACK_RULES + (STACK_ONLY, ACTORS) + ACTOR_RULES
+                               + (RANKLESS_ROOT,))
 BY_NAME: Dict[str, Rule] = {r.NAME: r for r in ALL_RULES}
 
-__all__ = ["HANG_RULES", "DEATH_RULE", "FALLBACK_RULES", "STACK_ONLY", "ACTORS", "ACTOR_RULES", "ALL_RULES", "BY_NAME",
-           "Finding", "Rule"]
+__all__ = ["HANG_RULES", "DEATH_RULE", "FALLBACK_RULES", "STACK_ONLY", "ACTORS", "ACTOR_RULES", "RANKLESS_ROOT",
+           "ALL_RULES", "BY_NAME", "Finding", "Rule"]
