@@ -438,7 +438,7 @@ def _table(r, names):
         L.append("- %s, in-process A/B (wrapper vs. `__wrapped__`, adjacent batches): added **%+.0f** ns "
                  "median [%+.0f … %+.0f] over processes" % (LABELS[n], s["median"], s["min"], s["max"]))
     L.append("")
-    L.append("Targets: hangtrace adds ≤ 2000 ns median per collective and ≤ what the Flight Recorder adds.")
+    L.append("Targets (issue 10): hangtrace adds ≤ 500 ns per collective and ≤ what the Flight Recorder adds.")
     L.append("")
     L.append("| torch-free micro-benchmark (thread CPU time, median of 3 processes) | ns per call |")
     L.append("|---|---:|")

@@ -34,6 +34,7 @@ Usage::
 
     python3 benchmarks/bench_startup.py [--runs 60] [--out results.json] [--keep DIR]
     python3 benchmarks/bench_startup.py --traced [--runs 20] [--baseline /path/to/old/tree]
+    python3 benchmarks/bench_startup.py --traced --callgrind [--baseline /path/to/old/tree]
 """
 import argparse
 import json
@@ -131,11 +132,10 @@ def _run_rusage(cmd, env):
     return dt / 1e6, ru.ru_maxrss, (ru.ru_utime + ru.ru_stime) * 1e3
 
 
-def traced_cost(runs, warmup, baseline=None):
-    """Traced vs untraced start-up of ``-c pass`` and ``-c 'import torch.distributed'``.
-
-    Returns ``{variant: {"ms": [...], "kib": [...]}}`` and prints a table."""
-    run_dir = tempfile.mkdtemp(prefix="ht-bench-startup-run-")
+def _traced_variants(run_dir, baseline=None):
+    """``({variant: (argv, env)}, programs)`` of the traced-vs-untraced comparison: for
+    ``pass`` and ``import torch.distributed``, untraced and traced with this tree (and with
+    ``baseline``) on PYTHONPATH, bytecode cached in ``run_dir`` as a real install has it."""
     # Bytecode as in a real install: pip writes .pyc files, but this machine sets
     # PYTHONDONTWRITEBYTECODE=1, so every start would compile our sources (and only
     # ours: the stdlib and torch ship .pyc). A cache outside the trees, filled by warm-up.
@@ -154,6 +154,49 @@ def traced_cost(runs, warmup, baseline=None):
             variants["%s, traced (%s tree)" % (prog, tree)] = (
                 [sys.executable, "-c", code],
                 dict(base, HANGTRACE="1", HANGTRACE_DIR=os.path.join(run_dir, tree), HANGTRACE_AUTO_WATCH="0"))
+    return variants, progs
+
+
+def traced_instructions(baseline=None):
+    """The same variants as ``traced_cost``, each run once under callgrind (``valgrind
+    --tool=callgrind``): instructions executed, all threads, independent of the machine's
+    load (a traced ``import torch.distributed`` takes about 5 minutes under valgrind).
+    Returns ``{variant: instructions}`` and prints a table. Raises SystemExit without
+    valgrind."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
+    run_dir = tempfile.mkdtemp(prefix="ht-bench-startup-cg-")
+    out = {}
+    try:
+        variants, progs = _traced_variants(run_dir, baseline)
+        for n, (argv, env) in variants.items():
+            subprocess.run(argv, env=env, check=True)  # fills the bytecode cache
+            p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + argv, env=env,
+                               capture_output=True, text=True)
+            found = [ln for ln in p.stderr.splitlines() if "Collected :" in ln]
+            if p.returncode != 0 or not found:
+                raise SystemExit("callgrind run of %s failed (%d):\n%s" % (n, p.returncode, p.stderr[-2000:]))
+            out[n] = int(found[-1].split("Collected :")[1].split()[0])
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    L = ["### Start-up instructions, traced vs untraced (callgrind; %s, Python %s)" % (
+         time.strftime("%Y-%m-%d"), platform.python_version()), "",
+         "| program | variant | instructions (M) | Δ vs untraced (M) |", "|---|---|---:|---:|"]
+    for prog in progs:
+        ref = out["%s, untraced" % prog]
+        for n in [x for x in out if x.startswith(prog + ",")]:
+            L.append("| `%s` | %s | %.1f | %+.1f |" % (progs[prog], n.split(", ", 1)[1], out[n] / 1e6,
+                                                     (out[n] - ref) / 1e6))
+    print("\n".join(L))
+    return out
+
+
+def traced_cost(runs, warmup, baseline=None):
+    """Traced vs untraced start-up of ``-c pass`` and ``-c 'import torch.distributed'``.
+
+    Returns ``{variant: {"ms": [...], "kib": [...]}}`` and prints a table."""
+    run_dir = tempfile.mkdtemp(prefix="ht-bench-startup-run-")
+    variants, progs = _traced_variants(run_dir, baseline)
     names = list(variants)
     out = {n: {"ms": [], "kib": [], "cpu_ms": []} for n in names}
     try:
@@ -202,7 +245,15 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3, help="untimed runs per variant first")
     ap.add_argument("--out", help="write JSON results here")
     ap.add_argument("--keep", help="build the venvs in this directory and keep them")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="with --traced: instructions per variant under callgrind (one run each) instead of times")
     a = ap.parse_args(argv)
+    if a.traced and a.callgrind:
+        out = traced_instructions(a.baseline)
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(out, f, indent=2)
+        return 0
     if a.traced:
         out = traced_cost(a.runs, a.warmup, a.baseline)
         if a.out:
