@@ -170,6 +170,9 @@ def traced_instructions(baseline=None):
     try:
         variants, progs = _traced_variants(run_dir, baseline)
         for n, (argv, env) in variants.items():
+            # one thread each for OpenBLAS/OpenMP: their idle threads spin, and the spins
+            # alone moved torch's import by tens of millions of instructions run to run
+            env = dict(env, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
             subprocess.run(argv, env=env, check=True)  # fills the bytecode cache
             p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + argv, env=env,
                                capture_output=True, text=True)
