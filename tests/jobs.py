@@ -100,3 +100,96 @@ def finished_ranks(script, world_size, run_dir, **extra):
     snap = load_run(str(run_dir), records=True)
     assert snap.errors == []
     return {p.rank: p for p in snap.processes}
+
+
+# --- jobs run as a user runs them: ``hangtrace run ... -- CMD`` ------------------------------
+
+def blind_consts(path, names=("LAUNCH", "NPROC", "EXPECT")):
+    """The module-level constants ``names`` of a blind job file (``ast.literal_eval``)."""
+    import ast
+    out = {}
+    for node in ast.parse(open(path).read()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id in names:
+            out[node.targets[0].id] = ast.literal_eval(node.value)
+    return out
+
+
+def blind_selected(jobs, ci_set, wrong):
+    """pytest params of the blind ``jobs`` to run: ``ci_set`` by default, every job with
+    ``HANGTRACE_BLIND=all``; those in ``wrong`` (name -> reason) are strict xfails."""
+    import pytest
+    every = os.environ.get("HANGTRACE_BLIND") == "all"
+    out = []
+    for path in jobs:
+        name = os.path.basename(path)[:-3]
+        if not every and name not in ci_set:
+            continue
+        marks = [pytest.mark.xfail(strict=True, reason=wrong[name])] if name in wrong else []
+        out.append(pytest.param(path, id=name, marks=marks))
+    return out
+
+
+def job_processes(run_dir):
+    """pids of live (not zombie) processes whose environment names ``run_dir`` as
+    HANGTRACE_DIR: every process of a job started with it, Ray's own included."""
+    want = ("HANGTRACE_DIR=%s" % run_dir).encode()
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if want in f.read().split(b"\0"):
+                    with open("/proc/%s/stat" % pid) as st:
+                        if st.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            out.append(int(pid))
+        except OSError:
+            pass
+    return out
+
+
+def run_under_hangtrace(cmd, run_dir, cwd, stall_s=10, timeout_s=300, merge_stderr=False, reap_s=None):
+    """Run ``hangtrace run --stall-s S --stop-on-stall --dir RUN_DIR -- CMD`` in its own
+    session, as a user would; kill what is left of the session after it ends or after
+    ``timeout_s``. With ``reap_s``, wait that long for the job's other processes (Ray's
+    own end a few seconds after the driver), then kill those left and fail.
+
+    Returns ``(diagnoses, why)``: every snapshot's ``diagnosis.json`` in time order and a
+    text with the exit code, duration and the console's tail, for assertion messages."""
+    import glob
+    import json
+    full = [sys.executable, "-m", "hangtrace", "run", "--stall-s", str(stall_s), "--stop-on-stall", "--dir",
+            str(run_dir), "--"] + list(cmd)
+    p = subprocess.Popen(full, env=base_env(traced=False), cwd=str(cwd), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
+                         start_new_session=True)
+    t0 = time.monotonic()
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # the job's session: anything left of it
+        except OSError:
+            pass
+    why = "rc=%s %.0fs\nstdout:\n%s\nstderr:\n%s" % (p.returncode, time.monotonic() - t0, (out or "")[-2500:],
+                                                     (err or "")[-5000:])
+    if reap_s is not None:
+        deadline = time.time() + reap_s
+        while job_processes(run_dir) and time.time() < deadline:
+            time.sleep(0.5)
+        left = job_processes(run_dir)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        assert not left, "processes of the job left running: %s\n%s" % (left, why)
+    diags = []
+    for f in sorted(glob.glob(os.path.join(str(run_dir), "snapshots", "*", "diagnosis.json"))):
+        with open(f) as fh:
+            diags.append(json.load(fh))
+    return diags, why

@@ -11,19 +11,14 @@ extra collective, a raise; spawn + CUDA OOM; a swallowed asyncio exception); set
 on purpose, the test is an ``xfail(strict=True)`` saying why: it fails as soon as the
 verdict changes, so the disagreement is looked at again.
 """
-import ast
 import glob
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 
-from jobs import base_env
+from jobs import blind_consts, blind_selected, run_under_hangtrace
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind")
 JOBS = sorted(glob.glob(os.path.join(HERE, "torch", "*.py")))
@@ -38,29 +33,8 @@ DISAGREE = {
 }
 
 
-def _consts(path):
-    out = {}
-    for node in ast.parse(open(path).read()).body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
-                and node.targets[0].id in ("LAUNCH", "NPROC", "EXPECT"):
-            out[node.targets[0].id] = ast.literal_eval(node.value)
-    return out
-
-
-def _selected():
-    every = os.environ.get("HANGTRACE_BLIND") == "all"
-    out = []
-    for path in JOBS:
-        name = os.path.basename(path)[:-3]
-        if not every and name not in CI_SET:
-            continue
-        marks = [pytest.mark.xfail(strict=True, reason=DISAGREE[name])] if name in DISAGREE else []
-        out.append(pytest.param(path, id=name, marks=marks))
-    return out
-
-
 def run_job(path, tmp_path, timeout_s=300):
-    c = _consts(path)
+    c = blind_consts(path)
     run_dir = str(tmp_path / "run")
     if c["LAUNCH"] == "torchrun":
         tr = shutil.which("torchrun")
@@ -69,30 +43,11 @@ def run_job(path, tmp_path, timeout_s=300):
         cmd = [tr, "--standalone", "--nproc-per-node", str(c.get("NPROC", 2)), path]
     else:
         cmd = [sys.executable, path]
-    full = [sys.executable, "-m", "hangtrace", "run", "--stall-s", "10", "--stop-on-stall", "--dir", run_dir,
-            "--"] + cmd
-    p = subprocess.Popen(full, env=base_env(traced=False), cwd=os.path.dirname(path), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-    t0 = time.monotonic()
-    try:
-        out, err = p.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)  # the job's session: anything left of it
-        except OSError:
-            pass
-    diags = []
-    for f in sorted(glob.glob(os.path.join(run_dir, "snapshots", "*", "diagnosis.json"))):
-        with open(f) as fh:
-            diags.append(json.load(fh))
-    return c, diags, "rc=%s %.0fs\nstdout:\n%s\nstderr:\n%s" % (p.returncode, time.monotonic() - t0,
-                                                              (out or "")[-2500:], (err or "")[-5000:])
+    diags, why = run_under_hangtrace(cmd, run_dir, os.path.dirname(path), timeout_s=timeout_s)
+    return c, diags, why
 
 
-@pytest.mark.parametrize("path", _selected())
+@pytest.mark.parametrize("path", blind_selected(JOBS, CI_SET, DISAGREE))
 def test_blind_job(path, tmp_path):
     c, diags, why = run_job(path, tmp_path)
     assert diags, "no verdict\n" + why

@@ -21,19 +21,16 @@ Every process of a job (Ray's own included) inherits the job's ``HANGTRACE_DIR``
 job none may be left (those found are killed and the test fails). Other sessions' Ray
 clusters are never touched (no ``ray stop``).
 """
-import ast
 import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from jobs import REPO, base_env
+from jobs import REPO, base_env, blind_consts, blind_selected, run_under_hangtrace
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind", "ray")
 JOBS = sorted(glob.glob(os.path.join(HERE, "*.py")))
@@ -49,27 +46,6 @@ AGREED = {
 }
 #: wrong verdicts on the current tree (job -> what the tool said vs expected)
 WRONG = {}
-
-
-def _consts(path):
-    out = {}
-    for node in ast.parse(open(path).read()).body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
-                and node.targets[0].id in ("LAUNCH", "EXPECT"):
-            out[node.targets[0].id] = ast.literal_eval(node.value)
-    return out
-
-
-def _selected():
-    every = os.environ.get("HANGTRACE_BLIND") == "all"
-    out = []
-    for path in JOBS:
-        name = os.path.basename(path)[:-3]
-        if not every and name not in CI_SET:
-            continue
-        marks = [pytest.mark.xfail(strict=True, reason=WRONG[name])] if name in WRONG else []
-        out.append(pytest.param(path, id=name, marks=marks))
-    return out
 
 
 def _lacks(path):
@@ -93,60 +69,12 @@ def _lacks(path):
     return None
 
 
-def _ours(run_dir):
-    """pids of live processes whose environment names ``run_dir`` as HANGTRACE_DIR."""
-    want = ("HANGTRACE_DIR=%s" % run_dir).encode()
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if want in f.read().split(b"\0"):
-                    with open("/proc/%s/stat" % pid) as st:
-                        if st.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            out.append(int(pid))
-        except OSError:
-            pass
-    return out
-
-
 def run_job(path, tmp_path, timeout_s=300):
     """Run ``path`` under ``hangtrace run`` from its folder; return (EXPECT, first diagnosis,
     ``analyze RUN_DIR --json`` afterwards, console text). No process of the job may be left."""
-    c = _consts(path)
+    c = blind_consts(path, ("LAUNCH", "EXPECT"))
     run_dir = str(tmp_path / "run")
-    full = [sys.executable, "-m", "hangtrace", "run", "--stall-s", "10", "--stop-on-stall", "--dir", run_dir,
-            "--", sys.executable, path]
-    p = subprocess.Popen(full, env=base_env(traced=False), cwd=HERE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-    t0 = time.monotonic()
-    try:
-        out, err = p.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)  # the job's session: anything left of it
-        except OSError:
-            pass
-    why = "rc=%s %.0fs\nstdout:\n%s\nstderr:\n%s" % (p.returncode, time.monotonic() - t0, (out or "")[-2500:],
-                                                     (err or "")[-5000:])
-    deadline = time.time() + 30  # Ray's own processes end a few seconds after the driver
-    while _ours(run_dir) and time.time() < deadline:
-        time.sleep(0.5)
-    left = _ours(run_dir)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    assert not left, "processes of the job left running: %s\n%s" % (left, why)
-    diags = []
-    for f in sorted(glob.glob(os.path.join(run_dir, "snapshots", "*", "diagnosis.json"))):
-        with open(f) as fh:
-            diags.append(json.load(fh))
+    diags, why = run_under_hangtrace([sys.executable, path], run_dir, HERE, timeout_s=timeout_s, reap_s=30)
     assert diags, "no verdict\n" + why
     a = subprocess.run([sys.executable, "-m", "hangtrace", "analyze", "--json", run_dir],
                        env=base_env(traced=False), capture_output=True, text=True, timeout=180, cwd=REPO)
@@ -183,7 +111,7 @@ def _check(want, d, what, why):
         assert want["summary_has"] in d["summary"], msg
 
 
-@pytest.mark.parametrize("path", _selected())
+@pytest.mark.parametrize("path", blind_selected(JOBS, CI_SET, WRONG))
 def test_blind_ray_job(path, tmp_path):
     lacks = _lacks(path)
     if lacks:

@@ -8,17 +8,11 @@ snapshot's ``diagnosis.json``; evidence comes from the processes' own records
 Every process of a job (Ray's own included) inherits the job's ``HANGTRACE_DIR``; after
 each test none may be left (those found are killed and the test fails).
 """
-import glob
-import json
-import os
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 
-from jobs import base_env
+from jobs import run_under_hangtrace
 
 pytest.importorskip("ray")
 
@@ -94,58 +88,13 @@ ray.shutdown()
 '''
 
 
-def _ours(run_dir):
-    """pids of live processes whose environment names ``run_dir`` as HANGTRACE_DIR."""
-    want = ("HANGTRACE_DIR=%s" % run_dir).encode()
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if want in f.read().split(b"\0"):
-                    with open("/proc/%s/stat" % pid) as st:
-                        if st.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            out.append(int(pid))
-        except OSError:
-            pass
-    return out
-
-
 def run_job(tmp_path, source, timeout_s=240):
     """Run ``source`` under ``hangtrace run``; return (first diagnosis, console text)."""
     job = tmp_path / "job.py"
     job.write_text(source)
-    run_dir = str(tmp_path / "run")
-    p = subprocess.Popen([sys.executable, "-m", "hangtrace", "run", "--stall-s", "8", "--stop-on-stall",
-                          "--dir", run_dir, "--", sys.executable, str(job)],
-                         env=base_env(traced=False), cwd=str(tmp_path), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except OSError:
-            pass
-    deadline = time.time() + 30  # Ray's own processes end a few seconds after the driver
-    while _ours(run_dir) and time.time() < deadline:
-        time.sleep(0.5)
-    left = _ours(run_dir)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    assert not left, "processes of the job left running: %s" % left
-    diags = []
-    for f in sorted(glob.glob(os.path.join(run_dir, "snapshots", "*", "diagnosis.json"))):
-        with open(f) as fh:
-            diags.append(json.load(fh))
-    assert diags, "no verdict:\n" + out[-5000:]
+    diags, out = run_under_hangtrace([sys.executable, str(job)], tmp_path / "run", tmp_path, stall_s=8,
+                                     timeout_s=timeout_s, merge_stderr=True, reap_s=30)
+    assert diags, "no verdict:\n" + out
     return diags[0], out
 
 
