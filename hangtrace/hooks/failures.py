@@ -19,6 +19,9 @@ source                   how it is seen
                          ``os._exit(1)``; spawn: ``sys.exit(1)`` after the exception was
                          cleared). We wrap the instance's ``run`` for the duration of
                          ``_bootstrap``. Event ``exception``.
+``torchelastic``         torchelastic's error file (``TORCHELASTIC_ERROR_FILE``), when a
+                         ``@record``-decorated main writes it or the agent reads a failed
+                         worker's: ``hooks/elastic_errors.py``. Event ``elastic_error``.
 ``asyncio-task``         an exception in an asyncio task nobody awaits is never printed
                          while the task object lives. Every task created through
                          ``BaseEventLoop.create_task`` gets a done callback; one loop
@@ -41,7 +44,7 @@ import sys
 from typing import Any, Callable, Optional, Protocol
 
 #: Where a failure was caught (the ``caught_by`` field of the event).
-SOURCES = ("exit-while-handling", "multiprocessing", "asyncio-task")
+SOURCES = ("exit-while-handling", "multiprocessing", "torchelastic", "asyncio-task")
 
 _MESSAGE_MAX = 4000  # characters kept of an exception message
 _TRACEBACK_MAX = 16000  # characters kept of a formatted traceback (the innermost part)
@@ -91,6 +94,16 @@ def record_exception(exc: BaseException, caught_by: str, kind: str = "exception"
         _recorded.add(id(exc))
     except Exception as e:
         _log("recording a caught exception failed: %r" % (e,), "failures-record")
+
+
+def record_event(kind: str, **fields: Any) -> None:
+    """Record a durable event ``kind`` as it is. Never raises."""
+    try:
+        rec = _get_recorder()
+        if rec is not None:
+            rec.event(kind, **fields)
+    except Exception as e:
+        _log("recording a %s event failed: %r" % (kind, e), "failures-event")
 
 
 def exiting(code: int) -> None:
@@ -174,10 +187,14 @@ def _check_unretrieved(task: Any) -> None:
         pass
 
 
+from hangtrace.hooks import asyncio_tasks  # noqa: E402  (standard library only)
+
+
 def _make_create_task(orig: Callable[..., Any]) -> Callable[..., Any]:
     def create_task(self: Any, *args: Any, **kwargs: Any) -> Any:
         task = orig(self, *args, **kwargs)
         try:
+            asyncio_tasks.note_loop(self)  # its pending tasks at snapshot time
             task.add_done_callback(_task_done)
         except Exception:
             pass
@@ -194,10 +211,19 @@ def hook_asyncio(module: Any) -> None:
         _patch_method(cls, "create_task", _make_create_task)
 
 
+def hook_elastic(module: Any) -> None:
+    """Post-import hook for ``torch.distributed.elastic.multiprocessing.errors``: its error
+    files (``hooks/elastic_errors.py``)."""
+    from hangtrace.hooks import elastic_errors
+    elastic_errors.configure(record_event)
+    elastic_errors.hook_errors(module, _patch_method)
+
+
 #: Post-import hooks: module name -> installer (applied once, when the module is imported).
 IMPORT_HOOKS: dict[str, Callable[[Any], None]] = {
     "multiprocessing.process": hook_multiprocessing,
     "asyncio.base_events": hook_asyncio,
+    "torch.distributed.elastic.multiprocessing.errors": hook_elastic,
 }
 
 
@@ -208,8 +234,8 @@ from hangtrace.hooks.instrument import Instrumentor  # noqa: E402
 class FailuresInstrumentor(Instrumentor):
     """Failures caught at their source (this module): the exit wrappers of ``lifecycle``
     call :func:`exiting`; this instrumentor points the records at the process's recorder
-    and hooks ``multiprocessing.process`` and ``asyncio.base_events`` when they are
-    imported (at once when they already are)."""
+    and hooks ``multiprocessing.process``, ``asyncio.base_events`` and torchelastic's
+    ``errors`` when they are imported (at once when they already are)."""
 
     name = "failures"
 

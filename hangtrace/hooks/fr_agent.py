@@ -67,6 +67,12 @@ def meta_path(run_dir: str, host: str, pid: int) -> str:
     return os.path.join(fr_dir(run_dir), "%s-%d.meta.json" % (host, pid))
 
 
+def tasks_path(run_dir: str, host: str, pid: int) -> str:
+    """``RUN_DIR/fr/<host>-<pid>.tasks.json``: the pending asyncio tasks of this process's
+    running loops at the last request (``hooks/asyncio_tasks.py``)."""
+    return os.path.join(fr_dir(run_dir), "%s-%d.tasks.json" % (host, pid))
+
+
 def configure_env(environ: Optional[dict] = None) -> bool:
     """Turn the Flight Recorder on unless the user configured it. True when we set it."""
     env = os.environ if environ is None else environ
@@ -119,6 +125,8 @@ class _Agent:
     def dump(self, reason: str, token: str = "") -> Optional[str]:
         with self.lock:
             try:
+                from hangtrace.hooks import asyncio_tasks
+                asyncio_tasks.write(tasks_path(self.run_dir, self.host, self.pid))  # before the sidecar
                 return _write_dump(self.run_dir, self.host, self.pid, reason, token)
             except Exception as e:
                 self.log("flight recorder dump failed: %r" % (e,), "fr-dump")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.ring.summary import RingSummary, summarize_records
 
@@ -52,6 +52,29 @@ def role_of(rank: int, groups: List[Dict[str, Any]], summary: Optional[RingSumma
     if meta.get("ray_actor_id"):
         return Role.RAY_ACTOR
     return Role.OTHER
+
+
+@dataclass(frozen=True)
+class PendingTask:
+    """A pending asyncio task of a running event loop at snapshot time
+    (``hooks/asyncio_tasks.py``): ``frames`` its await chain outermost first, each
+    ``(func, file, line)``; ``awaits_task`` the task it waits for, else ``awaits_future`` a
+    plain future's repr (both None when not known)."""
+
+    name: str
+    coro: str
+    frames: Tuple[Tuple[str, str, int], ...] = ()
+    awaits_task: Optional[str] = None
+    awaits_future: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class LoopTasks:
+    """One running event loop of a process: its thread id and pending tasks."""
+
+    thread_id: Optional[int]
+    tasks: Tuple[PendingTask, ...] = ()
+    wall_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,6 +124,8 @@ class ProcessInfo:
     memory_facts: Dict[str, Any] = field(default_factory=dict)
     summary: Optional[RingSummary] = None
     role: Optional[Role] = None
+    # running asyncio loops and their pending tasks (collect/asynciotasks.py), issue 9
+    asyncio_loops: Tuple[LoopTasks, ...] = ()
 
     def __post_init__(self) -> None:
         if self.summary is None:

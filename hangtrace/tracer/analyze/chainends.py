@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Set, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.asynctasks import describe as describe_loop
 from hangtrace.tracer.analyze.deaths import death_after
 from hangtrace.tracer.analyze.evidence import frames_of
 from hangtrace.tracer.analyze.stacktree import blocking_reason, collective_frame, format_ranks
@@ -136,7 +137,8 @@ def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndK
             return skipped, "its stack is inside %s, a collective hangtrace did not record" % coll
         why = blocking_reason(frames, active)
         if why:
-            return stuck, "blocked outside collectives: %s" % why
+            loop = describe_loop(p)  # issue 9: the await chain its event loop is blocked in
+            return stuck, "blocked outside collectives: %s%s" % (why, "; " + loop if loop else "")
     wsteps, wphases = _waiters_at(ctx, insts_for)
     if start and v.activity_wall > start:
         return skipped, "moved on: recorded activity after the others began waiting"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
+from hangtrace.tracer.analyze import elastic
 from hangtrace.tracer.analyze.deaths import (fill_death, is_transport_error, rec_fail_wall, sigterm_in_long_wait,
                                              sigterm_wait_completed)
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
@@ -161,9 +162,13 @@ class Ctx:
         self.unranked = 0
         self.bad: List[str] = []  # evidence lines: implausible rank/world_size in a ring header
         self.procs: Dict[int, ProcessInfo] = self._choose(snapshot)
+        by_key, by_pid = elastic.index(snapshot.processes)  # torchelastic's error files
+        helpers: Dict[int, List[str]] = {}
+        for k, hr in self.roles.helper_of.items():
+            helpers.setdefault(hr, []).append(k)
         for r, p in self.procs.items():
             v = index_process(r, p)
-            fill_death(v)
+            fill_death(v, elastic.for_rank(p, helpers.get(r, ()), by_key, by_pid) if by_key else None)
             self.views[r] = v
         self.world = max(self._worlds + [0])
         if self.views:

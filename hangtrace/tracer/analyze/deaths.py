@@ -1,7 +1,7 @@
 """Deaths: which ranks died, of what, when, and which deaths are victims (pure).
 
 A rank is dead when ``state == 'killed'``, or 'exited' with a non-zero exit code, or it
-has an 'exception' event. Cause (a :class:`~hangtrace.tracer.diagnosis.Cause` value):
+has an 'exception' event (or torchelastic's error file stands for one: ``analyze/elastic.py``). Cause (a :class:`~hangtrace.tracer.diagnosis.Cause` value):
 'sigterm' (a SIGTERM dump or exit code -15), 'fatal-signal' (a fatal-error dump, or exit
 code -6/-11/-7/-4/-8), 'exception' (type and message in ``cause_text``), 'exit-code N',
 else 'killed-without-record' (SIGKILL? host OOM-kill? - no handler ran). A death whose
@@ -20,6 +20,7 @@ from hangtrace.tracer.diagnosis import Cause, exit_code_cause
 
 if TYPE_CHECKING:
     from hangtrace.tracer.analyze.context import Ctx, RankView
+    from hangtrace.tracer.analyze.elastic import ElasticError
 
 #: Lower-case substrings of error texts that mean "the transport (peer, socket) failed".
 #: gloo: "Connection closed by peer" (peer SIGKILLed), "Timed out waiting ...ms for recv
@@ -122,9 +123,11 @@ def _killed_text(v: RankView, code: Optional[int]) -> str:
     return text
 
 
-def fill_death(v: RankView) -> None:
+def fill_death(v: RankView, errfile: Optional[ElasticError] = None) -> None:
     """Fill v.dead / cause / cause_text / victim / fail_wall from state, events, signals
-    (see the module docstring), then refine the cause from memory evidence."""
+    (see the module docstring), then refine the cause from memory evidence. ``errfile``:
+    torchelastic's error file recorded for this rank (``analyze/elastic.py``), the
+    exception where our own records hold none and the process died (or wrote it itself)."""
     p = v.proc
     exc: Optional[Dict[str, Any]] = None
     for e in p.events or ():
@@ -143,6 +146,9 @@ def fill_death(v: RankView) -> None:
                  and (v.blocked is not None or p.phase is not None or interrupted_at_work(p)))
     dead = (p.state == "killed" or (p.state == "exited" and code not in (0, None)) or exc is not None
             or signalled)
+    from_file = exc is None and errfile is not None and (dead or errfile.pid == p.pid)
+    if from_file and errfile is not None:
+        exc, dead = errfile.event(), True
     if not dead:
         return
     v.dead = True
@@ -153,6 +159,8 @@ def fill_death(v: RankView) -> None:
     elif exc is not None:
         v.cause = Cause.EXCEPTION.value
         v.cause_text = "%s: %s" % (exc.get("type") or "Exception", (exc.get("message") or "").strip())
+        if from_file and errfile is not None:
+            v.cause_text = errfile.text()
         v.victim = is_transport_error(exc.get("message"))
         times.append(exc.get("wall_ns") or 0)
     elif p.state == "exited" and code is not None:

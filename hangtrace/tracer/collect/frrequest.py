@@ -93,7 +93,8 @@ SNAPSHOT_FR_TIMEOUT_S = 3.0
 def fr_into_snapshot(run_dir: str, pids: Iterable[int], snap_dir: str,
                      timeout_s: float = SNAPSHOT_FR_TIMEOUT_S) -> List[str]:
     """Request dumps from the agents of ``pids`` (this host) and copy each answered dump
-    with its sidecar into ``snap_dir/fr/``. Returns the copied dump paths ([] when no
+    with its sidecar (and its pending asyncio tasks, when it has a running loop) into
+    ``snap_dir/fr/``. Returns the copied dump paths ([] when no
     process runs an agent, e.g. ``HANGTRACE_FR=0`` or no process group). Never raises."""
     if os.environ.get(config.FR, "1") == "0":
         return []
@@ -110,6 +111,9 @@ def fr_into_snapshot(run_dir: str, pids: Iterable[int], snap_dir: str,
                 shutil.copy2(meta, os.path.join(dst, os.path.basename(meta)))
                 shutil.copy2(path, os.path.join(dst, os.path.basename(path)))
                 out.append(os.path.join(dst, os.path.basename(path)))
+                tasks = path[:-len(".pkl")] + ".tasks.json"  # written with this dump (asyncio_tasks)
+                if os.path.exists(tasks):
+                    shutil.copy2(tasks, os.path.join(dst, os.path.basename(tasks)))
             except OSError:
                 continue
     except Exception:

@@ -357,9 +357,11 @@ def _fr_dumps(run_dir: str, sdir: str) -> List[str]:
 
 
 def _with_fr(sdir: str, snap: Snapshot) -> Snapshot:
-    """``snap`` with the Flight Recorder dumps of ``sdir/fr`` joined (``frdump``)."""
+    """``snap`` with the Flight Recorder dumps of ``sdir/fr`` joined (``frdump``), and the
+    pending asyncio tasks the agents wrote beside them (``asynciotasks``)."""
+    from hangtrace.tracer.collect.asynciotasks import with_tasks
     from hangtrace.tracer.collect.frdump import snapshot_with_fr
-    return snapshot_with_fr(sdir, snap)
+    return with_tasks(sdir, snapshot_with_fr(sdir, snap))
 
 
 def write_diagnosis(snap: Snapshot, diag: Any, text: str) -> None:

@@ -1,0 +1,66 @@
+"""Issue 9 item 2: pending asyncio tasks - gathered from another thread than the loop's
+(hooks/asyncio_tasks.py), and the chain the analysis names (analyze/asynctasks.py)."""
+import asyncio
+import json
+import threading
+import time
+
+from hangtrace.hooks import asyncio_tasks, failures
+from hangtrace.tracer.analyze.asynctasks import describe
+from hangtrace.tracer.collect.asynciotasks import parse
+from hangtrace.tracer.snapshot import LoopTasks, PendingTask, ProcessInfo
+
+
+def test_gather_from_another_thread(tmp_path):
+    failures.hook_asyncio(asyncio.base_events)  # as the failures instrumentor does
+    loop = asyncio.new_event_loop()
+    started, ev = threading.Event(), None
+
+    async def leaf(e):
+        await e.wait()
+
+    async def main():
+        nonlocal ev
+        ev = asyncio.Event()
+        t = asyncio.get_running_loop().create_task(leaf(ev), name="leaf-task")
+        started.set()
+        await t
+
+    th = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    th.start()
+    assert started.wait(10)
+    try:
+        path = str(tmp_path / "h-1.tasks.json")
+        for _ in range(200):  # until both tasks are suspended in their awaits
+            assert asyncio_tasks.write(path)
+            with open(path) as f:
+                loops = parse(json.load(f))
+            mine = [lp for lp in loops if any(t.name == "leaf-task" for t in lp.tasks)]
+            if mine and all(t.awaits_task or t.awaits_future for t in mine[0].tasks):
+                break
+            time.sleep(0.02)
+        assert mine and mine[0].thread_id == th.ident
+        by = {t.name: t for t in mine[0].tasks}
+        assert by["leaf-task"].frames[0][0] == "leaf" and by["leaf-task"].frames[-1][0] == "wait"
+        assert by["leaf-task"].awaits_future.startswith("<Future pending")
+        main_task = [t for t in mine[0].tasks if t.coro == "test_gather_from_another_thread.<locals>.main"]
+        assert main_task and main_task[0].awaits_task == "leaf-task"
+    finally:
+        loop.call_soon_threadsafe(ev.set)
+        th.join(10)
+        loop.close()
+    assert not asyncio_tasks.write(path)  # no loop runs: no file
+
+
+def test_describe_names_longest_chain():
+    lp = LoopTasks(thread_id=1, tasks=(
+        PendingTask("Task-1", "serve", (("serve", "/a/job.py", 20),), awaits_task="fetch"),
+        PendingTask("fetch", "fetch_weights", (("fetch_weights", "/a/job.py", 12), ("get", "/a/q.py", 3)),
+                    awaits_future="<Future pending>"),
+        PendingTask("tick", "heartbeat", (("heartbeat", "/a/job.py", 40),), awaits_future="<Future pending>"),
+    ))
+    p = ProcessInfo(host="h", pid=1, rank=1, asyncio_loops=(lp,))
+    s = describe(p)
+    assert s == ("asyncio event loop: task 'Task-1' (serve) awaits task 'fetch' in get (q.py:3) <- "
+                 "fetch_weights (job.py:12), awaiting <Future pending> (3 pending task(s))"), s
+    assert describe(ProcessInfo(host="h", pid=2)) is None
