@@ -30,7 +30,7 @@ import dataclasses
 import glob
 import os
 import socket
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["AuthPlan", "LocalGcs", "apply", "connect_remedy", "local_gcs", "plan", "token_source"]
 
@@ -194,10 +194,12 @@ def apply(p: AuthPlan) -> None:
     if not p.env:
         return
     os.environ.update(p.env)
+    import importlib
     try:
-        from ray._raylet import AuthenticationTokenLoader, Config
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
+        # Any: a compiled module whose stubs lack these names (Ray 2.60)
+        raylet: Any = importlib.import_module("ray._raylet")
+        raylet.Config.initialize("")
+        raylet.AuthenticationTokenLoader.instance().reset_cache()
     except (ImportError, AttributeError):  # a Ray without token auth: nothing cached
         pass
 
