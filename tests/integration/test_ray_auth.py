@@ -135,6 +135,17 @@ def test_dump_ray_from_another_shell_on_token_auth_cluster(job):
     assert took < 60, took
 
 
+def test_dump_ray_without_address_uses_the_runs_own_cluster(job):
+    """No --address, no RAY_ADDRESS: the run's cluster, from its workers' --gcs-address
+    (``auto`` would pick any cluster of this host; other sessions run theirs here)."""
+    run_dir, gcs, _ = job
+    r = subprocess.run([sys.executable, "-m", "hangtrace", "dump", str(run_dir), "--ray", "--json"],
+                       env=_clean_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-4000:]
+    st = _state(json.loads(r.stdout)["snapshot"])
+    assert {a["name"]: a["state"] for a in st["actors"]}.get("victim") == "DEAD", st["actors"]
+
+
 def test_watcher_collection_path_on_token_auth_cluster(job, monkeypatch):
     from hangtrace.tracer.collect.rayjob import ray_collect
     run_dir, gcs, _ = job
