@@ -248,7 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--ray", action="store_true",
                    help="collect on every alive node of a Ray cluster (tasks pinned to each node)")
     d.add_argument("--address", default=None,
-                   help="with --ray: Ray cluster address (default RAY_ADDRESS, else 'auto')")
+                   help="with --ray: Ray cluster (GCS) address (default RAY_ADDRESS, else the "
+                        "run's own cluster from its workers' records, else 'auto'); token auth: "
+                        "docs/RAY.md")
     d.set_defaults(fn=cmd_dump)
 
     a = sub.add_parser("analyze", help="diagnose a run directory or snapshot offline",

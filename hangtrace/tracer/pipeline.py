@@ -172,17 +172,24 @@ def dump_live(run_dir: str, reason: str, native: bool = False, with_stacks: bool
 
 def dump_ray(run_dir: Optional[str], address: Optional[str], native: bool = False) -> Result:
     """``hangtrace dump --ray``: collector tasks pinned to every alive Ray node, one local
-    snapshot, diagnosed and stored. Raises HangtraceError when the GCS at ``address``
-    (default RAY_ADDRESS) does not answer within 3 s."""
+    snapshot, diagnosed and stored. ``address``: default RAY_ADDRESS, else the run's own
+    cluster (the ``--gcs-address`` its Ray workers were started with: ``auto`` picks any
+    cluster of this host, and there may be several), else ``auto``. Raises
+    HangtraceError when the GCS at the address does not answer within 3 s."""
     from hangtrace.tracer.collect.raycluster import dump_cluster
-    from hangtrace.tracer.collect.rayjob import gcs_unreachable
+    from hangtrace.tracer.collect.rayjob import gcs_unreachable, ray_address_of_run
+    run_dir = run_dir or os.environ.get(config.DIR)
     addr = address or os.environ.get("RAY_ADDRESS")
+    source = "given"
+    if not addr and run_dir and os.path.isdir(run_dir):
+        addr, source = ray_address_of_run(run_dir), "the run's Ray workers (--gcs-address)"
     why = gcs_unreachable(addr, timeout_s=3.0) if addr and addr != "auto" else None
     if why:
-        raise HangtraceError("cannot reach the Ray cluster at %s (no answer within 3 s)" % why,
-                             "pass --address HOST:PORT of the Ray head (GCS, `ray status` shows it) "
-                             "or set RAY_ADDRESS; check that the cluster is up and the port is open")
-    snap = dump_cluster(run_dir or os.environ.get(config.DIR), address=address, native=native)
+        raise HangtraceError("cannot reach the Ray cluster at %s (address %s)" % (why, source),
+                             "pass --address HOST:PORT of the running cluster's GCS (`ray status` on its head, "
+                             "or ray.get_runtime_context().gcs_address in the driver) or set RAY_ADDRESS; "
+                             "check that the cluster is up (a job's own ray.init cluster ends with the job)")
+    snap = dump_cluster(run_dir, address=addr or None, native=native)
     return diagnose_snapshot(snap, store=True)
 
 

@@ -193,18 +193,28 @@ def collect_node(run_dir: str, node_id: Optional[str] = None, native: bool = Fal
 
 
 def _connect(address: Optional[str]) -> bool:
+    """Connect as a driver unless already connected (returns whether this call did).
+
+    Token authentication (Ray 2.60's default) is set up first by ``rayauth.plan`` /
+    ``apply``: Ray sends its token by itself only for ``address='auto'``.
+    """
     import ray
+    from hangtrace.tracer.collect import rayauth
     if ray.is_initialized():
         return False
     env = {config.HELPER: "1", config.ENABLE: "0"}
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    auth = rayauth.plan(address)
+    rayauth.apply(auth)
     try:
         ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env}, namespace="hangtrace",
                  logging_level="ERROR")  # type: ignore[arg-type]  # Ray annotates int; it takes level names too
-    except ConnectionError as e:
-        raise HangtraceError("cannot connect to the Ray cluster at %s: %s" % (address, e),
-                             "pass --address HOST:PORT (the GCS address, `ray status` shows it) or set "
-                             "RAY_ADDRESS; run on a node of the cluster") from None
+    except (ConnectionError, RuntimeError, ray.exceptions.RayError) as e:
+        from hangtrace.tracer.collect.rayjob import gcs_unreachable
+        tcp_ok = None if address == "auto" or "://" in address else gcs_unreachable(address, 3.0) is None
+        raise HangtraceError("cannot connect to the Ray cluster at %s: %s (token auth: %s)" % (
+            address, str(e).splitlines()[0] if str(e) else type(e).__name__, auth.why),
+            rayauth.connect_remedy(auth, tcp_ok)) from None
     return True
 
 
@@ -281,7 +291,8 @@ def dump_cluster(run_dir: Optional[str] = None, address: Optional[str] = None, n
         results, errs = _run_on_nodes(collect_node, nodes,
                                       lambda nid: (run_dir, nid, native, with_stacks), timeout_s)
         errors += errs
-        state = __import__("hangtrace.tracer.collect.raystate", fromlist=["fetch"]).fetch(source=state_source)
+        from hangtrace.tracer.collect import raystate
+        state = raystate.fetch(source=state_source, address=ray.get_runtime_context().gcs_address)
     finally:
         if connected:
             try:

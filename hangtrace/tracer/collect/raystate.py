@@ -86,13 +86,13 @@ _LIVE_TASK_STATES = frozenset(("PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT", 
                                "RUNNING_IN_RAY_GET", "RUNNING_IN_RAY_WAIT", "FAILED"))
 
 
-def _tasks_from_state_api(timeout_s: float) -> List[Row]:
+def _tasks_from_state_api(timeout_s: float, address: Optional[str] = None) -> List[Row]:
     """Live (pending, running) and failed tasks: task_id, name, state, actor_id,
     parent_task_id, type, func_or_class_name, required_resources, worker_pid, node_id,
     error_type, error_message (truncated), creation/start time (ms since the epoch)."""
     from ray.util.state import list_tasks
     out: List[Row] = []
-    for row in list_tasks(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
+    for row in list_tasks(address=address, detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
                           raise_on_missing_output=False):
         t = _as_dict(row)
         if t.get("state") not in _LIVE_TASK_STATES:
@@ -105,10 +105,10 @@ def _tasks_from_state_api(timeout_s: float) -> List[Row]:
     return out
 
 
-def _placement_groups_from_state_api(timeout_s: float) -> List[Row]:
+def _placement_groups_from_state_api(timeout_s: float, address: Optional[str] = None) -> List[Row]:
     from ray.util.state import list_placement_groups
     out: List[Row] = []
-    for row in list_placement_groups(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
+    for row in list_placement_groups(address=address, detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
                                      raise_on_missing_output=False):
         g = _as_dict(row)
         bundles: List[Any] = []
@@ -127,10 +127,29 @@ def _cluster_resources() -> Tuple[Dict[str, float], Dict[str, float]]:
     return dict(ray.cluster_resources()), dict(ray.available_resources())
 
 
-def _from_state_api(timeout_s: float) -> Tuple[List[Row], List[Row]]:
+def _same_cluster(timeout_s: float, address: Optional[str]) -> None:
+    """Raise unless the state API at ``address`` serves the connected cluster.
+
+    The API server's URL comes from the GCS, which keeps ``127.0.0.1:8265`` even when the
+    cluster runs without a dashboard (Ray 2.60): another cluster's dashboard on that port
+    (several sessions on one host) would answer for it. Its nodes must be ours.
+    """
+    import ray
+    from ray.util.state import list_nodes
+    ours = {n.get("NodeID") for n in ray.nodes()}
+    theirs = {_as_dict(n).get("node_id") for n in list_nodes(address=address, limit=_LIMIT,
+                                                             timeout=int(max(1, timeout_s)),
+                                                             raise_on_missing_output=False)}
+    if not theirs & ours:
+        raise RuntimeError("the state API answering for %s serves another Ray cluster (the dashboard of this "
+                           "cluster is off or elsewhere)" % (address or "auto"))
+
+
+def _from_state_api(timeout_s: float, address: Optional[str] = None) -> Tuple[List[Row], List[Row]]:
     from ray.util.state import list_actors, list_workers
+    _same_cluster(timeout_s, address)
     actors: List[Row] = []
-    for row in list_actors(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
+    for row in list_actors(address=address, detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
                            raise_on_missing_output=False):
         a = row if isinstance(row, dict) else dict(row.__dict__)
         actors.append({"actor_id": a.get("actor_id"), "class_name": a.get("class_name"), "name": a.get("name"),
@@ -141,7 +160,7 @@ def _from_state_api(timeout_s: float) -> Tuple[List[Row], List[Row]]:
                        "placement_group_id": a.get("placement_group_id"),
                        "num_restarts": a.get("num_restarts")})
     workers: List[Row] = []
-    for wrow in list_workers(detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
+    for wrow in list_workers(address=address, detail=True, limit=_LIMIT, timeout=int(max(1, timeout_s)),
                              raise_on_missing_output=False):
         w = wrow if isinstance(wrow, dict) else dict(wrow.__dict__)
         workers.append({"worker_id": w.get("worker_id"), "pid": w.get("pid"), "node_id": w.get("node_id"),
@@ -185,14 +204,16 @@ def _from_gcs() -> Tuple[List[Row], List[Row]]:
     return actors, workers
 
 
-def fetch(timeout_s: float = 10.0, source: Optional[str] = None) -> Dict[str, Any]:
+def fetch(timeout_s: float = 10.0, source: Optional[str] = None, address: Optional[str] = None) -> Dict[str, Any]:
     """Ray's actor and worker tables from the connected cluster.
 
     Returns ``{'source': 'state-api'|'gcs'|None, 'actors': [...], 'workers': [...],
     'tasks': [...], 'placement_groups': [...], 'cluster_resources': {name: amount} | None,
     'available_resources': {...} | None, 'errors': [str]}`` (keys of the items: see the
     module doc and ``_tasks_from_state_api``; tasks and placement groups only through the
-    state API). ``source`` forces one source. Never raises: failures are lines in ``errors``.
+    state API). ``source`` forces one source. ``address``: the connected cluster's GCS
+    address, for the state API (without it Ray picks a cluster of this host by itself,
+    and fails when there are several). Never raises: failures are lines in ``errors``.
     """
     out: Dict[str, Any] = {"source": None, "actors": [], "workers": [], "tasks": [], "placement_groups": [],
            "cluster_resources": None, "available_resources": None, "errors": []}
@@ -200,18 +221,18 @@ def fetch(timeout_s: float = 10.0, source: Optional[str] = None) -> Dict[str, An
     for src in order:
         try:
             if src == "state-api":
-                actors, workers = _from_state_api(timeout_s)
+                actors, workers = _from_state_api(timeout_s, address)
             else:
                 actors, workers = _from_gcs()
         except Exception as e:
-            out["errors"].append("Ray %s unavailable: %s" % (src, _first_line(e)))
+            out["errors"].append("Ray %s unavailable: %s" % (src, _why(e)))
             continue
         out.update(source=src, actors=actors, workers=workers)
         break
     if out["source"] == "state-api":  # tasks and placement groups: the state API only
         for key, fn in (("tasks", _tasks_from_state_api), ("placement_groups", _placement_groups_from_state_api)):
             try:
-                out[key] = fn(timeout_s)
+                out[key] = fn(timeout_s, address)
             except Exception as e:
                 out["errors"].append("Ray %s unavailable: %s" % (key, _first_line(e)))
     try:
@@ -219,6 +240,16 @@ def fetch(timeout_s: float = 10.0, source: Optional[str] = None) -> Dict[str, An
     except Exception as e:
         out["errors"].append("Ray cluster resources unavailable: %s" % _first_line(e))
     return out
+
+
+def _why(e: BaseException) -> str:
+    """``_first_line``, and for a missing API server what it means here."""
+    line = _first_line(e)
+    if "Failed to connect to API server" in str(e) or "Failed to make request" in str(e):
+        line = ("no dashboard API server (the cluster was started without the dashboard, e.g. "
+                "include_dashboard=False): actors and workers come from the GCS; tasks and placement groups "
+                "are not available (%s)" % line[:160])
+    return line
 
 
 def _first_line(e: BaseException) -> str:
