@@ -2,8 +2,10 @@
 
 A node is a traced process with a Ray identity (an actor, the driver, a task worker). An
 edge ``A -> B`` says: a thread of A is inside ``ray.get`` / ``ray.wait`` on the result of
-a call of B's method (``K_WAIT`` ring records of ``hooks/ray_calls.py``; newest per thread,
-``RingSummary.waits``). A wait is *open* when its record is still 'issued', or ended by
+a call of B's method, or a method call of A (an asyncio task) awaits it (``K_WAIT`` ring
+records of ``hooks/ray_calls.py``; newest per thread, every open await on its own,
+``RingSummary.waits``). A wait belongs to the method call that waits (its record's phase),
+not to the process's current phase: an async or threaded actor has several at once. A wait is *open* when its record is still 'issued', or ended by
 a stop (``SystemExit`` / ``KeyboardInterrupt``: Ray's SIGTERM handler or ``ray.shutdown``
 ended the process inside the wait). A target actor id without a process in the snapshot
 is *absent* (never started, not traced, or on a node not collected).
@@ -41,7 +43,7 @@ class Target:
 @dataclass(frozen=True)
 class Wait:
     """One open wait of process ``key``: in ``method`` (its actor method / phase, or None),
-    ``api`` ('get' | 'wait'), on ``targets``, since ``since_wall_ns``; ``stopped``: ended
+    ``api`` ('get' | 'wait' | 'await'), on ``targets``, since ``since_wall_ns``; ``stopped``: ended
     by a stop of the process, not by a result."""
 
     key: str
@@ -67,6 +69,11 @@ class ActorGraph:
     edges: Mapping[str, Tuple[Tuple[str, Wait, Target], ...]]
     absent: Tuple[Tuple[Wait, Target], ...]
     roles: ProcessRoles
+
+
+def call_text(api: Optional[str]) -> str:
+    """How a wait's call reads: ``ray.get``, ``ray.wait``, ``await`` (``api`` 'await')."""
+    return "await" if api == "await" else "ray.%s" % (api or "get")
 
 
 def label(p: ProcessInfo, roles: Optional[ProcessRoles] = None) -> str:
@@ -192,9 +199,11 @@ def _in_wait_order(g: ActorGraph, comp: List[str]) -> List[str]:
     return order + sorted(members - set(order))
 
 
-def edge(g: ActorGraph, src: str, dst: str) -> Optional[Tuple[Wait, Target]]:
-    """The (oldest) wait of ``src`` on ``dst``, or None."""
-    return next(((w, t) for d, w, t in g.edges.get(src, ()) if d == dst), None)
+def edge(g: ActorGraph, src: str, dst: str, method: Optional[str] = None) -> Optional[Tuple[Wait, Target]]:
+    """The (oldest) wait of ``src`` on ``dst``, or None; with ``method``, a wait made by
+    that method call of ``src`` first (the call others wait on, when ``src`` runs several)."""
+    es = [(w, t) for d, w, t in g.edges.get(src, ()) if d == dst]
+    return next((e for e in es if method is not None and e[0].method == method), es[0] if es else None)
 
 
 def chain_ends(g: ActorGraph) -> Dict[str, List[str]]:

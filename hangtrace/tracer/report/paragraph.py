@@ -248,8 +248,13 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 
 def _call(x: Dict[str, Any]) -> str:
     """``RewardServer in score is blocked in ray.get on PolicyTrainer.policy_version``."""
-    return "%s%s is blocked in ray.%s on %s.%s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
-                                                  x.get("api") or "get", x.get("waits_on"), x.get("target_method"))
+    return "%s%s is blocked in %s on %s.%s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
+                                              _api(x.get("api")), x.get("waits_on"), x.get("target_method"))
+
+
+def _api(api: Optional[str]) -> str:
+    """``ray.get``, ``ray.wait``, ``await`` (a wait record's api)."""
+    return "await" if api == "await" else "ray.%s" % (api or "get")
 
 
 def _actor_deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
@@ -278,8 +283,8 @@ def _unschedulable(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> s
     waiters = d.get("actor_waiters") or []
     if waiters:
         s += " Waiting for it: %s." % "; ".join(
-            "%s%s, in ray.%s on its %s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
-                                           x.get("api"), x.get("target_method")) for x in waiters[:4])
+            "%s%s, in %s on its %s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
+                                       _api(x.get("api")), x.get("target_method")) for x in waiters[:4])
     says = next(iter((d.get("ray_says") or {}).values()), None)
     if says:
         s += " Ray says: %s." % says.get("text")
@@ -335,6 +340,13 @@ _UNKNOWN_WHY = {Cause.NO_DATA.value: "no traced process with a rank in the snaps
 
 
 def _unknown(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    inc = d.get("actor_chain_incomplete")
+    if inc:  # rules/actor_waits.py: a chain of actor calls ends at an idle actor
+        return ("Unknown: a chain of actor calls waits on Ray actor %s (%s), which is inside no method and never "
+                "started %s: the wait that holds the chain is not recorded, so no actor is named. The chain: %s." % (
+                    inc.get("actor"), ", ".join(inc.get("methods") or ["?"]),
+                    "it" if len(inc.get("methods") or []) < 2 else "them",
+                    "; ".join(_call(x) for x in (d.get("actor_chain") or [])[:6])))
     why = _UNKNOWN_WHY.get(str(diag.cause) if diag.cause else "", str(diag.cause) if diag.cause else "not enough data")
     s = "Unknown: %s" % why
     if diag.culprit_ranks:
