@@ -228,7 +228,8 @@ def wait_key(r: Any) -> Optional[str]:
     (not kept)."""
     n = r.get("numel") or 0
     if not n:
-        return r.get("thread")
+        t = r.get("thread")
+        return None if t is None else str(t)
     return None if r.get("state") == "completed" else "%s#%d" % (r.get("thread"), n)
 
 
