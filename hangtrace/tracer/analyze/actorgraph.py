@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze.deaths import STOP_ERRORS
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
@@ -53,6 +53,14 @@ class Wait:
     since_wall_ns: int
     targets: Tuple[Target, ...]
     stopped: bool = False
+    #: when the waiting method call began (its phase enter on the wait's thread; the call
+    #: it waits on was made within it), else ``since_wall_ns``: the callee may start before
+    #: the caller reaches ray.get / await
+    call_wall_ns: int = 0
+
+    def called(self) -> int:
+        """The earliest time the awaited call can have been made (``call_wall_ns``)."""
+        return self.call_wall_ns or self.since_wall_ns
 
 
 @dataclass(frozen=True)
@@ -104,8 +112,21 @@ def open_waits(p: ProcessInfo) -> List[Wait]:
             continue
         if targets:
             out.append(Wait(p.key, r.get("phase"), str(d.get("api") or "get"), str(r.get("thread") or "?"),
-                            int(r.get("t_wall_ns") or 0), targets, stopped))
+                            int(r.get("t_wall_ns") or 0), targets, stopped, _call_began(p, r)))
     return sorted(out, key=lambda w: w.since_wall_ns)
+
+
+def _call_began(p: ProcessInfo, r: Mapping[str, Any]) -> int:
+    """The wall time of the newest enter of wait record ``r``'s phase on its thread before
+    it (kept records of ``p``), or 0."""
+    if not r.get("phase"):
+        return 0
+    sm = p.summary
+    recs = list(sm.tail) if sm is not None and sm.tail else list(p.records or ())
+    idx = int(r.get("idx") or 0)
+    ts = [int(x.get("t_wall_ns") or 0) for x in recs if x.get("kind") == "phase_enter"
+          and x.get("phase") == r.get("phase") and x.get("thread") == r.get("thread") and int(x.get("idx") or 0) < idx]
+    return max(ts, default=0)
 
 
 def build(processes: Sequence[ProcessInfo]) -> ActorGraph:

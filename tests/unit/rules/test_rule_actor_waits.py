@@ -242,3 +242,18 @@ def test_chain_ending_at_an_idle_actor_whose_method_never_started_names_no_one()
     assert p.startswith("Unknown: a chain of actor calls waits on Ray actor Judge 'judge-0' (grade), which is inside "
                         "no method and never started it"), p
     assert "waits on no other actor" not in p and "Trainer in step is blocked in ray.get on Judge 'judge-0'.grade" in p
+
+
+def test_callee_that_started_before_the_caller_reached_its_await_has_started():
+    """The blind run: RefPolicy entered ref_logprobs 1 ms before RewardModel's await record
+    (the call was made earlier in score); 'started' is judged from when score began."""
+    rm, ref = actor("RewardModel", 231), actor("RefPolicy", 232)
+    enter(rm, "score", dt=10 * MS)
+    ref.t = rm.t + MS
+    enter(ref, "ref_logprobs")
+    rm.t = ref.t + MS
+    await_ref(rm, [(ref, "ref_logprobs")], 1)
+    ray_get(ref, [(rm, "lookup")])
+    d = check(diagnose(snap([rm, ref], reason="stall")), "actor-deadlock", [])
+    cyc = {c["actor"]: c for c in d.details["actor_cycle"]}
+    assert cyc["RewardModel"]["target_started"] is True, cyc

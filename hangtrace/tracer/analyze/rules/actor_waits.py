@@ -9,7 +9,8 @@ made no progress for the stall threshold:
 * a **cycle** of open waits (A waits on B's method, B on C's, ..., back to A; or an actor
   on its own method) -> kind ``actor-deadlock`` (cause None), ``culprit_actors`` = the
   cycle's actors, ``details['actor_cycle']`` one item per member (its method, the call it
-  is blocked in, the method it waits on and whether that method started since), the
+  is blocked in, the method it waits on and whether that method started since the
+  waiting method call began: ``Wait.called``), the
   processes waiting into the cycle (the driver) in ``details['actor_waiters']``;
 * no cycle, but a **chain** of waits that ends at a live actor waiting on no one -> that
   actor is the culprit: ``stuck-outside-collective`` (cause ``blocked`` while it is inside
@@ -83,7 +84,7 @@ def unstarted(g: G.ActorGraph, end: str) -> List[Tuple[G.Wait, G.Target]]:
     if p.phase:
         return []
     into = [(w, t) for k in g.waits for d, w, t in g.edges.get(k, ()) if d == end]
-    if into and all(G.started_since(p, t.method, w.since_wall_ns) is False for w, t in into):
+    if into and all(G.started_since(p, t.method, w.called()) is False for w, t in into):
         return into
     return []
 
@@ -99,7 +100,7 @@ def _member(ctx: Ctx, g: G.ActorGraph, key: str, nxt: str, asked: Optional[str] 
     if e is not None:
         w, t = e
         item.update(method=w.method, api=w.api, target_method=t.method, since_wall_ns=w.since_wall_ns,
-                    target_started=G.started_since(g.procs[nxt], t.method, w.since_wall_ns))
+                    target_started=G.started_since(g.procs[nxt], t.method, w.called()))
     return item
 
 
