@@ -248,7 +248,7 @@ def test_callee_that_started_before_the_caller_reached_its_await_has_started():
     """The blind run: RefPolicy entered ref_logprobs 1 ms before RewardModel's await record
     (the call was made earlier in score); 'started' is judged from when score began."""
     rm, ref = actor("RewardModel", 231), actor("RefPolicy", 232)
-    enter(rm, "score", dt=10 * MS)
+    enter(rm, "score", dt=10 * MS)["thread"] = "AsyncIO Thread: default"
     ref.t = rm.t + MS
     enter(ref, "ref_logprobs")
     rm.t = ref.t + MS
