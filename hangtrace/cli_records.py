@@ -65,7 +65,7 @@ def _fmt_wait(r: Any) -> str:
         d = json.loads(r["group"] or "{}")
         what = ", ".join("%s.%s (actor %s)" % (t.get("class") or "?", t.get("method"), str(t.get("actor_id"))[:8])
                          for t in d.get("targets") or ())
-        s = "ray.%s on %s%s" % (d.get("api"), what, " and %d more" % d["more"] if d.get("more") else "")
+        s = "%s on %s%s" % ("await" if d.get("api") == "await" else "ray.%s" % d.get("api"), what, " and %d more" % d["more"] if d.get("more") else "")
     except (ValueError, TypeError, AttributeError):
         s = "ray wait %s" % r["group"]
     return "%s %s%s" % (s, r["state"], " (%s)" % r["error"] if r["error"] else "")

@@ -20,14 +20,29 @@ survives the cluster (Ray's state API may be unreachable, or gone when the analy
   node's total resources) into the meta key ``ray_cluster_nodes`` (again, at most every
   :data:`NODES_REFRESH_S` s, when a request fits none of the nodes known).
 
-Not seen: ``await ref`` in async actors, refs made in another process and passed in,
+* **awaits on actor calls** (async actors, asyncio drivers): ``await ref``,
+  ``asyncio.gather(ref, ...)`` and ``asyncio.wrap_future(ref.future())`` all go through
+  ``asyncio.wrap_future`` on the ``concurrent.futures.Future`` of ``ObjectRef.future()``
+  (Ray 2.60 ``object_ref.pxi``: ``__await__`` -> ``as_future`` -> ``asyncio.wrap_future``;
+  the future keeps its ref in ``fut.object_ref``; ``ObjectRef`` itself is an immutable
+  Cython type). The wrapper writes the same ``K_WAIT`` record, api ``'await'``, on the
+  thread that awaits (Ray's event-loop thread of the actor), in the phase of the method
+  call that awaits (``ray_hooks``' per-task phase stack), and marks it completed / failed
+  (the exception's type; ``CancelledError`` when cancelled) from a done callback of the
+  asyncio future. ``numel`` holds a per-process await number (0 for ``ray.get`` /
+  ``ray.wait``): concurrent awaits of one thread are separate waits
+  (``RingSummary.waits``).
+
+Not seen: refs made in another process and passed in,
 ``ray.get`` on a task's (not an actor method's) result. Every hook swallows its own
 errors (logged once to the run log) and never the program's: the wrapped call's
 exceptions and results pass through unchanged.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
+import itertools
 import json
 import threading
 import time
@@ -57,6 +72,7 @@ _installed: List[Tuple[Any, str, Any]] = []
 _creates = 0
 _nodes: Optional[List[Dict[str, Any]]] = None
 _nodes_at = 0.0
+_await_no = itertools.count(1)
 
 
 def _say(msg: str, key: str) -> None:
@@ -166,6 +182,63 @@ def _wrap_waiting(api: str, orig: Any) -> Any:
     return waiting
 
 
+def _task_phase() -> None:
+    """Make the awaiting asyncio task's method the thread's current phase (async actors)."""
+    try:
+        from hangtrace.hooks import ray_hooks
+        if ray_hooks._task_stack.get() is not None:
+            ray_hooks._swap_task_stack()
+    except Exception:
+        pass
+
+
+def _await_begin(fut: Any) -> Tuple[Any, int]:
+    """Write the wait record of an await on ``fut`` (``ObjectRef.future()``) when its ref is
+    an actor-call result: (recorder, idx) or (None, 0)."""
+    try:
+        ref = getattr(fut, "object_ref", None)
+        rec = _recorder()
+        if ref is None or rec is None or not _refs:
+            return None, 0
+        targets, n = targets_of(ref)
+        if not targets:
+            return None, 0
+        if rec.full_slots:
+            rec.grow("waits on Ray actor calls")
+        _task_phase()
+        sid = rec.intern(wait_text("await", targets, n))
+        return rec, rec._slot(F.K_WAIT, 0, sid, n, next(_await_no), 0, 0, -1, F.S_ISSUED)
+    except Exception as e:
+        _say("ray: recording an await failed: %r" % (e,), "ray-await")
+        return None, 0
+
+
+def _await_done(rec: Any, idx: int, afut: Any) -> None:
+    """Done callback of the awaited asyncio future: end wait record ``idx``. Reads the
+    exception without retrieving it (asyncio's 'never retrieved' logging is unchanged)."""
+    try:
+        exc = asyncio.CancelledError() if afut.cancelled() else getattr(afut, "_exception", None)
+        _wait_end(rec, idx, exc)
+    except Exception as e:
+        _say("ray: recording the end of an await failed: %r" % (e,), "ray-await-end")
+
+
+def _wrap_future(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def wrap_future(future: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(future, *args, **kwargs)
+        if getattr(future, "object_ref", None) is not None:
+            rec, idx = _await_begin(future)
+            if rec is not None:
+                try:
+                    out.add_done_callback(functools.partial(_await_done, rec, idx))
+                except Exception as e:
+                    _say("ray: watching an await failed: %r" % (e,), "ray-await-cb")
+        return out
+    setattr(wrap_future, "__hangtrace_ray__", True)
+    return wrap_future
+
+
 # --- creation requests --------------------------------------------------------------------
 def actor_request(options: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
     """What Ray reserves for an actor created with ``options`` (``ActorClass._remote``'s
@@ -257,7 +330,7 @@ def _patch(owner: Any, attr: str, make: Callable[[Any], Any]) -> bool:
 
 
 def install(ray: Any, recorder_fn: Callable[[], Any], log: Callable[..., None]) -> int:
-    """Hook actor calls, ``ray.get`` / ``ray.wait`` and actor creation in this process
+    """Hook actor calls, ``ray.get`` / ``ray.wait``, ``asyncio.wrap_future`` (awaits) and actor creation in this process
     (``ray``: the imported module; ``recorder_fn``: returns the current recorder). Returns
     the number of attributes hooked (0 when already installed or nothing matched)."""
     global _log, _rec_fn
@@ -292,6 +365,8 @@ def install(ray: Any, recorder_fn: Callable[[], Any], log: Callable[..., None]) 
         # over the original): each is wrapped on its own, a call goes through one of them
         for owner in (ray, ray_worker):
             n += int(_patch(owner, api, functools.partial(_wrap_waiting, api)))
+    # await ref: Cython's ObjectRef.as_future looks asyncio.wrap_future up at each call
+    n += int(_patch(asyncio, "wrap_future", _wrap_future))
     return n
 
 

@@ -19,6 +19,7 @@ while open, so an explicit phase always wins. Plain, threaded (``max_concurrency
 Ray runs each call on a pool thread: phases are per thread) and async actors (the
 wrapper is itself ``async def``, so Ray still sees a coroutine function) are covered.
 Class methods, generator and async-generator methods (streaming) are left unwrapped.
+Ray's own infrastructure actors (``config.RAY_INFRA_ACTORS``): identity only (``ray_infra``).
 
 How methods are reached (Ray internals, version-gated; the path taken is recorded in
 ``meta['ray_hook_path']``): ``'executor'`` (we hand ``FunctionActorManager.
@@ -202,6 +203,8 @@ def wrap_method(name: str, method: Any) -> Any:
                 or getattr(method, "__hangtrace_ray__", False)
                 or inspect.isgeneratorfunction(method) or inspect.isasyncgenfunction(method)):
             return method
+        if config.ray_infra_actor(method.__module__, method.__qualname__.split(".")[0]):
+            return __import__("hangtrace.hooks.ray_infra", fromlist=["_"]).identity_only(method)
         if inspect.iscoroutinefunction(method):
             @functools.wraps(method)
             async def awrapper(*args: Any, **kwargs: Any) -> Any:
@@ -356,9 +359,7 @@ def install(ray: Any, recorder: Any, log: Callable[..., None]) -> str:
     if _path is not None:
         return _path
     _rec, _log = recorder, log
-    version = getattr(ray, "__version__", "0")
-    want = os.environ.get(HOOK_ENV, "").strip().lower()
-    path = "identity-only"
+    version, want, path = getattr(ray, "__version__", "0"), os.environ.get(HOOK_ENV, "").strip().lower(), "identity-only"
     fm: Any  # Ray's private function_manager module, or None
     try:
         from ray._private import function_manager as fm
@@ -367,8 +368,7 @@ def install(ray: Any, recorder: Any, log: Callable[..., None]) -> str:
         log("ray: function_manager not importable (%r): no actor method phases" % (e,), "ray-fm")
     if fm is not None and want != "off":
         if not _in_range(version):
-            log("ray %s is outside the tested range %s-%s: no actor method phases"
-                % (version, RAY_RANGE[0], RAY_RANGE[1]), "ray-version")
+            log("ray %s is outside the tested range %s-%s: no actor method phases" % (version, *RAY_RANGE), "ray-version")
         else:
             try:
                 if want != "class" and _install_executor(fm):

@@ -216,3 +216,22 @@ def helper_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
 #: ``RUN_DIR/fr/`` on request, and every live snapshot (watcher, ``hangtrace dump``)
 #: requests those dumps and keeps them in ``snapshots/<time>/fr/``.
 FR = "HANGTRACE_FR"
+
+
+#: Ray's library-internal actors, (module, class): data structures that serve their callers
+#: (docs/RAY.md section 2). Their methods are not recorded as phases (``hooks/ray_hooks``:
+#: a consumer polling ``Queue.get(timeout=...)`` is no progress of the job) and their
+#: exceptions are never a failure (``Empty`` of a timed get is the caller's control flow).
+RAY_INFRA_ACTORS: FrozenSet[Tuple[str, str]] = frozenset({
+    ("ray.util.queue", "_QueueActor"),
+    ("ray.util.collective.util", "NCCLUniqueIDStore"),
+    ("ray.util.collective.util", "Info"),
+})
+#: exception types (``Type`` of a 'Type: message' text) that are an answer, not a failure:
+#: a queue that is empty or full (``queue`` / ``ray.util.queue`` / ``asyncio``)
+CONTROL_FLOW_ERRORS: FrozenSet[str] = frozenset({"Empty", "Full", "QueueEmpty", "QueueFull"})
+
+
+def ray_infra_actor(module: Optional[str], cls: Optional[str]) -> bool:
+    """Is the actor class ``module.cls`` one of :data:`RAY_INFRA_ACTORS`?"""
+    return (str(module or ""), str(cls or "")) in RAY_INFRA_ACTORS

@@ -2,8 +2,10 @@
 
 A node is a traced process with a Ray identity (an actor, the driver, a task worker). An
 edge ``A -> B`` says: a thread of A is inside ``ray.get`` / ``ray.wait`` on the result of
-a call of B's method (``K_WAIT`` ring records of ``hooks/ray_calls.py``; newest per thread,
-``RingSummary.waits``). A wait is *open* when its record is still 'issued', or ended by
+a call of B's method, or a method call of A (an asyncio task) awaits it (``K_WAIT`` ring
+records of ``hooks/ray_calls.py``; newest per thread, every open await on its own,
+``RingSummary.waits``). A wait belongs to the method call that waits (its record's phase),
+not to the process's current phase: an async or threaded actor has several at once. A wait is *open* when its record is still 'issued', or ended by
 a stop (``SystemExit`` / ``KeyboardInterrupt``: Ray's SIGTERM handler or ``ray.shutdown``
 ended the process inside the wait). A target actor id without a process in the snapshot
 is *absent* (never started, not traced, or on a node not collected).
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze.deaths import STOP_ERRORS
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
@@ -41,7 +43,7 @@ class Target:
 @dataclass(frozen=True)
 class Wait:
     """One open wait of process ``key``: in ``method`` (its actor method / phase, or None),
-    ``api`` ('get' | 'wait'), on ``targets``, since ``since_wall_ns``; ``stopped``: ended
+    ``api`` ('get' | 'wait' | 'await'), on ``targets``, since ``since_wall_ns``; ``stopped``: ended
     by a stop of the process, not by a result."""
 
     key: str
@@ -51,6 +53,14 @@ class Wait:
     since_wall_ns: int
     targets: Tuple[Target, ...]
     stopped: bool = False
+    #: when the waiting method call began (its phase enter on the wait's thread; the call
+    #: it waits on was made within it), else ``since_wall_ns``: the callee may start before
+    #: the caller reaches ray.get / await
+    call_wall_ns: int = 0
+
+    def called(self) -> int:
+        """The earliest time the awaited call can have been made (``call_wall_ns``)."""
+        return self.call_wall_ns or self.since_wall_ns
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,11 @@ class ActorGraph:
     edges: Mapping[str, Tuple[Tuple[str, Wait, Target], ...]]
     absent: Tuple[Tuple[Wait, Target], ...]
     roles: ProcessRoles
+
+
+def call_text(api: Optional[str]) -> str:
+    """How a wait's call reads: ``ray.get``, ``ray.wait``, ``await`` (``api`` 'await')."""
+    return "await" if api == "await" else "ray.%s" % (api or "get")
 
 
 def label(p: ProcessInfo, roles: Optional[ProcessRoles] = None) -> str:
@@ -97,8 +112,21 @@ def open_waits(p: ProcessInfo) -> List[Wait]:
             continue
         if targets:
             out.append(Wait(p.key, r.get("phase"), str(d.get("api") or "get"), str(r.get("thread") or "?"),
-                            int(r.get("t_wall_ns") or 0), targets, stopped))
+                            int(r.get("t_wall_ns") or 0), targets, stopped, _call_began(p, r)))
     return sorted(out, key=lambda w: w.since_wall_ns)
+
+
+def _call_began(p: ProcessInfo, r: Mapping[str, Any]) -> int:
+    """The wall time of the newest enter of wait record ``r``'s phase on its thread before
+    it (kept records of ``p``), or 0."""
+    if not r.get("phase"):
+        return 0
+    sm = p.summary
+    recs = list(sm.tail) if sm is not None and sm.tail else list(p.records or ())
+    idx = int(r.get("idx") or 0)
+    ts = [int(x.get("t_wall_ns") or 0) for x in recs if x.get("kind") == "phase_enter"
+          and x.get("phase") == r.get("phase") and x.get("thread") == r.get("thread") and int(x.get("idx") or 0) < idx]
+    return max(ts, default=0)
 
 
 def build(processes: Sequence[ProcessInfo]) -> ActorGraph:
@@ -192,9 +220,11 @@ def _in_wait_order(g: ActorGraph, comp: List[str]) -> List[str]:
     return order + sorted(members - set(order))
 
 
-def edge(g: ActorGraph, src: str, dst: str) -> Optional[Tuple[Wait, Target]]:
-    """The (oldest) wait of ``src`` on ``dst``, or None."""
-    return next(((w, t) for d, w, t in g.edges.get(src, ()) if d == dst), None)
+def edge(g: ActorGraph, src: str, dst: str, method: Optional[str] = None) -> Optional[Tuple[Wait, Target]]:
+    """The (oldest) wait of ``src`` on ``dst``, or None; with ``method``, a wait made by
+    that method call of ``src`` first (the call others wait on, when ``src`` runs several)."""
+    es = [(w, t) for d, w, t in g.edges.get(src, ()) if d == dst]
+    return next((e for e in es if method is not None and e[0].method == method), es[0] if es else None)
 
 
 def chain_ends(g: ActorGraph) -> Dict[str, List[str]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
+from hangtrace.tracer.config import CONTROL_FLOW_ERRORS
 from hangtrace.tracer.diagnosis import Cause, exit_code_cause
 
 if TYPE_CHECKING:
@@ -196,12 +197,14 @@ def is_stop_error(error: Any) -> bool:
 
 def raised_phases(p: Any) -> List[Tuple[int, str, str, Optional[int]]]:
     """The phases (Ray actor methods included) of ``p`` that raised and have not completed
-    since (``RingSummary.failed_phases``), stops excepted: ``(wall ns, name, 'Type:
-    message', step)``, oldest first."""
+    since (``RingSummary.failed_phases``), stops and control flow (``config.
+    CONTROL_FLOW_ERRORS``: a queue's ``Empty`` / ``Full``) excepted: ``(wall ns, name,
+    'Type: message', step)``, oldest first."""
     sm = getattr(p, "summary", None)
     out = [(int(rec.get("t_wall_ns") or 0), name, str(rec.get("error") or "").strip(), rec.get("step"))
            for name, rec in (sm.failed_phases.items() if sm is not None else ())]
-    return sorted(f for f in out if f[2] and not is_stop_error(f[2]))
+    return sorted(f for f in out if f[2] and not is_stop_error(f[2])
+                  and f[2].split(":")[0].strip().rsplit(".", 1)[-1] not in CONTROL_FLOW_ERRORS)
 
 
 def interrupted_at_work(p: Any) -> bool:

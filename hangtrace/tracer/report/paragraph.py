@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.report.advice import next_step
+from hangtrace.tracer.report.clip import clip
 
 
 def _ranks(rs: Optional[Iterable[int]]) -> str:
@@ -99,7 +100,7 @@ def _ray_text(diag: Diagnosis) -> str:
     for r in diag.culprit_ranks[:2]:
         x = says.get(str(r))
         if x:
-            out += " Ray says (rank %s): \"%s\"." % (r, " ".join(str(x.get("text")).split())[:240])
+            out += " Ray says (rank %s): \"%s\"." % (r, clip(str(x.get("text")), 240))
     return out
 # --- end Ray ---
 
@@ -248,8 +249,13 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 
 def _call(x: Dict[str, Any]) -> str:
     """``RewardServer in score is blocked in ray.get on PolicyTrainer.policy_version``."""
-    return "%s%s is blocked in ray.%s on %s.%s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
-                                                  x.get("api") or "get", x.get("waits_on"), x.get("target_method"))
+    return "%s%s is blocked in %s on %s.%s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
+                                              _api(x.get("api")), x.get("waits_on"), x.get("target_method"))
+
+
+def _api(api: Optional[str]) -> str:
+    """``ray.get``, ``ray.wait``, ``await`` (a wait record's api)."""
+    return "await" if api == "await" else "ray.%s" % (api or "get")
 
 
 def _actor_deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
@@ -278,8 +284,8 @@ def _unschedulable(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> s
     waiters = d.get("actor_waiters") or []
     if waiters:
         s += " Waiting for it: %s." % "; ".join(
-            "%s%s, in ray.%s on its %s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
-                                           x.get("api"), x.get("target_method")) for x in waiters[:4])
+            "%s%s, in %s on its %s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
+                                       _api(x.get("api")), x.get("target_method")) for x in waiters[:4])
     says = next(iter((d.get("ray_says") or {}).values()), None)
     if says:
         s += " Ray says: %s." % says.get("text")
@@ -296,18 +302,18 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         if waits:  # rules/rankless_root.py: ranked processes wait afterwards
             s += " No rank progressed after it; %s %s (cascade): %s." % (
                 _ranks(diag.waiting_ranks), _verb(diag.waiting_ranks), "; ".join(
-                    "rank %s %s" % (r, w[:120]) for r, w in list(waits.items())[:3]))
+                    "rank %s %s" % (r, clip(w, 120)) for r, w in list(waits.items())[:3]))
         if casc:
             s += " %d later failure(s) (cascade, e.g. %s: %s)." % (
                 len(casc), casc[0].get("actor") or "rank %s" % casc[0].get("rank"),
-                (casc[0].get("text") or casc[0].get("cause") or "")[:100])
+                clip(casc[0].get("text") or casc[0].get("cause") or "", 100))
         return s
     s = ("Dead rank: %s died first (cause: %s%s)%s%s%s." % (
         who, diag.cause, (": " + text) if text else "", _where(diag),
         (" during/after %s" % coll) if coll else "", _doing(diag)))
     if casc:
         s += " %d other rank(s) failed after it (cascade, e.g. rank %d: %s)." % (
-            len(casc), casc[0]["rank"], (casc[0].get("text") or casc[0].get("cause") or "")[:100])
+            len(casc), casc[0]["rank"], clip(casc[0].get("text") or casc[0].get("cause") or "", 100))
     elif diag.waiting_ranks:
         s += " %s %s for it." % (_ranks(diag.waiting_ranks), _verb(diag.waiting_ranks))
     return s
@@ -315,7 +321,7 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 
 def _transport(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     s = ("Transport error: %s failed first in %s with '%s', and no rank is dead%s." % (
-        who, coll or "a collective", (d.get("cause_text") or "")[:160], _where(diag)))
+        who, coll or "a collective", clip(d.get("cause_text") or "", 160), _where(diag)))
     if diag.cascade:
         s += " %d more rank(s) failed after it." % len(diag.cascade)
     return s
@@ -335,6 +341,13 @@ _UNKNOWN_WHY = {Cause.NO_DATA.value: "no traced process with a rank in the snaps
 
 
 def _unknown(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    inc = d.get("actor_chain_incomplete")
+    if inc:  # rules/actor_waits.py: a chain of actor calls ends at an idle actor
+        return ("Unknown: a chain of actor calls waits on Ray actor %s (%s), which is inside no method and never "
+                "started %s: the wait that holds the chain is not recorded, so no actor is named. The chain: %s." % (
+                    inc.get("actor"), ", ".join(inc.get("methods") or ["?"]),
+                    "it" if len(inc.get("methods") or []) < 2 else "them",
+                    "; ".join(_call(x) for x in (d.get("actor_chain") or [])[:6])))
     why = _UNKNOWN_WHY.get(str(diag.cause) if diag.cause else "", str(diag.cause) if diag.cause else "not enough data")
     s = "Unknown: %s" % why
     if diag.culprit_ranks:

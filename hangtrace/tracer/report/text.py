@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.stacktree import NO_STACK, format_ranks
 from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.json import SCHEMA_VERSION, diagnosis_json
 from hangtrace.tracer.report.paragraph import _ranks, fb, ray_actor_label, verdict_paragraph
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
@@ -70,7 +71,7 @@ def _memory_section(diag: Diagnosis, max_rows: int = 60) -> List[str]:
     for r, a in sorted((mem.get("attribution") or {}).items(), key=lambda kv: int(kv[0]))[:4]:
         if a.get("cause") != a.get("base_cause"):
             out.append("  rank %s: cause %s (from %s): %s" % (r, a.get("cause"), a.get("base_cause"),
-                                                             (a.get("cause_text") or "")[:300]))
+                                                             clip(a.get("cause_text") or "", 300)))
     for ln in mem.get("evidence") or ():
         out.append("  - %s" % ln)
     for ln in mem.get("advice") or ():

@@ -24,6 +24,9 @@ Selection rules (the ones the analysis has always applied to the full record lis
   since);
 * ``waits``: per thread name, the newest Ray wait record (kind 'ray_wait', ``hooks/
   ray_calls.py``: a ``ray.get``/``ray.wait`` on actor-call results; 'issued' = still waiting);
+  an await (``numel`` = its await number, not 0) is a wait of its own, keyed
+  ``'<thread>#<number>'`` (one event-loop thread awaits many calls at once), kept unless
+  it completed (:func:`wait_key`);
 * ``tail``: the newest :data:`TAIL` records (numpy path: kept as raw slots, decoded on
   access, :class:`LazyRecords`); ``memory``: every memory sample.
 """
@@ -134,7 +137,9 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
         if kind == "phase_exit" and r.get("phase"):
             exits[str(r.get("phase"))] = r
         elif kind == "ray_wait":
-            waits[r.get("thread")] = r
+            wk = wait_key(r)
+            if wk is not None or not r.get("numel"):
+                waits[wk] = r
         if kind == "collective" or kind == "p2p":
             d: Dict[Any, AnyRecord] = by_group if kind == "collective" else by_peer
             k: Any = r.get("group") if kind == "collective" else (r.get("group"), r.get("peer"))
@@ -198,7 +203,7 @@ def _slot_dtype() -> Any:
     if _DTYPE is None:
         import numpy as np
         fields = [("idx", "<u8", 0), ("kind", "u1", 8), ("flags", "u1", 9), ("group", "<u4", 12),
-                  ("seq", "<i8", 16), ("peer", "<i4", 36), ("thread", "<u4", 40), ("phase", "<u4", 44), ("t_wall", "<u8", 64), ("state", "u1", 72)]
+                  ("seq", "<i8", 16), ("numel", "<i8", 24), ("peer", "<i4", 36), ("thread", "<u4", 40), ("phase", "<u4", 44), ("t_wall", "<u8", 64), ("state", "u1", 72)]
         _DTYPE = np.dtype({"names": [f[0] for f in fields], "formats": [f[1] for f in fields],
                            "offsets": [f[2] for f in fields], "itemsize": SLOT_SIZE})
         assert SLOT.size == SLOT_SIZE
@@ -215,6 +220,17 @@ def _progress_lut(np: Any) -> Any:
         _LUT = np.zeros(256, dtype=bool)
         _LUT[list(_PROGRESS_IDS)] = True
     return _LUT
+
+
+def wait_key(r: Any) -> Optional[str]:
+    """The key of wait record ``r`` in ``RingSummary.waits``: its thread for a ``ray.get`` /
+    ``ray.wait``; ``'<thread>#<n>'`` for await number ``n``, or None for a completed await
+    (not kept)."""
+    n = r.get("numel") or 0
+    if not n:
+        t = r.get("thread")
+        return None if t is None else str(t)
+    return None if r.get("state") == "completed" else "%s#%d" % (r.get("thread"), n)
 
 
 def _last_per_key(np: Any, pos: Any, keys: Sequence[Any]) -> Any:
@@ -281,11 +297,14 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
             failed_phases[str(name)] = r
     waits: Dict[Optional[str], Record] = {}
     wpos = pos[kind == K_WAIT]
-    for p in _last_per_key(np, wpos, (idx[wpos], idx[wpos], arr["thread"][wpos])).tolist():
+    for p in _last_per_key(np, wpos, (idx[wpos], idx[wpos], arr["numel"][wpos], arr["thread"][wpos])).tolist():
         r = rec(p)
-        cur = waits.get(r.get("thread"))
+        wk = wait_key(r)
+        if wk is None and r.get("numel"):
+            continue  # a completed await
+        cur = waits.get(wk)
         if cur is None or r["idx"] > cur["idx"]:
-            waits[r.get("thread")] = r
+            waits[wk] = r
     inflight = None
     if inflight_idx:
         ip = (inflight_idx - 1) % nslots

@@ -160,3 +160,100 @@ def test_graph_cycles_are_linear_and_separate():
         ray_get(bs[src], [(bs[dst], "n%d" % i)])
     g = actorgraph.build(snap(bs).processes)
     assert sorted(map(sorted, actorgraph.cycles(g))) == [["h0:100", "h0:101"], ["h0:102", "h0:103"]]
+
+
+def await_ref(b, targets, n, state="issued", dt=MS, thread="AsyncIO Thread: default"):
+    """An await record of hooks/ray_calls.py (api 'await', await number ``n``) made on
+    Ray's event-loop thread of an async actor."""
+    r = ray_get(b, targets, state=state, api="await", dt=dt)
+    r["numel"], r["thread"] = n, thread
+    return r
+
+
+def async_cycle_job():
+    """The blind job ray2_async_cycle.py: Generator (one slot) in generate ray.get's
+    RewardModel.score; RewardModel (async) score awaits RefPolicy.ref_logprobs; RefPolicy
+    in ref_logprobs ray.wait's Generator.weights_version, which cannot start. RewardModel
+    ran an earlier score whose await completed, and its current phase is another call's."""
+    drv, gen, rm, ref = (driver(), actor("Generator", 201, "generator"), actor("RewardModel", 202, "reward-model"),
+                         actor("RefPolicy", 203, "ref-policy"))
+    for b in (gen, rm, ref):
+        enter(b, "__init__")
+        b.mark("phase_exit")
+        b.phase = None
+    ray_get(drv, [(gen, "generate")], dt=50 * MS)
+    enter(gen, "generate", dt=60 * MS)
+    ray_get(gen, [(rm, "score")])
+    enter(rm, "score", dt=70 * MS)
+    await_ref(rm, [(ref, "ref_logprobs")], 1, state="completed")  # an earlier call of the same loop
+    await_ref(rm, [(ref, "ref_logprobs")], 2)
+    enter(rm, "status")  # another concurrent call is the thread's current phase now
+    enter(ref, "ref_logprobs", dt=80 * MS)
+    r = ray_get(ref, [(gen, "weights_version")], api="wait")
+    r["thread"] = "ThreadPoolExecutor-0_0"  # a threaded actor's pool thread
+    return drv, gen, rm, ref
+
+
+def test_await_in_an_async_actor_closes_the_cycle():
+    """The await edge (from Ray's loop thread, not the main thread) closes the cycle; each
+    member is reported with the method call that waits (score), not the async actor's
+    current phase (status)."""
+    drv, gen, rm, ref = async_cycle_job()
+    d = check(diagnose(snap([drv, gen, rm, ref], reason="stall")), "actor-deadlock", [])
+    assert d.culprit_actors == ["Generator 'generator'", "RefPolicy 'ref-policy'", "RewardModel 'reward-model'"]
+    cyc = {c["actor"]: c for c in d.details["actor_cycle"]}
+    assert (cyc["RewardModel 'reward-model'"]["method"], cyc["RewardModel 'reward-model'"]["api"]) == ("score", "await")
+    assert cyc["RefPolicy 'ref-policy'"]["target_started"] is False
+    p = verdict_paragraph(d)
+    assert "RewardModel 'reward-model' in score is blocked in await on RefPolicy 'ref-policy'.ref_logprobs" in p, p
+    assert "RefPolicy 'ref-policy' in ref_logprobs is blocked in ray.wait on Generator 'generator'.weights_version" in p
+    assert "driver is blocked in ray.get on Generator 'generator'.generate" in p
+
+
+def test_concurrent_awaits_of_one_async_actor_are_separate_waits():
+    """Two calls of one async actor await two different actors on the same loop thread:
+    both are open waits (edges), each in its own method."""
+    a, b, c = actor("Router", 211), actor("ShardA", 212), actor("ShardB", 213)
+    enter(a, "route")
+    await_ref(a, [(b, "lookup")], 7)
+    enter(a, "fanout")
+    await_ref(a, [(c, "lookup")], 8)
+    ws = actorgraph.build(snap([a, b, c]).processes).waits["h0:211"]
+    assert sorted((w.method, w.targets[0].cls, w.api) for w in ws) == [
+        ("fanout", "ShardB", "await"), ("route", "ShardA", "await")]
+
+
+def test_chain_ending_at_an_idle_actor_whose_method_never_started_names_no_one():
+    """driver -> Trainer.step -> Judge.grade, and Judge is inside no method and grade never
+    started: the wait that holds the chain is not recorded, so Judge is not blamed as
+    'waits on no other actor'; the verdict says the chain is incomplete."""
+    drv, t, j = driver(), actor("Trainer", 221), actor("Judge", 222, name="judge-0")
+    enter(j, "__init__")
+    j.mark("phase_exit")
+    j.phase = None
+    ray_get(drv, [(t, "step")])
+    enter(t, "step")
+    ray_get(t, [(j, "grade")])
+    j.mark("heartbeat", dt=10 * S)  # its records reach back past the wait: grade did not start
+    d = diagnose(snap([drv, t, j], reason="stall"))
+    assert d.kind == "unknown" and d.culprit_actors == [], d.summary
+    assert d.details["actor_chain_incomplete"]["methods"] == ["grade"]
+    p = verdict_paragraph(d)
+    assert p.startswith("Unknown: a chain of actor calls waits on Ray actor Judge 'judge-0' (grade), which is inside "
+                        "no method and never started it"), p
+    assert "waits on no other actor" not in p and "Trainer in step is blocked in ray.get on Judge 'judge-0'.grade" in p
+
+
+def test_callee_that_started_before_the_caller_reached_its_await_has_started():
+    """The blind run: RefPolicy entered ref_logprobs 1 ms before RewardModel's await record
+    (the call was made earlier in score); 'started' is judged from when score began."""
+    rm, ref = actor("RewardModel", 231), actor("RefPolicy", 232)
+    enter(rm, "score", dt=10 * MS)["thread"] = "AsyncIO Thread: default"
+    ref.t = rm.t + MS
+    enter(ref, "ref_logprobs")
+    rm.t = ref.t + MS
+    await_ref(rm, [(ref, "ref_logprobs")], 1)
+    ray_get(ref, [(rm, "lookup")])
+    d = check(diagnose(snap([rm, ref], reason="stall")), "actor-deadlock", [])
+    cyc = {c["actor"]: c for c in d.details["actor_cycle"]}
+    assert cyc["RewardModel"]["target_started"] is True, cyc

@@ -117,3 +117,51 @@ def test_rankless_actor_failure_beside_a_ranked_hang_is_in_the_evidence():
     assert d.kind == "collective-mismatch" and d.culprit_ranks == [0, 1], d.summary
     assert d.details["actor_failures"][0]["actor"] == "RolloutWorker 'rollout-0'"
     assert any("rollout-0" in e and "BEFORE the hang began" in e for e in d.evidence), d.evidence
+
+
+def queue_job():
+    """The blind job ray2_queue_producer_raise.py: Rollout (async) starts a fire-and-forget
+    _produce task that puts into a ray.util.queue.Queue and raises at batch 7; Trainer polls
+    q.get(timeout=2), each poll a call of Ray's _QueueActor.get ending in Empty (a ring
+    from before hooks/ray_infra still has those phases). Rollout answers status() calls."""
+    ro, tr = actor("Rollout", 41, name="rollout"), actor("Trainer", 42, name="trainer")
+    qa = actor("_QueueActor", 43)
+    qa.kw["meta"]["ray_actor_module"] = "ray.util.queue"
+    method(ro, "start")
+    for _ in range(6):
+        method(qa, "put", dt=500 * MS)
+        method(qa, "get")
+    ro.t = qa.t + 500 * MS
+    ro.set(events=[{"event": "task_exception", "coro": "Rollout._produce", "task": "Task-3", "type": "RuntimeError",
+                    "message": "probability tensor contains either `inf`, `nan` or element < 0", "wall_ns": ro.t}])
+    tr.phase = "train"
+    tr.mark("phase_enter", dt=MS)
+    qa.t = ro.t
+    for _ in range(10):
+        method(qa, "get", error="Empty: ", dt=2 * S)
+    method(ro, "status", dt=20 * S)
+    return ro, tr, qa
+
+
+def test_unretrieved_task_exception_of_an_actor_is_the_root_not_the_queues_empty():
+    ro, tr, qa = queue_job()
+    d = check(diagnose(snap([ro, tr, qa], reason="stall")), "dead-rank", [])
+    assert d.culprit_actors == ["Rollout 'rollout'"] and d.cause == "exception", d.evidence
+    assert "RuntimeError: probability tensor" in d.details["cause_text"]
+    assert "_produce" in d.details["cause_text"] and not d.cascade
+    p = verdict_paragraph(d)
+    assert p.startswith("Failed Ray actor: Rollout 'rollout' (no rank) failed first (cause: exception: asyncio task "
+                        "'Rollout._produce' raised RuntimeError"), p
+    assert "Empty" not in p and "_QueueActor" not in p
+
+
+def test_empty_or_full_of_a_users_queue_method_is_no_failure():
+    """A user's actor method that raised queue.Empty (its caller's timed poll) is control
+    flow: with nothing else failing, the verdict is the stalled actors, not a failure."""
+    a, b = actor("Buffer", 51), actor("Learner", 52)
+    method(a, "sample", error="Empty: ")
+    method(a, "push", error="Full: ")
+    b.phase = "learn"
+    b.mark("phase_enter")
+    d = check(diagnose(snap([a, b], reason="stall")), "stuck-outside-collective", [])
+    assert "Learner" in d.culprit_actors and "Empty" not in verdict_paragraph(d), d.evidence

@@ -9,20 +9,27 @@ made no progress for the stall threshold:
 * a **cycle** of open waits (A waits on B's method, B on C's, ..., back to A; or an actor
   on its own method) -> kind ``actor-deadlock`` (cause None), ``culprit_actors`` = the
   cycle's actors, ``details['actor_cycle']`` one item per member (its method, the call it
-  is blocked in, the method it waits on and whether that method started since), the
+  is blocked in, the method it waits on and whether that method started since the
+  waiting method call began: ``Wait.called``), the
   processes waiting into the cycle (the driver) in ``details['actor_waiters']``;
 * no cycle, but a **chain** of waits that ends at a live actor waiting on no one -> that
   actor is the culprit: ``stuck-outside-collective`` (cause ``blocked`` while it is inside
   a method, ``no-progress`` when it is not), ``details['actor_chain']`` the waiters.
   A chain that ends at an actor without a process is left to rule ``unschedulable``.
+* a chain that ends at an actor **inside no method** whose awaited methods never started
+  since the waits began -> no culprit: kind ``unknown`` (cause
+  ``stalled-outside-collectives``), ``details['actor_chain_incomplete']`` (the idle actor,
+  the methods): an idle actor cannot hold anyone, so a wait that holds the chain was not
+  recorded (a call queued behind something unseen); naming it would be a guess.
 
 Otherwise the rule does not find. Limits: the waits seen are those of ``hooks/ray_calls``
-(``ray.get``/``ray.wait`` on refs the same process made; not ``await ref``); a
-``ray.wait`` for any one of several refs counts as a wait on each of them.
+(``ray.get``/``ray.wait``/``await`` on refs the same process made); a ``ray.wait`` for any
+one of several refs counts as a wait on each of them; a node is a process, so a cycle
+through an async actor is judged by its open waits, each of the method call that made it.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze import actorgraph as G
 from hangtrace.tracer.analyze.context import Ctx
@@ -65,20 +72,35 @@ def find(ctx: Ctx) -> Optional[Finding]:
     if ends:
         end = max(ends, key=lambda k: (len(ends[k]), k))
         return Finding(NAME, (), min(w.since_wall_ns for k in ends[end] for w in g.waits[k]),
-                       data=("chain", end, ends[end], g))
+                       data=("incomplete" if unstarted(g, end) else "chain", end, ends[end], g))
     return None
 
 
-def _member(ctx: Ctx, g: G.ActorGraph, key: str, nxt: str) -> Dict[str, Any]:
+def unstarted(g: G.ActorGraph, end: str) -> List[Tuple[G.Wait, G.Target]]:
+    """The waits on actor ``end`` when it is inside no method and none of the methods they
+    wait on started since the wait began: the edge that holds the chain is not recorded
+    (the call is queued behind something unseen, or lost); else []."""
+    p = g.procs[end]
+    if p.phase:
+        return []
+    into = [(w, t) for k in g.waits for d, w, t in g.edges.get(k, ()) if d == end]
+    if into and all(G.started_since(p, t.method, w.called()) is False for w, t in into):
+        return into
+    return []
+
+
+def _member(ctx: Ctx, g: G.ActorGraph, key: str, nxt: str, asked: Optional[str] = None) -> Dict[str, Any]:
+    """Cycle member ``key`` waiting on ``nxt``: by the wait its call of ``asked`` (the
+    method the member before it waits on) made, when there is one."""
     p = g.procs[key]
-    e = G.edge(g, key, nxt)
+    e = G.edge(g, key, nxt, asked)
     item: Dict[str, Any] = {"actor": G.label(p, g.roles), "process": key, "method": None, "api": None,
                             "waits_on": G.label(g.procs[nxt], g.roles), "target_method": None,
                             "since_wall_ns": None, "target_started": None, "target_inside": g.procs[nxt].phase}
     if e is not None:
         w, t = e
         item.update(method=w.method, api=w.api, target_method=t.method, since_wall_ns=w.since_wall_ns,
-                    target_started=G.started_since(g.procs[nxt], t.method, w.since_wall_ns))
+                    target_started=G.started_since(g.procs[nxt], t.method, w.called()))
     return item
 
 
@@ -94,8 +116,9 @@ def _waiters_into(ctx: Ctx, g: G.ActorGraph, members: List[str]) -> List[Dict[st
                 who, whom = G.label(g.procs[key], g.roles), G.label(g.procs[dst], g.roles)
                 out.append({"actor": who, "process": key, "method": w.method, "api": w.api, "waits_on": whom,
                             "target_method": t.method, "since_wall_ns": w.since_wall_ns})
-                ctx.add("%s (%s)%s waits (ray.%s since %s) on %s.%s" % (
-                    who, key, " in %s" % w.method if w.method else "", w.api, ts(w.since_wall_ns), whom, t.method))
+                ctx.add("%s (%s)%s waits (%s since %s) on %s.%s" % (
+                    who, key, " in %s" % w.method if w.method else "", G.call_text(w.api), ts(w.since_wall_ns),
+                    whom, t.method))
                 break
     return out
 
@@ -106,7 +129,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     what = finding.data[0]
     if what == "cycle":
         _, members, g = finding.data
-        items = [_member(ctx, g, k, members[(i + 1) % len(members)]) for i, k in enumerate(members)]
+        items: List[Dict[str, Any]] = []
+        for i, k in enumerate(members):
+            prev = G.edge(g, members[i - 1], k) if len(members) > 1 else None
+            items.append(_member(ctx, g, k, members[(i + 1) % len(members)], prev[1].method if prev else None))
         d.kind, d.cause = Kind.ACTOR_DEADLOCK, None
         d.culprit_actors = sorted({it["actor"] for it in items})
         d.phase = items[0]["method"]
@@ -116,9 +142,9 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
                        False: "that method has not started since (%s is inside %s)" % (
                            it["waits_on"], it["target_inside"] or "no method"),
                        None: "not known whether that method started"}[it["target_started"]]
-            ctx.add("Ray actor %s (%s)%s is blocked in ray.%s since %s on %s.%s: %s" % (
+            ctx.add("Ray actor %s (%s)%s is blocked in %s since %s on %s.%s: %s" % (
                 it["actor"], it["process"], " in method %s" % it["method"] if it["method"] else "",
-                it["api"], ts(it["since_wall_ns"]) if it["since_wall_ns"] else "?", it["waits_on"],
+                G.call_text(it["api"]), ts(it["since_wall_ns"]) if it["since_wall_ns"] else "?", it["waits_on"],
                 it["target_method"], started))
         d.details["actor_waiters"] = _waiters_into(ctx, g, members)
         if finding.start:
@@ -126,11 +152,23 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         return
     _, end, _waiters, g = finding.data
     p = g.procs[end]
+    if what == "incomplete":
+        _incomplete(ctx, finding, d, end, g)
+        return
     d.kind = Kind.STUCK_OUTSIDE_COLLECTIVE
     d.cause = Cause.BLOCKED if p.phase else Cause.NO_PROGRESS
     d.culprit_actors = [G.label(p, g.roles)]
     d.phase = p.phase
     d.details["actor_methods"] = {G.label(p, g.roles): [p.phase] if p.phase else []}
+    d.details["actor_chain"] = _chain(ctx, g, end)
+    ctx.add("Ray actor %s (%s) is at the end of a chain of waits on actor calls and waits on no actor: %s" % (
+        G.label(p, g.roles), end, "inside method %s" % p.phase if p.phase else "inside no method"))
+    if finding.start:
+        d.details["hang_start_wall_ns"] = finding.start
+
+
+def _chain(ctx: Ctx, g: G.ActorGraph, end: str) -> List[Dict[str, Any]]:
+    """The waiters of a chain that ends at ``end``, nearest first."""
     chain: List[Dict[str, Any]] = []
     reached = [end]
     while True:  # nearest waiters first: those on the end, then those on them, ...
@@ -139,8 +177,20 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
             break
         chain.extend(more)
         reached.extend(c["process"] for c in more)
-    d.details["actor_chain"] = chain
-    ctx.add("Ray actor %s (%s) is at the end of a chain of waits on actor calls and waits on no actor: %s" % (
-        G.label(p, g.roles), end, "inside method %s" % p.phase if p.phase else "inside no method"))
+    return chain
+
+
+def _incomplete(ctx: Ctx, finding: Finding, d: Diagnosis, end: str, g: G.ActorGraph) -> None:
+    """A chain ending at an idle actor whose awaited methods never started: no culprit
+    (kind unknown), the chain and the idle actor in ``details['actor_chain_incomplete']``."""
+    p = g.procs[end]
+    d.kind, d.cause = Kind.UNKNOWN, Cause.STALLED_OUTSIDE_COLLECTIVES
+    d.culprit_actors = []
+    d.details["actor_chain"] = _chain(ctx, g, end)
+    d.details["actor_chain_incomplete"] = {"actor": G.label(p, g.roles), "process": end,
+                                           "methods": sorted({t.method for _, t in unstarted(g, end)})}
+    ctx.add("Ray actor %s (%s) is waited on (%s) but inside no method, and none of those methods started since "
+            "the waits began: a wait that holds the chain is not recorded; not naming it" % (
+                G.label(p, g.roles), end, ", ".join(d.details["actor_chain_incomplete"]["methods"])))
     if finding.start:
         d.details["hang_start_wall_ns"] = finding.start

@@ -7,10 +7,16 @@ were "Unknown: no traced process with a rank".
 Failures of each rank-less actor (``Role.RAY_ACTOR``, rank -1), by time:
 
 * a method that raised and has not completed since (``deaths.raised_phases``: the
-  actor-method phases of ``hooks/ray_hooks.py`` end 'failed' with ``Type: message``). A
+  actor-method phases of ``hooks/ray_hooks.py`` end 'failed' with ``Type: message``;
+  a queue's ``Empty`` / ``Full`` is control flow, and methods of Ray's own
+  infrastructure actors - ``config.RAY_INFRA_ACTORS``, the actor behind
+  ``ray.util.queue.Queue`` - are their callers' work: neither is a failure). A
   ``SystemExit`` / ``KeyboardInterrupt`` (``deaths.STOP_ERRORS``) is how Ray ends a
   worker it stops (SIGTERM, ``ray.shutdown``, ``ray.kill``): that is the death below,
   not a failure of the method;
+* an asyncio task of the actor whose exception nobody retrieved (event
+  ``task_exception`` of ``hooks/failures.py``: a fire-and-forget producer task that
+  died while the actor lives on);
 * a death (``deaths.fill_death``: killed, non-zero exit, fatal signal, SIGTERM while in a
   method, with the memory refinements: Ray's memory monitor, host OOM kill).
 
@@ -30,8 +36,11 @@ from typing import Any, Dict, List, Optional, Tuple
 from hangtrace.tracer.analyze.context import Ctx, RankView, index_process
 from hangtrace.tracer.analyze.deaths import fill_death, raised_phases
 from hangtrace.tracer.analyze.evidence import ts
+from hangtrace.tracer.analyze.exceptions import survived
 from hangtrace.tracer.analyze.rules.base import Finding
+from hangtrace.tracer.config import ray_infra_actor
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
+from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.snapshot import ProcessInfo, Role
 
 NAME = "actors"
@@ -53,10 +62,21 @@ def rankless_actors(ctx: Ctx) -> List[ProcessInfo]:
     return [p for p in ctx.snap.processes if p.role == Role.RAY_ACTOR and (p.rank is None or p.rank < 0)]
 
 
+def infrastructure(p: ProcessInfo) -> bool:
+    """Is ``p`` one of Ray's own infrastructure actors (``config.RAY_INFRA_ACTORS``: the
+    actor behind ``ray.util.queue.Queue`` ...)? Its methods' exceptions are its callers'
+    control flow, never a failure."""
+    m = p.meta or {}
+    return ray_infra_actor(m.get("ray_actor_module"), m.get("ray_actor_class"))
+
+
 def _failures(p: ProcessInfo, v: RankView) -> List[Failure]:
     label = actor_label(p)
-    out: List[Failure] = [(t, label, Cause.EXCEPTION.value, "method %s raised %s" % (method, err[:300]), p.key)
-                          for t, method, err, _ in raised_phases(p)]
+    out: List[Failure] = [] if infrastructure(p) else [
+        (t, label, Cause.EXCEPTION.value, "method %s raised %s" % (method, clip(err, 300)), p.key)
+        for t, method, err, _ in raised_phases(p)]
+    out += [(x.wall_ns, label, Cause.EXCEPTION.value, x.line(), p.key)  # the process lived on
+            for x in survived(p) if x.source == "asyncio-task"]
     if v.dead and not v.victim:
         out.append((int(v.fail_wall or 0), label, str(v.cause), str(v.cause_text or ""), p.key))
     return out

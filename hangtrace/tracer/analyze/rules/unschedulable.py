@@ -149,8 +149,8 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         who = G.label(p, g.roles) if p is not None else w.key
         waiters.append({"actor": who, "process": w.key, "method": w.method, "api": w.api,
                         "target_method": t.method, "since_wall_ns": w.since_wall_ns})
-        ctx.add("%s (%s)%s waits (ray.%s since %s) on %s.%s" % (who, w.key, " in %s" % w.method if w.method else "",
-                                                                  w.api, ts(w.since_wall_ns), cls, t.method))
+        ctx.add("%s (%s)%s waits (%s since %s) on %s.%s" % (who, w.key, " in %s" % w.method if w.method else "",
+                                                              G.call_text(w.api), ts(w.since_wall_ns), cls, t.method))
     d.details["actor_waiters"] = waiters
     if row is not None:
         says = "actor %s is %s%s" % (lab, row.get("state") or "?", ", required resources %s" % _short(

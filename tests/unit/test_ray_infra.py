@@ -1,0 +1,62 @@
+"""hooks/ray_infra.py: methods of Ray's own infrastructure actors (the actor behind
+ray.util.queue.Queue) record no phase - a consumer's timed polls are no progress and the
+Empty of a timed get no failed method - while a user's actor methods still do."""
+import asyncio
+
+import pytest
+
+from hangtrace.hooks import ray_hooks
+from hangtrace.tracer import config
+
+
+class _Rec:
+    def __init__(self):
+        self.calls = []
+
+    def phase_enter(self, name):
+        self.calls.append(("enter", name))
+
+    def phase_exit(self, name, error=None):
+        self.calls.append(("exit", name, error))
+
+
+def _method(module, qualname, coro=False, exc=None):
+    if coro:
+        async def f(self, *a):
+            if exc:
+                raise exc
+            return "ok"
+    else:
+        def f(self, *a):
+            if exc:
+                raise exc
+            return "ok"
+    f.__module__, f.__qualname__, f.__name__ = module, qualname, qualname.split(".")[-1]
+    return f
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    r = _Rec()
+    monkeypatch.setattr(ray_hooks, "_rec", r)
+    monkeypatch.setattr(ray_hooks, "_log", lambda *a: None)
+    monkeypatch.setattr(ray_hooks, "_identity_done", {"actor", "worker"})
+    monkeypatch.setattr(ray_hooks.api, "_recorder", None, raising=False)
+    return r
+
+
+def test_queue_actor_methods_record_no_phase_and_pass_results_and_errors(rec):
+    assert config.ray_infra_actor("ray.util.queue", "_QueueActor")
+    get = ray_hooks.wrap_method("get", _method("ray.util.queue", "_QueueActor.get", coro=True, exc=KeyError("e")))
+    put = ray_hooks.wrap_method("put", _method("ray.util.queue", "_QueueActor.put", coro=True))
+    qsize = ray_hooks.wrap_method("qsize", _method("ray.util.queue", "_QueueActor.qsize"))
+    assert asyncio.run(put(object(), 1)) == "ok" and qsize(object()) == "ok"
+    with pytest.raises(KeyError):
+        asyncio.run(get(object(), 2))
+    assert rec.calls == []
+
+
+def test_a_users_method_still_records_its_phase(rec):
+    score = ray_hooks.wrap_method("score", _method("jobs.rl", "RewardModel.score"))
+    assert score(object()) == "ok"
+    assert rec.calls == [("enter", "score"), ("exit", "score", None)]
