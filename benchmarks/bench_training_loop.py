@@ -13,6 +13,12 @@ Variants, interleaved round by round (the order rotates each round, ``--rounds``
   ht         HANGTRACE=1 (C recorder when built, memory sampler on): what a user gets
   ht-mem0    HANGTRACE=1 HANGTRACE_MEM=0: the memory sampler's share
   ht-pure    HANGTRACE=1 HANGTRACE_PURE_PYTHON=1: the pure-Python recorder's share
+  ht-watch   HANGTRACE=1 with the node watcher auto-started beside the job, as a user gets it
+             (the other traced variants set HANGTRACE_AUTO_WATCH=0: no watcher)
+
+``--baseline TREE`` adds ``<variant>@before`` for each traced variant: the same, with TREE's
+hooks and watcher (PYTHONPATH=TREE), interleaved with this tree's. The load average is
+printed before and after. CPU attribution (which part costs what): bench_background.py.
 
 Reported per variant: the median over rounds of (a) the median step time (rank 0; the first
 step of each epoch excluded, it waits for the new workers) and (b) the mean step time
@@ -45,7 +51,13 @@ import time
 
 HERE = os.path.abspath(__file__)
 VARIANTS = {"base": {}, "ht": {"HANGTRACE": "1"}, "ht-mem0": {"HANGTRACE": "1", "HANGTRACE_MEM": "0"},
-            "ht-pure": {"HANGTRACE": "1", "HANGTRACE_PURE_PYTHON": "1"}}
+            "ht-pure": {"HANGTRACE": "1", "HANGTRACE_PURE_PYTHON": "1"},
+            "ht-watch": {"HANGTRACE": "1", "HANGTRACE_AUTO_WATCH": "1"}}
+
+
+def loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
 
 
 # --- children ----------------------------------------------------------------------------
@@ -186,9 +198,11 @@ def launch(kind: str, extra: dict, a: argparse.Namespace, run_dir: str, epochs: 
     procs = []
     for r in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
-        env.update(extra, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+        env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), HANGTRACE_DIR=run_dir, HANGTRACE_AUTO_WATCH="0",
-                   TORCH_FR_BUFFER_SIZE="0", OMP_NUM_THREADS="1")
+                   TORCH_FR_BUFFER_SIZE="0", OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.path.dirname(os.path.dirname(HERE)))  # this tree's hangtrace
+        env.update(extra)  # ht-watch: the node watcher auto-starts, as for a user; @before: PYTHONPATH
         cmd = [sys.executable, HERE, "--child", kind, "--epochs", str(epochs), "--steps", str(a.steps),
                "--hf-out", os.path.join(run_dir, "hf-out")] + (["--no-breakdown"] if footprint else [])
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -236,6 +250,12 @@ def _rows(results: dict, keys: tuple, base: str) -> list:
 def parent(a: argparse.Namespace) -> dict:
     report: dict = {"args": vars(a), "loop": {}, "hf": None, "footprint": None}
     names = list(VARIANTS) if not a.variants else a.variants.split(",")
+    if a.baseline:  # the same variants with another tree's hooks (and watcher), interleaved
+        for n in [n for n in names if n != "base"]:
+            VARIANTS[n + "@before"] = dict(VARIANTS[n], PYTHONPATH=a.baseline)
+            names.append(n + "@before")
+    report["load_before"] = loadavg()
+    print("load average before: %s" % report["load_before"])
     root = tempfile.mkdtemp(prefix="bench-training-")
     loop = {n: [] for n in names}
     for rnd in range(a.rounds):
@@ -243,7 +263,7 @@ def parent(a: argparse.Namespace) -> dict:
         for n in order:
             d = os.path.join(root, "%s-%d" % (n, rnd))
             loop[n].append(launch("train", VARIANTS[n], a, d, a.epochs))
-            print("round %d %-8s %s" % (rnd, n, loop[n][-1]), file=sys.stderr, flush=True)
+            print("round %d %-8s (load %s) %s" % (rnd, n, loadavg(), loop[n][-1]), file=sys.stderr, flush=True)
     report["loop"] = loop
     print("\n### Step time, DDP loop (2 ranks, gloo, MLP, %d epochs x %d steps, DataLoader(num_workers=2) "
           "re-created each epoch), %d interleaved rounds: median (min-max) over rounds\n" % (a.epochs, a.steps, a.rounds))
@@ -259,6 +279,8 @@ def parent(a: argparse.Namespace) -> dict:
         print("| %s | %.0f | %.0f | %s |" % (n, statistics.median(r["fork_exit_us"] for r in rs),
                                            statistics.median(r["create_ring_us"] for r in rs),
                                            "%.1f" % statistics.median(ar) if ar else "–"))
+    report["load_after_loop"] = loadavg()
+    print("\nload average after the loop runs: %s" % report["load_after_loop"])
     if not a.no_hf:
         report["hf"] = hf_rows(a, root)
     if not a.no_footprint:
@@ -306,6 +328,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--steps", type=int, default=40, help="steps per epoch")
     p.add_argument("--variants", default=None, help="comma list of %s" % ",".join(VARIANTS))
+    p.add_argument("--baseline", default=None, help="another tree (e.g. /work/main): adds VARIANT@before for "
+                   "each traced variant, run with that tree on PYTHONPATH")
     p.add_argument("--footprint-epochs", type=int, default=30)
     p.add_argument("--no-footprint", action="store_true")
     p.add_argument("--no-hf", action="store_true")

@@ -22,7 +22,9 @@ def record(rt: Any, reason: str) -> None:
     try:
         from hangtrace.hooks import envcollect as forensics
         with _lock:
-            prev = _last if _last is not None and _last.pid == os.getpid() else None
+            # ours, or (a forked child's first record) the parent's: the same library files
+            # are mapped, so their build-ids are not read again (about 1 ms of every fork)
+            prev = _last if _last is not None and _last.pid in (os.getpid(), os.getppid()) else None
             pe = forensics.collect_self(reason, host=rt.recorder.host, previous=prev)
             forensics.write(rt.run_dir, pe)
             _last = pe

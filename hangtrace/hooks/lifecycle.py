@@ -36,7 +36,8 @@ DUMP_SIGNAL = signal.SIGUSR2
 
 _rt: Any = None  # the Runtime (hooks/bootstrap.py), or None when detached
 _exit_code: List[Optional[int]] = [None]
-_files: List[Any] = []
+_files: List[int] = []  # descriptors of our stack files
+_stacks_dir: List[Optional[str]] = [None]
 _patched: List[Tuple[Any, str, Any]] = []
 
 Wrapper = Callable[[Any, Any, tuple, dict], Any]
@@ -52,13 +53,17 @@ def stack_file(run_dir: str, kind: str, host: str, pid: int) -> str:
     return os.path.join(run_dir, "stacks", "%s-%s-%d.txt" % (kind, host, pid))
 
 
-def _open(kind: str) -> Any:
+def _open(kind: str) -> int:
+    """A stack file opened for faulthandler (a plain descriptor: faulthandler writes to the
+    fd anyway; a Python file object costs more to open in every forked child)."""
     rec = _rt.recorder
     d = os.path.join(_rt.run_dir, "stacks")
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    f = open(stack_file(_rt.run_dir, kind, rec.host, rec.pid), "a")
-    _files.append(f)
-    return f
+    if _stacks_dir[0] != d:  # made once per run directory; a forked child finds it made
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        _stacks_dir[0] = d
+    fd = os.open(stack_file(_rt.run_dir, kind, rec.host, rec.pid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    _files.append(fd)
+    return fd
 
 
 def _on_exit() -> None:
@@ -206,9 +211,9 @@ def detach() -> None:
 
 
 def _close_files() -> None:
-    for f in _files:
+    for fd in _files:
         try:
-            f.close()
+            os.close(fd)
         except Exception:
             pass
     del _files[:]

@@ -55,7 +55,6 @@ _mono = time.monotonic_ns
 _sampler = None
 _lock = threading.Lock()
 
-
 # cgroup discovery lives in hooks/cgroup.py (pure functions; re-exported here)
 from hangtrace.hooks.cgroup import (NO_LIMIT, V1_FILES, V2_FILES, cgroup_candidates, find_cgroup,  # noqa: E402,F401
                                     parse_limit, parse_mountinfo, parse_oom_kill, parse_proc_cgroup)
@@ -77,7 +76,7 @@ class Sampler(CudaSampling):
     """Samples memory into ``recorder``'s ring. ``log(msg, key)`` logs once per key."""
 
     def __init__(self, recorder: Any, log: Callable[..., None], interval_s: float = 1.0,
-                 run_dir: Optional[str] = None) -> None:
+                 run_dir: Optional[str] = None, cgroup: Any = None) -> None:  # cgroup: memfork.CgroupFiles
         self.rec = recorder
         self.log = log
         self.run_dir = run_dir
@@ -107,7 +106,8 @@ class Sampler(CudaSampling):
         self._gauge_sids: Dict[str, int] = {}
         self._oom_seen: Optional[int] = None    # id of the last exception recorded as MEM_OOM
         self._oom_count = 0
-        self._check_cgroup()
+        if cgroup is None or not _memfork().adopt(self, cgroup):
+            self._check_cgroup()
         self._refresh_slow()
 
     # -- file handling ------------------------------------------------------------------
@@ -257,6 +257,7 @@ class Sampler(CudaSampling):
     def tick(self) -> None:
         """One timer tick: refresh the slow figures; sample unless a sample is recent."""
         try:
+            _memfork()  # loaded on the timer thread: a child forked later finds it imported
             self._check_cgroup()
             self._refresh_slow()
         except Exception as e:
@@ -316,22 +317,28 @@ def _install_excepthook() -> None:
     sys.excepthook = _excepthook
 
 
-def _after_fork_child() -> None:
+def _memfork() -> Any:  # for forked children (a hooks/memfork.py import, not at start-up)
+    from hangtrace.hooks import memfork
+    return memfork
+
+
+def _after_fork_child(keep_cgroup: bool = False) -> Any:
     """In a forked child the inherited sampler (its thread is gone, its descriptors are the
-    parent's /proc files) must never write again; ``MemoryInstrumentor`` then starts a
-    new one for the child's own ring."""
+    parent's /proc files) must never write again; ``MemoryInstrumentor`` then starts a new
+    one for the child's own ring, given the parent's cgroup files (``keep_cgroup``)."""
     global _sampler
     s = _sampler
+    cg = _memfork().hand_over(s) if keep_cgroup and s is not None and s.pid != os.getpid() else None
     if s is not None and s.pid != os.getpid():
         s.abandon()
         _sampler = None
         api._set_sampler(None)
+    return cg
 
 
-def start(rt: Any, forked: bool = False) -> Optional[Sampler]:
+def start(rt: Any, forked: bool = False, cgroup: Any = None) -> Optional[Sampler]:
     """Start sampling for Runtime ``rt`` (from ``bootstrap.activate``, and again in a forked
-    child, where the parent's sampler thread does not exist). Returns the Sampler or None
-    (HANGTRACE_MEM=0, or it failed: logged once)."""
+    child with its parent's ``cgroup`` files). Returns the Sampler or None (off, or failed)."""
     global _sampler
     with _lock:
         old = _sampler
@@ -342,9 +349,10 @@ def start(rt: Any, forked: bool = False) -> Optional[Sampler]:
             _sampler = None
             api._set_sampler(None)
         if not config.mem_enabled():
+            _memfork().close(cgroup) if cgroup is not None else None
             return None
         try:
-            s = Sampler(rt.recorder, rt.log, config.get_float(config.MEM_INTERVAL_S), rt.run_dir)
+            s = Sampler(rt.recorder, rt.log, config.get_float(config.MEM_INTERVAL_S), rt.run_dir, cgroup)
             _sampler = s
             api._set_sampler(s)
             _install_excepthook()
@@ -386,8 +394,7 @@ class MemoryInstrumentor(Instrumentor):
         stop()
 
     def _after_fork_child(self) -> None:
-        _after_fork_child()
-        start(self.runtime, forked=True)
+        start(self.runtime, forked=True, cgroup=_after_fork_child(keep_cgroup=True))
 
     def _at_exit(self) -> None:
         stop()

@@ -193,3 +193,52 @@ def test_helpers_never_hold_the_startup_grace_and_a_launcher_alone_is_starting()
     assert w.threshold() == 60
     w.headers = {"actor": hdr(-1, F.RANK_FROM_ENV, count=9, phase=3)}  # rank-less Ray actors
     assert w.threshold() == 10
+
+
+def test_a_gone_process_ring_is_final_and_not_read_again(tmp_path):
+    """Issue 13: the ring of a process that exited (or was killed) and is gone never
+    changes; the watcher keeps its header and stops opening the file every poll."""
+    p = subprocess.run([sys.executable, "-c", "import sys; sys.exit(3)"], env=base_env(tmp_path, RANK=1))
+    assert p.returncode == 3
+    clk = Clock()
+    w = Watcher(str(tmp_path), stall_s=1000, phase_stall={}, clock=clk)
+    inc = w.poll()
+    assert inc.kind == "death" and "exited with code 3" in inc.detail
+    (path,) = w.final
+    with open(path, "r+b") as f:   # were it read again, this file would be foreign now
+        f.write(b"garbage!")
+    assert w.poll() is None                        # reported once
+    assert path in w.headers and w.headers[path]["exit_code"] == 3
+    assert not w.any_alive()
+
+
+def test_fr_counters_asked_only_of_ranks_whose_ring_did_not_move(tmp_path, rec, monkeypatch):
+    """Issue 13: torch's counters (one request per rank and poll) are asked only of a rank
+    whose own ring shows no progress in this poll; a moving ring is progress already."""
+    from hangtrace.hooks.fr_agent import fr_dir
+    from hangtrace.tracer.collect import frrequest
+    os.makedirs(fr_dir(str(tmp_path)))
+    asked = []
+    counters = ["0:5:5"]
+
+    def fake(run_dir, pids, timeout_s=0.5):
+        asked.append(list(pids))
+        return {pid: counters[0] for pid in pids}
+    monkeypatch.setattr(frrequest, "fr_progress", fake)
+    clk = Clock()
+    w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
+    w.poll()                                       # first sight: the ring "moved"
+    assert asked == []
+    rec.heartbeat()
+    clk.t += 1
+    w.poll()
+    assert asked == []                             # its ring moved again
+    clk.t += 1
+    w.poll()
+    assert asked == [[os.getpid()]]                # ring still: counters asked (baseline)
+    for _ in range(8):                             # C++-only collectives keep it progressing
+        clk.t += 2
+        counters[0] = "0:%d:%d" % (clk.t, clk.t)
+        assert w.poll() is None
+    clk.t += 10.5                                  # and when they stop, the stall is seen
+    assert w.poll().kind == "stall"

@@ -2,7 +2,10 @@
 
 Progress is judged from the ring headers alone (4 KiB each per poll): a process made
 progress when its progress counter moved (a collective completed, a phase or step
-changed, ``tracer.heartbeat()``). A stall is *no progress anywhere in the run* for the
+changed, ``tracer.heartbeat()``). A ring whose process exited or was killed, and is gone, is final:
+its header is kept and the file not read again (a job that re-creates DataLoader workers
+every epoch leaves hundreds of them). torch's own collective counters (``_fr_moved``) are
+asked only of ranks whose ring did not move in this poll: a moving ring is progress already. A stall is *no progress anywhere in the run* for the
 threshold: ``HANGTRACE_STALL_S``, or the largest per-phase threshold
 (``HANGTRACE_PHASE_STALL_S``) among the phases the live processes are in. A slow job
 whose counters move is progressing and is never reported.
@@ -80,10 +83,16 @@ class Watcher:
         self.log: Optional[Callable[[str], None]] = None  # other notes; default: the same log file
         self.fr_seen: Dict[str, str] = {}  # ring path -> torch's collective counters (issue 10)
         self.fr_started: Set[str] = set()  # ring paths whose counters moved: past start-up
+        self.final: Dict[str, Header] = {}  # exited or killed, process gone: the header never changes
+        self.mem_idx: Dict[str, int] = {}  # ring path -> next_idx at its last memory check
 
     def _read_headers(self) -> Dict[str, Header]:
         out: Dict[str, Header] = {}
         for path in glob.glob(os.path.join(self.run_dir, RING_GLOB)):
+            done = self.final.get(path)
+            if done is not None:
+                out[path] = done
+                continue
             try:
                 with open(path, "rb") as f:
                     head = f.read(F.HEADER_SIZE)
@@ -128,26 +137,30 @@ class Watcher:
         alive_progressed = False
         deaths: List[Tuple[str, Header, str]] = []
         alive_any = False
-        ranks_alive: Dict[str, Header] = {}  # live processes that joined a group
+        ranks_still: Dict[str, Header] = {}  # live processes that joined a group, ring unchanged
         for path, h in self.headers.items():
+            if path in self.final:
+                continue  # seen at an earlier poll: exited, gone, its death (if any) reported
             sig = (h["progress_count"], h["phase_strid"], h["step"], h["state"])
             changed = self.seen.get(path) != sig
             if changed:
                 progressed = True
                 self.seen[path] = sig
+            st = live_state(h)
+            if (st == "exited" and h["state"] == F.ST_EXITED) or st == "killed":
+                self.final[path] = h  # the process is gone: its ring never changes again
             if path in self.dead:
                 continue
-            st = live_state(h)
             if st == "alive":
                 alive_any = True
                 if changed:
                     alive_progressed = True
-                if h.get("rank", -1) >= 0 and h.get("rank_source", 0) == F.RANK_FROM_GROUP:
-                    ranks_alive[path] = h
+                elif h.get("rank", -1) >= 0 and h.get("rank_source", 0) == F.RANK_FROM_GROUP:
+                    ranks_still[path] = h
             elif st == "killed" or (st == "exited" and h["exit_code"] != 0):
                 self.dead.add(path)
                 deaths.append((path, h, st))
-        if self._fr_moved(ranks_alive):
+        if self._fr_moved(ranks_still):
             progressed = alive_progressed = True
         if progressed:
             self.last_progress = now
@@ -179,9 +192,12 @@ class Watcher:
 
     def _fr_moved(self, ranks: Mapping[str, Header]) -> bool:
         """True when torch's own collective counters (``fr_agent.progress_line``) of a live
-        rank of this host changed since the last poll: C++-issued collectives (DDP's
-        reducer, FSDP) are progress the rings never record. Ranks whose counters moved
-        once no longer hold the start-up threshold (``fr_started``). Never raises."""
+        rank of this host changed since it was last asked: C++-issued collectives (DDP's
+        reducer, FSDP) are progress the rings never record. ``poll`` passes only the ranks
+        whose ring did not move in this poll (a moving ring is progress already; a rank is
+        asked again once its ring stops, against the counters it gave when last asked, so
+        a stall is seen at most one poll later). Ranks whose counters moved once no longer
+        hold the start-up threshold (``fr_started``). Never raises."""
         from hangtrace.hooks.fr_agent import fr_dir
         if not ranks or not os.path.isdir(fr_dir(self.run_dir)):
             return False
@@ -211,14 +227,15 @@ class Watcher:
         try:
             from hangtrace.tracer.analyze.memory import watch_lines
             for path, h in self.headers.items():
-                if h["state"] == F.ST_EXITED or live_state(h) != "alive":
-                    continue
+                if h["state"] == F.ST_EXITED or self.mem_idx.get(path) == h["next_idx"] or live_state(h) != "alive":
+                    continue  # exited, or no record written since its last check: same lines
                 try:
                     ring = R.read_ring(path, records=False)
                 except Exception:
                     continue
                 label = "rank %d (pid %d on %s)" % (h["rank"], h["pid"], h["host"]) if h["rank"] >= 0 else \
                     "pid %d on %s" % (h["pid"], h["host"])
+                self.mem_idx[path] = ring.header["next_idx"]
                 for key, line in watch_lines(list(ring.summary.memory), label):
                     if (path, key) in self.mem_warned:
                         continue
@@ -252,7 +269,7 @@ class Watcher:
             pass
 
     def any_alive(self) -> bool:
-        return any(live_state(h) == "alive" for h in self.headers.values())
+        return any(path not in self.final and live_state(h) == "alive" for path, h in self.headers.items())
 
 
 def run_dir_gone(run_dir: str, ino: "tuple[int, int]") -> "str | None":
