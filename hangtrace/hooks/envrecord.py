@@ -1,11 +1,15 @@
 """Records what this traced process runs (issue 12): ``RUN_DIR/env/<host>-<pid>.json``.
 
-Called from ``bootstrap`` at activation, when torch is imported and after fork; and
-from a wrapper around ``ctypes.CDLL.__init__`` when a library not recorded yet gets
-loaded (torch loads its own libraries that way, and so do jobs that load plugins). A
-crashed process's mappings are needed after its death to name the crashing library, so
-they are written while it lives. Nothing here is on the per-collective path. Never
-raises: a failure is one line in the run log.
+Called from ``bootstrap`` at activation, when torch is imported, when a forked child
+joins a process group (``joined``); and from a wrapper around ``ctypes.CDLL.__init__``
+when a library not recorded yet gets loaded (torch loads its own libraries that way, and
+so do jobs that load plugins). A crashed process's mappings are needed after its death
+to name the crashing library, so they are written while it lives. A forked child maps
+exactly what its parent mapped at the fork, so its record waits until it matters: it
+joins a group (it is a rank: env-diff and the crash frame read ranks' records) or loads
+a new library; a DataLoader worker that does neither writes none (about 2 ms of every
+fork, issue 13). Nothing here is on the per-collective path. Never raises: a failure is
+one line in the run log.
 """
 import os
 import threading
@@ -14,11 +18,13 @@ from typing import Any, Optional
 _last: Optional[Any] = None  # the ProcessEnv written last by this process
 _lock = threading.Lock()
 _patched = [False]
+_fork_pending = [False]  # a forked child whose record waits until it matters (module docstring)
 
 
 def record(rt: Any, reason: str) -> None:
     """Collect and write this process's facts now; ``rt`` is bootstrap's Runtime."""
     global _last
+    _fork_pending[0] = False
     try:
         from hangtrace.hooks import envcollect as forensics
         with _lock:
@@ -33,6 +39,20 @@ def record(rt: Any, reason: str) -> None:
             rt.log("environment record failed: %r" % (e,), "env-record")
         except Exception:
             pass
+
+
+def joined() -> None:
+    """This process joined a process group: a forked child writes its record now
+    (reason ``fork+join``). Called by the torch.distributed hooks; never raises."""
+    if not _fork_pending[0]:
+        return
+    try:
+        from hangtrace.hooks import bootstrap
+        rt = bootstrap.active()
+        if rt is not None:
+            record(rt, "fork+join")
+    except Exception:
+        pass
 
 
 def _loaded_new(name: Any) -> bool:
@@ -89,8 +109,9 @@ from hangtrace.hooks.instrument import Instrumentor  # noqa: E402
 
 class EnvRecordInstrumentor(Instrumentor):
     """Issue 12: the environment record of this process at start, when torch.distributed
-    is imported (its libraries are mapped then), after a fork, and when ``ctypes`` loads
-    a library not recorded yet. Off the per-collective path."""
+    is imported (its libraries are mapped then), when a forked child joins a process
+    group, and when ``ctypes`` loads a library not recorded yet. Off the per-collective
+    path."""
 
     name = "env-record"
 
@@ -101,5 +122,4 @@ class EnvRecordInstrumentor(Instrumentor):
         importhook.when_imported("torch.distributed", lambda _m: record(runtime, "torch"))
 
     def _after_fork_child(self) -> None:
-        if self.runtime is not None:
-            record(self.runtime, "fork")
+        _fork_pending[0] = True  # written by ``joined`` or a new library, not now

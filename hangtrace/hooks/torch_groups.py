@@ -65,7 +65,13 @@ def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[An
 
 def _start_fr_agent(st: State) -> None:
     """This process joined a group: serve Flight Recorder dump requests (``fr_agent``;
-    off with ``HANGTRACE_FR=0``). Never raises."""
+    off with ``HANGTRACE_FR=0``), and a forked child writes its environment record
+    (``envrecord.joined``). Never raises."""
+    try:
+        from hangtrace.hooks import envrecord
+        envrecord.joined()
+    except Exception as e:
+        st.log("environment record at join failed: %r" % (e,), "env-join")
     try:
         from hangtrace.hooks import fr_agent
         fr_agent.start(st.rec.run_dir, st.log)
