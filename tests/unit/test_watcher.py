@@ -242,3 +242,45 @@ def test_fr_counters_asked_only_of_ranks_whose_ring_did_not_move(tmp_path, rec, 
         assert w.poll() is None
     clk.t += 10.5                                  # and when they stop, the stall is seen
     assert w.poll().kind == "stall"
+
+
+def test_idle_pooled_workers_neither_progress_nor_die(tmp_path, rec):
+    """Ray starts and retires idle workers every few seconds: processes with no rank hint,
+    no phase and no progress. Their rings appearing must not hold a stall off, and their
+    being killed is not an incident; a rank-less process that did work is still watched."""
+    clk = Clock()
+    w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
+    assert w.poll() is None
+    code = "import time; print('ready', flush=True); time.sleep(60)"
+    for i in range(4):  # a new idle worker every 4 s, the old one killed
+        p = subprocess.Popen([sys.executable, "-c", code], env=base_env(tmp_path), stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().strip() == "ready"
+            clk.t += 4
+            inc = w.poll()
+            assert inc is None or inc.kind == "stall", inc.detail
+            p.send_signal(signal.SIGKILL)
+            p.wait(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        inc = w.poll()
+        assert inc is None or inc.kind == "stall", inc.detail  # the idle worker's death: no incident
+    assert w.reported_stall  # 16 s with only idle workers coming and going: the stall was seen
+    # a rank-less process that worked (a phase) and is killed is a death
+    worker = ("import time, hangtrace.tracer.api as api; api.phase('score').__enter__(); "
+              "print('ready', flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", worker], env=base_env(tmp_path), stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        clk.t += 1
+        w.poll()
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        inc = w.poll()
+        assert inc is not None and inc.kind == "death" and "rank -1" in inc.detail, inc and inc.detail
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()

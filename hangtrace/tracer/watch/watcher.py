@@ -57,6 +57,17 @@ def _starting(h: Header, joined_ranks: FrozenSet[int] = frozenset()) -> bool:
     return h.get("rank_source", 0) == F.RANK_FROM_GROUP or rank not in joined_ranks
 
 
+def _never_worked(h: Header) -> bool:
+    """A process with no rank hint, no phase and no progress since its ring was created
+    (the recorder counts 1 at creation): a pooled worker waiting for work, such as Ray's
+    idle workers, which Ray starts and retires every few seconds. Its ring appearing is
+    not progress of the job (else the churn holds a stall off for ever) and its being
+    killed is not an incident (else every retired worker is a death snapshot); both were
+    seen on the blind Ray job ray2_reward_crash_ddp (issue 9). Once it does anything - a
+    phase, a record, a rank - it is watched like every process."""
+    return h.get("rank", -1) < 0 and h["progress_count"] <= 1 and not h["phase_strid"]
+
+
 class Watcher:
     """Stall/death detector over the ring headers of ``run_dir``.
 
@@ -143,8 +154,9 @@ class Watcher:
                 continue  # seen at an earlier poll: exited, gone, its death (if any) reported
             sig = (h["progress_count"], h["phase_strid"], h["step"], h["state"])
             changed = self.seen.get(path) != sig
+            idle = _never_worked(h)
             if changed:
-                progressed = True
+                progressed = progressed or not idle
                 self.seen[path] = sig
             st = live_state(h)
             if (st == "exited" and h["state"] == F.ST_EXITED) or st == "killed":
@@ -153,12 +165,16 @@ class Watcher:
                 continue
             if st == "alive":
                 alive_any = True
-                if changed:
+                if changed and not idle:
                     alive_progressed = True
                 elif h.get("rank", -1) >= 0 and h.get("rank_source", 0) == F.RANK_FROM_GROUP:
                     ranks_still[path] = h
             elif st == "killed" or (st == "exited" and h["exit_code"] != 0):
                 self.dead.add(path)
+                if st == "killed" and idle:
+                    self._log("pid %d on %s vanished before it did any work (a pooled worker retired by its "
+                              "launcher, such as Ray's idle workers): not an incident" % (h["pid"], h["host"]))
+                    continue
                 deaths.append((path, h, st))
         if self._fr_moved(ranks_still):
             progressed = alive_progressed = True
