@@ -33,7 +33,8 @@ import pytest
 from jobs import REPO, base_env, blind_consts, blind_selected, run_under_hangtrace
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind", "ray")
-JOBS = sorted(glob.glob(os.path.join(HERE, "*.py")))
+#: the first corpus (blind/ray) and the second, written later against the merged tree (blind/ray2)
+JOBS = sorted(glob.glob(os.path.join(HERE, "*.py"))) + sorted(glob.glob(os.path.join(HERE + "2", "*.py")))
 #: for .ci/run, two fast jobs of different rules: actor_waits (a cycle of actor calls, 45 s) and
 #: rankless_root (a rank-less actor's segfault beside ranked trainers, which wait as its cascade,
 #: 72 s); ray_producer_dies (rule actors) takes 130 s: its consumer polls until the driver gives up
@@ -74,7 +75,8 @@ def run_job(path, tmp_path, timeout_s=300):
     ``analyze RUN_DIR --json`` afterwards, console text). No process of the job may be left."""
     c = blind_consts(path, ("LAUNCH", "EXPECT"))
     run_dir = str(tmp_path / "run")
-    diags, why = run_under_hangtrace([sys.executable, path], run_dir, HERE, timeout_s=timeout_s, reap_s=30)
+    diags, why = run_under_hangtrace([sys.executable, path], run_dir, os.path.dirname(path), timeout_s=timeout_s,
+                                     reap_s=30)
     assert diags, "no verdict\n" + why
     a = subprocess.run([sys.executable, "-m", "hangtrace", "analyze", "--json", run_dir],
                        env=base_env(traced=False), capture_output=True, text=True, timeout=180, cwd=REPO)
@@ -96,8 +98,11 @@ def _named(d):
 
 
 def _actors_match(want, named):
-    """Each expected actor is the class or the name of a named one, and each named one is expected."""
-    return all(any(w in a for a in named) for w in want) and all(any(w in a for w in want) for a in named)
+    """Each expected actor (``Class``, ``name`` or ``Class 'name'``) is a named one, and each
+    named one is expected."""
+    def hit(w, a):
+        return w in a or w == "%s '%s'" % a
+    return all(any(hit(w, a) for a in named) for w in want) and all(any(hit(w, a) for w in want) for a in named)
 
 
 def _check(want, d, what, why):
