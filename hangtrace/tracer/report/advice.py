@@ -63,4 +63,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
     nxt = DEAD_NEXT.get(cause)
     if nxt is None and cause.startswith("exit-code"):
         nxt = EXIT_CODE_NEXT
+    if nxt is not None and diag.culprit_actors and not diag.culprit_ranks:
+        # a Ray actor without a rank is the culprit: the advice speaks of it, not of a rank
+        nxt = nxt.replace("that rank's", "that actor's").replace("that rank", "that actor") \
+                 .replace("the rank", "the actor")
     return nxt
