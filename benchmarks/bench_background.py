@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 HERE = os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(HERE))
-from bench_training_loop import _free_port  # noqa: E402
+from bench_training_loop import _free_port, ddp_setup  # noqa: E402
 from bench_background_report import loadavg, print_tables, summarize  # noqa: E402
 
 VARIANTS = {"base": {}, "ht": {"HANGTRACE": "1"}, "ht@before": {"HANGTRACE": "1"}}
@@ -163,21 +163,12 @@ def _fork_breakdown(n: int) -> dict:
 def child_train(a: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
     from hangtrace import tracer
     traced = bool(os.environ.get("HANGTRACE"))
     if traced:
         _count_ticks()
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
-                                    torch.nn.ReLU(), torch.nn.Linear(1024, 10)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    n = a.steps * 32
-    ds = TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
+    rank, model, opt, ds = ddp_setup(a)
     wdir = os.path.join(a.results, "rank%d" % rank)
     os.makedirs(wdir, exist_ok=True)
     step = 0

@@ -40,6 +40,7 @@ Usage::
     python benchmarks/bench_training_loop.py [--rounds 3] [--epochs 5] [--steps 40] [--out r.json]
 """
 import argparse
+from typing import Any
 import json
 import os
 import socket
@@ -98,12 +99,14 @@ def _breakdown(dist, torch) -> dict:
     return out
 
 
-def child_train(a: argparse.Namespace) -> None:
+def ddp_setup(a: argparse.Namespace) -> Any:
+    """The loop's rank set-up (one torch thread, the gloo group from torchrun-style
+    environment, the DDP MLP, SGD, ``a.steps`` batches of 32 per epoch): returns
+    ``(rank, model, optimizer, dataset)``. Shared with ``bench_background.py``."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, TensorDataset
-    from hangtrace import tracer
+    from torch.utils.data import TensorDataset
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")
@@ -112,7 +115,15 @@ def child_train(a: argparse.Namespace) -> None:
                                     torch.nn.ReLU(), torch.nn.Linear(1024, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     n = a.steps * 32
-    ds = TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
+    return rank, model, opt, TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
+
+
+def child_train(a: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from hangtrace import tracer
+    rank, model, opt, ds = ddp_setup(a)
     steps, first, epochs = [], [], []
     step = 0
     for _ in range(a.epochs):

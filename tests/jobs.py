@@ -149,6 +149,22 @@ def job_processes(run_dir):
     return out
 
 
+def reap_job(run_dir, wait_s=30, why=""):
+    """Wait up to ``wait_s`` for every process of the job started with HANGTRACE_DIR =
+    ``run_dir`` to end (Ray's own end a few seconds after the driver), then kill those left
+    and fail the test naming them."""
+    deadline = time.time() + wait_s
+    while job_processes(run_dir) and time.time() < deadline:
+        time.sleep(0.5)
+    left = job_processes(run_dir)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert not left, "processes of the job left running: %s\n%s" % (left, why)
+
+
 def run_under_hangtrace(cmd, run_dir, cwd, stall_s=10, timeout_s=300, merge_stderr=False, reap_s=None):
     """Run ``hangtrace run --stall-s S --stop-on-stall --dir RUN_DIR -- CMD`` in its own
     session, as a user would; kill what is left of the session after it ends or after
@@ -178,16 +194,7 @@ def run_under_hangtrace(cmd, run_dir, cwd, stall_s=10, timeout_s=300, merge_stde
     why = "rc=%s %.0fs\nstdout:\n%s\nstderr:\n%s" % (p.returncode, time.monotonic() - t0, (out or "")[-2500:],
                                                      (err or "")[-5000:])
     if reap_s is not None:
-        deadline = time.time() + reap_s
-        while job_processes(run_dir) and time.time() < deadline:
-            time.sleep(0.5)
-        left = job_processes(run_dir)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        assert not left, "processes of the job left running: %s\n%s" % (left, why)
+        reap_job(run_dir, reap_s, why)
     diags = []
     for f in sorted(glob.glob(os.path.join(str(run_dir), "snapshots", "*", "diagnosis.json"))):
         with open(f) as fh:

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from jobs import base_env, free_port, job_processes, wait_until
+from jobs import base_env, free_port, reap_job, wait_until
 
 pytest.importorskip("ray")
 
@@ -95,16 +95,7 @@ def job(tmp_path_factory):
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         log.close()
-        deadline = time.time() + 30
-        while job_processes(run_dir) and time.time() < deadline:
-            time.sleep(0.5)
-        left = job_processes(run_dir)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        assert not left, "processes of the job left running: %s" % left
+        reap_job(run_dir, 30)
 
 
 def _state(snapshot):
