@@ -10,6 +10,12 @@ PY=${PYTHON:-python3}
 # must be this checkout's (another clone's editable install would be tested otherwise).
 installed=$(cd / && "$PY" -c "import hangtrace, torch, ray, pytest, numpy, os; \
 print(os.path.realpath(os.path.dirname(os.path.dirname(hangtrace.__file__))))" 2>/dev/null || true)
+# With a C compiler the hot path's extension must be there too: a new clone at the path of
+# an old one is "installed" already but has no hangtrace/hooks/_fastrec*.so of its own.
+if [ "$installed" = "$here" ] && command -v cc >/dev/null 2>&1 \
+    && ! ls hangtrace/hooks/_fastrec*.so >/dev/null 2>&1; then
+  installed=""
+fi
 if [ "$installed" != "$here" ]; then
   "$PY" -m pip install --quiet --root-user-action=ignore --disable-pip-version-check \
       "torch==2.13.0" -e ".[torch,ray,test]"
