@@ -143,8 +143,13 @@ def fill_death(v: RankView, errfile: Optional[ElasticError] = None) -> None:
     # work (in a collective or a phase, or a phase the stop itself unwound:
     # ``interrupted_at_work``): an idle worker SIGTERMed by ``ray.shutdown()`` at
     # the end of a clean run did not die of it
-    signalled = (p.state in ("exited", "killed") and ("sigterm" in sigs or "fatal" in sigs)
-                 and (v.blocked is not None or p.phase is not None or interrupted_at_work(p)))
+    # A process still alive with a SIGTERM dump is being stopped (Ray's handler exits it
+    # gracefully, which takes a while): it dies at its SIGTERM's time, so a peer killed by
+    # the job's shutdown 56 ms later is not taken for the first death (blind job
+    # ray_trainer_sigterm, RESULTS.md 23:40)
+    stopping = p.state == "alive" and "sigterm" in sigs
+    signalled = ((p.state in ("exited", "killed") and ("sigterm" in sigs or "fatal" in sigs)) or stopping) \
+        and (v.blocked is not None or p.phase is not None or interrupted_at_work(p))
     dead = (p.state == "killed" or (p.state == "exited" and code not in (0, None)) or exc is not None
             or signalled)
     from_file = exc is None and errfile is not None and (dead or errfile.pid == p.pid)

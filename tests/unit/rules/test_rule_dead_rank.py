@@ -168,3 +168,20 @@ def test_sigterm_that_unwound_an_actor_method_is_a_death_at_work():
     p1 = r1.set(state="exited", exit_code=0, signals=term, phase=None).build()
     d = diagnose(snap([r0.build(), p1], reason="death"))
     assert (d.kind, d.culprit_ranks) == ("dead-rank", [1]) and d.cause in ("sigterm", "sigterm-external"), d.summary
+
+
+def test_rank_still_exiting_after_its_sigterm_died_before_a_peer_killed_by_the_shutdown():
+    """Blind job ray_trainer_sigterm (RESULTS.md, 23:40): rank 1 is SIGTERMed at work and is
+    still inside Ray's graceful exit when the snapshot is taken; the driver's shutdown kills
+    rank 0 56 ms later. Rank 1 died first (at its SIGTERM), not rank 0."""
+    from synth import R
+    r0, r1 = R(0, 2), R(1, 2)
+    for b in (r0, r1):
+        b.coll(n=3)
+    r0.wait()
+    t_term = r1.t + 5 * MS
+    p1 = r1.set(state="alive", signals={"sigterm": {"wall_ns": t_term, "text": "Thread 0x1:\n"}},
+                phase="train_step").build()
+    p0 = r0.set(state="killed", signals={"sigterm": {"wall_ns": t_term + 56 * MS, "text": "Thread 0x2:\n"}}).build()
+    d = diagnose(snap([p0, p1], reason="death"))
+    assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "sigterm"), d.summary
