@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 HERE = os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(HERE))
-from bench_training_loop import _free_port, ddp_setup  # noqa: E402
+from bench_training_loop import _free_port, ddp_setup, train_step  # noqa: E402
 from bench_background_report import loadavg, print_tables, summarize  # noqa: E402
 
 VARIANTS = {"base": {}, "ht": {"HANGTRACE": "1"}, "ht@before": {"HANGTRACE": "1"}}
@@ -178,11 +178,7 @@ def child_train(a: argparse.Namespace) -> None:
         for x, y in loader:
             tracer.step(step)
             with tracer.phase("train"):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                dist.all_reduce(loss.detach())
+                train_step(model, opt, x, y)
             step += 1
     res = {"rank": rank, "loop_cpu_ns": time.process_time_ns() - cpu0, "loop_wall_ns": time.perf_counter_ns() - wall0,
            "steps": step, "threads_cpu_ns": thread_cpu_ns()}
@@ -350,7 +346,7 @@ def main() -> None:
     p.add_argument("--results", default=None, help=argparse.SUPPRESS)
     p.add_argument("--watch", default=None, help=argparse.SUPPRESS)
     p.add_argument("--baseline", default=None,
-                   help="another tree (e.g. /work/main): adds the variant ht@before, that tree's hooks and watcher")
+                   help="another tree (e.g. a checkout of main): adds the variant ht@before, that tree's hooks and watcher")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--steps", type=int, default=40)

@@ -118,6 +118,19 @@ def ddp_setup(a: argparse.Namespace) -> Any:
     return rank, model, opt, TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
 
 
+def train_step(model: Any, opt: Any, x: Any, y: Any) -> None:
+    """One step of the loop: forward, backward (DDP's C++ all-reduce), SGD, and one Python
+    ``all_reduce`` of the loss (the wrapper's per-collective cost). Shared with
+    ``bench_background.py``."""
+    import torch
+    import torch.distributed as dist
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    dist.all_reduce(loss.detach())
+
+
 def child_train(a: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -133,11 +146,7 @@ def child_train(a: argparse.Namespace) -> None:
         for i, (x, y) in enumerate(loader):
             tracer.step(step)
             with tracer.phase("train"):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                dist.all_reduce(loss.detach())
+                train_step(model, opt, x, y)
             now = time.perf_counter_ns()
             (first if i == 0 else steps).append(now - t)
             t, step = now, step + 1
@@ -339,7 +348,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--steps", type=int, default=40, help="steps per epoch")
     p.add_argument("--variants", default=None, help="comma list of %s" % ",".join(VARIANTS))
-    p.add_argument("--baseline", default=None, help="another tree (e.g. /work/main): adds VARIANT@before for "
+    p.add_argument("--baseline", default=None, help="another tree (e.g. a checkout of main): adds VARIANT@before for "
                    "each traced variant, run with that tree on PYTHONPATH")
     p.add_argument("--footprint-epochs", type=int, default=30)
     p.add_argument("--no-footprint", action="store_true")
