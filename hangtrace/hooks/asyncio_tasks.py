@@ -31,13 +31,18 @@ MAX_FRAMES = 16
 _REPR_MAX = 200
 
 _loops: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_last: List[Any] = [None]  # weak reference to the loop noted last: one identity check per task
 
 
 def note_loop(loop: Any) -> None:
-    """Remember ``loop`` (weakly). Never raises."""
+    """Remember ``loop`` (weakly); called for every task created, so the common case (the
+    same loop as last time) is one identity check, not a WeakSet lookup. Never raises."""
     try:
-        if loop not in _loops:
-            _loops.add(loop)
+        last = _last[0]
+        if last is not None and last() is loop:
+            return
+        _loops.add(loop)
+        _last[0] = weakref.ref(loop)
     except Exception:
         pass
 

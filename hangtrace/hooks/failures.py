@@ -187,14 +187,13 @@ def _check_unretrieved(task: Any) -> None:
         pass
 
 
-from hangtrace.hooks import asyncio_tasks  # noqa: E402  (standard library only)
-
-
 def _make_create_task(orig: Callable[..., Any]) -> Callable[..., Any]:
+    from hangtrace.hooks.asyncio_tasks import note_loop  # when asyncio is imported, not at start-up
+
     def create_task(self: Any, *args: Any, **kwargs: Any) -> Any:
         task = orig(self, *args, **kwargs)
         try:
-            asyncio_tasks.note_loop(self)  # its pending tasks at snapshot time
+            note_loop(self)  # its pending tasks at snapshot time
             task.add_done_callback(_task_done)
         except Exception:
             pass
