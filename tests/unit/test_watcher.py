@@ -268,7 +268,18 @@ def test_idle_pooled_workers_neither_progress_nor_die(tmp_path, rec):
         inc = w.poll()
         assert inc is None or inc.kind == "stall", inc.detail  # the idle worker's death: no incident
     assert w.reported_stall  # 16 s with only idle workers coming and going: the stall was seen
+    # a rank-less process that crashes (a fatal-signal dump) before any work is a death
+    # (a new watcher: this one reported the stall, after which deaths are the job's stop)
+    w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
+    assert w.poll() is None
+    crash = "import ctypes; print('ready', flush=True); ctypes.string_at(0)"
+    p = subprocess.Popen([sys.executable, "-c", crash], env=base_env(tmp_path), stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    p.wait(timeout=30)
+    inc = w.poll()
+    assert inc is not None and inc.kind == "death" and "rank -1" in inc.detail, inc and inc.detail
     # a rank-less process that worked (a phase) and is killed is a death
+    rec.heartbeat()  # (progress: the stall is over)
     worker = ("import time, hangtrace.tracer.api as api; api.phase('score').__enter__(); "
               "print('ready', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", worker], env=base_env(tmp_path), stdout=subprocess.PIPE, text=True)

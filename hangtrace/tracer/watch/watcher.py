@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Opti
 from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
-from hangtrace.tracer.collect.rings import RING_GLOB, live_state
+from hangtrace.tracer.collect.rings import RING_GLOB, live_state, read_signal_files
 
 
 #: seconds between two memory-trend checks of the live rings (each reads every ring once)
@@ -62,7 +62,8 @@ def _never_worked(h: Header) -> bool:
     (the recorder counts 1 at creation): a pooled worker waiting for work, such as Ray's
     idle workers, which Ray starts and retires every few seconds. Its ring appearing is
     not progress of the job (else the churn holds a stall off for ever) and its being
-    killed is not an incident (else every retired worker is a death snapshot); both were
+    killed without a fatal-signal dump is not an incident (else every retired worker is a
+    death snapshot; a crash before any work still is: its dump is there); both were
     seen on the blind Ray job ray2_reward_crash_ddp (issue 9). Once it does anything - a
     phase, a record, a rank - it is watched like every process."""
     return h.get("rank", -1) < 0 and h["progress_count"] <= 1 and not h["phase_strid"]
@@ -171,7 +172,7 @@ class Watcher:
                     ranks_still[path] = h
             elif st == "killed" or (st == "exited" and h["exit_code"] != 0):
                 self.dead.add(path)
-                if st == "killed" and idle:
+                if st == "killed" and idle and "fatal" not in read_signal_files(self.run_dir, h["host"], h["pid"]):
                     self._log("pid %d on %s vanished before it did any work (a pooled worker retired by its "
                               "launcher, such as Ray's idle workers): not an incident" % (h["pid"], h["host"]))
                     continue
