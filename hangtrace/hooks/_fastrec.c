@@ -126,7 +126,14 @@ typedef struct {
     PyObject *phases;            /* dict: thread ident -> [(phase strid, name), ...] (Recorder._phase) */
     PyObject *thread_id;         /* callable() -> strid of the calling thread (cache miss) */
     PyObject *intern;            /* callable(text) -> strid */
+    unsigned long long gen;      /* unique per Ring instance (the per-thread caches' key) */
 } RingObject;
+
+static unsigned long long ring_gen_next; /* last Ring.gen handed out (under the GIL) */
+/* Per thread: the thread-name strid of the calling thread in the Ring of generation
+ * tls_tid_gen (Recorder._threads never drops or changes an entry while its Ring lives). */
+static __thread unsigned long long tls_tid_gen;
+static __thread unsigned long long tls_tid;
 
 static PyTypeObject RingType;
 
@@ -148,8 +155,15 @@ static inline char *slot_ptr(RingObject *r, long long idx) {
 
 /* Thread-name strid and innermost phase strid of thread ``ident``. */
 static int ring_thread_phase(RingObject *r, PyObject *ident, unsigned long long *tid, unsigned long long *phase) {
-    PyObject *v = PyDict_GetItemWithError(r->threads, ident); /* borrowed */
+    PyObject *v;
     int truth = 0;
+    long long t;
+    int rc;
+    if (tls_tid_gen == r->gen && r->gen != 0) {
+        *tid = tls_tid;
+        goto phase;
+    }
+    v = PyDict_GetItemWithError(r->threads, ident); /* borrowed */
     if (v != NULL) {
         truth = PyObject_IsTrue(v);
         if (truth < 0)
@@ -164,13 +178,19 @@ static int ring_thread_phase(RingObject *r, PyObject *ident, unsigned long long 
         if (v == NULL)
             return -1;
     }
-    long long t;
-    int rc = get_int(v, 0, U32_MAX_, &t);
+    rc = get_int(v, 0, U32_MAX_, &t);
     Py_DECREF(v);
     if (rc < 0)
         return -1;
     *tid = (unsigned long long)t;
+    tls_tid = *tid;
+    tls_tid_gen = r->gen;
 
+phase:
+    if (PyDict_GET_SIZE(r->phases) == 0) { /* no phase open on any thread */
+        *phase = r->cur_phase;
+        return 0;
+    }
     PyObject *st = PyDict_GetItemWithError(r->phases, ident);
     if (st == NULL) {
         if (PyErr_Occurred())
@@ -356,6 +376,7 @@ static int Ring_init(RingObject *self, PyObject *args, PyObject *kwds) {
     self->base = (char *)self->view.buf;
     self->nslots = nslots;
     self->step = -1;
+    self->gen = ++ring_gen_next;
     Py_INCREF(threads);
     Py_XSETREF(self->threads, threads);
     Py_INCREF(phases);
@@ -569,6 +590,113 @@ static PyTypeObject RingType = {
     .tp_members = Ring_members,
 };
 
+/* ============================================================================== Busy */
+/* torch_dist._busy: the threads inside a wrapped call (their nested calls are not recorded
+ * again). A mapping ``{thread ident: 1}`` as the dict it replaces (``ident in busy``,
+ * ``busy[ident] = 1``, ``del busy[ident]``), but the calling thread's own entry is a
+ * thread-local flag, so the C path tests and sets it without a dict operation. Entries
+ * for other threads' idents (never made by torch_dist) live in a plain dict. */
+static __thread int tls_busy;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *other; /* dict: idents of other threads -> value */
+} BusyObject;
+
+static PyTypeObject BusyType;
+
+/* 1: ``key`` is the calling thread's ident; 0: another int; -1: error (not an int). */
+static int busy_own(PyObject *key) {
+    unsigned long v;
+    if (!PyLong_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "thread ident must be an int, not %.100s", Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    v = PyLong_AsUnsignedLong(key);
+    if (v == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0; /* negative or too large: never a thread ident */
+    }
+    return v == PyThread_get_thread_ident();
+}
+
+static int Busy_contains(BusyObject *self, PyObject *key) {
+    int own = busy_own(key);
+    if (own < 0)
+        return -1;
+    if (own)
+        return tls_busy;
+    return self->other != NULL ? PyDict_Contains(self->other, key) : 0;
+}
+
+static Py_ssize_t Busy_len(BusyObject *self) {
+    return (Py_ssize_t)(tls_busy != 0) + (self->other != NULL ? PyDict_GET_SIZE(self->other) : 0);
+}
+
+static PyObject *Busy_getitem(BusyObject *self, PyObject *key) {
+    int own = busy_own(key);
+    if (own < 0)
+        return NULL;
+    if (own) {
+        if (tls_busy)
+            return PyLong_FromLong(1);
+    } else if (self->other != NULL) {
+        PyObject *v = PyDict_GetItemWithError(self->other, key);
+        if (v != NULL) {
+            Py_INCREF(v);
+            return v;
+        }
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    PyErr_SetObject(PyExc_KeyError, key);
+    return NULL;
+}
+
+/* busy[ident] = value / del busy[ident]. The calling thread's entry keeps no value (reads give 1). */
+static int Busy_setitem(BusyObject *self, PyObject *key, PyObject *value) {
+    int own = busy_own(key);
+    if (own < 0)
+        return -1;
+    if (own) {
+        if (value == NULL && !tls_busy) {
+            PyErr_SetObject(PyExc_KeyError, key);
+            return -1;
+        }
+        tls_busy = value != NULL;
+        return 0;
+    }
+    if (self->other == NULL && (self->other = PyDict_New()) == NULL)
+        return -1;
+    return value == NULL ? PyDict_DelItem(self->other, key) : PyDict_SetItem(self->other, key, value);
+}
+
+static void Busy_dealloc(BusyObject *self) {
+    Py_CLEAR(self->other);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMappingMethods Busy_as_mapping = {
+    .mp_length = (lenfunc)Busy_len,
+    .mp_subscript = (binaryfunc)Busy_getitem,
+    .mp_ass_subscript = (objobjargproc)Busy_setitem,
+};
+
+static PySequenceMethods Busy_as_sequence = {
+    .sq_contains = (objobjproc)Busy_contains,
+};
+
+static PyTypeObject BusyType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hangtrace.hooks._fastrec.Busy",
+    .tp_basicsize = sizeof(BusyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Threads inside a wrapped call: {thread ident: 1}, the calling thread's entry thread-local.",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)Busy_dealloc,
+    .tp_as_mapping = &Busy_as_mapping,
+    .tp_as_sequence = &Busy_as_sequence,
+};
+
 /* ========================================================================= StateBase */
 typedef struct {
     PyObject_HEAD
@@ -576,6 +704,19 @@ typedef struct {
     RingObject *ring; /* rec._fast when it is a Ring, else NULL */
     PyObject *log, *seq, *groups, *dtypes, *shapes;
     int fault;
+    /* The C path's one-entry caches of the dict lookups above (strong references; each
+     * valid while the dict it came from is still the State's, and for groups until
+     * clear_groups()). A group entry holds its group object, so a cached group pointer
+     * is never reused by another object while cached. */
+    unsigned long long groups_ver;  /* bumped by clear_groups() */
+    PyObject *c_group;              /* the group argument last seen (Py_None: the default group) */
+    PyObject *c_group_entry;        /* its entry tuple */
+    PyObject *c_groups;             /* the groups dict it came from */
+    unsigned long long c_groups_ver;
+    PyObject *c_dtype, *c_dtypes;   /* torch.dtype last seen, the dtypes dict it came from */
+    long long c_dtype_id;
+    PyObject *c_shape, *c_shapes;   /* torch.Size last seen (a tuple), the shapes dict */
+    long long c_shape_id, c_numel;
 } StateObject;
 
 static PyTypeObject StateType;
@@ -588,10 +729,28 @@ static int State_traverse(StateObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->groups);
     Py_VISIT(self->dtypes);
     Py_VISIT(self->shapes);
+    Py_VISIT(self->c_group);
+    Py_VISIT(self->c_group_entry);
+    Py_VISIT(self->c_groups);
+    Py_VISIT(self->c_dtype);
+    Py_VISIT(self->c_dtypes);
+    Py_VISIT(self->c_shape);
+    Py_VISIT(self->c_shapes);
     return 0;
 }
 
+static void state_drop_caches(StateObject *self) {
+    Py_CLEAR(self->c_group);
+    Py_CLEAR(self->c_group_entry);
+    Py_CLEAR(self->c_groups);
+    Py_CLEAR(self->c_dtype);
+    Py_CLEAR(self->c_dtypes);
+    Py_CLEAR(self->c_shape);
+    Py_CLEAR(self->c_shapes);
+}
+
 static int State_clear(StateObject *self) {
+    state_drop_caches(self);
     Py_CLEAR(self->rec);
     Py_CLEAR(self->ring);
     Py_CLEAR(self->log);
@@ -649,6 +808,21 @@ static int State_set_fault(StateObject *self, PyObject *value, void *closure) {
 
 static PyObject *State_get_fast(StateObject *self, void *closure) { return PyBool_FromLong(self->ring != NULL); }
 
+PyDoc_STRVAR(State_clear_groups_doc, "clear_groups(): empty ``groups`` (the cached group entries) and the C path's caches.");
+
+static PyObject *State_clear_groups(StateObject *self, PyObject *Py_UNUSED(ignored)) {
+    self->groups_ver++;
+    state_drop_caches(self);
+    if (self->groups != NULL && PyDict_Check(self->groups))
+        PyDict_Clear(self->groups);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef State_methods[] = {
+    {"clear_groups", (PyCFunction)State_clear_groups, METH_NOARGS, State_clear_groups_doc},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyGetSetDef State_getset[] = {
     {"rec", (getter)State_get_rec, (setter)State_set_rec, "the Recorder (its C Ring is used when it has one)", NULL},
     {"fault", (getter)State_get_fault, (setter)State_set_fault, "test fault injection flag", NULL},
@@ -676,6 +850,7 @@ static PyTypeObject StateType = {
     .tp_clear = (inquiry)State_clear,
     .tp_getset = State_getset,
     .tp_members = State_members,
+    .tp_methods = State_methods,
 };
 
 /* ============================================================================== Call */
@@ -688,7 +863,7 @@ typedef struct {
     PyObject *slow;     /* the pure-Python recording call (same arguments) */
     PyObject *name;     /* op name */
     PyObject *globals;  /* torch_dist's module dict: "_state" is read per call */
-    PyObject *busy;     /* torch_dist._busy: thread ident -> 1 while inside a wrapped call */
+    PyObject *busy;     /* torch_dist._busy (a Busy, or a dict): thread ident -> 1 while inside a wrapped call */
     PyObject *tparam;   /* payload parameter name or None */
     PyObject *pkind_s;  /* payload kind string for the Python payload() callback */
     PyObject *peer_names[2];
@@ -703,6 +878,7 @@ typedef struct {
 } CallObject;
 
 static PyObject *TensorType; /* torch.Tensor (set_tensor_type), or NULL */
+static inline PyObject *tensor_attr(PyObject *obj, int dtype);
 static PyObject *s_state, *s_group, *s_async_op, *s_numel, *s_shape, *s_dtype, *one;
 
 static PyObject *getarg(PyObject *const *args, Py_ssize_t n, PyObject *kwnames, Py_ssize_t pos, PyObject *name) {
@@ -722,36 +898,70 @@ static PyObject *getarg(PyObject *const *args, Py_ssize_t n, PyObject *kwnames, 
     return NULL;
 }
 
-/* numel, shape strid, dtype id of a tensor payload (errors: caller zeroes them). */
+/* 1: torch.Size ``a`` equals the cached ``b`` (item by item); 0 otherwise (errors cleared). */
+static int same_shape(PyObject *a, PyObject *b) {
+    Py_ssize_t n;
+    if (a == b)
+        return 1;
+    if (!PyTuple_Check(a) || !PyTuple_Check(b) || (n = PyTuple_GET_SIZE(a)) != PyTuple_GET_SIZE(b))
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(a, i), *y = PyTuple_GET_ITEM(b, i);
+        if (x == y)
+            continue;
+        if (!PyLong_CheckExact(x) || !PyLong_CheckExact(y))
+            return 0;
+        int eq = PyObject_RichCompareBool(x, y, Py_EQ);
+        if (eq != 1) {
+            if (eq < 0)
+                PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Product of the sizes of torch.Size ``shp``, or -1 when it is not a tuple of
+ * non-negative ints or overflows. */
+static long long shape_numel(PyObject *shp) {
+    long long prod = 1;
+    if (!PyTuple_Check(shp))
+        return -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shp); i++) {
+        PyObject *d = PyTuple_GET_ITEM(shp, i);
+        long long x = PyLong_CheckExact(d) ? PyLong_AsLongLong(d) : -1;
+        if (x < 0 || (x > 0 && prod > LLONG_MAX / x)) {
+            PyErr_Clear();
+            return -1;
+        }
+        prod *= x;
+    }
+    return prod;
+}
+
+/* numel, shape strid, dtype id of a tensor payload (errors: caller zeroes them). A plain
+ * torch.Tensor's shape and dtype are compared with the State's last ones first (same
+ * shape: same numel and strid; same dtype object: same id), then looked up. */
 static int tensor_payload(CallObject *self, StateObject *S, PyObject *obj, long long *numel, long long *shape,
                           long long *dtype) {
-    PyObject *v, *shp;
-    if (TensorType != NULL && (PyObject *)Py_TYPE(obj) == TensorType) {
-        /* a plain torch.Tensor: numel() is the product of its sizes (saves a call) */
-        shp = PyObject_GetAttr(obj, s_shape);
+    PyObject *v, *shp, *dt;
+    int exact = TensorType != NULL && (PyObject *)Py_TYPE(obj) == TensorType;
+    long long n = -1;
+    shp = NULL;
+    if (exact) {
+        shp = tensor_attr(obj, 0);
         if (shp == NULL)
             return -1;
-        long long prod = 1;
-        int ok = PyTuple_Check(shp);
-        for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(shp); i++) {
-            PyObject *d = PyTuple_GET_ITEM(shp, i);
-            long long x = PyLong_CheckExact(d) ? PyLong_AsLongLong(d) : -1;
-            if (x < 0 || (x > 0 && prod > LLONG_MAX / x)) {
-                PyErr_Clear();
-                ok = 0;
-            } else {
-                prod *= x;
-            }
+        if (S->c_shape != NULL && S->c_shapes == S->shapes && same_shape(shp, S->c_shape)) {
+            *numel = S->c_numel;
+            *shape = S->c_shape_id;
+            Py_DECREF(shp);
+            goto dtype;
         }
-        if (ok) {
-            *numel = prod;
-        } else {
-            Py_CLEAR(shp);
-        }
-    } else {
-        shp = NULL;
+        n = shape_numel(shp); /* a plain torch.Tensor: numel() is the product of its sizes (saves a call) */
     }
-    if (shp == NULL) {
+    if (n < 0) {
+        Py_CLEAR(shp);
         v = PyObject_CallMethodNoArgs(obj, s_numel);
         if (v == NULL)
             return -1;
@@ -762,6 +972,8 @@ static int tensor_payload(CallObject *self, StateObject *S, PyObject *obj, long 
         shp = PyObject_GetAttr(obj, s_shape);
         if (shp == NULL)
             return -1;
+    } else {
+        *numel = n;
     }
     v = PyDict_GetItemWithError(S->shapes, shp);
     if (v != NULL) {
@@ -769,29 +981,58 @@ static int tensor_payload(CallObject *self, StateObject *S, PyObject *obj, long 
     } else if (!PyErr_Occurred()) {
         v = PyObject_CallOneArg(self->cb_shape, shp);
     }
-    Py_DECREF(shp);
-    if (v == NULL)
+    if (v == NULL) {
+        Py_DECREF(shp);
         return -1;
+    }
     *shape = PyLong_AsLongLong(v);
     Py_DECREF(v);
-    if (*shape == -1 && PyErr_Occurred())
+    if (*shape == -1 && PyErr_Occurred()) {
+        Py_DECREF(shp);
         return -1;
-    PyObject *dt = PyObject_GetAttr(obj, s_dtype);
+    }
+    if (n >= 0) {
+        Py_XSETREF(S->c_shape, shp); /* takes the reference */
+        Py_INCREF(S->shapes);
+        Py_XSETREF(S->c_shapes, S->shapes);
+        S->c_shape_id = *shape;
+        S->c_numel = n;
+    } else {
+        Py_DECREF(shp);
+    }
+dtype:
+    dt = exact ? tensor_attr(obj, 1) : PyObject_GetAttr(obj, s_dtype);
     if (dt == NULL)
         return -1;
+    if (dt == S->c_dtype && S->c_dtypes == S->dtypes) {
+        Py_DECREF(dt);
+        *dtype = S->c_dtype_id;
+        return 0;
+    }
     v = PyDict_GetItemWithError(S->dtypes, dt);
-    Py_DECREF(dt);
     if (v != NULL) {
         Py_INCREF(v);
     } else if (!PyErr_Occurred()) {
         v = PyObject_CallOneArg(self->cb_dtype, obj);
     }
-    if (v == NULL)
+    if (v == NULL) {
+        Py_DECREF(dt);
         return -1;
+    }
     *dtype = PyLong_AsLongLong(v);
     Py_DECREF(v);
-    if (*dtype == -1 && PyErr_Occurred())
+    if (*dtype == -1 && PyErr_Occurred()) {
+        Py_DECREF(dt);
         return -1;
+    }
+    if (exact) {
+        Py_XSETREF(S->c_dtype, dt); /* takes the reference */
+        Py_INCREF(S->dtypes);
+        Py_XSETREF(S->c_dtypes, S->dtypes);
+        S->c_dtype_id = *dtype;
+    } else {
+        Py_DECREF(dt);
+    }
     return 0;
 }
 
@@ -811,6 +1052,55 @@ static int other_payload(CallObject *self, PyObject *obj, long long *numel, long
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* cell[0] += 1 (a one-item list holding an int); *seq = the new value. */
+static int seq_next(PyObject *cell, long long *seq) {
+    PyObject *cur = PyList_GET_ITEM(cell, 0);
+    long long v = PyLong_AsLongLong(cur);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *nv = PyLong_FromLongLong(v + 1);
+    if (nv == NULL)
+        return -1;
+    PyList_SET_ITEM(cell, 0, nv);
+    Py_DECREF(cur);
+    *seq = v + 1;
+    return 0;
+}
+
+/* The counter of ``key`` in ``seqs`` (a cell, created as [0] when missing; a plain int
+ * value is counted in place) advanced by one; *seq = the new value. */
+static int seq_next_in(PyObject *seqs, PyObject *key, long long *seq) {
+    PyObject *cur = PyDict_GetItemWithError(seqs, key);
+    if (cur != NULL && PyList_CheckExact(cur) && PyList_GET_SIZE(cur) == 1)
+        return seq_next(cur, seq);
+    if (cur == NULL && PyErr_Occurred())
+        return -1;
+    long long v = 0;
+    if (cur != NULL) {
+        v = PyLong_AsLongLong(cur);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+    }
+    PyObject *nv = PyLong_FromLongLong(v + 1);
+    if (nv == NULL)
+        return -1;
+    PyObject *store = nv;
+    if (cur == NULL) { /* a new counter: a cell */
+        store = PyList_New(1);
+        if (store == NULL) {
+            Py_DECREF(nv);
+            return -1;
+        }
+        PyList_SET_ITEM(store, 0, nv);
+    }
+    int rc = PyDict_SetItem(seqs, key, store);
+    Py_DECREF(store);
+    if (rc < 0)
+        return -1;
+    *seq = v + 1;
+    return 0;
+}
+
 /* Everything of the Python wrapper's ``try:`` block. 0 ok (*pidx set), -1 error set. */
 static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObject *ident, PyObject *const *args,
                        Py_ssize_t n, PyObject *kwnames, unsigned long long *pidx, int *pasync) {
@@ -821,25 +1111,42 @@ static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObj
 
     if (group == Py_None)
         group = NULL;
-    /* group entry (strid, name, pg), cached by id(group) (None = default group) */
-    if (group == NULL) {
-        gkey = Py_None;
-        Py_INCREF(gkey);
-    } else {
-        gkey = PyLong_FromVoidPtr(group);
-        if (gkey == NULL)
-            return -1;
-    }
-    g = PyDict_GetItemWithError(S->groups, gkey);
-    Py_DECREF(gkey);
-    if (g != NULL && ((PyTuple_Check(g) && PyTuple_GET_SIZE(g) > 0) || PyObject_IsTrue(g) == 1)) {
+    /* group entry (strid, name, pg[, seq cell]), cached by id(group) (None = default group);
+     * the last one also in the State (no int object, no dict lookup) */
+    if (S->c_group_entry != NULL && S->c_group == (group ? group : Py_None) && S->c_groups == S->groups &&
+        S->c_groups_ver == S->groups_ver && PyDict_GET_SIZE(S->groups) != 0) {
+        g = S->c_group_entry;
         Py_INCREF(g);
     } else {
-        if (PyErr_Occurred())
-            return -1;
-        g = PyObject_CallOneArg(self->cb_group, group ? group : Py_None);
-        if (g == NULL)
-            return -1;
+        if (group == NULL) {
+            gkey = Py_None;
+            Py_INCREF(gkey);
+        } else {
+            gkey = PyLong_FromVoidPtr(group);
+            if (gkey == NULL)
+                return -1;
+        }
+        g = PyDict_GetItemWithError(S->groups, gkey);
+        Py_DECREF(gkey);
+        if (g != NULL && ((PyTuple_Check(g) && PyTuple_GET_SIZE(g) > 0) || PyObject_IsTrue(g) == 1)) {
+            Py_INCREF(g);
+        } else {
+            if (PyErr_Occurred())
+                return -1;
+            g = PyObject_CallOneArg(self->cb_group, group ? group : Py_None);
+            if (g == NULL)
+                return -1;
+        }
+        if (PyTuple_CheckExact(g) && PyTuple_GET_SIZE(g) >= 3 &&
+            PyTuple_GET_ITEM(g, 2) == (group ? group : Py_None)) { /* holds its group: cacheable */
+            Py_INCREF(g);
+            Py_XSETREF(S->c_group_entry, g);
+            Py_INCREF(PyTuple_GET_ITEM(g, 2));
+            Py_XSETREF(S->c_group, PyTuple_GET_ITEM(g, 2));
+            Py_INCREF(S->groups);
+            Py_XSETREF(S->c_groups, S->groups);
+            S->c_groups_ver = S->groups_ver;
+        }
     }
     if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) < 2) {
         PyErr_SetString(PyExc_TypeError, "group entry must be a (strid, name, pg) tuple");
@@ -901,36 +1208,27 @@ static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObj
         }
     }
 
-    /* per-group sequence number: collectives by group name, p2p by (group name, peer) */
-    if (self->is_p2p) {
-        if (peer_o == NULL) {
-            peer_o = PyLong_FromLongLong(peer);
-            if (peer_o == NULL)
-                goto done;
-        }
-        key = PyTuple_Pack(2, PyTuple_GET_ITEM(g, 1), peer_o);
-        if (key == NULL)
+    /* per-group sequence number: collectives by group name, p2p by (group name, peer); the
+     * counter is a one-item list (a cell) in S->seq, for collectives also the entry's 4th item */
+    if (!self->is_p2p && PyTuple_GET_SIZE(g) >= 4 && PyList_CheckExact(PyTuple_GET_ITEM(g, 3)) &&
+        PyList_GET_SIZE(PyTuple_GET_ITEM(g, 3)) == 1) {
+        if (seq_next(PyTuple_GET_ITEM(g, 3), &seq) < 0)
             goto done;
     } else {
-        key = PyTuple_GET_ITEM(g, 1);
-        Py_INCREF(key);
-    }
-    {
-        PyObject *cur = PyDict_GetItemWithError(S->seq, key);
-        if (cur != NULL) {
-            seq = PyLong_AsLongLong(cur);
-            if (seq == -1 && PyErr_Occurred())
+        if (self->is_p2p) {
+            if (peer_o == NULL) {
+                peer_o = PyLong_FromLongLong(peer);
+                if (peer_o == NULL)
+                    goto done;
+            }
+            key = PyTuple_Pack(2, PyTuple_GET_ITEM(g, 1), peer_o);
+            if (key == NULL)
                 goto done;
-        } else if (PyErr_Occurred()) {
-            goto done;
+        } else {
+            key = PyTuple_GET_ITEM(g, 1);
+            Py_INCREF(key);
         }
-        seq += 1;
-        PyObject *sv = PyLong_FromLongLong(seq);
-        if (sv == NULL)
-            goto done;
-        int src = PyDict_SetItem(S->seq, key, sv);
-        Py_DECREF(sv);
-        if (src < 0)
+        if (seq_next_in(S->seq, key, &seq) < 0)
             goto done;
     }
 
@@ -1006,7 +1304,8 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
         PyErr_Clear();
         return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
     }
-    int b = PyDict_Contains(self->busy, ident);
+    int tls = Py_TYPE(self->busy) == &BusyType; /* else a dict (as torch_dist's before Busy) */
+    int b = tls ? tls_busy != 0 : PyDict_Contains(self->busy, ident);
     if (b != 0) { /* nested call on this thread: not recorded again */
         Py_DECREF(ident);
         if (b < 0)
@@ -1025,13 +1324,17 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
             goto out; /* KeyboardInterrupt & co. propagate, as in the Python wrapper */
         log_error(S, "recording %U failed: %R", self->name, self->rec_key);
     }
-    if (PyDict_SetItem(self->busy, ident, one) < 0)
+    if (tls)
+        tls_busy = 1;
+    else if (PyDict_SetItem(self->busy, ident, one) < 0)
         PyErr_Clear();
     result = PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
     if (result == NULL) {
         PyObject *t, *v, *tb;
         PyErr_Fetch(&t, &v, &tb);
-        if (PyDict_DelItem(self->busy, ident) < 0)
+        if (tls)
+            tls_busy = 0;
+        else if (PyDict_DelItem(self->busy, ident) < 0)
             PyErr_Clear();
         if (idx) {
             PyErr_NormalizeException(&t, &v, &tb);
@@ -1046,7 +1349,9 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
         PyErr_Restore(t, v, tb);
         goto out;
     }
-    if (PyDict_DelItem(self->busy, ident) < 0)
+    if (tls)
+        tls_busy = 0;
+    else if (PyDict_DelItem(self->busy, ident) < 0)
         PyErr_Clear();
     if (idx) {
         int rc;
@@ -1086,10 +1391,14 @@ static int Call_init(CallObject *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_TypeError, "Call() takes positional arguments only");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOUiipOOnnnO!pO!O!O!:Call", &wrapped, &slow, &name, &op_id, &kind, &is_p2p, &pkind,
+    if (!PyArg_ParseTuple(args, "OOUiipOOnnnO!pO!OO!:Call", &wrapped, &slow, &name, &op_id, &kind, &is_p2p, &pkind,
                           &tparam, &tpos, &gpos, &apos, &PyTuple_Type, &peers, &always_async, &PyDict_Type, &globals,
-                          &PyDict_Type, &busy, &PyTuple_Type, &cbs))
+                          &busy, &PyTuple_Type, &cbs))
         return -1;
+    if (!PyDict_Check(busy) && Py_TYPE(busy) != &BusyType) {
+        PyErr_SetString(PyExc_TypeError, "busy must be a dict or a Busy");
+        return -1;
+    }
     if (PyTuple_GET_SIZE(cbs) != 7) {
         PyErr_SetString(PyExc_TypeError, "callbacks must be a 7-tuple");
         return -1;
@@ -1271,6 +1580,49 @@ static PyTypeObject CallType = {
 };
 
 /* ============================================================================ module */
+/* The C getters of torch.Tensor's ``shape`` and ``dtype`` (getset descriptors of
+ * torch._C.TensorBase), called directly for a plain torch.Tensor: the same function
+ * ``tensor.shape`` runs, without the attribute lookup around it. Valid while the type's
+ * version tag is the one seen at resolution (any change to torch.Tensor or a base class
+ * resets it), else the attribute is read as usual. */
+static getter tg_shape, tg_dtype;
+static void *tc_shape, *tc_dtype;
+static unsigned int tg_tag;
+
+static void resolve_getters(PyTypeObject *tp) {
+    tg_shape = tg_dtype = NULL;
+    tg_tag = 0;
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    if (tp == NULL || tp->tp_getattro != PyObject_GenericGetAttr)
+        return;
+    PyObject *ds = _PyType_Lookup(tp, s_shape), *dd = _PyType_Lookup(tp, s_dtype); /* borrowed */
+    if (ds == NULL || dd == NULL || Py_TYPE(ds) != &PyGetSetDescr_Type || Py_TYPE(dd) != &PyGetSetDescr_Type ||
+        !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || tp->tp_version_tag == 0)
+        return;
+    PyGetSetDef *gs = ((PyGetSetDescrObject *)ds)->d_getset, *gd = ((PyGetSetDescrObject *)dd)->d_getset;
+    if (gs->get == NULL || gd->get == NULL)
+        return;
+    tg_shape = gs->get;
+    tc_shape = gs->closure;
+    tg_dtype = gd->get;
+    tc_dtype = gd->closure;
+    tg_tag = tp->tp_version_tag;
+#endif
+}
+
+/* ``obj.shape`` / ``obj.dtype`` of a plain torch.Tensor ``obj`` (new reference or NULL;
+ * the caller checked Py_TYPE(obj) == TensorType). */
+static inline PyObject *tensor_attr(PyObject *obj, int dtype) {
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tg_tag == 0 || tp->tp_version_tag != tg_tag || !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        resolve_getters(tp); /* torch.Tensor (or a base) changed since: look the getters up again */
+    if (tg_tag != 0)
+        return dtype ? tg_dtype(obj, tc_dtype) : tg_shape(obj, tc_shape);
+#endif
+    return PyObject_GetAttr(obj, dtype ? s_dtype : s_shape);
+}
+
 static PyObject *set_tensor_type(PyObject *m, PyObject *tp) {
     if (tp != Py_None && !PyType_Check(tp)) {
         PyErr_SetString(PyExc_TypeError, "a type or None");
@@ -1279,12 +1631,30 @@ static PyObject *set_tensor_type(PyObject *m, PyObject *tp) {
     Py_XDECREF(TensorType);
     TensorType = tp == Py_None ? NULL : tp;
     Py_XINCREF(TensorType);
+    resolve_getters((PyTypeObject *)TensorType);
     Py_RETURN_NONE;
+}
+
+static PyObject *direct_getters(PyObject *m, PyObject *Py_UNUSED(ignored)) {
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    if (TensorType != NULL) {
+        PyTypeObject *tp = (PyTypeObject *)TensorType;
+        if (tg_tag == 0 || tp->tp_version_tag != tg_tag || !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+            resolve_getters(tp);
+        if (tg_tag != 0)
+            Py_RETURN_TRUE;
+    }
+#endif
+    Py_RETURN_FALSE;
 }
 
 static PyMethodDef mod_methods[] = {
     {"set_tensor_type", set_tensor_type, METH_O,
-     "set_tensor_type(torch.Tensor): tensors of exactly this type get numel = product of their shape."},
+     "set_tensor_type(torch.Tensor): tensors of exactly this type get numel = product of their shape, and their"
+     " shape and dtype getters are called directly."},
+    {"direct_getters", direct_getters, METH_NOARGS,
+     "direct_getters() -> bool: whether a plain tensor's shape/dtype getters are called directly (looked up"
+     " again first when torch.Tensor changed)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1296,7 +1666,8 @@ static struct PyModuleDef fastrec_module = {
 
 PyMODINIT_FUNC PyInit__fastrec(void) {
     PyObject *m, *structmod;
-    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&StateType) < 0 || PyType_Ready(&CallType) < 0)
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&StateType) < 0 || PyType_Ready(&CallType) < 0 ||
+        PyType_Ready(&BusyType) < 0)
         return NULL;
     structmod = PyImport_ImportModule("struct");
     if (structmod == NULL)
@@ -1320,9 +1691,11 @@ PyMODINIT_FUNC PyInit__fastrec(void) {
     Py_INCREF(&RingType);
     Py_INCREF(&StateType);
     Py_INCREF(&CallType);
+    Py_INCREF(&BusyType);
     if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0 ||
         PyModule_AddObject(m, "StateBase", (PyObject *)&StateType) < 0 ||
         PyModule_AddObject(m, "Call", (PyObject *)&CallType) < 0 ||
+        PyModule_AddObject(m, "Busy", (PyObject *)&BusyType) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER_SIZE) < 0) {
         Py_DECREF(m);

@@ -142,9 +142,9 @@ def _batch_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, 
             peer = getattr(p, "peer", -1)
             if peer is None:
                 peer = st.dist.get_global_rank(p.group, p.group_peer)
-            key = (gname, int(peer))
-            seq = st.seq.get(key, 0) + 1
-            st.seq[key] = seq
+            cell = st.seq_cell((gname, int(peer)))
+            cell[0] += 1
+            seq = cell[0]
             t = p.tensor
             idxs.append(st.rec.issue(F.K_P2P, F.OP_IDS.get(opname, F.OP_IDS["isend"]), gsid, seq, t.numel(),
                                      _td._shape_id(t.shape), _td._dtype_id(t), int(peer), F.F_ASYNC | F.F_BATCH))

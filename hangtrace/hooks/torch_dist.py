@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 
 # Threads (by ``threading.get_ident()``) that are inside a wrapped call: calls they make
 # from there (``all_gather_object`` calling ``all_gather``, ...) are not recorded again.
-# A dict item per thread costs less per call than a ``threading.local`` attribute.
-_busy: Dict[int, int] = {}
+# With the C extension a ``_fastrec.Busy`` (the calling thread's entry a thread-local flag
+# the C wrappers set without a dict operation); else a dict, an item per thread.
+_busy: Dict[int, int] = _fastrec.Busy() if _fastrec is not None else {}
 _get_ident = threading.get_ident
 
 
@@ -70,7 +71,7 @@ _installed: Dict[str, Callable[..., Any]] = {}  # attribute name -> original fun
 
 
 def _group_entry(group: Any) -> GroupEntry:
-    """Cached ``(strid, name, pg)`` of ``group`` (None = default group), keyed by id(group).
+    """Cached ``(strid, name, pg, st.seq[name])`` of ``group`` (None = default), by id(group).
 
     The entry holds the group object itself so that its id is not reused while cached.
     """
@@ -89,7 +90,7 @@ def _group_entry(group: Any) -> GroupEntry:
     except Exception:
         name = getattr(pg, "group_name", None) or "?"
     sid = st.rec.intern(name)
-    g = st.groups[key] = (sid, name, group)
+    g = st.groups[key] = (sid, name, group, st.seq_cell(name))
     return g
 
 
@@ -216,10 +217,9 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
             else:
                 a = args[apos] if apos < n else (kwargs.get("async_op") if kwargs else None)
                 async_op = True if a else False
-            key = (g[1], peer) if is_p2p else g[1]
-            seqs = st.seq
-            seq = seqs.get(key, 0) + 1
-            seqs[key] = seq
+            cell = st.seq_cell((g[1], peer)) if is_p2p else g[3]
+            cell[0] += 1
+            seq = cell[0]
             idx = st.rec.issue(kind, op_id, g[0], seq, numel, shape, dtype, peer, f_async if async_op else 0)
         except Exception as e:
             st.log("recording %s failed: %r" % (name, e), "rec-" + name)

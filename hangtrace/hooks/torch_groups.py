@@ -45,7 +45,7 @@ def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[An
     try:
         if name == "init_process_group":
             dist = st.dist
-            st.groups.clear()
+            st.clear_groups()
             st.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
             st.rec.group_created(_describe(dist.distributed_c10d._get_default_group(), name))
             _start_fr_agent(st)
@@ -56,7 +56,7 @@ def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[An
                 info["ranks"] = sorted(int(r) for r in ranks) if ranks is not None else None
             st.rec.group_created(info)
         elif name == "destroy_process_group":
-            st.groups.clear()
+            st.clear_groups()
             st.rec.event("destroy_process_group")
     except Exception as e:
         st.log("recording %s failed: %r" % (name, e), "rec-" + name)

@@ -4,13 +4,14 @@ run time.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 if TYPE_CHECKING:
     from hangtrace.hooks.recorder import Recorder
 
 Log = Callable[[str, str], None]  # log(message, key): the run log, once per key
-GroupEntry = Tuple[int, str, Any]  # (strid, name, the group object or None)
+# (strid, name, the group object or None, its collectives' seq cell: st.seq[name])
+GroupEntry = Tuple[int, str, Any, List[int]]
 
 
 class State:
@@ -19,10 +20,24 @@ class State:
     def __init__(self, recorder: Recorder, log: Log) -> None:
         self.rec = recorder
         self.log = log
-        self.seq: Dict[Union[str, Tuple[str, int]], int] = {}  # group name, or (group name, peer) -> last seq
+        # group name, or (group name, peer) -> [last seq] (a cell: the C path counts in place)
+        self.seq: Dict[Union[str, Tuple[str, int]], List[int]] = {}
         self.groups: Dict[Optional[int], GroupEntry] = {}  # id(pg) or None -> (strid, name, pg)
         self.dtypes: Dict[Any, int] = {}  # torch.dtype -> dtype id
         self.shapes: Dict[Any, int] = {}  # torch.Size -> strid
         self.order = 0
         self.dist: Any = None  # the torch.distributed module (set by install)
         self.fault = False
+
+    def seq_cell(self, key: Union[str, Tuple[str, int]]) -> List[int]:
+        """The counter of ``key`` (a group name, or (group name, peer) for p2p): a one-item
+        list holding the last sequence number issued, created as ``[0]``."""
+        cell = self.seq.get(key)
+        if cell is None:
+            cell = self.seq[key] = [0]
+        return cell
+
+    def clear_groups(self) -> None:
+        """Forget the cached group entries (the process group was (re)initialised or
+        destroyed); the sequence counters stay, by group name."""
+        self.groups.clear()
