@@ -70,6 +70,22 @@ static inline uint64_t wall_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The wall-clock time at monotonic time ``mono`` (ns): mono + the offset between the two
+ * clocks, read again once the last reading is 100 ms old (monotonic), so a record costs
+ * one clock read, not two. An NTP slew moves the offset by at most 0.5 ms per second
+ * (adjtimex's limit, 500 ppm), i.e. < 50 us between readings; a step of the wall clock
+ * (settimeofday) shows within 100 ms. Under the GIL (all callers hold it). */
+static uint64_t wall_off_mono; /* monotonic time of the last reading, 0 = none */
+static uint64_t wall_off;      /* wall - mono at that reading (mod 2^64) */
+
+static inline uint64_t wall_at(uint64_t mono) {
+    if (wall_off_mono == 0 || mono - wall_off_mono > 100000000ull) {
+        wall_off = wall_ns() - mono;
+        wall_off_mono = mono;
+    }
+    return mono + wall_off;
+}
+
 #define U8_MAX_ 255LL
 #define U32_MAX_ 4294967295LL
 #define I32_MIN_ (-2147483648LL)
@@ -238,7 +254,7 @@ static unsigned long long ring_write(RingObject *r, PyObject *ident, long long k
     if (ring_thread_phase(r, ident, &tid, &phase) < 0)
         return 0;
     now = mono_ns();
-    wall = wall_ns();
+    wall = wall_at(now);
     memset(buf, 0, sizeof(buf));
     put64(buf + 0, idx);
     put8(buf + 8, (uint64_t)kind);
@@ -288,7 +304,7 @@ static int ring_complete_ok(RingObject *r, long long idx) {
     p = r->base + LIVE_DONE_OFF;
     put64(p, 0);
     put64(p + 8, now);
-    put64(p + 16, wall_ns());
+    put64(p + 16, wall_at(now));
     put64(p + 24, r->progress);
     return 0;
 }
@@ -875,6 +891,8 @@ typedef struct {
     PyObject *cb_group, *cb_shape, *cb_dtype, *cb_payload, *cb_work, *cb_fail, *cb_grank;
     PyObject *rec_key, *done_key;
     PyObject *dict; /* __name__, __qualname__, __module__, __doc__ of the original (set by torch_dist) */
+    uint64_t gver;    /* globals' dict version when gstate was read (CPython < 3.12) */
+    PyObject *gstate; /* borrowed: globals["_state"] at that version, NULL = not read */
 } CallObject;
 
 static PyObject *TensorType; /* torch.Tensor (set_tensor_type), or NULL */
@@ -1286,7 +1304,21 @@ static void log_error(StateObject *S, const char *fmt, PyObject *name, PyObject 
 
 static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    PyObject *st = PyDict_GetItemWithError(self->globals, s_state); /* borrowed */
+    PyObject *st;
+#if PY_VERSION_HEX < 0x030C0000
+    /* torch_dist's globals unchanged since the last call (dict version, PEP 509): the same
+     * ``_state`` (borrowed: the dict holds it, and rebinding it changes the version) */
+    uint64_t gver = ((PyDictObject *)self->globals)->ma_version_tag;
+    if (gver == self->gver && self->gstate != NULL) {
+        st = self->gstate;
+    } else {
+        st = PyDict_GetItemWithError(self->globals, s_state);
+        self->gver = gver;
+        self->gstate = st;
+    }
+#else
+    st = PyDict_GetItemWithError(self->globals, s_state); /* borrowed */
+#endif
     if (st == NULL) {
         if (PyErr_Occurred())
             PyErr_Clear();
