@@ -146,10 +146,37 @@ typedef struct {
 } RingObject;
 
 static unsigned long long ring_gen_next; /* last Ring.gen handed out (under the GIL) */
-/* Per thread: the thread-name strid of the calling thread in the Ring of generation
- * tls_tid_gen (Recorder._threads never drops or changes an entry while its Ring lives). */
-static __thread unsigned long long tls_tid_gen;
-static __thread unsigned long long tls_tid;
+/* Per-thread state of the C path, one block (one TLS address lookup per function):
+ *   tid, tid_gen  the thread-name strid of this thread in the Ring of generation tid_gen
+ *                 (Recorder._threads never drops or changes an entry while its Ring lives);
+ *   ident, ident_val  threading.get_ident() of this thread as an int object (kept: saves
+ *                 an allocation per call), and its value;
+ *   busy          this thread is inside a wrapped call (its entry of torch_dist._busy). */
+typedef struct {
+    unsigned long long tid_gen, tid;
+    unsigned long ident_val;
+    PyObject *ident;
+    int busy;
+} TlsBlock;
+static __thread TlsBlock tls;
+
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+
+/* threading.get_ident() of the calling thread as an int object (new reference). */
+static PyObject *current_ident(void) {
+    TlsBlock *T = &tls;
+    unsigned long id = PyThread_get_thread_ident();
+    if (T->ident == NULL || T->ident_val != id) {
+        PyObject *o = PyLong_FromUnsignedLong(id);
+        if (o == NULL)
+            return NULL;
+        Py_XSETREF(T->ident, o);
+        T->ident_val = id;
+    }
+    Py_INCREF(T->ident);
+    return T->ident;
+}
 
 static PyTypeObject RingType;
 
@@ -169,85 +196,93 @@ static inline char *slot_ptr(RingObject *r, long long idx) {
     return r->base + HEADER_SIZE + pos * SLOT_SIZE;
 }
 
-/* Thread-name strid and innermost phase strid of thread ``ident``. */
+/* Thread-name strid and innermost phase strid of the calling thread; ``ident`` is its
+ * threading.get_ident() object, or NULL (then made here, only when a dict is consulted). */
 static int ring_thread_phase(RingObject *r, PyObject *ident, unsigned long long *tid, unsigned long long *phase) {
-    PyObject *v;
-    int truth = 0;
+    TlsBlock *T = &tls;
+    PyObject *v, *own = NULL, *st;
+    int truth = 0, rc = -1;
     long long t;
-    int rc;
-    if (tls_tid_gen == r->gen && r->gen != 0) {
-        *tid = tls_tid;
-        goto phase;
+    if (LIKELY(T->tid_gen == r->gen && r->gen != 0)) {
+        *tid = T->tid;
+        if (LIKELY(PyDict_GET_SIZE(r->phases) == 0)) { /* no phase open on any thread */
+            *phase = r->cur_phase;
+            return 0;
+        }
     }
-    v = PyDict_GetItemWithError(r->threads, ident); /* borrowed */
-    if (v != NULL) {
-        truth = PyObject_IsTrue(v);
-        if (truth < 0)
-            return -1;
-    } else if (PyErr_Occurred()) {
+    if (ident == NULL && (ident = own = current_ident()) == NULL)
         return -1;
+    if (T->tid_gen != r->gen || r->gen == 0) {
+        v = PyDict_GetItemWithError(r->threads, ident); /* borrowed */
+        if (v != NULL) {
+            truth = PyObject_IsTrue(v);
+            if (UNLIKELY(truth < 0))
+                goto out;
+        } else if (UNLIKELY(PyErr_Occurred())) {
+            goto out;
+        }
+        if (truth) {
+            Py_INCREF(v);
+        } else {
+            v = PyObject_CallNoArgs(r->thread_id);
+            if (UNLIKELY(v == NULL))
+                goto out;
+        }
+        int grc = get_int(v, 0, U32_MAX_, &t);
+        Py_DECREF(v);
+        if (UNLIKELY(grc < 0))
+            goto out;
+        *tid = (unsigned long long)t;
+        T->tid = *tid;
+        T->tid_gen = r->gen;
     }
-    if (truth) {
-        Py_INCREF(v);
-    } else {
-        v = PyObject_CallNoArgs(r->thread_id);
-        if (v == NULL)
-            return -1;
+    *phase = r->cur_phase;
+    rc = 0;
+    if (PyDict_GET_SIZE(r->phases) == 0)
+        goto out;
+    st = PyDict_GetItemWithError(r->phases, ident);
+    if (UNLIKELY(st == NULL)) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto out;
     }
-    rc = get_int(v, 0, U32_MAX_, &t);
-    Py_DECREF(v);
-    if (rc < 0)
-        return -1;
-    *tid = (unsigned long long)t;
-    tls_tid = *tid;
-    tls_tid_gen = r->gen;
-
-phase:
-    if (PyDict_GET_SIZE(r->phases) == 0) { /* no phase open on any thread */
-        *phase = r->cur_phase;
-        return 0;
-    }
-    PyObject *st = PyDict_GetItemWithError(r->phases, ident);
-    if (st == NULL) {
-        if (PyErr_Occurred())
-            return -1;
-        *phase = r->cur_phase;
-        return 0;
-    }
+    rc = -1;
     Py_INCREF(st);
     truth = PyObject_IsTrue(st);
     if (truth <= 0) {
         Py_DECREF(st);
-        if (truth < 0)
-            return -1;
-        *phase = r->cur_phase;
-        return 0;
+        rc = truth < 0 ? -1 : 0;
+        goto out;
     }
     PyObject *top = PySequence_GetItem(st, -1);
     Py_DECREF(st);
-    if (top == NULL)
-        return -1;
+    if (UNLIKELY(top == NULL))
+        goto out;
     PyObject *sid = PySequence_GetItem(top, 0);
     Py_DECREF(top);
-    if (sid == NULL)
-        return -1;
-    rc = get_int(sid, 0, U32_MAX_, &t);
+    if (UNLIKELY(sid == NULL))
+        goto out;
+    int grc = get_int(sid, 0, U32_MAX_, &t);
     Py_DECREF(sid);
-    if (rc < 0)
-        return -1;
+    if (UNLIKELY(grc < 0))
+        goto out;
     *phase = (unsigned long long)t;
-    return 0;
+    rc = 0;
+out:
+    Py_XDECREF(own);
+    return rc;
 }
 
-/* Write one full slot. Fields as in format.SLOT. Returns the index or 0 with an error set. */
+/* Write one full slot. Fields as in format.SLOT; ``ident``: the calling thread's
+ * threading.get_ident() object or NULL (made when needed). Returns the index or 0 with an
+ * error set. */
 static unsigned long long ring_write(RingObject *r, PyObject *ident, long long kind, long long flags, long long dtype,
                                      long long op, long long group, long long seq, long long numel, long long shape,
                                      long long peer, long long state, long long err, const long long *a,
                                      int header) {
-    unsigned long long idx, tid, phase;
+    unsigned long long idx, tid = 0, phase = 0;
     uint64_t now, wall;
     char buf[SLOT_SIZE];
-    if (ring_check(r) < 0)
+    if (UNLIKELY(ring_check(r) < 0))
         return 0;
     idx = ++r->counter;
     r->last = idx;
@@ -290,7 +325,7 @@ static unsigned long long ring_write(RingObject *r, PyObject *ident, long long k
 static int ring_complete_ok(RingObject *r, long long idx) {
     uint64_t now;
     char *p;
-    if (ring_check(r) < 0)
+    if (UNLIKELY(ring_check(r) < 0))
         return -1;
     now = mono_ns();
     if ((long long)r->last - idx < (long long)r->nslots) {
@@ -346,24 +381,6 @@ static void ring_burn(RingObject *r) {
         r->last = ++r->counter;
         memset(slot_ptr(r, (long long)r->counter), 0, SLOT_SIZE);
     }
-}
-
-/* threading.get_ident() of the calling thread as an int object (new reference); the
- * object is kept per thread, to save an allocation per call. */
-static __thread unsigned long tls_ident_val;
-static __thread PyObject *tls_ident;
-
-static PyObject *current_ident(void) {
-    unsigned long id = PyThread_get_thread_ident();
-    if (tls_ident == NULL || tls_ident_val != id) {
-        PyObject *o = PyLong_FromUnsignedLong(id);
-        if (o == NULL)
-            return NULL;
-        Py_XSETREF(tls_ident, o);
-        tls_ident_val = id;
-    }
-    Py_INCREF(tls_ident);
-    return tls_ident;
 }
 
 /* Ring(mm, nslots, threads, phases, thread_id, intern) */
@@ -465,12 +482,8 @@ static PyObject *Ring_issue(RingObject *self, PyObject *const *args, Py_ssize_t 
         ring_burn(self);
         return NULL;
     }
-    PyObject *ident = current_ident();
-    if (ident == NULL)
-        return NULL;
-    unsigned long long idx = ring_write(self, ident, kind, flags, dtype, op, group, seq, numel, shape, peer,
+    unsigned long long idx = ring_write(self, NULL, kind, flags, dtype, op, group, seq, numel, shape, peer,
                                         S_ISSUED, 0, NULL, 1);
-    Py_DECREF(ident);
     if (idx == 0)
         return NULL;
     return PyLong_FromUnsignedLongLong(idx);
@@ -543,13 +556,9 @@ static PyObject *Ring_slot(RingObject *self, PyObject *const *args, Py_ssize_t n
             ring_burn(self);
             return NULL;
         }
-    PyObject *ident = current_ident();
-    if (ident == NULL)
-        return NULL;
     /* kind, op, group, seq, numel, shape, dtype, peer, state, flags, err */
     unsigned long long idx =
-        ring_write(self, ident, v[0], v[9], v[6], v[1], v[2], v[3], v[4], v[5], v[7], v[8], v[10], a, 0);
-    Py_DECREF(ident);
+        ring_write(self, NULL, v[0], v[9], v[6], v[1], v[2], v[3], v[4], v[5], v[7], v[8], v[10], a, 0);
     if (idx == 0)
         return NULL;
     return PyLong_FromUnsignedLongLong(idx);
@@ -612,7 +621,6 @@ static PyTypeObject RingType = {
  * ``busy[ident] = 1``, ``del busy[ident]``), but the calling thread's own entry is a
  * thread-local flag, so the C path tests and sets it without a dict operation. Entries
  * for other threads' idents (never made by torch_dist) live in a plain dict. */
-static __thread int tls_busy;
 
 typedef struct {
     PyObject_HEAD
@@ -641,12 +649,12 @@ static int Busy_contains(BusyObject *self, PyObject *key) {
     if (own < 0)
         return -1;
     if (own)
-        return tls_busy;
+        return tls.busy;
     return self->other != NULL ? PyDict_Contains(self->other, key) : 0;
 }
 
 static Py_ssize_t Busy_len(BusyObject *self) {
-    return (Py_ssize_t)(tls_busy != 0) + (self->other != NULL ? PyDict_GET_SIZE(self->other) : 0);
+    return (Py_ssize_t)(tls.busy != 0) + (self->other != NULL ? PyDict_GET_SIZE(self->other) : 0);
 }
 
 static PyObject *Busy_getitem(BusyObject *self, PyObject *key) {
@@ -654,7 +662,7 @@ static PyObject *Busy_getitem(BusyObject *self, PyObject *key) {
     if (own < 0)
         return NULL;
     if (own) {
-        if (tls_busy)
+        if (tls.busy)
             return PyLong_FromLong(1);
     } else if (self->other != NULL) {
         PyObject *v = PyDict_GetItemWithError(self->other, key);
@@ -675,11 +683,11 @@ static int Busy_setitem(BusyObject *self, PyObject *key, PyObject *value) {
     if (own < 0)
         return -1;
     if (own) {
-        if (value == NULL && !tls_busy) {
+        if (value == NULL && !tls.busy) {
             PyErr_SetObject(PyExc_KeyError, key);
             return -1;
         }
-        tls_busy = value != NULL;
+        tls.busy = value != NULL;
         return 0;
     }
     if (self->other == NULL && (self->other = PyDict_New()) == NULL)
@@ -968,7 +976,7 @@ static int tensor_payload(CallObject *self, StateObject *S, PyObject *obj, long 
     shp = NULL;
     if (exact) {
         shp = tensor_attr(obj, 0);
-        if (shp == NULL)
+        if (UNLIKELY(shp == NULL))
             return -1;
         if (S->c_shape != NULL && S->c_shapes == S->shapes && same_shape(shp, S->c_shape)) {
             *numel = S->c_numel;
@@ -978,17 +986,17 @@ static int tensor_payload(CallObject *self, StateObject *S, PyObject *obj, long 
         }
         n = shape_numel(shp); /* a plain torch.Tensor: numel() is the product of its sizes (saves a call) */
     }
-    if (n < 0) {
+    if (UNLIKELY(n < 0)) {
         Py_CLEAR(shp);
         v = PyObject_CallMethodNoArgs(obj, s_numel);
-        if (v == NULL)
+        if (UNLIKELY(v == NULL))
             return -1;
         *numel = PyLong_AsLongLong(v);
         Py_DECREF(v);
         if (*numel == -1 && PyErr_Occurred())
             return -1;
         shp = PyObject_GetAttr(obj, s_shape);
-        if (shp == NULL)
+        if (UNLIKELY(shp == NULL))
             return -1;
     } else {
         *numel = n;
@@ -999,7 +1007,7 @@ static int tensor_payload(CallObject *self, StateObject *S, PyObject *obj, long 
     } else if (!PyErr_Occurred()) {
         v = PyObject_CallOneArg(self->cb_shape, shp);
     }
-    if (v == NULL) {
+    if (UNLIKELY(v == NULL)) {
         Py_DECREF(shp);
         return -1;
     }
@@ -1020,7 +1028,7 @@ static int tensor_payload(CallObject *self, StateObject *S, PyObject *obj, long 
     }
 dtype:
     dt = exact ? tensor_attr(obj, 1) : PyObject_GetAttr(obj, s_dtype);
-    if (dt == NULL)
+    if (UNLIKELY(dt == NULL))
         return -1;
     if (dt == S->c_dtype && S->c_dtypes == S->dtypes) {
         Py_DECREF(dt);
@@ -1033,7 +1041,7 @@ dtype:
     } else if (!PyErr_Occurred()) {
         v = PyObject_CallOneArg(self->cb_dtype, obj);
     }
-    if (v == NULL) {
+    if (UNLIKELY(v == NULL)) {
         Py_DECREF(dt);
         return -1;
     }
@@ -1077,7 +1085,7 @@ static int seq_next(PyObject *cell, long long *seq) {
     if (v == -1 && PyErr_Occurred())
         return -1;
     PyObject *nv = PyLong_FromLongLong(v + 1);
-    if (nv == NULL)
+    if (UNLIKELY(nv == NULL))
         return -1;
     PyList_SET_ITEM(cell, 0, nv);
     Py_DECREF(cur);
@@ -1100,12 +1108,12 @@ static int seq_next_in(PyObject *seqs, PyObject *key, long long *seq) {
             return -1;
     }
     PyObject *nv = PyLong_FromLongLong(v + 1);
-    if (nv == NULL)
+    if (UNLIKELY(nv == NULL))
         return -1;
     PyObject *store = nv;
-    if (cur == NULL) { /* a new counter: a cell */
+    if (UNLIKELY(cur == NULL)) { /* a new counter: a cell */
         store = PyList_New(1);
-        if (store == NULL) {
+        if (UNLIKELY(store == NULL)) {
             Py_DECREF(nv);
             return -1;
         }
@@ -1113,7 +1121,7 @@ static int seq_next_in(PyObject *seqs, PyObject *key, long long *seq) {
     }
     int rc = PyDict_SetItem(seqs, key, store);
     Py_DECREF(store);
-    if (rc < 0)
+    if (UNLIKELY(rc < 0))
         return -1;
     *seq = v + 1;
     return 0;
@@ -1141,7 +1149,7 @@ static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObj
             Py_INCREF(gkey);
         } else {
             gkey = PyLong_FromVoidPtr(group);
-            if (gkey == NULL)
+            if (UNLIKELY(gkey == NULL))
                 return -1;
         }
         g = PyDict_GetItemWithError(S->groups, gkey);
@@ -1149,10 +1157,10 @@ static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObj
         if (g != NULL && ((PyTuple_Check(g) && PyTuple_GET_SIZE(g) > 0) || PyObject_IsTrue(g) == 1)) {
             Py_INCREF(g);
         } else {
-            if (PyErr_Occurred())
+            if (UNLIKELY(PyErr_Occurred()))
                 return -1;
             g = PyObject_CallOneArg(self->cb_group, group ? group : Py_None);
-            if (g == NULL)
+            if (UNLIKELY(g == NULL))
                 return -1;
         }
         if (PyTuple_CheckExact(g) && PyTuple_GET_SIZE(g) >= 3 &&
@@ -1185,11 +1193,11 @@ static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObj
                 gv = v;
                 Py_INCREF(gv);
             }
-            if (gv == NULL)
+            if (UNLIKELY(gv == NULL))
                 goto done;
             peer_o = PyNumber_Long(gv);
             Py_DECREF(gv);
-            if (peer_o == NULL)
+            if (UNLIKELY(peer_o == NULL))
                 goto done;
             peer = PyLong_AsLongLong(peer_o);
             if (peer == -1 && PyErr_Occurred()) { /* too large: fails at the write, as in Python */
@@ -1205,7 +1213,7 @@ static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObj
         if (obj != NULL && obj != Py_None) {
             int prc = self->pkind == PK_T ? tensor_payload(self, S, obj, &numel, &shape, &dtype)
                                           : other_payload(self, obj, &numel, &shape, &dtype);
-            if (prc < 0) {
+            if (UNLIKELY(prc < 0)) {
                 /* a wrong argument type: torch raises it to the user; we still record the call */
                 if (!PyErr_ExceptionMatches(PyExc_Exception))
                     goto done;
@@ -1221,7 +1229,7 @@ static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObj
         PyObject *a = getarg(args, n, kwnames, self->apos, s_async_op);
         if (a != NULL) {
             async_op = PyObject_IsTrue(a);
-            if (async_op < 0)
+            if (UNLIKELY(async_op < 0))
                 goto done;
         }
     }
@@ -1234,13 +1242,13 @@ static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObj
             goto done;
     } else {
         if (self->is_p2p) {
-            if (peer_o == NULL) {
+            if (UNLIKELY(peer_o == NULL)) {
                 peer_o = PyLong_FromLongLong(peer);
-                if (peer_o == NULL)
+                if (UNLIKELY(peer_o == NULL))
                     goto done;
             }
             key = PyTuple_Pack(2, PyTuple_GET_ITEM(g, 1), peer_o);
-            if (key == NULL)
+            if (UNLIKELY(key == NULL))
                 goto done;
         } else {
             key = PyTuple_GET_ITEM(g, 1);
@@ -1319,8 +1327,8 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
 #else
     st = PyDict_GetItemWithError(self->globals, s_state); /* borrowed */
 #endif
-    if (st == NULL) {
-        if (PyErr_Occurred())
+    if (UNLIKELY(st == NULL)) {
+        if (UNLIKELY(PyErr_Occurred()))
             PyErr_Clear();
         return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
     }
@@ -1331,16 +1339,23 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
 
     StateObject *S = (StateObject *)st;
     RingObject *ring = S->ring;
-    PyObject *ident = current_ident();
-    if (ident == NULL) { /* (out of memory) never into the user's call: run it unrecorded */
-        PyErr_Clear();
-        return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
+    TlsBlock *T = &tls;
+    PyObject *ident = NULL; /* threading.get_ident(): made only for a dict ``busy`` (or in ring_write) */
+    int use_tls = Py_TYPE(self->busy) == &BusyType; /* else a dict (as torch_dist's before Busy) */
+    int b;
+    if (LIKELY(use_tls)) {
+        b = T->busy != 0;
+    } else {
+        ident = current_ident();
+        if (UNLIKELY(ident == NULL)) { /* (out of memory) never into the user's call: run it unrecorded */
+            PyErr_Clear();
+            return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
+        }
+        b = PyDict_Contains(self->busy, ident);
     }
-    int tls = Py_TYPE(self->busy) == &BusyType; /* else a dict (as torch_dist's before Busy) */
-    int b = tls ? tls_busy != 0 : PyDict_Contains(self->busy, ident);
     if (b != 0) { /* nested call on this thread: not recorded again */
-        Py_DECREF(ident);
-        if (b < 0)
+        Py_XDECREF(ident);
+        if (UNLIKELY(b < 0))
             PyErr_Clear();
         return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
     }
@@ -1356,17 +1371,17 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
             goto out; /* KeyboardInterrupt & co. propagate, as in the Python wrapper */
         log_error(S, "recording %U failed: %R", self->name, self->rec_key);
     }
-    if (tls)
-        tls_busy = 1;
-    else if (PyDict_SetItem(self->busy, ident, one) < 0)
+    if (use_tls)
+        T->busy = 1;
+    else if (UNLIKELY(PyDict_SetItem(self->busy, ident, one) < 0))
         PyErr_Clear();
     result = PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
-    if (result == NULL) {
+    if (UNLIKELY(result == NULL)) {
         PyObject *t, *v, *tb;
         PyErr_Fetch(&t, &v, &tb);
-        if (tls)
-            tls_busy = 0;
-        else if (PyDict_DelItem(self->busy, ident) < 0)
+        if (use_tls)
+            T->busy = 0;
+        else if (UNLIKELY(PyDict_DelItem(self->busy, ident) < 0))
             PyErr_Clear();
         if (idx) {
             PyErr_NormalizeException(&t, &v, &tb);
@@ -1381,9 +1396,9 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
         PyErr_Restore(t, v, tb);
         goto out;
     }
-    if (tls)
-        tls_busy = 0;
-    else if (PyDict_DelItem(self->busy, ident) < 0)
+    if (use_tls)
+        T->busy = 0;
+    else if (UNLIKELY(PyDict_DelItem(self->busy, ident) < 0))
         PyErr_Clear();
     if (idx) {
         int rc;
@@ -1396,7 +1411,7 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
         } else {
             rc = ring_complete_ok(ring, (long long)idx);
         }
-        if (rc < 0) {
+        if (UNLIKELY(rc < 0)) {
             if (!PyErr_ExceptionMatches(PyExc_Exception)) {
                 Py_CLEAR(result);
                 goto out;
@@ -1405,7 +1420,7 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
         }
     }
 out:
-    Py_DECREF(ident);
+    Py_XDECREF(ident);
     Py_DECREF(ring);
     Py_DECREF(S);
     return result;
