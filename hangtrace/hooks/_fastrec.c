@@ -10,14 +10,21 @@
  *              last index, the progress counter, the current step and phase. Methods
  *              issue(), complete(), slot(), touch(). The GIL makes the counter atomic.
  *   StateBase  C fields of torch_dist.State (rec -> its Ring, seq/groups/dtypes/shapes
- *              dicts, log, fault), so the wrapper reads them without attribute lookups.
- *   Call       the recording call of one wrapped torch.distributed function; installed
- *              as ``__call__`` of the function's wrapt FunctionWrapper subclass. Reads
- *              torch_dist's module global ``_state`` at every call (None = pass through;
- *              a plain-Python State = the Python wrapper ``slow``), keeps the
- *              per-thread nesting guard in torch_dist's ``_busy`` dict, and calls back
- *              into Python only on cache misses and rare cases (async completion,
- *              group-relative peers, list/object payloads, failures).
+ *              dicts, log, fault), so the wrapper reads them without attribute lookups;
+ *              plus one-entry caches of the last group entry, shape and dtype seen.
+ *   Call       the recording call of one wrapped torch.distributed function, installed
+ *              as the function itself. Reads torch_dist's module global ``_state`` (again
+ *              only when that module's globals changed; None = pass through; a
+ *              plain-Python State = the Python wrapper ``slow``), keeps the per-thread
+ *              nesting guard in ``Busy`` (torch_dist._busy), and calls back into Python only
+ *              on cache misses and rare cases (async completion, group-relative peers,
+ *              list/object payloads, failures).
+ *   Busy       torch_dist._busy: {thread ident: 1}, the calling thread's entry a
+ *              thread-local flag.
+ *
+ * Per call the common case costs (callgrind, world-size-1 gloo all_reduce, torch 2.13):
+ * about 1,500 instructions, half of them torch's own ``shape`` and ``dtype`` getters,
+ * which are called directly (no attribute lookup) while torch.Tensor is unchanged.
  *
  * Never raises from recording into the caller: recording errors (subclasses of
  * Exception, as in Python) are reported through the state's log callable; the
