@@ -45,7 +45,7 @@ class RunLog:
     """Appends lines to ``RUN_DIR/hangtrace.log``; ``__call__(msg, key)`` logs once per key."""
 
     def __init__(self, run_dir: str) -> None:
-        self.path = os.path.join(run_dir, "hangtrace.log")
+        self.path = run_dir + "/hangtrace.log"  # (POSIX; no os.path.join: made in every forked child)
         self.seen: set = set()
 
     def __call__(self, msg: str, key: Optional[str] = None) -> None:
@@ -107,20 +107,28 @@ class Runtime:
         self.run_id = run_id
         self.log = RunLog(run_dir)
         self.parent_pid: Optional[int] = None  # set in a forked child: the pid forked from
+        self._choice: Optional[Tuple[type, int, int]] = None  # (recorder class, small, full slots)
         self.recorder = self._make_recorder()
 
     def _make_recorder(self) -> Any:
         """A Recorder (Python or C, ``recorder.choose``) with a small ring grown to
-        ``HANGTRACE_SLOTS`` by role; the choice and its reason go to the run log."""
-        from hangtrace.hooks.recorder import choose
-        cls, reason = choose()
-        full = config.get_int(config.SLOTS)
-        small = config.get_int(config.HELPER_SLOTS)
-        if small <= 0 or small >= full:
-            small = full
-        rec = cls(self.run_dir, self.run_id, small, self.log, full_slots=full)
-        self.log(reason, "recorder-choice")
-        return rec
+        ``HANGTRACE_SLOTS`` by role; the choice and its reason go to the run log.
+
+        The choice and the ring sizes are made once per Runtime: a forked child (same
+        environment, same interpreter) reuses its parent's and writes no log line (issue
+        13: every line is a file opened and written in every DataLoader worker)."""
+        choice = self._choice
+        if choice is None:
+            from hangtrace.hooks.recorder import choose
+            cls, reason = choose()
+            full = config.get_int(config.SLOTS)
+            small = config.get_int(config.HELPER_SLOTS)
+            if small <= 0 or small >= full:
+                small = full
+            choice = self._choice = (cls, small, full)
+            self.log(reason, "recorder-choice")
+        cls, small, full = choice
+        return cls(self.run_dir, self.run_id, small, self.log, full_slots=full)
 
     def new_recorder(self) -> None:
         """In a forked child: forget the parent's ring, create our own. Raises OSError."""

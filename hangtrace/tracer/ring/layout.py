@@ -191,8 +191,8 @@ def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE,
     """
     import errno
     strtab_off, total = layout(nslots, strtab_size)
-    d, name = os.path.split(path)
-    tmp = os.path.join(d, ".%s.%d.creating" % (name, os.getpid()))
+    d, _, name = path.rpartition("/")  # (POSIX paths; no os.path: runs in every forked child)
+    tmp = "%s/.%s.%d.creating" % (d or ".", name, os.getpid())
     try:
         os.unlink(tmp)  # left by a killed process that had our pid
     except OSError:
