@@ -117,7 +117,7 @@ class Runtime:
         The choice and the ring sizes are made once per Runtime: a forked child (same
         environment, same interpreter) reuses its parent's and writes no log line (issue
         13: every line is a file opened and written in every DataLoader worker)."""
-        choice = self._choice
+        choice, reason = self._choice, None
         if choice is None:
             from hangtrace.hooks.recorder import choose
             cls, reason = choose()
@@ -126,9 +126,11 @@ class Runtime:
             if small <= 0 or small >= full:
                 small = full
             choice = self._choice = (cls, small, full)
-            self.log(reason, "recorder-choice")
         cls, small, full = choice
-        return cls(self.run_dir, self.run_id, small, self.log, full_slots=full)
+        rec = cls(self.run_dir, self.run_id, small, self.log, full_slots=full)
+        if reason is not None:  # (after the ring: a full disk leaves no log file behind either)
+            self.log(reason, "recorder-choice")
+        return rec
 
     def new_recorder(self) -> None:
         """In a forked child: forget the parent's ring, create our own. Raises OSError."""
