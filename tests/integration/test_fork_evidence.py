@@ -38,6 +38,8 @@ class DS(Dataset):
                 blob[k] = 1
             print("grown", os.getpid(), flush=True)
             time.sleep(2.5)  # the worker's own sampler ticks (1 s) and records the growth
+            while not os.path.exists(sys.argv[1]):  # the test is done with the stuck worker
+                time.sleep(0.05)
             ctypes.string_at(0)  # SIGSEGV
         print("stuck", os.getpid(), flush=True)
         time.sleep(60)
@@ -59,7 +61,8 @@ def test_crashed_and_stuck_dataloader_workers_keep_their_evidence(tmp_path):
     script = tmp_path / "dl_crash.py"
     script.write_text(JOB)
     run = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, str(script)], env=base_env(run, RANK=0, LOCAL_RANK=0, WORLD_SIZE=2),
+    go = tmp_path / "crash-now"
+    p = subprocess.Popen([sys.executable, str(script), str(go)], env=base_env(run, RANK=0, LOCAL_RANK=0, WORLD_SIZE=2),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         parent = int(wait_line(p, "parent", timeout=120).split()[1])
@@ -76,7 +79,8 @@ def test_crashed_and_stuck_dataloader_workers_keep_their_evidence(tmp_path):
         assert w.meta["dump_signal"] == int(signal.SIGUSR2)
         os.kill(stuck, signal.SIGUSR2)
         dump = run / "stacks" / ("dump-%s-%d.txt" % (os.uname().nodename, stuck))
-        wait_until(lambda: dump.exists() and "__getitem__" in dump.read_text(), timeout=20)
+        wait_until(lambda: dump.exists() and "__getitem__" in dump.read_text(), timeout=60)
+        go.write_text("")  # (only now: the rank's loader stops every worker once one died)
         wait_line(p, "caught", timeout=120)
         os.kill(stuck, signal.SIGKILL)
         p.wait(timeout=60)
@@ -107,6 +111,7 @@ if kid == 0:
 term = os.fork()
 if term == 0:
     def wait_for_term():
+        print("waiting", os.getpid(), flush=True)
         time.sleep(60)
     wait_for_term()
     os._exit(0)
@@ -123,7 +128,14 @@ def test_forked_child_fatal_and_sigterm_stacks_are_its_own(tmp_path):
     p = subprocess.Popen([sys.executable, str(script)], env=base_env(run), stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        kid, term = (int(x) for x in wait_line(p, "pids", timeout=60).split()[1:])
+        kid = term = waiting = 0
+        while not (kid and waiting):  # ("waiting", from inside the child's function, comes in any order)
+            line = wait_line(p, "", timeout=60).split()
+            if line[0] == "pids":
+                kid, term = int(line[1]), int(line[2])
+            elif line[0] == "waiting":
+                waiting = int(line[1])
+        assert waiting == term
         host = os.uname().nodename
         fatal = run / "stacks" / ("fatal-%s-%d.txt" % (host, kid))
         assert "crash_here" in fatal.read_text()
