@@ -96,6 +96,13 @@ def _sampler_facts() -> dict:
 def _worker_init(results_dir: str) -> Callable[[int], None]:
     def init(_wid: int) -> None:
         from multiprocessing import util
+        try:  # a forked child may take its parent's sampler over (object and all): count its own ticks
+            from hangtrace.hooks import memory
+            s = memory.active()
+            if s is not None:
+                s.bench_ticks = 0
+        except ImportError:
+            pass
 
         def report() -> None:
             d = dict(_sampler_facts(), pid=os.getpid(), cpu_ns=time.process_time_ns())

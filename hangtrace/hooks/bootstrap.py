@@ -45,7 +45,7 @@ class RunLog:
     """Appends lines to ``RUN_DIR/hangtrace.log``; ``__call__(msg, key)`` logs once per key."""
 
     def __init__(self, run_dir: str) -> None:
-        self.path = os.path.join(run_dir, "hangtrace.log")
+        self.path = run_dir + "/hangtrace.log"  # (POSIX; no os.path.join: made in every forked child)
         self.seen: set = set()
 
     def __call__(self, msg: str, key: Optional[str] = None) -> None:
@@ -107,19 +107,29 @@ class Runtime:
         self.run_id = run_id
         self.log = RunLog(run_dir)
         self.parent_pid: Optional[int] = None  # set in a forked child: the pid forked from
+        self._choice: Optional[Tuple[type, int, int]] = None  # (recorder class, small, full slots)
         self.recorder = self._make_recorder()
 
     def _make_recorder(self) -> Any:
         """A Recorder (Python or C, ``recorder.choose``) with a small ring grown to
-        ``HANGTRACE_SLOTS`` by role; the choice and its reason go to the run log."""
-        from hangtrace.hooks.recorder import choose
-        cls, reason = choose()
-        full = config.get_int(config.SLOTS)
-        small = config.get_int(config.HELPER_SLOTS)
-        if small <= 0 or small >= full:
-            small = full
+        ``HANGTRACE_SLOTS`` by role; the choice and its reason go to the run log.
+
+        The choice and the ring sizes are made once per Runtime: a forked child (same
+        environment, same interpreter) reuses its parent's and writes no log line (issue
+        13: every line is a file opened and written in every DataLoader worker)."""
+        choice, reason = self._choice, None
+        if choice is None:
+            from hangtrace.hooks.recorder import choose
+            cls, reason = choose()
+            full = config.get_int(config.SLOTS)
+            small = config.get_int(config.HELPER_SLOTS)
+            if small <= 0 or small >= full:
+                small = full
+            choice = self._choice = (cls, small, full)
+        cls, small, full = choice
         rec = cls(self.run_dir, self.run_id, small, self.log, full_slots=full)
-        self.log(reason, "recorder-choice")
+        if reason is not None:  # (after the ring: a full disk leaves no log file behind either)
+            self.log(reason, "recorder-choice")
         return rec
 
     def new_recorder(self) -> None:

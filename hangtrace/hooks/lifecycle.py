@@ -50,14 +50,14 @@ def _format_exception(etype: Any, evalue: Any, tb: Any) -> str:
 
 def stack_file(run_dir: str, kind: str, host: str, pid: int) -> str:
     """Path of a faulthandler output file: kind is 'sigterm', 'fatal' or 'dump'."""
-    return os.path.join(run_dir, "stacks", "%s-%s-%d.txt" % (kind, host, pid))
+    return "%s/stacks/%s-%s-%d.txt" % (run_dir, kind, host, pid)  # (POSIX; no os.path in a forked child)
 
 
 def _open(kind: str) -> int:
     """A stack file opened for faulthandler (a plain descriptor: faulthandler writes to the
     fd anyway; a Python file object costs more to open in every forked child)."""
     rec = _rt.recorder
-    d = os.path.join(_rt.run_dir, "stacks")
+    d = _rt.run_dir + "/stacks"
     if _stacks_dir[0] != d:  # made once per run directory; a forked child finds it made
         os.makedirs(d, mode=0o700, exist_ok=True)
         _stacks_dir[0] = d
@@ -280,7 +280,9 @@ def install(rt: Any, forked_from: Optional[int] = None) -> None:
         _exit_code[0] = None
     try:
         if (forked_from is not None and _own_fatal[0]) or not faulthandler.is_enabled():
-            ign = _fault_line_disposition()  # issue 12
+            # issue 12; a forked child inherits the dispositions (and faulthandler keeps its
+            # saved ones: enable() on an enabled handler only takes the new file)
+            ign = _fault_line_disposition() if forked_from is None else []
             try:
                 faulthandler.enable(file=_open("fatal"), all_threads=True)
             except Exception:
@@ -291,15 +293,13 @@ def install(rt: Any, forked_from: Optional[int] = None) -> None:
         rt.log("faulthandler for fatal signals failed: %r" % (e,), "fh-fatal")
     try:
         f = _open("sigterm")
-        if forked_from is not None:
-            faulthandler.unregister(signal.SIGTERM)
+        # (in a forked child the registration is inherited: registering again only takes
+        # the child's file, CPython faulthandler_register_py; no sigaction calls)
         faulthandler.register(signal.SIGTERM, file=f, all_threads=True, chain=True)
         _sigterm_file.append(f)
     except Exception as e:
         rt.log("faulthandler for SIGTERM failed: %r" % (e,), "fh-term")
     try:
-        if forked_from is not None:
-            faulthandler.unregister(DUMP_SIGNAL)
         if signal.getsignal(DUMP_SIGNAL) in (signal.SIG_DFL, None):
             faulthandler.register(DUMP_SIGNAL, file=_open("dump"), all_threads=True, chain=False)
             rec.set_dump_signal(int(DUMP_SIGNAL))

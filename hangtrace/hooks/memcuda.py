@@ -5,7 +5,10 @@ torch is looked up in ``sys.modules``, never imported; nothing here initialises 
 (``torch.cuda.is_initialized()`` is checked first). Sources: torch 2.13
 ``torch.cuda.memory_allocated/memory_reserved/max_memory_allocated/mem_get_info``,
 ``torch._C._cuda_attach_out_of_memory_observer`` (called with ``(device, bytes
-requested, device allocated, device free)``).
+requested, device allocated, device free)`` after the allocator released its lock;
+torch's memory docs use it to dump ``torch.cuda.memory._snapshot()``). With
+``HANGTRACE_MEM_CUDA_HISTORY=1`` torch's allocator history is recorded and a snapshot
+``RUN_DIR/memory/cuda-oom-<host>-<pid>-<n>.pickle`` written at the OOM.
 """
 from __future__ import annotations
 

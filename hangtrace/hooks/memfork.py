@@ -1,78 +1,54 @@
-"""A forked child's memory sampler reuses its parent's cgroup files (issue 13).
+"""A forked child's memory sampler: its parent's, taken over in place (issue 13).
 
-A process forked by a traced one (a DataLoader worker) starts in its parent's memory
-cgroup and inherits the parent's open descriptors of that cgroup's files (usage, oom
-counter, the limits of it and its ancestors: per cgroup, not per process). The child's
-sampler takes them over (``adopt``) instead of parsing ``/proc/PID/mountinfo`` and opening
-them again (``Sampler._check_cgroup``: about half a millisecond of every fork here), when
-its ``/proc/PID/cgroup`` reads as the parent's did; the timer thread's ``_check_cgroup``
-still follows a later move to another cgroup. Imported by the sampler's timer thread, not
-at start-up, so that forked children find it loaded. Standard library only; never raises.
+A process forked by a traced one (a DataLoader worker) starts with a copy of its parent's
+``Sampler`` object: its settings, its run log, and open descriptors of the parent's memory
+cgroup files (usage, oom counter, the limits of it and its ancestors: per cgroup, not per
+process; fork(2) puts the child in its parent's cgroup). ``take_over`` re-targets that
+copy to the child - its own ring, ``/proc/<child>/statm``, fresh counters, a new stop
+event - instead of closing everything and building a new sampler (``Sampler.__init__``:
+about a hundred interpreted lines, each a few copy-on-write page faults in a fresh child).
+The cgroup descriptors are kept, the parent's last effective limit is kept until the first
+tick refreshes it, swap reads -1 (unknown) until then, and the timer thread's
+``_check_cgroup`` follows a later move to another cgroup (the ``/proc/PID/cgroup`` text it
+compares with is the parent's, which the child's equals at fork). Imported by the
+sampler's timer thread, not at start-up, so that forked children find it loaded. Standard
+library only; never raises (False: the caller builds a new sampler).
 """
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple, Optional, Tuple
+import threading
+from typing import Any
 
 
-class CgroupFiles(NamedTuple):
-    """The cgroup a sampler found (``/proc/PID/cgroup`` as read, version, directory) and
-    its open descriptors: usage, oom counter, limits (this cgroup's and its ancestors')."""
-
-    raw: bytes
-    version: int
-    directory: Optional[str]
-    usage: Optional[int]
-    oom: Optional[int]
-    limits: Tuple[int, ...]
-
-    def fds(self) -> Tuple[int, ...]:
-        return tuple(fd for fd in (self.usage, self.oom) + self.limits if fd is not None)
-
-
-def hand_over(parent: Any) -> Optional[CgroupFiles]:
-    """On the parent's sampler, in the forked child: its cgroup files, which its
-    ``abandon`` then no longer closes. None when it found none."""
+def take_over(s: Any, rt: Any) -> bool:
+    """Make ``s`` (the parent's sampler, as copied into this forked child) sample this
+    process into ``rt.recorder`` and start its timer thread (first sample at once).
+    Returns True when done; False when ``s`` cannot be taken over (it was stopped, or a
+    step failed: logged, and ``s`` abandoned)."""
     try:
-        if parent._cg_raw is None:
-            return None
-        cg = CgroupFiles(parent._cg_raw, parent.cg_version, parent.cg_dir, parent._usage, parent._oom,
-                         tuple(parent._limit_fds))
-        handed = set(cg.fds())
-        parent._fds = [fd for fd in parent._fds if fd not in handed]
-        parent._usage = parent._oom = None
-        parent._limit_fds = []
-        return cg
-    except Exception:
-        return None
-
-
-def adopt(sampler: Any, cg: CgroupFiles) -> bool:
-    """Give ``sampler`` (the child's, being built) the files of ``cg`` when the child is in
-    the same cgroup (True); else close them (False: the caller looks the cgroup up)."""
-    try:
-        with open("/proc/%d/cgroup" % sampler.pid, "rb") as f:
-            raw = f.read()
-    except OSError:
-        raw = b""
-    if not raw or raw != cg.raw:
-        close(cg)
-        return False
-    sampler._cg_raw = raw
-    sampler.cg_version, sampler.cg_dir = cg.version, cg.directory
-    sampler._usage, sampler._oom, sampler._limit_fds = cg.usage, cg.oom, list(cg.limits)
-    sampler._fds.extend(cg.fds())
-    try:
-        sampler.rec.set_meta(mem_cgroup=cg.directory, mem_cgroup_version=cg.version, mem_page_size=sampler.page)
-    except Exception:
-        pass
-    return True
-
-
-def close(cg: Optional[CgroupFiles]) -> None:
-    """Close the descriptors of ``cg`` (not adopted)."""
-    for fd in cg.fds() if cg is not None else ():
+        if s.dead or s._stop.is_set():
+            return False
+        rec = rt.recorder
+        old_statm = s._statm
+        s._fds = [fd for fd in s._fds if fd != old_statm]
+        if old_statm is not None:
+            os.close(old_statm)  # the parent's /proc/<ppid>/statm
+        s.rec, s.log, s.run_dir = rec, rt.log, rt.run_dir
+        s.pid = os.getpid()
+        s._statm = s._open("/proc/%d/statm" % s.pid)
+        s._stop = threading.Event()  # (the parent's may be held by its timer thread)
+        s._thread = None
+        s.swap, s.last_ns, s.nsamples, s._oom_seen, s._oom_count = -1, 0, 0, None, 0
+        s._cuda, s._cuda_hooked, s._gauge_sids = {}, False, {}  # (CUDA is unusable after fork)
+        s._host = rec.intern("host")
+        rec.set_meta(mem_cgroup=s.cg_dir, mem_cgroup_version=s.cg_version, mem_page_size=s.page)
+        s.start()
+        return True
+    except Exception as e:
         try:
-            os.close(fd)
-        except OSError:
+            rt.log("memory sampling in a forked child: %r" % (e,), "mem-fork")
+            s.abandon()
+        except Exception:
             pass
+        return False

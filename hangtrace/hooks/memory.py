@@ -22,14 +22,10 @@ a phase/step sample is younger than the interval). Costs (measured on this machi
 ~10 us; ``/proc/PID/status`` costs ~120 us, so swap, limits and ``mem_get_info`` are only
 refreshed on the timer thread and reused by phase/step samples.
 
-CUDA out of memory: the allocator's out-of-memory observer
-(``torch._C._cuda_attach_out_of_memory_observer``, called with ``(device, bytes
-requested, device allocated, device free)`` after the allocator released its lock;
-torch's memory docs use it to dump ``torch.cuda.memory._snapshot()``) is attached the
-first time the timer sees CUDA initialised; an ``OutOfMemoryError``/``MemoryError``
-leaving a ``tracer.phase`` or reaching ``sys.excepthook`` writes a MEM_OOM sample too.
-With ``HANGTRACE_MEM_CUDA_HISTORY=1`` torch's allocator history is recorded and a snapshot
-``RUN_DIR/memory/cuda-oom-<host>-<pid>-<n>.pickle`` written at the OOM.
+CUDA out of memory: the allocator's out-of-memory observer (``hooks/memcuda.py``) is
+attached the first time the timer sees CUDA initialised; an ``OutOfMemoryError``/
+``MemoryError`` leaving a ``tracer.phase`` or reaching ``sys.excepthook`` writes a MEM_OOM
+sample too. A forked child takes its parent's sampler over (``hooks/memfork.py``).
 
 Nothing here raises into the program: every entry point swallows its errors and logs
 each kind once to the run log. Standard library only (torch is looked up in
@@ -76,7 +72,7 @@ class Sampler(CudaSampling):
     """Samples memory into ``recorder``'s ring. ``log(msg, key)`` logs once per key."""
 
     def __init__(self, recorder: Any, log: Callable[..., None], interval_s: float = 1.0,
-                 run_dir: Optional[str] = None, cgroup: Any = None) -> None:  # cgroup: memfork.CgroupFiles
+                 run_dir: Optional[str] = None) -> None:
         self.rec = recorder
         self.log = log
         self.run_dir = run_dir
@@ -106,8 +102,7 @@ class Sampler(CudaSampling):
         self._gauge_sids: Dict[str, int] = {}
         self._oom_seen: Optional[int] = None    # id of the last exception recorded as MEM_OOM
         self._oom_count = 0
-        if cgroup is None or not _memfork().adopt(self, cgroup):
-            self._check_cgroup()
+        self._check_cgroup()
         self._refresh_slow()
 
     # -- file handling ------------------------------------------------------------------
@@ -322,23 +317,27 @@ def _memfork() -> Any:  # for forked children (a hooks/memfork.py import, not at
     return memfork
 
 
-def _after_fork_child(keep_cgroup: bool = False) -> Any:
-    """In a forked child the inherited sampler (its thread is gone, its descriptors are the
-    parent's /proc files) must never write again; ``MemoryInstrumentor`` then starts a new
-    one for the child's own ring, given the parent's cgroup files (``keep_cgroup``)."""
+def _after_fork_child(rt: Any = None) -> Optional[Sampler]:
+    """In a forked child the inherited sampler (its thread is gone, its descriptors and
+    ring are the parent's) must never write into the parent's ring again. With Runtime
+    ``rt`` it is taken over for the child's own ring (``memfork.take_over``) and its timer
+    thread started: returns it. Else, or when that fails, it is abandoned: None."""
     global _sampler
     s = _sampler
-    cg = _memfork().hand_over(s) if keep_cgroup and s is not None and s.pid != os.getpid() else None
-    if s is not None and s.pid != os.getpid():
-        s.abandon()
-        _sampler = None
-        api._set_sampler(None)
-    return cg
+    if s is None or s.pid == os.getpid():
+        return None
+    if rt is not None and _memfork().take_over(s, rt):
+        return s
+    s.abandon()
+    _sampler = None
+    api._set_sampler(None)
+    return None
 
 
-def start(rt: Any, forked: bool = False, cgroup: Any = None) -> Optional[Sampler]:
-    """Start sampling for Runtime ``rt`` (from ``bootstrap.activate``, and again in a forked
-    child with its parent's ``cgroup`` files). Returns the Sampler or None (off, or failed)."""
+def start(rt: Any, forked: bool = False) -> Optional[Sampler]:
+    """Start sampling for Runtime ``rt`` (from ``bootstrap.activate``, and in a forked child
+    whose parent's sampler could not be taken over). Returns the Sampler or None (off, or
+    failed)."""
     global _sampler
     with _lock:
         old = _sampler
@@ -349,10 +348,9 @@ def start(rt: Any, forked: bool = False, cgroup: Any = None) -> Optional[Sampler
             _sampler = None
             api._set_sampler(None)
         if not config.mem_enabled():
-            _memfork().close(cgroup) if cgroup is not None else None
             return None
         try:
-            s = Sampler(rt.recorder, rt.log, config.get_float(config.MEM_INTERVAL_S), rt.run_dir, cgroup)
+            s = Sampler(rt.recorder, rt.log, config.get_float(config.MEM_INTERVAL_S), rt.run_dir)
             _sampler = s
             api._set_sampler(s)
             _install_excepthook()
@@ -394,7 +392,8 @@ class MemoryInstrumentor(Instrumentor):
         stop()
 
     def _after_fork_child(self) -> None:
-        start(self.runtime, forked=True, cgroup=_after_fork_child(keep_cgroup=True))
+        if _after_fork_child(self.runtime) is None:
+            start(self.runtime, forked=True)
 
     def _at_exit(self) -> None:
         stop()

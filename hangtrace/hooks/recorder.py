@@ -36,6 +36,20 @@ except ImportError as _e:
     _fastrec = None
     _fastrec_error = _e
 
+# the C encoder json.dumps builds on every call (None: a Python without _json), see _dumps
+_c_make_encoder: Optional[Callable[..., Any]] = getattr(json.encoder, "c_make_encoder", None)
+_c_encode_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
+
+
+def _dumps(obj: Any) -> str:
+    """``json.dumps(obj, default=str)``, same text, without the Python layers of
+    ``JSONEncoder.encode``/``iterencode`` (about 30 interpreted lines per call: issue 13,
+    events and metadata are written in every forked child's after-fork handler)."""
+    if _c_make_encoder is None:
+        return json.dumps(obj, default=str)
+    return "".join(_c_make_encoder({}, str, _c_encode_str, None, ": ", ", ", False, False, True)(obj, 0))
+
+
 _get_ident = threading.get_ident
 _mono = time.monotonic_ns
 _wall = time.time_ns
@@ -54,8 +68,6 @@ _S_ISSUED = F.S_ISSUED
 _S_COMPLETED = F.S_COMPLETED
 _EMPTY_SLOT = bytes(F.SLOT_SIZE)
 
-
-_proc_start_ticks = F.proc_start_ticks
 
 
 class Recorder(ringsize.Growable):
@@ -88,7 +100,7 @@ class Recorder(ringsize.Growable):
             strtab = (ringsize.SMALL_STRTAB_SIZE, ringsize.SMALL_STRTAB_RESERVE)
         else:
             strtab = (F.DEFAULT_STRTAB_SIZE, F.STRTAB_CHUNK)
-        self.path = os.path.join(run_dir, "ring-%s-%d.htr" % (self.host, self.pid))
+        self.path = "%s/ring-%s-%d.htr" % (run_dir, self.host, self.pid)  # (POSIX: no os.path.join)
         try:
             self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots, *strtab)
         except FileExistsError:
@@ -110,22 +122,11 @@ class Recorder(ringsize.Growable):
         self._last = 0
         self.closed = False
         mm = self.mm
-        F.IDENT.pack_into(mm, F.IDENT_OFF, self.pid, os.getppid(), _wall(), _mono(), _proc_start_ticks(self.pid))
-        mm[F.HOST_OFF:F.HOST_OFF + F.HOST_LEN] = self.host.encode()[:F.HOST_LEN - 1].ljust(F.HOST_LEN, b"\0")
+        # create_ring wrote the identity (host, proc_start_ticks read once from /proc, env
+        # rank, state, phase: layout._write_identity); the run id is the one given here
+        F.IDENT.pack_into(mm, F.IDENT_OFF, self.pid, os.getppid(), _wall(), _mono(), F.IDENT.unpack_from(mm, F.IDENT_OFF)[4])
         mm[F.RUNID_OFF:F.RUNID_OFF + F.RUNID_LEN] = run_id.encode()[:F.RUNID_LEN - 1].ljust(F.RUNID_LEN, b"\0")
-        F.EXIT.pack_into(mm, F.EXIT_OFF, F.ST_RUNNING, 0, 0)
-        F.RANK.pack_into(mm, F.RANK_OFF, *self._env_rank(), 0)
-        F.PHASE.pack_into(mm, F.PHASE_OFF, 0, 0, -1)
         self._touch_progress()
-
-    @staticmethod
-    def _env_rank() -> Tuple[int, int, int]:
-        def gi(name: str) -> int:
-            try:
-                return int(os.environ[name])
-            except (KeyError, ValueError):
-                return -1
-        return gi("RANK"), gi("LOCAL_RANK"), gi("WORLD_SIZE")
 
     # --- identity ---------------------------------------------------------------
     def set_rank(self, rank: int, local_rank: int, world_size: int) -> None:
@@ -144,7 +145,7 @@ class Recorder(ringsize.Growable):
         A Ray actor id makes this process an actor: a small ring is grown first."""
         if self.full_slots and meta.get("ray_actor_id"):
             self.grow("Ray actor")
-        self._append(F.T_META, json.dumps(meta, default=str))
+        self._append(F.T_META, _dumps(meta))
 
     # --- string table -----------------------------------------------------------
     def _append(self, tag: int, text: str, limit: int = 65536) -> int:
@@ -208,7 +209,7 @@ class Recorder(ringsize.Growable):
         fields.setdefault("wall_ns", _wall())
         fields.setdefault("mono_ns", _mono())
         fields.setdefault("thread", threading.current_thread().name)
-        sid = self._append(F.T_EVENT, json.dumps(fields, default=str))
+        sid = self._append(F.T_EVENT, _dumps(fields))
         self._slot(F.K_EVENT, 0, self.intern(kind), 0, 0, 0, 0, -1, F.S_COMPLETED, a=(sid, 0, 0, 0, 0))
         return sid
 
@@ -217,7 +218,7 @@ class Recorder(ringsize.Growable):
         Joining a group makes this process a rank: a small ring is grown first."""
         if self.full_slots and info.get("member") is not False:
             self.grow("joined process group %s" % (info.get("name"),))
-        self._append(F.T_GROUP, json.dumps(info, default=str))
+        self._append(F.T_GROUP, _dumps(info))
         self._slot(F.K_GROUP, F.OP_IDS.get(info.get("op", "new_group"), 0), self.intern(str(info.get("name"))),
                    0, 0, 0, 0, -1, F.S_COMPLETED)
 

@@ -57,6 +57,10 @@ def grow_file(path: str, old: Any, old_nslots: int, old_strtab_off: int, strtab_
         chunk = F.STRTAB_CHUNK
         reserved = max(chunk, (strtab_used + chunk - 1) // chunk * chunk)
         F.reserve(fd, 0, strtab_off + reserved)
+        # the pages written below, written with pwrite first: a first store through the
+        # mapping into a fallocated (unwritten) ext4 block is slow (layout._write_first_pages)
+        os.pwrite(fd, bytes(F.HEADER_SIZE + min(old_nslots, nslots) * F.SLOT_SIZE), 0)
+        os.pwrite(fd, bytes(old[old_strtab_off:old_strtab_off + strtab_used]), strtab_off)
         mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         mm[0:F.HEADER_SIZE] = old[0:F.HEADER_SIZE]
         F.HDR_FIXED.pack_into(mm, 0, F.MAGIC, F.VERSION, F.HEADER_SIZE, F.SLOT_SIZE, nslots, strtab_off,
@@ -68,7 +72,6 @@ def grow_file(path: str, old: Any, old_nslots: int, old_strtab_off: int, strtab_
             if idx and (idx - 1) % old_nslots == pos:
                 n = F.HEADER_SIZE + (idx - 1) % nslots * size
                 mm[n:n + size] = old[o:o + size]
-        mm[strtab_off:strtab_off + strtab_used] = old[old_strtab_off:old_strtab_off + strtab_used]
         os.rename(tmp, path)
     except BaseException:
         F.discard_partial(fd, mm, tmp)
