@@ -9,11 +9,10 @@ Called by ``hooks/envrecord.py`` at start-up and when torch is imported, so it i
 for start-up cost (``benchmarks/bench_startup.py``): the record is made as the JSON dict
 itself (:func:`snapshot`), not through ``tracer/envfacts.py``'s typed classes (creating
 them costs about 1 ms; they are made only by :func:`collect_self`, for readers and
-tests); no regular expression is compiled; the lines of ``/proc/self/maps`` parsed by the
-previous record are not parsed again, nor are the libraries it read (same path and
-inode); the ``env`` directory is made once per run directory. A record with torch's
-libraries mapped costs about 0.3 ms of CPU, most of it the kernel's (reading maps,
-writing the file). Standard library only, imported in traced processes. The
+tests); no regular expression is compiled; only the lines of ``/proc/self/maps`` that
+the previous record did not see are looked at, and the libraries it read (same path and
+inode) are not read again; the ``env`` directory is made once per run directory. The
+caches are module state: callers serialize (``envrecord`` holds its lock). Standard library only, imported in traced processes. The
 out-of-process half (reading, enriching with pyelftools, differences) is
 ``tracer/collect/forensics.py``.
 """
@@ -23,7 +22,7 @@ import os
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from hangtrace.tracer import envformat as EF
 
@@ -40,7 +39,8 @@ LibDict = Dict[str, Any]
 _MATTER_PREFIXES = ("libtorch", "libc10", "libnccl", "libgloo", "libcuda", "libcudart", "libnvidia-ml",
                     "libibverbs", "libmpi", "libpython", "libc.so", "libc-")
 _matters: Dict[str, bool] = {}  # path -> matters(path), for every path seen by this process
-_lines: Dict[str, Tuple[Optional[MapTuple], str]] = {}  # maps line -> (its mapping or None, inode)
+_seen: Set[str] = set()  # the lines of the maps text read last by this process (or its parent)
+_exec: Dict[str, Tuple[MapTuple, str]] = {}  # those of them that are executable file mappings
 _dirs_made: set = set()  # env directories made by this process (or its parent before a fork)
 
 
@@ -80,21 +80,23 @@ def _parse_line(line: str) -> Tuple[Optional[MapTuple], str]:
 
 def exec_mappings(text: str) -> List[Tuple[MapTuple, str]]:
     """``(mapping, inode)`` of every executable, file-backed mapping of a /proc/PID/maps
-    text, in address order. Lines seen by the previous call are not parsed again."""
-    cache = _lines
-    seen: Dict[str, Tuple[Optional[MapTuple], str]] = {}
-    out: List[Tuple[MapTuple, str]] = []
-    for line in text.split("\n"):
-        got = cache.get(line)
-        if got is None:
-            got = _parse_line(line)
-        seen[line] = got
-        m = got[0]
+    text, in address order. Only the lines that were not in the previous call's text are
+    looked at in Python (set differences, in C): a record after torch's import parses its
+    ~50 new executable lines, not the ~350 lines of the maps. Not thread-safe (module
+    caches): ``envrecord`` calls it under its lock."""
+    global _seen
+    lines = set(text.split("\n"))
+    cache = _exec
+    for line in _seen - lines:  # unmapped since
+        cache.pop(line, None)
+    # most lines are not executable: the substring tests spare them the parse (a path
+    # that contains "xp " is parsed, and rejected by its perms)
+    for line in [ln for ln in lines - _seen if "xp " in ln or "xs " in ln]:
+        m, inode = _parse_line(line)
         if m is not None:
-            out.append((m, got[1]))
-    _lines.clear()
-    _lines.update(seen)  # only the current lines: the cache never outgrows one maps text
-    return out
+            cache[line] = (m, inode)
+    _seen = lines
+    return sorted(cache.values())  # by start address: the maps' own order
 
 
 def parse_maps(text: str) -> List[E.Mapping]:
