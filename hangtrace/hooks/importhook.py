@@ -130,7 +130,9 @@ def _install_path_hook() -> bool:
     pf = getattr(sys.modules.get("_frozen_importlib_external"), "PathFinder", None)
     if pf is None or pf not in sys.meta_path:
         return False
-    original = pf.__dict__["find_spec"]
+    original = pf.__dict__.get("find_spec")
+    if not isinstance(original, classmethod):
+        return False  # replaced by someone else already: leave it, use the front finder
     find = original.__get__(None, pf)  # the bound original: PathFinder.find_spec(name, path, target)
     hooks = _hooks
 
