@@ -157,10 +157,19 @@ def _traced_variants(run_dir, baseline=None):
     return variants, progs
 
 
+#: HANGTRACE_MEM_INTERVAL_S under callgrind: the default 1 s times callgrind's slowdown here
+#: (torch's import: ~1.4 s natively, ~150 s under callgrind), so the sampler ticks as often
+#: per unit of the program's progress as it does natively; one tick costs ~47k instructions
+#: (measured: 150 ticks added 7.1M to a traced ``import torch.distributed``).
+CALLGRIND_TIMER = 100.0
+_MEM_INTERVAL = "HANGTRACE_MEM_INTERVAL_S"
+
+
 def traced_instructions(baseline=None):
     """The same variants as ``traced_cost``, each run once under callgrind (``valgrind
     --tool=callgrind``): instructions executed, all threads, independent of the machine's
-    load (a traced ``import torch.distributed`` takes about 5 minutes under valgrind).
+    load (a traced ``import torch.distributed`` takes about 3 minutes under valgrind). The
+    memory sampler's timer is stretched by callgrind's slowdown (``CALLGRIND_TIMER``).
     Returns ``{variant: instructions}`` and prints a table. Raises SystemExit without
     valgrind."""
     if shutil.which("valgrind") is None:
@@ -173,6 +182,11 @@ def traced_instructions(baseline=None):
             # one thread each for OpenBLAS/OpenMP: their idle threads spin, and the spins
             # alone moved torch's import by tens of millions of instructions run to run
             env = dict(env, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            if "HANGTRACE" in env:
+                # the memory sampler ticks once a second of wall time; under callgrind (about
+                # 100x slower here) a 1.4 s import lasts ~150 s and would tick ~150 times
+                # instead of once: the interval is scaled by the same factor (CALLGRIND_TIMER)
+                env[_MEM_INTERVAL] = "%g" % CALLGRIND_TIMER
             subprocess.run(argv, env=env, check=True)  # fills the bytecode cache
             p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + argv, env=env,
                                capture_output=True, text=True)
@@ -184,6 +198,8 @@ def traced_instructions(baseline=None):
         shutil.rmtree(run_dir, ignore_errors=True)
     L = ["### Start-up instructions, traced vs untraced (callgrind; %s, Python %s)" % (
          time.strftime("%Y-%m-%d"), platform.python_version()), "",
+         "Traced runs with %s=%g (the 1 s default stretched by callgrind's ~100x slowdown)." % (
+             _MEM_INTERVAL, CALLGRIND_TIMER), "",
          "| program | variant | instructions (M) | Δ vs untraced (M) |", "|---|---|---:|---:|"]
     for prog in progs:
         ref = out["%s, untraced" % prog]

@@ -230,8 +230,9 @@ def activate() -> Optional[Runtime]:
         for ins in INSTRUMENTORS:
             ins.install(rt)
         try:
-            from hangtrace.hooks import autowatch
-            autowatch.maybe_start(rt)
+            if os.environ.get(config.AUTO_WATCH, config.DEFAULTS[config.AUTO_WATCH]) != "0":
+                from hangtrace.hooks import autowatch  # (not imported when auto-watch is off)
+                autowatch.maybe_start(rt)
         except ImportError:
             pass
         except Exception as e:

@@ -5,45 +5,105 @@ headers; pyelftools is *not* used here: importing it alone costs more than the w
 record, ``benchmarks/bench_forensics.py``), versions and the masked job environment -
 written to ``RUN_DIR/env/<host>-<pid>.json`` (contract: ``tracer/envfacts.py``).
 
-Called by ``hooks/envrecord.py``; standard library only, imported in traced processes.
-The out-of-process half (reading, enriching with pyelftools, differences) is
+Called by ``hooks/envrecord.py`` at start-up and when torch is imported, so it is built
+for start-up cost (``benchmarks/bench_startup.py``): the record is made as the JSON dict
+itself (:func:`snapshot`), not through ``tracer/envfacts.py``'s typed classes (creating
+them costs about 1 ms; they are made only by :func:`collect_self`, for readers and
+tests); no regular expression is compiled; only the lines of ``/proc/self/maps`` that
+the previous record did not see are looked at, and the libraries it read (same path and
+inode) are not read again; the ``env`` directory is made once per run directory. The
+caches are module state: callers serialize (``envrecord`` holds its lock). Standard library only, imported in traced processes. The
+out-of-process half (reading, enriching with pyelftools, differences) is
 ``tracer/collect/forensics.py``.
 """
-import json
+from __future__ import annotations
+
 import os
-import re
 import struct
 import sys
 import time
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
-from hangtrace.tracer import envfacts as E
+from hangtrace.tracer import envformat as EF
 
-_MATTER = re.compile(r"^(libtorch|libc10|libnccl|libgloo|libcuda|libcudart|libnvidia-ml|libibverbs|"
-                     r"libmpi|libpython|libc\.so|libc-)|nccl|cuda", re.IGNORECASE)
-_NAME_VERSION = re.compile(r"\.so\.(\d+\.\d+\.\d+(?:\.\d+)*)$")  # 3+ parts: 2.21.5, not an ABI 1.0
+if TYPE_CHECKING:  # pragma: no cover
+    from hangtrace.tracer import envfacts as E
+
+#: One executable file mapping: (start, end, file offset) in bytes, path.
+MapTuple = Tuple[int, int, int, str]
+#: A library as written in the record (the "libraries" items of the JSON, docs/FORMAT.md).
+LibDict = Dict[str, Any]
+
+#: Library names that matter (issue 12), matched at the start of the lower-cased file name;
+#: any name that mentions nccl or cuda matters too.
+_MATTER_PREFIXES = ("libtorch", "libc10", "libnccl", "libgloo", "libcuda", "libcudart", "libnvidia-ml",
+                    "libibverbs", "libmpi", "libpython", "libc.so", "libc-")
+_matters: Dict[str, bool] = {}  # path -> matters(path), for every path seen by this process
+_seen: Set[str] = set()  # the lines of the maps text read last by this process (or its parent)
+_exec: Dict[str, Tuple[MapTuple, str]] = {}  # those of them that are executable file mappings
+_dirs_made: set = set()  # env directories made by this process (or its parent before a fork)
 
 
 def matters(path: str) -> bool:
     """True for libraries named in issue 12: torch, c10, NCCL, gloo, CUDA, NVML, ibverbs,
-    MPI, the Python runtime, libc, and any library whose name mentions nccl or cuda."""
-    return bool(_MATTER.search(os.path.basename(path)))
+    MPI, the Python runtime, libc, and any library whose name mentions nccl or cuda
+    (case-insensitive, on the file name)."""
+    n = os.path.basename(path).lower()
+    return n.startswith(_MATTER_PREFIXES) or "nccl" in n or "cuda" in n
+
+
+def name_version(name: str) -> Optional[str]:
+    """The version in a library's file name: ``libnccl.so.2.21.5`` -> ``"2.21.5"``; three
+    or more numeric parts after ``.so.`` (``libfoo.so.1.0`` is an ABI number: None)."""
+    i = name.find(".so.")
+    while i >= 0:
+        rest = name[i + 4:]
+        parts = rest.split(".")
+        if len(parts) >= 3 and all(p.isdecimal() and p.isascii() for p in parts):
+            return rest
+        i = name.find(".so.", i + 1)
+    return None
+
+
+def _parse_line(line: str) -> Tuple[Optional[MapTuple], str]:
+    """One /proc/PID/maps line (proc(5): ``start-end perms offset dev inode path``):
+    ``(mapping, inode)`` for an executable file-backed mapping, else ``(None, "")``."""
+    parts = line.split(None, 5)
+    if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+        return None, ""
+    a, _, b = parts[0].partition("-")
+    try:
+        return (int(a, 16), int(b, 16), int(parts[2], 16), parts[5].rstrip()), parts[4]
+    except ValueError:
+        return None, ""
+
+
+def exec_mappings(text: str) -> List[Tuple[MapTuple, str]]:
+    """``(mapping, inode)`` of every executable, file-backed mapping of a /proc/PID/maps
+    text, in address order. Only the lines that were not in the previous call's text are
+    looked at in Python (set differences, in C): a record after torch's import parses its
+    ~50 new executable lines, not the ~350 lines of the maps. Not thread-safe (module
+    caches): ``envrecord`` calls it under its lock."""
+    global _seen
+    lines = set(text.split("\n"))
+    cache = _exec
+    for line in _seen - lines:  # unmapped since
+        cache.pop(line, None)
+    # most lines are not executable: the substring tests spare them the parse (a path
+    # that contains "xp " is parsed, and rejected by its perms)
+    for line in [ln for ln in lines - _seen if "xp " in ln or "xs " in ln]:
+        m, inode = _parse_line(line)
+        if m is not None:
+            cache[line] = (m, inode)
+    _seen = lines
+    return sorted(cache.values())  # by start address: the maps' own order
 
 
 def parse_maps(text: str) -> List[E.Mapping]:
     """Executable, file-backed mappings of a /proc/PID/maps text (proc(5) format
     ``start-end perms offset dev inode path``), in address order."""
-    out = []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
-            continue
-        a, _, b = parts[0].partition("-")
-        try:
-            out.append(E.Mapping(int(a, 16), int(b, 16), int(parts[2], 16), parts[5].rstrip()))
-        except ValueError:
-            continue
-    return out
+    from hangtrace.tracer import envfacts as E
+    return [E.Mapping(*m) for m, _ in exec_mappings(text)]
 
 
 def read_build_id(path: str) -> Optional[str]:
@@ -98,15 +158,22 @@ def _build_id_in_notes(buf: bytes, end: str) -> Optional[str]:
     return None
 
 
-def _library(path: str) -> E.Library:
+def library_dict(path: str) -> LibDict:
+    """The record of library file ``path`` now: size (bytes), mtime (ns), inode, build-id,
+    version from the file name (the JSON form of ``envfacts.Library``)."""
     try:
         st = os.stat(path)
         size, mtime, ino = st.st_size, st.st_mtime_ns, st.st_ino
     except OSError:
         size, mtime, ino = -1, 0, 0
-    m = _NAME_VERSION.search(os.path.basename(path))
-    return E.Library(path=path, size=size, mtime_ns=mtime, inode=ino, build_id=read_build_id(path),
-                     version=m.group(1) if m else None, version_source="file name" if m else None)
+    v = name_version(os.path.basename(path))
+    return {"path": path, "size": size, "mtime_ns": mtime, "inode": ino, "build_id": read_build_id(path),
+            "version": v, "version_source": "file name" if v else None}
+
+
+def _library(path: str) -> E.Library:
+    from hangtrace.tracer import envfacts as E
+    return E.Library(**library_dict(path))
 
 
 def _module_version(name: str) -> Optional[str]:
@@ -115,36 +182,91 @@ def _module_version(name: str) -> Optional[str]:
     return str(v) if v is not None else None
 
 
+def read_maps() -> str:
+    """``/proc/self/maps`` as text. Raises OSError."""
+    fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 16)
+            if not b:
+                break
+            chunks.append(b)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def snapshot(reason: str, host: str, known: Optional[Dict[Tuple[str, str], LibDict]] = None) -> Dict[str, Any]:
+    """This process's record now, as the JSON dict (schema ``envformat.SCHEMA``).
+
+    ``known``: libraries already read, by (path, inode as /proc/self/maps names it); the
+    ones read now are added to it, so a repeated record reads only new files (None: read
+    every library afresh). Raises OSError when /proc/self/maps cannot be read."""
+    maps = exec_mappings(read_maps())
+    known = {} if known is None else known
+    cache = _matters
+    libs: List[LibDict] = []
+    done = set()
+    for m, inode in maps:
+        path = m[3]
+        if path in done:
+            continue
+        done.add(path)
+        hit = cache.get(path)
+        if hit is None:
+            hit = cache[path] = matters(path)
+        if hit:
+            lb = known.get((path, inode))
+            if lb is None:
+                lb = known[(path, inode)] = library_dict(path)
+            libs.append(lb)
+    return {"schema": EF.SCHEMA, "host": host, "pid": os.getpid(), "python": sys.version.split()[0],
+            "executable": sys.executable, "torch": _module_version("torch"), "ray": _module_version("ray"),
+            "wall_ns": time.time_ns(), "reason": reason, "environ": dict(EF.mask_environ(os.environ)),
+            "libraries": libs, "mappings": [list(m) for m, _ in maps]}
+
+
 def collect_self(reason: str, host: Optional[str] = None,
                  previous: Optional[E.ProcessEnv] = None) -> E.ProcessEnv:
-    """This process's facts now. Libraries already in ``previous`` (same path and inode)
-    are reused, so a repeated record reads only new files. Raises OSError when
-    /proc/self/maps cannot be read."""
-    with open("/proc/self/maps", "r", errors="replace") as f:
-        maps = parse_maps(f.read())
-    known = {lb.path: lb for lb in previous.libraries} if previous else {}
-    libs = []
-    for path in E.unique(m.path for m in maps):
-        if matters(path):
-            lb = known.get(path)
-            libs.append(lb if lb is not None else _library(path))
-    return E.ProcessEnv(host=host or os.uname().nodename, pid=os.getpid(), python=sys.version.split()[0],
-                        executable=sys.executable, torch=_module_version("torch"), ray=_module_version("ray"),
-                        libraries=tuple(libs), environ=E.mask_environ(os.environ), mappings=tuple(maps),
-                        wall_ns=time.time_ns(), reason=reason)
+    """This process's facts now, typed (readers, tests, benchmarks; the hooks write
+    :func:`snapshot`'s dict). Libraries already in ``previous`` (same path and inode) are
+    reused, so a repeated record reads only new files. Raises OSError when /proc/self/maps
+    cannot be read."""
+    from hangtrace.tracer import envfacts as E
+    known: Optional[Dict[Tuple[str, str], LibDict]] = None
+    if previous is not None:
+        known = {(lb.path, str(lb.inode)): lb._asdict() for lb in previous.libraries}
+    return E.from_json(snapshot(reason, host or os.uname().nodename, known))
+
+
+def write_record(run_dir: str, record: Dict[str, Any]) -> str:
+    """Write a :func:`snapshot` dict to ``RUN_DIR/env/<host>-<pid>.json`` atomically (mode
+    0600; the directory 0700, made once); returns the path. Raises OSError."""
+    import json  # (imported already in a traced process: the recorder's events use it)
+    d = os.path.join(run_dir, EF.ENV_DIR)
+    if d not in _dirs_made:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        _dirs_made.add(d)
+    path = EF.env_path(run_dir, record["host"], record["pid"])
+    tmp = "%s.tmp%d" % (path, os.getpid())
+    data = json.dumps(record, separators=(",", ":")).encode()
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except FileNotFoundError:  # the directory went away (a test, a clean-up): make it again
+        _dirs_made.discard(d)
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
 
 
 def write(run_dir: str, pe: E.ProcessEnv) -> str:
     """Write ``pe`` to ``RUN_DIR/env/<host>-<pid>.json`` atomically (mode 0600); returns
     the path. Raises OSError."""
-    d = os.path.join(run_dir, E.ENV_DIR)
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    path = E.env_path(run_dir, pe.host, pe.pid)
-    tmp = "%s.tmp%d" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, json.dumps(E.to_json(pe), separators=(",", ":")).encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    return path
+    from hangtrace.tracer import envfacts as E
+    return write_record(run_dir, E.to_json(pe))

@@ -11,14 +11,20 @@ a new library; a DataLoader worker that does neither writes none (about 2 ms of 
 fork, issue 13). Nothing here is on the per-collective path. Never raises: a failure is
 one line in the run log.
 """
+from __future__ import annotations
+
 import os
 import threading
-from typing import Any, Optional
+from typing import Any, Dict, FrozenSet, Optional, Tuple
 
-_last: Optional[Any] = None  # the ProcessEnv written last by this process
 _lock = threading.Lock()
 _patched = [False]
 _fork_pending = [False]  # a forked child whose record waits until it matters (module docstring)
+#: (pid, paths, file names) of the mappings in this process's last record, or None
+_last: Optional[Tuple[int, FrozenSet[str], FrozenSet[str]]] = None
+#: libraries read by this process (or by its parent before a fork: the same files are
+#: mapped), by (path, inode): a repeated record reads only new files (about 1 ms a fork)
+_known: Dict[Tuple[str, str], Dict[str, Any]] = {}
 
 
 def record(rt: Any, reason: str) -> None:
@@ -26,19 +32,23 @@ def record(rt: Any, reason: str) -> None:
     global _last
     _fork_pending[0] = False
     try:
-        from hangtrace.hooks import envcollect as forensics
+        from hangtrace.hooks import envcollect
         with _lock:
-            # ours, or (a forked child's first record) the parent's: the same library files
-            # are mapped, so their build-ids are not read again (about 1 ms of every fork)
-            prev = _last if _last is not None and _last.pid in (os.getpid(), os.getppid()) else None
-            pe = forensics.collect_self(reason, host=rt.recorder.host, previous=prev)
-            forensics.write(rt.run_dir, pe)
-            _last = pe
+            rec = envcollect.snapshot(reason, rt.recorder.host, _known)
+            envcollect.write_record(rt.run_dir, rec)
+            paths = frozenset(m[3] for m in rec["mappings"])
+            _last = (rec["pid"], paths, frozenset(os.path.basename(p) for p in paths))
     except Exception as e:
         try:
             rt.log("environment record failed: %r" % (e,), "env-record")
         except Exception:
             pass
+
+
+def recorded_paths() -> FrozenSet[str]:
+    """The mapped files of this process's last record (empty when none was written)."""
+    last = _last
+    return last[1] if last is not None and last[0] == os.getpid() else frozenset()
 
 
 def joined() -> None:
@@ -56,13 +66,16 @@ def joined() -> None:
 
 
 def _loaded_new(name: Any) -> bool:
+    """True when ``ctypes.CDLL(name)`` loaded a file not mapped at this process's last
+    record (a path is compared resolved, a bare name by file name)."""
     last = _last
     if not isinstance(name, str):
         return False  # CDLL(None): the program itself, already mapped
-    if last is None or last.pid != os.getpid():
+    if last is None or last[0] != os.getpid():
         return True
-    real = os.path.realpath(name) if os.sep in name else None
-    return not any(m.path == real or os.path.basename(m.path) == name for m in last.mappings)
+    if os.sep in name:
+        return os.path.realpath(name) not in last[1]
+    return name not in last[2]
 
 
 def install_ctypes_hook(rt: Any) -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, List, Optional, Protocol
 
 #: Where a failure was caught (the ``caught_by`` field of the event).
 SOURCES = ("exit-while-handling", "multiprocessing", "torchelastic", "asyncio-task")
@@ -188,12 +188,18 @@ def _check_unretrieved(task: Any) -> None:
 
 
 def _make_create_task(orig: Callable[..., Any]) -> Callable[..., Any]:
-    from hangtrace.hooks.asyncio_tasks import note_loop  # when asyncio is imported, not at start-up
+    # asyncio_tasks.note_loop, imported at the first task created (torch.distributed imports
+    # asyncio: most ranks never create a task)
+    note: List[Optional[Callable[[Any], None]]] = [None]
 
     def create_task(self: Any, *args: Any, **kwargs: Any) -> Any:
         task = orig(self, *args, **kwargs)
         try:
-            note_loop(self)  # its pending tasks at snapshot time
+            fn = note[0]
+            if fn is None:
+                from hangtrace.hooks.asyncio_tasks import note_loop
+                fn = note[0] = note_loop
+            fn(self)  # its pending tasks at snapshot time
             task.add_done_callback(_task_done)
         except Exception:
             pass

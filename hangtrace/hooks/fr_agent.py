@@ -1,8 +1,8 @@
 """Flight Recorder capture inside a traced process (issue 10, item 2).
 
-* ``configure_env()`` (call before torch is imported, e.g. from the bootstrap): sets
-  ``TORCH_FR_BUFFER_SIZE=2000`` when the user set neither it nor its alias
-  ``TORCH_NCCL_TRACE_BUFFER_SIZE``. torch 2.13 records 2000 entries by default already
+* ``configure_env()`` (= ``config.configure_fr_env``, called by the bootstrap before torch
+  is imported): sets ``TORCH_FR_BUFFER_SIZE=2000`` when the user set neither it nor its
+  alias ``TORCH_NCCL_TRACE_BUFFER_SIZE``. torch 2.13 records 2000 entries by default already
   (checked here: a gloo job without the variable has entries); the variable keeps it on
   for torch versions whose default is 0 and documents our choice.
 * ``start(run_dir)`` (called when this process joins a process group): a daemon thread
@@ -35,12 +35,13 @@ from typing import Callable, Optional
 from hangtrace.tracer import config
 
 # json, socket, threading and time are imported when an agent starts: this module is
-# imported at every traced start-up (``configure_env``), most processes never start one.
+# imported when a process joins a process group (``torch_groups``), not at start-up; the
+# Flight Recorder's variable is set at start-up by ``config.configure_fr_env``.
 
 FR_SUBDIR = "fr"
-ENV_BUFFER = "TORCH_FR_BUFFER_SIZE"
-ENV_BUFFER_ALIAS = "TORCH_NCCL_TRACE_BUFFER_SIZE"
-DEFAULT_ENTRIES = "2000"
+ENV_BUFFER = config.FR_BUFFER_ENV
+ENV_BUFFER_ALIAS = config.FR_BUFFER_ENV_ALIAS
+DEFAULT_ENTRIES = config.FR_DEFAULT_ENTRIES
 
 
 def fr_dir(run_dir: str) -> str:
@@ -73,13 +74,7 @@ def tasks_path(run_dir: str, host: str, pid: int) -> str:
     return os.path.join(fr_dir(run_dir), "%s-%d.tasks.json" % (host, pid))
 
 
-def configure_env(environ: Optional[dict] = None) -> bool:
-    """Turn the Flight Recorder on unless the user configured it. True when we set it."""
-    env = os.environ if environ is None else environ
-    if env.get(config.FR, "1") == "0" or ENV_BUFFER in env or ENV_BUFFER_ALIAS in env:
-        return False
-    env[ENV_BUFFER] = DEFAULT_ENTRIES
-    return True
+configure_env = config.configure_fr_env  # (the name it had here)
 
 
 def _noop_log(msg: str, key: Optional[str] = None) -> None:

@@ -26,9 +26,9 @@ class TorchDistInstrumentor(Instrumentor):
         self.hooked = False  # True once torch.distributed is wrapped in this process
 
     def _install(self, runtime: Any) -> None:
-        from hangtrace.hooks import fr_agent
-        if fr_agent.configure_env():  # before any process group reads it
-            runtime.log("TORCH_FR_BUFFER_SIZE=%s set (torch's Flight Recorder on)" % fr_agent.DEFAULT_ENTRIES,
+        from hangtrace.tracer import config
+        if config.configure_fr_env():  # before any process group reads it
+            runtime.log("%s=%s set (torch's Flight Recorder on)" % (config.FR_BUFFER_ENV, config.FR_DEFAULT_ENTRIES),
                         "fr-env")
         importhook.when_imported("torch.distributed", self._on_import)
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from hangtrace.tracer.ring import layout as F
 from .recorder import _fastrec
 
-from hangtrace.hooks.torch_specs import BATCH_OP, GROUP_OPS, SPECS  # noqa: E402
+from hangtrace.hooks.torch_specs import BATCH_OP, GROUP_OPS, SPECS, param_names  # noqa: E402
 from hangtrace.hooks.torch_state import GroupEntry, Log, State
 
 if TYPE_CHECKING:
@@ -345,7 +345,7 @@ def install(dist: Any, recorder: Recorder, log: Log) -> int:
             continue
         if name in SPECS:
             try:
-                params = list(inspect.signature(orig).parameters)
+                params = param_names(orig) or list(inspect.signature(orig).parameters)
             except (TypeError, ValueError):
                 continue
             w = _wrap(name, orig, params)

@@ -4,8 +4,12 @@ collective/p2p functions of torch.distributed we do not wrap as such, with the r
 
 ``tests/unit/test_coverage_torch.py`` derives the collective and p2p functions of the
 installed torch from torch itself and fails on one that is in neither table.
+:func:`param_names` gives a wrapped function's parameter names (``torch_dist.install``).
 """
-from typing import Dict, Optional, Tuple
+from __future__ import annotations  # the annotations below are not evaluated (~2M instructions)
+
+from types import FunctionType
+from typing import Any, Dict, List, Optional, Tuple
 
 # name -> (input tensor parameter or None, peer parameter names, is_p2p, payload kind)
 # payload kind: "t" tensor, "tl" list of tensors, "tt" one tensor or a list of tensors,
@@ -56,3 +60,39 @@ NOT_APPLICABLE: Dict[str, str] = {
     "new_subgroups_by_enumeration": "creates groups through new_group, recorded there",
     "breakpoint": "debugging aid (pdb on one rank); its barrier() is recorded as barrier",
 }
+
+
+_CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08  # code flags (CPython Include/cpython/code.h; inspect.CO_*)
+
+
+def param_names(fn: Any) -> Optional[List[str]]:
+    """``list(inspect.signature(fn).parameters)`` read from the code object of the function
+    behind ``fn``'s ``__wrapped__`` chain, without building a Signature (27 of them cost
+    about 2M instructions of a rank's start-up). None when that does not apply - something
+    in the chain has a ``__signature__``, or the innermost object is not a plain Python
+    function - and the caller then asks ``inspect.signature``. Order as inspect gives it:
+    positional (only or not), ``*args``, keyword-only, ``**kwargs``."""
+    f = fn
+    for _ in range(100):  # inspect.unwrap's guard against cycles is a set; a bound is enough
+        if getattr(f, "__signature__", None) is not None:
+            return None
+        inner = getattr(f, "__wrapped__", None)
+        if inner is None:
+            break
+        f = inner
+    else:
+        return None
+    if not isinstance(f, FunctionType):
+        return None
+    code = f.__code__
+    npos, nkw = code.co_argcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    out = list(names[:npos])
+    at = npos + nkw
+    if code.co_flags & _CO_VARARGS:
+        out.append(names[at])
+        at += 1
+    out += names[npos:npos + nkw]
+    if code.co_flags & _CO_VARKEYWORDS:
+        out.append(names[at])
+    return out

@@ -7,7 +7,7 @@ CLI flags map onto these variables (``hangtrace run --stall-s`` sets
 from __future__ import annotations
 
 import os
-from typing import Dict, FrozenSet, Mapping, Optional, Tuple
+from typing import Dict, FrozenSet, Mapping, MutableMapping, Optional, Tuple
 
 #: Turns tracing on in this process and every Python process it starts when set
 #: to anything but "" or "0". Checked by the ``.pth`` file before anything is imported.
@@ -216,6 +216,24 @@ def helper_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
 #: ``RUN_DIR/fr/`` on request, and every live snapshot (watcher, ``hangtrace dump``)
 #: requests those dumps and keeps them in ``snapshots/<time>/fr/``.
 FR = "HANGTRACE_FR"
+#: torch's Flight Recorder size variable, its older alias, and the entries we set (torch
+#: 2.13's own default: a gloo job without the variable records entries already; the
+#: variable keeps it on where the default is 0 and documents our choice)
+FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+FR_BUFFER_ENV_ALIAS = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+FR_DEFAULT_ENTRIES = "2000"
+
+
+def configure_fr_env(environ: Optional[MutableMapping[str, str]] = None) -> bool:
+    """Turn torch's Flight Recorder on (``TORCH_FR_BUFFER_SIZE=2000``) unless the user
+    configured it or ``HANGTRACE_FR=0``; call before a process group reads it (bootstrap).
+    True when we set it. Here, not in ``hooks/fr_agent.py``: every traced process calls it
+    at start-up, few ever start an agent."""
+    env = os.environ if environ is None else environ
+    if env.get(FR, "1") == "0" or FR_BUFFER_ENV in env or FR_BUFFER_ENV_ALIAS in env:
+        return False
+    env[FR_BUFFER_ENV] = FR_DEFAULT_ENTRIES
+    return True
 
 
 #: Ray's library-internal actors, (module, class): data structures that serve their callers

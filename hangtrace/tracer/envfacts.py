@@ -7,21 +7,17 @@ env-diff`` read it into the frozen dataclasses below; nothing else crosses the b
 
 Secrets: the value of every recorded environment variable whose name contains TOKEN,
 KEY, SECRET, PASSWORD or CREDENTIAL (case-insensitive) is replaced by :data:`MASK` before
-anything is written (:func:`mask_environ`). This module imports only the standard
-library: traced processes import it. The records are typed, immutable ``NamedTuple``s,
-not dataclasses: ``dataclasses`` imports ``inspect`` (about 4 ms at every traced start-up,
-``python -X importtime``); ``_replace`` gives a changed copy.
+anything is written (:func:`mask_environ`). The names, the schema number and the masking
+rule live in ``tracer/envformat.py`` (re-exported here), which is all a traced process
+imports: the writer (``hooks/envcollect.py``) builds the JSON without these classes. The
+records are typed, immutable ``NamedTuple``s (``_replace`` gives a changed copy).
 """
 import os
-from typing import Any, Dict, Iterable, List, Mapping as TMapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-SCHEMA = 1
-ENV_DIR = "env"
-MASK = "<masked>"
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
-#: Job-relevant environment: every variable with one of these prefixes, plus ENV_NAMES.
-ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "OMP_", "RAY_", "MASTER_", "PYTORCH_")
-ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
+from hangtrace.tracer.envformat import (ENV_DIR, ENV_NAMES, ENV_PREFIXES, MASK, SCHEMA,  # noqa: F401
+                                       SECRET_WORDS, env_path, is_job_relevant, is_secret_name,
+                                       mask_environ)
 
 
 class Mapping(NamedTuple):
@@ -87,26 +83,6 @@ class ProcessEnv(NamedTuple):
     @property
     def key(self) -> str:
         return "%s:%d" % (self.host, self.pid)
-
-
-def is_secret_name(name: str) -> bool:
-    """True when an environment variable's name suggests a secret (see SECRET_WORDS)."""
-    up = name.upper()
-    return any(w in up for w in SECRET_WORDS)
-
-
-def is_job_relevant(name: str) -> bool:
-    return name in ENV_NAMES or name.startswith(ENV_PREFIXES)
-
-
-def mask_environ(environ: TMapping[str, str]) -> Tuple[Tuple[str, str], ...]:
-    """The job-relevant variables of ``environ``, sorted, secret-looking values masked."""
-    return tuple((k, MASK if is_secret_name(k) else str(v))
-                 for k, v in sorted(environ.items()) if is_job_relevant(k))
-
-
-def env_path(run_dir: str, host: str, pid: int) -> str:
-    return os.path.join(run_dir, ENV_DIR, "%s-%d.json" % (host, pid))
 
 
 def to_json(pe: ProcessEnv) -> Dict[str, Any]:

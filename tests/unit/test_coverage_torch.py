@@ -153,3 +153,36 @@ def test_the_tables_agree_with_torch() -> None:
         assert (tparam is None) == (pkind is None), name
         assert tparam is None or tparam in params, (name, tparam)
         assert all(p in params for p in peers), (name, peers)
+
+
+def test_param_names_agree_with_inspect_signature() -> None:
+    """``torch_specs.param_names`` (what ``torch_dist.install`` reads instead of building
+    a Signature per function) gives inspect's names for every wrapped function of the
+    installed torch and for the shapes a function can have; None where it does not apply."""
+    import functools
+    names = [n for n in torch_specs.SPECS if hasattr(c10d, n)]
+    assert len(names) > 20
+    for n in names:
+        fn = getattr(c10d, n)
+        assert torch_specs.param_names(fn) == list(inspect.signature(fn).parameters), n
+
+    def f(a, b=1, /, c=2, *args, d, e=3, **kw):  # type: ignore[no-untyped-def]
+        x = 1  # a local variable: not a parameter
+        return x
+
+    def g(a, *, b):  # type: ignore[no-untyped-def]
+        pass
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return f(*args, **kwargs)
+
+    for fn in (f, g, wrapper, lambda: None, lambda *a: None, lambda **k: None):
+        assert torch_specs.param_names(fn) == list(inspect.signature(fn).parameters)
+
+    def sig(a, b):  # type: ignore[no-untyped-def]
+        pass
+    sig.__signature__ = inspect.Signature([inspect.Parameter("z", inspect.Parameter.POSITIONAL_OR_KEYWORD)])
+    assert torch_specs.param_names(sig) is None
+    assert torch_specs.param_names(functools.partial(f, 1)) is None
+    assert torch_specs.param_names(len) is None

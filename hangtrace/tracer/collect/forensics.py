@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from hangtrace.tracer import envfacts as E
 
 from hangtrace.hooks.envcollect import (  # noqa: F401 (the in-process half, re-exported)
-    _MATTER, _NAME_VERSION, _build_id_in_notes, _library, _module_version, collect_self, matters, parse_maps,
+    _build_id_in_notes, _library, _module_version, collect_self, matters, name_version, parse_maps,
     read_build_id, write)
 
 

@@ -1,0 +1,44 @@
+"""The names and masking rule of the environment record (issue 12), for traced processes.
+
+``RUN_DIR/env/<host>-<pid>.json`` is written by ``hooks/envcollect.py`` inside every
+traced process and read by ``tracer/collect/forensics.py`` into the typed records of
+``tracer/envfacts.py`` (which re-exports everything here). This module holds only what
+the writer needs: the schema number, the directory name, the secret-masking rule and the
+job-relevant variable names. It imports nothing but ``os``: creating the typed records'
+classes (``NamedTuple``) costs about 1 ms, which a traced process never needs to pay.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping, Tuple
+
+SCHEMA = 1
+ENV_DIR = "env"
+MASK = "<masked>"
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
+#: Job-relevant environment: every variable with one of these prefixes, plus ENV_NAMES.
+ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "OMP_", "RAY_", "MASTER_", "PYTORCH_")
+ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
+
+
+def is_secret_name(name: str) -> bool:
+    """True when an environment variable's name suggests a secret (see SECRET_WORDS)."""
+    up = name.upper()
+    return any(w in up for w in SECRET_WORDS)
+
+
+def is_job_relevant(name: str) -> bool:
+    """True for the variables a record keeps: ENV_NAMES and every ENV_PREFIXES name."""
+    return name in ENV_NAMES or name.startswith(ENV_PREFIXES)
+
+
+def mask_environ(environ: Mapping[str, str]) -> Tuple[Tuple[str, str], ...]:
+    """The job-relevant variables of ``environ``, sorted, secret-looking values masked.
+    (The names are filtered before any value is read: ``os.environ`` decodes each one.)"""
+    keys = sorted(k for k in environ if k.startswith(ENV_PREFIXES) or k in ENV_NAMES)
+    return tuple((k, MASK if is_secret_name(k) else str(environ[k])) for k in keys)
+
+
+def env_path(run_dir: str, host: str, pid: int) -> str:
+    """``RUN_DIR/env/<host>-<pid>.json``: the record of process ``pid`` on ``host``."""
+    return os.path.join(run_dir, ENV_DIR, "%s-%d.json" % (host, pid))
