@@ -203,11 +203,11 @@ static inline char *slot_ptr(RingObject *r, long long idx) {
     return r->base + HEADER_SIZE + pos * SLOT_SIZE;
 }
 
-/* Thread-name strid and innermost phase strid of the calling thread; ``ident`` is its
- * threading.get_ident() object, or NULL (then made here, only when a dict is consulted). */
-static int ring_thread_phase(RingObject *r, PyObject *ident, unsigned long long *tid, unsigned long long *phase) {
+/* Thread-name strid and innermost phase strid of the calling thread (its
+ * threading.get_ident() object is made only when a dict is consulted). */
+static int ring_thread_phase(RingObject *r, unsigned long long *tid, unsigned long long *phase) {
     TlsBlock *T = &tls;
-    PyObject *v, *own = NULL, *st;
+    PyObject *v, *ident = NULL, *st;
     int truth = 0, rc = -1;
     long long t;
     if (LIKELY(T->tid_gen == r->gen && r->gen != 0)) {
@@ -217,7 +217,7 @@ static int ring_thread_phase(RingObject *r, PyObject *ident, unsigned long long 
             return 0;
         }
     }
-    if (ident == NULL && (ident = own = current_ident()) == NULL)
+    if ((ident = current_ident()) == NULL)
         return -1;
     if (T->tid_gen != r->gen || r->gen == 0) {
         v = PyDict_GetItemWithError(r->threads, ident); /* borrowed */
@@ -275,14 +275,12 @@ static int ring_thread_phase(RingObject *r, PyObject *ident, unsigned long long 
     *phase = (unsigned long long)t;
     rc = 0;
 out:
-    Py_XDECREF(own);
+    Py_DECREF(ident);
     return rc;
 }
 
-/* Write one full slot. Fields as in format.SLOT; ``ident``: the calling thread's
- * threading.get_ident() object or NULL (made when needed). Returns the index or 0 with an
- * error set. */
-static unsigned long long ring_write(RingObject *r, PyObject *ident, long long kind, long long flags, long long dtype,
+/* Write one full slot. Fields as in format.SLOT. Returns the index or 0 with an error set. */
+static unsigned long long ring_write(RingObject *r, long long kind, long long flags, long long dtype,
                                      long long op, long long group, long long seq, long long numel, long long shape,
                                      long long peer, long long state, long long err, const long long *a,
                                      int header) {
@@ -293,7 +291,7 @@ static unsigned long long ring_write(RingObject *r, PyObject *ident, long long k
         return 0;
     idx = ++r->counter;
     r->last = idx;
-    if (ring_thread_phase(r, ident, &tid, &phase) < 0)
+    if (ring_thread_phase(r, &tid, &phase) < 0)
         return 0;
     now = mono_ns();
     wall = wall_at(now);
@@ -489,7 +487,7 @@ static PyObject *Ring_issue(RingObject *self, PyObject *const *args, Py_ssize_t 
         ring_burn(self);
         return NULL;
     }
-    unsigned long long idx = ring_write(self, NULL, kind, flags, dtype, op, group, seq, numel, shape, peer,
+    unsigned long long idx = ring_write(self, kind, flags, dtype, op, group, seq, numel, shape, peer,
                                         S_ISSUED, 0, NULL, 1);
     if (idx == 0)
         return NULL;
@@ -565,7 +563,7 @@ static PyObject *Ring_slot(RingObject *self, PyObject *const *args, Py_ssize_t n
         }
     /* kind, op, group, seq, numel, shape, dtype, peer, state, flags, err */
     unsigned long long idx =
-        ring_write(self, NULL, v[0], v[9], v[6], v[1], v[2], v[3], v[4], v[5], v[7], v[8], v[10], a, 0);
+        ring_write(self, v[0], v[9], v[6], v[1], v[2], v[3], v[4], v[5], v[7], v[8], v[10], a, 0);
     if (idx == 0)
         return NULL;
     return PyLong_FromUnsignedLongLong(idx);
@@ -894,7 +892,7 @@ typedef struct {
     PyObject *slow;     /* the pure-Python recording call (same arguments) */
     PyObject *name;     /* op name */
     PyObject *globals;  /* torch_dist's module dict: "_state" is read per call */
-    PyObject *busy;     /* torch_dist._busy (a Busy, or a dict): thread ident -> 1 while inside a wrapped call */
+    PyObject *busy;     /* torch_dist._busy (a Busy; the C path uses its thread-local flag) */
     PyObject *tparam;   /* payload parameter name or None */
     PyObject *pkind_s;  /* payload kind string for the Python payload() callback */
     PyObject *peer_names[2];
@@ -912,7 +910,7 @@ typedef struct {
 
 static PyObject *TensorType; /* torch.Tensor (set_tensor_type), or NULL */
 static inline PyObject *tensor_attr(PyObject *obj, int dtype);
-static PyObject *s_state, *s_group, *s_async_op, *s_numel, *s_shape, *s_dtype, *one;
+static PyObject *s_state, *s_group, *s_async_op, *s_numel, *s_shape, *s_dtype;
 
 static PyObject *getarg(PyObject *const *args, Py_ssize_t n, PyObject *kwnames, Py_ssize_t pos, PyObject *name) {
     if (pos < n)
@@ -1100,42 +1098,34 @@ static int seq_next(PyObject *cell, long long *seq) {
     return 0;
 }
 
-/* The counter of ``key`` in ``seqs`` (a cell, created as [0] when missing; a plain int
- * value is counted in place) advanced by one; *seq = the new value. */
+/* The counter of ``key`` in ``seqs`` (a cell, created as [0] when missing) advanced by
+ * one; *seq = the new value. A value that is not a cell fails, as ``cell[0] += 1`` does. */
 static int seq_next_in(PyObject *seqs, PyObject *key, long long *seq) {
     PyObject *cur = PyDict_GetItemWithError(seqs, key);
-    if (cur != NULL && PyList_CheckExact(cur) && PyList_GET_SIZE(cur) == 1)
-        return seq_next(cur, seq);
-    if (cur == NULL && PyErr_Occurred())
-        return -1;
-    long long v = 0;
-    if (cur != NULL) {
-        v = PyLong_AsLongLong(cur);
-        if (v == -1 && PyErr_Occurred())
+    if (cur == NULL) {
+        if (PyErr_Occurred())
             return -1;
-    }
-    PyObject *nv = PyLong_FromLongLong(v + 1);
-    if (UNLIKELY(nv == NULL))
-        return -1;
-    PyObject *store = nv;
-    if (UNLIKELY(cur == NULL)) { /* a new counter: a cell */
-        store = PyList_New(1);
-        if (UNLIKELY(store == NULL)) {
-            Py_DECREF(nv);
+        PyObject *zero = PyLong_FromLong(0);
+        cur = zero != NULL ? PyList_New(1) : NULL;
+        if (cur == NULL) {
+            Py_XDECREF(zero);
             return -1;
         }
-        PyList_SET_ITEM(store, 0, nv);
+        PyList_SET_ITEM(cur, 0, zero);
+        int rc = PyDict_SetItem(seqs, key, cur);
+        Py_DECREF(cur); /* the dict holds it */
+        if (rc < 0)
+            return -1;
     }
-    int rc = PyDict_SetItem(seqs, key, store);
-    Py_DECREF(store);
-    if (UNLIKELY(rc < 0))
+    if (!PyList_CheckExact(cur) || PyList_GET_SIZE(cur) != 1) {
+        PyErr_Format(PyExc_TypeError, "sequence counter of %R is not a one-item list", key);
         return -1;
-    *seq = v + 1;
-    return 0;
+    }
+    return seq_next(cur, seq);
 }
 
 /* Everything of the Python wrapper's ``try:`` block. 0 ok (*pidx set), -1 error set. */
-static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObject *ident, PyObject *const *args,
+static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObject *const *args,
                        Py_ssize_t n, PyObject *kwnames, unsigned long long *pidx, int *pasync) {
     PyObject *group = getarg(args, n, kwnames, self->gpos, s_group);
     PyObject *gkey, *g, *key = NULL, *peer_o = NULL;
@@ -1280,7 +1270,7 @@ static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObj
         ring_burn(ring);
         goto done;
     }
-    *pidx = ring_write(ring, ident, self->kind, async_op ? F_ASYNC : 0, dtype, self->op_id, gsid, seq, numel, shape,
+    *pidx = ring_write(ring, self->kind, async_op ? F_ASYNC : 0, dtype, self->op_id, gsid, seq, numel, shape,
                        peer, S_ISSUED, 0, NULL, 1);
     if (*pidx == 0)
         goto done;
@@ -1347,49 +1337,26 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
     StateObject *S = (StateObject *)st;
     RingObject *ring = S->ring;
     TlsBlock *T = &tls;
-    PyObject *ident = NULL; /* threading.get_ident(): made only for a dict ``busy`` (or in ring_write) */
-    int use_tls = Py_TYPE(self->busy) == &BusyType; /* else a dict (as torch_dist's before Busy) */
-    int b;
-    if (LIKELY(use_tls)) {
-        b = T->busy != 0;
-    } else {
-        ident = current_ident();
-        if (UNLIKELY(ident == NULL)) { /* (out of memory) never into the user's call: run it unrecorded */
-            PyErr_Clear();
-            return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
-        }
-        b = PyDict_Contains(self->busy, ident);
-    }
-    if (b != 0) { /* nested call on this thread: not recorded again */
-        Py_XDECREF(ident);
-        if (UNLIKELY(b < 0))
-            PyErr_Clear();
+    if (T->busy) /* nested call on this thread: not recorded again */
         return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
-    }
     Py_INCREF(S);
     Py_INCREF(ring);
 
     unsigned long long idx = 0;
     int async_op = 0;
     PyObject *result = NULL;
-    if (call_record(self, S, ring, ident, args, n, kwnames, &idx, &async_op) < 0) {
+    if (call_record(self, S, ring, args, n, kwnames, &idx, &async_op) < 0) {
         idx = 0;
         if (!PyErr_ExceptionMatches(PyExc_Exception))
             goto out; /* KeyboardInterrupt & co. propagate, as in the Python wrapper */
         log_error(S, "recording %U failed: %R", self->name, self->rec_key);
     }
-    if (use_tls)
-        T->busy = 1;
-    else if (UNLIKELY(PyDict_SetItem(self->busy, ident, one) < 0))
-        PyErr_Clear();
+    T->busy = 1;
     result = PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
     if (UNLIKELY(result == NULL)) {
         PyObject *t, *v, *tb;
         PyErr_Fetch(&t, &v, &tb);
-        if (use_tls)
-            T->busy = 0;
-        else if (UNLIKELY(PyDict_DelItem(self->busy, ident) < 0))
-            PyErr_Clear();
+        T->busy = 0;
         if (idx) {
             PyErr_NormalizeException(&t, &v, &tb);
             if (tb != NULL && v != NULL)
@@ -1403,10 +1370,7 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
         PyErr_Restore(t, v, tb);
         goto out;
     }
-    if (use_tls)
-        T->busy = 0;
-    else if (UNLIKELY(PyDict_DelItem(self->busy, ident) < 0))
-        PyErr_Clear();
+    T->busy = 0;
     if (idx) {
         int rc;
         if (async_op && result != Py_None) {
@@ -1427,7 +1391,6 @@ static PyObject *Call_vectorcall(CallObject *self, PyObject *const *args, size_t
         }
     }
 out:
-    Py_XDECREF(ident);
     Py_DECREF(ring);
     Py_DECREF(S);
     return result;
@@ -1449,8 +1412,8 @@ static int Call_init(CallObject *self, PyObject *args, PyObject *kwds) {
                           &tparam, &tpos, &gpos, &apos, &PyTuple_Type, &peers, &always_async, &PyDict_Type, &globals,
                           &busy, &PyTuple_Type, &cbs))
         return -1;
-    if (!PyDict_Check(busy) && Py_TYPE(busy) != &BusyType) {
-        PyErr_SetString(PyExc_TypeError, "busy must be a dict or a Busy");
+    if (Py_TYPE(busy) != &BusyType) {
+        PyErr_SetString(PyExc_TypeError, "busy must be a _fastrec.Busy");
         return -1;
     }
     if (PyTuple_GET_SIZE(cbs) != 7) {
@@ -1736,8 +1699,7 @@ PyMODINIT_FUNC PyInit__fastrec(void) {
     s_numel = PyUnicode_InternFromString("numel");
     s_shape = PyUnicode_InternFromString("shape");
     s_dtype = PyUnicode_InternFromString("dtype");
-    one = PyLong_FromLong(1);
-    if (!s_state || !s_group || !s_async_op || !s_numel || !s_shape || !s_dtype || !one)
+    if (!s_state || !s_group || !s_async_op || !s_numel || !s_shape || !s_dtype)
         return NULL;
     m = PyModule_Create(&fastrec_module);
     if (m == NULL)
