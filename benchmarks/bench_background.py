@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 HERE = os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(HERE))
-from bench_training_loop import _free_port, ddp_setup, train_step  # noqa: E402
+from bench_training_loop import _free_port, communicate_all, ddp_setup, train_step  # noqa: E402
 from bench_background_report import loadavg, print_tables, summarize  # noqa: E402
 
 VARIANTS = {"base": {}, "ht": {"HANGTRACE": "1"}, "ht@before": {"HANGTRACE": "1"}}
@@ -330,12 +330,8 @@ def launch(name: str, extra: dict, a: argparse.Namespace, run_dir: str) -> tuple
                                  env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     wout = None
     try:
-        outs = [p.communicate(timeout=1800) for p in procs]
+        outs = communicate_all(procs)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
         if watch is not None:
             wo, _ = watch.communicate("", timeout=120)
             wout = json.loads(wo)

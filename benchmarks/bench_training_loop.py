@@ -205,6 +205,18 @@ def child_hf(a: argparse.Namespace) -> None:
 
 
 # --- parent ------------------------------------------------------------------------------
+def communicate_all(procs, timeout_s=1800):
+    """(stdout, stderr) of each process in ``procs``, waited for in turn (``timeout_s`` each);
+    whatever still runs when this returns or raises is killed."""
+    try:
+        return [p.communicate(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -226,13 +238,7 @@ def launch(kind: str, extra: dict, a: argparse.Namespace, run_dir: str, epochs: 
         cmd = [sys.executable, HERE, "--child", kind, "--epochs", str(epochs), "--steps", str(a.steps),
                "--hf-out", os.path.join(run_dir, "hf-out")] + (["--no-breakdown"] if footprint else [])
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        outs = [p.communicate(timeout=1800) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    outs = communicate_all(procs)
     for p, (o, e) in zip(procs, outs):
         if p.returncode != 0:
             raise SystemExit("%s %s failed (%d):\n%s" % (kind, extra, p.returncode, e[-3000:]))
