@@ -49,6 +49,50 @@
 #define S_FAILED 3
 #define F_ASYNC 1
 
+/* --- a plain torch.Tensor's sizes and dtype read from its TensorImpl ----------------
+ * The layout is not a public API, so it is never assumed: probe_tensor_layout() finds it
+ * per process from tensors of known shapes and dtypes (torch's own ``_cdata`` gives each
+ * one's TensorImpl address) and takes it only when exactly one candidate fits every probe.
+ * Then, for an object of exactly torch.Tensor whose TensorImpl has the probed dense
+ * tensors' vtable and at most TL_MAX_DIMS dims (kept inline), the wrapper compares the
+ * dims and the raw dtype with the State's last ones instead of calling torch's ``shape``
+ * and ``dtype`` getters (about 750 instructions per call). Every cache miss still calls
+ * the getters and checks the raw read against them; a disagreement turns the layout off
+ * for the process (tensor_layout() then says why). Source of the fields:
+ * c10/core/TensorImpl.h (sizes_and_strides_, data_type_) and SizesAndStrides.h (size_
+ * then inline storage of C10_SIZES_AND_STRIDES_MAX_INLINE_SIZE = 5 sizes). */
+#define TL_MAX_DIMS 5
+static struct {
+    int ok;                 /* 1: the fields below were probed and still hold */
+    Py_ssize_t cdata_off;   /* THPVariable: offset of the TensorImpl pointer */
+    void *vtbl;             /* a plain dense TensorImpl's vtable pointer */
+    Py_ssize_t sizes_off;   /* TensorImpl: size_t ndim, then ndim int64 sizes (inline) */
+    Py_ssize_t dtype_off;   /* TensorImpl: uint16 TypeMeta index */
+    const char *off_why;    /* why the layout is off (static string), NULL while never probed */
+    PyObject *raw_dtypes[256]; /* borrowed torch.dtype (immortal in torch) seen per raw value */
+} TL;
+
+/* The TensorImpl of plain tensor ``obj`` when it can be read (probed layout, dense
+ * vtable, inline sizes), else NULL. */
+static inline const char *tensor_impl(PyObject *obj) {
+    const char *impl;
+    if (!TL.ok)
+        return NULL;
+    impl = *(const char *const *)((const char *)obj + TL.cdata_off);
+    if (impl == NULL || *(void *const *)impl != TL.vtbl || *(const uint64_t *)(impl + TL.sizes_off) > TL_MAX_DIMS)
+        return NULL;
+    return impl;
+}
+
+static inline long long impl_ndim(const char *impl) { return (long long)*(const uint64_t *)(impl + TL.sizes_off); }
+static inline const int64_t *impl_sizes(const char *impl) { return (const int64_t *)(impl + TL.sizes_off + 8); }
+static inline int impl_dtype(const char *impl) { return *(const uint16_t *)(impl + TL.dtype_off); }
+
+static void tl_off(const char *why) {
+    TL.ok = 0;
+    TL.off_why = why;
+}
+
 static PyObject *StructError; /* struct.error: what struct.pack_into raises on range errors */
 
 static inline void put8(char *p, uint64_t v) { *(unsigned char *)p = (unsigned char)v; }
@@ -726,6 +770,56 @@ static PyTypeObject BusyType = {
     .tp_as_sequence = &Busy_as_sequence,
 };
 
+/* ========================================================================== Counter */
+/* A sequence counter cell: behaves as a one-item list of an int (``cell[0] += 1`` in the
+ * Python paths) and is advanced in C without making an int object. */
+typedef struct {
+    PyObject_HEAD
+    long long v;
+} CounterObject;
+
+static Py_ssize_t Counter_len(PyObject *self) { return 1; }
+
+static PyObject *Counter_item(CounterObject *self, Py_ssize_t i) {
+    if (i != 0) {
+        PyErr_SetString(PyExc_IndexError, "Counter index out of range (one item)");
+        return NULL;
+    }
+    return PyLong_FromLongLong(self->v);
+}
+
+static int Counter_ass_item(CounterObject *self, Py_ssize_t i, PyObject *value) {
+    long long x;
+    if (i != 0 || value == NULL) {
+        PyErr_SetString(value == NULL ? PyExc_TypeError : PyExc_IndexError,
+                        value == NULL ? "a Counter's item cannot be deleted" : "Counter index out of range (one item)");
+        return -1;
+    }
+    x = PyLong_AsLongLong(value);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    self->v = x;
+    return 0;
+}
+
+static PyObject *Counter_repr(CounterObject *self) { return PyUnicode_FromFormat("Counter([%lld])", self->v); }
+
+static PySequenceMethods Counter_as_sequence = {
+    .sq_length = Counter_len,
+    .sq_item = (ssizeargfunc)Counter_item,
+    .sq_ass_item = (ssizeobjargproc)Counter_ass_item,
+};
+
+static PyTypeObject CounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hangtrace.hooks._fastrec.Counter",
+    .tp_basicsize = sizeof(CounterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Counter(): a sequence counter cell, a one-item sequence [0] whose item C advances in place.",
+    .tp_new = PyType_GenericNew,
+    .tp_repr = (reprfunc)Counter_repr,
+    .tp_as_sequence = &Counter_as_sequence,
+};
+
 /* ========================================================================= StateBase */
 typedef struct {
     PyObject_HEAD
@@ -746,6 +840,10 @@ typedef struct {
     long long c_dtype_id;
     PyObject *c_shape, *c_shapes;   /* torch.Size last seen (a tuple), the shapes dict */
     long long c_shape_id, c_numel;
+    /* The same two entries as read from the TensorImpl (tensor_impl(); valid only while the
+     * entries above are): number of dims (-1: none) and sizes; raw dtype (-1: none). */
+    long long c_nd, c_sizes[TL_MAX_DIMS];
+    int c_raw_dtype;
 } StateObject;
 
 static PyTypeObject StateType;
@@ -769,6 +867,8 @@ static int State_traverse(StateObject *self, visitproc visit, void *arg) {
 }
 
 static void state_drop_caches(StateObject *self) {
+    self->c_nd = -1;
+    self->c_raw_dtype = -1;
     Py_CLEAR(self->c_group);
     Py_CLEAR(self->c_group_entry);
     Py_CLEAR(self->c_groups);
@@ -909,6 +1009,9 @@ typedef struct {
 } CallObject;
 
 static PyObject *TensorType; /* torch.Tensor (set_tensor_type), or NULL */
+static getter tg_shape, tg_dtype; /* its shape/dtype getters (resolve_getters) */
+static void *tc_shape, *tc_dtype;
+static unsigned int tg_tag;
 static inline PyObject *tensor_attr(PyObject *obj, int dtype);
 static PyObject *s_state, *s_group, *s_async_op, *s_numel, *s_shape, *s_dtype;
 
@@ -970,22 +1073,91 @@ static long long shape_numel(PyObject *shp) {
     return prod;
 }
 
+/* 1: the TensorImpl read ``impl`` agrees with torch.Size ``shp`` from torch's getter. */
+static int raw_shape_agrees(const char *impl, PyObject *shp) {
+    long long nd = impl_ndim(impl);
+    const int64_t *sz = impl_sizes(impl);
+    if (!PyTuple_Check(shp) || PyTuple_GET_SIZE(shp) != nd)
+        return 0;
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        PyObject *d = PyTuple_GET_ITEM(shp, i);
+        long long x = PyLong_CheckExact(d) ? PyLong_AsLongLong(d) : -1;
+        if (x == -1 && PyErr_Occurred())
+            PyErr_Clear();
+        if (x != sz[i])
+            return 0;
+    }
+    return 1;
+}
+
+/* 1: ``impl``'s dims are the State's cached raw ones (at most TL_MAX_DIMS: no memcmp call). */
+static inline int same_raw_shape(const StateObject *S, const char *impl) {
+    long long nd = impl_ndim(impl);
+    const int64_t *sz = impl_sizes(impl);
+    if (S->c_nd != nd)
+        return 0;
+    for (long long i = 0; i < nd; i++)
+        if (S->c_sizes[i] != sz[i])
+            return 0;
+    return 1;
+}
+
+/* Keep the raw form of the State's cached shape (``impl`` NULL: none). */
+static inline void cache_raw_shape(StateObject *S, const char *impl) {
+    if (impl == NULL) {
+        S->c_nd = -1;
+        return;
+    }
+    S->c_nd = impl_ndim(impl);
+    memcpy(S->c_sizes, impl_sizes(impl), (size_t)S->c_nd * sizeof(int64_t));
+}
+
+/* The TensorImpl of plain tensor ``obj`` if it can be read now: torch.Tensor unchanged
+ * since its getters were resolved (a patched ``shape`` is honoured), layout probed. */
+static inline const char *readable_impl(PyObject *obj) {
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tg_tag != 0 && tp->tp_version_tag == tg_tag && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        return tensor_impl(obj);
+#endif
+    return NULL;
+}
+
 /* numel, shape strid, dtype id of a tensor payload (errors: caller zeroes them). A plain
- * torch.Tensor's shape and dtype are compared with the State's last ones first (same
- * shape: same numel and strid; same dtype object: same id), then looked up. */
+ * torch.Tensor's dims and raw dtype, read from its TensorImpl (tensor_impl()), are compared
+ * with the State's last ones first; else its shape and dtype (torch's getters) are compared
+ * with the last ones (same shape: same numel and strid; same dtype object: same id), then
+ * looked up. */
 static int tensor_payload(CallObject *self, StateObject *S, PyObject *obj, long long *numel, long long *shape,
                           long long *dtype) {
     PyObject *v, *shp, *dt;
     int exact = TensorType != NULL && (PyObject *)Py_TYPE(obj) == TensorType;
+    const char *impl = exact ? readable_impl(obj) : NULL;
     long long n = -1;
+    int raw_dt = -1;
     shp = NULL;
+    if (impl != NULL) {
+        raw_dt = impl_dtype(impl);
+        if (UNLIKELY(raw_dt > 255)) {
+            impl = NULL;
+        } else if (S->c_shape != NULL && S->c_shapes == S->shapes && same_raw_shape(S, impl)) {
+            *numel = S->c_numel;
+            *shape = S->c_shape_id;
+            goto dtype;
+        }
+    }
     if (exact) {
         shp = tensor_attr(obj, 0);
         if (UNLIKELY(shp == NULL))
             return -1;
+        if (impl != NULL && UNLIKELY(!raw_shape_agrees(impl, shp))) {
+            tl_off("a tensor's sizes read from its TensorImpl disagreed with its shape");
+            impl = NULL;
+        }
         if (S->c_shape != NULL && S->c_shapes == S->shapes && same_shape(shp, S->c_shape)) {
             *numel = S->c_numel;
             *shape = S->c_shape_id;
+            cache_raw_shape(S, impl);
             Py_DECREF(shp);
             goto dtype;
         }
@@ -1028,16 +1200,30 @@ static int tensor_payload(CallObject *self, StateObject *S, PyObject *obj, long 
         Py_XSETREF(S->c_shapes, S->shapes);
         S->c_shape_id = *shape;
         S->c_numel = n;
+        cache_raw_shape(S, impl);
     } else {
         Py_DECREF(shp);
     }
 dtype:
+    if (impl != NULL && S->c_dtype != NULL && S->c_dtypes == S->dtypes && S->c_raw_dtype == raw_dt) {
+        *dtype = S->c_dtype_id;
+        return 0;
+    }
     dt = exact ? tensor_attr(obj, 1) : PyObject_GetAttr(obj, s_dtype);
     if (UNLIKELY(dt == NULL))
         return -1;
+    if (impl != NULL) {
+        if (TL.raw_dtypes[raw_dt] == NULL) {
+            TL.raw_dtypes[raw_dt] = dt; /* borrowed: torch.dtype objects live as long as torch */
+        } else if (UNLIKELY(TL.raw_dtypes[raw_dt] != dt)) {
+            tl_off("one raw dtype read from a TensorImpl stood for two torch.dtype objects");
+            impl = NULL;
+        }
+    }
     if (dt == S->c_dtype && S->c_dtypes == S->dtypes) {
         Py_DECREF(dt);
         *dtype = S->c_dtype_id;
+        S->c_raw_dtype = impl != NULL ? raw_dt : -1;
         return 0;
     }
     v = PyDict_GetItemWithError(S->dtypes, dt);
@@ -1061,6 +1247,7 @@ dtype:
         Py_INCREF(S->dtypes);
         Py_XSETREF(S->c_dtypes, S->dtypes);
         S->c_dtype_id = *dtype;
+        S->c_raw_dtype = impl != NULL ? raw_dt : -1;
     } else {
         Py_DECREF(dt);
     }
@@ -1083,8 +1270,12 @@ static int other_payload(CallObject *self, PyObject *obj, long long *numel, long
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* cell[0] += 1 (a one-item list holding an int); *seq = the new value. */
+/* cell[0] += 1 (a Counter, or a one-item list holding an int); *seq = the new value. */
 static int seq_next(PyObject *cell, long long *seq) {
+    if (LIKELY(Py_IS_TYPE(cell, &CounterType))) {
+        *seq = ++((CounterObject *)cell)->v;
+        return 0;
+    }
     PyObject *cur = PyList_GET_ITEM(cell, 0);
     long long v = PyLong_AsLongLong(cur);
     if (v == -1 && PyErr_Occurred())
@@ -1105,20 +1296,16 @@ static int seq_next_in(PyObject *seqs, PyObject *key, long long *seq) {
     if (cur == NULL) {
         if (PyErr_Occurred())
             return -1;
-        PyObject *zero = PyLong_FromLong(0);
-        cur = zero != NULL ? PyList_New(1) : NULL;
-        if (cur == NULL) {
-            Py_XDECREF(zero);
+        cur = PyType_GenericNew(&CounterType, NULL, NULL); /* as State.seq_cell makes it */
+        if (cur == NULL)
             return -1;
-        }
-        PyList_SET_ITEM(cur, 0, zero);
         int rc = PyDict_SetItem(seqs, key, cur);
         Py_DECREF(cur); /* the dict holds it */
         if (rc < 0)
             return -1;
     }
-    if (!PyList_CheckExact(cur) || PyList_GET_SIZE(cur) != 1) {
-        PyErr_Format(PyExc_TypeError, "sequence counter of %R is not a one-item list", key);
+    if (!Py_IS_TYPE(cur, &CounterType) && (!PyList_CheckExact(cur) || PyList_GET_SIZE(cur) != 1)) {
+        PyErr_Format(PyExc_TypeError, "sequence counter of %R is not a Counter or a one-item list", key);
         return -1;
     }
     return seq_next(cur, seq);
@@ -1232,9 +1419,10 @@ static int call_record(CallObject *self, StateObject *S, RingObject *ring, PyObj
     }
 
     /* per-group sequence number: collectives by group name, p2p by (group name, peer); the
-     * counter is a one-item list (a cell) in S->seq, for collectives also the entry's 4th item */
-    if (!self->is_p2p && PyTuple_GET_SIZE(g) >= 4 && PyList_CheckExact(PyTuple_GET_ITEM(g, 3)) &&
-        PyList_GET_SIZE(PyTuple_GET_ITEM(g, 3)) == 1) {
+     * counter is a cell (a Counter, or a one-item list) in S->seq, for collectives also the entry's 4th item */
+    if (!self->is_p2p && PyTuple_GET_SIZE(g) >= 4 &&
+        (Py_IS_TYPE(PyTuple_GET_ITEM(g, 3), &CounterType) ||
+         (PyList_CheckExact(PyTuple_GET_ITEM(g, 3)) && PyList_GET_SIZE(PyTuple_GET_ITEM(g, 3)) == 1))) {
         if (seq_next(PyTuple_GET_ITEM(g, 3), &seq) < 0)
             goto done;
     } else {
@@ -1602,9 +1790,6 @@ static PyTypeObject CallType = {
  * ``tensor.shape`` runs, without the attribute lookup around it. Valid while the type's
  * version tag is the one seen at resolution (any change to torch.Tensor or a base class
  * resets it), else the attribute is read as usual. */
-static getter tg_shape, tg_dtype;
-static void *tc_shape, *tc_dtype;
-static unsigned int tg_tag;
 
 static void resolve_getters(PyTypeObject *tp) {
     tg_shape = tg_dtype = NULL;
@@ -1665,10 +1850,139 @@ static PyObject *direct_getters(PyObject *m, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_FALSE;
 }
 
+/* probe_tensor_layout(probes): see TL. ``probes`` is a sequence of (tensor, TensorImpl
+ * address, sizes tuple, dtype label) of plain, dense tensors; equal labels mean equal
+ * dtypes. The layout is taken only when exactly one THPVariable offset holds every
+ * TensorImpl address, all share one vtable, exactly one TensorImpl offset holds every
+ * probe's (ndim, sizes) and exactly one 2-byte offset after it tells the labels apart
+ * (equal labels: equal values, different labels: different values). Scans stay within
+ * the first TL_SCAN bytes of a TensorImpl (about 200 bytes in torch 2.x). */
+#define TL_SCAN 192
+#define TL_MAX_PROBES 64
+
+static PyObject *probe_tensor_layout(PyObject *m, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "probe_tensor_layout: a sequence of (tensor, address, sizes, label)");
+    PyObject *objs[TL_MAX_PROBES];
+    const char *impls[TL_MAX_PROBES];
+    long long nds[TL_MAX_PROBES], sizes[TL_MAX_PROBES][TL_MAX_DIMS], labels[TL_MAX_PROBES];
+    Py_ssize_t n, i, off, found;
+    Py_ssize_t cdata_off = -1, sizes_off = -1, dtype_off = -1;
+    const char *why = NULL;
+    if (seq == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    TL.ok = 0;
+    memset(TL.raw_dtypes, 0, sizeof(TL.raw_dtypes));
+    if (TensorType == NULL || n < 4 || n > TL_MAX_PROBES) {
+        why = "probe_tensor_layout needs torch.Tensor set and 4 to 64 probes";
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *p = PySequence_Fast_GET_ITEM(seq, i), *szs;
+        unsigned long long addr;
+        if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 4 || (PyObject *)Py_TYPE(PyTuple_GET_ITEM(p, 0)) != TensorType ||
+            !PyTuple_Check(szs = PyTuple_GET_ITEM(p, 2)) || PyTuple_GET_SIZE(szs) > TL_MAX_DIMS) {
+            why = "a probe is not (plain torch.Tensor, address, sizes of at most 5 dims, label)";
+            goto done;
+        }
+        objs[i] = PyTuple_GET_ITEM(p, 0);
+        addr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(p, 1));
+        labels[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(p, 3));
+        nds[i] = PyTuple_GET_SIZE(szs);
+        for (Py_ssize_t d = 0; d < nds[i]; d++)
+            sizes[i][d] = PyLong_AsLongLong(PyTuple_GET_ITEM(szs, d));
+        if (PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        impls[i] = (const char *)(uintptr_t)addr;
+        if (impls[i] == NULL) {
+            why = "a probe's TensorImpl address is 0";
+            goto done;
+        }
+    }
+    /* THPVariable: PyObject_HEAD, then the Tensor (one TensorImpl pointer) */
+    for (found = 0, off = (Py_ssize_t)sizeof(PyObject); off < (Py_ssize_t)sizeof(PyObject) + 32; off += sizeof(void *)) {
+        for (i = 0; i < n && *(const char *const *)((const char *)objs[i] + off) == impls[i]; i++)
+            ;
+        if (i == n) {
+            cdata_off = off;
+            found++;
+        }
+    }
+    if (found != 1) {
+        why = "no single THPVariable offset holds every probe's TensorImpl";
+        goto done;
+    }
+    for (i = 1; i < n; i++)
+        if (*(void *const *)impls[i] != *(void *const *)impls[0]) {
+            why = "the probes' TensorImpls differ in vtable";
+            goto done;
+        }
+    for (found = 0, off = 8; off + 8 * (1 + TL_MAX_DIMS) <= TL_SCAN; off += 8) {
+        for (i = 0; i < n; i++) {
+            if (*(const uint64_t *)(impls[i] + off) != (uint64_t)nds[i] ||
+                memcmp(impls[i] + off + 8, sizes[i], (size_t)nds[i] * sizeof(int64_t)) != 0)
+                break;
+        }
+        if (i == n) {
+            sizes_off = off;
+            found++;
+        }
+    }
+    if (found != 1) {
+        why = "no single TensorImpl offset holds every probe's sizes";
+        goto done;
+    }
+    /* data_type_ follows the sizes and strides (8 + 2 * 5 * 8 bytes), storage_offset_ and numel_ */
+    for (found = 0, off = sizes_off + 8 + 16 * TL_MAX_DIMS; off < sizes_off + 8 + 16 * TL_MAX_DIMS + 48; off += 2) {
+        Py_ssize_t j;
+        for (i = 0; i < n; i++) {
+            uint16_t vi = *(const uint16_t *)(impls[i] + off);
+            if (vi > 255)
+                break;
+            for (j = 0; j < i; j++)
+                if ((labels[i] == labels[j]) != (vi == *(const uint16_t *)(impls[j] + off)))
+                    break;
+            if (j < i)
+                break;
+        }
+        if (i == n) {
+            dtype_off = off;
+            found++;
+        }
+    }
+    if (found != 1) {
+        why = "no single TensorImpl offset tells the probes' dtypes apart";
+        goto done;
+    }
+    TL.cdata_off = cdata_off;
+    TL.vtbl = *(void *const *)impls[0];
+    TL.sizes_off = sizes_off;
+    TL.dtype_off = dtype_off;
+    TL.ok = 1;
+done:
+    Py_DECREF(seq);
+    TL.off_why = TL.ok ? NULL : why;
+    return PyBool_FromLong(TL.ok);
+}
+
+static PyObject *tensor_layout(PyObject *m, PyObject *Py_UNUSED(ignored)) {
+    if (TL.ok)
+        return Py_BuildValue("{s:n,s:n,s:n}", "cdata_off", TL.cdata_off, "sizes_off", TL.sizes_off, "dtype_off",
+                             TL.dtype_off);
+    return PyUnicode_FromString(TL.off_why != NULL ? TL.off_why : "not probed");
+}
+
 static PyMethodDef mod_methods[] = {
     {"set_tensor_type", set_tensor_type, METH_O,
      "set_tensor_type(torch.Tensor): tensors of exactly this type get numel = product of their shape, and their"
      " shape and dtype getters are called directly."},
+    {"probe_tensor_layout", probe_tensor_layout, METH_O,
+     "probe_tensor_layout([(tensor, tensor._cdata, tuple(tensor.shape), dtype label), ...]) -> bool: find where a"
+     " plain tensor's TensorImpl keeps its sizes and dtype, so the wrapper reads them without torch's getters."},
+    {"tensor_layout", tensor_layout, METH_NOARGS,
+     "tensor_layout() -> dict of offsets while the probed layout is used, else a str saying why not."},
     {"direct_getters", direct_getters, METH_NOARGS,
      "direct_getters() -> bool: whether a plain tensor's shape/dtype getters are called directly (looked up"
      " again first when torch.Tensor changed)."},
@@ -1684,7 +1998,7 @@ static struct PyModuleDef fastrec_module = {
 PyMODINIT_FUNC PyInit__fastrec(void) {
     PyObject *m, *structmod;
     if (PyType_Ready(&RingType) < 0 || PyType_Ready(&StateType) < 0 || PyType_Ready(&CallType) < 0 ||
-        PyType_Ready(&BusyType) < 0)
+        PyType_Ready(&BusyType) < 0 || PyType_Ready(&CounterType) < 0)
         return NULL;
     structmod = PyImport_ImportModule("struct");
     if (structmod == NULL)
@@ -1708,10 +2022,12 @@ PyMODINIT_FUNC PyInit__fastrec(void) {
     Py_INCREF(&StateType);
     Py_INCREF(&CallType);
     Py_INCREF(&BusyType);
+    Py_INCREF(&CounterType);
     if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0 ||
         PyModule_AddObject(m, "StateBase", (PyObject *)&StateType) < 0 ||
         PyModule_AddObject(m, "Call", (PyObject *)&CallType) < 0 ||
         PyModule_AddObject(m, "Busy", (PyObject *)&BusyType) < 0 ||
+        PyModule_AddObject(m, "Counter", (PyObject *)&CounterType) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER_SIZE) < 0) {
         Py_DECREF(m);

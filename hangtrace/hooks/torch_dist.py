@@ -38,20 +38,20 @@ if TYPE_CHECKING:
     from hangtrace.hooks.recorder import Recorder
 
 
-# Threads (by ``threading.get_ident()``) that are inside a wrapped call: calls they make
-# from there (``all_gather_object`` calling ``all_gather``, ...) are not recorded again.
-# With the C extension a ``_fastrec.Busy`` (the calling thread's entry a thread-local flag
-# the C wrappers set without a dict operation); else a dict, an item per thread.
+# Threads (by ``threading.get_ident()``) inside a wrapped call: calls they make from there
+# (``all_gather_object`` calling ``all_gather``, ...) are not recorded again. With the C
+# extension a ``_fastrec.Busy`` (the calling thread's entry a thread-local flag); else a dict.
 _busy: Dict[int, int] = _fastrec.Busy() if _fastrec is not None else {}
 _get_ident = threading.get_ident
 
 
 if _fastrec is not None:
-    from hangtrace.hooks._fastrec import StateBase as _StateBase  # (loaded: _fastrec is that module)
+    from hangtrace.hooks._fastrec import Counter as _Counter, StateBase as _StateBase  # (loaded already)
 
     class _FastState(_StateBase, State):
-        """State whose fields the C wrappers (``_fastrec.Call``) read directly; ``rec``
-        also keeps the recorder's C Ring (None for a pure-Python recorder)."""
+        """State whose fields the C wrappers (``_fastrec.Call``) read directly; ``rec`` also keeps
+        the recorder's C Ring (None for a pure-Python recorder); C advances its Counter cells."""
+        new_cell = staticmethod(_Counter)
 
 
 def _new_state(recorder: Recorder, log: Log) -> State:
@@ -61,8 +61,7 @@ def _new_state(recorder: Recorder, log: Log) -> State:
     return State(recorder, log)
 
 
-# The current State (None = not recording). The C wrappers read this global at every
-# call, exactly as the Python ones do.
+# The current State (None = not recording), read at every call by the C and Python wrappers.
 _state: Optional[State] = None
 _installed: Dict[str, Callable[..., Any]] = {}  # attribute name -> original function
 

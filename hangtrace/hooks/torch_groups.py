@@ -49,6 +49,7 @@ def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[An
             st.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
             st.rec.group_created(_describe(dist.distributed_c10d._get_default_group(), name))
             _start_fr_agent(st)
+            _probe_tensor_layout(st)
         elif name == "new_group":
             info = _describe(result, name)
             if info.get("member") is False:
@@ -61,6 +62,24 @@ def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[An
     except Exception as e:
         st.log("recording %s failed: %r" % (name, e), "rec-" + name)
     return result
+
+
+def _probe_tensor_layout(st: State) -> None:
+    """The C path records: find its tensors' layout (``tensor_layout``) once per process,
+    and say in the run log what it found. Never raises."""
+    global _layout_probed
+    if _layout_probed or not getattr(st, "fast", False):  # only the C State has .fast
+        return
+    _layout_probed = True
+    try:
+        from hangtrace.hooks import tensor_layout
+        import torch
+        st.log("tensor layout: %s" % (tensor_layout.probe(torch),), "tensor-layout")
+    except Exception as e:
+        st.log("tensor layout not probed (torch's getters are used): %r" % (e,), "tensor-layout")
+
+
+_layout_probed = False
 
 
 def _start_fr_agent(st: State) -> None:

@@ -102,3 +102,80 @@ def test_wall_time_of_a_record_is_the_wall_clock(hooked, pg, mode):
         # within the call's window, give or take a clock slew (< 50 us) and the readings' order
         assert before - 1_000_000 <= rec["t_wall_ns"] <= after + 1_000_000
         time.sleep(0.15)  # past the offset's re-read interval
+
+
+@pytest.mark.parametrize("mode", ["c"], indirect=True)
+def test_sizes_and_dtype_read_from_the_tensorimpl_match_the_getters(hooked, pg, mode):
+    import torch
+    from hangtrace.hooks import _fastrec, tensor_layout
+    assert tensor_layout.probe(torch).startswith("{'cdata_off'"), _fastrec.tensor_layout()
+    base = torch.ones(6, 10)
+    moved = torch.ones(5)
+    cases = [torch.ones(()), torch.ones(3), torch.ones(3), torch.ones(2, 3), torch.ones(2, 3, 4, 5, 6),
+             torch.ones(2, 1, 1, 1, 1, 3),  # 6 dims: not inline, getters
+             base.t(), base[:, 1], torch.ones(3, dtype=torch.int64), torch.ones(3, dtype=torch.bfloat16),
+             torch.nn.Parameter(torch.ones(3, 2)),  # a subclass: getters
+             moved]
+    want = [(1, "", "float32"), (3, "3", "float32"), (3, "3", "float32"), (6, "2x3", "float32"),
+            (720, "2x3x4x5x6", "float32"), (6, "2x1x1x1x1x3", "float32"), (60, "10x6", "float32"),
+            (6, "6", "float32"), (3, "3", "int64"), (3, "3", "bfloat16"), (6, "3x2", "float32"),
+            (5, "5", "float32")]
+    for t in cases:
+        pg.all_reduce(t)
+    # the same Python object changed in place: sizes (resize_) and dtype and sizes (.data)
+    moved.resize_(2, 2)
+    pg.all_reduce(moved)
+    moved.data = torch.ones(7, dtype=torch.float64)
+    pg.all_reduce(moved)
+    moved.data = torch.ones(7, dtype=torch.float32)
+    pg.all_reduce(moved)
+    want += [(4, "2x2", "float32"), (7, "7", "float64"), (7, "7", "float32")]
+    got = [(r["numel"], r["shape"], r["dtype"]) for r in collectives(hooked)]
+    shape_of_scalar = got[0][1]
+    want[0] = (1, shape_of_scalar, "float32")  # a 0-dim tensor's shape text, as the getters give it
+    assert got == want
+    assert isinstance(_fastrec.tensor_layout(), dict)  # every cache miss agreed with the getters
+
+
+@pytest.mark.parametrize("mode", ["c"], indirect=True)
+def test_a_probe_that_does_not_fit_leaves_the_getters_in_use(hooked, pg, mode):
+    import torch
+    from hangtrace.hooks import _fastrec, tensor_layout
+    ts = [torch.ones(3, 4), torch.ones(5), torch.ones(2, 2, 2), torch.ones(6, dtype=torch.int64)]
+    try:
+        wrong_sizes = [(t, t._cdata, (9,) * t.dim(), i) for i, t in enumerate(ts)]
+        assert _fastrec.probe_tensor_layout(wrong_sizes) is False
+        assert "sizes" in _fastrec.tensor_layout()
+        other_impl = [(t, ts[(i + 1) % 4]._cdata, tuple(t.shape), i) for i, t in enumerate(ts)]
+        assert _fastrec.probe_tensor_layout(other_impl) is False
+        assert "TensorImpl" in _fastrec.tensor_layout()
+        assert _fastrec.probe_tensor_layout(ts[:2]) is False  # not (tensor, address, sizes, label)
+        pg.all_reduce(torch.ones(4, 3, dtype=torch.float64))
+        assert [(r["numel"], r["shape"], r["dtype"]) for r in collectives(hooked)] == [(12, "4x3", "float64")]
+    finally:
+        assert tensor_layout.probe(torch).startswith("{")
+
+
+@pytest.mark.parametrize("mode", ["c"], indirect=True)
+def test_sequence_counters_are_counter_cells_advanced_in_c(hooked, pg, mode):
+    import torch
+    from hangtrace.hooks import _fastrec, torch_dist
+    c = _fastrec.Counter()
+    assert len(c) == 1 and c[0] == 0 and c[-1] == 0
+    c[0] += 1
+    c[0] += 2 ** 40  # the Python paths' ``cell[0] += 1`` on the same cell
+    assert c[0] == 2 ** 40 + 1 and repr(c) == "Counter([%d])" % (2 ** 40 + 1)
+    with pytest.raises(IndexError):
+        c[1]
+    with pytest.raises(TypeError):
+        del c[0]
+    with pytest.raises(TypeError):
+        c[0] = "1"
+    t = torch.ones(2)
+    for _ in range(3):
+        pg.all_reduce(t)
+    cell = torch_dist._state.seq["0"]
+    assert isinstance(cell, _fastrec.Counter) and cell[0] == 3
+    cell[0] += 5  # a Python path advancing the same counter
+    pg.all_reduce(t)
+    assert [r["seq"] for r in collectives(hooked)] == [1, 2, 3, 9]
