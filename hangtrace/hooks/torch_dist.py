@@ -90,6 +90,7 @@ def _group_entry(group: Any) -> GroupEntry:
         name = getattr(pg, "group_name", None) or "?"
     sid = st.rec.intern(name)
     g = st.groups[key] = (sid, name, group, st.seq_cell(name))
+    _probe_tensor_layout(st)  # the first collective of this process, however its group was made
     return g
 
 
@@ -396,4 +397,4 @@ def reset_after_fork(recorder: Recorder) -> None:
 
 # split out (module size); imported last: they read this module's ``_state`` at call time
 from hangtrace.hooks.torch_completion import _batch_wrapper, _finish_error, _on_work_done, flush  # noqa: E402,F401
-from hangtrace.hooks.torch_groups import _group_op_wrapper, record_existing_groups  # noqa: E402
+from hangtrace.hooks.torch_groups import _group_op_wrapper, _probe_tensor_layout, record_existing_groups  # noqa: E402
