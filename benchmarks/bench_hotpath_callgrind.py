@@ -5,9 +5,11 @@ load; callgrind's counts do not. A world-size-1 gloo group does ``--calls`` 1-fl
 ``all_reduce`` calls through hangtrace's installed wrapper (``_fastrec.Call``) under
 ``valgrind --tool=callgrind --cache-sim=yes --toggle-collect=Call_vectorcall``; what the
 wrapper adds is its inclusive cost minus that of the call it wraps (the original torch
-function), per call, split by the functions it calls (torch's ``shape``/``dtype`` getters,
-the ring write, ...). ``--baseline TREE`` counts another tree (its C extension built) the
-same way, side by side.
+function), split by the functions it calls (torch's ``shape``/``dtype`` getters, the ring
+write, ...). Each tree runs twice, ``--calls`` and twice as many calls: the per-call figure is
+the difference divided by ``--calls``, the steady state without what happens once (the
+first call's group entry, the tensor-layout probe, string interning). ``--baseline TREE``
+counts another tree (its C extension built) the same way, side by side.
 
 Cache figures are callgrind's simulation (its default L1/LL geometry), useful to compare
 trees, not a measurement of this CPU. Needs valgrind and torch.
@@ -56,9 +58,10 @@ def _callee_name(line):
     return name.split(":")[-1] if ":" in name else name
 
 
-def measure(tree, calls, work):
-    """Per-call costs the wrapper adds in ``tree``: {"total": {event: n}, "callees": [...]}."""
-    out = os.path.join(work, "cg.%s" % os.path.basename(tree.rstrip("/")))
+def measure_once(tree, calls, work):
+    """Sums under the wrapper in ``tree`` after ``calls`` calls: ({event: n} of the wrapper's
+    own cost, {callee: {event: n}})."""
+    out = os.path.join(work, "cg.%s.%d" % (os.path.basename(tree.rstrip("/")), calls))
     script = os.path.join(work, "child.py")
     with open(script, "w") as f:
         f.write(CHILD)
@@ -77,7 +80,7 @@ def measure(tree, calls, work):
             .endswith(":Call_vectorcall"))
     total = _parse(ann[i])
     wrapped = None
-    callees = []
+    callees = {}
     for line in ann[i + 1:]:
         if not line.strip():
             break
@@ -85,10 +88,24 @@ def measure(tree, calls, work):
         if "PyObject_Vectorcall" in line and wrapped is None:
             wrapped = v
         else:
-            callees.append((_callee_name(line), {e: x / calls for e, x in zip(EVENTS, v)}))
+            c = callees.setdefault(_callee_name(line), dict.fromkeys(EVENTS, 0))
+            for e, x in zip(EVENTS, v):
+                c[e] += x
     if wrapped is None:
         raise SystemExit("no call of the wrapped function found under Call_vectorcall in %s" % tree)
-    own = {e: (a - b) / calls for e, a, b in zip(EVENTS, total, wrapped)}
+    return {e: a - b for e, a, b in zip(EVENTS, total, wrapped)}, callees
+
+
+def measure(tree, calls, work):
+    """Per-call costs the wrapper adds in ``tree``, steady state (runs of ``calls`` and
+    ``2 * calls`` calls, the difference): {"total": {event: n}, "callees": [(name, {event: n})]}."""
+    own1, callees1 = measure_once(tree, calls, work)
+    own2, callees2 = measure_once(tree, 2 * calls, work)
+    own = {e: (own2[e] - own1[e]) / calls for e in EVENTS}
+    zero = dict.fromkeys(EVENTS, 0)
+    callees = [(name, {e: (c[e] - callees1.get(name, zero)[e]) / calls for e in EVENTS})
+               for name, c in callees2.items()]
+    callees.sort(key=lambda c: -c[1]["Ir"])
     return {"total": own, "callees": [c for c in callees if c[1]["Ir"] >= 1]}
 
 
@@ -106,7 +123,8 @@ def main(argv=None):
         res = {label: measure(tree, a.calls, work) for label, tree in trees}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("### Added per all_reduce by the C wrapper (callgrind, %d calls, world-size-1 gloo)\n" % a.calls)
+    print("### Added per all_reduce by the C wrapper (callgrind, steady state: runs of %d and %d calls,"
+          " the difference per call; world-size-1 gloo)\n" % (a.calls, 2 * a.calls))
     print("| tree | instructions | I1 misses | D1 read misses | D1 write misses | LL write misses |")
     print("|---|---:|---:|---:|---:|---:|")
     for label, r in res.items():

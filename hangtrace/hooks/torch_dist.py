@@ -90,7 +90,7 @@ def _group_entry(group: Any) -> GroupEntry:
         name = getattr(pg, "group_name", None) or "?"
     sid = st.rec.intern(name)
     g = st.groups[key] = (sid, name, group, st.seq_cell(name))
-    _probe_tensor_layout(st)  # the first collective of this process, however its group was made
+    _probe_tensor_layout(st)  # once per process (at init_process_group when that was hooked)
     return g
 
 

@@ -49,6 +49,7 @@ def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[An
             st.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
             st.rec.group_created(_describe(dist.distributed_c10d._get_default_group(), name))
             _start_fr_agent(st)
+            _probe_tensor_layout(st)
         elif name == "new_group":
             info = _describe(result, name)
             if info.get("member") is False:
@@ -64,8 +65,9 @@ def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[An
 
 
 def _probe_tensor_layout(st: State) -> None:
-    """The C path records: find its tensors' layout (``tensor_layout``) once per process, at
-    its first collective, and say in the run log what it found. Never raises."""
+    """The C path records: find its tensors' layout (``tensor_layout``) once per process, when
+    it joins its process group or else at its first collective (its first group entry, made
+    however the group was made), and say in the run log what it found. Never raises."""
     global _layout_probed
     if _layout_probed or not getattr(st, "fast", False):  # only the C State has .fast
         return
