@@ -1855,8 +1855,9 @@ static PyObject *direct_getters(PyObject *m, PyObject *Py_UNUSED(ignored)) {
  * dtypes. The layout is taken only when exactly one THPVariable offset holds every
  * TensorImpl address, all share one vtable, exactly one TensorImpl offset holds every
  * probe's (ndim, sizes) and exactly one 2-byte offset after it tells the labels apart
- * (equal labels: equal values, different labels: different values). Scans stay within
- * the first TL_SCAN bytes of a TensorImpl (about 200 bytes in torch 2.x). */
+ * (equal labels: equal values, different labels: different values). The sizes are
+ * looked for in the first TL_SCAN bytes of a TensorImpl and the dtype at most 48 bytes past
+ * the sizes and strides (a torch 2.13 TensorImpl is about 200 bytes: sizes at 56, dtype at 160). */
 #define TL_SCAN 192
 #define TL_MAX_PROBES 64
 
