@@ -164,6 +164,18 @@ def _holders_text(diag: Diagnosis) -> str:
                                  fb(h["rss"])) for h in hs[:2]))
 
 
+def _what_differs(sigs: List[Dict[str, Any]]) -> str:
+    """'issued a different operation than the other members', or what differs for one op."""
+    ops = {x.get("op") for x in sigs}
+    what = [w for w, key in (("dtype", "dtype"), ("size", "numel"), ("root or peer", "peer"))
+            if len({x.get(key) for x in sigs}) > 1]
+    if len(ops) != 1:
+        return "issued a different operation than the other members"
+    op = ops.pop()
+    return ("issued %s with a different %s than the other members" % (op, " and ".join(what)) if what else
+            "issued the same %s as its peer (a p2p pair needs one send and one recv)" % op)
+
+
 def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     if diag.cause == Cause.SEQUENCE_DIVERGED:
         return ("Collective mismatch: %s %s in %s, which the other members already passed: the "
@@ -179,9 +191,8 @@ def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
                                           _sig_where(x) if differ else "")
                         for x in sigs[:4])
     if coll:
-        return ("Collective mismatch: %s issued a different operation than the other members at %s"
-                "%s%s%s; the group cannot complete it." % (
-                    who, coll, " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag)))
+        return ("Collective mismatch: %s %s at %s%s%s%s; the group cannot complete it." % (
+            who, _what_differs(sigs), coll, " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag)))
     # group/sequence number unknown (e.g. stacks only: hangtrace attach)
     return ("Collective mismatch: %s %s blocked in a different collective than the other ranks"
             "%s (group and sequence number unknown)%s%s; they cannot complete it." % (

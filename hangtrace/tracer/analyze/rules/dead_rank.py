@@ -5,23 +5,26 @@ records) goes to ``cascade``.
 
 *A mismatch that killed* (issue 9): gloo aborts the rank that receives more data than
 it expects (SIGABRT, "Received data size doesn't match expected size", DESIGN.md) and its
-peers then fail with a connection error. When the root died of a fatal signal and its
-newest collective has another signature (op, dtype, numel, root) than a peer's record at
-the same (group, seq), the verdict is 'collective-mismatch' (cause 'mismatch') naming the
-dead rank, with both signatures and the signal as evidence. Whether the death or a hang is the verdict is the
+peers then fail with a connection error. When the root died of a fatal signal and the
+members' records at its newest collective's (group, seq) carry two or more signatures
+(op, dtype, numel, root), the verdict is 'collective-mismatch' (cause 'mismatch') naming
+the rank that changed (``analyze/sigclasses.py``: the minority, else the one class whose
+signature is new on the group), else the dead rank; every signature with its ranks and
+the signal are evidence. Whether the death or a hang is the verdict is the
 arbiter's decision table (``analyze/arbiter.py``). The group/seq shown are those of the
 instance with the most waiters that misses the root, else the root's newest collective.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.context import Ctx, RankView, history
+from hangtrace.tracer.analyze import sigclasses
+from hangtrace.tracer.analyze.context import Ctx, RankView
 from hangtrace.tracer.analyze.deaths import failures, roots
 from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rank_line, rk, ts, vb
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
-from hangtrace.tracer.analyze.waitgraph import Inst, inst_text, signature
+from hangtrace.tracer.analyze.waitgraph import Inst, inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "dead_rank"
@@ -36,37 +39,55 @@ def find(ctx: Ctx) -> Optional[Finding]:
 
 
 def _abort_mismatch(ctx: Ctx, root: RankView) -> Optional[Dict[str, Any]]:
-    """The peer record that disagrees with the fatally signalled root's last collective at
-    the same (group, seq): {'rec', 'peer', 'peer_rec'}, or None."""
+    """The members' records at the fatally signalled root's last collective when they carry
+    two or more signatures: {'rec', 'group', 'recs' (rank -> record), 'sigs'}, or None."""
     if root.cause != "fatal-signal" or not root.last:
         return None
     g, rec = max(root.last.items(), key=lambda kv: kv[1].get("idx") or 0)
-    seq, mine = rec.get("seq"), signature(rec)
-    for r in ctx.members(g):
-        if r == root.rank or r not in ctx.procs:
-            continue
-        for other in reversed(history(ctx.procs[r])):
-            if other.get("kind") == "collective" and other.get("group") == g and other.get("seq") == seq:
-                if signature(other) != mine:
-                    return {"rec": rec, "peer": r, "peer_rec": other}
-                break
-    return None
+    if not isinstance(rec.get("seq"), int):
+        return None
+    recs = sigclasses.records_at(ctx, g, rec["seq"])
+    recs[root.rank] = rec
+    sigs = sigclasses.classes(recs)
+    if len(sigs) < 2:
+        return None
+    return {"rec": rec, "group": g, "recs": recs, "sigs": sigs}
 
 
-def _explain_abort_mismatch(ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Diagnosis) -> None:
-    rec, peer, prec = mm["rec"], mm["peer"], mm["peer_rec"]
+def _abort_culprits(ctx: Ctx, root: RankView, mm: Dict[str, Any]) -> Tuple[List[int], str]:
+    """Who changed (``sigclasses``), with the line that says how it was decided."""
+    sigs, seq = mm["sigs"], mm["rec"].get("seq")
+    minority = sigclasses.majority(sigs)
+    if minority is not None:
+        return minority, "%s posted what the majority did not" % rk(minority, 8)
+    new = sigclasses.novelty(ctx, mm["group"], seq, sigs, mm["recs"])
+    if new is not None:
+        return new
+    return [root.rank], ("no majority and no earlier record of the group decides which rank changed: "
+                         "the rank gloo aborted is named")
+
+
+def _explain_abort_mismatch(ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Diagnosis,
+                            culprits: List[int], how: str) -> None:
+    rec, sigs = mm["rec"], mm["sigs"]
     d.kind, d.cause = Kind.COLLECTIVE_MISMATCH, Cause.MISMATCH
     g = rec.get("group")
-    d.group, d.group_ranks, d.seq, d.op = g, list(ctx.members(g)) or None, rec.get("seq"), rec.get("op")
+    d.group, d.group_ranks, d.seq = g, list(ctx.members(g)) or None, rec.get("seq")
+    d.op = mm["recs"][culprits[0]].get("op") if culprits[0] in mm["recs"] else rec.get("op")
     d.details["cause_text"] = root.cause_text
     d.details["group_desc"] = (ctx.groups.get(g) or {}).get("desc")
-    d.details["signatures"] = [
-        {"op": x.get("op"), "dtype": x.get("dtype"), "numel": x.get("numel"), "peer": x.get("peer"),
-         "ranks": [r], "phase": x.get("phase"), "step": x.get("step")} for r, x in ((root.rank, rec), (peer, prec))]
-    ctx.add("rank %d at seq %s of %s: %s; rank %d: %s - the sizes disagree, and rank %d died of a "
-            "fatal signal in it (%s): gloo aborts the rank that receives more data than it expects"
-            % (root.rank, rec.get("seq"), ctx.gdesc(g), desc_rec(rec), peer, desc_rec(prec), root.rank,
-               (root.cause_text or "")[:160]))
+    d.details["signatures"] = []
+    for k, rs in sorted(sigs.items(), key=lambda kv: (not set(kv[1]) & set(culprits), kv[1])):
+        x = mm["recs"][rs[0]]
+        d.details["signatures"].append({"op": x.get("op"), "dtype": x.get("dtype"), "numel": x.get("numel"),
+                                        "peer": x.get("peer"), "ranks": list(rs), "phase": x.get("phase"),
+                                        "step": x.get("step")})
+        ctx.add("%s at seq %s of %s: %s%s" % (rk(rs, 8), rec.get("seq"), ctx.gdesc(g), desc_rec(x),
+                                             " [changed]" if set(rs) & set(culprits) else ""))
+    ctx.add(how)
+    ctx.add("rank %d died of a fatal signal in it (%s): gloo aborts the rank that receives more data than it "
+            "expects (the smaller tensor), which is not always the rank that changed"
+            % (root.rank, (root.cause_text or "")[:160]))
 
 
 def _where_it_stopped(ctx: Ctx, d: Diagnosis, root: RankView) -> Optional[Inst]:
@@ -97,9 +118,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     root, all_roots, fails = finding.data
     mm = _abort_mismatch(ctx, root)
     if mm is not None:
-        fill_common(ctx, d, [root.rank], None)
-        _explain_abort_mismatch(ctx, root, mm, d)
-        d.cascade = [c for c in fails if c["rank"] != root.rank]
+        culprits, how = _abort_culprits(ctx, root, mm)
+        fill_common(ctx, d, culprits, None)
+        _explain_abort_mismatch(ctx, root, mm, d, culprits, how)
+        d.cascade = [c for c in fails if c["rank"] not in culprits]
         return
     d.kind = Kind.DEAD_RANK
     d.cause = root.cause

@@ -6,8 +6,12 @@ ops, all_to_all, gather/scatter). Two or more signatures -> mismatch; the culpri
 the ranks outside the largest signature class. When the largest classes tie (two ranks,
 one each), facts of the flight record break the tie (issue 9), in this order:
 
+00. all classes are one op and exactly one class's signature is new on the group at this
+   seq (``analyze/sigclasses.py``: a metric all-reduced as float32 at every earlier step,
+   now float64 on one rank);
 0. exactly one tied class holds a rank that died of a fatal signal in it (gloo aborts the
-   rank that receives more data than it expects: SIGABRT, DESIGN.md);
+   rank that receives more data than it expects: SIGABRT, DESIGN.md; the smaller tensor,
+   so this is the weakest fact);
 1. exactly one tied class holds ranks that survived an exception since the others began
    to wait (a failed phase, a dead thread, an asyncio task nobody awaited: it took
    another path because of it, e.g. torchtitan's teardown barrier after an exception);
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from hangtrace.tracer.analyze import sigclasses
 from hangtrace.tracer.analyze.context import Ctx, Record
 from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rk, where_rec
 from hangtrace.tracer.analyze.exceptions import since as exc_since
@@ -79,6 +84,11 @@ def _culprits(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> Tuple[List[in
     top = sizes[0][0]
     tied = [k for n, k in sizes if n == top]
     if len(tied) > 1:
+        recs = {r: rec for rs in sigs.values() for r in rs for rec in (_rec_at(ctx, inst, r),) if rec}
+        new = None if inst.p2p or len(recs) < sum(map(len, sigs.values())) else \
+            sigclasses.novelty(ctx, inst.group, inst.seq, sigs, recs)
+        if new is not None:
+            return new[0], "tie broken: " + new[1]
         broken = _tie_break(ctx, inst, [sorted(sigs[k]) for k in tied])
         if broken is not None:
             return broken

@@ -1,0 +1,90 @@
+"""Which rank changed, when ranks posted different signatures at one collective.
+
+A mismatch is symmetric in the records of one sequence number: rank 0 posted float32 and
+rank 1 float64, or 8 elements against 10. Which side *changed* takes facts from outside
+that seq, and this module holds the two that need no job knowledge:
+
+* **majority**: with three or more members, the ranks outside the one largest signature
+  class changed (two ranks posted 8 elements and one 10: the one);
+* **novelty** (a tie, all classes the same op): exactly one class's signature was never
+  posted on the group before this seq by any member, while every other class's was. A rank
+  that all-reduced its metric as float32 at every earlier step and now sends float64 is the
+  one that changed, whichever of the two gloo aborted. Different ops are left alone: a
+  rank's first barrier after its loop is new too, and legitimately so.
+
+gloo aborts the rank that receives more data than it expects (SIGABRT), which is the one
+with the *smaller* tensor: the rank that changed only when it shrank (blind jobs of
+2026-12-02: 8 against 10 elements, float32 against float64, aborted the rank that had not
+changed). So an abort is evidence, and the culprit only when no fact above decides.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from hangtrace.tracer.analyze.context import Ctx, Record, history
+from hangtrace.tracer.analyze.evidence import desc_rec, rk
+from hangtrace.tracer.analyze.waitgraph import Sig, signature
+
+
+def records_at(ctx: Ctx, group: object, seq: int) -> Dict[int, Record]:
+    """Each member's collective record at ``(group, seq)`` in what the snapshot keeps of
+    it (rank -> record; members without one are left out)."""
+    out: Dict[int, Record] = {}
+    for r in ctx.members(group) or sorted(ctx.procs):
+        p = ctx.procs.get(r)
+        if p is None:
+            continue
+        for rec in reversed(history(p)):
+            if rec.get("kind") == "collective" and rec.get("group") == group and rec.get("seq") == seq:
+                out[r] = rec
+                break
+    return out
+
+
+def classes(recs: Dict[int, Record]) -> Dict[Sig, List[int]]:
+    """Signature -> sorted ranks that posted it."""
+    out: Dict[Sig, List[int]] = {}
+    for r, rec in sorted(recs.items()):
+        out.setdefault(signature(rec), []).append(r)
+    return out
+
+
+def majority(sigs: Dict[Sig, List[int]]) -> Optional[List[int]]:
+    """The ranks outside the one largest class, or None when the largest classes tie."""
+    sizes = sorted((len(rs) for rs in sigs.values()), reverse=True)
+    if len(sizes) < 2 or sizes[0] == sizes[1]:
+        return None
+    top = max(sigs.values(), key=len)
+    return sorted(r for rs in sigs.values() if rs is not top for r in rs)
+
+
+def novelty(ctx: Ctx, group: object, seq: int, sigs: Dict[Sig, List[int]],
+            recs: Dict[int, Record]) -> Optional[Tuple[List[int], str]]:
+    """The one class of one op whose signature is new on ``group`` at ``seq`` (see the
+    module doc), with the evidence line; None when that does not single one out."""
+    if len(sigs) < 2 or len({k[0] for k in sigs}) != 1:
+        return None
+    earlier: Dict[Sig, List[int]] = {}
+    for r in ctx.members(group) or sorted(ctx.procs):
+        p = ctx.procs.get(r)
+        if p is None:
+            continue
+        for rec in history(p):
+            s = rec.get("seq")
+            if rec.get("kind") == "collective" and rec.get("group") == group and isinstance(s, int) and s < seq:
+                earlier.setdefault(signature(rec), []).append(s)
+    new = [k for k in sigs if k not in earlier]
+    if len(new) != 1 or len(new) == len(sigs):
+        return None
+    ranks = sigs[new[0]]
+    old = next(k for k in sigs if k in earlier)
+    seqs = sorted(set(earlier[old]))
+    return ranks, ("%s posted %s for the first time on %s at seq %s; earlier %s had %s, as %s %s now"
+                   % (rk(ranks, 8), desc_rec(recs[ranks[0]]), ctx.gdesc(group), seq,
+                      "seq %s" % _seqs(seqs), desc_rec(recs[sigs[old][0]]), rk(sigs[old], 8),
+                      "posts" if len(sigs[old]) == 1 else "post"))
+
+
+def _seqs(seqs: List[int]) -> str:
+    shown = ", ".join(str(s) for s in seqs[-5:])
+    return shown if len(seqs) <= 5 else "... " + shown + " (%d in all)" % len(seqs)
