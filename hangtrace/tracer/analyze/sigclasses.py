@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.context import Ctx, Record, history
+from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, Record, history
 from hangtrace.tracer.analyze.evidence import desc_rec, rk
 from hangtrace.tracer.analyze.waitgraph import Sig, signature
 
@@ -88,3 +88,57 @@ def novelty(ctx: Ctx, group: object, seq: int, sigs: Dict[Sig, List[int]],
 def _seqs(seqs: List[int]) -> str:
     shown = ", ".join(str(s) for s in seqs[-5:])
     return shown if len(seqs) <= 5 else "... " + shown + " (%d in all)" % len(seqs)
+
+
+def first_divergence(ctx: Ctx, group: Optional[object] = None,
+                     before_seq: Optional[int] = None) -> Optional[Tuple[object, int, Dict[int, Record]]]:
+    """The earliest collective (by its first issue time) whose *completed* records, from
+    two or more ranks, carry two or more signatures: ``(group, seq, rank -> record)``, or
+    None. Only ``group`` and seqs below ``before_seq`` when given. gloo completes some of
+    these (a broadcast into a larger buffer, an all_reduce of float32 against int32 of the
+    same byte size): the job runs on with wrong data, and a later collective may fail."""
+    # torch's numbering (Flight Recorder entries, joined or not) and ours are compared apart:
+    # a rank without a Flight Recorder dump counts Python calls, not launches (frmerge.py)
+    at: Dict[Tuple[object, int, bool], Dict[int, Record]] = {}
+    for r, p in ctx.procs.items():
+        for rec in history(p):
+            g, s = rec.get("group"), rec.get("seq")
+            if (rec.get("kind") != "collective" or rec.get("state") != "completed" or not isinstance(s, int)
+                    or (group is not None and g != group) or (before_seq is not None and s >= before_seq)):
+                continue
+            at.setdefault((g, s, rec.get("source") in (FR_SOURCE, FR_JOINED_SOURCE)), {})[r] = rec
+    best: Optional[Tuple[int, int, Tuple[object, int, bool]]] = None
+    for key, recs in at.items():
+        if len(recs) > 1 and len(classes(recs)) > 1:
+            t = min(int(x.get("t_wall_ns") or 0) for x in recs.values())
+            if best is None or (t, key[1]) < best[:2]:
+                best = (t, key[1], key)
+    return None if best is None else (best[2][0], best[2][1], at[best[2]])
+
+
+def changed(ctx: Ctx, group: object, seq: int, recs: Dict[int, Record],
+            fallback: Optional[Tuple[List[int], str]] = None) -> Tuple[List[int], str]:
+    """Who changed at ``(group, seq)`` by majority, then novelty; else ``fallback``, else
+    every rank (the line says which fact decided)."""
+    sigs = classes(recs)
+    minority = majority(sigs)
+    if minority is not None:
+        return minority, "%s posted what the majority did not" % rk(minority, 8)
+    new = novelty(ctx, group, seq, sigs, recs)
+    if new is not None:
+        return new
+    return fallback or (sorted(recs), "no majority and no earlier record of the group says which rank changed: "
+                                      "naming all")
+
+
+def earlier_line(ctx: Ctx, group: object, seq: Optional[int]) -> Optional[str]:
+    """An evidence line for the first silently completed mismatch on ``group`` before
+    ``seq`` (the divergence began there, not at ``seq``), or None."""
+    if not isinstance(seq, int):
+        return None
+    div = first_divergence(ctx, group, before_seq=seq)
+    if div is None:
+        return None
+    g, s, recs = div
+    return "the members already disagreed earlier, at seq %s of %s, and it completed: %s" % (
+        s, ctx.gdesc(g), "; ".join("%s: %s" % (rk(rs, 8), desc_rec(recs[rs[0]])) for rs in classes(recs).values()))

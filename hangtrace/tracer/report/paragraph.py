@@ -171,9 +171,8 @@ def _what_differs(sigs: List[Dict[str, Any]]) -> str:
             if len({x.get(key) for x in sigs}) > 1]
     if len(ops) != 1:
         return "issued a different operation than the other members"
-    op = ops.pop()
-    return ("issued %s with a different %s than the other members" % (op, " and ".join(what)) if what else
-            "issued the same %s as its peer (a p2p pair needs one send and one recv)" % op)
+    return ("issued %s with a different %s than the other members" % (ops.pop(), " and ".join(what)) if what else
+            "issued the same %s as its peer (a p2p pair needs one send and one recv)" % ops.pop())
 
 
 def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
@@ -182,17 +181,18 @@ def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
                 "sequence of collectives on this group diverged%s%s." % (
                     who, _verb(diag.culprit_ranks), coll, _where(diag), _doing(diag)))
     sigs = d.get("signatures") or []
-    # each side's phase/step only when they differ (e.g. rank 0 in 'checkpoint' of
-    # step 3 while the others are in 'rollout' of step 4)
+    # each side's phase/step only when they differ (rank 0 in 'checkpoint' of step 3, the others in step 4)
     differ = len({(x.get("phase"), x.get("step")) for x in sigs}) > 1
     sig_txt = "; ".join("%s: %s%s%s%s" % (_ranks(x["ranks"]), x["op"],
                                           " %s" % x["dtype"] if x.get("dtype") else "",
                                           " numel=%s" % x["numel"] if x.get("numel") is not None else "",
                                           _sig_where(x) if differ else "")
                         for x in sigs[:4])
+    end = ("it completed anyway (gloo does not check that the members agree): the job ran on with wrong data"
+           if d.get("silent") else "the group cannot complete it")
     if coll:
-        return ("Collective mismatch: %s %s at %s%s%s%s; the group cannot complete it." % (
-            who, _what_differs(sigs), coll, " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag)))
+        return ("Collective mismatch: %s %s at %s%s%s%s; %s." % (
+            who, _what_differs(sigs), coll, " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag), end))
     # group/sequence number unknown (e.g. stacks only: hangtrace attach)
     return ("Collective mismatch: %s %s blocked in a different collective than the other ranks"
             "%s (group and sequence number unknown)%s%s; they cannot complete it." % (

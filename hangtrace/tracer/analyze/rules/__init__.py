@@ -15,7 +15,7 @@ from typing import Dict, Tuple
 
 from hangtrace.tracer.analyze.rules import (actor_waits, actors, chain, dead_rank, deadlock, diverged,
                                             extra_collective, idle, minority, mismatch, no_record_file, rankless_root,
-                                            stack_only, transport, unschedulable)
+                                            silent_mismatch, stack_only, transport, unschedulable)
 from hangtrace.tracer.analyze.rules.base import Finding, Rule
 
 HANG_RULES: Tuple[Rule, ...] = (
@@ -29,6 +29,7 @@ HANG_RULES: Tuple[Rule, ...] = (
 )
 DEATH_RULE: Rule = dead_rank      # 'dead-rank': the earliest non-victim death
 FALLBACK_RULES: Tuple[Rule, ...] = (
+    silent_mismatch,   # 'collective-mismatch' / mismatch: completed records disagree (gloo ran on)
     transport,         # 'transport-error': failed records, nobody dead, nobody hung
     idle,              # 'progressing' / 'unknown' stalled-*: always finds
 )

@@ -55,16 +55,10 @@ def _abort_mismatch(ctx: Ctx, root: RankView) -> Optional[Dict[str, Any]]:
 
 
 def _abort_culprits(ctx: Ctx, root: RankView, mm: Dict[str, Any]) -> Tuple[List[int], str]:
-    """Who changed (``sigclasses``), with the line that says how it was decided."""
-    sigs, seq = mm["sigs"], mm["rec"].get("seq")
-    minority = sigclasses.majority(sigs)
-    if minority is not None:
-        return minority, "%s posted what the majority did not" % rk(minority, 8)
-    new = sigclasses.novelty(ctx, mm["group"], seq, sigs, mm["recs"])
-    if new is not None:
-        return new
-    return [root.rank], ("no majority and no earlier record of the group decides which rank changed: "
-                         "the rank gloo aborted is named")
+    """Who changed (``sigclasses.changed``), else the aborted rank, with the deciding line."""
+    return sigclasses.changed(ctx, mm["group"], mm["rec"]["seq"], mm["recs"], fallback=(
+        [root.rank], "no majority and no earlier record of the group decides which rank changed: "
+                     "the rank gloo aborted is named"))
 
 
 def _explain_abort_mismatch(ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Diagnosis,
@@ -85,6 +79,9 @@ def _explain_abort_mismatch(ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Dia
         ctx.add("%s at seq %s of %s: %s%s" % (rk(rs, 8), rec.get("seq"), ctx.gdesc(g), desc_rec(x),
                                              " [changed]" if set(rs) & set(culprits) else ""))
     ctx.add(how)
+    early = sigclasses.earlier_line(ctx, g, rec.get("seq"))
+    if early:
+        ctx.add(early)
     ctx.add("rank %d died of a fatal signal in it (%s): gloo aborts the rank that receives more data than it "
             "expects (the smaller tensor), which is not always the rank that changed"
             % (root.rank, (root.cause_text or "")[:160]))

@@ -148,6 +148,9 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
                                            " [diverged]" if set(rs) & set(culprits) and broken else ""))
     if tie_note:
         ctx.add(tie_note)
+    early = None if inst.p2p else sigclasses.earlier_line(ctx, inst.group, inst.seq)
+    if early:
+        ctx.add(early)
     if inst.behind or inst.nofile:
         ctx.add("also not at this seq: behind %s; no file %s" % (format_ranks(inst.behind, 8),
                                                                   format_ranks(inst.nofile, 8)))
