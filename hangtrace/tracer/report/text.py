@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.stacktree import NO_STACK, format_ranks
 from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.process_model import assign_roles
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.json import SCHEMA_VERSION, diagnosis_json
 from hangtrace.tracer.report.paragraph import _ranks, fb, ray_actor_label, verdict_paragraph
@@ -114,13 +115,12 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
         tag = "-" if c.get("frames") == [NO_STACK] else "#%d%s" % (i, "!" if c.get("outlier") else "")
         for r in c.get("ranks", ()):
             cls[r] = tag
-    procs: Dict[int, ProcessInfo] = {}
-    unranked: List[ProcessInfo] = []
-    for p in snapshot.processes:
-        if p.rank is None or p.rank < 0:
-            unranked.append(p)
-        else:
-            procs.setdefault(p.rank, p)
+    # the process that IS each rank (process model: a spawn parent or DataLoader worker with
+    # the rank in its environment is not it); every other process is listed with its role
+    roles = assign_roles(snapshot.processes)
+    procs: Dict[int, ProcessInfo] = dict(roles.ranks)
+    chosen = {p.key for p in procs.values()}
+    unranked: List[ProcessInfo] = [p for p in snapshot.processes if p.key not in chosen]
     missing = set((diag.details or {}).get("missing_ranks") or ())
     ranks = sorted(set(procs) | missing)
     culp = set(diag.culprit_ranks)
@@ -133,8 +133,9 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
     header = ("rank", "host:pid", "state", "phase", "step", "last collective (group/seq/op/state)", "stack")
     rows = [_rank_cells(r, procs.get(r), r in culp, cls) for r in ranks]
     for p in unranked[:20]:
-        rows.append(("?", p.key, p.state, str(p.phase or "-"), "-" if p.step is None else str(p.step),
-                     _coll_cell(_last_coll(p)), "-"))
+        of = roles.helper_of.get(p.key)
+        rows.append(("%s%s" % (roles.role(p).value, "" if of is None else " of %d" % of), p.key, p.state,
+                     str(p.phase or "-"), "-" if p.step is None else str(p.step), _coll_cell(_last_coll(p)), "-"))
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     fmt = "  ".join("%%-%ds" % w for w in widths)
     out = [fmt % header] + [fmt % row for row in rows]
