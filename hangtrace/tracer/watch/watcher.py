@@ -192,7 +192,7 @@ class Watcher:
             lines = []
             for path, h, st in deaths:
                 what = "vanished without a clean-exit record" if st == "killed" else "exited with code %d" % h["exit_code"]
-                lines.append("rank %d (pid %d on %s) %s" % (h["rank"], h["pid"], h["host"], what))
+                lines.append("%s (pid %d on %s) %s" % (_who(h), h["pid"], h["host"], what))
             if self.reported_stall:
                 # a stall was reported and nothing progressed since: these deaths are the
                 # hung job being stopped (user's signal, launcher, --stop-on-stall), not a
@@ -369,3 +369,12 @@ def main(argv: "list[str] | None" = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _who(h: Header) -> str:
+    """'rank 3' for a process that joined a group as 3; a rank in the environment alone is a
+    hint (DataLoader workers, a spawn parent inherit it): 'a process with RANK=3'."""
+    r = h.get("rank", -1)
+    if r is None or r < 0:
+        return "a process without a rank"
+    return "rank %d" % r if h.get("rank_source", 0) == F.RANK_FROM_GROUP else "a process with RANK=%d" % r
