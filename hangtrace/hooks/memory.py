@@ -252,7 +252,6 @@ class Sampler(CudaSampling):
     def tick(self) -> None:
         """One timer tick: refresh the slow figures; sample unless a sample is recent."""
         try:
-            _memfork()  # loaded on the timer thread: a child forked later finds it imported
             self._check_cgroup()
             self._refresh_slow()
         except Exception as e:
@@ -312,7 +311,7 @@ def _install_excepthook() -> None:
     sys.excepthook = _excepthook
 
 
-def _memfork() -> Any:  # for forked children (a hooks/memfork.py import, not at start-up)
+def _memfork() -> Any:  # for forked children (imported by bootstrap._before_fork, not at start-up)
     from hangtrace.hooks import memfork
     return memfork
 
