@@ -231,6 +231,7 @@ def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path)
         import os, sys
         from hangtrace.hooks import memory
         assert "hangtrace.hooks.memfork" not in sys.modules, "imported at start-up"
+        assert "hangtrace.hooks.memcuda" not in sys.modules, "CUDA sampling imported without CUDA"
         parent = memory.active()
         assert parent is not None
         pid = os.fork()
