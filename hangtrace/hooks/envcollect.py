@@ -250,7 +250,7 @@ def snapshot(reason: str, host: str, known: Optional[Dict[Tuple[str, str], LibDi
     return {"schema": EF.SCHEMA, "host": host, "pid": os.getpid(), "python": sys.version.split()[0],
             "executable": sys.executable, "torch": _module_version("torch"), "ray": _module_version("ray"),
             "wall_ns": time.time_ns(), "reason": reason, "environ": dict(EF.mask_environ(os.environ)),
-            "libraries": libs, "mappings": [list(m) for m, _ in maps]}
+            "libraries": libs, "mappings": [m for m, _ in maps]}  # (JSON arrays: tuples serialize as lists)
 
 
 def collect_self(reason: str, host: Optional[str] = None,
