@@ -34,7 +34,7 @@ Usage::
 
     python3 benchmarks/bench_startup.py [--runs 60] [--out results.json] [--keep DIR]
     python3 benchmarks/bench_startup.py --traced [--runs 20] [--baseline /path/to/old/tree]
-    python3 benchmarks/bench_startup.py --traced --callgrind [--baseline /path/to/old/tree]
+    python3 benchmarks/bench_startup.py --traced --callgrind [--cg-repeats 3] [--baseline /path/to/old/tree]
 """
 import argparse
 import json
@@ -165,47 +165,67 @@ CALLGRIND_TIMER = 100.0
 _MEM_INTERVAL = "HANGTRACE_MEM_INTERVAL_S"
 
 
-def traced_instructions(baseline=None):
-    """The same variants as ``traced_cost``, each run once under callgrind (``valgrind
-    --tool=callgrind``): instructions executed, all threads, independent of the machine's
-    load (a traced ``import torch.distributed`` takes about 3 minutes under valgrind). The
-    memory sampler's timer is stretched by callgrind's slowdown (``CALLGRIND_TIMER``).
-    Returns ``{variant: instructions}`` and prints a table. Raises SystemExit without
-    valgrind."""
+def _callgrind_once(argv, env):
+    """Instructions of one run of ``argv`` under callgrind (all threads). Raises
+    SystemExit when the run fails."""
+    p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + argv, env=env,
+                       capture_output=True, text=True)
+    found = [ln for ln in p.stderr.splitlines() if "Collected :" in ln]
+    if p.returncode != 0 or not found:
+        raise SystemExit("callgrind run failed (%d):\n%s" % (p.returncode, p.stderr[-2000:]))
+    return int(found[-1].split("Collected :")[1].split()[0])
+
+
+def traced_instructions(baseline=None, repeats=1, jobs=2):
+    """The same variants as ``traced_cost``, each run ``repeats`` times under callgrind
+    (``valgrind --tool=callgrind``): instructions executed, all threads, independent of the
+    machine's load (a traced ``import torch.distributed`` takes about 3 minutes under
+    valgrind), ``jobs`` runs at a time. The memory sampler's timer is stretched by
+    callgrind's slowdown (``CALLGRIND_TIMER``); every run has ``PYTHONHASHSEED=0`` (string
+    hashes, hence dict and set layouts, are then the same in every run: random seeds
+    moved a traced import by about 3M instructions run to run). What still varies:
+    address-keyed tables (pybind11's type cache moved torch's import by up to 3M between
+    runs of one tree), so with ``repeats`` > 1 the median is reported with the range.
+    Returns ``{variant: [instructions per run]}`` and prints a table. Raises SystemExit
+    without valgrind."""
+    from concurrent.futures import ThreadPoolExecutor
     if shutil.which("valgrind") is None:
         raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
     run_dir = tempfile.mkdtemp(prefix="ht-bench-startup-cg-")
     out = {}
     try:
         variants, progs = _traced_variants(run_dir, baseline)
+        runs = []
         for n, (argv, env) in variants.items():
             # one thread each for OpenBLAS/OpenMP: their idle threads spin, and the spins
             # alone moved torch's import by tens of millions of instructions run to run
-            env = dict(env, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            env = dict(env, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                       PYTHONHASHSEED="0")
             if "HANGTRACE" in env:
                 # the memory sampler ticks once a second of wall time; under callgrind (about
                 # 100x slower here) a 1.4 s import lasts ~150 s and would tick ~150 times
                 # instead of once: the interval is scaled by the same factor (CALLGRIND_TIMER)
                 env[_MEM_INTERVAL] = "%g" % CALLGRIND_TIMER
             subprocess.run(argv, env=env, check=True)  # fills the bytecode cache
-            p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + argv, env=env,
-                               capture_output=True, text=True)
-            found = [ln for ln in p.stderr.splitlines() if "Collected :" in ln]
-            if p.returncode != 0 or not found:
-                raise SystemExit("callgrind run of %s failed (%d):\n%s" % (n, p.returncode, p.stderr[-2000:]))
-            out[n] = int(found[-1].split("Collected :")[1].split()[0])
+            runs += [(n, argv, env)] * repeats
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            counts = list(pool.map(lambda r: _callgrind_once(r[1], r[2]), runs))
+        for (n, _, _), c in zip(runs, counts):
+            out.setdefault(n, []).append(c)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+    med = {n: statistics.median(v) for n, v in out.items()}
     L = ["### Start-up instructions, traced vs untraced (callgrind; %s, Python %s)" % (
          time.strftime("%Y-%m-%d"), platform.python_version()), "",
-         "Traced runs with %s=%g (the 1 s default stretched by callgrind's ~100x slowdown)." % (
-             _MEM_INTERVAL, CALLGRIND_TIMER), "",
+         "Traced runs with %s=%g (the 1 s default stretched by callgrind's ~100x slowdown); "
+         "PYTHONHASHSEED=0; %d run(s) per variant, median (range)." % (_MEM_INTERVAL, CALLGRIND_TIMER, repeats), "",
          "| program | variant | instructions (M) | Δ vs untraced (M) |", "|---|---|---:|---:|"]
     for prog in progs:
-        ref = out["%s, untraced" % prog]
+        ref = med["%s, untraced" % prog]
         for n in [x for x in out if x.startswith(prog + ",")]:
-            L.append("| `%s` | %s | %.1f | %+.1f |" % (progs[prog], n.split(", ", 1)[1], out[n] / 1e6,
-                                                     (out[n] - ref) / 1e6))
+            rng = " (%.1f–%.1f)" % (min(out[n]) / 1e6, max(out[n]) / 1e6) if len(out[n]) > 1 else ""
+            L.append("| `%s` | %s | %.1f%s | %+.1f |" % (progs[prog], n.split(", ", 1)[1], med[n] / 1e6, rng,
+                                                       (med[n] - ref) / 1e6))
     print("\n".join(L))
     return out
 
@@ -265,10 +285,12 @@ def main(argv=None):
     ap.add_argument("--out", help="write JSON results here")
     ap.add_argument("--keep", help="build the venvs in this directory and keep them")
     ap.add_argument("--callgrind", action="store_true",
-                    help="with --traced: instructions per variant under callgrind (one run each) instead of times")
+                    help="with --traced: instructions per variant under callgrind instead of times")
+    ap.add_argument("--cg-repeats", type=int, default=1, help="with --callgrind: runs per variant (median reported)")
+    ap.add_argument("--cg-jobs", type=int, default=2, help="with --callgrind: runs at a time (counts do not depend on load)")
     a = ap.parse_args(argv)
     if a.traced and a.callgrind:
-        out = traced_instructions(a.baseline)
+        out = traced_instructions(a.baseline, a.cg_repeats, a.cg_jobs)
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(out, f, indent=2)

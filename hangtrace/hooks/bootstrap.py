@@ -13,8 +13,10 @@ instrumentors in this order (``INSTRUMENTORS``):
 6. env-record: libraries, versions and job environment (issue 12, ``hooks/envrecord.py``);
 7. deep: only with ``HANGTRACE_DEEP`` (issue 11, viztracer).
 
-ONE ``os.register_at_fork(after_in_child=...)`` handler gives a forked child its own ring
-and then calls every instrumentor's ``after_fork_child`` in that order; ONE exit handler
+ONE ``os.register_at_fork(before=..., after_in_child=...)`` registration: before a fork,
+the parent imports what its child's handler needs (the sampler's ``hooks/memfork.py``), so no child
+pays for an import; in the child, it gets its own ring and then every instrumentor's
+``after_fork_child`` runs in that order; ONE exit handler
 calls every ``at_exit`` in reverse order, so threads stop before lifecycle writes the
 exit record. The Python or C recorder is chosen in one place (``recorder.choose``) and
 the reason written to the run log. It imports neither torch nor ray nor wrapt.
@@ -158,6 +160,18 @@ def _default_instrumentors() -> List[Instrumentor]:
     return out
 
 
+def _before_fork() -> None:
+    """In the parent, on the forking thread, just before ``os.fork``: what the child's
+    handler needs is imported once here instead of in every child (issue 13), and not at
+    start-up (issue 8)."""
+    try:
+        mem = sys.modules.get("hangtrace.hooks.memory")
+        if _active is not None and mem is not None and mem.active() is not None:
+            mem._memfork()  # the sampler's take-over (hooks/memfork.py)
+    except Exception:
+        pass
+
+
 def _after_fork_child() -> None:
     """The ONE fork handler: the child's own ring, then every instrumentor in order."""
     global _active
@@ -224,7 +238,7 @@ def activate() -> Optional[Runtime]:
             if not INSTRUMENTORS:
                 INSTRUMENTORS.extend(_default_instrumentors())
                 atexit.register(_at_exit)
-                os.register_at_fork(after_in_child=_after_fork_child)
+                os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
         except Exception as e:
             rt.log("instrumentors, exit or fork handler failed: %r" % (e,), "instrumentors")
         for ins in INSTRUMENTORS:

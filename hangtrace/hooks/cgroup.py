@@ -1,6 +1,7 @@
 """The memory cgroup of a process (v1 and v2): discovery and file parsing, for the
 memory sampler (hooks/memory.py) and the collector. Pure functions on file contents
-(unit-tested) plus ``find_cgroup``, which reads /proc. Standard library only.
+(unit-tested), ``find_cgroup``, which reads /proc, and ``CgroupFiles``, the sampler's
+open cgroup files. Standard library only.
 
 Sources: ``/proc/PID/cgroup`` (proc(5)), ``/proc/PID/mountinfo``; cgroup v1
 ``memory.usage_in_bytes``/``memory.limit_in_bytes``/``memory.oom_control``, v2
@@ -10,7 +11,7 @@ cgroup-v2.rst).
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 NO_LIMIT = 1 << 60  # limits at or above this are "no limit" (v1 reports 2**63 - 4096)
 
@@ -128,3 +129,78 @@ def parse_oom_kill(raw: Union[str, bytes]) -> int:
             except ValueError:
                 return -1
     return -1
+
+
+class CgroupFiles:
+    """Mixin of ``memory.Sampler``: its descriptors of ``/proc`` and memory cgroup files
+    (usage, oom counter, the limits of the cgroup and its ancestors), reopened when the
+    process moves to another cgroup. Uses the sampler's ``pid``, ``log``, ``rec``, ``page``."""
+
+    pid: int
+    page: int
+    rec: Any
+    log: Callable[..., None]
+    _fds: List[int]
+    _cg_raw: Optional[bytes]
+    _usage: Optional[int]
+    _oom: Optional[int]
+    _limit_fds: List[int]
+    cg_version: int
+    cg_dir: Optional[str]
+
+    def _open(self, path: str) -> Optional[int]:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        self._fds.append(fd)
+        return fd
+
+    def _close_cgroup(self) -> None:
+        for fd in [self._usage, self._oom] + self._limit_fds:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                if fd in self._fds:
+                    self._fds.remove(fd)
+        self._usage = self._oom = None
+        self._limit_fds = []
+
+    def _check_cgroup(self) -> None:
+        """(Re)open the cgroup files when ``/proc/PID/cgroup`` changed (a launcher or Ray
+        may move the process after it started)."""
+        try:
+            with open("/proc/%d/cgroup" % self.pid, "rb") as f:
+                raw = f.read()
+        except OSError:
+            raw = b""
+        if raw == self._cg_raw:
+            return
+        self._cg_raw = raw
+        self._close_cgroup()
+        ver, d = find_cgroup(self.pid)
+        self.cg_version, self.cg_dir = ver, d
+        if d is None:
+            self.log("memory: no readable memory cgroup for pid %d; cgroup figures are -1" % self.pid,
+                     "mem-nocg")
+        else:
+            files = V1_FILES if ver == 1 else V2_FILES
+            self._usage = self._open(os.path.join(d, files[0]))
+            self._oom = self._open(os.path.join(d, files[2]))
+            # the effective limit is the smallest over the cgroup and its ancestors
+            cur = d
+            for _ in range(16):
+                fd = self._open(os.path.join(cur, files[1]))
+                if fd is None:
+                    break
+                self._limit_fds.append(fd)
+                parent = os.path.dirname(cur)
+                if parent == cur or not parent.startswith("/sys/fs/cgroup/"):
+                    break
+                cur = parent
+        try:
+            self.rec.set_meta(mem_cgroup=d, mem_cgroup_version=ver, mem_page_size=self.page)
+        except Exception:
+            pass

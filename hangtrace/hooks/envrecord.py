@@ -20,8 +20,11 @@ from typing import Any, Dict, FrozenSet, Optional, Tuple
 _lock = threading.Lock()
 _patched = [False]
 _fork_pending = [False]  # a forked child whose record waits until it matters (module docstring)
-#: (pid, paths, file names) of the mappings in this process's last record, or None
-_last: Optional[Tuple[int, FrozenSet[str], FrozenSet[str]]] = None
+#: (pid, mappings) of this process's last record (the record's ``[start, end, offset,
+#: path]`` items), or None; its path and file-name sets are made when first asked (``_sets``)
+_last: Optional[Tuple[int, list]] = None
+#: (that _last, its paths, their file names), made from _last when first asked
+_last_sets: Optional[Tuple[Any, FrozenSet[str], FrozenSet[str]]] = None
 #: libraries read by this process (or by its parent before a fork: the same files are
 #: mapped), by (path, inode): a repeated record reads only new files (about 1 ms a fork)
 _known: Dict[Tuple[str, str], Dict[str, Any]] = {}
@@ -29,15 +32,14 @@ _known: Dict[Tuple[str, str], Dict[str, Any]] = {}
 
 def record(rt: Any, reason: str) -> None:
     """Collect and write this process's facts now; ``rt`` is bootstrap's Runtime."""
-    global _last
+    global _last, _last_sets
     _fork_pending[0] = False
     try:
         from hangtrace.hooks import envcollect
         with _lock:
             rec = envcollect.snapshot(reason, rt.recorder.host, _known)
             envcollect.write_record(rt.run_dir, rec)
-            paths = frozenset(m[3] for m in rec["mappings"])
-            _last = (rec["pid"], paths, frozenset(os.path.basename(p) for p in paths))
+            _last, _last_sets = (rec["pid"], rec["mappings"]), None
     except Exception as e:
         try:
             rt.log("environment record failed: %r" % (e,), "env-record")
@@ -45,10 +47,23 @@ def record(rt: Any, reason: str) -> None:
             pass
 
 
+def _sets() -> Optional[Tuple[FrozenSet[str], FrozenSet[str]]]:
+    """(paths, file names) of the mappings of this process's last record, or None when this
+    process wrote none. Made at the first question after a record, not at every record."""
+    global _last_sets
+    last, sets = _last, _last_sets
+    if last is None or last[0] != os.getpid():
+        return None
+    if sets is None or sets[0] is not last:  # (another thread may have recorded since)
+        paths = frozenset(m[3] for m in last[1])
+        sets = _last_sets = (last, paths, frozenset(p.rpartition("/")[2] for p in paths))
+    return sets[1], sets[2]
+
+
 def recorded_paths() -> FrozenSet[str]:
     """The mapped files of this process's last record (empty when none was written)."""
-    last = _last
-    return last[1] if last is not None and last[0] == os.getpid() else frozenset()
+    sets = _sets()
+    return sets[0] if sets is not None else frozenset()
 
 
 def joined() -> None:
@@ -68,14 +83,14 @@ def joined() -> None:
 def _loaded_new(name: Any) -> bool:
     """True when ``ctypes.CDLL(name)`` loaded a file not mapped at this process's last
     record (a path is compared resolved, a bare name by file name)."""
-    last = _last
     if not isinstance(name, str):
         return False  # CDLL(None): the program itself, already mapped
-    if last is None or last[0] != os.getpid():
+    sets = _sets()
+    if sets is None:
         return True
     if os.sep in name:
-        return os.path.realpath(name) not in last[1]
-    return name not in last[2]
+        return os.path.realpath(name) not in sets[0]
+    return name not in sets[1]
 
 
 def install_ctypes_hook(rt: Any) -> None:

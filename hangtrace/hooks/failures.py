@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Callable, List, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 #: Where a failure was caught (the ``caught_by`` field of the event).
 SOURCES = ("exit-while-handling", "multiprocessing", "torchelastic", "asyncio-task")
@@ -50,8 +50,11 @@ _MESSAGE_MAX = 4000  # characters kept of an exception message
 _TRACEBACK_MAX = 16000  # characters kept of a formatted traceback (the innermost part)
 
 
-class _Recorder(Protocol):
-    def event(self, kind: str, **fields: Any) -> Any: ...
+if TYPE_CHECKING:  # (a Protocol class costs ~0.2M instructions to create: not at start-up)
+    from typing import Protocol
+
+    class _Recorder(Protocol):
+        def event(self, kind: str, **fields: Any) -> Any: ...
 
 
 _get_recorder: Callable[[], Optional[_Recorder]] = lambda: None  # noqa: E731

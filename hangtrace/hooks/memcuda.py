@@ -1,5 +1,8 @@
 """CUDA memory for the memory sampler (hooks/memory.py): per-device figures, the
 allocator's out-of-memory observer and the optional allocator-history snapshot.
+Functions of the sampler ``s`` (its ``rec``, ``log``, ``run_dir``, ``pid``, ``_cuda``,
+``_cuda_hooked``, ``_oom_count``); imported by the sampler only once torch has
+initialised CUDA or calls the observer (not at start-up: issue 8).
 
 torch is looked up in ``sys.modules``, never imported; nothing here initialises CUDA
 (``torch.cuda.is_initialized()`` is checked first). Sources: torch 2.13
@@ -14,115 +17,99 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Optional
 
 from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
 
 
-class CudaSampling:
-    """Mixin of ``memory.Sampler``: uses its ``rec``, ``log``, ``run_dir``, ``pid``."""
-
-    rec: Any
-    log: Callable[..., None]
-    run_dir: Optional[str]
-    pid: int
-    _cuda: Dict[int, List[Any]]
-    _cuda_hooked: bool
-    _oom_count: int
-
-    @staticmethod
-    def _torch_cuda() -> Any:
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return None
-        cuda = getattr(torch, "cuda", None)
+def cuda_slow(s: Any) -> None:
+    """Refresh free/total of every device (timer thread); attach the OOM observer once."""
+    from hangtrace.hooks.memory import _torch_cuda
+    cuda = _torch_cuda()
+    if cuda is None:
+        return
+    try:
+        n = cuda.device_count()
+    except Exception:
+        return
+    for d in range(n):
+        ent = s._cuda.get(d)
+        if ent is None:
+            ent = s._cuda[d] = [s.rec.intern("cuda:%d" % d), -1, -1]
         try:
-            if cuda is None or not cuda.is_initialized():
-                return None
+            ent[1], ent[2] = cuda.mem_get_info(d)
         except Exception:
-            return None
-        return cuda
+            pass
+    if not s._cuda_hooked:
+        s._cuda_hooked = True
+        _hook_cuda_oom(s)
 
-    def _cuda_slow(self) -> None:
-        cuda = self._torch_cuda()
-        if cuda is None:
-            return
-        try:
-            n = cuda.device_count()
-        except Exception:
-            return
-        for d in range(n):
-            ent = self._cuda.get(d)
-            if ent is None:
-                ent = self._cuda[d] = [self.rec.intern("cuda:%d" % d), -1, -1]
-            try:
-                ent[1], ent[2] = cuda.mem_get_info(d)
-            except Exception:
-                pass
-        if not self._cuda_hooked:
-            self._cuda_hooked = True
-            self._hook_cuda_oom()
 
-    def _hook_cuda_oom(self) -> None:
-        torch = sys.modules.get("torch")
-        attach = getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
-        if torch is None or attach is None:  # (no torch: no attach either)
-            self.log("memory: this torch has no CUDA out-of-memory observer; CUDA OOMs are seen "
-                     "through the exception only", "mem-noobs")
-            return
+def _hook_cuda_oom(s: Any) -> None:
+    torch = sys.modules.get("torch")
+    attach = getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
+    if torch is None or attach is None:  # (no torch: no attach either)
+        s.log("memory: this torch has no CUDA out-of-memory observer; CUDA OOMs are seen "
+              "through the exception only", "mem-noobs")
+        return
+    try:
+        attach(s.on_cuda_oom)
+    except Exception as e:
+        s.log("memory: attaching the CUDA OOM observer failed: %r" % (e,), "mem-obs")
+    if os.environ.get(config.MEM_CUDA_HISTORY, "0") == "1":
         try:
-            attach(self.on_cuda_oom)
+            torch.cuda.memory._record_memory_history(max_entries=100000)
         except Exception as e:
-            self.log("memory: attaching the CUDA OOM observer failed: %r" % (e,), "mem-obs")
-        if os.environ.get(config.MEM_CUDA_HISTORY, "0") == "1":
-            try:
-                torch.cuda.memory._record_memory_history(max_entries=100000)
-            except Exception as e:
-                self.log("memory: _record_memory_history failed: %r" % (e,), "mem-hist")
+            s.log("memory: _record_memory_history failed: %r" % (e,), "mem-hist")
 
-    def on_cuda_oom(self, device: int, alloc: int, device_allocated: int, device_free: int) -> None:
-        """The allocator's OOM observer (also what a test stand-in calls): record the event
-        with phase, step and the allocator's figures; dump torch's memory snapshot when
-        HANGTRACE_MEM_CUDA_HISTORY=1. Never raises."""
+
+def on_cuda_oom(s: Any, device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+    """The allocator's OOM observer (also what a test stand-in calls): record the event
+    with phase, step and the allocator's figures; dump torch's memory snapshot when
+    HANGTRACE_MEM_CUDA_HISTORY=1. Never raises."""
+    try:
+        d = int(device)
+        ent = s._cuda.get(d)
+        sid = ent[0] if ent else s.rec.intern("cuda:%d" % d)
+        total = ent[2] if ent else -1
+        s.rec.memory(F.MEM_OOM, sid, int(alloc), int(device_allocated), -1, int(device_free), total)
+        s._oom_count += 1
+        snap = None
+        if os.environ.get(config.MEM_CUDA_HISTORY, "0") == "1" and s.run_dir:
+            snap = _dump_cuda_snapshot(s, s.run_dir)
+        phase, step = s.rec.current()
+        s.rec.event("cuda_oom", device=d, requested=int(alloc), device_allocated=int(device_allocated),
+                    device_free=int(device_free), device_total=total, phase=phase, step=step,
+                    snapshot=snap, source="allocator-observer")
+    except Exception as e:
+        s.log("memory: recording a CUDA OOM failed: %r" % (e,), "mem-oomrec")
+
+
+def _dump_cuda_snapshot(s: Any, run_dir: str) -> Optional[str]:
+    try:
+        import pickle
+        torch = sys.modules["torch"]
+        d = os.path.join(run_dir, "memory")
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        path = os.path.join(d, "cuda-oom-%s-%d-%d.pickle" % (s.rec.host, s.pid, s._oom_count))
+        with open(path, "wb") as f:
+            pickle.dump(torch.cuda.memory._snapshot(), f)
+        return path
+    except Exception as e:
+        s.log("memory: CUDA memory snapshot failed: %r" % (e,), "mem-snap")
+        return None
+
+
+def sample_cuda(s: Any, source: int) -> None:
+    """One sample per known device (phase/step/timer)."""
+    from hangtrace.hooks.memory import _torch_cuda
+    cuda = _torch_cuda()
+    if cuda is None:
+        return
+    for d, (sid, free, total) in list(s._cuda.items()):
         try:
-            d = int(device)
-            ent = self._cuda.get(d)
-            sid = ent[0] if ent else self.rec.intern("cuda:%d" % d)
-            total = ent[2] if ent else -1
-            self.rec.memory(F.MEM_OOM, sid, int(alloc), int(device_allocated), -1, int(device_free), total)
-            self._oom_count += 1
-            snap = None
-            if os.environ.get(config.MEM_CUDA_HISTORY, "0") == "1" and self.run_dir:
-                snap = self._dump_cuda_snapshot(self.run_dir)
-            phase, step = self.rec.current()
-            self.rec.event("cuda_oom", device=d, requested=int(alloc), device_allocated=int(device_allocated),
-                           device_free=int(device_free), device_total=total, phase=phase, step=step,
-                           snapshot=snap, source="allocator-observer")
+            s.rec.memory(source, sid, cuda.memory_allocated(d), cuda.memory_reserved(d),
+                         cuda.max_memory_allocated(d), free, total)
         except Exception as e:
-            self.log("memory: recording a CUDA OOM failed: %r" % (e,), "mem-oomrec")
-
-    def _dump_cuda_snapshot(self, run_dir: str) -> Optional[str]:
-        try:
-            import pickle
-            torch = sys.modules["torch"]
-            d = os.path.join(run_dir, "memory")
-            os.makedirs(d, mode=0o700, exist_ok=True)
-            path = os.path.join(d, "cuda-oom-%s-%d-%d.pickle" % (self.rec.host, self.pid, self._oom_count))
-            with open(path, "wb") as f:
-                pickle.dump(torch.cuda.memory._snapshot(), f)
-            return path
-        except Exception as e:
-            self.log("memory: CUDA memory snapshot failed: %r" % (e,), "mem-snap")
-            return None
-
-    def _sample_cuda(self, source: int) -> None:
-        cuda = self._torch_cuda()
-        if cuda is None:
-            return
-        for d, (sid, free, total) in list(self._cuda.items()):
-            try:
-                self.rec.memory(source, sid, cuda.memory_allocated(d), cuda.memory_reserved(d),
-                                cuda.max_memory_allocated(d), free, total)
-            except Exception as e:
-                self.log("memory: CUDA sample failed: %r" % (e,), "mem-cuda")
+            s.log("memory: CUDA sample failed: %r" % (e,), "mem-cuda")

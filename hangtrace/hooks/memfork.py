@@ -10,8 +10,9 @@ about a hundred interpreted lines, each a few copy-on-write page faults in a fre
 The cgroup descriptors are kept, the parent's last effective limit is kept until the first
 tick refreshes it, swap reads -1 (unknown) until then, and the timer thread's
 ``_check_cgroup`` follows a later move to another cgroup (the ``/proc/PID/cgroup`` text it
-compares with is the parent's, which the child's equals at fork). Imported by the
-sampler's timer thread, not at start-up, so that forked children find it loaded. Standard
+compares with is the parent's, which the child's equals at fork). Imported in the
+parent by bootstrap's before-fork handler (not at start-up, not in every child), so that
+forked children find it loaded. Standard
 library only; never raises (False: the caller builds a new sampler).
 """
 from __future__ import annotations

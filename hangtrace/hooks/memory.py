@@ -40,7 +40,6 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from hangtrace.hooks.instrument import Instrumentor
-from hangtrace.hooks.memcuda import CudaSampling
 from hangtrace.tracer import api
 from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
@@ -52,7 +51,7 @@ _sampler = None
 _lock = threading.Lock()
 
 # cgroup discovery lives in hooks/cgroup.py (pure functions; re-exported here)
-from hangtrace.hooks.cgroup import (NO_LIMIT, V1_FILES, V2_FILES, cgroup_candidates, find_cgroup,  # noqa: E402,F401
+from hangtrace.hooks.cgroup import (NO_LIMIT, V1_FILES, V2_FILES, CgroupFiles, cgroup_candidates, find_cgroup,  # noqa: E402,F401,E501
                                     parse_limit, parse_mountinfo, parse_oom_kill, parse_proc_cgroup)
 
 __all__ = ["NO_LIMIT", "cgroup_candidates", "parse_mountinfo", "parse_proc_cgroup", "parse_oom_kill",
@@ -68,8 +67,11 @@ def _is_oom_type(etype: Any) -> bool:
     return etype.__name__ == "OutOfMemoryError"
 
 
-class Sampler(CudaSampling):
-    """Samples memory into ``recorder``'s ring. ``log(msg, key)`` logs once per key."""
+class Sampler(CgroupFiles):
+    """Samples memory into ``recorder``'s ring. ``log(msg, key)`` logs once per key.
+
+    CUDA figures and the allocator's OOM observer: ``hooks/memcuda.py``, imported only
+    once torch has initialised CUDA (not at start-up)."""
 
     def __init__(self, recorder: Any, log: Callable[..., None], interval_s: float = 1.0,
                  run_dir: Optional[str] = None) -> None:
@@ -97,71 +99,13 @@ class Sampler(CudaSampling):
         self.limit = -1
         self.oom_kills = -1
         self._host = recorder.intern("host")
-        self._cuda = {}          # device -> [strid, free, total]
+        self._cuda: Dict[int, List[Any]] = {}  # device -> [strid, free, total]
         self._cuda_hooked = False
         self._gauge_sids: Dict[str, int] = {}
         self._oom_seen: Optional[int] = None    # id of the last exception recorded as MEM_OOM
         self._oom_count = 0
         self._check_cgroup()
         self._refresh_slow()
-
-    # -- file handling ------------------------------------------------------------------
-    def _open(self, path: str) -> Optional[int]:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        self._fds.append(fd)
-        return fd
-
-    def _close_cgroup(self) -> None:
-        for fd in [self._usage, self._oom] + self._limit_fds:
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-                if fd in self._fds:
-                    self._fds.remove(fd)
-        self._usage = self._oom = None
-        self._limit_fds = []
-
-    def _check_cgroup(self) -> None:
-        """(Re)open the cgroup files when ``/proc/PID/cgroup`` changed (a launcher or Ray
-        may move the process after it started)."""
-        try:
-            with open("/proc/%d/cgroup" % self.pid, "rb") as f:
-                raw = f.read()
-        except OSError:
-            raw = b""
-        if raw == self._cg_raw:
-            return
-        self._cg_raw = raw
-        self._close_cgroup()
-        ver, d = find_cgroup(self.pid)
-        self.cg_version, self.cg_dir = ver, d
-        if d is None:
-            self.log("memory: no readable memory cgroup for pid %d; cgroup figures are -1" % self.pid,
-                     "mem-nocg")
-        else:
-            files = V1_FILES if ver == 1 else V2_FILES
-            self._usage = self._open(os.path.join(d, files[0]))
-            self._oom = self._open(os.path.join(d, files[2]))
-            # the effective limit is the smallest over the cgroup and its ancestors
-            cur = d
-            for _ in range(16):
-                fd = self._open(os.path.join(cur, files[1]))
-                if fd is None:
-                    break
-                self._limit_fds.append(fd)
-                parent = os.path.dirname(cur)
-                if parent == cur or not parent.startswith("/sys/fs/cgroup/"):
-                    break
-                cur = parent
-        try:
-            self.rec.set_meta(mem_cgroup=d, mem_cgroup_version=ver, mem_page_size=self.page)
-        except Exception:
-            pass
 
     def _refresh_slow(self) -> None:
         """Swap, limit, CUDA free/total: the expensive figures (timer thread only)."""
@@ -211,7 +155,7 @@ class Sampler(CudaSampling):
                     pass
             rec.memory(source, self._host, rss, self.swap, usage, self.limit, oom)
             if self._cuda:
-                self._sample_cuda(source)
+                _memcuda().sample_cuda(self, source)
             if api._gauges:
                 self._sample_gauges(source)
             self.last_ns = _mono()
@@ -248,11 +192,22 @@ class Sampler(CudaSampling):
         except Exception:
             pass
 
+    # -- CUDA (hooks/memcuda.py) --------------------------------------------------------
+    def _cuda_slow(self) -> None:
+        if _torch_cuda() is not None:
+            _memcuda().cuda_slow(self)
+
+    def on_cuda_oom(self, device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+        """torch's CUDA allocator out-of-memory observer (``memcuda.on_cuda_oom``). Never raises."""
+        try:
+            _memcuda().on_cuda_oom(self, device, alloc, device_allocated, device_free)
+        except Exception:
+            pass
+
     # -- timer thread -------------------------------------------------------------------
     def tick(self) -> None:
         """One timer tick: refresh the slow figures; sample unless a sample is recent."""
         try:
-            _memfork()  # loaded on the timer thread: a child forked later finds it imported
             self._check_cgroup()
             self._refresh_slow()
         except Exception as e:
@@ -312,7 +267,22 @@ def _install_excepthook() -> None:
     sys.excepthook = _excepthook
 
 
-def _memfork() -> Any:  # for forked children (a hooks/memfork.py import, not at start-up)
+def _torch_cuda() -> Any:
+    """``torch.cuda`` when torch is imported and has initialised CUDA, else None (torch is
+    looked up in ``sys.modules``, never imported; CUDA is never initialised here)."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        return cuda if cuda is not None and cuda.is_initialized() else None
+    except Exception:
+        return None
+
+
+def _memcuda() -> Any:  # CUDA sampling, imported once CUDA is in use (not at start-up)
+    from hangtrace.hooks import memcuda
+    return memcuda
+
+
+def _memfork() -> Any:  # for forked children (imported by bootstrap._before_fork, not at start-up)
     from hangtrace.hooks import memfork
     return memfork
 

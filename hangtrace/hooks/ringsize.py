@@ -27,7 +27,7 @@ import mmap
 import os
 from typing import Any, Callable, List, Tuple
 
-from hangtrace.tracer.procfs import proc_start_ticks
+from hangtrace.tracer.ring.layout import proc_start_ticks
 from hangtrace.tracer.ring import layout as F
 
 #: String table of a small ring (bytes, apparent size; sparse) and the part reserved on

@@ -212,6 +212,10 @@ def test_in_process_record_never_raises_and_skips_known_libraries(tmp_path) -> N
     libc = next(p for p in envrecord.recorded_paths() if "libc" in p)
     assert not envrecord._loaded_new(libc) and not envrecord._loaded_new(None)
     assert envrecord._loaded_new(str(tmp_path / "libnew.so"))
+    # bare names compare by file name; the sets follow the newest record (made lazily)
+    assert not envrecord._loaded_new(libc.rpartition("/")[2]) and envrecord._loaded_new("libnothere.so.9")
+    envrecord.record(good, "again")
+    assert libc in envrecord.recorded_paths() and not envrecord._loaded_new(libc)
 
 
 def test_library_name_rules_match_the_issue_12_patterns() -> None:

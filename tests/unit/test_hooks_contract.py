@@ -220,3 +220,30 @@ def test_traced_fork_child_keeps_a_small_ring(tmp_path):
     with open(run / "hangtrace.log") as f:
         log = f.read()
     assert "recorder: " in log and "ring grown to 16384 slots: step API" in log
+
+
+def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path):
+    """hooks/memfork.py (a forked child's sampler take-over) is not imported at start-up
+    (issue 8) nor by every child (issue 13): the parent imports it just before its first
+    fork, and the child takes the parent's sampler over with it."""
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        from hangtrace.hooks import memory
+        assert "hangtrace.hooks.memfork" not in sys.modules, "imported at start-up"
+        assert "hangtrace.hooks.memcuda" not in sys.modules, "CUDA sampling imported without CUDA"
+        parent = memory.active()
+        assert parent is not None
+        pid = os.fork()
+        if pid == 0:
+            s = memory.active()
+            ok = (s is parent and s.pid == os.getpid() and s._thread is not None and s._thread.is_alive()
+                  and not s.dead)
+            os._exit(0 if ok else 3)
+        assert "hangtrace.hooks.memfork" in sys.modules, "not imported before the fork"
+        _, st = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(st))
+    """))
+    p = subprocess.run([sys.executable, str(script)], env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S=100),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])

@@ -119,6 +119,32 @@ def test_sampler_records_host_gauges_and_cuda_oom_stand_in(recorder, tmp_path, m
     assert a["cause"] == "cuda-oom" and "2.0 GiB requested" in a["cause_text"]
 
 
+def test_cuda_sampling_once_torch_has_initialised_cuda(recorder, tmp_path, monkeypatch):
+    """hooks/memcuda.py is used (and imported) only once ``torch.cuda.is_initialized()``:
+    a stand-in torch with one device gets its figures sampled and the allocator's OOM
+    observer attached at the next tick."""
+    import sys
+    import types
+    observers = []
+    cuda = types.SimpleNamespace(is_initialized=lambda: False, device_count=lambda: 1,
+                                 mem_get_info=lambda d: (3 * GIB, 16 * GIB), memory_allocated=lambda d: 5 * GIB,
+                                 memory_reserved=lambda d: 6 * GIB, max_memory_allocated=lambda d: 7 * GIB)
+    torch = types.SimpleNamespace(cuda=cuda, _C=types.SimpleNamespace(
+        _cuda_attach_out_of_memory_observer=observers.append))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    s = HM.Sampler(recorder, recorder.log, 1.0, str(tmp_path))
+    assert not s._cuda and not observers                   # CUDA not initialised: nothing
+    cuda.is_initialized = lambda: True
+    s.tick()
+    s.sample(F.MEM_STEP)
+    assert observers == [s.on_cuda_oom]
+    observers[0](0, 2 * GIB, 15 * GIB, 100 * MIB)
+    ss = M.samples(RD.read_ring(recorder.path).records)
+    dev = [x for x in ss if x["what"] == "cuda:0" and x["source"] != "oom"]
+    assert dev and dev[-1]["values"]["cuda:0 allocated"] == 5 * GIB and dev[-1]["device_total"] == 16 * GIB
+    assert [x for x in ss if x["what"] == "cuda:0" and x["source"] == "oom"][0]["requested"] == 2 * GIB
+
+
 def test_oom_exception_leaving_a_phase_is_sampled_once(recorder, monkeypatch):
     s = HM.Sampler(recorder, recorder.log, 1.0)
     monkeypatch.setattr(api, "_recorder", recorder)

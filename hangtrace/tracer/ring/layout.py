@@ -10,13 +10,31 @@ The file lives in a ``MAP_SHARED`` mapping, so every byte the writer stored is i
 page cache and readable after the process is SIGKILLed (the kernel writes it back;
 nothing depends on the process exiting cleanly).
 
+``proc_start_ticks`` (from /proc) ties a ring to the process that wrote it (pid reuse).
 This module is imported inside traced processes: it imports only the standard library.
 """
 import mmap
 import os
 import struct
+from typing import Optional
 
-from hangtrace.tracer.procfs import proc_start_ticks as proc_start_ticks  # re-exported: F.proc_start_ticks
+
+def proc_start_ticks(pid: int, default: Optional[int] = 0) -> Optional[int]:
+    """Start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), or
+    ``default`` when the process does not exist or cannot be read. Tells a reused pid
+    from the process that wrote a ring (proc(5): the value never changes, even at exec)."""
+    try:
+        # a raw descriptor, not open(): no buffered file object (this runs in every
+        # forked child's after-fork handler, issue 13); the line is < 1 KiB (comm <= 16 bytes)
+        fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        return int(data.rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return default
+
 
 MAGIC = b"HTRING01"
 VERSION = 1

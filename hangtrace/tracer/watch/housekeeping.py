@@ -134,7 +134,7 @@ def _boot_time_s() -> float:
 
 def _pid_started_before(pid: int, when_s: float) -> bool:
     """True when ``pid`` runs (not a zombie) and started no later than ``when_s`` (+2 s)."""
-    from hangtrace.tracer.procfs import proc_start_ticks
+    from hangtrace.tracer.ring.layout import proc_start_ticks
     ticks = proc_start_ticks(pid, None)
     if ticks is None:
         return False
