@@ -142,3 +142,17 @@ def earlier_line(ctx: Ctx, group: object, seq: Optional[int]) -> Optional[str]:
     g, s, recs = div
     return "the members already disagreed earlier, at seq %s of %s, and it completed: %s" % (
         s, ctx.gdesc(g), "; ".join("%s: %s" % (rk(rs, 8), desc_rec(recs[rs[0]])) for rs in classes(recs).values()))
+
+
+def describe(ctx: Ctx, group: object, seq: int, recs: Dict[int, Record], culprits: List[int],
+             state: str = "") -> List[Dict[str, object]]:
+    """Evidence lines, one per signature with its ranks (those that changed first, marked
+    ``[changed]``; ``state`` e.g. ' (completed)' after each), and ``details['signatures']``."""
+    out: List[Dict[str, object]] = []
+    for rs in sorted(classes(recs).values(), key=lambda rs: (not set(rs) & set(culprits), rs)):
+        x = recs[rs[0]]
+        out.append({"op": x.get("op"), "dtype": x.get("dtype"), "numel": x.get("numel"), "peer": x.get("peer"),
+                    "ranks": list(rs), "phase": x.get("phase"), "step": x.get("step")})
+        ctx.add("%s at seq %s of %s: %s%s%s" % (rk(rs, 8), seq, ctx.gdesc(group), desc_rec(x), state,
+                                               " [changed]" if set(rs) & set(culprits) else ""))
+    return out

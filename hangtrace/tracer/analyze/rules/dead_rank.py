@@ -63,21 +63,14 @@ def _abort_culprits(ctx: Ctx, root: RankView, mm: Dict[str, Any]) -> Tuple[List[
 
 def _explain_abort_mismatch(ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Diagnosis,
                             culprits: List[int], how: str) -> None:
-    rec, sigs = mm["rec"], mm["sigs"]
+    rec = mm["rec"]
     d.kind, d.cause = Kind.COLLECTIVE_MISMATCH, Cause.MISMATCH
     g = rec.get("group")
     d.group, d.group_ranks, d.seq = g, list(ctx.members(g)) or None, rec.get("seq")
     d.op = mm["recs"][culprits[0]].get("op") if culprits[0] in mm["recs"] else rec.get("op")
     d.details["cause_text"] = root.cause_text
     d.details["group_desc"] = (ctx.groups.get(g) or {}).get("desc")
-    d.details["signatures"] = []
-    for k, rs in sorted(sigs.items(), key=lambda kv: (not set(kv[1]) & set(culprits), kv[1])):
-        x = mm["recs"][rs[0]]
-        d.details["signatures"].append({"op": x.get("op"), "dtype": x.get("dtype"), "numel": x.get("numel"),
-                                        "peer": x.get("peer"), "ranks": list(rs), "phase": x.get("phase"),
-                                        "step": x.get("step")})
-        ctx.add("%s at seq %s of %s: %s%s" % (rk(rs, 8), rec.get("seq"), ctx.gdesc(g), desc_rec(x),
-                                             " [changed]" if set(rs) & set(culprits) else ""))
+    d.details["signatures"] = sigclasses.describe(ctx, g, rec.get("seq"), mm["recs"], culprits)
     ctx.add(how)
     early = sigclasses.earlier_line(ctx, g, rec.get("seq"))
     if early:

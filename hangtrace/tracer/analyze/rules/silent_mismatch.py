@@ -15,7 +15,7 @@ from typing import Optional
 
 from hangtrace.tracer.analyze import sigclasses
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rk
+from hangtrace.tracer.analyze.evidence import fill_common
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
@@ -43,15 +43,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.op = recs[culprits[0]].get("op")
     d.details["silent"] = True
     d.details["group_desc"] = (ctx.groups.get(g) or {}).get("desc")
-    sigs = sigclasses.classes(recs)
-    d.details["signatures"] = []
-    for k, rs in sorted(sigs.items(), key=lambda kv: (not set(kv[1]) & set(culprits), kv[1])):
-        x = recs[rs[0]]
-        d.details["signatures"].append({"op": x.get("op"), "dtype": x.get("dtype"), "numel": x.get("numel"),
-                                        "peer": x.get("peer"), "ranks": list(rs), "phase": x.get("phase"),
-                                        "step": x.get("step")})
-        ctx.add("%s at seq %s of %s: %s (completed)%s" % (rk(rs, 8), seq, ctx.gdesc(g), desc_rec(x),
-                                                         " [changed]" if set(rs) & set(culprits) else ""))
+    d.details["signatures"] = sigclasses.describe(ctx, g, seq, recs, list(culprits), " (completed)")
     ctx.add(how)
     ctx.add("the collective completed although the members disagree: gloo checks only that it does not receive "
             "more bytes than it expects, so the job ran on with wrong data from here")
