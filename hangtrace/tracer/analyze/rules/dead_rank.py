@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from hangtrace.tracer.analyze import sigclasses
 from hangtrace.tracer.analyze.context import Ctx, RankView
 from hangtrace.tracer.analyze.deaths import failures, roots
-from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rank_line, rk, ts, vb
+from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk, ts, vb
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import Inst, inst_text
