@@ -6,7 +6,8 @@ verdict of the run must name the expected kind, ranks and cause.
 
 The jobs take 20-70 s each (torchrun and DataLoader workers start slowly on 2 cores), so
 ``.ci/run`` runs the ones issue 9 names (torchrun + DataLoader workers: a sleeping rank, an
-extra collective, a raise; spawn + CUDA OOM; a swallowed asyncio exception); set
+extra collective, a raise; spawn + CUDA OOM; a swallowed asyncio exception; a dtype slip gloo
+aborts the other rank for; a resized broadcast gloo completes); set
 ``HANGTRACE_BLIND=all`` for the whole corpus. Where the tool and the job's author disagree
 on purpose, the test is an ``xfail(strict=True)`` saying why: it fails as soon as the
 verdict changes, so the disagreement is looked at again.
@@ -22,7 +23,8 @@ from jobs import blind_consts, blind_selected, run_under_hangtrace
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind")
 JOBS = sorted(glob.glob(os.path.join(HERE, "torch", "*.py")))
-CI_SET = {"tr_dl_sleep", "tr_dl_extra", "tr_dl_raise", "sp_cuda_oom", "tr_asyncio_swallowed"}
+CI_SET = {"tr_dl_sleep", "tr_dl_extra", "tr_dl_raise", "sp_cuda_oom", "tr_asyncio_swallowed",
+          "mp_eval_float64", "mp_broadcast_resized"}  # the last two: who changed at a mismatch (2026-12-02)
 #: deliberate disagreements between the tool and the job's author (job -> why)
 DISAGREE = {
     "titan_teardown": "rank 1 raised, then hangs alive in its teardown barrier: the verdict is "

@@ -168,6 +168,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
                 sys.stderr.write(e.render() + "\n")
         elif rc == 0:
             log("command finished with status 0; records in %s" % run_dir)
+            _silent_mismatch(run_dir)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -179,6 +180,20 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             except OSError:
                 pass
     return exit_status(rc)
+
+
+def _silent_mismatch(run_dir: str) -> None:
+    """A job that exited 0 may still have run on with wrong data: gloo completes some
+    collectives whose sizes or dtypes disagree (rule ``silent_mismatch``). Analysed once,
+    without stacks; a verdict block and a snapshot only when that is what it finds."""
+    from hangtrace.tracer.pipeline import diagnose_path, dump_live
+    try:
+        if not (diagnose_path(run_dir, log=lambda _line: None).diagnosis.details or {}).get("silent"):
+            return
+        res = dump_live(run_dir, "silent-mismatch", with_stacks=False)
+        report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
+    except HangtraceError as e:
+        sys.stderr.write(e.render() + "\n")
 
 
 def _write_run_pidfile(run_dir: str) -> Optional[str]:
