@@ -252,7 +252,7 @@ class Sampler(CudaSampling):
     def tick(self) -> None:
         """One timer tick: refresh the slow figures; sample unless a sample is recent."""
         try:
-            _memfork()  # loaded on the timer thread: a child forked later finds it imported
+            _memfork().on_tick(self)  # (loaded on the timer thread: a child forked later finds it imported)
             self._check_cgroup()
             self._refresh_slow()
         except Exception as e:
