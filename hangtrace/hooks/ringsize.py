@@ -19,6 +19,14 @@ it over the small one: a reader sees either the small or the full ring, never ha
 one. Same format (version 1), only ``nslots``/``strtab_off``/``strtab_size`` differ; the
 reader takes them from the header (docs/FORMAT.md).
 
+A forked child's small ring is *lazy* (issue 13): built in anonymous memory at the fork
+(``layout.anon_ring``, no file) and written to its file by ``Growable.materialize`` when
+the child records something that matters (an event other than its start or a clean exit;
+the memory sampler's first tick, ``memfork.on_tick``) or grown straight to the full ring
+(a group, an actor id, the phase/step API). A DataLoader worker of a short epoch that
+exits cleanly so costs no file at all; one that lives on costs its ring once per
+sampling interval at most.
+
 Standard library only: imported in every traced process.
 """
 from __future__ import annotations
