@@ -23,7 +23,15 @@ printed before and after. CPU attribution (which part costs what): bench_backgro
 Reported per variant: the median over rounds of (a) the median step time (rank 0; the first
 step of each epoch excluded, it waits for the new workers) and (b) the mean step time
 (loop wall time / steps: includes the workers' start-up), min-max spread, and the added
-percentage against ``base``. Where the time goes, measured directly inside rank 0:
+percentage against ``base``. Then, paired by round (each traced run against the untraced
+run of the same round: they ran next to each other), the median of the per-round ratio - 1
+with its range and quartiles for (c) **the job's CPU per step**: ``getrusage`` SELF +
+CHILDREN of each rank over its loop (the rank and every DataLoader worker it joined),
+both ranks summed, split into ranks and workers - on a shared machine far steadier than
+wall time, and with two ranks busy on two cores, what tracing adds to step time - and (a),
+(b). ``--pin CPUS`` runs the whole job under ``taskset -c CPUS`` (``--pin 0``: all of it on
+one CPU, so all tracing CPU becomes wall time: a conservative bound); ``--workers N``
+changes the DataLoader workers per rank (0: none, for attribution). Where the time goes, measured directly inside rank 0:
 first-batch latency of each epoch (worker start-up as the loop sees it), fork+exit of a bare
 child (the after-fork handler: new ring, lifecycle hooks, sampler thread), ``create_ring``
 alone, and one ``all_reduce`` through hangtrace's wrapper vs ``__wrapped__`` (ABBA batches).
@@ -37,7 +45,7 @@ workers=2``, base vs ht, ``--hf-rounds`` rounds; the row is skipped with the rea
 
 Usage::
 
-    python benchmarks/bench_training_loop.py [--rounds 3] [--epochs 5] [--steps 40] [--out r.json]
+    python benchmarks/bench_training_loop.py [--rounds 3] [--epochs 5] [--steps 40] [--pin 0] [--out r.json]
 """
 import argparse
 from typing import Any
