@@ -23,7 +23,15 @@ printed before and after. CPU attribution (which part costs what): bench_backgro
 Reported per variant: the median over rounds of (a) the median step time (rank 0; the first
 step of each epoch excluded, it waits for the new workers) and (b) the mean step time
 (loop wall time / steps: includes the workers' start-up), min-max spread, and the added
-percentage against ``base``. Where the time goes, measured directly inside rank 0:
+percentage against ``base``. Then, paired by round (each traced run against the untraced
+run of the same round: they ran next to each other), the median of the per-round ratio - 1
+with its range and quartiles for (c) **the job's CPU per step**: ``getrusage`` SELF +
+CHILDREN of each rank over its loop (the rank and every DataLoader worker it joined),
+both ranks summed, split into ranks and workers - on a shared machine far steadier than
+wall time, and with two ranks busy on two cores, what tracing adds to step time - and (a),
+(b). ``--pin CPUS`` runs the whole job under ``taskset -c CPUS`` (``--pin 0``: all of it on
+one CPU, so all tracing CPU becomes wall time: a conservative bound); ``--workers N``
+changes the DataLoader workers per rank (0: none, for attribution). Where the time goes, measured directly inside rank 0:
 first-batch latency of each epoch (worker start-up as the loop sees it), fork+exit of a bare
 child (the after-fork handler: new ring, lifecycle hooks, sampler thread), ``create_ring``
 alone, and one ``all_reduce`` through hangtrace's wrapper vs ``__wrapped__`` (ABBA batches).
@@ -37,7 +45,7 @@ workers=2``, base vs ht, ``--hf-rounds`` rounds; the row is skipped with the rea
 
 Usage::
 
-    python benchmarks/bench_training_loop.py [--rounds 3] [--epochs 5] [--steps 40] [--out r.json]
+    python benchmarks/bench_training_loop.py [--rounds 3] [--epochs 5] [--steps 40] [--pin 0] [--out r.json]
 """
 import argparse
 from typing import Any
@@ -99,6 +107,17 @@ def _breakdown(dist, torch) -> dict:
     return out
 
 
+def tree_cpu_ns() -> tuple:
+    """CPU (user + system, ns) of this process and of its children waited for so far
+    (``getrusage`` SELF, CHILDREN): a rank, and the DataLoader workers it joined."""
+    import resource
+    out = []
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        ru = resource.getrusage(who)
+        out.append(int((ru.ru_utime + ru.ru_stime) * 1e9))
+    return tuple(out)
+
+
 def ddp_setup(a: argparse.Namespace) -> Any:
     """The loop's rank set-up (one torch thread, the gloo group from torchrun-style
     environment, the DDP MLP, SGD, ``a.steps`` batches of 32 per epoch): returns
@@ -139,9 +158,10 @@ def child_train(a: argparse.Namespace) -> None:
     rank, model, opt, ds = ddp_setup(a)
     steps, first, epochs = [], [], []
     step = 0
+    cpu0 = tree_cpu_ns()
     for _ in range(a.epochs):
         te = time.perf_counter_ns()
-        loader = DataLoader(ds, batch_size=32, num_workers=2, shuffle=False)  # new workers each epoch
+        loader = DataLoader(ds, batch_size=32, num_workers=a.workers, shuffle=False)  # new workers each epoch
         t = time.perf_counter_ns()
         for i, (x, y) in enumerate(loader):
             tracer.step(step)
@@ -151,8 +171,10 @@ def child_train(a: argparse.Namespace) -> None:
             (first if i == 0 else steps).append(now - t)
             t, step = now, step + 1
         epochs.append(time.perf_counter_ns() - te)
+    del loader  # (exhausted: its workers were joined, so their CPU is in RUSAGE_CHILDREN)
     res = {"rank": rank, "step_median_ms": statistics.median(steps) / 1e6,
-           "step_mean_ms": (sum(epochs) / step) / 1e6, "first_batch_ms": statistics.median(first) / 1e6}
+           "step_mean_ms": (sum(epochs) / step) / 1e6, "first_batch_ms": statistics.median(first) / 1e6,
+           "self_cpu_ns": tree_cpu_ns()[0] - cpu0[0], "children_cpu_ns": tree_cpu_ns()[1] - cpu0[1], "steps": step}
     one = torch.ones(1)
     # torch's own decorator also sets __wrapped__: only hangtrace's wrapper is compared
     wrapped = getattr(dist.all_reduce, "__wrapped__", None) if os.environ.get("HANGTRACE") else None
@@ -235,15 +257,20 @@ def launch(kind: str, extra: dict, a: argparse.Namespace, run_dir: str, epochs: 
                    TORCH_FR_BUFFER_SIZE="0", OMP_NUM_THREADS="1",
                    PYTHONPATH=os.path.dirname(os.path.dirname(HERE)))  # this tree's hangtrace
         env.update(extra)  # ht-watch: the node watcher auto-starts, as for a user; @before: PYTHONPATH
-        cmd = [sys.executable, HERE, "--child", kind, "--epochs", str(epochs), "--steps", str(a.steps),
-               "--hf-out", os.path.join(run_dir, "hf-out")] + (["--no-breakdown"] if footprint else [])
+        cmd = (["taskset", "-c", a.pin] if getattr(a, "pin", None) else []) + [sys.executable, HERE, "--child", kind, "--epochs", str(epochs), "--steps", str(a.steps),
+               "--workers", str(a.workers), "--hf-out", os.path.join(run_dir, "hf-out")] + (["--no-breakdown"] if footprint else [])
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = communicate_all(procs)
     for p, (o, e) in zip(procs, outs):
         if p.returncode != 0:
             raise SystemExit("%s %s failed (%d):\n%s" % (kind, extra, p.returncode, e[-3000:]))
     res = [json.loads(l[7:]) for o, _ in outs for l in o.splitlines() if l.startswith("RESULT ")]
-    return next(r for r in res if r.get("rank", 0) == 0)
+    r0 = next(r for r in res if r.get("rank", 0) == 0)
+    if kind == "train" and len(res) == 2:  # both ranks and their workers: the job's CPU per step
+        r0["ranks_cpu_ms_per_step"] = sum(r["self_cpu_ns"] for r in res) / r0["steps"] / 1e6
+        r0["workers_cpu_ms_per_step"] = sum(r["children_cpu_ns"] for r in res) / r0["steps"] / 1e6
+        r0["job_cpu_ms_per_step"] = r0["ranks_cpu_ms_per_step"] + r0["workers_cpu_ms_per_step"]
+    return r0
 
 
 def disk_usage(path: str) -> tuple[int, int, int]:
@@ -273,6 +300,34 @@ def _rows(results: dict, keys: tuple, base: str) -> list:
     return lines
 
 
+def paired_rows(loop: dict, base: str, a: argparse.Namespace) -> list:
+    """Added cost of each variant against ``base`` as the median over rounds of the
+    per-round ratio (the two runs of a round ran next to each other, in the same load):
+    the job's CPU per step (both ranks and every DataLoader worker they joined:
+    ``getrusage`` SELF + CHILDREN over the loop), rank 0's median step and its mean step."""
+    keys = (("job_cpu_ms_per_step", "job CPU per step"), ("ranks_cpu_ms_per_step", "- the 2 ranks"),
+            ("workers_cpu_ms_per_step", "- their workers"), ("step_median_ms", "median step"),
+            ("step_mean_ms", "mean step incl. worker start-up"))
+    keys = tuple(k for k in keys if all(k[0] in r for rs in loop.values() for r in rs))
+    lines = ["\n### Added by tracing, paired by round (%d rounds%s): median of the per-round ratio - 1 "
+             "(min-max; quartiles)\n" % (a.rounds, ", job pinned with `taskset -c %s`" % a.pin if a.pin else ""),
+             "| variant | %s |" % " | ".join(label for _, label in keys), "|---|%s" % ("---|" * len(keys))]
+    if base in loop:
+        lines.insert(3, "| %s (absolute, ms) | %s |" % (base, " | ".join(
+            _spread([r[k] for r in loop[base]]) for k, _ in keys)))
+    for name, rs in loop.items():
+        if name == base:
+            continue
+        cells = []
+        for k, _ in keys:
+            ratios = [100 * (r[k] / b[k] - 1) for r, b in zip(rs, loop[base])]
+            q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+            cells.append("%+.2f %% (%+.1f to %+.1f; %+.1f to %+.1f)" % (statistics.median(ratios), min(ratios),
+                                                                       max(ratios), q[0], q[2]))
+        lines.append("| %s | %s |" % (name, " | ".join(cells)))
+    return lines
+
+
 def parent(a: argparse.Namespace) -> dict:
     report: dict = {"args": vars(a), "loop": {}, "hf": None, "footprint": None}
     names = list(VARIANTS) if not a.variants else a.variants.split(",")
@@ -296,6 +351,7 @@ def parent(a: argparse.Namespace) -> dict:
     print("| variant | median step (ms) | mean step incl. worker start-up (ms) | first batch of an epoch (ms) |")
     print("|---|---|---|---|")
     print("\n".join(_rows(loop, ("step_median_ms", "step_mean_ms", "first_batch_ms"), names[0])))
+    print("\n".join(paired_rows(loop, names[0], a)))
     print("\n### Where the time goes (rank 0, measured directly; median over rounds)\n")
     print("| variant | fork+exit of a bare child (µs) | create_ring, 16384 slots (µs) | all_reduce added by the wrapper (µs) |")
     print("|---|---|---|---|")
@@ -353,9 +409,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--steps", type=int, default=40, help="steps per epoch")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (0: none, for attribution)")
     p.add_argument("--variants", default=None, help="comma list of %s" % ",".join(VARIANTS))
     p.add_argument("--baseline", default=None, help="another tree (e.g. a checkout of main): adds VARIANT@before for "
                    "each traced variant, run with that tree on PYTHONPATH")
+    p.add_argument("--pin", default=None, help="run the whole job (ranks and their workers) under `taskset -c PIN`, "
+                   "e.g. 0: all tracing CPU becomes step time (a conservative bound)")
     p.add_argument("--footprint-epochs", type=int, default=30)
     p.add_argument("--no-footprint", action="store_true")
     p.add_argument("--no-hf", action="store_true")

@@ -14,6 +14,11 @@ compares with is the parent's, which the child's equals at fork). Imported in th
 parent by bootstrap's before-fork handler (not at start-up, not in every child), so that
 forked children find it loaded. Standard
 library only; never raises (False: the caller builds a new sampler).
+
+``on_tick``: the sampler's timer tick in a forked helper whose ring is still in memory
+(``ringsize.Growable.materialize``) writes it to its file first: a helper that has lived a
+sampling interval (1 s) is one a stall or a death may concern, and its ring costs it about
+a millisecond of CPU per interval at most.
 """
 from __future__ import annotations
 
@@ -53,3 +58,10 @@ def take_over(s: Any, rt: Any) -> bool:
         except Exception:
             pass
         return False
+
+
+def on_tick(s: Any) -> None:
+    """Before a timer tick's sample: a lazy ring (a forked helper's) goes to its file."""
+    rec = s.rec
+    if getattr(rec, "lazy", False):
+        rec.materialize("alive for a sampling interval")

@@ -208,6 +208,8 @@ class Sampler(CgroupFiles):
     def tick(self) -> None:
         """One timer tick: refresh the slow figures; sample unless a sample is recent."""
         try:
+            if getattr(self.rec, "lazy", False):  # a forked helper's ring still in memory (memfork)
+                _memfork().on_tick(self)
             self._check_cgroup()
             self._refresh_slow()
         except Exception as e:

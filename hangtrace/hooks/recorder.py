@@ -83,10 +83,11 @@ class Recorder(ringsize.Growable):
         return object.__new__(cls)
 
     def __init__(self, run_dir: str, run_id: str, nslots: int, log: Callable[..., None],
-                 full_slots: int = 0) -> None:
+                 full_slots: int = 0, lazy: bool = False) -> None:
         """``nslots``: slots of the ring created now; ``full_slots`` > ``nslots``: this is a
-        small ring (a helper's), replaced by one of ``full_slots`` slots by ``grow()``
-        (hooks/ringsize.py). Raises OSError when the ring file cannot be created."""
+        small ring (a helper's), replaced by one of ``full_slots`` slots by ``grow()``;
+        ``lazy`` (a small ring only): kept in memory until ``materialize()`` writes it to
+        its file (hooks/ringsize.py). Raises OSError when the ring cannot be created."""
         self.run_dir = run_dir
         self.run_id = run_id
         self.log = log  # callable(msg, key) that logs once per key
@@ -101,12 +102,9 @@ class Recorder(ringsize.Growable):
         else:
             strtab = (F.DEFAULT_STRTAB_SIZE, F.STRTAB_CHUNK)
         self.path = "%s/ring-%s-%d.htr" % (run_dir, self.host, self.pid)  # (POSIX: no os.path.join)
-        try:
-            self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots, *strtab)
-        except FileExistsError:
-            self.path = ringsize.free_ring_path(self.path, self.pid)
-            self.fd, self.mm, self.strtab_off = F.create_ring(self.path, nslots, *strtab)
-        self.strtab_size, self.strtab_reserved = strtab
+        self.lazy = lazy and bool(self.full_slots)
+        self.fd, self.mm, self.strtab_off, self.path = ringsize.open_ring(self.path, self.pid, nslots, strtab, self.lazy)
+        self.strtab_size, self.strtab_reserved = strtab[0], strtab[0 if self.lazy else 1]  # (memory: all of it)
         self.strtab_used = 8
         self._lock = threading.Lock()
         self._counter = itertools.count(1)
@@ -205,6 +203,8 @@ class Recorder(ringsize.Growable):
 
     def event(self, kind: str, **fields: Any) -> int:
         """Durable lifecycle event (never overwritten by the ring): start, exit, exception, ..."""
+        if self.lazy and (kind not in ("start", "exit") or fields.get("code")):
+            self.materialize(kind)  # (a helper's start and clean exit alone keep it in memory)
         fields["event"] = kind
         fields.setdefault("wall_ns", _wall())
         fields.setdefault("mono_ns", _mono())

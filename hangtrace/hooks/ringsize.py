@@ -19,13 +19,21 @@ it over the small one: a reader sees either the small or the full ring, never ha
 one. Same format (version 1), only ``nslots``/``strtab_off``/``strtab_size`` differ; the
 reader takes them from the header (docs/FORMAT.md).
 
+A forked child's small ring is *lazy* (issue 13): built in anonymous memory at the fork
+(``layout.anon_ring``, no file) and written to its file by ``Growable.materialize`` when
+the child records something that matters (an event other than its start or a clean exit;
+the memory sampler's first tick, ``memfork.on_tick``) or grown straight to the full ring
+(a group, an actor id, the phase/step API). A DataLoader worker of a short epoch that
+exits cleanly so costs no file at all; one that lives on costs its ring once per
+sampling interval at most.
+
 Standard library only: imported in every traced process.
 """
 from __future__ import annotations
 
 import mmap
 import os
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from hangtrace.tracer.ring.layout import proc_start_ticks
 from hangtrace.tracer.ring import layout as F
@@ -101,6 +109,23 @@ def free_ring_path(path: str, pid: int) -> str:
     return "%s-%d.htr" % (path[:-len(".htr")], ticks or 0)  # (never None: default 0)
 
 
+def open_ring(path: str, pid: int, nslots: int, strtab: Tuple[int, int], lazy: bool = False,
+              content: Optional[bytes] = None) -> Tuple[int, Any, int, str]:
+    """The ring of a new recorder: ``(fd, mmap, strtab_off, path)``. ``lazy``: in anonymous
+    memory (fd -1, no file yet: ``Growable.materialize`` writes it); else the file at
+    ``path`` or, when that is taken, at ``free_ring_path``. ``strtab``: (size, bytes
+    reserved on disk). ``content``: see ``layout.create_ring``. Raises OSError."""
+    if lazy:
+        mm, strtab_off = F.anon_ring(nslots, strtab[0])
+        return -1, mm, strtab_off, path
+    try:
+        fd, mm, strtab_off = F.create_ring(path, nslots, strtab[0], strtab[1], content)
+    except FileExistsError:
+        path = free_ring_path(path, pid)
+        fd, mm, strtab_off = F.create_ring(path, nslots, strtab[0], strtab[1], content)
+    return fd, mm, strtab_off, path
+
+
 class Growable:
     """Mixin of ``recorder.Recorder``: replacing a small ring by the full one in place.
 
@@ -121,6 +146,60 @@ class Growable:
     _old_maps: List[Any]
     _lock: Any
     log: Callable[..., None]
+    pid: int
+    lazy: bool = False  # the ring is in anonymous memory, not yet in its file (a forked helper)
+    on_lost: Optional[Callable[[BaseException], None]] = None  # a lazy ring could not be written
+
+    def materialize(self, reason: str) -> bool:
+        """Write a lazy ring (a forked helper's, kept in memory since the fork) to its file,
+        same size, every record so far; from now on the recorder writes to the file. Called
+        when the helper records something that matters (an event other than its start or
+        a clean exit; the memory sampler's first tick: it has lived ``interval`` seconds).
+        Returns True when it did. Never raises: a failure calls ``on_lost`` (tracing off
+        in this child) and the ring stays in memory."""
+        if not self.lazy:
+            return False
+        with self._lock:
+            ok = self._materialize_locked(reason)
+        if ok:
+            self._run_on_grow()
+        return ok
+
+    def _materialize_locked(self, reason: str) -> bool:
+        if not self.lazy:
+            return False
+        self._fill_ticks()
+        self.lazy = False
+        used, chunk, size = self.strtab_used, SMALL_STRTAB_RESERVE, self.strtab_size
+        reserved = (used + chunk - 1) // chunk * chunk
+        try:
+            content = bytes(self.mm[0:self.strtab_off + used])
+            fd, mm, strtab_off, self.path = open_ring(self.path, self.pid, self.nslots, (size, reserved),
+                                                      content=content)
+        except Exception as e:
+            self._lost(e, reason)
+            return False
+        self._old_maps.append(self.mm)
+        self._remap(fd, mm, self.nslots, strtab_off, reserved)
+        self.strtab_size = size
+        return True
+
+    def _fill_ticks(self) -> None:
+        """A lazy ring's process start time (``layout.anon_ring`` leaves it 0), read now:
+        readers tell a reused pid's ring by it (``free_ring_path``)."""
+        ident = F.IDENT.unpack_from(self.mm, F.IDENT_OFF)
+        if not ident[4]:
+            F.IDENT.pack_into(self.mm, F.IDENT_OFF, *ident[:4], proc_start_ticks(self.pid) or 0)
+
+    def _lost(self, e: BaseException, reason: str) -> None:
+        """A lazy ring could not be written to its file: log, then ``on_lost``."""
+        self.lazy = False
+        self.log("cannot write the ring %s (%s): %r" % (self.path, reason, e), "lazy-ring")
+        if self.on_lost is not None:
+            try:
+                self.on_lost(e)
+            except Exception:
+                pass
 
     def grow(self, reason: str) -> bool:
         """Replace a small ring by the full one (same path, same records). Returns True
@@ -147,12 +226,19 @@ class Growable:
             return False
         self.full_slots = 0  # one attempt per process
         try:
+            if self.lazy:
+                self._fill_ticks()
+                if os.path.lexists(self.path):  # (an earlier process's: grow_file renames over it)
+                    self.path = free_ring_path(self.path, self.pid)
             fd, mm, strtab_off, reserved = grow_file(
                 self.path, self.mm, self.nslots, self.strtab_off, self.strtab_used, nslots)
         except Exception as e:
             self.log("cannot grow the ring %s to %d slots (%s): %r; the small ring stays"
                      % (self.path, nslots, reason, e), "grow")
+            if self.lazy:
+                self._lost(e, reason)
             return False
+        self.lazy = False
         old_fd = self.fd
         self._old_maps.append(self.mm)
         self._remap(fd, mm, nslots, strtab_off, reserved)

@@ -73,9 +73,14 @@ def test_crashed_and_stuck_dataloader_workers_keep_their_evidence(tmp_path):
                 stuck = int(pid)
             elif kind == "grown":
                 grown = int(pid)
-        # the stuck worker: alive, its ring names the dump signal, which dumps its stacks
-        procs, _ = load_rings(str(run))
-        (w,) = [x for x in procs if x.pid == stuck]
+        # the stuck worker: alive, its ring names the dump signal, which dumps its stacks.
+        # (A forked helper's ring is written to its file at its memory sampler's first
+        # tick, a sampling interval (1 s) after the fork, or sooner when it records
+        # something that matters: hooks/ringsize.py, ``materialize``.)
+        def stuck_ring():
+            return [x for x in load_rings(str(run))[0] if x.pid == stuck]
+        wait_until(lambda: stuck_ring(), timeout=30)
+        (w,) = stuck_ring()
         assert w.meta["dump_signal"] == int(signal.SIGUSR2)
         os.kill(stuck, signal.SIGUSR2)
         dump = run / "stacks" / ("dump-%s-%d.txt" % (os.uname().nodename, stuck))

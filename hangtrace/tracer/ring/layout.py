@@ -181,12 +181,14 @@ def _env_int(name: str, default: int = -1) -> int:
         return default
 
 
-def _write_identity(mm: mmap.mmap) -> None:
-    """Identity fields known at creation (the recorder writes the same ones again)."""
+def _write_identity(mm: mmap.mmap, ticks: bool = True) -> None:
+    """Identity fields known at creation (the recorder writes the same ones again).
+    ``ticks=False``: the process start time (``/proc/PID/stat``) is left 0, for the one
+    who writes the ring to its file to fill in (``anon_ring``)."""
     import time
     pid = os.getpid()
     IDENT.pack_into(mm, IDENT_OFF, pid, os.getppid(), time.time_ns(), time.monotonic_ns(),
-                    proc_start_ticks(pid))
+                    proc_start_ticks(pid) if ticks else 0)
     mm[HOST_OFF:HOST_OFF + HOST_LEN] = os.uname().nodename.encode()[:HOST_LEN - 1].ljust(HOST_LEN, b"\0")
     run_id = os.environ.get("HANGTRACE_RUN_ID", "")
     mm[RUNID_OFF:RUNID_OFF + RUNID_LEN] = run_id.encode()[:RUNID_LEN - 1].ljust(RUNID_LEN, b"\0")
@@ -207,9 +209,26 @@ def discard_partial(fd: int, mm: "mmap.mmap | None", tmp: str) -> None:
         pass
 
 
+def anon_ring(nslots: int, strtab_size: int) -> "tuple[mmap.mmap, int]":
+    """A ring in anonymous private memory, no file: ``(mmap, strtab_off)``, header and
+    identity written as ``create_ring`` writes them but the process start time (0: filled
+    in by ``ringsize.Growable`` before the ring goes to a file). A forked helper's ring
+    starts so (issue 13); ``create_ring(..., content=)`` later writes it to its file."""
+    strtab_off, total = layout(nslots, strtab_size)
+    mm = mmap.mmap(-1, total, mmap.MAP_PRIVATE)
+    HDR_FIXED.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, nslots, strtab_off, strtab_size)
+    STRUSED.pack_into(mm, STRUSED_OFF, 8)
+    _write_identity(mm, ticks=False)
+    return mm, strtab_off
+
+
 def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE,
-                strtab_reserve: int = STRTAB_CHUNK) -> "tuple[int, mmap.mmap, int]":
+                strtab_reserve: int = STRTAB_CHUNK, content: "bytes | None" = None) -> "tuple[int, mmap.mmap, int]":
     """Create a ring file and map it; return ``(fd, mmap, strtab_off)``.
+
+    ``content``: the first bytes of the ring as built in memory (``anon_ring``: header,
+    slots and the used part of the string table, within ``strtab_off + strtab_reserve``),
+    written as they are instead of a fresh header and identity.
 
     The file is created with mode 0600, sized to its full length (sparse) and mapped
     ``MAP_SHARED``; header, slots and the first ``strtab_reserve`` bytes of the string
@@ -236,11 +255,15 @@ def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE,
     try:
         os.ftruncate(fd, total)
         reserve(fd, 0, strtab_off + strtab_reserve)
-        _write_first_pages(fd, strtab_off, min(total, strtab_off + strtab_reserve))
+        if content is None:
+            _write_first_pages(fd, strtab_off, min(total, strtab_off + strtab_reserve))
+        else:  # (pwrite, not stores through the mapping: see _write_first_pages)
+            os.pwrite(fd, content, 0)
         mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        HDR_FIXED.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, nslots, strtab_off, strtab_size)
-        STRUSED.pack_into(mm, STRUSED_OFF, 8)
-        _write_identity(mm)
+        if content is None:
+            HDR_FIXED.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, nslots, strtab_off, strtab_size)
+            STRUSED.pack_into(mm, STRUSED_OFF, 8)
+            _write_identity(mm)
         try:
             os.link(tmp, path)  # atomic, exclusive: the complete header appears at once
         except FileExistsError:
