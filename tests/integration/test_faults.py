@@ -169,7 +169,7 @@ def test_recorder_failing_in_every_collective(tmp_path):
         assert len(ar) == 1, mine  # 50 failing calls, one line
         assert "hangtrace test fault: recorder failure" in ar[0]
         assert len([l for l in mine if "recording all_gather_object failed" in l]) == 1
-        assert len(mine) <= 5, mine
+        assert len(mine) <= 6, mine  # recorder choice, FR setting, tensor layout, the two failures, ...
     # the rings still carry the lifecycle and group records
     for name in os.listdir(str(run_dir)):
         if name.startswith("ring-"):
