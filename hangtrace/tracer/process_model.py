@@ -77,13 +77,14 @@ def _ray_kind(p: ProcessInfo) -> Optional[Role]:
         return Role.RAY_ACTOR
     if not (meta.get("ray_job_id") or meta.get("ray_worker_id") or meta.get("ray_pid")):
         return None
-    argv = _argv(p)
+    argv = process_argv(p)
     if any("default_worker.py" in a or a.startswith("ray::") for a in argv):
         return Role.RAY_TASK_WORKER
     return Role.LAUNCHER
 
 
-def _argv(p: ProcessInfo) -> List[str]:
+def process_argv(p: ProcessInfo) -> List[str]:
+    """The process's command line from its start record ([] when unknown)."""
     for e in p.events or ():
         if isinstance(e, dict) and e.get("event") == "start":
             return [str(a) for a in (e.get("argv") or ())]

@@ -311,3 +311,20 @@ def stopped_after_stall(ctx: Ctx) -> Optional[Tuple[float, float, Dict[int, bool
     if spread > STOPPED_WINDOW_S or min(gaps) < STOPPED_GAP_S or spread > min(gaps) / 2:
         return None
     return spread, min(gaps), {v.rank: v.victim for v in vs}
+
+
+def first_rankless_death(processes: Any) -> Optional[Tuple[Any, RankView]]:
+    """The earliest traced process that died (``fill_death``) when no process has a rank:
+    a launcher script that failed before starting its ranks (a missing WORLD_SIZE, a bad
+    argument). ``(process, its view)`` or None. Ray workers are left to the actor rules."""
+    from hangtrace.tracer.analyze.context import index_process
+    best: Optional[Tuple[Any, RankView]] = None
+    for p in processes:
+        meta = p.meta or {}
+        if meta.get("ray_job_id") or meta.get("ray_worker_id") or meta.get("ray_actor_id"):
+            continue
+        v = index_process(-1, p)
+        fill_death(v)
+        if v.dead and (best is None or (v.fail_wall or 0) < (best[1].fail_wall or 0)):
+            best = (p, v)
+    return best

@@ -16,7 +16,8 @@ from typing import Optional
 from hangtrace.tracer.analyze import enrich
 from hangtrace.tracer.analyze.arbiter import Outcome, Situation, decide
 from hangtrace.tracer.analyze.context import DEFAULT_STALL_S, Ctx
-from hangtrace.tracer.analyze.deaths import TRANSPORT_MARKERS, failures, is_transport_error, stopped_after_stall
+from hangtrace.tracer.process_model import process_argv
+from hangtrace.tracer.analyze.deaths import first_rankless_death, TRANSPORT_MARKERS, failures, is_transport_error, stopped_after_stall
 from hangtrace.tracer.analyze.evidence import rk, stall_note
 from hangtrace.tracer.analyze.rules import (ACTOR_RULES, ACTORS, BY_NAME, DEATH_RULE, FALLBACK_RULES, HANG_RULES,
                                             RANKLESS_ROOT, STACK_ONLY, Finding)
@@ -108,8 +109,13 @@ def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Opt
             BY_NAME[found.rule].explain(ctx, found, d)
             return _finish(ctx, d)
         d.cause = Cause.NO_DATA
+        died = first_rankless_death(snapshot.processes)  # e.g. a launcher that failed before its ranks
         d.summary = "No traced process with a rank in the snapshot%s." % (
             " (%d unreadable file(s), see errors)" % len(d.errors) if d.errors else "")
+        if died:
+            who = "%s (%s)" % (died[0].key, " ".join(process_argv(died[0])) or "?")
+            d.details["rankless_death"] = {"process": who, "cause": died[1].cause, "cause_text": died[1].cause_text}
+            ctx.add("%s died: %s" % (who, died[1].cause_text))
         ctx.add("%d process(es), %d without a rank" % (len(snapshot.processes), ctx.unranked))
         for ln in ctx.bad[:10]:
             ctx.add(ln)

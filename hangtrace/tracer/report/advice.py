@@ -57,6 +57,9 @@ EXIT_CODE_NEXT = ("read that rank's log around its exit; a non-zero exit without
 def next_step(diag: Diagnosis) -> Optional[str]:
     """The "Next:" advice of ``diag`` (no trailing period), or None."""
     k = diag.kind
+    if k == Kind.UNKNOWN and (diag.details or {}).get("rankless_death"):
+        return ("fix what stopped the process named above before it started the ranks (its exception or "
+                "exit code); `hangtrace records RUN_DIR` shows its start record and exception")
     if k != Kind.DEAD_RANK:
         return NEXT.get(k)
     cause = str(diag.cause) if diag.cause is not None else ""

@@ -360,12 +360,12 @@ def _unknown(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
                     "it" if len(inc.get("methods") or []) < 2 else "them",
                     "; ".join(_call(x) for x in (d.get("actor_chain") or [])[:6])))
     why = _UNKNOWN_WHY.get(str(diag.cause) if diag.cause else "", str(diag.cause) if diag.cause else "not enough data")
-    s = "Unknown: %s" % why
+    rd = d.get("rankless_death")  # a launcher that died before its ranks existed
+    s = "Unknown: %s%s" % (why, "; %s died before any process joined a process group: %s" % (
+        rd["process"], rd["cause_text"]) if rd else "")
     if diag.culprit_ranks:
         s += "; suspects: %s" % who
-    if coll:
-        s += " (%s)" % coll
-    return s + "."
+    return s + (" (%s)" % coll if coll else "") + "."
 
 
 def _waiting(diag: Diagnosis) -> str:
