@@ -186,9 +186,11 @@ def _silent_mismatch(run_dir: str) -> None:
     """A job that exited 0 may still have run on with wrong data: gloo completes some
     collectives whose sizes or dtypes disagree (rule ``silent_mismatch``). Analysed once,
     without stacks; a verdict block and a snapshot only when that is what it finds."""
-    from hangtrace.tracer.pipeline import diagnose_path, dump_live
-    try:
-        if not (diagnose_path(run_dir, log=lambda _line: None).diagnosis.details or {}).get("silent"):
+    from hangtrace.tracer.collect.frdump import load_run_or_fr
+    from hangtrace.tracer.pipeline import diagnose_snapshot, dump_live, readable
+    try:  # the rings as they are now (an earlier snapshot of this run is not what ended)
+        snap = readable(load_run_or_fr(run_dir), lambda _line: None)
+        if not (diagnose_snapshot(snap).diagnosis.details or {}).get("silent"):
             return
         res = dump_live(run_dir, "silent-mismatch", with_stacks=False)
         report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
