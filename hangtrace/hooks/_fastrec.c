@@ -22,9 +22,9 @@
  *   Busy       torch_dist._busy: {thread ident: 1}, the calling thread's entry a
  *              thread-local flag.
  *
- * Per call the common case costs (callgrind, world-size-1 gloo all_reduce, torch 2.13):
- * about 1,500 instructions, half of them torch's own ``shape`` and ``dtype`` getters,
- * which are called directly (no attribute lookup) while torch.Tensor is unchanged.
+ * Per call the common case costs (callgrind, world-size-1 gloo all_reduce, torch 2.13,
+ * steady state): about 560 instructions; a plain tensor's dims and dtype are read from
+ * its TensorImpl (TL below), torch's ``shape``/``dtype`` getters run only on cache misses.
  *
  * Never raises from recording into the caller: recording errors (subclasses of
  * Exception, as in Python) are reported through the state's log callable; the

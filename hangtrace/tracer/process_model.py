@@ -71,7 +71,8 @@ def joined(p: ProcessInfo) -> bool:
     return bool(p.groups) and p.rank is not None and p.rank >= 0
 
 
-def _ray_kind(p: ProcessInfo) -> Optional[Role]:
+def ray_role(p: ProcessInfo) -> Optional[Role]:
+    """RAY_ACTOR, RAY_TASK_WORKER or LAUNCHER (the Ray driver) from the ring meta, else None."""
     meta = p.meta or {}
     if meta.get("ray_actor_id") or meta.get("ray_actor_class"):
         return Role.RAY_ACTOR
@@ -168,7 +169,7 @@ def assign_roles(processes: Iterable[ProcessInfo],
     joined_by_rank: Dict[int, List[ProcessInfo]] = {}
     hinted_by_rank: Dict[int, List[ProcessInfo]] = {}
     for p in procs:
-        ray = _ray_kind(p)
+        ray = ray_role(p)
         if ray is not None:
             roles[p.key] = ray
         if not valid_rank(p.rank):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.config import CONTROL_FLOW_ERRORS
 from hangtrace.tracer.diagnosis import Cause, exit_code_cause
+from hangtrace.tracer.snapshot import Role
 
 if TYPE_CHECKING:
     from hangtrace.tracer.analyze.context import Ctx, RankView
@@ -316,12 +317,13 @@ def stopped_after_stall(ctx: Ctx) -> Optional[Tuple[float, float, Dict[int, bool
 def first_rankless_death(processes: Any) -> Optional[Tuple[Any, RankView]]:
     """The earliest traced process that died (``fill_death``) when no process has a rank:
     a launcher script that failed before starting its ranks (a missing WORLD_SIZE, a bad
-    argument). ``(process, its view)`` or None. Ray workers are left to the actor rules."""
+    argument). ``(process, its view)`` or None. Ray actors and task workers are left to the
+    actor rules (a Ray driver is a launcher: named here)."""
     from hangtrace.tracer.analyze.context import index_process
+    from hangtrace.tracer.process_model import ray_role
     best: Optional[Tuple[Any, RankView]] = None
     for p in processes:
-        meta = p.meta or {}
-        if meta.get("ray_job_id") or meta.get("ray_worker_id") or meta.get("ray_actor_id"):
+        if ray_role(p) in (Role.RAY_ACTOR, Role.RAY_TASK_WORKER):
             continue
         v = index_process(-1, p)
         fill_death(v)

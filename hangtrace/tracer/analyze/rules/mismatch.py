@@ -80,23 +80,22 @@ EXC_WINDOW_NS = 60_000_000_000
 
 
 def _culprits(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> Tuple[List[int], Optional[str]]:
-    sizes = sorted(((len(rs), k) for k, rs in sigs.items()), key=lambda x: -x[0])
-    top = sizes[0][0]
-    tied = [k for n, k in sizes if n == top]
-    if len(tied) > 1:
-        recs = {r: rec for rs in sigs.values() for r in rs for rec in (_rec_at(ctx, inst, r),) if rec}
-        new = None if inst.p2p or len(recs) < sum(map(len, sigs.values())) else \
-            sigclasses.novelty(ctx, inst.group, inst.seq, sigs, recs)
-        if new is not None:
-            return new[0], "tie broken: " + new[1]
-        broken = _tie_break(ctx, inst, [sorted(sigs[k]) for k in tied])
-        if broken is not None:
-            return broken
-        return ([r for rs in sigs.values() for r in rs],
-                "no majority: %d signatures with %d rank(s) each; naming all%s" % (len(tied), top,
-                                                                             _step_skew(ctx, inst, sigs)))
-    culprits = [r for k, rs in sigs.items() if k != tied[0] for r in rs]
-    return culprits or [r for rs in sigs.values() for r in rs], None
+    minority = sigclasses.majority(sigs)  # the ranks outside the one largest signature class
+    if minority is not None:
+        return minority, None
+    recs = {r: rec for rs in sigs.values() for r in rs for rec in (_rec_at(ctx, inst, r),) if rec}
+    new = None if inst.p2p or len(recs) < sum(map(len, sigs.values())) else \
+        sigclasses.novelty(ctx, inst.group, inst.seq, sigs, recs)
+    if new is not None:
+        return new[0], "tie broken: " + new[1]
+    top = max(map(len, sigs.values()))
+    tied = [sorted(rs) for rs in sigs.values() if len(rs) == top]
+    broken = _tie_break(ctx, inst, tied)
+    if broken is not None:
+        return broken
+    return ([r for rs in sigs.values() for r in rs],
+            "no majority: %d signatures with %d rank(s) each; naming all%s" % (len(tied), top,
+                                                                         _step_skew(ctx, inst, sigs)))
 
 
 def _step_skew(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> str:
