@@ -17,7 +17,8 @@ What one sample writes (record layout in ``tracer/ring/layout.py``, kind K_MEM):
 
 When: just after a phase is entered, just before it is left, at every ``tracer.step``
 and on a timer (``HANGTRACE_MEM_INTERVAL_S``, default 1 s; the tick writes no record when
-a phase/step sample is younger than the interval). Costs (measured on this machine):
+a phase/step sample is younger than the interval; its thread starts once the process is
+past its start, ``hooks/memclock.py``). Costs (measured on this machine):
 ``os.pread`` of an open ``/proc``/cgroup file descriptor ~1 us each, a whole host sample
 ~10 us; ``/proc/PID/status`` costs ~120 us, so swap, limits and ``mem_get_info`` are only
 refreshed on the timer thread and reused by phase/step samples.
@@ -160,6 +161,8 @@ class Sampler(CgroupFiles):
                 self._sample_gauges(source)
             self.last_ns = _mono()
             self.nsamples += 1
+            if self._thread is None and source != F.MEM_TIMER:  # (the phase/step API: started)
+                _memclock().kick(self)
         except Exception as e:
             self.log("memory: sampling failed: %r" % (e,), "mem-sample")
 
@@ -218,16 +221,35 @@ class Sampler(CgroupFiles):
             self.sample(F.MEM_TIMER)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        wait = max(0.0, (self.last_ns + self.interval_ns - _mono()) / 1e9)  # (0: started late)
+        while not self._stop.wait(wait):
             if self.dead:
                 return
             self.tick()
+            wait = self.interval_s
 
-    def start(self) -> None:
+    def start(self, defer: bool = False) -> None:
+        """The first sample now; the timer thread now, or with ``defer`` once the process
+        is past its start (``hooks/memclock.py``)."""
         self.sample(F.MEM_TIMER)
-        t = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-        t.start()
-        self._thread = t
+        if not (defer and _memclock().defer_thread(self)):
+            self.start_thread()
+
+    def start_thread(self) -> bool:
+        """Start the timer thread (once). False when it cannot start now: ``threading``'s
+        registry lock is held, maybe by this thread (a gc callback inside ``threading``),
+        where it is not reentrant (an RLock in CPython 3.11: no check needed)."""
+        if self._thread is not None or self.dead or self._stop.is_set():
+            return True
+        held = getattr(getattr(threading, "_active_limbo_lock", None), "locked", None)
+        if held is not None and held():
+            return False
+        t = self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        try:
+            t.start()
+        except Exception:  # (at interpreter shutdown: no thread, no samples to take)
+            self._thread = None
+        return True
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the timer thread and wait for it (at exit: no thread of ours may be inside
@@ -284,6 +306,11 @@ def _memcuda() -> Any:  # CUDA sampling, imported once CUDA is in use (not at st
     return memcuda
 
 
+def _memclock() -> Any:  # when the bootstrap's timer thread starts (issue 8)
+    from hangtrace.hooks import memclock
+    return memclock
+
+
 def _memfork() -> Any:  # for forked children (imported by bootstrap._before_fork, not at start-up)
     from hangtrace.hooks import memfork
     return memfork
@@ -326,7 +353,7 @@ def start(rt: Any, forked: bool = False) -> Optional[Sampler]:
             _sampler = s
             api._set_sampler(s)
             _install_excepthook()
-            s.start()
+            s.start(defer=not forked)
             return s
         except Exception as e:
             _sampler = None

@@ -134,10 +134,14 @@ def test_sampler_thread_runs_in_forked_child_and_off_switch(tmp_path):
             print("child", names(), flush=True)
             os._exit(0)
         os.waitpid(pid, 0)
+        tracer.step(1)
+        print("parent after step", names(), flush=True)
     """)
     out = subprocess.run([sys.executable, s], env=base_env(tmp_path / "run"), capture_output=True, text=True,
                          timeout=60).stdout
-    assert "parent ['MainThread', 'hangtrace-memory']" in out and "child ['MainThread', 'hangtrace-memory']" in out
+    # at bootstrap the timer thread waits (hooks/memclock.py); a forked child starts its own at once
+    assert "parent ['MainThread']" in out and "child ['MainThread', 'hangtrace-memory']" in out, out
+    assert "parent after step ['MainThread', 'hangtrace-memory']" in out, out
     from hangtrace.tracer.collect.rings import load_rings
     procs, _ = load_rings(str(tmp_path / "run"))
     assert len(procs) == 2 and all(p.memory for p in procs)
@@ -213,3 +217,48 @@ def test_ray_trainer_actor_grows_until_cgroup_oom_kill(tmp_path):
         assert x["text"] and x["text"] not in det["cause_text"] and x["text"] not in d["cause"], x
         assert any("Ray says:" in e for e in d["evidence"]), d["evidence"]
     assert not glob.glob("/sys/fs/cgroup/memory/hangtrace-test-*") and not glob.glob("/sys/fs/cgroup/hangtrace-test-*")
+
+
+def test_sampler_thread_waits_for_torch_import_and_for_the_first_collection(tmp_path):
+    """Issue 8: no sampler thread while torch is imported (a second thread slows every
+    malloc of the import), one right after it; without torch, the first garbage collection
+    one interval after the start starts it. 'torch' here is a stand-in package that
+    allocates for longer than the interval while it is imported."""
+    pkg = tmp_path / "fake" / "torch"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(textwrap.dedent("""
+        import threading, time
+        names = lambda: sorted(t.name for t in threading.enumerate())
+        t0, keep = time.monotonic(), []
+        while time.monotonic() - t0 < 0.6:
+            keep.append({})  # net growth of containers: collections run, the clock is asked
+        print("in torch's import", names(), flush=True)
+    """))
+    s = _script(tmp_path, """
+        import sys, threading, time
+        names = lambda: sorted(t.name for t in threading.enumerate())
+        if sys.argv[1] == "torch":
+            import torch
+            print("after torch", names(), flush=True)
+            time.sleep(0.2)  # (its first tick: at once, the interval has passed)
+        else:
+            t0, keep = time.monotonic(), []
+            while time.monotonic() - t0 < 0.3:
+                keep.append({})
+            print("early", names(), flush=True)
+            while time.monotonic() - t0 < 1.0 and len(names()) == 1:
+                keep.append({})
+            print("later", names(), flush=True)
+            time.sleep(0.2)
+    """)
+    env = base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S="0.4", PYTHONPATH=os.pathsep.join(
+        [str(tmp_path / "fake"), os.environ.get("PYTHONPATH", REPO)]))
+    out = subprocess.run([sys.executable, s, "torch"], env=env, capture_output=True, text=True, timeout=60)
+    assert "in torch's import ['MainThread']" in out.stdout, (out.stdout, out.stderr)
+    assert "after torch ['MainThread', 'hangtrace-memory']" in out.stdout, (out.stdout, out.stderr)
+    out = subprocess.run([sys.executable, s, "plain"], env=env, capture_output=True, text=True, timeout=60)
+    assert "early ['MainThread']" in out.stdout and "later ['MainThread', 'hangtrace-memory']" in out.stdout, \
+        (out.stdout, out.stderr)
+    from hangtrace.tracer.collect.rings import load_rings
+    procs, _ = load_rings(str(tmp_path / "run"))
+    assert len(procs) == 2 and all(len(p.memory) >= 2 for p in procs), [len(p.memory) for p in procs]
