@@ -1,7 +1,7 @@
 """When a traced process's memory sampler starts its timer thread (issue 8).
 
 In a forked child the thread starts at once (its parent's threads made it multi-threaded
-already). At bootstrap it waits until the process is past its start: ``defer_thread``.
+already). At bootstrap it waits until the process runs past its start: ``defer_thread``.
 Standard library only; never raises into the program.
 """
 from __future__ import annotations
@@ -14,23 +14,27 @@ _mono = time.monotonic_ns
 
 
 def defer_thread(s: Any) -> bool:
-    """At bootstrap (issue 8): start the timer thread once the process is past its start,
-    not before. Why: once a second thread exists, glibc's ``malloc``/``free`` leave their
-    single-thread fast path for the rest of the process, and torch's import allocates a
-    lot: an idle thread made a single-threaded ``import torch.distributed`` cost 11M more
-    instructions (callgrind, ``benchmarks/README.md``). When: right after torch's import
-    (a post-import hook), else at the first garbage collection one interval after the
-    start (``gc.callbacks``), else at the first phase or step (``kick``). Known gap: a
-    process that never imports torch and after its first second neither runs a garbage
-    collection (net growth of container objects: lists, dicts, class instances; a list of
-    ``bytearray`` or numpy buffers does not count) nor enters a phase or step has its start
-    sample only, and no timer samples. Returns False when the thread should start at once
-    (torch imported already)."""
+    """At bootstrap: start sampler ``s``'s timer thread once the process runs past its
+    start, not before. Returns False when it should start at once (torch imported already).
+
+    Why: once a second thread exists, glibc's ``malloc``/``free`` leave their single-thread
+    fast path for the rest of the process (``__libc_single_threaded`` is never set back),
+    and torch's import and the interpreter's exit allocate and free a lot. Callgrind,
+    traced ``import torch.distributed`` with OpenBLAS/OpenMP on one thread (as torchrun
+    runs ranks): an idle thread started before the import cost 11M instructions; started
+    right after it, 3M in exit's frees (``benchmarks/README.md``).
+
+    When: at the first garbage collection one interval (``HANGTRACE_MEM_INTERVAL_S``) or
+    more after the start, outside torch's import (``gc.callbacks``; a program that runs
+    Python allocates, and collects); or at once when the process joins a process group or
+    enters a phase or step (``kick``). Known gap: a process that joins no group, uses no
+    phase or step, and after its first interval runs no collection (no net growth of
+    container objects: lists, dicts, class instances; a list of ``bytearray`` or numpy
+    buffers does not count) has its start sample only, and no timer samples."""
     t = sys.modules.get("torch")
     if t is not None and not initializing(t):
         return False
     import gc
-    from hangtrace.hooks import importhook
     due = _mono() + s.interval_ns
 
     def clock(phase: str, info: Any) -> None:
@@ -39,28 +43,31 @@ def defer_thread(s: Any) -> bool:
                 return
             t = sys.modules.get("torch")
             if t is not None and initializing(t):
-                return  # (inside torch's import: its post-import hook starts the thread)
+                return  # (inside torch's import: the next collection after it)
             if s.start_thread():
                 gc.callbacks.remove(clock)
         except Exception:
             pass
-
-    def torch_imported(module: Any) -> None:
-        if not s.start_thread() and clock not in gc.callbacks:
-            gc.callbacks.append(clock)
     gc.callbacks.append(clock)
-    importhook.when_imported("torch", torch_imported)
     return True
+
+
+def kick(s: Any = None) -> None:
+    """A traced call that matters (a process group joined, a phase or step) before the
+    timer thread of sampler ``s`` (default: this process's) started: start it now, unless
+    torch's import is running (the clock starts it after). Never raises."""
+    try:
+        if s is None:
+            s = getattr(sys.modules.get("hangtrace.hooks.memory"), "_sampler", None)
+        if s is None or s._thread is not None:
+            return
+        t = sys.modules.get("torch")
+        if t is None or not initializing(t):
+            s.start_thread()
+    except Exception:
+        pass
 
 
 def initializing(module: Any) -> bool:
     """True while ``module``'s own code runs (importlib's ``__spec__._initializing``)."""
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
-
-
-def kick(s: Any) -> None:
-    """The phase/step API sampled ``s`` before its timer thread started: start it now,
-    unless torch's import is running (its post-import hook starts it)."""
-    t = sys.modules.get("torch")
-    if t is None or not initializing(t):
-        s.start_thread()

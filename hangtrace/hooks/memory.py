@@ -377,6 +377,7 @@ def active() -> Optional[Sampler]:
     return _sampler
 
 
+
 class MemoryInstrumentor(Instrumentor):
     """Memory sampling (this module): the sampler and its timer thread, the OOM hooks.
 

@@ -85,10 +85,12 @@ _layout_probed = False
 
 def _start_fr_agent(st: State) -> None:
     """This process joined a group: serve Flight Recorder dump requests (``fr_agent``;
-    off with ``HANGTRACE_FR=0``), and a forked child writes its environment record
-    (``envrecord.joined``). Never raises."""
+    off with ``HANGTRACE_FR=0``), a forked child writes its environment record
+    (``envrecord.joined``), and the memory sampler's thread starts if it still waits
+    (``memclock.kick``). Never raises."""
     try:
-        from hangtrace.hooks import envrecord
+        from hangtrace.hooks import envrecord, memclock
+        memclock.kick()
         envrecord.joined()
     except Exception as e:
         st.log("environment record at join failed: %r" % (e,), "env-join")

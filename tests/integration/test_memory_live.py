@@ -219,11 +219,12 @@ def test_ray_trainer_actor_grows_until_cgroup_oom_kill(tmp_path):
     assert not glob.glob("/sys/fs/cgroup/memory/hangtrace-test-*") and not glob.glob("/sys/fs/cgroup/hangtrace-test-*")
 
 
-def test_sampler_thread_waits_for_torch_import_and_for_the_first_collection(tmp_path):
-    """Issue 8: no sampler thread while torch is imported (a second thread slows every
-    malloc of the import), one right after it; without torch, the first garbage collection
-    one interval after the start starts it. 'torch' here is a stand-in package that
-    allocates for longer than the interval while it is imported."""
+def test_sampler_thread_waits_past_the_start_and_torch_import(tmp_path):
+    """Issue 8: at bootstrap the sampler's timer thread waits (a second thread slows every
+    malloc of torch's import and of the exit): none while torch is imported, even past the
+    interval; the first garbage collection after the import and one interval after the
+    start starts it; so does the first phase/step (and joining a group: the next test). 'torch' here is a stand-in package that allocates, and so collects,
+    for longer than the interval while it is imported."""
     pkg = tmp_path / "fake" / "torch"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(textwrap.dedent("""
@@ -237,28 +238,52 @@ def test_sampler_thread_waits_for_torch_import_and_for_the_first_collection(tmp_
     s = _script(tmp_path, """
         import sys, threading, time
         names = lambda: sorted(t.name for t in threading.enumerate())
+        t0, keep = time.monotonic(), []
         if sys.argv[1] == "torch":
             import torch
-            print("after torch", names(), flush=True)
-            time.sleep(0.2)  # (its first tick: at once, the interval has passed)
+        elif sys.argv[1] == "step":
+            from hangtrace import tracer
+            tracer.step(1)
+            print("at step", names(), flush=True)
         else:
-            t0, keep = time.monotonic(), []
             while time.monotonic() - t0 < 0.3:
                 keep.append({})
             print("early", names(), flush=True)
-            while time.monotonic() - t0 < 1.0 and len(names()) == 1:
-                keep.append({})
-            print("later", names(), flush=True)
-            time.sleep(0.2)
+        while time.monotonic() - t0 < 2.0 and len(names()) == 1:
+            keep.append({})
+        print("later", names(), flush=True)
+        time.sleep(0.2)  # (its first tick: at once, the interval has passed)
     """)
     env = base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S="0.4", PYTHONPATH=os.pathsep.join(
         [str(tmp_path / "fake"), os.environ.get("PYTHONPATH", REPO)]))
+    both = "['MainThread', 'hangtrace-memory']"
     out = subprocess.run([sys.executable, s, "torch"], env=env, capture_output=True, text=True, timeout=60)
-    assert "in torch's import ['MainThread']" in out.stdout, (out.stdout, out.stderr)
-    assert "after torch ['MainThread', 'hangtrace-memory']" in out.stdout, (out.stdout, out.stderr)
+    assert "in torch's import ['MainThread']" in out.stdout and "later " + both in out.stdout, (out.stdout, out.stderr)
     out = subprocess.run([sys.executable, s, "plain"], env=env, capture_output=True, text=True, timeout=60)
-    assert "early ['MainThread']" in out.stdout and "later ['MainThread', 'hangtrace-memory']" in out.stdout, \
-        (out.stdout, out.stderr)
+    assert "early ['MainThread']" in out.stdout and "later " + both in out.stdout, (out.stdout, out.stderr)
+    out = subprocess.run([sys.executable, s, "step"], env=env, capture_output=True, text=True, timeout=60)
+    assert "at step " + both in out.stdout, (out.stdout, out.stderr)
     from hangtrace.tracer.collect.rings import load_rings
     procs, _ = load_rings(str(tmp_path / "run"))
-    assert len(procs) == 2 and all(len(p.memory) >= 2 for p in procs), [len(p.memory) for p in procs]
+    assert len(procs) == 3 and all(len(p.memory) >= 2 for p in procs), [len(p.memory) for p in procs]
+
+
+def test_sampler_thread_starts_when_the_process_joins_a_group(tmp_path):
+    """Real torch, a world-size-1 gloo group: the interval (30 s) is far off, so only the
+    join starts the timer thread (``memclock.kick`` from the torch.distributed hooks)."""
+    pytest.importorskip("torch")
+    s = _script(tmp_path, """
+        import socket, threading
+        import torch.distributed as dist
+        names = lambda: sorted(t.name for t in threading.enumerate())
+        print("imported", names(), flush=True)
+        with socket.socket() as so:
+            so.bind(("127.0.0.1", 0))
+            port = so.getsockname()[1]
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
+        print("joined", "hangtrace-memory" in names(), flush=True)
+        dist.destroy_process_group()
+    """)
+    out = subprocess.run([sys.executable, s], env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S="30"),
+                         capture_output=True, text=True, timeout=120)
+    assert "imported ['MainThread']" in out.stdout and "joined True" in out.stdout, (out.stdout, out.stderr)
