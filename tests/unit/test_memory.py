@@ -340,3 +340,43 @@ def test_no_memory_no_details():
     b[1].set(state="killed")
     d = diagnose(snap(b))
     assert "memory" not in d.details and d.cause == "killed-without-record"
+
+
+def test_deferred_timer_thread_waits_for_a_free_registry_lock_and_for_torch(recorder, tmp_path, monkeypatch):
+    """hooks/memclock.py: the gc clock starts the thread only past the interval, never while
+    a module named torch is being imported, and never while ``threading``'s registry lock
+    is held (a collection inside ``threading`` on this thread would deadlock on a plain
+    Lock; CPython 3.11 has an RLock there, so a held plain Lock stands in for it)."""
+    import gc
+    import sys
+    import threading
+    import types
+    from hangtrace.hooks import memclock
+    s = HM.Sampler(recorder, recorder.log, 0.05, str(tmp_path))
+    held = threading.Lock()
+    held.acquire()
+    monkeypatch.setattr(threading, "_active_limbo_lock", held)
+    fake = types.ModuleType("torch")
+    fake.__spec__ = types.SimpleNamespace(_initializing=True)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    before = list(gc.callbacks)
+    assert memclock.defer_thread(s) is True
+    clock = [c for c in gc.callbacks if c not in before]
+    assert len(clock) == 1 and s._thread is None
+    try:
+        import time
+        time.sleep(0.06)  # past the interval
+        clock[0]("start", {})
+        assert s._thread is None  # torch's import is running
+        fake.__spec__._initializing = False
+        clock[0]("start", {})
+        assert s._thread is None and clock[0] in gc.callbacks  # the registry lock is held: later
+        held.release()
+        monkeypatch.setattr(threading, "_active_limbo_lock", threading.RLock())
+        clock[0]("start", {})
+        assert s._thread is not None and s._thread.is_alive() and clock[0] not in gc.callbacks
+    finally:
+        if clock[0] in gc.callbacks:
+            gc.callbacks.remove(clock[0])
+        s.stop()
+    assert not s._thread.is_alive()
