@@ -37,6 +37,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 /* --- ring layout (docs/FORMAT.md; hangtrace/tracer/ring/layout.py) ----------------- */
 #define HEADER_SIZE 4096
@@ -48,6 +51,7 @@
 #define S_COMPLETED 2
 #define S_FAILED 3
 #define F_ASYNC 1
+#define K_MEM 9
 
 /* --- a plain torch.Tensor's sizes and dtype read from its TensorImpl ----------------
  * The layout is not a public API, so it is never assumed: probe_tensor_layout() finds it
@@ -631,10 +635,111 @@ static PyObject *Ring_release(RingObject *self, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
+/* --- one host memory sample (hooks/memory.py, Sampler.sample) ---------------------
+ * What the Python sampler does with os.pread and int(), in one call: in a training step,
+ * between kernels that evict the caches, the Python path cost about 25 us per sample
+ * against 3 us in a loop (benchmarks/README.md, issue 13). Same figures, same record. */
+static int mem_pread(long long fd, char *buf, size_t cap) { /* text length, or -1 */
+    ssize_t n;
+    if (fd < 0)
+        return -1;
+    do {
+        n = pread((int)fd, buf, cap - 1, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -1;
+    buf[n] = 0;
+    return (int)n;
+}
+
+/* Python's int(text) for the kernel's decimal figures: blanks around one signed decimal. */
+static int mem_int(const char *s, const char *end, long long *out) {
+    char tmp[32], *stop;
+    size_t n;
+    while (s < end && (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r'))
+        s++;
+    while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r'))
+        end--;
+    n = (size_t)(end - s);
+    if (n == 0 || n >= sizeof(tmp))
+        return -1;
+    memcpy(tmp, s, n);
+    tmp[n] = 0;
+    errno = 0;
+    *out = strtoll(tmp, &stop, 10);
+    return (stop == tmp + n && errno == 0) ? 0 : -1;
+}
+
+PyDoc_STRVAR(Ring_mem_host_doc,
+             "mem_host(source, what, statm_fd, page, usage_fd, oom_fd, swap, limit) -> idx\n\n"
+             "One host memory sample, as hooks/memory.Sampler.sample takes it: RSS = field 2 of\n"
+             "/proc/PID/statm x page (bytes), the cgroup's usage (bytes) and its oom_kill count\n"
+             "(the 'oom_kill N' line of memory.oom_control or memory.events), each read with\n"
+             "pread from an open descriptor (-1: none); a figure that cannot be read or parsed is -1.\n"
+             "Writes the K_MEM record (a = rss, swap, usage, limit, oom_kill) Recorder.memory writes.");
+
+static PyObject *Ring_mem_host(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long v[8], a[5];
+    static const long long lo[8] = {0, 0, -1, 1, -1, -1, LLONG_MIN, LLONG_MIN};
+    static const long long hi[8] = {U8_MAX_, U32_MAX_, INT32_MAX, LLONG_MAX, INT32_MAX, INT32_MAX, LLONG_MAX, LLONG_MAX};
+    char buf[512];
+    int n;
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "mem_host() takes 8 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (ring_ready(self) < 0)
+        return NULL;
+    for (int i = 0; i < 8; i++)
+        if (get_int(args[i], lo[i], hi[i], &v[i]) < 0)
+            return NULL;
+    a[0] = a[2] = a[4] = -1;
+    a[1] = v[6];
+    a[3] = v[7];
+    if ((n = mem_pread(v[2], buf, 64)) > 0) { /* "size resident shared ...": field 2 */
+        const char *p = buf, *end = buf + n, *f;
+        long long pages;
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n'))
+            p++;
+        while (p < end && !(*p == ' ' || *p == '\t' || *p == '\n'))
+            p++;
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n'))
+            p++;
+        f = p;
+        while (p < end && !(*p == ' ' || *p == '\t' || *p == '\n'))
+            p++;
+        if (p > f && mem_int(f, p, &pages) == 0)
+            a[0] = pages * v[3];
+    }
+    if ((n = mem_pread(v[4], buf, 64)) > 0) {
+        long long usage;
+        if (mem_int(buf, buf + n, &usage) == 0)
+            a[2] = usage;
+    }
+    if ((n = mem_pread(v[5], buf, 512)) > 0) { /* the line "oom_kill N" */
+        const char *line = buf, *end = buf + n;
+        while (line < end) {
+            const char *nl = memchr(line, '\n', (size_t)(end - line));
+            const char *stop = nl ? nl : end;
+            long long k;
+            if (stop - line > 9 && memcmp(line, "oom_kill ", 9) == 0 && mem_int(line + 9, stop, &k) == 0) {
+                a[4] = k;
+                break;
+            }
+            line = stop + 1;
+        }
+    }
+    unsigned long long idx = ring_write(self, K_MEM, 0, 0, v[0], v[1], 0, 0, 0, -1, S_COMPLETED, 0, a, 0);
+    if (idx == 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(idx);
+}
+
 static PyMethodDef Ring_methods[] = {
     {"issue", (PyCFunction)(void (*)(void))Ring_issue, METH_FASTCALL, Ring_issue_doc},
     {"complete", (PyCFunction)(void (*)(void))Ring_complete, METH_FASTCALL | METH_KEYWORDS, Ring_complete_doc},
     {"slot", (PyCFunction)(void (*)(void))Ring_slot, METH_FASTCALL, Ring_slot_doc},
+    {"mem_host", (PyCFunction)(void (*)(void))Ring_mem_host, METH_FASTCALL, Ring_mem_host_doc},
     {"touch", (PyCFunction)Ring_touch, METH_NOARGS, "Count one progress event (header progress fields)."},
     {"release", (PyCFunction)Ring_release, METH_NOARGS, "Drop the buffer (later writes raise ValueError)."},
     {NULL, NULL, 0, NULL},

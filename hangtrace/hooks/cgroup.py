@@ -144,6 +144,10 @@ class CgroupFiles:
     _cg_raw: Optional[bytes]
     _usage: Optional[int]
     _oom: Optional[int]
+    _statm: Optional[int]
+    _host: int
+    swap: int
+    limit: int
     _limit_fds: List[int]
     cg_version: int
     cg_dir: Optional[str]
@@ -204,3 +208,23 @@ class CgroupFiles:
             self.rec.set_meta(mem_cgroup=d, mem_cgroup_version=ver, mem_page_size=self.page)
         except Exception:
             pass
+
+    def _sample_host(self, rec: Any, source: int) -> None:
+        """One host sample written with ``rec.memory`` (the Python recorder's path; the C
+        Ring reads the same descriptors in ``Ring.mem_host``). Raises nothing it can read."""
+        try:  # (_statm None, unreadable: the TypeError gives -1, no check per sample)
+            rss = int(os.pread(self._statm, 64, 0).split(None, 2)[1]) * self.page  # type: ignore[arg-type]
+        except (OSError, TypeError, ValueError, IndexError):
+            rss = -1
+        usage = oom = -1
+        if self._usage is not None:
+            try:
+                usage = int(os.pread(self._usage, 64, 0))
+            except (OSError, ValueError):
+                pass
+        if self._oom is not None:
+            try:
+                oom = parse_oom_kill(os.pread(self._oom, 512, 0))
+            except OSError:
+                pass
+        rec.memory(source, self._host, rss, self.swap, usage, self.limit, oom)

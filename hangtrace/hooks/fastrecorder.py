@@ -4,10 +4,15 @@ Imported only when the C extension is built and not switched off.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Optional, Tuple
 
 from hangtrace.hooks import _fastrec
 from hangtrace.hooks.recorder import Recorder
+from hangtrace.tracer.ring import layout as F
+
+_get_ident = threading.get_ident
+_PACK_PHASE, _PHASE_OFF, _UNPACK_PHASE = F.PHASE.pack_into, F.PHASE_OFF, F.PHASE.unpack_from
 
 
 def _ring_field(name: str, doc: str) -> property:
@@ -71,3 +76,51 @@ class _FastRecorder(Recorder):
 
     def _touch_progress(self) -> None:
         self._ring().touch()
+
+    # --- the phase/step API and memory samples: once per phase or step, not per collective;
+    # the same records as Recorder's methods, with the Ring's fields and methods used
+    # directly (Recorder's go through the properties above: about ten Python frames per
+    # call, which in a training step, between kernels that evict the caches, cost about
+    # 50 us of the API's measured in-situ cost; benchmarks/README.md, issue 13).
+    def phase_enter(self, name: str, step: Optional[int] = None) -> None:
+        if self.full_slots:
+            self.grow("phase API")
+        r = self.__dict__.get("_fast") or self._ring()
+        if step is not None:
+            r.step = int(step)
+        sid = self.intern(str(name))
+        st = self._phase.setdefault(_get_ident(), [])
+        st.append((sid, name))
+        r.cur_phase = sid
+        _PACK_PHASE(self.mm, _PHASE_OFF, sid, len(st), r.step)
+        r.slot(F.K_PHASE_ENTER, 0, 0, 0, 0, 0, 0, -1, F.S_COMPLETED, 0, 0, 0, 0, 0, 0, 0)
+        r.touch()
+
+    def phase_exit(self, name: str, error: Optional[str] = None) -> None:
+        r = self.__dict__.get("_fast") or self._ring()
+        st = self._phase.get(_get_ident())
+        r.slot(F.K_PHASE_EXIT, 0, 0, 0, 0, 0, 0, -1, F.S_FAILED if error else F.S_COMPLETED, 0,
+               self.intern(error[:2000]) if error else 0, 0, 0, 0, 0, 0)
+        if st:
+            for i in range(len(st) - 1, -1, -1):  # up to and including the innermost entry of this name
+                if st[i][1] == name:
+                    del st[i:]
+                    break
+        cur = r.cur_phase = st[-1][0] if st else 0
+        _PACK_PHASE(self.mm, _PHASE_OFF, cur, len(st) if st else 0, r.step)
+        r.touch()
+
+    def step(self, n: int, grow: bool = True) -> None:
+        if self.full_slots and grow:
+            self.grow("step API")
+        r = self.__dict__.get("_fast") or self._ring()
+        s = r.step = int(n)
+        mm = self.mm
+        _PACK_PHASE(mm, _PHASE_OFF, r.cur_phase, _UNPACK_PHASE(mm, _PHASE_OFF)[1], s)
+        r.slot(F.K_STEP, 0, 0, s, 0, 0, 0, -1, F.S_COMPLETED, 0, 0, 0, 0, 0, 0, 0)
+        r.touch()
+
+    def memory(self, source: int, what: int, a0: int = -1, a1: int = -1, a2: int = -1, a3: int = -1,
+               a4: int = -1) -> int:
+        return (self.__dict__.get("_fast") or self._ring()).slot(
+            F.K_MEM, source, what, 0, 0, 0, 0, -1, F.S_COMPLETED, 0, 0, a0, a1, a2, a3, a4)

@@ -18,10 +18,9 @@ What one sample writes (record layout in ``tracer/ring/layout.py``, kind K_MEM):
 When: just after a phase is entered, just before it is left, at every ``tracer.step``
 and on a timer (``HANGTRACE_MEM_INTERVAL_S``, default 1 s; the tick writes no record when
 a phase/step sample is younger than the interval; its thread starts once the process is
-past its start, ``hooks/memclock.py``). Costs (measured on this machine):
-``os.pread`` of an open ``/proc``/cgroup file descriptor ~1 us each, a whole host sample
-~10 us; ``/proc/PID/status`` costs ~120 us, so swap, limits and ``mem_get_info`` are only
-refreshed on the timer thread and reused by phase/step samples.
+past its start, ``hooks/memclock.py``). The host figures are three ``pread``s of open
+descriptors, in C with the C recorder (``Ring.mem_host``); ``/proc/PID/status`` costs
+~120 us: swap, limits and ``mem_get_info`` are refreshed on the timer thread only.
 
 CUDA out of memory: the allocator's out-of-memory observer (``hooks/memcuda.py``) is
 attached the first time the timer sees CUDA initialised; an ``OutOfMemoryError``/
@@ -138,23 +137,13 @@ class Sampler(CgroupFiles):
             return
         try:
             rec = self.rec
-            try:
-                # _statm None (unreadable): the TypeError below gives -1, no check per sample
-                rss = int(os.pread(self._statm, 64, 0).split(None, 2)[1]) * self.page  # type: ignore[arg-type]
-            except (OSError, TypeError, ValueError, IndexError):
-                rss = -1
-            usage = oom = -1
-            if self._usage is not None:
-                try:
-                    usage = int(os.pread(self._usage, 64, 0))
-                except (OSError, ValueError):
-                    pass
-            if self._oom is not None:
-                try:
-                    oom = parse_oom_kill(os.pread(self._oom, 512, 0))
-                except OSError:
-                    pass
-            rec.memory(source, self._host, rss, self.swap, usage, self.limit, oom)
+            mh = getattr(getattr(rec, "_fast", None), "mem_host", None)  # the C Ring's: the same, in one call
+            if mh is not None:
+                mh(source, self._host, -1 if self._statm is None else self._statm, self.page,
+                   -1 if self._usage is None else self._usage, -1 if self._oom is None else self._oom,
+                   self.swap, self.limit)
+            else:
+                self._sample_host(rec, source)
             if self._cuda:
                 _memcuda().sample_cuda(self, source)
             if api._gauges:

@@ -436,3 +436,48 @@ def test_pure_python_path_passes_the_format_and_wrapper_tests():
                         os.path.join(here, "test_format.py"), os.path.join(here, "test_wrappers.py")],
                        env=env, capture_output=True, text=True, timeout=600, cwd=os.path.dirname(here))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def test_host_memory_sample_in_c_is_the_python_sample(tmp_path, monkeypatch):
+    """``Ring.mem_host`` (the C recorder's host sample, hooks/memory.py) writes the record
+    the Python path (``CgroupFiles._sample_host``) writes, from the same descriptors: this
+    process's real ``/proc/PID/statm`` and crafted cgroup files (v1 and v2 oom lines, a
+    first-line oom_kill, blanks, garbage, an empty file, a directory that cannot be read),
+    and none at all."""
+    if not HAVE_C:
+        pytest.skip(NO_C)
+    from hangtrace.hooks import memory as HM
+
+    def fd_of(name, text):
+        p = tmp_path / name
+        p.write_bytes(text)
+        return os.open(str(p), os.O_RDONLY)
+    statm = os.open("/proc/self/statm", os.O_RDONLY)
+    cases = [  # (statm, usage, oom)
+        (statm, fd_of("u1", b"471859200\n"), fd_of("o1", b"oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")),
+        (statm, fd_of("u2", b"  12 \n"), fd_of("o2", b"low 0\nhigh 0\nmax 3\noom 1\noom_kill 7\noom_group_kill 0\n")),
+        (fd_of("s3", b"100 50 3 1 0 9 0\n"), fd_of("u3", b"12x\n"), fd_of("o3", b"oom_kill 5")),
+        (fd_of("s4", b""), fd_of("u4", b""), fd_of("o4", b"oom_kill_disable 1\nnothing 1\n")),
+        (os.open(str(tmp_path), os.O_RDONLY), os.open(str(tmp_path), os.O_RDONLY), None),
+        (None, None, None),
+    ]
+    recs = {}
+    for m in MODES:
+        use_mode(monkeypatch, m)
+        rec = new_recorder(tmp_path / m, m)
+        s = HM.Sampler(rec, rec.log, 1.0, str(tmp_path))
+        assert (getattr(getattr(rec, "_fast", None), "mem_host", None) is not None) == (m == "c")
+        for st, us, oo in cases:
+            s._statm, s._usage, s._oom = st, us, oo
+            s.swap, s.limit = 4096, 1 << 30
+            s.sample(F.MEM_STEP)
+        recs[m] = [r for r in RD.read_ring(rec.path).records if r["kind"] == "memory"][-len(cases):]
+        rec.close()
+    for r in recs["c"][:2] + recs["py"][:2]:  # this process's own RSS moves between the two runs
+        assert r["a"][0] > 0
+        r["a"] = (0,) + tuple(r["a"][1:])
+    assert normalized(recs["c"]) == normalized(recs["py"])
+    got = [r["a"] for r in recs["c"]]
+    assert [a[2] for a in got] == [471859200, 12, -1, -1, -1, -1] and [a[4] for a in got] == [2, 7, 5, -1, -1, -1]
+    assert got[2][0] == 50 * os.sysconf("SC_PAGE_SIZE") and [a[0] for a in got[3:]] == [-1] * 3
+    assert all(a[1] == 4096 and a[3] == 1 << 30 for a in got)
