@@ -11,12 +11,15 @@ import dataclasses
 import glob
 import os
 import sys
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Tuple, Union
 
 from hangtrace.tracer import config
 from hangtrace.tracer.collect.rings import RING_GLOB
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 def _stderr_log(line: str) -> None:
@@ -86,13 +89,40 @@ def gcs_unreachable(address: str, timeout_s: float = 3.0) -> Optional[str]:
         return "%s: %s" % (address, e)
 
 
+#: While the collector runs, the GCS is checked this often (s); two failed checks in a
+#: row mean the cluster went away (a driver that started its own cluster with
+#: ``ray.init()`` shuts it down when an actor dies: the collector's ``ray.init`` would
+#: then retry until ``RAY_COLLECT_TIMEOUT_S``).
+GCS_CHECK_S = 2.0
+
+
+def _wait_collector(p: "subprocess.Popen[bytes]", address: str, timeout_s: float) -> "Union[Tuple[bytes, bytes], str]":
+    """``(stdout, stderr)`` of collector ``p`` once it exits, or why it was given up: the
+    timeout passed, or the Ray GCS at ``address`` (HOST:PORT) stopped answering."""
+    import subprocess
+    import time
+    deadline = time.monotonic() + timeout_s
+    failed = 0
+    while True:
+        try:
+            return p.communicate(timeout=max(0.1, min(GCS_CHECK_S, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() >= deadline:
+            return "did not finish in %.0f s" % timeout_s
+        why = gcs_unreachable(address, timeout_s=1.0) if address else None
+        failed = failed + 1 if why else 0
+        if failed >= 2:
+            return "gave up: the cluster went away during the collection (%s)" % why
+
+
 def ray_collect(run_dir: str, reason: str, native: bool = False, log: Optional[Callable[[str], None]] = None,
                 address: Optional[str] = None, timeout_s: float = RAY_COLLECT_TIMEOUT_S) -> Optional[Snapshot]:
     """The same cluster-wide collection as ``hangtrace dump --ray``, from a watcher.
 
     Runs ``raycollect.dump_cluster`` in a child process (tracing stripped, its own session)
     so the watcher never becomes a Ray driver itself: the child is killed after
-    ``timeout_s`` seconds. ``address``: the Ray GCS address (default ``RAY_ADDRESS``, which
+    ``timeout_s`` seconds, or once the GCS stops answering (``_wait_collector``). ``address``: the Ray GCS address (default ``RAY_ADDRESS``, which
     ``hooks.autowatch`` sets to the cluster of the Ray worker that started the watcher;
     else ``auto``). Returns the Snapshot (``raycollect.load_ray_snapshot``), or None after
     writing one line to ``log`` (callable; default stderr) saying why.
@@ -110,16 +140,16 @@ def ray_collect(run_dir: str, reason: str, native: bool = False, log: Optional[C
                           str(min(RAY_TASK_TIMEOUT_S, max(5.0, timeout_s - 20.0)))],
                          env=config.helper_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    got = _wait_collector(p, address, timeout_s)
+    if isinstance(got, str):
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except OSError:
             pass
         p.communicate()
-        log("cluster-wide collection (Ray at %s) did not finish in %.0f s; this node only" % (address or "auto", timeout_s))
+        log("cluster-wide collection (Ray at %s) %s; this node only" % (address or "auto", got))
         return None
+    out, err = got
     path = None
     for line in out.decode("utf-8", "replace").splitlines():
         if line.startswith("SNAPSHOT "):
