@@ -81,3 +81,16 @@ def test_p2p_both_send_object_list_is_mismatch():
     b[0].p2p("0", 1, "send_object_list", numel=2, dtype="object", state="issued")
     b[1].p2p("0", 0, "send_object_list", numel=2, dtype="object", state="issued")
     check(diagnose(snap(b)), "collective-mismatch", [0, 1])
+
+def test_mismatch_where_is_the_culprits_call_not_its_current_phase():
+    """A blind Ray job: rank 2 all_reduced float64 metrics inside phase 'metrics' of step 5;
+    by the collection its process-wide current phase read 'train_step' (the Ray actor
+    method around it). The verdict's phase/step are those of the mismatching call."""
+    b = ranks(4)
+    for r in range(4):
+        b[r].mark(phase="metrics", step=5)
+        b[r].wait(dtype="float64" if r == 2 else "float32", numel=8)
+    b[2].set(phase="train_step", step=6)
+    d = check(diagnose(snap(b)), "collective-mismatch", [2])
+    assert (d.phase, d.step) == ("metrics", 5), (d.phase, d.step)
+    assert "at phase 'metrics', step 5" in d.summary and "train_step" not in d.summary, d.summary
