@@ -19,7 +19,7 @@ changed). So an abort is evidence, and the culprit only when no fact above decid
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, Record, history
 from hangtrace.tracer.analyze.evidence import desc_rec, rk
@@ -156,3 +156,15 @@ def describe(ctx: Ctx, group: object, seq: int, recs: Dict[int, Record], culprit
         ctx.add("%s at seq %s of %s: %s%s%s" % (rk(rs, 8), seq, ctx.gdesc(group), desc_rec(x), state,
                                                " [changed]" if set(rs) & set(culprits) else ""))
     return out
+
+
+def at_call(d: Any, rec: Optional[Record]) -> None:
+    """Set the verdict ``d``'s phase and step to those of the culprit's mismatching call
+    ``rec`` (where the record has them), not to the culprit's current ones: by the
+    collection a Ray actor is back in its task loop and a rank may be past a gloo abort (a
+    blind Ray job read "at phase 'train_step'" for an all_reduce issued in phase 'metrics')."""
+    if rec:
+        if rec.get("phase") is not None:
+            d.phase = rec["phase"]
+        if rec.get("step") is not None:
+            d.step = rec["step"]

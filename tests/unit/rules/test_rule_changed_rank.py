@@ -81,3 +81,20 @@ def test_a_new_op_is_not_novelty_and_no_history_falls_back():
     r1.coll(op="broadcast", numel=1024, peer=0, state="issued")
     d = diagnose(snap([reset(r0, r0.t + 50 * MS).build(), aborted(r1).build()], reason="death"))
     assert d.culprit_ranks == [1] and any("gloo aborts the rank" in e for e in d.evidence), d.evidence
+
+
+def test_an_abort_mismatch_is_placed_at_the_culprits_call_not_its_current_phase():
+    """The blind Ray job of 2026-12-02 (4 actors): rank 2 all_reduced float64 metrics in
+    phase 'metrics' of step 5, gloo aborted rank 1 and Ray's shutdown SIGTERMed the rest;
+    by the collection rank 2's current phase read 'train_step' (the actor method)."""
+    rs = [R(r, 4) for r in range(4)]
+    for b in rs:
+        b.mark(phase="metrics", step=5)
+        b.coll(numel=8, n=2)
+        b.coll(numel=8, dtype="float64" if b.rank == 2 else "float32", state="issued")
+    rs[2].set(phase="train_step", step=6)
+    ps = [aborted(rs[1]).build()] + [rs[r].set(state="killed", signals={"sigterm": {
+        "wall_ns": rs[r].t + 200 * MS, "text": "Current thread 0x1 (most recent call first):\n"}}).build() for r in (0, 2, 3)]
+    d = diagnose(snap(ps, reason="death"))
+    assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [2]) and "cause_text" in d.details, d.summary
+    assert (d.phase, d.step) == ("metrics", 5) and "train_step" not in d.summary, (d.phase, d.step, d.summary)

@@ -57,3 +57,14 @@ def test_a_later_hang_names_the_earlier_silent_divergence_as_evidence():
     d = diagnose(snap([r0.build(), r1.build()]))
     assert d.kind == "collective-mismatch" and d.seq == 6, d.summary
     assert any(e.startswith("the members already disagreed earlier, at seq 5") for e in d.evidence), d.evidence
+
+
+def test_a_silent_mismatch_is_placed_at_the_culprits_call():
+    rs = [R(r, 3) for r in range(3)]
+    for b in rs:
+        b.mark(phase="sync", step=2)
+        b.coll(op="broadcast", numel=20 if b.rank == 1 else 16, peer=0, n=1)
+        b.mark(phase="eval", step=3)
+    d = diagnose(snap([exited(b) for b in rs]))
+    assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [1]), d.summary
+    assert (d.phase, d.step) == ("sync", 2), (d.phase, d.step, d.summary)

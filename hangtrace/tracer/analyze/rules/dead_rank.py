@@ -71,6 +71,7 @@ def _explain_abort_mismatch(ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Dia
     d.details["cause_text"] = root.cause_text
     d.details["group_desc"] = (ctx.groups.get(g) or {}).get("desc")
     d.details["signatures"] = sigclasses.describe(ctx, g, rec.get("seq"), mm["recs"], culprits)
+    sigclasses.at_call(d, mm["recs"].get(culprits[0]))
     ctx.add(how)
     early = sigclasses.earlier_line(ctx, g, rec.get("seq"))
     if early:

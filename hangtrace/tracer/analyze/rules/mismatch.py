@@ -137,13 +137,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     fill_common(ctx, d, culprits, inst)
     crec = _rec_at(ctx, inst, d.culprit_ranks[0]) or {}
     d.op = crec.get("op") or d.op
-    # where the culprit issued the mismatching call, not where it is now (a Ray actor back in
-    # its task loop, a rank past a gloo abort: a blind Ray job read "at phase 'train_step'"
-    # for an all_reduce issued in phase 'metrics')
-    if crec.get("phase") is not None:
-        d.phase = crec["phase"]
-    if crec.get("step") is not None:
-        d.step = crec["step"]
+    sigclasses.at_call(d, crec)
     d.cause = Cause.MISMATCH
     where: Dict[Sig, Tuple[Any, Any]] = {}
     for k, rs in sorted(sigs.items(), key=lambda kv: -len(kv[1])):

@@ -41,6 +41,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     fill_common(ctx, d, list(culprits), None)
     d.group, d.group_ranks, d.seq = g, list(ctx.members(g)) or None, seq
     d.op = recs[culprits[0]].get("op")
+    sigclasses.at_call(d, recs[culprits[0]])
     d.details["silent"] = True
     d.details["group_desc"] = (ctx.groups.get(g) or {}).get("desc")
     d.details["signatures"] = sigclasses.describe(ctx, g, seq, recs, list(culprits), " (completed)")
