@@ -2,6 +2,8 @@
 culprit's frames, and the common fields of a verdict (pure)."""
 from __future__ import annotations
 
+import os
+
 import time
 from typing import Any, Iterable, List, Mapping, Optional, Tuple
 
@@ -146,3 +148,6 @@ def fill_common(ctx: Ctx, d: Diagnosis, culprits: Iterable[int], inst: Optional[
             user = user_frame(raw or [])
             if user is not None and frame_label(user) not in labels[:3]:
                 d.details["user_frame"] = frame_label(user)
+            if raw and user is None and raw[0].get("name") == "main_loop" and \
+                    str(raw[0].get("filename") or "").endswith(os.path.join("ray", "_private", "worker.py")):
+                d.details["culprit_idle_in"] = "Ray's task loop"  # a Ray worker between tasks

@@ -11,9 +11,7 @@ from hangtrace.tracer.report.clip import clip
 
 def _ranks(rs: Optional[Iterable[int]]) -> str:
     rs = list(rs or ())
-    if not rs:
-        return "no rank"
-    return ("rank " if len(rs) == 1 else "ranks ") + format_ranks(rs, 12)
+    return ("rank " if len(rs) == 1 else "ranks ") + format_ranks(rs, 12) if rs else "no rank"
 
 
 def _waiters_text(diag: Diagnosis, coll: str) -> str:
@@ -64,8 +62,10 @@ def _sig_where(sig: Dict[str, Any]) -> str:
 def _doing(diag: Diagnosis) -> str:
     if not diag.frames:
         return ""
-    user = (diag.details or {}).get("user_frame")
-    who = "rank %d is" % diag.culprit_ranks[0] if len(diag.culprit_ranks) > 1 else "it is"
+    d, who = diag.details or {}, "rank %d is" % diag.culprit_ranks[0] if len(diag.culprit_ranks) > 1 else "it is"
+    if d.get("culprit_idle_in"):  # (its call returned: the frames it is in now say nothing)
+        return "; %s now idle in %s" % (who, d["culprit_idle_in"])
+    user = d.get("user_frame")
     return "; %s in %s%s" % (who, " < ".join(diag.frames[:3]), " < ... < %s" % user if user else "")
 
 

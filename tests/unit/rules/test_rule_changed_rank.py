@@ -98,3 +98,26 @@ def test_an_abort_mismatch_is_placed_at_the_culprits_call_not_its_current_phase(
     d = diagnose(snap(ps, reason="death"))
     assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [2]) and "cause_text" in d.details, d.summary
     assert (d.phase, d.step) == ("metrics", 5) and "train_step" not in d.summary, (d.phase, d.step, d.summary)
+
+
+def test_a_culprit_back_in_rays_task_loop_is_said_to_be_idle_there_not_given_its_frames():
+    """The blind Ray job again: by the collection the culprit actor had returned to Ray's
+    worker loop; "it is in main_loop (worker.py:1069) < <module> (default_worker.py:323)"
+    told the user nothing. A culprit whose innermost frame is that loop is 'now idle in
+    Ray's task loop'; a culprit in its own code keeps its frames."""
+    from synth import stack
+    idle = ("main_loop /site-packages/ray/_private/worker.py:1069",
+            "<module> /site-packages/ray/_private/workers/default_worker.py:323")
+    for frames, expect in ((idle, "it is now idle in Ray's task loop"),
+                           (("step train.py:12", "main train.py:40"), "it is in step (train.py:12)")):
+        rs = [R(r, 4) for r in range(4)]
+        for b in rs:
+            b.mark(phase="metrics", step=5)
+            b.coll(numel=8, n=2)
+            b.coll(numel=8, dtype="float64" if b.rank == 2 else "float32", state="issued")
+        ps = [aborted(rs[1]).build()] + [rs[r].set(state="killed", stacks=stack(*frames), signals={"sigterm": {
+            "wall_ns": rs[r].t + 200 * MS, "text": "Current thread 0x1 (most recent call first):\n"}}).build()
+            for r in (0, 2, 3)]
+        d = diagnose(snap(ps, reason="death"))
+        assert d.culprit_ranks == [2] and expect in d.summary, d.summary
+        assert ("main_loop" in d.summary) is False, d.summary
