@@ -62,11 +62,11 @@ def _sig_where(sig: Dict[str, Any]) -> str:
 def _doing(diag: Diagnosis) -> str:
     if not diag.frames:
         return ""
-    d, who = diag.details or {}, "rank %d is" % diag.culprit_ranks[0] if len(diag.culprit_ranks) > 1 else "it is"
-    if d.get("culprit_idle_in"):  # (its call returned: the frames it is in now say nothing)
-        return "; %s now idle in %s" % (who, d["culprit_idle_in"])
+    d, r = diag.details or {}, "rank %d" % diag.culprit_ranks[0] if len(diag.culprit_ranks) > 1 else None
+    if d.get("culprit_idle_in"):  # (its call returned: the frames of that loop say nothing; alive or not)
+        return "; %s stack shows it back in %s, idle" % (r + "'s" if r else "its", d["culprit_idle_in"])
     user = d.get("user_frame")
-    return "; %s in %s%s" % (who, " < ".join(diag.frames[:3]), " < ... < %s" % user if user else "")
+    return "; %s in %s%s" % (r + " is" if r else "it is", " < ".join(diag.frames[:3]), " < ... < %s" % user if user else "")
 
 
 def _coll(diag: Diagnosis) -> str:

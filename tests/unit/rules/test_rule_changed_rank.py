@@ -103,12 +103,13 @@ def test_an_abort_mismatch_is_placed_at_the_culprits_call_not_its_current_phase(
 def test_a_culprit_back_in_rays_task_loop_is_said_to_be_idle_there_not_given_its_frames():
     """The blind Ray job again: by the collection the culprit actor had returned to Ray's
     worker loop; "it is in main_loop (worker.py:1069) < <module> (default_worker.py:323)"
-    told the user nothing. A culprit whose innermost frame is that loop is 'now idle in
-    Ray's task loop'; a culprit in its own code keeps its frames."""
+    told the user nothing. For a culprit whose innermost frame is that loop the paragraph
+    says its stack shows it back in Ray's task loop, idle (it may be dead by then: no
+    "is now"); a culprit in its own code keeps its frames."""
     from synth import stack
     idle = ("main_loop /site-packages/ray/_private/worker.py:1069",
             "<module> /site-packages/ray/_private/workers/default_worker.py:323")
-    for frames, expect in ((idle, "it is now idle in Ray's task loop"),
+    for frames, expect in ((idle, "its stack shows it back in Ray's task loop, idle"),
                            (("step train.py:12", "main train.py:40"), "it is in step (train.py:12)")):
         rs = [R(r, 4) for r in range(4)]
         for b in rs:
