@@ -19,11 +19,12 @@ changed). So an abort is evidence, and the culprit only when no fact above decid
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, Record, history
 from hangtrace.tracer.analyze.evidence import desc_rec, rk
 from hangtrace.tracer.analyze.waitgraph import Sig, signature
+from hangtrace.tracer.diagnosis import Diagnosis
 
 
 def records_at(ctx: Ctx, group: object, seq: int) -> Dict[int, Record]:
@@ -158,7 +159,7 @@ def describe(ctx: Ctx, group: object, seq: int, recs: Dict[int, Record], culprit
     return out
 
 
-def at_call(d: Any, rec: Optional[Record]) -> None:
+def at_call(d: Diagnosis, rec: Optional[Record]) -> None:
     """Set the verdict ``d``'s phase and step to those of the culprit's mismatching call
     ``rec`` (where the record has them), not to the culprit's current ones: by the
     collection a Ray actor is back in its task loop and a rank may be past a gloo abort (a
