@@ -10,7 +10,8 @@ instrumentors in this order (``INSTRUMENTORS``):
 3. memory: the sampler (``HANGTRACE_MEM=0``: none);
 4. torch: a post-import hook; torch.distributed is wrapped when the program imports it;
 5. ray: a post-import hook; Ray worker identity and actor-method phases;
-6. env-record: libraries, versions and job environment (issue 12, ``hooks/envrecord.py``);
+6. env-record: libraries, versions and job environment, written once the process matters
+   (issue 12, ``hooks/envrecord.py``);
 7. deep: only with ``HANGTRACE_DEEP`` (issue 11, viztracer).
 
 ONE ``os.register_at_fork(before=..., after_in_child=...)`` registration: before a fork,

@@ -1,25 +1,40 @@
 """Records what this traced process runs (issue 12): ``RUN_DIR/env/<host>-<pid>.json``.
 
-Called from ``bootstrap`` at activation, when torch is imported, when a forked child
-joins a process group (``joined``); and from a wrapper around ``ctypes.CDLL.__init__``
-when a library not recorded yet gets loaded (torch loads its own libraries that way, and
-so do jobs that load plugins). A crashed process's mappings are needed after its death
-to name the crashing library, so they are written while it lives. A forked child maps
-exactly what its parent mapped at the fork, so its record waits until it matters: it
-joins a group (it is a rank: env-diff and the crash frame read ranks' records) or loads
-a new library; a DataLoader worker that does neither writes none (about 2 ms of every
-fork, issue 13). Nothing here is on the per-collective path. Never raises: a failure is
-one line in the run log.
+When. A crashed process's mappings are needed after its death to name the crashing
+library, so they are written while it lives, but only once the process matters (issue 8:
+a record costs about 3M instructions, ~1.5 ms, and a start wrote three of them before
+``import torch.distributed`` returned):
+
+* a process started traced keeps its record pending (``_pending == "start"``) until the
+  first of: it joins a process group (``joined``, it is a rank: env-diff and the crash
+  frame read ranks' records), its memory sampler's first timer tick (it has lived one
+  ``HANGTRACE_MEM_INTERVAL_S``, default 1 s: ``lived``), or it exits with a non-zero code
+  or an uncaught exception (``at_exit``). Without the memory sampler (``HANGTRACE_MEM=0``,
+  no tick) it is written at start, as before. Libraries loaded while pending need no
+  record of their own: the pending one, written later, maps them.
+* a forked child maps exactly what its parent mapped at the fork, so its record
+  (``_pending == "fork"``) waits until it joins a group or loads a new library; a
+  DataLoader worker that does neither writes none (about 2 ms of every fork, issue 13).
+* once written, the record is written again when torch.distributed is imported (its
+  libraries are mapped then) and when ``ctypes.CDLL`` loads a library not recorded yet
+  (torch loads its own libraries that way, and so do jobs that load plugins).
+
+What a process that ends within its first second, cleanly and without joining a group,
+leaves: no record (a native crash in that second is still named by the kernel's fault
+line, without the symbol the mappings would give). Nothing here is on the per-collective
+path. Never raises: a failure is one line in the run log.
 """
 from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Dict, FrozenSet, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 _lock = threading.Lock()
 _patched = [False]
-_fork_pending = [False]  # a forked child whose record waits until it matters (module docstring)
+#: the record waits until the process matters (module docstring): "start" (a process
+#: started traced), "fork" (a forked child), or None (written, or never deferred)
+_pending: List[Optional[str]] = [None]
 #: (pid, mappings) of this process's last record (the record's ``[start, end, offset,
 #: path]`` items), or None; its path and file-name sets are made when first asked (``_sets``)
 _last: Optional[Tuple[int, list]] = None
@@ -33,7 +48,7 @@ _known: Dict[Tuple[str, str], Dict[str, Any]] = {}
 def record(rt: Any, reason: str) -> None:
     """Collect and write this process's facts now; ``rt`` is bootstrap's Runtime."""
     global _last, _last_sets
-    _fork_pending[0] = False
+    _pending[0] = None
     try:
         from hangtrace.hooks import envcollect
         with _lock:
@@ -66,18 +81,41 @@ def recorded_paths() -> FrozenSet[str]:
     return sets[0] if sets is not None else frozenset()
 
 
-def joined() -> None:
-    """This process joined a process group: a forked child writes its record now
-    (reason ``fork+join``). Called by the torch.distributed hooks; never raises."""
-    if not _fork_pending[0]:
-        return
+def _claim(kinds: Tuple[str, ...]) -> bool:
+    """True (and nothing pending any more) when the pending record is of one of ``kinds``;
+    one caller wins when two threads ask at once (a join and the sampler's first tick)."""
+    with _lock:
+        if _pending[0] in kinds:
+            _pending[0] = None
+            return True
+        return False
+
+
+def _record_active(reason: str) -> None:
     try:
         from hangtrace.hooks import bootstrap
         rt = bootstrap.active()
         if rt is not None:
-            record(rt, "fork+join")
+            record(rt, reason)
     except Exception:
         pass
+
+
+def joined() -> None:
+    """This process joined a process group: a pending record is written now (reason
+    ``join``, or ``fork+join`` in a forked child). Called by the torch.distributed hooks;
+    never raises."""
+    kind = _pending[0]
+    if kind is not None and _claim((kind,)):
+        _record_active("fork+join" if kind == "fork" else "join")
+
+
+def lived() -> None:
+    """The process has lived one memory-sampler interval (the sampler's first timer tick):
+    a record pending since its start is written now (reason ``lived``); a forked child's
+    still waits. Never raises."""
+    if _pending[0] == "start" and _claim(("start",)):
+        _record_active("lived")
 
 
 def _loaded_new(name: Any) -> bool:
@@ -109,7 +147,8 @@ def install_ctypes_hook(rt: Any) -> None:
             def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
                 original(self, *args, **kwargs)
                 try:
-                    if _loaded_new(args[0] if args else kwargs.get("name")):
+                    # (pending since the start: the record, when written, maps it)
+                    if _pending[0] != "start" and _loaded_new(args[0] if args else kwargs.get("name")):
                         from . import bootstrap
                         cur = bootstrap.active()
                         if cur is not None:
@@ -136,18 +175,40 @@ from hangtrace.hooks.instrument import Instrumentor  # noqa: E402
 
 
 class EnvRecordInstrumentor(Instrumentor):
-    """Issue 12: the environment record of this process at start, when torch.distributed
-    is imported (its libraries are mapped then), when a forked child joins a process
-    group, and when ``ctypes`` loads a library not recorded yet. Off the per-collective
-    path."""
+    """Issue 12: the environment record of this process once it matters (module
+    docstring): at a group join, after one sampler interval, at an abnormal exit; again
+    when torch.distributed is imported or ``ctypes`` loads a library not recorded yet.
+    Off the per-collective path. Installed after the memory instrumentor (its tick)."""
 
     name = "env-record"
 
     def _install(self, runtime: Any) -> None:
+        import sys
         from hangtrace.hooks import importhook
-        record(runtime, "bootstrap")
+        mem = sys.modules.get("hangtrace.hooks.memory")
+        sampler = mem.active() if mem is not None else None
+        if sampler is not None:
+            _pending[0] = "start"
+            sampler.on_first_tick.append(lived)
+        else:  # no timer to write it later (HANGTRACE_MEM=0): now
+            record(runtime, "bootstrap")
         install_ctypes_hook(runtime)
-        importhook.when_imported("torch.distributed", lambda _m: record(runtime, "torch"))
+        importhook.when_imported("torch.distributed", self._on_torch)
+
+    def _on_torch(self, _module: Any) -> None:
+        """torch.distributed imported: its libraries are mapped; a written record is
+        renewed, a pending one will map them when written."""
+        if _pending[0] is None and self.runtime is not None:
+            record(self.runtime, "torch")
 
     def _after_fork_child(self) -> None:
-        _fork_pending[0] = True  # written by ``joined`` or a new library, not now
+        _pending[0] = "fork"  # written by ``joined`` or a new library, not now
+
+    def _at_exit(self) -> None:
+        """A process ending with a non-zero code or an uncaught exception (lifecycle's
+        exit code) writes its pending record now: env-diff explains failures too."""
+        import sys
+        lc = sys.modules.get("hangtrace.hooks.lifecycle")
+        code = lc.exit_code() if lc is not None else None
+        if code and _claim(("start",)) and self.runtime is not None:
+            record(self.runtime, "exit")

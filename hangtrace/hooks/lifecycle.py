@@ -83,6 +83,12 @@ def _on_exit() -> None:
         rt.log("exit record failed: %r" % (e,), "exit")
 
 
+def exit_code() -> Optional[int]:
+    """The exit code this process is ending with as far as seen so far: ``sys.exit``'s
+    argument, 1 after an uncaught exception, or None (a clean end, or not known yet)."""
+    return _exit_code[0]
+
+
 def _code_of(arg: Any) -> int:
     if arg is None:
         return 0

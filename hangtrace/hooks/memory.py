@@ -104,6 +104,9 @@ class Sampler(CgroupFiles):
         self._gauge_sids: Dict[str, int] = {}
         self._oom_seen: Optional[int] = None    # id of the last exception recorded as MEM_OOM
         self._oom_count = 0
+        #: called once, on the first timer tick (the process has lived one interval):
+        #: the environment record waits for it (``hooks/envrecord.py``)
+        self.on_first_tick: List[Callable[[], None]] = []
         self._check_cgroup()
         self._refresh_slow()
 
@@ -198,7 +201,16 @@ class Sampler(CgroupFiles):
 
     # -- timer thread -------------------------------------------------------------------
     def tick(self) -> None:
-        """One timer tick: refresh the slow figures; sample unless a sample is recent."""
+        """One timer tick: refresh the slow figures; sample unless a sample is recent;
+        on the first, the ``on_first_tick`` callbacks (their errors are swallowed)."""
+        cbs = self.on_first_tick
+        if cbs:
+            self.on_first_tick = []
+            for cb in cbs:
+                try:
+                    cb()
+                except Exception:
+                    pass
         try:
             if getattr(self.rec, "lazy", False):  # a forked helper's ring still in memory (memfork)
                 _memfork().on_tick(self)

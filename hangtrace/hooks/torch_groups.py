@@ -38,6 +38,8 @@ def _describe(pg: Any, op: str) -> Dict[str, Any]:
 def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
                       kwargs: Dict[str, Any]) -> Any:
     name = wrapped.__name__
+    if name == "init_process_group" and _td._state is not None:
+        _joining(_td._state)  # before the rendezvous, which may be what hangs
     result = wrapped(*args, **kwargs)
     st = _td._state
     if st is None:
@@ -83,10 +85,10 @@ def _probe_tensor_layout(st: State) -> None:
 _layout_probed = False
 
 
-def _start_fr_agent(st: State) -> None:
-    """This process joined a group: serve Flight Recorder dump requests (``fr_agent``;
-    off with ``HANGTRACE_FR=0``), a forked child writes its environment record
-    (``envrecord.joined``), and the memory sampler's thread starts if it still waits
+def _joining(st: State) -> None:
+    """This process is joining a group (it is becoming a rank): its pending environment
+    record is written (``envrecord.joined``; before the rendezvous, so a rank that hangs
+    in it has one for env-diff), and the memory sampler's thread starts if it still waits
     (``memclock.kick``). Never raises."""
     try:
         from hangtrace.hooks import envrecord, memclock
@@ -94,6 +96,11 @@ def _start_fr_agent(st: State) -> None:
         envrecord.joined()
     except Exception as e:
         st.log("environment record at join failed: %r" % (e,), "env-join")
+
+
+def _start_fr_agent(st: State) -> None:
+    """This process joined a group: serve Flight Recorder dump requests (``fr_agent``;
+    off with ``HANGTRACE_FR=0``). Never raises."""
     try:
         from hangtrace.hooks import fr_agent
         fr_agent.start(st.rec.run_dir, st.log)
@@ -124,6 +131,7 @@ def record_existing_groups() -> None:
         pgs.remove(default)
     for pg in [default] + pgs:
         st.rec.group_created(_describe(pg, "existing"))
+    _joining(st)
     _start_fr_agent(st)
 
 

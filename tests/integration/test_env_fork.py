@@ -53,7 +53,9 @@ def test_forked_child_records_its_environment_only_when_it_joins_a_group(tmp_pat
         with open(f) as fh:
             d = json.load(fh)
         records[d["pid"]] = d
-    assert parent in records and rank in records, (sorted(records), p.stderr[-2000:])
+    # (the parent's own record is not asserted: a process started traced writes its record
+    # once it matters - tests/integration/test_env_when.py - and this one may live a second)
+    assert rank in records, (sorted(records), parent, p.stderr[-2000:])
     assert helper not in records, "the helper that never joined wrote a record"
     assert records[rank]["reason"] == "fork+join"
     # the rank's record has its libraries (torch's among them), read from its own maps
