@@ -349,14 +349,14 @@ class Recorder(ringsize.Growable):
         F.EXIT.pack_into(self.mm, F.EXIT_OFF, F.ST_EXITED, int(code), _wall())
 
     def close(self) -> None:
-        """Flush and unmap (the file stays). Idempotent."""
-        if self.closed:
-            return
+        """No more records (the file and the mapping stay). Idempotent.
+
+        No ``msync``: the mapping is ``MAP_SHARED``, so every record is in the page cache
+        and visible to readers at once, and a killed process's records survive the same
+        way; a synchronous write-back at exit only bought durability against a crash of
+        the machine, for 0.2 ms of CPU and 0.5 ms of wall time per exiting process here
+        (a 300 KB helper ring on ext4; a full rank ring writes back megabytes)."""
         self.closed = True
-        try:
-            self.mm.flush()
-        except Exception:
-            pass
 
     def abandon(self) -> None:
         """Forget the mapping without touching it (used in a forked child: the parent owns it)."""
