@@ -2,7 +2,10 @@
 ``gauge(name, fn, limit=None)`` (memory the tool cannot see, issue 5).
 
 Phase entry/exit and steps also take a memory sample when memory sampling is on
-(``hooks/memory.py``; ``HANGTRACE_MEM=0`` turns it off).
+(``hooks/memory.py``; ``HANGTRACE_MEM=0`` turns it off). A step's sample is skipped when
+another was taken less than ``STEP_SAMPLE_GAP_NS`` before (a ``with phase(...)`` just left
+or entered beside ``step(n)``: the same figures, issue 13); the next sample carries the
+new step.
 
 Free no-ops when tracing is off (no recorder installed): ``phase()`` then returns one
 shared do-nothing object. Imported in every traced process: standard library only.
@@ -10,6 +13,7 @@ shared do-nothing object. Imported in every traced process: standard library onl
 from __future__ import annotations
 
 import functools
+import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Literal, Optional, Tuple, TypeVar, Union
 
 if TYPE_CHECKING:
@@ -18,6 +22,9 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 _recorder: Any = None  # set by hangtrace.hooks.bootstrap when tracing is on
+_mono = time.monotonic_ns
+#: ns: a step's memory sample is skipped when another sample is younger than this (module doc)
+STEP_SAMPLE_GAP_NS = 1_000_000
 
 
 def _set_recorder(rec: Any) -> None:
@@ -168,8 +175,10 @@ def step(n: int) -> None:
         except Exception as e:
             _report(e)
         s = _sampler
-        if s is not None:
-            s.sample(4)  # MEM_STEP
+        # MEM_STEP, skipped beside a phase boundary's sample (module doc); not before the
+        # sampler's thread started: this sample starts it (hooks/memclock.py)
+        if s is not None and (_mono() - s.last_ns >= STEP_SAMPLE_GAP_NS or s._thread is None):
+            s.sample(4)
 
 
 def heartbeat() -> None:
