@@ -15,6 +15,8 @@ Variants, interleaved round by round (the order rotates each round, ``--rounds``
   ht-pure    HANGTRACE=1 HANGTRACE_PURE_PYTHON=1: the pure-Python recorder's share
   ht-watch   HANGTRACE=1 with the node watcher auto-started beside the job, as a user gets it
              (the other traced variants set HANGTRACE_AUTO_WATCH=0: no watcher)
+  ht-fr0     HANGTRACE=1 HANGTRACE_FR=0: the share of torch's own Flight Recorder, which
+             tracing turns on by default (TORCH_FR_BUFFER_SIZE=2000)
 
 ``--baseline TREE`` adds ``<variant>@before`` for each traced variant: the same, with TREE's
 hooks and watcher (PYTHONPATH=TREE), interleaved with this tree's. The load average is
@@ -61,7 +63,9 @@ import time
 HERE = os.path.abspath(__file__)
 VARIANTS = {"base": {}, "ht": {"HANGTRACE": "1"}, "ht-mem0": {"HANGTRACE": "1", "HANGTRACE_MEM": "0"},
             "ht-pure": {"HANGTRACE": "1", "HANGTRACE_PURE_PYTHON": "1"},
-            "ht-watch": {"HANGTRACE": "1", "HANGTRACE_AUTO_WATCH": "1"}}
+            "ht-watch": {"HANGTRACE": "1", "HANGTRACE_AUTO_WATCH": "1"},
+            # torch's own Flight Recorder, which tracing turns on by default (config.configure_fr_env)
+            "ht-fr0": {"HANGTRACE": "1", "HANGTRACE_FR": "0"}}
 
 
 def loadavg() -> str:
