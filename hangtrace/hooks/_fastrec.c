@@ -2080,6 +2080,58 @@ static PyObject *tensor_layout(PyObject *m, PyObject *Py_UNUSED(ignored)) {
     return PyUnicode_FromString(TL.off_why != NULL ? TL.off_why : "not probed");
 }
 
+/* ---- the process's real exit status in the ring's header (glibc on_exit) --------------
+ * Python's at-exit handlers cannot know the status of ``raise SystemExit(3)`` or of the
+ * ``exit(3)`` builtin (neither calls ``sys.exit``; the interpreter keeps the code in a C
+ * local until ``exit()``). glibc's ``on_exit`` handlers are given it: the handler below
+ * rewrites the exit code of the ring header's EXIT field when the recorded one differs.
+ * It writes with pwrite on the ring file's descriptor (coherent with the MAP_SHARED
+ * mapping through the page cache), only in the process that registered it (a forked
+ * child inherits the registration), and only over an EXITED state (Python's exit record
+ * written). Source: glibc manual, on_exit(3). */
+static int exit_fd = -1;
+static off_t exit_off = -1;
+static pid_t exit_pid = 0;
+static int exit_registered = 0;
+
+static void on_process_exit(int status, void *arg) {
+    int32_t field[2]; /* state, exit_code (layout.EXIT: "<iiQ") */
+    int32_t code = status & 0xff;
+    (void)arg;
+    if (exit_fd < 0 || getpid() != exit_pid)
+        return;
+    if (pread(exit_fd, field, sizeof field, exit_off) != (ssize_t)sizeof field)
+        return;
+    if (field[0] != 2 /* ST_EXITED */ || field[1] == code)
+        return;
+    if (pwrite(exit_fd, &code, sizeof code, exit_off + 4) != (ssize_t)sizeof code)
+        return;
+}
+
+static PyObject *exit_status_target(PyObject *m, PyObject *args) {
+    int fd;
+    long long off;
+    (void)m;
+    if (!PyArg_ParseTuple(args, "iL", &fd, &off))
+        return NULL;
+    if (fd < 0 || off < 0) {
+        PyErr_SetString(PyExc_ValueError, "exit_status_target: fd and offset must be >= 0");
+        return NULL;
+    }
+    exit_fd = fd;
+    exit_off = (off_t)off;
+    exit_pid = getpid();
+    if (!exit_registered) {
+        if (on_exit(on_process_exit, NULL) != 0) {
+            exit_fd = -1;
+            PyErr_SetString(PyExc_OSError, "on_exit() failed");
+            return NULL;
+        }
+        exit_registered = 1;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef mod_methods[] = {
     {"set_tensor_type", set_tensor_type, METH_O,
      "set_tensor_type(torch.Tensor): tensors of exactly this type get numel = product of their shape, and their"
@@ -2089,6 +2141,10 @@ static PyMethodDef mod_methods[] = {
      " plain tensor's TensorImpl keeps its sizes and dtype, so the wrapper reads them without torch's getters."},
     {"tensor_layout", tensor_layout, METH_NOARGS,
      "tensor_layout() -> dict of offsets while the probed layout is used, else a str saying why not."},
+    {"exit_status_target", exit_status_target, METH_VARARGS,
+     "exit_status_target(fd, exit_off): at this process's exit(), the status given to exit() replaces the exit"
+     " code of the ring header's EXIT field at exit_off in file fd when it differs and the state is EXITED"
+     " (glibc on_exit). Raises ValueError for a negative fd or offset, OSError when on_exit fails."},
     {"direct_getters", direct_getters, METH_NOARGS,
      "direct_getters() -> bool: whether a plain tensor's shape/dtype getters are called directly (looked up"
      " again first when torch.Tensor changed)."},

@@ -4,12 +4,10 @@ Hot path: ``issue()`` and ``complete()`` run once per collective. They write one
 128-byte slot and two small header fields with ``struct.pack_into`` into the shared
 mapping; no syscalls, no locks (slot indices come from ``itertools.count``, atomic
 under the GIL). Everything else (string interning misses, events) takes a lock.
-When the optional C extension ``_fastrec`` is built (and ``HANGTRACE_PURE_PYTHON`` is
-not set), ``Recorder(...)`` returns a ``_FastRecorder``: the same records, written by
-``_fastrec.Ring`` in C (about 0.2 us per issue+complete pair instead of 1.1 us).
-
-Every public method swallows its own errors (reported once to the run log): a
-recorder failure must never reach the traced program.
+With the C extension ``_fastrec`` (unless ``HANGTRACE_PURE_PYTHON``), ``Recorder(...)``
+returns a ``_FastRecorder``: the same records, written by ``_fastrec.Ring`` in C (about
+0.2 us per issue+complete pair instead of 1.1 us). Every public method swallows its own
+errors (reported once to the run log): a recorder failure never reaches the program.
 """
 from __future__ import annotations
 
@@ -346,16 +344,21 @@ class Recorder(ringsize.Growable):
 
     # --- lifecycle ----------------------------------------------------------------
     def mark_exit(self, code: int) -> None:
+        """The header's EXIT field: ``code`` as Python saw it; with the C extension the
+        status really given to ``exit()`` replaces it (``raise SystemExit(3)`` bypasses
+        ``sys.exit``: ``_fastrec.exit_status_target``)."""
         F.EXIT.pack_into(self.mm, F.EXIT_OFF, F.ST_EXITED, int(code), _wall())
+        if _fastrec is not None and not getattr(self, "lazy", False) and self.fd >= 0:
+            try:
+                _fastrec.exit_status_target(self.fd, F.EXIT_OFF)
+            except Exception:
+                pass
 
     def close(self) -> None:
-        """No more records (the file and the mapping stay). Idempotent.
-
-        No ``msync``: the mapping is ``MAP_SHARED``, so every record is in the page cache
-        and visible to readers at once, and a killed process's records survive the same
-        way; a synchronous write-back at exit only bought durability against a crash of
-        the machine, for 0.2 ms of CPU and 0.5 ms of wall time per exiting process here
-        (a 300 KB helper ring on ext4; a full rank ring writes back megabytes)."""
+        """No more records (the file and the mapping stay). Idempotent. No ``msync``: the
+        mapping is ``MAP_SHARED``, records are in the page cache and readable at once (a
+        killed process's too); a write-back at exit cost 0.2 ms CPU and 0.5 ms wall per
+        exiting helper here (benchmarks/README.md), for durability against a host crash."""
         self.closed = True
 
     def abandon(self) -> None:

@@ -1,0 +1,59 @@
+"""The exit code in a ring is the status the process really ended with, also where Python's
+own at-exit code cannot see it: ``raise SystemExit(3)`` and the ``exit(4)`` builtin never
+call ``sys.exit``, and a traced process used to record them as a clean exit (code 0). The
+C extension's ``on_exit`` handler (glibc) puts the real status in the ring header.
+Real traced processes; then a real 2-rank torchrun job whose rank 1 leaves with
+``raise SystemExit(3)`` mid-loop: the verdict must say code 3, not "exited cleanly"."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jobs import REPO, base_env
+
+from hangtrace.tracer.collect.rings import load_rings
+
+fastrec = pytest.importorskip("hangtrace.hooks._fastrec")
+
+
+@pytest.mark.parametrize("code, expected", [
+    ("raise SystemExit(3)", 3),
+    ("exit(4)", 4),
+    ("import sys; sys.exit(5)", 5),
+    ("raise SystemExit('a message')", 1),
+    ("1/0", 1),
+    ("pass", 0),
+])
+def test_ring_records_the_real_exit_status(tmp_path, code, expected):
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-c", code], env=base_env(run), capture_output=True, text=True, timeout=60)
+    assert p.returncode == expected, p.stderr[-2000:]
+    procs, errors = load_rings(str(run))
+    assert not errors and len(procs) == 1, errors
+    assert (procs[0].state, procs[0].exit_code) == ("exited", expected)
+
+
+JOB = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for step in range(5):
+    t = torch.ones(4)
+    if dist.get_rank() == 1 and step == 3:
+        raise SystemExit(3)
+    dist.all_reduce(t)
+"""
+
+
+def test_verdict_names_the_exit_code_of_raise_system_exit(tmp_path):
+    pytest.importorskip("torch")
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    env = base_env(None, traced=False, PYTHONPATH=os.environ.get("PYTHONPATH", REPO))
+    p = subprocess.run([sys.executable, "-m", "hangtrace", "run", "--dir", str(tmp_path / "run"), "--stall-s", "5",
+                        "--stop-on-stall", "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        str(job)], env=env, capture_output=True, text=True, timeout=180, cwd=str(tmp_path))
+    out = p.stdout + p.stderr
+    verdict = out.split("==== hangtrace verdict ====", 1)[-1]
+    assert "rank 1" in verdict and "code 3" in verdict, out[-3000:]
+    assert "exited cleanly" not in verdict, out[-3000:]
