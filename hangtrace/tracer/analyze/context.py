@@ -67,6 +67,7 @@ class RankView:
     blocked_failed: bool = False
     last_wall: int = 0
     activity_wall: int = 0
+    progress_wall: int = 0  # newest progress: a progress record or the header's stamp (not a memory sample)
     last_rec: Optional[Record] = None
     failed: Optional[Record] = None
     dead: bool = False
@@ -107,6 +108,8 @@ def index_process(rank: int, proc: ProcessInfo) -> RankView:
         activity = prog
     v.nrec = sm.count
     v.last_wall = max(last_wall, prog)
+    lp = sm.last_progress
+    v.progress_wall = max((lp.get("t_wall_ns") or 0) if lp is not None else 0, prog)
     v.activity_wall = activity
     v.failed = sm.first_failed
     inf = proc.inflight
@@ -187,7 +190,11 @@ class Ctx:
                     self.nofile.append(r)
                     if len(self.nofile) >= MAX_MISSING_LISTED:
                         break
-        times = [v.last_wall for v in self.views.values() if v.last_wall]
+        # progress, not any record: a memory sample every second is a sign of life, not of
+        # progress (it made every rank look as if it progressed a second ago); a rank that
+        # never progressed counts from its start
+        times = [v.progress_wall or v.proc.start_wall_ns for v in self.views.values()
+                 if v.progress_wall or v.proc.start_wall_ns]
         self.last_progress = max(times) if times else 0
         self.now = now_wall_ns or snapshot.taken_wall_ns or self.last_progress
         self.age_s = (self.now - self.last_progress) / 1e9 if self.last_progress and self.now else None
