@@ -64,7 +64,9 @@ def cmd_dump(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or os.environ.get(config.DIR)
     if not run_dir:
         raise RunDirError("no run directory given", "pass RUN_DIR, or set HANGTRACE_DIR")
-    _print_diag(pipeline.dump_live(run_dir, "request", native=args.native), args.json)
+    pipeline.require_dir(run_dir)  # (a mistyped path: no snapshot folder made there)
+    stall_s = args.stall_s if args.stall_s is not None else config.get_float(config.STALL_S)
+    _print_diag(pipeline.dump_live(run_dir, "request", native=args.native, stall_s=stall_s), args.json)
     return 0
 
 
@@ -229,7 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run a command traced; verdict on stall or crash")
-    r.add_argument("--stall-s", type=_positive_float, default=None, help="stall threshold in seconds (HANGTRACE_STALL_S)")
+    r.add_argument("--stall-s", type=_positive_float, default=None,
+                   help="stall threshold in seconds (HANGTRACE_STALL_S); until every rank has made progress "
+                        "once, the start-up threshold HANGTRACE_STARTUP_STALL_S (default 60 s) applies when it "
+                        "is larger (set it lower to catch a hang in the rendezvous sooner)")
     r.add_argument("--dir", default=None, help="run directory (HANGTRACE_DIR)")
     r.add_argument("--stop-on-stall", action="store_true", help="stop the job after the verdict")
     r.add_argument("--native", action="store_true", help="include native frames in stacks (slower)")
@@ -245,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("run_dir", nargs="?", default=None)
     d.add_argument("--json", action="store_true")
     d.add_argument("--native", action="store_true")
+    d.add_argument("--stall-s", type=_positive_float, default=None,
+                   help="seconds without progress after which the run counts as stalled (default "
+                        "HANGTRACE_STALL_S, else 300); pass the run's own --stall-s")
     d.add_argument("--ray", action="store_true",
                    help="collect on every alive node of a Ray cluster (tasks pinned to each node)")
     d.add_argument("--address", default=None,

@@ -47,6 +47,15 @@ def check_dir(path: str) -> None:
                           "job) or one of its snapshots RUN_DIR/snapshots/<time>")
 
 
+def require_dir(path: str) -> None:
+    """A run directory that must exist already (``dump``, ``env-diff``): nothing is
+    created for a mistyped path. Raises RunDirError (exit 4)."""
+    check_dir(path)
+    if not os.path.isdir(path):
+        raise RunDirError("run directory %s does not exist" % path,
+                          "pass the directory printed by `hangtrace run`, or HANGTRACE_DIR of the job")
+
+
 def readable(snap: Snapshot, log: Log = _stderr_log) -> Snapshot:
     """``snap`` unless ring files were found but none could be read: then each error line
     goes to ``log`` and UnreadableRunError (exit 3) is raised (an empty directory stays
@@ -84,12 +93,13 @@ def load_path(path: str) -> Snapshot:
     return load_stored(newest) if newest else load_run_or_fr(path)
 
 
-def diagnose_snapshot(snap: Snapshot, store: bool = False) -> Result:
+def diagnose_snapshot(snap: Snapshot, store: bool = False, stall_s: Optional[float] = None) -> Result:
     """Analyse ``snap``; with ``store`` (and ``snap.path``) write diagnosis.json and
-    report.txt into its folder."""
+    report.txt into its folder. ``stall_s``: the stall threshold (s) for a snapshot not
+    taken at a detected stall (default: ``diagnose``'s, 300 s)."""
     from hangtrace.tracer.analyze.diagnose import diagnose
     from hangtrace.tracer.report.text import text_report, verdict_paragraph
-    diag = diagnose(snap)
+    diag = diagnose(snap, stall_s=stall_s)
     env_section = _environment(snap, diag)
     if store:
         from hangtrace.tracer.collect.rings import write_diagnosis
@@ -148,13 +158,14 @@ def records(run_dir: str, log: Log = _stderr_log) -> Snapshot:
 
 
 def dump_live(run_dir: str, reason: str, native: bool = False, with_stacks: bool = True,
-              log: Optional[Log] = None) -> Result:
+              log: Optional[Log] = None, stall_s: Optional[float] = None) -> Result:
     """Snapshot a live run (stacks of the alive processes), analyse it, store
     diagnosis.json/report.txt (``hangtrace dump``, the watcher, ``hangtrace run``).
 
     For a Ray run (``collect.rayjob.is_ray_run``) the snapshot comes from every alive node
     (``ray_collect``, unless ``HANGTRACE_RAY_COLLECT=0``); when Ray cannot be reached it is
-    this node's only, and ``log`` (default stderr) says why. Raises RunDirError.
+    this node's only, and ``log`` (default stderr) says why. ``stall_s``: as in
+    ``diagnose_snapshot``. Raises RunDirError.
     """
     from hangtrace.tracer.collect.rayjob import is_ray_run, ray_collect
     from hangtrace.tracer.collect.rings import take_snapshot
@@ -167,7 +178,7 @@ def dump_live(run_dir: str, reason: str, native: bool = False, with_stacks: bool
             log("cluster-wide collection failed (%r); this node only" % (e,))
     if snap is None:
         snap = take_snapshot(run_dir, reason=reason, native=native, with_stacks=with_stacks)
-    return diagnose_snapshot(snap, store=True)
+    return diagnose_snapshot(snap, store=True, stall_s=stall_s)
 
 
 def dump_ray(run_dir: Optional[str], address: Optional[str], native: bool = False) -> Result:
@@ -214,10 +225,7 @@ def env_diff(run_dir: str) -> Tuple[Any, List[str]]:
     lines)``; raises RunDirError when the directory or its env records are missing."""
     from hangtrace.tracer.analyze.envdiff import diff_env
     from hangtrace.tracer.collect.forensics import run_env
-    check_dir(run_dir)
-    if not os.path.isdir(run_dir):
-        raise RunDirError("run directory %s does not exist" % run_dir,
-                          "pass the directory printed by `hangtrace run`, or HANGTRACE_DIR of the job")
+    require_dir(run_dir)
     envs, errors = run_env(run_dir)
     if not envs:
         raise RunDirError("no environment records (env/*.json) in %s" % run_dir,

@@ -167,6 +167,39 @@ def test_exit_codes_of_analyze_and_records(tmp_path):
         assert out.returncode == 4 and "is not a directory" in out.stderr
 
 
+def test_dump_and_env_diff_of_a_missing_directory_create_nothing(tmp_path):
+    """A mistyped RUN_DIR: exit 4 with the remedy, and no ``RUN_DIR/snapshots/...`` made
+    there (``dump`` used to create it before failing; found by a blind job)."""
+    missing = tmp_path / "run_b3"
+    for cmd in ("dump", "env-diff"):
+        out = ht(cmd, missing, cwd=str(tmp_path))
+        assert out.returncode == 4 and "does not exist" in out.stderr, (cmd, out.stderr)
+        assert not missing.exists(), "%s created %s" % (cmd, missing)
+
+
+def test_dump_judges_staleness_with_the_given_stall_threshold(tmp_path):
+    """``hangtrace dump --stall-s S`` (or HANGTRACE_STALL_S): a rank that made no progress
+    for longer than S is stalled, not 'progressing' (the default threshold is 300 s)."""
+    import json
+    run = tmp_path / "run"
+    code = "from hangtrace import tracer; import time\ntracer.step(1)\nprint('up', flush=True)\ntime.sleep(60)\n"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         env=base_env(run, RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, HANGTRACE_MEM_INTERVAL_S="0.2"))
+    try:
+        assert p.stdout.readline().strip() == "up"
+        time.sleep(2.5)  # no progress since the step; memory samples keep coming
+        kinds = {}
+        for opts in ((), ("--stall-s", "1")):
+            out = ht("dump", run, "--json", *opts)
+            assert out.returncode == 0, out.stderr
+            kinds[opts] = json.loads(out.stdout)["kind"]
+        assert kinds[()] == "progressing", kinds
+        assert kinds[("--stall-s", "1")] != "progressing", kinds
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_ring_appears_with_identity(tmp_path):
     """A ring is created under a hidden name and appears with its identity written: a
     process killed while creating it leaves no 'rank 0 :0' ghost."""
