@@ -110,6 +110,10 @@ class Cause(_StrEnum):
     STALLED_INSIDE_COLLECTIVE = "stalled-inside-collective"
     #: unknown: nothing progressed and no rank is in a collective.
     STALLED_OUTSIDE_COLLECTIVES = "stalled-outside-collectives"
+    #: unknown: nothing progressed, no process group was ever created, and every rank with a
+    #: stack is inside ``init_process_group`` (the rendezvous: the store or the other members
+    #: never came; compare MASTER_ADDR / MASTER_PORT / WORLD_SIZE across ranks).
+    STALLED_IN_RENDEZVOUS = "stalled-in-rendezvous"
 
 
 #: The prefix of the open cause family "exit-code N" (dead-rank: non-zero exit without a

@@ -1,7 +1,7 @@
 """What to look at next, per verdict kind and (for dead ranks) per cause (pure)."""
 from typing import Dict, Optional
 
-from hangtrace.tracer.diagnosis import Diagnosis, Kind
+from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NEXT: Dict[str, Optional[str]] = {
     "collective-mismatch": ("look at the code that issues collectives on this group on the named "
@@ -49,6 +49,11 @@ DEAD_NEXT: Dict[str, str] = {
                          "user, a health check)"),
 }
 
+#: advice for 'unknown' / stalled-in-rendezvous
+RENDEZVOUS_NEXT = ("compare the ranks' MASTER_ADDR, MASTER_PORT and WORLD_SIZE (`hangtrace env-diff RUN_DIR`; the "
+                   "report's environment section) and check that every rank of WORLD_SIZE was started and can "
+                   "reach MASTER_ADDR")
+
 #: advice for a dead rank whose cause is "exit-code N"
 EXIT_CODE_NEXT = ("read that rank's log around its exit; a non-zero exit without an exception is often "
                   "sys.exit or a launcher")
@@ -60,6 +65,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
     if k == Kind.UNKNOWN and (diag.details or {}).get("rankless_death"):
         return ("fix what stopped the process named above before it started the ranks (its exception or "
                 "exit code); `hangtrace records RUN_DIR` shows its start record and exception")
+    if k == Kind.UNKNOWN and str(diag.cause) == Cause.STALLED_IN_RENDEZVOUS.value:
+        return RENDEZVOUS_NEXT
     if k != Kind.DEAD_RANK:
         return NEXT.get(k)
     cause = str(diag.cause) if diag.cause is not None else ""

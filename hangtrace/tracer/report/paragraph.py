@@ -1,6 +1,5 @@
-"""The verdict paragraph: one paragraph a human reads first - which rank(s), which group
-(name, desc, ranks), which seq/op, phase, step, what the culprit is doing (top frames),
-why the others wait, and what to look at next (pure)."""
+"""The verdict paragraph a human reads first (pure): which rank(s), group (name, desc, ranks),
+seq/op, phase, step, what the culprit does (top frames), why the others wait, what next."""
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from hangtrace.tracer.analyze.stacktree import format_ranks
@@ -344,11 +343,12 @@ def _progressing(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str
         "; last progress %.1f s before the snapshot" % age if age is not None else "")
 
 
-#: unknown: why, per cause
-_UNKNOWN_WHY = {Cause.NO_DATA.value: "no traced process with a rank in the snapshot",
+_UNKNOWN_WHY = {Cause.NO_DATA.value: "no traced process with a rank in the snapshot",  # unknown: why, per cause
                 Cause.NO_RECORD_FILE.value: "the ranks everyone waits for left no record file",
                 Cause.STALLED_INSIDE_COLLECTIVE.value: "every member entered the collective and it does not complete",
-                Cause.STALLED_OUTSIDE_COLLECTIVES.value: "nothing progressed but no rank is in a collective"}
+                Cause.STALLED_OUTSIDE_COLLECTIVES.value: "nothing progressed but no rank is in a collective",
+                Cause.STALLED_IN_RENDEZVOUS.value: "the ranks are stuck in the rendezvous (every rank is inside "
+                "init_process_group; no process group was created)"}
 
 
 def _unknown(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ruleutil import check  # noqa: E402
-from synth import S, ranks, snap  # noqa: E402
+from synth import S, T0, ranks, snap  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 
@@ -30,3 +30,42 @@ def test_stalled_everybody_inside_collective_is_unknown():
         x.wait()
     d = check(diagnose(snap(b, reason="stall")), "unknown", [])
     assert d.cause == "stalled-inside-collective"
+
+
+def _rendezvous_rank(r, world, stack_frames):
+    from synth import R, stack
+    b = R(r, world, groups=[])
+    return b.set(stacks=stack(*stack_frames), stack_source="py-spy", progress_wall_ns=0)
+
+
+RDZV = ("_create_c10d_store /site-packages/torch/distributed/rendezvous.py:199",
+        "_env_rendezvous_handler /site-packages/torch/distributed/rendezvous.py:265",
+        "init_process_group /site-packages/torch/distributed/distributed_c10d.py:1892",
+        "main job.py:12", "<module> job.py:20")
+
+
+def test_stalled_in_the_rendezvous_is_its_own_cause():
+    """No group was ever created and every rank is inside init_process_group (a rank given
+    the wrong MASTER_PORT: both wait, found by a blind job): 'stalled-in-rendezvous', and
+    the advice points at the rendezvous variables, not at more stacks."""
+    from hangtrace.tracer.report.text import verdict_paragraph
+    procs = [_rendezvous_rank(r, 2, RDZV) for r in range(2)]
+    d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S)), "unknown", [])
+    assert d.cause == "stalled-in-rendezvous" and d.details["rendezvous_ranks"] == [0, 1]
+    assert "last progress anywhere 120.0 s before the snapshot" in d.evidence  # (from the ranks' start)
+    text = verdict_paragraph(d)
+    assert "rendezvous" in text and "MASTER_PORT" in text, text
+    # one rank of three never started: named as without a record file
+    procs = [_rendezvous_rank(r, 3, RDZV) for r in range(2)]
+    d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S)), "unknown", [])
+    assert d.cause == "stalled-in-rendezvous"
+    assert any(e.startswith("rank 2: no record file") for e in d.evidence), d.evidence
+
+
+def test_a_rank_outside_the_rendezvous_keeps_the_general_cause():
+    """One rank inside init_process_group, the other blocked on a queue: not a rendezvous
+    stall (the other rank is not there)."""
+    from ruleutil import QUEUE_GET
+    procs = [_rendezvous_rank(0, 2, RDZV), _rendezvous_rank(1, 2, QUEUE_GET)]
+    d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S)), "unknown", [])
+    assert d.cause == "stalled-outside-collectives"

@@ -5,11 +5,13 @@ Everybody at the frontier: if waiting ranks exist but every instance has all its
 members (a collective in progress), the run is 'progressing' when the last progress
 anywhere is younger than ``stall_s`` (default 300 s) and the snapshot reason is not
 'stall'; otherwise 'unknown' (a transport-level or in-kernel stall). No rank waiting at
-all -> 'progressing' (or 'unknown' if stalled: nobody is in a collective).
+all -> 'progressing' (or 'unknown' if stalled: nobody is in a collective; cause
+'stalled-in-rendezvous' when no group was ever created and every rank with a stack is
+inside ``init_process_group``, :func:`in_rendezvous`).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, stall_note
@@ -19,6 +21,29 @@ from hangtrace.tracer.analyze.waitgraph import inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "idle"
+
+#: torch.distributed functions of the rendezvous (torch/distributed/distributed_c10d.py and
+#: rendezvous.py: the store's creation, the env/tcp/file handlers, the store-based barrier
+#: that waits for WORLD_SIZE members)
+RENDEZVOUS_FUNCS = frozenset({"init_process_group", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
+                              "_tcp_rendezvous_handler", "_file_rendezvous_handler", "_store_based_barrier"})
+
+
+def in_rendezvous(ctx: Ctx) -> List[int]:
+    """Ranks inside the rendezvous when that is all there is: no rank recorded a group or a
+    collective, and every rank with a stack has a thread in a :data:`RENDEZVOUS_FUNCS`
+    frame of torch.distributed; else []."""
+    ranks = []
+    for r, v in sorted(ctx.views.items()):
+        if v.last or v.p2p or v.proc.groups:
+            return []
+        if not v.proc.stacks:
+            continue
+        if not any(f.get("name") in RENDEZVOUS_FUNCS and "distributed" in str(f.get("filename") or "")
+                   for th in v.proc.stacks for f in th.get("frames") or ()):
+            return []
+        ranks.append(r)
+    return ranks
 
 
 def find(ctx: Ctx) -> Optional[Finding]:
@@ -46,6 +71,14 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     elif not ctx.stalled:
         d.kind = Kind.PROGRESSING
         ctx.add("no rank is blocked in a collective or p2p op")
+    elif in_rendezvous(ctx):
+        rdzv = in_rendezvous(ctx)
+        d.kind = Kind.UNKNOWN
+        d.cause = Cause.STALLED_IN_RENDEZVOUS
+        d.details["rendezvous_ranks"] = rdzv
+        ctx.add("no process group was ever created: ranks %s are inside init_process_group (the "
+                "rendezvous), waiting for the store at MASTER_ADDR:MASTER_PORT or for the other members "
+                "of WORLD_SIZE" % format_ranks(rdzv, 8))
     else:
         d.kind = Kind.UNKNOWN
         d.cause = Cause.STALLED_OUTSIDE_COLLECTIVES
