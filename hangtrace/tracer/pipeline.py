@@ -99,8 +99,9 @@ def diagnose_snapshot(snap: Snapshot, store: bool = False, stall_s: Optional[flo
     taken at a detected stall (default: ``diagnose``'s, 300 s)."""
     from hangtrace.tracer.analyze.diagnose import diagnose
     from hangtrace.tracer.report.text import text_report, verdict_paragraph
-    diag = diagnose(snap, stall_s=stall_s)
-    env_section = _environment(snap, diag)
+    envs = _run_envs(snap)
+    diag = diagnose(snap, stall_s=stall_s, envs=envs)
+    env_section = _environment(snap, diag, envs)
     if store:
         from hangtrace.tracer.collect.rings import write_diagnosis
         text = text_report(diag, snap)
@@ -109,21 +110,32 @@ def diagnose_snapshot(snap: Snapshot, store: bool = False, stall_s: Optional[flo
     return Result(snap, diag, verdict_paragraph(diag))
 
 
-def _environment(snap: Snapshot, diag: Diagnosis) -> str:
+def _run_envs(snap: Snapshot) -> List[Any]:
+    """The run's environment records (``collect.forensics.run_env``; a stored snapshot reads
+    its run directory's), [] when it has none. Never raises."""
+    try:
+        from hangtrace.tracer.collect.forensics import run_env
+        root = snap.path or snap.run_dir
+        if not root or not (os.path.isdir(os.path.join(snap.run_dir or "", "env")) or
+                            os.path.isdir(os.path.join(root, "env"))):
+            return []
+        return list(run_env(root, enrich_local=False)[0])
+    except Exception:
+        return []
+
+
+def _environment(snap: Snapshot, diag: Diagnosis, envs: List[Any]) -> str:
     """Issue 12: the culprits' library/environment differences and a crashing native frame
     appended to ``diag.evidence``; returns the text report's section ("" when nothing
     differs or the run has no environment records). Never raises."""
     try:
         from hangtrace.tracer.analyze.envdiff import diff_env
-        from hangtrace.tracer.collect.forensics import run_env, verdict_evidence
+        from hangtrace.tracer.collect.forensics import verdict_evidence
         from hangtrace.tracer.report.envdiff import environment_section
-        root = snap.path or snap.run_dir
-        if not root or not (os.path.isdir(os.path.join(snap.run_dir or "", "env")) or
-                            os.path.isdir(os.path.join(root, "env"))):
+        if not envs:
             return ""
-        envs, _ = run_env(root, enrich_local=False)
-        diag.evidence.extend(verdict_evidence(root, snap.processes, diag.culprit_ranks, envs))
-        return environment_section(diff_env(envs)) if envs else ""
+        diag.evidence.extend(verdict_evidence(snap.path or snap.run_dir, snap.processes, diag.culprit_ranks, envs))
+        return environment_section(diff_env(envs))
     except Exception:
         return ""
 

@@ -53,7 +53,11 @@ def snapshot_from_json(d: Dict[str, Any]) -> Snapshot:
 def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     """The outputs compared for one captured input."""
     s = snapshot_from_json(case["snapshot"])
-    d = diagnose(s, **case["call"])
+    call = dict(case["call"])
+    if call.get("envs"):  # environment records (a dict each, with its rank)
+        from hangtrace.tracer.envfacts import from_json
+        call["envs"] = [from_json(e)._replace(rank=int(e.get("rank", -1))) for e in call["envs"]]
+    d = diagnose(s, **call)
     out = json.loads(json.dumps(diagnosis_json(d), default=list))
     return {"diagnosis": out, "paragraph": verdict_paragraph(d), "text_report": text_report(d, s)}
 

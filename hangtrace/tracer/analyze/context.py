@@ -16,12 +16,13 @@ process are reported as "no record file". Times are ns since the epoch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze import elastic
 from hangtrace.tracer.analyze.deaths import (fill_death, is_transport_error, rec_fail_wall, sigterm_in_long_wait,
                                              sigterm_wait_completed)
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
+from hangtrace.tracer.envfacts import ProcessEnv
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 if TYPE_CHECKING:
@@ -157,8 +158,10 @@ class Ctx:
     ``insts`` / ``inst_of``. ``cache`` memoises derived analyses (chain ends, cycles)
     for the rules; ``reset_graph`` clears it."""
 
-    def __init__(self, snapshot: Snapshot, now_wall_ns: Optional[int], stall_s: Optional[float]) -> None:
+    def __init__(self, snapshot: Snapshot, now_wall_ns: Optional[int], stall_s: Optional[float],
+                 envs: Sequence[ProcessEnv] = ()) -> None:
         self.snap = snapshot
+        self.envs: Tuple[ProcessEnv, ...] = tuple(envs)  # the run's environment records (may be none)
         self.views: Dict[int, RankView] = {}
         self.evidence: List[str] = []
         self.dups: List[Tuple[int, str, str, Tuple[str, ...]]] = []  # (rank, kind, kept, others)

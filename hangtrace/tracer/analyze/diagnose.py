@@ -11,7 +11,7 @@ work linear in the group sizes of the instances ranks are blocked in.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from hangtrace.tracer.analyze import enrich
 from hangtrace.tracer.analyze.arbiter import Outcome, Situation, decide
@@ -25,6 +25,7 @@ from hangtrace.tracer.analyze.stacktree import classes as stack_classes_of
 from hangtrace.tracer.analyze.stacktree import format_ranks, merge_stacks, missing_from_common_frame
 from hangtrace.tracer.analyze.waitgraph import build_instances
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
+from hangtrace.tracer.envfacts import ProcessEnv
 from hangtrace.tracer.snapshot import Snapshot
 
 __all__ = ["diagnose", "TRANSPORT_MARKERS", "is_transport_error", "DEFAULT_STALL_S"]
@@ -85,16 +86,18 @@ def _preamble(ctx: Ctx, d: Diagnosis) -> None:
             d.details["missing_from_common_frame"] = miss
 
 
-def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Optional[float] = None) -> Diagnosis:
+def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Optional[float] = None,
+             envs: Sequence[ProcessEnv] = ()) -> Diagnosis:
     """Diagnose ``snapshot``; return a ``Diagnosis`` (docs/DIAGNOSIS.md).
 
     ``now_wall_ns``: "now" for ages (ns since the epoch); default the snapshot's
     ``taken_wall_ns``, else the newest time in the records. ``stall_s``: seconds without
     progress anywhere after which "everybody inside one collective" is a stall rather than
-    'progressing' (default 300, the watcher's default). Pure: no I/O; never raises on odd
-    records (missing keys read as None).
+    'progressing' (default 300, the watcher's default). ``envs``: the run's environment
+    records (``collect.forensics.run_env``; rules that compare ranks' environments read
+    them). Pure: no I/O; never raises on odd records (missing keys read as None).
     """
-    ctx = Ctx(snapshot, now_wall_ns, stall_s)
+    ctx = Ctx(snapshot, now_wall_ns, stall_s, envs)
     d = Diagnosis(kind=Kind.UNKNOWN)
     d.errors = list(snapshot.errors or [])
     stacks_only = STACK_ONLY.find(ctx)

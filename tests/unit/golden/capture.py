@@ -38,12 +38,16 @@ def snapshot_to_json(snap: Any) -> Dict[str, Any]:
     return json.loads(json.dumps(d, default=list))
 
 
-def _wrapped(snapshot: Any, now_wall_ns: Optional[int] = None, stall_s: Optional[float] = None) -> Any:
+def _wrapped(snapshot: Any, now_wall_ns: Optional[int] = None, stall_s: Optional[float] = None,
+             envs: Any = ()) -> Any:
     name = _CURRENT[0]
     if name is not None:
-        _CASES.setdefault(name, []).append({"call": {"now_wall_ns": now_wall_ns, "stall_s": stall_s},
-                                            "snapshot": snapshot_to_json(copy.deepcopy(snapshot))})
-    return _ORIG(snapshot, now_wall_ns=now_wall_ns, stall_s=stall_s)
+        call: Dict[str, Any] = {"now_wall_ns": now_wall_ns, "stall_s": stall_s}
+        if envs:  # (only then: inputs captured before envs existed stay byte-identical)
+            from hangtrace.tracer.envfacts import to_json
+            call["envs"] = [dict(to_json(pe), rank=pe.rank) for pe in envs]
+        _CASES.setdefault(name, []).append({"call": call, "snapshot": snapshot_to_json(copy.deepcopy(snapshot))})
+    return _ORIG(snapshot, now_wall_ns=now_wall_ns, stall_s=stall_s, envs=envs)
 
 
 _dmod.diagnose = _wrapped  # before the test modules run `from ... import diagnose`

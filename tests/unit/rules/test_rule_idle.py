@@ -69,3 +69,34 @@ def test_a_rank_outside_the_rendezvous_keeps_the_general_cause():
     procs = [_rendezvous_rank(0, 2, RDZV), _rendezvous_rank(1, 2, QUEUE_GET)]
     d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S)), "unknown", [])
     assert d.cause == "stalled-outside-collectives"
+
+
+def _env(rank, **environ):
+    from hangtrace.tracer.envfacts import ProcessEnv
+    return ProcessEnv(host="h0", pid=1000 + rank, rank=rank, environ=tuple(sorted(environ.items())))
+
+
+def test_the_rank_whose_rendezvous_port_differs_from_rank_0s_is_named():
+    """Two ranks, rank 1 given another MASTER_PORT: a tie of values, but rank 0 hosts the
+    store, so rank 1 is the one that cannot reach it (the blind job's case)."""
+    from hangtrace.tracer.report.text import verdict_paragraph
+    procs = [_rendezvous_rank(r, 2, RDZV) for r in range(2)]
+    envs = [_env(0, MASTER_ADDR="127.0.0.1", MASTER_PORT="29611"),
+            _env(1, MASTER_ADDR="127.0.0.1", MASTER_PORT="29612")]
+    d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S), envs=envs), "unknown", [1])
+    assert d.cause == "stalled-in-rendezvous"
+    assert any("MASTER_PORT=29612 on rank 1, 29611 on rank 0 (it hosts the store)" in e for e in d.evidence), d.evidence
+    assert "suspects: rank 1" in verdict_paragraph(d)
+    # the same environment everywhere: nobody is named; without records: nobody either
+    same = [_env(r, MASTER_ADDR="127.0.0.1", MASTER_PORT="29611") for r in range(2)]
+    check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S), envs=same), "unknown", [])
+    check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S)), "unknown", [])
+
+
+def test_without_rank_0s_record_the_majority_decides_and_a_tie_names_no_one():
+    procs = [_rendezvous_rank(r, 4, RDZV) for r in range(1, 4)]
+    envs = [_env(1, WORLD_SIZE="4"), _env(2, WORLD_SIZE="4"), _env(3, WORLD_SIZE="3")]
+    d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S), envs=envs), "unknown", [3])
+    assert any("WORLD_SIZE=3 on rank 3, 4 on the other ranks" in e for e in d.evidence), d.evidence
+    envs = [_env(1, WORLD_SIZE="4"), _env(2, WORLD_SIZE="3")]
+    check(diagnose(snap(procs[:2], reason="stall", taken=T0 + 120 * S), envs=envs), "unknown", [])

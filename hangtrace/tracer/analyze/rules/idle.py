@@ -11,7 +11,8 @@ inside ``init_process_group``, :func:`in_rendezvous`).
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from collections import Counter
+from typing import Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, stall_note
@@ -27,6 +28,36 @@ NAME = "idle"
 #: that waits for WORLD_SIZE members)
 RENDEZVOUS_FUNCS = frozenset({"init_process_group", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
                               "_tcp_rendezvous_handler", "_file_rendezvous_handler", "_store_based_barrier"})
+
+
+#: the variables a rank's env:// rendezvous reads (torch/distributed/rendezvous.py)
+RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
+
+
+def rendezvous_outliers(ctx: Ctx, ranks: List[int]) -> Tuple[List[int], List[str]]:
+    """``(culprit ranks, evidence lines)``: of ``ranks``, those whose MASTER_ADDR /
+    MASTER_PORT / WORLD_SIZE (their environment records, ``ctx.envs``) differ from rank
+    0's - rank 0 hosts the store of an env:// or tcp:// rendezvous, so the others must reach
+    it there - or, without rank 0's record, from the majority's. ([], []) without records."""
+    env = {pe.rank: dict(pe.environ) for pe in ctx.envs if pe.rank in ranks}
+    culprits: Dict[int, None] = {}
+    lines = []
+    for var in RENDEZVOUS_VARS:
+        vals = {r: e.get(var) for r, e in sorted(env.items())}
+        if len(set(vals.values())) < 2:
+            continue
+        if 0 in vals:
+            ref, whose = vals[0], "rank 0 (it hosts the store)"
+        else:
+            counts = Counter(vals.values()).most_common(2)
+            if counts[0][1] == counts[1][1]:
+                continue  # a tie without rank 0: no side to name
+            ref, whose = counts[0][0], "the other ranks"
+        odd = [r for r, v in vals.items() if v != ref]
+        culprits.update(dict.fromkeys(odd))
+        lines.append("%s=%s on rank%s %s, %s on %s" % (var, "/".join(sorted({str(vals[r]) for r in odd})),
+                                                       "s" if len(odd) > 1 else "", format_ranks(odd, 8), ref, whose))
+    return sorted(culprits), lines
 
 
 def in_rendezvous(ctx: Ctx) -> List[int]:
@@ -79,6 +110,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         ctx.add("no process group was ever created: ranks %s are inside init_process_group (the "
                 "rendezvous), waiting for the store at MASTER_ADDR:MASTER_PORT or for the other members "
                 "of WORLD_SIZE" % format_ranks(rdzv, 8))
+        culprits, lines = rendezvous_outliers(ctx, rdzv)
+        d.culprit_ranks = culprits
+        for line in lines:
+            ctx.add("the rendezvous variables differ: " + line)
     else:
         d.kind = Kind.UNKNOWN
         d.cause = Cause.STALLED_OUTSIDE_COLLECTIVES
