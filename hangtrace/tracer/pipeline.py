@@ -20,6 +20,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from hangtrace.tracer import config
 from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.envfacts import ProcessEnv
 from hangtrace.tracer.errors import HangtraceError, RunDirError, UnreadableRunError
 from hangtrace.tracer.snapshot import Snapshot
 
@@ -110,7 +111,7 @@ def diagnose_snapshot(snap: Snapshot, store: bool = False, stall_s: Optional[flo
     return Result(snap, diag, verdict_paragraph(diag))
 
 
-def _run_envs(snap: Snapshot) -> List[Any]:
+def _run_envs(snap: Snapshot) -> List[ProcessEnv]:
     """The run's environment records (``collect.forensics.run_env``; a stored snapshot reads
     its run directory's), [] when it has none. Never raises."""
     try:
@@ -124,7 +125,7 @@ def _run_envs(snap: Snapshot) -> List[Any]:
         return []
 
 
-def _environment(snap: Snapshot, diag: Diagnosis, envs: List[Any]) -> str:
+def _environment(snap: Snapshot, diag: Diagnosis, envs: List[ProcessEnv]) -> str:
     """Issue 12: the culprits' library/environment differences and a crashing native frame
     appended to ``diag.evidence``; returns the text report's section ("" when nothing
     differs or the run has no environment records). Never raises."""

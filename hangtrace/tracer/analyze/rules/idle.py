@@ -102,8 +102,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     elif not ctx.stalled:
         d.kind = Kind.PROGRESSING
         ctx.add("no rank is blocked in a collective or p2p op")
-    elif in_rendezvous(ctx):
-        rdzv = in_rendezvous(ctx)
+    elif rdzv := in_rendezvous(ctx):
         d.kind = Kind.UNKNOWN
         d.cause = Cause.STALLED_IN_RENDEZVOUS
         d.details["rendezvous_ranks"] = rdzv
