@@ -925,6 +925,107 @@ static PyTypeObject CounterType = {
     .tp_as_sequence = &Counter_as_sequence,
 };
 
+/* ========================================================================= FindSpec */
+/* FindSpec(find, hooks, hooked): the replacement of PathFinder.find_spec that
+ * hooks/importhook.py installs (as a classmethod). Called as (cls, fullname, path=None,
+ * target=None): spec = find(fullname, path, target); when fullname is a key of dict
+ * `hooks`, returns hooked(spec, fullname, path, target), else spec. The same as the Python
+ * wrapper it replaces, without a Python frame per import (about 1,100 of them in
+ * `import torch.distributed`). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *find, *hooks, *hooked;
+    vectorcallfunc vectorcall;
+} FindSpecObject;
+
+static PyObject *FindSpec_vectorcall(FindSpecObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0, i;
+    PyObject *spec, *out, *a[4] = {NULL, NULL, Py_None, Py_None}; /* spec, fullname, path, target */
+    int hit;
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "find_spec: called without its class");
+        return NULL;
+    }
+    /* args[0] is the class: the original is bound already */
+    spec = PyObject_Vectorcall(self->find, args + 1, (size_t)(nargs - 1), kwnames);
+    if (spec == NULL)
+        return NULL;
+    for (i = 1; i < nargs && i < 4; i++)
+        a[i] = args[i];
+    for (i = 0; i < nkw; i++) { /* fullname=, path=, target= by keyword */
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        int j = PyUnicode_CompareWithASCIIString(k, "fullname") == 0 ? 1
+              : PyUnicode_CompareWithASCIIString(k, "path") == 0 ? 2
+              : PyUnicode_CompareWithASCIIString(k, "target") == 0 ? 3 : 0;
+        if (j)
+            a[j] = args[nargs + i];
+    }
+    hit = (a[1] != NULL && PyUnicode_CheckExact(a[1])) ? PyDict_Contains(self->hooks, a[1]) : 0;
+    if (hit <= 0) {
+        if (hit < 0)
+            PyErr_Clear();
+        return spec;
+    }
+    /* a hooked name (rare): hooked(spec, fullname, path, target) */
+    a[0] = spec;
+    out = PyObject_Vectorcall(self->hooked, a, 4, NULL);
+    Py_DECREF(spec);
+    return out;
+}
+
+static PyObject *FindSpec_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *find, *hooks, *hooked;
+    FindSpecObject *self;
+    if (!PyArg_ParseTuple(args, "OO!O:FindSpec", &find, &PyDict_Type, &hooks, &hooked))
+        return NULL;
+    self = (FindSpecObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(find);
+    Py_INCREF(hooks);
+    Py_INCREF(hooked);
+    self->find = find;
+    self->hooks = hooks;
+    self->hooked = hooked;
+    self->vectorcall = (vectorcallfunc)FindSpec_vectorcall;
+    return (PyObject *)self;
+}
+
+static int FindSpec_traverse(FindSpecObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->find);
+    Py_VISIT(self->hooks);
+    Py_VISIT(self->hooked);
+    return 0;
+}
+
+static int FindSpec_clear(FindSpecObject *self) {
+    Py_CLEAR(self->find);
+    Py_CLEAR(self->hooks);
+    Py_CLEAR(self->hooked);
+    return 0;
+}
+
+static void FindSpec_dealloc(FindSpecObject *self) {
+    PyObject_GC_UnTrack(self);
+    FindSpec_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject FindSpecType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hangtrace.hooks._fastrec.FindSpec",
+    .tp_basicsize = sizeof(FindSpecObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "FindSpec(find, hooks, hooked): called as (cls, fullname, path=None, target=None); returns "
+              "find(fullname, path, target), or hooked(spec, fullname, path, target) when fullname is a key of "
+              "dict hooks (hooks/importhook.py).",
+    .tp_new = FindSpec_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(FindSpecObject, vectorcall),
+    .tp_traverse = (traverseproc)FindSpec_traverse,
+    .tp_clear = (inquiry)FindSpec_clear,
+    .tp_dealloc = (destructor)FindSpec_dealloc,
+};
+
 /* ========================================================================= StateBase */
 typedef struct {
     PyObject_HEAD
@@ -2160,7 +2261,7 @@ static struct PyModuleDef fastrec_module = {
 PyMODINIT_FUNC PyInit__fastrec(void) {
     PyObject *m, *structmod;
     if (PyType_Ready(&RingType) < 0 || PyType_Ready(&StateType) < 0 || PyType_Ready(&CallType) < 0 ||
-        PyType_Ready(&BusyType) < 0 || PyType_Ready(&CounterType) < 0)
+        PyType_Ready(&BusyType) < 0 || PyType_Ready(&CounterType) < 0 || PyType_Ready(&FindSpecType) < 0)
         return NULL;
     structmod = PyImport_ImportModule("struct");
     if (structmod == NULL)
@@ -2185,11 +2286,13 @@ PyMODINIT_FUNC PyInit__fastrec(void) {
     Py_INCREF(&CallType);
     Py_INCREF(&BusyType);
     Py_INCREF(&CounterType);
+    Py_INCREF(&FindSpecType);
     if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0 ||
         PyModule_AddObject(m, "StateBase", (PyObject *)&StateType) < 0 ||
         PyModule_AddObject(m, "Call", (PyObject *)&CallType) < 0 ||
         PyModule_AddObject(m, "Busy", (PyObject *)&BusyType) < 0 ||
         PyModule_AddObject(m, "Counter", (PyObject *)&CounterType) < 0 ||
+        PyModule_AddObject(m, "FindSpec", (PyObject *)&FindSpecType) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER_SIZE) < 0) {
         Py_DECREF(m);

@@ -33,6 +33,14 @@ class StateBase:
     shapes: Any
     def clear_groups(self) -> None: ...
 
+class FindSpec:
+    """``PathFinder.find_spec``'s replacement (``hooks/importhook.py``): called as
+    ``(cls, fullname, path=None, target=None)``, returns ``find(fullname, path, target)``
+    or, for a key of ``hooks``, ``hooked(spec, fullname, path, target)``."""
+    def __init__(self, find: Callable[..., Any], hooks: Dict[str, Any], hooked: Callable[..., Any]) -> None: ...
+    def __call__(self, cls: Any, fullname: str, path: Any = None, target: Any = None) -> Any: ...
+
+
 class Counter:
     """A sequence counter cell: a one-item sequence ``[n]`` (``cell[0] += 1``) that C
     advances in place."""

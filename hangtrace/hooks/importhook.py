@@ -19,8 +19,8 @@ exceptions are swallowed (the caller logs its own).
 Why not a finder of our own at the front of ``sys.meta_path`` (the previous way): every
 import then paid for one more ``sys.meta_path`` entry - ``importlib``'s loop takes the
 import lock around each finder - about 5,500 instructions per module, 5M of a traced
-``import torch.distributed`` (1,100 modules); the wrapped classmethod costs one Python
-call per module. What that changes: a hooked module served by a finder placed *before*
+``import torch.distributed`` (1,100 modules); the wrapped classmethod costs one C call
+per module (``_fastrec.FindSpec``; one Python call without the extension). What that changes: a hooked module served by a finder placed *before*
 ``PathFinder`` (a custom import system inserted at the front) is no longer seen. Where
 ``PathFinder`` is not in ``sys.meta_path`` at all, the front finder is still used.
 """
@@ -30,9 +30,12 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from hangtrace.tracer import config as _config
+
 Hook = Callable[[ModuleType], None]
 
 _hooks: Dict[str, List[Hook]] = {}
+_before: Dict[str, List[Callable[[str], None]]] = {}  # name -> fn(name), run as its import starts
 
 
 class _Loader:
@@ -54,6 +57,11 @@ class _Loader:
                 spec.loader = self.loader
         except Exception:
             pass
+        for fn in _before.pop(self.name, []):
+            try:
+                fn(self.name)
+            except Exception:
+                pass
         self.loader.exec_module(module)
         _fire(self.name, sys.modules.get(self.name, module))
 
@@ -134,7 +142,23 @@ def _install_path_hook() -> bool:
     if not isinstance(original, classmethod):
         return False  # replaced by someone else already: leave it, use the front finder
     find = original.__get__(None, pf)  # the bound original: PathFinder.find_spec(name, path, target)
+    pf.find_spec = classmethod(_wrapper(find))
+    _path_finder, _original = pf, original
+    return True
+
+
+def _wrapper(find: Any) -> Any:
+    """The replacement of ``PathFinder.find_spec``, given its bound original ``find``:
+    ``_fastrec.FindSpec`` (no Python frame in each of the ~1,100 imports of a torch
+    process) unless ``HANGTRACE_PURE_PYTHON`` is set or the extension is not built; else
+    the same in Python."""
     hooks = _hooks
+    if not _config.pure_python():
+        try:
+            from hangtrace.hooks import _fastrec
+            return _fastrec.FindSpec(find, hooks, _hooked_call)
+        except Exception:
+            pass
 
     def find_spec(cls: Any, fullname: str, path: Any = None, target: Any = None) -> Any:
         spec = find(fullname, path, target)
@@ -142,9 +166,11 @@ def _install_path_hook() -> bool:
             return _hooked_spec(fullname, spec, path, target)
         return spec
     find_spec.__doc__ = find.__doc__
-    pf.find_spec = classmethod(find_spec)
-    _path_finder, _original = pf, original
-    return True
+    return find_spec
+
+
+def _hooked_call(spec: Any, fullname: str, path: Any = None, target: Any = None) -> Any:
+    return _hooked_spec(fullname, spec, path, target)
 
 
 def _fire(name: str, module: ModuleType) -> None:
@@ -155,10 +181,13 @@ def _fire(name: str, module: ModuleType) -> None:
             pass
 
 
-def when_imported(name: str, fn: Hook) -> None:
+def when_imported(name: str, fn: Hook, before: Optional[Callable[[str], None]] = None) -> None:
     """Call ``fn(module)`` once module ``name`` is imported (at once if it is already).
 
-    ``name``: a full module name ("torch.distributed", "ray"). Never raises.
+    ``name``: a full module name ("torch.distributed", "ray"). ``before``: called with
+    ``name`` as the module's own code starts to run (not when it is only looked up, as
+    ``importlib.util.find_spec`` does); not called when it is imported already. Never
+    raises.
     """
     global _finder
     module = sys.modules.get(name)
@@ -169,6 +198,8 @@ def when_imported(name: str, fn: Hook) -> None:
             pass
         return
     _hooks.setdefault(name, []).append(fn)
+    if before is not None:
+        _before.setdefault(name, []).append(before)
     try:
         if _install_path_hook():
             return
@@ -184,6 +215,7 @@ def clear() -> None:
     finder (tests, uninstall)."""
     global _finder, _path_finder, _original
     _hooks.clear()
+    _before.clear()
     if _path_finder is not None:
         _path_finder.find_spec = _original
         _path_finder = _original = None

@@ -49,7 +49,36 @@ def defer_thread(s: Any) -> bool:
         except Exception:
             pass
     gc.callbacks.append(clock)
+    if t is None:
+        _off_during_torch_import(clock)
     return True
+
+
+def _off_during_torch_import(clock: Any) -> None:
+    """Take ``clock`` out of ``gc.callbacks`` for the length of torch's import, which runs
+    about 380 collections (``import torch.distributed`` here) in which it never acts; it
+    is put back once the import returns (``importhook``: a hook fires before and after).
+    Measured: 0.78 us per collection with the callback, 0.04 us without. An import of
+    torch that raises leaves it out: the thread then starts at a group join, a phase or a
+    step (``kick``). Never raises."""
+    import gc
+    from hangtrace.hooks import importhook
+
+    def before(_name: str) -> None:
+        try:
+            if clock in gc.callbacks:
+                gc.callbacks.remove(clock)
+        except Exception:
+            pass
+
+    def after(_module: Any) -> None:
+        try:
+            s = getattr(sys.modules.get("hangtrace.hooks.memory"), "_sampler", None)
+            if s is not None and s._thread is None and clock not in gc.callbacks:
+                gc.callbacks.append(clock)
+        except Exception:
+            pass
+    importhook.when_imported("torch", after, before=before)
 
 
 def kick(s: Any = None) -> None:

@@ -223,7 +223,8 @@ def test_sampler_thread_waits_past_the_start_and_torch_import(tmp_path):
     """Issue 8: at bootstrap the sampler's timer thread waits (a second thread slows every
     malloc of torch's import and of the exit): none while torch is imported, even past the
     interval; the first garbage collection after the import and one interval after the
-    start starts it; so does the first phase/step (and joining a group: the next test). 'torch' here is a stand-in package that allocates, and so collects,
+    start starts it; so does the first phase/step (and joining a group: the next test). The
+    clock (a ``gc.callbacks`` entry) is taken out for the length of torch's import. 'torch' here is a stand-in package that allocates, and so collects,
     for longer than the interval while it is imported."""
     pkg = tmp_path / "fake" / "torch"
     pkg.mkdir(parents=True)
@@ -234,6 +235,8 @@ def test_sampler_thread_waits_past_the_start_and_torch_import(tmp_path):
         while time.monotonic() - t0 < 0.6:
             keep.append({})  # net growth of containers: collections run, the clock is asked
         print("in torch's import", names(), flush=True)
+        import gc  # the clock is out of gc.callbacks while torch's import runs, back after it
+        print("clock in torch's import", [getattr(c, "__name__", "") for c in gc.callbacks], flush=True)
     """))
     s = _script(tmp_path, """
         import sys, threading, time
@@ -259,6 +262,7 @@ def test_sampler_thread_waits_past_the_start_and_torch_import(tmp_path):
     both = "['MainThread', 'hangtrace-memory']"
     out = subprocess.run([sys.executable, s, "torch"], env=env, capture_output=True, text=True, timeout=60)
     assert "in torch's import ['MainThread']" in out.stdout and "later " + both in out.stdout, (out.stdout, out.stderr)
+    assert "clock in torch's import []" in out.stdout, out.stdout  # (and back: "later" needs it)
     out = subprocess.run([sys.executable, s, "plain"], env=env, capture_output=True, text=True, timeout=60)
     assert "early ['MainThread']" in out.stdout and "later " + both in out.stdout, (out.stdout, out.stderr)
     out = subprocess.run([sys.executable, s, "step"], env=env, capture_output=True, text=True, timeout=60)

@@ -1,6 +1,8 @@
 """The in-process side's contracts: import direction, the instrumentor contract, our
 post-import finder, the recorder choice, and small rings grown to full size (issue 8 item
 3, issue 13 item 2)."""
+import importlib.machinery
+import importlib.util
 import os
 import subprocess
 import sys
@@ -109,18 +111,29 @@ def test_instrumentor_never_raises_and_logs_the_error_once(what):
     assert len(errors) == 1 and ("boom in " + what) in errors[0], rt.log.lines
 
 
-def test_post_import_hook_fires_once_with_the_finished_module(tmp_path, monkeypatch):
+@pytest.mark.parametrize("pure", ["1", "0"])
+def test_post_import_hook_fires_once_with_the_finished_module(tmp_path, monkeypatch, pure):
+    monkeypatch.setenv("HANGTRACE_PURE_PYTHON", pure)
     pkg = tmp_path / "htpkg_probe"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "mod.py").write_text("VALUE = 41\nVALUE += 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     seen = []
+    pf = importlib.machinery.PathFinder
     try:
-        importhook.when_imported("htpkg_probe.mod", lambda m: seen.append((m.__name__, m.VALUE)))
-        assert seen == []
+        importhook.when_imported("htpkg_probe.mod", lambda m: seen.append((m.__name__, m.VALUE)),
+                                 before=lambda name: seen.append(
+                                     ("before", name, hasattr(sys.modules.get(name), "VALUE"))))
+        wrapper = type(pf.__dict__["find_spec"].__func__).__name__
+        assert wrapper == ("FindSpec" if pure == "0" and fast_available({}) else "function")
+        # looked up, by position or keyword, not imported: no hook yet; unhooked names as before
+        assert importlib.util.find_spec("htpkg_probe.mod") is not None and seen == []
+        assert pf.find_spec(fullname="json").name == "json" and pf.find_spec("no_such_mod_x") is None
+        with pytest.raises(TypeError):
+            pf.find_spec("json", None, None, None)  # the original's own error comes through
         import htpkg_probe.mod as mod
-        assert seen == [("htpkg_probe.mod", 42)]
+        assert seen == [("before", "htpkg_probe.mod", False), ("htpkg_probe.mod", 42)]
         # the module keeps its own loader (nothing of ours left on it)
         assert type(mod.__loader__).__name__ == "SourceFileLoader"
         assert type(mod.__spec__.loader).__name__ == "SourceFileLoader"
@@ -130,6 +143,7 @@ def test_post_import_hook_fires_once_with_the_finished_module(tmp_path, monkeypa
         importhook.clear()
         for name in ("htpkg_probe.mod", "htpkg_probe"):
             sys.modules.pop(name, None)
+    assert type(pf.__dict__["find_spec"].__func__).__name__ == "function"  # the original is back
 
 
 def test_recorder_choice_gives_its_reason():
