@@ -74,7 +74,7 @@ def _off_during_torch_import(clock: Any) -> None:
     def after(_module: Any) -> None:
         try:
             s = getattr(sys.modules.get("hangtrace.hooks.memory"), "_sampler", None)
-            if s is not None and s._thread is None and clock not in gc.callbacks:
+            if s is not None and s.thread is None and clock not in gc.callbacks:
                 gc.callbacks.append(clock)
         except Exception:
             pass
@@ -88,7 +88,7 @@ def kick(s: Any = None) -> None:
     try:
         if s is None:
             s = getattr(sys.modules.get("hangtrace.hooks.memory"), "_sampler", None)
-        if s is None or s._thread is not None:
+        if s is None or s.thread is not None:
             return
         t = sys.modules.get("torch")
         if t is None or not initializing(t):

@@ -44,7 +44,7 @@ def take_over(s: Any, rt: Any) -> bool:
         s.pid = os.getpid()
         s._statm = s._open("/proc/%d/statm" % s.pid)
         s._stop = threading.Event()  # (the parent's may be held by its timer thread)
-        s._thread = None
+        s.thread = None
         s.swap, s.last_ns, s.nsamples, s._oom_seen, s._oom_count = -1, 0, 0, None, 0
         s._cuda, s._cuda_hooked, s._gauge_sids = {}, False, {}  # (CUDA is unusable after fork)
         s._host = rec.intern("host")

@@ -86,7 +86,7 @@ class Sampler(CgroupFiles):
         self.last_ns = 0
         self.nsamples = 0
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self.thread: Optional[threading.Thread] = None  # the timer thread; None until it starts (hooks/memclock.py)
         self._fds: List[int] = []
         self._statm = self._open("/proc/%d/statm" % self.pid)
         self.swap = -1
@@ -153,7 +153,7 @@ class Sampler(CgroupFiles):
                 self._sample_gauges(source)
             self.last_ns = _mono()
             self.nsamples += 1
-            if self._thread is None and source != F.MEM_TIMER:  # (the phase/step API: started)
+            if self.thread is None and source != F.MEM_TIMER:  # (the phase/step API: started)
                 _memclock().kick(self)
         except Exception as e:
             self.log("memory: sampling failed: %r" % (e,), "mem-sample")
@@ -240,23 +240,23 @@ class Sampler(CgroupFiles):
         """Start the timer thread (once). False when it cannot start now: ``threading``'s
         registry lock is held, maybe by this thread (a gc callback inside ``threading``),
         where it is not reentrant (an RLock in CPython 3.11: no check needed)."""
-        if self._thread is not None or self.dead or self._stop.is_set():
+        if self.thread is not None or self.dead or self._stop.is_set():
             return True
         held = getattr(getattr(threading, "_active_limbo_lock", None), "locked", None)
         if held is not None and held():
             return False
-        t = self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        t = self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         try:
             t.start()
         except Exception:  # (at interpreter shutdown: no thread, no samples to take)
-            self._thread = None
+            self.thread = None
         return True
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the timer thread and wait for it (at exit: no thread of ours may be inside
         a torch call when the interpreter finalizes, see torch_dist._Poller)."""
         self._stop.set()
-        t = getattr(self, "_thread", None)
+        t = getattr(self, "thread", None)
         if t is not None and t is not threading.current_thread():
             t.join(timeout_s)
 

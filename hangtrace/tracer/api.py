@@ -177,7 +177,7 @@ def step(n: int) -> None:
         s = _sampler
         # MEM_STEP, skipped beside a phase boundary's sample (module doc); not before the
         # sampler's thread started: this sample starts it (hooks/memclock.py)
-        if s is not None and (_mono() - s.last_ns >= STEP_SAMPLE_GAP_NS or s._thread is None):
+        if s is not None and (_mono() - s.last_ns >= STEP_SAMPLE_GAP_NS or s.thread is None):
             s.sample(4)
 
 

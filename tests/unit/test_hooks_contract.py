@@ -251,7 +251,7 @@ def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path)
         pid = os.fork()
         if pid == 0:
             s = memory.active()
-            ok = (s is parent and s.pid == os.getpid() and s._thread is not None and s._thread.is_alive()
+            ok = (s is parent and s.pid == os.getpid() and s.thread is not None and s.thread.is_alive()
                   and not s.dead)
             os._exit(0 if ok else 3)
         assert "hangtrace.hooks.memfork" in sys.modules, "not imported before the fork"

@@ -362,21 +362,21 @@ def test_deferred_timer_thread_waits_for_a_free_registry_lock_and_for_torch(reco
     before = list(gc.callbacks)
     assert memclock.defer_thread(s) is True
     clock = [c for c in gc.callbacks if c not in before]
-    assert len(clock) == 1 and s._thread is None
+    assert len(clock) == 1 and s.thread is None
     try:
         import time
         time.sleep(0.06)  # past the interval
         clock[0]("start", {})
-        assert s._thread is None  # torch's import is running
+        assert s.thread is None  # torch's import is running
         fake.__spec__._initializing = False
         clock[0]("start", {})
-        assert s._thread is None and clock[0] in gc.callbacks  # the registry lock is held: later
+        assert s.thread is None and clock[0] in gc.callbacks  # the registry lock is held: later
         held.release()
         monkeypatch.setattr(threading, "_active_limbo_lock", threading.RLock())
         clock[0]("start", {})
-        assert s._thread is not None and s._thread.is_alive() and clock[0] not in gc.callbacks
+        assert s.thread is not None and s.thread.is_alive() and clock[0] not in gc.callbacks
     finally:
         if clock[0] in gc.callbacks:
             gc.callbacks.remove(clock[0])
         s.stop()
-    assert not s._thread.is_alive()
+    assert not s.thread.is_alive()

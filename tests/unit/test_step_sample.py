@@ -10,7 +10,7 @@ from hangtrace.tracer import api
 class _Sampler:
     def __init__(self, last_ns: int, thread: object) -> None:
         self.last_ns = last_ns
-        self._thread = thread
+        self.thread = thread
         self.sources: list = []
 
     def sample(self, source: int) -> None:
