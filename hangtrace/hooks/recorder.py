@@ -125,12 +125,12 @@ class Recorder(ringsize.Growable):
         self._touch_progress()
 
     # --- identity ---------------------------------------------------------------
-    def set_rank(self, rank: int, local_rank: int, world_size: int) -> None:
-        """The rank this process has in the default process group it joined (torch's
-        ``get_rank()``): from now on it is a rank, not a helper with an inherited RANK."""
+    def set_rank(self, rank: int, local_rank: int, world_size: int, joined: bool = True) -> None:
+        """The rank of this process in the default group it joined (``get_rank()``), not a
+        hint; ``joined=False``: the rank it asks for at ``init_process_group`` (its rendezvous)."""
         F.RANK.pack_into(self.mm, F.RANK_OFF, rank, local_rank, world_size,
                          F.RANK.unpack_from(self.mm, F.RANK_OFF)[3])
-        F.RANK_SOURCE.pack_into(self.mm, F.RANK_SOURCE_OFF, F.RANK_FROM_GROUP)
+        F.RANK_SOURCE.pack_into(self.mm, F.RANK_SOURCE_OFF, F.RANK_FROM_GROUP if joined else F.RANK_FROM_JOIN)
 
     def set_dump_signal(self, signum: int) -> None:
         r = F.RANK.unpack_from(self.mm, F.RANK_OFF)

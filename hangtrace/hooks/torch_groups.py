@@ -39,6 +39,7 @@ def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[An
                       kwargs: Dict[str, Any]) -> Any:
     name = wrapped.__name__
     if name == "init_process_group" and _td._state is not None:
+        _join_request(_td._state, wrapped, args, kwargs)
         _joining(_td._state)  # before the rendezvous, which may be what hangs
     result = wrapped(*args, **kwargs)
     st = _td._state
@@ -64,6 +65,62 @@ def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[An
     except Exception as e:
         st.log("recording %s failed: %r" % (name, e), "rec-" + name)
     return result
+
+
+def join_request(wrapped: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """What a call of ``init_process_group`` asks for, resolved as torch's rendezvous
+    handlers resolve it (``torch/distributed/rendezvous.py``): ``rank`` and ``world_size``
+    from the arguments, else the ``init_method`` URL's query, else (``env://``, the
+    default) RANK and WORLD_SIZE at the call (-1: unknown); ``master``: the store's
+    address (``MASTER_ADDR:MASTER_PORT`` at the call for ``env://``, the URL's host:port for
+    ``tcp://``, the path for ``file://``, ``store`` for a store passed in); ``init``: the
+    URL's scheme; ``backend``; ``env_world_size``: WORLD_SIZE at the call. Raises nothing it
+    can avoid (unknown parts are -1 or '?')."""
+    import inspect
+    import os
+    from urllib.parse import parse_qs, urlparse
+    try:
+        bound = dict(inspect.signature(wrapped).bind_partial(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        bound = dict(kwargs)
+    init, store = bound.get("init_method"), bound.get("store")
+    url = urlparse(init) if isinstance(init, str) else None
+    query = {k: v[-1] for k, v in parse_qs(url.query).items()} if url is not None else {}
+    scheme = "store" if store is not None else (url.scheme if url is not None else "env")
+
+    def pick(arg: str, env: str) -> int:
+        v = bound.get(arg, -1)
+        if v is None or (isinstance(v, int) and v < 0):
+            v = query.get(arg, os.environ.get(env) if scheme == "env" else None)
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            return -1
+    if scheme == "env":
+        master = "%s:%s" % (os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?"))
+    elif scheme == "tcp" and url is not None:
+        master = url.netloc
+    else:
+        master = "store" if store is not None else str(init).split("?")[0]
+    env_world = os.environ.get("WORLD_SIZE", "")
+    return {"rank": pick("rank", "RANK"), "world_size": pick("world_size", "WORLD_SIZE"), "master": master,
+            "init": scheme, "backend": str(bound.get("backend")),
+            "env_world_size": int(env_world) if env_world.isdigit() else -1}
+
+
+def _join_request(st: State, wrapped: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+    """Before the rendezvous: a durable ``join`` event with what this call asks for
+    (:func:`join_request`), and the rank asked for in the ring header (``RANK_FROM_JOIN``):
+    a process stuck in the rendezvous is that rank, whatever RANK it inherited (a spawn
+    child of a parent that set RANK, a Ray actor). Never raises."""
+    try:
+        req = join_request(wrapped, args, kwargs)
+        st.rec.event("join", **req)
+        if req["rank"] >= 0:  # (the world size the environment gives: how many ranks there are)
+            world = req["env_world_size"] if req["env_world_size"] > 0 else req["world_size"]
+            st.rec.set_rank(req["rank"], _local_rank(), world, joined=False)
+    except Exception as e:
+        st.log("recording the join request failed: %r" % (e,), "join-request")
 
 
 def _probe_tensor_layout(st: State) -> None:

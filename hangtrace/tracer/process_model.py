@@ -12,18 +12,20 @@ Rules, in order (:func:`assign_roles`):
 
 1. Ray actors are ``ray-actor`` (they may also hold a rank); Ray workers without an actor
    are ``ray-task-worker``; the Ray driver is a ``launcher``.
-2. Rank r is held by the processes that joined as r. One such process: it is rank r.
+2. Rank r is held by the processes that joined as r, or that called ``init_process_group``
+   asking for r and are still in its rendezvous. One such process: it is rank r.
    Several: when the older ones are dead, that is a restart (torchelastic, a Ray actor
    restart): the newest holds the rank and the restart is noted; otherwise two live
-   processes joined as r, a ``conflict`` (the newest is analysed, the conflict is
-   reported).
+   processes joined (or asked to join) as r, a ``conflict`` (the newest is analysed, the
+   conflict is reported).
 3. A rank no process joined as (rendezvous not reached, or rings from before joining)
    is held by a candidate with that rank hint: alive before dead, then the one with no
    traced ancestor holding the same hint, then the earliest started.
 4. Every other process with a rank hint, or a traced ancestor that holds a rank, is a
    ``rank-helper`` of that rank: listed under it in reports, never standing for it.
 5. A traced process that is the parent of ranks (torchrun's agent, the parent of
-   ``torch.multiprocessing.spawn``) is a ``launcher``; the rest are ``other``.
+   ``torch.multiprocessing.spawn``, even with a RANK of its own) is a ``launcher``; the
+   rest are ``other``.
 """
 from __future__ import annotations
 
@@ -32,8 +34,9 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 
 from hangtrace.tracer.snapshot import ProcessInfo, Role
 
-#: ring header ``rank_source`` value for "joined a process group" (tracer.ring.layout)
-_RANK_FROM_GROUP = 1
+#: ring header ``rank_source`` values (tracer.ring.layout): "joined a process group",
+#: "called init_process_group asking for this rank, not joined yet"
+_RANK_FROM_GROUP, _RANK_FROM_JOIN = 1, 2
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,12 @@ def joined(p: ProcessInfo) -> bool:
     if meta.get("rank_source") == _RANK_FROM_GROUP:
         return True
     return bool(p.groups) and p.rank is not None and p.rank >= 0
+
+
+def requested(p: ProcessInfo) -> bool:
+    """True when ``p`` called ``init_process_group`` asking for its rank and has not
+    joined yet (it is inside the rendezvous): the rank it asked for, not an inherited hint."""
+    return (p.meta or {}).get("rank_source") == _RANK_FROM_JOIN
 
 
 def ray_role(p: ProcessInfo) -> Optional[Role]:
@@ -174,7 +183,7 @@ def assign_roles(processes: Iterable[ProcessInfo],
             roles[p.key] = ray
         if not valid_rank(p.rank):
             continue
-        (joined_by_rank if joined(p) else hinted_by_rank).setdefault(p.rank, []).append(p)
+        (joined_by_rank if joined(p) or requested(p) else hinted_by_rank).setdefault(p.rank, []).append(p)
     ranks: Dict[int, ProcessInfo] = {}
     claims: List[RankClaim] = []
     for r, cands in joined_by_rank.items():
@@ -206,11 +215,11 @@ def assign_roles(processes: Iterable[ProcessInfo],
         if anc is not None:
             helper_of[p.key] = anc
             roles[p.key] = Role.RANK_HELPER
+        elif (p.host, p.pid) in parents:  # (before its rank hint: a spawn parent that set RANK)
+            roles[p.key] = Role.LAUNCHER
         elif valid_rank(p.rank) and p.rank in ranks:
             helper_of[p.key] = p.rank
             roles[p.key] = Role.RANK_HELPER
-        elif (p.host, p.pid) in parents:
-            roles[p.key] = Role.LAUNCHER
         else:
             roles[p.key] = Role.OTHER
     return ProcessRoles(ranks=ranks, roles=roles, helper_of=helper_of, claims=tuple(claims))

@@ -79,3 +79,38 @@ def test_a_rank_blocked_in_the_rendezvous_has_its_record(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_process_in_the_rendezvous_is_the_rank_it_asked_for(tmp_path):
+    """RANK=0 inherited (a spawn child of a parent that set RANK, found by a blind job); the
+    call asks for rank 1 of 3 with WORLD_SIZE=2 in the environment. Before the rendezvous
+    returns, the ring header says rank 1 asked for at the call (rank_source 2, world size
+    from the environment), and a 'join' event holds what the call asked for."""
+    from hangtrace.tracer.ring import layout as F
+    from hangtrace.tracer.ring.reader import read_ring
+    run = tmp_path / "join"
+    port = free_port()
+    code = ("import torch.distributed as dist\n"
+            "dist.init_process_group('gloo', rank=1, world_size=3)\n")
+    env = base_env(run, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="2",
+                   HANGTRACE_MEM_INTERVAL_S="60")
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline, ring = time.time() + 90, None
+        while time.time() < deadline:
+            assert p.poll() is None, p.stderr.read().decode()[-2000:]
+            paths = glob.glob(str(run / ("ring-*-%d.htr" % p.pid)))
+            ring = read_ring(paths[0]) if paths else None
+            if ring is not None and any(e.get("event") == "join" for e in ring.events):
+                break
+            time.sleep(0.2)
+        assert ring is not None, "no ring"
+        join = [e for e in ring.events if e.get("event") == "join"]
+        assert join and {k: join[-1][k] for k in ("rank", "world_size", "master", "init", "backend", "env_world_size")} \
+            == {"rank": 1, "world_size": 3, "master": "127.0.0.1:%s" % port, "init": "env", "backend": "gloo",
+                "env_world_size": 2}, ring.events
+        h = ring.header
+        assert (h["rank"], h["world_size"], h["rank_source"]) == (1, 2, F.RANK_FROM_JOIN), h
+    finally:
+        p.kill()
+        p.wait()

@@ -77,3 +77,28 @@ def test_rings_from_before_rank_source_count_group_definitions_as_joining():
     helper = ProcessInfo(host="h", pid=12, rank=0, world_size=1, start_wall_ns=S + 10**9)
     out = assign_roles([rank, helper])
     assert out.ranks[0] is rank and out.role(helper) == Role.RANK_HELPER
+
+
+def _requesting(pid, rank, ppid=10, start=0, state="alive"):
+    """A process inside init_process_group that asked to be ``rank`` (ring header
+    rank_source 2, RANK_FROM_JOIN): not joined yet."""
+    return ProcessInfo(host="h", pid=pid, rank=rank, world_size=2, start_wall_ns=S + start * 10**9, state=state,
+                       meta={"ppid": ppid, "rank_source": 2})
+
+
+def test_a_rank_asked_for_at_init_process_group_beats_the_inherited_hint():
+    """torch.multiprocessing.spawn with RANK=0 set in the parent (found by a blind job): both
+    children inherit RANK=0; stuck in the rendezvous, each asked for its own rank. The
+    spawn parent and its resource tracker keep the hint and are not ranks."""
+    launcher = proc(10, 0, ppid=1)
+    w0, w1 = _requesting(11, 0), _requesting(12, 1, start=1)
+    tracker = proc(13, 0, ppid=10, start=2)
+    out = assign_roles([launcher, w0, w1, tracker])
+    assert out.ranks == {0: w0, 1: w1} and not out.claims
+    assert out.role(launcher) == Role.LAUNCHER and out.role(tracker) == Role.RANK_HELPER
+
+
+def test_two_live_processes_asking_for_one_rank_are_a_conflict():
+    a, b = _requesting(11, 0), _requesting(12, 0, start=1)
+    out = assign_roles([a, b])
+    assert out.ranks[0] is b and [(c.rank, c.kind) for c in out.claims] == [(0, "conflict")]

@@ -66,7 +66,9 @@ RANK_SOURCE = struct.Struct("<i")  # where the rank field came from (RANK_FROM_*
 #: rank_source values. A ring written before this field existed reads 0 (the env hint):
 #: the environment's RANK is only a hint (DataLoader workers, resource trackers and any
 #: child of a rank inherit it); a process is a rank once it joined a process group.
-RANK_FROM_ENV, RANK_FROM_GROUP = 0, 1
+#: RANK_FROM_JOIN: it called ``init_process_group`` asking to be this rank (the call's
+#: ``rank``, else RANK at the call) and has not joined yet: the rendezvous is running.
+RANK_FROM_ENV, RANK_FROM_GROUP, RANK_FROM_JOIN = 0, 1, 2
 
 # process states stored in the header
 ST_RUNNING, ST_EXITED = 1, 2

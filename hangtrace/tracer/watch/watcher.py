@@ -372,9 +372,11 @@ if __name__ == "__main__":
 
 
 def _who(h: Header) -> str:
-    """'rank 3' for a process that joined a group as 3; a rank in the environment alone is a
-    hint (DataLoader workers, a spawn parent inherit it): 'a process with RANK=3'."""
+    """'rank 3' for a process that joined a group as 3 or is in init_process_group asking to
+    be 3; a rank in the environment alone is a hint (DataLoader workers, a spawn parent
+    inherit it): 'a process with RANK=3'."""
     r = h.get("rank", -1)
     if r is None or r < 0:
         return "a process without a rank"
-    return "rank %d" % r if h.get("rank_source", 0) == F.RANK_FROM_GROUP else "a process with RANK=%d" % r
+    return "rank %d" % r if h.get("rank_source", 0) in (F.RANK_FROM_GROUP, F.RANK_FROM_JOIN) \
+        else "a process with RANK=%d" % r

@@ -100,3 +100,41 @@ def test_without_rank_0s_record_the_majority_decides_and_a_tie_names_no_one():
     assert any("WORLD_SIZE=3 on rank 3, 4 on the other ranks" in e for e in d.evidence), d.evidence
     envs = [_env(1, WORLD_SIZE="4"), _env(2, WORLD_SIZE="3")]
     check(diagnose(snap(procs[:2], reason="stall", taken=T0 + 120 * S), envs=envs), "unknown", [])
+
+
+def _joining(r, world, **req):
+    """A rank inside the rendezvous whose init_process_group call asked for ``req`` (the
+    'join' event the torch.distributed hooks write before the rendezvous)."""
+    ev = dict({"event": "join", "rank": r, "world_size": world, "master": "127.0.0.1:29611", "init": "env",
+               "backend": "gloo", "env_world_size": world}, **req)
+    return _rendezvous_rank(r, world, RDZV).set(events=[ev], meta={"rank_source": 2})
+
+
+def test_the_rank_that_asks_for_another_store_is_named_from_its_join_request():
+    """Rank 1 calls init_process_group with MASTER_PORT changed after its start (its
+    environment record, written at start, may not show it): the join request does."""
+    from hangtrace.tracer.report.text import verdict_paragraph
+    procs = [_joining(0, 2), _joining(1, 2, master="127.0.0.1:29877")]
+    d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S)), "unknown", [1])
+    assert d.cause == "stalled-in-rendezvous"
+    assert ("init_process_group on rank 1 asks for the store at 127.0.0.1:29877; 127.0.0.1:29611 on rank 0 "
+            "(it hosts the store)") in d.evidence, d.evidence
+    assert "suspects: rank 1" in verdict_paragraph(d)
+
+
+def test_a_world_size_larger_than_the_ranks_there_are_is_explained():
+    """torchrun starts 2 ranks (WORLD_SIZE=2) and the script passes world_size=3: both wait
+    for a rank 2 that never comes; their own call is at fault."""
+    procs = [_joining(r, 3, env_world_size=2) for r in range(2)]
+    d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S)), "unknown", [0, 1])
+    assert ("init_process_group on ranks 0-1 asks for world size 3, but WORLD_SIZE=2 in their environment and "
+            "no process is rank 2: the rendezvous waits for ranks that will never come") in d.evidence, d.evidence
+    # WORLD_SIZE says 3 too: rank 2 is missing (not started, not traced)
+    procs = [_joining(r, 3) for r in range(2)]
+    d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S)), "unknown", [2])
+    assert any(e.startswith("init_process_group on ranks 0-1 asks for world size 3; no traced process is rank 2")
+               for e in d.evidence), d.evidence
+    # ranks asking for different world sizes: the odd one out
+    procs = [_joining(0, 2), _joining(1, 3)]
+    d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S)), "unknown", [1])
+    assert any("asks for world size 3; 2 on rank 0" in e for e in d.evidence), d.evidence

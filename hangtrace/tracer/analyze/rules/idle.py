@@ -12,7 +12,7 @@ inside ``init_process_group``, :func:`in_rendezvous`).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, stall_note
@@ -34,29 +34,83 @@ RENDEZVOUS_FUNCS = frozenset({"init_process_group", "rendezvous", "_create_c10d_
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
 
 
+def join_requests(ctx: Ctx, ranks: List[int]) -> Dict[int, Dict[str, Any]]:
+    """``{rank: its newest 'join' event}``: what its ``init_process_group`` call asked for
+    (rank, world_size, master = the store's address, env_world_size), recorded before the
+    rendezvous by the torch.distributed hooks; ranks without one are left out."""
+    out: Dict[int, Dict[str, Any]] = {}
+    for r in ranks:
+        v = ctx.views.get(r)
+        for e in (v.proc.events or ()) if v is not None else ():
+            if isinstance(e, dict) and e.get("event") == "join":
+                out[r] = e
+    return out
+
+
+def _odd(vals: Dict[int, Any]) -> Optional[Tuple[List[int], Any, str]]:
+    """``(odd ranks, reference value, whose)`` when ``vals`` disagree: against rank 0's value
+    (rank 0 hosts the store of an env:// or tcp:// rendezvous), else the majority's; None
+    when they agree or tie without rank 0."""
+    if len(set(vals.values())) < 2:
+        return None
+    if 0 in vals:
+        ref, whose = vals[0], "rank 0 (it hosts the store)"
+    else:
+        counts = Counter(vals.values()).most_common(2)
+        if counts[0][1] == counts[1][1]:
+            return None
+        ref, whose = counts[0][0], "the other ranks"
+    return [r for r, v in vals.items() if v != ref], ref, whose
+
+
 def rendezvous_outliers(ctx: Ctx, ranks: List[int]) -> Tuple[List[int], List[str]]:
-    """``(culprit ranks, evidence lines)``: of ``ranks``, those whose MASTER_ADDR /
-    MASTER_PORT / WORLD_SIZE (their environment records, ``ctx.envs``) differ from rank
-    0's - rank 0 hosts the store of an env:// or tcp:// rendezvous, so the others must reach
-    it there - or, without rank 0's record, from the majority's. ([], []) without records."""
-    env = {pe.rank: dict(pe.environ) for pe in ctx.envs if pe.rank in ranks}
+    """``(culprit ranks, evidence lines)`` of the ranks stuck in the rendezvous, from what
+    their ``init_process_group`` calls asked for (:func:`join_requests`): the ranks whose
+    store address or world size differ from rank 0's (else the majority's); with one world
+    size W for all, more than the ranks there are: the missing ranks when WORLD_SIZE says W
+    too, else every rank (its call asks for W, WORLD_SIZE says otherwise). Ranks without a
+    request (rings of an older version): their environment records' MASTER_ADDR /
+    MASTER_PORT / WORLD_SIZE (``ctx.envs``), compared the same way. ([], []) without either."""
+    reqs = join_requests(ctx, ranks)
     culprits: Dict[int, None] = {}
     lines = []
-    for var in RENDEZVOUS_VARS:
-        vals = {r: e.get(var) for r, e in sorted(env.items())}
-        if len(set(vals.values())) < 2:
-            continue
-        if 0 in vals:
-            ref, whose = vals[0], "rank 0 (it hosts the store)"
-        else:
-            counts = Counter(vals.values()).most_common(2)
-            if counts[0][1] == counts[1][1]:
-                continue  # a tie without rank 0: no side to name
-            ref, whose = counts[0][0], "the other ranks"
-        odd = [r for r, v in vals.items() if v != ref]
-        culprits.update(dict.fromkeys(odd))
-        lines.append("%s=%s on rank%s %s, %s on %s" % (var, "/".join(sorted({str(vals[r]) for r in odd})),
-                                                       "s" if len(odd) > 1 else "", format_ranks(odd, 8), ref, whose))
+    for key, what in (("master", "the store at"), ("world_size", "world size")):
+        got = _odd({r: e.get(key) for r, e in sorted(reqs.items())})
+        if got is not None:
+            odd, ref, whose = got
+            culprits.update(dict.fromkeys(odd))
+            lines.append("init_process_group on rank%s %s asks for %s %s; %s on %s" % (
+                "s" if len(odd) > 1 else "", format_ranks(odd, 8), what,
+                "/".join(sorted({str(reqs[r].get(key)) for r in odd})), ref, whose))
+    sizes = {e.get("world_size") for e in reqs.values()}
+    w = next(iter(sizes)) if len(sizes) == 1 else None
+    if not lines and isinstance(w, int):
+        known = set(ctx.views)
+        missing = [r for r in range(w) if r not in known]
+        if missing and len(missing) < w:
+            env_w = {int(x) for x in (e.get("env_world_size") for e in reqs.values()) if isinstance(x, int) and x > 0}
+            asked = format_ranks(sorted(reqs), 8)
+            if env_w and env_w != {w}:
+                culprits.update(dict.fromkeys(sorted(reqs)))
+                lines.append("init_process_group on ranks %s asks for world size %d, but WORLD_SIZE=%s in their "
+                             "environment and no process is rank %s: the rendezvous waits for ranks that will "
+                             "never come" % (asked, w, "/".join(str(x) for x in sorted(env_w)),
+                                             format_ranks(missing, 8)))
+            else:
+                culprits.update(dict.fromkeys(missing))
+                lines.append("init_process_group on ranks %s asks for world size %d; no traced process is rank %s "
+                             "(not started, not traced, or started with another MASTER_ADDR/MASTER_PORT)"
+                             % (asked, w, format_ranks(missing, 8)))
+    rest = [r for r in ranks if r not in reqs]
+    if rest and not reqs:  # (older rings: the environment records)
+        env = {pe.rank: dict(pe.environ) for pe in ctx.envs if pe.rank in rest}
+        for var in RENDEZVOUS_VARS:
+            got = _odd({r: e.get(var) for r, e in sorted(env.items())})
+            if got is not None:
+                odd, ref, whose = got
+                culprits.update(dict.fromkeys(odd))
+                lines.append("%s=%s on rank%s %s, %s on %s" % (var, "/".join(sorted({str(env[r].get(var)) for r in odd})),
+                                                             "s" if len(odd) > 1 else "", format_ranks(odd, 8), ref, whose))
     return sorted(culprits), lines
 
 
@@ -112,7 +166,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         culprits, lines = rendezvous_outliers(ctx, rdzv)
         d.culprit_ranks = culprits
         for line in lines:
-            ctx.add("the rendezvous variables differ: " + line)
+            ctx.add(line if line.startswith("init_process_group") else "the rendezvous variables differ: " + line)
     else:
         d.kind = Kind.UNKNOWN
         d.cause = Cause.STALLED_OUTSIDE_COLLECTIVES
