@@ -165,11 +165,13 @@ def reap_job(run_dir, wait_s=30, why=""):
     assert not left, "processes of the job left running: %s\n%s" % (left, why)
 
 
-def run_under_hangtrace(cmd, run_dir, cwd, stall_s=10, timeout_s=300, merge_stderr=False, reap_s=None):
+def run_under_hangtrace(cmd, run_dir, cwd, stall_s=10, timeout_s=300, merge_stderr=False, reap_s=None,
+                        extra_env=None):
     """Run ``hangtrace run --stall-s S --stop-on-stall --dir RUN_DIR -- CMD`` in its own
     session, as a user would; kill what is left of the session after it ends or after
     ``timeout_s``. With ``reap_s``, wait that long for the job's other processes (Ray's
-    own end a few seconds after the driver), then kill those left and fail.
+    own end a few seconds after the driver), then kill those left and fail. ``extra_env``:
+    more variables for ``hangtrace run`` and the job (a job's ``STARTUP_STALL_S``).
 
     Returns ``(diagnoses, why)``: every snapshot's ``diagnosis.json`` in time order and a
     text with the exit code, duration and the console's tail, for assertion messages."""
@@ -177,7 +179,7 @@ def run_under_hangtrace(cmd, run_dir, cwd, stall_s=10, timeout_s=300, merge_stde
     import json
     full = [sys.executable, "-m", "hangtrace", "run", "--stall-s", str(stall_s), "--stop-on-stall", "--dir",
             str(run_dir), "--"] + list(cmd)
-    p = subprocess.Popen(full, env=base_env(traced=False), cwd=str(cwd), stdout=subprocess.PIPE,
+    p = subprocess.Popen(full, env=dict(base_env(traced=False), **(extra_env or {})), cwd=str(cwd), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
                          start_new_session=True)
     t0 = time.monotonic()

@@ -8,7 +8,8 @@ The jobs take 20-70 s each (torchrun and DataLoader workers start slowly on 2 co
 ``.ci/run`` runs the ones issue 9 names (torchrun + DataLoader workers: a sleeping rank, an
 extra collective, a raise; spawn + CUDA OOM; a swallowed asyncio exception; a dtype slip gloo
 aborts the other rank for; a resized broadcast gloo completes); set
-``HANGTRACE_BLIND=all`` for the whole corpus. Where the tool and the job's author disagree
+``HANGTRACE_BLIND=all`` for the whole corpus. A job's ``STARTUP_STALL_S`` (a rendezvous
+hang: no rank ever progressed) becomes the run's ``HANGTRACE_STARTUP_STALL_S``. Where the tool and the job's author disagree
 on purpose, the test is an ``xfail(strict=True)`` saying why: it fails as soon as the
 verdict changes, so the disagreement is looked at again.
 """
@@ -24,7 +25,8 @@ from jobs import blind_consts, blind_selected, run_under_hangtrace
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind")
 JOBS = sorted(glob.glob(os.path.join(HERE, "torch", "*.py")))
 CI_SET = {"tr_dl_sleep", "tr_dl_extra", "tr_dl_raise", "sp_cuda_oom", "tr_asyncio_swallowed",
-          "mp_eval_float64", "mp_broadcast_resized"}  # the last two: who changed at a mismatch (2026-12-02)
+          "mp_eval_float64", "mp_broadcast_resized",  # these two: who changed at a mismatch (2026-12-02)
+          "sp_rdzv_port"}  # a spawn child stuck in the rendezvous with another MASTER_PORT (2026-12-02)
 #: deliberate disagreements between the tool and the job's author (job -> why)
 DISAGREE = {
     "titan_teardown": "rank 1 raised, then hangs alive in its teardown barrier: the verdict is "
@@ -36,7 +38,7 @@ DISAGREE = {
 
 
 def run_job(path, tmp_path, timeout_s=300):
-    c = blind_consts(path)
+    c = blind_consts(path, ("LAUNCH", "NPROC", "EXPECT", "STARTUP_STALL_S"))
     run_dir = str(tmp_path / "run")
     if c["LAUNCH"] == "torchrun":
         tr = shutil.which("torchrun")
@@ -45,7 +47,8 @@ def run_job(path, tmp_path, timeout_s=300):
         cmd = [tr, "--standalone", "--nproc-per-node", str(c.get("NPROC", 2)), path]
     else:
         cmd = [sys.executable, path]
-    diags, why = run_under_hangtrace(cmd, run_dir, os.path.dirname(path), timeout_s=timeout_s)
+    extra = {"HANGTRACE_STARTUP_STALL_S": str(c["STARTUP_STALL_S"])} if "STARTUP_STALL_S" in c else None
+    diags, why = run_under_hangtrace(cmd, run_dir, os.path.dirname(path), timeout_s=timeout_s, extra_env=extra)
     return c, diags, why
 
 
