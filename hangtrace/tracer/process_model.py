@@ -15,9 +15,9 @@ Rules, in order (:func:`assign_roles`):
 2. Rank r is held by the processes that joined as r, or that called ``init_process_group``
    asking for r and are still in its rendezvous. One such process: it is rank r.
    Several: when the older ones are dead, that is a restart (torchelastic, a Ray actor
-   restart): the newest holds the rank and the restart is noted; otherwise two live
-   processes joined (or asked to join) as r, a ``conflict`` (the newest is analysed, the
-   conflict is reported).
+   restart): the newest holds the rank and the restart is noted; otherwise two processes
+   joined (or asked to join) as r at the same time, a ``conflict`` (the newest is analysed,
+   the conflict is reported).
 3. A rank no process joined as (rendezvous not reached, or rings from before joining)
    is held by a candidate with that rank hint: alive before dead, then the one with no
    traced ancestor holding the same hint, then the earliest started.
@@ -126,8 +126,10 @@ def _pick_joined(rank: int, cands: Sequence[ProcessInfo]) -> Tuple[ProcessInfo, 
         return kept, None
     older = cands[:-1]
     # a dead process's end time is only a lower bound after a SIGKILL: every older one
-    # being dead is what makes a restart; two live processes are a conflict
-    restart = all(_dead(p) for p in older)
+    # being dead is what makes a restart; two live processes are a conflict, and so are a
+    # dead one and the newer one it outlived the start of (both claimed the rank at once: a
+    # launcher that gave RANK twice, one of them failing to bind the store)
+    restart = all(_dead(p) and not (p.exit_wall_ns and p.exit_wall_ns > (kept.start_wall_ns or 0)) for p in older)
     return kept, RankClaim(rank, "restart" if restart else "conflict", kept.key,
                            tuple(p.key for p in older))
 

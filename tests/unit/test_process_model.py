@@ -1,5 +1,7 @@
 """The process model (issue 9): a rank is a process that joined a group; RANK in the
 environment is only a hint that helpers inherit."""
+import dataclasses
+
 from hangtrace.tracer.process_model import assign_roles
 from hangtrace.tracer.snapshot import Role
 from hangtrace.tracer.snapshot import ProcessInfo
@@ -102,3 +104,18 @@ def test_two_live_processes_asking_for_one_rank_are_a_conflict():
     a, b = _requesting(11, 0), _requesting(12, 0, start=1)
     out = assign_roles([a, b])
     assert out.ranks[0] is b and [(c.rank, c.kind) for c in out.claims] == [(0, "conflict")]
+
+
+def test_a_duplicate_that_died_while_the_other_ran_is_a_conflict_not_a_restart():
+    """A launcher gives both workers RANK=0 (found by a blind job): the first to start fails
+    to bind the store and exits 1 ms after the second started. Overlapping lifetimes: a
+    conflict. A rank whose old process ended before the new one started stays a restart."""
+    a = ProcessInfo(host="h", pid=11, rank=0, world_size=2, start_wall_ns=S, state="exited",
+                    exit_wall_ns=S + 2 * 10**6, meta={"ppid": 10, "rank_source": 2})
+    b = dataclasses.replace(_requesting(12, 0), start_wall_ns=S + 10**6)
+    out = assign_roles([a, b])
+    assert [(c.rank, c.kind) for c in out.claims] == [(0, "conflict")]
+    old = ProcessInfo(host="h", pid=11, rank=0, world_size=2, start_wall_ns=S, state="exited",
+                      exit_wall_ns=S + 10**6, meta={"ppid": 10, "rank_source": 2})
+    new = _requesting(12, 0, start=1)
+    assert [(c.rank, c.kind) for c in assign_roles([old, new]).claims] == [(0, "restart")]

@@ -76,8 +76,8 @@ def _preamble(ctx: Ctx, d: Diagnosis) -> None:
             ctx.add("rank %d: restarted (earlier process %s); the newest, %s, is analysed"
                     % (r, ", ".join(others), kept))
         else:
-            ctx.add("rank %d: several live processes joined as this rank (%s and %s): conflicting "
-                    "launches; %s is analysed" % (r, ", ".join(others), kept, kept))
+            ctx.add("rank %d: several processes joined or asked to join as this rank at the same time (%s and "
+                    "%s): conflicting launches; %s is analysed" % (r, ", ".join(others), kept, kept))
     tree = merge_stacks(ctx.procs[r] for r in sorted(ctx.procs))
     if tree.ranks:
         d.stack_classes = stack_classes_of(tree)

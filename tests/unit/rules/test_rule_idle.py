@@ -138,3 +138,16 @@ def test_a_world_size_larger_than_the_ranks_there_are_is_explained():
     procs = [_joining(0, 2), _joining(1, 3)]
     d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S)), "unknown", [1])
     assert any("asks for world size 3; 2 on rank 0" in e for e in d.evidence), d.evidence
+
+
+def test_two_processes_asking_for_one_rank_are_named_not_the_missing_rank():
+    """A home-made launcher gives RANK=0 to both workers (found by a blind job): one fails to
+    bind the store (EADDRINUSE) and exits, the other waits for a rank 1 that never comes.
+    The culprit is the doubled rank 0, not the missing rank 1."""
+    import dataclasses
+    dead = dataclasses.replace(_joining(0, 2).build(), pid=999, state="exited", exit_wall_ns=T0 + 2 * S)
+    alive = dataclasses.replace(_joining(0, 2).build(), start_wall_ns=T0 + S)
+    d = check(diagnose(snap([dead, alive], reason="stall", taken=T0 + 120 * S)), "unknown", [0])
+    assert d.cause == "stalled-in-rendezvous"
+    assert ("init_process_group was called as rank 0 by 2 processes at the same time (h0:999, h0:1000); no "
+            "process is rank 1: the launcher gives one RANK twice") in d.evidence, d.evidence

@@ -70,8 +70,18 @@ def rendezvous_outliers(ctx: Ctx, ranks: List[int]) -> Tuple[List[int], List[str
     size W for all, more than the ranks there are: the missing ranks when WORLD_SIZE says W
     too, else every rank (its call asks for W, WORLD_SIZE says otherwise). Ranks without a
     request (rings of an older version): their environment records' MASTER_ADDR /
-    MASTER_PORT / WORLD_SIZE (``ctx.envs``), compared the same way. ([], []) without either."""
+    MASTER_PORT / WORLD_SIZE (``ctx.envs``), compared the same way. First of all: a rank that
+    several processes asked for at the same time (the process model's conflict) is the
+    culprit. ([], []) without any of these."""
     reqs = join_requests(ctx, ranks)
+    dup = [(r, list(others) + [kept]) for r, kind, kept, others in ctx.dups if kind == "conflict" and r in ranks]
+    if dup:  # one RANK given to several processes: the rank it was meant for never comes
+        missing = [r for r in range(ctx.world) if r not in ctx.views] if ctx.world else []
+        return sorted(r for r, _ in dup), ["init_process_group was called as rank %d by %d processes at the same "
+                                           "time (%s)%s: the launcher gives one RANK twice" % (
+                                               r, len(keys), ", ".join(keys),
+                                               "; no process is rank %s" % format_ranks(missing, 8) if missing else "")
+                                           for r, keys in dup]
     culprits: Dict[int, None] = {}
     lines = []
     for key, what in (("master", "the store at"), ("world_size", "world size")):
