@@ -162,7 +162,9 @@ def fill_death(v: RankView, errfile: Optional[ElasticError] = None) -> None:
     sig: Mapping[str, Any] = p.signals or {}
     times: List[int] = []
     if _signal_cause(v, sig, code, times):
-        pass
+        # SIGTERMed after a collective of its own had failed with a transport error (a peer
+        # died; the launcher then tore the job down, as torchrun does): a victim
+        v.victim = v.cause == Cause.SIGTERM.value and bool(v.failed and is_transport_error(v.failed.get("error")))
     elif exc is not None:
         v.cause = Cause.EXCEPTION.value
         v.cause_text = "%s: %s" % (exc.get("type") or "Exception", (exc.get("message") or "").strip())

@@ -43,6 +43,22 @@ def test_dead_rank_killed_first_then_connection_closed_cascade():
     assert all(c["victim"] for c in d.cascade)
     assert d.group == "0" and d.seq == 6
 
+def test_sigterm_after_a_transport_failure_is_cascade_not_an_external_kill():
+    """torchrun: rank 1 dies of an exception (its DataLoader worker was SIGKILLed; a blind
+    job); rank 0's all_reduce fails with 'Connection closed by peer', then the agent SIGTERMs
+    it. Rank 0 is a victim (cascade), not a SIGTERM from outside to look for."""
+    b = ranks(2, steps=5)
+    b[1].set(state="exited", exit_code=1,
+             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS,
+                      "message": "DataLoader worker (pid 4242) is killed by signal: Killed."}])
+    b[0].t += 2 * S
+    b[0].coll(state="failed", error="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234")
+    b[0].set(state="killed", signals={"sigterm": {"wall_ns": b[0].t + S, "text": ""}})
+    d = check(diagnose(snap(b)), "dead-rank", [1])
+    assert d.cause == "exception"
+    assert [(c["rank"], c["victim"]) for c in d.cascade] == [(0, True)], d.cascade
+
+
 @pytest.mark.parametrize("setup,cause", [
     (dict(state="killed", signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}}), "sigterm"),
     (dict(state="killed", signals={"fatal": {"wall_ns": T0 + 10 * S,
