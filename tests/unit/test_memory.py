@@ -380,3 +380,26 @@ def test_deferred_timer_thread_waits_for_a_free_registry_lock_and_for_torch(reco
             gc.callbacks.remove(clock[0])
         s.stop()
     assert not s.thread.is_alive()
+
+
+@pytest.mark.parametrize("facts,line", [
+    ({"kernel_log": "read", "helper_kernel_oom": {"pid": 4242, "line": "Out of memory: Killed process 4242 (pt_data_worker)"}},
+     "its DataLoader worker (pid 4242) was killed by the kernel's OOM killer: Out of memory: Killed process 4242 "
+     "(pt_data_worker)"),
+    ({"kernel_log": "read"},
+     "its DataLoader worker (pid 4242) was killed by SIGKILL (a helper of this rank): the kernel log has no "
+     "OOM-killer line for it"),
+])
+def test_a_rank_whose_dataloader_worker_was_killed_says_by_whom(facts, line):
+    """torch raises 'DataLoader worker (pid N) is killed by signal: Killed.' in the rank
+    (a blind job): the verdict says whether the kernel's OOM killer killed that worker."""
+    b = ranks(2, steps=5)
+    mem(b[1], "timer", "host", host(300 * MIB), phase="train", step=0)
+    b[1].set(state="exited", exit_code=1, memory_facts=facts,
+             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS,
+                      "message": "DataLoader worker (pid 4242) is killed by signal: Killed."}])
+    b[0].t += 20 * S
+    b[0].wait()
+    d = diagnose(snap(b))
+    assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "exception"), d.summary
+    assert any(line in e for e in d.evidence), d.evidence

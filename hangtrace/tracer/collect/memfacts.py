@@ -123,6 +123,17 @@ def read_kernel_log() -> Tuple[List[KernelLine], str]:
     return [], why
 
 
+def dataloader_kill(text: Any) -> Optional[Tuple[List[int], str]]:
+    """``(worker pids, signal name)`` from torch's "DataLoader worker (pid 123) is killed by
+    signal: Killed." (``torch/utils/data/_utils/signal_handling.py``; "pid(s) 1, 2" for
+    several), else None."""
+    import re
+    m = re.search(r"DataLoader worker \(pids?\(?s?\)? ([\d, ]+)\) is killed by signal: ([\w ]+)", str(text or ""))
+    if m is None:
+        return None
+    return [int(x) for x in re.findall(r"\d+", m.group(1))], m.group(2).strip()
+
+
 def _read_int_file(path: str) -> Optional[bytes]:
     try:
         with open(path, "rb") as f:
@@ -167,6 +178,12 @@ def memory_facts(p: ProcessInfo, cache: Optional[Dict[str, Any]] = None) -> Dict
                 ok = wall * 1e9 >= p.start_wall_ns - 2e9
             if ok:
                 facts["kernel_oom"] = k
+        for e in p.events or ():  # a DataLoader worker of this rank killed by a signal: its OOM line
+            dk = dataloader_kill(e.get("message")) if isinstance(e, dict) and e.get("event") == "exception" else None
+            for wpid in (dk[0] if dk else ()):
+                if klines.get(wpid):
+                    facts["helper_kernel_oom"] = dict(klines[wpid], pid=wpid)
+                    break
         try:
             with open("/proc/meminfo") as f:
                 for ln in f:

@@ -201,3 +201,4 @@ def test_rank_still_exiting_after_its_sigterm_died_before_a_peer_killed_by_the_s
     p0 = r0.set(state="killed", signals={"sigterm": {"wall_ns": t_term + 56 * MS, "text": "Thread 0x2:\n"}}).build()
     d = diagnose(snap([p0, p1], reason="death"))
     assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "sigterm"), d.summary
+

@@ -37,6 +37,7 @@ from hangtrace.tracer.analyze.memory.samples import (
     fmt_bytes,
     samples,
 )
+from hangtrace.tracer.collect.memfacts import dataloader_kill
 
 
 def _ray_logs(facts: Optional[Dict[str, Any]]) -> Tuple[bool, Optional[str]]:
@@ -244,6 +245,35 @@ def _killed_case(proc: Any, lv: _Level, cause: str, cause_text: str, ev: List[st
     return cause, cause_text
 
 
+def _worker_case(lv: _Level, cause_text: str, ev: List[str]) -> None:
+    """The rank raised because torch saw one of its DataLoader workers killed by a signal:
+    say whether the kernel's OOM killer did it (its line for that pid, collected with the
+    rank's facts) or nothing shows an OOM kill. The cause stays the rank's exception."""
+    dk = dataloader_kill(cause_text)
+    assert dk is not None
+    pids, sig = dk
+    who = "its DataLoader worker%s (pid %s)" % ("s" if len(pids) > 1 else "", ", ".join(str(x) for x in pids))
+    k = lv.facts.get("helper_kernel_oom")
+    if k:
+        ev.append("%s was killed by the kernel's OOM killer: %s" % (who, str(k.get("line") or "")[:200]))
+    elif sig.lower() == "killed":
+        why = []
+        if lv.ctr_up:
+            why.append("its cgroup's oom_kill counter rose (%s -> %s): an OOM kill in its cgroup is likely"
+                       % (lv.last_ctr, lv.now_ctr))
+        elif lv.ctr_same:
+            why.append("its cgroup's oom_kill counter is unchanged (%s)" % lv.now_ctr)
+        if lv.facts.get("kernel_log") == "read" and not lv.ctr_up:
+            why.append("the kernel log has no OOM-killer line for it")
+        ev.append("%s was killed by SIGKILL (a helper of this rank)%s" % (
+            who, ": " + "; ".join(why) if why else "; whether by the OOM killer is unknown here (no kernel log, "
+                                                    "no cgroup counter)"))
+    else:
+        ev.append("%s was killed by signal %s (a helper of this rank)" % (who, sig))
+    if lv.mem_line:
+        ev.append("memory at death: " + lv.mem_line)
+
+
 def _sigterm_case(lv: _Level, cause: str, cause_text: str, ev: List[str]) -> Tuple[str, str]:
     if lv.h is not None and (lv.frac is None or lv.frac < LOW) and not lv.ctr_up and not lv.kern:
         parts = [lv.mem_line]
@@ -285,6 +315,8 @@ def attribute(proc: Any, cause: Any, cause_text: Any, ss: Optional[List[Dict[str
         new, text = _killed_case(proc, lv, cause, cause_text, ev)
     elif cause == "sigterm":
         new, text = _sigterm_case(lv, cause, cause_text, ev)
+    elif cause == "exception" and dataloader_kill(cause_text):
+        _worker_case(lv, cause_text, ev)
     elif lv.mem_line:
         ev.append("memory at death: " + lv.mem_line)
     return {"cause": new, "cause_text": text, "evidence": ev, "at_death": at, "base_cause": cause,
