@@ -147,7 +147,8 @@ def memory_facts(p: ProcessInfo, cache: Optional[Dict[str, Any]] = None) -> Dict
     ``ProcessInfo.memory_facts``); {} for live or foreign processes. ``cache`` (a dict
     shared over one collection) keeps the kernel log read once."""
     facts: Dict[str, Any] = {}
-    if p.host != _HOST or not (p.state == "killed" or (p.state == "exited" and p.exit_code not in (0, None))):
+    # (a process whose ring holds a non-zero exit code may still be tearing down: "alive")
+    if p.host != _HOST or not (p.state == "killed" or p.exit_code not in (0, None)):
         return facts
     try:
         from hangtrace.hooks.memory import parse_oom_kill
