@@ -20,8 +20,9 @@ Why not a finder of our own at the front of ``sys.meta_path`` (the previous way)
 import then paid for one more ``sys.meta_path`` entry - ``importlib``'s loop takes the
 import lock around each finder - about 5,500 instructions per module, 5M of a traced
 ``import torch.distributed`` (1,100 modules); the wrapped classmethod costs one C call
-per module (``_fastrec.FindSpec``; one Python call without the extension). What that changes: a hooked module served by a finder placed *before*
-``PathFinder`` (a custom import system inserted at the front) is no longer seen. Where
+per module (``_fastrec.FindSpec``; one Python call without the extension). What that
+changes: a hooked module served by a finder placed *before* ``PathFinder`` (a custom
+import system inserted at the front) is no longer seen. Where
 ``PathFinder`` is not in ``sys.meta_path`` at all, the front finder is still used.
 """
 from __future__ import annotations

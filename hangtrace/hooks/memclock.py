@@ -73,7 +73,7 @@ def _off_during_torch_import(clock: Any) -> None:
 
     def after(_module: Any) -> None:
         try:
-            s = getattr(sys.modules.get("hangtrace.hooks.memory"), "_sampler", None)
+            s = _sampler()
             if s is not None and s.thread is None and clock not in gc.callbacks:
                 gc.callbacks.append(clock)
         except Exception:
@@ -87,7 +87,7 @@ def kick(s: Any = None) -> None:
     torch's import is running (the clock starts it after). Never raises."""
     try:
         if s is None:
-            s = getattr(sys.modules.get("hangtrace.hooks.memory"), "_sampler", None)
+            s = _sampler()
         if s is None or s.thread is not None:
             return
         t = sys.modules.get("torch")
@@ -95,6 +95,11 @@ def kick(s: Any = None) -> None:
             s.start_thread()
     except Exception:
         pass
+
+
+def _sampler() -> Any:
+    """This process's sampler (``hooks/memory.py``), or None; imports nothing."""
+    return getattr(sys.modules.get("hangtrace.hooks.memory"), "_sampler", None)
 
 
 def initializing(module: Any) -> bool:

@@ -16,9 +16,11 @@ SCHEMA = 1
 ENV_DIR = "env"
 MASK = "<masked>"
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
-#: Job-relevant environment: every variable with one of these prefixes, plus ENV_NAMES.
+#: Job-relevant environment: every variable with one of these prefixes, plus ENV_NAMES
+#: (WORLD_SIZE: the same on every rank, read by env:// rendezvous; RANK and LOCAL_RANK
+#: differ per rank by design and are left out).
 ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "OMP_", "RAY_", "MASTER_", "PYTORCH_")
-ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
+ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD", "WORLD_SIZE")
 
 
 def is_secret_name(name: str) -> bool:

@@ -32,11 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from hangtrace.tracer.ring.layout import RANK_FROM_GROUP, RANK_FROM_JOIN
 from hangtrace.tracer.snapshot import ProcessInfo, Role
-
-#: ring header ``rank_source`` values (tracer.ring.layout): "joined a process group",
-#: "called init_process_group asking for this rank, not joined yet"
-_RANK_FROM_GROUP, _RANK_FROM_JOIN = 1, 2
 
 
 @dataclass(frozen=True)
@@ -69,7 +66,7 @@ class ProcessRoles:
 def joined(p: ProcessInfo) -> bool:
     """True when ``p`` joined a process group (its rank is the group's, not a hint)."""
     meta = p.meta or {}
-    if meta.get("rank_source") == _RANK_FROM_GROUP:
+    if meta.get("rank_source") == RANK_FROM_GROUP:
         return True
     return bool(p.groups) and p.rank is not None and p.rank >= 0
 
@@ -77,7 +74,7 @@ def joined(p: ProcessInfo) -> bool:
 def requested(p: ProcessInfo) -> bool:
     """True when ``p`` called ``init_process_group`` asking for its rank and has not
     joined yet (it is inside the rendezvous): the rank it asked for, not an inherited hint."""
-    return (p.meta or {}).get("rank_source") == _RANK_FROM_JOIN
+    return (p.meta or {}).get("rank_source") == RANK_FROM_JOIN
 
 
 def ray_role(p: ProcessInfo) -> Optional[Role]:

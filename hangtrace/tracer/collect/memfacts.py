@@ -123,15 +123,13 @@ def read_kernel_log() -> Tuple[List[KernelLine], str]:
     return [], why
 
 
-def dataloader_kill(text: Any) -> Optional[Tuple[List[int], str]]:
-    """``(worker pids, signal name)`` from torch's "DataLoader worker (pid 123) is killed by
-    signal: Killed." (``torch/utils/data/_utils/signal_handling.py``; "pid(s) 1, 2" for
-    several), else None."""
+def dataloader_kill(text: Any) -> Optional[Tuple[int, str]]:
+    """``(worker pid, signal name)`` from torch's "DataLoader worker (pid 123) is killed by
+    signal: Killed." (raised in the rank by torch's SIGCHLD handler, ``torch/csrc/DataLoader.cpp``),
+    else None."""
     import re
-    m = re.search(r"DataLoader worker \(pids?\(?s?\)? ([\d, ]+)\) is killed by signal: ([\w ]+)", str(text or ""))
-    if m is None:
-        return None
-    return [int(x) for x in re.findall(r"\d+", m.group(1))], m.group(2).strip()
+    m = re.search(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.]+)", str(text or ""))
+    return (int(m.group(1)), m.group(2).strip()) if m else None
 
 
 def _read_int_file(path: str) -> Optional[bytes]:
@@ -140,6 +138,15 @@ def _read_int_file(path: str) -> Optional[bytes]:
             return f.read(4096)
     except OSError:
         return None
+
+
+def _after_start(k: Dict[str, Any], start_wall_ns: Optional[int]) -> bool:
+    """True when kernel line ``k`` (``parse_kernel_oom``) is not older than a process started
+    at ``start_wall_ns`` (pids are reused; 2 s of slack; True when either time is unknown)."""
+    if k.get("mono_s") is None or not start_wall_ns:
+        return True
+    wall = time.time() - (time.clock_gettime(time.CLOCK_MONOTONIC) - k["mono_s"])
+    return wall * 1e9 >= start_wall_ns - 2e9
 
 
 def memory_facts(p: ProcessInfo, cache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -171,20 +178,13 @@ def memory_facts(p: ProcessInfo, cache: Optional[Dict[str, Any]] = None) -> Dict
                 cache["kernel"] = (klines, status)
         facts["kernel_log"] = status
         k = klines.get(p.pid)
-        if k:
-            # a line for this pid after the process started (pids are reused)
-            ok = True
-            if k.get("mono_s") is not None and p.start_wall_ns:
-                wall = time.time() - (time.clock_gettime(time.CLOCK_MONOTONIC) - k["mono_s"])
-                ok = wall * 1e9 >= p.start_wall_ns - 2e9
-            if ok:
-                facts["kernel_oom"] = k
-        for e in p.events or ():  # a DataLoader worker of this rank killed by a signal: its OOM line
+        if k and _after_start(k, p.start_wall_ns):
+            facts["kernel_oom"] = k
+        for e in p.events or ():  # a DataLoader worker of this process killed by a signal: its OOM line
             dk = dataloader_kill(e.get("message")) if isinstance(e, dict) and e.get("event") == "exception" else None
-            for wpid in (dk[0] if dk else ()):
-                if klines.get(wpid):
-                    facts["helper_kernel_oom"] = dict(klines[wpid], pid=wpid)
-                    break
+            k = klines.get(dk[0]) if dk else None
+            if dk and k and _after_start(k, p.start_wall_ns):  # (the worker started after it)
+                facts["helper_kernel_oom"] = dict(k, pid=dk[0])
         try:
             with open("/proc/meminfo") as f:
                 for ln in f:

@@ -50,9 +50,10 @@ DEAD_NEXT: Dict[str, str] = {
 }
 
 #: advice for 'unknown' / stalled-in-rendezvous
-RENDEZVOUS_NEXT = ("compare the ranks' MASTER_ADDR, MASTER_PORT and WORLD_SIZE (`hangtrace env-diff RUN_DIR`; the "
-                   "report's environment section) and check that every rank of WORLD_SIZE was started and can "
-                   "reach MASTER_ADDR")
+RENDEZVOUS_NEXT = ("compare what each rank's init_process_group asked for (the evidence: rank, world size, the "
+                   "store's address) and the ranks' MASTER_ADDR, MASTER_PORT and WORLD_SIZE (`hangtrace env-diff "
+                   "RUN_DIR`; the report's environment section), and check that every rank of WORLD_SIZE was "
+                   "started and can reach MASTER_ADDR")
 
 #: advice for a dead rank whose cause is "exit-code N"
 EXIT_CODE_NEXT = ("read that rank's log around its exit; a non-zero exit without an exception is often "

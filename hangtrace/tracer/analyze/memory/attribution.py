@@ -245,14 +245,12 @@ def _killed_case(proc: Any, lv: _Level, cause: str, cause_text: str, ev: List[st
     return cause, cause_text
 
 
-def _worker_case(lv: _Level, cause_text: str, ev: List[str]) -> None:
-    """The rank raised because torch saw one of its DataLoader workers killed by a signal:
-    say whether the kernel's OOM killer did it (its line for that pid, collected with the
-    rank's facts) or nothing shows an OOM kill. The cause stays the rank's exception."""
-    dk = dataloader_kill(cause_text)
-    assert dk is not None
-    pids, sig = dk
-    who = "its DataLoader worker%s (pid %s)" % ("s" if len(pids) > 1 else "", ", ".join(str(x) for x in pids))
+def _worker_case(lv: _Level, worker: Tuple[int, str], ev: List[str]) -> None:
+    """The rank raised because torch saw its DataLoader worker ``(pid, signal name)`` killed
+    by a signal: say whether the kernel's OOM killer did it (its line for that pid, collected
+    with the rank's facts) or nothing shows an OOM kill. The cause stays the rank's exception."""
+    pid, sig = worker
+    who = "its DataLoader worker (pid %d)" % pid
     k = lv.facts.get("helper_kernel_oom")
     if k:
         ev.append("%s was killed by the kernel's OOM killer: %s" % (who, str(k.get("line") or "")[:200]))
@@ -315,8 +313,8 @@ def attribute(proc: Any, cause: Any, cause_text: Any, ss: Optional[List[Dict[str
         new, text = _killed_case(proc, lv, cause, cause_text, ev)
     elif cause == "sigterm":
         new, text = _sigterm_case(lv, cause, cause_text, ev)
-    elif cause == "exception" and dataloader_kill(cause_text):
-        _worker_case(lv, cause_text, ev)
+    elif cause == "exception" and (worker := dataloader_kill(cause_text)) is not None:
+        _worker_case(lv, worker, ev)
     elif lv.mem_line:
         ev.append("memory at death: " + lv.mem_line)
     return {"cause": new, "cause_text": text, "evidence": ev, "at_death": at, "base_cause": cause,

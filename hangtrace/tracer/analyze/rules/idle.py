@@ -63,64 +63,69 @@ def _odd(vals: Dict[int, Any]) -> Optional[Tuple[List[int], Any, str]]:
     return [r for r, v in vals.items() if v != ref], ref, whose
 
 
+def _differ(by_rank: Dict[int, Dict[str, Any]], keys: Tuple[Tuple[str, str], ...], line: str,
+            culprits: Dict[int, None], lines: List[str]) -> None:
+    """For each ``(key, label)``: the ranks of ``by_rank`` whose value differs (:func:`_odd`)
+    become culprits, with one evidence line from format ``line`` (label, value(s), ranks,
+    reference, whose)."""
+    for key, label in keys:
+        got = _odd({r: e.get(key) for r, e in sorted(by_rank.items())})
+        if got is not None:
+            odd, ref, whose = got
+            culprits.update(dict.fromkeys(odd))
+            lines.append(line % {"label": label, "vals": "/".join(sorted({str(by_rank[r].get(key)) for r in odd})),
+                                 "s": "s" if len(odd) > 1 else "", "ranks": format_ranks(odd, 8), "ref": ref,
+                                 "whose": whose})
+
+
 def rendezvous_outliers(ctx: Ctx, ranks: List[int]) -> Tuple[List[int], List[str]]:
-    """``(culprit ranks, evidence lines)`` of the ranks stuck in the rendezvous, from what
-    their ``init_process_group`` calls asked for (:func:`join_requests`): the ranks whose
-    store address or world size differ from rank 0's (else the majority's); with one world
-    size W for all, more than the ranks there are: the missing ranks when WORLD_SIZE says W
-    too, else every rank (its call asks for W, WORLD_SIZE says otherwise). Ranks without a
-    request (rings of an older version): their environment records' MASTER_ADDR /
-    MASTER_PORT / WORLD_SIZE (``ctx.envs``), compared the same way. First of all: a rank that
-    several processes asked for at the same time (the process model's conflict) is the
-    culprit. ([], []) without any of these."""
-    reqs = join_requests(ctx, ranks)
+    """``(culprit ranks, evidence lines)`` of the ranks stuck in the rendezvous. First: a
+    rank that several processes asked for at the same time (the process model's conflict).
+    Else from what their ``init_process_group`` calls asked for (:func:`join_requests`): the
+    ranks whose store address or world size differ from rank 0's (else the majority's);
+    with one world size W for all, more than the ranks there are: the missing ranks when
+    WORLD_SIZE says W too, else every rank (its call asks for W, WORLD_SIZE says otherwise).
+    Without any request (rings of an older version, a call our hook did not see): their
+    environment records' MASTER_ADDR / MASTER_PORT / WORLD_SIZE (``ctx.envs``), compared the
+    same way. ([], []) without any of these."""
     dup = [(r, list(others) + [kept]) for r, kind, kept, others in ctx.dups if kind == "conflict" and r in ranks]
     if dup:  # one RANK given to several processes: the rank it was meant for never comes
-        missing = [r for r in range(ctx.world) if r not in ctx.views] if ctx.world else []
+        missing = [r for r in range(ctx.world) if r not in ctx.views]
         return sorted(r for r, _ in dup), ["init_process_group was called as rank %d by %d processes at the same "
                                            "time (%s)%s: the launcher gives one RANK twice" % (
                                                r, len(keys), ", ".join(keys),
                                                "; no process is rank %s" % format_ranks(missing, 8) if missing else "")
                                            for r, keys in dup]
     culprits: Dict[int, None] = {}
-    lines = []
-    for key, what in (("master", "the store at"), ("world_size", "world size")):
-        got = _odd({r: e.get(key) for r, e in sorted(reqs.items())})
-        if got is not None:
-            odd, ref, whose = got
-            culprits.update(dict.fromkeys(odd))
-            lines.append("init_process_group on rank%s %s asks for %s %s; %s on %s" % (
-                "s" if len(odd) > 1 else "", format_ranks(odd, 8), what,
-                "/".join(sorted({str(reqs[r].get(key)) for r in odd})), ref, whose))
+    lines: List[str] = []
+    reqs = join_requests(ctx, ranks)
+    if not reqs:
+        env = {pe.rank: dict(pe.environ) for pe in ctx.envs if pe.rank in ranks}
+        _differ(env, tuple((v, v) for v in RENDEZVOUS_VARS),
+                "the rendezvous variables differ: %(label)s=%(vals)s on rank%(s)s %(ranks)s, %(ref)s on %(whose)s",
+                culprits, lines)
+        return sorted(culprits), lines
+    _differ(reqs, (("master", "the store at"), ("world_size", "world size")),
+            "init_process_group on rank%(s)s %(ranks)s asks for %(label)s %(vals)s; %(ref)s on %(whose)s",
+            culprits, lines)
     sizes = {e.get("world_size") for e in reqs.values()}
     w = next(iter(sizes)) if len(sizes) == 1 else None
-    if not lines and isinstance(w, int):
-        known = set(ctx.views)
-        missing = [r for r in range(w) if r not in known]
-        if missing and len(missing) < w:
-            env_w = {int(x) for x in (e.get("env_world_size") for e in reqs.values()) if isinstance(x, int) and x > 0}
-            asked = format_ranks(sorted(reqs), 8)
-            if env_w and env_w != {w}:
-                culprits.update(dict.fromkeys(sorted(reqs)))
-                lines.append("init_process_group on ranks %s asks for world size %d, but WORLD_SIZE=%s in their "
-                             "environment and no process is rank %s: the rendezvous waits for ranks that will "
-                             "never come" % (asked, w, "/".join(str(x) for x in sorted(env_w)),
-                                             format_ranks(missing, 8)))
-            else:
-                culprits.update(dict.fromkeys(missing))
-                lines.append("init_process_group on ranks %s asks for world size %d; no traced process is rank %s "
-                             "(not started, not traced, or started with another MASTER_ADDR/MASTER_PORT)"
-                             % (asked, w, format_ranks(missing, 8)))
-    rest = [r for r in ranks if r not in reqs]
-    if rest and not reqs:  # (older rings: the environment records)
-        env = {pe.rank: dict(pe.environ) for pe in ctx.envs if pe.rank in rest}
-        for var in RENDEZVOUS_VARS:
-            got = _odd({r: e.get(var) for r, e in sorted(env.items())})
-            if got is not None:
-                odd, ref, whose = got
-                culprits.update(dict.fromkeys(odd))
-                lines.append("%s=%s on rank%s %s, %s on %s" % (var, "/".join(sorted({str(env[r].get(var)) for r in odd})),
-                                                             "s" if len(odd) > 1 else "", format_ranks(odd, 8), ref, whose))
+    if lines or not isinstance(w, int):
+        return sorted(culprits), lines
+    missing = [r for r in range(w) if r not in ctx.views]
+    if missing and len(missing) < w:
+        env_w = {int(x) for x in (e.get("env_world_size") for e in reqs.values()) if isinstance(x, int) and x > 0}
+        asked = format_ranks(sorted(reqs), 8)
+        if env_w and env_w != {w}:
+            culprits.update(dict.fromkeys(sorted(reqs)))
+            lines.append("init_process_group on ranks %s asks for world size %d, but WORLD_SIZE=%s in their "
+                         "environment and no process is rank %s: the rendezvous waits for ranks that will never "
+                         "come" % (asked, w, "/".join(str(x) for x in sorted(env_w)), format_ranks(missing, 8)))
+        else:
+            culprits.update(dict.fromkeys(missing))
+            lines.append("init_process_group on ranks %s asks for world size %d; no traced process is rank %s "
+                         "(not started, not traced, or started with another MASTER_ADDR/MASTER_PORT)"
+                         % (asked, w, format_ranks(missing, 8)))
     return sorted(culprits), lines
 
 
@@ -176,7 +181,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         culprits, lines = rendezvous_outliers(ctx, rdzv)
         d.culprit_ranks = culprits
         for line in lines:
-            ctx.add(line if line.startswith("init_process_group") else "the rendezvous variables differ: " + line)
+            ctx.add(line)
     else:
         d.kind = Kind.UNKNOWN
         d.cause = Cause.STALLED_OUTSIDE_COLLECTIVES
