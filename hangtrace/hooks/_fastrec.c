@@ -197,7 +197,9 @@ typedef struct {
     PyObject *phases;            /* dict: thread ident -> [(phase strid, name), ...] (Recorder._phase) */
     PyObject *thread_id;         /* callable() -> strid of the calling thread (cache miss) */
     PyObject *intern;            /* callable(text) -> strid */
+    PyObject *strings;           /* dict text -> strid (Recorder._strings) or NULL: the phase API's intern cache */
     unsigned long long gen;      /* unique per Ring instance (the per-thread caches' key) */
+    long long mem_last_ns;       /* monotonic time of the newest host memory sample written here, 0 none */
 } RingObject;
 
 static unsigned long long ring_gen_next; /* last Ring.gen handed out (under the GIL) */
@@ -479,6 +481,7 @@ static int Ring_traverse(RingObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->phases);
     Py_VISIT(self->thread_id);
     Py_VISIT(self->intern);
+    Py_VISIT(self->strings);
     if (self->have_view)
         Py_VISIT(self->view.obj);
     return 0;
@@ -497,6 +500,7 @@ static int Ring_clear(RingObject *self) {
     Py_CLEAR(self->phases);
     Py_CLEAR(self->thread_id);
     Py_CLEAR(self->intern);
+    Py_CLEAR(self->strings);
     ring_release(self);
     return 0;
 }
@@ -678,21 +682,12 @@ PyDoc_STRVAR(Ring_mem_host_doc,
              "pread from an open descriptor (-1: none); a figure that cannot be read or parsed is -1.\n"
              "Writes the K_MEM record (a = rss, swap, usage, limit, oom_kill) Recorder.memory writes.");
 
-static PyObject *Ring_mem_host(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long v[8], a[5];
-    static const long long lo[8] = {0, 0, -1, 1, -1, -1, LLONG_MIN, LLONG_MIN};
-    static const long long hi[8] = {U8_MAX_, U32_MAX_, INT32_MAX, LLONG_MAX, INT32_MAX, INT32_MAX, LLONG_MAX, LLONG_MAX};
+/* One host sample: v = source, host strid, statm fd, page, usage fd, oom fd, swap, limit
+ * (fds -1: none). Returns the record index or 0 with an error set. */
+static unsigned long long ring_mem_host(RingObject *self, const long long *v) {
+    long long a[5];
     char buf[512];
     int n;
-    if (nargs != 8) {
-        PyErr_Format(PyExc_TypeError, "mem_host() takes 8 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    if (ring_ready(self) < 0)
-        return NULL;
-    for (int i = 0; i < 8; i++)
-        if (get_int(args[i], lo[i], hi[i], &v[i]) < 0)
-            return NULL;
     a[0] = a[2] = a[4] = -1;
     a[1] = v[6];
     a[3] = v[7];
@@ -730,9 +725,240 @@ static PyObject *Ring_mem_host(RingObject *self, PyObject *const *args, Py_ssize
         }
     }
     unsigned long long idx = ring_write(self, K_MEM, 0, 0, v[0], v[1], 0, 0, 0, -1, S_COMPLETED, 0, a, 0);
+    if (idx != 0)
+        self->mem_last_ns = (long long)mono_ns();
+    return idx;
+}
+
+static const long long mem_lo[8] = {0, 0, -1, 1, -1, -1, LLONG_MIN, LLONG_MIN};
+static const long long mem_hi[8] = {U8_MAX_, U32_MAX_, INT32_MAX, LLONG_MAX, INT32_MAX, INT32_MAX, LLONG_MAX, LLONG_MAX};
+
+static PyObject *Ring_mem_host(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long v[8];
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "mem_host() takes 8 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (ring_ready(self) < 0)
+        return NULL;
+    for (int i = 0; i < 8; i++)
+        if (get_int(args[i], mem_lo[i], mem_hi[i], &v[i]) < 0)
+            return NULL;
+    unsigned long long idx = ring_mem_host(self, v);
     if (idx == 0)
         return NULL;
     return PyLong_FromUnsignedLongLong(idx);
+}
+
+/* --- the phase/step API in one call per boundary (tracer/api.py, issue 13) ----------
+ * What _FastRecorder.phase_enter / phase_exit / step and Sampler.sample do in Python, the
+ * same records in the same order: inside a training step, between kernels that evict the
+ * caches, each Python frame of that path comes back cold (benchmarks/README.md). ``mem``:
+ * None (no sample) or the 7 figures of Sampler.fast_args() (mem_host's arguments after the
+ * source). */
+#define PHASE_OFF 552 /* layout.PHASE_OFF: cur_phase u32, depth i32, step i64 */
+#define K_PHASE_ENTER 4
+#define K_PHASE_EXIT 5
+#define K_STEP 6
+
+static int api_mem(RingObject *r, long long source, PyObject *mem) {
+    long long v[8];
+    if (mem == Py_None)
+        return 0;
+    if (!PyTuple_Check(mem) || PyTuple_GET_SIZE(mem) != 7) {
+        PyErr_SetString(PyExc_TypeError, "mem must be None or a tuple of 7 ints");
+        return -1;
+    }
+    v[0] = source;
+    for (int i = 1; i < 8; i++)
+        if (get_int(PyTuple_GET_ITEM(mem, i - 1), mem_lo[i], mem_hi[i], &v[i]) < 0)
+            return -1;
+    return ring_mem_host(r, v) == 0 ? -1 : 0;
+}
+
+static void api_header(RingObject *r, long long depth) {
+    char *p = r->base + PHASE_OFF;
+    put32(p, (uint32_t)r->cur_phase);
+    put32(p + 4, (uint32_t)(int32_t)depth);
+    put64(p + 8, (uint64_t)r->step);
+}
+
+static void api_touch(RingObject *r) {
+    uint64_t now = mono_ns();
+    char *p = r->base + LIVE_DONE_OFF;
+    r->progress += 1;
+    put64(p, 0);
+    put64(p + 8, now);
+    put64(p + 16, wall_at(now));
+    put64(p + 24, r->progress);
+}
+
+/* int(o) as Python's int() does it (a float is truncated), into *out. */
+static int api_int(PyObject *o, long long *out) {
+    PyObject *n = PyLong_Check(o) ? (Py_INCREF(o), o) : PyNumber_Long(o);
+    if (n == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(n);
+    Py_DECREF(n);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* The strid of ``name`` (new reference): Recorder._strings, else Recorder.intern. */
+static PyObject *api_intern(RingObject *r, PyObject *name) {
+    if (r->strings != NULL && PyDict_Check(r->strings) && PyUnicode_CheckExact(name)) {
+        PyObject *sid = PyDict_GetItemWithError(r->strings, name);
+        if (sid != NULL) {
+            Py_INCREF(sid);
+            return sid;
+        }
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    return PyObject_CallOneArg(r->intern, name);
+}
+
+PyDoc_STRVAR(Ring_phase_in_doc,
+             "phase_in(name: str, step: int | None, mem: tuple | None) -> None\n\n"
+             "Enter phase ``name`` on the calling thread: _FastRecorder.phase_enter's records (step set when\n"
+             "given, the thread's phase stack, header, K_PHASE_ENTER, progress), then the MEM_ENTER sample.");
+
+static PyObject *Ring_phase_in(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long step, sid;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "phase_in() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (ring_ready(self) < 0)
+        return NULL;
+    if (args[1] != Py_None) {
+        if (api_int(args[1], &step) < 0)
+            return NULL;
+        self->step = step;
+    }
+    PyObject *sido = api_intern(self, args[0]);
+    if (sido == NULL)
+        return NULL;
+    if (get_int(sido, 0, U32_MAX_, &sid) < 0) {
+        Py_DECREF(sido);
+        return NULL;
+    }
+    PyObject *ident = current_ident();
+    if (ident == NULL) {
+        Py_DECREF(sido);
+        return NULL;
+    }
+    PyObject *st = PyDict_GetItemWithError(self->phases, ident); /* borrowed */
+    if (st == NULL) {
+        if (PyErr_Occurred() || (st = PyList_New(0)) == NULL || PyDict_SetItem(self->phases, ident, st) < 0) {
+            Py_XDECREF(st);
+            Py_DECREF(ident);
+            Py_DECREF(sido);
+            return NULL;
+        }
+        Py_DECREF(st); /* the dict holds it */
+    }
+    Py_DECREF(ident);
+    PyObject *entry = PyTuple_Pack(2, sido, args[0]);
+    Py_DECREF(sido);
+    if (entry == NULL || PyList_Append(st, entry) < 0) {
+        Py_XDECREF(entry);
+        return NULL;
+    }
+    Py_DECREF(entry);
+    Py_ssize_t depth = PyList_GET_SIZE(st);
+    if (ring_check(self) < 0) /* (intern may have grown the string table: never the mapping) */
+        return NULL;
+    self->cur_phase = (unsigned int)sid;
+    api_header(self, depth);
+    if (ring_write(self, K_PHASE_ENTER, 0, 0, 0, 0, 0, 0, 0, -1, S_COMPLETED, 0, NULL, 0) == 0)
+        return NULL;
+    api_touch(self);
+    if (api_mem(self, 2, args[2]) < 0) /* MEM_ENTER */
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Ring_phase_out_doc,
+             "phase_out(name: str, mem: tuple | None) -> None\n\n"
+             "Leave phase ``name`` without an error: the MEM_EXIT sample, then _FastRecorder.phase_exit's\n"
+             "records (K_PHASE_EXIT, the thread's stack cut at its innermost ``name``, header, progress).");
+
+static PyObject *Ring_phase_out(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "phase_out() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (ring_ready(self) < 0)
+        return NULL;
+    if (api_mem(self, 3, args[1]) < 0) /* MEM_EXIT */
+        return NULL;
+    if (ring_write(self, K_PHASE_EXIT, 0, 0, 0, 0, 0, 0, 0, -1, S_COMPLETED, 0, NULL, 0) == 0)
+        return NULL;
+    PyObject *ident = current_ident();
+    if (ident == NULL)
+        return NULL;
+    PyObject *st = PyDict_GetItemWithError(self->phases, ident); /* borrowed */
+    Py_DECREF(ident);
+    Py_ssize_t depth = 0;
+    unsigned long long cur = 0;
+    if (st == NULL && PyErr_Occurred())
+        return NULL;
+    if (st != NULL && PyList_Check(st)) {
+        for (Py_ssize_t i = PyList_GET_SIZE(st) - 1; i >= 0; i--) {
+            PyObject *e = PyList_GET_ITEM(st, i);
+            if (PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 2) {
+                int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(e, 1), args[0], Py_EQ);
+                if (eq < 0)
+                    return NULL;
+                if (eq) {
+                    if (PyList_SetSlice(st, i, PyList_GET_SIZE(st), NULL) < 0)
+                        return NULL;
+                    break;
+                }
+            }
+        }
+        depth = PyList_GET_SIZE(st);
+        if (depth > 0) {
+            PyObject *top = PyList_GET_ITEM(st, depth - 1);
+            long long t;
+            if (!PyTuple_Check(top) || get_int(PyTuple_GET_ITEM(top, 0), 0, U32_MAX_, &t) < 0)
+                return NULL;
+            cur = (unsigned long long)t;
+        }
+    }
+    self->cur_phase = (unsigned int)cur;
+    api_header(self, depth);
+    api_touch(self);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Ring_step_to_doc,
+             "step_to(n: int, mem: tuple | None, gap_ns: int) -> None\n\n"
+             "_FastRecorder.step(n)'s records (step, header, K_STEP, progress), then the MEM_STEP sample unless\n"
+             "the newest sample written here is younger than ``gap_ns`` (api.STEP_SAMPLE_GAP_NS).");
+
+static PyObject *Ring_step_to(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long n, gap;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "step_to() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (ring_ready(self) < 0 || api_int(args[0], &n) < 0 || get_int(args[2], 0, LLONG_MAX, &gap) < 0)
+        return NULL;
+    self->step = n;
+    char *p = self->base + PHASE_OFF;
+    int32_t depth;
+    memcpy(&depth, p + 4, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    depth = (int32_t)__builtin_bswap32((uint32_t)depth);
+#endif
+    api_header(self, depth);
+    if (ring_write(self, K_STEP, 0, 0, 0, 0, n, 0, 0, -1, S_COMPLETED, 0, NULL, 0) == 0)
+        return NULL;
+    api_touch(self);
+    if (args[1] != Py_None && (long long)mono_ns() - self->mem_last_ns >= gap && api_mem(self, 4, args[1]) < 0)
+        return NULL; /* MEM_STEP */
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef Ring_methods[] = {
@@ -741,6 +967,9 @@ static PyMethodDef Ring_methods[] = {
     {"slot", (PyCFunction)(void (*)(void))Ring_slot, METH_FASTCALL, Ring_slot_doc},
     {"mem_host", (PyCFunction)(void (*)(void))Ring_mem_host, METH_FASTCALL, Ring_mem_host_doc},
     {"touch", (PyCFunction)Ring_touch, METH_NOARGS, "Count one progress event (header progress fields)."},
+    {"phase_in", (PyCFunction)(void (*)(void))Ring_phase_in, METH_FASTCALL, Ring_phase_in_doc},
+    {"phase_out", (PyCFunction)(void (*)(void))Ring_phase_out, METH_FASTCALL, Ring_phase_out_doc},
+    {"step_to", (PyCFunction)(void (*)(void))Ring_step_to, METH_FASTCALL, Ring_step_to_doc},
     {"release", (PyCFunction)Ring_release, METH_NOARGS, "Drop the buffer (later writes raise ValueError)."},
     {NULL, NULL, 0, NULL},
 };
@@ -752,6 +981,10 @@ static PyMemberDef Ring_members[] = {
     {"progress", T_ULONGLONG, offsetof(RingObject, progress), 0, "progress events so far"},
     {"step", T_LONGLONG, offsetof(RingObject, step), 0, "current step (-1 none)"},
     {"cur_phase", T_UINT, offsetof(RingObject, cur_phase), 0, "strid of the process's current phase"},
+    {"mem_last_ns", T_LONGLONG, offsetof(RingObject, mem_last_ns), 0,
+     "monotonic ns of the newest host memory sample written through this Ring (0: none)"},
+    {"strings", T_OBJECT, offsetof(RingObject, strings), 0,
+     "dict text -> strid consulted by phase_in before intern (Recorder._strings), or None"},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -9,10 +9,11 @@ from typing import Any, Optional, Tuple
 
 from hangtrace.hooks import _fastrec
 from hangtrace.hooks.recorder import Recorder
+from hangtrace.tracer import api
 from hangtrace.tracer.ring import layout as F
 
 _get_ident = threading.get_ident
-_PACK_PHASE, _PHASE_OFF, _UNPACK_PHASE = F.PHASE.pack_into, F.PHASE_OFF, F.PHASE.unpack_from
+_PACK_PHASE, _PHASE_OFF = F.PHASE.pack_into, F.PHASE_OFF
 
 
 def _ring_field(name: str, doc: str) -> property:
@@ -47,9 +48,11 @@ class _FastRecorder(Recorder):
         old = self.__dict__.get("_fast")
         Recorder._remap(self, fd, mm, nslots, strtab_off, reserved)
         r = _fastrec.Ring(mm, nslots, self._threads, self._phase, self.thread_id, self.intern)
+        r.strings = self._strings
         if old is not None:
             r.counter, r.last, r.progress = old.counter, old.last, old.progress
-            r.step, r.cur_phase = old.step, old.cur_phase
+            r.step, r.cur_phase, r.mem_last_ns = old.step, old.cur_phase, old.mem_last_ns
+        api._unbind()  # (the API's one-call path held the old Ring)
         self._fast = r
         self.issue = r.issue  # type: ignore[method-assign]  # the Ring's own method: no Python frame per call
         self.complete = r.complete  # type: ignore[method-assign]  # (same)
@@ -58,6 +61,7 @@ class _FastRecorder(Recorder):
         r = self.__dict__.get("_fast")
         if r is None:
             r = _fastrec.Ring(self.mm, self.nslots, self._threads, self._phase, self.thread_id, self.intern)
+            r.strings = self._strings
             self._fast = r
             self.issue = r.issue  # type: ignore[method-assign]  # the Ring's own method: no Python frame per call
             self.complete = r.complete  # type: ignore[method-assign]  # (same)
@@ -78,29 +82,24 @@ class _FastRecorder(Recorder):
         self._ring().touch()
 
     # --- the phase/step API and memory samples: once per phase or step, not per collective;
-    # the same records as Recorder's methods, with the Ring's fields and methods used
-    # directly (Recorder's go through the properties above: about ten Python frames per
-    # call, which in a training step, between kernels that evict the caches, cost about
-    # 50 us of the API's measured in-situ cost; benchmarks/README.md, issue 13).
+    # the same records as Recorder's methods, each written by one C call of the Ring
+    # (``phase_in``, ``phase_out``, ``step_to``; Recorder's methods go through the
+    # properties above: about ten Python frames per call, which in a training step, between
+    # kernels that evict the caches, come back cold; benchmarks/README.md, issue 13).
+    # ``tracer/api.py`` calls the Ring's methods itself, with the memory sample, once the
+    # ring is full-size (``api._bind``).
     def phase_enter(self, name: str, step: Optional[int] = None) -> None:
         if self.full_slots:
             self.grow("phase API")
-        r = self.__dict__.get("_fast") or self._ring()
-        if step is not None:
-            r.step = int(step)
-        sid = self.intern(str(name))
-        st = self._phase.setdefault(_get_ident(), [])
-        st.append((sid, name))
-        r.cur_phase = sid
-        _PACK_PHASE(self.mm, _PHASE_OFF, sid, len(st), r.step)
-        r.slot(F.K_PHASE_ENTER, 0, 0, 0, 0, 0, 0, -1, F.S_COMPLETED, 0, 0, 0, 0, 0, 0, 0)
-        r.touch()
+        (self.__dict__.get("_fast") or self._ring()).phase_in(str(name), step, None)
 
     def phase_exit(self, name: str, error: Optional[str] = None) -> None:
         r = self.__dict__.get("_fast") or self._ring()
+        if not error:
+            r.phase_out(name, None)
+            return
         st = self._phase.get(_get_ident())
-        r.slot(F.K_PHASE_EXIT, 0, 0, 0, 0, 0, 0, -1, F.S_FAILED if error else F.S_COMPLETED, 0,
-               self.intern(error[:2000]) if error else 0, 0, 0, 0, 0, 0)
+        r.slot(F.K_PHASE_EXIT, 0, 0, 0, 0, 0, 0, -1, F.S_FAILED, 0, self.intern(error[:2000]), 0, 0, 0, 0, 0)
         if st:
             for i in range(len(st) - 1, -1, -1):  # up to and including the innermost entry of this name
                 if st[i][1] == name:
@@ -113,12 +112,7 @@ class _FastRecorder(Recorder):
     def step(self, n: int, grow: bool = True) -> None:
         if self.full_slots and grow:
             self.grow("step API")
-        r = self.__dict__.get("_fast") or self._ring()
-        s = r.step = int(n)
-        mm = self.mm
-        _PACK_PHASE(mm, _PHASE_OFF, r.cur_phase, _UNPACK_PHASE(mm, _PHASE_OFF)[1], s)
-        r.slot(F.K_STEP, 0, 0, s, 0, 0, 0, -1, F.S_COMPLETED, 0, 0, 0, 0, 0, 0, 0)
-        r.touch()
+        (self.__dict__.get("_fast") or self._ring()).step_to(n, None, 0)
 
     def memory(self, source: int, what: int, a0: int = -1, a1: int = -1, a2: int = -1, a3: int = -1,
                a4: int = -1) -> int:

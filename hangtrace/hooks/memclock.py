@@ -7,6 +7,7 @@ Standard library only; never raises into the program.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
@@ -44,13 +45,31 @@ def defer_thread(s: Any) -> bool:
             t = sys.modules.get("torch")
             if t is not None and initializing(t):
                 return  # (inside torch's import: the next collection after it)
-            if s.start_thread():
+            if start_thread(s):
                 gc.callbacks.remove(clock)
         except Exception:
             pass
     gc.callbacks.append(clock)
     if t is None:
         _off_during_torch_import(clock)
+    return True
+
+
+def start_thread(s: Any) -> bool:
+    """Start sampler ``s``'s timer thread (once). False when it cannot start now:
+    ``threading``'s registry lock is held, maybe by this thread (a gc callback inside
+    ``threading``), where it is not reentrant (an RLock in CPython 3.11: no check needed)."""
+    from hangtrace.hooks.memory import THREAD_NAME
+    if s.thread is not None or s.dead or s._stop.is_set():
+        return True
+    held = getattr(getattr(threading, "_active_limbo_lock", None), "locked", None)
+    if held is not None and held():
+        return False
+    t = s.thread = threading.Thread(target=s._run, name=THREAD_NAME, daemon=True)
+    try:
+        t.start()
+    except Exception:  # (at interpreter shutdown: no thread, no samples to take)
+        s.thread = None
     return True
 
 
@@ -92,7 +111,7 @@ def kick(s: Any = None) -> None:
             return
         t = sys.modules.get("torch")
         if t is None or not initializing(t):
-            s.start_thread()
+            start_thread(s)
     except Exception:
         pass
 

@@ -37,7 +37,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hangtrace.hooks.instrument import Instrumentor
 from hangtrace.tracer import api
@@ -59,12 +59,7 @@ __all__ = ["NO_LIMIT", "cgroup_candidates", "parse_mountinfo", "parse_proc_cgrou
 
 
 def _is_oom_type(etype: Any) -> bool:
-    try:
-        if issubclass(etype, MemoryError):
-            return True
-    except TypeError:
-        return False
-    return etype.__name__ == "OutOfMemoryError"
+    return isinstance(etype, type) and (issubclass(etype, MemoryError) or etype.__name__ == "OutOfMemoryError")
 
 
 class Sampler(CgroupFiles):
@@ -142,9 +137,7 @@ class Sampler(CgroupFiles):
             rec = self.rec
             mh = getattr(getattr(rec, "_fast", None), "mem_host", None)  # the C Ring's: the same, in one call
             if mh is not None:
-                mh(source, self._host, -1 if self._statm is None else self._statm, self.page,
-                   -1 if self._usage is None else self._usage, -1 if self._oom is None else self._oom,
-                   self.swap, self.limit)
+                mh(source, *self._host_args())
             else:
                 self._sample_host(rec, source)
             if self._cuda:
@@ -157,6 +150,25 @@ class Sampler(CgroupFiles):
                 _memclock().kick(self)
         except Exception as e:
             self.log("memory: sampling failed: %r" % (e,), "mem-sample")
+
+    def _host_args(self) -> Tuple[int, ...]:
+        """``Ring.mem_host``'s figures after the source: host strid, statm fd, page size,
+        usage fd, oom fd, swap and limit bytes (-1: none)."""
+        return (self._host, -1 if self._statm is None else self._statm, self.page,
+                -1 if self._usage is None else self._usage, -1 if self._oom is None else self._oom,
+                self.swap, self.limit)
+
+    def last_sample_ns(self) -> int:  # monotonic ns of the newest sample (0: none), the API's C path's too
+        return max(self.last_ns, getattr(getattr(self.rec, "__dict__", {}).get("_fast"), "mem_last_ns", 0))
+
+    def fast_args(self, ring: Any) -> Optional[Tuple[int, ...]]:
+        """``_host_args()`` for the phase/step API's one-call path (``api._bind``), or None
+        when a sample needs this Python path (sampler stopped or not yet on its timer thread,
+        CUDA, gauges, ``ring`` not this recorder's). The tick unbinds when these change."""
+        if (self.dead or self.thread is None or self._stop.is_set() or self._cuda or api._gauges
+                or getattr(self.rec, "__dict__", {}).get("_fast") is not ring):
+            return None
+        return self._host_args()
 
     def _sample_gauges(self, source: int) -> None:
         for name, (fn, limit) in list(api._gauges.items()):
@@ -216,13 +228,16 @@ class Sampler(CgroupFiles):
                 _memfork().on_tick(self)
             self._check_cgroup()
             self._refresh_slow()
+            bound = api._fast
+            if bound is not None and api._mem != self.fast_args(bound):  # (new fds, swap, limit, CUDA)
+                api._unbind()
         except Exception as e:
             self.log("memory: refresh failed: %r" % (e,), "mem-refresh")
-        if _mono() - self.last_ns >= self.interval_ns * 0.9:
+        if _mono() - self.last_sample_ns() >= self.interval_ns * 0.9:
             self.sample(F.MEM_TIMER)
 
     def _run(self) -> None:
-        wait = max(0.0, (self.last_ns + self.interval_ns - _mono()) / 1e9)  # (0: started late)
+        wait = max(0.0, (self.last_sample_ns() + self.interval_ns - _mono()) / 1e9)  # (0: started late)
         while not self._stop.wait(wait):
             if self.dead:
                 return
@@ -234,28 +249,13 @@ class Sampler(CgroupFiles):
         is past its start (``hooks/memclock.py``)."""
         self.sample(F.MEM_TIMER)
         if not (defer and _memclock().defer_thread(self)):
-            self.start_thread()
-
-    def start_thread(self) -> bool:
-        """Start the timer thread (once). False when it cannot start now: ``threading``'s
-        registry lock is held, maybe by this thread (a gc callback inside ``threading``),
-        where it is not reentrant (an RLock in CPython 3.11: no check needed)."""
-        if self.thread is not None or self.dead or self._stop.is_set():
-            return True
-        held = getattr(getattr(threading, "_active_limbo_lock", None), "locked", None)
-        if held is not None and held():
-            return False
-        t = self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-        try:
-            t.start()
-        except Exception:  # (at interpreter shutdown: no thread, no samples to take)
-            self.thread = None
-        return True
+            _memclock().start_thread(self)
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the timer thread and wait for it (at exit: no thread of ours may be inside
         a torch call when the interpreter finalizes, see torch_dist._Poller)."""
         self._stop.set()
+        api._unbind()
         t = getattr(self, "thread", None)
         if t is not None and t is not threading.current_thread():
             t.join(timeout_s)
@@ -263,6 +263,7 @@ class Sampler(CgroupFiles):
     def abandon(self) -> None:
         """In a forked child: stop using this (the parent's) sampler without touching the ring."""
         self.dead = True
+        api._unbind()
         self._stop.set()
         for fd in self._fds:
             try:
@@ -376,7 +377,6 @@ def stop() -> None:
 
 def active() -> Optional[Sampler]:
     return _sampler
-
 
 
 class MemoryInstrumentor(Instrumentor):

@@ -7,6 +7,12 @@ another was taken less than ``STEP_SAMPLE_GAP_NS`` before (a ``with phase(...)``
 or entered beside ``step(n)``: the same figures, issue 13); the next sample carries the
 new step.
 
+Once the process's ring is full-size and its memory sampler runs on its timer with host
+figures only, each boundary is one C call of the ring (``_bind``: records and sample
+together, the same records as the Python path; issue 13). Anything else (a helper's
+small ring, CUDA or gauge samples, the deep trace, a phase left by an exception) takes
+the Python path.
+
 Free no-ops when tracing is off (no recorder installed): ``phase()`` then returns one
 shared do-nothing object. Imported in every traced process: standard library only.
 """
@@ -30,6 +36,47 @@ STEP_SAMPLE_GAP_NS = 1_000_000
 def _set_recorder(rec: Any) -> None:
     global _recorder
     _recorder = rec
+    _unbind()
+
+
+# --- the one-call path (issue 13): the C Ring's phase_in / phase_out / step_to ---
+_fast: Any = None  # the recorder's C Ring while the one-call path is bound, else None
+_mem: Optional[Tuple[int, ...]] = None  # its memory sample's figures (Sampler.fast_args), None: no sample
+_gen = 0  # bumped by every _unbind (no lock: _unbind runs in forked children and on the sampler's thread)
+
+
+def _unbind() -> None:
+    """Back to the Python path (a new recorder, ring or sampler, a gauge, CUDA, the deep
+    trace, new swap/limit figures): the next call through it binds again when it can."""
+    global _fast, _mem, _gen
+    _gen += 1
+    _fast = _mem = None
+
+
+def _bind() -> None:
+    """After a call through the Python path: take the one-call path when this process's
+    ring is the C Ring at full size and the sampler (if any) samples host figures only.
+    An _unbind on another thread meanwhile wins (checked after the assignment). Never raises."""
+    global _fast, _mem
+    rec = _recorder
+    if rec is None or _deep is not None or getattr(rec, "full_slots", True) or getattr(rec, "lazy", True):
+        return
+    try:
+        g = _gen
+        ring = rec.__dict__.get("_fast")
+        if ring is None or not hasattr(ring, "step_to"):
+            return
+        s = _sampler
+        mem = None
+        if s is not None:
+            mem = s.fast_args(ring)
+            if mem is None:
+                return
+        _fast, _mem = ring, mem
+        if g != _gen:
+            _fast = _mem = None
+    except Exception as e:
+        _report(e)
 
 
 # --- memory (issue 5): the sampler (hooks/memory.py) and the gauges it reads ---
@@ -40,6 +87,7 @@ _gauges: Dict[str, Tuple[Callable[[], Any], Optional[int]]] = {}  # name -> (fn,
 def _set_sampler(sampler: Any) -> None:
     global _sampler
     _sampler = sampler
+    _unbind()
 
 
 def gauge(name: str, fn: Optional[Callable[[], Union[int, Tuple[int, int]]]], limit: Optional[int] = None) -> None:
@@ -64,6 +112,7 @@ def gauge(name: str, fn: Optional[Callable[[], Union[int, Tuple[int, int]]]], li
             _gauges[str(name)] = (fn, int(limit) if limit else None)
     except Exception as e:
         _report(e)
+    _unbind()  # (gauges are sampled by the Python path)
 # --- end memory ---
 
 
@@ -74,6 +123,7 @@ _deep: Optional[DeepTracer] = None
 def _set_deep(deep: Optional[DeepTracer]) -> None:
     global _deep
     _deep = deep
+    _unbind()
 # --- end deep trace ---
 
 
@@ -98,6 +148,13 @@ class _Phase:
     def __enter__(self) -> "_Phase":
         rec = _recorder
         if rec is not None:
+            f = _fast
+            if f is not None:
+                try:
+                    f.phase_in(self.name, self.step, _mem)
+                except Exception as e:
+                    _report(e)
+                return self
             try:
                 rec.phase_enter(self.name, self.step)
             except Exception as e:
@@ -108,11 +165,19 @@ class _Phase:
             d = _deep
             if d is not None:
                 d.phase_enter(self.name)  # never raises
+            _bind()
         return self
 
     def __exit__(self, etype: Any, evalue: Any, tb: Any) -> Literal[False]:
         rec = _recorder
         if rec is not None:
+            f = _fast
+            if f is not None and etype is None:
+                try:
+                    f.phase_out(self.name, _mem)
+                except Exception as e:
+                    _report(e)
+                return False
             d = _deep
             if d is not None:
                 d.phase_exit(self.name)  # never raises
@@ -170,6 +235,13 @@ def step(n: int) -> None:
     """Set the current training step (int). Counts as progress. No-op when tracing is off."""
     rec = _recorder
     if rec is not None:
+        f = _fast
+        if f is not None:
+            try:
+                f.step_to(n, _mem, STEP_SAMPLE_GAP_NS)
+            except Exception as e:
+                _report(e)
+            return
         try:
             rec.step(n)
         except Exception as e:
@@ -177,8 +249,9 @@ def step(n: int) -> None:
         s = _sampler
         # MEM_STEP, skipped beside a phase boundary's sample (module doc); not before the
         # sampler's thread started: this sample starts it (hooks/memclock.py)
-        if s is not None and (_mono() - s.last_ns >= STEP_SAMPLE_GAP_NS or s.thread is None):
+        if s is not None and (_mono() - s.last_sample_ns() >= STEP_SAMPLE_GAP_NS or s.thread is None):
             s.sample(4)
+        _bind()
 
 
 def heartbeat() -> None:

@@ -17,6 +17,9 @@ class _Sampler:
         self.sources.append(source)
         self.last_ns = api._mono()
 
+    def last_sample_ns(self) -> int:
+        return self.last_ns
+
 
 class _Rec:
     def __init__(self) -> None:
