@@ -2,12 +2,15 @@
 README alone, by someone who had not read the analysis code (``tests/integration/blind/``;
 each file tells its incident and holds ``LAUNCH``, ``NPROC``, ``EXPECT``). Each runs as a
 user would: ``hangtrace run --stall-s 10 --stop-on-stall -- <launcher> FILE``; the FIRST
-verdict of the run must name the expected kind, ranks and cause.
+verdict of the run must name the expected kind, ranks and cause (and say ``EXPECT['says']``).
+A job with ``REQUIRES = "memory-cgroup"`` is skipped, with the reason, where no child memory
+cgroup can be made (not root, read-only cgroupfs).
 
 The jobs take 20-70 s each (torchrun and DataLoader workers start slowly on 2 cores), so
 ``.ci/run`` runs the ones issue 9 names (torchrun + DataLoader workers: a sleeping rank, an
 extra collective, a raise; spawn + CUDA OOM; a swallowed asyncio exception; a dtype slip gloo
-aborts the other rank for; a resized broadcast gloo completes); set
+aborts the other rank for; a resized broadcast gloo completes; a spawn child in the rendezvous with
+another MASTER_PORT; a DataLoader worker the kernel OOM-kills in a real memory cgroup); set
 ``HANGTRACE_BLIND=all`` for the whole corpus. A job's ``STARTUP_STALL_S`` (a rendezvous
 hang: no rank ever progressed) becomes the run's ``HANGTRACE_STARTUP_STALL_S``. Where the tool and the job's author disagree
 on purpose, the test is an ``xfail(strict=True)`` saying why: it fails as soon as the
@@ -26,7 +29,8 @@ HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind")
 JOBS = sorted(glob.glob(os.path.join(HERE, "torch", "*.py")))
 CI_SET = {"tr_dl_sleep", "tr_dl_extra", "tr_dl_raise", "sp_cuda_oom", "tr_asyncio_swallowed",
           "mp_eval_float64", "mp_broadcast_resized",  # these two: who changed at a mismatch (2026-12-02)
-          "sp_rdzv_port"}  # a spawn child stuck in the rendezvous with another MASTER_PORT (2026-12-02)
+          "sp_rdzv_port",  # a spawn child stuck in the rendezvous with another MASTER_PORT (2026-12-02)
+          "tr_dl_oom"}  # a rank's DataLoader worker OOM-killed by the kernel in a real memory cgroup (2026-12-02)
 #: deliberate disagreements between the tool and the job's author (job -> why)
 DISAGREE = {
     "titan_teardown": "rank 1 raised, then hangs alive in its teardown barrier: the verdict is "
@@ -37,8 +41,27 @@ DISAGREE = {
 }
 
 
+def _no_memory_cgroup():
+    """Why no child memory cgroup can be made here (the jobs with ``REQUIRES = "memory-cgroup"``
+    balloon a DataLoader worker inside one until the kernel OOM-kills it), or None."""
+    for parent in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):
+        if parent == "/sys/fs/cgroup" and not os.path.isfile("/sys/fs/cgroup/cgroup.controllers"):
+            continue
+        if os.path.isdir(parent):
+            path = os.path.join(parent, "hangtrace-probe-%d" % os.getpid())
+            try:
+                os.mkdir(path)
+            except OSError as e:
+                return "cannot create a memory cgroup under %s: %s" % (parent, e)
+            os.rmdir(path)
+            return None if parent.endswith("memory") else "the job writes cgroup v1 files; this is v2"
+    return "no memory cgroup hierarchy mounted"
+
+
 def run_job(path, tmp_path, timeout_s=300):
-    c = blind_consts(path, ("LAUNCH", "NPROC", "EXPECT", "STARTUP_STALL_S"))
+    c = blind_consts(path, ("LAUNCH", "NPROC", "EXPECT", "STARTUP_STALL_S", "REQUIRES"))
+    if c.get("REQUIRES") == "memory-cgroup" and _no_memory_cgroup():
+        pytest.skip(_no_memory_cgroup())
     run_dir = str(tmp_path / "run")
     if c["LAUNCH"] == "torchrun":
         tr = shutil.which("torchrun")
@@ -61,3 +84,5 @@ def test_blind_job(path, tmp_path):
     assert got == (want["kind"], want["culprit_ranks"]), "%s\n%s\n%s" % (got, d["summary"], why)
     if want.get("cause"):
         assert d["cause"] == want["cause"], d["summary"]
+    for text in want.get("says", ()):  # what the verdict must say besides kind, ranks and cause
+        assert text in d["summary"], "%r not in the verdict\n%s" % (text, d["summary"])

@@ -403,3 +403,55 @@ def test_a_rank_whose_dataloader_worker_was_killed_says_by_whom(facts, line):
     d = diagnose(snap(b))
     assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "exception"), d.summary
     assert any(line in e for e in d.evidence), d.evidence
+
+
+def test_dataloader_kills_reads_both_of_torchs_messages_and_the_chain():
+    """torch raises "DataLoader worker (pid(s) N, M) exited unexpectedly" *from* the SIGCHLD
+    handler's "(pid N) is killed by signal: Killed." (a blind job: only the outer message
+    was read); the traceback text holds both."""
+    from hangtrace.tracer.collect.memfacts import dataloader_kills, exception_text
+    chained = ("RuntimeError: DataLoader worker (pid 32027) is killed by signal: Killed. \n\nThe above exception "
+               "was the direct cause of the following exception:\n...\nRuntimeError: DataLoader worker (pid(s) "
+               "32027) exited unexpectedly\n")
+    assert dataloader_kills(chained) == [(32027, "Killed")]
+    assert dataloader_kills("RuntimeError: DataLoader worker (pid(s) 32216, 32222) exited unexpectedly") == \
+        [(32216, None), (32222, None)]
+    assert dataloader_kills("DataLoader worker (pid 7) is killed by signal: Segmentation fault.") == \
+        [(7, "Segmentation fault")]
+    assert dataloader_kills("ValueError: bad batch") == [] and dataloader_kills(None) == []
+    ev = [{"event": "start"}, {"event": "exception", "message": "m", "traceback": "tb"}]
+    assert exception_text(ev) == "m\ntb" and exception_text([]) == ""
+
+
+def test_a_rank_whose_dataloader_worker_the_oom_killer_killed_says_whose_memory_grew():
+    """The blind job tr_dl_oom: the outer message only names the pid; the worker kept a
+    ring (its samples: RSS 200 -> 410 MiB, cgroup 350 of 400 MiB) and its facts hold the
+    kernel's line. The verdict says the OOM killer killed the worker and how its memory
+    grew; the rank's own (flat) memory comes last, as the rank's."""
+    b = ranks(2, steps=5)
+    for r in b:
+        r.set(meta={"rank_source": 1, "ppid": 900})
+    mem(b[1], "timer", "host", host(300 * MIB), phase="train", step=0)
+    tb = ("Traceback ...\nRuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. \n\nThe above "
+          "exception was the direct cause of the following exception:\n\nTraceback ...\nRuntimeError: DataLoader "
+          "worker (pid(s) 4242) exited unexpectedly\n")
+    b[1].set(state="exited", exit_code=1, memory_facts={"kernel_log": "read"},
+             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS, "traceback": tb,
+                      "message": "DataLoader worker (pid(s) 4242) exited unexpectedly"}])
+    w = R(1, 2, groups=[], pid=4242)
+    for rss, usage in ((200, 10), (300, 150), (410, 350)):
+        mem(w, "timer", "host", host(rss * MIB, usage * MIB, 400 * MIB))
+        w.t += S
+    line = ("Memory cgroup out of memory: Killed process 4242 (pt_data_worker) total-vm:1255852kB, "
+            "anon-rss:423528kB, file-rss:21972kB")
+    w.set(state="killed", start_wall_ns=T0 + S, meta={"ppid": b[1].pid, "rank_source": 0},
+          memory_facts={"kernel_log": "read", "cgroup_oom_kill_now": 1, "kernel_oom": {"line": line}})
+    b[0].t += 20 * S
+    b[0].wait()
+    d = diagnose(snap(b + [w]))
+    assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "exception"), d.summary
+    assert "its DataLoader worker (pid 4242) was killed by the kernel's OOM killer (kernel log: anon-rss " \
+           "413.6 MiB at the kill); the worker's memory: RSS 200.0 MiB -> 410.0 MiB in 2.0 s, cgroup usage " \
+           "350.0 MiB of limit 400.0 MiB (88%)" in d.summary, d.summary
+    assert any(e.endswith("was killed by the kernel's OOM killer: " + line) for e in d.evidence), d.evidence
+    assert any("the rank's own memory at death: RSS 300.0 MiB" in e for e in d.evidence), d.evidence

@@ -172,9 +172,11 @@ class Ctx:
         helpers: Dict[int, List[str]] = {}
         for k, hr in self.roles.helper_of.items():
             helpers.setdefault(hr, []).append(k)
+        procs_by_key = {p.key: p for p in snapshot.processes}
         for r, p in self.procs.items():
             v = index_process(r, p)
-            fill_death(v, elastic.for_rank(p, helpers.get(r, ()), by_key, by_pid) if by_key else None)
+            fill_death(v, elastic.for_rank(p, helpers.get(r, ()), by_key, by_pid) if by_key else None,
+                       [procs_by_key[k] for k in helpers.get(r, ()) if k in procs_by_key])
             self.views[r] = v
         self.world = max(self._worlds + [0])
         if self.views:

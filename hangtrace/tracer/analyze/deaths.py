@@ -14,11 +14,11 @@ sign of life (last record, progress) - a lower bound for SIGKILL. Memory evidenc
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.config import CONTROL_FLOW_ERRORS
 from hangtrace.tracer.diagnosis import Cause, exit_code_cause
-from hangtrace.tracer.snapshot import Role
+from hangtrace.tracer.snapshot import ProcessInfo, Role
 
 if TYPE_CHECKING:
     from hangtrace.tracer.analyze.context import Ctx, RankView
@@ -125,11 +125,12 @@ def _killed_text(v: RankView, code: Optional[int]) -> str:
     return text
 
 
-def fill_death(v: RankView, errfile: Optional[ElasticError] = None) -> None:
+def fill_death(v: RankView, errfile: Optional[ElasticError] = None, helpers: Sequence[ProcessInfo] = ()) -> None:
     """Fill v.dead / cause / cause_text / victim / fail_wall from state, events, signals
     (see the module docstring), then refine the cause from memory evidence. ``errfile``:
     torchelastic's error file recorded for this rank (``analyze/elastic.py``), the
-    exception where our own records hold none and the process died (or wrote it itself)."""
+    exception where our own records hold none and the process died (or wrote it itself);
+    ``helpers``: the rank's helper processes (its DataLoader workers, for memory evidence)."""
     p = v.proc
     exc: Optional[Dict[str, Any]] = None
     for e in p.events or ():
@@ -190,7 +191,7 @@ def fill_death(v: RankView, errfile: Optional[ElasticError] = None) -> None:
         # a victim of the hang, not its root (``Ctx`` withdraws it when the other members
         # completed that collective: ``sigterm_wait_completed``)
         v.victim = True
-    _memory_cause(v)  # issue 5: host OOM-kill, Ray memory monitor, CUDA OOM, external SIGTERM
+    _memory_cause(v, helpers)  # issue 5: host OOM-kill, Ray memory monitor, CUDA OOM, external SIGTERM
 
 
 #: A phase or Ray actor method that ended with one of these was stopped, not failed: Ray's
@@ -250,12 +251,12 @@ def sigterm_wait_completed(ctx: Ctx, v: RankView) -> bool:
     return bool(others) and all(int((ctx.views[m].last.get(g) or {}).get("seq") or 0) > s for m in others)
 
 
-def _memory_cause(v: RankView) -> None:
+def _memory_cause(v: RankView, helpers: Sequence[ProcessInfo] = ()) -> None:
     """Refine ``v.cause`` from memory evidence (analyze/memory); keeps the cause when the
     evidence supports no other. Never raises."""
     try:
         from hangtrace.tracer.analyze.memory import attribute
-        att = attribute(v.proc, v.cause, v.cause_text)
+        att = attribute(v.proc, v.cause, v.cause_text, helpers=helpers)
     except Exception as e:  # a bug here must not cost the verdict
         v.mem = {"base_cause": v.cause, "evidence": ["memory attribution failed: %r" % (e,)]}
         return

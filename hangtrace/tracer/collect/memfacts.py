@@ -123,13 +123,34 @@ def read_kernel_log() -> Tuple[List[KernelLine], str]:
     return [], why
 
 
-def dataloader_kill(text: Any) -> Optional[Tuple[int, str]]:
-    """``(worker pid, signal name)`` from torch's "DataLoader worker (pid 123) is killed by
-    signal: Killed." (raised in the rank by torch's SIGCHLD handler, ``torch/csrc/DataLoader.cpp``),
-    else None."""
+def dataloader_kills(text: Any) -> List[Tuple[int, Optional[str]]]:
+    """The DataLoader workers torch says died, from an exception's message and traceback
+    text: ``[(worker pid, signal name)]`` for each "DataLoader worker (pid 123) is killed by
+    signal: Killed." (raised in the rank by torch's SIGCHLD handler,
+    ``torch/csrc/DataLoader.cpp``), else ``[(pid, None), ...]`` from "DataLoader worker
+    (pid(s) 123, 456) exited unexpectedly" (``torch/utils/data/dataloader.py``, which raises
+    it *from* the first: in a traceback the first is the chained cause), else []."""
     import re
-    m = re.search(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.]+)", str(text or ""))
-    return (int(m.group(1)), m.group(2).strip()) if m else None
+    t = str(text or "")
+    out: List[Tuple[int, Optional[str]]] = []
+    for m in re.finditer(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.\n]+)", t):
+        if all(int(m.group(1)) != pid for pid, _ in out):
+            out.append((int(m.group(1)), m.group(2).strip()))
+    if not out:
+        for m in re.finditer(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly", t):
+            for pid in re.findall(r"\d+", m.group(1)):
+                if all(int(pid) != q for q, _ in out):
+                    out.append((int(pid), None))
+    return out
+
+
+def exception_text(events: Any) -> str:
+    """Message and traceback of a process's first exception event (its chained causes
+    included), '' when it has none."""
+    for e in events or ():
+        if isinstance(e, dict) and e.get("event") == "exception":
+            return "%s\n%s" % (e.get("message") or "", e.get("traceback") or "")
+    return ""
 
 
 def _read_int_file(path: str) -> Optional[bytes]:
@@ -180,11 +201,11 @@ def memory_facts(p: ProcessInfo, cache: Optional[Dict[str, Any]] = None) -> Dict
         k = klines.get(p.pid)
         if k and _after_start(k, p.start_wall_ns):
             facts["kernel_oom"] = k
-        for e in p.events or ():  # a DataLoader worker of this process killed by a signal: its OOM line
-            dk = dataloader_kill(e.get("message")) if isinstance(e, dict) and e.get("event") == "exception" else None
-            k = klines.get(dk[0]) if dk else None
-            if dk and k and _after_start(k, p.start_wall_ns):  # (the worker started after it)
-                facts["helper_kernel_oom"] = dict(k, pid=dk[0])
+        for pid, _sig in dataloader_kills(exception_text(p.events)):  # its DataLoader workers that died: an OOM line
+            k = klines.get(pid)
+            if k and _after_start(k, p.start_wall_ns):  # (the worker started after it)
+                facts["helper_kernel_oom"] = dict(k, pid=pid)
+                break
         try:
             with open("/proc/meminfo") as f:
                 for ln in f:

@@ -80,8 +80,6 @@ def _coll(diag: Diagnosis) -> str:
     return s.strip()
 
 
-
-
 # --- Ray (issue 4): actor identity of the culprits, and Ray's own death text as Ray's ---
 def ray_actor_label(a: Dict[str, Any]) -> str:
     """"Trainer 't0'" for a Ray actor identity dict."""
@@ -118,6 +116,8 @@ def _memory_text(diag: Diagnosis) -> str:
     out = ""
     for r in diag.culprit_ranks[:2]:
         a = (mem.get("attribution") or {}).get(str(r)) or {}
+        if a.get("helper_text"):  # a DataLoader worker of the rank OOM-killed (analyze/memory/attribution.py)
+            out += " Rank %s: %s." % (r, a["helper_text"])
         at = a.get("at_death") or {}
         if at.get("limit") and (at.get("cgroup_usage") is not None or at.get("rss") is not None):
             v = at.get("cgroup_usage") if at.get("cgroup_usage") is not None else at.get("rss")
@@ -142,7 +142,6 @@ def _memory_text(diag: Diagnosis) -> str:
     if adv and (flags or trends or diag.cause in ("host-oom-kill", "ray-memory-monitor", "cuda-oom")):
         out += " Memory advice: %s." % adv[0]
     return out
-
 
 
 def _holders_text(diag: Diagnosis) -> str:

@@ -202,3 +202,23 @@ def test_rank_still_exiting_after_its_sigterm_died_before_a_peer_killed_by_the_s
     d = diagnose(snap([p0, p1], reason="death"))
     assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "sigterm"), d.summary
 
+
+
+def test_waiters_in_torchs_count_and_a_dead_rank_in_ours_are_not_compared():
+    """Blind job tr_dl_oom: rank 0 waits in DDP's gradient all-reduce, known from its Flight
+    Recorder only (torch's count: seq 30); rank 1 died with no Flight Recorder dump, its
+    last all_reduce seq 12 in hangtrace's count. The verdict shows rank 1's own seq, not
+    "during/after all_reduce seq 30", and says whose count the waiters' seq is."""
+    b = ranks(2, steps=12)
+    w = b[0].wait(seq=30)
+    w["source"] = "flight-recorder"
+    b[1].set(state="exited", exit_code=1,
+             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS,
+                      "message": "DataLoader worker (pid(s) 4242) exited unexpectedly"}])
+    d = check(diagnose(snap(b)), "dead-rank", [1])
+    assert (d.group, d.seq, d.op) == ("0", 12, "all_reduce"), d.summary
+    assert "seq 30" not in d.summary and "during/after all_reduce seq 12" in d.summary, d.summary
+    assert any("seq 30 for it (torch's count, from the Flight Recorder" in e for e in d.evidence), d.evidence
+    w["source"] = None  # both counts ours: the waiters' instance, as before
+    d = check(diagnose(snap(b)), "dead-rank", [1])
+    assert d.seq == 30 and not any("torch's count" in e for e in d.evidence), d.summary

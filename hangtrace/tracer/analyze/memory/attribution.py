@@ -24,7 +24,7 @@ its signals/exit code/events (see ``analyze/deaths.py``), from evidence only:
 """
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze.memory.samples import (
     LOW,
@@ -37,7 +37,7 @@ from hangtrace.tracer.analyze.memory.samples import (
     fmt_bytes,
     samples,
 )
-from hangtrace.tracer.collect.memfacts import dataloader_kill
+from hangtrace.tracer.collect.memfacts import dataloader_kills, exception_text
 
 
 def _ray_logs(facts: Optional[Dict[str, Any]]) -> Tuple[bool, Optional[str]]:
@@ -245,31 +245,68 @@ def _killed_case(proc: Any, lv: _Level, cause: str, cause_text: str, ev: List[st
     return cause, cause_text
 
 
-def _worker_case(lv: _Level, worker: Tuple[int, str], ev: List[str]) -> None:
-    """The rank raised because torch saw its DataLoader worker ``(pid, signal name)`` killed
-    by a signal: say whether the kernel's OOM killer did it (its line for that pid, collected
-    with the rank's facts) or nothing shows an OOM kill. The cause stays the rank's exception."""
-    pid, sig = worker
-    who = "its DataLoader worker (pid %d)" % pid
-    k = lv.facts.get("helper_kernel_oom")
-    if k:
-        ev.append("%s was killed by the kernel's OOM killer: %s" % (who, str(k.get("line") or "")[:200]))
-    elif sig.lower() == "killed":
-        why = []
-        if lv.ctr_up:
-            why.append("its cgroup's oom_kill counter rose (%s -> %s): an OOM kill in its cgroup is likely"
-                       % (lv.last_ctr, lv.now_ctr))
-        elif lv.ctr_same:
-            why.append("its cgroup's oom_kill counter is unchanged (%s)" % lv.now_ctr)
-        if lv.facts.get("kernel_log") == "read" and not lv.ctr_up:
-            why.append("the kernel log has no OOM-killer line for it")
-        ev.append("%s was killed by SIGKILL (a helper of this rank)%s" % (
-            who, ": " + "; ".join(why) if why else "; whether by the OOM killer is unknown here (no kernel log, "
+def _worker_case(lv: _Level, workers: List[Tuple[int, Optional[str]]], helpers: Sequence[Any],
+                 ev: List[str]) -> str:
+    """The rank raised because torch saw DataLoader worker(s) ``(pid, signal name or None)``
+    die (``memfacts.dataloader_kills``): for each (at most 3), whether the kernel's OOM killer
+    killed it (its kernel line: the worker's own facts when it kept a ring, else the rank's
+    ``helper_kernel_oom``) or what its cgroup's counter says, and what its own memory did (its
+    samples, among ``helpers``: the rank's helper processes). The cause stays the rank's
+    exception; the rank's own memory comes last, as the rank's. Returns the verdict's sentence
+    on the first worker the kernel's OOM killer killed ('' when none)."""
+    by_pid = {getattr(h, "pid", None): h for h in helpers}
+    hk = lv.facts.get("helper_kernel_oom") or {}
+    text = ""
+    for pid, sig in workers[:3]:
+        who = "its DataLoader worker (pid %d)" % pid
+        h = by_pid.get(pid)
+        wss = (getattr(h, "memory", None) or samples(h.records)) if h is not None else []
+        wlv = _level_of(h, wss)[0] if h is not None else None
+        k = (wlv.kern if wlv is not None else None) or (hk if hk.get("pid") == pid else None)
+        how = ("was killed by SIGKILL" if sig.lower() == "killed" else "was killed by signal %s" % sig) if sig \
+            else "exited unexpectedly" + (" (no exit record: killed)" if h is not None and h.state == "killed" else "")
+        grew = _growth(wss)
+        if k:
+            ev.append("%s was killed by the kernel's OOM killer: %s" % (who, str(k.get("line") or "")[:200]))
+            if not text:
+                m = re.search(r"anon-rss:(\d+)kB", str(k.get("line") or ""))
+                text = "%s was killed by the kernel's OOM killer (kernel log%s)%s" % (
+                    who, ": anon-rss %s at the kill" % fmt_bytes(int(m.group(1)) << 10) if m else "", (
+                        "; the worker's memory: %s%s" % (grew + ", " if grew else "", wlv.mem_line))
+                    if wlv is not None and wlv.mem_line else "")
+        elif sig is None or sig.lower() == "killed":
+            c = wlv if wlv is not None and wlv.now_ctr is not None else lv
+            why = []
+            if c.ctr_up:
+                why.append("its cgroup's oom_kill counter rose (%s -> %s): an OOM kill in its cgroup is likely"
+                           % (c.last_ctr, c.now_ctr))
+            elif c.ctr_same:
+                why.append("its cgroup's oom_kill counter is unchanged (%s)" % c.now_ctr)
+            if c.facts.get("kernel_log") == "read" and not c.ctr_up:
+                why.append("the kernel log has no OOM-killer line for it")
+            ev.append("%s %s (a helper of this rank)%s" % (who, how, (
+                ": " + "; ".join(why)) if why else "; whether by the OOM killer is unknown here (no kernel log, "
                                                     "no cgroup counter)"))
-    else:
-        ev.append("%s was killed by signal %s (a helper of this rank)" % (who, sig))
+        else:
+            ev.append("%s %s (a helper of this rank)" % (who, how))
+        if wlv is not None and wlv.mem_line:
+            ev.append("the worker's memory: %s%s" % (grew + "; " if grew else "", wlv.mem_line))
     if lv.mem_line:
-        ev.append("memory at death: " + lv.mem_line)
+        ev.append("the rank's own memory at death: " + lv.mem_line)
+    return text
+
+
+def _growth(ss: List[Dict[str, Any]]) -> str:
+    """'RSS 235.0 MiB -> 415.0 MiB in 2.1 s' between a process's first and last host samples
+    when it grew by 16 MiB or more, else ''."""
+    hs = [x for x in ss if "rss" in (x.get("values") or {})]
+    if len(hs) < 2:
+        return ""
+    a, b = hs[0]["values"]["rss"], hs[-1]["values"]["rss"]
+    if a is None or b is None or b - a < 16 << 20:
+        return ""
+    dt = ((hs[-1].get("t_wall_ns") or 0) - (hs[0].get("t_wall_ns") or 0)) / 1e9
+    return "RSS %s -> %s in %.1f s" % (fmt_bytes(a), fmt_bytes(b), dt)
 
 
 def _sigterm_case(lv: _Level, cause: str, cause_text: str, ev: List[str]) -> Tuple[str, str]:
@@ -288,20 +325,23 @@ def _sigterm_case(lv: _Level, cause: str, cause_text: str, ev: List[str]) -> Tup
     return cause, cause_text
 
 
-def attribute(proc: Any, cause: Any, cause_text: Any, ss: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
+def attribute(proc: Any, cause: Any, cause_text: Any, ss: Optional[List[Dict[str, Any]]] = None,
+              helpers: Sequence[Any] = ()) -> Dict[str, Any]:
     """Refine a dead process's ``cause`` from memory evidence.
 
     ``proc``: ProcessInfo (``meta``, ``events``, ``memory_facts``, ``exit_code``);
     ``cause``/``cause_text``: what ``analyze/deaths.fill_death`` found; ``ss``: its samples
-    (default from ``proc.memory`` or its records). Returns ``{'cause', 'cause_text',
-    'evidence': [str], 'at_death': {...}, 'base_cause'}``; ``cause`` is unchanged where
+    (default from ``proc.memory`` or its records); ``helpers``: ProcessInfo of the process's
+    helper processes (its DataLoader workers: their own memory and OOM facts). Returns ``{'cause', 'cause_text',
+    'evidence': [str], 'at_death': {...}, 'base_cause', 'helper_text': the verdict's sentence on a
+    helper (DataLoader worker) the OOM killer killed, or ''}``; ``cause`` is unchanged where
     the evidence does not support another.
     """
     if ss is None:
         ss = getattr(proc, "memory", None) or samples(proc.records)
     lv, at = _level_of(proc, ss)
     ev: List[str] = []
-    new, text = cause, cause_text
+    new, text, helper_text = cause, cause_text, ""
     exit_code_cause = str(cause).startswith("exit-code")
     ray_mm, ray_why = _ray_memory_monitor(proc.meta, getattr(proc, "memory_facts", None))
     coom = _cuda_oom(proc, ss)
@@ -313,9 +353,9 @@ def attribute(proc: Any, cause: Any, cause_text: Any, ss: Optional[List[Dict[str
         new, text = _killed_case(proc, lv, cause, cause_text, ev)
     elif cause == "sigterm":
         new, text = _sigterm_case(lv, cause, cause_text, ev)
-    elif cause == "exception" and (worker := dataloader_kill(cause_text)) is not None:
-        _worker_case(lv, worker, ev)
+    elif cause == "exception" and (workers := dataloader_kills(exception_text(proc.events) or cause_text)):
+        helper_text = _worker_case(lv, workers, helpers, ev)
     elif lv.mem_line:
         ev.append("memory at death: " + lv.mem_line)
     return {"cause": new, "cause_text": text, "evidence": ev, "at_death": at, "base_cause": cause,
-            "cuda_oom": coom, "ray_memory_monitor": ray_why if ray_mm else None}
+            "cuda_oom": coom, "ray_memory_monitor": ray_why if ray_mm else None, "helper_text": helper_text}

@@ -170,8 +170,10 @@ def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Opt
     for r in focus:
         att = attributions.get(r)
         if att is not None:
-            out["attribution"][str(r)] = {k: att[k] for k in ("cause", "base_cause", "cause_text", "at_death",
-                                                              "evidence", "cuda_oom", "ray_memory_monitor")}
+            out["attribution"][str(r)] = {k: att.get(k) for k in ("cause", "base_cause", "cause_text", "at_death",
+                                                                  "evidence", "cuda_oom", "ray_memory_monitor")}
+            if att.get("helper_text"):  # (a DataLoader worker of the rank OOM-killed)
+                out["attribution"][str(r)]["helper_text"] = att["helper_text"]
     for r in interesting[:4]:
         if r in per:
             out["advice"] += _advice(attributions.get(r), per[r]["kept"], per[r]["trends"], r)

@@ -16,10 +16,10 @@ instance with the most waiters that misses the root, else the root's newest coll
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.analyze import sigclasses
-from hangtrace.tracer.analyze.context import Ctx, RankView
+from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, RankView
 from hangtrace.tracer.analyze.deaths import failures, roots
 from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk, ts, vb
 from hangtrace.tracer.analyze.rules.base import Finding
@@ -81,15 +81,30 @@ def _explain_abort_mismatch(ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Dia
             % (root.rank, (root.cause_text or "")[:160]))
 
 
+def _torch_count(rec: Optional[Mapping[str, Any]]) -> bool:
+    """The record's seq is torch's count (a Flight Recorder entry, or ours joined with one):
+    C++-issued collectives such as DDP's gradient all-reduce included (analyze/frmerge.py)."""
+    return (rec or {}).get("source") in (FR_SOURCE, FR_JOINED_SOURCE)
+
+
 def _where_it_stopped(ctx: Ctx, d: Diagnosis, root: RankView) -> Optional[Inst]:
+    """The instance the most waiters wait in that misses the root (returned), and the
+    group/seq the verdict shows: that instance's, or the root's own newest collective when
+    there is none or when the waiters' seq is torch's count and the root's ours (a dead
+    rank has no Flight Recorder dump: the two numbers do not compare; blind job
+    tr_dl_oom, 2026-12-02: "during/after all_reduce seq 30" for a rank whose last was 12)."""
     inst: Optional[Inst] = None
     for i in ctx.insts.values():
         if root.rank in i.missing and (inst is None or len(i.waiters) > len(inst.waiters)):
             inst = i
-    fill_common(ctx, d, [root.rank], inst)
+    other_count = inst is not None and any(_torch_count(ctx.blocked(w)) for w in inst.waiters) \
+        and not _torch_count(root.last.get(inst.group))
+    fill_common(ctx, d, [root.rank], None if other_count else inst)
     if inst is not None:
         d.details["direct_waiters"] = sorted(inst.waiters)
-        return inst
+        if not other_count:
+            return inst
+        d.details["waiters_seq"] = "torch"
     b = root.blocked or root.last_rec
     if root.last:
         g = max(root.last.items(), key=lambda kv: kv[1].get("idx") or 0)[0]
@@ -97,7 +112,7 @@ def _where_it_stopped(ctx: Ctx, d: Diagnosis, root: RankView) -> Optional[Inst]:
         d.group, d.group_ranks, d.seq, d.op = g, list(ctx.members(g)) or None, rec.get("seq"), rec.get("op")
     elif b:
         d.op = b.get("op")
-    return None
+    return inst
 
 
 def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
@@ -129,7 +144,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     if d.group is not None:
         ctx.add(rank_line(ctx, root.rank, d.group))
     if inst is not None:
-        ctx.add("%s %s at %s for it" % (rk(inst.waiters), vb(inst.waiters), inst_text(ctx, inst)))
+        ctx.add("%s %s at %s for it%s" % (rk(inst.waiters), vb(inst.waiters), inst_text(ctx, inst), (
+            " (torch's count, from the Flight Recorder: it counts C++-issued collectives such as DDP's "
+            "gradient all-reduce; rank %d's seq is hangtrace's count of Python calls)" % root.rank)
+            if d.details.get("waiters_seq") == "torch" else ""))
     d.cascade = [c for c in fails if c["rank"] != root.rank]
     if d.cascade:
         vict = [c for c in d.cascade if c.get("victim")]
