@@ -84,10 +84,10 @@ def _sampler_facts() -> dict:
     except ImportError:
         return {}
     s = memory.active()
-    if s is None or s._thread is None:
+    if s is None or s.thread is None:
         return {}
     try:
-        cpu = time.clock_gettime_ns(time.pthread_getcpuclockid(s._thread.ident))
+        cpu = time.clock_gettime_ns(time.pthread_getcpuclockid(s.thread.ident))
     except (OSError, TypeError):
         return {}
     return {"sampler_cpu_ns": cpu, "sampler_ticks": getattr(s, "bench_ticks", 0), "samples": s.nsamples}
