@@ -222,3 +222,15 @@ def test_waiters_in_torchs_count_and_a_dead_rank_in_ours_are_not_compared():
     w["source"] = None  # both counts ours: the waiters' instance, as before
     d = check(diagnose(snap(b)), "dead-rank", [1])
     assert d.seq == 30 and not any("torch's count" in e for e in d.evidence), d.summary
+
+
+def test_a_rank_with_its_exit_record_still_tearing_down_reads_exiting():
+    """A blind job's report said 'alive exit code 1': the rank had written its exit record
+    and raised, and its pid was still tearing down when the snapshot was taken."""
+    b = ranks(2, steps=4)
+    b[0].wait()
+    b[1].set(state="alive", exit_code=1,
+             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS, "message": "x"}])
+    d = check(diagnose(snap(b)), "dead-rank", [1])
+    assert any("exiting (exit code 1 recorded; the process was still tearing down)" in e for e in d.evidence), \
+        d.evidence

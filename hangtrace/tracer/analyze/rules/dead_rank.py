@@ -135,8 +135,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["fail_wall_ns"] = root.fail_wall
     inst = _where_it_stopped(ctx, d, root)
     p = root.proc
-    ctx.add("rank %d (%s): %s; cause %s: %s" % (root.rank, p.key, p.state + (
-        " exit code %s" % p.exit_code if p.exit_code is not None else ""), root.cause, root.cause_text))
+    state = p.state + (" exit code %s" % p.exit_code if p.exit_code is not None else "")
+    if p.state == "alive" and p.exit_code is not None:  # (its exit record is written; the pid lives on)
+        state = "exiting (exit code %s recorded; the process was still tearing down)" % p.exit_code
+    ctx.add("rank %d (%s): %s; cause %s: %s" % (root.rank, p.key, state, root.cause, root.cause_text))
     if root.fail_wall:
         ctx.add("rank %d failed first (at %s%s)" % (
             root.rank, ts(root.fail_wall), ", its last sign of life" if (root.mem or {}).get("base_cause", root.cause)
