@@ -86,6 +86,33 @@ def user_frame(frames: List[Any]) -> Optional[Any]:
     return None
 
 
+def traceback_frames(text: Any) -> List[Any]:
+    """The frames of the last traceback in ``text`` (Python's format, the exception that
+    reached the top: a chained cause's frames come before it), innermost first, as
+    ``{'name', 'filename', 'line'}`` dicts like a stack's; [] when there is none."""
+    import re
+    block = str(text or "").rsplit("Traceback (most recent call last):", 1)[-1]
+    out = [{"name": m.group(3), "filename": m.group(1), "line": int(m.group(2))}
+           for m in re.finditer(r'^\s*File "([^"]+)", line (\d+), in (\S+)', block, re.M)]
+    return out[::-1]
+
+
+def frames_from_exception(d: Diagnosis, events: Any) -> None:
+    """A dead culprit without a stack: ``d.frames`` from its exception's traceback (where it
+    raised, innermost first; ``details['frames_from'] = 'traceback'``) and the user's own
+    frame (``details['user_frame']``) when the innermost three are a library's."""
+    tb = next((e.get("traceback") for e in events or () if isinstance(e, dict) and e.get("event") == "exception"),
+              None)
+    frames = traceback_frames(tb)
+    if d.frames or not frames:
+        return
+    d.frames = [frame_label(f) for f in frames[:MAX_FRAMES]]
+    d.details["frames_from"] = "traceback"
+    user = user_frame(frames)
+    if user is not None and frame_label(user) not in d.frames[:3]:
+        d.details["user_frame"] = frame_label(user)
+
+
 def frames_of(ctx: Ctx, r: int) -> Tuple[List[str], Optional[List[Any]], Optional[bool]]:
     """(display labels, raw frames, active) of rank ``r``'s analysed thread; the labels
     skip wrapper frames (``wrapper_frame``), so they start at the torch.distributed op

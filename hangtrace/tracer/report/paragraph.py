@@ -64,8 +64,8 @@ def _doing(diag: Diagnosis) -> str:
     d, r = diag.details or {}, "rank %d" % diag.culprit_ranks[0] if len(diag.culprit_ranks) > 1 else None
     if d.get("culprit_idle_in"):  # (its call returned: the frames of that loop say nothing; alive or not)
         return "; %s stack shows it back in %s, idle" % (r + "'s" if r else "its", d["culprit_idle_in"])
-    user = d.get("user_frame")
-    return "; %s in %s%s" % (r + " is" if r else "it is", " < ".join(diag.frames[:3]), " < ... < %s" % user if user else "")
+    user, verb = d.get("user_frame"), "raised" if d.get("frames_from") == "traceback" else "is"  # (dead: traceback)
+    return "; %s %s in %s%s" % (r or "it", verb, " < ".join(diag.frames[:3]), " < ... < %s" % user if user else "")
 
 
 def _coll(diag: Diagnosis) -> str:

@@ -234,3 +234,25 @@ def test_a_rank_with_its_exit_record_still_tearing_down_reads_exiting():
     d = check(diagnose(snap(b)), "dead-rank", [1])
     assert any("exiting (exit code 1 recorded; the process was still tearing down)" in e for e in d.evidence), \
         d.evidence
+
+
+def test_a_dead_rank_without_a_stack_says_where_it_raised():
+    """No stack of a dead rank: where it raised comes from its exception's traceback (the
+    last one: a chained cause's frames come first), innermost first, with the user's own
+    line (blind job tr_dl_oom: it died in ``for ... in enumerate(loader)``)."""
+    tb = ('Traceback (most recent call last):\n  File "/usr/lib/python3/site-packages/torch/utils/data/'
+          '_utils/signal_handling.py", line 73, in handler\nRuntimeError: inner\n\nThe above exception was the '
+          'direct cause of the following exception:\n\nTraceback (most recent call last):\n  File "/job/job.py", '
+          'line 142, in <module>\n    main()\n  File "/job/job.py", line 114, in train\n    for step, (x, y) in '
+          'enumerate(loader):\n  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 725, '
+          'in __next__\n  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 1505, in '
+          '_next_data\n  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 1304, in '
+          '_try_get_data\nRuntimeError: outer\n')
+    b = ranks(2, steps=4)
+    b[0].wait()
+    b[1].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "RuntimeError",
+                                                  "wall_ns": b[1].t + MS, "message": "outer", "traceback": tb}])
+    d = check(diagnose(snap(b)), "dead-rank", [1])
+    assert d.frames[:2] == ["_try_get_data (dataloader.py:1304)", "_next_data (dataloader.py:1505)"], d.frames
+    assert "; it raised in _try_get_data (dataloader.py:1304) < _next_data (dataloader.py:1505) < __next__ " \
+           "(dataloader.py:725) < ... < train (job.py:114)" in d.summary, d.summary

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from hangtrace.tracer.analyze import sigclasses
 from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, RankView
 from hangtrace.tracer.analyze.deaths import failures, roots
-from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk, ts, vb
+from hangtrace.tracer.analyze.evidence import fill_common, frames_from_exception, rank_line, rk, ts, vb
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import Inst, inst_text
@@ -135,6 +135,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["fail_wall_ns"] = root.fail_wall
     inst = _where_it_stopped(ctx, d, root)
     p = root.proc
+    frames_from_exception(d, p.events)  # (no stack of a dead rank: where its exception was raised)
     state = p.state + (" exit code %s" % p.exit_code if p.exit_code is not None else "")
     if p.state == "alive" and p.exit_code is not None:  # (its exit record is written; the pid lives on)
         state = "exiting (exit code %s recorded; the process was still tearing down)" % p.exit_code
