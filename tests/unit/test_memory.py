@@ -455,3 +455,4 @@ def test_a_rank_whose_dataloader_worker_the_oom_killer_killed_says_whose_memory_
            "350.0 MiB of limit 400.0 MiB (88%)" in d.summary, d.summary
     assert any(e.endswith("was killed by the kernel's OOM killer: " + line) for e in d.evidence), d.evidence
     assert any("the rank's own memory at death: RSS 300.0 MiB" in e for e in d.evidence), d.evidence
+    assert "Next: find what the DataLoader worker holds on to" in d.summary, d.summary

@@ -60,6 +60,13 @@ EXIT_CODE_NEXT = ("read that rank's log around its exit; a non-zero exit without
                   "sys.exit or a launcher")
 
 
+#: a rank raised because the kernel's OOM killer killed one of its DataLoader workers
+HELPER_OOM_NEXT = ("find what the DataLoader worker holds on to (the dataset's __getitem__, its caches, collate_fn, "
+                   "transforms: every worker has its own copy); `hangtrace records RUN_DIR --memory` shows the "
+                   "worker's samples; fewer workers (num_workers), a smaller prefetch_factor or a larger memory "
+                   "limit buy room, the leak stays")
+
+
 def next_step(diag: Diagnosis) -> Optional[str]:
     """The "Next:" advice of ``diag`` (no trailing period), or None."""
     k = diag.kind
@@ -72,6 +79,9 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return NEXT.get(k)
     cause = str(diag.cause) if diag.cause is not None else ""
     nxt = DEAD_NEXT.get(cause)
+    att = ((diag.details or {}).get("memory") or {}).get("attribution") or {}
+    if cause == Cause.EXCEPTION.value and any((a or {}).get("helper_text") for a in att.values()):
+        nxt = HELPER_OOM_NEXT  # (a DataLoader worker of the rank OOM-killed: analyze/memory/attribution.py)
     if nxt is None and cause.startswith("exit-code"):
         nxt = EXIT_CODE_NEXT
     if nxt is not None and diag.culprit_actors and not diag.culprit_ranks:
