@@ -448,8 +448,10 @@ def test_a_rank_whose_dataloader_worker_the_oom_killer_killed_says_whose_memory_
           memory_facts={"kernel_log": "read", "cgroup_oom_kill_now": 1, "kernel_oom": {"line": line}})
     b[0].t += 20 * S
     b[0].wait()
-    d = diagnose(snap(b + [w]))
+    sn = snap(b + [w])
+    d = diagnose(sn)
     assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "exception"), d.summary
+    assert "rank-helper of 1" in text_report(d, sn) and "killed (OOM killer)" in text_report(d, sn)
     assert "its DataLoader worker (pid 4242) was killed by the kernel's OOM killer (kernel log: anon-rss " \
            "413.6 MiB at the kill); the worker's memory: RSS 200.0 MiB -> 410.0 MiB in 2.0 s, cgroup usage " \
            "350.0 MiB of limit 400.0 MiB (88%)" in d.summary, d.summary

@@ -134,7 +134,8 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
     rows = [_rank_cells(r, procs.get(r), r in culp, cls) for r in ranks]
     for p in unranked[:20]:
         of = roles.helper_of.get(p.key)
-        rows.append(("%s%s" % (roles.role(p).value, "" if of is None else " of %d" % of), p.key, p.state,
+        oom = " (OOM killer)" if (p.memory_facts or {}).get("kernel_oom") else ""  # (its own kernel line)
+        rows.append(("%s%s" % (roles.role(p).value, "" if of is None else " of %d" % of), p.key, p.state + oom,
                      str(p.phase or "-"), "-" if p.step is None else str(p.step), _coll_cell(_last_coll(p)), "-"))
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     fmt = "  ".join("%%-%ds" % w for w in widths)
