@@ -104,6 +104,24 @@ def finished_ranks(script, world_size, run_dir, **extra):
 
 # --- jobs run as a user runs them: ``hangtrace run ... -- CMD`` ------------------------------
 
+def no_memory_cgroup(v1_only=False):
+    """Why no child memory cgroup can be made here (not root, read-only cgroupfs, no memory
+    hierarchy; with ``v1_only``: a v2 hierarchy), or None when one can."""
+    for parent in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):
+        if parent == "/sys/fs/cgroup" and not os.path.isfile("/sys/fs/cgroup/cgroup.controllers"):
+            continue
+        if not os.path.isdir(parent):
+            continue
+        path = os.path.join(parent, "hangtrace-probe-%d" % os.getpid())
+        try:
+            os.mkdir(path)
+        except OSError as e:
+            return "cannot create a memory cgroup under %s: %s" % (parent, e)
+        os.rmdir(path)
+        return "the job writes cgroup v1 files; this is v2" if v1_only and not parent.endswith("memory") else None
+    return "no memory cgroup hierarchy mounted"
+
+
 def blind_consts(path, names=("LAUNCH", "NPROC", "EXPECT")):
     """The module-level constants ``names`` of a blind job file (``ast.literal_eval``)."""
     import ast

@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from jobs import blind_consts, blind_selected, run_under_hangtrace
+from jobs import blind_consts, blind_selected, no_memory_cgroup, run_under_hangtrace
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind")
 JOBS = sorted(glob.glob(os.path.join(HERE, "torch", "*.py")))
@@ -41,27 +41,10 @@ DISAGREE = {
 }
 
 
-def _no_memory_cgroup():
-    """Why no child memory cgroup can be made here (the jobs with ``REQUIRES = "memory-cgroup"``
-    balloon a DataLoader worker inside one until the kernel OOM-kills it), or None."""
-    for parent in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):
-        if parent == "/sys/fs/cgroup" and not os.path.isfile("/sys/fs/cgroup/cgroup.controllers"):
-            continue
-        if os.path.isdir(parent):
-            path = os.path.join(parent, "hangtrace-probe-%d" % os.getpid())
-            try:
-                os.mkdir(path)
-            except OSError as e:
-                return "cannot create a memory cgroup under %s: %s" % (parent, e)
-            os.rmdir(path)
-            return None if parent.endswith("memory") else "the job writes cgroup v1 files; this is v2"
-    return "no memory cgroup hierarchy mounted"
-
-
 def run_job(path, tmp_path, timeout_s=300):
     c = blind_consts(path, ("LAUNCH", "NPROC", "EXPECT", "STARTUP_STALL_S", "REQUIRES"))
-    if c.get("REQUIRES") == "memory-cgroup" and _no_memory_cgroup():
-        pytest.skip(_no_memory_cgroup())
+    if c.get("REQUIRES") == "memory-cgroup" and no_memory_cgroup(v1_only=True):
+        pytest.skip(no_memory_cgroup(v1_only=True))
     run_dir = str(tmp_path / "run")
     if c["LAUNCH"] == "torchrun":
         tr = shutil.which("torchrun")

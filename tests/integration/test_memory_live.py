@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from jobs import REPO, base_env, wait_line
+from jobs import REPO, base_env, no_memory_cgroup, wait_line
 
 EXAMPLE = os.path.join(REPO, "examples", "mem_faults.py")
 MIB = 1 << 20
@@ -25,19 +25,7 @@ GIB = 1 << 30
 
 
 def _can_make_cgroup():
-    for parent in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup"):
-        if parent == "/sys/fs/cgroup" and not os.path.isfile("/sys/fs/cgroup/cgroup.controllers"):
-            continue
-        if not os.path.isdir(parent):
-            continue
-        path = os.path.join(parent, "hangtrace-probe-%d" % os.getpid())
-        try:
-            os.mkdir(path)
-        except OSError as e:
-            return "cannot create a memory cgroup under %s: %s" % (parent, e)
-        os.rmdir(path)
-        return None
-    return "no memory cgroup hierarchy mounted"
+    return no_memory_cgroup()
 
 
 def run_example(tmp_path, fault, timeout=150):
