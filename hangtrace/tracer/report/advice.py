@@ -67,6 +67,11 @@ HELPER_OOM_NEXT = ("find what the DataLoader worker holds on to (the dataset's _
                    "limit buy room, the leak stays")
 
 
+#: a rank raised because one of its DataLoader workers was SIGKILLed, not by the OOM killer
+HELPER_KILLED_NEXT = ("find who sends SIGKILL to the job's processes (a node watchdog, the scheduler's preemption, "
+                      "a cleanup script, a person, the job's own code): the kernel's OOM killer did not")
+
+
 def next_step(diag: Diagnosis) -> Optional[str]:
     """The "Next:" advice of ``diag`` (no trailing period), or None."""
     k = diag.kind
@@ -80,8 +85,10 @@ def next_step(diag: Diagnosis) -> Optional[str]:
     cause = str(diag.cause) if diag.cause is not None else ""
     nxt = DEAD_NEXT.get(cause)
     att = ((diag.details or {}).get("memory") or {}).get("attribution") or {}
-    if cause == Cause.EXCEPTION.value and any((a or {}).get("helper_text") for a in att.values()):
-        nxt = HELPER_OOM_NEXT  # (a DataLoader worker of the rank OOM-killed: analyze/memory/attribution.py)
+    kills = [(a or {}).get("helper_kill") for a in att.values()]
+    if cause == Cause.EXCEPTION.value and ("oom" in kills or "not-oom" in kills):
+        # a DataLoader worker of the rank OOM-killed, or SIGKILLed from outside (analyze/memory/attribution.py)
+        nxt = HELPER_OOM_NEXT if "oom" in kills else HELPER_KILLED_NEXT
     if nxt is None and cause.startswith("exit-code"):
         nxt = EXIT_CODE_NEXT
     if nxt is not None and diag.culprit_actors and not diag.culprit_ranks:

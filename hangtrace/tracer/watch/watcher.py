@@ -190,9 +190,10 @@ class Watcher:
             self.memory_warnings()
         if deaths:
             lines = []
+            parents = {(x.get("host"), x.get("pid")): x for x in self.headers.values()}
             for path, h, st in deaths:
                 what = "vanished without a clean-exit record" if st == "killed" else "exited with code %d" % h["exit_code"]
-                lines.append("%s (pid %d on %s) %s" % (_who(h), h["pid"], h["host"], what))
+                lines.append("%s (pid %d on %s) %s" % (_who(h, parents), h["pid"], h["host"], what))
             if self.reported_stall:
                 # a stall was reported and nothing progressed since: these deaths are the
                 # hung job being stopped (user's signal, launcher, --stop-on-stall), not a
@@ -371,12 +372,22 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def _who(h: Header) -> str:
+def _is_rank(h: Header) -> bool:
+    return h.get("rank", -1) is not None and h.get("rank", -1) >= 0 and \
+        h.get("rank_source", 0) in (F.RANK_FROM_GROUP, F.RANK_FROM_JOIN)
+
+
+def _who(h: Header, parents: Mapping[Tuple[Any, Any], Header] = {}) -> str:
     """'rank 3' for a process that joined a group as 3 or is in init_process_group asking to
-    be 3; a rank in the environment alone is a hint (DataLoader workers, a spawn parent
-    inherit it): 'a process with RANK=3'."""
+    be 3; 'a helper of rank 3 (a child: DataLoader worker, ...)' for a child of such a rank
+    (``parents``: headers by (host, pid)); a rank in the environment alone is a hint (a spawn
+    parent's children inherit it): 'a process with RANK=3'."""
     r = h.get("rank", -1)
+    if _is_rank(h):
+        return "rank %d" % r
+    parent = parents.get((h.get("host"), h.get("ppid")))
+    if parent is not None and _is_rank(parent):
+        return "a helper of rank %d (its child: a DataLoader worker or the like)" % parent["rank"]
     if r is None or r < 0:
         return "a process without a rank"
-    return "rank %d" % r if h.get("rank_source", 0) in (F.RANK_FROM_GROUP, F.RANK_FROM_JOIN) \
-        else "a process with RANK=%d" % r
+    return "a process with RANK=%d" % r

@@ -246,17 +246,19 @@ def _killed_case(proc: Any, lv: _Level, cause: str, cause_text: str, ev: List[st
 
 
 def _worker_case(lv: _Level, workers: List[Tuple[int, Optional[str]]], helpers: Sequence[Any],
-                 ev: List[str]) -> str:
+                 ev: List[str]) -> Tuple[str, str]:
     """The rank raised because torch saw DataLoader worker(s) ``(pid, signal name or None)``
     die (``memfacts.dataloader_kills``): for each (at most 3), whether the kernel's OOM killer
     killed it (its kernel line: the worker's own facts when it kept a ring, else the rank's
     ``helper_kernel_oom``) or what its cgroup's counter says, and what its own memory did (its
     samples, among ``helpers``: the rank's helper processes). The cause stays the rank's
     exception; the rank's own memory comes last, as the rank's. Returns the verdict's sentence
-    on the first worker the kernel's OOM killer killed ('' when none)."""
+    and its kind: ('...', 'oom') for the first worker the kernel's OOM killer killed, else
+    ('...', 'not-oom') for the first SIGKILLed with the kernel log read, no line for it and
+    its cgroup's oom_kill counter not risen, else ('', '')."""
     by_pid = {getattr(h, "pid", None): h for h in helpers}
     hk = lv.facts.get("helper_kernel_oom") or {}
-    text = ""
+    text, kind = "", ""
     for pid, sig in workers[:3]:
         who = "its DataLoader worker (pid %d)" % pid
         h = by_pid.get(pid)
@@ -268,7 +270,8 @@ def _worker_case(lv: _Level, workers: List[Tuple[int, Optional[str]]], helpers: 
         grew = _growth(wss)
         if k:
             ev.append("%s was killed by the kernel's OOM killer: %s" % (who, str(k.get("line") or "")[:200]))
-            if not text:
+            if kind != "oom":
+                kind = "oom"
                 m = re.search(r"anon-rss:(\d+)kB", str(k.get("line") or ""))
                 text = "%s was killed by the kernel's OOM killer (kernel log%s)%s" % (
                     who, ": anon-rss %s at the kill" % fmt_bytes(int(m.group(1)) << 10) if m else "", (
@@ -287,13 +290,15 @@ def _worker_case(lv: _Level, workers: List[Tuple[int, Optional[str]]], helpers: 
             ev.append("%s %s (a helper of this rank)%s" % (who, how, (
                 ": " + "; ".join(why)) if why else "; whether by the OOM killer is unknown here (no kernel log, "
                                                     "no cgroup counter)"))
+            if not kind and c.facts.get("kernel_log") == "read" and not c.ctr_up and sig:
+                kind, text = "not-oom", "%s %s, not by the kernel's OOM killer (%s)" % (who, how, "; ".join(why))
         else:
             ev.append("%s %s (a helper of this rank)" % (who, how))
         if wlv is not None and wlv.mem_line:
             ev.append("the worker's memory: %s%s" % (grew + "; " if grew else "", wlv.mem_line))
     if lv.mem_line:
         ev.append("the rank's own memory at death: " + lv.mem_line)
-    return text
+    return text, kind
 
 
 def _growth(ss: List[Dict[str, Any]]) -> str:
@@ -334,14 +339,15 @@ def attribute(proc: Any, cause: Any, cause_text: Any, ss: Optional[List[Dict[str
     (default from ``proc.memory`` or its records); ``helpers``: ProcessInfo of the process's
     helper processes (its DataLoader workers: their own memory and OOM facts). Returns ``{'cause', 'cause_text',
     'evidence': [str], 'at_death': {...}, 'base_cause', 'helper_text': the verdict's sentence on a
-    helper (DataLoader worker) the OOM killer killed, or ''}``; ``cause`` is unchanged where
+    helper (DataLoader worker) the OOM killer killed or something else SIGKILLed, or '',
+    'helper_kill': 'oom' | 'not-oom' | ''}``; ``cause`` is unchanged where
     the evidence does not support another.
     """
     if ss is None:
         ss = getattr(proc, "memory", None) or samples(proc.records)
     lv, at = _level_of(proc, ss)
     ev: List[str] = []
-    new, text, helper_text = cause, cause_text, ""
+    new, text, helper_text, helper_kill = cause, cause_text, "", ""
     exit_code_cause = str(cause).startswith("exit-code")
     ray_mm, ray_why = _ray_memory_monitor(proc.meta, getattr(proc, "memory_facts", None))
     coom = _cuda_oom(proc, ss)
@@ -354,8 +360,9 @@ def attribute(proc: Any, cause: Any, cause_text: Any, ss: Optional[List[Dict[str
     elif cause == "sigterm":
         new, text = _sigterm_case(lv, cause, cause_text, ev)
     elif cause == "exception" and (workers := dataloader_kills(exception_text(proc.events) or cause_text)):
-        helper_text = _worker_case(lv, workers, helpers, ev)
+        helper_text, helper_kill = _worker_case(lv, workers, helpers, ev)
     elif lv.mem_line:
         ev.append("memory at death: " + lv.mem_line)
     return {"cause": new, "cause_text": text, "evidence": ev, "at_death": at, "base_cause": cause,
-            "cuda_oom": coom, "ray_memory_monitor": ray_why if ray_mm else None, "helper_text": helper_text}
+            "cuda_oom": coom, "ray_memory_monitor": ray_why if ray_mm else None, "helper_text": helper_text,
+            "helper_kill": helper_kill}

@@ -172,8 +172,8 @@ def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Opt
         if att is not None:
             out["attribution"][str(r)] = {k: att.get(k) for k in ("cause", "base_cause", "cause_text", "at_death",
                                                                   "evidence", "cuda_oom", "ray_memory_monitor")}
-            if att.get("helper_text"):  # (a DataLoader worker of the rank OOM-killed)
-                out["attribution"][str(r)]["helper_text"] = att["helper_text"]
+            if att.get("helper_text"):  # (a DataLoader worker of the rank OOM-killed, or SIGKILLed by another)
+                out["attribution"][str(r)].update(helper_text=att["helper_text"], helper_kill=att.get("helper_kill"))
     for r in interesting[:4]:
         if r in per:
             out["advice"] += _advice(attributions.get(r), per[r]["kept"], per[r]["trends"], r)
