@@ -51,6 +51,10 @@
 #define S_COMPLETED 2
 #define S_FAILED 3
 #define F_ASYNC 1
+#define PHASE_OFF 552 /* cur_phase u32, depth i32, step i64 */
+#define K_PHASE_ENTER 4
+#define K_PHASE_EXIT 5
+#define K_STEP 6
 #define K_MEM 9
 
 /* --- a plain torch.Tensor's sizes and dtype read from its TensorImpl ----------------
@@ -376,6 +380,17 @@ static unsigned long long ring_write(RingObject *r, long long kind, long long fl
     return idx;
 }
 
+/* One progress event at monotonic time ``now``: in-flight cleared, progress time and count
+ * (the header's LIVE_DONE fields; Recorder._touch_progress). */
+static void ring_touch(RingObject *r, uint64_t now) {
+    char *p = r->base + LIVE_DONE_OFF;
+    r->progress += 1;
+    put64(p, 0);
+    put64(p + 8, now);
+    put64(p + 16, wall_at(now));
+    put64(p + 24, r->progress);
+}
+
 /* Record ``idx`` as completed (no error): in place when not yet overwritten; progress. */
 static int ring_complete_ok(RingObject *r, long long idx) {
     uint64_t now;
@@ -390,12 +405,7 @@ static int ring_complete_ok(RingObject *r, long long idx) {
         put32(p + 4, 0);
         put64(p + 8, now);
     }
-    r->progress += 1;
-    p = r->base + LIVE_DONE_OFF;
-    put64(p, 0);
-    put64(p + 8, now);
-    put64(p + 16, wall_at(now));
-    put64(p + 24, r->progress);
+    ring_touch(r, now);
     return 0;
 }
 
@@ -624,13 +634,7 @@ static PyObject *Ring_slot(RingObject *self, PyObject *const *args, Py_ssize_t n
 static PyObject *Ring_touch(RingObject *self, PyObject *Py_UNUSED(ignored)) {
     if (ring_ready(self) < 0)
         return NULL;
-    uint64_t now = mono_ns();
-    char *p = self->base + LIVE_DONE_OFF;
-    self->progress += 1;
-    put64(p, 0);
-    put64(p + 8, now);
-    put64(p + 16, wall_ns());
-    put64(p + 24, self->progress);
+    ring_touch(self, mono_ns());
     Py_RETURN_NONE;
 }
 
@@ -756,11 +760,6 @@ static PyObject *Ring_mem_host(RingObject *self, PyObject *const *args, Py_ssize
  * caches, each Python frame of that path comes back cold (benchmarks/README.md). ``mem``:
  * None (no sample) or the 7 figures of Sampler.fast_args() (mem_host's arguments after the
  * source). */
-#define PHASE_OFF 552 /* layout.PHASE_OFF: cur_phase u32, depth i32, step i64 */
-#define K_PHASE_ENTER 4
-#define K_PHASE_EXIT 5
-#define K_STEP 6
-
 static int api_mem(RingObject *r, long long source, PyObject *mem) {
     long long v[8];
     if (mem == Py_None)
@@ -781,16 +780,6 @@ static void api_header(RingObject *r, long long depth) {
     put32(p, (uint32_t)r->cur_phase);
     put32(p + 4, (uint32_t)(int32_t)depth);
     put64(p + 8, (uint64_t)r->step);
-}
-
-static void api_touch(RingObject *r) {
-    uint64_t now = mono_ns();
-    char *p = r->base + LIVE_DONE_OFF;
-    r->progress += 1;
-    put64(p, 0);
-    put64(p + 8, now);
-    put64(p + 16, wall_at(now));
-    put64(p + 24, r->progress);
 }
 
 /* int(o) as Python's int() does it (a float is truncated), into *out. */
@@ -872,27 +861,47 @@ static PyObject *Ring_phase_in(RingObject *self, PyObject *const *args, Py_ssize
     api_header(self, depth);
     if (ring_write(self, K_PHASE_ENTER, 0, 0, 0, 0, 0, 0, 0, -1, S_COMPLETED, 0, NULL, 0) == 0)
         return NULL;
-    api_touch(self);
+    ring_touch(self, mono_ns());
     if (api_mem(self, 2, args[2]) < 0) /* MEM_ENTER */
         return NULL;
     Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(Ring_phase_out_doc,
-             "phase_out(name: str, mem: tuple | None) -> None\n\n"
-             "Leave phase ``name`` without an error: the MEM_EXIT sample, then _FastRecorder.phase_exit's\n"
-             "records (K_PHASE_EXIT, the thread's stack cut at its innermost ``name``, header, progress).");
+             "phase_out(name: str, mem: tuple | None, error: str | None = None) -> None\n\n"
+             "Leave phase ``name``: the MEM_EXIT sample, then _FastRecorder.phase_exit's records (K_PHASE_EXIT,\n"
+             "failed with the first 2000 characters of ``error`` when given, the thread's stack cut at its\n"
+             "innermost ``name``, header, progress).");
 
 static PyObject *Ring_phase_out(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "phase_out() takes 2 arguments (%zd given)", nargs);
+    long long esid = 0;
+    int failed = 0;
+    if (nargs != 2 && nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "phase_out() takes 2 or 3 arguments (%zd given)", nargs);
         return NULL;
     }
     if (ring_ready(self) < 0)
         return NULL;
     if (api_mem(self, 3, args[1]) < 0) /* MEM_EXIT */
         return NULL;
-    if (ring_write(self, K_PHASE_EXIT, 0, 0, 0, 0, 0, 0, 0, -1, S_COMPLETED, 0, NULL, 0) == 0)
+    if (nargs == 3 && args[2] != Py_None) {
+        if ((failed = PyObject_IsTrue(args[2])) < 0)
+            return NULL;
+        if (failed) {
+            PyObject *cut = PySequence_GetSlice(args[2], 0, 2000), *sido;
+            if (cut == NULL)
+                return NULL;
+            sido = api_intern(self, cut);
+            Py_DECREF(cut);
+            if (sido == NULL)
+                return NULL;
+            int grc = get_int(sido, 0, U32_MAX_, &esid); /* (0: the string table is full) */
+            Py_DECREF(sido);
+            if (grc < 0 || ring_check(self) < 0)
+                return NULL;
+        }
+    }
+    if (ring_write(self, K_PHASE_EXIT, 0, 0, 0, 0, 0, 0, 0, -1, failed ? S_FAILED : S_COMPLETED, esid, NULL, 0) == 0)
         return NULL;
     PyObject *ident = current_ident();
     if (ident == NULL)
@@ -928,7 +937,7 @@ static PyObject *Ring_phase_out(RingObject *self, PyObject *const *args, Py_ssiz
     }
     self->cur_phase = (unsigned int)cur;
     api_header(self, depth);
-    api_touch(self);
+    ring_touch(self, mono_ns());
     Py_RETURN_NONE;
 }
 
@@ -955,7 +964,7 @@ static PyObject *Ring_step_to(RingObject *self, PyObject *const *args, Py_ssize_
     api_header(self, depth);
     if (ring_write(self, K_STEP, 0, 0, 0, 0, n, 0, 0, -1, S_COMPLETED, 0, NULL, 0) == 0)
         return NULL;
-    api_touch(self);
+    ring_touch(self, mono_ns());
     if (args[1] != Py_None && (long long)mono_ns() - self->mem_last_ns >= gap && api_mem(self, 4, args[1]) < 0)
         return NULL; /* MEM_STEP */
     Py_RETURN_NONE;

@@ -4,16 +4,12 @@ Imported only when the C extension is built and not switched off.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Optional, Tuple
 
 from hangtrace.hooks import _fastrec
 from hangtrace.hooks.recorder import Recorder
 from hangtrace.tracer import api
 from hangtrace.tracer.ring import layout as F
-
-_get_ident = threading.get_ident
-_PACK_PHASE, _PHASE_OFF = F.PHASE.pack_into, F.PHASE_OFF
 
 
 def _ring_field(name: str, doc: str) -> property:
@@ -94,20 +90,7 @@ class _FastRecorder(Recorder):
         (self.__dict__.get("_fast") or self._ring()).phase_in(str(name), step, None)
 
     def phase_exit(self, name: str, error: Optional[str] = None) -> None:
-        r = self.__dict__.get("_fast") or self._ring()
-        if not error:
-            r.phase_out(name, None)
-            return
-        st = self._phase.get(_get_ident())
-        r.slot(F.K_PHASE_EXIT, 0, 0, 0, 0, 0, 0, -1, F.S_FAILED, 0, self.intern(error[:2000]), 0, 0, 0, 0, 0)
-        if st:
-            for i in range(len(st) - 1, -1, -1):  # up to and including the innermost entry of this name
-                if st[i][1] == name:
-                    del st[i:]
-                    break
-        cur = r.cur_phase = st[-1][0] if st else 0
-        _PACK_PHASE(self.mm, _PHASE_OFF, cur, len(st) if st else 0, r.step)
-        r.touch()
+        (self.__dict__.get("_fast") or self._ring()).phase_out(name, None, error)
 
     def step(self, n: int, grow: bool = True) -> None:
         if self.full_slots and grow:

@@ -139,6 +139,12 @@ class ProcessInfo:
         return "%s:%d" % (self.host, self.pid)
 
     @property
+    def exception(self) -> Optional[Dict[str, Any]]:
+        """Its first ``exception`` event (type, message, traceback, wall_ns; the one a death
+        is read from, ``analyze/deaths.py``), or None."""
+        return next((e for e in self.events or () if isinstance(e, dict) and e.get("event") == "exception"), None)
+
+    @property
     def ray_identity(self) -> Dict[str, Any]:
         """What the process's own ring says of its Ray identity (``meta['ray_*']`` written by
         hooks/ray_hooks.py: job, node, actor id, class, name ...)."""

@@ -419,8 +419,10 @@ def test_dataloader_kills_reads_both_of_torchs_messages_and_the_chain():
     assert dataloader_kills("DataLoader worker (pid 7) is killed by signal: Segmentation fault.") == \
         [(7, "Segmentation fault")]
     assert dataloader_kills("ValueError: bad batch") == [] and dataloader_kills(None) == []
-    ev = [{"event": "start"}, {"event": "exception", "message": "m", "traceback": "tb"}]
-    assert exception_text(ev) == "m\ntb" and exception_text([]) == ""
+    from hangtrace.tracer.snapshot import ProcessInfo
+    ev = [{"event": "start"}, {"event": "exception", "message": "m", "traceback": "tb"}, {"event": "exception"}]
+    assert exception_text(ProcessInfo(host="h", pid=1, events=ev)) == "m\ntb"
+    assert exception_text(ProcessInfo(host="h", pid=1, events=ev[:1])) == ""
 
 
 def test_a_rank_whose_dataloader_worker_the_oom_killer_killed_says_whose_memory_grew():

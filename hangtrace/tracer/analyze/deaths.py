@@ -132,11 +132,7 @@ def fill_death(v: RankView, errfile: Optional[ElasticError] = None, helpers: Seq
     exception where our own records hold none and the process died (or wrote it itself);
     ``helpers``: the rank's helper processes (its DataLoader workers, for memory evidence)."""
     p = v.proc
-    exc: Optional[Dict[str, Any]] = None
-    for e in p.events or ():
-        if isinstance(e, dict) and e.get("event") == "exception":
-            exc = e
-            break
+    exc: Optional[Dict[str, Any]] = p.exception
     code: Optional[int] = p.exit_code
     sigs: Mapping[str, Any] = p.signals or {}
     # issue 9: a SIGTERM or fatal-signal dump decides, whatever the exit code: Ray turns

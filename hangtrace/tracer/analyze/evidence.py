@@ -11,6 +11,7 @@ from hangtrace.tracer.analyze.context import Ctx, Record
 from hangtrace.tracer.analyze.stacktree import format_ranks, frame_label, process_frames
 from hangtrace.tracer.analyze.waitgraph import Inst
 from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.snapshot import ProcessInfo
 
 MAX_FRAMES = 8
 
@@ -97,13 +98,11 @@ def traceback_frames(text: Any) -> List[Any]:
     return out[::-1]
 
 
-def frames_from_exception(d: Diagnosis, events: Any) -> None:
+def frames_from_exception(d: Diagnosis, p: ProcessInfo) -> None:
     """A dead culprit without a stack: ``d.frames`` from its exception's traceback (where it
     raised, innermost first; ``details['frames_from'] = 'traceback'``) and the user's own
     frame (``details['user_frame']``) when the innermost three are a library's."""
-    tb = next((e.get("traceback") for e in events or () if isinstance(e, dict) and e.get("event") == "exception"),
-              None)
-    frames = traceback_frames(tb)
+    frames = traceback_frames((p.exception or {}).get("traceback"))
     if d.frames or not frames:
         return
     d.frames = [frame_label(f) for f in frames[:MAX_FRAMES]]

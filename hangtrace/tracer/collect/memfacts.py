@@ -144,13 +144,11 @@ def dataloader_kills(text: Any) -> List[Tuple[int, Optional[str]]]:
     return out
 
 
-def exception_text(events: Any) -> str:
-    """Message and traceback of a process's first exception event (its chained causes
-    included), '' when it has none."""
-    for e in events or ():
-        if isinstance(e, dict) and e.get("event") == "exception":
-            return "%s\n%s" % (e.get("message") or "", e.get("traceback") or "")
-    return ""
+def exception_text(p: ProcessInfo) -> str:
+    """Message and traceback of process ``p``'s exception (``ProcessInfo.exception``: its
+    chained causes included), '' when it has none."""
+    e = p.exception
+    return "%s\n%s" % (e.get("message") or "", e.get("traceback") or "") if e else ""
 
 
 def _read_int_file(path: str) -> Optional[bytes]:
@@ -201,7 +199,7 @@ def memory_facts(p: ProcessInfo, cache: Optional[Dict[str, Any]] = None) -> Dict
         k = klines.get(p.pid)
         if k and _after_start(k, p.start_wall_ns):
             facts["kernel_oom"] = k
-        for pid, _sig in dataloader_kills(exception_text(p.events)):  # its DataLoader workers that died: an OOM line
+        for pid, _sig in dataloader_kills(exception_text(p)):  # its DataLoader workers that died: an OOM line
             k = klines.get(pid)
             if k and _after_start(k, p.start_wall_ns):  # (the worker started after it)
                 facts["helper_kernel_oom"] = dict(k, pid=pid)

@@ -285,12 +285,13 @@ def _worker_case(lv: _Level, workers: List[Tuple[int, Optional[str]]], helpers: 
                            % (c.last_ctr, c.now_ctr))
             elif c.ctr_same:
                 why.append("its cgroup's oom_kill counter is unchanged (%s)" % c.now_ctr)
-            if c.facts.get("kernel_log") == "read" and not c.ctr_up:
+            no_line = c.facts.get("kernel_log") == "read" and not c.ctr_up  # (the log read, nothing for it)
+            if no_line:
                 why.append("the kernel log has no OOM-killer line for it")
             ev.append("%s %s (a helper of this rank)%s" % (who, how, (
                 ": " + "; ".join(why)) if why else "; whether by the OOM killer is unknown here (no kernel log, "
                                                     "no cgroup counter)"))
-            if not kind and c.facts.get("kernel_log") == "read" and not c.ctr_up and sig:
+            if not kind and no_line and sig:
                 kind, text = "not-oom", "%s %s, not by the kernel's OOM killer (%s)" % (who, how, "; ".join(why))
         else:
             ev.append("%s %s (a helper of this rank)" % (who, how))
@@ -359,7 +360,7 @@ def attribute(proc: Any, cause: Any, cause_text: Any, ss: Optional[List[Dict[str
         new, text = _killed_case(proc, lv, cause, cause_text, ev)
     elif cause == "sigterm":
         new, text = _sigterm_case(lv, cause, cause_text, ev)
-    elif cause == "exception" and (workers := dataloader_kills(exception_text(proc.events) or cause_text)):
+    elif cause == "exception" and (workers := dataloader_kills(exception_text(proc) or cause_text)):
         helper_text, helper_kill = _worker_case(lv, workers, helpers, ev)
     elif lv.mem_line:
         ev.append("memory at death: " + lv.mem_line)

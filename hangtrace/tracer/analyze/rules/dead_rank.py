@@ -135,7 +135,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["fail_wall_ns"] = root.fail_wall
     inst = _where_it_stopped(ctx, d, root)
     p = root.proc
-    frames_from_exception(d, p.events)  # (no stack of a dead rank: where its exception was raised)
+    frames_from_exception(d, p)  # (no stack of a dead rank: where its exception was raised)
     state = p.state + (" exit code %s" % p.exit_code if p.exit_code is not None else "")
     if p.state == "alive" and p.exit_code is not None:  # (its exit record is written; the pid lives on)
         state = "exiting (exit code %s recorded; the process was still tearing down)" % p.exit_code
