@@ -382,19 +382,31 @@ def test_deferred_timer_thread_waits_for_a_free_registry_lock_and_for_torch(reco
     assert not s.thread.is_alive()
 
 
-@pytest.mark.parametrize("facts,line", [
+@pytest.mark.parametrize("facts,line,said", [
     ({"kernel_log": "read", "helper_kernel_oom": {"pid": 4242, "line": "Out of memory: Killed process 4242 (pt_data_worker)"}},
      "its DataLoader worker (pid 4242) was killed by the kernel's OOM killer: Out of memory: Killed process 4242 "
-     "(pt_data_worker)"),
+     "(pt_data_worker)",
+     "Rank 1: its DataLoader worker (pid 4242) was killed by the kernel's OOM killer (kernel log). Next: find what "
+     "the DataLoader worker holds on to"),
     ({"kernel_log": "read"},
      "its DataLoader worker (pid 4242) was killed by SIGKILL (a helper of this rank): the kernel log has no "
-     "OOM-killer line for it"),
+     "OOM-killer line for it",
+     "Rank 1: its DataLoader worker (pid 4242) was killed by SIGKILL, not by the kernel's OOM killer (the kernel "
+     "log has no OOM-killer line for it). Next: find who sends SIGKILL"),
+    # blind job mp_dl_killed (a watchdog SIGKILLs a worker; plenty of memory): 'was it an OOM?' answered in the
+    # paragraph, not only in the evidence
+    ({"kernel_log": "read", "cgroup_oom_kill_now": 0},
+     "its cgroup's oom_kill counter is unchanged (0); the kernel log has no OOM-killer line for it",
+     "Rank 1: its DataLoader worker (pid 4242) was killed by SIGKILL, not by the kernel's OOM killer (its cgroup's "
+     "oom_kill counter is unchanged (0); the kernel log has no OOM-killer line for it). Next: find who sends SIGKILL"),
+    ({},  # no kernel log, no counter: no claim either way
+     "whether by the OOM killer is unknown here", None),
 ])
-def test_a_rank_whose_dataloader_worker_was_killed_says_by_whom(facts, line):
+def test_a_rank_whose_dataloader_worker_was_killed_says_by_whom(facts, line, said):
     """torch raises 'DataLoader worker (pid N) is killed by signal: Killed.' in the rank
     (a blind job): the verdict says whether the kernel's OOM killer killed that worker."""
     b = ranks(2, steps=5)
-    mem(b[1], "timer", "host", host(300 * MIB), phase="train", step=0)
+    mem(b[1], "timer", "host", host(300 * MIB, oom=0), phase="train", step=0)
     b[1].set(state="exited", exit_code=1, memory_facts=facts,
              events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS,
                       "message": "DataLoader worker (pid 4242) is killed by signal: Killed."}])
@@ -403,6 +415,10 @@ def test_a_rank_whose_dataloader_worker_was_killed_says_by_whom(facts, line):
     d = diagnose(snap(b))
     assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "exception"), d.summary
     assert any(line in e for e in d.evidence), d.evidence
+    if said:
+        assert said in d.summary, d.summary
+    else:
+        assert "OOM killer" not in d.summary and "SIGKILL" not in d.summary, d.summary
 
 
 def test_dataloader_kills_reads_both_of_torchs_messages_and_the_chain():
@@ -461,23 +477,3 @@ def test_a_rank_whose_dataloader_worker_the_oom_killer_killed_says_whose_memory_
     assert any("the rank's own memory at death: RSS 300.0 MiB" in e for e in d.evidence), d.evidence
     assert "Next: find what the DataLoader worker holds on to" in d.summary, d.summary
 
-
-def test_a_worker_sigkilled_by_another_says_not_the_oom_killer():
-    """Blind job mp_dl_killed (a watchdog SIGKILLs a DataLoader worker; plenty of memory): the
-    verdict answers the user's question, 'was it an OOM?', in the paragraph, and the advice
-    looks for the sender."""
-    b = ranks(2, steps=5)
-    mem(b[1], "timer", "host", host(300 * MIB, oom=0), phase="train", step=0)
-    b[1].set(state="exited", exit_code=1, memory_facts={"kernel_log": "read", "cgroup_oom_kill_now": 0},
-             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS,
-                      "message": "DataLoader worker (pid 4242) is killed by signal: Killed."}])
-    b[0].t += 20 * S
-    b[0].wait()
-    d = diagnose(snap(b))
-    assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "exception"), d.summary
-    assert "Rank 1: its DataLoader worker (pid 4242) was killed by SIGKILL, not by the kernel's OOM killer (its " \
-           "cgroup's oom_kill counter is unchanged (0); the kernel log has no OOM-killer line for it)." in d.summary
-    assert "Next: find who sends SIGKILL to the job's processes" in d.summary, d.summary
-    b[1].set(memory_facts={})  # no kernel log, no counter: no claim either way
-    d = diagnose(snap(b))
-    assert "not by the kernel's OOM killer" not in d.summary and "killed by SIGKILL" not in d.summary, d.summary
