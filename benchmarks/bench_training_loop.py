@@ -287,6 +287,36 @@ def disk_usage(path: str) -> tuple[int, int, int]:
     return on_disk, apparent, rings
 
 
+def median_ci(xs: list, level: float = 0.95) -> tuple:
+    """A distribution-free confidence interval for the median of ``xs``: order statistics
+    ``(x_(k), x_(n+1-k))`` (1-based, ``xs`` sorted), with the largest ``k`` for which
+    ``P(Binomial(n, 1/2) < k) <= (1 - level) / 2`` (the sign test's interval; e.g. Conover,
+    *Practical Nonparametric Statistics*, 3rd ed., sec. 3.2). It assumes only independent
+    rounds, not a normal spread. Returns ``(low, high)``; ``(nan, nan)`` below 6 values (no
+    95 % interval exists then)."""
+    from math import comb
+    xs = sorted(xs)
+    n = len(xs)
+    tail, k, cum = (1 - level) / 2, 0, 0.0
+    for j in range(n + 1):  # cum = P(B < j + 1)
+        cum += comb(n, j) / 2 ** n
+        if cum > tail:
+            break
+        k = j + 1
+    if k < 1:
+        return float("nan"), float("nan")
+    return xs[k - 1], xs[n - k]
+
+
+def _ratio_cell(ratios: list) -> str:
+    """``median % [95 % CI] (min to max; quartiles)`` of per-round ratios in %."""
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    lo, hi = median_ci(ratios)
+    ci = "" if lo != lo else " [%+.2f, %+.2f]" % (lo, hi)
+    return "%+.2f %%%s (%+.1f to %+.1f; %+.1f to %+.1f)" % (statistics.median(ratios), ci, min(ratios),
+                                                             max(ratios), q[0], q[2])
+
+
 def _spread(xs: list) -> str:
     return "%.3f (%.3f-%.3f)" % (statistics.median(xs), min(xs), max(xs))
 
@@ -314,7 +344,7 @@ def paired_rows(loop: dict, base: str, a: argparse.Namespace) -> list:
             ("step_mean_ms", "mean step incl. worker start-up"))
     keys = tuple(k for k in keys if all(k[0] in r for rs in loop.values() for r in rs))
     lines = ["\n### Added by tracing, paired by round (%d rounds%s): median of the per-round ratio - 1 "
-             "(min-max; quartiles)\n" % (a.rounds, ", job pinned with `taskset -c %s`" % a.pin if a.pin else ""),
+             "[95 %% confidence interval of that median, order statistics] (min-max; quartiles)\n" % (a.rounds, ", job pinned with `taskset -c %s`" % a.pin if a.pin else ""),
              "| variant | %s |" % " | ".join(label for _, label in keys), "|---|%s" % ("---|" * len(keys))]
     if base in loop:
         lines.insert(3, "| %s (absolute, ms) | %s |" % (base, " | ".join(
@@ -324,10 +354,7 @@ def paired_rows(loop: dict, base: str, a: argparse.Namespace) -> list:
             continue
         cells = []
         for k, _ in keys:
-            ratios = [100 * (r[k] / b[k] - 1) for r, b in zip(rs, loop[base])]
-            q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-            cells.append("%+.2f %% (%+.1f to %+.1f; %+.1f to %+.1f)" % (statistics.median(ratios), min(ratios),
-                                                                       max(ratios), q[0], q[2]))
+            cells.append(_ratio_cell([100 * (r[k] / b[k] - 1) for r, b in zip(rs, loop[base])]))
         lines.append("| %s | %s |" % (name, " | ".join(cells)))
     return lines
 
@@ -400,6 +427,11 @@ def hf_rows(a: argparse.Namespace, root: str) -> dict:
           "%d epochs x %d steps), %d interleaved rounds\n" % (a.hf_epochs, a.steps, a.hf_rounds))
     print("| variant | median step (ms) | Trainer train_runtime (s) |\n|---|---|---|")
     print("\n".join(_rows(res, ("step_median_ms", "train_runtime_s"), "base")))
+    print("\nPaired by round: ht against the base run of the same round, median of the per-round ratio - 1 "
+          "[95 %% confidence interval] (min-max; quartiles)\n")
+    print("| measure | added by tracing |\n|---|---|")
+    for k, label in (("step_median_ms", "median step"), ("train_runtime_s", "Trainer train_runtime")):
+        print("| %s | %s |" % (label, _ratio_cell([100 * (r[k] / b[k] - 1) for r, b in zip(res["ht"], res["base"])])))
     same = len({round(r["loss"], 6) for r in res["base"] + res["ht"]}) == 1
     print("\ntraining loss identical in every run: %s" % same)
     return res
