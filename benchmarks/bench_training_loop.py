@@ -43,7 +43,14 @@ run directory's size on disk (``du -s --block-size=1``) and apparent size.
 
 With ``transformers`` and ``accelerate`` importable, a Hugging Face ``Trainer`` row: GPT-2
 built from a tiny ``GPT2Config`` (never downloaded), same 2 ranks, gloo, ``dataloader_num_
-workers=2``, base vs ht, ``--hf-rounds`` rounds; the row is skipped with the reason otherwise.
+workers=2``, base vs ht, ``--hf-rounds`` rounds, also paired by round; the row is skipped with the
+reason otherwise. Neither package is a dependency of hangtrace or its tests; a venv beside the
+installed torch gives them without touching it::
+
+    python3 -m venv --system-site-packages /tmp/hfvenv && /tmp/hfvenv/bin/pip install transformers accelerate
+    PYTHONPATH=. /tmp/hfvenv/bin/python benchmarks/bench_training_loop.py --no-loop --hf-rounds 10
+
+(``--no-loop``: the ``Trainer`` row alone.)
 
 Usage::
 
@@ -224,6 +231,10 @@ def child_hf(a: argparse.Namespace) -> None:
                               save_strategy="no", logging_strategy="no", disable_tqdm=True)
     tr = Trainer(model=model, args=targs, train_dataset=DS(), callbacks=[Timer()])
     out = tr.train()
+    import torch.distributed as dist
+    if dist.is_initialized():  # (left to the interpreter's exit, gloo's threads once aborted an untraced run)
+        dist.barrier()
+        dist.destroy_process_group()
     if int(os.environ["RANK"]) == 0:
         print("RESULT " + json.dumps({"step_median_ms": statistics.median(times) / 1e6,
                                       "train_runtime_s": out.metrics["train_runtime"],
@@ -370,13 +381,19 @@ def parent(a: argparse.Namespace) -> dict:
     print("load average before: %s" % report["load_before"])
     root = tempfile.mkdtemp(prefix="bench-training-")
     loop = {n: [] for n in names}
-    for rnd in range(a.rounds):
+    for rnd in range(0 if a.no_loop else a.rounds):
         order = names[rnd % len(names):] + names[:rnd % len(names)]
         for n in order:
             d = os.path.join(root, "%s-%d" % (n, rnd))
             loop[n].append(launch("train", VARIANTS[n], a, d, a.epochs))
             print("round %d %-8s (load %s) %s" % (rnd, n, loadavg(), loop[n][-1]), file=sys.stderr, flush=True)
     report["loop"] = loop
+    if a.no_loop:
+        if not a.no_hf:
+            report["hf"] = hf_rows(a, root)
+        if not a.keep:
+            subprocess.run(["rm", "-rf", root])
+        return report
     print("\n### Step time, DDP loop (2 ranks, gloo, MLP, %d epochs x %d steps, DataLoader(num_workers=2) "
           "re-created each epoch), %d interleaved rounds: median (min-max) over rounds\n" % (a.epochs, a.steps, a.rounds))
     print("| variant | median step (ms) | mean step incl. worker start-up (ms) | first batch of an epoch (ms) |")
@@ -454,6 +471,7 @@ def main() -> None:
     p.add_argument("--footprint-epochs", type=int, default=30)
     p.add_argument("--no-footprint", action="store_true")
     p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--no-loop", action="store_true", help="only the Hugging Face Trainer row (and no footprint run)")
     p.add_argument("--hf-rounds", type=int, default=3)
     p.add_argument("--hf-epochs", type=int, default=3)
     p.add_argument("--keep", action="store_true", help="keep the run directories (printed on stderr)")
