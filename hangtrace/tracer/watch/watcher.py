@@ -23,50 +23,24 @@ import glob
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.collect.rings import RING_GLOB, live_state, read_signal_files
+from hangtrace.tracer.watch.busy import BusyClock
+from hangtrace.tracer.watch.headers import Header, never_worked, starting, who
 
 
 #: seconds between two memory-trend checks of the live rings (each reads every ring once)
 MEM_CHECK_S = 5.0
-
-Header = Dict[str, Any]  # a ring header (``reader.read_header``), plus "phase" (its name or None)
-
 
 class Incident:
     """What the watcher saw: ``kind`` 'stall' or 'death'; ``detail`` a human line."""
 
     def __init__(self, kind: str, detail: str, keys: Iterable[str] = ()) -> None:
         self.kind, self.detail, self.keys = kind, detail, list(keys)
-
-
-def _starting(h: Header, joined_ranks: FrozenSet[int] = frozenset()) -> bool:
-    """A process that may still become a rank, with no progress since its ring was created
-    (the recorder counts 1 at creation): still importing or in rendezvous, not hung
-    (HANGTRACE_STARTUP_STALL_S). Not starting: a process whose rank hint (RANK in its
-    environment) is already held by a process that joined a group as that rank - it is a
-    helper of that rank (DataLoader worker, resource tracker), and helpers never hold the
-    start-up grace open (issue 9)."""
-    rank = h.get("rank", -1)
-    if rank < 0 or h["progress_count"] > 1 or h["phase_strid"]:
-        return False
-    return h.get("rank_source", 0) == F.RANK_FROM_GROUP or rank not in joined_ranks
-
-
-def _never_worked(h: Header) -> bool:
-    """A process with no rank hint, no phase and no progress since its ring was created
-    (the recorder counts 1 at creation): a pooled worker waiting for work, such as Ray's
-    idle workers, which Ray starts and retires every few seconds. Its ring appearing is
-    not progress of the job (else the churn holds a stall off for ever) and its being
-    killed without a fatal-signal dump is not an incident (else every retired worker is a
-    death snapshot; a crash before any work still is: its dump is there); both were
-    seen on the blind Ray job ray2_reward_crash_ddp (issue 9). Once it does anything - a
-    phase, a record, a rank - it is watched like every process."""
-    return h.get("rank", -1) < 0 and h["progress_count"] <= 1 and not h["phase_strid"]
 
 
 class Watcher:
@@ -97,6 +71,9 @@ class Watcher:
         self.fr_started: Set[str] = set()  # ring paths whose counters moved: past start-up
         self.final: Dict[str, Header] = {}  # exited or killed, process gone: the header never changes
         self.mem_idx: Dict[str, int] = {}  # ring path -> next_idx at its last memory check
+        self.busy_clock = BusyClock()
+        self.busy: List[int] = []  # pids busy on CPU outside collectives at the last poll (watch/busy.py)
+        self.busy_noted = False  # the grace was logged in this spell without progress
 
     def _read_headers(self) -> Dict[str, Header]:
         out: Dict[str, Header] = {}
@@ -137,8 +114,10 @@ class Watcher:
             ph = h.get("phase")
             if ph in self.phase_stall:
                 t = max(t, self.phase_stall[ph])
-            if _starting(h, joined) and path not in self.fr_started:
+            if starting(h, joined) and path not in self.fr_started:
                 t = max(t, self.startup_stall_s)
+        if self.busy:
+            t = max(t, self.startup_stall_s)  # working, not waiting: importing, building (busy.py)
         return t
 
     def poll(self) -> Optional[Incident]:
@@ -155,7 +134,7 @@ class Watcher:
                 continue  # seen at an earlier poll: exited, gone, its death (if any) reported
             sig = (h["progress_count"], h["phase_strid"], h["step"], h["state"])
             changed = self.seen.get(path) != sig
-            idle = _never_worked(h)
+            idle = never_worked(h)
             if changed:
                 progressed = progressed or not idle
                 self.seen[path] = sig
@@ -179,6 +158,14 @@ class Watcher:
                 deaths.append((path, h, st))
         if self._fr_moved(ranks_still):
             progressed = alive_progressed = True
+        self.busy = self.busy_clock.busy({p: h for p, h in self.headers.items() if p not in self.final})
+        if progressed:
+            self.busy_noted = False
+        elif self.busy and not self.busy_noted and not self.reported_stall and now - self.last_progress >= self.stall_s:
+            self.busy_noted = True  # once per quiet spell
+            self._log("no progress for %.1f s, but pid(s) %s busy on CPU outside collectives (importing, building, "
+                      "computing): a stall needs %.0f s while that lasts" % (now - self.last_progress, ", ".join(
+                          map(str, self.busy[:8])), self.threshold()))
         if progressed:
             self.last_progress = now
         if alive_progressed:
@@ -193,7 +180,7 @@ class Watcher:
             parents = {(x.get("host"), x.get("pid")): x for x in self.headers.values()}
             for path, h, st in deaths:
                 what = "vanished without a clean-exit record" if st == "killed" else "exited with code %d" % h["exit_code"]
-                lines.append("%s (pid %d on %s) %s" % (_who(h, parents), h["pid"], h["host"], what))
+                lines.append("%s (pid %d on %s) %s" % (who(h, parents), h["pid"], h["host"], what))
             if self.reported_stall:
                 # a stall was reported and nothing progressed since: these deaths are the
                 # hung job being stopped (user's signal, launcher, --stop-on-stall), not a
@@ -370,24 +357,3 @@ def main(argv: "list[str] | None" = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _is_rank(h: Header) -> bool:
-    return h.get("rank", -1) is not None and h.get("rank", -1) >= 0 and \
-        h.get("rank_source", 0) in (F.RANK_FROM_GROUP, F.RANK_FROM_JOIN)
-
-
-def _who(h: Header, parents: Mapping[Tuple[Any, Any], Header] = {}) -> str:
-    """'rank 3' for a process that joined a group as 3 or is in init_process_group asking to
-    be 3; 'a helper of rank 3 (a child: DataLoader worker, ...)' for a child of such a rank
-    (``parents``: headers by (host, pid)); a rank in the environment alone is a hint (a spawn
-    parent's children inherit it): 'a process with RANK=3'."""
-    r = h.get("rank", -1)
-    if _is_rank(h):
-        return "rank %d" % r
-    parent = parents.get((h.get("host"), h.get("ppid")))
-    if parent is not None and _is_rank(parent):
-        return "a helper of rank %d (its child: a DataLoader worker or the like)" % parent["rank"]
-    if r is None or r < 0:
-        return "a process without a rank"
-    return "a process with RANK=%d" % r
