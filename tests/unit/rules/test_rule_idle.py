@@ -151,3 +151,48 @@ def test_two_processes_asking_for_one_rank_are_named_not_the_missing_rank():
     assert d.cause == "stalled-in-rendezvous"
     assert ("init_process_group was called as rank 0 by 2 processes at the same time (h0:999, h0:1000); no "
             "process is rank 1: the launcher gives one RANK twice") in d.evidence, d.evidence
+
+
+IMPORTING = ("_prepare_class_assumptions /site-packages/sympy/core/assumptions.py:666",
+             "<module> /site-packages/sympy/polys/polynomials.py:687",
+             "_call_with_frames_removed <frozen importlib._bootstrap>:241",
+             "_load_unlocked <frozen importlib._bootstrap>:690",
+             "_find_and_load_unlocked <frozen importlib._bootstrap>:1147",
+             "_find_and_load <frozen importlib._bootstrap>:1176",
+             "train_step rl_loop.py:180", "actor_method_executor function_manager.py:740")
+
+
+def test_ranks_caught_importing_are_working_not_waiting():
+    """CI (a loaded machine, a 6 s threshold): the ranks' first optimizer step imported
+    sympy lazily; the stall verdict said they 'wait outside collectives'. It says they are
+    inside an import, and where."""
+    from synth import stack
+    b = ranks(4)
+    b[0].set(stacks=stack(*IMPORTING), stack_source="py-spy")
+    b[2].set(stacks=stack(*IMPORTING), stack_source="py-spy")
+    d = check(diagnose(snap(b, reason="stall")), "unknown", [])
+    assert d.cause == "stalled-outside-collectives"
+    line = next(e for e in d.evidence if "inside an import" in e)
+    assert line.startswith("ranks 0,2 are inside an import (<module> (polynomials.py:687))"), line
+    assert not any("every rank waits outside collectives" in e for e in d.evidence), d.evidence
+    # nobody importing: the wait wording stays
+    d = check(diagnose(snap(ranks(4), reason="stall")), "unknown", [])
+    assert any("every rank waits outside collectives" in e for e in d.evidence), d.evidence
+
+
+def test_the_rendezvous_names_rankless_actors_still_importing():
+    """Ray actors join the group in their first method after importing torch; on a loaded
+    machine two of them were still importing when the others' rendezvous was snapshotted
+    (the verdict said 'no traced process is rank 1': not started?). The importing actors
+    are named as the likely missing ranks; a process that is not importing is not."""
+    from synth import R, stack
+    procs = [_joining(0, 3), _joining(1, 3)]
+    actor = R(-1, -1, groups=[], pid=4242, phase="setup").set(
+        stacks=stack(*IMPORTING[:2], *IMPORTING[2:6], "setup rl_loop.py:109"), stack_source="py-spy",
+        meta={"ray_actor_id": "ab12", "ray_actor_class": "Trainer", "ray_actor_name": "trainer-2"})
+    idle = R(-1, -1, groups=[], pid=4343).set(stacks=stack("main_loop worker.py:1069"), stack_source="py-spy")
+    d = check(diagnose(snap(procs + [actor, idle], reason="stall", taken=T0 + 120 * S)), "unknown", [2])
+    assert d.cause == "stalled-in-rendezvous"
+    line = next(e for e in d.evidence if "inside an import" in e)
+    assert "1 traced process(es) without a rank yet" in line and "Trainer 'trainer-2' (phase 'setup')" in line, line
+    assert "4343" not in line

@@ -15,7 +15,9 @@ from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.actorgraph import label
 from hangtrace.tracer.analyze.evidence import fill_common, stall_note
+from hangtrace.tracer.analyze.importing import importing, importing_line
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import inst_text
@@ -182,11 +184,26 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         d.culprit_ranks = culprits
         for line in lines:
             ctx.add(line)
+        ranked = {v.proc.key for v in ctx.views.values()}
+        starting = [p for p in ctx.snap.processes if p.key not in ranked and p.key not in ctx.roles.helper_of]
+        imp = importing(starting)
+        if imp:  # ranks not yet joined, still importing (Ray actors import torch in their first method)
+            who = [label(p, ctx.roles) + (" (phase '%s')" % p.phase if p.phase else "")
+                   for p in starting if p.key in imp]
+            ctx.add(importing_line("%d traced process(es) without a rank yet, maybe the ranks the rendezvous "
+                                   "waits for: %s," % (len(who), ", ".join(who[:4])), list(imp.values())))
     else:
         d.kind = Kind.UNKNOWN
         d.cause = Cause.STALLED_OUTSIDE_COLLECTIVES
-        ctx.add("no rank is in a collective, yet nothing progressed: every rank waits outside "
-                "collectives (queue, IO, Ray); see the stack classes")
+        imp = importing([v.proc for v in ctx.views.values()])
+        ranks_imp = sorted(r for r, v in ctx.views.items() if v.proc.key in imp)
+        if ranks_imp:
+            ctx.add("no rank is in a collective, yet nothing progressed; see the stack classes")
+            ctx.add(importing_line("rank%s %s" % ("s" if len(ranks_imp) > 1 else "", format_ranks(ranks_imp, 8)),
+                                   [imp[ctx.views[r].proc.key] for r in ranks_imp]))
+        else:
+            ctx.add("no rank is in a collective, yet nothing progressed: every rank waits outside "
+                    "collectives (queue, IO, Ray); see the stack classes")
         for c in [c for c in d.stack_classes if c.get("outlier")][:3]:
             ctx.add("outlier stack (ranks %s): %s" % (format_ranks(c["ranks"], 8), " > ".join(c["frames"][-3:])))
     if note:
