@@ -445,7 +445,7 @@ def hf_rows(a: argparse.Namespace, root: str) -> dict:
     print("| variant | median step (ms) | Trainer train_runtime (s) |\n|---|---|---|")
     print("\n".join(_rows(res, ("step_median_ms", "train_runtime_s"), "base")))
     print("\nPaired by round: ht against the base run of the same round, median of the per-round ratio - 1 "
-          "[95 %% confidence interval] (min-max; quartiles)\n")
+          "[95 % confidence interval] (min-max; quartiles)\n")
     print("| measure | added by tracing |\n|---|---|")
     for k, label in (("step_median_ms", "median step"), ("train_runtime_s", "Trainer train_runtime")):
         print("| %s | %s |" % (label, _ratio_cell([100 * (r[k] / b[k] - 1) for r, b in zip(res["ht"], res["base"])])))
