@@ -10,7 +10,8 @@ The jobs take 20-70 s each (torchrun and DataLoader workers start slowly on 2 co
 ``.ci/run`` runs the ones issue 9 names (torchrun + DataLoader workers: a sleeping rank, an
 extra collective, a raise; spawn + CUDA OOM; a swallowed asyncio exception; a dtype slip gloo
 aborts the other rank for; a resized broadcast gloo completes; a spawn child in the rendezvous with
-another MASTER_PORT; a DataLoader worker the kernel OOM-kills in a real memory cgroup); set
+another MASTER_PORT; a DataLoader worker the kernel OOM-kills in a real memory cgroup; a DataLoader
+worker blocked on a lock it inherited held at fork); set
 ``HANGTRACE_BLIND=all`` for the whole corpus. A job's ``STARTUP_STALL_S`` (a rendezvous
 hang: no rank ever progressed) becomes the run's ``HANGTRACE_STARTUP_STALL_S``. Where the tool and the job's author disagree
 on purpose, the test is an ``xfail(strict=True)`` saying why: it fails as soon as the
@@ -30,7 +31,8 @@ JOBS = sorted(glob.glob(os.path.join(HERE, "torch", "*.py")))
 CI_SET = {"tr_dl_sleep", "tr_dl_extra", "tr_dl_raise", "sp_cuda_oom", "tr_asyncio_swallowed",
           "mp_eval_float64", "mp_broadcast_resized",  # these two: who changed at a mismatch (2026-12-02)
           "sp_rdzv_port",  # a spawn child stuck in the rendezvous with another MASTER_PORT (2026-12-02)
-          "tr_dl_oom"}  # a rank's DataLoader worker OOM-killed by the kernel in a real memory cgroup (2026-12-02)
+          "tr_dl_oom",  # a rank's DataLoader worker OOM-killed by the kernel in a real memory cgroup (2026-12-02)
+          "tr_dl_fork_lock"}  # a DataLoader worker blocked on a lock inherited held at fork (2026-12-03)
 #: deliberate disagreements between the tool and the job's author (job -> why)
 DISAGREE = {
     "titan_teardown": "rank 1 raised, then hangs alive in its teardown barrier: the verdict is "

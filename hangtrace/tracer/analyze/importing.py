@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread
 from hangtrace.tracer.snapshot import ProcessInfo
 
 #: importlib's frames (``<frozen importlib._bootstrap>``) that mean "a module is being found
@@ -18,29 +19,18 @@ from hangtrace.tracer.snapshot import ProcessInfo
 IMPORT_FUNCS = frozenset({"_find_and_load", "_find_and_load_unlocked", "_load_unlocked", "_gcd_import"})
 
 
-def _frame_text(f: Mapping[str, Any]) -> str:
-    return "%s (%s:%s)" % (f.get("name"), str(f.get("filename") or "?").rsplit("/", 1)[-1], f.get("line"))
-
-
-def _main_thread(stacks: Sequence[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
-    for th in stacks:
-        if th.get("thread_name") == "MainThread":
-            return th
-    return stacks[0] if stacks else None
-
-
 def import_frame(p: ProcessInfo) -> Optional[str]:
     """The innermost module-level frame (``<module> (file:line)``) of ``p``'s main thread
     when that thread is inside an import (py-spy order: innermost frame first), the
     innermost import frame when no module frame shows; None when it is not importing or
     has no stack."""
-    th = _main_thread(p.stacks or [])
+    th = pick_thread(p.stacks)
     frames = list((th or {}).get("frames") or [])
     inside = [f for f in frames if f.get("name") in IMPORT_FUNCS and "importlib" in str(f.get("filename") or "")]
     if not inside:
         return None
     module = next((f for f in frames if f.get("name") == "<module>"), None)
-    return _frame_text(module if module is not None else inside[0])
+    return frame_label(module if module is not None else inside[0])
 
 
 def importing(processes: Sequence[ProcessInfo]) -> Dict[str, str]:
