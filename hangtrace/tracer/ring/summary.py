@@ -22,6 +22,9 @@ Selection rules (the ones the analysis has always applied to the full record lis
 * ``failed_phases``: per phase name, the newest phase-exit record of that phase when it
   failed (a Ray actor method, or a ``tracer.phase``, that raised and has not completed
   since);
+* ``phase_visits``: per phase name, the newest phase-enter and phase-exit records
+  (``(enter, exit)``, either None): whether a rank went through a phase after its last
+  collective on a group (``rules/left_phase.py``);
 * ``waits``: per thread name, the newest Ray wait record (kind 'ray_wait', ``hooks/
   ray_calls.py``: a ``ray.get``/``ray.wait`` on actor-call results; 'issued' = still waiting);
   an await (``numel`` = its await number, not 0) is a wait of its own, keyed
@@ -103,6 +106,7 @@ class RingSummary:
     tail: Sequence[AnyRecord] = ()
     memory: Tuple[AnyRecord, ...] = ()
     failed_phases: Mapping[str, AnyRecord] = field(default_factory=dict)
+    phase_visits: Mapping[str, Tuple[Optional[AnyRecord], Optional[AnyRecord]]] = field(default_factory=dict)
     waits: Mapping[Optional[str], AnyRecord] = field(default_factory=dict)
 
     def records(self) -> List[AnyRecord]:
@@ -113,7 +117,8 @@ class RingSummary:
         seen: Dict[Any, AnyRecord] = {}
         single = (self.last, self.last_comm, self.first_failed, self.last_progress, self.inflight)
         for r in (*single, *self.by_group.values(), *self.by_peer.values(), *self.memory,
-                  *self.failed_phases.values(), *self.waits.values()):
+                  *self.failed_phases.values(), *self.waits.values(),
+                  *(r for pair in self.phase_visits.values() for r in pair)):
             if r is not None:
                 seen.setdefault(r.get("idx", id(r)), r)
         return sorted(seen.values(), key=lambda r: r.get("idx") or 0)
@@ -131,11 +136,14 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
     best_t = -1
     memory = []
     exits: Dict[str, AnyRecord] = {}
+    enters: Dict[str, AnyRecord] = {}
     waits: Dict[Optional[str], AnyRecord] = {}
     for r in records:
         kind = r.get("kind")
         if kind == "phase_exit" and r.get("phase"):
             exits[str(r.get("phase"))] = r
+        elif kind == "phase_enter" and r.get("phase"):
+            enters[str(r.get("phase"))] = r
         elif kind == "ray_wait":
             wk = wait_key(r)
             if wk is not None or not r.get("numel"):
@@ -170,6 +178,7 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
                        by_group=by_group, by_peer=by_peer, tail=tuple(records[-tail:]) if tail else (),
                        memory=tuple(memory),
                        failed_phases={k: r for k, r in exits.items() if r.get("state") == "failed"},
+                       phase_visits={k: (enters.get(k), exits.get(k)) for k in sorted(set(enters) | set(exits))},
                        waits=waits)
 
 
@@ -288,13 +297,16 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
                                       arr["group"][ppos])).tolist():
         r = rec(p)
         _keep_max(by_peer, (r.get("group"), r.get("peer")), r)
-    failed_phases: Dict[str, Record] = {}
-    xpos = pos[(kind == K_PHASE_EXIT) & (arr["phase"][pos] != 0)]
-    for p in _last_per_key(np, xpos, (idx[xpos], idx[xpos], arr["phase"][xpos])).tolist():
-        r = rec(p)
-        name = r.get("phase")
-        if r.get("state") == "failed" and name:
-            failed_phases[str(name)] = r
+    exits: Dict[str, Record] = {}
+    enters: Dict[str, Record] = {}
+    for k, into in ((K_PHASE_EXIT, exits), (K_PHASE_ENTER, enters)):
+        xpos = pos[(kind == k) & (arr["phase"][pos] != 0)]
+        for p in _last_per_key(np, xpos, (idx[xpos], idx[xpos], arr["phase"][xpos])).tolist():
+            r = rec(p)
+            name = r.get("phase")
+            if name:
+                into[str(name)] = r
+    failed_phases: Dict[str, Record] = {k: r for k, r in exits.items() if r.get("state") == "failed"}
     waits: Dict[Optional[str], Record] = {}
     wpos = pos[kind == K_WAIT]
     for p in _last_per_key(np, wpos, (idx[wpos], idx[wpos], arr["numel"][wpos], arr["thread"][wpos])).tolist():
@@ -320,7 +332,8 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
         last_progress=last_progress, inflight=inflight, by_group=by_group, by_peer=by_peer,
         tail=LazyRecords(np.frombuffer(slots, dtype=np.uint8, count=nslots * SLOT_SIZE).reshape(nslots, SLOT_SIZE)
                          [pos[-tail:]].tobytes(), strings) if tail else (),
-        memory=tuple(rec(p) for p in pos[kind == K_MEM].tolist()), failed_phases=failed_phases, waits=waits)
+        memory=tuple(rec(p) for p in pos[kind == K_MEM].tolist()), failed_phases=failed_phases, waits=waits,
+        phase_visits={k: (enters.get(k), exits.get(k)) for k in sorted(set(enters) | set(exits))})
 
 
 def _keep_max(d: Dict[Any, Record], key: Any, r: Record) -> None:

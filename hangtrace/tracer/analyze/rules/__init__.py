@@ -14,13 +14,14 @@ and the root death).
 from typing import Dict, Tuple
 
 from hangtrace.tracer.analyze.rules import (actor_waits, actors, chain, dead_rank, deadlock, diverged,
-                                            extra_collective, idle, minority, mismatch, no_record_file, rankless_root,
+                                            extra_collective, idle, left_phase, minority, mismatch, no_record_file, rankless_root,
                                             silent_mismatch, stack_only, transport, unschedulable)
 from hangtrace.tracer.analyze.rules.base import Finding, Rule
 
 HANG_RULES: Tuple[Rule, ...] = (
     mismatch,          # 'collective-mismatch' / mismatch: signatures differ at one seq (definitive)
     extra_collective,  # 'skipped-collective' / extra-collective: a cycle explained by one extra collective
+    left_phase,        # 'skipped-collective' / skipped: a cycle explained by a side that left the phase without it
     deadlock,          # 'cross-group-deadlock' / cycle
     no_record_file,    # 'unknown' / no-record-file: only ranks without a file are waited for
     diverged,          # 'collective-mismatch' / sequence-diverged
