@@ -1,12 +1,14 @@
 """Watcher: a traced process busy on CPU outside collectives (importing torch in a Ray
 actor's first method, a lazy import in the first optimizer step) holds a short stall
-threshold off up to the start-up threshold; once it waits, the stall is reported at once.
-Real processes, real /proc CPU times, the real clock."""
+threshold off: as long as that lasts while no rank waits in a collective (a start), up to
+the start-up threshold while one does (a straggler); once it waits, the stall is reported
+at once. Real processes, real /proc CPU times, the real clock."""
 import os
 import subprocess
 import sys
 import time
 
+from hangtrace.hooks.recorder import Recorder
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.watch.busy import BusyClock, cpu_demand_s
 from hangtrace.tracer.watch.watcher import Watcher
@@ -65,6 +67,7 @@ def test_busy_clock_tells_a_spinning_process_from_a_sleeping_one_also_when_cores
 
 def test_a_busy_actor_holds_a_short_stall_off_and_its_wait_is_reported_at_once(tmp_path):
     go = tmp_path / "go"
+    rec = None
     p = subprocess.Popen([sys.executable, "-c", ACTOR, str(go)], env=base_env(tmp_path / "run"),
                          stdout=subprocess.PIPE, text=True)
     try:
@@ -75,7 +78,13 @@ def test_a_busy_actor_holds_a_short_stall_off_and_its_wait_is_reported_at_once(t
         while time.monotonic() - t0 < 4.0:              # 4 s without progress, but busy
             assert w.poll() is None, "a busy process was reported stalled"
             time.sleep(0.2)
-        assert w.busy == [p.pid] and w.threshold() == 60.0
+        assert w.busy == [p.pid] and w.threshold() == float("inf")   # a start: nobody waits for it
+        # a rank of this process waits in a collective: the busy one is a straggler, 60 s
+        rec = Recorder(str(tmp_path / "run"), "t", 256, lambda *a, **k: None)
+        rec.set_rank(0, 0, 2)
+        rec.step(1)                                      # past its start-up
+        rec.issue(1, 1, rec.intern("0"), 1, 1, 0, 1, -1, 0)
+        assert w.poll() is None and w.threshold() == 60.0
         log = (tmp_path / "run").glob("watcher-*.log")
         go.touch()
         assert p.stdout.readline().strip() == "waiting"
@@ -86,3 +95,5 @@ def test_a_busy_actor_holds_a_short_stall_off_and_its_wait_is_reported_at_once(t
     finally:
         p.kill()
         p.wait()
+        if rec is not None:
+            rec.close()

@@ -2,14 +2,15 @@
 
 A process that records nothing while it burns CPU outside any collective is working,
 not waiting: importing torch (a Ray actor's first method, 70 s on a loaded 2-core
-machine here), building a model, a first optimizer step that imports ``torch._dynamo``
-lazily. The watcher gives such a run the start-up threshold
-(``HANGTRACE_STARTUP_STALL_S``) instead of ``HANGTRACE_STALL_S`` while it lasts, so a
-short stall threshold does not report a job that is merely slow to start (seen: the
-node watcher with a 6 s threshold called Ray actors importing torch in ``setup``
-"stuck", on a machine with a 2.5x load). The grace is bounded by that threshold and
-ends at the first poll where nothing is busy: a run whose ranks then wait is reported
-at once.
+machine here), building a model, a first optimizer step that imports sympy lazily. While
+one is busy, the watcher reports no stall as long as no rank waits in a collective (a
+start: seen, the node watcher with a 6 s threshold called Ray actors importing torch in
+``setup`` "stuck" on a loaded machine, and a blind job's actors took 77 s to import
+torch beside two CPU burners); while some rank does wait in one, the busy process is a
+straggler and the stall needs ``HANGTRACE_STARTUP_STALL_S``. Either way the grace ends
+at the first poll where nothing is busy: a run whose ranks then wait is reported at
+once. Not reported, by design: every process spinning outside collectives for ever with
+nobody waiting (no distributed wait to explain).
 
 Not counted: a process with a collective in flight (an NCCL rank spins a CPU while it
 waits), a pooled worker that never did any work (Ray's idle workers churn on start-up),

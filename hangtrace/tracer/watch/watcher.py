@@ -116,8 +116,9 @@ class Watcher:
                 t = max(t, self.phase_stall[ph])
             if starting(h, joined) and path not in self.fr_started:
                 t = max(t, self.startup_stall_s)
-        if self.busy:
-            t = max(t, self.startup_stall_s)  # working, not waiting: importing, building (busy.py)
+        if self.busy:  # working, not waiting: importing, building (busy.py)
+            waiting = any(h.get("inflight_idx") for p, h in self.headers.items() if p not in self.final)
+            t = max(t, self.startup_stall_s) if waiting else float("inf")  # a straggler, or a start
         return t
 
     def poll(self) -> Optional[Incident]:
@@ -164,8 +165,9 @@ class Watcher:
         elif self.busy and not self.busy_noted and not self.reported_stall and now - self.last_progress >= self.stall_s:
             self.busy_noted = True  # once per quiet spell
             self._log("no progress for %.1f s, but pid(s) %s busy on CPU outside collectives (importing, building, "
-                      "computing): a stall needs %.0f s while that lasts" % (now - self.last_progress, ", ".join(
-                          map(str, self.busy[:8])), self.threshold()))
+                      "computing): %s" % (now - self.last_progress, ", ".join(map(str, self.busy[:8])), "no stall while "
+                      "that lasts and no rank waits in a collective" if self.threshold() == float("inf") else
+                      "a stall needs %.0f s while that lasts (a rank waits in a collective)" % self.threshold()))
         if progressed:
             self.last_progress = now
         if alive_progressed:
