@@ -126,6 +126,9 @@ class ProcessInfo:
     role: Optional[Role] = None
     # running asyncio loops and their pending tasks (collect/asynciotasks.py), issue 9
     asyncio_loops: Tuple[LoopTasks, ...] = ()
+    # its live child processes, traced or not, when its stacks were taken
+    # (collect/kernelwait.children): [{'pid', 'argv', 'state', 'kernel'?}]
+    children: Tuple[Dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.summary is None:

@@ -249,7 +249,8 @@ def load_snapshot(snap_dir: str, records: bool = False) -> Snapshot:
                 if not isinstance(d, dict) or not isinstance(d.get("threads"), (list, type(None))):
                     raise ValueError("expected an object with a 'threads' list")
                 procs[i] = dataclasses.replace(p, stacks=d.get("threads"), stack_source=d.get("source"),
-                                               stack_error=d.get("error"))
+                                               stack_error=d.get("error"),
+                                               children=tuple(c for c in d.get("children") or () if isinstance(c, dict)))
             except (OSError, ValueError) as e:
                 errors.append("%s: unreadable stacks (%s); analysed without them" % (sp, e))
         else:
@@ -278,7 +279,8 @@ def _stacks_for(procs: List[ProcessInfo], native: bool, run_dir: str) -> List[Pr
             continue
         r = res.get(p.pid) or {}
         if r.get("threads"):
-            out.append(dataclasses.replace(p, stacks=r["threads"], stack_source=r.get("source", "py-spy")))
+            out.append(dataclasses.replace(p, stacks=r["threads"], stack_source=r.get("source", "py-spy"),
+                                           children=tuple(r.get("children") or ())))
             continue
         err = r.get("error") or "no stacks"
         stacks, source = p.stacks, p.stack_source
@@ -333,7 +335,8 @@ def take_snapshot(run_dir: str, reason: str = "request", native: bool = False,
     for p in snap.processes:
         if p.stacks is not None:
             with open(os.path.join(sdir, "stacks", "%s-%d.json" % (p.host, p.pid)), "wb") as f:
-                f.write(orjson.dumps({"threads": p.stacks, "source": p.stack_source, "error": p.stack_error}))
+                f.write(orjson.dumps({"threads": p.stacks, "source": p.stack_source, "error": p.stack_error,
+                                      "children": list(p.children)}))
     meta = {"run_dir": os.path.abspath(run_dir), "taken_wall_ns": time.time_ns(), "reason": reason,
             "errors": snap.errors,
             "processes": {p.key: {"state": p.state, "exit_code": p.exit_code, "rank": p.rank,

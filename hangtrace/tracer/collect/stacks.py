@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from hangtrace.tracer import config
+from hangtrace.tracer.collect import kernelwait
 
 Thread = Dict[str, Any]  # one thread in the format above (what ``ProcessInfo.stacks`` holds)
 Frame = Dict[str, Any]  # one of its frames
@@ -300,11 +301,11 @@ def dump_one(pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Opt
         return _result(pid, error="py-spy failed on pid %d (exit %d): %s"
                        % (pid, out.returncode, err), t0=t0)
     try:
-        threads = normalize_pyspy(out.stdout)
+        threads = kernelwait.annotate(pid, normalize_pyspy(out.stdout))  # the blocked calls
     except (ValueError, TypeError, AttributeError) as e:
         return _result(pid, error="py-spy output unreadable: %s: %r" % (e, out.stdout[:200]),
                        t0=t0)
-    return _result(pid, threads=threads, t0=t0, nonblocking=nonblocking)
+    return _result(pid, threads=threads, t0=t0, nonblocking=nonblocking, children=kernelwait.children(pid))
 
 
 def dump_stacks(pids: Iterable[int], native: bool = False, timeout_s: float = 10.0, max_workers: int = 8,
@@ -322,7 +323,7 @@ def dump_stacks(pids: Iterable[int], native: bool = False, timeout_s: float = 10
 
         {'pid': int, 'threads': [thread, ...] | None, 'source': 'py-spy' | None,
          'error': str | None, 'remedy': str | None, 'duration_s': float,
-         'nonblocking': bool}   # 'nonblocking' only on success
+         'nonblocking': bool, 'children': [...]}   # these two only on success; children: kernelwait.children
 
     Exactly one of ``threads`` / ``error`` is set. Error texts: ``"process vanished: ..."``
     (pid gone or zombie, checked before and after the dump), ``"py-spy missing: pip install

@@ -1,0 +1,240 @@
+"""What the kernel says a blocked thread waits for: the system call, its file, its wait channel.
+
+py-spy tells that a thread is idle in a system call (``active: false``) and in which Python
+line; it does not tell which call or on what. The kernel does, for any thread we may
+ptrace (the same permission py-spy needs):
+
+- ``/proc/PID/task/TID/syscall``: the call's number and its six arguments (hex), or
+  ``running`` (proc(5));
+- ``/proc/PID/task/TID/wchan``: the kernel function it sleeps in (``wait_for_partner``
+  is a FIFO open, ``pipe_read``, ``do_wait``, ``futex_wait_queue``; ``0`` when hidden);
+- a path argument: the string at that address, read from ``/proc/PID/mem``;
+- a file descriptor argument: ``/proc/PID/fd/N`` (a path, ``pipe:[inode]``,
+  ``socket:[inode]``); a socket's addresses from psutil's ``net_connections``.
+
+:func:`annotate` adds ``'kernel'`` to each py-spy thread that is not running::
+
+    {'syscall': 'openat',               # name (this module's table), or 'syscall 435'
+     'nr': 257,                         # the number as the kernel printed it
+     'args': ["'/ckpt/shard1.pt'"],     # what the arguments name, at most 4
+     'wchan': 'wait_for_partner'}       # absent when the kernel hides it
+
+Impure (reads /proc); never raises: a thread that ends, a permission refused or an odd
+value leaves that thread without ``'kernel'``. Cost: three small reads per idle thread
+(plus one ``net_connections`` per process with a socket argument).
+"""
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+#: syscall number -> (name, what its arguments are: 'f' fd, 'p' path pointer, 'd' dirfd,
+#: 'P' a pollfd array (with the count next), 'w' a pid to wait for, '-' anything else).
+#: Numbers from the kernel's tables: arch/x86/entry/syscalls/syscall_64.tbl and
+#: include/uapi/asm-generic/unistd.h (aarch64); only calls a hung thread is seen in.
+_X86_64: Mapping[int, Tuple[str, str]] = {
+    0: ("read", "f"), 1: ("write", "f"), 2: ("open", "p"), 3: ("close", "f"), 4: ("stat", "p"),
+    5: ("fstat", "f"), 6: ("lstat", "p"), 7: ("poll", "P"), 16: ("ioctl", "f"), 17: ("pread64", "f"),
+    18: ("pwrite64", "f"), 19: ("readv", "f"), 20: ("writev", "f"), 21: ("access", "p"),
+    23: ("select", "-"), 35: ("nanosleep", "-"), 40: ("sendfile", "ff"), 42: ("connect", "f"),
+    43: ("accept", "f"), 44: ("sendto", "f"), 45: ("recvfrom", "f"), 46: ("sendmsg", "f"),
+    47: ("recvmsg", "f"), 61: ("wait4", "w"), 72: ("fcntl", "f"), 73: ("flock", "f"), 74: ("fsync", "f"),
+    75: ("fdatasync", "f"), 76: ("truncate", "p"), 77: ("ftruncate", "f"), 82: ("rename", "pp"),
+    83: ("mkdir", "p"), 84: ("rmdir", "p"), 87: ("unlink", "p"), 89: ("readlink", "p"),
+    202: ("futex", "-"), 230: ("clock_nanosleep", "-"), 232: ("epoll_wait", "f"), 247: ("waitid", "-w"),
+    257: ("openat", "dp"), 258: ("mkdirat", "dp"), 262: ("newfstatat", "dp"), 263: ("unlinkat", "dp"),
+    264: ("renameat", "dpdp"), 270: ("pselect6", "-"), 271: ("ppoll", "P"), 281: ("epoll_pwait", "f"),
+    285: ("fallocate", "f"), 288: ("accept4", "f"), 299: ("recvmmsg", "f"), 307: ("sendmmsg", "f"),
+    316: ("renameat2", "dpdp"), 332: ("statx", "dp"), 437: ("openat2", "dp"), 441: ("epoll_pwait2", "f"),
+}
+_AARCH64: Mapping[int, Tuple[str, str]] = {
+    22: ("epoll_pwait", "f"), 25: ("fcntl", "f"), 29: ("ioctl", "f"), 32: ("flock", "f"),
+    34: ("mkdirat", "dp"), 35: ("unlinkat", "dp"), 38: ("renameat", "dpdp"), 46: ("ftruncate", "f"),
+    47: ("fallocate", "f"), 56: ("openat", "dp"), 57: ("close", "f"), 63: ("read", "f"), 64: ("write", "f"),
+    65: ("readv", "f"), 66: ("writev", "f"), 67: ("pread64", "f"), 68: ("pwrite64", "f"),
+    71: ("sendfile", "ff"), 72: ("pselect6", "-"), 73: ("ppoll", "P"), 79: ("newfstatat", "dp"),
+    80: ("fstat", "f"), 82: ("fsync", "f"), 83: ("fdatasync", "f"), 95: ("waitid", "-w"),
+    98: ("futex", "-"), 101: ("nanosleep", "-"), 115: ("clock_nanosleep", "-"), 202: ("accept", "f"),
+    203: ("connect", "f"), 206: ("sendto", "f"), 207: ("recvfrom", "f"), 211: ("sendmsg", "f"),
+    212: ("recvmsg", "f"), 242: ("accept4", "f"), 243: ("recvmmsg", "f"), 260: ("wait4", "w"),
+    269: ("sendmmsg", "f"), 276: ("renameat2", "dpdp"), 291: ("statx", "dp"), 437: ("openat2", "dp"),
+    441: ("epoll_pwait2", "f"),
+}
+_TABLES = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
+
+_MAX_PATH = 4096  # PATH_MAX
+_MAX_POLL = 8  # pollfd entries described
+_AT_FDCWD = -100
+
+
+def syscall_table(machine: Optional[str] = None) -> Mapping[int, Tuple[str, str]]:
+    """This machine's (or ``machine``'s, ``platform.machine()`` spelling) table; empty
+    for an architecture not listed (its calls read as ``syscall N``)."""
+    return _TABLES.get((machine or platform.machine()).lower(), {})
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, "r") as f:
+            return f.read(4096).strip()
+    except (OSError, ValueError):
+        return None
+
+
+def _mem(pid: int, addr: int, size: int) -> Optional[bytes]:
+    try:
+        with open("/proc/%d/mem" % pid, "rb", buffering=0) as f:
+            f.seek(addr)
+            return f.read(size)
+    except (OSError, ValueError, OverflowError):
+        return None
+
+
+def _cstring(pid: int, addr: int) -> Optional[str]:
+    if not addr:
+        return None
+    data = _mem(pid, addr, _MAX_PATH)
+    if not data:
+        return None
+    return data.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+class _Fds:
+    """What a process's file descriptors name; sockets described once per process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._socks: Optional[Dict[int, str]] = None
+
+    def _sockets(self) -> Dict[int, str]:
+        if self._socks is None:
+            self._socks = {}
+            try:
+                import psutil
+                for c in psutil.Process(self.pid).net_connections(kind="all"):
+                    if c.fd is None or c.fd < 0:
+                        continue
+                    kind = {1: "TCP", 2: "UDP"}.get(int(c.type), "socket")
+                    la, ra = c.laddr, c.raddr
+                    if isinstance(la, str) or isinstance(ra, str):  # AF_UNIX: paths
+                        desc = "unix %s%s" % (la or "(unnamed)", " -> %s" % ra if ra else "")
+                    else:
+                        desc = "%s %s%s%s" % (kind, "%s:%s" % tuple(la) if la else "?",
+                                              " -> %s:%s" % tuple(ra) if ra else "",
+                                              ", %s" % c.status if c.status and c.status != "NONE" else "")
+                    self._socks[int(c.fd)] = desc
+            except Exception:  # psutil missing, process gone, permission: the fd link only
+                pass
+        return self._socks
+
+    def name(self, fd: int) -> str:
+        """``'fd 4 (TCP 127.0.0.1:5 -> 127.0.0.1:9, ESTABLISHED)'``, ``'fd 3 (/x/y.pt)'``."""
+        try:
+            target = os.readlink("/proc/%d/fd/%d" % (self.pid, fd))
+        except OSError:
+            return "fd %d" % fd
+        if target.startswith("socket:"):
+            target = self._sockets().get(fd, target)
+        return "fd %d (%s)" % (fd, target)
+
+
+def _poll_fds(pid: int, addr: int, count: int, fds: _Fds) -> List[str]:
+    n = max(0, min(count, _MAX_POLL))
+    data = _mem(pid, addr, 8 * n) if addr and n else None
+    out = []
+    for i in range(len(data or b"") // 8):
+        fd = int.from_bytes(data[8 * i:8 * i + 4], "little", signed=True)  # type: ignore[index]
+        if fd >= 0:
+            out.append(fds.name(fd))
+    if count > n:
+        out.append("%d more" % (count - n))
+    return out
+
+
+def decode(pid: int, text: str, fds: Optional[_Fds] = None,
+           table: Optional[Mapping[int, Tuple[str, str]]] = None) -> Optional[Dict[str, Any]]:
+    """One ``/proc/PID/task/TID/syscall`` line -> ``{'syscall', 'nr', 'args'}``, or None
+    when the thread is running or the line is not a blocked call (``-1 ...``: in the
+    kernel, not in a call)."""
+    parts = (text or "").split()
+    if not parts or parts[0] in ("running", "-1"):
+        return None
+    try:
+        nr = int(parts[0])
+        vals = [int(x, 16) for x in parts[1:7]]
+    except ValueError:
+        return None
+    name, spec = (table if table is not None else syscall_table()).get(nr, ("syscall %d" % nr, ""))
+    fds = fds or _Fds(pid)
+    args: List[str] = []
+    for i, kind in enumerate(spec[:len(vals)]):
+        v = vals[i]
+        sv = v - (1 << 64) if v >= 1 << 63 else v  # an int argument read as unsigned
+        if kind == "f" and 0 <= sv < 1 << 31:
+            args.append(fds.name(sv))
+        elif kind == "d" and sv != _AT_FDCWD and (sv & 0xFFFFFFFF) != (_AT_FDCWD & 0xFFFFFFFF) and 0 <= sv < 1 << 31:
+            args.append(fds.name(sv))
+        elif kind == "p":
+            s = _cstring(pid, v)
+            if s is not None:
+                args.append(repr(s))
+        elif kind == "P" and i + 1 < len(vals):
+            args.extend(_poll_fds(pid, v, vals[i + 1], fds))
+        elif kind == "w":
+            args.append("any child" if sv == -1 else "pid %d" % sv if sv > 0 else "its process group")
+    return {"syscall": name, "nr": nr, "args": args[:_MAX_POLL + 1]}
+
+
+def thread_wait(pid: int, tid: int, fds: Optional[_Fds] = None) -> Optional[Dict[str, Any]]:
+    """The kernel's view of thread ``tid`` of ``pid`` (module docstring), or None."""
+    base = "/proc/%d/task/%d/" % (int(pid), int(tid))
+    k = decode(pid, _read(base + "syscall") or "", fds)
+    if k is None:
+        return None
+    wchan = _read(base + "wchan")
+    if wchan and wchan != "0":
+        k["wchan"] = wchan
+    return k
+
+
+def annotate(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """``threads`` (py-spy's, normalised) with ``'kernel'`` added to each one that is not
+    running and has an ``os_thread_id``; the same list, changed in place. Never raises."""
+    try:
+        fds = _Fds(pid)
+        for t in threads:
+            tid = t.get("os_thread_id")
+            if t.get("active") is False and isinstance(tid, int) and tid > 0:
+                k = thread_wait(pid, tid, fds)
+                if k is not None:
+                    t["kernel"] = k
+    except Exception:  # never lose the stacks for a detail
+        pass
+    return threads
+
+
+
+def children(pid: int, limit: int = 16) -> List[Dict[str, Any]]:
+    """The live child processes of ``pid``, traced or not: ``[{'pid', 'argv', 'state'
+    (ps's letter: 'S' sleeping, 'D' uninterruptible, ...), 'kernel' (the main thread's
+    wait, as :func:`thread_wait`; absent when running or unreadable)}]``, at most
+    ``limit``, oldest first. Never raises (psutil missing or the process gone: [])."""
+    out: List[Dict[str, Any]] = []
+    try:
+        import psutil
+        kids = psutil.Process(int(pid)).children()
+    except Exception:
+        return out
+    for c in sorted(kids, key=lambda c: c.pid)[:max(0, limit)]:
+        try:
+            item: Dict[str, Any] = {"pid": c.pid, "argv": [str(a) for a in c.cmdline()][:32]}
+            stat = _read("/proc/%d/stat" % c.pid) or ""
+            item["state"] = stat[stat.rfind(")") + 2:stat.rfind(")") + 3] if ")" in stat else ""
+            k = thread_wait(c.pid, c.pid)
+            if k is not None:
+                item["kernel"] = k
+            out.append(item)
+        except Exception:  # it exited meanwhile, or we may not read it
+            continue
+    return out
