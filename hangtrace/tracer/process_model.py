@@ -98,7 +98,8 @@ def process_argv(p: ProcessInfo) -> List[str]:
     return []
 
 
-def _ppid(p: ProcessInfo) -> int:
+def parent_pid(p: ProcessInfo) -> int:
+    """The parent pid ``p`` recorded (ring meta, else its start record); 0 when unknown."""
     meta = p.meta or {}
     v = meta.get("ppid")
     if v is None:
@@ -137,11 +138,11 @@ def _pick_hinted(cands: Sequence[ProcessInfo], by_pid: Mapping[Tuple[str, int], 
 
     def has_hinted_ancestor(p: ProcessInfo) -> bool:
         seen = 0
-        cur = by_pid.get((p.host, _ppid(p)))
+        cur = by_pid.get((p.host, parent_pid(p)))
         while cur is not None and seen < 64:
             if cur.rank == rank:
                 return True
-            cur = by_pid.get((cur.host, _ppid(cur)))
+            cur = by_pid.get((cur.host, parent_pid(cur)))
             seen += 1
         return False
 
@@ -150,13 +151,13 @@ def _pick_hinted(cands: Sequence[ProcessInfo], by_pid: Mapping[Tuple[str, int], 
 
 def _ancestor_rank(p: ProcessInfo, by_pid: Mapping[Tuple[str, int], ProcessInfo],
                    rank_of: Mapping[str, int]) -> Optional[int]:
-    cur = by_pid.get((p.host, _ppid(p)))
+    cur = by_pid.get((p.host, parent_pid(p)))
     for _ in range(64):
         if cur is None:
             return None
         if cur.key in rank_of:
             return rank_of[cur.key]
-        cur = by_pid.get((cur.host, _ppid(cur)))
+        cur = by_pid.get((cur.host, parent_pid(cur)))
     return None
 
 
@@ -203,7 +204,7 @@ def assign_roles(processes: Iterable[ProcessInfo],
             if p.key not in rank_of:
                 roles.setdefault(p.key, Role.OTHER)
     helper_of: Dict[str, int] = {}
-    parents = {(p.host, _ppid(p)) for p in ranks.values()}
+    parents = {(p.host, parent_pid(p)) for p in ranks.values()}
     for p in procs:
         if p.key in rank_of:
             roles.setdefault(p.key, Role.RANK)

@@ -130,12 +130,12 @@ def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndK
     skipped, stuck = Kind.SKIPPED_COLLECTIVE.value, Kind.STUCK_OUTSIDE_COLLECTIVE.value
     if p.state == "exited" and not v.dead:
         return skipped, "exited cleanly (code %s) without entering it" % p.exit_code
-    labels, frames, active = frames_of(ctx, r)
+    labels, frames, thread = frames_of(ctx, r)
     if frames:
         coll = collective_frame(frames)
         if coll:
             return skipped, "its stack is inside %s, a collective hangtrace did not record" % coll
-        why = blocking_reason(frames, active)
+        why = blocking_reason(frames, thread=thread)
         if why:
             loop = describe_loop(p)  # issue 9: the await chain its event loop is blocked in
             return stuck, "blocked outside collectives: %s%s" % (why, "; " + loop if loop else "")

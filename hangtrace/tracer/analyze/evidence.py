@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import time
-from typing import Any, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx, Record
 from hangtrace.tracer.analyze.stacktree import format_ranks, frame_label, process_frames
@@ -112,8 +112,8 @@ def frames_from_exception(d: Diagnosis, p: ProcessInfo) -> None:
         d.details["user_frame"] = frame_label(user)
 
 
-def frames_of(ctx: Ctx, r: int) -> Tuple[List[str], Optional[List[Any]], Optional[bool]]:
-    """(display labels, raw frames, active) of rank ``r``'s analysed thread; the labels
+def frames_of(ctx: Ctx, r: int) -> Tuple[List[str], Optional[List[Any]], Optional[Dict[str, Any]]]:
+    """(display labels, raw frames, thread dict) of rank ``r``'s analysed thread; the labels
     skip wrapper frames (``wrapper_frame``), so they start at the torch.distributed op
     or the blocking call and go on into the user's code."""
     p = ctx.procs.get(r)
@@ -122,7 +122,7 @@ def frames_of(ctx: Ctx, r: int) -> Tuple[List[str], Optional[List[Any]], Optiona
     frames, thread = process_frames(p)
     frames = frames or []
     shown = [f for f in frames if not wrapper_frame(f)] or frames
-    return [frame_label(f) for f in shown[:MAX_FRAMES]], frames, (thread or {}).get("active")
+    return [frame_label(f) for f in shown[:MAX_FRAMES]], frames, thread
 
 
 def rank_line(ctx: Ctx, r: int, g: Any) -> str:

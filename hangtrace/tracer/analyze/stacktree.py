@@ -36,7 +36,7 @@ Thread = Dict[str, Any]
 
 __all__ = ["StackNode", "StackTree", "pick_thread", "process_frames", "frame_label",
            "merge_stacks", "classes", "outliers", "missing_from_common_frame",
-           "format_ranks", "blocking_reason", "collective_frame"]
+           "format_ranks", "blocking_reason", "collective_frame", "kernel_text", "subprocess_wait"]
 
 NO_STACK = "<no stack>"
 
@@ -287,7 +287,6 @@ _BLOCKING = (
     ("selectors.py", ("select",), "select() on sockets/files"),
     ("socket.py", ("accept", "recv", "recv_into", "readinto", "connect"), "socket IO"),
     ("ssl.py", ("read", "recv", "recv_into", "do_handshake"), "TLS socket IO"),
-    ("subprocess.py", ("wait", "communicate", "_wait", "_try_wait"), "waiting for a subprocess"),
     ("_base.py", ("result", "wait"), "waiting for a future"),
     ("worker.py", ("get", "wait", "get_objects"), "ray.get/ray.wait"),
     ("base_events.py", ("_run_once", "run_forever", "run_until_complete"), "asyncio event loop idle"),
@@ -318,21 +317,67 @@ def collective_frame(frames: Optional[Iterable[Frame]]) -> Optional[str]:
     return None
 
 
-def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None) -> Optional[str]:
+#: subprocess.py's waits: the innermost call inside them (a select on the child's pipes,
+#: a waitpid) is the child's doing, so they win over it; the API the user called is named
+_SUBPROCESS = frozenset({"wait", "communicate", "_communicate", "_wait", "_try_wait", "run", "call",
+                         "check_call", "check_output", "getstatusoutput", "getoutput"})
+_SUBPROCESS_DEPTH = 8  # innermost frames searched for it
+
+
+def subprocess_wait(frames: Optional[List[Frame]]) -> Optional[str]:
+    """The label of the outermost ``subprocess.py`` wait the innermost frames are in
+    (``'run (subprocess.py:550)'``), or None."""
+    fs = list(frames or ())[:_SUBPROCESS_DEPTH]
+    at = next((i for i, f in enumerate(fs) if os.path.basename(f.get("filename") or "") == "subprocess.py"
+               and _short(f.get("name")) in _SUBPROCESS), None)
+    if at is None:
+        return None
+    while at + 1 < len(fs) and os.path.basename(fs[at + 1].get("filename") or "") == "subprocess.py":
+        at += 1
+    return frame_label(fs[at])
+
+
+def kernel_text(kernel: Optional[Dict[str, Any]]) -> Optional[str]:
+    """``"openat('/ckpt/shard1.pt'), kernel wait wait_for_partner"`` from a thread's
+    ``'kernel'`` facts (collect/kernelwait.py), or None when absent."""
+    if not isinstance(kernel, dict) or not kernel.get("syscall"):
+        return None
+    args = [str(a) for a in kernel.get("args") or ()]
+    s = "%s(%s)" % (kernel["syscall"], ", ".join(args)) if args else str(kernel["syscall"])
+    return s + (", kernel wait %s" % kernel["wchan"] if kernel.get("wchan") else "")
+
+
+def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None,
+                    thread: Optional[Thread] = None) -> Optional[str]:
     """Why a stack (innermost first) looks blocked outside collectives, or None.
 
     Checks the innermost three frames against known blocking calls (queue.get, locks,
-    events, sockets, subprocess, futures, ray.get, sleep, reads); py-spy's ``active ==
-    False`` (the thread was idle in a system call) counts as blocked too. Returns a short
-    reason string, e.g. ``'queue.get/put (waiting for a producer/consumer) in get
-    (queue.py:171)'``.
+    events, sockets, futures, ray.get, sleep, reads), and the innermost eight for a wait
+    in ``subprocess`` (which wins: its select or waitpid waits on the child); py-spy's
+    ``active == False`` (the thread was idle in a system call) counts as blocked too.
+    ``thread`` (the stack's thread dict) adds what the kernel said it waits in (its
+    ``'kernel'``, collect/kernelwait.py) and whether it holds the GIL; its ``active``
+    is used when ``active`` is None. Returns a short reason string, e.g.
+    ``'queue.get/put (waiting for a producer/consumer) in get (queue.py:171)'``,
+    ``'blocked in the system call openat('/x.pt'), kernel wait wait_for_partner, in
+    __init__ (serialization.py:828)'``.
     """
+    th = thread or {}
+    active = th.get("active") if active is None else active
+    kt = kernel_text(th.get("kernel"))
+    gil = "; it holds the GIL, so no other Python thread of the process runs" if (
+        th.get("owns_gil") and active is False) else ""
+    sub = subprocess_wait(frames)
+    if sub:
+        return "waiting for a subprocess in %s%s%s" % (sub, "; kernel: %s" % kt if kt else "", gil)
     for f in list(frames or ())[:3]:
         base = os.path.basename(f.get("filename") or "")
         name = _short(f.get("name"))
         for fbase, names, reason in _BLOCKING:
             if (not fbase or fbase == base) and name in names:
-                return "%s in %s" % (reason, frame_label(f))
+                return "%s in %s%s%s" % (reason, frame_label(f), "; kernel: %s" % kt if kt else "", gil)
     if active is False and frames:
-        return "idle in a system call (py-spy: thread not active) in %s" % frame_label(frames[0])
+        if kt:
+            return "blocked in the system call %s, in %s%s" % (kt, frame_label(frames[0]), gil)
+        return "idle in a system call (py-spy: thread not active) in %s%s" % (frame_label(frames[0]), gil)
     return None

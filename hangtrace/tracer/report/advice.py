@@ -72,6 +72,12 @@ HELPER_KILLED_NEXT = ("find who sends SIGKILL to the job's processes (a node wat
                       "a cleanup script, a person, the job's own code): the kernel's OOM killer did not")
 
 
+#: a rank stuck outside collectives waits for a child process (analyze/childwait.py)
+CHILD_NEXT = ("the rank waits for the child process named above: fix what that child waits for (its call, "
+              "file or peer), and give the wait a timeout (`subprocess.run(..., timeout=...)`, `communicate("
+              "timeout=...)`, `Process.join(timeout)`) so that a hung child fails the step instead of the job")
+
+
 def next_step(diag: Diagnosis) -> Optional[str]:
     """The "Next:" advice of ``diag`` (no trailing period), or None."""
     k = diag.kind
@@ -80,6 +86,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
                 "exit code); `hangtrace records RUN_DIR` shows its start record and exception")
     if k == Kind.UNKNOWN and str(diag.cause) == Cause.STALLED_IN_RENDEZVOUS.value:
         return RENDEZVOUS_NEXT
+    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_wait"):
+        return CHILD_NEXT
     if k != Kind.DEAD_RANK:
         return NEXT.get(k)
     cause = str(diag.cause) if diag.cause is not None else ""

@@ -250,7 +250,7 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s." % (
             "; ".join("%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]) or "a method")
     after = (" It stopped after an exception: %s." % d["after_exception"]) if d.get("after_exception") else ""
-    after += (" %s." % (d["loader_wait"][:1].upper() + d["loader_wait"][1:])) if d.get("loader_wait") else ""
+    after += "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("loader_wait", "child_wait") if d.get(k))
     return ("Stuck outside collectives: %s is not in any collective%s: %s%s.%s %s" % (
         who, _where(diag), _reason(diag) or "it made no progress", _doing(diag), after,
         _waiters_text(diag, coll) if diag.waiting_ranks and coll else

@@ -67,7 +67,7 @@ def find(ctx: Ctx) -> Optional[Finding]:
         if cf:
             inside[p.rank] = cf.split(" ")[0]
         else:
-            outside[p.rank] = blocking_reason(frames, thread.get("active") if thread else None) or \
+            outside[p.rank] = blocking_reason(frames, thread=thread) or \
                 "not in torch.distributed"
     world = max([p.world_size for p in procs if p.world_size and p.world_size <= MAX_WORLD] or [-1])
     have = {p.rank for p in procs}
