@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any, List, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from .cli_out import dumps, err
 
 if TYPE_CHECKING:
+    from .tracer.process_model import ProcessRoles
     from .tracer.snapshot import ProcessInfo
 
 
@@ -101,15 +102,33 @@ def shown(recs: List[Any], memory: bool, last: int) -> Tuple[List[Any], int]:
     return (keep[-last:] if last else keep), hidden
 
 
+def who(p: "ProcessInfo", roles: "ProcessRoles") -> Tuple[str, Optional[int]]:
+    """``('rank 1', None)``, ``('helper of rank 1', 1)``, ``('launcher', None)``: what the
+    process is by the process model (``process_model.assign_roles``), not by the RANK it
+    inherited, and the rank it helps."""
+    from .tracer.process_model import process_argv
+    from .tracer.snapshot import Role
+    role = roles.role(p)
+    if role == Role.RANK:
+        return "rank %d" % p.rank, None
+    helps = roles.helper_of.get(p.key)
+    label = "helper of rank %d" % helps if helps is not None else role.value
+    argv = " ".join(process_argv(p))
+    return label + ("  [%s]" % (argv if len(argv) <= 80 else argv[:80] + "...") if argv else ""), helps
+
+
 def cmd_records(args: argparse.Namespace) -> int:
     """List every traced process of a run and its last records (every record decoded)."""
     from .tracer.pipeline import records
+    from .tracer.process_model import assign_roles
     snap = records(args.run_dir, log=err)
+    roles = assign_roles(snap.processes)
     if args.json:
         out = []
         for p in snap.processes:
             recs, hidden = shown(p.records, args.memory, args.last)
-            out.append({"rank": p.rank, "local_rank": p.local_rank, "world_size": p.world_size,
+            out.append({"role": roles.role(p).value, "helper_of": roles.helper_of.get(p.key),
+                        "rank": p.rank, "local_rank": p.local_rank, "world_size": p.world_size,
                         "host": p.host, "pid": p.pid, "state": p.state, "exit_code": p.exit_code,
                         "phase": p.phase, "step": p.step, "inflight": p.inflight, "groups": p.groups,
                         "events": p.events, "signals": {k: {"wall_ns": v["wall_ns"], "path": v["path"]}
@@ -118,8 +137,8 @@ def cmd_records(args: argparse.Namespace) -> int:
         print(dumps({"run_dir": snap.run_dir, "processes": out, "errors": snap.errors}))
         return 0
     for p in snap.processes:
-        print("rank %s  %s:%d  %s  phase=%s step=%s" % (p.rank if p.rank >= 0 else "?", p.host, p.pid,
-                                                       _fmt_state(p), p.phase, p.step))
+        label, _helps = who(p, roles)
+        print("%s  %s:%d  %s  phase=%s step=%s" % (label, p.host, p.pid, _fmt_state(p), p.phase, p.step))
         if p.inflight:
             print("  in flight: %s" % _fmt_record(p.inflight))
         for k, v in p.signals.items():

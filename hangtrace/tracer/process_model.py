@@ -21,11 +21,14 @@ Rules, in order (:func:`assign_roles`):
 3. A rank no process joined as (rendezvous not reached, or rings from before joining)
    is held by a candidate with that rank hint: alive before dead, then the one with no
    traced ancestor holding the same hint, then the earliest started.
-4. Every other process with a rank hint, or a traced ancestor that holds a rank, is a
-   ``rank-helper`` of that rank: listed under it in reports, never standing for it.
+4. A process with a traced ancestor that holds a rank is a ``rank-helper`` of that rank:
+   listed under it in reports, never standing for it.
 5. A traced process that is the parent of ranks (torchrun's agent, the parent of
-   ``torch.multiprocessing.spawn``, even with a RANK of its own) is a ``launcher``; the
-   rest are ``other``.
+   ``torch.multiprocessing.spawn``, even with a RANK of its own) is a ``launcher``; a
+   child of a launcher that is no rank (multiprocessing's resource tracker, which
+   inherits the RANK a spawn parent set) is ``other``.
+6. Every other process with a rank hint is a ``rank-helper`` of that rank; the rest are
+   ``other``.
 """
 from __future__ import annotations
 
@@ -217,6 +220,8 @@ def assign_roles(processes: Iterable[ProcessInfo],
             roles[p.key] = Role.RANK_HELPER
         elif (p.host, p.pid) in parents:  # (before its rank hint: a spawn parent that set RANK)
             roles[p.key] = Role.LAUNCHER
+        elif parent_pid(p) > 0 and (p.host, parent_pid(p)) in parents:  # a launcher's child: its resource tracker
+            roles[p.key] = Role.OTHER
         elif valid_rank(p.rank) and p.rank in ranks:
             helper_of[p.key] = p.rank
             roles[p.key] = Role.RANK_HELPER

@@ -30,10 +30,11 @@ RAY_RECORD_PREFIXES = ("ray_death", "ray_actor_state", "ray_worker_", "ray_exit_
 class Role(str, enum.Enum):
     """What a traced process is in the job.
 
-    Today: a process with a rank or process-group records is ``rank``; a Ray actor (its
-    ring meta names an actor id) is ``ray-actor``; everything else is ``other``. The
-    other values (launcher, rank helper such as a DataLoader worker, Ray task worker) are
-    reserved for the role model of a later issue.
+    :func:`role_of` gives the role known from one process's identity alone (a process with
+    a rank or process-group records is ``rank``, a Ray actor ``ray-actor``, the rest
+    ``other``); ``process_model.assign_roles`` gives the roles over the whole snapshot
+    (which process IS rank r; launcher, rank helper such as a DataLoader worker, Ray task
+    worker), which reports and analysis use.
     """
 
     LAUNCHER = "launcher"

@@ -28,14 +28,18 @@ def test_dataloader_workers_started_later_never_stand_for_their_rank():
     assert not out.claims
 
 
-def test_resource_tracker_with_the_launchers_rank_hint_is_a_helper():
+def test_resource_tracker_with_the_launchers_rank_hint_is_the_launchers_not_a_ranks():
     # spawn with RANK set in the parent: the resource tracker (child of the launcher,
-    # started last) carries RANK=1 without being rank 1
+    # started last) carries RANK=1 without being rank 1, nor a helper of it (a blind
+    # job's `records` listed it as rank 0's helper)
     launcher = proc(10, -1)
     r0, r1 = proc(11, 0, ppid=10, joined=True), proc(12, 1, ppid=10, joined=True, start=1)
     tracker = proc(13, 1, ppid=10, start=2)
     out = assign_roles([launcher, r0, r1, tracker])
-    assert out.ranks[1] is r1 and out.role(tracker) == Role.RANK_HELPER
+    assert out.ranks[1] is r1 and out.role(tracker) == Role.OTHER and tracker.key not in out.helper_of
+    orphan = proc(14, 1, ppid=99, start=3)  # a process with the hint and no traced parent: still a helper
+    out = assign_roles([launcher, r0, r1, tracker, orphan])
+    assert out.role(orphan) == Role.RANK_HELPER and out.helper_of[orphan.key] == 1
 
 
 def test_before_anyone_joined_the_rootmost_live_candidate_holds_the_rank():
@@ -97,7 +101,7 @@ def test_a_rank_asked_for_at_init_process_group_beats_the_inherited_hint():
     tracker = proc(13, 0, ppid=10, start=2)
     out = assign_roles([launcher, w0, w1, tracker])
     assert out.ranks == {0: w0, 1: w1} and not out.claims
-    assert out.role(launcher) == Role.LAUNCHER and out.role(tracker) == Role.RANK_HELPER
+    assert out.role(launcher) == Role.LAUNCHER and out.role(tracker) == Role.OTHER
 
 
 def test_two_live_processes_asking_for_one_rank_are_a_conflict():
@@ -119,3 +123,18 @@ def test_a_duplicate_that_died_while_the_other_ran_is_a_conflict_not_a_restart()
                       exit_wall_ns=S + 10**6, meta={"ppid": 10, "rank_source": 2})
     new = _requesting(12, 0, start=1)
     assert [(c.rank, c.kind) for c in assign_roles([old, new]).claims] == [(0, "restart")]
+
+
+def test_records_labels_processes_by_the_model_not_by_the_rank_they_inherited():
+    # spawn with RANK=0 set in the parent: rank 1's DataLoader worker inherits RANK=0, and
+    # so do the launcher and its resource tracker (a blind job's `records` called them all rank 0)
+    from hangtrace.cli_records import who
+    start = [{"event": "start", "argv": ["python", "-c", "from multiprocessing.resource_tracker import main"]}]
+    launcher = proc(10, 0, ppid=1)
+    r0, r1 = proc(11, 0, ppid=10, joined=True), proc(12, 1, ppid=10, joined=True, start=1)
+    worker = proc(21, 0, ppid=12, start=5)
+    tracker = proc(13, 0, ppid=10, start=2, events=start)
+    roles = assign_roles([launcher, r0, r1, worker, tracker])
+    assert [who(p, roles) for p in (launcher, r0, r1, worker)] == [
+        ("launcher", None), ("rank 0", None), ("rank 1", None), ("helper of rank 1", 1)]
+    assert who(tracker, roles) == ("other  [python -c from multiprocessing.resource_tracker import main]", None)

@@ -25,6 +25,7 @@ from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.errors import HangtraceError, RunDirError
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
+from hangtrace.tracer.process_model import assign_roles
 from hangtrace.tracer.collect.memfacts import memory_facts, parse_kernel_oom, read_kernel_log  # noqa: F401
 from hangtrace.tracer.collect.raylogs import ray_log_facts
 
@@ -337,9 +338,11 @@ def take_snapshot(run_dir: str, reason: str = "request", native: bool = False,
             with open(os.path.join(sdir, "stacks", "%s-%d.json" % (p.host, p.pid)), "wb") as f:
                 f.write(orjson.dumps({"threads": p.stacks, "source": p.stack_source, "error": p.stack_error,
                                       "children": list(p.children)}))
+    roles = assign_roles(snap.processes)  # what each process is (its "rank" is only the RANK it had)
     meta = {"run_dir": os.path.abspath(run_dir), "taken_wall_ns": time.time_ns(), "reason": reason,
             "errors": snap.errors,
             "processes": {p.key: {"state": p.state, "exit_code": p.exit_code, "rank": p.rank,
+                                  "role": roles.role(p).value, "helper_of": roles.helper_of.get(p.key),
                                   "stack_error": p.stack_error, "memory_facts": p.memory_facts}
                           for p in snap.processes}}
     with open(os.path.join(sdir, "processes.json"), "wb") as f:
