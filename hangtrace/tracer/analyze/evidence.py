@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from hangtrace.tracer.analyze.context import Ctx, Record
+from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, Record
 from hangtrace.tracer.analyze.stacktree import format_ranks, frame_label, process_frames
 from hangtrace.tracer.analyze.waitgraph import Inst
 from hangtrace.tracer.diagnosis import Diagnosis
@@ -123,6 +123,25 @@ def frames_of(ctx: Ctx, r: int) -> Tuple[List[str], Optional[List[Any]], Optiona
     frames = frames or []
     shown = [f for f in frames if not wrapper_frame(f)] or frames
     return [frame_label(f) for f in shown[:MAX_FRAMES]], frames, thread
+
+
+def torch_count(rec: Optional[Mapping[str, Any]]) -> bool:
+    """The record's seq is torch's count (a Flight Recorder entry, or ours joined with one):
+    C++-issued collectives such as DDP's gradient all-reduce included (analyze/frmerge.py)."""
+    return (rec or {}).get("source") in (FR_SOURCE, FR_JOINED_SOURCE)
+
+
+def seq_scales(ctx: Ctx, r: int, g: Any, waiters: Iterable[int]) -> str:
+    """``" (the waiters' seq is torch's count ...)"`` when the waiters' seq on ``g`` comes
+    from their Flight Recorder and rank ``r``'s newest record there is hangtrace's count of
+    Python calls (a rank with no Flight Recorder dump: dead, or holding the GIL), else ''.
+    Found by a blind job: "rank 1: last all_reduce seq 23; rank 0 waits at seq 49"."""
+    v = ctx.views.get(r)
+    if v is None or torch_count(v.last.get(g)) or not any(torch_count(ctx.blocked(w)) for w in waiters):
+        return ""
+    return (" (the waiters' seq is torch's count, from the Flight Recorder: it counts C++-issued collectives such "
+            "as DDP's gradient all-reduce; rank %d's is hangtrace's count of Python calls: the two do not "
+            "compare)" % r)
 
 
 def rank_line(ctx: Ctx, r: int, g: Any) -> str:

@@ -212,3 +212,21 @@ def test_stuck_rank_whose_method_raised_is_named_with_its_exception():
     assert (d.kind, d.culprit_ranks) == ("stuck-outside-collective", [0]), d.summary
     assert "ValueError: loss is NaN" in d.details["after_exception"]
     assert "It stopped after an exception" in d.summary and "ValueError" in d.summary, d.summary
+
+
+def test_the_evidence_says_when_the_waiters_seq_and_the_culprits_count_differently():
+    # the culprit held the GIL, so it left no Flight Recorder dump: its newest record is our
+    # count of Python calls (23), the waiter's is torch's (49, DDP's C++ all-reduces included)
+    r0, r1 = R(0, 2), R(1, 2)
+    r0.coll("0", n=23)
+    r1.coll("0", n=23)
+    rec = r0.wait("0", op="barrier", seq=49)
+    rec["source"] = "flight-recorder"
+    r1.set(stacks=stack("save_shard train.py:37", "main train.py:80", active=False), stack_source="py-spy")
+    d = check(diagnose(snap([r0, r1])), "stuck-outside-collective", [1])
+    line = next(e for e in d.evidence if e.startswith("rank 1: last all_reduce"))
+    assert "seq 23" in line and "rank 0 waits at seq 49 (barrier)" in line, line
+    assert line.endswith("rank 1's is hangtrace's count of Python calls: the two do not compare)"), line
+    rec["source"] = None  # the same count on both sides: no note
+    d = check(diagnose(snap([r0, r1])), "stuck-outside-collective", [1])
+    assert not any("do not compare" in e for e in d.evidence), d.evidence

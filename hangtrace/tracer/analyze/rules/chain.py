@@ -16,7 +16,7 @@ from typing import Optional
 
 from hangtrace.tracer.analyze.chainends import ChainEnds, chain_ends
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.evidence import fill_common, frames_of, rank_line, rk, vb
+from hangtrace.tracer.analyze.evidence import fill_common, frames_of, rank_line, rk, seq_scales, vb
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import Inst, chain, chain_text
@@ -74,9 +74,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         d.cause = Cause.BLOCKED if kinds[lead][1].startswith("blocked") else Cause.NO_PROGRESS
     if main is not None:
         for e in ends[:6]:
-            ctx.add(rank_line(ctx, e, main.group) + "; %s %s at %s (%s)" % (
+            ctx.add(rank_line(ctx, e, main.group) + "; %s %s at %s (%s)%s" % (
                 rk(main.waiters, 8), vb(main.waiters), "seq %s" % main.seq if not main.p2p else "pair seq %s" % main.seq,
-                ctx.blocked(main.waiters[0]).get("op")) if main.waiters else rank_line(ctx, e, main.group))
+                ctx.blocked(main.waiters[0]).get("op"), seq_scales(ctx, e, main.group, main.waiters))
+                if main.waiters else rank_line(ctx, e, main.group))
     for e in ends[:6]:
         ctx.add("rank %d: %s" % (e, kinds[e][1]))
         labels, _f, _a = frames_of(ctx, e)

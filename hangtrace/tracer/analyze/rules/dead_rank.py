@@ -16,12 +16,12 @@ instance with the most waiters that misses the root, else the root's newest coll
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze import sigclasses
-from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, RankView
+from hangtrace.tracer.analyze.context import Ctx, RankView
 from hangtrace.tracer.analyze.deaths import failures, roots
-from hangtrace.tracer.analyze.evidence import fill_common, frames_from_exception, rank_line, rk, ts, vb
+from hangtrace.tracer.analyze.evidence import fill_common, frames_from_exception, rank_line, rk, torch_count, ts, vb
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import Inst, inst_text
@@ -81,12 +81,6 @@ def _explain_abort_mismatch(ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Dia
             % (root.rank, (root.cause_text or "")[:160]))
 
 
-def _torch_count(rec: Optional[Mapping[str, Any]]) -> bool:
-    """The record's seq is torch's count (a Flight Recorder entry, or ours joined with one):
-    C++-issued collectives such as DDP's gradient all-reduce included (analyze/frmerge.py)."""
-    return (rec or {}).get("source") in (FR_SOURCE, FR_JOINED_SOURCE)
-
-
 def _where_it_stopped(ctx: Ctx, d: Diagnosis, root: RankView) -> Optional[Inst]:
     """The instance the most waiters wait in that misses the root (returned), and the
     group/seq the verdict shows: that instance's, or the root's own newest collective when
@@ -97,8 +91,8 @@ def _where_it_stopped(ctx: Ctx, d: Diagnosis, root: RankView) -> Optional[Inst]:
     for i in ctx.insts.values():
         if root.rank in i.missing and (inst is None or len(i.waiters) > len(inst.waiters)):
             inst = i
-    other_count = inst is not None and any(_torch_count(ctx.blocked(w)) for w in inst.waiters) \
-        and not _torch_count(root.last.get(inst.group))
+    other_count = inst is not None and any(torch_count(ctx.blocked(w)) for w in inst.waiters) \
+        and not torch_count(root.last.get(inst.group))
     fill_common(ctx, d, [root.rank], None if other_count else inst)
     if inst is not None:
         d.details["direct_waiters"] = sorted(inst.waiters)
