@@ -27,9 +27,13 @@ def _token_of(path: str) -> Optional[str]:
         return None
 
 
-def _ask(run_dir: str, pids: Iterable[int], line: str, timeout_s: float) -> Dict[int, str]:
+def _ask(run_dir: str, pids: Iterable[int], line: str, timeout_s: float,
+         settle_s: Optional[float] = None) -> Dict[int, str]:
     """Send ``line`` to the agent of each of ``pids`` (this host) and collect the answers
-    that arrive within ``timeout_s`` seconds in all: {pid: answer}. Never raises."""
+    that arrive within ``timeout_s`` seconds in all: {pid: answer}. ``settle_s``: once
+    some agent answered, stop waiting for the rest ``settle_s`` seconds after the latest
+    answer (an agent that has not answered by then is not running: its process holds the
+    GIL in C code, or is stopped). Never raises."""
     out: Dict[int, str] = {}
     conns: Dict[socket.socket, int] = {}
     for pid in pids:
@@ -42,10 +46,10 @@ def _ask(run_dir: str, pids: Iterable[int], line: str, timeout_s: float) -> Dict
             conns[s] = pid
         except OSError:
             s.close()
-    deadline = time.monotonic() + timeout_s
+    deadline = end = time.monotonic() + timeout_s
     try:
         while conns:
-            left = deadline - time.monotonic()
+            left = end - time.monotonic()
             if left <= 0:
                 break
             ready, _, _ = select.select(list(conns), [], [], left)
@@ -56,22 +60,32 @@ def _ask(run_dir: str, pids: Iterable[int], line: str, timeout_s: float) -> Dict
                 except OSError:
                     pass
                 s.close()
+            if ready and settle_s is not None:
+                end = min(deadline, time.monotonic() + settle_s)
     finally:
         for s in conns:
             s.close()
     return out
 
 
+#: Seconds a live snapshot waits for the remaining agents after the latest answer. An
+#: agent answers within milliseconds unless its process runs no Python thread at all (a
+#: blind job's rank 1 held the GIL in torch.save's C++ open of a stalled file: every
+#: snapshot waited the whole SNAPSHOT_FR_TIMEOUT_S for it).
+SNAPSHOT_FR_SETTLE_S = 1.5
+
+
 def request_fr_dumps(run_dir: str, pids: Iterable[int], timeout_s: float = 5.0,
-                     host: Optional[str] = None) -> List[str]:
+                     host: Optional[str] = None, settle_s: Optional[float] = None) -> List[str]:
     """Ask the agents of ``pids`` (this host's; ``host`` names it in the dump file names,
-    default this one) to dump; wait up to ``timeout_s`` seconds in all. Returns the dump
+    default this one) to dump; wait up to ``timeout_s`` seconds in all (and, with
+    ``settle_s``, no longer than that after the latest answer). Returns the dump
     paths written in answer (a process without a listening agent, or one that did not
     answer in time, is left out). Never raises for a single process.
     """
     host = host or socket.gethostname()
     token = "%d-%d" % (os.getpid(), time.time_ns())
-    answers = _ask(run_dir, pids, token, timeout_s)
+    answers = _ask(run_dir, pids, token, timeout_s, settle_s=settle_s)
     return [dump_path(run_dir, host, pid) for pid, a in sorted(answers.items())
             if a.startswith("done") and _token_of(meta_path(run_dir, host, pid)) == token]
 
@@ -100,7 +114,7 @@ def fr_into_snapshot(run_dir: str, pids: Iterable[int], snap_dir: str,
         return []
     out: List[str] = []
     try:
-        done = request_fr_dumps(run_dir, pids, timeout_s=timeout_s)
+        done = request_fr_dumps(run_dir, pids, timeout_s=timeout_s, settle_s=SNAPSHOT_FR_SETTLE_S)
         if not done:
             return out
         dst = os.path.join(snap_dir, FR_SUBDIR)
