@@ -185,7 +185,8 @@ def collect_node(run_dir: str, node_id: Optional[str] = None, native: bool = Fal
     for p in mine:
         if p.stacks is not None:
             out["stacks"]["%s-%d.json" % (p.host, p.pid)] = orjson.dumps(
-                {"threads": p.stacks, "source": p.stack_source, "error": p.stack_error})
+                {"threads": p.stacks, "source": p.stack_source, "error": p.stack_error,
+                 "children": list(p.children)})
         out["processes"][p.key] = {"state": p.state, "exit_code": p.exit_code, "rank": p.rank,
                                    "stack_error": p.stack_error, "node_id": node_id}
     out["took_s"] = time.time() - t0
