@@ -245,6 +245,34 @@ def test_fr_counters_asked_only_of_ranks_whose_ring_did_not_move(tmp_path, rec, 
     assert w.poll().kind == "stall"
 
 
+def test_a_hang_is_dated_from_the_rings_last_move_and_an_enqueue_is_no_progress(tmp_path, rec, monkeypatch):
+    """torch's counters given before the ring last moved are no baseline (they made the
+    stall one poll late: the bench_verdict_latency job read threshold + 2 s); and the
+    collective a hung rank waits in is enqueued, never completed: no progress."""
+    from hangtrace.hooks.fr_agent import fr_dir
+    from hangtrace.tracer.collect import frrequest
+    os.makedirs(fr_dir(str(tmp_path)))
+    counters = ["0:5:5"]
+    monkeypatch.setattr(frrequest, "fr_progress", lambda run_dir, pids, timeout_s=0.5: {p: counters[0] for p in pids})
+    clk = Clock()
+    w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
+    w.poll()
+    clk.t += 1
+    w.poll()                                       # ring still: baseline 0:5:5
+    counters[0] = "0:9:9"                          # C++ collectives, then a Python step
+    rec.heartbeat()
+    clk.t += 1
+    w.poll()                                       # the ring moved: progress at t=2
+    counters[0] = "0:10:9"                         # the collective it hangs in: enqueued only
+    clk.t += 1
+    assert w.poll() is None                        # t=3: new baseline, no progress
+    clk.t += 1
+    assert w.poll() is None                        # t=4: enqueued moved, completed did not
+    assert w.last_progress == 1002
+    clk.t += 8
+    assert w.poll().kind == "stall"                # t=12: 10 s after the ring's last move
+
+
 def test_idle_pooled_workers_neither_progress_nor_die(tmp_path, rec):
     """Ray starts and retires idle workers every few seconds: processes with no rank hint,
     no phase and no progress. Their rings appearing must not hold a stall off, and their

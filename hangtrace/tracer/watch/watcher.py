@@ -139,6 +139,10 @@ class Watcher:
             if changed:
                 progressed = progressed or not idle
                 self.seen[path] = sig
+                # torch's counters given before this move are stale: compared with the
+                # ring's own progress they would read as progress once more when the ring
+                # stops (one poll of detection latency); the next ask is a fresh baseline
+                self.fr_seen.pop(path, None)
             st = live_state(h)
             if (st == "exited" and h["state"] == F.ST_EXITED) or st == "killed":
                 self.final[path] = h  # the process is gone: its ring never changes again
@@ -198,13 +202,16 @@ class Watcher:
         return None
 
     def _fr_moved(self, ranks: Mapping[str, Header]) -> bool:
-        """True when torch's own collective counters (``fr_agent.progress_line``) of a live
-        rank of this host changed since it was last asked: C++-issued collectives (DDP's
-        reducer, FSDP) are progress the rings never record. ``poll`` passes only the ranks
-        whose ring did not move in this poll (a moving ring is progress already; a rank is
-        asked again once its ring stops, against the counters it gave when last asked, so
-        a stall is seen at most one poll later). Ranks whose counters moved once no longer
-        hold the start-up threshold (``fr_started``). Never raises."""
+        """True when torch's own count of completed collectives (``fr_agent.progress_line``:
+        per group, enqueued and completed) of a live rank of this host moved since it was
+        last asked: C++-issued collectives (DDP's reducer, FSDP) are progress the rings
+        never record. A collective enqueued is not progress (the one a hung rank waits in
+        is enqueued too), as a collective started is not in the rings. ``poll`` passes only
+        the ranks whose ring did not move in this poll (a moving ring is progress already,
+        and forgets the rank's counters: the first ask after its ring stops is a new
+        baseline, so the hang is dated from the ring's last move, not one poll later).
+        Ranks whose counters moved at all (enqueued or completed) no longer hold the
+        start-up threshold (``fr_started``). Never raises."""
         from hangtrace.hooks.fr_agent import fr_dir
         if not ranks or not os.path.isdir(fr_dir(self.run_dir)):
             return False
@@ -222,8 +229,8 @@ class Watcher:
             old = self.fr_seen.get(path)
             self.fr_seen[path] = line
             if old is not None and old != line:
-                moved = True
                 self.fr_started.add(path)
+                moved = moved or _completed(old) != _completed(line)
         return moved
 
     def memory_warnings(self) -> List[str]:
@@ -277,6 +284,17 @@ class Watcher:
 
     def any_alive(self) -> bool:
         return any(path not in self.final and live_state(h) == "alive" for path, h in self.headers.items())
+
+
+def _completed(line: str) -> List[str]:
+    """``"<pg>:<enqueued>:<completed>;..."`` (``fr_agent.progress_line``) -> the
+    ``"<pg>:<completed>"`` parts."""
+    out = []
+    for part in line.split(";"):
+        fields = part.rsplit(":", 2)  # a group's name may hold a ':'
+        if len(fields) == 3:
+            out.append(fields[0] + ":" + fields[2])
+    return out
 
 
 def run_dir_gone(run_dir: str, ino: "tuple[int, int]") -> "str | None":
