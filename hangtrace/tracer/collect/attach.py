@@ -71,6 +71,12 @@ def collect(pids: Optional[List[int]] = None, native: bool = False, out_dir: Opt
                         meta={"cmdline": d["cmdline"], "attached": True})
         procs.append(p)
     errors = notes + ["pid %s skipped: %s" % (s["pid"], s["reason"]) for s in found.skipped]
+    inferred = [d for d in found if d.get("inferred_from") and d["rank"] < 0]
+    if inferred:
+        errors.append("pid(s) %s: rank unknown: their torch variables were set in Python (os.environ), not in the "
+                      "environment they started with; found through child pid %d, which inherited them; stacks "
+                      "taken, no rank-based verdict (set RANK before starting the ranks, or run under HANGTRACE=1)"
+                      % (", ".join(str(d["pid"]) for d in inferred), inferred[0]["inferred_from"]))
     errors += ["rank %d (pid %d): no stacks: %s" % (p.rank, p.pid, p.stack_error) for p in procs if p.stack_error]
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     sdir = out_dir or os.path.join(tempfile.gettempdir(), "hangtrace-attach-%s-%d" % (stamp, os.getpid()))

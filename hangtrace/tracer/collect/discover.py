@@ -136,6 +136,42 @@ def _prefer_leaves(cands: List[Found]) -> List[Found]:
     return keep
 
 
+def _python_parents(found: List[Found], psutil: Any, host: str, skipped: List[Dict[str, Any]]) -> List[Found]:
+    """A scan's non-Python processes are no ranks. One whose parent is a Python process
+    not found itself (a ``cat``, ``tar`` or shell a rank started after setting
+    ``MASTER_ADDR``/``RANK`` in ``os.environ``: the torch tutorial's ``setup(rank,
+    world_size)`` inside ``mp.spawn``) inherited the variables the parent's
+    ``/proc/PID/environ`` does not show: the parent is taken instead, with its Python
+    siblings (the other workers of that launcher, its resource tracker aside), each with
+    ``inferred_from`` (the child's pid). Other non-Python processes are dropped unless a
+    Python process of the same job was found (``_prefer_leaves`` drops those wrappers)."""
+    pids = {d["pid"] for d in found}
+    keys = {_job_key(d)[:4] for d in found if d["python"]}
+    out = [d for d in found if d["python"] or _job_key(d)[:4] in keys]
+    for d in found:
+        if d["python"] or d["ppid"] in pids or not d["ppid"]:
+            continue
+        try:
+            parent = psutil.Process(d["ppid"])
+            family = [parent] + [c for c in psutil.Process(parent.ppid()).children() if c.pid != parent.pid]
+        except Exception:
+            continue
+        for proc in family:
+            try:
+                cmd = proc.cmdline()
+                if proc.pid in pids or not _is_python(proc, cmd) or any("resource_tracker" in c for c in cmd):
+                    continue
+                found_env = proc.environ()
+            except Exception as e:
+                skipped.append({"pid": proc.pid, "reason": "cannot examine: %s" % e})
+                continue
+            desc = _describe(proc, found_env, host)
+            desc["inferred_from"] = d["pid"]
+            out.append(desc)
+            pids.add(proc.pid)
+    return out
+
+
 def find_torch_processes(pids: Optional[Iterable[Union[int, str]]] = None,
                          include_all: bool = False) -> DiscoveryResult:
     """torch.distributed processes on this host, sorted by rank (then pid).
@@ -198,6 +234,8 @@ def find_torch_processes(pids: Optional[Iterable[Union[int, str]]] = None,
         if pids is None and not any(k in env for k in TORCH_ENV):
             continue
         found.append(_describe(proc, env, host))
+    if pids is None:
+        found = _python_parents(found, psutil, host, skipped)
     if pids is None and not include_all:
         found = _prefer_leaves(found)
     found.sort(key=lambda d: (d["rank"] < 0, d["rank"], d["pid"]))

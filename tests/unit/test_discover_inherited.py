@@ -1,0 +1,49 @@
+"""``hangtrace attach``'s scan when a rank sets its torch variables in Python (the torch
+tutorial's ``os.environ['MASTER_ADDR'] = ...`` inside ``mp.spawn``'s function): its own
+``/proc/PID/environ`` lacks them, but a tool it starts (``cat``) inherits them. The tool
+is no rank; its Python parent and that parent's Python siblings are found instead. Real
+processes."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hangtrace.tracer.collect.discover import find_torch_processes
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+
+RANK = ("import os, subprocess, sys, time\n"
+        "os.environ['MASTER_ADDR'] = '127.0.0.1'; os.environ['MASTER_PORT'] = '%d'\n"
+        "if sys.argv[1] == '0':\n"
+        "    subprocess.Popen(['cat'], stdin=subprocess.PIPE).wait()\n"
+        "time.sleep(60)\n")
+LAUNCHER = ("import subprocess, sys, time\n"
+            "ps = [subprocess.Popen([sys.executable, '-c', %r, str(r)]) for r in range(2)]\n"
+            "[p.wait() for p in ps]\n")
+
+
+def test_a_tool_that_inherited_master_addr_leads_to_its_rank_and_the_siblings():
+    port = 20000 + os.getpid() % 20000
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+                                                           "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "GROUP_RANK")}
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER % (RANK % port)], env=env)
+    try:
+        import psutil
+        t0 = time.monotonic()
+        cat = None
+        while cat is None and time.monotonic() - t0 < 20:
+            cat = next((c for c in psutil.Process(launcher.pid).children(recursive=True) if c.name() == "cat"), None)
+            time.sleep(0.05)
+        assert cat is not None, "the rank never started its tool"
+        ranks = {c.pid for c in psutil.Process(launcher.pid).children()}
+        found = [d for d in find_torch_processes() if d["env"].get("MASTER_PORT") == str(port)
+                 or d["pid"] in ranks or d["pid"] == cat.pid]
+        assert {d["pid"] for d in found} == ranks, found           # the two ranks, not cat
+        assert all(d["inferred_from"] == cat.pid and d["python"] for d in found), found
+    finally:
+        for c in psutil.Process(launcher.pid).children(recursive=True):
+            c.kill()
+        launcher.kill()
+        launcher.wait()
