@@ -229,7 +229,9 @@ def attach(pids: Optional[List[int]] = None, native: bool = False, out_dir: Opti
     snap = collect(pids, native=native, out_dir=out_dir, log=log)
     diag = diagnose(snap)  # reason 'attach': the stack_only rule
     write_diagnosis(snap, diag, text_report(diag, snap))
-    return Result(snap, diag, verdict_paragraph(diag))
+    # the stack_only rule writes its own summary (stacks-only wording, as report.txt shows
+    # it); the paragraph renderer knows flight records and would say "not enough data"
+    return Result(snap, diag, diag.summary or verdict_paragraph(diag))
 
 
 def env_diff(run_dir: str) -> Tuple[Any, List[str]]:

@@ -71,3 +71,16 @@ def test_stack_only_everybody_in_same_collective_is_unknown():
 def test_stack_only_nobody_in_a_collective():
     d = check(attached({0: QUEUE_GET, 1: None}, 2), Kind.UNKNOWN, [])
     assert "ranks 1 have no stack" in d.summary
+
+
+def test_stack_only_without_any_rank_keys_the_processes_by_pid():
+    """attach found the processes through a child that inherited the torch variables they
+    set in Python (collect/discover.py): no rank is known, the stacks still tell who waits."""
+    procs = [ProcessInfo(host="h0", pid=pid, rank=-1, local_rank=-1, world_size=-1, state="alive",
+                         stacks=stack(*fr), stack_source="py-spy", meta={"attached": True})
+             for pid, fr in ((3001, COLL_STACK), (3002, QUEUE_GET))]
+    s = Snapshot(run_dir="/tmp/attach", taken_wall_ns=T0, reason="attach", processes=procs)
+    d = check(s, Kind.STUCK_OUTSIDE_COLLECTIVE, [], waiting=[])
+    assert d.details["culprit_pids"] == [3002] and d.details["waiting_pids"] == [3001], d.details
+    assert d.summary.startswith("Rank unknown for every process") and "pid 3002 is not in any" in d.summary, d.summary
+    assert "rank" not in d.summary.split("by pid:")[1], d.summary

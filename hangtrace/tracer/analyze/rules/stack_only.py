@@ -11,9 +11,15 @@ ops -> 'collective-mismatch' naming the minority (every rank on a tie); ranks mi
 missing ranks; otherwise 'unknown' (all ranks in the same collective: the transport, or
 a rank outside this host; or nobody in a collective). The summary is written here
 (stacks-only wording), not by ``report.paragraph``.
+
+When no process has a rank (attach found them through a child that inherited torch
+variables they set in Python: ``collect/discover.py``), the same view is keyed by pid and
+says "pid"; its culprits and waiters go to ``details['culprit_pids']`` and
+``details['waiting_pids']``, never into the rank lists.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -41,6 +47,7 @@ class StackView:
     world: int
     classes: Tuple[Dict[str, Any], ...]
     frames: Mapping[int, List[Any]]
+    unit: str = "rank"  # what the keys are: 'rank', or 'pid' when no process has a rank
 
 
 def applies(ctx: Ctx) -> bool:
@@ -53,6 +60,10 @@ def find(ctx: Ctx) -> Optional[Finding]:
     if not applies(ctx):
         return None
     procs = [p for p in ctx.snap.processes if p.rank >= 0]
+    unit = "rank"
+    if not procs:  # no rank known: the processes by pid (their stacks still tell who waits)
+        procs = [dataclasses.replace(p, rank=p.pid, world_size=-1) for p in ctx.snap.processes if p.stacks]
+        unit = "pid"
     inside: Dict[int, str] = {}
     outside: Dict[int, str] = {}
     nostack: List[int] = []
@@ -78,13 +89,18 @@ def find(ctx: Ctx) -> Optional[Finding]:
             if len(missing) >= MAX_MISSING_LISTED:
                 break
     sv = StackView(inside, outside, tuple(nostack), tuple(missing), world,
-                   tuple(classes(merge_stacks(procs))), frames_of)
+                   tuple(classes(merge_stacks(procs))), frames_of, unit)
     return Finding(NAME, data=sv)
 
 
 def _top(sv: StackView, rank: int) -> List[str]:
     return ["%s (%s:%s)" % (f.get("name"), os.path.basename(f.get("filename") or ""), f.get("line"))
             for f in sv.frames.get(rank, [])[:8]]
+
+
+def _n(sv: StackView, keys: Any) -> str:
+    """``'rank'``/``'ranks'`` (or pid) for ``keys``."""
+    return sv.unit + ("s" if len(keys) > 1 else "")
 
 
 def _stuck(sv: StackView, d: Diagnosis) -> None:
@@ -96,11 +112,11 @@ def _stuck(sv: StackView, d: Diagnosis) -> None:
     d.frames = _top(sv, first)
     ops = sorted(set(inside.values()))
     d.op = ops[0] if len(ops) == 1 else None
-    d.summary = ("Stuck outside collectives: rank%s %s %s not in any torch.distributed call (%s) while "
-                 "rank%s %s wait in %s. Its stack: %s. Next: find what it waits for outside "
+    d.summary = ("Stuck outside collectives: %s %s %s not in any torch.distributed call (%s) while "
+                 "%s %s wait in %s. Its stack: %s. Next: find what it waits for outside "
                  "torch.distributed (the producer of its queue, the holder of its lock, its IO)."
-                 % ("s" if len(outside) > 1 else "", format_ranks(outside), "are" if len(outside) > 1 else "is",
-                    outside[first], "s" if len(inside) > 1 else "", format_ranks(inside), "/".join(ops),
+                 % (_n(sv, outside), format_ranks(outside), "are" if len(outside) > 1 else "is",
+                    outside[first], _n(sv, inside), format_ranks(inside), "/".join(ops),
                     " < ".join(d.frames[:4])))
 
 
@@ -119,11 +135,11 @@ def _mismatch(sv: StackView, d: Diagnosis) -> None:
                                for op, rs in ranked]
     d.waiting_ranks = sorted(set(inside) - set(d.culprit_ranks))
     d.frames = _top(sv, d.culprit_ranks[0])
-    d.summary = ("Collective mismatch: ranks are blocked in different collectives (%s). The odd one%s: "
-                 "rank%s %s. Its stack: %s. Next: compare the code paths; a rank took a different branch."
-                 % ("; ".join("%s: ranks %s" % (op, format_ranks(rs)) for op, rs in ranked),
-                    "s" if len(d.culprit_ranks) > 1 else "", "s" if len(d.culprit_ranks) > 1 else "",
-                    format_ranks(d.culprit_ranks), " < ".join(d.frames[:4])))
+    d.summary = ("Collective mismatch: %ss are blocked in different collectives (%s). The odd one%s: "
+                 "%s %s. Its stack: %s. Next: compare the code paths; a %s took a different branch."
+                 % (sv.unit, "; ".join("%s: %ss %s" % (op, sv.unit, format_ranks(rs)) for op, rs in ranked),
+                    "s" if len(d.culprit_ranks) > 1 else "", _n(sv, d.culprit_ranks),
+                    format_ranks(d.culprit_ranks), " < ".join(d.frames[:4]), sv.unit))
 
 
 def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
@@ -135,12 +151,12 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["source"] = "stacks only (hangtrace attach: no flight records)"
     ev = d.evidence
     for c in sv.classes:
-        ev.append("ranks %s: %s" % (format_ranks(c["ranks"]), " > ".join(c["frames"][-4:])))
+        ev.append("%ss %s: %s" % (sv.unit, format_ranks(c["ranks"]), " > ".join(c["frames"][-4:])))
     if missing:
         ev.append("ranks %s of world size %d were not found on this host (dead, or on another node)"
                   % (format_ranks(missing), sv.world))
     if sv.nostack:
-        ev.append("ranks %s: no stack (see errors)" % format_ranks(sv.nostack))
+        ev.append("%ss %s: no stack (see errors)" % (sv.unit, format_ranks(sv.nostack)))
     if inside and outside:
         _stuck(sv, d)
     elif inside and len(set(inside.values())) > 1:
@@ -157,6 +173,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
                      "alone cannot tell who is late. Next: run the job with HANGTRACE=1 for sequence numbers, "
                      "or check the transport (NCCL/gloo logs)." % "/".join(sorted(set(inside.values()))))
     else:
-        d.summary = ("Unknown: no rank is inside a torch.distributed collective%s. Next: look at the stack "
-                     "classes below; the job may be busy, not hung." % (
-                         " (ranks %s have no stack)" % format_ranks(sv.nostack) if sv.nostack else ""))
+        d.summary = ("Unknown: no %s is inside a torch.distributed collective%s. Next: look at the stack "
+                     "classes below; the job may be busy, not hung." % (sv.unit,
+                         " (%ss %s have no stack)" % (sv.unit, format_ranks(sv.nostack)) if sv.nostack else ""))
+    if sv.unit == "pid":  # keys are pids: never in the rank lists
+        d.details["culprit_pids"], d.details["waiting_pids"] = d.culprit_ranks, d.waiting_ranks
+        d.culprit_ranks, d.waiting_ranks = [], []
+        d.summary = "Rank unknown for every process (see errors); by pid: " + d.summary
