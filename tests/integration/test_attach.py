@@ -53,6 +53,19 @@ def _start_time(pid):
     return psutil.Process(pid).create_time()
 
 
+def _python_runnable_by(user):
+    """A Python interpreter ``user`` may run (a rank of another user is a Python process;
+    this interpreter may live under /root), or None."""
+    for exe in ("/usr/bin/python3", sys.executable):
+        try:
+            if subprocess.run([exe, "-c", "pass"], user=user, cwd="/", stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=30).returncode == 0:
+                return exe
+        except (OSError, subprocess.SubprocessError):
+            continue
+    return None
+
+
 def test_attach_without_pid_picks_the_newest_job_of_this_user_and_says_why(tmp_path):
     """Two uninstrumented one-rank jobs of this user started a second apart (and, as root,
     a newer one of another user): `hangtrace attach` takes the newer of this user's and
@@ -72,9 +85,11 @@ def test_attach_without_pid_picks_the_newest_job_of_this_user_and_says_why(tmp_p
         time.sleep(1.2)
         procs.append(job(free_port()))
         older, newer = procs
-        if os.getuid() == 0:  # a newer job owned by another user is not this user's job
+        other_python = _python_runnable_by("nobody") if os.getuid() == 0 else None
+        if other_python:  # a newer job owned by another user is not this user's job
             time.sleep(1.2)
-            procs.append(job(free_port(), cmd=["sleep", "120"], user="nobody"))
+            procs.append(job(free_port(), cmd=[other_python, "-c", "import time; time.sleep(120)"], user="nobody",
+                             cwd="/"))
             assert psutil.Process(procs[2].pid).uids().real != 0
         time.sleep(0.5)
         out = subprocess.run([sys.executable, "-m", "hangtrace", "attach"], env=base_env(traced=False, TMPDIR=tmp_path),

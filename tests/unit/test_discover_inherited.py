@@ -47,3 +47,36 @@ def test_a_tool_that_inherited_master_addr_leads_to_its_rank_and_the_siblings():
             c.kill()
         launcher.kill()
         launcher.wait()
+
+
+HARNESS = ("import os, subprocess, sys, time\n"
+           "env = dict(os.environ, MASTER_ADDR='127.0.0.1', MASTER_PORT=sys.argv[1])\n"
+           "subprocess.Popen(['sleep', '60'], env=env, user=sys.argv[2]).wait()\n")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="starting a process as another user needs root")
+def test_a_tool_of_another_user_does_not_make_its_python_parent_a_rank():
+    """A Python harness that starts a tool as another user with the torch variables passed
+    in ``env=`` (a test harness, a job submitter) is not a rank: the parent runs as a
+    different user than the child that carries the variables."""
+    import psutil
+    port = 20000 + (os.getpid() + 7) % 20000
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+                                                           "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "GROUP_RANK")}
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(port), "nobody"], env=env, cwd="/")
+    try:
+        t0 = time.monotonic()
+        tool = None
+        while tool is None and time.monotonic() - t0 < 20:
+            tool = next((c for c in psutil.Process(harness.pid).children() if c.name() == "sleep"), None)
+            time.sleep(0.05)
+        assert tool is not None, "the harness never started its tool"
+        assert tool.uids().real != 0
+        found = find_torch_processes(include_all=True)
+        assert harness.pid not in {d["pid"] for d in found}, found
+        assert tool.pid not in {d["pid"] for d in found}, found      # no Python: no rank
+    finally:
+        for c in psutil.Process(harness.pid).children(recursive=True):
+            c.kill()
+        harness.kill()
+        harness.wait()

@@ -144,15 +144,22 @@ def _python_parents(found: List[Found], psutil: Any, host: str, skipped: List[Di
     ``/proc/PID/environ`` does not show: the parent is taken instead, with its Python
     siblings (the other workers of that launcher, its resource tracker aside), each with
     ``inferred_from`` (the child's pid). Other non-Python processes are dropped unless a
-    Python process of the same job was found (``_prefer_leaves`` drops those wrappers)."""
+    Python process of the same job was found (``_prefer_leaves`` drops those wrappers).
+
+    The parent is inferred only when no Python process of the child's job was found (then
+    the child is a wrapper such as ``srun`` or ``bash -c`` of ranks that are visible) and
+    the parent runs as the child's user (a launcher that starts a job as another user, or a
+    test harness passing ``env=``, is not a rank)."""
     pids = {d["pid"] for d in found}
     keys = {_job_key(d)[:4] for d in found if d["python"]}
     out = [d for d in found if d["python"] or _job_key(d)[:4] in keys]
     for d in found:
-        if d["python"] or d["ppid"] in pids or not d["ppid"]:
+        if d["python"] or d["ppid"] in pids or not d["ppid"] or _job_key(d)[:4] in keys:
             continue
         try:
             parent = psutil.Process(d["ppid"])
+            if d["uid"] is None or parent.uids().real != d["uid"]:
+                continue
             family = [parent] + [c for c in psutil.Process(parent.ppid()).children() if c.pid != parent.pid]
         except Exception:
             continue
