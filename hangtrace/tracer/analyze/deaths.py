@@ -83,10 +83,49 @@ def death_after(v: RankView, start: int) -> bool:
     """True when dead rank ``v`` provably lived on after ``start`` (ns): its death time
     is exact (signal dump, exception, exit record) and later, or - for a death without a
     record, whose time is only a lower bound - it issued something after ``start``
-    (the completion of its last collective does not count)."""
+    (the completion of its last collective does not count).
+
+    A rank that raised an exception of its own (not a stop - ``STOP_ERRORS`` - and not a
+    transport victim) after ``start`` without having moved on first
+    (:func:`moved_on_after`) did not live on past the wait: it was on its way to the
+    collective (a DataLoader waiting for a worker the kernel OOM-killed, a slow rank-only
+    step that then crashed) and the exception is why it never came (CI 2026-12-04, blind
+    job tr_dl_oom: rank 1 raised 3 s after rank 0 began waiting and was called
+    'skipped-collective: moved on' for its dying records)."""
     if v.cause == KILLED or (v.mem or {}).get("base_cause") == KILLED:
         return bool(v.activity_wall and v.activity_wall > start)
-    return bool(v.fail_wall and v.fail_wall > start)
+    if not (v.fail_wall and v.fail_wall > start):
+        return False
+    if base_cause(v) == Cause.EXCEPTION.value and not v.victim and not is_stop_error(v.cause_text):
+        return moved_on_after(v, start)
+    return True
+
+
+def _t_wall(rec: Optional[Mapping[str, Any]]) -> int:
+    return int((rec or {}).get("t_wall_ns") or 0)
+
+
+def moved_on_after(v: RankView, start: int) -> bool:
+    """True when ``v`` recorded a step of its own after ``start`` (ns): a collective or
+    p2p issued, a phase entered, a step or group record. Its dying records (exception,
+    exit, ``destroy_process_group``, the phase exits the exception unwound) are not;
+    neither are memory samples."""
+    sm = v.proc.summary
+    if sm is None:
+        return bool(v.activity_wall and v.activity_wall > start)
+    t = _t_wall
+    if t(sm.last_comm) > start or any(t(enter) > start for enter, _exit in sm.phase_visits.values()):
+        return True
+    for rec in reversed(sm.tail):  # newest first; the tail holds the newest TAIL records
+        if t(rec) <= start:
+            break
+        if rec.get("kind") in _MOVE_KINDS:
+            return True
+    return False
+
+
+#: record kinds that are a step of the rank's own (``moved_on_after``)
+_MOVE_KINDS = ("collective", "p2p", "step", "phase_enter", "group")
 
 
 def died_soon_after(v: RankView, start: int) -> bool:

@@ -302,6 +302,16 @@ def _unschedulable(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> s
     return s
 
 
+def _at_coll(coll: str, d: Dict[str, Any]) -> str:
+    """Where a dead rank stopped: in or after the verdict's collective, or before it when
+    its own last on that group is an earlier seq (``details['root_last_seq']``)."""
+    if not coll:
+        return ""
+    if d.get("root_last_seq") is not None:
+        return " before %s (its last there: seq %s)" % (coll, d["root_last_seq"])
+    return " during/after %s" % coll
+
+
 def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     text = d.get("cause_text") or ""
     casc = diag.cascade or []
@@ -320,7 +330,7 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         return s
     s = ("Dead rank: %s died first (cause: %s%s)%s%s%s." % (
         who, diag.cause, (": " + text) if text else "", _where(diag),
-        (" during/after %s" % coll) if coll else "", _doing(diag)))
+        _at_coll(coll, d), _doing(diag)))
     if casc:
         s += " %d other rank(s) failed after it (cascade, e.g. rank %d: %s)." % (
             len(casc), casc[0]["rank"], clip(casc[0].get("text") or casc[0].get("cause") or "", 100))

@@ -100,6 +100,45 @@ def test_hang_then_sigterm_all_keeps_hang_verdict():
     assert "killed later: sigterm" in d.details["culprit_reasons"]["2"]
 
 
+def _raises_later(exc_type, moved_on=False):
+    """Rank 1 never reached the all_reduce ranks 0 and 2 wait in: it raised ``exc_type``
+    5 s after they began waiting (a DataLoader whose worker the kernel OOM-killed: blind
+    job tr_dl_oom), having first moved on to its next step when ``moved_on``; its
+    dying records (exception, exit) come after the wait began."""
+    b = ranks(3)
+    for r in (0, 2):
+        b[r].wait()
+    start = b[0].t
+    if moved_on:
+        b[1].t = start + S
+        b[1].mark("step", step=b[1].step + 1)
+    b[1].t = start + 5 * S
+    b[1].mark("phase_exit")
+    b[1].set(state="exited", exit_code=1, exit_wall_ns=start + 5 * S + MS,
+             events=[{"event": "exception", "type": exc_type, "wall_ns": start + 5 * S,
+                      "message": "DataLoader worker (pid(s) 4242) exited unexpectedly"}])
+    return diagnose(snap(b))
+
+
+def test_an_own_exception_after_the_wait_began_without_moving_on_is_the_root():
+    d = check(_raises_later("RuntimeError"), "dead-rank", [1])
+    assert d.cause == "exception" and "DataLoader worker" in d.details["cause_text"]
+    # it never reached the waiters' seq 4: "before", not "during/after" it
+    assert "before all_reduce seq 4" in d.summary and "(its last there: seq 3)" in d.summary, d.summary
+
+
+def test_an_exception_after_moving_on_is_not_why_the_others_wait():
+    d = _raises_later("RuntimeError", moved_on=True)
+    assert (d.kind, d.culprit_ranks) == ("skipped-collective", [1]), d.summary
+    assert "killed later: exception" in d.details["culprit_reasons"]["1"]
+
+
+def test_a_stop_exception_after_the_wait_began_keeps_the_hang():
+    """Ctrl-C of a hung job raises KeyboardInterrupt in the rank: a stop, not the root."""
+    d = _raises_later("KeyboardInterrupt")
+    assert d.kind != "dead-rank" and d.culprit_ranks == [1], d.summary
+
+
 def test_sigterm_decides_whatever_the_exit_code():
     """Issue 9, the founding report: Ray turns a SIGTERM into its own graceful exit (code 0
     or 1); the SIGTERM dump of a rank that was at work decides the cause. An idle process

@@ -97,6 +97,9 @@ def _where_it_stopped(ctx: Ctx, d: Diagnosis, root: RankView) -> Optional[Inst]:
     if inst is not None:
         d.details["direct_waiters"] = sorted(inst.waiters)
         if not other_count:
+            mine = root.last.get(inst.group)
+            if mine is not None and not inst.p2p and int(mine.get("seq") or 0) < int(inst.seq or 0):
+                d.details["root_last_seq"] = mine.get("seq")  # it died before reaching the waiters' seq
             return inst
         d.details["waiters_seq"] = "torch"
     b = root.blocked or root.last_rec
