@@ -29,6 +29,9 @@ def test_a_tool_that_inherited_master_addr_leads_to_its_rank_and_the_siblings():
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
                                                            "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "GROUP_RANK")}
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER % (RANK % port)], env=env)
+    # another job on the host whose ranks do show RANK must not hide these (CI, 2026-12-04)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env=dict(env, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port + 1)))
     try:
         import psutil
         t0 = time.monotonic()
@@ -47,6 +50,8 @@ def test_a_tool_that_inherited_master_addr_leads_to_its_rank_and_the_siblings():
             c.kill()
         launcher.kill()
         launcher.wait()
+        other.kill()
+        other.wait()
 
 
 HARNESS = ("import os, subprocess, sys, time\n"
@@ -80,3 +85,20 @@ def test_a_tool_of_another_user_does_not_make_its_python_parent_a_rank():
             c.kill()
         harness.kill()
         harness.wait()
+
+
+def test_a_process_denied_even_to_root_is_not_listed_as_a_reason():
+    """This VM's init (pid 1) refuses its environ even to root. A scan as root left it as
+    the first 'skipped' reason, and `hangtrace attach` printed "no torch.distributed
+    process found (pid 1: access denied ... run as root ...)": a wrong remedy, read as the
+    cause. Such a process is no user's job: it is not listed."""
+    import psutil
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    try:
+        psutil.Process(1).environ()
+        pytest.skip("pid 1's environ is readable to root on this host")
+    except psutil.AccessDenied:
+        pass
+    res = find_torch_processes()
+    assert 1 not in [s["pid"] for s in res.skipped], res.skipped

@@ -112,13 +112,14 @@ def _prefer_leaves(cands: List[Found]) -> List[Found]:
     """Keep the rank processes, drop launchers, wrappers and forked helpers.
 
     1. If any candidate has RANK, drop those without (torchrun/launcher parents usually
-       lack RANK; a shell exporting MASTER_ADDR too).
+       lack RANK; a shell exporting MASTER_ADDR too) - except the ranks inferred from a
+       tool they started (``_python_parents``): another job's RANK must not hide them.
     2. Within one job and rank, drop non-Python wrappers (``bash -c``/``srun`` shells) when
        a Python process exists, then keep the topmost Python processes: forked children of
        a rank (DataLoader workers, compile workers) inherit its environment but are not the
        rank.
     """
-    with_rank = [d for d in cands if d["rank"] >= 0]
+    with_rank = [d for d in cands if d["rank"] >= 0 or d.get("inferred_from")]
     if with_rank:
         cands = with_rank
     groups: Dict[Tuple[str, str, str, str, int], List[Found]] = {}
@@ -229,6 +230,8 @@ def find_torch_processes(pids: Optional[Iterable[Union[int, str]]] = None,
                 skipped.append({"pid": proc.pid, "reason": "process vanished"})
             continue
         except psutil.AccessDenied:
+            if pids is None and os.geteuid() == 0:
+                continue  # denied even to root (a sandbox's init, a kernel helper): no job of a user
             skipped.append({"pid": proc.pid, "reason": (
                 "access denied reading /proc/%d/environ: run as the job's user, as root, or "
                 "with CAP_SYS_PTRACE" % proc.pid)})
