@@ -131,3 +131,15 @@ def test_an_untraced_child_seen_at_stack_time_is_named_with_its_system_call():
     del main[0]["kernel"]
     d = check(diagnose(snap([r0, r1])), "stuck-outside-collective", [0])
     assert "pid 4242 (tar" in d.details["child_wait"] and "4241" not in d.details["child_wait"]
+
+
+def test_a_socket_peer_that_is_a_rank_is_named_as_that_rank():
+    """The evaluator's socket leads back to rank 0 itself (its reward-server thread): the
+    collector names the peer's pid (collect/kernelwait.py); the verdict says which rank."""
+    kern = dict(RECV, args=["fd 3 (TCP 127.0.0.1:40786 -> 127.0.0.1:9999, ESTABLISHED, peer pid 1000 (python3 "
+                            "train.py))"])
+    d = check(_job(child_kernel=kern), "stuck-outside-collective", [0])
+    assert "ESTABLISHED, peer pid 1000: rank 0)" in d.details["child_wait"], d.details["child_wait"]
+    kern = dict(RECV, args=["fd 3 (TCP 127.0.0.1:40786 -> 127.0.0.1:9999, ESTABLISHED, peer pid 4321 (redis-server))"])
+    d = check(_job(child_kernel=kern), "stuck-outside-collective", [0])
+    assert "peer pid 4321 (redis-server)" in d.details["child_wait"], d.details["child_wait"]  # no rank: as collected

@@ -58,6 +58,8 @@ def test_a_socket_recv_names_the_peer_and_py_spy_threads_carry_it():
         k = _blocked(p.pid, tid)
         assert k["syscall"] in ("recvfrom", "read", "recvmsg"), k
         assert k["args"] and "TCP 127.0.0.1:" in k["args"][0] and "-> 127.0.0.1:%d" % port in k["args"][0], k
+        # the other end is this test process's socket: named by pid (the host's TCP table)
+        assert "peer pid %d (" % os.getpid() in k["args"][0], k
         if S.pyspy_path():
             r = S.dump_one(p.pid)
             asker = [t for t in r["threads"] or () if t.get("thread_name") == "asker"]
@@ -99,3 +101,26 @@ def test_decode_odd_lines_and_unknown_numbers():
     assert K.children(2 ** 22 + 1) == []
     assert K.annotate(2 ** 22 + 1, [{"active": False, "os_thread_id": 2 ** 22 + 1}]) == \
         [{"active": False, "os_thread_id": 2 ** 22 + 1}]
+
+
+def test_a_poll_interrupted_by_py_spy_keeps_its_call_and_files():
+    """py-spy's ptrace stop interrupts a poll(2); the thread resumes in restart_syscall,
+    whose arguments are gone. Read after the dump, the call said 'syscall 219' (a blind
+    job's rank in subprocess.run: "kernel: syscall 219"); the calls read before the dump
+    name poll and its pipe."""
+    code = "import os, select; r, w = os.pipe(); q = select.poll(); q.register(r); q.poll()"
+    p = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        k = _blocked(p.pid, p.pid)
+        assert k["syscall"] in ("poll", "ppoll") and "pipe:[" in k["args"][0], k
+        if not S.pyspy_path():
+            pytest.skip("py-spy not installed")
+        r = S.dump_one(p.pid)
+        main = [t for t in r["threads"] or () if t.get("os_thread_id") == p.pid]
+        assert main and main[0]["kernel"]["syscall"] == k["syscall"], r
+        assert "pipe:[" in main[0]["kernel"]["args"][0], main[0]["kernel"]
+        now = K.thread_wait(p.pid, p.pid)
+        assert now is not None and now["syscall"] in (K.RESTART, k["syscall"]), now  # named, not 'syscall 219'
+    finally:
+        p.kill()
+        p.wait()

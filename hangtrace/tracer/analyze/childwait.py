@@ -19,6 +19,7 @@ a shell tool run by ``subprocess.check_call`` is named with what it is blocked o
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional, Sequence
 
 from hangtrace.tracer.analyze.context import Ctx
@@ -149,6 +150,22 @@ def child_process(ctx: Ctx, d: Diagnosis) -> None:
             text = ("rank %d waits for a child process (%s); no live traced child of it: the child is not a "
                     "traced Python process (`ps --ppid %d -o pid,stat,wchan:20,args` on %s lists it)" % (
                         r, how, v.proc.pid, v.proc.host))
+        text = name_peers(ctx, text, v.proc.host)
         d.details["child_wait"] = text
         ctx.add(text)
         return
+
+
+_PEER = re.compile(r"peer pid (\d+) \([^)]*\)")
+
+
+def name_peers(ctx: Ctx, text: str, host: str) -> str:
+    """``'peer pid 812 (python3 job.py)'`` (a socket's other end, collect/kernelwait.py)
+    becomes ``'peer pid 812: rank 0'`` when pid 812 on ``host`` is a rank of the snapshot:
+    an evaluator that waits on a server thread of the rank that waits for it."""
+    ranks = {p.pid: p.rank for p in ctx.snap.processes if p.host == host and p.rank >= 0}
+
+    def sub(m: "re.Match[str]") -> str:
+        pid = int(m.group(1))
+        return "peer pid %d: rank %d" % (pid, ranks[pid]) if pid in ranks else m.group(0)
+    return _PEER.sub(sub, text)

@@ -29,6 +29,11 @@ import os
 import platform
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+#: A blocking call (poll, nanosleep, ...) interrupted by a signal or a debugger's stop - py-spy's
+#: ptrace attach is one - resumes as ``restart_syscall``: its own arguments are gone
+#: (restart_syscall(2)). :func:`read_syscalls` reads the calls before py-spy stops the process.
+RESTART = "restart_syscall"
+
 #: syscall number -> (name, what its arguments are: 'f' fd, 'p' path pointer, 'd' dirfd,
 #: 'P' a pollfd array (with the count next), 'w' a pid to wait for, '-' anything else).
 #: Numbers from the kernel's tables: arch/x86/entry/syscalls/syscall_64.tbl and
@@ -47,6 +52,7 @@ _X86_64: Mapping[int, Tuple[str, str]] = {
     264: ("renameat", "dpdp"), 270: ("pselect6", "-"), 271: ("ppoll", "P"), 281: ("epoll_pwait", "f"),
     285: ("fallocate", "f"), 288: ("accept4", "f"), 299: ("recvmmsg", "f"), 307: ("sendmmsg", "f"),
     316: ("renameat2", "dpdp"), 332: ("statx", "dp"), 437: ("openat2", "dp"), 441: ("epoll_pwait2", "f"),
+    219: (RESTART, "-"),
 }
 _AARCH64: Mapping[int, Tuple[str, str]] = {
     22: ("epoll_pwait", "f"), 25: ("fcntl", "f"), 29: ("ioctl", "f"), 32: ("flock", "f"),
@@ -59,7 +65,7 @@ _AARCH64: Mapping[int, Tuple[str, str]] = {
     203: ("connect", "f"), 206: ("sendto", "f"), 207: ("recvfrom", "f"), 211: ("sendmsg", "f"),
     212: ("recvmsg", "f"), 242: ("accept4", "f"), 243: ("recvmmsg", "f"), 260: ("wait4", "w"),
     269: ("sendmmsg", "f"), 276: ("renameat2", "dpdp"), 291: ("statx", "dp"), 437: ("openat2", "dp"),
-    441: ("epoll_pwait2", "f"),
+    441: ("epoll_pwait2", "f"), 128: (RESTART, "-"),
 }
 _TABLES = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
 
@@ -100,12 +106,24 @@ def _cstring(pid: int, addr: int) -> Optional[str]:
     return data.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
+def _label(pid: int) -> str:
+    """``'python3 job.py'``: the program and its first argument, base names; '?' when gone."""
+    try:
+        import psutil
+        argv = psutil.Process(pid).cmdline()
+    except Exception:
+        return "?"
+    words = [os.path.basename(a) for a in argv[:1]] + [os.path.basename(a) for a in argv[1:8] if not a.startswith("-")][:1]
+    return " ".join(words) or "?"
+
+
 class _Fds:
     """What a process's file descriptors name; sockets described once per process."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._socks: Optional[Dict[int, str]] = None
+        self._peers: Optional[Dict[Tuple[Any, Any], int]] = None
 
     def _sockets(self) -> Dict[int, str]:
         if self._socks is None:
@@ -120,13 +138,39 @@ class _Fds:
                     if isinstance(la, str) or isinstance(ra, str):  # AF_UNIX: paths
                         desc = "unix %s%s" % (la or "(unnamed)", " -> %s" % ra if ra else "")
                     else:
-                        desc = "%s %s%s%s" % (kind, "%s:%s" % tuple(la) if la else "?",
-                                              " -> %s:%s" % tuple(ra) if ra else "",
-                                              ", %s" % c.status if c.status and c.status != "NONE" else "")
+                        desc = "%s %s%s%s%s" % (kind, "%s:%s" % tuple(la) if la else "?",
+                                                " -> %s:%s" % tuple(ra) if ra else "",
+                                                ", %s" % c.status if c.status and c.status != "NONE" else "",
+                                                self._peer(kind, la, ra))
                     self._socks[int(c.fd)] = desc
             except Exception:  # psutil missing, process gone, permission: the fd link only
                 pass
         return self._socks
+
+    def _peer(self, kind: str, la: Any, ra: Any) -> str:
+        """``', peer pid 812 (python3 server.py)'`` when the other end of a TCP connection
+        is a socket of a process on this host (found by its address in the host's TCP
+        table: psutil ``net_connections``, which needs root for other users' processes);
+        ``', peer: this process'`` for one of its own threads; else ''."""
+        if kind != "TCP" or not ra or not la:
+            return ""
+        if self._peers is None:
+            self._peers = {}
+            for _attempt in range(2):  # (a process that exits during the scan can fail it)
+                try:
+                    import psutil
+                    for c in psutil.net_connections(kind="tcp"):
+                        if c.laddr and c.raddr and c.pid:
+                            self._peers[(tuple(c.laddr), tuple(c.raddr))] = int(c.pid)
+                    break
+                except Exception:  # permission, psutil missing: no peer named
+                    continue
+        pid = self._peers.get((tuple(ra), tuple(la)))
+        if pid is None:
+            return ""
+        if pid == self.pid:
+            return ", peer: this process"
+        return ", peer pid %d (%s)" % (pid, _label(pid))
 
     def name(self, fd: int) -> str:
         """``'fd 4 (TCP 127.0.0.1:5 -> 127.0.0.1:9, ESTABLISHED)'``, ``'fd 3 (/x/y.pt)'``."""
@@ -186,10 +230,35 @@ def decode(pid: int, text: str, fds: Optional[_Fds] = None,
     return {"syscall": name, "nr": nr, "args": args[:_MAX_POLL + 1]}
 
 
-def thread_wait(pid: int, tid: int, fds: Optional[_Fds] = None) -> Optional[Dict[str, Any]]:
-    """The kernel's view of thread ``tid`` of ``pid`` (module docstring), or None."""
+def read_syscalls(pid: int) -> Dict[int, str]:
+    """``{tid: /proc/PID/task/TID/syscall line}`` for every thread of ``pid`` now: taken
+    before py-spy's ptrace stop, which interrupts a blocked call and leaves the thread in
+    ``restart_syscall`` (its arguments gone) when it is read after. Reading the file does
+    not interrupt the call. Never raises ({} when the process is gone or unreadable)."""
+    out: Dict[int, str] = {}
+    try:
+        tids = os.listdir("/proc/%d/task" % int(pid))
+    except OSError:
+        return out
+    for t in tids:
+        text = _read("/proc/%d/task/%s/syscall" % (int(pid), t))
+        if text and t.isdigit():
+            out[int(t)] = text
+    return out
+
+
+def thread_wait(pid: int, tid: int, fds: Optional[_Fds] = None,
+                before: Optional[Mapping[int, str]] = None) -> Optional[Dict[str, Any]]:
+    """The kernel's view of thread ``tid`` of ``pid`` (module docstring), or None.
+    ``before``: :func:`read_syscalls` taken earlier; its line is used when the call read
+    now is a ``restart_syscall`` (or the thread is in no call now but was blocked then,
+    which a debugger's stop can also cause)."""
     base = "/proc/%d/task/%d/" % (int(pid), int(tid))
-    k = decode(pid, _read(base + "syscall") or "", fds)
+    now = _read(base + "syscall") or ""
+    k = decode(pid, now, fds)
+    earlier = (before or {}).get(int(tid))
+    if earlier and (k is None or k["syscall"] == RESTART):
+        k = decode(pid, earlier, fds) or k
     if k is None:
         return None
     wchan = _read(base + "wchan")
@@ -198,15 +267,17 @@ def thread_wait(pid: int, tid: int, fds: Optional[_Fds] = None) -> Optional[Dict
     return k
 
 
-def annotate(pid: int, threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def annotate(pid: int, threads: List[Dict[str, Any]],
+             before: Optional[Mapping[int, str]] = None) -> List[Dict[str, Any]]:
     """``threads`` (py-spy's, normalised) with ``'kernel'`` added to each one that is not
-    running and has an ``os_thread_id``; the same list, changed in place. Never raises."""
+    running and has an ``os_thread_id``; the same list, changed in place. ``before``:
+    :func:`read_syscalls` taken before py-spy ran (see :func:`thread_wait`). Never raises."""
     try:
         fds = _Fds(pid)
         for t in threads:
             tid = t.get("os_thread_id")
             if t.get("active") is False and isinstance(tid, int) and tid > 0:
-                k = thread_wait(pid, tid, fds)
+                k = thread_wait(pid, tid, fds, before)
                 if k is not None:
                     t["kernel"] = k
     except Exception:  # never lose the stacks for a detail

@@ -264,6 +264,7 @@ def dump_one(pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Opt
         return _result(pid, error=PYSPY_MISSING, remedy="pip install py-spy", t0=t0)
     base = [exe, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
     nonblocking = False
+    before = kernelwait.read_syscalls(pid)  # before py-spy's ptrace stop restarts the calls
     try:
         try:
             out = subprocess.run(base, capture_output=True, text=True, timeout=timeout_s,
@@ -301,7 +302,7 @@ def dump_one(pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Opt
         return _result(pid, error="py-spy failed on pid %d (exit %d): %s"
                        % (pid, out.returncode, err), t0=t0)
     try:
-        threads = kernelwait.annotate(pid, normalize_pyspy(out.stdout))  # the blocked calls
+        threads = kernelwait.annotate(pid, normalize_pyspy(out.stdout), before)  # the blocked calls
     except (ValueError, TypeError, AttributeError) as e:
         return _result(pid, error="py-spy output unreadable: %s: %r" % (e, out.stdout[:200]),
                        t0=t0)
