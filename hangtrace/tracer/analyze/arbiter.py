@@ -17,7 +17,9 @@ row   condition                                                    outcome
       rank is itself classified dead
 3     root death; the hang's start time is unknown                 DEATH
 4     root death; the root did not provably live on after the     DEATH
-      hang began (``deaths.death_after``)
+      hang began (``deaths.death_after``: an exception of its
+      own raised later, with no step of its own since, counts
+      as not living on - it died on its way to the collective)
 5     root death; the root is a hang culprit and died within      DEATH
       ``DIED_INTO_HANG_NS`` of the hang's start (died *into* it)
 6     root death, otherwise (it died after the hang had begun,    HANG
