@@ -95,7 +95,8 @@ def test_blocking_reason_adds_the_kernels_word_and_the_gil():
     th = {"active": False, "owns_gil": True, "frames": fr,
           "kernel": {"syscall": "openat", "args": ["'/ckpt/shard1.pt'"], "wchan": "wait_for_partner"}}
     why = blocking_reason(fr, thread=th)
-    assert why == ("blocked in the system call openat('/ckpt/shard1.pt'), kernel wait wait_for_partner, in "
+    assert why == ("blocked in the system call openat('/ckpt/shard1.pt'), kernel wait wait_for_partner (a FIFO "
+                   "open waits until another process opens its other end), in "
                    "_open_zipfile_writer_file.__init__ (serialization.py:828); it holds the GIL, so no other "
                    "Python thread of the process runs"), why
     th2 = dict(th, owns_gil=False, kernel=None)
@@ -126,7 +127,7 @@ def test_an_untraced_child_seen_at_stack_time_is_named_with_its_system_call():
     assert d.details["child_wait"] == (
         "rank 0 waits for its child process (check_call (subprocess.py:408)): pid 4242 (tar -cf /out/e1.tar "
         "/out/e1), not traced, state S: blocked in the system call read(fd 3 (/out/e1/metrics.fifo)), kernel wait "
-        "pipe_read"), d.details["child_wait"]
+        "pipe_read (reading a pipe or FIFO no process writes to)"), d.details["child_wait"]
     # without the kernel's wait4: every untraced child with a command line of its own (not the worker)
     del main[0]["kernel"]
     d = check(diagnose(snap([r0, r1])), "stuck-outside-collective", [0])

@@ -337,14 +337,41 @@ def subprocess_wait(frames: Optional[List[Frame]]) -> Optional[str]:
     return frame_label(fs[at])
 
 
+#: What a kernel wait channel (``/proc/PID/wchan``: the kernel function a thread sleeps in)
+#: means, for the waits a hung thread is seen in. Names from the Linux sources (fs/pipe.c,
+#: fs/fifo via fs/pipe.c ``wait_for_partner``, kernel/exit.c ``do_wait``, fs/locks.c,
+#: net/unix/af_unix.c, net/sunrpc); they vary a little between kernel versions, hence the
+#: variants. A wait not listed is shown by its name alone.
+WCHAN_MEANS: Dict[str, str] = {
+    "wait_for_partner": "a FIFO open waits until another process opens its other end",
+    "pipe_read": "reading a pipe or FIFO no process writes to",
+    "pipe_wait_readable": "reading a pipe or FIFO no process writes to",
+    "pipe_write": "writing a full pipe or FIFO no process reads",
+    "pipe_wait_writable": "writing a full pipe or FIFO no process reads",
+    "do_wait": "waiting for a child process to exit",
+    "locks_lock_inode_wait": "a file lock another process holds",
+    "flock_lock_inode_wait": "a file lock another process holds",
+    "posix_lock_inode_wait": "a file lock another process holds",
+    "unix_stream_read_generic": "reading a Unix socket whose peer sends nothing",
+    "unix_stream_data_wait": "reading a Unix socket whose peer sends nothing",
+    "inet_csk_accept": "accepting on a socket no client connects to",
+    "rpc_wait_bit_killable": "an NFS/RPC server's reply",
+}
+
+
 def kernel_text(kernel: Optional[Dict[str, Any]]) -> Optional[str]:
-    """``"openat('/ckpt/shard1.pt'), kernel wait wait_for_partner"`` from a thread's
-    ``'kernel'`` facts (collect/kernelwait.py), or None when absent."""
+    """``"openat('/ckpt/shard1.pt'), kernel wait wait_for_partner (a FIFO open waits until
+    another process opens its other end)"`` from a thread's ``'kernel'`` facts
+    (collect/kernelwait.py; the gloss from :data:`WCHAN_MEANS`), or None when absent."""
     if not isinstance(kernel, dict) or not kernel.get("syscall"):
         return None
     args = [str(a) for a in kernel.get("args") or ()]
     s = "%s(%s)" % (kernel["syscall"], ", ".join(args)) if args else str(kernel["syscall"])
-    return s + (", kernel wait %s" % kernel["wchan"] if kernel.get("wchan") else "")
+    w = kernel.get("wchan")
+    if not w:
+        return s
+    means = WCHAN_MEANS.get(str(w).split(".", 1)[0])  # ('poll_schedule_timeout.constprop.0': a compiler clone)
+    return s + ", kernel wait %s%s" % (w, " (%s)" % means if means else "")
 
 
 def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None,
