@@ -136,24 +136,36 @@ def child_process(ctx: Ctx, d: Diagnosis) -> None:
         return
     for r in d.culprit_ranks[:4]:
         v = ctx.views.get(r)
-        th = pick_thread(v.proc.stacks) if v is not None else None
-        how = waits_for_child(th)
-        if v is None or how is None:
+        if v is None:
             continue
-        named = [child_text(p) for p in children_waited_for(v.proc, ctx.snap.processes, th)]
-        named = named or [untraced_text(c) for c in untraced_children(v.proc, ctx.snap.processes, th)]
-        if named:
-            text = "rank %d waits for its child process (%s): %s" % (r, how, "; ".join(named[:_MAX_NAMED]))
-            if len(named) > _MAX_NAMED:
-                text += "; and %d more" % (len(named) - _MAX_NAMED)
-        else:
-            text = ("rank %d waits for a child process (%s); no live traced child of it: the child is not a "
-                    "traced Python process (`ps --ppid %d -o pid,stat,wchan:20,args` on %s lists it)" % (
-                        r, how, v.proc.pid, v.proc.host))
+        text = child_wait_text(v.proc, ctx.snap.processes, "rank %d" % r)
+        if text is None:
+            continue
         text = name_peers(ctx, text, v.proc.host)
         d.details["child_wait"] = text
         ctx.add(text)
         return
+
+
+def child_wait_text(parent: ProcessInfo, procs: Sequence[ProcessInfo], who: str) -> Optional[str]:
+    """``"<who> waits for its child process (run (subprocess.py:550)): pid 812 (...), ..."``
+    when ``parent``'s main stack waits for a child (``who``: ``'rank 0'``, ``'pid 816'``),
+    naming the children it most likely waits for and what they do; None when it does not
+    wait for a child."""
+    th = pick_thread(parent.stacks)
+    how = waits_for_child(th)
+    if how is None:
+        return None
+    named = [child_text(p) for p in children_waited_for(parent, procs, th)]
+    named = named or [untraced_text(c) for c in untraced_children(parent, procs, th)]
+    if named:
+        text = "%s waits for its child process (%s): %s" % (who, how, "; ".join(named[:_MAX_NAMED]))
+        if len(named) > _MAX_NAMED:
+            text += "; and %d more" % (len(named) - _MAX_NAMED)
+        return text
+    return ("%s waits for a child process (%s); no live traced child of it: the child is not a "
+            "traced Python process (`ps --ppid %d -o pid,stat,wchan:20,args` on %s lists it)" % (
+                who, how, parent.pid, parent.host))
 
 
 _PEER = re.compile(r"peer pid (\d+) \([^)]*\)")

@@ -68,7 +68,8 @@ def collect(pids: Optional[List[int]] = None, native: bool = False, out_dir: Opt
                         stacks=r.get("threads"), stack_source=r.get("source"),
                         stack_error=(r.get("error") or None) and "%s%s" % (
                             r["error"], (" (remedy: %s)" % r["remedy"]) if r.get("remedy") else ""),
-                        meta={"cmdline": d["cmdline"], "attached": True})
+                        meta={"cmdline": d["cmdline"], "attached": True},
+                        children=tuple(r.get("children") or ()))
         procs.append(p)
     errors = notes + ["pid %s skipped: %s" % (s["pid"], s["reason"]) for s in found.skipped]
     inferred = [d for d in found if d.get("inferred_from") and d["rank"] < 0]

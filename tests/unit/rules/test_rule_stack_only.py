@@ -84,3 +84,38 @@ def test_stack_only_without_any_rank_keys_the_processes_by_pid():
     assert d.details["culprit_pids"] == [3002] and d.details["waiting_pids"] == [3001], d.details
     assert d.summary.startswith("Rank unknown for every process") and "pid 3002 is not in any" in d.summary, d.summary
     assert "rank" not in d.summary.split("by pid:")[1], d.summary
+
+
+CHECK_CALL = ("Popen._try_wait /usr/lib/python3.11/subprocess.py:2004",
+              "Popen._wait /usr/lib/python3.11/subprocess.py:2046",
+              "Popen.wait /usr/lib/python3.11/subprocess.py:1264",
+              "call /usr/lib/python3.11/subprocess.py:391", "check_call /usr/lib/python3.11/subprocess.py:408",
+              "pack_shard job.py:26", "<module> job.py:40")
+
+
+def test_stack_only_names_the_child_a_stuck_process_waits_for():
+    """attach on a job whose rank 2 runs `cp` of a FIFO with `check_call` (a job written
+    from an incident, 2026-12-04): the stuck process is named, and so is its untraced child
+    and the call it is blocked in, as the flight-record verdict does (analyze/childwait.py)."""
+    def procs(rank_of):
+        out = []
+        for i, fr in enumerate((COLL_STACK, COLL_STACK, CHECK_CALL)):
+            th = stack(*fr, active=False)
+            kids = ()
+            if fr is CHECK_CALL:
+                th[0]["kernel"] = {"syscall": "wait4", "args": ["pid 4242"], "wchan": "do_wait"}
+                kids = ({"pid": 4242, "argv": ["cp", "/data/shard2/producer.fifo", "/out/shard2.bin"], "state": "S",
+                         "kernel": {"syscall": "openat", "args": ["'/data/shard2/producer.fifo'"],
+                                    "wchan": "wait_for_partner"}},)
+            out.append(ProcessInfo(host="h0", pid=3000 + i, rank=rank_of(i), local_rank=rank_of(i),
+                                   world_size=3 if rank_of(i) >= 0 else -1, state="alive", stacks=th,
+                                   stack_source="py-spy", meta={"attached": True}, children=kids))
+        return Snapshot(run_dir="/tmp/attach", taken_wall_ns=T0, reason="attach", processes=out)
+    d = check(procs(lambda i: i), Kind.STUCK_OUTSIDE_COLLECTIVE, [2], waiting=[0, 1])
+    assert ("Rank 2 waits for its child process (check_call (subprocess.py:408)): pid 4242 (cp "
+            "/data/shard2/producer.fifo /out/shard2.bin), not traced, state S: blocked in the system call "
+            "openat('/data/shard2/producer.fifo'), kernel wait wait_for_partner") in d.summary, d.summary
+    assert "Next: the rank waits for the child process named above" in d.summary, d.summary
+    assert d.details["child_wait"] in d.evidence
+    d = check(procs(lambda i: -1), Kind.STUCK_OUTSIDE_COLLECTIVE, [])
+    assert "Pid 3002 waits for its child process" in d.summary and "Next: the process waits" in d.summary, d.summary
