@@ -11,7 +11,7 @@ from ruleutil import check  # noqa: E402
 from synth import R, snap, stack  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
-from hangtrace.tracer.analyze.stacktree import blocking_reason  # noqa: E402
+from hangtrace.tracer.analyze.blocking import blocking_reason  # noqa: E402
 
 RANK_RUNS = ("_PollLikeSelector.select /usr/lib/python3.11/selectors.py:415",
              "Popen._communicate /usr/lib/python3.11/subprocess.py:2115",

@@ -7,10 +7,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from synth import COLL_STACK, R, stack  # noqa: E402
 
-from hangtrace.tracer.analyze.stacktree import (NO_STACK, blocking_reason, classes, collective_frame,  # noqa: E402
-                                        format_ranks, frame_label,
-                                        merge_stacks, missing_from_common_frame, outliers, pick_thread,
-                                        process_frames)
+from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame  # noqa: E402
+from hangtrace.tracer.analyze.stacktree import NO_STACK, classes, format_ranks, frame_label, merge_stacks, missing_from_common_frame, outliers, pick_thread, process_frames  # noqa: E402
 
 QUEUE = ("get queue.py:171", "next_batch loader.py:22", "train_step train.py:38", "main train.py:90",
          "<module> train.py:100")

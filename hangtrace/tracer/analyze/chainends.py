@@ -30,7 +30,8 @@ from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.asynctasks import describe as describe_loop
 from hangtrace.tracer.analyze.deaths import death_after
 from hangtrace.tracer.analyze.evidence import frames_of
-from hangtrace.tracer.analyze.stacktree import blocking_reason, collective_frame, format_ranks
+from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
+from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import Inst
 from hangtrace.tracer.diagnosis import Kind
 

@@ -23,8 +23,8 @@ import re
 from typing import Any, Dict, List, Optional, Sequence
 
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.stacktree import (blocking_reason, frame_label, kernel_text, pick_thread,
-                                                subprocess_wait)
+from hangtrace.tracer.analyze.blocking import blocking_reason, kernel_text, subprocess_wait
+from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.process_model import parent_pid, process_argv
 from hangtrace.tracer.snapshot import ProcessInfo

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.stacktree import blocking_reason, frame_label, pick_thread
+from hangtrace.tracer.analyze.blocking import blocking_reason
+from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
 

@@ -36,7 +36,7 @@ Thread = Dict[str, Any]
 
 __all__ = ["StackNode", "StackTree", "pick_thread", "process_frames", "frame_label",
            "merge_stacks", "classes", "outliers", "missing_from_common_frame",
-           "format_ranks", "blocking_reason", "collective_frame", "kernel_text", "subprocess_wait"]
+           "format_ranks"]
 
 NO_STACK = "<no stack>"
 
@@ -162,7 +162,7 @@ class StackNode:
 class StackTree:
     """Result of :func:`merge_stacks`. ``root`` (label None); ``no_stack``: ranks without a
     usable stack; ``ranks``: every rank with a stack; ``innermost``: rank -> innermost
-    frame dict (for :func:`blocking_reason`)."""
+    frame dict (for ``blocking.blocking_reason``)."""
 
     def __init__(self) -> None:
         self.root = StackNode(None, None)
@@ -278,133 +278,3 @@ def missing_from_common_frame(tree: StackTree, majority: float = 0.5) -> Optiona
 
 
 # --- what is a frame doing? ------------------------------------------------------------
-_BLOCKING = (
-    # (file base name or '' for any, short function names, reason)
-    ("queue.py", ("get", "put", "join"), "queue.get/put (waiting for a producer/consumer)"),
-    ("queues.py", ("get", "put", "_poll", "poll"), "multiprocessing queue"),
-    ("threading.py", ("wait", "acquire", "join", "_wait_for_tstate_lock"), "thread lock/condition/event wait"),
-    ("connection.py", ("recv", "recv_bytes", "_recv", "_recv_bytes", "poll", "_poll", "wait"), "pipe/socket recv"),
-    ("selectors.py", ("select",), "select() on sockets/files"),
-    ("socket.py", ("accept", "recv", "recv_into", "readinto", "connect"), "socket IO"),
-    ("ssl.py", ("read", "recv", "recv_into", "do_handshake"), "TLS socket IO"),
-    ("_base.py", ("result", "wait"), "waiting for a future"),
-    ("worker.py", ("get", "wait", "get_objects"), "ray.get/ray.wait"),
-    ("base_events.py", ("_run_once", "run_forever", "run_until_complete"), "asyncio event loop idle"),
-    ("synchronize.py", ("acquire", "wait", "__enter__"), "multiprocessing lock"),
-    ("filelock.py", ("acquire",), "file lock"),
-    ("_api.py", ("acquire",), "file lock"),
-    ("", ("sleep",), "sleep"),
-    ("", ("input", "readline", "read", "readinto"), "blocking read"),
-    ("", ("acquire", "wait", "lock"), "lock/wait"),
-)
-
-_COLLECTIVE_NAMES = frozenset((
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
-    "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier",
-    "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait",
-    "_allgather_base", "_reduce_scatter_base", "all_gather_single", "reduce_scatter_single",
-    "all_gather_coalesced", "all_reduce_coalesced", "send_object_list", "recv_object_list"))
-
-
-def collective_frame(frames: Optional[Iterable[Frame]]) -> Optional[str]:
-    """The innermost frame of ``frames`` (innermost first) that is a torch.distributed
-    collective/p2p call (file under ``torch/distributed``), as a label, or None."""
-    for f in frames or ():
-        fn = (f.get("filename") or "").replace("\\", "/")
-        if "torch/distributed" in fn and _short(f.get("name")) in _COLLECTIVE_NAMES:
-            return frame_label(f)
-    return None
-
-
-#: subprocess.py's waits: the innermost call inside them (a select on the child's pipes,
-#: a waitpid) is the child's doing, so they win over it; the API the user called is named
-_SUBPROCESS = frozenset({"wait", "communicate", "_communicate", "_wait", "_try_wait", "run", "call",
-                         "check_call", "check_output", "getstatusoutput", "getoutput"})
-_SUBPROCESS_DEPTH = 8  # innermost frames searched for it
-
-
-def subprocess_wait(frames: Optional[List[Frame]]) -> Optional[str]:
-    """The label of the outermost ``subprocess.py`` wait the innermost frames are in
-    (``'run (subprocess.py:550)'``), or None."""
-    fs = list(frames or ())[:_SUBPROCESS_DEPTH]
-    at = next((i for i, f in enumerate(fs) if os.path.basename(f.get("filename") or "") == "subprocess.py"
-               and _short(f.get("name")) in _SUBPROCESS), None)
-    if at is None:
-        return None
-    while at + 1 < len(fs) and os.path.basename(fs[at + 1].get("filename") or "") == "subprocess.py":
-        at += 1
-    return frame_label(fs[at])
-
-
-#: What a kernel wait channel (``/proc/PID/wchan``: the kernel function a thread sleeps in)
-#: means, for the waits a hung thread is seen in. Names from the Linux sources (fs/pipe.c,
-#: fs/fifo via fs/pipe.c ``wait_for_partner``, kernel/exit.c ``do_wait``, fs/locks.c,
-#: net/unix/af_unix.c, net/sunrpc); they vary a little between kernel versions, hence the
-#: variants. A wait not listed is shown by its name alone.
-WCHAN_MEANS: Dict[str, str] = {
-    "wait_for_partner": "a FIFO open waits until another process opens its other end",
-    "pipe_read": "reading a pipe or FIFO no process writes to",
-    "pipe_wait_readable": "reading a pipe or FIFO no process writes to",
-    "pipe_write": "writing a full pipe or FIFO no process reads",
-    "pipe_wait_writable": "writing a full pipe or FIFO no process reads",
-    "do_wait": "waiting for a child process to exit",
-    "locks_lock_inode_wait": "a file lock another process holds",
-    "flock_lock_inode_wait": "a file lock another process holds",
-    "posix_lock_inode_wait": "a file lock another process holds",
-    "unix_stream_read_generic": "reading a Unix socket whose peer sends nothing",
-    "unix_stream_data_wait": "reading a Unix socket whose peer sends nothing",
-    "inet_csk_accept": "accepting on a socket no client connects to",
-    "rpc_wait_bit_killable": "an NFS/RPC server's reply",
-}
-
-
-def kernel_text(kernel: Optional[Dict[str, Any]]) -> Optional[str]:
-    """``"openat('/ckpt/shard1.pt'), kernel wait wait_for_partner (a FIFO open waits until
-    another process opens its other end)"`` from a thread's ``'kernel'`` facts
-    (collect/kernelwait.py; the gloss from :data:`WCHAN_MEANS`), or None when absent."""
-    if not isinstance(kernel, dict) or not kernel.get("syscall"):
-        return None
-    args = [str(a) for a in kernel.get("args") or ()]
-    s = "%s(%s)" % (kernel["syscall"], ", ".join(args)) if args else str(kernel["syscall"])
-    w = kernel.get("wchan")
-    if not w:
-        return s
-    means = WCHAN_MEANS.get(str(w).split(".", 1)[0])  # ('poll_schedule_timeout.constprop.0': a compiler clone)
-    return s + ", kernel wait %s%s" % (w, " (%s)" % means if means else "")
-
-
-def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None,
-                    thread: Optional[Thread] = None) -> Optional[str]:
-    """Why a stack (innermost first) looks blocked outside collectives, or None.
-
-    Checks the innermost three frames against known blocking calls (queue.get, locks,
-    events, sockets, futures, ray.get, sleep, reads), and the innermost eight for a wait
-    in ``subprocess`` (which wins: its select or waitpid waits on the child); py-spy's
-    ``active == False`` (the thread was idle in a system call) counts as blocked too.
-    ``thread`` (the stack's thread dict) adds what the kernel said it waits in (its
-    ``'kernel'``, collect/kernelwait.py) and whether it holds the GIL; its ``active``
-    is used when ``active`` is None. Returns a short reason string, e.g.
-    ``'queue.get/put (waiting for a producer/consumer) in get (queue.py:171)'``,
-    ``'blocked in the system call openat('/x.pt'), kernel wait wait_for_partner, in
-    __init__ (serialization.py:828)'``.
-    """
-    th = thread or {}
-    active = th.get("active") if active is None else active
-    kt = kernel_text(th.get("kernel"))
-    gil = "; it holds the GIL, so no other Python thread of the process runs" if (
-        th.get("owns_gil") and active is False) else ""
-    sub = subprocess_wait(frames)
-    if sub:
-        return "waiting for a subprocess in %s%s%s" % (sub, "; kernel: %s" % kt if kt else "", gil)
-    for f in list(frames or ())[:3]:
-        base = os.path.basename(f.get("filename") or "")
-        name = _short(f.get("name"))
-        for fbase, names, reason in _BLOCKING:
-            if (not fbase or fbase == base) and name in names:
-                return "%s in %s%s%s" % (reason, frame_label(f), "; kernel: %s" % kt if kt else "", gil)
-    if active is False and frames:
-        if kt:
-            return "blocked in the system call %s, in %s%s" % (kt, frame_label(frames[0]), gil)
-        return "idle in a system call (py-spy: thread not active) in %s%s" % (frame_label(frames[0]), gil)
-    return None

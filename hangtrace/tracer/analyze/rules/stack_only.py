@@ -27,8 +27,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from hangtrace.tracer.analyze.childwait import child_wait_text
 from hangtrace.tracer.analyze.context import MAX_MISSING_LISTED, MAX_WORLD, Ctx
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.stacktree import (blocking_reason, classes, collective_frame, format_ranks,
-                                                merge_stacks, process_frames)
+from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
+from hangtrace.tracer.analyze.stacktree import classes, format_ranks, merge_stacks, process_frames
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.report.advice import CHILD_NEXT
 
