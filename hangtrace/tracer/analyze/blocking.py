@@ -36,6 +36,9 @@ _BLOCKING = (
     ("", ("acquire", "wait", "lock"), "lock/wait"),
 )
 
+#: the modules of ``_BLOCKING``: their waits are read by name, never as a C-level lock
+_BLOCKING_FILES = frozenset(fbase for fbase, _n, _r in _BLOCKING if fbase)
+
 _COLLECTIVE_NAMES = frozenset((
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
     "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
@@ -175,4 +178,6 @@ def c_lock_wait(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Opti
     f = next((x for x in frames or () if not x.get("native")), None)
     if f is None or not _LOCK_LINE.search(str(f.get("code") or "")):
         return None
+    if os.path.basename(str(f.get("filename") or "")) in _BLOCKING_FILES:
+        return None  # (the standard library's own waits: Condition.wait's `waiter.acquire()` is idle, not a lock)
     return "waiting for a lock (a C-level acquire; kernel: futex) at %s%s" % (frame_label(f), _code(f))

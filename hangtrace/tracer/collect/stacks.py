@@ -237,32 +237,6 @@ def normalize_pyspy(data: Union[str, bytes, List[Any]]) -> List[Thread]:
     return threads
 
 
-#: longest source line kept (characters)
-_CODE_CHARS = 160
-
-
-def add_source_lines(threads: List[Thread]) -> List[Thread]:
-    """Each thread that is not running gets ``'code'`` on its innermost Python frame: that
-    line of its source file, stripped (at most 160 characters), when the file is readable
-    here. Why: a thread blocked in C code called from that line (``with lock:``, a C-level
-    ``Lock.acquire``) has that line as its innermost frame and nothing else to say what it
-    waits for. The same list, changed in place. Never raises."""
-    import linecache
-    for t in threads:
-        try:
-            if t.get("active") is not False:
-                continue
-            fr = next((f for f in t.get("frames") or () if not f.get("native")), None)
-            if fr is None or not fr.get("line") or not os.path.isfile(str(fr.get("filename"))):
-                continue
-            code = linecache.getline(str(fr["filename"]), int(fr["line"])).strip()
-            if code:
-                fr["code"] = code[:_CODE_CHARS]
-        except Exception:  # never lose the stacks for a detail
-            continue
-    return threads
-
-
 def _result(pid: int, threads: Optional[List[Thread]] = None, error: Optional[str] = None,
             remedy: Optional[str] = None, t0: Optional[float] = None, **extra: Any) -> StackResult:
     r = {"pid": pid, "threads": threads, "source": "py-spy" if threads is not None else None,
@@ -289,8 +263,7 @@ def dump_one(pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Opt
     if not exe:
         return _result(pid, error=PYSPY_MISSING, remedy="pip install py-spy", t0=t0)
     base = [exe, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
-    nonblocking = False
-    before = kernelwait.read_syscalls(pid)  # before py-spy's ptrace stop restarts the calls
+    nonblocking, before = False, kernelwait.read_syscalls(pid)  # (before py-spy's ptrace stop restarts them)
     try:
         try:
             out = subprocess.run(base, capture_output=True, text=True, timeout=timeout_s,
@@ -328,7 +301,7 @@ def dump_one(pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Opt
         return _result(pid, error="py-spy failed on pid %d (exit %d): %s"
                        % (pid, out.returncode, err), t0=t0)
     try:
-        threads = add_source_lines(kernelwait.annotate(pid, normalize_pyspy(out.stdout), before))
+        threads = kernelwait.add_source_lines(kernelwait.annotate(pid, normalize_pyspy(out.stdout), before))
     except (ValueError, TypeError, AttributeError) as e:
         return _result(pid, error="py-spy output unreadable: %s: %r" % (e, out.stdout[:200]),
                        t0=t0)

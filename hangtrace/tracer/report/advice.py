@@ -72,6 +72,11 @@ HELPER_KILLED_NEXT = ("find who sends SIGKILL to the job's processes (a node wat
                       "a cleanup script, a person, the job's own code): the kernel's OOM killer did not")
 
 
+#: a rank stuck outside collectives waits for a lock, and other threads of it do too (analyze/lockwait.py)
+LOCK_NEXT = ("make the threads named above take their locks in one order (or never hold one while taking "
+             "another); `py-spy dump --pid PID --locals` shows which lock objects each waits at")
+
+
 #: a rank stuck outside collectives waits for a child process (analyze/childwait.py)
 CHILD_NEXT = ("the rank waits for the child process named above: fix what that child waits for (its call, "
               "file or peer), and give the wait a timeout (`subprocess.run(..., timeout=...)`, `communicate("
@@ -88,6 +93,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return RENDEZVOUS_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_wait"):
         return CHILD_NEXT
+    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("lock_wait"):
+        return LOCK_NEXT
     if k != Kind.DEAD_RANK:
         return NEXT.get(k)
     cause = str(diag.cause) if diag.cause is not None else ""

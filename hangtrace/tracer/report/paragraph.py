@@ -6,6 +6,7 @@ from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.report.advice import next_step
 from hangtrace.tracer.report.clip import clip
+from hangtrace.tracer.report.memorytext import holders_text as _holders_text, memory_text as _memory_text
 
 
 def _ranks(rs: Optional[Iterable[int]]) -> str:
@@ -102,66 +103,6 @@ def _ray_text(diag: Diagnosis) -> str:
 # --- end Ray ---
 
 
-# --- memory (issue 5): attribution figures, kept-across flags, trends, the ledger ---
-def fb(n: Optional[int]) -> str:
-    """Bytes as text (analyze.memory.fmt_bytes)."""
-    from hangtrace.tracer.analyze.memory import fmt_bytes
-    return fmt_bytes(n)
-
-
-def _memory_text(diag: Diagnosis) -> str:
-    mem = (diag.details or {}).get("memory") or {}
-    if not mem:
-        return ""
-    out = ""
-    for r in diag.culprit_ranks[:2]:
-        a = (mem.get("attribution") or {}).get(str(r)) or {}
-        if a.get("helper_text"):  # a DataLoader worker of the rank OOM-killed (analyze/memory/attribution.py)
-            out += " Rank %s: %s." % (r, a["helper_text"])
-        at = a.get("at_death") or {}
-        if at.get("limit") and (at.get("cgroup_usage") is not None or at.get("rss") is not None):
-            v = at.get("cgroup_usage") if at.get("cgroup_usage") is not None else at.get("rss")
-            out += " Memory (rank %s): %s of limit %s at its last sample (%s%s), peak %s." % (
-                r, fb(v), fb(at["limit"]), "phase '%s', " % at["phase"] if at.get("phase") else "",
-                "step %s" % at.get("step"), fb(at.get("peak")))
-    from hangtrace.tracer.analyze.memory import significant
-    flags, trends = significant(mem, diag.cause)  # small kept/grown bytes: text report only
-    for f in flags[:1]:
-        out += (" Memory kept across phases (rank %s): %s of %s kept across %s on step%s %s, released on "
-                "step%s %s." % (f["rank"], fb(f["bytes_kept_median"]), f["metric"], " -> ".join(f["sequence"]),
-                                "s" if len(f["kept_steps"]) > 1 else "", ", ".join(map(str, f["kept_steps"][:6])),
-                                "s" if len(f["released_steps"]) > 1 else "",
-                                ", ".join(map(str, f["released_steps"][:6]))))
-    for t in trends[:1]:
-        out += " Memory growth (rank %s): %s +%s/step%s%s." % (
-            t["rank"], t["metric"], fb(t["bytes_per_step"]),
-            " in phase '%s'" % t["growing_phase"] if t.get("growing_phase") else "",
-            "; limit %s reached at about step %s" % (fb(t["limit"]), t["projected_limit_step"])
-            if t.get("projected_limit_step") is not None else "")
-    adv = mem.get("advice") or []
-    if adv and (flags or trends or diag.cause in ("host-oom-kill", "ray-memory-monitor", "cuda-oom")):
-        out += " Memory advice: %s." % adv[0]
-    return out
-
-
-def _holders_text(diag: Diagnosis) -> str:
-    """Ray's memory monitor: the killed process and who held the memory (issue 9)."""
-    mh = (diag.details or {}).get("memory_holders") or {}
-    k = mh.get("killed") or {}
-    if not k:
-        return ""
-    every = mh.get("holders") or []
-    hs = [h for h in every if k.get("rss") is None or h["rss"] > k["rss"]]
-    if not hs:
-        return " Ray's memory monitor killed %s (%s), %s." % (
-            k.get("label"), "RSS %s" % fb(k["rss"]) if k.get("rss") is not None else "memory unknown",
-            "the largest holder of the job we sampled" if every else "no other process's memory was sampled")
-    return " Ray's memory monitor killed %s (%s), not the largest holder: the memory was held by %s." % (
-        k.get("label"), "RSS %s" % fb(k["rss"]) if k.get("rss") is not None else "memory unknown",
-        ", ".join("%s (%s%s)" % (h["label"], "" if str(h["label"]).startswith("pid ") else "pid %s, " % h["pid"],
-                                 fb(h["rss"])) for h in hs[:2]))
-
-
 def _what_differs(sigs: List[Dict[str, Any]]) -> str:
     """'issued a different operation than the other members', or what differs for one op."""
     ops = {x.get("op") for x in sigs}
@@ -250,7 +191,8 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s." % (
             "; ".join("%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]) or "a method")
     after = (" It stopped after an exception: %s." % d["after_exception"]) if d.get("after_exception") else ""
-    after += "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("loader_wait", "child_wait") if d.get(k))
+    after += "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("loader_wait", "child_wait", "lock_wait")
+                     if d.get(k))
     return ("Stuck outside collectives: %s is not in any collective%s: %s%s.%s %s" % (
         who, _where(diag), _reason(diag) or "it made no progress", _doing(diag), after,
         _waiters_text(diag, coll) if diag.waiting_ranks and coll else

@@ -12,7 +12,8 @@ from hangtrace.tracer.diagnosis import Diagnosis
 from hangtrace.tracer.process_model import assign_roles
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.json import SCHEMA_VERSION, diagnosis_json
-from hangtrace.tracer.report.paragraph import _ranks, fb, ray_actor_label, verdict_paragraph
+from hangtrace.tracer.report.memorytext import fb
+from hangtrace.tracer.report.paragraph import _ranks, ray_actor_label, verdict_paragraph
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 __all__ = ["verdict_paragraph", "text_report", "diagnosis_json", "SCHEMA_VERSION"]

@@ -26,11 +26,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.analyze.childwait import child_wait_text
 from hangtrace.tracer.analyze.context import MAX_MISSING_LISTED, MAX_WORLD, Ctx
+from hangtrace.tracer.analyze.lockwait import lock_wait_text
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
 from hangtrace.tracer.analyze.stacktree import classes, format_ranks, merge_stacks, process_frames
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
-from hangtrace.tracer.report.advice import CHILD_NEXT
+from hangtrace.tracer.report.advice import CHILD_NEXT, LOCK_NEXT
 
 NAME = "stack_only"
 #: ``Snapshot.reason`` of a stacks-only snapshot (written by ``collect/attach.py``)
@@ -51,6 +52,7 @@ class StackView:
     frames: Mapping[int, List[Any]]
     unit: str = "rank"  # what the keys are: 'rank', or 'pid' when no process has a rank
     child_wait: Mapping[int, str] = dataclasses.field(default_factory=dict)  # key -> childwait sentence
+    lock_wait: Mapping[int, str] = dataclasses.field(default_factory=dict)  # key -> lockwait sentence
 
 
 def applies(ctx: Ctx) -> bool:
@@ -72,6 +74,7 @@ def find(ctx: Ctx) -> Optional[Finding]:
     nostack: List[int] = []
     frames_of: Dict[int, List[Any]] = {}
     child_wait: Dict[int, str] = {}
+    lock_wait: Dict[int, str] = {}
     for p in procs:
         frames, thread = process_frames(p)
         if not frames:
@@ -87,6 +90,9 @@ def find(ctx: Ctx) -> Optional[Finding]:
             cw = child_wait_text(p, ctx.snap.processes, "%s %d" % (unit, p.rank))
             if cw:
                 child_wait[p.rank] = cw
+            lw = lock_wait_text(p, "%s %d" % (unit, p.rank))
+            if lw:
+                lock_wait[p.rank] = lw
     world = max([p.world_size for p in procs if p.world_size and p.world_size <= MAX_WORLD] or [-1])
     have = {p.rank for p in procs}
     missing: List[int] = []
@@ -96,7 +102,7 @@ def find(ctx: Ctx) -> Optional[Finding]:
             if len(missing) >= MAX_MISSING_LISTED:
                 break
     sv = StackView(inside, outside, tuple(nostack), tuple(missing), world,
-                   tuple(classes(merge_stacks(procs))), frames_of, unit, child_wait)
+                   tuple(classes(merge_stacks(procs))), frames_of, unit, child_wait, lock_wait)
     return Finding(NAME, data=sv)
 
 
@@ -119,16 +125,21 @@ def _stuck(sv: StackView, d: Diagnosis) -> None:
     d.frames = _top(sv, first)
     ops = sorted(set(inside.values()))
     d.op = ops[0] if len(ops) == 1 else None
-    child = sv.child_wait.get(first)
+    child, lock = sv.child_wait.get(first), sv.lock_wait.get(first)
     if child:
         d.details["child_wait"] = child
         d.evidence.append(child)
+    elif lock:
+        d.details["lock_wait"] = lock
+        d.evidence.append(lock)
+    note = child or lock
     d.summary = ("Stuck outside collectives: %s %s %s not in any torch.distributed call (%s) while "
                  "%s %s wait in %s. Its stack: %s.%s Next: %s."
                  % (_n(sv, outside), format_ranks(outside), "are" if len(outside) > 1 else "is",
                     outside[first], _n(sv, inside), format_ranks(inside), "/".join(ops),
-                    " < ".join(d.frames[:4]), " %s%s." % (child[:1].upper(), child[1:]) if child else "",
-                    CHILD_NEXT.replace("the rank", "the rank" if sv.unit == "rank" else "the process", 1) if child else "find what it waits for outside torch.distributed (the "
+                    " < ".join(d.frames[:4]), " %s%s." % (note[:1].upper(), note[1:]) if note else "",
+                    CHILD_NEXT.replace("the rank", "the rank" if sv.unit == "rank" else "the process", 1) if child
+                    else LOCK_NEXT if lock else "find what it waits for outside torch.distributed (the "
                     "producer of its queue, the holder of its lock, its IO)"))
 
 
