@@ -64,8 +64,24 @@ def await_chain(coro: Any) -> List[Dict[str, Any]]:
         nxt = getattr(coro, "cr_await", None)
         if nxt is None:
             nxt = getattr(coro, "gi_yieldfrom", None)
-        coro = nxt
+        coro = _unwrap(nxt)
     return out
+
+
+def _is_coro(x: Any) -> bool:
+    return any(hasattr(x, a) for a in ("cr_frame", "gi_frame", "ag_frame", "cr_await", "gi_yieldfrom"))
+
+
+def _unwrap(x: Any) -> Any:
+    """``x``, or the coroutine a Cython ``coroutine_wrapper`` (what a Cython coroutine's
+    ``cr_await`` gives for ``await coro``: Ray's async actor methods run inside such a
+    coroutine, ``_raylet.pyx``) wraps: the one coroutine among its referents (the
+    wrapper exposes no attribute for it; ``gc.get_referents`` visits it)."""
+    if x is None or _is_coro(x) or type(x).__name__ != "coroutine_wrapper":
+        return x
+    import gc
+    inner = [r for r in gc.get_referents(x) if _is_coro(r)]
+    return inner[0] if len(inner) == 1 else x
 
 
 def _awaits(task: Any) -> Optional[Dict[str, str]]:

@@ -153,7 +153,10 @@ def progress_line() -> str:
     reducer, FSDP), which the rings never see. Never raises."""
     try:
         import json
-        import torch
+        import sys
+        torch = sys.modules.get("torch")  # (an actor's agent: never import torch for it)
+        if torch is None:
+            return ""
         fn = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
         if fn is None:
             return ""
@@ -179,8 +182,20 @@ def _identity() -> dict:
 def _write_dump(run_dir: str, host: str, pid: int, reason: str, token: str) -> Optional[str]:
     """Dump now; returns the dump's path, or None when torch has no Flight Recorder."""
     import json
+    import sys
     import time
-    import torch  # the agent starts only once torch.distributed is in use
+    paths: list = []
+    dist = sys.modules.get("torch.distributed")  # a Ray actor's agent runs before (or without) any group
+    joined = False
+    try:
+        joined = dist is not None and bool(dist.is_initialized())
+    except Exception:
+        pass
+    if not joined:  # the sidecar alone: the collector's token says this agent answered (its tasks file)
+        _atomic_write(meta_path(run_dir, host, pid), json.dumps(dict(
+            _identity(), host=host, pid=pid, reason=reason, token=token, wall_ns=time.time_ns(), files=[])).encode())
+        return None
+    import torch
     c10d = torch._C._distributed_c10d
     fn = getattr(c10d, "_dump_fr_trace", None)
     if fn is None:
@@ -193,7 +208,7 @@ def _write_dump(run_dir: str, host: str, pid: int, reason: str, token: str) -> O
     path = dump_path(run_dir, host, pid)
     _atomic_write(path, data)
     nccl = getattr(c10d, "_dump_nccl_trace", None)
-    paths = [path]
+    paths.append(path)
     if nccl is not None:
         try:
             npath = os.path.join(fr_dir(run_dir), "%s-%d-nccl.pkl" % (host, pid))

@@ -161,11 +161,23 @@ def _enter(name: str, instance: Any) -> None:
     if rec is None:
         return
     try:
-        if "actor" not in _identity_done and instance is not None:
-            record_identity(instance)
+        if "actor" not in _identity_done and instance is not None and record_identity(instance) is not None:
+            _start_agent(rec)
         rec.phase_enter(name)
     except Exception as e:
         _log("recording actor method start failed: %r" % (e,), "ray-enter")
+
+
+def _start_agent(rec: Any) -> None:
+    """An actor answers snapshot requests as a rank does (``fr_agent``): with its pending
+    asyncio tasks (an async actor's methods are tasks of its event loop, whose thread
+    py-spy sees idle in ``epoll_wait``), and a Flight Recorder dump once it joined a
+    process group. Never raises."""
+    try:
+        from hangtrace.hooks import fr_agent
+        fr_agent.start(rec.run_dir, _log)
+    except Exception as e:
+        _log("actor agent not started: %r" % (e,), "ray-agent")
 
 
 def _exit(name: str, exc: Optional[BaseException]) -> None:

@@ -125,3 +125,55 @@ def test_actor_pending_on_a_resource_no_node_has_is_named_with_its_request(tmp_p
     assert [w["actor"] for w in d["details"]["actor_waiters"]] == ["Controller 'controller'"]
     assert all("accel" not in n["resources"] for n in d["details"]["cluster_nodes"])
     assert "asks for {CPU: 1, accel: 2}" in d["summary"], d["summary"]
+
+
+ROLLOUT_JOB = r'''
+import asyncio, os, random
+import ray, torch, torch.distributed as dist
+
+def env():
+    return {k: v for k, v in os.environ.items() if k.startswith("HANGTRACE")}
+
+@ray.remote
+class Rollout:
+    async def generate(self, step):
+        if step == 2:
+            await asyncio.Event().wait()      # the engine's wake-up is never signalled
+        await asyncio.sleep(0.01)
+        return torch.ones(4, 2)
+
+@ray.remote
+class Trainer:
+    def __init__(self, rank, world, port):
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
+        self.model = torch.nn.Linear(2, 1)
+    def train_step(self, batch):
+        loss = self.model(batch).pow(2).mean()
+        loss.backward()
+        for p in self.model.parameters():
+            dist.all_reduce(p.grad)
+        return loss.item()
+
+ray.init(address="local", num_cpus=4, include_dashboard=False, runtime_env={"env_vars": env()})
+port = 29000 + random.randint(0, 999)
+trainers = [Trainer.remote(r, 2, port) for r in range(2)]
+rollout = Rollout.remote()
+for step in range(6):
+    batch = ray.get(rollout.generate.remote(step), timeout=90)
+    print("step", step, ray.get([t.train_step.remote(batch) for t in trainers]), flush=True)
+ray.shutdown()
+'''
+
+
+def test_a_rollout_actor_stuck_in_an_await_is_named_while_the_ranked_trainers_idle(tmp_path):
+    """An RL loop: a rank-less async Rollout actor never returns from generate (it awaits
+    an Event nobody sets); the driver waits in ray.get on it, the two trainer actors (ranks
+    0-1, gloo) idle between calls. The verdict names the Rollout actor and its await chain
+    (the actor's agent writes its pending tasks; the Ray collector gathers them), not
+    "Unknown: nothing progressed but no rank is in a collective" (2026-12-04)."""
+    d, out = run_job(tmp_path, ROLLOUT_JOB)
+    assert d["kind"] == "stuck-outside-collective", d["summary"] + "\n" + out[-3000:]
+    assert d["culprit_actors"] == ["Rollout"] and d["culprit_ranks"] == [], d["summary"]
+    doing = d["details"].get("actor_doing") or ""
+    assert "generate (job.py:12)" in doing and "wait (locks.py" in doing, d["summary"]
+    assert "driver is blocked in ray.get on Rollout.generate" in d["summary"], d["summary"]

@@ -64,3 +64,36 @@ def test_describe_names_longest_chain():
     assert s == ("asyncio event loop: task 'Task-1' (serve) awaits task 'fetch' in get (q.py:3) <- "
                  "fetch_weights (job.py:12), awaiting <Future pending> (3 pending task(s))"), s
     assert describe(ProcessInfo(host="h", pid=2)) is None
+
+
+def test_the_chain_goes_through_a_cython_coroutine_wrapper():
+    """Ray runs an async actor method inside a Cython coroutine whose ``cr_await`` is a
+    Cython ``coroutine_wrapper`` with no attribute for the coroutine it wraps (checked on
+    Ray 2.60, Cython 3.0.12): the chain stopped at Ray's ``async_func`` and never named the
+    user's method. The wrapper's one coroutine referent is followed (a stand-in type with
+    the same name and a slot, which ``gc.get_referents`` visits as it does the C field)."""
+    from hangtrace.hooks import asyncio_tasks as at
+
+    class coroutine_wrapper:  # noqa: N801 (the name is what is recognised)
+        __slots__ = ("inner",)
+
+    class Pause:
+        def __await__(self):
+            yield
+
+    async def user_method():
+        await Pause()
+
+    inner = user_method()
+    inner.send(None)  # suspended at the await
+    w = coroutine_wrapper()
+    w.inner = inner
+
+    class Outer:  # a coroutine-like object whose cr_await is the wrapper
+        cr_frame = None
+        cr_await = w
+    try:
+        funcs = [f["func"] for f in at.await_chain(Outer())]
+        assert funcs[:2] == ["user_method", "__await__"], funcs
+    finally:
+        inner.close()

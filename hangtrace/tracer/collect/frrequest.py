@@ -80,8 +80,10 @@ def request_fr_dumps(run_dir: str, pids: Iterable[int], timeout_s: float = 5.0,
     """Ask the agents of ``pids`` (this host's; ``host`` names it in the dump file names,
     default this one) to dump; wait up to ``timeout_s`` seconds in all (and, with
     ``settle_s``, no longer than that after the latest answer). Returns the dump
-    paths written in answer (a process without a listening agent, or one that did not
-    answer in time, is left out). Never raises for a single process.
+    paths of the agents that answered (a process without a listening agent, or one that
+    did not answer in time, is left out; a Ray actor's agent that joined no process group
+    writes its sidecar and tasks file but no dump: its path does not exist). Never raises
+    for a single process.
     """
     host = host or socket.gethostname()
     token = "%d-%d" % (os.getpid(), time.time_ns())
@@ -121,13 +123,14 @@ def fr_into_snapshot(run_dir: str, pids: Iterable[int], snap_dir: str,
         os.makedirs(dst, mode=0o700, exist_ok=True)
         for path in done:
             meta = path[:-len(".pkl")] + ".meta.json"
+            tasks = path[:-len(".pkl")] + ".tasks.json"  # written with this dump (asyncio_tasks)
             try:
                 shutil.copy2(meta, os.path.join(dst, os.path.basename(meta)))
-                shutil.copy2(path, os.path.join(dst, os.path.basename(path)))
-                out.append(os.path.join(dst, os.path.basename(path)))
-                tasks = path[:-len(".pkl")] + ".tasks.json"  # written with this dump (asyncio_tasks)
                 if os.path.exists(tasks):
                     shutil.copy2(tasks, os.path.join(dst, os.path.basename(tasks)))
+                if os.path.exists(path):  # (a Ray actor that joined no group answers with its tasks only)
+                    shutil.copy2(path, os.path.join(dst, os.path.basename(path)))
+                    out.append(os.path.join(dst, os.path.basename(path)))
             except OSError:
                 continue
     except Exception:

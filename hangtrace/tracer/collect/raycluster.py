@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -168,20 +169,13 @@ def collect_node(run_dir: str, node_id: Optional[str] = None, native: bool = Fal
             for kind, s in (p.signals or {}).items():
                 out["signals"][os.path.basename(s["path"])] = [s["wall_ns"], s["text"]]
     finally:
-        for leftover in glob.glob(os.path.join(tmp, "*")):
-            try:
-                os.unlink(leftover)
-            except OSError:
-                pass
-        try:
-            os.rmdir(tmp)
-        except OSError:
-            pass
+        shutil.rmtree(tmp, ignore_errors=True)
     if with_stacks:
         try:
             mine = C._stacks_for(mine, native, run_dir)
         except Exception as e:
             out["errors"].append("node %s: stacks failed: %s" % ((node_id or "?")[:12], e))
+        out["fr"] = _node_fr(run_dir, [p.pid for p in mine if p.state == "alive" and p.host == host])
     for p in mine:
         if p.stacks is not None:
             out["stacks"]["%s-%d.json" % (p.host, p.pid)] = orjson.dumps(
@@ -190,6 +184,28 @@ def collect_node(run_dir: str, node_id: Optional[str] = None, native: bool = Fal
         out["processes"][p.key] = {"state": p.state, "exit_code": p.exit_code, "rank": p.rank,
                                    "stack_error": p.stack_error, "node_id": node_id}
     out["took_s"] = time.time() - t0
+    return out
+
+
+def _node_fr(run_dir: str, pids: List[int]) -> Dict[str, bytes]:
+    """The Flight Recorder dumps, their sidecars and the pending asyncio tasks of this
+    node's live traced processes (``collect/frrequest.py``: each process's agent answers;
+    a Ray actor's carries the await chains of its event loop): ``{file name: bytes}``, for
+    the snapshot's ``fr/``. Never raises ({} when no agent answers)."""
+    out: Dict[str, bytes] = {}
+    if not pids:
+        return out
+    tmp = tempfile.mkdtemp(prefix="hangtrace-rayfr-")
+    try:
+        from hangtrace.tracer.collect.frrequest import fr_into_snapshot
+        fr_into_snapshot(run_dir, pids, tmp)
+        for path in glob.glob(os.path.join(tmp, "fr", "*")):
+            with open(path, "rb") as f:
+                out[os.path.basename(path)] = f.read()
+    except Exception:
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -333,6 +349,11 @@ def write_ray_snapshot(sdir: str, run_dir: str, results: Dict[str, NodeResult], 
         for name, data in r["stacks"].items():
             with open(os.path.join(sdir, "stacks", name), "wb") as f:
                 f.write(data)
+        if r.get("fr"):
+            os.makedirs(os.path.join(sdir, "fr"), mode=0o700, exist_ok=True)
+            for name, data in r["fr"].items():
+                with open(os.path.join(sdir, "fr", os.path.basename(name)), "wb") as f:
+                    f.write(data)
         for name, (wall_ns, text) in r["signals"].items():
             p = os.path.join(sdir, "stacks", name)
             with open(p, "w") as f:

@@ -72,6 +72,12 @@ HELPER_KILLED_NEXT = ("find who sends SIGKILL to the job's processes (a node wat
                       "a cleanup script, a person, the job's own code): the kernel's OOM killer did not")
 
 
+#: a Ray actor without a rank is stuck in a method the others wait on (rules/actor_waits.py, actors.py)
+ACTOR_STUCK_NEXT = ("find what the named actor's method waits for (its await chain or stack above: an event "
+                    "nobody sets, its queue, lock, IO or a Ray call); `hangtrace records RUN_DIR` shows its method "
+                    "phases")
+
+
 #: a rank stuck outside collectives waits for a lock, and other threads of it do too (analyze/lockwait.py)
 LOCK_NEXT = ("make the threads named above take their locks in one order (or never hold one while taking "
              "another); `py-spy dump --pid PID --locals` shows which lock objects each waits at")
@@ -95,6 +101,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return CHILD_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("lock_wait"):
         return LOCK_NEXT
+    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and diag.culprit_actors and not diag.culprit_ranks:
+        return ACTOR_STUCK_NEXT
     if k != Kind.DEAD_RANK:
         return NEXT.get(k)
     cause = str(diag.cause) if diag.cause is not None else ""

@@ -184,10 +184,12 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         meth = d.get("actor_methods") or {}
         chain = d.get("actor_chain") or []
         if chain:  # rules/actor_waits.py: the end of a chain of waits on actor calls
-            return ("Stuck outside collectives: Ray actor %s (no rank) is %s and waits on no other actor, while "
+            return ("Stuck outside collectives: Ray actor %s (no rank) is %s and waits on no other actor%s, while "
                     "a chain of actor calls waits on it: %s." % (
                         ", ".join(diag.culprit_actors), "in %s" % ", ".join(sum(meth.values(), [])) if
-                        any(meth.values()) else "inside no method", "; ".join(_call(x) for x in chain[:6])))
+                        any(meth.values()) else "inside no method",
+                        " (%s)" % d["actor_doing"] if d.get("actor_doing") else "",
+                        "; ".join(_call(x) for x in chain[:6])))
         return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s." % (
             "; ".join("%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]) or "a method")
     after = (" It stopped after an exception: %s." % d["after_exception"]) if d.get("after_exception") else ""
