@@ -7,11 +7,13 @@ before the sidecar).
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import select
 import shutil
 import socket
+import tempfile
 import time
 from typing import Dict, Iterable, List, Optional
 
@@ -137,3 +139,24 @@ def fr_into_snapshot(run_dir: str, pids: Iterable[int], snap_dir: str,
         pass
     return out
 
+
+def fr_files(run_dir: str, pids: List[int]) -> Dict[str, bytes]:
+    """The Flight Recorder dumps, their sidecars and the pending asyncio tasks of ``pids``
+    (this host's live traced processes; each one's agent answers, a Ray actor's with the
+    await chains of its event loop): ``{file name: bytes}``, for a snapshot's ``fr/``
+    assembled elsewhere (``raycluster.collect_node``). Never raises ({} when no agent
+    answers)."""
+    out: Dict[str, bytes] = {}
+    if not pids:
+        return out
+    tmp = tempfile.mkdtemp(prefix="hangtrace-rayfr-")
+    try:
+        fr_into_snapshot(run_dir, pids, tmp)
+        for path in glob.glob(os.path.join(tmp, "fr", "*")):
+            with open(path, "rb") as f:
+                out[os.path.basename(path)] = f.read()
+    except Exception:
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -15,7 +15,8 @@ even when the job holds every CPU). Each task, on its node:
   where host names and the run directory are shared;
 * copies the used part of each selected ring, reads the faulthandler files, records
   process states (checked there, where the pids live), takes py-spy stacks of the
-  alive ones (faulthandler fallback, as ``collect.take_snapshot``);
+  alive ones (faulthandler fallback, as ``collect.take_snapshot``) and asks their agents
+  for Flight Recorder dumps and pending asyncio tasks (``frrequest.fr_files``);
 * returns all of it as one dict of bytes/str to the caller.
 
 The caller writes every node's payload into one local snapshot folder
@@ -175,7 +176,8 @@ def collect_node(run_dir: str, node_id: Optional[str] = None, native: bool = Fal
             mine = C._stacks_for(mine, native, run_dir)
         except Exception as e:
             out["errors"].append("node %s: stacks failed: %s" % ((node_id or "?")[:12], e))
-        out["fr"] = _node_fr(run_dir, [p.pid for p in mine if p.state == "alive" and p.host == host])
+        from hangtrace.tracer.collect.frrequest import fr_files
+        out["fr"] = fr_files(run_dir, [p.pid for p in mine if p.state == "alive" and p.host == host])
     for p in mine:
         if p.stacks is not None:
             out["stacks"]["%s-%d.json" % (p.host, p.pid)] = orjson.dumps(
@@ -184,28 +186,6 @@ def collect_node(run_dir: str, node_id: Optional[str] = None, native: bool = Fal
         out["processes"][p.key] = {"state": p.state, "exit_code": p.exit_code, "rank": p.rank,
                                    "stack_error": p.stack_error, "node_id": node_id}
     out["took_s"] = time.time() - t0
-    return out
-
-
-def _node_fr(run_dir: str, pids: List[int]) -> Dict[str, bytes]:
-    """The Flight Recorder dumps, their sidecars and the pending asyncio tasks of this
-    node's live traced processes (``collect/frrequest.py``: each process's agent answers;
-    a Ray actor's carries the await chains of its event loop): ``{file name: bytes}``, for
-    the snapshot's ``fr/``. Never raises ({} when no agent answers)."""
-    out: Dict[str, bytes] = {}
-    if not pids:
-        return out
-    tmp = tempfile.mkdtemp(prefix="hangtrace-rayfr-")
-    try:
-        from hangtrace.tracer.collect.frrequest import fr_into_snapshot
-        fr_into_snapshot(run_dir, pids, tmp)
-        for path in glob.glob(os.path.join(tmp, "fr", "*")):
-            with open(path, "rb") as f:
-                out[os.path.basename(path)] = f.read()
-    except Exception:
-        pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
