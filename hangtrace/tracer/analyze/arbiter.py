@@ -12,6 +12,9 @@ row   condition                                                    outcome
       before the root death if any, and no hang was found or the
       hang's culprits all wait outside collectives or are dead
       (the ranks may be waiting for the actor, not each other)
+0b    no hang was found, and the first failure is a rank that     TIMEOUT
+      gave up waiting in a collective while ranks it waited for
+      were outside collectives (``rules/timeout_waiter.py``)
 1     a root death exists and no hang was found                    DEATH
 2     root death; the hang is a chain whose end at the root's     DEATH
       rank is itself classified dead
@@ -54,6 +57,7 @@ class Outcome(Enum):
     HANG = "hang"            #: the hang finding (the first hang rule that found)
     TRANSPORT = "transport"  #: the first failed record (rule transport)
     RANKLESS = "rankless"    #: a Ray actor without a rank failed first (rule rankless_root)
+    TIMEOUT = "timeout"      #: a rank timed out waiting for ranks outside collectives (rule timeout_waiter)
     IDLE = "idle"            #: nobody is waiting for anyone broken (rule idle)
 
 
@@ -67,6 +71,7 @@ class Situation:
     death: Optional[Finding]
     any_failure: bool
     rankless: Optional[Finding] = None
+    timeout: Optional[Finding] = None
 
 
 def _rankless_first(s: Situation) -> bool:
@@ -98,6 +103,8 @@ class Row:
 
 TABLE: Tuple[Row, ...] = (
     Row("rank-less actor failed first", lambda c, s: _rankless_first(s), Outcome.RANKLESS),
+    Row("timed out waiting for ranks outside collectives", lambda c, s: s.timeout is not None and s.hang is None,
+        Outcome.TIMEOUT),
     Row("death, no hang", lambda c, s: s.death is not None and s.hang is None, Outcome.DEATH),
     Row("death is a dead chain end", lambda c, s: s.death is not None and _root_is_dead_chain_end(s), Outcome.DEATH),
     Row("hang start unknown", lambda c, s: s.death is not None and not (s.hang and s.hang.start), Outcome.DEATH),

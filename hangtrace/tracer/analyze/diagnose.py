@@ -23,7 +23,7 @@ from hangtrace.tracer.analyze.childwait import child_process
 from hangtrace.tracer.analyze.lockwait import lock_waits
 from hangtrace.tracer.analyze.loaderwait import loader_workers
 from hangtrace.tracer.analyze.rules import (ACTOR_RULES, ACTORS, BY_NAME, DEATH_RULE, FALLBACK_RULES, HANG_RULES,
-                                            RANKLESS_ROOT, STACK_ONLY, Finding)
+                                            RANKLESS_ROOT, STACK_ONLY, TIMEOUT_WAITER, Finding)
 from hangtrace.tracer.analyze.stacktree import classes as stack_classes_of
 from hangtrace.tracer.analyze.stacktree import format_ranks, merge_stacks, missing_from_common_frame
 from hangtrace.tracer.analyze.waitgraph import build_instances
@@ -134,9 +134,12 @@ def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Opt
     death = DEATH_RULE.find(ctx)
     fails = failures(ctx)
     rankless = RANKLESS_ROOT.find(ctx)  # issue 9: a rank-less Ray actor's failure beside the ranks
-    row = decide(ctx, Situation(hang, death, bool(fails), rankless))
+    timeout = TIMEOUT_WAITER.find(ctx) if hang is None else None
+    row = decide(ctx, Situation(hang, death, bool(fails), rankless, timeout))
     if row.outcome is Outcome.RANKLESS and rankless is not None:
         RANKLESS_ROOT.explain(ctx, rankless, d)
+    elif row.outcome is Outcome.TIMEOUT and timeout is not None:
+        TIMEOUT_WAITER.explain(ctx, timeout, d)
     elif row.outcome is Outcome.DEATH and death is not None:
         DEATH_RULE.explain(ctx, death, d)
     elif row.outcome is Outcome.HANG and hang is not None:

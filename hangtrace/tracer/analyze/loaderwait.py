@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.blocking import blocking_reason
-from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread
+from hangtrace.tracer.analyze.stacktree import frame_label, process_frames, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
 
@@ -46,8 +46,8 @@ def in_dataset(p: ProcessInfo) -> Optional[Dict[str, Any]]:
     'threads' (not counting hangtrace's), 'active' (py-spy's flag)}`` when the worker
     ``p``'s main thread is inside ``fetch`` below user code (the dataset, its transforms,
     a collate_fn), else None (idle at its index queue, or no stack)."""
-    th = pick_thread(p.stacks)
-    frames = list((th or {}).get("frames") or [])
+    frames, th = process_frames(p)  # (a worker killed in the job's teardown: its SIGTERM dump)
+    frames = list(frames or [])
     at = next((i for i, f in enumerate(frames) if _short(f) == "fetch" and _path(f).endswith("_utils/fetch.py")),
               None)
     if at is None:
@@ -55,7 +55,7 @@ def in_dataset(p: ProcessInfo) -> Optional[Dict[str, Any]]:
     user = [f for f in frames[:at] if _DATA not in _path(f)]
     if not user:
         return None
-    theirs = [t for t in p.stacks or () if not str(t.get("thread_name") or "").startswith("hangtrace")]
+    theirs = [t for t in threads_of(p) or () if not str(t.get("thread_name") or "").startswith("hangtrace")]
     return {"pid": p.pid, "frames": [frame_label(f) for f in user[:3]], "threads": len(theirs),
             "reason": blocking_reason(user), "active": (th or {}).get("active")}
 
@@ -70,16 +70,18 @@ def loader_workers(ctx: Ctx, d: Diagnosis) -> None:
         return
     for r in d.culprit_ranks[:4]:
         v = ctx.views.get(r)
-        th = pick_thread(v.proc.stacks) if v is not None else None
-        where = waits_for_batch((th or {}).get("frames") or []) if th else None
+        frames = process_frames(v.proc)[0] if v is not None else None
+        where = waits_for_batch(frames) if frames else None
         if v is None or where is None:
             continue
-        workers = [p for p in ctx.snap.processes if ctx.roles.helper_of.get(p.key) == r and p.state in ("alive", "unknown")]
+        mine = [p for p in ctx.snap.processes if ctx.roles.helper_of.get(p.key) == r]
+        workers = [p for p in mine if p.state in ("alive", "unknown") or threads_of(p)]
         stuck: List[Dict[str, Any]] = [w for w in (in_dataset(p) for p in workers) if w is not None]
         if not stuck:
             text = "rank %d waits for a batch from its DataLoader (%s); %s" % (
                 r, where, "none of its %d live workers is inside the dataset" % len(workers) if workers else
-                "no live worker of it was traced")
+                "its %d worker(s) were gone before their stacks were taken (no dump): where the batch was stuck is "
+                "not known" % len(mine) if mine else "no live worker of it was traced")
         else:
             w = stuck[0]
             lone = w["threads"] == 1 and not w["reason"] and w["active"] is False

@@ -103,7 +103,9 @@ def pick_thread(threads: Optional[List[Any]]) -> Optional[Thread]:
     return cands[0]
 
 
-def _threads_of(proc: ProcessInfo) -> Optional[List[Any]]:
+def threads_of(proc: ProcessInfo) -> Optional[List[Any]]:
+    """``proc``'s threads: its live stacks, else those of its faulthandler dumps (on
+    request, fatal signal, SIGTERM: a dead process's last stacks), else None."""
     if proc.stacks:
         return proc.stacks
     sig = proc.signals or {}
@@ -126,7 +128,7 @@ def process_frames(proc: ProcessInfo) -> Tuple[Optional[List[Frame]], Optional[T
 
     Returns ``(frames, thread)``; ``frames`` excludes native frames.
     """
-    t = pick_thread(_threads_of(proc))
+    t = pick_thread(threads_of(proc))
     if t is None:
         return None, None
     frames = [f for f in t.get("frames") or () if isinstance(f, dict) and not f.get("native")]

@@ -195,6 +195,9 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     after = (" It stopped after an exception: %s." % d["after_exception"]) if d.get("after_exception") else ""
     after += "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("loader_wait", "child_wait", "lock_wait")
                      if d.get(k))
+    to = d.get("timed_out")
+    if to:  # rules/timeout_waiter.py: the rank that gave up waiting for it
+        after += " Rank %s gave up waiting for it in a collective: %s." % (to.get("rank"), clip(str(to.get("text")), 160))
     return ("Stuck outside collectives: %s is not in any collective%s: %s%s.%s %s" % (
         who, _where(diag), _reason(diag) or "it made no progress", _doing(diag), after,
         _waiters_text(diag, coll) if diag.waiting_ranks and coll else

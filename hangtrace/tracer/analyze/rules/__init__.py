@@ -9,13 +9,14 @@ finds). ``STACK_ONLY`` replaces all of them for stacks-only snapshots (attach);
 failures first, then ``ACTOR_RULES`` in order (the wait-for graph across actor calls, an
 actor that can never be scheduled), then its stuck actors. ``RANKLESS_ROOT`` finds a
 rank-less Ray actor that failed beside the ranks (the arbiter weighs it against the hang
-and the root death).
+and the root death); ``TIMEOUT_WAITER`` the ranks outside collectives that a rank which
+gave up waiting in a collective (a timeout, the first failure) waited for.
 """
 from typing import Dict, Tuple
 
 from hangtrace.tracer.analyze.rules import (actor_waits, actors, chain, dead_rank, deadlock, diverged,
                                             extra_collective, idle, left_phase, minority, mismatch, no_record_file, rankless_root,
-                                            silent_mismatch, stack_only, transport, unschedulable)
+                                            silent_mismatch, stack_only, timeout_waiter, transport, unschedulable)
 from hangtrace.tracer.analyze.rules.base import Finding, Rule
 
 HANG_RULES: Tuple[Rule, ...] = (
@@ -41,10 +42,12 @@ ACTOR_RULES: Tuple[Rule, ...] = (
     unschedulable,     # 'unschedulable-actor': waited on, no process, asks more than any node has
 )
 RANKLESS_ROOT: Rule = rankless_root  # 'dead-rank' naming a rank-less actor beside ranks (the arbiter decides)
+TIMEOUT_WAITER: Rule = timeout_waiter  # 'stuck-outside-collective': the ranks a timed-out rank waited for (arbiter)
 
 ALL_RULES: Tuple[Rule, ...] = (HANG_RULES + (DEATH_RULE,) + FALLBACK_RULES + (STACK_ONLY, ACTORS) + ACTOR_RULES
-                               + (RANKLESS_ROOT,))
+                               + (RANKLESS_ROOT, TIMEOUT_WAITER))
 BY_NAME: Dict[str, Rule] = {r.NAME: r for r in ALL_RULES}
 
 __all__ = ["HANG_RULES", "DEATH_RULE", "FALLBACK_RULES", "STACK_ONLY", "ACTORS", "ACTOR_RULES", "RANKLESS_ROOT",
+           "TIMEOUT_WAITER",
            "ALL_RULES", "BY_NAME", "Finding", "Rule"]
