@@ -81,6 +81,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_attach(args: argparse.Namespace) -> int:
     """Stacks of a hung job that was not started with hangtrace; names the outliers."""
+    if args.list:
+        from .tracer.collect.attach import list_jobs
+        jobs = list_jobs()
+        print("\n".join(jobs) if jobs else "no torch.distributed job found on this host")
+        return 0 if jobs else 5
     from .tracer.pipeline import attach
     _print_diag(attach(args.pid or None, native=args.native, log=_err), args.json)
     return 0
@@ -278,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "torch.distributed job you started most recently (named on stderr, with the reason)")
     t.add_argument("--json", action="store_true")
     t.add_argument("--native", action="store_true")
+    t.add_argument("--list", action="store_true", help="list the torch.distributed jobs on this host, newest "
+                   "first, with their pids and owners, and exit (to choose --pid on a shared machine)")
     t.set_defaults(fn=cmd_attach)
 
     add_records_parser(sub)

@@ -232,7 +232,11 @@ def _atomic_write(path: str, data: bytes) -> None:
 def start(run_dir: str, log: Optional[Callable[..., None]] = None) -> bool:
     """Start this process's agent (idempotent; again in a forked child that joins a group
     of its own). Never raises. Returns True when an agent listens. Off when
-    ``HANGTRACE_FR=0``."""
+    ``HANGTRACE_FR=0``. Called when the process joins a process group, and by a Ray
+    actor at its first method (``ray_hooks``): an actor answers snapshot requests with its
+    pending asyncio tasks (an async actor's methods are tasks of its event loop, whose
+    thread py-spy sees idle in ``epoll_wait``), and a Flight Recorder dump once it joined
+    a group (torch is never imported for it)."""
     global _agent
     try:
         if os.environ.get(config.FR, "1") == "0":

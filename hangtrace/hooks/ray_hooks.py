@@ -46,8 +46,7 @@ import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from hangtrace.tracer import api
-from hangtrace.tracer import config
+from hangtrace.tracer import api, config
 
 HOOK_ENV = config.RAY_HOOK
 #: Ray versions whose internals the 'executor' and 'class' paths were written against
@@ -162,22 +161,11 @@ def _enter(name: str, instance: Any) -> None:
         return
     try:
         if "actor" not in _identity_done and instance is not None and record_identity(instance) is not None:
-            _start_agent(rec)
+            from hangtrace.hooks import fr_agent  # an actor answers snapshot requests as a rank does
+            fr_agent.start(rec.run_dir, _log)  # (its asyncio tasks; never raises)
         rec.phase_enter(name)
     except Exception as e:
         _log("recording actor method start failed: %r" % (e,), "ray-enter")
-
-
-def _start_agent(rec: Any) -> None:
-    """An actor answers snapshot requests as a rank does (``fr_agent``): with its pending
-    asyncio tasks (an async actor's methods are tasks of its event loop, whose thread
-    py-spy sees idle in ``epoll_wait``), and a Flight Recorder dump once it joined a
-    process group. Never raises."""
-    try:
-        from hangtrace.hooks import fr_agent
-        fr_agent.start(rec.run_dir, _log)
-    except Exception as e:
-        _log("actor agent not started: %r" % (e,), "ray-agent")
 
 
 def _exit(name: str, exc: Optional[BaseException]) -> None:

@@ -111,3 +111,23 @@ def test_attach_without_pid_picks_the_newest_job_of_this_user_and_says_why(tmp_p
         for p in procs:
             p.kill()
             p.wait(timeout=10)
+
+
+def test_attach_list_names_each_job_with_its_pids_and_owner(tmp_path):
+    """`hangtrace attach --list`: the jobs on this host, newest first, to choose --pid on a
+    shared machine (a blind tester's attach without --pid took another user's newer job)."""
+    port = free_port()
+    env = base_env(traced=False, RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import time
+        time.sleep(0.5)
+        out = subprocess.run([sys.executable, "-m", "hangtrace", "attach", "--list"], env=base_env(traced=False),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        line = next((ln for ln in out.stdout.splitlines() if "pid %d (rank 0)" % p.pid in ln), None)
+        assert line is not None and line.startswith("uid %d: " % os.getuid()), out.stdout
+    finally:
+        p.kill()
+        p.wait(timeout=10)

@@ -102,3 +102,21 @@ def test_a_process_denied_even_to_root_is_not_listed_as_a_reason():
         pass
     res = find_torch_processes()
     assert 1 not in [s["pid"] for s in res.skipped], res.skipped
+
+
+def test_multiprocessing_helpers_that_inherited_rank_are_not_ranks():
+    """multiprocessing's resource tracker inherits a rank's environment, RANK included;
+    attach took it for 'rank 0' and blamed its pipe read (a blind job, 2026-12-04)."""
+    port = 20000 + (os.getpid() + 11) % 20000
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    tracker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # multiprocessing.resource_tracker"],
+                               env=env)
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        time.sleep(0.5)
+        pids = {d["pid"] for d in find_torch_processes() if d["env"].get("MASTER_PORT") == str(port)}
+        assert pids == {rank.pid}, pids
+    finally:
+        for p in (tracker, rank):
+            p.kill()
+            p.wait()

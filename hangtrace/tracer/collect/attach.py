@@ -126,6 +126,17 @@ def _describe_job(ds: List[Found]) -> str:
     return "%s: %s (started %s)" % (who, cmd, when)
 
 
+def list_jobs() -> List[str]:
+    """One line per torch.distributed job on this host, newest first: ``uid N: pid 12
+    (rank 0), ...: python train.py (started ...)`` (what ``hangtrace attach --list``
+    prints: the ``--pid`` values to pass on a shared machine)."""
+    jobs: Dict[Tuple[Any, ...], List[Found]] = {}
+    for d in find_torch_processes():
+        jobs.setdefault(_job_key(d), []).append(d)
+    return ["uid %s: %s" % (",".join(sorted({str(d.get("uid")) for d in ds})), _describe_job(ds))
+            for ds in sorted(jobs.values(), key=_started, reverse=True)]
+
+
 def choose_job(found: List[Found], uid: int) -> Tuple[List[Found], str, List[str]]:
     """Which job ``hangtrace attach`` without ``--pid`` diagnoses: among the jobs of
     ``found`` (grouped by ``_job_key``), the one started most recently among those owned

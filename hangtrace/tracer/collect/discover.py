@@ -102,6 +102,20 @@ def _describe(proc: psutil.Process, env: Mapping[str, str], host: str) -> Found:
     }
 
 
+#: command-line marks of multiprocessing's own helper processes (``-c 'from
+#: multiprocessing.resource_tracker import main;main(3)'``, the forkserver): they inherit a
+#: rank's environment (RANK included) and are never ranks (a blind job, 2026-12-04: attach
+#: named the resource tracker "rank 0" and blamed its pipe read)
+_MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def _mp_helper(proc: Any) -> bool:
+    try:
+        return any(m in c for c in proc.cmdline() for m in _MP_HELPERS)
+    except Exception:
+        return False
+
+
 def _job_key(d: Found) -> Tuple[str, str, str, str, int]:
     e = d["env"]
     return (e.get("TORCHELASTIC_RUN_ID", ""), e.get("MASTER_ADDR", ""), e.get("MASTER_PORT", ""),
@@ -167,7 +181,7 @@ def _python_parents(found: List[Found], psutil: Any, host: str, skipped: List[Di
         for proc in family:
             try:
                 cmd = proc.cmdline()
-                if proc.pid in pids or not _is_python(proc, cmd) or any("resource_tracker" in c for c in cmd):
+                if proc.pid in pids or not _is_python(proc, cmd) or _mp_helper(proc):
                     continue
                 found_env = proc.environ()
             except Exception as e:
@@ -243,6 +257,8 @@ def find_torch_processes(pids: Optional[Iterable[Union[int, str]]] = None,
             continue
         if pids is None and not any(k in env for k in TORCH_ENV):
             continue
+        if pids is None and _mp_helper(proc):
+            continue  # multiprocessing's resource tracker / forkserver: inherits RANK, never a rank
         found.append(_describe(proc, env, host))
     if pids is None:
         found = _python_parents(found, psutil, host, skipped)

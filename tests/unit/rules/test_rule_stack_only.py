@@ -119,3 +119,16 @@ def test_stack_only_names_the_child_a_stuck_process_waits_for():
     assert d.details["child_wait"] in d.evidence
     d = check(procs(lambda i: -1), Kind.STUCK_OUTSIDE_COLLECTIVE, [])
     assert "Pid 3002 waits for its child process" in d.summary and "Next: the process waits" in d.summary, d.summary
+
+
+def test_stack_only_with_every_process_claiming_the_same_rank_keys_by_pid():
+    """spawn children that inherited RANK=0 from their launcher all read as 'rank 0': the
+    verdict said "rank 0 is not in any torch.distributed call ... while rank 0 wait in
+    all_gather" (a blind job, 2026-12-04). Duplicate ranks are no ranks: keyed by pid."""
+    procs = [ProcessInfo(host="h0", pid=pid, rank=0, local_rank=0, world_size=1, state="alive",
+                         stacks=stack(*fr), stack_source="py-spy", meta={"attached": True})
+             for pid, fr in ((3001, COLL_STACK), (3002, COLL_STACK), (3003, QUEUE_GET))]
+    s = Snapshot(run_dir="/tmp/attach", taken_wall_ns=T0, reason="attach", processes=procs)
+    d = check(s, Kind.STUCK_OUTSIDE_COLLECTIVE, [], waiting=[])
+    assert d.details["culprit_pids"] == [3003] and d.details["waiting_pids"] == [3001, 3002], d.details
+    assert d.summary.startswith("Rank unknown for every process (several claim the same RANK); by pid:"), d.summary

@@ -66,6 +66,8 @@ def find(ctx: Ctx) -> Optional[Finding]:
         return None
     procs = [p for p in ctx.snap.processes if p.rank >= 0]
     unit = "rank"
+    if len({p.rank for p in procs}) < len(procs):
+        procs = []  # several processes claim one rank (spawn children that inherited RANK=0): not ranks
     if not procs:  # no rank known: the processes by pid (their stacks still tell who waits)
         procs = [dataclasses.replace(p, rank=p.pid, world_size=-1) for p in ctx.snap.processes if p.stacks]
         unit = "pid"
@@ -203,4 +205,6 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     if sv.unit == "pid":  # keys are pids: never in the rank lists
         d.details["culprit_pids"], d.details["waiting_pids"] = d.culprit_ranks, d.waiting_ranks
         d.culprit_ranks, d.waiting_ranks = [], []
-        d.summary = "Rank unknown for every process (see errors); by pid: " + d.summary
+        why = "see errors" if d.errors else ("several claim the same RANK" if any(
+            p.rank >= 0 for p in ctx.snap.processes) else "no RANK in their environment")
+        d.summary = "Rank unknown for every process (%s); by pid: %s" % (why, d.summary)

@@ -74,6 +74,8 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["timed_out"] = {"rank": first.rank, "text": text[:300], "wall_ns": first.fail_wall}
     d.cause = Cause.BLOCKED if any(not w.startswith("not in any") for w in reasons.values()) else Cause.NO_PROGRESS
     ctx.add("rank %d gave up waiting in a collective at %s: %s" % (first.rank, ts(first.fail_wall), text[:300]))
+    ctx.add("the job was torn down after the timeout: a stall threshold (--stall-s) below the collective's timeout "
+            "gets the stacks of every live process, DataLoader workers included, before that")
     for r, why in outside[:6]:
         v = ctx.views[r]
         src = "its stack dumped at its SIGTERM" if (v.proc.signals or {}).get("sigterm") and not v.proc.stacks \
