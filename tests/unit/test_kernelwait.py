@@ -76,7 +76,11 @@ def test_a_parent_waiting_for_its_child_names_the_pid_and_lists_the_child():
     try:
         k = _blocked(p.pid, p.pid)
         assert k["syscall"] in ("wait4", "waitid"), k
+        t0 = time.monotonic()
         kids = K.children(p.pid)
+        while time.monotonic() - t0 < 10 and not (kids and (kids[0].get("kernel") or {}).get("syscall") == "read"):
+            time.sleep(0.05)  # (cat may still be starting when its parent already waits)
+            kids = K.children(p.pid)
         assert len(kids) == 1 and kids[0]["argv"] == ["cat"], kids
         assert k["args"] == ["pid %d" % kids[0]["pid"]], (k, kids)
         ck = kids[0].get("kernel") or {}

@@ -133,3 +133,7 @@ def test_paragraph_reaches_the_users_line_below_torch_frames():
     d = Diagnosis(kind=Kind.COLLECTIVE_MISMATCH, culprit_ranks=[0], frames=["redispatch (_ops.py:882)"],
                   details={"user_frame": "log_metrics (train.py:54)"})
     assert "redispatch (_ops.py:882) < ... < log_metrics (train.py:54)" in verdict_paragraph(d)
+    # the user frame right after the three shown: nothing left out, no '...' (blind helper 49)
+    d.frames = ["a (x.py:1)", "b (x.py:2)", "save (serialization.py:1002)", "log_metrics (train.py:54)"]
+    assert "a (x.py:1) < b (x.py:2) < save (serialization.py:1002) < log_metrics (train.py:54)" in \
+        verdict_paragraph(d), verdict_paragraph(d)
