@@ -59,4 +59,12 @@ def describe(p: ProcessInfo) -> Optional[str]:
     if inner.awaits_future:
         text += ", awaiting %s" % inner.awaits_future[:120]
     n = sum(len(lp.tasks) for lp in p.asyncio_loops)
-    return text + (" (%d pending task(s))" % n if n > len(best) else "")
+    others = [t for lp in p.asyncio_loops for t in lp.tasks if t not in best]
+    if others:  # (the task that should wake the chain is often one of these: name where they wait)
+        text += "; also pending (%d of %d tasks): %s" % (min(len(others), _MAX_OTHERS), n, "; ".join(
+            "task '%s' in %s" % (t.name, _where(t)) for t in others[:_MAX_OTHERS]))
+    return text
+
+
+#: other pending tasks named beside the longest chain
+_MAX_OTHERS = 2

@@ -2,7 +2,7 @@
 
 From a thread's frames (innermost first), py-spy's ``active``/``owns_gil`` and the
 kernel's word on its system call (``'kernel'``, collect/kernelwait.py) and the source line
-of its innermost frame (``'code'``, collect/stacks.py): a known blocking call (queue,
+of its innermost frame (``'code'``, collect/kernelwait.py): a known blocking call (queue,
 lock, socket, future, ``ray.get``, sleep), a wait in ``subprocess``, a C-level lock
 acquire, or "blocked in the system call ...". Also: the innermost torch.distributed frame
 (:func:`collective_frame`), and a kernel wait channel glossed in words
@@ -148,15 +148,15 @@ def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None
         lock = c_lock_wait(frames, th)
         if lock:
             return lock + gil
-        code = _code(frames[0])
+        code = code_text(frames[0])
         if kt:
             return "blocked in the system call %s, in %s%s%s" % (kt, frame_label(frames[0]), code, gil)
         return "idle in a system call (py-spy: thread not active) in %s%s%s" % (frame_label(frames[0]), code, gil)
     return None
 
 
-def _code(f: Frame) -> str:
-    """``': `with upload_lock:`'`` from a frame's source line (collect/stacks.py), or ''."""
+def code_text(f: Frame) -> str:
+    """``': `with upload_lock:`'`` from a frame's source line (collect/kernelwait.py), or ''."""
     c = f.get("code")
     return ": `%s`" % c if c else ""
 
@@ -166,12 +166,11 @@ def _code(f: Frame) -> str:
 _LOCK_LINE = re.compile(r"^\s*(async\s+)?with\s|\.acquire\(")
 
 
-def c_lock_wait(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Optional[str]:
-    """``"waiting for a lock (a C-level acquire; kernel: futex) at main (job.py:33): `with
-    upload_lock:`"`` when the thread sleeps in a futex and its innermost Python frame's
-    source line enters a lock (``with``, ``.acquire(``): ``threading.Lock``/``RLock`` are
-    acquired in C, so no ``acquire`` frame shows; else None. Needs the line
-    (collect/stacks.py ``add_source_lines``) and the kernel's word."""
+def c_lock_frame(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Optional[Frame]:
+    """The innermost Python frame when the thread sleeps in a futex and that frame's source
+    line enters a lock (``with``, ``.acquire(``): ``threading.Lock``/``RLock`` are acquired
+    in C, so no ``acquire`` frame shows; else None. Needs the line (collect/kernelwait.py
+    ``add_source_lines``) and the kernel's word."""
     k = (thread or {}).get("kernel") or {}
     if not isinstance(k, dict) or k.get("syscall") != "futex":
         return None
@@ -180,4 +179,12 @@ def c_lock_wait(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Opti
         return None
     if os.path.basename(str(f.get("filename") or "")) in _BLOCKING_FILES:
         return None  # (the standard library's own waits: Condition.wait's `waiter.acquire()` is idle, not a lock)
-    return "waiting for a lock (a C-level acquire; kernel: futex) at %s%s" % (frame_label(f), _code(f))
+    return f
+
+
+def c_lock_wait(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Optional[str]:
+    """``"waiting for a lock (a C-level acquire; kernel: futex) at main (job.py:33): `with
+    upload_lock:`"`` for :func:`c_lock_frame`'s frame, else None."""
+    f = c_lock_frame(frames, thread)
+    return None if f is None else "waiting for a lock (a C-level acquire; kernel: futex) at %s%s" % (
+        frame_label(f), code_text(f))

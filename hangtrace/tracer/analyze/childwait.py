@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.blocking import blocking_reason, kernel_text, subprocess_wait
-from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread
+from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.process_model import parent_pid, process_argv
 from hangtrace.tracer.snapshot import ProcessInfo
@@ -152,7 +152,7 @@ def child_wait_text(parent: ProcessInfo, procs: Sequence[ProcessInfo], who: str)
     when ``parent``'s main stack waits for a child (``who``: ``'rank 0'``, ``'pid 816'``),
     naming the children it most likely waits for and what they do; None when it does not
     wait for a child."""
-    th = pick_thread(parent.stacks)
+    th = pick_thread(threads_of(parent))  # (live, or its dump when it died: the timeout rule's culprits)
     how = waits_for_child(th)
     if how is None:
         return None

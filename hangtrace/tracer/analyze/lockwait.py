@@ -1,7 +1,7 @@
 """A culprit blocked on a lock, and the other threads of its process blocked on locks (pure).
 
 A rank stuck outside collectives whose main thread waits for a lock (``blocking.
-c_lock_wait``: a futex under ``with x_lock:``; or ``threading``'s Python-level acquire)
+c_lock_frame``: a futex under ``with x_lock:``; or ``threading``'s Python-level acquire)
 is waiting for a thread that holds it. When another thread of the same process waits for
 a lock too, the two most likely hold what the other takes: the shape of a lock-order
 deadlock (thread A: ``with state_lock: ... with upload_lock:``; thread B the other way).
@@ -12,11 +12,12 @@ in the system call futex ... in main (job.py:33)".
 """
 from __future__ import annotations
 
+import os
 from typing import List, Optional
 
-from hangtrace.tracer.analyze.blocking import c_lock_wait
+from hangtrace.tracer.analyze.blocking import c_lock_frame, code_text
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.stacktree import Thread, frame_label, pick_thread
+from hangtrace.tracer.analyze.stacktree import Thread, _short, frame_label, pick_thread
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
 
@@ -30,13 +31,12 @@ def _lock_wait(t: Thread) -> Optional[str]:
     frames = [f for f in t.get("frames") or () if isinstance(f, dict) and not f.get("native")]
     if t.get("active") is not False or not frames:
         return None
-    c = c_lock_wait(frames, t)
-    if c:
-        return c.split(" at ", 1)[1] if " at " in c else c
+    f = c_lock_frame(frames, t)
+    if f is not None:
+        return frame_label(f) + code_text(f)
     f = frames[0]
-    base = str(f.get("filename") or "").replace("\\", "/").rsplit("/", 1)[-1]
-    if (base, str(f.get("name") or "").rsplit(".", 1)[-1]) in _PY_ACQUIRE and len(frames) > 1:
-        return frame_label(frames[1])
+    if (os.path.basename(str(f.get("filename") or "")), _short(f.get("name"))) in _PY_ACQUIRE and len(frames) > 1:
+        return frame_label(frames[1]) + code_text(frames[1])
     return None
 
 

@@ -109,11 +109,8 @@ def _describe(proc: psutil.Process, env: Mapping[str, str], host: str) -> Found:
 _MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
-def _mp_helper(proc: Any) -> bool:
-    try:
-        return any(m in c for c in proc.cmdline() for m in _MP_HELPERS)
-    except Exception:
-        return False
+def _mp_helper(cmdline: List[str]) -> bool:
+    return any(m in c for c in cmdline for m in _MP_HELPERS)
 
 
 def _job_key(d: Found) -> Tuple[str, str, str, str, int]:
@@ -181,7 +178,7 @@ def _python_parents(found: List[Found], psutil: Any, host: str, skipped: List[Di
         for proc in family:
             try:
                 cmd = proc.cmdline()
-                if proc.pid in pids or not _is_python(proc, cmd) or _mp_helper(proc):
+                if proc.pid in pids or not _is_python(proc, cmd) or _mp_helper(cmd):
                     continue
                 found_env = proc.environ()
             except Exception as e:
@@ -257,9 +254,10 @@ def find_torch_processes(pids: Optional[Iterable[Union[int, str]]] = None,
             continue
         if pids is None and not any(k in env for k in TORCH_ENV):
             continue
-        if pids is None and _mp_helper(proc):
+        desc = _describe(proc, env, host)
+        if pids is None and _mp_helper(desc["cmdline"]):
             continue  # multiprocessing's resource tracker / forkserver: inherits RANK, never a rank
-        found.append(_describe(proc, env, host))
+        found.append(desc)
     if pids is None:
         found = _python_parents(found, psutil, host, skipped)
     if pids is None and not include_all:

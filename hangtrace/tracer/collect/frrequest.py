@@ -7,13 +7,11 @@ before the sidecar).
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import select
 import shutil
 import socket
-import tempfile
 import time
 from typing import Dict, Iterable, List, Optional
 
@@ -108,55 +106,52 @@ def fr_progress(run_dir: str, pids: Iterable[int], timeout_s: float = 0.5) -> Di
 SNAPSHOT_FR_TIMEOUT_S = 3.0
 
 
-def fr_into_snapshot(run_dir: str, pids: Iterable[int], snap_dir: str,
-                     timeout_s: float = SNAPSHOT_FR_TIMEOUT_S) -> List[str]:
-    """Request dumps from the agents of ``pids`` (this host) and copy each answered dump
-    with its sidecar (and its pending asyncio tasks, when it has a running loop) into
-    ``snap_dir/fr/``. Returns the copied dump paths ([] when no
-    process runs an agent, e.g. ``HANGTRACE_FR=0`` or no process group). Never raises."""
+def answered_files(run_dir: str, pids: Iterable[int], timeout_s: float = SNAPSHOT_FR_TIMEOUT_S) -> List[str]:
+    """Request dumps from the agents of ``pids`` (this host); the files of those that
+    answered, in ``RUN_DIR/fr``: each sidecar, its pending asyncio tasks when it has a
+    running loop, and its dump when it has one (a Ray actor that joined no process group
+    answers with its tasks only). [] with ``HANGTRACE_FR=0`` or no agent. Never raises."""
     if os.environ.get(config.FR, "1") == "0":
         return []
     out: List[str] = []
     try:
-        done = request_fr_dumps(run_dir, pids, timeout_s=timeout_s, settle_s=SNAPSHOT_FR_SETTLE_S)
-        if not done:
-            return out
-        dst = os.path.join(snap_dir, FR_SUBDIR)
-        os.makedirs(dst, mode=0o700, exist_ok=True)
-        for path in done:
-            meta = path[:-len(".pkl")] + ".meta.json"
-            tasks = path[:-len(".pkl")] + ".tasks.json"  # written with this dump (asyncio_tasks)
-            try:
-                shutil.copy2(meta, os.path.join(dst, os.path.basename(meta)))
-                if os.path.exists(tasks):
-                    shutil.copy2(tasks, os.path.join(dst, os.path.basename(tasks)))
-                if os.path.exists(path):  # (a Ray actor that joined no group answers with its tasks only)
-                    shutil.copy2(path, os.path.join(dst, os.path.basename(path)))
-                    out.append(os.path.join(dst, os.path.basename(path)))
-            except OSError:
-                continue
+        for path in request_fr_dumps(run_dir, pids, timeout_s=timeout_s, settle_s=SNAPSHOT_FR_SETTLE_S):
+            base = path[:-len(".pkl")]
+            out.extend(f for f in (base + ".meta.json", base + ".tasks.json", path) if os.path.exists(f))
     except Exception:
         pass
     return out
 
 
-def fr_files(run_dir: str, pids: List[int]) -> Dict[str, bytes]:
-    """The Flight Recorder dumps, their sidecars and the pending asyncio tasks of ``pids``
-    (this host's live traced processes; each one's agent answers, a Ray actor's with the
-    await chains of its event loop): ``{file name: bytes}``, for a snapshot's ``fr/``
-    assembled elsewhere (``raycluster.collect_node``). Never raises ({} when no agent
-    answers)."""
-    out: Dict[str, bytes] = {}
-    if not pids:
+def fr_into_snapshot(run_dir: str, pids: Iterable[int], snap_dir: str,
+                     timeout_s: float = SNAPSHOT_FR_TIMEOUT_S) -> List[str]:
+    """Copy :func:`answered_files` into ``snap_dir/fr/``. Returns the copied dump paths
+    (``.pkl``). Never raises."""
+    out: List[str] = []
+    files = answered_files(run_dir, pids, timeout_s)
+    if not files:
         return out
-    tmp = tempfile.mkdtemp(prefix="hangtrace-rayfr-")
-    try:
-        fr_into_snapshot(run_dir, pids, tmp)
-        for path in glob.glob(os.path.join(tmp, "fr", "*")):
+    dst = os.path.join(snap_dir, FR_SUBDIR)
+    os.makedirs(dst, mode=0o700, exist_ok=True)
+    for path in files:
+        try:
+            shutil.copy2(path, os.path.join(dst, os.path.basename(path)))
+        except OSError:
+            continue
+        if path.endswith(".pkl"):
+            out.append(os.path.join(dst, os.path.basename(path)))
+    return out
+
+
+def fr_files(run_dir: str, pids: List[int]) -> Dict[str, bytes]:
+    """:func:`answered_files` as ``{file name: bytes}``, for a snapshot's ``fr/`` assembled
+    elsewhere (``raycluster.collect_node``: a Ray actor's tasks carry the await chains of
+    its event loop). Never raises ({} when no agent answers)."""
+    out: Dict[str, bytes] = {}
+    for path in answered_files(run_dir, pids) if pids else ():
+        try:
             with open(path, "rb") as f:
                 out[os.path.basename(path)] = f.read()
-    except Exception:
-        pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            continue
     return out

@@ -46,6 +46,8 @@ def test_the_rank_a_timed_out_rank_waited_for_is_stuck_outside_collectives():
     assert "Rank 0 gave up waiting for it in a collective: RuntimeError: " in d.summary, d.summary
     assert [c["rank"] for c in d.cascade] == [0, 1]
     assert "sigterm-external" not in d.summary and "find who sent SIGTERM" not in d.summary
+    assert "rank 1 (its last stack, dumped as it died): select()" in "\n".join(d.evidence), d.evidence
+    assert any("torn down after the timeout" in e for e in d.evidence), d.evidence
 
 
 def test_a_peer_that_died_first_is_the_root_not_a_timeout():

@@ -31,6 +31,7 @@ from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
 from hangtrace.tracer.analyze.stacktree import classes, format_ranks, merge_stacks, process_frames
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
+from hangtrace.tracer.snapshot import ProcessInfo
 from hangtrace.tracer.report.advice import CHILD_NEXT, LOCK_NEXT
 
 NAME = "stack_only"
@@ -51,8 +52,7 @@ class StackView:
     classes: Tuple[Dict[str, Any], ...]
     frames: Mapping[int, List[Any]]
     unit: str = "rank"  # what the keys are: 'rank', or 'pid' when no process has a rank
-    child_wait: Mapping[int, str] = dataclasses.field(default_factory=dict)  # key -> childwait sentence
-    lock_wait: Mapping[int, str] = dataclasses.field(default_factory=dict)  # key -> lockwait sentence
+    procs: Mapping[int, ProcessInfo] = dataclasses.field(default_factory=dict)  # key -> its process
 
 
 def applies(ctx: Ctx) -> bool:
@@ -75,8 +75,6 @@ def find(ctx: Ctx) -> Optional[Finding]:
     outside: Dict[int, str] = {}
     nostack: List[int] = []
     frames_of: Dict[int, List[Any]] = {}
-    child_wait: Dict[int, str] = {}
-    lock_wait: Dict[int, str] = {}
     for p in procs:
         frames, thread = process_frames(p)
         if not frames:
@@ -89,12 +87,6 @@ def find(ctx: Ctx) -> Optional[Finding]:
         else:
             outside[p.rank] = blocking_reason(frames, thread=thread) or \
                 "not in torch.distributed"
-            cw = child_wait_text(p, ctx.snap.processes, "%s %d" % (unit, p.rank))
-            if cw:
-                child_wait[p.rank] = cw
-            lw = lock_wait_text(p, "%s %d" % (unit, p.rank))
-            if lw:
-                lock_wait[p.rank] = lw
     world = max([p.world_size for p in procs if p.world_size and p.world_size <= MAX_WORLD] or [-1])
     have = {p.rank for p in procs}
     missing: List[int] = []
@@ -104,7 +96,7 @@ def find(ctx: Ctx) -> Optional[Finding]:
             if len(missing) >= MAX_MISSING_LISTED:
                 break
     sv = StackView(inside, outside, tuple(nostack), tuple(missing), world,
-                   tuple(classes(merge_stacks(procs))), frames_of, unit, child_wait, lock_wait)
+                   tuple(classes(merge_stacks(procs))), frames_of, unit, {p.rank: p for p in procs})
     return Finding(NAME, data=sv)
 
 
@@ -118,7 +110,7 @@ def _n(sv: StackView, keys: Any) -> str:
     return sv.unit + ("s" if len(keys) > 1 else "")
 
 
-def _stuck(sv: StackView, d: Diagnosis) -> None:
+def _stuck(ctx: Ctx, sv: StackView, d: Diagnosis) -> None:
     inside, outside = sv.inside, sv.outside
     d.kind = Kind.STUCK_OUTSIDE_COLLECTIVE
     d.culprit_ranks = sorted(outside)
@@ -127,7 +119,9 @@ def _stuck(sv: StackView, d: Diagnosis) -> None:
     d.frames = _top(sv, first)
     ops = sorted(set(inside.values()))
     d.op = ops[0] if len(ops) == 1 else None
-    child, lock = sv.child_wait.get(first), sv.lock_wait.get(first)
+    who, p = "%s %d" % (sv.unit, first), sv.procs[first]
+    child = child_wait_text(p, ctx.snap.processes, who)  # (what the first culprit waits for)
+    lock = None if child else lock_wait_text(p, who)
     if child:
         d.details["child_wait"] = child
         d.evidence.append(child)
@@ -184,7 +178,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     if sv.nostack:
         ev.append("%ss %s: no stack (see errors)" % (sv.unit, format_ranks(sv.nostack)))
     if inside and outside:
-        _stuck(sv, d)
+        _stuck(ctx, sv, d)
     elif inside and len(set(inside.values())) > 1:
         _mismatch(sv, d)
     elif inside and missing:

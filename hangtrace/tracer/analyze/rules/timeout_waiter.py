@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 
 from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
 from hangtrace.tracer.analyze.context import Ctx, RankView
-from hangtrace.tracer.analyze.deaths import failures
+from hangtrace.tracer.analyze.deaths import TRANSPORT_MARKERS, failures
 from hangtrace.tracer.analyze.evidence import fill_common, frames_of, ts
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
@@ -29,8 +29,8 @@ from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "timeout_waiter"
 
-#: lower-case texts of a collective that gave up waiting (a subset of deaths.TRANSPORT_MARKERS)
-TIMEOUT_MARKERS = ("timed out waiting", "watchdog caught collective operation timeout", "socket timeout")
+#: lower-case texts of a collective that gave up waiting: the transport markers that are timeouts
+TIMEOUT_MARKERS = tuple(m for m in TRANSPORT_MARKERS if "time" in m)
 
 
 def _timeout(v: RankView) -> Optional[str]:
@@ -74,13 +74,12 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["timed_out"] = {"rank": first.rank, "text": text[:300], "wall_ns": first.fail_wall}
     d.cause = Cause.BLOCKED if any(not w.startswith("not in any") for w in reasons.values()) else Cause.NO_PROGRESS
     ctx.add("rank %d gave up waiting in a collective at %s: %s" % (first.rank, ts(first.fail_wall), text[:300]))
-    ctx.add("the job was torn down after the timeout: a stall threshold (--stall-s) below the collective's timeout "
-            "gets the stacks of every live process, DataLoader workers included, before that")
+    dumped = [r for r, _ in outside if not ctx.views[r].proc.stacks]  # (their stacks from a faulthandler dump)
     for r, why in outside[:6]:
-        v = ctx.views[r]
-        src = "its stack dumped at its SIGTERM" if (v.proc.signals or {}).get("sigterm") and not v.proc.stacks \
-            else "its stack"
-        ctx.add("rank %d (%s): %s" % (r, src, why))
+        ctx.add("rank %d (%s): %s" % (r, "its last stack, dumped as it died" if r in dumped else "its stack", why))
+    if dumped:
+        ctx.add("the job was torn down after the timeout: a stall threshold (--stall-s) below the collective's "
+                "timeout gets the stacks of every live process, DataLoader workers included, before that")
     if len(outside) > 6:
         ctx.add("... and %s" % format_ranks([r for r, _ in outside[6:]], 8))
     d.cascade = failures(ctx)  # the timeout first, then the teardown
