@@ -47,6 +47,8 @@ import sys
 import tempfile
 import time
 
+from benchstats import median_ci
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -258,20 +260,25 @@ def traced_cost(runs, warmup, baseline=None):
          "%d runs per variant, interleaved; wall time fork to exit, peak RSS from wait4. Load average "
          "before/after: %.1f / %.1f." % (runs, load0[0], load1[0]), "",
          "| program | variant | median wall ms | p10–p90 wall ms | median CPU ms | median peak RSS MiB "
-         "| Δ wall ms | Δ CPU ms | Δ RSS MiB |",
+         "| Δ wall ms [95 % CI] | Δ CPU ms [95 % CI] | Δ RSS MiB |",
          "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def delta(key: str, n: str, ref: str) -> str:
+        d = [a - b for a, b in zip(out[n][key], out[ref][key])]
+        lo, hi = median_ci(d)
+        return "%+.1f" % med(d) + ("" if lo != lo else " [%+.1f, %+.1f]" % (lo, hi))
     for prog in progs:
         ref = "%s, untraced" % prog
         for n in [x for x in names if x.startswith(prog + ",")]:
             xs = sorted(out[n]["ms"])
-            d_ms = med([a - b for a, b in zip(out[n]["ms"], out[ref]["ms"])])
             d_mb = med([(a - b) / 1024 for a, b in zip(out[n]["kib"], out[ref]["kib"])])
-            d_cpu = med([a - b for a, b in zip(out[n]["cpu_ms"], out[ref]["cpu_ms"])])
-            L.append("| `%s` | %s | %.1f | %.1f–%.1f | %.1f | %.1f | %+.1f | %+.1f | %+.2f |" % (
+            L.append("| `%s` | %s | %.1f | %.1f–%.1f | %.1f | %.1f | %s | %s | %+.2f |" % (
                 progs[prog], n.split(", ", 1)[1], med(xs), xs[len(xs) // 10], xs[(len(xs) * 9) // 10],
-                med(out[n]["cpu_ms"]), med(out[n]["kib"]) / 1024, d_ms, d_cpu, d_mb))
+                med(out[n]["cpu_ms"]), med(out[n]["kib"]) / 1024, delta("ms", n, ref), delta("cpu_ms", n, ref),
+                d_mb))
     L += ["", "Δ: median of the paired differences (run r of the variant minus run r untraced), vs the "
-          "untraced run of the same program."]
+          "untraced run of the same program; [95 % CI]: the sign test's distribution-free interval of that "
+          "median (benchstats.median_ci)."]
     print("\n".join(L))
     return out
 

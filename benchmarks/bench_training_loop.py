@@ -67,6 +67,8 @@ import sys
 import tempfile
 import time
 
+from benchstats import median_ci
+
 HERE = os.path.abspath(__file__)
 VARIANTS = {"base": {}, "ht": {"HANGTRACE": "1"}, "ht-mem0": {"HANGTRACE": "1", "HANGTRACE_MEM": "0"},
             "ht-pure": {"HANGTRACE": "1", "HANGTRACE_PURE_PYTHON": "1"},
@@ -296,27 +298,6 @@ def disk_usage(path: str) -> tuple[int, int, int]:
                                   text=True, check=True).stdout.split()[0])
     rings = sum(1 for f in os.listdir(path) if f.startswith("ring-"))
     return on_disk, apparent, rings
-
-
-def median_ci(xs: list, level: float = 0.95) -> tuple:
-    """A distribution-free confidence interval for the median of ``xs``: order statistics
-    ``(x_(k), x_(n+1-k))`` (1-based, ``xs`` sorted), with the largest ``k`` for which
-    ``P(Binomial(n, 1/2) < k) <= (1 - level) / 2`` (the sign test's interval; e.g. Conover,
-    *Practical Nonparametric Statistics*, 3rd ed., sec. 3.2). It assumes only independent
-    rounds, not a normal spread. Returns ``(low, high)``; ``(nan, nan)`` below 6 values (no
-    95 % interval exists then)."""
-    from math import comb
-    xs = sorted(xs)
-    n = len(xs)
-    tail, k, cum = (1 - level) / 2, 0, 0.0
-    for j in range(n + 1):  # cum = P(B < j + 1)
-        cum += comb(n, j) / 2 ** n
-        if cum > tail:
-            break
-        k = j + 1
-    if k < 1:
-        return float("nan"), float("nan")
-    return xs[k - 1], xs[n - k]
 
 
 def _ratio_cell(ratios: list) -> str:

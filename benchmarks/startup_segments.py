@@ -9,26 +9,37 @@ torch.distributed hook, the hook, each environment record written, the rest of t
 import, and the exit. Instruction counts do not depend on the machine's load.
 
     python3 benchmarks/startup_segments.py            # prints a table; about 3 minutes
+    python3 benchmarks/startup_segments.py --native 40   # + ours timed natively, the whole at that rate
 
 Bytecode is cached outside the tree (``PYTHONPYCACHEPREFIX``) and written first by a
 native run, as a real install has it; ``PYTHONHASHSEED=0``; OpenBLAS/OpenMP on one thread;
 the memory sampler's interval stretched to 100 s (callgrind's slowdown), as in
 ``bench_startup.py --callgrind``. Needs valgrind and torch.
 """
+import argparse
 import glob
 import os
+import statistics
 import shutil
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+from benchstats import median_ci
+
 CHILD = r'''
-import os, sys
+import os, sys, time
 _mark = os.getloadavg
 labels = []
+times = []
+_native = os.environ.get("HT_SEG_NATIVE") == "1"
 def M(label):
-    labels.append(label); _mark()
+    labels.append(label)
+    if _native:
+        times.append((time.process_time_ns(), time.perf_counter_ns()))
+    else:
+        _mark()
 os.environ["HANGTRACE"] = "1"
 M("start")
 import hangtrace.hooks.bootstrap as b
@@ -47,6 +58,8 @@ M("activate (ring, instrumentors)")
 import torch.distributed
 M("the rest of torch's import")
 sys.stderr.write("LABELS " + "|".join(labels) + "\n")
+if _native:
+    sys.stderr.write("TIMES " + " ".join("%d,%d" % t for t in times) + "\n")
 '''
 
 
@@ -82,7 +95,27 @@ def _callgrind(script: str, env: dict, out: str, labelled: bool) -> tuple:
     return (lines[0][7:].split("|") if lines else []), out
 
 
+def _native(script: str, env: dict, runs: int) -> list:
+    """CPU and wall time (ms) of ours before torch's import (importing bootstrap, activate)
+    in ``runs`` native runs of the traced child: ``[(cpu_ms, wall_ms), ...]``, measured in
+    the child (``time.process_time_ns``, ``time.perf_counter_ns``) at the same markers."""
+    out = []
+    for _ in range(runs):
+        p = subprocess.run([sys.executable, script], env=dict(env, HT_SEG_NATIVE="1"), capture_output=True, text=True)
+        lines = [ln for ln in p.stderr.splitlines() if ln.startswith("TIMES ")]
+        if p.returncode != 0 or not lines:
+            raise SystemExit("native run failed (%d):\n%s" % (p.returncode, p.stderr[-2000:]))
+        t = [tuple(int(x) for x in pair.split(",")) for pair in lines[0][6:].split()]
+        out.append(((t[2][0] - t[0][0]) / 1e6, (t[2][1] - t[0][1]) / 1e6))
+    return out
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--native", type=int, default=0, metavar="N",
+                    help="also time ours before torch's import natively in N runs, and convert the "
+                         "instructions of every segment of ours at that rate (ns per instruction)")
+    a = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,7 +156,21 @@ def main() -> None:
               % (sum(n for label, n in rows[:2]) / 1e6))
         print("| torch's import, traced minus untraced (%.1fM), hooks and records included | **%+.2f** |"
               % (torch_plain / 1e6, (torch_traced - torch_plain) / 1e6))
-        print("| the exit, traced minus untraced (%.1fM) | **%+.2f** |" % (exit_plain / 1e6, (rows[-1][1] - exit_plain) / 1e6))
+        ours = sum(n for label, n in rows[:2])
+        d_torch, d_exit = torch_traced - torch_plain, rows[-1][1] - exit_plain
+        print("| the exit, traced minus untraced (%.1fM) | **%+.2f** |" % (exit_plain / 1e6, d_exit / 1e6))
+        if a.native:
+            times = _native(script, env, a.native)
+            cpu, wall = [c for c, _ in times], [w for _, w in times]
+            lo, hi = median_ci(cpu)
+            rate = statistics.median(cpu) * 1e6 / ours
+            total = ours + d_torch + d_exit
+            print("\nNative, %d runs (load %.1f): ours before torch's import **%.2f ms CPU** [95 %% CI %.2f, %.2f], "
+                  "wall %.2f ms (p10-p90 %.2f-%.2f): %.3f ns per instruction. All of ours (%.2fM instructions: "
+                  "before torch's import, inside it, at exit) at that rate: **%.2f ms** [%.2f, %.2f]."
+                  % (a.native, os.getloadavg()[0], statistics.median(cpu), lo, hi, statistics.median(wall),
+                     *statistics.quantiles(wall, n=10)[0::8], rate, total / 1e6,
+                     rate * total / 1e6, lo * total / ours, hi * total / ours))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
