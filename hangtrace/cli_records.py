@@ -3,7 +3,8 @@
 Memory samples (kind ``memory``: every ``HANGTRACE_MEM_INTERVAL_S``, at every phase
 boundary and step) would bury the collectives, phases and lifecycle records, so they are
 left out unless ``--memory`` is given; out-of-memory samples (source ``oom``) are events and
-always shown. ``--last N`` counts the records shown.
+always shown. ``--last N`` counts the records shown. Each record line gives its wall time
+(local time of day, ms) and a completed collective how long it took.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _fmt_record(r: Any) -> str:
             s += " peer=%d" % r["peer"]
         if r["async_op"]:
             s += " async"
-        s += " %s" % r["state"]
+        s += " %s%s" % (r["state"], _took(r))
         if r["error"]:
             s += " (%s)" % r["error"]
     elif r["kind"] == "group":
@@ -58,6 +59,25 @@ def _fmt_record(r: Any) -> str:
     if r["thread"] and r["thread"] != "MainThread":
         ctx.append("thread=%s" % r["thread"])
     return "%s%s" % (s, ("  [" + " ".join(ctx) + "]") if ctx else "")
+
+
+def _clock(wall_ns: Any) -> str:
+    """``06:34:04.111``: a record's wall time (``t_wall_ns``, Unix ns) as local time of
+    day, ms; ``--:--:--.---`` when the record has none."""
+    import time
+    if not isinstance(wall_ns, int) or wall_ns <= 0:
+        return "--:--:--.---"
+    return "%s.%03d" % (time.strftime("%H:%M:%S", time.localtime(wall_ns // 10**9)), wall_ns // 10**6 % 1000)
+
+
+def _took(r: Any) -> str:
+    """`` in 12.3 ms``: how long a completed collective or p2p took, from its issue and
+    completion times (same host's CLOCK_MONOTONIC, ns); empty for other records."""
+    end, start = r.get("t_end_mono_ns"), r.get("t_mono_ns")
+    if r.get("kind") not in ("collective", "p2p") or not end or not start or end < start:
+        return ""
+    d = (end - start) / 1e9
+    return " in %.3g s" % d if d >= 1 else " in %.3g ms" % (d * 1e3)
 
 
 def _fmt_wait(r: Any) -> str:
@@ -140,7 +160,7 @@ def cmd_records(args: argparse.Namespace) -> int:
         label, _helps = who(p, roles)
         print("%s  %s:%d  %s  phase=%s step=%s" % (label, p.host, p.pid, _fmt_state(p), p.phase, p.step))
         if p.inflight:
-            print("  in flight: %s" % _fmt_record(p.inflight))
+            print("  in flight since %s: %s" % (_clock(p.inflight.get("t_wall_ns")), _fmt_record(p.inflight)))
         for k, v in p.signals.items():
             print("  %s stacks written: %s" % (k, v["path"]))
         for e in p.events:
@@ -148,7 +168,7 @@ def cmd_records(args: argparse.Namespace) -> int:
                 print("  %s: %s: %s" % (e["event"], e.get("type"), e.get("message")))
         recs, hidden = shown(p.records, args.memory, args.last)
         for r in recs:
-            print("  #%d %s" % (r["idx"], _fmt_record(r)))
+            print("  #%d %s %s" % (r["idx"], _clock(r.get("t_wall_ns")), _fmt_record(r)))
         if hidden:
             print("  (%d memory sample%s not shown: --memory shows them)" % (hidden, "" if hidden == 1 else "s"))
     for line in snap.errors:

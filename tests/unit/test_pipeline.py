@@ -123,6 +123,27 @@ def test_records_leaves_memory_samples_out_unless_asked(tmp_path, capsys):
     assert shown([coll, timer, oom, timer], memory=True, last=2) == ([oom, timer], 0)
 
 
+def test_records_lines_carry_the_wall_time_and_a_completed_collectives_duration(monkeypatch):
+    """Asked by blind helper 48: `records` without times cannot be lined up with a log."""
+    import time
+    from hangtrace.cli_records import _clock, _fmt_record
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        wall = 1796366044111173006  # 2026-12-04 06:34:04.111 UTC
+        assert _clock(wall) == "06:34:04.111"
+        assert _clock(None) == _clock(0) == "--:--:--.---"
+        r = {"kind": "collective", "op": "all_reduce", "group": "0", "seq": 3, "numel": 1, "dtype": "float32",
+             "shape": "1", "peer": -1, "async_op": False, "state": "completed", "error": None, "phase": None,
+             "step": None, "thread": "MainThread", "t_mono_ns": 10**9, "t_end_mono_ns": 10**9 + 3_280_000}
+        assert _fmt_record(r) == "collective all_reduce group=0 seq=3 float32[1] completed in 3.28 ms"
+        assert _fmt_record(dict(r, t_end_mono_ns=10**9 + 2_500_000_000)).endswith("completed in 2.5 s")
+        assert _fmt_record(dict(r, state="issued", t_end_mono_ns=None)).endswith("float32[1] issued")
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
 def test_broken_pipe_of_our_own_keeps_its_traceback(tmp_path, monkeypatch):
     """Only a closed standard output is a quiet exit 141 (tests/integration/
     test_cli_robustness.py pipes into head); a BrokenPipeError from any other pipe is a bug."""
