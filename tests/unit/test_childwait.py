@@ -17,7 +17,7 @@ RANK_RUNS = ("_PollLikeSelector.select /usr/lib/python3.11/selectors.py:415",
              "Popen._communicate /usr/lib/python3.11/subprocess.py:2115",
              "Popen.communicate /usr/lib/python3.11/subprocess.py:1209",
              "run /usr/lib/python3.11/subprocess.py:550",
-             "evaluate train.py:60", "main train.py:99", "<module> train.py:120")
+             "evaluate /job/train.py:60", "main /job/train.py:99", "<module> /job/train.py:120")
 CHILD = ("ask_reward_server /job/evaluate.py:12", "main /job/evaluate.py:20", "<module> /job/evaluate.py:24")
 RECV = {"syscall": "recvfrom", "nr": 45, "wchan": "wait_woken",
         "args": ["fd 3 (TCP 127.0.0.1:40786 -> 127.0.0.1:9999, ESTABLISHED)"]}
@@ -57,11 +57,17 @@ def test_the_rank_waiting_in_subprocess_run_names_its_child_and_what_it_does():
     d = check(_job(), "stuck-outside-collective", [0])
     text = d.details["child_wait"]
     assert text.startswith("rank 0 waits for its child process (run (subprocess.py:550)): pid 3001 "
-                           "(/usr/bin/python3 evaluate.py --ckpt step10), in ask_reward_server (evaluate.py:12) < "
-                           "main (evaluate.py:20)"), text
+                           "(/usr/bin/python3 evaluate.py --ckpt step10): blocked in the system call recvfrom("), text
+    # the innermost frame once (the reason names it), then its callers
+    assert text.endswith("in ask_reward_server (evaluate.py:12), called from main (evaluate.py:20) < "
+                         "<module> (evaluate.py:24)"), text
     assert "recvfrom(fd 3 (TCP 127.0.0.1:40786 -> 127.0.0.1:9999, ESTABLISHED))" in text, text
     assert "3002" not in text                                     # the DataLoader worker is not the child waited for
-    assert "Rank 0 waits for its child process" in d.summary and "ask_reward_server" in d.summary, d.summary
+    # one sentence in the paragraph: the wait, where the user's code called it, the child
+    assert ("rank 0 is not in any collective at phase 'train', step 0: it waits for its child process "
+            "(run (subprocess.py:550), called at evaluate (train.py:60)): pid 3001 " in d.summary and "ask_reward_server" in d.summary), d.summary
+    assert d.summary.count("child process") == 2 and "Rank 0 waits for its child" not in d.summary, d.summary
+    assert "kernel: poll" not in d.summary and "Popen" not in d.summary, d.summary
     assert text in d.evidence
     assert "waiting for a subprocess in run (subprocess.py:550)" in d.details["culprit_reasons"]["0"]
     assert "select() on sockets" not in d.summary                 # the select is on the child's pipes

@@ -35,7 +35,7 @@ def test_verdict_paragraph_names_everything():
     p = verdict_paragraph(d)
     assert "\n" not in p
     for part in ("rank 2", "group 'cp'", "context_parallel", "ranks 0-3", "seq 4", "all_reduce",
-                 "phase 'rollout'", "step 7", "get (queue.py:171)", "ranks 0-1,3 wait", "Next:"):
+                 "phase 'rollout'", "step 7", "get (queue.py:171)", "Ranks 0-1,3 wait", "Next:"):
         assert part in p, (part, p)
     assert d.summary == p
 

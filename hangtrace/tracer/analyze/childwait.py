@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.blocking import blocking_reason, kernel_text, subprocess_wait
+from hangtrace.tracer.analyze.evidence import user_frame
 from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.process_model import parent_pid, process_argv
@@ -124,14 +125,19 @@ def child_text(p: ProcessInfo) -> str:
     if not frames:
         return head + " (no stack%s)" % (": %s" % p.stack_error if p.stack_error else "")
     why = blocking_reason(frames, thread=th)
+    if why and frame_label(frames[0]) in why:
+        # (the reason names the innermost frame already: its callers follow it)
+        return "%s: %s%s" % (head, why, ", called from %s" % " < ".join(frame_label(f) for f in frames[1:3])
+                             if frames[1:] else "")
     return "%s, in %s%s" % (head, " < ".join(frame_label(f) for f in frames[:3]), ": %s" % why if why else "")
 
 
 def child_process(ctx: Ctx, d: Diagnosis) -> None:
     """For the first culprit stuck outside collectives that waits for a child process:
     ``details['child_wait']`` (a sentence for the paragraph, also an evidence line)
-    naming the child or children and what they do, or saying no traced child is alive.
-    Never raises on odd data."""
+    naming the child or children and what they do, or saying no traced child is alive,
+    and ``details['child_wait_at']``, the frame of the user's code that waits (``'main
+    (job.py:24)'``) when one is on the stack. Never raises on odd data."""
     if d.kind != Kind.STUCK_OUTSIDE_COLLECTIVE or "child_wait" in d.details or "loader_wait" in d.details:
         return
     for r in d.culprit_ranks[:4]:
@@ -143,6 +149,11 @@ def child_process(ctx: Ctx, d: Diagnosis) -> None:
             continue
         text = name_peers(ctx, text, v.proc.host)
         d.details["child_wait"] = text
+        frames = [f for f in (pick_thread(threads_of(v.proc)) or {}).get("frames") or ()
+                  if isinstance(f, dict) and not f.get("native")]
+        at = user_frame(frames)
+        if at is not None:  # the line of the user's code that started the wait
+            d.details["child_wait_at"] = frame_label(at)
         ctx.add(text)
         return
 

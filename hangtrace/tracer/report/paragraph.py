@@ -1,5 +1,6 @@
 """The verdict paragraph a human reads first (pure): which rank(s), group (name, desc, ranks),
 seq/op, phase, step, what the culprit does (top frames), why the others wait, what next."""
+import re
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from hangtrace.tracer.analyze.stacktree import format_ranks
@@ -194,15 +195,30 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s." % (
             "; ".join("%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]) or "a method")
     after = (" It stopped after an exception: %s." % d["after_exception"]) if d.get("after_exception") else ""
+    reason, doing = _reason(diag), _doing(diag)
+    if reason.startswith(_BLOCKED):  # (the sentence says so already)
+        reason = reason[len(_BLOCKED):]
+    child = _CHILD.match(d.get("child_wait") or "") if len(diag.culprit_ranks) == 1 else None
+    if child:
+        # the child's sentence says what the wait is about: the parent's own pipes or wait4
+        # and the subprocess module's frames only repeat it; where the user's code called it stays
+        user = d.get("child_wait_at")
+        reason, doing = "it waits for %s child process (%s%s)%s" % (
+            child.group(1), child.group(2), ", called at %s" % user if user else "", child.group(3)), ""
     after += "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("loader_wait", "child_wait", "lock_wait")
-                     if d.get(k))
+                     if d.get(k) and not (k == "child_wait" and child))
     to = d.get("timed_out")
     if to:  # rules/timeout_waiter.py: the rank that gave up waiting for it
         after += " Rank %s gave up waiting for it in a collective: %s." % (to.get("rank"), clip(str(to.get("text")), 160))
+    waiters = (_waiters_text(diag, coll) if diag.waiting_ranks and coll else
+               ("Others wait for it in %s." % coll if coll else ""))
     return ("Stuck outside collectives: %s is not in any collective%s: %s%s.%s %s" % (
-        who, _where(diag), _reason(diag) or "it made no progress", _doing(diag), after,
-        _waiters_text(diag, coll) if diag.waiting_ranks and coll else
-        ("Others wait for it in %s." % coll if coll else "")))
+        who, _where(diag), reason or "it made no progress", doing, after, waiters[:1].upper() + waiters[1:]))
+
+
+_BLOCKED = "blocked outside collectives: "  # (analyze/chainends.py's prefix of a culprit's reason)
+#: analyze/childwait.py's sentence: "<who> waits for its child process (<how>): <children>"
+_CHILD = re.compile(r"(?:rank \d+|pid \d+) waits for (its|a) child process \(((?:[^()]|\([^()]*\))*)\)(.*)\Z", re.S)
 
 
 def _call(x: Dict[str, Any]) -> str:
