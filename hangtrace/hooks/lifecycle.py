@@ -146,6 +146,27 @@ def _thread_excepthook_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs:
     return wrapped(*args, **kwargs)
 
 
+def _shutdown_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``threading._shutdown`` (the interpreter's join of the non-daemon threads once the
+    main program returned; multiprocessing's children call it too): an ``exiting`` event
+    with those threads (name, native id), so a process that never gets past it is known to
+    be at exit and what it waits for (analyze/exitwait.py). Written when a thread is to be
+    joined, and in a process whose ring is on disk anyway (a lazy helper's ring stays in
+    memory when it has nothing to wait for)."""
+    try:
+        rt = _rt
+        rec = rt.recorder if rt is not None else None
+        if rec is not None and not rec.closed and rec.pid == os.getpid():
+            me = threading.current_thread()
+            waits = [t for t in threading.enumerate() if t is not me and not t.daemon]
+            if waits or not getattr(rec, "lazy", False):
+                rec.event("exiting", threads=[{"name": t.name, "native_id": t.native_id} for t in waits[:16]],
+                          more=max(0, len(waits) - 16))
+    except Exception:
+        pass
+    return wrapped(*args, **kwargs)
+
+
 def _signal_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """signal.signal: when the program sets SIGTERM, keep our C-level stack dump on top."""
     signum = args[0] if args else kwargs.get("signalnum")
@@ -282,6 +303,8 @@ def install(rt: Any, forked_from: Optional[int] = None) -> None:
         _patch(sys, "excepthook", _excepthook_wrapper)
         _patch(threading, "excepthook", _thread_excepthook_wrapper)
         _patch(signal, "signal", _signal_wrapper)
+        if callable(getattr(threading, "_shutdown", None)):  # (CPython 3.8-3.13 call it by name at exit)
+            _patch(threading, "_shutdown", _shutdown_wrapper)
     else:
         _exit_code[0] = None
     try:

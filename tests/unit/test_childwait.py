@@ -109,8 +109,12 @@ def test_blocking_reason_adds_the_kernels_word_and_the_gil():
     assert blocking_reason(fr, thread=th2) == ("idle in a system call (py-spy: thread not active) in "
                                                "_open_zipfile_writer_file.__init__ (serialization.py:828)")
     q = [{"name": "Queue.get", "filename": "/usr/lib/python3.11/queue.py", "line": 171}]
+    # a futex says nothing more of a named Python-level wait; another system call does
     assert blocking_reason(q, thread={"active": False, "kernel": {"syscall": "futex", "args": []}}) == \
-        "queue.get/put (waiting for a producer/consumer) in Queue.get (queue.py:171); kernel: futex"
+        "queue.get/put (waiting for a producer/consumer) in Queue.get (queue.py:171)"
+    s = [{"name": "socket.recv", "filename": "/usr/lib/python3.11/socket.py", "line": 1}]
+    assert blocking_reason(s, thread={"active": False, "kernel": {"syscall": "recvfrom", "args": ["fd 3"]}}) == \
+        "socket IO in socket.recv (socket.py:1); kernel: recvfrom(fd 3)"
 
 
 def test_an_untraced_child_seen_at_stack_time_is_named_with_its_system_call():

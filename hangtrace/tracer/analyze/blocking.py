@@ -96,6 +96,8 @@ WCHAN_MEANS: Dict[str, str] = {
     "unix_stream_read_generic": "reading a Unix socket whose peer sends nothing",
     "unix_stream_data_wait": "reading a Unix socket whose peer sends nothing",
     "inet_csk_accept": "accepting on a socket no client connects to",
+    "wait_woken": "a socket or terminal read that waits for data; for a TCP recv, the peer sends nothing",
+    "sk_wait_data": "a socket read that waits for data the peer does not send",
     "rpc_wait_bit_killable": "an NFS/RPC server's reply",
 }
 
@@ -138,12 +140,14 @@ def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None
     sub = subprocess_wait(frames)
     if sub:
         return "waiting for a subprocess in %s%s%s" % (sub, "; kernel: %s" % kt if kt else "", gil)
-    for f in list(frames or ())[:3]:
-        base = os.path.basename(f.get("filename") or "")
-        name = _short(f.get("name"))
-        for fbase, names, reason in _BLOCKING:
-            if (not fbase or fbase == base) and name in names:
-                return "%s in %s%s%s" % (reason, frame_label(f), "; kernel: %s" % kt if kt else "", gil)
+    hits = _blocking_hits(frames)
+    if hits:
+        f, _fb, reason = hits[0]
+        if _fb == "threading.py":  # a queue's or a future's wait is threading's Condition.wait: its caller says what for
+            f, _fb, reason = next((h for h in hits if h[1] and h[1] != "threading.py"), hits[0])
+        if (th.get("kernel") or {}).get("syscall") == "futex":
+            kt = None  # (every Python-level lock, queue or event wait is a futex: it says nothing more)
+        return "%s in %s%s%s" % (reason, frame_label(f), "; kernel: %s" % kt if kt else "", gil)
     if active is False and frames:
         lock = c_lock_wait(frames, th)
         if lock:
@@ -153,6 +157,20 @@ def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None
             return "blocked in the system call %s, in %s%s%s" % (kt, frame_label(frames[0]), code, gil)
         return "idle in a system call (py-spy: thread not active) in %s%s%s" % (frame_label(frames[0]), code, gil)
     return None
+
+
+def _blocking_hits(frames: Optional[List[Frame]]) -> List[Any]:
+    """``(frame, file base, reason)`` of each of the innermost three frames that is a known
+    blocking call (:data:`_BLOCKING`, first entry that matches), innermost first."""
+    out = []
+    for f in list(frames or ())[:3]:
+        base = os.path.basename(f.get("filename") or "")
+        name = _short(f.get("name"))
+        for fbase, names, reason in _BLOCKING:
+            if (not fbase or fbase == base) and name in names:
+                out.append((f, fbase, reason))
+                break
+    return out
 
 
 def code_text(f: Frame) -> str:

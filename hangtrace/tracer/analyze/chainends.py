@@ -30,6 +30,7 @@ from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.asynctasks import describe as describe_loop
 from hangtrace.tracer.analyze.deaths import death_after
 from hangtrace.tracer.analyze.evidence import frames_of
+from hangtrace.tracer.analyze.exitwait import exit_wait_text
 from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import Inst
@@ -132,6 +133,9 @@ def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndK
     if p.state == "exited" and not v.dead:
         return skipped, "exited cleanly (code %s) without entering it" % p.exit_code
     labels, frames, thread = frames_of(ctx, r)
+    ew = exit_wait_text(p)
+    if ew:  # its program returned (analyze/exitwait.py): it went on without the collective, and hangs at exit
+        return skipped, "its program returned without entering it, and %s" % ew.split(" and ", 1)[-1]
     if frames:
         coll = collective_frame(frames)
         if coll:

@@ -19,9 +19,9 @@ a shell tool run by ``subprocess.check_call`` is named with what it is blocked o
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, Optional, Sequence
 
+from hangtrace.tracer.analyze import peerwait
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.blocking import blocking_reason, kernel_text, subprocess_wait
 from hangtrace.tracer.analyze.evidence import user_frame
@@ -179,16 +179,9 @@ def child_wait_text(parent: ProcessInfo, procs: Sequence[ProcessInfo], who: str)
                 who, how, parent.pid, parent.host))
 
 
-_PEER = re.compile(r"peer pid (\d+) \([^)]*\)")
-
-
 def name_peers(ctx: Ctx, text: str, host: str) -> str:
     """``'peer pid 812 (python3 job.py)'`` (a socket's other end, collect/kernelwait.py)
     becomes ``'peer pid 812: rank 0'`` when pid 812 on ``host`` is a rank of the snapshot:
     an evaluator that waits on a server thread of the rank that waits for it."""
-    ranks = {p.pid: p.rank for p in ctx.snap.processes if p.host == host and p.rank >= 0}
-
-    def sub(m: "re.Match[str]") -> str:
-        pid = int(m.group(1))
-        return "peer pid %d: rank %d" % (pid, ranks[pid]) if pid in ranks else m.group(0)
-    return _PEER.sub(sub, text)
+    return peerwait.name_peers(text, {p.pid: "rank %d" % p.rank for p in ctx.snap.processes
+                                      if p.host == host and p.rank >= 0})

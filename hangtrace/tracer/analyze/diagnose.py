@@ -20,6 +20,7 @@ from hangtrace.tracer.process_model import process_argv
 from hangtrace.tracer.analyze.deaths import first_rankless_death, TRANSPORT_MARKERS, failures, is_transport_error, stopped_after_stall
 from hangtrace.tracer.analyze.evidence import rk, stall_note
 from hangtrace.tracer.analyze.childwait import child_process
+from hangtrace.tracer.analyze.peerwait import peer_waits
 from hangtrace.tracer.analyze.lockwait import lock_waits
 from hangtrace.tracer.analyze.loaderwait import loader_workers
 from hangtrace.tracer.analyze.rules import (ACTOR_RULES, ACTORS, BY_NAME, DEATH_RULE, FALLBACK_RULES, HANG_RULES,
@@ -197,6 +198,7 @@ def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
     loader_workers(ctx, d)  # a culprit waiting for a DataLoader batch: what its workers do
     child_process(ctx, d)  # a culprit waiting for a child process: which child, doing what
     lock_waits(ctx, d)  # a culprit waiting for a lock while other threads of it do too
+    peer_waits(ctx, d)  # a culprit blocked on a local socket: the process at the other end, doing what
     if d.culprit_ranks and d.waiting_ranks:
         cs = set(d.culprit_ranks)
         d.waiting_ranks = [r for r in d.waiting_ranks if r not in cs]

@@ -316,24 +316,28 @@ _CODE_CHARS = 160
 
 
 def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Each thread that is not running gets ``'code'`` on its innermost Python frame: that
+    """Each thread that is not running gets ``'code'`` on its innermost Python frame, and on
+    the innermost frame of the user's own code (not a library's: ``evidence.LIBRARY_PATHS``): that
     line of its source file, stripped (at most 160 characters), when the file is readable
     here. Why: a thread blocked in C code called from that line (``with lock:``, a C-level
     ``Lock.acquire``) has that line as its innermost frame and nothing else to say what it
     waits for. The same list, changed in place. Never raises."""
     import linecache
+    from hangtrace.tracer.analyze.evidence import LIBRARY_PATHS
     for t in threads:
         try:
             if t.get("active") is not False:
                 continue
-            fr = next((f for f in t.get("frames") or () if not f.get("native")), None)
-            if fr is None or not fr.get("line") or not os.path.isfile(str(fr.get("filename"))):
-                continue
-            code = linecache.getline(str(fr["filename"]), int(fr["line"])).strip()
-            if "#" in code and not any(q in code.split("#", 1)[0] for q in "'\""):
-                code = code.split("#", 1)[0].rstrip()  # a trailing comment (no string before it)
-            if code:
-                fr["code"] = code[:_CODE_CHARS]
+            py = [f for f in t.get("frames") or () if not f.get("native")]
+            user = next((f for f in py if not any(x in str(f.get("filename") or "") for x in LIBRARY_PATHS)), None)
+            for fr in (py[:1] + ([user] if user is not None and py[:1] != [user] else [])):
+                if not fr.get("line") or not os.path.isfile(str(fr.get("filename"))):
+                    continue
+                code = linecache.getline(str(fr["filename"]), int(fr["line"])).strip()
+                if "#" in code and not any(q in code.split("#", 1)[0] for q in "'\""):
+                    code = code.split("#", 1)[0].rstrip()  # a trailing comment (no string before it)
+                if code:
+                    fr["code"] = code[:_CODE_CHARS]
         except Exception:  # never lose the stacks for a detail
             continue
     return threads

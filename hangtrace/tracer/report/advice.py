@@ -84,6 +84,13 @@ LOCK_NEXT = ("make the threads named above take their locks in one order (or nev
 
 
 #: a rank stuck outside collectives waits for a child process (analyze/childwait.py)
+EXIT_NEXT = ("stop the thread named above before the program returns (a sentinel on its queue or an Event, "
+             "then `join(timeout=...)`), or start it with `daemon=True` if its work may be lost; an exit "
+             "handler that blocks (`atexit`, a logger's or tracker's final flush) needs a timeout")
+PEER_NEXT = ("the rank waits on a connection to the process named above: find why that process does not answer "
+             "(its threads above: what the one serving the connection waits for), and give the client's socket a "
+             "timeout (`settimeout`, `create_connection(..., timeout=...)`) so that a silent peer fails the step "
+             "instead of the job")
 CHILD_NEXT = ("the rank waits for the child process named above: fix what that child waits for (its call, "
               "file or peer), and give the wait a timeout (`subprocess.run(..., timeout=...)`, `communicate("
               "timeout=...)`, `Process.join(timeout)`) so that a hung child fails the step instead of the job")
@@ -97,8 +104,12 @@ def next_step(diag: Diagnosis) -> Optional[str]:
                 "exit code); `hangtrace records RUN_DIR` shows its start record and exception")
     if k == Kind.UNKNOWN and str(diag.cause) == Cause.STALLED_IN_RENDEZVOUS.value:
         return RENDEZVOUS_NEXT
+    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("exit_wait"):
+        return EXIT_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_wait"):
         return CHILD_NEXT
+    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("peer_wait"):
+        return PEER_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("lock_wait"):
         return LOCK_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and diag.culprit_actors and not diag.culprit_ranks:

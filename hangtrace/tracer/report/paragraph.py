@@ -18,9 +18,9 @@ def _ranks(rs: Optional[Iterable[int]]) -> str:
 def _waiters_text(diag: Diagnosis, coll: str) -> str:
     direct = (diag.details or {}).get("direct_waiters") or diag.waiting_ranks
     s = "%s %s for it in %s" % (_ranks(direct), _verb(direct), coll)
-    extra = len(diag.waiting_ranks) - len(direct)
-    if extra > 0:
-        s += " (%d more rank(s) wait through a chain of collectives)" % extra
+    extra = [r for r in diag.waiting_ranks if r not in set(direct)]
+    if extra:
+        s += " (%s %s for it through a chain of collectives)" % (_ranks(extra), _verb(extra))
     return s + "."
 
 
@@ -166,10 +166,10 @@ def _skipped(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         return ("Skipped collective: %s alone entered %s%s%s; the other members never call it and "
                 "went on, so %s %s forever." % (who, coll, _where(diag), _doing(diag), who,
                                                 _verb(diag.culprit_ranks)))
-    waiting = _waiting(diag)
+    waiting = _waiting(diag).strip()
     return ("Skipped collective: %s never reached %s%s: %s%s.%s" % (
         who, coll or "the collective the others wait in", _where(diag), _reason(diag) or "it took another path",
-        _doing(diag), waiting and waiting[:1].upper() + waiting[1:] + "."))
+        _doing(diag), waiting and " " + waiting[:1].upper() + waiting[1:] + "."))
 
 
 def _deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
@@ -194,6 +194,13 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
                         "; ".join(_call(x) for x in chain[:6])))
         return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s." % (
             "; ".join("%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]) or "a method")
+    if d.get("exit_wait"):  # rules/exit_wait.py: the program returned, the process does not exit
+        texts = ["rank %s%s" % (r, "'s " + t[4:] if t.startswith("its ") else ": " + t)
+                 for r, t in list(d["exit_wait"].items())[:3]]
+        ex = d.get("exited_ranks") or []
+        return "Stuck at exit (in no collective)%s: %s.%s" % (
+            _where(diag).replace(" at ", ", after ", 1), "; ".join(texts),
+            " %s exited cleanly." % _ranks(ex).capitalize() if ex else "")
     after = (" It stopped after an exception: %s." % d["after_exception"]) if d.get("after_exception") else ""
     reason, doing = _reason(diag), _doing(diag)
     if reason.startswith(_BLOCKED):  # (the sentence says so already)
@@ -205,7 +212,8 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         user = d.get("child_wait_at")
         reason, doing = "it waits for %s child process (%s%s)%s" % (
             child.group(1), child.group(2), ", called at %s" % user if user else "", child.group(3)), ""
-    after += "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("loader_wait", "child_wait", "lock_wait")
+    after += "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("loader_wait", "child_wait", "lock_wait",
+                                                                       "peer_wait")
                      if d.get(k) and not (k == "child_wait" and child))
     to = d.get("timed_out")
     if to:  # rules/timeout_waiter.py: the rank that gave up waiting for it

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.analyze.childwait import child_wait_text
+from hangtrace.tracer.analyze.peerwait import peer_wait
 from hangtrace.tracer.analyze.context import MAX_MISSING_LISTED, MAX_WORLD, Ctx
 from hangtrace.tracer.analyze.lockwait import lock_wait_text
 from hangtrace.tracer.analyze.rules.base import Finding
@@ -32,7 +33,7 @@ from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
 from hangtrace.tracer.analyze.stacktree import classes, format_ranks, merge_stacks, process_frames
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
-from hangtrace.tracer.report.advice import CHILD_NEXT, LOCK_NEXT
+from hangtrace.tracer.report.advice import CHILD_NEXT, LOCK_NEXT, PEER_NEXT
 
 NAME = "stack_only"
 #: ``Snapshot.reason`` of a stacks-only snapshot (written by ``collect/attach.py``)
@@ -129,13 +130,23 @@ def _stuck(ctx: Ctx, sv: StackView, d: Diagnosis) -> None:
         d.details["lock_wait"] = lock
         d.evidence.append(lock)
     note = child or lock
+    why = outside[first]
+    keys = {q.pid: k for k, q in sv.procs.items()}
+    pw = peer_wait(why, p.host, list(sv.procs.values()),
+                   lambda q: "rank %d" % keys[q.pid] if sv.unit == "rank" else "a process of this job")
+    if pw is not None:  # (the socket's other end is one of the processes attached to)
+        why = pw["reason"]
+        if pw["peer"] and not note:
+            note = d.details["peer_wait"] = pw["peer"]
+            d.evidence.append(note)
     d.summary = ("Stuck outside collectives: %s %s %s not in any torch.distributed call (%s) while "
                  "%s %s wait in %s. Its stack: %s.%s Next: %s."
                  % (_n(sv, outside), format_ranks(outside), "are" if len(outside) > 1 else "is",
-                    outside[first], _n(sv, inside), format_ranks(inside), "/".join(ops),
+                    why, _n(sv, inside), format_ranks(inside), "/".join(ops),
                     " < ".join(d.frames[:4]), " %s%s." % (note[:1].upper(), note[1:]) if note else "",
                     CHILD_NEXT.replace("the rank", "the rank" if sv.unit == "rank" else "the process", 1) if child
-                    else LOCK_NEXT if lock else "find what it waits for outside torch.distributed (the "
+                    else LOCK_NEXT if lock else
+                    PEER_NEXT.replace("the rank", "it", 1) if d.details.get("peer_wait") else "find what it waits for outside torch.distributed (the "
                     "producer of its queue, the holder of its lock, its IO)"))
 
 

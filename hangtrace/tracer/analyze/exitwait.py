@@ -1,0 +1,134 @@
+"""A process whose program has returned but that does not exit: what its exit waits for. Pure.
+
+When a Python program's main module returns, the interpreter first joins every
+non-daemon thread (``threading._shutdown``, called by ``Py_FinalizeEx``; also by
+multiprocessing's ``Process._bootstrap`` in its children), then runs the ``atexit``
+handlers (multiprocessing joins its non-daemon children there, ``concurrent.futures``
+its pool threads, logging and W&B-style clients flush). A thread that never ends (a
+metrics uploader nobody stops) or a handler that blocks keeps the process alive after
+its last record: the job "does not exit at the end", the other ranks have exited, and
+nothing is in a collective. Found by a job of ours written from that incident
+(2026-12-04): the verdict was "Unknown: nothing progressed but no rank is in a
+collective", while the rank's stacks showed ``_shutdown (threading.py)`` and the
+uploader in ``queue.get``.
+
+Two sources, either enough:
+
+- the ``exiting`` event (hooks/lifecycle.py wraps ``threading._shutdown``): the program
+  returned, with the non-daemon threads alive at that moment (name, native id);
+- the main thread's stack (py-spy or a faulthandler dump): its outermost frame is the
+  interpreter's exit (``_shutdown`` in threading.py); with the event, also an exit
+  handler (an outermost frame that is not the program's ``<module>`` nor runpy's: the
+  function atexit called; without the event such a stack may be cut or an embedder's).
+
+What the exit waits for is said from the other threads' stacks: each non-daemon thread
+(by the event; without it, every thread started by ``threading`` that is not ours) with
+its blocking reason and the user's frame it is in.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+from hangtrace.tracer.analyze.blocking import blocking_reason
+from hangtrace.tracer.analyze.evidence import user_frame, wrapper_frame
+from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread, threads_of
+from hangtrace.tracer.snapshot import ProcessInfo
+
+#: outermost frames of a program still running its main code (``python -m``: runpy)
+_PROGRAM_FILES = ("runpy.py", "<frozen runpy>")
+_MAX_THREADS = 3
+
+
+def _base(f: Dict[str, Any]) -> str:
+    return os.path.basename(str(f.get("filename") or ""))
+
+
+def _frames(th: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The Python frames of a thread, without our own hooks' (``_shutdown`` is wrapped)."""
+    return [f for f in (th or {}).get("frames") or ()
+            if isinstance(f, dict) and not f.get("native") and not wrapper_frame(f)]
+
+
+def exiting_event(p: ProcessInfo) -> Optional[Dict[str, Any]]:
+    """The newest ``exiting`` event of ``p`` (hooks/lifecycle.py), or None."""
+    for e in reversed(p.events or ()):
+        if isinstance(e, dict) and e.get("event") == "exiting":
+            return e
+    return None
+
+
+def main_at_exit(frames: List[Dict[str, Any]]) -> Optional[str]:
+    """``'_shutdown'`` when the main thread's frames (innermost first) are the
+    interpreter's join of non-daemon threads, ``'handler'`` when its outermost frame is
+    an exit handler (neither ``<module>`` nor runpy's), else None."""
+    if not frames:
+        return None
+    outer = frames[-1]
+    if _base(outer) == "threading.py" and str(outer.get("name") or "").rsplit(".", 1)[-1] == "_shutdown":
+        return "_shutdown"
+    if outer.get("name") == "<module>" or _base(outer) in _PROGRAM_FILES or \
+            str(outer.get("filename") or "").startswith("<frozen"):
+        return None
+    return "handler"
+
+
+def _started_thread(th: Dict[str, Any]) -> bool:
+    fs = _frames(th)
+    return bool(fs) and _base(fs[-1]) == "threading.py" and not str(th.get("thread_name") or "").startswith("hangtrace")
+
+
+def _thread_text(th: Dict[str, Any]) -> str:
+    fs = _frames(th)
+    name = th.get("thread_name") or "thread %s" % th.get("os_thread_id")
+    if not fs:
+        return "'%s' (no stack)" % name
+    why = blocking_reason(fs, thread=th)
+    user = user_frame(fs)
+    where = "in %s" % frame_label(user) if user is not None else "in %s" % frame_label(fs[0])
+    if why:
+        return "'%s', %s: %s" % (name, where, why)
+    return "'%s', %s (running)" % (name, where)
+
+
+def exit_wait_text(p: ProcessInfo) -> Optional[str]:
+    """What ``p``'s exit waits for, when its program has returned and it is still alive:
+    ``"its program returned and the interpreter waits at exit for its non-daemon thread
+    'metrics-uploader', in uploader (job.py:7): queue.get/put (...) in get (queue.py:171)"``;
+    None when ``p`` is not at exit by its event or its main thread's stack, or is not alive."""
+    if p.state not in ("alive", "unknown"):
+        return None
+    threads = [t for t in threads_of(p) or () if isinstance(t, dict)]
+    main = pick_thread(threads)
+    main = main if main is not None and main.get("thread_name") == "MainThread" else None
+    ev = exiting_event(p)
+    if _frames(main):  # the stack is the truth: an event alone may be a forked child's inherited one
+        how = main_at_exit(_frames(main))
+        if how is None or (how == "handler" and ev is None):
+            return None  # (an outermost frame not the program's, without the event: a cut stack, an embedder)
+    elif ev is None:
+        return None
+    else:
+        how = "_shutdown"
+    others = [t for t in threads if t is not main]
+    if how == "handler":
+        fs = _frames(main)
+        return ("its program returned and the process is in an exit handler (atexit): %s" % (
+            blocking_reason(fs, thread=main) or "running") + ", in %s" % " < ".join(frame_label(f) for f in fs[:3]))
+    names = [str(t.get("name")) for t in (ev or {}).get("threads") or () if isinstance(t, dict)]
+    ids = {t.get("native_id") for t in (ev or {}).get("threads") or () if isinstance(t, dict)}
+    if ev is not None:
+        waited = [t for t in others if t.get("os_thread_id") in ids or t.get("thread_name") in names]
+    else:
+        waited = [t for t in others if _started_thread(t)]
+    if not waited and names:
+        return ("its program returned and the interpreter waits at exit for its non-daemon thread(s) %s "
+                "(no stack of them)" % ", ".join("'%s'" % n for n in names[:_MAX_THREADS]))
+    if not waited:
+        return "its program returned and the interpreter does not finish its exit (no other thread seen)"
+    text = "its program returned and the interpreter waits at exit (threading._shutdown) for its %sthread%s %s" % (
+        "non-daemon " if ev is not None else "", "s" if len(waited) > 1 else "",
+        "; ".join(_thread_text(t) for t in waited[:_MAX_THREADS]))
+    if len(waited) > _MAX_THREADS:
+        text += "; and %d more" % (len(waited) - _MAX_THREADS)
+    return text

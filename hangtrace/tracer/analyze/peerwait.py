@@ -1,0 +1,115 @@
+"""A culprit blocked on a local TCP connection: who is at the other end, and what it does. Pure.
+
+The kernel's word on a blocked ``recv`` names the socket's other end by pid
+(collect/kernelwait.py: ``"peer pid 11614 (python from multiprocessing.spawn ...)"``).
+When that pid is a process of the snapshot, it is named by what it is in the job (``rank
+0``), and its other threads say why it does not answer: a blind job (2026-12-04, issue 9)
+had rank 2 blocked in ``recv`` on rank 0's config service, whose thread waited in
+``queue.get`` for a value rank 0's main loop never put; the verdict named rank 2's
+``recvfrom`` and the peer only by pid and command line, although every snapshot held the
+service thread's stack.
+
+Which threads of the peer: those that are neither its main thread nor ours, with a frame
+of the user's code (a server loop, a handler), at most two; each with its blocking reason
+and the line it waits at.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from hangtrace.tracer.analyze.actorgraph import label
+from hangtrace.tracer.analyze.blocking import blocking_reason, code_text
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.evidence import user_frame, wrapper_frame
+from hangtrace.tracer.analyze.stacktree import frame_label, threads_of
+from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.snapshot import ProcessInfo
+
+#: ``peer pid N (command line)``: the command line may hold one level of parentheses
+PEER = re.compile(r"peer pid (\d+) \((?:[^()]|\([^()]*\))*\)")
+_MAX_THREADS = 2
+
+
+def peer_pids(text: str) -> List[int]:
+    """The pids of the socket peers named in ``text``, in order."""
+    return [int(m.group(1)) for m in PEER.finditer(text or "")]
+
+
+def name_peers(text: str, labels: Dict[int, str]) -> str:
+    """``'peer pid 812 (python3 job.py)'`` becomes ``'peer pid 812: rank 0'`` for each pid
+    in ``labels`` (pid -> what the process is in the job); others are left as they are."""
+    def sub(m: "re.Match[str]") -> str:
+        pid = int(m.group(1))
+        return "peer pid %d: %s" % (pid, labels[pid]) if pid in labels else m.group(0)
+    return PEER.sub(sub, text or "")
+
+
+def _thread_line(th: Dict[str, Any]) -> Optional[str]:
+    frames = [f for f in th.get("frames") or () if isinstance(f, dict) and not f.get("native")
+              and not wrapper_frame(f)]
+    user = user_frame(frames)
+    if user is None:
+        return None
+    why = blocking_reason(frames, thread=th)
+    return "thread '%s' in %s%s%s" % (th.get("thread_name") or th.get("os_thread_id"), frame_label(user),
+                                      code_text(user), ": %s" % why if why else " (running)")
+
+
+def peer_text(peer: ProcessInfo, label: str) -> Optional[str]:
+    """``"The other end, rank 0 (pid 11614): its thread 'config-service' in config_service
+    (launcher.py:58): `step, lr = lr_q.get()`: queue.get/put (...) in Queue.get (queue.py:171)"``:
+    what the peer's own threads (not its main thread, not ours) do; None without such a thread."""
+    lines = []
+    for th in threads_of(peer) or ():
+        if not isinstance(th, dict) or th.get("thread_name") == "MainThread" or \
+                str(th.get("thread_name") or "").startswith("hangtrace"):
+            continue
+        line = _thread_line(th)
+        if line:
+            lines.append(line)
+    if not lines:
+        return None
+    return "The other end, %s (pid %d): its %s%s" % (label, peer.pid, "; its ".join(lines[:_MAX_THREADS]),
+                                                      "; and %d more thread(s)" % (len(lines) - _MAX_THREADS)
+                                                      if len(lines) > _MAX_THREADS else "")
+
+
+def peer_wait(text: str, host: str, procs: Sequence[ProcessInfo],
+              label: Callable[[ProcessInfo], Optional[str]]) -> Optional[Dict[str, str]]:
+    """For a culprit's reason ``text`` naming a socket peer on ``host`` that is one of
+    ``procs``: ``{'reason': text with the peer named by label(p), 'peer': peer_text or ''}``;
+    None when no peer of ``text`` is a process of the snapshot (or ``label`` gives None)."""
+    by_pid = {p.pid: p for p in procs if p.host == host}
+    labels: Dict[int, str] = {}
+    for pid in peer_pids(text):
+        p = by_pid.get(pid)
+        name = label(p) if p is not None else None
+        if name:
+            labels[pid] = name
+    if not labels:
+        return None
+    pid = next(iter(labels))
+    return {"reason": name_peers(text, labels), "peer": peer_text(by_pid[pid], labels[pid]) or ""}
+
+
+def peer_waits(ctx: Ctx, d: Diagnosis) -> None:
+    """For the first culprit whose reason names a socket peer that is a process of the
+    snapshot: the peer named in ``details['culprit_reasons']`` (``rank 0``, a Ray actor's
+    class, ``driver``) and ``details['peer_wait']`` (what the peer's own threads do, also
+    an evidence line). Never raises on odd data."""
+    reasons = d.details.get("culprit_reasons") or {}
+    for r in d.culprit_ranks[:4]:
+        v = ctx.views.get(r)
+        text = reasons.get(str(r))
+        if v is None or not isinstance(text, str) or not peer_pids(text):
+            continue
+        pw = peer_wait(text, v.proc.host, ctx.snap.processes,
+                       lambda p: "rank %d" % p.rank if p.rank >= 0 else label(p, ctx.roles))
+        if pw is None:
+            continue
+        reasons[str(r)] = pw["reason"]
+        if pw["peer"]:
+            d.details["peer_wait"] = pw["peer"]
+            ctx.add(pw["peer"])
+        return

@@ -1,0 +1,69 @@
+"""A culprit blocked on a local TCP connection: the peer is named by its rank, and its own
+threads say why it does not answer (blind helper 54: rank 2 in recv on rank 0's config
+service, whose thread waited in queue.get; the verdict named the peer by pid and its
+multiprocessing command line only)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules"))
+
+from ruleutil import check  # noqa: E402
+from synth import COLL_STACK, ranks, snap, stack  # noqa: E402
+
+from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
+from hangtrace.tracer.analyze.peerwait import name_peers, peer_pids  # noqa: E402
+
+SPAWN = "python from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=15, pipe_handle=17)"
+RECV = {"syscall": "recvfrom", "nr": 45, "wchan": "wait_woken",
+        "args": ["fd 28 (TCP 127.0.0.1:46160 -> 127.0.0.1:57599, ESTABLISHED, peer pid 1000 (%s))" % SPAWN]}
+ASK = ("ask_lr /job/launcher.py:67", "worker /job/launcher.py:118", "BaseProcess.run multiprocessing/process.py:108")
+SERVICE = ("Condition.wait threading.py:327", "Queue.get queue.py:171", "config_service /job/launcher.py:58",
+           "Thread.run threading.py:982", "Thread._bootstrap threading.py:1002")
+
+
+def test_a_peer_command_line_with_parentheses_is_one_peer():
+    text = RECV["args"][0]
+    assert peer_pids(text) == [1000]
+    assert name_peers(text, {1000: "rank 0"}) == \
+        "fd 28 (TCP 127.0.0.1:46160 -> 127.0.0.1:57599, ESTABLISHED, peer pid 1000: rank 0)"
+    assert name_peers(text, {999: "rank 1"}) == text
+
+
+def _job():
+    b = ranks(3, steps=40)
+    b[0].wait("0", op="broadcast")
+    b[1].wait("0", op="broadcast")
+    r0 = stack(*COLL_STACK, extra_threads=[("config-service", SERVICE)])
+    r0[1].update(active=False, kernel={"syscall": "futex", "args": []})
+    r0[1]["frames"][2]["code"] = "step, lr = lr_q.get()"
+    b[0].set(stacks=r0, stack_source="py-spy")
+    b[1].set(stacks=stack(*COLL_STACK), stack_source="py-spy")
+    r2 = stack(*ASK, active=False)
+    r2[0].update(kernel=dict(RECV))
+    r2[0]["frames"][0]["code"] = "chunk = s.recv(256)"
+    b[2].set(stacks=r2, stack_source="py-spy")
+    return diagnose(snap(b, reason="stall"))
+
+
+def test_the_peer_is_named_by_its_rank_and_its_serving_thread_by_what_it_waits_for():
+    d = check(_job(), "stuck-outside-collective", [2])
+    reason = d.details["culprit_reasons"]["2"]
+    assert "ESTABLISHED, peer pid 1000: rank 0)" in reason and "spawn_main" not in reason, reason
+    assert d.details["peer_wait"] == (
+        "The other end, rank 0 (pid 1000): its thread 'config-service' in config_service (launcher.py:58): "
+        "`step, lr = lr_q.get()`: queue.get/put (waiting for a producer/consumer) in Queue.get (queue.py:171)")
+    assert d.details["peer_wait"] in d.evidence and d.details["peer_wait"] in d.summary, d.summary
+    assert "Next: the rank waits on a connection to the process named above" in d.summary, d.summary
+
+
+def test_a_peer_that_is_not_a_process_of_the_snapshot_stays_as_the_kernel_named_it():
+    b = ranks(2, steps=5)
+    b[0].wait("0")
+    b[0].set(stacks=stack(*COLL_STACK), stack_source="py-spy")
+    r1 = stack(*ASK, active=False)
+    r1[0].update(kernel=dict(RECV, args=["fd 3 (TCP a -> b, ESTABLISHED, peer pid 77 (python3 server.py))"]))
+    b[1].set(stacks=r1, stack_source="py-spy")
+    d = check(diagnose(snap(b, reason="stall")), "stuck-outside-collective", [1])
+    assert "peer pid 77 (python3 server.py)" in d.details["culprit_reasons"]["1"]
+    assert "peer_wait" not in d.details
