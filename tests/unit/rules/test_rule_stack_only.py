@@ -132,3 +132,19 @@ def test_stack_only_with_every_process_claiming_the_same_rank_keys_by_pid():
     d = check(s, Kind.STUCK_OUTSIDE_COLLECTIVE, [], waiting=[])
     assert d.details["culprit_pids"] == [3003] and d.details["waiting_pids"] == [3001, 3002], d.details
     assert d.summary.startswith("Rank unknown for every process (several claim the same RANK); by pid:"), d.summary
+
+
+def test_a_rank_whose_program_returned_and_whose_exit_waits_is_stuck_at_exit():
+    """The job does not exit at the end: rank 0's main thread in threading._shutdown, its
+    uploader thread in queue.get; rank 1 exited (not found). Was 'Unknown: no rank is inside
+    a torch.distributed collective'."""
+    s = attached({0: ("_shutdown threading.py:1590",)}, world=2)
+    s.processes[0].stacks.append({"thread_name": "metrics-uploader", "thread_id": 2, "active": False, "frames": [
+        {"name": "Queue.get", "filename": "/usr/lib/python3.11/queue.py", "line": 171},
+        {"name": "uploader", "filename": "/job/train.py", "line": 7},
+        {"name": "Thread._bootstrap", "filename": "/usr/lib/python3.11/threading.py", "line": 1002}]})
+    d = check(s, Kind.STUCK_OUTSIDE_COLLECTIVE, [0])
+    assert d.summary.startswith(
+        "Stuck at exit (in no collective): rank 0's program returned and the interpreter waits at exit "
+        "(threading._shutdown) for its thread 'metrics-uploader', in uploader (train.py:7): queue.get/put"), d.summary
+    assert "Rank 1 was not found on this host" in d.summary and "Next: stop the thread" in d.summary, d.summary

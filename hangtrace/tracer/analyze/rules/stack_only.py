@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.analyze.childwait import child_wait_text
+from hangtrace.tracer.analyze.exitwait import exit_wait_text
 from hangtrace.tracer.analyze.peerwait import peer_wait
 from hangtrace.tracer.analyze.context import MAX_MISSING_LISTED, MAX_WORLD, Ctx
 from hangtrace.tracer.analyze.lockwait import lock_wait_text
@@ -33,7 +34,7 @@ from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
 from hangtrace.tracer.analyze.stacktree import classes, format_ranks, merge_stacks, process_frames
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
-from hangtrace.tracer.report.advice import CHILD_NEXT, LOCK_NEXT, PEER_NEXT
+from hangtrace.tracer.report.advice import CHILD_NEXT, EXIT_NEXT, LOCK_NEXT, PEER_NEXT
 
 NAME = "stack_only"
 #: ``Snapshot.reason`` of a stacks-only snapshot (written by ``collect/attach.py``)
@@ -54,6 +55,7 @@ class StackView:
     frames: Mapping[int, List[Any]]
     unit: str = "rank"  # what the keys are: 'rank', or 'pid' when no process has a rank
     procs: Mapping[int, ProcessInfo] = dataclasses.field(default_factory=dict)  # key -> its process
+    at_exit: Mapping[int, str] = dataclasses.field(default_factory=dict)  # key -> what its exit waits for
 
 
 def applies(ctx: Ctx) -> bool:
@@ -76,6 +78,7 @@ def find(ctx: Ctx) -> Optional[Finding]:
     outside: Dict[int, str] = {}
     nostack: List[int] = []
     frames_of: Dict[int, List[Any]] = {}
+    at_exit: Dict[int, str] = {}
     for p in procs:
         frames, thread = process_frames(p)
         if not frames:
@@ -86,8 +89,10 @@ def find(ctx: Ctx) -> Optional[Finding]:
         if cf:
             inside[p.rank] = cf.split(" ")[0]
         else:
-            outside[p.rank] = blocking_reason(frames, thread=thread) or \
-                "not in torch.distributed"
+            ew = exit_wait_text(p)  # (its program returned: the main thread in threading._shutdown)
+            if ew:
+                at_exit[p.rank] = ew
+            outside[p.rank] = ew or blocking_reason(frames, thread=thread) or "not in torch.distributed"
     world = max([p.world_size for p in procs if p.world_size and p.world_size <= MAX_WORLD] or [-1])
     have = {p.rank for p in procs}
     missing: List[int] = []
@@ -97,7 +102,7 @@ def find(ctx: Ctx) -> Optional[Finding]:
             if len(missing) >= MAX_MISSING_LISTED:
                 break
     sv = StackView(inside, outside, tuple(nostack), tuple(missing), world,
-                   tuple(classes(merge_stacks(procs))), frames_of, unit, {p.rank: p for p in procs})
+                   tuple(classes(merge_stacks(procs))), frames_of, unit, {p.rank: p for p in procs}, at_exit)
     return Finding(NAME, data=sv)
 
 
@@ -203,6 +208,16 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         d.summary = ("Unknown: every rank found waits in the same collective (%s) with the same stack; stacks "
                      "alone cannot tell who is late. Next: run the job with HANGTRACE=1 for sequence numbers, "
                      "or check the transport (NCCL/gloo logs)." % "/".join(sorted(set(inside.values()))))
+    elif sv.at_exit:  # the job does not exit at the end (analyze/exitwait.py)
+        d.kind, d.culprit_ranks = Kind.STUCK_OUTSIDE_COLLECTIVE, sorted(sv.at_exit)
+        d.details["exit_wait"] = {str(k): t for k, t in sv.at_exit.items()}
+        d.frames = _top(sv, d.culprit_ranks[0])
+        d.summary = "Stuck at exit (in no collective): %s.%s Next: %s." % (
+            "; ".join("%s %d's %s" % (sv.unit, k, t[4:] if t.startswith("its ") else t)
+                      for k, t in list(sv.at_exit.items())[:3]),
+            " %s %s %s not found on this host (exited, or on another node)." % (
+                _n(sv, missing).capitalize(), format_ranks(missing), "were" if len(missing) > 1 else "was")
+            if missing else "", EXIT_NEXT)
     else:
         d.summary = ("Unknown: no %s is inside a torch.distributed collective%s. Next: look at the stack "
                      "classes below; the job may be busy, not hung." % (sv.unit,
