@@ -87,6 +87,9 @@ LOCK_NEXT = ("make the threads named above take their locks in one order (or nev
 EXIT_NEXT = ("stop the thread named above before the program returns (a sentinel on its queue or an Event, "
              "then `join(timeout=...)`), or start it with `daemon=True` if its work may be lost; an exit "
              "handler that blocks (`atexit`, a logger's or tracker's final flush) needs a timeout")
+PDB_NEXT = ("the rank stopped in the debugger: a `breakpoint()` or `pdb.set_trace()` left in the code ran where "
+            "stdin is no terminal (torchrun, spawn, Ray), so pdb read end-of-input and raised BdbQuit; remove it, "
+            "or run with PYTHONBREAKPOINT=0 to make `breakpoint()` a no-op")
 PEER_NEXT = ("the rank waits on a connection to the process named above: find why that process does not answer "
              "(its threads above: what the one serving the connection waits for), and give the client's socket a "
              "timeout (`settimeout`, `create_connection(..., timeout=...)`) so that a silent peer fails the step "
@@ -123,6 +126,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
     if cause == Cause.EXCEPTION.value and ("oom" in kills or "not-oom" in kills):
         # a DataLoader worker of the rank OOM-killed, or SIGKILLed from outside (analyze/memory/attribution.py)
         nxt = HELPER_OOM_NEXT if "oom" in kills else HELPER_KILLED_NEXT
+    if cause == Cause.EXCEPTION.value and str((diag.details or {}).get("cause_text") or "").startswith("BdbQuit"):
+        nxt = PDB_NEXT
     if nxt is None and cause.startswith("exit-code"):
         nxt = EXIT_CODE_NEXT
     if nxt is not None and diag.culprit_actors and not diag.culprit_ranks:

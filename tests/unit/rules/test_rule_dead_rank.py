@@ -295,3 +295,16 @@ def test_a_dead_rank_without_a_stack_says_where_it_raised():
     assert d.frames[:2] == ["_try_get_data (dataloader.py:1304)", "_next_data (dataloader.py:1505)"], d.frames
     assert "; it raised in _try_get_data (dataloader.py:1304) < _next_data (dataloader.py:1505) < __next__ " \
            "(dataloader.py:725) < train (job.py:114)" in d.summary, d.summary  # (no frame between: no '...')
+
+
+def test_a_breakpoint_left_in_the_code_is_said_to_be_one():
+    """A `breakpoint()` under torchrun: stdin is no terminal, pdb reads end-of-input and raises
+    BdbQuit (a job of ours, 2026-12-04: the Next said only 'read the exception')."""
+    b = ranks(2)
+    b[0].wait()
+    b[1].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "BdbQuit", "message": "",
+                                                    "wall_ns": b[0].t + S}])
+    d = check(diagnose(snap(b, reason="death")), "dead-rank", [1])
+    assert "BdbQuit" in d.details["cause_text"]
+    assert "Next: the rank stopped in the debugger: a `breakpoint()`" in d.summary, d.summary
+    assert "PYTHONBREAKPOINT=0" in d.summary
