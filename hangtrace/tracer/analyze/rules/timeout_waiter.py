@@ -29,6 +29,8 @@ from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "timeout_waiter"
 
+_RUNNING = "no known blocking call on its stack (busy, or in C code it called)"  # (a culprit's reason then)
+
 #: lower-case texts of a collective that gave up waiting: the transport markers that are timeouts
 TIMEOUT_MARKERS = tuple(m for m in TRANSPORT_MARKERS if "time" in m)
 
@@ -55,7 +57,7 @@ def find(ctx: Ctx) -> Optional[Finding]:
         _labels, frames, thread = frames_of(ctx, r)
         if not frames or collective_frame(frames):
             continue
-        out.append((r, blocking_reason(frames, thread=thread) or "not in any collective (running %s)" % _labels[0]))
+        out.append((r, blocking_reason(frames, thread=thread) or _RUNNING))
     if not out:
         return None
     return Finding(NAME, tuple(r for r, _ in out), first.fail_wall or 0, data=(first, text, out))
@@ -72,7 +74,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["culprit_reasons"] = reasons
     d.details["culprit_kinds"] = {str(r): Kind.STUCK_OUTSIDE_COLLECTIVE.value for r, _ in outside}
     d.details["timed_out"] = {"rank": first.rank, "text": text[:300], "wall_ns": first.fail_wall}
-    d.cause = Cause.BLOCKED if any(not w.startswith("not in any") for w in reasons.values()) else Cause.NO_PROGRESS
+    d.cause = Cause.BLOCKED if any(not w.startswith(_RUNNING) for w in reasons.values()) else Cause.NO_PROGRESS
     ctx.add("rank %d gave up waiting in a collective at %s: %s" % (first.rank, ts(first.fail_wall), text[:300]))
     dumped = [r for r, _ in outside if not ctx.views[r].proc.stacks]  # (their stacks from a faulthandler dump)
     for r, why in outside[:6]:
