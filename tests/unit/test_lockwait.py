@@ -55,10 +55,11 @@ def test_two_threads_in_a_lock_order_deadlock_are_named_with_their_lines(tmp_pat
         main = pick_thread(threads)
         frames = [f for f in main["frames"] if not f.get("native")]
         why = blocking_reason(frames, thread=main)
-        assert why.startswith("waiting for a lock (a C-level acquire; kernel: futex) at <module> (job.py:13): "
-                              "`with b:`"), why
+        # where each waits, and what it holds: the `with` blocks it is inside (blind helper 53)
+        assert why == "waiting for a lock at <module> (job.py:13): `with b:` (inside `with a:` at job.py:10)", why
         text = lock_wait_text(_proc(p.pid, threads), "rank 1")
-        assert text is not None and "thread 'uploader' at other (job.py:7): `with a:`" in text, text
+        assert text is not None and \
+            "thread 'uploader' at other (job.py:7): `with a:` (inside `with b:` at job.py:5)" in text, text
         assert "idle-consumer" not in text and "QueueFeeder" not in text, text   # idle waits are no locks
         assert "lock-order deadlock" in text
     finally:
@@ -98,3 +99,21 @@ def test_attach_names_the_other_thread_on_a_lock_too():
     assert "Rank 1's thread 'ckpt-uploader' at uploader (job.py:15): `with state_lock:` waits for a lock too" \
         in d.summary, d.summary
     assert "Next: make the threads named above take their locks in one order" in d.summary, d.summary
+
+
+def test_the_with_blocks_a_line_is_inside_are_found_by_indentation(tmp_path):
+    from hangtrace.tracer.collect.kernelwait import enclosing_with
+    src = tmp_path / "m.py"
+    src.write_text("import threading\n"
+                   "class C:\n"
+                   "    def f(self):\n"
+                   "        with self.a:\n"
+                   "            if True:\n"
+                   "                # a comment at a lower indentation is skipped\n"
+                   "                with tracer.phase('x'):\n"
+                   "                    with self.b:\n"
+                   "                        pass\n")
+    assert enclosing_with(str(src), 9) == [[8, "with self.b:"], [4, "with self.a:"]]  # (our phases left out)
+    assert enclosing_with(str(src), 8) == [[4, "with self.a:"]]
+    assert enclosing_with(str(src), 4) == []                  # the def ends the search
+    assert enclosing_with(str(tmp_path / "gone.py"), 4) == []

@@ -18,7 +18,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from hangtrace.tracer.analyze.asynctasks import describe as describe_loop
+from hangtrace.tracer.analyze.blocking import blocking_reason
 from hangtrace.tracer.analyze.deaths import STOP_ERRORS
+from hangtrace.tracer.analyze.stacktree import process_frames
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
 from hangtrace.tracer.snapshot import ProcessInfo, Role
 
@@ -257,3 +260,14 @@ def started_since(p: ProcessInfo, method: str, since_wall_ns: int) -> Optional[b
            for r in recs):
         return True
     return False if (recs[0].get("t_wall_ns") or 0) <= since_wall_ns else None
+
+
+def doing(p: ProcessInfo) -> Optional[str]:
+    """What the actor at a chain's end does: the await chain of its event loop (an async
+    actor's method is a task there: ``analyze/asynctasks.py``), else why its stack looks
+    blocked (``analyze/blocking.py``); None when neither is known."""
+    loop = describe_loop(p)
+    if loop:
+        return loop
+    frames, thread = process_frames(p)
+    return blocking_reason(frames, thread=thread) if frames else None

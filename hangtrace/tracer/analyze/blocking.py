@@ -204,5 +204,21 @@ def c_lock_wait(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Opti
     """``"waiting for a lock (a C-level acquire; kernel: futex) at main (job.py:33): `with
     upload_lock:`"`` for :func:`c_lock_frame`'s frame, else None."""
     f = c_lock_frame(frames, thread)
-    return None if f is None else "waiting for a lock (a C-level acquire; kernel: futex) at %s%s" % (
-        frame_label(f), code_text(f))
+    return None if f is None else "waiting for a lock at %s%s%s" % (frame_label(f), code_text(f), held_text(frames))
+
+
+def held_text(frames: Optional[List[Frame]]) -> str:
+    """``" (inside `with metrics_lock:` at job.py:77)"``: the ``with`` blocks the thread's
+    frames are inside (``'with'`` of a frame: collect/kernelwait.py ``enclosing_with``,
+    innermost first), i.e. what a thread waiting for a lock already holds; '' when none."""
+    seen: List[str] = []
+    for f in frames or ():
+        for item in f.get("with") or ():
+            try:
+                line, code = int(item[0]), str(item[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            text = "`%s` at %s:%d" % (code, os.path.basename(str(f.get("filename") or "?")), line)
+            if text not in seen:
+                seen.append(text)
+    return " (inside %s)" % ", ".join(seen[:3]) if seen else ""

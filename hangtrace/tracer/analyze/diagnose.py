@@ -19,6 +19,7 @@ from hangtrace.tracer.analyze.context import DEFAULT_STALL_S, Ctx
 from hangtrace.tracer.process_model import process_argv
 from hangtrace.tracer.analyze.deaths import first_rankless_death, TRANSPORT_MARKERS, failures, is_transport_error, stopped_after_stall
 from hangtrace.tracer.analyze.evidence import rk, stall_note
+from hangtrace.tracer.analyze.actorgraph import open_waits
 from hangtrace.tracer.analyze.childwait import child_process
 from hangtrace.tracer.analyze.peerwait import peer_waits
 from hangtrace.tracer.analyze.lockwait import lock_waits
@@ -168,15 +169,18 @@ def _ranks_idle_actor(ctx: Ctx) -> Optional[Finding]:
     """Nothing progressed for the stall threshold, no rank waits in a collective, and a
     rank-less Ray actor is the end of the driver's waits or stuck in a method (the rules
     for jobs without ranks, ``_rankless``), while every rank is a Ray actor inside no
-    method: that actor is the verdict - the ranked actors idle between steps are waiting
+    method, or inside one that waits on a Ray call (``actorgraph.open_waits``: a link of
+    the chain): that actor is the verdict - the ranked actors idle between steps are waiting
     for it too (a rollout actor that never returns while
     the trainer actors, ranks 0..N, wait for their next call). Found on a job written from
     an RL incident (2026-12-04): the verdict was "Unknown: nothing progressed but no rank
-    is in a collective"."""
+    is in a collective"; blind helper 55 the same when trainer 0's weight sync waited in
+    ``ray.get`` on the rollout actor's ``update_weights``."""
     if ctx.inst_of or not ctx.stalled:
         return None
-    if not all((v.proc.meta or {}).get("ray_actor_id") and v.proc.phase is None for v in ctx.views.values()):
-        return None  # a rank inside a method (its rendezvous, its own work) or not a Ray actor: not idle
+    if not all((v.proc.meta or {}).get("ray_actor_id") and (v.proc.phase is None or open_waits(v.proc))
+               for v in ctx.views.values()):
+        return None  # a rank inside a method doing its own work (its rendezvous), or not a Ray actor: not idle
     return _rankless(ctx)
 
 

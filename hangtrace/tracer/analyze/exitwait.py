@@ -16,8 +16,10 @@ Two sources, either enough:
 
 - the ``exiting`` event (hooks/lifecycle.py wraps ``threading._shutdown``): the program
   returned, with the non-daemon threads alive at that moment (name, native id);
-- the main thread's stack (py-spy or a faulthandler dump): its outermost frame is the
-  interpreter's exit (``_shutdown`` in threading.py); with the event, also an exit
+- the main thread's stack (py-spy or a faulthandler dump): its innermost frame is
+  ``_shutdown`` in threading.py (called by the interpreter, or by multiprocessing's
+  ``BaseProcess._bootstrap`` in a spawned or forked child: blind helper 56's
+  ``torch.multiprocessing.spawn`` job); with the event, also an exit
   handler (an outermost frame that is not the program's ``<module>`` nor runpy's: the
   function atexit called; without the event such a stack may be cut or an embedder's).
 
@@ -59,14 +61,15 @@ def exiting_event(p: ProcessInfo) -> Optional[Dict[str, Any]]:
 
 
 def main_at_exit(frames: List[Dict[str, Any]]) -> Optional[str]:
-    """``'_shutdown'`` when the main thread's frames (innermost first) are the
-    interpreter's join of non-daemon threads, ``'handler'`` when its outermost frame is
+    """``'_shutdown'`` when the main thread's frames (innermost first) are in the join of
+    non-daemon threads at exit, ``'handler'`` when its outermost frame is
     an exit handler (neither ``<module>`` nor runpy's), else None."""
     if not frames:
         return None
-    outer = frames[-1]
-    if _base(outer) == "threading.py" and str(outer.get("name") or "").rsplit(".", 1)[-1] == "_shutdown":
+    inner = frames[0]  # (the interpreter's call, or multiprocessing's BaseProcess._bootstrap in a child)
+    if _base(inner) == "threading.py" and str(inner.get("name") or "").rsplit(".", 1)[-1] == "_shutdown":
         return "_shutdown"
+    outer = frames[-1]
     if outer.get("name") == "<module>" or _base(outer) in _PROGRAM_FILES or \
             str(outer.get("filename") or "").startswith("<frozen"):
         return None

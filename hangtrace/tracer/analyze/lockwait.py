@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import List, Optional
 
-from hangtrace.tracer.analyze.blocking import c_lock_frame, code_text
+from hangtrace.tracer.analyze.blocking import c_lock_frame, code_text, held_text
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.stacktree import Thread, _short, frame_label, pick_thread
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
@@ -33,10 +33,10 @@ def _lock_wait(t: Thread) -> Optional[str]:
         return None
     f = c_lock_frame(frames, t)
     if f is not None:
-        return frame_label(f) + code_text(f)
+        return frame_label(f) + code_text(f) + held_text(frames)
     f = frames[0]
     if (os.path.basename(str(f.get("filename") or "")), _short(f.get("name"))) in _PY_ACQUIRE and len(frames) > 1:
-        return frame_label(frames[1]) + code_text(frames[1])
+        return frame_label(frames[1]) + code_text(frames[1]) + held_text(frames)
     return None
 
 
@@ -57,7 +57,8 @@ def lock_wait_text(proc: ProcessInfo, who: str) -> Optional[str]:
     if not others:
         return None
     return ("%s's thread%s %s wait%s for a lock too: %s of one process each waiting for a lock most "
-            "likely hold what the other takes (a lock-order deadlock; threading.Lock records no owner)" % (
+            "likely hold what the other takes (a lock-order deadlock; the `with` blocks each is inside are what it "
+            "holds; threading.Lock records no owner)" % (
                 who, "s" if len(others) > 1 else "", "; ".join(others[:_MAX_THREADS]),
                 "" if len(others) > 1 else "s", "threads" if len(others) > 1 else "two threads"))
 
@@ -75,3 +76,9 @@ def lock_waits(ctx: Ctx, d: Diagnosis) -> None:
             d.details["lock_wait"] = text
             ctx.add(text)
             return
+    key = d.details.get("culprit_process")  # a Ray actor without a rank (rules actors, actor_waits)
+    p = next((q for q in ctx.snap.processes if q.key == key), None) if d.culprit_actors and key else None
+    text = lock_wait_text(p, "Ray actor %s" % d.culprit_actors[0]) if p is not None else None
+    if text:
+        d.details["lock_wait"] = text
+        ctx.add(text)

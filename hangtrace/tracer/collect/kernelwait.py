@@ -338,6 +338,41 @@ def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                     code = code.split("#", 1)[0].rstrip()  # a trailing comment (no string before it)
                 if code:
                     fr["code"] = code[:_CODE_CHARS]
+            for fr in [f for f in py if not any(x in str(f.get("filename") or "") for x in LIBRARY_PATHS)][:4]:
+                held = enclosing_with(str(fr.get("filename") or ""), int(fr.get("line") or 0))
+                if held:
+                    fr["with"] = held
         except Exception:  # never lose the stacks for a detail
             continue
     return threads
+
+
+_WITH_LOOKBACK = 80  # source lines searched above a frame's line for the blocks it is inside
+
+
+def enclosing_with(path: str, line: int) -> List[List[Any]]:
+    """The ``with`` statements whose block holds line ``line`` of ``path`` (its function's,
+    innermost first): ``[[line, 'with metrics_lock:'], ...]``, found by indentation up to
+    the enclosing ``def``/``class`` (at most ``_WITH_LOOKBACK`` lines above). What a thread
+    waiting at a ``with x_lock:`` line already holds is the ``with`` blocks it is inside (a
+    lock-order deadlock: blind helper 53). [] when the file is not readable here."""
+    import linecache
+    if line <= 1 or not os.path.isfile(path):
+        return []
+    cur = linecache.getline(path, line)
+    indent = len(cur) - len(cur.lstrip())
+    out: List[List[Any]] = []
+    for n in range(line - 1, max(0, line - _WITH_LOOKBACK), -1):
+        text = linecache.getline(path, n)
+        body = text.strip()
+        if not body or body.startswith("#"):
+            continue
+        ind = len(text) - len(text.lstrip())
+        if ind >= indent:
+            continue
+        indent = ind
+        if body.startswith(("with ", "async with ")) and not body.startswith("with tracer."):  # (our phases)
+            out.append([n, body[:_CODE_CHARS]])
+        if body.startswith(("def ", "async def ", "class ")) or ind == 0:
+            break
+    return out

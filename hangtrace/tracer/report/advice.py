@@ -80,7 +80,7 @@ ACTOR_STUCK_NEXT = ("find what the named actor's method waits for (its await cha
 
 #: a rank stuck outside collectives waits for a lock, and other threads of it do too (analyze/lockwait.py)
 LOCK_NEXT = ("make the threads named above take their locks in one order (or never hold one while taking "
-             "another); `py-spy dump --pid PID --locals` shows which lock objects each waits at")
+             "another): each holds the locks of the `with` blocks it is inside and waits at the line named")
 
 
 #: a rank stuck outside collectives waits for a child process (analyze/childwait.py)

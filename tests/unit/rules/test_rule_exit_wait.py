@@ -83,3 +83,13 @@ def test_ranks_waiting_in_a_collective_are_a_hang_not_an_exit_verdict():
     assert d.details["culprit_reasons"]["0"].startswith(
         "its program returned without entering it, and the interpreter waits at exit (threading._shutdown) for "
         "its non-daemon thread 'metrics-uploader'"), d.details["culprit_reasons"]
+
+
+def test_a_spawned_childs_exit_is_multiprocessings_bootstrap_calling_shutdown():
+    """torch.multiprocessing.spawn: a child's main thread joins its non-daemon threads in
+    multiprocessing's BaseProcess._bootstrap, under spawn_main (blind helper 56: 'Unknown')."""
+    spawn = ("_shutdown threading.py:1590", "BaseProcess._bootstrap multiprocessing/process.py:332",
+             "_main multiprocessing/spawn.py:133", "spawn_main multiprocessing/spawn.py:120", "<module> <string>:1")
+    d = check(_job(main=spawn), "stuck-outside-collective", [0])
+    assert "non-daemon thread 'metrics-uploader', in uploader (train.py:7)" in d.details["exit_wait"]["0"]
+    d = check(_job(events=(), main=spawn), "stuck-outside-collective", [0])  # (attach: the stack alone)

@@ -32,12 +32,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze import actorgraph as G
-from hangtrace.tracer.analyze.asynctasks import describe as describe_loop
-from hangtrace.tracer.analyze.blocking import blocking_reason
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import ts
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.stacktree import process_frames
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
 
@@ -167,23 +164,13 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["actor_chain"] = _chain(ctx, g, end)
     ctx.add("Ray actor %s (%s) is at the end of a chain of waits on actor calls and waits on no actor: %s" % (
         G.label(p, g.roles), end, "inside method %s" % p.phase if p.phase else "inside no method"))
-    doing = _doing(p)
+    d.details["culprit_process"] = p.key
+    doing = G.doing(p)
     if doing:
         d.details["actor_doing"] = doing
         ctx.add("Ray actor %s: %s" % (G.label(p, g.roles), doing))
     if finding.start:
         d.details["hang_start_wall_ns"] = finding.start
-
-
-def _doing(p: ProcessInfo) -> Optional[str]:
-    """What the actor at a chain's end does: the await chain of its event loop (an async
-    actor's method is a task there: ``analyze/asynctasks.py``), else why its stack looks
-    blocked (``analyze/blocking.py``); None when neither is known."""
-    loop = describe_loop(p)
-    if loop:
-        return loop
-    frames, thread = process_frames(p)
-    return blocking_reason(frames, thread=thread) if frames else None
 
 
 def _chain(ctx: Ctx, g: G.ActorGraph, end: str) -> List[Dict[str, Any]]:

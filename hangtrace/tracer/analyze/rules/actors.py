@@ -33,11 +33,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from hangtrace.tracer.analyze import actorgraph as G
+from hangtrace.tracer.analyze.blocking import blocking_reason
 from hangtrace.tracer.analyze.context import Ctx, RankView, index_process
 from hangtrace.tracer.analyze.deaths import fill_death, raised_phases
-from hangtrace.tracer.analyze.evidence import ts
+from hangtrace.tracer.analyze.evidence import ts, user_frame
 from hangtrace.tracer.analyze.exceptions import survived
 from hangtrace.tracer.analyze.rules.base import Finding
+from hangtrace.tracer.analyze.stacktree import frame_label, process_frames
 from hangtrace.tracer.config import ray_infra_actor
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.report.clip import clip
@@ -147,3 +150,28 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         methods.setdefault(lab, []).append(method)
         ctx.add("Ray actor %s (%s, no rank) is inside method %s and the job made no progress" % (lab, key, method))
     d.details["actor_methods"] = methods
+    first = next((p for p in ctx.snap.processes if p.key == stuck[0][2]), None)
+    doing = G.doing(first) if first is not None else None
+    d.details["culprit_process"] = stuck[0][2]
+    if doing:  # what its method waits for: the await chain or why its stack looks blocked, with the line
+        d.details["actor_doing"] = doing
+        ctx.add("Ray actor %s: %s" % (stuck[0][0], doing))
+    driver = driver_wait(ctx)
+    if driver:
+        d.details["driver_wait"] = driver
+        ctx.add(driver)
+
+
+def driver_wait(ctx: Ctx) -> Optional[str]:
+    """``"the driver waits in ray.get at main (driver.py:150)"`` when the Ray driver's stack
+    is in a Ray wait (its ``ray.get`` of a reference it did not create, e.g. one an actor
+    returned, leaves no wait record to follow); None otherwise."""
+    for p in ctx.snap.processes:
+        if G.label(p, ctx.roles) != "driver" or p.state not in ("alive", "unknown"):
+            continue
+        frames, thread = process_frames(p)
+        why = blocking_reason(frames, thread=thread) if frames else None
+        if why and why.startswith("ray.get/ray.wait"):
+            user = user_frame(frames or [])
+            return "the driver waits in ray.get/ray.wait%s" % (" at %s" % frame_label(user) if user is not None else "")
+    return None
