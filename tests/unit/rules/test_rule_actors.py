@@ -165,3 +165,28 @@ def test_empty_or_full_of_a_users_queue_method_is_no_failure():
     b.mark("phase_enter")
     d = check(diagnose(snap([a, b], reason="stall")), "stuck-outside-collective", [])
     assert "Learner" in d.culprit_actors and "Empty" not in verdict_paragraph(d), d.evidence
+
+
+def test_a_stuck_actor_says_where_its_method_waits_and_its_threads_lock_order():
+    """Blind helper 55: a rollout actor's update_weights and its cache-refresher thread take two
+    locks in opposite orders; the verdict named the actor and method only."""
+    from synth import stack
+    main = ("RolloutWorker.update_weights /job/driver.py:94", "actor_method_executor /site-packages/ray/x.py:1")
+    refresher = ("RolloutWorker._refresh_loop /job/driver.py:66", "Thread.run threading.py:982",
+                 "Thread._bootstrap threading.py:1002")
+    th = stack(*main, active=False, extra_threads=[("kv-cache-refresher", refresher)])
+    for t, code, held in ((th[0], "with self.cache_lock:", [[92, "with self.weights_lock:"]]),
+                          (th[1], "with self.weights_lock:", [[64, "with self.cache_lock:"]])):
+        t.update(active=False, kernel={"syscall": "futex", "args": []})
+        t["frames"][0].update(code=code, **{"with": held})
+    a = actor("RolloutWorker", 43, "rollout", stacks=th, stack_source="py-spy")
+    a.phase = "update_weights"
+    a.mark("phase_enter")
+    d = check(diagnose(snap([a], reason="stall")), "stuck-outside-collective", [])
+    assert d.details["actor_doing"] == ("waiting for a lock at RolloutWorker.update_weights (driver.py:94): "
+                                        "`with self.cache_lock:` (inside `with self.weights_lock:` at driver.py:92)")
+    assert "thread 'kv-cache-refresher' at RolloutWorker._refresh_loop (driver.py:66): `with self.weights_lock:` " \
+           "(inside `with self.cache_lock:` at driver.py:64)" in d.details["lock_wait"], d.details
+    p = verdict_paragraph(d)
+    assert "RolloutWorker 'rollout' in update_weights (waiting for a lock at" in p and "lock-order deadlock" in p, p
+    assert "Next: make the threads named above take their locks in one order" in p, p
