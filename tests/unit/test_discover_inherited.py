@@ -120,3 +120,37 @@ def test_multiprocessing_helpers_that_inherited_rank_are_not_ranks():
         for p in (tracker, rank):
             p.kill()
             p.wait()
+
+
+def test_spawned_children_of_a_launcher_with_rank_are_the_ranks_not_their_parent(tmp_path):
+    """torch.multiprocessing.spawn from a launcher whose environment has RANK=0 (a cluster
+    wrapper exported it): the children inherit RANK=0 and set their own in Python. They are
+    the job's processes; attach took the launcher for rank 0 (blind helper 56)."""
+    port = 20000 + (os.getpid() + 23) % 20000
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    launcher = ("import multiprocessing as mp, time\n"
+                "def w(i):\n"
+                "    time.sleep(60)\n"
+                "if __name__ == '__main__':\n"
+                "    ctx = mp.get_context('spawn')\n"
+                "    ps = [ctx.Process(target=w, args=(i,)) for i in range(2)]\n"
+                "    [p.start() for p in ps]\n"
+                "    [p.join() for p in ps]\n")
+    script = tmp_path / "launcher.py"  # (spawn re-imports the main module: a file, not -c)
+    script.write_text(launcher)
+    p = subprocess.Popen([sys.executable, str(script)], env=env)
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            found = [d for d in find_torch_processes() if d["env"].get("MASTER_PORT") == str(port)]
+            if len(found) >= 2:
+                break
+            time.sleep(0.2)
+        assert p.pid not in {d["pid"] for d in found}, found
+        assert len(found) == 2 and all(d["ppid"] == p.pid for d in found), found
+    finally:
+        import psutil
+        for c in psutil.Process(p.pid).children(recursive=True):
+            c.kill()
+        p.kill()
+        p.wait()

@@ -128,7 +128,11 @@ def _prefer_leaves(cands: List[Found]) -> List[Found]:
     2. Within one job and rank, drop non-Python wrappers (``bash -c``/``srun`` shells) when
        a Python process exists, then keep the topmost Python processes: forked children of
        a rank (DataLoader workers, compile workers) inherit its environment but are not the
-       rank.
+       rank. Except the children a launcher started with multiprocessing's spawn
+       (``torch.multiprocessing.spawn`` from a launcher whose environment holds RANK=0: the
+       children inherit it and set their own rank in Python): they are the ranks, their
+       parent the launcher (blind helper 56: attach took the launcher for rank 0 and left
+       the ranks out).
     """
     with_rank = [d for d in cands if d["rank"] >= 0 or d.get("inferred_from")]
     if with_rank:
@@ -142,10 +146,17 @@ def _prefer_leaves(cands: List[Found]) -> List[Found]:
             py = [d for d in members if d["python"]]
             if py:
                 members = py
-            pids = {d["pid"] for d in members}
-            members = [d for d in members if d["ppid"] not in pids] or members
+            by_pid = {d["pid"]: d for d in members}
+            spawned = [d for d in members if _spawned(d) and d["ppid"] in by_pid and not _spawned(by_pid[d["ppid"]])]
+            members = spawned or [d for d in members if d["ppid"] not in by_pid] or members
         keep.extend(members)
     return keep
+
+
+def _spawned(d: Found) -> bool:
+    """A process started by multiprocessing's spawn (``torch.multiprocessing.spawn``'s ranks:
+    ``python -c 'from multiprocessing.spawn import spawn_main; ...'``), not a fork."""
+    return any("spawn_main" in str(c) for c in d["cmdline"])
 
 
 def _python_parents(found: List[Found], psutil: Any, host: str, skipped: List[Dict[str, Any]]) -> List[Found]:
