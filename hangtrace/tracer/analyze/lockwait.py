@@ -78,7 +78,7 @@ def lock_waits(ctx: Ctx, d: Diagnosis) -> None:
             return
     key = d.details.get("culprit_process")  # a Ray actor without a rank (rules actors, actor_waits)
     p = next((q for q in ctx.snap.processes if q.key == key), None) if d.culprit_actors and key else None
-    text = lock_wait_text(p, "Ray actor %s" % d.culprit_actors[0]) if p is not None else None
+    text = lock_wait_text(p, "the actor") if p is not None else None  # (the paragraph names it just before)
     if text:
         d.details["lock_wait"] = text
         ctx.add(text)

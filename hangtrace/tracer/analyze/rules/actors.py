@@ -43,6 +43,7 @@ from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import frame_label, process_frames
 from hangtrace.tracer.config import ray_infra_actor
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
+from hangtrace.tracer.process_model import assign_roles
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.snapshot import ProcessInfo, Role
 
@@ -166,8 +167,9 @@ def driver_wait(ctx: Ctx) -> Optional[str]:
     """``"the driver waits in ray.get at main (driver.py:150)"`` when the Ray driver's stack
     is in a Ray wait (its ``ray.get`` of a reference it did not create, e.g. one an actor
     returned, leaves no wait record to follow); None otherwise."""
+    roles = assign_roles(ctx.snap.processes)  # (ctx.roles covers the ranks only)
     for p in ctx.snap.processes:
-        if G.label(p, ctx.roles) != "driver" or p.state not in ("alive", "unknown"):
+        if G.label(p, roles) != "driver" or p.state not in ("alive", "unknown"):
             continue
         frames, thread = process_frames(p)
         why = blocking_reason(frames, thread=thread) if frames else None
