@@ -67,3 +67,25 @@ def test_a_peer_that_is_not_a_process_of_the_snapshot_stays_as_the_kernel_named_
     d = check(diagnose(snap(b, reason="stall")), "stuck-outside-collective", [1])
     assert "peer pid 77 (python3 server.py)" in d.details["culprit_reasons"]["1"]
     assert "peer_wait" not in d.details
+
+
+def test_a_peer_whose_server_waits_for_the_lock_its_main_thread_holds_in_a_collective_is_a_cycle():
+    """Rank 1 waits for rank 0's HTTP handler; the handler waits at `with state_lock:`, which
+    rank 0's main thread holds while in the all_reduce that waits for rank 1."""
+    b = ranks(2, steps=8)
+    b[0].wait("0")
+    handler = ("Handler.do_GET /job/job.py:30", "BaseHTTPRequestHandler.handle_one_request http/server.py:424",
+               "Thread.run threading.py:982", "Thread._bootstrap threading.py:1002")
+    r0 = stack(*COLL_STACK, active=False, extra_threads=[("Thread-1 (process_request_thread)", handler)])
+    r0[0]["frames"][2]["with"] = [[39, "with state_lock:"]]          # train_step's line is inside the block
+    r0[1].update(active=False, kernel={"syscall": "futex", "args": []})
+    r0[1]["frames"][0]["code"] = "with state_lock:"
+    b[0].set(stacks=r0, stack_source="py-spy")
+    r1 = stack(*ASK, active=False)
+    r1[0].update(kernel=dict(RECV, args=["fd 5 (TCP a -> b, ESTABLISHED, peer pid 1000 (python job.py))"]))
+    b[1].set(stacks=r1, stack_source="py-spy")
+    d = check(diagnose(snap(b, reason="stall")), "stuck-outside-collective", [1])
+    assert d.details["peer_wait"] == (
+        "The other end, rank 0 (pid 1000): its thread 'Thread-1 (process_request_thread)': waiting for a lock at "
+        "Handler.do_GET (job.py:30): `with state_lock:`; its main thread holds that lock (`with state_lock:` at "
+        "train.py:39) while in all_reduce (distributed_c10d.py:2500)"), d.details["peer_wait"]

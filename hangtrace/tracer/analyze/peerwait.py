@@ -15,11 +15,12 @@ and the line it waits at.
 """
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hangtrace.tracer.analyze.actorgraph import label
-from hangtrace.tracer.analyze.blocking import blocking_reason, code_text
+from hangtrace.tracer.analyze.blocking import blocking_reason, c_lock_frame, code_text, collective_frame
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import user_frame, wrapper_frame
 from hangtrace.tracer.analyze.stacktree import frame_label, threads_of
@@ -52,8 +53,38 @@ def _thread_line(th: Dict[str, Any]) -> Optional[str]:
     if user is None:
         return None
     why = blocking_reason(frames, thread=th)
-    return "thread '%s' in %s%s%s" % (th.get("thread_name") or th.get("os_thread_id"), frame_label(user),
-                                      code_text(user), ": %s" % why if why else " (running)")
+    name = th.get("thread_name") or th.get("os_thread_id")
+    if why and frame_label(user) in why:  # (the reason names the user's line already)
+        return "thread '%s': %s" % (name, why)
+    return "thread '%s' in %s%s%s" % (name, frame_label(user), code_text(user), ": %s" % why if why else " (running)")
+
+
+def _frames(th: Dict[str, Any]) -> List[Dict[str, Any]]:
+    return [f for f in th.get("frames") or () if isinstance(f, dict) and not f.get("native") and not wrapper_frame(f)]
+
+
+def _holder_text(threads: List[Dict[str, Any]]) -> str:
+    """``"; its main thread holds that lock (`with state_lock:` at job.py:40) while in all_reduce
+    (distributed_c10d.py:2500)"`` when another thread of the peer waits at a ``with`` line
+    its main thread is inside (collect/kernelwait.py ``enclosing_with``): the peer's server
+    waits for its own main thread, which waits in turn (a collective for the culprit: a
+    cycle across processes); '' otherwise."""
+    main = next((t for t in threads if t.get("thread_name") == "MainThread"), None)
+    if main is None:
+        return ""
+    held = {str(item[1]): "%s:%s" % (os.path.basename(str(f.get("filename") or "?")), item[0])
+            for f in _frames(main) for item in f.get("with") or () if isinstance(item, (list, tuple)) and len(item) > 1}
+    for t in threads:
+        if t is main:
+            continue
+        fs = _frames(t)
+        f = c_lock_frame(fs, t) if fs else None
+        code = str((f or {}).get("code") or "")
+        if code and code in held:
+            mf = _frames(main)
+            doing = collective_frame(mf) or (blocking_reason(mf, thread=main) if mf else None) or "running"
+            return "; its main thread holds that lock (`%s` at %s) while in %s" % (code, held[code], doing)
+    return ""
 
 
 def peer_text(peer: ProcessInfo, label: str) -> Optional[str]:
@@ -61,7 +92,8 @@ def peer_text(peer: ProcessInfo, label: str) -> Optional[str]:
     (launcher.py:58): `step, lr = lr_q.get()`: queue.get/put (...) in Queue.get (queue.py:171)"``:
     what the peer's own threads (not its main thread, not ours) do; None without such a thread."""
     lines = []
-    for th in threads_of(peer) or ():
+    threads = [t for t in threads_of(peer) or () if isinstance(t, dict)]
+    for th in threads:
         if not isinstance(th, dict) or th.get("thread_name") == "MainThread" or \
                 str(th.get("thread_name") or "").startswith("hangtrace"):
             continue
@@ -70,9 +102,9 @@ def peer_text(peer: ProcessInfo, label: str) -> Optional[str]:
             lines.append(line)
     if not lines:
         return None
-    return "The other end, %s (pid %d): its %s%s" % (label, peer.pid, "; its ".join(lines[:_MAX_THREADS]),
-                                                      "; and %d more thread(s)" % (len(lines) - _MAX_THREADS)
-                                                      if len(lines) > _MAX_THREADS else "")
+    return "The other end, %s (pid %d): its %s%s%s" % (label, peer.pid, "; its ".join(lines[:_MAX_THREADS]),
+                                                        "; and %d more thread(s)" % (len(lines) - _MAX_THREADS)
+                                                        if len(lines) > _MAX_THREADS else "", _holder_text(threads))
 
 
 def peer_wait(text: str, host: str, procs: Sequence[ProcessInfo],
