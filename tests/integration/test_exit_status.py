@@ -45,16 +45,21 @@ for step in range(5):
 """
 
 
-def test_verdict_names_the_exit_code_of_raise_system_exit(tmp_path):
+def _run_2_ranks(tmp_path, source):
+    """``hangtrace run --stall-s 5 --stop-on-stall`` of a 2-rank torchrun job: (all output, the verdict)."""
     pytest.importorskip("torch")
     job = tmp_path / "job.py"
-    job.write_text(JOB)
+    job.write_text(source)
     env = base_env(None, traced=False, PYTHONPATH=os.environ.get("PYTHONPATH", REPO))
     p = subprocess.run([sys.executable, "-m", "hangtrace", "run", "--dir", str(tmp_path / "run"), "--stall-s", "5",
                         "--stop-on-stall", "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                         str(job)], env=env, capture_output=True, text=True, timeout=180, cwd=str(tmp_path))
     out = p.stdout + p.stderr
-    verdict = out.split("==== hangtrace verdict ====", 1)[-1]
+    return out, out.split("==== hangtrace verdict ====", 1)[-1]
+
+
+def test_verdict_names_the_exit_code_of_raise_system_exit(tmp_path):
+    out, verdict = _run_2_ranks(tmp_path, JOB)
     assert "rank 1" in verdict and "code 3" in verdict, out[-3000:]
     assert "exited cleanly" not in verdict, out[-3000:]
 
@@ -82,15 +87,7 @@ def test_a_rank_whose_exit_joins_a_thread_forever_is_stuck_at_exit(tmp_path):
     """The job does not exit at the end (the verdict was 'Unknown: nothing progressed but no
     rank is in a collective'): rank 0's program returned, and threading._shutdown joins its
     uploader thread, which waits in queue.get. The real hook (the 'exiting' event) and py-spy."""
-    pytest.importorskip("torch")
-    job = tmp_path / "job.py"
-    job.write_text(NO_EXIT)
-    env = base_env(None, traced=False, PYTHONPATH=os.environ.get("PYTHONPATH", REPO))
-    p = subprocess.run([sys.executable, "-m", "hangtrace", "run", "--dir", str(tmp_path / "run"), "--stall-s", "5",
-                        "--stop-on-stall", "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        str(job)], env=env, capture_output=True, text=True, timeout=180, cwd=str(tmp_path))
-    out = p.stdout + p.stderr
-    verdict = out.split("==== hangtrace verdict ====", 1)[-1]
+    out, verdict = _run_2_ranks(tmp_path, NO_EXIT)
     assert "Stuck at exit (in no collective)" in verdict and "rank 0's program returned" in verdict, out[-3000:]
     assert "non-daemon thread 'metrics-uploader', in uploader (job.py:" in verdict, out[-3000:]
     assert "Rank 1 exited cleanly" in verdict, out[-3000:]
