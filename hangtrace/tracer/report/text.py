@@ -180,11 +180,13 @@ def text_report(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int] = 5
         out.append("")
     if diag.stack_classes:
         out.append("Stack classes (outer > inner; '!' = outlier):")
+        unit = "pid" if "culprit_pids" in (diag.details or {}) else "rank"  # (attach keyed by pid: no rank known)
         for i, c in enumerate(diag.stack_classes[:12]):
             frames = c.get("frames") or []
             shown = frames if len(frames) <= 4 else ["..."] + frames[-4:]
-            out.append("  #%d%s %d rank(s) [%s]: %s" % (i, "!" if c.get("outlier") else "", c["count"],
-                                                         format_ranks(c["ranks"], 8), " > ".join(shown)))
+            out.append("  #%d%s %d %s%s [%s]: %s" % (i, "!" if c.get("outlier") else "", c["count"], unit,
+                                                      "" if c["count"] == 1 else "s", format_ranks(c["ranks"], 8),
+                                                      " > ".join(shown)))
         if len(diag.stack_classes) > 12:
             out.append("  ... %d more classes" % (len(diag.stack_classes) - 12))
         out.append("")
