@@ -87,5 +87,7 @@ def test_a_peer_whose_server_waits_for_the_lock_its_main_thread_holds_in_a_colle
     d = check(diagnose(snap(b, reason="stall")), "stuck-outside-collective", [1])
     assert d.details["peer_wait"] == (
         "The other end, rank 0 (pid 1000): its thread 'Thread-1 (process_request_thread)': waiting for a lock at "
-        "Handler.do_GET (job.py:30): `with state_lock:`; its main thread holds that lock (`with state_lock:` at "
-        "train.py:39) while in all_reduce (distributed_c10d.py:2500)"), d.details["peer_wait"]
+        "Handler.do_GET (job.py:30): `with state_lock:`; its main thread most likely holds that lock (it is inside "
+        "`with state_lock:` at train.py:39) while in all_reduce (distributed_c10d.py:2500): a cycle across the two "
+        "processes"), d.details["peer_wait"]
+    assert "Next: do not hold the lock named above across a collective" in d.summary, d.summary

@@ -30,7 +30,7 @@ its blocking reason and the user's frame it is in.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.blocking import blocking_reason
 from hangtrace.tracer.analyze.evidence import user_frame, wrapper_frame
@@ -60,15 +60,22 @@ def exiting_event(p: ProcessInfo) -> Optional[Dict[str, Any]]:
     return None
 
 
+def _is(f: Dict[str, Any], base: str, name: str) -> bool:
+    return _base(f) == base and str(f.get("name") or "").rsplit(".", 1)[-1] == name
+
+
 def main_at_exit(frames: List[Dict[str, Any]]) -> Optional[str]:
-    """``'_shutdown'`` when the main thread's frames (innermost first) are in the join of
-    non-daemon threads at exit, ``'handler'`` when its outermost frame is
-    an exit handler (neither ``<module>`` nor runpy's), else None."""
+    """How the main thread's frames (innermost first) are at exit: ``'executor'`` when
+    ``concurrent.futures``' exit hook (``_python_exit``, registered with
+    ``threading._register_atexit``, run inside ``threading._shutdown``) joins its pool's
+    workers - daemon threads since Python 3.9, joined all the same (blind helper 57);
+    ``'_shutdown'`` for the join of non-daemon threads (called by the interpreter, or by
+    multiprocessing's ``BaseProcess._bootstrap`` in a child); ``'handler'`` when its
+    outermost frame is an exit handler (neither ``<module>`` nor runpy's); else None."""
     if not frames:
         return None
-    inner = frames[0]  # (the interpreter's call, or multiprocessing's BaseProcess._bootstrap in a child)
-    if _base(inner) == "threading.py" and str(inner.get("name") or "").rsplit(".", 1)[-1] == "_shutdown":
-        return "_shutdown"
+    if any(_is(f, "threading.py", "_shutdown") for f in frames):
+        return "executor" if any(_is(f, "thread.py", "_python_exit") for f in frames) else "_shutdown"
     outer = frames[-1]
     if outer.get("name") == "<module>" or _base(outer) in _PROGRAM_FILES or \
             str(outer.get("filename") or "").startswith("<frozen"):
@@ -89,13 +96,22 @@ def _thread_text(th: Dict[str, Any]) -> str:
     why = blocking_reason(fs, thread=th)
     user = user_frame(fs)
     where = "in %s" % frame_label(user) if user is not None else "in %s" % frame_label(fs[0])
+    if why and (user is None or frame_label(user) in why):  # (the reason names the line already)
+        return "'%s': %s" % (name, why)
     if why:
         return "'%s', %s: %s" % (name, where, why)
     return "'%s', %s (running)" % (name, where)
 
 
 def exit_wait_text(p: ProcessInfo) -> Optional[str]:
-    """What ``p``'s exit waits for, when its program has returned and it is still alive:
+    """The text of :func:`exit_wait`, or None."""
+    found = exit_wait(p)
+    return found[1] if found else None
+
+
+def exit_wait(p: ProcessInfo) -> Optional[Tuple[str, str]]:
+    """``(how, text)``: how ``p`` is at exit (:func:`main_at_exit`'s word, ``'_shutdown'``
+    from the event alone) and what its exit waits for, when its program has returned and it is still alive:
     ``"its program returned and the interpreter waits at exit for its non-daemon thread
     'metrics-uploader', in uploader (job.py:7): queue.get/put (...) in get (queue.py:171)"``;
     None when ``p`` is not at exit by its event or its main thread's stack, or is not alive."""
@@ -114,24 +130,35 @@ def exit_wait_text(p: ProcessInfo) -> Optional[str]:
     else:
         how = "_shutdown"
     others = [t for t in threads if t is not main]
+    started = sorted([t for t in others if _started_thread(t)], key=lambda t: user_frame(_frames(t)) is None)
     if how == "handler":
         fs = _frames(main)
-        return ("its program returned and the process is in an exit handler (atexit): %s" % (
-            blocking_reason(fs, thread=main) or "running") + ", in %s" % " < ".join(frame_label(f) for f in fs[:3]))
+        user = user_frame(fs)
+        return how, ("its program returned and the process is in an exit handler (atexit)%s: %s, in %s%s" % (
+            " %s" % frame_label(user) if user is not None else "", blocking_reason(fs, thread=main) or "running",
+            " < ".join(frame_label(f) for f in fs[:3]), _threads_clause("; its other thread", started)))
+    if how == "executor":
+        workers = [t for t in started if any(_is(f, "thread.py", "_worker") for f in _frames(t))] or started
+        return how, ("its program returned and concurrent.futures' exit hook (_python_exit, run by threading._shutdown "
+                "before any atexit handler) joins its ThreadPoolExecutor worker%s" % (
+                    _threads_clause("", workers) or "s (no stack of them)"))
     names = [str(t.get("name")) for t in (ev or {}).get("threads") or () if isinstance(t, dict)]
     ids = {t.get("native_id") for t in (ev or {}).get("threads") or () if isinstance(t, dict)}
-    if ev is not None:
-        waited = [t for t in others if t.get("os_thread_id") in ids or t.get("thread_name") in names]
-    else:
-        waited = [t for t in others if _started_thread(t)]
+    waited = [t for t in others if t.get("os_thread_id") in ids or t.get("thread_name") in names] \
+        if ev is not None else started
     if not waited and names:
-        return ("its program returned and the interpreter waits at exit for its non-daemon thread(s) %s "
+        return how, ("its program returned and the interpreter waits at exit for its non-daemon thread(s) %s "
                 "(no stack of them)" % ", ".join("'%s'" % n for n in names[:_MAX_THREADS]))
     if not waited:
-        return "its program returned and the interpreter does not finish its exit (no other thread seen)"
-    text = "its program returned and the interpreter waits at exit (threading._shutdown) for its %sthread%s %s" % (
-        "non-daemon " if ev is not None else "", "s" if len(waited) > 1 else "",
-        "; ".join(_thread_text(t) for t in waited[:_MAX_THREADS]))
-    if len(waited) > _MAX_THREADS:
-        text += "; and %d more" % (len(waited) - _MAX_THREADS)
-    return text
+        return how, "its program returned and the interpreter does not finish its exit (no other thread seen)"
+    return how, "its program returned and the interpreter waits at exit (threading._shutdown) for its %sthread%s" % (
+        "non-daemon " if ev is not None else "", _threads_clause("", waited))
+
+
+def _threads_clause(lead: str, threads: List[Dict[str, Any]]) -> str:
+    """``"s 'a', in f (x.py:3): ...; 'b', ..."`` (``lead`` before, plural 's' when more than
+    one), at most ``_MAX_THREADS`` named; '' without threads."""
+    if not threads:
+        return ""
+    text = "%s%s %s" % (lead, "s" if len(threads) > 1 else "", "; ".join(_thread_text(t) for t in threads[:_MAX_THREADS]))
+    return text + ("; and %d more" % (len(threads) - _MAX_THREADS) if len(threads) > _MAX_THREADS else "")

@@ -83,7 +83,8 @@ def _holder_text(threads: List[Dict[str, Any]]) -> str:
         if code and code in held:
             mf = _frames(main)
             doing = collective_frame(mf) or (blocking_reason(mf, thread=main) if mf else None) or "running"
-            return "; its main thread holds that lock (`%s` at %s) while in %s" % (code, held[code], doing)
+            return ("; its main thread most likely holds that lock (it is inside `%s` at %s) while in %s: a "
+                    "cycle across the two processes" % (code, held[code], doing))
     return ""
 
 

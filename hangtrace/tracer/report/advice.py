@@ -90,10 +90,21 @@ EXIT_NEXT = ("stop the thread named above before the program returns (a sentinel
 PDB_NEXT = ("the rank stopped in the debugger: a `breakpoint()` or `pdb.set_trace()` left in the code ran where "
             "stdin is no terminal (torchrun, spawn, Ray), so pdb read end-of-input and raised BdbQuit; remove it, "
             "or run with PYTHONBREAKPOINT=0 to make `breakpoint()` a no-op")
+PEER_CYCLE_NEXT = ("do not hold the lock named above across a collective or any other wait for another rank: "
+                   "copy what the server thread needs under the lock and release it before the collective (or "
+                   "serve from a snapshot); a timeout on the client only turns the hang into a failed step")
 PEER_NEXT = ("the rank waits on a connection to the process named above: find why that process does not answer "
              "(its threads above: what the one serving the connection waits for), and give the client's socket a "
              "timeout (`settimeout`, `create_connection(..., timeout=...)`) so that a silent peer fails the step "
              "instead of the job")
+#: by how the process is at exit (analyze/exitwait.py ``main_at_exit``)
+EXIT_NEXTS = {
+    "executor": ("give the work submitted to the ThreadPoolExecutor a timeout (its client or socket call): "
+                 "concurrent.futures joins its workers at exit however they were started; or wait for the futures "
+                 "with a timeout and `executor.shutdown(wait=False, cancel_futures=True)` before the program returns"),
+    "handler": ("give the exit handler's wait a timeout (`wait(futures, timeout=...)`, `join(timeout=...)`), and "
+                "what it waits for (the thread named above) its own timeout"),
+}
 CHILD_NEXT = ("the rank waits for the child process named above: fix what that child waits for (its call, "
               "file or peer), and give the wait a timeout (`subprocess.run(..., timeout=...)`, `communicate("
               "timeout=...)`, `Process.join(timeout)`) so that a hung child fails the step instead of the job")
@@ -108,9 +119,12 @@ def next_step(diag: Diagnosis) -> Optional[str]:
     if k == Kind.UNKNOWN and str(diag.cause) == Cause.STALLED_IN_RENDEZVOUS.value:
         return RENDEZVOUS_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("exit_wait"):
-        return EXIT_NEXT
+        return EXIT_NEXTS.get(str((diag.details or {}).get("exit_how")), EXIT_NEXT)
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_wait"):
         return CHILD_NEXT
+    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and "a cycle across the two processes" in str(
+            (diag.details or {}).get("peer_wait") or ""):
+        return PEER_CYCLE_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("peer_wait"):
         return PEER_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("lock_wait"):

@@ -93,3 +93,42 @@ def test_a_spawned_childs_exit_is_multiprocessings_bootstrap_calling_shutdown():
     d = check(_job(main=spawn), "stuck-outside-collective", [0])
     assert "non-daemon thread 'metrics-uploader', in uploader (train.py:7)" in d.details["exit_wait"]["0"]
     d = check(_job(events=(), main=spawn), "stuck-outside-collective", [0])  # (attach: the stack alone)
+
+
+def test_concurrent_futures_joining_its_worker_at_exit_names_the_worker_and_its_wait():
+    """Blind helper 57: a ThreadPoolExecutor upload that never returns keeps the process alive
+    - concurrent.futures' _python_exit (inside threading._shutdown, before any atexit handler)
+    joins its workers, daemon threads since 3.9, so the exiting event lists none."""
+    main = ("Thread._wait_for_tstate_lock threading.py:1139", "Thread.join threading.py:1119",
+            "_python_exit /usr/lib/python3.11/concurrent/futures/thread.py:31", "_shutdown threading.py:1590")
+    worker = ("socket.recv socket.py:1", "StoreClient.put /job/train.py:53", "_WorkItem.run /usr/lib/python3.11/concurrent/futures/thread.py:58",
+              "_worker /usr/lib/python3.11/concurrent/futures/thread.py:83", "Thread.run threading.py:982",
+              "Thread._bootstrap threading.py:1002")
+    server = ("socket.accept socket.py:294", "serve /job/train.py:39", "Thread.run threading.py:982",
+              "Thread._bootstrap threading.py:1002")
+    b = ranks(2, steps=5)
+    th = stack(*main, active=False, extra_threads=[("ckpt-upload_0", worker), ("fake-store", server)])
+    th[1].update(active=False)
+    th[2].update(active=False)
+    b[0].set(stacks=th, stack_source="py-spy", events=[{"event": "exiting", "threads": [], "more": 0}])
+    b[1].set(state="exited", exit_code=0)
+    d = check(diagnose(snap(b, reason="stall")), "stuck-outside-collective", [0])
+    assert d.details["exit_how"] == "executor"
+    text = d.details["exit_wait"]["0"]
+    assert text.startswith("its program returned and concurrent.futures' exit hook (_python_exit, run by "
+                           "threading._shutdown before any atexit handler) joins its ThreadPoolExecutor worker "
+                           "'ckpt-upload_0', in StoreClient.put (train.py:53): socket IO"), text
+    assert "fake-store" not in text  # (not a worker of the pool)
+    assert "Next: give the work submitted to the ThreadPoolExecutor a timeout" in d.summary, d.summary
+
+
+def test_an_exit_handler_names_its_own_line_and_the_threads_it_may_wait_for():
+    handler = ("Condition.wait threading.py:327", "wait /usr/lib/python3.11/concurrent/futures/_base.py:305",
+               "_drain_uploads /job/train.py:64")
+    d = check(_job(main=handler), "stuck-outside-collective", [0])
+    assert d.details["exit_how"] == "handler"
+    text = d.details["exit_wait"]["0"]
+    assert text.startswith("its program returned and the process is in an exit handler (atexit) _drain_uploads "
+                           "(train.py:64): waiting for a future in wait (_base.py:305)"), text
+    assert "its other thread 'metrics-uploader', in uploader (train.py:7)" in text, text
+    assert "Next: give the exit handler's wait a timeout" in d.summary, d.summary

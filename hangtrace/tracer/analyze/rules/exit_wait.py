@@ -15,11 +15,11 @@ same of it through ``analyze/chainends.py``).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, stall_note
-from hangtrace.tracer.analyze.exitwait import exit_wait_text
+from hangtrace.tracer.analyze.exitwait import exit_wait
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
@@ -32,24 +32,27 @@ def find(ctx: Ctx) -> Optional[Finding]:
     stalled and no rank waits in a collective, or None."""
     if not ctx.stalled or any(v.blocked is not None and not v.dead for v in ctx.views.values()):
         return None
-    at_exit: Dict[int, str] = {}
+    at_exit: Dict[int, Tuple[str, str]] = {}
     for r, v in sorted(ctx.views.items()):
         if v.dead:
             continue
-        text = exit_wait_text(v.proc)
-        if text:
-            at_exit[r] = text
+        found = exit_wait(v.proc)
+        if found:
+            at_exit[r] = found
     return Finding(NAME, tuple(at_exit), data=at_exit) if at_exit else None
 
 
 def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
-    """Kind, cause, culprits, ``details['exit_wait']`` ({rank: text}) and
+    """Kind, cause, culprits, ``details['exit_wait']`` ({rank: text}), ``details['exit_how']``
+    (:func:`exitwait.main_at_exit`'s word for the first culprit) and
     ``details['exited_ranks']`` (ranks whose process exited cleanly)."""
-    at_exit: Dict[int, str] = finding.data
+    found: Dict[int, Tuple[str, str]] = finding.data
+    at_exit = {r: text for r, (_how, text) in found.items()}
     d.kind = Kind.STUCK_OUTSIDE_COLLECTIVE
     d.cause = Cause.BLOCKED
     fill_common(ctx, d, list(at_exit), None)
     d.details["exit_wait"] = {str(r): t for r, t in at_exit.items()}
+    d.details["exit_how"] = next(iter(found.values()))[0]  # (the first culprit's: '_shutdown', 'executor', 'handler')
     d.details["culprit_reasons"] = {str(r): t for r, t in at_exit.items()}
     d.details["culprit_kinds"] = {str(r): Kind.STUCK_OUTSIDE_COLLECTIVE.value for r in at_exit}
     exited = sorted(r for r, v in ctx.views.items() if v.proc.state == "exited" and not v.dead)

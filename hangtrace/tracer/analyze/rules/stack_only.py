@@ -25,16 +25,17 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.analyze.childwait import child_wait_text
-from hangtrace.tracer.analyze.exitwait import exit_wait_text
+from hangtrace.tracer.analyze.exitwait import exit_wait
 from hangtrace.tracer.analyze.peerwait import peer_wait
 from hangtrace.tracer.analyze.context import MAX_MISSING_LISTED, MAX_WORLD, Ctx
 from hangtrace.tracer.analyze.lockwait import lock_wait_text
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
-from hangtrace.tracer.analyze.stacktree import classes, format_ranks, merge_stacks, process_frames
+from hangtrace.tracer.analyze.evidence import user_frame
+from hangtrace.tracer.analyze.stacktree import classes, format_ranks, frame_label, merge_stacks, process_frames
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
-from hangtrace.tracer.report.advice import CHILD_NEXT, EXIT_NEXT, LOCK_NEXT, PEER_NEXT
+from hangtrace.tracer.report.advice import CHILD_NEXT, EXIT_NEXT, EXIT_NEXTS, LOCK_NEXT, PEER_CYCLE_NEXT, PEER_NEXT
 
 NAME = "stack_only"
 #: ``Snapshot.reason`` of a stacks-only snapshot (written by ``collect/attach.py``)
@@ -56,6 +57,7 @@ class StackView:
     unit: str = "rank"  # what the keys are: 'rank', or 'pid' when no process has a rank
     procs: Mapping[int, ProcessInfo] = dataclasses.field(default_factory=dict)  # key -> its process
     at_exit: Mapping[int, str] = dataclasses.field(default_factory=dict)  # key -> what its exit waits for
+    exit_how: Mapping[int, str] = dataclasses.field(default_factory=dict)  # key -> exitwait.main_at_exit's word
 
 
 def applies(ctx: Ctx) -> bool:
@@ -79,6 +81,7 @@ def find(ctx: Ctx) -> Optional[Finding]:
     nostack: List[int] = []
     frames_of: Dict[int, List[Any]] = {}
     at_exit: Dict[int, str] = {}
+    exit_how: Dict[int, str] = {}
     for p in procs:
         frames, thread = process_frames(p)
         if not frames:
@@ -89,10 +92,10 @@ def find(ctx: Ctx) -> Optional[Finding]:
         if cf:
             inside[p.rank] = cf.split(" ")[0]
         else:
-            ew = exit_wait_text(p)  # (its program returned: the main thread in threading._shutdown)
+            ew = exit_wait(p)  # (its program returned: the main thread in threading._shutdown)
             if ew:
-                at_exit[p.rank] = ew
-            outside[p.rank] = ew or blocking_reason(frames, thread=thread) or "not in torch.distributed"
+                exit_how[p.rank], at_exit[p.rank] = ew
+            outside[p.rank] = at_exit.get(p.rank) or blocking_reason(frames, thread=thread) or "not in torch.distributed"
     world = max([p.world_size for p in procs if p.world_size and p.world_size <= MAX_WORLD] or [-1])
     have = {p.rank for p in procs}
     missing: List[int] = []
@@ -102,13 +105,26 @@ def find(ctx: Ctx) -> Optional[Finding]:
             if len(missing) >= MAX_MISSING_LISTED:
                 break
     sv = StackView(inside, outside, tuple(nostack), tuple(missing), world,
-                   tuple(classes(merge_stacks(procs))), frames_of, unit, {p.rank: p for p in procs}, at_exit)
+                   tuple(classes(merge_stacks(procs))), frames_of, unit, {p.rank: p for p in procs}, at_exit, exit_how)
     return Finding(NAME, data=sv)
 
 
 def _top(sv: StackView, rank: int) -> List[str]:
     return ["%s (%s:%s)" % (f.get("name"), os.path.basename(f.get("filename") or ""), f.get("line"))
             for f in sv.frames.get(rank, [])[:8]]
+
+
+def _stack_text(sv: StackView, key: int, d: Diagnosis) -> str:
+    """The innermost four frames of ``key``'s stack, then the user's own frame when it is
+    further out (``'... < fetch_version (job.py:78)'``: blind helper 58, whose attach verdict
+    ended at urllib's frames); also ``details['user_frame']``."""
+    text = " < ".join(d.frames[:4])
+    raw = sv.frames.get(key) or []
+    user = user_frame(raw)
+    if user is not None and user not in raw[:4]:
+        d.details["user_frame"] = frame_label(user)
+        text += " < ... < %s" % frame_label(user)
+    return text
 
 
 def _n(sv: StackView, keys: Any) -> str:
@@ -145,12 +161,13 @@ def _stuck(ctx: Ctx, sv: StackView, d: Diagnosis) -> None:
             note = d.details["peer_wait"] = pw["peer"]
             d.evidence.append(note)
     d.summary = ("Stuck outside collectives: %s %s %s not in any torch.distributed call (%s) while "
-                 "%s %s wait in %s. Its stack: %s.%s Next: %s."
+                 "%s %s %s in %s. Its stack: %s.%s Next: %s."
                  % (_n(sv, outside), format_ranks(outside), "are" if len(outside) > 1 else "is",
-                    why, _n(sv, inside), format_ranks(inside), "/".join(ops),
-                    " < ".join(d.frames[:4]), " %s%s." % (note[:1].upper(), note[1:]) if note else "",
+                    why, _n(sv, inside), format_ranks(inside), "wait" if len(inside) > 1 else "waits", "/".join(ops),
+                    _stack_text(sv, first, d), " %s%s." % (note[:1].upper(), note[1:]) if note else "",
                     CHILD_NEXT.replace("the rank", "the rank" if sv.unit == "rank" else "the process", 1) if child
                     else LOCK_NEXT if lock else
+                    PEER_CYCLE_NEXT if "a cycle across the two processes" in str(d.details.get("peer_wait") or "") else
                     PEER_NEXT.replace("the rank", "it", 1) if d.details.get("peer_wait") else "find what it waits for outside torch.distributed (the "
                     "producer of its queue, the holder of its lock, its IO)"))
 
@@ -211,13 +228,14 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     elif sv.at_exit:  # the job does not exit at the end (analyze/exitwait.py)
         d.kind, d.culprit_ranks = Kind.STUCK_OUTSIDE_COLLECTIVE, sorted(sv.at_exit)
         d.details["exit_wait"] = {str(k): t for k, t in sv.at_exit.items()}
+        d.details["exit_how"] = sv.exit_how.get(d.culprit_ranks[0])
         d.frames = _top(sv, d.culprit_ranks[0])
         d.summary = "Stuck at exit (in no collective): %s.%s Next: %s." % (
             "; ".join("%s %d's %s" % (sv.unit, k, t[4:] if t.startswith("its ") else t)
                       for k, t in list(sv.at_exit.items())[:3]),
             " %s %s %s not found on this host (exited, or on another node)." % (
                 _n(sv, missing).capitalize(), format_ranks(missing), "were" if len(missing) > 1 else "was")
-            if missing else "", EXIT_NEXT)
+            if missing else "", EXIT_NEXTS.get(str(sv.exit_how.get(d.culprit_ranks[0])), EXIT_NEXT))
     else:
         d.summary = ("Unknown: no %s is inside a torch.distributed collective%s. Next: look at the stack "
                      "classes below; the job may be busy, not hung." % (sv.unit,
