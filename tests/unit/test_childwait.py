@@ -144,6 +144,27 @@ def test_an_untraced_child_seen_at_stack_time_is_named_with_its_system_call():
     assert "pid 4242 (tar" in d.details["child_wait"] and "4241" not in d.details["child_wait"]
 
 
+
+def test_popen_wait_on_a_child_that_fills_its_stdout_pipe_is_the_documented_deadlock():
+    """Popen(..., stdout=PIPE).wait(): the child blocks writing a full pipe nobody reads (the
+    subprocess docs' warning); a job of ours, 2026-12-04."""
+    r0, r1 = R(0, 2), R(1, 2)
+    for b in (r0, r1):
+        b.coll("0", n=5)
+    r1.wait("0")
+    main = stack("Popen._try_wait /usr/lib/python3.11/subprocess.py:1959",
+                 "Popen._wait /usr/lib/python3.11/subprocess.py:2001",
+                 "Popen.wait /usr/lib/python3.11/subprocess.py:1264", "main /job/job.py:11", active=False)
+    main[0]["kernel"] = {"syscall": "wait4", "args": ["pid 4242"], "wchan": "do_wait"}
+    tool = {"pid": 4242, "argv": ["seq", "1", "2000000"], "state": "S",
+            "kernel": {"syscall": "write", "args": ["fd 1 (pipe:[190018])"], "wchan": "anon_pipe_write"}}
+    r0.set(stacks=main, stack_source="py-spy", events=_start(["python", "job.py"], 1), children=(tool,))
+    d = check(diagnose(snap([r0, r1])), "stuck-outside-collective", [0])
+    text = d.details["child_wait"]
+    assert "kernel wait anon_pipe_write (writing a full pipe no process reads)" in text, text
+    assert text.endswith("Popen.wait() never reads the child's pipes: with stdout=PIPE or stderr=PIPE the child "
+                         "blocks once a pipe is full (64 KiB) - use communicate()"), text
+
 def test_a_socket_peer_that_is_a_rank_is_named_as_that_rank():
     """The evaluator's socket leads back to rank 0 itself (its reward-server thread): the
     collector names the peer's pid (collect/kernelwait.py); the verdict says which rank."""

@@ -88,6 +88,8 @@ WCHAN_MEANS: Dict[str, str] = {
     "pipe_read": "reading a pipe or FIFO no process writes to",
     "pipe_wait_readable": "reading a pipe or FIFO no process writes to",
     "pipe_write": "writing a full pipe or FIFO no process reads",
+    "anon_pipe_write": "writing a full pipe no process reads",
+    "anon_pipe_read": "reading a pipe no process writes to",
     "pipe_wait_writable": "writing a full pipe or FIFO no process reads",
     "do_wait": "waiting for a child process to exit",
     "locks_lock_inode_wait": "a file lock another process holds",

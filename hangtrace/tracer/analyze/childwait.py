@@ -173,6 +173,10 @@ def child_wait_text(parent: ProcessInfo, procs: Sequence[ProcessInfo], who: str)
         text = "%s waits for its child process (%s): %s" % (who, how, "; ".join(named[:_MAX_NAMED]))
         if len(named) > _MAX_NAMED:
             text += "; and %d more" % (len(named) - _MAX_NAMED)
+        if how.startswith("Popen.wait") and any("pipe_write" in n for n in named):
+            # (the subprocess docs: wait() with stdout=PIPE/stderr=PIPE deadlocks once the child fills the pipe)
+            text += ("; Popen.wait() never reads the child's pipes: with stdout=PIPE or stderr=PIPE the child "
+                     "blocks once a pipe is full (64 KiB) - use communicate()")
         return text
     return ("%s waits for a child process (%s); no live traced child of it: the child is not a "
             "traced Python process (`ps --ppid %d -o pid,stat,wchan:20,args` on %s lists it)" % (
