@@ -91,3 +91,34 @@ def test_a_peer_whose_server_waits_for_the_lock_its_main_thread_holds_in_a_colle
         "`with state_lock:` at train.py:39) while in all_reduce (distributed_c10d.py:2500): a cycle across the two "
         "processes"), d.details["peer_wait"]
     assert "Next: do not hold the lock named above across a collective" in d.summary, d.summary
+
+
+def test_a_file_lock_holder_is_read_from_proc_locks_and_named_by_rank(tmp_path):
+    """Rank 1 blocked in flock on a file rank 0 holds while rank 0 waits in a barrier for it:
+    the holder from /proc/locks (collect), named by rank with what its main thread does."""
+    import os
+    from hangtrace.tracer.collect.kernelwait import lock_holders
+    f = tmp_path / "cache.lock"
+    f.write_text("")
+    st = os.stat(f)
+    dev = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    table = ("1: FLOCK  ADVISORY  WRITE 1000 %s 0 EOF\n"
+             "1: -> FLOCK  ADVISORY  WRITE 1001 %s 0 EOF\n"
+             "2: POSIX  ADVISORY  WRITE 77 00:00:1 0 EOF\n" % (dev, dev))
+    assert lock_holders(str(f), 1001, table) == [1000]           # the waiter's own line is no holder
+    assert lock_holders(str(f), 1000, table) == []
+    assert lock_holders(str(tmp_path / "gone"), 1001, table) == []
+
+    b = ranks(2, steps=5)
+    b[0].wait("0", op="barrier")
+    barrier = ("barrier /site-packages/torch/distributed/distributed_c10d.py:5356", "<module> /job/job.py:13")
+    b[0].set(stacks=stack(*barrier, active=False), stack_source="py-spy")
+    r1 = stack("<module> /job/job.py:17", active=False)
+    r1[0].update(kernel={"syscall": "flock", "args": ["fd 23 (/data/cache.lock, held by pid 1000 (python job.py))"],
+                         "wchan": "locks_lock_inode_wait"})
+    b[1].set(stacks=r1, stack_source="py-spy")
+    d = check(diagnose(snap(b, reason="stall")), "stuck-outside-collective", [1])
+    assert "flock(fd 23 (/data/cache.lock, held by pid 1000: rank 0))" in d.details["culprit_reasons"]["1"]
+    assert d.details["peer_wait"] == ("The lock's holder, rank 0 (pid 1000): its main thread is in barrier "
+                                      "(distributed_c10d.py:5356), at <module> (job.py:13)"), d.details["peer_wait"]
+    assert "Next: release the file lock before any wait for another rank" in d.summary, d.summary

@@ -27,22 +27,24 @@ from hangtrace.tracer.analyze.stacktree import frame_label, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis
 from hangtrace.tracer.snapshot import ProcessInfo
 
-#: ``peer pid N (command line)``: the command line may hold one level of parentheses
-PEER = re.compile(r"peer pid (\d+) \((?:[^()]|\([^()]*\))*\)")
+#: ``peer pid N (command line)`` (a socket's other end) or ``held by pid N (command line)``
+#: (a file lock's holder, collect/kernelwait.py ``lock_holders``): the command line may hold
+#: one level of parentheses
+PEER = re.compile(r"(peer|held by) pid (\d+) \((?:[^()]|\([^()]*\))*\)")
 _MAX_THREADS = 2
 
 
 def peer_pids(text: str) -> List[int]:
     """The pids of the socket peers named in ``text``, in order."""
-    return [int(m.group(1)) for m in PEER.finditer(text or "")]
+    return [int(m.group(2)) for m in PEER.finditer(text or "")]
 
 
 def name_peers(text: str, labels: Dict[int, str]) -> str:
     """``'peer pid 812 (python3 job.py)'`` becomes ``'peer pid 812: rank 0'`` for each pid
     in ``labels`` (pid -> what the process is in the job); others are left as they are."""
     def sub(m: "re.Match[str]") -> str:
-        pid = int(m.group(1))
-        return "peer pid %d: %s" % (pid, labels[pid]) if pid in labels else m.group(0)
+        pid = int(m.group(2))
+        return "%s pid %d: %s" % (m.group(1), pid, labels[pid]) if pid in labels else m.group(0)
     return PEER.sub(sub, text or "")
 
 
@@ -123,7 +125,23 @@ def peer_wait(text: str, host: str, procs: Sequence[ProcessInfo],
     if not labels:
         return None
     pid = next(iter(labels))
+    if any(m.group(1) == "held by" and int(m.group(2)) == pid for m in PEER.finditer(text)):
+        return {"reason": name_peers(text, labels), "peer": holder_text(by_pid[pid], labels[pid]) or ""}
     return {"reason": name_peers(text, labels), "peer": peer_text(by_pid[pid], labels[pid]) or ""}
+
+
+def holder_text(holder: ProcessInfo, label: str) -> Optional[str]:
+    """``"The lock's holder, rank 0 (pid 812): its main thread is in all_reduce (...)"``: what
+    the process holding the file lock does (its main thread); None without its stack."""
+    threads = [t for t in threads_of(holder) or () if isinstance(t, dict)]
+    main = next((t for t in threads if t.get("thread_name") == "MainThread"), None)
+    fs = _frames(main) if main is not None else []
+    if not fs:
+        return None
+    doing = collective_frame(fs) or blocking_reason(fs, thread=main)
+    user = user_frame(fs)
+    return "The lock's holder, %s (pid %d): its main thread is %s%s" % (
+        label, holder.pid, "in %s" % doing if doing else "running", ", at %s" % frame_label(user) if user else "")
 
 
 def peer_waits(ctx: Ctx, d: Diagnosis) -> None:

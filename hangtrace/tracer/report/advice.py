@@ -90,6 +90,9 @@ EXIT_NEXT = ("stop the thread named above before the program returns (a sentinel
 PDB_NEXT = ("the rank stopped in the debugger: a `breakpoint()` or `pdb.set_trace()` left in the code ran where "
             "stdin is no terminal (torchrun, spawn, Ray), so pdb read end-of-input and raised BdbQuit; remove it, "
             "or run with PYTHONBREAKPOINT=0 to make `breakpoint()` a no-op")
+HOLDER_NEXT = ("release the file lock before any wait for another rank (a collective, a barrier), or take it "
+               "on every rank in one order; a lock that must span a collective needs a timeout (`filelock`'s "
+               "`timeout=`, `fcntl.flock(..., LOCK_NB)` in a retry loop)")
 PEER_CYCLE_NEXT = ("do not hold the lock named above across a collective or any other wait for another rank: "
                    "copy what the server thread needs under the lock and release it before the collective (or "
                    "serve from a snapshot); a timeout on the client only turns the hang into a failed step")
@@ -122,6 +125,9 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return EXIT_NEXTS.get(str((diag.details or {}).get("exit_how")), EXIT_NEXT)
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_wait"):
         return CHILD_NEXT
+    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and str((diag.details or {}).get("peer_wait") or "").startswith(
+            "The lock's holder"):
+        return HOLDER_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and "a cycle across the two processes" in str(
             (diag.details or {}).get("peer_wait") or ""):
         return PEER_CYCLE_NEXT
