@@ -32,6 +32,8 @@ Rules, in order (:func:`assign_roles`):
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -90,7 +92,14 @@ def ray_role(p: ProcessInfo) -> Optional[Role]:
     argv = process_argv(p)
     if any("default_worker.py" in a or a.startswith("ray::") for a in argv):
         return Role.RAY_TASK_WORKER
+    if argv and _RAY_OWN.search(argv[0].replace("\\", "/")):
+        return Role.OTHER  # Ray's own daemons (dashboard, its agent, log monitor, autoscaler monitor): not the driver
     return Role.LAUNCHER
+
+
+#: a script of Ray's own package (``sys.argv[0]`` of its daemons: ``.../ray/dashboard/dashboard.py``,
+#: ``.../ray/_private/log_monitor.py``, ``.../ray/autoscaler/_private/monitor.py``, ...)
+_RAY_OWN = re.compile(r"(site|dist)-packages/ray/")
 
 
 def process_argv(p: ProcessInfo) -> List[str]:
