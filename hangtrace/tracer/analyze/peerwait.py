@@ -25,6 +25,7 @@ from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import user_frame, wrapper_frame
 from hangtrace.tracer.analyze.stacktree import frame_label, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.process_model import assign_roles
 from hangtrace.tracer.snapshot import ProcessInfo
 
 #: ``peer pid N (command line)`` (a socket's other end) or ``held by pid N (command line)``
@@ -164,3 +165,15 @@ def peer_waits(ctx: Ctx, d: Diagnosis) -> None:
             d.details["peer_wait"] = pw["peer"]
             ctx.add(pw["peer"])
         return
+    key, doing = d.details.get("culprit_process"), d.details.get("actor_doing")
+    if d.culprit_ranks or not key or not isinstance(doing, str) or not peer_pids(doing):
+        return  # (a Ray actor without a rank: what its method waits for, rules actors/actor_waits)
+    p = next((q for q in ctx.snap.processes if q.key == key), None)
+    roles = assign_roles(ctx.snap.processes)  # (ctx.roles covers the ranks only)
+    pw = peer_wait(doing, p.host, ctx.snap.processes,
+                   lambda q: "rank %d" % q.rank if q.rank >= 0 else label(q, roles)) if p is not None else None
+    if pw is not None:  # blind helper 60: a rollout actor in an HTTP call to a RewardServer actor's handler
+        d.details["actor_doing"] = pw["reason"]
+        if pw["peer"]:
+            d.details["peer_wait"] = pw["peer"]
+            ctx.add(pw["peer"])

@@ -96,6 +96,9 @@ HOLDER_NEXT = ("release the file lock before any wait for another rank (a collec
 PEER_CYCLE_NEXT = ("do not hold the lock named above across a collective or any other wait for another rank: "
                    "copy what the server thread needs under the lock and release it before the collective (or "
                    "serve from a snapshot); a timeout on the client only turns the hang into a failed step")
+ACTOR_PEER_NEXT = ("the actor waits on a connection to the process named above (its other end): find why that "
+                   "process does not answer - the threads of it named above, and what they wait for - and give the "
+                   "actor's client call a timeout so that a silent server fails the call instead of the job")
 PEER_NEXT = ("the rank waits on a connection to the process named above: find why that process does not answer "
              "(its threads above: what the one serving the connection waits for), and give the client's socket a "
              "timeout (`settimeout`, `create_connection(..., timeout=...)`) so that a silent peer fails the step "
@@ -132,11 +135,11 @@ def next_step(diag: Diagnosis) -> Optional[str]:
             (diag.details or {}).get("peer_wait") or ""):
         return PEER_CYCLE_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("peer_wait"):
-        return PEER_NEXT
+        return ACTOR_PEER_NEXT if diag.culprit_actors and not diag.culprit_ranks else PEER_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("lock_wait"):
         return LOCK_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and diag.culprit_actors and not diag.culprit_ranks:
-        return ACTOR_STUCK_NEXT
+        return ACTOR_PEER_NEXT if (diag.details or {}).get("peer_wait") else ACTOR_STUCK_NEXT
     if k != Kind.DEAD_RANK:
         return NEXT.get(k)
     cause = str(diag.cause) if diag.cause is not None else ""

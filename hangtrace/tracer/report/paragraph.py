@@ -186,14 +186,15 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         meth = d.get("actor_methods") or {}
         chain = d.get("actor_chain") or []
         if chain:  # rules/actor_waits.py: the end of a chain of waits on actor calls
-            lock = " %s." % (d["lock_wait"][:1].upper() + d["lock_wait"][1:]) if d.get("lock_wait") else ""
+            lock = "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("lock_wait", "peer_wait") if d.get(k))
             return ("Stuck outside collectives: Ray actor %s (no rank) is %s and waits on no other actor%s, while "
                     "a chain of actor calls waits on it: %s.%s" % (
                         ", ".join(diag.culprit_actors), "in %s" % ", ".join(sum(meth.values(), [])) if
                         any(meth.values()) else "inside no method",
                         " (%s)" % d["actor_doing"] if d.get("actor_doing") else "",
                         "; ".join(_call(x) for x in chain[:6]), lock))
-        extra = "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("lock_wait", "driver_wait") if d.get(k))
+        extra = "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("lock_wait", "peer_wait", "driver_wait")
+                        if d.get(k))
         return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s%s.%s" % (
             "; ".join("%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]) or "a method",
             " (%s)" % d["actor_doing"] if d.get("actor_doing") else "", extra)

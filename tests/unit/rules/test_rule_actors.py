@@ -190,3 +190,30 @@ def test_a_stuck_actor_says_where_its_method_waits_and_its_threads_lock_order():
     p = verdict_paragraph(d)
     assert "RolloutWorker 'rollout' in update_weights (waiting for a lock at" in p and "lock-order deadlock" in p, p
     assert "Next: make the threads named above take their locks in one order" in p, p
+
+
+def test_a_stuck_actor_in_an_http_call_names_the_actor_at_the_other_end_and_its_handler_threads():
+    """Blind helper 60: a Rollout actor POSTs to a RewardServer actor's HTTP handler, which waits
+    on an Event nobody sets; the verdict named the Rollout and the server by pid only."""
+    from synth import stack
+    roll = stack("SocketIO.readinto /usr/lib/python3.11/socket.py:706", "Rollout._score /job/driver.py:60",
+                 "Rollout.generate /job/driver.py:66", active=False)
+    roll[0]["kernel"] = {"syscall": "recvfrom", "wchan": "wait_woken",
+                         "args": ["fd 54 (TCP 127.0.0.1:5 -> 127.0.0.1:9, ESTABLISHED, peer pid 44 (ray::RewardServer ))"]}
+    a = actor("Rollout", 43, stacks=roll, stack_source="py-spy")
+    a.phase = "generate"
+    a.mark("phase_enter")
+    handler = ("Condition.wait threading.py:327", "Event.wait threading.py:629", "RewardServer._score /job/driver.py:37",
+               "Handler.do_POST /job/driver.py:44", "Thread._bootstrap threading.py:1002")
+    srv = stack("main_loop /site-packages/ray/_private/worker.py:900", active=False,
+                extra_threads=[("Thread-5 (process_request_thread)", handler)])
+    srv[1].update(active=False)
+    srv[1]["frames"][2]["code"] = "self.reload_done.wait()"
+    b = actor("RewardServer", 44, stacks=srv, stack_source="py-spy")
+    d = check(diagnose(snap([a, b], reason="stall")), "stuck-outside-collective", [])
+    assert d.culprit_actors == ["Rollout"]
+    assert "peer pid 44: RewardServer)" in d.details["actor_doing"], d.details
+    assert d.details["peer_wait"].startswith(
+        "The other end, RewardServer (pid 44): its thread 'Thread-5 (process_request_thread)' in RewardServer._score "
+        "(driver.py:37): `self.reload_done.wait()`"), d.details["peer_wait"]
+    assert "Next: the actor waits on a connection to the process named above" in verdict_paragraph(d)
