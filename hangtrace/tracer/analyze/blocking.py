@@ -31,6 +31,8 @@ _BLOCKING = (
     ("synchronize.py", ("acquire", "wait", "__enter__"), "multiprocessing lock"),
     ("filelock.py", ("acquire",), "file lock"),
     ("_api.py", ("acquire",), "file lock"),
+    ("_acquire.py", ("_poll_until_acquired", "_acquire_level"), "file lock (the filelock package: polling)"),
+    ("_lock.py", ("acquire", "__enter__"), "file lock"),
     ("", ("sleep",), "sleep"),
     ("", ("input", "readline", "read", "readinto"), "blocking read"),
     ("", ("acquire", "wait", "lock"), "lock/wait"),

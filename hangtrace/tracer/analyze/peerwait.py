@@ -139,10 +139,14 @@ def holder_text(holder: ProcessInfo, label: str) -> Optional[str]:
     fs = _frames(main) if main is not None else []
     if not fs:
         return None
-    doing = collective_frame(fs) or blocking_reason(fs, thread=main)
+    rdzv = next((f for f in fs if f.get("name") == "init_process_group"), None)
+    coll = collective_frame(fs)
+    why = blocking_reason(fs, thread=main)
+    doing = ("in init_process_group (the rendezvous: it waits for every rank)" if rdzv is not None else
+             "in %s" % coll if coll else "%s" % why if why else "running")
     user = user_frame(fs)
     return "The lock's holder, %s (pid %d): its main thread is %s%s" % (
-        label, holder.pid, "in %s" % doing if doing else "running", ", at %s" % frame_label(user) if user else "")
+        label, holder.pid, doing, ", at %s" % frame_label(user) if user else "")
 
 
 def peer_waits(ctx: Ctx, d: Diagnosis) -> None:

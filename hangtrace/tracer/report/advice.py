@@ -90,6 +90,10 @@ EXIT_NEXT = ("stop the thread named above before the program returns (a sentinel
 PDB_NEXT = ("the rank stopped in the debugger: a `breakpoint()` or `pdb.set_trace()` left in the code ran where "
             "stdin is no terminal (torchrun, spawn, Ray), so pdb read end-of-input and raised BdbQuit; remove it, "
             "or run with PYTHONBREAKPOINT=0 to make `breakpoint()` a no-op")
+RENDEZVOUS_LOCK_NEXT = ("call init_process_group on every rank before taking a lock the other ranks wait for (or "
+                        "release it before the call): a rank inside the rendezvous waits for all of them")
+BEFORE_RENDEZVOUS_NEXT = ("find what the named ranks wait for before init_process_group (their lines above): the "
+                          "rendezvous completes only when every rank has called it")
 HOLDER_NEXT = ("release the file lock before any wait for another rank (a collective, a barrier), or take it "
                "on every rank in one order; a lock that must span a collective needs a timeout (`filelock`'s "
                "`timeout=`, `fcntl.flock(..., LOCK_NB)` in a retry loop)")
@@ -124,6 +128,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
                 "exit code); `hangtrace records RUN_DIR` shows its start record and exception")
     if k == Kind.UNKNOWN and str(diag.cause) == Cause.STALLED_IN_RENDEZVOUS.value:
         return RENDEZVOUS_NEXT
+    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("rendezvous_ranks"):
+        return RENDEZVOUS_LOCK_NEXT if (diag.details or {}).get("rendezvous_lock") else BEFORE_RENDEZVOUS_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("exit_wait"):
         return EXIT_NEXTS.get(str((diag.details or {}).get("exit_how")), EXIT_NEXT)
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_wait"):

@@ -224,8 +224,13 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         after += " Rank %s gave up waiting for it in a collective: %s." % (to.get("rank"), clip(str(to.get("text")), 160))
     waiters = (_waiters_text(diag, coll) if diag.waiting_ranks and coll else
                ("Others wait for it in %s." % coll if coll else ""))
-    return ("Stuck outside collectives: %s is not in any collective%s: %s%s.%s %s" % (
-        who, _where(diag), reason or "it made no progress", doing, after, waiters[:1].upper() + waiters[1:]))
+    if d.get("rendezvous_ranks") and diag.waiting_ranks and not coll:  # rules/before_rendezvous.py
+        waiters = "%s %s for %s in init_process_group (the rendezvous).%s" % (
+            _ranks(diag.waiting_ranks), _verb(diag.waiting_ranks), "it" if len(diag.culprit_ranks) == 1 else "them",
+            " %s." % (d["rendezvous_lock"][:1].upper() + d["rendezvous_lock"][1:]) if d.get("rendezvous_lock") else "")
+    return ("Stuck outside collectives: %s %s not in any collective%s: %s%s.%s %s" % (
+        who, "are" if len(diag.culprit_ranks) > 1 else "is", _where(diag), reason or "it made no progress", doing,
+        after, waiters[:1].upper() + waiters[1:]))
 
 
 _BLOCKED = "blocked outside collectives: "  # (analyze/chainends.py's prefix of a culprit's reason)

@@ -62,15 +62,6 @@ def test_stalled_in_the_rendezvous_is_its_own_cause():
     assert any(e.startswith("rank 2: no record file") for e in d.evidence), d.evidence
 
 
-def test_a_rank_outside_the_rendezvous_keeps_the_general_cause():
-    """One rank inside init_process_group, the other blocked on a queue: not a rendezvous
-    stall (the other rank is not there)."""
-    from ruleutil import QUEUE_GET
-    procs = [_rendezvous_rank(0, 2, RDZV), _rendezvous_rank(1, 2, QUEUE_GET)]
-    d = check(diagnose(snap(procs, reason="stall", taken=T0 + 120 * S)), "unknown", [])
-    assert d.cause == "stalled-outside-collectives"
-
-
 def _env(rank, **environ):
     from hangtrace.tracer.envfacts import ProcessEnv
     return ProcessEnv(host="h0", pid=1000 + rank, rank=rank, environ=tuple(sorted(environ.items())))

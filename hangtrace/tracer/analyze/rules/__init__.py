@@ -14,8 +14,8 @@ gave up waiting in a collective (a timeout, the first failure) waited for.
 """
 from typing import Dict, Tuple
 
-from hangtrace.tracer.analyze.rules import (actor_waits, actors, chain, dead_rank, deadlock, diverged,
-                                            exit_wait, extra_collective, idle, left_phase, minority, mismatch, no_record_file, rankless_root,
+from hangtrace.tracer.analyze.rules import (actor_waits, actors, before_rendezvous, chain, dead_rank, deadlock,
+                                            diverged, exit_wait, extra_collective, idle, left_phase, minority, mismatch, no_record_file, rankless_root,
                                             silent_mismatch, stack_only, timeout_waiter, transport, unschedulable)
 from hangtrace.tracer.analyze.rules.base import Finding, Rule
 
@@ -33,6 +33,7 @@ DEATH_RULE: Rule = dead_rank      # 'dead-rank': the earliest non-victim death
 FALLBACK_RULES: Tuple[Rule, ...] = (
     silent_mismatch,   # 'collective-mismatch' / mismatch: completed records disagree (gloo ran on)
     transport,         # 'transport-error': failed records, nobody dead, nobody hung
+    before_rendezvous, # 'stuck-outside-collective': ranks blocked before init_process_group, others inside it
     exit_wait,         # 'stuck-outside-collective': a rank's program returned, its exit waits (a thread, a handler)
     idle,              # 'progressing' / 'unknown' stalled-*: always finds
 )
