@@ -59,12 +59,27 @@ dist.destroy_process_group()
 """
 
 
-def _run(tmp_path, source):
+FILELOCK_RDZV = """
+import os, time
+import torch.distributed as dist
+from filelock import FileLock
+here = os.path.dirname(os.path.abspath(__file__))
+time.sleep(0.2 if os.environ["RANK"] == "0" else 2.0)
+with FileLock(os.path.join(here, "cache.lock")):
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")     # inside the lock: the others never get to theirs
+if not dist.is_initialized():
+    dist.init_process_group("gloo")
+dist.destroy_process_group()
+"""
+
+
+def _run(tmp_path, source, **env):
     pytest.importorskip("torch")
     job = tmp_path / "job.py"
     job.write_text(source)
     diags, why = run_under_hangtrace([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                                      str(job)], tmp_path / "run", tmp_path, stall_s=5, timeout_s=180)
+                                      str(job)], tmp_path / "run", tmp_path, stall_s=5, timeout_s=180, extra_env=env)
     assert diags, why
     return diags[0], why
 
@@ -82,3 +97,15 @@ def test_a_rank_blocked_on_a_socket_names_the_peer_rank_and_its_serving_thread(t
     s = d["summary"]
     assert "recvfrom(" in s and "peer pid" in s and ": rank 0)" in s, s
     assert "The other end, rank 0" in s and "thread 'config-service'" in s and "queue.get" in s, s
+
+
+def test_ranks_waiting_for_a_file_lock_before_the_rendezvous_name_its_holder_inside_it(tmp_path):
+    """Blind helper 59's shape: rank 0 calls init_process_group inside a filelock the other
+    rank waits for."""
+    pytest.importorskip("filelock")
+    d, why = _run(tmp_path, FILELOCK_RDZV, HANGTRACE_STARTUP_STALL_S="5")
+    assert (d["kind"], d["culprit_ranks"]) == ("stuck-outside-collective", [1]), why
+    s = d["summary"]
+    assert "it never reached init_process_group: file lock" in s, s
+    assert "Rank 0 waits for it in init_process_group (the rendezvous)" in s, s
+    assert "Rank 0 holds a file lock on " in s and "cache.lock" in s, s
