@@ -146,6 +146,11 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return LOCK_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and diag.culprit_actors and not diag.culprit_ranks:
         return ACTOR_PEER_NEXT if (diag.details or {}).get("peer_wait") else ACTOR_STUCK_NEXT
+    if k == Kind.UNKNOWN and diag.stack_classes and str(diag.cause) == Cause.STALLED_OUTSIDE_COLLECTIVES.value:
+        # the stacks are there (helpers 56 and 59 were told to take them again)
+        return ("read the stack classes of the report: each alive rank's main thread is outside collectives "
+                "there; the rank whose stack differs (an outlier) is the first to look at; ranks that exited are "
+                "in the ranks table")
     if k != Kind.DEAD_RANK:
         return NEXT.get(k)
     cause = str(diag.cause) if diag.cause is not None else ""

@@ -202,8 +202,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
             ctx.add(importing_line("rank%s %s" % ("s" if len(ranks_imp) > 1 else "", format_ranks(ranks_imp, 8)),
                                    [imp[ctx.views[r].proc.key] for r in ranks_imp]))
         else:
-            ctx.add("no rank is in a collective, yet nothing progressed: every rank waits outside "
-                    "collectives (queue, IO, Ray); see the stack classes")
+            gone = sorted(r for r, v in ctx.views.items() if v.proc.state == "exited" and not v.dead)
+            ctx.add("no rank is in a collective, yet nothing progressed: every %srank waits outside collectives; "
+                    "see the stack classes%s" % ("alive " if gone else "", "; ranks %s exited cleanly" %
+                                                 format_ranks(gone, 8) if gone else ""))
         for c in [c for c in d.stack_classes if c.get("outlier")][:3]:
             ctx.add("outlier stack (ranks %s): %s" % (format_ranks(c["ranks"], 8), " > ".join(c["frames"][-3:])))
     if note:
