@@ -133,6 +133,11 @@ def who(p: "ProcessInfo", roles: "ProcessRoles") -> Tuple[str, Optional[int]]:
         return "rank %d" % p.rank, None
     helps = roles.helper_of.get(p.key)
     label = "helper of rank %d" % helps if helps is not None else role.value
+    meta = p.meta or {}
+    if role == Role.RAY_ACTOR and meta.get("ray_actor_class"):  # (blind helper 60: which pid is the RewardServer)
+        label += " %s%s" % (meta["ray_actor_class"], " '%s'" % meta["ray_actor_name"] if meta.get("ray_actor_name")
+                            else "")
+        return label, helps
     argv = " ".join(process_argv(p))
     return label + ("  [%s]" % (argv if len(argv) <= 80 else argv[:80] + "...") if argv else ""), helps
 

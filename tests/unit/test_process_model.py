@@ -138,3 +138,16 @@ def test_records_labels_processes_by_the_model_not_by_the_rank_they_inherited():
     assert [who(p, roles) for p in (launcher, r0, r1, worker)] == [
         ("launcher", None), ("rank 0", None), ("rank 1", None), ("helper of rank 1", 1)]
     assert who(tracker, roles) == ("other  [python -c from multiprocessing.resource_tracker import main]", None)
+
+
+def test_records_labels_a_ray_actor_by_its_class_and_ray_daemons_as_other():
+    """Blind helper 60: which ray-actor pid is the RewardServer; helper 55: Ray's own daemons
+    were labelled launcher."""
+    from hangtrace.cli_records import who
+    actor = ProcessInfo(host="h", pid=44, rank=-1, world_size=-1, state="alive",
+                        meta={"ray_actor_id": "ab" * 16, "ray_actor_class": "RewardServer", "ray_actor_name": "rm"})
+    daemon = ProcessInfo(host="h", pid=45, rank=-1, world_size=-1, state="alive", meta={"ray_job_id": "01"},
+                         events=[{"event": "start", "argv": ["/py/lib/python3.11/site-packages/ray/_private/log_monitor.py"]}])
+    roles = assign_roles([actor, daemon])
+    assert who(actor, roles) == ("ray-actor RewardServer 'rm'", None)
+    assert who(daemon, roles)[0].startswith("other  [")
