@@ -127,6 +127,7 @@ def test_rank0_checkpoint(tmp_path):
     assert "phase 'checkpoint', step 3" in s and "ranks 1-3: all_gather" in s and \
         "phase 'rollout', step 4" in s, s
     assert r.rc == 128 + signal.SIGTERM, r.why()      # --stop-on-stall stopped the job
+    assert "the job was stopped after the verdict above (--stop-on-stall): its exit status 143" in r.err, r.why()
 
 
 def test_cp_extra_microbatch(tmp_path):

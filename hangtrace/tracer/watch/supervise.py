@@ -131,7 +131,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     w = Watcher(run_dir, stall_s=opts.stall_s, clock=time.monotonic)
     w.log = log
     poll = opts.poll_s if opts.poll_s is not None else min(config.get_float(config.POLL_S), max(0.2, w.stall_s / 4))
-    reported = False
+    reported = stopped = False
     try:
         while True:
             try:
@@ -156,7 +156,13 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
                 # status); if the survivors hang, the stall that follows stops it
                 log("stopping the job (--stop-on-stall)")
                 stop(child)
-        if interrupts:
+                stopped = True
+        if stopped:
+            # (blind helpers 53, 56, 57, 60: a script could not tell this status from a crash)
+            log("the job was stopped after the verdict above (--stop-on-stall): its exit status %d is its answer "
+                "to that stop (SIGTERM: torchrun exits 1, a Ray driver 134, most processes 143), not a failure "
+                "of its own" % exit_status(rc))
+        elif interrupts:
             log("command interrupted; exit status %d; records in %s" % (exit_status(rc), run_dir))
         elif rc != 0 and not reported:
             # a crash the watcher did not catch in time (or a fast failure): analyse what is left
