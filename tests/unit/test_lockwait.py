@@ -102,7 +102,7 @@ def test_attach_names_the_other_thread_on_a_lock_too():
 
 
 def test_the_with_blocks_a_line_is_inside_are_found_by_indentation(tmp_path):
-    from hangtrace.tracer.collect.kernelwait import enclosing_with
+    from hangtrace.tracer.collect.sourcelines import enclosing_with
     src = tmp_path / "m.py"
     src.write_text("import threading\n"
                    "class C:\n"

@@ -97,7 +97,7 @@ def test_a_file_lock_holder_is_read_from_proc_locks_and_named_by_rank(tmp_path):
     """Rank 1 blocked in flock on a file rank 0 holds while rank 0 waits in a barrier for it:
     the holder from /proc/locks (collect), named by rank with what its main thread does."""
     import os
-    from hangtrace.tracer.collect.kernelwait import lock_holders
+    from hangtrace.tracer.collect.filelocks import lock_holders
     f = tmp_path / "cache.lock"
     f.write_text("")
     st = os.stat(f)

@@ -2,7 +2,7 @@
 
 From a thread's frames (innermost first), py-spy's ``active``/``owns_gil`` and the
 kernel's word on its system call (``'kernel'``, collect/kernelwait.py) and the source line
-of its innermost frame (``'code'``, collect/kernelwait.py): a known blocking call (queue,
+of its innermost frame (``'code'``, collect/sourcelines.py): a known blocking call (queue,
 lock, socket, future, ``ray.get``, sleep), a wait in ``subprocess``, a C-level lock
 acquire, or "blocked in the system call ...". Also: the innermost torch.distributed frame
 (:func:`collective_frame`), and a kernel wait channel glossed in words
@@ -192,7 +192,7 @@ def c_lock_frame(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Opt
     """The innermost Python frame when the thread sleeps in a futex and that frame's source
     line enters a lock (``with``, ``.acquire(``): ``threading.Lock``/``RLock`` are acquired
     in C, so no ``acquire`` frame shows; else None. Needs the line (collect/kernelwait.py
-    ``add_source_lines``) and the kernel's word."""
+    ``sourcelines.add_source_lines``) and the kernel's word."""
     k = (thread or {}).get("kernel") or {}
     if not isinstance(k, dict) or k.get("syscall") != "futex":
         return None
@@ -213,7 +213,7 @@ def c_lock_wait(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Opti
 
 def held_text(frames: Optional[List[Frame]]) -> str:
     """``" (inside `with metrics_lock:` at job.py:77)"``: the ``with`` blocks the thread's
-    frames are inside (``'with'`` of a frame: collect/kernelwait.py ``enclosing_with``,
+    frames are inside (``'with'`` of a frame: collect/sourcelines.py ``enclosing_with``,
     innermost first), i.e. what a thread waiting for a lock already holds; '' when none."""
     seen: List[str] = []
     for f in frames or ():

@@ -29,7 +29,7 @@ from hangtrace.tracer.process_model import assign_roles
 from hangtrace.tracer.snapshot import ProcessInfo
 
 #: ``peer pid N (command line)`` (a socket's other end) or ``held by pid N (command line)``
-#: (a file lock's holder, collect/kernelwait.py ``lock_holders``): the command line may hold
+#: (a file lock's holder, collect/filelocks.py ``lock_holders``): the command line may hold
 #: one level of parentheses
 PEER = re.compile(r"(peer|held by) pid (\d+) \((?:[^()]|\([^()]*\))*\)")
 _MAX_THREADS = 2
@@ -69,7 +69,7 @@ def _frames(th: Dict[str, Any]) -> List[Dict[str, Any]]:
 def _holder_text(threads: List[Dict[str, Any]]) -> str:
     """``"; its main thread holds that lock (`with state_lock:` at job.py:40) while in all_reduce
     (distributed_c10d.py:2500)"`` when another thread of the peer waits at a ``with`` line
-    its main thread is inside (collect/kernelwait.py ``enclosing_with``): the peer's server
+    its main thread is inside (collect/sourcelines.py ``enclosing_with``): the peer's server
     waits for its own main thread, which waits in turn (a collective for the culprit: a
     cycle across processes); '' otherwise."""
     main = next((t for t in threads if t.get("thread_name") == "MainThread"), None)

@@ -29,6 +29,8 @@ import os
 import platform
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from hangtrace.tracer.collect.filelocks import held_locks, lock_holders
+
 #: A blocking call (poll, nanosleep, ...) interrupted by a signal or a debugger's stop - py-spy's
 #: ptrace attach is one - resumes as ``restart_syscall``: its own arguments are gone
 #: (restart_syscall(2)). :func:`read_syscalls` reads the calls before py-spy stops the process.
@@ -189,32 +191,6 @@ class _Fds:
         return "fd %d (%s)" % (fd, target)
 
 
-def lock_holders(path: str, waiter: int, locks_text: Optional[str] = None) -> List[int]:
-    """The pids holding a lock (``flock``, POSIX or OFD) on the file ``path`` names, other
-    than ``waiter``, from ``/proc/locks`` (proc(5): ``1: FLOCK ADVISORY WRITE 812 08:01:1234 0
-    EOF``; lines with ``->`` are waiters, not holders; the file is ``major:minor:inode`` in
-    hex:hex:decimal). [] when unknown. ``locks_text``: the table's text (tests)."""
-    try:
-        st = os.stat(path)
-        key = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-        text = locks_text if locks_text is not None else (_read_all("/proc/locks") or "")
-    except OSError:
-        return []
-    out: List[int] = []
-    for line in text.splitlines():
-        f = line.split()
-        if len(f) < 6 or "->" in f[:2]:
-            continue
-        try:
-            pid = int(f[4])
-            maj, mnr, ino = f[5].split(":")
-            if (int(maj, 16), int(mnr, 16), int(ino)) == key and pid != waiter and pid not in out and pid > 0:
-                out.append(pid)
-        except ValueError:
-            continue
-    return out
-
-
 def _poll_fds(pid: int, addr: int, count: int, fds: _Fds) -> List[str]:
     n = max(0, min(count, _MAX_POLL))
     data = _mem(pid, addr, 8 * n) if addr and n else None
@@ -321,54 +297,6 @@ def annotate(pid: int, threads: List[Dict[str, Any]],
     return threads
 
 
-def held_locks(pid: int, locks_text: Optional[str] = None) -> List[str]:
-    """The files ``pid`` holds a lock on (``/proc/locks`` lines of that pid that are not
-    waits), by the path of its descriptor on that file; at most 8. A rank that holds a file
-    lock while it waits for the others (blind helper 59: ``filelock`` around
-    ``init_process_group``) is named by it; [] when it holds none or we may not look."""
-    text = locks_text if locks_text is not None else _read_all("/proc/locks")
-    keys = set()
-    for line in (text or "").splitlines():
-        f = line.split()
-        if len(f) < 6 or "->" in f[:2]:
-            continue
-        try:
-            if int(f[4]) != pid:
-                continue
-            maj, mnr, ino = f[5].split(":")
-            keys.add((int(maj, 16), int(mnr, 16), int(ino)))
-        except ValueError:
-            continue
-    out: List[str] = []
-    if not keys:
-        return out
-    try:
-        names = os.listdir("/proc/%d/fd" % pid)
-    except OSError:
-        return out
-    for n in names:
-        try:
-            st = os.stat("/proc/%d/fd/%s" % (pid, n))
-            if (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in keys:
-                path = os.readlink("/proc/%d/fd/%s" % (pid, n))
-                if path not in out:
-                    out.append(path)
-        except OSError:
-            continue
-        if len(out) >= 8:
-            break
-    return out
-
-
-def _read_all(path: str) -> Optional[str]:
-    try:
-        with open(path, "r") as f:
-            return f.read(1 << 20)
-    except (OSError, ValueError):
-        return None
-
-
-
 def children(pid: int, limit: int = 16) -> List[Dict[str, Any]]:
     """The live child processes of ``pid``, traced or not: ``[{'pid', 'argv', 'state'
     (ps's letter: 'S' sleeping, 'D' uninterruptible, ...), 'kernel' (the main thread's
@@ -391,71 +319,4 @@ def children(pid: int, limit: int = 16) -> List[Dict[str, Any]]:
             out.append(item)
         except Exception:  # it exited meanwhile, or we may not read it
             continue
-    return out
-
-
-#: longest source line kept (characters)
-_CODE_CHARS = 160
-
-
-def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Each thread that is not running gets ``'code'`` on its innermost Python frame, and on
-    the innermost frame of the user's own code (not a library's: ``evidence.LIBRARY_PATHS``): that
-    line of its source file, stripped (at most 160 characters), when the file is readable
-    here. Why: a thread blocked in C code called from that line (``with lock:``, a C-level
-    ``Lock.acquire``) has that line as its innermost frame and nothing else to say what it
-    waits for. The same list, changed in place. Never raises."""
-    import linecache
-    from hangtrace.tracer.analyze.evidence import LIBRARY_PATHS
-    for t in threads:
-        try:
-            if t.get("active") is not False:
-                continue
-            py = [f for f in t.get("frames") or () if not f.get("native")]
-            user = next((f for f in py if not any(x in str(f.get("filename") or "") for x in LIBRARY_PATHS)), None)
-            for fr in (py[:1] + ([user] if user is not None and py[:1] != [user] else [])):
-                if not fr.get("line") or not os.path.isfile(str(fr.get("filename"))):
-                    continue
-                code = linecache.getline(str(fr["filename"]), int(fr["line"])).strip()
-                if "#" in code and not any(q in code.split("#", 1)[0] for q in "'\""):
-                    code = code.split("#", 1)[0].rstrip()  # a trailing comment (no string before it)
-                if code:
-                    fr["code"] = code[:_CODE_CHARS]
-            for fr in [f for f in py if not any(x in str(f.get("filename") or "") for x in LIBRARY_PATHS)][:4]:
-                held = enclosing_with(str(fr.get("filename") or ""), int(fr.get("line") or 0))
-                if held:
-                    fr["with"] = held
-        except Exception:  # never lose the stacks for a detail
-            continue
-    return threads
-
-
-_WITH_LOOKBACK = 80  # source lines searched above a frame's line for the blocks it is inside
-
-
-def enclosing_with(path: str, line: int) -> List[List[Any]]:
-    """The ``with`` statements whose block holds line ``line`` of ``path`` (its function's,
-    innermost first): ``[[line, 'with metrics_lock:'], ...]``, found by indentation up to
-    the enclosing ``def``/``class`` (at most ``_WITH_LOOKBACK`` lines above). What a thread
-    waiting at a ``with x_lock:`` line already holds is the ``with`` blocks it is inside (a
-    lock-order deadlock: blind helper 53). [] when the file is not readable here."""
-    import linecache
-    if line <= 1 or not os.path.isfile(path):
-        return []
-    cur = linecache.getline(path, line)
-    indent = len(cur) - len(cur.lstrip())
-    out: List[List[Any]] = []
-    for n in range(line - 1, max(0, line - _WITH_LOOKBACK), -1):
-        text = linecache.getline(path, n)
-        body = text.strip()
-        if not body or body.startswith("#"):
-            continue
-        ind = len(text) - len(text.lstrip())
-        if ind >= indent:
-            continue
-        indent = ind
-        if body.startswith(("with ", "async with ")) and not body.startswith("with tracer."):  # (our phases)
-            out.append([n, body[:_CODE_CHARS]])
-        if body.startswith(("def ", "async def ", "class ")) or ind == 0:
-            break
     return out

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from hangtrace.tracer import config
-from hangtrace.tracer.collect import kernelwait
+from hangtrace.tracer.collect import kernelwait, sourcelines
 
 Thread = Dict[str, Any]  # one thread in the format above (what ``ProcessInfo.stacks`` holds)
 Frame = Dict[str, Any]  # one of its frames
@@ -301,7 +301,7 @@ def dump_one(pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Opt
         return _result(pid, error="py-spy failed on pid %d (exit %d): %s"
                        % (pid, out.returncode, err), t0=t0)
     try:
-        threads = kernelwait.add_source_lines(kernelwait.annotate(pid, normalize_pyspy(out.stdout), before))
+        threads = sourcelines.add_source_lines(kernelwait.annotate(pid, normalize_pyspy(out.stdout), before))
     except (ValueError, TypeError, AttributeError) as e:
         return _result(pid, error="py-spy output unreadable: %s: %r" % (e, out.stdout[:200]),
                        t0=t0)

@@ -8,7 +8,7 @@ ranks 1-3 waited for the lock before theirs: the verdict was "Unknown: nothing p
 but no rank is in a collective". Rule *idle*'s rendezvous case needs every rank with a
 stack inside the rendezvous; this is the other half: the ranks outside it are the
 culprits, with what they wait for, and a rank in the rendezvous that holds a file lock
-(its ``held_locks``, collect/kernelwait.py) is named - it waits for the ranks that wait
+(its ``held_locks``, collect/filelocks.py) is named - it waits for the ranks that wait
 for its lock.
 
 A fallback rule (``rules.FALLBACK_RULES``, before *idle*): only when the run is stalled.
