@@ -25,7 +25,7 @@ from hangtrace.tracer.analyze import peerwait
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.blocking import blocking_reason, kernel_text, subprocess_wait
 from hangtrace.tracer.analyze.evidence import user_frame
-from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread, threads_of
+from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread, process_frames, python_frames, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.process_model import parent_pid, process_argv
 from hangtrace.tracer.snapshot import ProcessInfo
@@ -44,7 +44,7 @@ def _base(f: Dict[str, Any]) -> str:
 def waits_for_child(thread: Optional[Dict[str, Any]]) -> Optional[str]:
     """How ``thread`` (a stack thread dict) waits for a child: the subprocess or
     multiprocessing frame's label, ``'wait4'`` from the kernel's word, or None."""
-    frames = [f for f in (thread or {}).get("frames") or () if isinstance(f, dict) and not f.get("native")]
+    frames = python_frames(thread)
     sub = subprocess_wait(frames)
     if sub:
         return sub
@@ -121,7 +121,7 @@ def child_text(p: ProcessInfo) -> str:
     socket IO in recv ...; kernel: recvfrom(...)"``."""
     head = "pid %d%s" % (p.pid, _argv(process_argv(p)))
     th = pick_thread(p.stacks)
-    frames = [f for f in (th or {}).get("frames") or () if isinstance(f, dict) and not f.get("native")]
+    frames = python_frames(th)
     if not frames:
         return head + " (no stack%s)" % (": %s" % p.stack_error if p.stack_error else "")
     why = blocking_reason(frames, thread=th)
@@ -149,9 +149,7 @@ def child_process(ctx: Ctx, d: Diagnosis) -> None:
             continue
         text = name_peers(ctx, text, v.proc.host)
         d.details["child_wait"] = text
-        frames = [f for f in (pick_thread(threads_of(v.proc)) or {}).get("frames") or ()
-                  if isinstance(f, dict) and not f.get("native")]
-        at = user_frame(frames)
+        at = user_frame(process_frames(v.proc)[0] or [])
         if at is not None:  # the line of the user's code that started the wait
             d.details["child_wait_at"] = frame_label(at)
         ctx.add(text)

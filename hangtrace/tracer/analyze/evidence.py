@@ -8,7 +8,7 @@ import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, Record
-from hangtrace.tracer.analyze.stacktree import format_ranks, frame_label, process_frames
+from hangtrace.tracer.analyze.stacktree import format_ranks, frame_label, process_frames, python_frames
 from hangtrace.tracer.analyze.waitgraph import Inst
 from hangtrace.tracer.diagnosis import Diagnosis
 from hangtrace.tracer.snapshot import ProcessInfo
@@ -69,6 +69,12 @@ def wrapper_frame(f: Mapping[str, Any]) -> bool:
     if fn.endswith("ray/util/tracing/tracing_helper.py"):  # Ray's actor-method span wrapper (issue 4)
         return True
     return fn.endswith("torch/distributed/c10d_logger.py") and "wrapper" in (f.get("name") or "")
+
+
+def program_frames(thread: Optional[Dict[str, Any]]) -> List[Any]:
+    """A thread's Python frames (innermost first) without our own hooks' wrappers
+    (:func:`wrapper_frame`: ``threading._shutdown`` and torch's calls are wrapped)."""
+    return [f for f in python_frames(thread) if not wrapper_frame(f)]
 
 
 #: Path fragments of frames that are not the user's code: installed packages (torch,

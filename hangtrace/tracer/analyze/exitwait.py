@@ -33,7 +33,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.blocking import blocking_reason
-from hangtrace.tracer.analyze.evidence import user_frame, wrapper_frame
+from hangtrace.tracer.analyze.evidence import program_frames, user_frame
 from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread, threads_of
 from hangtrace.tracer.snapshot import ProcessInfo
 
@@ -44,12 +44,6 @@ _MAX_THREADS = 3
 
 def _base(f: Dict[str, Any]) -> str:
     return os.path.basename(str(f.get("filename") or ""))
-
-
-def _frames(th: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The Python frames of a thread, without our own hooks' (``_shutdown`` is wrapped)."""
-    return [f for f in (th or {}).get("frames") or ()
-            if isinstance(f, dict) and not f.get("native") and not wrapper_frame(f)]
 
 
 def exiting_event(p: ProcessInfo) -> Optional[Dict[str, Any]]:
@@ -84,12 +78,12 @@ def main_at_exit(frames: List[Dict[str, Any]]) -> Optional[str]:
 
 
 def _started_thread(th: Dict[str, Any]) -> bool:
-    fs = _frames(th)
+    fs = program_frames(th)
     return bool(fs) and _base(fs[-1]) == "threading.py" and not str(th.get("thread_name") or "").startswith("hangtrace")
 
 
 def _thread_text(th: Dict[str, Any]) -> str:
-    fs = _frames(th)
+    fs = program_frames(th)
     name = th.get("thread_name") or "thread %s" % th.get("os_thread_id")
     if not fs:
         return "'%s' (no stack)" % name
@@ -121,8 +115,8 @@ def exit_wait(p: ProcessInfo) -> Optional[Tuple[str, str]]:
     main = pick_thread(threads)
     main = main if main is not None and main.get("thread_name") == "MainThread" else None
     ev = exiting_event(p)
-    if _frames(main):  # the stack is the truth: an event alone may be a forked child's inherited one
-        how = main_at_exit(_frames(main))
+    if program_frames(main):  # the stack is the truth: an event alone may be a forked child's inherited one
+        how = main_at_exit(program_frames(main))
         if how is None or (how == "handler" and ev is None):
             return None  # (an outermost frame not the program's, without the event: a cut stack, an embedder)
     elif ev is None:
@@ -130,15 +124,15 @@ def exit_wait(p: ProcessInfo) -> Optional[Tuple[str, str]]:
     else:
         how = "_shutdown"
     others = [t for t in threads if t is not main]
-    started = sorted([t for t in others if _started_thread(t)], key=lambda t: user_frame(_frames(t)) is None)
+    started = sorted([t for t in others if _started_thread(t)], key=lambda t: user_frame(program_frames(t)) is None)
     if how == "handler":
-        fs = _frames(main)
+        fs = program_frames(main)
         user = user_frame(fs)
         return how, ("its program returned and the process is in an exit handler (atexit)%s: %s, in %s%s" % (
             " %s" % frame_label(user) if user is not None else "", blocking_reason(fs, thread=main) or "running",
             " < ".join(frame_label(f) for f in fs[:3]), _threads_clause("; its other thread", started)))
     if how == "executor":
-        workers = [t for t in started if any(_is(f, "thread.py", "_worker") for f in _frames(t))] or started
+        workers = [t for t in started if any(_is(f, "thread.py", "_worker") for f in program_frames(t))] or started
         return how, ("its program returned and concurrent.futures' exit hook (_python_exit, run by threading._shutdown "
                 "before any atexit handler) joins its ThreadPoolExecutor worker%s" % (
                     _threads_clause("", workers) or "s (no stack of them)"))

@@ -13,11 +13,11 @@ in the system call futex ... in main (job.py:33)".
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import Optional
 
 from hangtrace.tracer.analyze.blocking import c_lock_frame, code_text, held_text
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.stacktree import Thread, _short, frame_label, pick_thread
+from hangtrace.tracer.analyze.stacktree import Thread, _short, frame_label, pick_thread, python_frames
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
 
@@ -28,7 +28,7 @@ _MAX_THREADS = 3
 
 def _lock_wait(t: Thread) -> Optional[str]:
     """Where thread ``t`` waits for a lock (``'at f (x.py:3): `with l:`'``), or None."""
-    frames = [f for f in t.get("frames") or () if isinstance(f, dict) and not f.get("native")]
+    frames = python_frames(t)
     if t.get("active") is not False or not frames:
         return None
     f = c_lock_frame(frames, t)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from hangtrace.tracer.analyze.actorgraph import label
 from hangtrace.tracer.analyze.blocking import blocking_reason, c_lock_frame, code_text, collective_frame
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.evidence import user_frame, wrapper_frame
+from hangtrace.tracer.analyze.evidence import program_frames, user_frame
 from hangtrace.tracer.analyze.stacktree import frame_label, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis
 from hangtrace.tracer.process_model import assign_roles
@@ -50,8 +50,7 @@ def name_peers(text: str, labels: Dict[int, str]) -> str:
 
 
 def _thread_line(th: Dict[str, Any]) -> Optional[str]:
-    frames = [f for f in th.get("frames") or () if isinstance(f, dict) and not f.get("native")
-              and not wrapper_frame(f)]
+    frames = program_frames(th)
     user = user_frame(frames)
     if user is None:
         return None
@@ -60,10 +59,6 @@ def _thread_line(th: Dict[str, Any]) -> Optional[str]:
     if why and frame_label(user) in why:  # (the reason names the user's line already)
         return "thread '%s': %s" % (name, why)
     return "thread '%s' in %s%s%s" % (name, frame_label(user), code_text(user), ": %s" % why if why else " (running)")
-
-
-def _frames(th: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return [f for f in th.get("frames") or () if isinstance(f, dict) and not f.get("native") and not wrapper_frame(f)]
 
 
 def _holder_text(threads: List[Dict[str, Any]]) -> str:
@@ -76,15 +71,15 @@ def _holder_text(threads: List[Dict[str, Any]]) -> str:
     if main is None:
         return ""
     held = {str(item[1]): "%s:%s" % (os.path.basename(str(f.get("filename") or "?")), item[0])
-            for f in _frames(main) for item in f.get("with") or () if isinstance(item, (list, tuple)) and len(item) > 1}
+            for f in program_frames(main) for item in f.get("with") or () if isinstance(item, (list, tuple)) and len(item) > 1}
     for t in threads:
         if t is main:
             continue
-        fs = _frames(t)
+        fs = program_frames(t)
         f = c_lock_frame(fs, t) if fs else None
         code = str((f or {}).get("code") or "")
         if code and code in held:
-            mf = _frames(main)
+            mf = program_frames(main)
             doing = collective_frame(mf) or (blocking_reason(mf, thread=main) if mf else None) or "running"
             return ("; its main thread most likely holds that lock (it is inside `%s` at %s) while in %s: a "
                     "cycle across the two processes" % (code, held[code], doing))
@@ -136,7 +131,7 @@ def holder_text(holder: ProcessInfo, label: str) -> Optional[str]:
     the process holding the file lock does (its main thread); None without its stack."""
     threads = [t for t in threads_of(holder) or () if isinstance(t, dict)]
     main = next((t for t in threads if t.get("thread_name") == "MainThread"), None)
-    fs = _frames(main) if main is not None else []
+    fs = program_frames(main) if main is not None else []
     if not fs:
         return None
     rdzv = next((f for f in fs if f.get("name") == "init_process_group"), None)

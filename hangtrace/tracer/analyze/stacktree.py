@@ -123,6 +123,12 @@ def threads_of(proc: ProcessInfo) -> Optional[List[Any]]:
     return None
 
 
+def python_frames(thread: Optional[Thread]) -> List[Frame]:
+    """The Python frames (innermost first) of a thread dict, native frames left out; [] for
+    None or a thread without frames."""
+    return [f for f in (thread or {}).get("frames") or () if isinstance(f, dict) and not f.get("native")]
+
+
 def process_frames(proc: ProcessInfo) -> Tuple[Optional[List[Frame]], Optional[Thread]]:
     """Python frames (innermost first) of the analysed thread of ``proc``, or None.
 
@@ -131,8 +137,7 @@ def process_frames(proc: ProcessInfo) -> Tuple[Optional[List[Frame]], Optional[T
     t = pick_thread(threads_of(proc))
     if t is None:
         return None, None
-    frames = [f for f in t.get("frames") or () if isinstance(f, dict) and not f.get("native")]
-    return frames, t
+    return python_frames(t), t
 
 
 class StackNode:

@@ -36,7 +36,6 @@ from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import ts
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
-from hangtrace.tracer.snapshot import ProcessInfo
 
 NAME = "actor_waits"
 
