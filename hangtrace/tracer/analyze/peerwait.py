@@ -25,7 +25,7 @@ from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import program_frames, user_frame
 from hangtrace.tracer.analyze.stacktree import frame_label, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis
-from hangtrace.tracer.process_model import assign_roles
+from hangtrace.tracer.process_model import ProcessRoles, assign_roles
 from hangtrace.tracer.snapshot import ProcessInfo
 
 #: ``peer pid N (command line)`` (a socket's other end) or ``held by pid N (command line)``
@@ -61,7 +61,7 @@ def _thread_line(th: Dict[str, Any]) -> Optional[str]:
     return "thread '%s' in %s%s%s" % (name, frame_label(user), code_text(user), ": %s" % why if why else " (running)")
 
 
-def _holder_text(threads: List[Dict[str, Any]]) -> str:
+def _cycle_text(threads: List[Dict[str, Any]]) -> str:
     """``"; its main thread holds that lock (`with state_lock:` at job.py:40) while in all_reduce
     (distributed_c10d.py:2500)"`` when another thread of the peer waits at a ``with`` line
     its main thread is inside (collect/sourcelines.py ``enclosing_with``): the peer's server
@@ -81,8 +81,8 @@ def _holder_text(threads: List[Dict[str, Any]]) -> str:
         if code and code in held:
             mf = program_frames(main)
             doing = collective_frame(mf) or (blocking_reason(mf, thread=main) if mf else None) or "running"
-            return ("; its main thread most likely holds that lock (it is inside `%s` at %s) while in %s: a "
-                    "cycle across the two processes" % (code, held[code], doing))
+            return ("; its main thread most likely holds that lock (it is inside `%s` at %s) while in %s: %s"
+                    % (code, held[code], doing, _CYCLE))
     return ""
 
 
@@ -93,8 +93,7 @@ def peer_text(peer: ProcessInfo, label: str) -> Optional[str]:
     lines = []
     threads = [t for t in threads_of(peer) or () if isinstance(t, dict)]
     for th in threads:
-        if not isinstance(th, dict) or th.get("thread_name") == "MainThread" or \
-                str(th.get("thread_name") or "").startswith("hangtrace"):
+        if th.get("thread_name") == "MainThread" or str(th.get("thread_name") or "").startswith("hangtrace"):
             continue
         line = _thread_line(th)
         if line:
@@ -103,14 +102,20 @@ def peer_text(peer: ProcessInfo, label: str) -> Optional[str]:
         return None
     return "The other end, %s (pid %d): its %s%s%s" % (label, peer.pid, "; its ".join(lines[:_MAX_THREADS]),
                                                         "; and %d more thread(s)" % (len(lines) - _MAX_THREADS)
-                                                        if len(lines) > _MAX_THREADS else "", _holder_text(threads))
+                                                        if len(lines) > _MAX_THREADS else "", _cycle_text(threads))
+
+
+#: ``details['peer_role']``: what the process named in ``details['peer_wait']`` is to the culprit
+SOCKET_PEER, SOCKET_PEER_CYCLE, LOCK_HOLDER = "socket-peer", "socket-peer-cycle", "lock-holder"
+_CYCLE = "a cycle across the two processes"
 
 
 def peer_wait(text: str, host: str, procs: Sequence[ProcessInfo],
               label: Callable[[ProcessInfo], Optional[str]]) -> Optional[Dict[str, str]]:
-    """For a culprit's reason ``text`` naming a socket peer on ``host`` that is one of
-    ``procs``: ``{'reason': text with the peer named by label(p), 'peer': peer_text or ''}``;
-    None when no peer of ``text`` is a process of the snapshot (or ``label`` gives None)."""
+    """For a culprit's reason ``text`` naming a socket peer or a file lock's holder on
+    ``host`` that is one of ``procs``: ``{'reason': text with it named by label(p), 'peer':
+    peer_text or holder_text or '', 'role': SOCKET_PEER, SOCKET_PEER_CYCLE or LOCK_HOLDER}``;
+    None when none of ``text`` is a process of the snapshot (or ``label`` gives None)."""
     by_pid = {p.pid: p for p in procs if p.host == host}
     labels: Dict[int, str] = {}
     for pid in peer_pids(text):
@@ -122,8 +127,11 @@ def peer_wait(text: str, host: str, procs: Sequence[ProcessInfo],
         return None
     pid = next(iter(labels))
     if any(m.group(1) == "held by" and int(m.group(2)) == pid for m in PEER.finditer(text)):
-        return {"reason": name_peers(text, labels), "peer": holder_text(by_pid[pid], labels[pid]) or ""}
-    return {"reason": name_peers(text, labels), "peer": peer_text(by_pid[pid], labels[pid]) or ""}
+        return {"reason": name_peers(text, labels), "peer": holder_text(by_pid[pid], labels[pid]) or "",
+                "role": LOCK_HOLDER}
+    peer = peer_text(by_pid[pid], labels[pid]) or ""
+    return {"reason": name_peers(text, labels), "peer": peer,
+            "role": SOCKET_PEER_CYCLE if peer.endswith(_CYCLE) else SOCKET_PEER}
 
 
 def holder_text(holder: ProcessInfo, label: str) -> Optional[str]:
@@ -149,30 +157,34 @@ def peer_waits(ctx: Ctx, d: Diagnosis) -> None:
     snapshot: the peer named in ``details['culprit_reasons']`` (``rank 0``, a Ray actor's
     class, ``driver``) and ``details['peer_wait']`` (what the peer's own threads do, also
     an evidence line). Never raises on odd data."""
+    roles: List[ProcessRoles] = []
+
+    def name(q: ProcessInfo) -> str:
+        if q.rank >= 0:
+            return "rank %d" % q.rank
+        if not roles:
+            roles.append(assign_roles(ctx.snap.processes))  # (ctx.roles covers the ranks only; the driver)
+        return label(q, roles[0])
+
+    def keep(pw: Dict[str, str]) -> None:
+        if pw["peer"]:
+            d.details["peer_wait"], d.details["peer_role"] = pw["peer"], pw["role"]
+            ctx.add(pw["peer"])
     reasons = d.details.get("culprit_reasons") or {}
     for r in d.culprit_ranks[:4]:
         v = ctx.views.get(r)
         text = reasons.get(str(r))
-        if v is None or not isinstance(text, str) or not peer_pids(text):
-            continue
-        pw = peer_wait(text, v.proc.host, ctx.snap.processes,
-                       lambda p: "rank %d" % p.rank if p.rank >= 0 else label(p, ctx.roles))
-        if pw is None:
-            continue
-        reasons[str(r)] = pw["reason"]
-        if pw["peer"]:
-            d.details["peer_wait"] = pw["peer"]
-            ctx.add(pw["peer"])
-        return
+        pw = peer_wait(text, v.proc.host, ctx.snap.processes, name) \
+            if v is not None and isinstance(text, str) and peer_pids(text) else None
+        if pw is not None:
+            reasons[str(r)] = pw["reason"]
+            keep(pw)
+            return
     key, doing = d.details.get("culprit_process"), d.details.get("actor_doing")
     if d.culprit_ranks or not key or not isinstance(doing, str) or not peer_pids(doing):
         return  # (a Ray actor without a rank: what its method waits for, rules actors/actor_waits)
     p = next((q for q in ctx.snap.processes if q.key == key), None)
-    roles = assign_roles(ctx.snap.processes)  # (ctx.roles covers the ranks only)
-    pw = peer_wait(doing, p.host, ctx.snap.processes,
-                   lambda q: "rank %d" % q.rank if q.rank >= 0 else label(q, roles)) if p is not None else None
+    pw = peer_wait(doing, p.host, ctx.snap.processes, name) if p is not None else None
     if pw is not None:  # blind helper 60: a rollout actor in an HTTP call to a RewardServer actor's handler
         d.details["actor_doing"] = pw["reason"]
-        if pw["peer"]:
-            d.details["peer_wait"] = pw["peer"]
-            ctx.add(pw["peer"])
+        keep(pw)

@@ -120,6 +120,17 @@ CHILD_NEXT = ("the rank waits for the child process named above: fix what that c
               "timeout=...)`, `Process.join(timeout)`) so that a hung child fails the step instead of the job")
 
 
+def peer_next(role: str, actor: bool = False) -> str:
+    """The advice for a culprit whose socket peer or file lock's holder is named
+    (``details['peer_role']``, analyze/peerwait.py); ``actor``: the culprit is a Ray actor
+    without a rank."""
+    if role == "lock-holder":
+        return HOLDER_NEXT
+    if role == "socket-peer-cycle":
+        return PEER_CYCLE_NEXT
+    return ACTOR_PEER_NEXT if actor else PEER_NEXT
+
+
 def next_step(diag: Diagnosis) -> Optional[str]:
     """The "Next:" advice of ``diag`` (no trailing period), or None."""
     k = diag.kind
@@ -134,18 +145,12 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return EXIT_NEXTS.get(str((diag.details or {}).get("exit_how")), EXIT_NEXT)
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_wait"):
         return CHILD_NEXT
-    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and str((diag.details or {}).get("peer_wait") or "").startswith(
-            "The lock's holder"):
-        return HOLDER_NEXT
-    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and "a cycle across the two processes" in str(
-            (diag.details or {}).get("peer_wait") or ""):
-        return PEER_CYCLE_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("peer_wait"):
-        return ACTOR_PEER_NEXT if diag.culprit_actors and not diag.culprit_ranks else PEER_NEXT
+        return peer_next(str((diag.details or {}).get("peer_role")), bool(diag.culprit_actors and not diag.culprit_ranks))
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("lock_wait"):
         return LOCK_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and diag.culprit_actors and not diag.culprit_ranks:
-        return ACTOR_PEER_NEXT if (diag.details or {}).get("peer_wait") else ACTOR_STUCK_NEXT
+        return ACTOR_STUCK_NEXT
     if k == Kind.UNKNOWN and diag.stack_classes and str(diag.cause) == Cause.STALLED_OUTSIDE_COLLECTIVES.value:
         # the stacks are there (helpers 56 and 59 were told to take them again)
         return ("read the stack classes of the report: each alive rank's main thread is outside collectives "

@@ -35,7 +35,7 @@ from hangtrace.tracer.analyze.evidence import user_frame
 from hangtrace.tracer.analyze.stacktree import classes, format_ranks, frame_label, merge_stacks, process_frames
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
-from hangtrace.tracer.report.advice import CHILD_NEXT, EXIT_NEXT, EXIT_NEXTS, LOCK_NEXT, PEER_CYCLE_NEXT, PEER_NEXT
+from hangtrace.tracer.report.advice import CHILD_NEXT, EXIT_NEXT, EXIT_NEXTS, LOCK_NEXT, peer_next
 
 NAME = "stack_only"
 #: ``Snapshot.reason`` of a stacks-only snapshot (written by ``collect/attach.py``)
@@ -159,6 +159,7 @@ def _stuck(ctx: Ctx, sv: StackView, d: Diagnosis) -> None:
         why = pw["reason"]
         if pw["peer"] and not note:
             note = d.details["peer_wait"] = pw["peer"]
+            d.details["peer_role"] = pw["role"]
             d.evidence.append(note)
     d.summary = ("Stuck outside collectives: %s %s %s not in any torch.distributed call (%s) while "
                  "%s %s %s in %s. Its stack: %s.%s Next: %s."
@@ -167,8 +168,8 @@ def _stuck(ctx: Ctx, sv: StackView, d: Diagnosis) -> None:
                     _stack_text(sv, first, d), " %s%s." % (note[:1].upper(), note[1:]) if note else "",
                     CHILD_NEXT.replace("the rank", "the rank" if sv.unit == "rank" else "the process", 1) if child
                     else LOCK_NEXT if lock else
-                    PEER_CYCLE_NEXT if "a cycle across the two processes" in str(d.details.get("peer_wait") or "") else
-                    PEER_NEXT.replace("the rank", "it", 1) if d.details.get("peer_wait") else "find what it waits for outside torch.distributed (the "
+                    peer_next(str(d.details.get("peer_role"))).replace("the rank", "it", 1) if d.details.get("peer_wait")
+                    else "find what it waits for outside torch.distributed (the "
                     "producer of its queue, the holder of its lock, its IO)"))
 
 
