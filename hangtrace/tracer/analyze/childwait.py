@@ -19,7 +19,7 @@ a shell tool run by ``subprocess.check_call`` is named with what it is blocked o
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze import peerwait
 from hangtrace.tracer.analyze.context import Ctx
@@ -136,7 +136,8 @@ def child_process(ctx: Ctx, d: Diagnosis) -> None:
     """For the first culprit stuck outside collectives that waits for a child process:
     ``details['child_wait']`` (a sentence for the paragraph, also an evidence line)
     naming the child or children and what they do, or saying no traced child is alive,
-    and ``details['child_wait_at']``, the frame of the user's code that waits (``'main
+    its parts ``details['child_wait_how']`` and ``['child_wait_children']`` (the paragraph
+    composes them with the user's line), and ``details['child_wait_at']``, the frame of the user's code that waits (``'main
     (job.py:24)'``) when one is on the stack. Never raises on odd data."""
     if d.kind != Kind.STUCK_OUTSIDE_COLLECTIVE or "child_wait" in d.details or "loader_wait" in d.details:
         return
@@ -144,11 +145,13 @@ def child_process(ctx: Ctx, d: Diagnosis) -> None:
         v = ctx.views.get(r)
         if v is None:
             continue
-        text = child_wait_text(v.proc, ctx.snap.processes, "rank %d" % r)
-        if text is None:
+        parts = child_wait_parts(v.proc, ctx.snap.processes)
+        if parts is None:
             continue
-        text = name_peers(ctx, text, v.proc.host)
+        how, lead, rest = parts[0], parts[1], name_peers(ctx, parts[2], v.proc.host)
+        text = "rank %d waits for %s child process (%s)%s" % (r, lead, how, rest)
         d.details["child_wait"] = text
+        d.details["child_wait_how"], d.details["child_wait_children"] = how, rest
         at = user_frame(process_frames(v.proc)[0] or [])
         if at is not None:  # the line of the user's code that started the wait
             d.details["child_wait_at"] = frame_label(at)
@@ -160,25 +163,33 @@ def child_wait_text(parent: ProcessInfo, procs: Sequence[ProcessInfo], who: str)
     """``"<who> waits for its child process (run (subprocess.py:550)): pid 812 (...), ..."``
     when ``parent``'s main stack waits for a child (``who``: ``'rank 0'``, ``'pid 816'``),
     naming the children it most likely waits for and what they do; None when it does not
-    wait for a child."""
+    wait for a child. The sentence of :func:`child_wait_parts`."""
+    parts = child_wait_parts(parent, procs)
+    return None if parts is None else "%s waits for %s child process (%s)%s" % (who, parts[1], parts[0], parts[2])
+
+
+def child_wait_parts(parent: ProcessInfo, procs: Sequence[ProcessInfo]) -> Optional[Tuple[str, str, str]]:
+    """``(how, 'its' or 'a', rest)``: how ``parent``'s main stack waits for a child (``'run
+    (subprocess.py:550)'``), and after it ``": pid 812 (...), ..."`` naming the children and
+    what they do, or ``"; no live traced child of it: ..."``; None when it does not wait for a
+    child."""
     th = pick_thread(threads_of(parent))  # (live, or its dump when it died: the timeout rule's culprits)
     how = waits_for_child(th)
     if how is None:
         return None
     named = [child_text(p) for p in children_waited_for(parent, procs, th)]
     named = named or [untraced_text(c) for c in untraced_children(parent, procs, th)]
-    if named:
-        text = "%s waits for its child process (%s): %s" % (who, how, "; ".join(named[:_MAX_NAMED]))
-        if len(named) > _MAX_NAMED:
-            text += "; and %d more" % (len(named) - _MAX_NAMED)
-        if how.startswith("Popen.wait") and any("pipe_write" in n for n in named):
-            # (the subprocess docs: wait() with stdout=PIPE/stderr=PIPE deadlocks once the child fills the pipe)
-            text += ("; Popen.wait() never reads the child's pipes: with stdout=PIPE or stderr=PIPE the child "
-                     "blocks once a pipe is full (64 KiB) - use communicate()")
-        return text
-    return ("%s waits for a child process (%s); no live traced child of it: the child is not a "
-            "traced Python process (`ps --ppid %d -o pid,stat,wchan:20,args` on %s lists it)" % (
-                who, how, parent.pid, parent.host))
+    if not named:
+        return how, "a", ("; no live traced child of it: the child is not a traced Python process (`ps --ppid %d "
+                          "-o pid,stat,wchan:20,args` on %s lists it)" % (parent.pid, parent.host))
+    rest = ": " + "; ".join(named[:_MAX_NAMED])
+    if len(named) > _MAX_NAMED:
+        rest += "; and %d more" % (len(named) - _MAX_NAMED)
+    if how.startswith("Popen.wait") and any("pipe_write" in n for n in named):
+        # (the subprocess docs: wait() with stdout=PIPE/stderr=PIPE deadlocks once the child fills the pipe)
+        rest += ("; Popen.wait() never reads the child's pipes: with stdout=PIPE or stderr=PIPE the child "
+                 "blocks once a pipe is full (64 KiB) - use communicate()")
+    return how, "its", rest
 
 
 def name_peers(ctx: Ctx, text: str, host: str) -> str:

@@ -1,6 +1,5 @@
 """The verdict paragraph a human reads first (pure): which rank(s), group (name, desc, ranks),
 seq/op, phase, step, what the culprit does (top frames), why the others wait, what next."""
-import re
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from hangtrace.tracer.analyze.stacktree import format_ranks
@@ -209,13 +208,14 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     reason, doing = _reason(diag), _doing(diag)
     if reason.startswith(_BLOCKED):  # (the sentence says so already)
         reason = reason[len(_BLOCKED):]
-    child = _CHILD.match(d.get("child_wait") or "") if len(diag.culprit_ranks) == 1 else None
+    child = len(diag.culprit_ranks) == 1 and d.get("child_wait_how") is not None  # analyze/childwait.py
     if child:
         # the child's sentence says what the wait is about: the parent's own pipes or wait4
         # and the subprocess module's frames only repeat it; where the user's code called it stays
-        user = d.get("child_wait_at")
+        user, rest = d.get("child_wait_at"), str(d.get("child_wait_children") or "")
         reason, doing = "it waits for %s child process (%s%s)%s" % (
-            child.group(1), child.group(2), ", called at %s" % user if user else "", child.group(3)), ""
+            "a" if rest.startswith(";") else "its", d["child_wait_how"], ", called at %s" % user if user else "",
+            rest), ""
     after += "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("loader_wait", "child_wait", "lock_wait",
                                                                        "peer_wait")
                      if d.get(k) and not (k == "child_wait" and child))
@@ -234,8 +234,6 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 
 
 _BLOCKED = "blocked outside collectives: "  # (analyze/chainends.py's prefix of a culprit's reason)
-#: analyze/childwait.py's sentence: "<who> waits for its child process (<how>): <children>"
-_CHILD = re.compile(r"(?:rank \d+|pid \d+) waits for (its|a) child process \(((?:[^()]|\([^()]*\))*)\)(.*)\Z", re.S)
 
 
 def _call(x: Dict[str, Any]) -> str:
