@@ -21,17 +21,11 @@ from hangtrace.tracer.analyze.blocking import blocking_reason
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, frames_of, stall_note
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.rules.idle import RENDEZVOUS_FUNCS
+from hangtrace.tracer.analyze.rules.idle import in_rendezvous_stack
 from hangtrace.tracer.analyze.stacktree import format_ranks, pick_thread
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "before_rendezvous"
-
-
-def _in_rendezvous(ctx: Ctx, r: int) -> bool:
-    p = ctx.views[r].proc
-    return any(f.get("name") in RENDEZVOUS_FUNCS and "distributed" in str(f.get("filename") or "")
-               for th in p.stacks or () for f in th.get("frames") or ())
 
 
 def find(ctx: Ctx) -> Optional[Finding]:
@@ -46,7 +40,7 @@ def find(ctx: Ctx) -> Optional[Finding]:
             return None
         if not v.proc.stacks:
             continue
-        if _in_rendezvous(ctx, r):
+        if in_rendezvous_stack(v.proc):
             inside.append(r)
             continue
         labels, frames, thread = frames_of(ctx, r)

@@ -22,6 +22,7 @@ from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
+from hangtrace.tracer.snapshot import ProcessInfo
 
 NAME = "idle"
 
@@ -131,6 +132,12 @@ def rendezvous_outliers(ctx: Ctx, ranks: List[int]) -> Tuple[List[int], List[str
     return sorted(culprits), lines
 
 
+def in_rendezvous_stack(p: ProcessInfo) -> bool:
+    """Has a thread of ``p``'s live stacks a :data:`RENDEZVOUS_FUNCS` frame of torch.distributed?"""
+    return any(f.get("name") in RENDEZVOUS_FUNCS and "distributed" in str(f.get("filename") or "")
+               for th in p.stacks or () for f in th.get("frames") or ())
+
+
 def in_rendezvous(ctx: Ctx) -> List[int]:
     """Ranks inside the rendezvous when that is all there is: no rank recorded a group or a
     collective, and every rank with a stack has a thread in a :data:`RENDEZVOUS_FUNCS`
@@ -141,8 +148,7 @@ def in_rendezvous(ctx: Ctx) -> List[int]:
             return []
         if not v.proc.stacks:
             continue
-        if not any(f.get("name") in RENDEZVOUS_FUNCS and "distributed" in str(f.get("filename") or "")
-                   for th in v.proc.stacks for f in th.get("frames") or ()):
+        if not in_rendezvous_stack(v.proc):
             return []
         ranks.append(r)
     return ranks
