@@ -149,11 +149,11 @@ def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None
         f, _fb, reason = hits[0]
         if _fb == "threading.py":  # a queue's or a future's wait is threading's Condition.wait: its caller says what for
             f, _fb, reason = next((h for h in hits if h[1] and h[1] != "threading.py"), hits[0])
-        if (th.get("kernel") or {}).get("syscall") == "futex":
-            kt = None  # (every Python-level lock, queue or event wait is a futex: it says nothing more)
+        if (th.get("kernel") or {}).get("syscall") in _SAYS_NOTHING:
+            kt = None  # (every Python-level lock, queue or event wait is a futex, a polling wait a sleep)
         return "%s in %s%s%s" % (reason, frame_label(f), "; kernel: %s" % kt if kt else "", gil)
     if active is False and frames:
-        lock = c_lock_wait(frames, th)
+        lock = c_lock_wait(frames, th) or poll_wait(frames, th)
         if lock:
             return lock + gil
         code = code_text(frames[0])
@@ -161,6 +161,53 @@ def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None
             return "blocked in the system call %s, in %s%s%s" % (kt, frame_label(frames[0]), code, gil)
         return "idle in a system call (py-spy: thread not active) in %s%s%s" % (frame_label(frames[0]), code, gil)
     return None
+
+
+#: system calls that add nothing to a named Python-level wait
+_SAYS_NOTHING = frozenset({"futex", "nanosleep", "clock_nanosleep"})
+_SLEEP_CALLS = frozenset({"nanosleep", "clock_nanosleep"})
+
+
+def sleeping(frames: Optional[List[Frame]], thread: Optional[Thread]) -> bool:
+    """Is the thread asleep in ``time.sleep`` (a C call: its innermost Python frame is the
+    line that calls it)? The kernel says (clock_)nanosleep, or that line calls ``sleep(``."""
+    k = (thread or {}).get("kernel") or {}
+    f = next((x for x in frames or () if not x.get("native")), None)
+    if f is None:
+        return False
+    return (isinstance(k, dict) and k.get("syscall") in _SLEEP_CALLS) or "sleep(" in str(f.get("code") or "")
+
+
+def poll_loop(frames: Optional[List[Frame]]) -> Optional[Any]:
+    """``(frame, line, 'while not os.path.exists(marker):')``: the innermost ``while`` loop
+    around the innermost frame's line or its caller's (``'loop'`` of a frame,
+    collect/sourcelines.py ``enclosing_blocks``), or None."""
+    for f in [x for x in frames or () if not x.get("native")][:2]:
+        loop = f.get("loop")
+        if isinstance(loop, (list, tuple)) and len(loop) > 1:
+            try:
+                return f, int(loop[0]), str(loop[1])
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def poll_wait(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Optional[str]:
+    """``"polling in a loop: `while not os.path.exists(marker):` (job.py:55) sleeps at
+    `time.sleep(0.05)` in wait_for_marker (job.py:56)"`` for a thread asleep in
+    ``time.sleep`` inside a ``while`` loop (blind helper 62: the loop's condition is what it
+    waits for, the kernel's clock_nanosleep says nothing); ``"asleep in wait (job.py:9):
+    `time.sleep(600)`"`` without a loop; None when the thread is not asleep."""
+    if not sleeping(frames, thread):
+        return None
+    f = next(x for x in frames or () if not x.get("native"))
+    found = poll_loop(frames)
+    if found is None:
+        return "asleep in %s%s" % (frame_label(f), code_text(f))
+    lf, line, code = found
+    sleep = " at `%s`" % f["code"] if f.get("code") else ""
+    return "polling in a loop: `%s` (%s:%d) sleeps%s in %s" % (
+        code, os.path.basename(str(lf.get("filename") or "?")), line, sleep, frame_label(f))
 
 
 def _blocking_hits(frames: Optional[List[Frame]]) -> List[Any]:

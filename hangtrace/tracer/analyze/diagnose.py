@@ -23,6 +23,7 @@ from hangtrace.tracer.analyze.actorgraph import open_waits
 from hangtrace.tracer.analyze.childwait import child_process
 from hangtrace.tracer.analyze.peerwait import peer_waits
 from hangtrace.tracer.analyze.lockwait import lock_waits
+from hangtrace.tracer.analyze.pollwait import poll_waits
 from hangtrace.tracer.analyze.loaderwait import loader_workers
 from hangtrace.tracer.analyze.rules import (ACTOR_RULES, ACTORS, BY_NAME, DEATH_RULE, FALLBACK_RULES, HANG_RULES,
                                             RANKLESS_ROOT, STACK_ONLY, TIMEOUT_WAITER, Finding)
@@ -203,6 +204,7 @@ def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
     child_process(ctx, d)  # a culprit waiting for a child process: which child, doing what
     lock_waits(ctx, d)  # a culprit waiting for a lock while other threads of it do too
     peer_waits(ctx, d)  # a culprit blocked on a local socket: the process at the other end, doing what
+    poll_waits(ctx, d)  # culprits polling for a condition: where their waiters are, and a cycle
     if d.culprit_ranks and d.waiting_ranks:
         cs = set(d.culprit_ranks)
         d.waiting_ranks = [r for r in d.waiting_ranks if r not in cs]

@@ -193,5 +193,7 @@ def thread_and_stack_notes(ctx: Ctx, d: Diagnosis) -> None:
                                            if x.source == "asyncio-task" else ""))
     miss = d.details.get("missing_from_common_frame")
     if miss and miss["missing"] and len(miss["missing"]) <= 16:
-        ctx.add("stacks: %d ranks share %s; ranks %s are not in it" % (
-            miss["ranks_in"], miss["frames"][-1] if miss["frames"] else "?", format_ranks(miss["missing"], 8)))
+        one = len(miss["missing"]) == 1
+        ctx.add("stacks: %d ranks share %s; %s %s %s not in it" % (
+            miss["ranks_in"], miss["frames"][-1] if miss["frames"] else "?", "rank" if one else "ranks",
+            format_ranks(miss["missing"], 8), "is" if one else "are"))

@@ -115,6 +115,13 @@ EXIT_NEXTS = {
     "handler": ("give the exit handler's wait a timeout (`wait(futures, timeout=...)`, `join(timeout=...)`), and "
                 "what it waits for (the thread named above) its own timeout"),
 }
+POLL_CYCLE_NEXT = ("take the step the polling ranks wait for before the collective named above, or drop the "
+                   "collective there (the ranks it waits for never join it while they poll); better, let the "
+                   "waiting ranks wait in a collective (a barrier after that step) or a store key instead of "
+                   "polling, and give any polling loop a deadline that raises")
+POLL_NEXT = ("find what makes the polling loop's condition named above true (the file, flag or service it checks) "
+             "and why it did not happen; give the loop a deadline that raises, so that a condition that never "
+             "comes fails the step instead of hanging the job")
 CHILD_NEXT = ("the rank waits for the child process named above: fix what that child waits for (its call, "
               "file or peer), and give the wait a timeout (`subprocess.run(..., timeout=...)`, `communicate("
               "timeout=...)`, `Process.join(timeout)`) so that a hung child fails the step instead of the job")
@@ -149,6 +156,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return peer_next(str((diag.details or {}).get("peer_role")), bool(diag.culprit_actors and not diag.culprit_ranks))
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("lock_wait"):
         return LOCK_NEXT
+    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("poll_wait"):  # analyze/pollwait.py
+        return POLL_CYCLE_NEXT if (diag.details or {}).get("poll_cycle") else POLL_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and diag.culprit_actors and not diag.culprit_ranks:
         return ACTOR_STUCK_NEXT
     if k == Kind.UNKNOWN and diag.stack_classes and str(diag.cause) == Cause.STALLED_OUTSIDE_COLLECTIVES.value:

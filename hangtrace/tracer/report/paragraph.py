@@ -15,12 +15,15 @@ def _ranks(rs: Optional[Iterable[int]]) -> str:
 
 
 def _waiters_text(diag: Diagnosis, coll: str) -> str:
-    direct = (diag.details or {}).get("direct_waiters") or diag.waiting_ranks
-    s = "%s %s for it in %s" % (_ranks(direct), _verb(direct), coll)
+    d = diag.details or {}
+    direct = d.get("direct_waiters") or diag.waiting_ranks
+    it = "them" if len(diag.culprit_ranks) > 1 else "it"
+    s = "%s %s for %s in %s%s" % (_ranks(direct), _verb(direct), it, coll,
+                                 ", at %s" % d["waiter_at"] if d.get("waiter_at") else "")  # analyze/pollwait.py
     extra = [r for r in diag.waiting_ranks if r not in set(direct)]
     if extra:
-        s += " (%s %s for it through a chain of collectives)" % (_ranks(extra), _verb(extra))
-    return s + "."
+        s += " (%s %s for %s through a chain of collectives)" % (_ranks(extra), _verb(extra), it)
+    return s + "." + (" %s." % (d["poll_cycle"][:1].upper() + d["poll_cycle"][1:]) if d.get("poll_cycle") else "")
 
 
 def _verb(rs: Optional[List[Any]], one: str = "waits", many: str = "wait") -> str:
