@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from hangtrace.tracer.analyze.asynctasks import describe as describe_loop
 from hangtrace.tracer.analyze.blocking import blocking_reason
 from hangtrace.tracer.analyze.deaths import STOP_ERRORS
-from hangtrace.tracer.analyze.stacktree import process_frames
+from hangtrace.tracer.analyze.stacktree import _short, frame_label, process_frames, python_frames, threads_of
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
 from hangtrace.tracer.snapshot import ProcessInfo, Role
 
@@ -271,3 +271,30 @@ def doing(p: ProcessInfo) -> Optional[str]:
         return loop
     frames, thread = process_frames(p)
     return blocking_reason(frames, thread=thread) if frames else None
+
+
+#: an asyncio event loop running a callback or task step (asyncio/events.py, base_events.py)
+_LOOP_FRAMES = frozenset({("events.py", "_run"), ("base_events.py", "_run_once")})
+
+
+def wait_site(p: ProcessInfo, method: Optional[str]) -> Optional[Dict[str, Any]]:
+    """Where ``p`` waits inside ``method``: ``{'at': 'RolloutManager.rollout (driver.py:77)',
+    'code': 'score = ray.get(...)', 'blocks_loop': True}`` from the first thread whose
+    frames pass through a frame of that method (an async actor runs its methods on
+    Ray's "AsyncIO Thread", not the main thread). ``blocks_loop``: the frame runs inside
+    an asyncio event loop's step and the thread is blocked in a call, not suspended at an
+    ``await`` (a coroutine at an ``await`` has no frame on the stack): the loop can run
+    nothing else meanwhile (blind helper 64: a synchronous ``ray.get`` inside an async
+    actor's method, whose callback into the actor never ran). None when no stack shows it."""
+    if not method:
+        return None
+    for t in threads_of(p) or ():
+        fs = python_frames(t)
+        at = next((i for i, f in enumerate(fs) if _short(f.get("name")) == method), None)
+        if at is None:
+            continue
+        f = fs[at]
+        loop = any((str(x.get("filename") or "").rsplit("/", 1)[-1], _short(x.get("name"))) in _LOOP_FRAMES
+                   for x in fs[at + 1:])
+        return {"at": frame_label(f), "code": f.get("code"), "blocks_loop": bool(loop and at > 0)}
+    return None

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze import elastic
+from hangtrace.tracer.analyze.workwait import async_wait
 from hangtrace.tracer.analyze.deaths import (fill_death, is_transport_error, rec_fail_wall, sigterm_in_long_wait,
                                              sigterm_wait_completed)
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
@@ -123,6 +124,8 @@ def index_process(rank: int, proc: ProcessInfo) -> RankView:
         elif st == "failed" and is_transport_error(lastcp.get("error")):
             v.blocked = lastcp
             v.blocked_failed = True
+    if v.blocked is None:  # an async op waited for in Work.wait() (C++: no torch frame on the stack)
+        v.blocked = async_wait(v)
     v.phase = proc.phase if proc.phase is not None else (v.last_rec or {}).get("phase")
     v.step = proc.step if proc.step is not None else (v.last_rec or {}).get("step")
     return v

@@ -236,7 +236,8 @@ def cycles(ctx: Ctx) -> Cycles:
 def inst_text(ctx: Ctx, inst: Inst) -> str:
     """"group 'g' seq 7" / "p2p on group 'g' pair seq 3 with rank 1"."""
     if inst.p2p:
-        return "p2p on %s pair seq %s with rank %s" % (ctx.gdesc(inst.group), inst.seq, inst.peer)
+        w = inst.waiters[0] if inst.waiters else "?"
+        return "p2p on %s pair seq %s between ranks %s and %s" % (ctx.gdesc(inst.group), inst.seq, w, inst.peer)
     return "%s seq %s" % (ctx.gdesc(inst.group), inst.seq)
 
 

@@ -26,13 +26,16 @@ def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     the innermost, ``'next'`` (the lines after it in its function). The same list, changed
     in place. Never raises."""
     import linecache
-    from hangtrace.tracer.analyze.evidence import LIBRARY_PATHS
+    from hangtrace.tracer.analyze.evidence import LIBRARY_PATHS, wrapper_frame
+
+    def mine(f: Dict[str, Any]) -> bool:  # the user's code: not a library's, not our hooks' wrappers
+        return not any(x in str(f.get("filename") or "") for x in LIBRARY_PATHS) and not wrapper_frame(f)
     for t in threads:
         try:
             if t.get("active") is not False:
                 continue
             py = [f for f in t.get("frames") or () if not f.get("native")]
-            user = next((f for f in py if not any(x in str(f.get("filename") or "") for x in LIBRARY_PATHS)), None)
+            user = next((f for f in py if mine(f)), None)
             for fr in (py[:1] + ([user] if user is not None and py[:1] != [user] else [])):
                 if not fr.get("line") or not os.path.isfile(str(fr.get("filename"))):
                     continue
@@ -41,8 +44,7 @@ def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                     code = code.split("#", 1)[0].rstrip()  # a trailing comment (no string before it)
                 if code:
                     fr["code"] = code[:_CODE_CHARS]
-            mine = [f for f in py if not any(x in str(f.get("filename") or "") for x in LIBRARY_PATHS)][:4]
-            for i, fr in enumerate(mine):
+            for i, fr in enumerate([f for f in py if mine(f)][:4]):
                 path, line = str(fr.get("filename") or ""), int(fr.get("line") or 0)
                 held, loop = enclosing_blocks(path, line)
                 if held:

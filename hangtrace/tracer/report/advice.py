@@ -115,6 +115,13 @@ EXIT_NEXTS = {
     "handler": ("give the exit handler's wait a timeout (`wait(futures, timeout=...)`, `join(timeout=...)`), and "
                 "what it waits for (the thread named above) its own timeout"),
 }
+P2P_PEER_NEXT = ("check the peer of each send and recv of the named rank (previous/next stage arithmetic, the "
+                 "schedule's direction): every send needs the matching recv on its peer, in the same order; rerun "
+                 "with TORCH_DISTRIBUTED_DEBUG=DETAIL")
+ASYNC_BLOCKING_NEXT = ("in the async actor named above, `await` the actor call (`await ref`, `await "
+                       "asyncio.gather(*refs)`) instead of `ray.get`: a blocking ray.get inside an `async def` method "
+                       "blocks the actor's event loop, so the call back into it never runs (Ray warns \"Using "
+                       "blocking ray.get inside async actor\" in the actor's log)")
 POLL_CYCLE_NEXT = ("take the step the polling ranks wait for before the collective named above, or drop the "
                    "collective there (the ranks it waits for never join it while they poll); better, let the "
                    "waiting ranks wait in a collective (a barrier after that step) or a store key instead of "
@@ -156,6 +163,10 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return peer_next(str((diag.details or {}).get("peer_role")), bool(diag.culprit_actors and not diag.culprit_ranks))
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("lock_wait"):
         return LOCK_NEXT
+    if k == Kind.COLLECTIVE_MISMATCH and (diag.details or {}).get("p2p_pair"):  # rules/mismatch.py
+        return P2P_PEER_NEXT
+    if k == Kind.ACTOR_DEADLOCK and any(x.get("blocks_loop") for x in (diag.details or {}).get("actor_cycle") or ()):
+        return ASYNC_BLOCKING_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("poll_wait"):  # analyze/pollwait.py
         return POLL_CYCLE_NEXT if (diag.details or {}).get("poll_cycle") else POLL_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and diag.culprit_actors and not diag.culprit_ranks:

@@ -133,6 +133,16 @@ def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
                         for x in sigs[:4])
     end = ("it completed anyway (gloo does not check that the members agree): the job ran on with wrong data"
            if d.get("silent") else "the group cannot complete it")
+    pair = d.get("p2p_pair") or []
+    if coll and len(pair) == 2 and len({x.get("op") for x in sigs}) == 1 and len(diag.culprit_ranks) == 1:
+        # rules/mismatch.py: both sides of a p2p pair posted the same direction; one named by a third rank's op
+        r = diag.culprit_ranks[0]
+        exp = d.get("p2p_expected")
+        return ("Collective mismatch (p2p): %s and its peer rank %s both posted %s at %s (a p2p pair needs one send "
+                "and one recv: each waits for the other)%s.%s%s; the group cannot complete it." % (
+                    who, pair[0] if pair[1] == r else pair[1], sigs[0].get("op"), coll, _where(diag),
+                    " %s" % (exp[:1].upper() + exp[1:] + ".") if exp else "",
+                    " Rank %d%s" % (r, _doing(diag)[len("; it"):]) if _doing(diag).startswith("; it ") else ""))
     if coll:
         return ("Collective mismatch: %s %s at %s%s%s%s; %s." % (
             who, _what_differs(sigs), coll, " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag), end))
@@ -252,10 +262,22 @@ def _api(api: Optional[str]) -> str:
 
 def _actor_deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     items = d.get("actor_cycle") or []
+    loops = {x.get("actor") for x in items if x.get("blocks_loop")}  # rules/actor_waits.py: the wait's site
+
+    def member(x: Dict[str, Any]) -> str:
+        s = _call(x)
+        if x.get("at"):
+            s += " at %s%s" % (x["at"], ": `%s`" % x["code"] if x.get("code") else "")
+        if x.get("blocks_loop"):
+            s += ", a blocking call inside its asyncio event loop (an async actor: none of its other methods runs " \
+                 "until it returns)"
+        if x.get("target_started") is False:
+            s += ", which has not started (%s is inside %s%s)" % (
+                x.get("waits_on"), x.get("target_inside") or "no method",
+                ", its event loop blocked" if x.get("waits_on") in loops else "")
+        return s
     s = "Actor deadlock: Ray actors %s wait on each other's methods in a cycle: %s." % (
-        ", ".join(diag.culprit_actors[:6]), "; ".join(_call(x) + (
-            ", which has not started (%s is inside %s)" % (x.get("waits_on"), x.get("target_inside") or "no method")
-            if x.get("target_started") is False else "") for x in items[:6]))
+        ", ".join(diag.culprit_actors[:6]), "; ".join(member(x) for x in items[:6]))
     waiters = d.get("actor_waiters") or []
     if waiters:
         s += " Waiting on the cycle: %s." % "; ".join(_call(x) for x in waiters[:4])

@@ -5,7 +5,7 @@ The verdict paragraph is ``report.paragraph``, the JSON form ``report.json``; bo
 re-exported here (the names the CLI, watcher and collectors import). Pure: no I/O.
 """
 import textwrap
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from hangtrace.tracer.analyze.stacktree import NO_STACK, format_ranks
 from hangtrace.tracer.diagnosis import Diagnosis
@@ -136,17 +136,44 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
         omitted = 0
     header = ("rank", "host:pid", "state", "phase", "step", "last collective (group/seq/op/state)", "stack")
     rows = [_rank_cells(r, procs.get(r), r in culp, cls) for r in ranks]
-    for p in unranked[:20]:
+    named = _named_processes(diag)
+    unranked.sort(key=lambda p: (p.key not in named, _ROLE_ORDER.get(roles.role(p).value, 9)))
+    for p in unranked[:_UNRANKED_ROWS]:
         of = roles.helper_of.get(p.key)
         oom = " (OOM killer)" if (p.memory_facts or {}).get("kernel_oom") else ""  # (its own kernel line)
-        rows.append(("%s%s" % (roles.role(p).value, "" if of is None else " of %d" % of), p.key, p.state + oom,
-                     str(p.phase or "-"), "-" if p.step is None else str(p.step), _coll_cell(_last_coll(p)), "-"))
+        m = p.meta or {}
+        what = "%s%s" % (roles.role(p).value, "" if of is None else " of %d" % of)
+        if m.get("ray_actor_class"):  # a Ray actor by its class (and name), as the verdict names it
+            what = "%s %s" % (m["ray_actor_class"], "'%s'" % m["ray_actor_name"] if m.get("ray_actor_name") else "")
+        rows.append((what.strip() + ("*" if p.key in named else ""), p.key, p.state + oom, str(p.phase or "-"),
+                     "-" if p.step is None else str(p.step), _coll_cell(_last_coll(p)), "-"))
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     fmt = "  ".join("%%-%ds" % w for w in widths)
     out = [fmt % header] + [fmt % row for row in rows]
     if omitted:
         out.append("... %d more ranks not shown" % omitted)
+    if len(unranked) > _UNRANKED_ROWS:
+        rest: Dict[str, int] = {}
+        for p in unranked[_UNRANKED_ROWS:]:
+            rest[roles.role(p).value] = rest.get(roles.role(p).value, 0) + 1
+        out.append("... %d more processes not shown (%s)" % (
+            len(unranked) - _UNRANKED_ROWS, ", ".join("%d %s" % (n, r) for r, n in sorted(rest.items()))))
     return [ln.rstrip() for ln in out]
+
+
+_UNRANKED_ROWS = 20
+#: unranked processes by what they are to the job: actors and rank helpers before Ray's and the launcher's
+_ROLE_ORDER = {"ray-actor": 0, "rank-helper": 1, "ray-task-worker": 2, "launcher": 3, "other": 4}
+
+
+def _named_processes(diag: Diagnosis) -> Set[str]:
+    """The keys (``host:pid``) of the processes the verdict names (a rank-less actor, the
+    members of an actor cycle or chain and their waiters): listed first, marked ``*``."""
+    d = diag.details or {}
+    keys = {d["culprit_process"]} if d.get("culprit_process") else set()
+    for k in ("actor_cycle", "actor_chain", "actor_waiters"):
+        keys |= {x["process"] for x in d.get(k) or () if isinstance(x, dict) and x.get("process")}
+    return keys
 
 
 def text_report(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int] = 512, width: int = 100) -> str:
@@ -158,7 +185,10 @@ def text_report(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int] = 5
     in the table; stack ``#i`` is the index in the stack classes, ``!`` an outlier class.
     """
     out = []
-    out.append("hangtrace verdict: %s   culprit %s" % (diag.kind, _ranks(diag.culprit_ranks)))
+    out.append("hangtrace verdict: %s   culprit %s" % (diag.kind, _ranks(diag.culprit_ranks) if diag.culprit_ranks or
+                                                         not diag.culprit_actors else
+                                                         "Ray actor%s %s" % ("s" if len(diag.culprit_actors) > 1 else "",
+                                                                             ", ".join(diag.culprit_actors[:4]))))
     out.append("")
     out.extend(textwrap.wrap(diag.summary or verdict_paragraph(diag), width=width))
     out.append("")

@@ -101,6 +101,9 @@ def _member(ctx: Ctx, g: G.ActorGraph, key: str, nxt: str, asked: Optional[str] 
         w, t = e
         item.update(method=w.method, api=w.api, target_method=t.method, since_wall_ns=w.since_wall_ns,
                     target_started=G.started_since(g.procs[nxt], t.method, w.called()))
+        site = G.wait_site(p, w.method)
+        if site is not None:  # the line of the wait, and whether it blocks the actor's event loop
+            item.update(at=site["at"], code=site["code"], blocks_loop=site["blocks_loop"] and w.api != "await")
     return item
 
 
@@ -142,10 +145,11 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
                        False: "that method has not started since (%s is inside %s)" % (
                            it["waits_on"], it["target_inside"] or "no method"),
                        None: "not known whether that method started"}[it["target_started"]]
-            ctx.add("Ray actor %s (%s)%s is blocked in %s since %s on %s.%s: %s" % (
+            ctx.add("Ray actor %s (%s)%s is blocked in %s since %s on %s.%s: %s%s%s" % (
                 it["actor"], it["process"], " in method %s" % it["method"] if it["method"] else "",
                 G.call_text(it["api"]), ts(it["since_wall_ns"]) if it["since_wall_ns"] else "?", it["waits_on"],
-                it["target_method"], started))
+                it["target_method"], started, "; at %s" % it["at"] if it.get("at") else "",
+                "; the call blocks the actor's asyncio event loop" if it.get("blocks_loop") else ""))
         d.details["actor_waiters"] = _waiters_into(ctx, g, members)
         if finding.start:
             d.details["hang_start_wall_ns"] = finding.start

@@ -53,6 +53,10 @@ def find(ctx: Ctx) -> Optional[Finding]:
 
 def _tie_break(ctx: Ctx, inst: Inst, tied: List[List[int]]) -> Optional[Tuple[List[int], str]]:
     """The tied class that diverged (see the module doc), with the evidence line, or None."""
+    if inst.p2p:
+        exp = [(rs, x) for rs in tied for x in (p2p_expected(ctx, inst, rs[0]),) if x]
+        if len(exp) == 1:
+            return list(exp[0][0]), "tie broken: " + exp[0][1]
     aborted = [rs for rs in tied if any(ctx.views[r].dead and ctx.views[r].cause == "fatal-signal" for r in rs)]
     if len(aborted) == 1:
         r = next(r for r in aborted[0] if ctx.views[r].dead)
@@ -73,6 +77,44 @@ def _tie_break(ctx: Ctx, inst: Inst, tied: List[List[int]]) -> Optional[Tuple[Li
         if dev is not None:
             return [dev.rank], "tie broken by the per-step collective count: %s" % dev.line()
     return None
+
+
+_DIRECTION = {"send": "send", "isend": "send", "send_object_list": "send",
+              "recv": "recv", "irecv": "recv", "recv_object_list": "recv"}
+
+
+def p2p_expected(ctx: Ctx, inst: Inst, r: int) -> Optional[str]:
+    """Of a p2p pair whose two sides posted the same direction: the text saying that a
+    third rank posted the opposite op toward ``r`` and waits for it, which ``r`` never
+    matched (its own newest p2p with that rank has a lower pair seq): ``r`` most likely
+    picked the wrong peer (blind helper 63: stage 2 posts its gradient ``irecv`` from rank 1
+    while rank 3's ``isend`` to it stays in flight). None when no rank does."""
+    mine = _rec_at(ctx, inst, r) or {}
+    way = _DIRECTION.get(str(mine.get("op")))
+    pair = {r} | set(inst.waiters) | {inst.peer}
+    if way is None:
+        return None
+    found = []
+    for q, v in sorted(ctx.views.items()):
+        rec = v.p2p.get((inst.group, r))
+        if q in pair or rec is None or rec.get("state") != "issued":
+            continue
+        if _DIRECTION.get(str(rec.get("op"))) in (None, way):
+            continue
+        own = ctx.views[r].p2p.get((inst.group, q)) or {}
+        if (own.get("seq") or 0) < (rec.get("seq") or 0):
+            found.append((q, rec, own))
+    if not found:
+        return None
+    q, rec, own = found[0]
+    peer = inst.peer if r in inst.waiters else inst.waiters[0]
+    verb = {"send": "sends to", "recv": "receives from"}
+    other = _DIRECTION[str(rec.get("op"))]
+    return ("rank %d %s rank %d (its %ss up to pair seq %s on %s, in flight) and rank %d posted no %s for it (its "
+            "newest with rank %d: %s): rank %d %s rank %d instead, most likely the wrong peer" % (
+                q, "sends to" if other == "send" else "waits to receive from", r, rec.get("op"),
+                rec.get("seq"), ctx.gdesc(inst.group), r, "receive" if way == "recv" else "send", q,
+                "%s pair seq %s" % (own.get("op"), own.get("seq")) if own else "none", r, verb[way], peer))
 
 
 #: an exception up to this long before the hang began still explains the divergence
@@ -149,6 +191,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
                                            " [diverged]" if set(rs) & set(culprits) and broken else ""))
     if tie_note:
         ctx.add(tie_note)
+        if inst.p2p and broken and "most likely the wrong peer" in tie_note:
+            d.details["p2p_expected"] = tie_note[len("tie broken: "):]
+    if inst.p2p and inst.waiters:
+        d.details["p2p_pair"] = sorted({inst.waiters[0], inst.peer})
     early = None if inst.p2p else sigclasses.earlier_line(ctx, inst.group, inst.seq)
     if early:
         ctx.add(early)
