@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from hangtrace.tracer.analyze.asynctasks import describe as describe_loop
 from hangtrace.tracer.analyze.blocking import blocking_reason
 from hangtrace.tracer.analyze.deaths import STOP_ERRORS
+from hangtrace.tracer.analyze.evidence import user_code
 from hangtrace.tracer.analyze.stacktree import _short, frame_label, process_frames, python_frames, threads_of
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
 from hangtrace.tracer.snapshot import ProcessInfo, Role
@@ -278,7 +279,9 @@ _LOOP_FRAMES = frozenset({("events.py", "_run"), ("base_events.py", "_run_once")
 
 
 def wait_site(p: ProcessInfo, method: Optional[str]) -> Optional[Dict[str, Any]]:
-    """Where ``p`` waits inside ``method``: ``{'at': 'RolloutManager.rollout (driver.py:77)',
+    """Where ``p`` waits inside ``method`` (the innermost frame of the user's code at or
+    inside the method's frame: blind helper 61's wait was in a helper the method called):
+    ``{'at': 'RolloutManager.rollout (driver.py:77)',
     'code': 'score = ray.get(...)', 'blocks_loop': True}`` from the first thread whose
     frames pass through a frame of that method (an async actor runs its methods on
     Ray's "AsyncIO Thread", not the main thread). ``blocks_loop``: the frame runs inside
@@ -293,7 +296,8 @@ def wait_site(p: ProcessInfo, method: Optional[str]) -> Optional[Dict[str, Any]]
         at = next((i for i, f in enumerate(fs) if _short(f.get("name")) == method), None)
         if at is None:
             continue
-        f = fs[at]
+        # the line that waits: the user's innermost frame at or inside the method (a helper it calls)
+        f = next((x for x in fs[:at + 1] if user_code(x)), fs[at])
         loop = any((str(x.get("filename") or "").rsplit("/", 1)[-1], _short(x.get("name"))) in _LOOP_FRAMES
                    for x in fs[at + 1:])
         return {"at": frame_label(f), "code": f.get("code"), "blocks_loop": bool(loop and at > 0)}

@@ -82,15 +82,18 @@ def program_frames(thread: Optional[Dict[str, Any]]) -> List[Any]:
 LIBRARY_PATHS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
 
 
+def user_code(f: Any) -> bool:
+    """Is frame ``f`` the user's own code (not a library's: ``LIBRARY_PATHS``, not one of
+    our hooks' wrappers)?"""
+    fn = str((f or {}).get("filename") or "")
+    return bool(fn) and not any(x in fn for x in LIBRARY_PATHS) and not wrapper_frame(f)
+
+
 def user_frame(frames: List[Any]) -> Optional[Any]:
     """The innermost frame of the user's own code (not a library's: ``LIBRARY_PATHS``),
     or None. For a collective issued from inside torch (DDP's reducer in backward, FSDP's
     hooks, DTensor) the innermost frames are torch's; this is the line that led there."""
-    for f in frames:
-        fn = str((f or {}).get("filename") or "")
-        if fn and not any(x in fn for x in LIBRARY_PATHS) and not wrapper_frame(f):
-            return f
-    return None
+    return next((f for f in frames if user_code(f)), None)
 
 
 def traceback_frames(text: Any) -> List[Any]:

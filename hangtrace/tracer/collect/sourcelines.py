@@ -26,10 +26,7 @@ def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     the innermost, ``'next'`` (the lines after it in its function). The same list, changed
     in place. Never raises."""
     import linecache
-    from hangtrace.tracer.analyze.evidence import LIBRARY_PATHS, wrapper_frame
-
-    def mine(f: Dict[str, Any]) -> bool:  # the user's code: not a library's, not our hooks' wrappers
-        return not any(x in str(f.get("filename") or "") for x in LIBRARY_PATHS) and not wrapper_frame(f)
+    from hangtrace.tracer.analyze.evidence import user_code as mine  # (not a library's, not our hooks' wrappers)
     for t in threads:
         try:
             if t.get("active") is not False:

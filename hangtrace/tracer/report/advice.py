@@ -115,6 +115,9 @@ EXIT_NEXTS = {
     "handler": ("give the exit handler's wait a timeout (`wait(futures, timeout=...)`, `join(timeout=...)`), and "
                 "what it waits for (the thread named above) its own timeout"),
 }
+SELF_CALL_NEXT = ("call the method directly on `self` (`self.method(...)`, not through the actor's own handle and "
+                  "ray.get), or give the actor a concurrency group (or max_concurrency > 1) for that method so that "
+                  "it can run while the calling method waits")
 P2P_PEER_NEXT = ("check the peer of each send and recv of the named rank (previous/next stage arithmetic, the "
                  "schedule's direction): every send needs the matching recv on its peer, in the same order; rerun "
                  "with TORCH_DISTRIBUTED_DEBUG=DETAIL")
@@ -165,6 +168,9 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return LOCK_NEXT
     if k == Kind.COLLECTIVE_MISMATCH and (diag.details or {}).get("p2p_pair"):  # rules/mismatch.py
         return P2P_PEER_NEXT
+    cyc = list((diag.details or {}).get("actor_cycle") or [])
+    if k == Kind.ACTOR_DEADLOCK and len(cyc) == 1 and cyc[0].get("waits_on") == cyc[0].get("actor"):
+        return SELF_CALL_NEXT
     if k == Kind.ACTOR_DEADLOCK and any(x.get("blocks_loop") for x in (diag.details or {}).get("actor_cycle") or ()):
         return ASYNC_BLOCKING_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("poll_wait"):  # analyze/pollwait.py

@@ -207,9 +207,13 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
                         "; ".join(_call(x) for x in chain[:6]), lock))
         extra = "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("lock_wait", "peer_wait", "driver_wait")
                         if d.get(k))
+        doing = d.get("actor_doing")
+        listed = ["%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]]
+        if doing and len(listed) > 1:  # the first actor's wait; "each" when all wait alike (rules/actors.py)
+            listed[0] += "" if d.get("actor_doing_all") else " (%s)" % doing
+            doing = "each: %s" % doing if d.get("actor_doing_all") else None
         return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s%s.%s" % (
-            "; ".join("%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]) or "a method",
-            " (%s)" % d["actor_doing"] if d.get("actor_doing") else "", extra)
+            "; ".join(listed) or "a method", " (%s)" % doing if doing else "", extra)
     if d.get("exit_wait"):  # rules/exit_wait.py: the program returned, the process does not exit
         texts = ["rank %s%s" % (r, "'s " + t[4:] if t.startswith("its ") else ": " + t)
                  for r, t in list(d["exit_wait"].items())[:3]]
@@ -250,7 +254,13 @@ _BLOCKED = "blocked outside collectives: "  # (analyze/chainends.py's prefix of 
 
 
 def _call(x: Dict[str, Any]) -> str:
-    """``RewardServer in score is blocked in ray.get on PolicyTrainer.policy_version``."""
+    """``RewardServer in score is blocked in ray.get on PolicyTrainer.policy_version``; with
+    no known target (an object passed to it): ``Learner in train is blocked in ray.get at
+    Learner.train (driver.py:64) on an object passed to it``."""
+    if not x.get("waits_on"):
+        return "%s%s is blocked in %s%s on an object passed to it" % (
+            x.get("actor"), " in %s" % x["method"] if x.get("method") else "", _api(x.get("api")),
+            " at %s" % x["at"] if x.get("at") else "")
     return "%s%s is blocked in %s on %s.%s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
                                               _api(x.get("api")), x.get("waits_on"), x.get("target_method"))
 
@@ -276,8 +286,14 @@ def _actor_deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> 
                 x.get("waits_on"), x.get("target_inside") or "no method",
                 ", its event loop blocked" if x.get("waits_on") in loops else "")
         return s
-    s = "Actor deadlock: Ray actors %s wait on each other's methods in a cycle: %s." % (
-        ", ".join(diag.culprit_actors[:6]), "; ".join(member(x) for x in items[:6]))
+    if len(items) == 1 and items[0].get("waits_on") == items[0].get("actor"):  # a call to itself (blind helper 61)
+        x = dict(items[0], target_started=None)
+        s = ("Actor deadlock: Ray actor %s waits on its own method: %s, which cannot start while %s runs (a call "
+             "to itself through its own handle queues behind the call that waits for it)." % (
+                 x.get("actor"), member(x), x.get("method") or "its current method"))
+    else:
+        s = "Actor deadlock: Ray actors %s wait on each other's methods in a cycle: %s." % (
+            ", ".join(diag.culprit_actors[:6]), "; ".join(member(x) for x in items[:6]))
     waiters = d.get("actor_waiters") or []
     if waiters:
         s += " Waiting on the cycle: %s." % "; ".join(_call(x) for x in waiters[:4])

@@ -136,7 +136,7 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
         omitted = 0
     header = ("rank", "host:pid", "state", "phase", "step", "last collective (group/seq/op/state)", "stack")
     rows = [_rank_cells(r, procs.get(r), r in culp, cls) for r in ranks]
-    named = _named_processes(diag)
+    named, culprits = _named_processes(diag)
     unranked.sort(key=lambda p: (p.key not in named, _ROLE_ORDER.get(roles.role(p).value, 9)))
     for p in unranked[:_UNRANKED_ROWS]:
         of = roles.helper_of.get(p.key)
@@ -145,7 +145,7 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
         what = "%s%s" % (roles.role(p).value, "" if of is None else " of %d" % of)
         if m.get("ray_actor_class"):  # a Ray actor by its class (and name), as the verdict names it
             what = "%s %s" % (m["ray_actor_class"], "'%s'" % m["ray_actor_name"] if m.get("ray_actor_name") else "")
-        rows.append((what.strip() + ("*" if p.key in named else ""), p.key, p.state + oom, str(p.phase or "-"),
+        rows.append((what.strip() + ("*" if p.key in culprits else ""), p.key, p.state + oom, str(p.phase or "-"),
                      "-" if p.step is None else str(p.step), _coll_cell(_last_coll(p)), "-"))
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     fmt = "  ".join("%%-%ds" % w for w in widths)
@@ -166,14 +166,17 @@ _UNRANKED_ROWS = 20
 _ROLE_ORDER = {"ray-actor": 0, "rank-helper": 1, "ray-task-worker": 2, "launcher": 3, "other": 4}
 
 
-def _named_processes(diag: Diagnosis) -> Set[str]:
+def _named_processes(diag: Diagnosis) -> Tuple[Set[str], Set[str]]:
     """The keys (``host:pid``) of the processes the verdict names (a rank-less actor, the
-    members of an actor cycle or chain and their waiters): listed first, marked ``*``."""
+    members of an actor cycle or chain and their waiters: listed first) and of its culprits
+    among them (the actor, the cycle's members: marked ``*``)."""
     d = diag.details or {}
-    keys = {d["culprit_process"]} if d.get("culprit_process") else set()
-    for k in ("actor_cycle", "actor_chain", "actor_waiters"):
+    culprits = {d["culprit_process"]} if d.get("culprit_process") else set()
+    culprits |= {x["process"] for x in d.get("actor_cycle") or () if isinstance(x, dict) and x.get("process")}
+    keys = set(culprits)
+    for k in ("actor_chain", "actor_waiters"):
         keys |= {x["process"] for x in d.get(k) or () if isinstance(x, dict) and x.get("process")}
-    return keys
+    return keys, culprits
 
 
 def text_report(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int] = 512, width: int = 100) -> str:

@@ -257,3 +257,66 @@ def test_callee_that_started_before_the_caller_reached_its_await_has_started():
     d = check(diagnose(snap([rm, ref], reason="stall")), "actor-deadlock", [])
     cyc = {c["actor"]: c for c in d.details["actor_cycle"]}
     assert cyc["RewardModel"]["target_started"] is True, cyc
+
+
+RAY_GET = ("Worker.get_objects /site-packages/ray/_private/worker.py:1007", "get /site-packages/ray/_private/worker.py:3009",
+           "_wrap_waiting.<locals>.waiting /src/hangtrace/hooks/ray_calls.py:175")
+
+
+def _thread(name, frames, code=None):
+    from synth import stack
+    t = stack(*frames, active=False)[0]
+    t["thread_name"] = name
+    for f in t["frames"]:
+        if code and f["name"].endswith(code[0]):
+            f["code"] = code[1]
+    return t
+
+
+def test_an_actor_calling_itself_through_its_handle_names_the_line_in_the_helper_and_the_passed_object_waiter():
+    """Blind helper 61: RolloutWorker.generate calls refresh_weights, which ray.gets the actor's
+    own load_weights through its handle; a Learner waits in ray.get on the generate result it
+    was passed (no wait record of its own: its stack says so)."""
+    drv, w, ln = driver(), actor("RolloutWorker", 71), actor("Learner", 72)
+    ray_get(drv, [(w, "generate")], dt=50 * MS)
+    enter(w, "generate", dt=60 * MS)
+    ray_get(w, [(w, "load_weights")])
+    enter(ln, "train")
+    w.set(stacks=[_thread("MainThread", RAY_GET + ("RolloutWorker.refresh_weights /job/driver.py:35",
+                                                   "RolloutWorker.generate /job/driver.py:48",
+                                                   "Worker.main_loop /site-packages/ray/_private/worker.py:1069"),
+                          ("refresh_weights", "return ray.get(me.load_weights.remote(version))"))],
+          stack_source="py-spy")
+    ln.set(stacks=[_thread("MainThread", RAY_GET + ("Learner.train /job/driver.py:64",
+                                                    "Worker.main_loop /site-packages/ray/_private/worker.py:1069"))],
+           stack_source="py-spy")
+    d = check(diagnose(snap([drv, w, ln], reason="stall")), "actor-deadlock", [])
+    p = d.summary
+    assert p.startswith("Actor deadlock: Ray actor RolloutWorker waits on its own method: RolloutWorker in generate is "
+                        "blocked in ray.get on RolloutWorker.load_weights at RolloutWorker.refresh_weights (driver.py:35): "
+                        "`return ray.get(me.load_weights.remote(version))`, which cannot start while generate runs"), p
+    assert "Learner in train is blocked in ray.get at Learner.train (driver.py:64) on an object passed to it" in p, p
+    assert "Next: call the method directly on `self`" in p, p
+
+
+def test_a_blocking_ray_get_on_an_async_actors_event_loop_is_named():
+    """Blind helper 64: an async RolloutManager's rollout ray.gets RewardModel.score, which
+    calls back into the manager's async get_running_stats."""
+    m, rw = actor("RolloutManager", 81), actor("RewardModel", 82)
+    enter(m, "rollout")
+    ray_get(m, [(rw, "score")])
+    rw.t = m.t
+    enter(rw, "score")
+    ray_get(rw, [(m, "get_running_stats")])
+    loop = ("RolloutManager.rollout /job/driver.py:77", "wrap_method.<locals>.awrapper /src/hangtrace/hooks/ray_hooks.py:214",
+            "Handle._run /lib/python3.11/asyncio/events.py:80",
+            "BaseEventLoop._run_once /lib/python3.11/asyncio/base_events.py:1922")
+    m.set(stacks=[_thread("MainThread", ("Worker.main_loop /site-packages/ray/_private/worker.py:1069",)),
+                  _thread("AsyncIO Thread: default", RAY_GET + loop)], stack_source="py-spy")
+    d = check(diagnose(snap([m, rw], reason="stall")), "actor-deadlock", [])
+    first = d.details["actor_cycle"][0]
+    assert (first["actor"], first["at"], first["blocks_loop"]) == ("RolloutManager", "RolloutManager.rollout (driver.py:77)",
+                                                                   True), first
+    assert "a blocking call inside its asyncio event loop" in d.summary
+    assert "(RolloutManager is inside rollout, its event loop blocked)" in d.summary, d.summary
+    assert "Next: in the async actor named above, `await` the actor call" in d.summary

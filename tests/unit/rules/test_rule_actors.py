@@ -217,3 +217,23 @@ def test_a_stuck_actor_in_an_http_call_names_the_actor_at_the_other_end_and_its_
         "The other end, RewardServer (pid 44): its thread 'Thread-5 (process_request_thread)' in RewardServer._score "
         "(driver.py:37): `self.reload_done.wait()`"), d.details["peer_wait"]
     assert "Next: the actor waits on a connection to the process named above" in verdict_paragraph(d)
+
+
+def test_several_actors_stuck_alike_are_each_said_to_wait_so():
+    """Blind helper 60: two Rollout actors blocked in the same HTTP call; the paragraph's one
+    "(...)" read as if it described the last actor listed only."""
+    from synth import stack
+    procs = []
+    for pid, name in ((44, "rollout-0"), (45, "rollout-1")):
+        th = stack("Rollout.generate /job/driver.py:51", "actor_method_executor /site-packages/ray/x.py:1",
+                   active=False)
+        th[0]["frames"][0]["code"] = "resp = conn.getresponse()"
+        th[0].update(kernel={"syscall": "recvfrom", "args": ["fd %d (TCP a -> b, ESTABLISHED)" % pid]})
+        a = actor("Rollout", pid, name, stacks=th, stack_source="py-spy")
+        a.phase = "generate"
+        a.mark("phase_enter")
+        procs.append(a)
+    d = check(diagnose(snap(procs, reason="stall")), "stuck-outside-collective", [])
+    assert d.details.get("actor_doing_all") is True
+    p = verdict_paragraph(d)
+    assert "Rollout 'rollout-0' in generate; Rollout 'rollout-1' in generate (each: blocked in the system call" in p, p

@@ -32,7 +32,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze import actorgraph as G
+from hangtrace.tracer.analyze.blocking import blocking_reason
 from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.stacktree import process_frames
 from hangtrace.tracer.analyze.evidence import ts
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
@@ -123,6 +125,21 @@ def _waiters_into(ctx: Ctx, g: G.ActorGraph, members: List[str]) -> List[Dict[st
                     who, key, " in %s" % w.method if w.method else "", G.call_text(w.api), ts(w.since_wall_ns),
                     whom, t.method))
                 break
+    named = inside | {x["process"] for x in out}
+    for key in sorted(g.procs):  # blocked in ray.get on an object passed to it: the stack says so, no wait record
+        p = g.procs[key]
+        if key in named or not p.phase or p.state not in G.LIVE_STATES or not (p.meta or {}).get("ray_actor_id"):
+            continue
+        site = G.wait_site(p, p.phase)
+        frames, thread = process_frames(p)
+        why = blocking_reason(frames, thread=thread) if frames else None
+        if site is None or not why or not why.startswith("ray.get/ray.wait"):
+            continue
+        who = G.label(p, g.roles)
+        out.append({"actor": who, "process": key, "method": p.phase, "api": "get", "waits_on": None,
+                    "target_method": None, "since_wall_ns": None, "at": site["at"], "code": site["code"]})
+        ctx.add("%s (%s) in %s is blocked in ray.get/ray.wait at %s on an object it did not create (no wait "
+                "record to follow)" % (who, key, p.phase, site["at"]))
     return out
 
 

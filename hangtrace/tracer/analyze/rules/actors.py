@@ -31,6 +31,7 @@ still a failure here; a retried method that completed is not (its newest exit co
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze import actorgraph as G
@@ -151,16 +152,31 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         methods.setdefault(lab, []).append(method)
         ctx.add("Ray actor %s (%s, no rank) is inside method %s and the job made no progress" % (lab, key, method))
     d.details["actor_methods"] = methods
-    first = next((p for p in ctx.snap.processes if p.key == stuck[0][2]), None)
-    doing = G.doing(first) if first is not None else None
+    procs = {p.key: p for p in ctx.snap.processes}
+    doings = [(lab, G.doing(procs[key])) for lab, _m, key in stuck[:6] if key in procs]
+    doing = doings[0][1] if doings else None
     d.details["culprit_process"] = stuck[0][2]
     if doing:  # what its method waits for: the await chain or why its stack looks blocked, with the line
         d.details["actor_doing"] = doing
         ctx.add("Ray actor %s: %s" % (stuck[0][0], doing))
+    for lab, other in doings[1:]:  # (several actors blocked alike: blind helper 60's two rollout actors)
+        if other:
+            ctx.add("Ray actor %s: %s" % (lab, other))
+    if len(doings) > 1 and doing and all(_alike(x, doing) for _l, x in doings[1:]):
+        d.details["actor_doing_all"] = True  # every stuck actor waits the same way (the paragraph says "each")
     driver = driver_wait(ctx)
     if driver:
         d.details["driver_wait"] = driver
         ctx.add(driver)
+
+
+_NUMBERS = re.compile(r"\d+")
+
+
+def _alike(a: Optional[str], b: str) -> bool:
+    """The same wait in two processes: equal texts once numbers (fds, pids, ports, lines of
+    the same call) are left out."""
+    return a is not None and _NUMBERS.sub("#", a) == _NUMBERS.sub("#", b)
 
 
 def driver_wait(ctx: Ctx) -> Optional[str]:
