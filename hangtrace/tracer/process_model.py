@@ -17,7 +17,9 @@ Rules, in order (:func:`assign_roles`):
    Several: when the older ones are dead, that is a restart (torchelastic, a Ray actor
    restart): the newest holds the rank and the restart is noted; otherwise two processes
    joined (or asked to join) as r at the same time, a ``conflict`` (the newest is analysed,
-   the conflict is reported).
+   the conflict is reported). A process that descends from another live one that joined
+   as r (a rank's child that inherited its RANK and MASTER_PORT) never holds r: the
+   ancestor does, and the claim is ``inherited``.
 3. A rank no process joined as (rendezvous not reached, or rings from before joining)
    is held by a candidate with that rank hint: alive before dead, then the one with no
    traced ancestor holding the same hint, then the earliest started.
@@ -45,8 +47,9 @@ from hangtrace.tracer.snapshot import ProcessInfo, Role
 class RankClaim:
     """Several processes for one rank: ``kept`` is analysed, ``others`` are listed.
 
-    ``kind``: 'restart' (the others had died before ``kept`` started) or 'conflict' (two
-    processes joined as one rank in one generation)."""
+    ``kind``: 'restart' (the others had died before ``kept`` started), 'conflict' (two
+    processes joined as one rank in one generation) or 'inherited' (the others are
+    descendants of ``kept`` that joined as its rank with the environment they inherited)."""
 
     rank: int
     kind: str
@@ -129,7 +132,32 @@ def _dead(p: ProcessInfo) -> bool:
     return p.state in ("killed", "exited")
 
 
-def _pick_joined(rank: int, cands: Sequence[ProcessInfo]) -> Tuple[ProcessInfo, Optional[RankClaim]]:
+def _descendants(cands: Sequence[ProcessInfo], by_pid: Mapping[Tuple[str, int], ProcessInfo]) -> List[ProcessInfo]:
+    """The candidates that descend from another live candidate: a rank's child (an eval
+    script started with ``subprocess.run``) that inherited RANK, WORLD_SIZE and MASTER_PORT
+    and joined, or asked to join, the job's process group as the same rank (blind helper 66)."""
+    keys = {p.key for p in cands if not _dead(p)}
+    out = []
+    for p in cands:
+        cur = by_pid.get((p.host, parent_pid(p)))
+        for _ in range(64):
+            if cur is None:
+                break
+            if cur.key in keys and cur.key != p.key:
+                out.append(p)
+                break
+            cur = by_pid.get((cur.host, parent_pid(cur)))
+    return out
+
+
+def _pick_joined(rank: int, cands: Sequence[ProcessInfo],
+                 by_pid: Optional[Mapping[Tuple[str, int], ProcessInfo]] = None
+                 ) -> Tuple[ProcessInfo, Optional[RankClaim]]:
+    kids = _descendants(cands, by_pid) if by_pid is not None and len(cands) > 1 else []
+    if kids and len(kids) < len(cands):
+        kept, claim = _pick_joined(rank, [p for p in cands if p not in kids])
+        others = tuple(p.key for p in kids) + (claim.others if claim is not None else ())
+        return kept, RankClaim(rank, "inherited" if claim is None else claim.kind, kept.key, others)
     cands = sorted(cands, key=lambda p: p.start_wall_ns or 0)
     kept = cands[-1]
     if len(cands) == 1:
@@ -199,7 +227,7 @@ def assign_roles(processes: Iterable[ProcessInfo],
     ranks: Dict[int, ProcessInfo] = {}
     claims: List[RankClaim] = []
     for r, cands in joined_by_rank.items():
-        kept, claim = _pick_joined(r, cands)
+        kept, claim = _pick_joined(r, cands, by_pid)
         ranks[r] = kept
         if claim is not None:
             claims.append(claim)
@@ -213,7 +241,7 @@ def assign_roles(processes: Iterable[ProcessInfo],
     rank_of = {p.key: r for r, p in ranks.items()}
     for r, cands in joined_by_rank.items():  # older generations of a restarted rank
         for p in cands:
-            if p.key not in rank_of:
+            if p.key not in rank_of and _ancestor_rank(p, by_pid, rank_of) is None:  # (a rank's child: its helper)
                 roles.setdefault(p.key, Role.OTHER)
     helper_of: Dict[str, int] = {}
     parents = {(p.host, parent_pid(p)) for p in ranks.values()}

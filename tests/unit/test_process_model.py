@@ -151,3 +151,20 @@ def test_records_labels_a_ray_actor_by_its_class_and_ray_daemons_as_other():
     roles = assign_roles([actor, daemon])
     assert who(actor, roles) == ("ray-actor RewardServer 'rm'", None)
     assert who(daemon, roles)[0].startswith("other  [")
+
+
+def test_a_ranks_child_that_joined_as_its_rank_never_stands_for_it():
+    """Blind helper 66: rank 0 runs an eval script with subprocess.run; the child inherits
+    RANK=0, WORLD_SIZE, MASTER_PORT and joins (or asks to join) the job's group as rank 0.
+    The newer process used to be analysed as rank 0 ("conflicting launches")."""
+    r0, r1 = proc(11, 0, joined=True), proc(12, 1, joined=True)
+    child = proc(30, 0, ppid=11, joined=True, start=40)
+    out = assign_roles([r0, r1, child])
+    assert out.ranks[0].key == r0.key and out.roles[child.key] == Role.RANK_HELPER
+    assert out.helper_of[child.key] == 0
+    assert (out.claims[0].kind, out.claims[0].kept, out.claims[0].others) == ("inherited", r0.key, (child.key,))
+    # a restart is no child: the new generation (a sibling, the old one dead) still takes the rank
+    old = proc(13, 1, joined=True, state="killed")
+    new = proc(14, 1, joined=True, start=50)
+    out = assign_roles([r0, old, new])
+    assert out.ranks[1].key == new.key and out.claims[0].kind == "restart"

@@ -196,6 +196,25 @@ def test_helpers_never_hold_the_startup_grace_and_a_launcher_alone_is_starting()
     assert w.threshold() == 10
 
 
+
+def test_a_second_process_joining_a_working_ranks_rank_holds_no_startup_grace(monkeypatch):
+    """Blind helper 66: rank 0's eval subprocess inherited RANK=0 and joined the job's group
+    as rank 0; while the job's rank 0 (alive, progressed) waits for it, --stall-s applies."""
+    from hangtrace.tracer.ring import layout as F
+    from hangtrace.tracer.watch import watcher as W
+
+    def hdr(rank, count):
+        return {"rank": rank, "rank_source": F.RANK_FROM_GROUP, "progress_count": count, "phase_strid": 0,
+                "state": F.ST_RUNNING, "phase": None}
+    w = W.Watcher("/nonexistent", stall_s=10, phase_stall={})
+    w.startup_stall_s = 60
+    w.headers = {"r0": hdr(0, 40), "r1": hdr(1, 40), "child": hdr(0, 1)}
+    monkeypatch.setattr(W, "live_state", lambda h: "alive")
+    assert w.threshold() == 10
+    monkeypatch.setattr(W, "live_state", lambda h: "killed")      # a restart: the old rank 0 is gone
+    assert w.threshold() == 60
+
+
 def test_a_gone_process_ring_is_final_and_not_read_again(tmp_path):
     """Issue 13: the ring of a process that exited (or was killed) and is gone never
     changes; the watcher keeps its header and stops opening the file every poll."""

@@ -27,7 +27,7 @@ from hangtrace.tracer.analyze.blocking import blocking_reason, kernel_text, subp
 from hangtrace.tracer.analyze.evidence import user_frame
 from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread, process_frames, python_frames, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
-from hangtrace.tracer.process_model import parent_pid, process_argv
+from hangtrace.tracer.process_model import joined, parent_pid, process_argv, requested
 from hangtrace.tracer.snapshot import ProcessInfo
 
 #: multiprocessing's Popen classes: ``Process.join`` waits here (popen_fork.py et al.)
@@ -119,6 +119,13 @@ def untraced_text(c: Dict[str, Any]) -> str:
 def child_text(p: ProcessInfo) -> str:
     """``"pid 812 (python evaluate.py --ckpt x), in f (evaluate.py:12) < main (evaluate.py:20):
     socket IO in recv ...; kernel: recvfrom(...)"``."""
+    return _child_text(p) + (
+        "; it joined or asked to join the job's process group as rank %d too, with the RANK, WORLD_SIZE and "
+        "MASTER_ADDR/PORT it inherited" % p.rank if p.rank is not None and p.rank >= 0 and (joined(p) or requested(p))
+        else "")  # (blind helper 66: an eval script started with subprocess.run)
+
+
+def _child_text(p: ProcessInfo) -> str:
     head = "pid %d%s" % (p.pid, _argv(process_argv(p)))
     th = pick_thread(p.stacks)
     frames = python_frames(th)
@@ -152,6 +159,8 @@ def child_process(ctx: Ctx, d: Diagnosis) -> None:
         text = "rank %d waits for %s child process (%s)%s" % (r, lead, how, rest)
         d.details["child_wait"] = text
         d.details["child_wait_how"], d.details["child_wait_children"] = how, rest
+        if "and MASTER_ADDR/PORT it inherited" in rest:
+            d.details["child_inherited_rank"] = True  # (the advice: clear those variables for the child)
         at = user_frame(process_frames(v.proc)[0] or [])
         if at is not None:  # the line of the user's code that started the wait
             d.details["child_wait_at"] = frame_label(at)

@@ -81,6 +81,10 @@ def _preamble(ctx: Ctx, d: Diagnosis) -> None:
         if kind == "restart":
             ctx.add("rank %d: restarted (earlier process %s); the newest, %s, is analysed"
                     % (r, ", ".join(others), kept))
+        elif kind == "inherited":
+            ctx.add("rank %d: its child process %s joined or asked to join the job's process group as rank %d too (it "
+                    "inherited the rank's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT); %s is rank %d"
+                    % (r, ", ".join(others), r, kept, r))
         else:
             ctx.add("rank %d: several processes joined or asked to join as this rank at the same time (%s and "
                     "%s): conflicting launches; %s is analysed" % (r, ", ".join(others), kept, kept))

@@ -132,6 +132,10 @@ POLL_CYCLE_NEXT = ("take the step the polling ranks wait for before the collecti
 POLL_NEXT = ("find what makes the polling loop's condition named above true (the file, flag or service it checks) "
              "and why it did not happen; give the loop a deadline that raises, so that a condition that never "
              "comes fails the step instead of hanging the job")
+CHILD_RANK_NEXT = ("start the child without the job's distributed variables (`env=` of subprocess.run without "
+                   "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_*/GROUP_RANK) unless it is "
+                   "meant to join the job: it joined the job's process group as the rank that waits for it; give the "
+                   "wait a timeout too")
 CHILD_NEXT = ("the rank waits for the child process named above: fix what that child waits for (its call, "
               "file or peer), and give the wait a timeout (`subprocess.run(..., timeout=...)`, `communicate("
               "timeout=...)`, `Process.join(timeout)`) so that a hung child fails the step instead of the job")
@@ -160,6 +164,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return RENDEZVOUS_LOCK_NEXT if (diag.details or {}).get("rendezvous_lock") else BEFORE_RENDEZVOUS_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("exit_wait"):
         return EXIT_NEXTS.get(str((diag.details or {}).get("exit_how")), EXIT_NEXT)
+    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_inherited_rank"):
+        return CHILD_RANK_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_wait"):
         return CHILD_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("peer_wait"):

@@ -9,17 +9,23 @@ from hangtrace.tracer.ring import layout as F
 Header = Dict[str, Any]  # a ring header (``reader.read_header``), plus "phase" (its name or None)
 
 
-def starting(h: Mapping[str, Any], joined_ranks: FrozenSet[int] = frozenset()) -> bool:
+def starting(h: Mapping[str, Any], joined_ranks: FrozenSet[int] = frozenset(),
+             working_ranks: FrozenSet[int] = frozenset()) -> bool:
     """A process that may still become a rank, with no progress since its ring was created
     (the recorder counts 1 at creation): still importing or in rendezvous, not hung
     (HANGTRACE_STARTUP_STALL_S). Not starting: a process whose rank hint (RANK in its
     environment) is already held by a process that joined a group as that rank - it is a
     helper of that rank (DataLoader worker, resource tracker), and helpers never hold the
-    start-up grace open (issue 9)."""
+    start-up grace open (issue 9). Nor a process that joined as rank r while another live
+    process that joined as r has worked (``working_ranks``): a second claimant, such as a
+    rank's child that inherited its RANK and MASTER_PORT (blind helper 66: an eval script
+    started with subprocess.run), while the job's own rank r is past its start."""
     rank = h.get("rank", -1)
     if rank < 0 or h["progress_count"] > 1 or h["phase_strid"]:
         return False
-    return h.get("rank_source", 0) == F.RANK_FROM_GROUP or rank not in joined_ranks
+    if h.get("rank_source", 0) == F.RANK_FROM_GROUP:
+        return rank not in working_ranks
+    return rank not in joined_ranks
 
 
 def never_worked(h: Mapping[str, Any]) -> bool:

@@ -103,6 +103,9 @@ class Watcher:
         t = self.stall_s
         joined = frozenset(h["rank"] for h in self.headers.values()
                            if h.get("rank_source", 0) == F.RANK_FROM_GROUP)
+        working = frozenset(h["rank"] for p, h in self.headers.items()
+                            if h.get("rank_source", 0) == F.RANK_FROM_GROUP and h["progress_count"] > 1
+                            and p not in self.final and _alive(h))
         if self.headers and not any(h.get("rank", -1) >= 0 or h["progress_count"] > 1 or h["phase_strid"]
                                     for h in self.headers.values()):
             # only launchers so far, none has made progress (torchrun's agent importing
@@ -114,7 +117,7 @@ class Watcher:
             ph = h.get("phase")
             if ph in self.phase_stall:
                 t = max(t, self.phase_stall[ph])
-            if starting(h, joined) and path not in self.fr_started:
+            if starting(h, joined, working) and path not in self.fr_started:
                 t = max(t, self.startup_stall_s)
         if self.busy:  # working, not waiting: importing, building (busy.py)
             waiting = any(h.get("inflight_idx") for p, h in self.headers.items() if p not in self.final)
@@ -284,6 +287,14 @@ class Watcher:
 
     def any_alive(self) -> bool:
         return any(path not in self.final and live_state(h) == "alive" for path, h in self.headers.items())
+
+
+def _alive(h: Header) -> bool:
+    """The header's process is alive on this host (False when that cannot be told)."""
+    try:
+        return live_state(h) == "alive"
+    except (KeyError, TypeError, OSError):
+        return False
 
 
 def _completed(line: str) -> List[str]:
