@@ -4,12 +4,13 @@ Ray actors, memory, a per-rank table and the errors (unreadable files) of the sn
 The verdict paragraph is ``report.paragraph``, the JSON form ``report.json``; both are
 re-exported here (the names the CLI, watcher and collectors import). Pure: no I/O.
 """
+import os
 import textwrap
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from hangtrace.tracer.analyze.stacktree import NO_STACK, format_ranks
 from hangtrace.tracer.diagnosis import Diagnosis
-from hangtrace.tracer.process_model import assign_roles
+from hangtrace.tracer.process_model import assign_roles, process_argv
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.json import SCHEMA_VERSION, diagnosis_json
 from hangtrace.tracer.report.memorytext import fb
@@ -145,6 +146,8 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
         what = "%s%s" % (roles.role(p).value, "" if of is None else " of %d" % of)
         if m.get("ray_actor_class"):  # a Ray actor by its class (and name), as the verdict names it
             what = "%s %s" % (m["ray_actor_class"], "'%s'" % m["ray_actor_name"] if m.get("ray_actor_name") else "")
+        elif roles.role(p).value in ("other", "launcher"):  # what it runs: Ray's dashboard, a launcher script
+            what += _program(process_argv(p))
         rows.append((what.strip() + ("*" if p.key in culprits else ""), p.key, p.state + oom, str(p.phase or "-"),
                      "-" if p.step is None else str(p.step), _coll_cell(_last_coll(p)), "-"))
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
@@ -159,6 +162,18 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
         out.append("... %d more processes not shown (%s)" % (
             len(unranked) - _UNRANKED_ROWS, ", ".join("%d %s" % (n, r) for r, n in sorted(rest.items()))))
     return [ln.rstrip() for ln in out]
+
+
+def _program(argv: List[str]) -> str:
+    """``' (dashboard.py)'``, ``' (-m torch.distributed.run)'``, ``' (-c)'``: what a process runs,
+    from its ``sys.argv`` (the start record), or ''."""
+    if not argv:
+        return ""
+    if argv[0] == "-m" and len(argv) > 1:
+        return " (-m %s)" % argv[1][:40]
+    if argv[0] == "-c":
+        return " (python -c)"
+    return " (%s)" % os.path.basename(argv[0])[:40]
 
 
 _UNRANKED_ROWS = 20
