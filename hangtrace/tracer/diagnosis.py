@@ -84,6 +84,10 @@ class Cause(_StrEnum):
     BLOCKED = "blocked"
     #: stuck-outside-collective: no activity since the others began waiting (stack running or unknown).
     NO_PROGRESS = "no-progress"
+    #: stuck-outside-collective: running on the CPU outside collectives (py-spy: its main
+    #: thread active) and recording nothing in a stall while others wait for it: a loop that
+    #: does not end, or a computation far longer on this rank (a straggler).
+    BUSY = "busy"
     #: dead-rank: SIGTERM (faulthandler dump or exit code -15).
     SIGTERM = "sigterm"
     #: dead-rank: fatal signal (faulthandler fatal dump, or exit code -6/-11/-7/-4/-8).

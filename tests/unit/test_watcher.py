@@ -344,3 +344,21 @@ def test_idle_pooled_workers_neither_progress_nor_die(tmp_path, rec):
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+def test_torchs_counters_say_a_rank_waits_in_a_collective_its_ring_never_saw():
+    """Blind helper 65: the peers of a spinning rank waited in DDP's gradient all-reduce (C++,
+    not in their rings); the watcher held the stall off for ever ("no rank waits in a
+    collective") while the spinning rank was busy on the CPU."""
+    from hangtrace.tracer.ring import layout as F
+    from hangtrace.tracer.watch.watcher import Watcher, in_flight
+    assert in_flight("0:86:85") and in_flight("1:3:3;0:86:85")
+    assert not in_flight("0:85:85") and not in_flight("") and not in_flight("0:None:None")
+    w = Watcher("/nonexistent", stall_s=10, phase_stall={})
+    w.startup_stall_s = 60
+    w.headers = {"r0": {"rank": 0, "rank_source": F.RANK_FROM_GROUP, "progress_count": 50, "phase_strid": 0,
+                        "state": F.ST_RUNNING, "phase": None, "inflight_idx": 0}}
+    w.busy = [4242]                                   # another rank spins outside collectives
+    assert w.threshold() == float("inf")              # nobody waits, as far as the rings say
+    w.fr_seen = {"r0": "0:86:85"}                     # torch: one all-reduce enqueued, not completed
+    assert w.threshold() == 60                        # a straggler: the stall comes after the grace

@@ -12,6 +12,9 @@ waits in H for C, C is in no collective -> C). Each end with a process is classi
 * its main-thread stack top is a blocking non-collective call (queue.get, lock,
   event/condition wait, socket/pipe read, subprocess, future, ray.get, sleep, asyncio
   idle) or py-spy says the thread is idle -> 'stuck-outside-collective';
+* it runs (py-spy: its main thread active) outside collectives in a stall, recording
+  nothing -> 'stuck-outside-collective', busy (a straggler or a loop that never ends); a
+  later step than the waiters' wins over it ('skipped-collective');
 * it moved on: recorded activity after the waiters began waiting (a record issued, or
   progress not explained by the completion of its last record), a later step, or another
   phase than the waiters -> 'skipped-collective';
@@ -24,15 +27,16 @@ sequence numbers diverged from the group).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Set, Tuple
+import os
+from typing import Any, Dict, List, Mapping, Set, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.asynctasks import describe as describe_loop
 from hangtrace.tracer.analyze.deaths import death_after
-from hangtrace.tracer.analyze.evidence import frames_of
+from hangtrace.tracer.analyze.evidence import frames_of, user_frame
 from hangtrace.tracer.analyze.exitwait import exit_wait_text
-from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
-from hangtrace.tracer.analyze.stacktree import format_ranks
+from hangtrace.tracer.analyze.blocking import blocking_reason, code_text, collective_frame
+from hangtrace.tracer.analyze.stacktree import format_ranks, frame_label
 from hangtrace.tracer.analyze.waitgraph import Inst
 from hangtrace.tracer.diagnosis import Kind
 
@@ -126,6 +130,21 @@ def _waiters_at(ctx: Ctx, insts_for: List[Inst]) -> Tuple[Set[int], Set[str]]:
     return wsteps, wphases
 
 
+def busy_text(ctx: Ctx, v: Any, frames: Any, thread: Any) -> str:
+    """``"busy on the CPU outside collectives (py-spy: running) and making no progress for 45 s:
+    in pack_sequences (job.py:66): `n = len(seqs[idx])`, inside `while remaining:` (job.py:64)"``
+    when the snapshot is a stall and the rank's main thread is running (py-spy's ``active``)
+    outside any collective; '' otherwise."""
+    if not ctx.stalled or not frames or not isinstance(thread, dict) or thread.get("active") is not True:
+        return ""
+    f = user_frame(frames) or frames[0]
+    idle = (ctx.now - v.progress_wall) / 1e9 if ctx.now and v.progress_wall else 0  # (memory samples are no progress)
+    loop = next((x.get("loop") for x in frames[:4] if isinstance(x.get("loop"), (list, tuple))), None)
+    return "busy on the CPU outside collectives (py-spy: running) and making no progress%s: in %s%s%s" % (
+        " for %.0f s" % idle if idle >= 1 else "", frame_label(f), code_text(f),
+        ", inside `%s` (%s:%s)" % (loop[1], os.path.basename(str(f.get("filename") or "?")), loop[0]) if loop else "")
+
+
 def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndKind:
     v = ctx.views[r]
     p = v.proc
@@ -145,10 +164,13 @@ def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndK
             loop = describe_loop(p)  # issue 9: the await chain its event loop is blocked in
             return stuck, "blocked outside collectives: %s%s" % (why, "; " + loop if loop else "")
     wsteps, wphases = _waiters_at(ctx, insts_for)
-    if start and v.activity_wall > start:
-        return skipped, "moved on: recorded activity after the others began waiting"
     if v.step is not None and wsteps and v.step > max(wsteps):
         return skipped, "moved on to step %s (waiters are at step %s)" % (v.step, format_ranks(wsteps))
+    busy = busy_text(ctx, v, frames, thread)
+    if busy:  # running, recording nothing, in a stall: a straggler or a loop that never ends (blind helper 65)
+        return stuck, busy
+    if start and v.activity_wall > start:
+        return skipped, "moved on: recorded activity after the others began waiting"
     if v.phase and wphases and v.phase not in wphases:
         return skipped, "moved on to phase %s (waiters are in %s)" % (v.phase, ", ".join(sorted(wphases)))
     if frames:

@@ -16,7 +16,7 @@ _CODE_CHARS = 160
 
 
 def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Each thread that is not running gets ``'code'`` on its innermost Python frame, and on
+    """Each thread gets ``'code'`` on its innermost Python frame, and on
     the innermost frame of the user's own code (not a library's: ``evidence.LIBRARY_PATHS``): that
     line of its source file, stripped (at most 160 characters), when the file is readable
     here. Why: a thread blocked in C code called from that line (``with lock:``, a C-level
@@ -29,8 +29,6 @@ def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     from hangtrace.tracer.analyze.evidence import user_code as mine  # (not a library's, not our hooks' wrappers)
     for t in threads:
         try:
-            if t.get("active") is not False:
-                continue
             py = [f for f in t.get("frames") or () if not f.get("native")]
             user = next((f for f in py if mine(f)), None)
             for fr in (py[:1] + ([user] if user is not None and py[:1] != [user] else [])):

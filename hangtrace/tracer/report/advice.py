@@ -115,6 +115,10 @@ EXIT_NEXTS = {
     "handler": ("give the exit handler's wait a timeout (`wait(futures, timeout=...)`, `join(timeout=...)`), and "
                 "what it waits for (the thread named above) its own timeout"),
 }
+BUSY_NEXT = ("the rank is running, not waiting: read the loop or computation named above (an exit condition "
+             "that never comes true, data that makes it far slower on this rank); `py-spy dump --pid PID` a few "
+             "times shows whether it moves; if the work is legitimately long, call `tracer.heartbeat()` inside it "
+             "or raise the stall threshold (HANGTRACE_STALL_S / --stall-s)")
 SELF_CALL_NEXT = ("call the method directly on `self` (`self.method(...)`, not through the actor's own handle and "
                   "ray.get), or give the actor a concurrency group (or max_concurrency > 1) for that method so that "
                   "it can run while the calling method waits")
@@ -164,6 +168,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return RENDEZVOUS_LOCK_NEXT if (diag.details or {}).get("rendezvous_lock") else BEFORE_RENDEZVOUS_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("exit_wait"):
         return EXIT_NEXTS.get(str((diag.details or {}).get("exit_how")), EXIT_NEXT)
+    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and str(diag.cause) == Cause.BUSY.value:
+        return BUSY_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_inherited_rank"):
         return CHILD_RANK_NEXT
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_wait"):

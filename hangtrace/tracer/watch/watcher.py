@@ -120,7 +120,8 @@ class Watcher:
             if starting(h, joined, working) and path not in self.fr_started:
                 t = max(t, self.startup_stall_s)
         if self.busy:  # working, not waiting: importing, building (busy.py)
-            waiting = any(h.get("inflight_idx") for p, h in self.headers.items() if p not in self.final)
+            waiting = any(h.get("inflight_idx") for p, h in self.headers.items() if p not in self.final) or any(
+                in_flight(line) for p, line in self.fr_seen.items() if p not in self.final)  # (DDP's C++ all-reduce)
             t = max(t, self.startup_stall_s) if waiting else float("inf")  # a straggler, or a start
         return t
 
@@ -295,6 +296,22 @@ def _alive(h: Header) -> bool:
         return live_state(h) == "alive"
     except (KeyError, TypeError, OSError):
         return False
+
+
+def in_flight(line: str) -> bool:
+    """Does ``"<pg>:<enqueued>:<completed>;..."`` (``fr_agent.progress_line``) say that a
+    collective was enqueued and not completed on some group? A rank inside DDP's gradient
+    all-reduce (C++, never in the ring) waits in a collective although its ring has none
+    in flight (blind helper 65: a spinning rank's peers waited in backward for ever while
+    the watcher held the stall off as "no rank waits in a collective")."""
+    for part in line.split(";"):
+        fields = part.rsplit(":", 2)
+        try:
+            if len(fields) == 3 and int(fields[1]) > int(fields[2]):
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 def _completed(line: str) -> List[str]:

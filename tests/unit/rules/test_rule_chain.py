@@ -230,3 +230,27 @@ def test_the_evidence_says_when_the_waiters_seq_and_the_culprits_count_different
     rec["source"] = None  # the same count on both sides: no note
     d = check(diagnose(snap([r0, r1])), "stuck-outside-collective", [1])
     assert not any("do not compare" in e for e in d.evidence), d.evidence
+
+
+def test_a_rank_running_outside_collectives_in_a_stall_is_busy_not_moved_on():
+    """Blind helper 65: rank 1 spins in a pure-Python packing loop (py-spy: its main thread
+    active) after entering phase 'pack' of step 40, while ranks 0 and 2 wait for it in the
+    all-reduce; the verdict was "Skipped collective ... moved on" with advice for a skip."""
+    b = ranks(3, steps=5)
+    for r in (0, 2):
+        b[r].wait()
+        b[r].set(stacks=stack(*COLL_STACK, active=False), stack_source="py-spy")
+    b[1].mark(phase="pack")                      # after the others began waiting
+    s = stack("Tensor.__len__ /site-packages/torch/_tensor.py:1184", "pack_sequences /job/job.py:66",
+              "main /job/job.py:127", active=True)
+    s[0]["frames"][1].update(code="n = len(seqs[idx])", loop=[64, "while remaining:"])
+    b[1].set(stacks=s, stack_source="py-spy")
+    d = check(diagnose(snap(b, reason="stall")), "stuck-outside-collective", [1])
+    assert d.cause == "busy", d.cause
+    assert ("busy on the CPU outside collectives (py-spy: running) and making no progress" in d.summary
+            and "in pack_sequences (job.py:66): `n = len(seqs[idx])`, inside `while remaining:` (job.py:64)"
+            in d.summary), d.summary
+    assert "Next: the rank is running, not waiting" in d.summary
+    # a later step than the waiters' is still a skip, running or not
+    b[1].mark(step=6)
+    assert diagnose(snap(b, reason="stall")).kind == "skipped-collective"

@@ -71,7 +71,8 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     if d.kind == Kind.SKIPPED_COLLECTIVE and d.cause is None:
         d.cause = Cause.SKIPPED
     elif d.kind == Kind.STUCK_OUTSIDE_COLLECTIVE:
-        d.cause = Cause.BLOCKED if kinds[lead][1].startswith("blocked") else Cause.NO_PROGRESS
+        d.cause = Cause.BLOCKED if kinds[lead][1].startswith("blocked") else \
+            Cause.BUSY if kinds[lead][1].startswith("busy") else Cause.NO_PROGRESS
     if main is not None:
         for e in ends[:6]:
             ctx.add(rank_line(ctx, e, main.group) + "; %s %s at %s (%s)%s" % (
