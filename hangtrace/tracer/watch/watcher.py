@@ -172,8 +172,8 @@ class Watcher:
             self.busy_noted = False
         elif self.busy and not self.busy_noted and not self.reported_stall and now - self.last_progress >= self.stall_s:
             self.busy_noted = True  # once per quiet spell
-            rank_of: Dict[int, int] = {int(h.get("pid") or 0): int(h.get("rank") if h.get("rank") is not None else -1)
-                                       for h in self.headers.values()}
+            rank_of: Dict[int, int] = {int(h.get("pid") or 0): int(h.get("rank", -1) or 0) if h.get("rank") is not None
+                                       else -1 for h in self.headers.values()}
             self._log("no progress for %.1f s, but pid(s) %s busy on CPU outside collectives (importing, building, "
                       "computing): %s" % (now - self.last_progress, ", ".join(
                           "%d%s" % (pid, " (rank %d)" % rank_of[pid] if rank_of.get(pid, -1) >= 0 else "")
