@@ -115,6 +115,9 @@ EXIT_NEXTS = {
     "handler": ("give the exit handler's wait a timeout (`wait(futures, timeout=...)`, `join(timeout=...)`), and "
                 "what it waits for (the thread named above) its own timeout"),
 }
+THREADS_NEXT = ("issue each process group's collectives from one thread: give the background thread a group of "
+                "its own (`dist.new_group(...)`, created in the same order on every rank) or hand its tensors to the "
+                "thread that owns the group")
 BUSY_NEXT = ("the rank is running, not waiting: read the loop or computation named above (an exit condition "
              "that never comes true, data that makes it far slower on this rank); `py-spy dump --pid PID` a few "
              "times shows whether it moves; if the work is legitimately long, call `tracer.heartbeat()` inside it "
@@ -178,6 +181,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         return peer_next(str((diag.details or {}).get("peer_role")), bool(diag.culprit_actors and not diag.culprit_ranks))
     if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("lock_wait"):
         return LOCK_NEXT
+    if k == Kind.COLLECTIVE_MISMATCH and len(((diag.details or {}).get("group_threads") or {}).get("threads") or ()) > 1:
+        return THREADS_NEXT
     if k == Kind.COLLECTIVE_MISMATCH and (diag.details or {}).get("p2p_pair"):  # rules/mismatch.py
         return P2P_PEER_NEXT
     cyc = list((diag.details or {}).get("actor_cycle") or [])

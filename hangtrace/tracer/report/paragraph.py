@@ -143,9 +143,11 @@ def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
                     who, pair[0] if pair[1] == r else pair[1], sigs[0].get("op"), coll, _where(diag),
                     " %s" % (exp[:1].upper() + exp[1:] + ".") if exp else "",
                     " Rank %d%s" % (r, _doing(diag)[len("; it"):]) if _doing(diag).startswith("; it ") else ""))
+    threads = d.get("group_threads_text")  # analyze/threadgroups.py: the culprit's record came from another thread
     if coll:
-        return ("Collective mismatch: %s %s at %s%s%s%s; %s." % (
-            who, _what_differs(sigs), coll, " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag), end))
+        return ("Collective mismatch: %s %s at %s%s%s%s; %s.%s" % (
+            who, _what_differs(sigs), coll, " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag), end,
+            " %s." % (threads[:1].upper() + threads[1:]) if threads else ""))
     # group/sequence number unknown (e.g. stacks only: hangtrace attach)
     return ("Collective mismatch: %s %s blocked in a different collective than the other ranks"
             "%s (group and sequence number unknown)%s%s; they cannot complete it." % (

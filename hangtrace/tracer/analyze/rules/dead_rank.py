@@ -23,6 +23,7 @@ from hangtrace.tracer.analyze.context import Ctx, RankView
 from hangtrace.tracer.analyze.deaths import failures, roots
 from hangtrace.tracer.analyze.evidence import fill_common, frames_from_exception, rank_line, rk, torch_count, ts, vb
 from hangtrace.tracer.analyze.rules.base import Finding
+from hangtrace.tracer.analyze.threadgroups import group_threads
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import Inst, inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
@@ -124,6 +125,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         culprits, how = _abort_culprits(ctx, root, mm)
         fill_common(ctx, d, culprits, None)
         _explain_abort_mismatch(ctx, root, mm, d, culprits, how)
+        group_threads(ctx, d, mm["recs"].get(culprits[0]))  # two threads on one group (blind helper 67)
         d.cascade = [c for c in fails if c["rank"] not in culprits]
         return
     d.kind = Kind.DEAD_RANK
