@@ -7,11 +7,12 @@ from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.report.advice import next_step
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.memorytext import holders_text as _holders_text, memory_text as _memory_text
+from hangtrace.tracer.report.rayparagraph import (actor_dead, actor_deadlock as _actor_deadlock, actor_stuck, call as _call,
+                                                  ray_actor_label, ray_text as _ray_text,
+                                                  unschedulable as _unschedulable)
+from hangtrace.tracer.report.words import ranks_text as _ranks, verb as _verb
 
-
-def _ranks(rs: Optional[Iterable[int]]) -> str:
-    rs = list(rs or ())
-    return ("rank " if len(rs) == 1 else "ranks ") + format_ranks(rs, 12) if rs else "no rank"
+__all__ = ["verdict_paragraph", "ray_actor_label", "_ranks"]
 
 
 def _waiters_text(diag: Diagnosis, coll: str) -> str:
@@ -24,10 +25,6 @@ def _waiters_text(diag: Diagnosis, coll: str) -> str:
     if extra:
         s += " (%s %s for %s through a chain of collectives)" % (_ranks(extra), _verb(extra), it)
     return s + "." + (" %s." % (d["poll_cycle"][:1].upper() + d["poll_cycle"][1:]) if d.get("poll_cycle") else "")
-
-
-def _verb(rs: Optional[List[Any]], one: str = "waits", many: str = "wait") -> str:
-    return one if len(rs or ()) == 1 else many
 
 
 def _group_text(diag: Diagnosis) -> Optional[str]:
@@ -83,28 +80,6 @@ def _coll(diag: Diagnosis) -> str:
     if g:
         s += " on " + g
     return s.strip()
-
-
-# --- Ray (issue 4): actor identity of the culprits, and Ray's own death text as Ray's ---
-def ray_actor_label(a: Dict[str, Any]) -> str:
-    """"Trainer 't0'" for a Ray actor identity dict."""
-    return "%s%s" % (a.get("class") or "actor", " '%s'" % a["name"] if a.get("name") else "")
-
-
-def _ray_text(diag: Diagnosis) -> str:
-    d = diag.details or {}
-    out = ""
-    acts = d.get("culprit_actors") or []
-    if acts:
-        out += " Ray actor%s: %s." % ("s" if len(acts) > 1 else "", ", ".join(
-            "rank %s = %s" % (a.get("rank"), ray_actor_label(a)) for a in acts[:4]))
-    says = d.get("ray_says") or {}
-    for r in diag.culprit_ranks[:2]:
-        x = says.get(str(r))
-        if x:
-            out += " Ray says (rank %s): \"%s\"." % (r, clip(str(x.get("text")), 240))
-    return out
-# --- end Ray ---
 
 
 def _what_differs(sigs: List[Dict[str, Any]]) -> str:
@@ -196,26 +171,8 @@ def _deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 
 
 def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
-    if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py
-        meth = d.get("actor_methods") or {}
-        chain = d.get("actor_chain") or []
-        if chain:  # rules/actor_waits.py: the end of a chain of waits on actor calls
-            lock = "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("lock_wait", "peer_wait") if d.get(k))
-            return ("Stuck outside collectives: Ray actor %s (no rank) is %s and waits on no other actor%s, while "
-                    "a chain of actor calls waits on it: %s.%s" % (
-                        ", ".join(diag.culprit_actors), "in %s" % ", ".join(sum(meth.values(), [])) if
-                        any(meth.values()) else "inside no method",
-                        " (%s)" % d["actor_doing"] if d.get("actor_doing") else "",
-                        "; ".join(_call(x) for x in chain[:6]), lock))
-        extra = "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("lock_wait", "peer_wait", "driver_wait")
-                        if d.get(k))
-        doing = d.get("actor_doing")
-        listed = ["%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]]
-        if doing and len(listed) > 1:  # the first actor's wait; "each" when all wait alike (rules/actors.py)
-            listed[0] += "" if d.get("actor_doing_all") else " (%s)" % doing
-            doing = "each: %s" % doing if d.get("actor_doing_all") else None
-        return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s%s.%s" % (
-            "; ".join(listed) or "a method", " (%s)" % doing if doing else "", extra)
+    if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py, actor_waits.py
+        return actor_stuck(diag, d)
     if d.get("exit_wait"):  # rules/exit_wait.py: the program returned, the process does not exit
         texts = ["rank %s%s" % (r, "'s " + t[4:] if t.startswith("its ") else ": " + t)
                  for r, t in list(d["exit_wait"].items())[:3]]
@@ -255,75 +212,6 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 _BLOCKED = "blocked outside collectives: "  # (analyze/chainends.py's prefix of a culprit's reason)
 
 
-def _call(x: Dict[str, Any]) -> str:
-    """``RewardServer in score is blocked in ray.get on PolicyTrainer.policy_version``; with
-    no known target (an object passed to it): ``Learner in train is blocked in ray.get at
-    Learner.train (driver.py:64) on an object passed to it``."""
-    if not x.get("waits_on"):
-        return "%s%s is blocked in %s%s on an object passed to it" % (
-            x.get("actor"), " in %s" % x["method"] if x.get("method") else "", _api(x.get("api")),
-            " at %s" % x["at"] if x.get("at") else "")
-    return "%s%s is blocked in %s on %s.%s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
-                                              _api(x.get("api")), x.get("waits_on"), x.get("target_method"))
-
-
-def _api(api: Optional[str]) -> str:
-    """``ray.get``, ``ray.wait``, ``await`` (a wait record's api)."""
-    return "await" if api == "await" else "ray.%s" % (api or "get")
-
-
-def _actor_deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
-    items = d.get("actor_cycle") or []
-    loops = {x.get("actor") for x in items if x.get("blocks_loop")}  # rules/actor_waits.py: the wait's site
-
-    def member(x: Dict[str, Any]) -> str:
-        s = _call(x)
-        if x.get("at"):
-            s += " at %s%s" % (x["at"], ": `%s`" % x["code"] if x.get("code") else "")
-        if x.get("blocks_loop"):
-            s += ", a blocking call inside its asyncio event loop (an async actor: none of its other methods runs " \
-                 "until it returns)"
-        if x.get("target_started") is False:
-            s += ", which has not started (%s is inside %s%s)" % (
-                x.get("waits_on"), x.get("target_inside") or "no method",
-                ", its event loop blocked" if x.get("waits_on") in loops else "")
-        return s
-    if len(items) == 1 and items[0].get("waits_on") == items[0].get("actor"):  # a call to itself (blind helper 61)
-        x = dict(items[0], target_started=None)
-        s = ("Actor deadlock: Ray actor %s waits on its own method: %s, which cannot start while %s runs (a call "
-             "to itself through its own handle queues behind the call that waits for it)." % (
-                 x.get("actor"), member(x), x.get("method") or "its current method"))
-    else:
-        s = "Actor deadlock: Ray actors %s wait on each other's methods in a cycle: %s." % (
-            ", ".join(diag.culprit_actors[:6]), "; ".join(member(x) for x in items[:6]))
-    waiters = d.get("actor_waiters") or []
-    if waiters:
-        s += " Waiting on the cycle: %s." % "; ".join(_call(x) for x in waiters[:4])
-    return s
-
-
-def _unschedulable(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
-    req = d.get("actor_request") or {}
-    res = req.get("resources") or {}
-    ask = ", ".join("%s: %g" % (k, v) for k, v in sorted(res.items()) if v and not k.startswith("node:")
-                    and k not in ("memory", "object_store_memory")) or "?"
-    nodes = d.get("cluster_nodes") or []
-    short = req.get("short_of") or []
-    s = "Unschedulable Ray actor: %s asks for {%s}%s and no node of the cluster (%d) offers %s; it never " \
-        "got a process." % (", ".join(diag.culprit_actors[:2]), ask,
-                            " in placement group %s" % str(req["placement_group"])[:12] if req.get("placement_group")
-                            else "", len(nodes), " and ".join(short) or "it")
-    waiters = d.get("actor_waiters") or []
-    if waiters:
-        s += " Waiting for it: %s." % "; ".join(
-            "%s%s, in %s on its %s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
-                                       _api(x.get("api")), x.get("target_method")) for x in waiters[:4])
-    says = next(iter((d.get("ray_says") or {}).values()), None)
-    if says:
-        s += " Ray says: %s." % says.get("text")
-    return s
-
-
 def _at_coll(coll: str, d: Dict[str, Any]) -> str:
     """Where a dead rank stopped: in or after the verdict's collective, or before it when
     its own last on that group is an earlier seq (``details['root_last_seq']``)."""
@@ -338,18 +226,7 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     text = d.get("cause_text") or ""
     casc = diag.cascade or []
     if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py: Ray actors without a rank
-        s = "Failed Ray actor: %s (no rank) failed first (cause: %s%s)." % (
-            ", ".join(diag.culprit_actors[:6]), diag.cause, (": " + text) if text else "")
-        waits = d.get("rank_waits") or {}
-        if waits:  # rules/rankless_root.py: ranked processes wait afterwards
-            s += " No rank progressed after it; %s %s (cascade): %s." % (
-                _ranks(diag.waiting_ranks), _verb(diag.waiting_ranks), "; ".join(
-                    "rank %s %s" % (r, clip(w, 120)) for r, w in list(waits.items())[:3]))
-        if casc:
-            s += " %d later failure(s) (cascade, e.g. %s: %s)." % (
-                len(casc), casc[0].get("actor") or "rank %s" % casc[0].get("rank"),
-                clip(casc[0].get("text") or casc[0].get("cause") or "", 100))
-        return s
+        return actor_dead(diag, d)
     s = ("Dead rank: %s died first (cause: %s%s)%s%s%s." % (
         who, diag.cause, (": " + text) if text else "", _where(diag),
         _at_coll(coll, d), _doing(diag)))

@@ -30,6 +30,7 @@ from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.collect.rings import RING_GLOB, live_state, read_signal_files
 from hangtrace.tracer.watch.busy import BusyClock
+from hangtrace.tracer.watch.frprogress import completed, in_flight
 from hangtrace.tracer.watch.headers import Header, never_worked, starting, who
 
 
@@ -238,7 +239,7 @@ class Watcher:
             self.fr_seen[path] = line
             if old is not None and old != line:
                 self.fr_started.add(path)
-                moved = moved or _completed(old) != _completed(line)
+                moved = moved or completed(old) != completed(line)
         return moved
 
     def memory_warnings(self) -> List[str]:
@@ -300,33 +301,6 @@ def _alive(h: Header) -> bool:
         return live_state(h) == "alive"
     except (KeyError, TypeError, OSError):
         return False
-
-
-def in_flight(line: str) -> bool:
-    """Does ``"<pg>:<enqueued>:<completed>;..."`` (``fr_agent.progress_line``) say that a
-    collective was enqueued and not completed on some group? A rank inside DDP's gradient
-    all-reduce (C++, never in the ring) waits in a collective although its ring has none
-    in flight (blind helper 65: a spinning rank's peers waited in backward for ever while
-    the watcher held the stall off as "no rank waits in a collective")."""
-    for part in line.split(";"):
-        fields = part.rsplit(":", 2)
-        try:
-            if len(fields) == 3 and int(fields[1]) > int(fields[2]):
-                return True
-        except ValueError:
-            continue
-    return False
-
-
-def _completed(line: str) -> List[str]:
-    """``"<pg>:<enqueued>:<completed>;..."`` (``fr_agent.progress_line``) -> the
-    ``"<pg>:<completed>"`` parts."""
-    out = []
-    for part in line.split(";"):
-        fields = part.rsplit(":", 2)  # a group's name may hold a ':'
-        if len(fields) == 3:
-            out.append(fields[0] + ":" + fields[2])
-    return out
 
 
 def run_dir_gone(run_dir: str, ino: "tuple[int, int]") -> "str | None":
