@@ -1,5 +1,5 @@
 """What to look at next, per verdict kind and (for dead ranks) per cause (pure)."""
-from typing import Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
@@ -159,46 +159,53 @@ def peer_next(role: str, actor: bool = False) -> str:
     return ACTOR_PEER_NEXT if actor else PEER_NEXT
 
 
+RANKLESS_DEATH_NEXT = ("fix what stopped the process named above before it started the ranks (its exception or "
+                       "exit code); `hangtrace records RUN_DIR` shows its start record and exception")
+STACKS_NEXT = ("read the stack classes of the report: each alive rank's main thread is outside collectives there; "
+               "the rank whose stack differs (an outlier) is the first to look at; ranks that exited are in the "
+               "ranks table")  # (helpers 56 and 59 were told to take the stacks again)
+
+_STUCK, _UNKNOWN, _MISMATCH, _ACTORS = (Kind.STUCK_OUTSIDE_COLLECTIVE, Kind.UNKNOWN, Kind.COLLECTIVE_MISMATCH,
+                                        Kind.ACTOR_DEADLOCK)
+
+
+def _self_call(d: Dict[str, Any]) -> bool:
+    cyc = list(d.get("actor_cycle") or [])
+    return len(cyc) == 1 and cyc[0].get("waits_on") == cyc[0].get("actor")
+
+
+#: The advice of a diagnosis by what its analysis found, first match wins: (kind, test of
+#: (diagnosis, details), advice text or a function of (diagnosis, details) giving it).
+_CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
+    (_UNKNOWN, lambda g, d: d.get("rankless_death"), RANKLESS_DEATH_NEXT),
+    (_UNKNOWN, lambda g, d: str(g.cause) == Cause.STALLED_IN_RENDEZVOUS.value, RENDEZVOUS_NEXT),
+    (_STUCK, lambda g, d: d.get("rendezvous_ranks"),
+     lambda g, d: RENDEZVOUS_LOCK_NEXT if d.get("rendezvous_lock") else BEFORE_RENDEZVOUS_NEXT),
+    (_STUCK, lambda g, d: d.get("exit_wait"), lambda g, d: EXIT_NEXTS.get(str(d.get("exit_how")), EXIT_NEXT)),
+    (_STUCK, lambda g, d: str(g.cause) == Cause.BUSY.value, BUSY_NEXT),
+    (_STUCK, lambda g, d: d.get("child_inherited_rank"), CHILD_RANK_NEXT),
+    (_STUCK, lambda g, d: d.get("child_wait"), CHILD_NEXT),
+    (_STUCK, lambda g, d: d.get("peer_wait"),
+     lambda g, d: peer_next(str(d.get("peer_role")), bool(g.culprit_actors and not g.culprit_ranks))),
+    (_STUCK, lambda g, d: d.get("lock_wait"), LOCK_NEXT),
+    (_MISMATCH, lambda g, d: len((d.get("group_threads") or {}).get("threads") or ()) > 1, THREADS_NEXT),
+    (_MISMATCH, lambda g, d: d.get("p2p_pair"), P2P_PEER_NEXT),
+    (_ACTORS, lambda g, d: _self_call(d), SELF_CALL_NEXT),
+    (_ACTORS, lambda g, d: any(x.get("blocks_loop") for x in d.get("actor_cycle") or ()), ASYNC_BLOCKING_NEXT),
+    (_STUCK, lambda g, d: d.get("poll_wait"), lambda g, d: POLL_CYCLE_NEXT if d.get("poll_cycle") else POLL_NEXT),
+    (_STUCK, lambda g, d: g.culprit_actors and not g.culprit_ranks, ACTOR_STUCK_NEXT),
+    (_UNKNOWN, lambda g, d: g.stack_classes and str(g.cause) == Cause.STALLED_OUTSIDE_COLLECTIVES.value, STACKS_NEXT),
+]
+
+
 def next_step(diag: Diagnosis) -> Optional[str]:
-    """The "Next:" advice of ``diag`` (no trailing period), or None."""
+    """The "Next:" advice of ``diag`` (no trailing period), or None: the first of ``_CASES``
+    that fits, else the kind's (``NEXT``) or, for a dead rank, its cause's (``DEAD_NEXT``)."""
     k = diag.kind
-    if k == Kind.UNKNOWN and (diag.details or {}).get("rankless_death"):
-        return ("fix what stopped the process named above before it started the ranks (its exception or "
-                "exit code); `hangtrace records RUN_DIR` shows its start record and exception")
-    if k == Kind.UNKNOWN and str(diag.cause) == Cause.STALLED_IN_RENDEZVOUS.value:
-        return RENDEZVOUS_NEXT
-    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("rendezvous_ranks"):
-        return RENDEZVOUS_LOCK_NEXT if (diag.details or {}).get("rendezvous_lock") else BEFORE_RENDEZVOUS_NEXT
-    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("exit_wait"):
-        return EXIT_NEXTS.get(str((diag.details or {}).get("exit_how")), EXIT_NEXT)
-    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and str(diag.cause) == Cause.BUSY.value:
-        return BUSY_NEXT
-    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_inherited_rank"):
-        return CHILD_RANK_NEXT
-    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("child_wait"):
-        return CHILD_NEXT
-    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("peer_wait"):
-        return peer_next(str((diag.details or {}).get("peer_role")), bool(diag.culprit_actors and not diag.culprit_ranks))
-    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("lock_wait"):
-        return LOCK_NEXT
-    if k == Kind.COLLECTIVE_MISMATCH and len(((diag.details or {}).get("group_threads") or {}).get("threads") or ()) > 1:
-        return THREADS_NEXT
-    if k == Kind.COLLECTIVE_MISMATCH and (diag.details or {}).get("p2p_pair"):  # rules/mismatch.py
-        return P2P_PEER_NEXT
-    cyc = list((diag.details or {}).get("actor_cycle") or [])
-    if k == Kind.ACTOR_DEADLOCK and len(cyc) == 1 and cyc[0].get("waits_on") == cyc[0].get("actor"):
-        return SELF_CALL_NEXT
-    if k == Kind.ACTOR_DEADLOCK and any(x.get("blocks_loop") for x in (diag.details or {}).get("actor_cycle") or ()):
-        return ASYNC_BLOCKING_NEXT
-    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and (diag.details or {}).get("poll_wait"):  # analyze/pollwait.py
-        return POLL_CYCLE_NEXT if (diag.details or {}).get("poll_cycle") else POLL_NEXT
-    if k == Kind.STUCK_OUTSIDE_COLLECTIVE and diag.culprit_actors and not diag.culprit_ranks:
-        return ACTOR_STUCK_NEXT
-    if k == Kind.UNKNOWN and diag.stack_classes and str(diag.cause) == Cause.STALLED_OUTSIDE_COLLECTIVES.value:
-        # the stacks are there (helpers 56 and 59 were told to take them again)
-        return ("read the stack classes of the report: each alive rank's main thread is outside collectives "
-                "there; the rank whose stack differs (an outlier) is the first to look at; ranks that exited are "
-                "in the ranks table")
+    d = diag.details or {}
+    for kind, test, advice in _CASES:
+        if k == kind and test(diag, d):
+            return advice(diag, d) if callable(advice) else str(advice)
     if k != Kind.DEAD_RANK:
         return NEXT.get(k)
     cause = str(diag.cause) if diag.cause is not None else ""
