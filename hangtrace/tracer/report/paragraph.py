@@ -5,6 +5,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.report.advice import next_step
+from hangtrace.tracer.analyze.attempts import last_line
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.memorytext import holders_text as _holders_text, memory_text as _memory_text
 from hangtrace.tracer.report.rayparagraph import (actor_dead, actor_deadlock as _actor_deadlock, actor_stuck, call as _call,
@@ -227,9 +228,17 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     casc = diag.cascade or []
     if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py: Ray actors without a rank
         return actor_dead(diag, d)
+    if "Original Traceback" in text:  # an exception re-raised from a DataLoader worker: its own last line says it
+        head = text.split("Original Traceback", 1)[0].strip().rstrip(".").split(": ", 1)[-1]
+        text = "%s (%s)" % (last_line(text), head[:1].lower() + head[1:]) if last_line(text) else text
     s = ("Dead rank: %s died first (cause: %s%s)%s%s%s." % (
         who, diag.cause, (": " + text) if text else "", _where(diag),
         _at_coll(coll, d), _doing(diag)))
+    att = d.get("attempts") or {}
+    if att.get("count", 0) > 1:  # analyze/attempts.py: a restarted rank
+        s += " It ran in %d attempts (restarts); %s." % (
+            att["count"], "each ended the same way" if att.get("same") == att["count"] else
+            "%d of them ended the same way" % att.get("same", 1))
     if casc:
         s += " %d other rank(s) failed after it (cascade, e.g. rank %d: %s)." % (
             len(casc), casc[0]["rank"], clip(casc[0].get("text") or casc[0].get("cause") or "", 100))

@@ -24,6 +24,7 @@ from hangtrace.tracer.analyze.deaths import failures, roots
 from hangtrace.tracer.analyze.evidence import fill_common, frames_from_exception, rank_line, rk, torch_count, ts, vb
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.threadgroups import group_threads
+from hangtrace.tracer.analyze.attempts import restarts
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import Inst, inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
@@ -150,6 +151,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
             " (torch's count, from the Flight Recorder: it counts C++-issued collectives such as DDP's "
             "gradient all-reduce; rank %d's seq is hangtrace's count of Python calls)" % root.rank)
             if d.details.get("waiters_seq") == "torch" else ""))
+    restarts(ctx, d, root)  # the same failure in every attempt of a restarted rank (blind helper 68)
     d.cascade = [c for c in fails if c["rank"] != root.rank]
     if d.cascade:
         vict = [c for c in d.cascade if c.get("victim")]
