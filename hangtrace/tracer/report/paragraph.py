@@ -236,9 +236,11 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         _at_coll(coll, d), _doing(diag)))
     att = d.get("attempts") or {}
     if att.get("count", 0) > 1:  # analyze/attempts.py: a restarted rank
+        same = att.get("same", 1)
         s += " It ran in %d attempts (restarts); %s." % (
-            att["count"], "each ended the same way" if att.get("same") == att["count"] else
-            "%d of them ended the same way" % att.get("same", 1))
+            att["count"], "each ended the same way" if same == att["count"] else
+            "the earlier ones ended otherwise (the evidence says how)" if same == 1 else
+            "%d of them ended the same way" % same)
     if casc:
         s += " %d other rank(s) failed after it (cascade, e.g. rank %d: %s)." % (
             len(casc), casc[0]["rank"], clip(casc[0].get("text") or casc[0].get("cause") or "", 100))

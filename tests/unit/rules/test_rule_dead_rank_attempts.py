@@ -43,3 +43,23 @@ def test_a_rank_that_failed_alike_in_every_attempt_says_so_once():
     assert "It ran in 3 attempts (restarts); each ended the same way." in d.summary, d.summary
     assert "cause: exception: ValueError: sequence length 0 (sample 77) (caught ValueError in DataLoader worker " \
            "process 0))" in d.summary, d.summary
+
+
+def test_a_transport_failure_before_every_other_death_and_only_sigterms_after_it_is_the_root():
+    """Helper 68's run without the store workaround: after the restart rank 0's
+    init_process_group failed ("Gloo connectFullMesh failed ... Connection refused"), then
+    torchrun SIGTERMed ranks 1 and 2; the verdict blamed rank 1's SIGTERM."""
+    procs = []
+    for r in range(3):
+        b = R(r, 3, groups=[world(3)], pid=300 + r)
+        b.set(meta={"ppid": 99, "rank_source": 1})
+        b.coll()
+        procs.append(b)
+    procs[0].set(state="exited", exit_code=1, events=[{
+        "event": "exception", "type": "RuntimeError", "wall_ns": procs[0].t + MS,
+        "message": "Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: SO_ERROR: Connection refused"}])
+    for b in procs[1:]:
+        b.set(state="killed", signals={"sigterm": {"text": "Fatal Python error: SIGTERM", "wall_ns": procs[0].t + S}})
+    d = check(diagnose(snap(procs, reason="death")), "dead-rank", [0])
+    assert "Gloo connectFullMesh failed" in d.summary, d.summary
+    assert sorted(c["rank"] for c in d.cascade) == [1, 2]
