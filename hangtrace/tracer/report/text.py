@@ -9,7 +9,7 @@ import textwrap
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from hangtrace.tracer.analyze.stacktree import NO_STACK, format_ranks
-from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.diagnosis import Cause, Diagnosis
 from hangtrace.tracer.process_model import assign_roles, process_argv
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.json import SCHEMA_VERSION, diagnosis_json
@@ -61,11 +61,17 @@ def _ledger_table(diag: Diagnosis, mem: Dict[str, Any], max_rows: int) -> List[s
     out.append(("    " + fmt % header).rstrip())
     out.extend(("    " + fmt % t).rstrip() for t in table)
     if len(sel) > max_rows:
-        out.append("    ... %d earlier rows in the JSON (details.memory.ledger)" % (len(sel) - max_rows))
+        out.append("    ... %d earlier rows in the JSON (details.memory.ledger; `hangtrace records RUN_DIR --memory`)"
+                   % (len(sel) - max_rows))
     if any(t[3] == "cgroup" for t in table):  # (blind job tr_dl_leak: a reader blamed the ranks' shared growth)
         out.append("    cgroup: the usage of the process's memory cgroup, shared by every process in it (the ranks "
                    "of a container): its growth is not one rank's")
     return out
+
+
+#: causes of a verdict about memory: the ledger is shown in full (up to ``max_rows``)
+_MEMORY_CAUSES = frozenset({Cause.HOST_OOM_KILL.value, Cause.CUDA_OOM.value, Cause.RAY_MEMORY_MONITOR.value})
+_LEDGER_BRIEF = 6
 
 
 def _memory_section(diag: Diagnosis, max_rows: int = 60) -> List[str]:
@@ -82,8 +88,8 @@ def _memory_section(diag: Diagnosis, max_rows: int = 60) -> List[str]:
         out.append("  - %s" % ln)
     for ln in mem.get("advice") or ():
         out.append("  advice: %s" % ln)
-    if mem.get("ledger"):
-        out.extend(_ledger_table(diag, mem, max_rows))
+    if mem.get("ledger"):  # (a verdict not about memory: its newest rows only; helpers 53, 57, 65 and 68 found it noise)
+        out.extend(_ledger_table(diag, mem, max_rows if str(diag.cause) in _MEMORY_CAUSES else _LEDGER_BRIEF))
     out.append("")
     return out
 # --- end memory ---
