@@ -134,6 +134,10 @@ def memory_details(ctx: Ctx, d: Diagnosis) -> None:
         return
     if mem is None:
         return
+    culprits = {str(r) for r in d.culprit_ranks}
+    if isinstance(mem.get("advice"), list):  # a cascade rank the launcher SIGTERMed after the root: no one to look for
+        mem["advice"] = [a for a in mem["advice"] if not (str(a).startswith("not an OOM: find who sent SIGTERM to rank ")
+                                                           and str(a).split("rank ", 1)[1].split(" ", 1)[0] not in culprits)]
     d.details["memory"] = mem
     if d.kind == Kind.DEAD_RANK and d.culprit_ranks:
         a = atts.get(d.culprit_ranks[0]) or {}
