@@ -134,7 +134,8 @@ def memory_details(ctx: Ctx, d: Diagnosis) -> None:
         return
     if mem is None:
         return
-    culprits = {str(r) for r in d.culprit_ranks}
+    # (the advice stands only for the rank whose SIGTERM is the verdict's cause, not one the launcher stopped)
+    culprits = {str(r) for r in d.culprit_ranks} if d.kind == Kind.DEAD_RANK else set()
     if isinstance(mem.get("advice"), list):  # a cascade rank the launcher SIGTERMed after the root: no one to look for
         mem["advice"] = [a for a in mem["advice"] if not (str(a).startswith("not an OOM: find who sent SIGTERM to rank ")
                                                            and str(a).split("rank ", 1)[1].split(" ", 1)[0] not in culprits)]

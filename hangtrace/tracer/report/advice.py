@@ -115,6 +115,9 @@ EXIT_NEXTS = {
     "handler": ("give the exit handler's wait a timeout (`wait(futures, timeout=...)`, `join(timeout=...)`), and "
                 "what it waits for (the thread named above) its own timeout"),
 }
+SLEEP_NEXT = ("the rank sleeps at the line named above while the others wait for it in a collective (a fixed "
+              "wait, a retry back-off, a slow stand-in): shorten it or move it out of the step, or let every rank "
+              "sleep there alike")
 THREADS_NEXT = ("issue each process group's collectives from one thread: give the background thread a group of "
                 "its own (`dist.new_group(...)`, created in the same order on every rank) or hand its tensors to the "
                 "thread that owns the group")
@@ -193,6 +196,8 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_ACTORS, lambda g, d: _self_call(d), SELF_CALL_NEXT),
     (_ACTORS, lambda g, d: any(x.get("blocks_loop") for x in d.get("actor_cycle") or ()), ASYNC_BLOCKING_NEXT),
     (_STUCK, lambda g, d: d.get("poll_wait"), lambda g, d: POLL_CYCLE_NEXT if d.get("poll_cycle") else POLL_NEXT),
+    (_STUCK, lambda g, d: g.culprit_ranks and all(str(x).split("blocked outside collectives: ")[-1].startswith(
+        "asleep in ") for x in (d.get("culprit_reasons") or {"": ""}).values()), SLEEP_NEXT),
     (_STUCK, lambda g, d: g.culprit_actors and not g.culprit_ranks, ACTOR_STUCK_NEXT),
     (_UNKNOWN, lambda g, d: g.stack_classes and str(g.cause) == Cause.STALLED_OUTSIDE_COLLECTIVES.value, STACKS_NEXT),
 ]

@@ -198,7 +198,10 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
                      if d.get(k) and not (k == "child_wait" and child))
     to = d.get("timed_out")
     if to:  # rules/timeout_waiter.py: the rank that gave up waiting for it
-        after += " Rank %s gave up waiting for it in a collective: %s." % (to.get("rank"), clip(str(to.get("text")), 160))
+        many = [r for r in to.get("ranks") or () if r != to.get("rank")]
+        after += " %s gave up waiting for it in a collective%s: %s." % (
+            _ranks([to.get("rank")] + many).capitalize(), " (rank %s first)" % to.get("rank") if many else "",
+            clip(str(to.get("text")), 160))
     waiters = (_waiters_text(diag, coll) if diag.waiting_ranks and coll else
                ("Others wait for it in %s." % coll if coll else ""))
     if d.get("rendezvous_ranks") and diag.waiting_ranks and not coll:  # rules/before_rendezvous.py

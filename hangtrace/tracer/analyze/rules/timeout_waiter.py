@@ -65,7 +65,8 @@ def find(ctx: Ctx) -> Optional[Finding]:
 
 def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     """Kind, cause, culprits and their reasons (``details['culprit_reasons']``), the
-    timeout (``details['timed_out']``: {rank, text, wall_ns}), every failure as cascade."""
+    timeout (``details['timed_out']``: {rank, text, wall_ns, ranks: every rank whose
+    collective timed out}), every failure as cascade."""
     first, text, outside = finding.data
     d.kind = Kind.STUCK_OUTSIDE_COLLECTIVE
     fill_common(ctx, d, [r for r, _ in outside], None)
@@ -73,7 +74,9 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     reasons = {str(r): why for r, why in outside}
     d.details["culprit_reasons"] = reasons
     d.details["culprit_kinds"] = {str(r): Kind.STUCK_OUTSIDE_COLLECTIVE.value for r, _ in outside}
-    d.details["timed_out"] = {"rank": first.rank, "text": text[:300], "wall_ns": first.fail_wall}
+    gave_up = sorted({c["rank"] for c in failures(ctx) if c.get("rank") not in reasons and c.get("rank") is not None
+                      and "timed out" in str(c.get("text") or "").lower()} | {first.rank})
+    d.details["timed_out"] = {"rank": first.rank, "text": text[:300], "wall_ns": first.fail_wall, "ranks": gave_up}
     d.cause = Cause.BLOCKED if any(not w.startswith(_RUNNING) for w in reasons.values()) else Cause.NO_PROGRESS
     ctx.add("rank %d gave up waiting in a collective at %s: %s" % (first.rank, ts(first.fail_wall), text[:300]))
     dumped = [r for r, _ in outside if not ctx.views[r].proc.stacks]  # (their stacks from a faulthandler dump)
