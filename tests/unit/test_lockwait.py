@@ -102,7 +102,7 @@ def test_attach_names_the_other_thread_on_a_lock_too():
 
 
 def test_the_with_blocks_a_line_is_inside_are_found_by_indentation(tmp_path):
-    from hangtrace.tracer.collect.sourcelines import enclosing_with
+    from hangtrace.tracer.collect.sourcelines import enclosing_blocks
     src = tmp_path / "m.py"
     src.write_text("import threading\n"
                    "class C:\n"
@@ -113,7 +113,7 @@ def test_the_with_blocks_a_line_is_inside_are_found_by_indentation(tmp_path):
                    "                with tracer.phase('x'):\n"
                    "                    with self.b:\n"
                    "                        pass\n")
-    assert enclosing_with(str(src), 9) == [[8, "with self.b:"], [4, "with self.a:"]]  # (our phases left out)
-    assert enclosing_with(str(src), 8) == [[4, "with self.a:"]]
-    assert enclosing_with(str(src), 4) == []                  # the def ends the search
-    assert enclosing_with(str(tmp_path / "gone.py"), 4) == []
+    assert enclosing_blocks(str(src), 9)[0] == [[8, "with self.b:"], [4, "with self.a:"]]  # (our phases left out)
+    assert enclosing_blocks(str(src), 8)[0] == [[4, "with self.a:"]]
+    assert enclosing_blocks(str(src), 4)[0] == []                  # the def ends the search
+    assert enclosing_blocks(str(tmp_path / "gone.py"), 4)[0] == []

@@ -260,7 +260,7 @@ def c_lock_wait(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Opti
 
 def held_text(frames: Optional[List[Frame]]) -> str:
     """``" (inside `with metrics_lock:` at job.py:77)"``: the ``with`` blocks the thread's
-    frames are inside (``'with'`` of a frame: collect/sourcelines.py ``enclosing_with``,
+    frames are inside (``'with'`` of a frame: collect/sourcelines.py ``enclosing_blocks``,
     innermost first), i.e. what a thread waiting for a lock already holds; '' when none."""
     seen: List[str] = []
     for f in frames or ():

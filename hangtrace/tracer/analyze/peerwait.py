@@ -64,7 +64,7 @@ def _thread_line(th: Dict[str, Any]) -> Optional[str]:
 def _cycle_text(threads: List[Dict[str, Any]]) -> str:
     """``"; its main thread holds that lock (`with state_lock:` at job.py:40) while in all_reduce
     (distributed_c10d.py:2500)"`` when another thread of the peer waits at a ``with`` line
-    its main thread is inside (collect/sourcelines.py ``enclosing_with``): the peer's server
+    its main thread is inside (collect/sourcelines.py ``enclosing_blocks``): the peer's server
     waits for its own main thread, which waits in turn (a collective for the culprit: a
     cycle across processes); '' otherwise."""
     main = next((t for t in threads if t.get("thread_name") == "MainThread"), None)

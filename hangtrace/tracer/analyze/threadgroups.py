@@ -62,15 +62,16 @@ def _group_threads(ctx: Ctx, d: Diagnosis, crec: Optional[Mapping[str, Any]]) ->
     if len(threads) < 2 and thread == _MAIN:
         return
     d.details["group_threads"] = {"rank": r, "threads": threads, "thread": thread}
-    names = ", ".join("'%s'" % t if t != _MAIN else "its main thread" for t in threads[:4])
-    text = ("rank %d issues collectives on %s from %d threads (%s); this %s came from %s: the threads' "
-            "collectives interleave by timing, so the ranks pair different calls at one sequence number" % (
-                r, ctx.gdesc(d.group), len(threads), names, (crec or {}).get("op") or "collective",
-                "its thread '%s'" % thread if thread != _MAIN else "its main thread"))
-    if len(threads) < 2:
+    op = (crec or {}).get("op") or "collective"
+    if len(threads) > 1:
+        names = ", ".join("'%s'" % t if t != _MAIN else "its main thread" for t in threads[:4])
+        text = ("rank %d issues collectives on %s from %d threads (%s); this %s came from %s: the threads' "
+                "collectives interleave by timing, so the ranks pair different calls at one sequence number" % (
+                    r, ctx.gdesc(d.group), len(threads), names, op,
+                    "its thread '%s'" % thread if thread != _MAIN else "its main thread"))
+    else:
         text = ("rank %d's %s came from its thread '%s', not its main thread: check that no other thread issues "
-                "collectives on %s on any rank" % (r, (crec or {}).get("op") or "collective", thread,
-                                                   ctx.gdesc(d.group)))
+                "collectives on %s on any rank" % (r, op, thread, ctx.gdesc(d.group)))
     d.details["group_threads_text"] = text
     ctx.add(text)
     if thread == _MAIN:

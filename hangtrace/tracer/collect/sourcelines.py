@@ -58,12 +58,6 @@ def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 _WITH_LOOKBACK = 80  # source lines searched above a frame's line for the blocks it is inside
 
 
-def enclosing_with(path: str, line: int) -> List[List[Any]]:
-    """The ``with`` statements whose block holds line ``line`` of ``path`` (its function's,
-    innermost first): ``[[line, 'with metrics_lock:'], ...]`` (:func:`enclosing_blocks`)."""
-    return enclosing_blocks(path, line)[0]
-
-
 def enclosing_blocks(path: str, line: int) -> Tuple[List[List[Any]], Optional[List[Any]]]:
     """``(withs, loop)`` around line ``line`` of ``path``, found by indentation up to the
     enclosing ``def``/``class`` (at most ``_WITH_LOOKBACK`` lines above): the ``with``

@@ -172,7 +172,8 @@ _STUCK, _UNKNOWN, _MISMATCH, _ACTORS = (Kind.STUCK_OUTSIDE_COLLECTIVE, Kind.UNKN
                                         Kind.ACTOR_DEADLOCK)
 
 
-def _self_call(d: Dict[str, Any]) -> bool:
+def self_call(d: Dict[str, Any]) -> bool:
+    """Is the actor cycle of ``d`` one actor waiting on its own method (rules/actor_waits.py)?"""
     cyc = list(d.get("actor_cycle") or [])
     return len(cyc) == 1 and cyc[0].get("waits_on") == cyc[0].get("actor")
 
@@ -193,7 +194,7 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_STUCK, lambda g, d: d.get("lock_wait"), LOCK_NEXT),
     (_MISMATCH, lambda g, d: len((d.get("group_threads") or {}).get("threads") or ()) > 1, THREADS_NEXT),
     (_MISMATCH, lambda g, d: d.get("p2p_pair"), P2P_PEER_NEXT),
-    (_ACTORS, lambda g, d: _self_call(d), SELF_CALL_NEXT),
+    (_ACTORS, lambda g, d: self_call(d), SELF_CALL_NEXT),
     (_ACTORS, lambda g, d: any(x.get("blocks_loop") for x in d.get("actor_cycle") or ()), ASYNC_BLOCKING_NEXT),
     (_STUCK, lambda g, d: d.get("poll_wait"), lambda g, d: POLL_CYCLE_NEXT if d.get("poll_cycle") else POLL_NEXT),
     (_STUCK, lambda g, d: g.culprit_ranks and all(str(x).split("blocked outside collectives: ")[-1].startswith(

@@ -4,6 +4,7 @@ chains and unschedulable actors. Split from ``paragraph.py``, which composes the
 from typing import Any, Dict, Optional
 
 from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.report.advice import self_call
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.words import ranks_text as _ranks, verb as _verb
 
@@ -62,7 +63,7 @@ def actor_deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> s
                 x.get("waits_on"), x.get("target_inside") or "no method",
                 ", its event loop blocked" if x.get("waits_on") in loops else "")
         return s
-    if len(items) == 1 and items[0].get("waits_on") == items[0].get("actor"):  # a call to itself (blind helper 61)
+    if self_call(d):  # a call to itself (blind helper 61)
         x = dict(items[0], target_started=None)
         s = ("Actor deadlock: Ray actor %s waits on its own method: %s, which cannot start while %s runs (a call "
              "to itself through its own handle queues behind the call that waits for it)." % (
