@@ -153,6 +153,13 @@ def _skipped(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     if diag.cause == Cause.EXTRA_COLLECTIVE and ex:
         return _extra(diag, who, coll, ex)
     if diag.cause == Cause.EXTRA_COLLECTIVE:
+        failed = d.get("minority_failed")  # rules/minority.py: it failed there and left
+        if failed:
+            texts = list(failed.values())
+            return ("Skipped collective: %s alone entered %s%s%s; the other members never call it and "
+                    "went on, so it could not complete: %s%s." % (
+                        who, coll, _where(diag), _doing(diag), texts[0],
+                        ": the program caught the error" if all("code 0" in t for t in texts) else ""))
         return ("Skipped collective: %s alone entered %s%s%s; the other members never call it and "
                 "went on, so %s %s forever." % (who, coll, _where(diag), _doing(diag), who,
                                                 _verb(diag.culprit_ranks)))

@@ -9,6 +9,7 @@ from ruleutil import check  # noqa: E402
 from synth import ranks, snap  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
+from hangtrace.tracer.report.paragraph import verdict_paragraph  # noqa: E402
 
 
 def test_rank0_extra_collective_others_moved_on_minority_named():
@@ -19,3 +20,31 @@ def test_rank0_extra_collective_others_moved_on_minority_named():
     d = check(diagnose(snap(b)), "skipped-collective", [0])
     assert d.cause == "extra-collective"
     assert d.op == "barrier"
+
+
+def test_minority_whose_collective_failed_and_which_exited_does_not_wait_forever():
+    """Helper 70: a logger's atexit barrier on rank 0 after ranks 1-2 destroyed their
+    group: gloo raised, the handler swallowed it, every process exited 0. Rank 0 is still
+    the one that took another path, but it waits for nothing: the paragraph says so."""
+    b = ranks(3)
+    b[0].coll(op="barrier", state="failed",
+              error="RuntimeError: [/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+                    "Connection closed by peer [127.0.0.1]:33515. This is typically caused by ...")
+    for r in range(3):
+        b[r].set(state="exited", exit_code=0)
+    d = check(diagnose(snap(b)), "skipped-collective", [0])
+    assert d.cause == "extra-collective" and d.op == "barrier"
+    assert d.details["minority_failed"] == {
+        "0": "it failed there (RuntimeError: Connection closed by peer [127.0.0.1]:33515) and exited cleanly (code 0)"}
+    text = verdict_paragraph(d)
+    assert "forever" not in text and "the program caught the error" in text
+
+
+def test_minority_still_waiting_waits_forever():
+    b = ranks(3)
+    b[0].wait(op="barrier")
+    for r in (1, 2):
+        b[r].set(state="exited", exit_code=0)
+    d = check(diagnose(snap(b)), "skipped-collective", [0])
+    assert "minority_failed" not in d.details
+    assert "waits forever" in verdict_paragraph(d)

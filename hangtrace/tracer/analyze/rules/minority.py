@@ -10,7 +10,8 @@ P2P instances never flip. For the arbiter the Finding carries the chain ends as
 """
 from __future__ import annotations
 
-from typing import Optional
+import re
+from typing import Dict, Optional, Sequence
 
 from hangtrace.tracer.analyze.chainends import ChainEnds
 from hangtrace.tracer.analyze.context import Ctx
@@ -21,6 +22,8 @@ from hangtrace.tracer.analyze.waitgraph import inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "minority"
+#: the C++ source position gloo puts in its messages: "[/…/gloo/transport/tcp/pair.cc:553] "
+_SRC = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h):\d+\]\s*")
 
 
 def find(ctx: Ctx) -> Optional[Finding]:
@@ -55,3 +58,24 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     for m in main.missing[:3]:
         ctx.add(rank_line(ctx, m, main.group) + " (%s)" % kinds[m][1] if m in kinds else rank_line(ctx, m, main.group))
     d.details["culprit_kinds"] = {str(r): Kind.SKIPPED_COLLECTIVE.value for r in main.waiters}
+    gave_up = failed_and_left(ctx, main.waiters)
+    if gave_up:
+        d.details["minority_failed"] = gave_up
+
+
+def failed_and_left(ctx: Ctx, ranks: Sequence[int]) -> Dict[str, str]:
+    """rank -> what became of it, for the waiters whose collective failed with a transport
+    error (its peers had gone) and whose process is gone too: such a rank waits no more (a
+    program that catches the error, e.g. a collective in an ``atexit`` handler after the
+    others destroyed their group, exits 0). Empty unless every one of ``ranks`` did so."""
+    out: Dict[str, str] = {}
+    for r in ranks:
+        v = ctx.views.get(r)
+        if v is None or not v.blocked_failed or v.proc.state not in ("exited", "killed"):
+            return {}
+        err = _SRC.sub("", str((v.blocked or {}).get("error") or "a transport error").splitlines()[0])
+        err = err.split(" This is typically")[0].rstrip(".")[:160]
+        left = ("exited cleanly (code %s)" % v.proc.exit_code if v.proc.state == "exited"
+                else "its process is gone")
+        out[str(r)] = "it failed there (%s) and %s" % (err, left)
+    return out
