@@ -14,6 +14,7 @@ each ended at) and an evidence line; nothing when the rank was not restarted.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional
 
 from hangtrace.tracer.analyze.context import Ctx, RankView, index_process
@@ -27,6 +28,17 @@ def last_line(text: Optional[str]) -> str:
     return lines[-1] if lines else ""
 
 
+#: the C++ source position gloo puts in its messages: "[/…/gloo/transport/tcp/pair.cc:553] "
+_SRC = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h):\d+\]\s*")
+
+
+def short_error(text: Optional[str], limit: int = 160) -> str:
+    """The first line of an error text without gloo's C++ source position and its "This is
+    typically caused by ..." tail: ``'RuntimeError: Connection closed by peer [127.0.0.1]:33515'``."""
+    first = _SRC.sub("", str(text or "").strip().split("\n")[0])
+    return first.split(" This is typically")[0].rstrip(".")[:limit]
+
+
 def _how(v: RankView) -> str:
     return last_line(v.cause_text) or str(v.cause or "")
 
@@ -34,6 +46,8 @@ def _how(v: RankView) -> str:
 def restarts(ctx: Ctx, d: Diagnosis, root: RankView) -> None:
     """Fills ``details['attempts']`` for a dead root whose rank was restarted."""
     keys: List[str] = []
+    if root.rank in ctx.replaced:  # restarted alone: its replacement is described instead (analyze/replacement.py)
+        return
     for r, kind, _kept, others in ctx.dups:
         if r == root.rank and kind == "restart":
             keys = list(others)

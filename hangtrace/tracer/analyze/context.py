@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze import elastic
+from hangtrace.tracer.analyze.lonerestart import lone_restarts
 from hangtrace.tracer.analyze.workwait import async_wait
 from hangtrace.tracer.analyze.deaths import (fill_death, is_transport_error, rec_fail_wall, sigterm_in_long_wait,
                                              sigterm_wait_completed)
@@ -237,7 +238,12 @@ class Ctx:
         self.roles: ProcessRoles = assign_roles(valid)
         for c in self.roles.claims:
             self.dups.append((c.rank, c.kind, c.kept, c.others))
-        return dict(self.roles.ranks)
+        ranks = dict(self.roles.ranks)
+        # a rank restarted alone: the process that died stands for it (analyze/lonerestart.py)
+        self.replaced: Dict[int, Tuple[ProcessInfo, ProcessInfo]] = lone_restarts(ranks, self.dups, valid)
+        for r, (prev, _new) in self.replaced.items():
+            ranks[r] = prev
+        return ranks
 
     def _groups(self) -> Dict[str, GroupDef]:
         groups: Dict[str, GroupDef] = {}

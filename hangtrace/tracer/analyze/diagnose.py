@@ -24,6 +24,7 @@ from hangtrace.tracer.analyze.childwait import child_process
 from hangtrace.tracer.analyze.peerwait import peer_waits
 from hangtrace.tracer.analyze.lockwait import lock_waits
 from hangtrace.tracer.analyze.pollwait import poll_waits
+from hangtrace.tracer.analyze.replacement import replacement
 from hangtrace.tracer.analyze.loaderwait import loader_workers
 from hangtrace.tracer.analyze.rules import (ACTOR_RULES, ACTORS, BY_NAME, DEATH_RULE, FALLBACK_RULES, HANG_RULES,
                                             RANKLESS_ROOT, STACK_ONLY, TIMEOUT_WAITER, Finding)
@@ -78,7 +79,11 @@ def _preamble(ctx: Ctx, d: Diagnosis) -> None:
                 % ((rk(ctx.nofile, 12) if ctx.nmissing == len(ctx.nofile) else
                     "%d ranks (first: %s)" % (ctx.nmissing, format_ranks(ctx.nofile[:12], 12))), ctx.world))
     for r, kind, kept, others in ctx.dups[:5]:
-        if kind == "restart":
+        if kind == "restart" and r in ctx.replaced:  # analyze/lonerestart.py
+            ctx.add("rank %d: restarted alone (earlier process %s, newest %s) while the other ranks kept their "
+                    "processes: %s, the one that died, is analysed" % (r, ", ".join(others), kept,
+                                                                       ctx.replaced[r][0].key))
+        elif kind == "restart":
             ctx.add("rank %d: restarted (earlier process %s); the newest, %s, is analysed"
                     % (r, ", ".join(others), kept))
         elif kind == "inherited":
@@ -209,6 +214,7 @@ def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
     lock_waits(ctx, d)  # a culprit waiting for a lock while other threads of it do too
     peer_waits(ctx, d)  # a culprit blocked on a local socket: the process at the other end, doing what
     poll_waits(ctx, d)  # culprits polling for a condition: where their waiters are, and a cycle
+    replacement(ctx, d)  # a culprit rank restarted alone: what its new process does
     if d.culprit_ranks and d.waiting_ranks:
         cs = set(d.culprit_ranks)
         d.waiting_ranks = [r for r in d.waiting_ranks if r not in cs]

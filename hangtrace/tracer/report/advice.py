@@ -162,6 +162,10 @@ def peer_next(role: str, actor: bool = False) -> str:
     return ACTOR_PEER_NEXT if actor else PEER_NEXT
 
 
+RESTART_ALONE_NEXT = ("restart every rank of the process group together when one dies (a Ray actor's "
+                      "`max_restarts` restarts one process, whose new `init_process_group` its peers never join: "
+                      "recreate the whole worker group and its process group, or set `max_restarts=0` and let the "
+                      "driver do it; `torchrun --max-restarts` restarts all ranks)")
 RANKLESS_DEATH_NEXT = ("fix what stopped the process named above before it started the ranks (its exception or "
                        "exit code); `hangtrace records RUN_DIR` shows its start record and exception")
 STACKS_NEXT = ("read the stack classes of the report: each alive rank's main thread is outside collectives there; "
@@ -225,6 +229,8 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         nxt = PDB_NEXT
     if nxt is None and cause.startswith("exit-code"):
         nxt = EXIT_CODE_NEXT
+    if (diag.details or {}).get("replacement"):  # analyze/lonerestart.py
+        nxt = "%s; then %s" % (nxt, RESTART_ALONE_NEXT) if nxt else RESTART_ALONE_NEXT
     if nxt is not None and diag.culprit_actors and not diag.culprit_ranks:
         # a Ray actor without a rank is the culprit: the advice speaks of it, not of a rank
         nxt = nxt.replace("that rank's", "that actor's").replace("that rank", "that actor") \

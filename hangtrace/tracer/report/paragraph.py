@@ -5,7 +5,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.report.advice import next_step
-from hangtrace.tracer.analyze.attempts import last_line
+from hangtrace.tracer.analyze.attempts import last_line, short_error
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.memorytext import holders_text as _holders_text, memory_text as _memory_text
 from hangtrace.tracer.report.rayparagraph import (actor_dead, actor_deadlock as _actor_deadlock, actor_stuck, call as _call,
@@ -253,7 +253,7 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
             "%d of them ended the same way" % same)
     if casc:
         s += " %d other rank(s) failed after it (cascade, e.g. rank %d: %s)." % (
-            len(casc), casc[0]["rank"], clip(casc[0].get("text") or casc[0].get("cause") or "", 100))
+            len(casc), casc[0]["rank"], clip(short_error(casc[0].get("text")) or casc[0].get("cause") or "", 100))
     elif diag.waiting_ranks:
         s += " %s %s for it." % (_ranks(diag.waiting_ranks), _verb(diag.waiting_ranks))
     return s
@@ -321,6 +321,10 @@ _BY_KIND: Dict[str, Callable[[Diagnosis, str, str, Dict[str, Any]], str]] = {
 def verdict_paragraph(diag: Diagnosis) -> str:
     """One paragraph (a str, no trailing newline) a human reads first."""
     s = _BY_KIND.get(str(diag.kind), _unknown)(diag, _ranks(diag.culprit_ranks), _coll(diag), diag.details or {})
+    rep = (diag.details or {}).get("replacement")
+    if rep:  # analyze/lonerestart.py: the rank was restarted alone
+        s += (" It was restarted alone: its new process %s; the other ranks kept the process group it died in, "
+              "which a new process cannot join." % rep.get("text"))
     s += _ray_text(diag)  # issue 4
     s += _memory_text(diag)  # issue 5
     s += _holders_text(diag)  # issue 9

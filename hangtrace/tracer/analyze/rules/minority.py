@@ -10,9 +10,9 @@ P2P instances never flip. For the arbiter the Finding carries the chain ends as
 """
 from __future__ import annotations
 
-import re
 from typing import Dict, Optional, Sequence
 
+from hangtrace.tracer.analyze.attempts import short_error
 from hangtrace.tracer.analyze.chainends import ChainEnds
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk
@@ -22,8 +22,6 @@ from hangtrace.tracer.analyze.waitgraph import inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "minority"
-#: the C++ source position gloo puts in its messages: "[/…/gloo/transport/tcp/pair.cc:553] "
-_SRC = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h):\d+\]\s*")
 
 
 def find(ctx: Ctx) -> Optional[Finding]:
@@ -73,8 +71,7 @@ def failed_and_left(ctx: Ctx, ranks: Sequence[int]) -> Dict[str, str]:
         v = ctx.views.get(r)
         if v is None or not v.blocked_failed or v.proc.state not in ("exited", "killed"):
             return {}
-        err = _SRC.sub("", str((v.blocked or {}).get("error") or "a transport error").splitlines()[0])
-        err = err.split(" This is typically")[0].rstrip(".")[:160]
+        err = short_error((v.blocked or {}).get("error") or "a transport error")
         left = ("exited cleanly (code %s)" % v.proc.exit_code if v.proc.state == "exited"
                 else "its process is gone")
         out[str(r)] = "it failed there (%s) and %s" % (err, left)
