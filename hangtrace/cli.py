@@ -54,8 +54,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_dump(args: argparse.Namespace) -> int:
     """Snapshot and diagnose a live run now; the job keeps running."""
     from .tracer import pipeline
+    stall_s = args.stall_s if args.stall_s is not None else config.get_float(config.STALL_S)
     if getattr(args, "ray", False):  # issue 4: every alive node of a Ray cluster
-        res = pipeline.dump_ray(args.run_dir, args.address, native=args.native)
+        res = pipeline.dump_ray(args.run_dir, args.address, native=args.native, stall_s=stall_s)
         if not args.json:
             _err("collected %d process(es) from %d Ray node(s) into %s" % (
                 len(res.snapshot.processes), len(res.snapshot.ray_nodes), res.snapshot.path))
@@ -65,7 +66,6 @@ def cmd_dump(args: argparse.Namespace) -> int:
     if not run_dir:
         raise RunDirError("no run directory given", "pass RUN_DIR, or set HANGTRACE_DIR")
     pipeline.require_dir(run_dir)  # (a mistyped path: no snapshot folder made there)
-    stall_s = args.stall_s if args.stall_s is not None else config.get_float(config.STALL_S)
     _print_diag(pipeline.dump_live(run_dir, "request", native=args.native, stall_s=stall_s), args.json)
     return 0
 

@@ -194,11 +194,13 @@ def dump_live(run_dir: str, reason: str, native: bool = False, with_stacks: bool
     return diagnose_snapshot(snap, store=True, stall_s=stall_s)
 
 
-def dump_ray(run_dir: Optional[str], address: Optional[str], native: bool = False) -> Result:
+def dump_ray(run_dir: Optional[str], address: Optional[str], native: bool = False,
+             stall_s: Optional[float] = None) -> Result:
     """``hangtrace dump --ray``: collector tasks pinned to every alive Ray node, one local
     snapshot, diagnosed and stored. ``address``: default RAY_ADDRESS, else the run's own
     cluster (the ``--gcs-address`` its Ray workers were started with: ``auto`` picks any
-    cluster of this host, and there may be several), else ``auto``. Raises
+    cluster of this host, and there may be several), else ``auto``. ``stall_s``: as in
+    ``dump_live``. Raises
     HangtraceError when the GCS at the address does not answer within 3 s."""
     from hangtrace.tracer.collect.raycluster import dump_cluster
     from hangtrace.tracer.collect.rayjob import gcs_unreachable, ray_address_of_run
@@ -214,7 +216,7 @@ def dump_ray(run_dir: Optional[str], address: Optional[str], native: bool = Fals
                              "or ray.get_runtime_context().gcs_address in the driver) or set RAY_ADDRESS; "
                              "check that the cluster is up (a job's own ray.init cluster ends with the job)")
     snap = dump_cluster(run_dir, address=addr or None, native=native)
-    return diagnose_snapshot(snap, store=True)
+    return diagnose_snapshot(snap, store=True, stall_s=stall_s)
 
 
 def attach(pids: Optional[List[int]] = None, native: bool = False, out_dir: Optional[str] = None,

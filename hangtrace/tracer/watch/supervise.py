@@ -147,7 +147,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             log("%s detected: %s; collecting stacks and records ..." % (inc.kind, inc.detail))
             reported = True  # one verdict per incident, even when the diagnosis failed
             try:
-                res = dump_live(run_dir, inc.kind, native=opts.native)
+                res = dump_live(run_dir, inc.kind, native=opts.native, stall_s=w.stall_s)
                 report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
             except HangtraceError as e:
                 sys.stderr.write(e.render() + "\n")
@@ -168,7 +168,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             # a crash the watcher did not catch in time (or a fast failure): analyse what is left
             try:
                 w.poll()
-                res = dump_live(run_dir, "death", with_stacks=False)
+                res = dump_live(run_dir, "death", with_stacks=False, stall_s=w.stall_s)
                 report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
             except HangtraceError as e:
                 sys.stderr.write(e.render() + "\n")

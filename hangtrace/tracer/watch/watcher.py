@@ -361,7 +361,7 @@ def main(argv: "list[str] | None" = None) -> int:
         if inc is not None:
             log("%s: %s" % (inc.kind, inc.detail))
             try:
-                res = dump_live(run_dir, inc.kind, log=log)
+                res = dump_live(run_dir, inc.kind, log=log, stall_s=w.stall_s)
                 log("verdict: %s" % res.paragraph)
                 log("snapshot: %s" % res.snapshot.path)
             except Exception as e:
