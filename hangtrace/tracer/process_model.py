@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from hangtrace.tracer.ring.layout import RANK_FROM_GROUP, RANK_FROM_JOIN
 from hangtrace.tracer.snapshot import ProcessInfo, Role
@@ -224,6 +224,33 @@ def assign_roles(processes: Iterable[ProcessInfo],
         if not valid_rank(p.rank):
             continue
         (joined_by_rank if joined(p) or requested(p) else hinted_by_rank).setdefault(p.rank, []).append(p)
+    ranks, claims = _choose_ranks(joined_by_rank, hinted_by_rank, by_pid)
+    rank_of = {p.key: r for r, p in ranks.items()}
+    for r, cands in joined_by_rank.items():  # older generations of a restarted rank
+        for p in cands:
+            if p.key not in rank_of and _ancestor_rank(p, by_pid, rank_of) is None:  # (a rank's child: its helper)
+                roles.setdefault(p.key, Role.OTHER)
+    helper_of: Dict[str, int] = {}
+    parents = {(p.host, parent_pid(p)) for p in ranks.values()}
+    for p in procs:
+        if p.key in rank_of:
+            roles.setdefault(p.key, Role.RANK)
+            continue
+        if p.key in roles:
+            continue
+        role, of = _other_role(p, by_pid, rank_of, parents, ranks, valid_rank)
+        if of is not None:
+            helper_of[p.key] = of
+        roles[p.key] = role
+    return ProcessRoles(ranks=ranks, roles=roles, helper_of=helper_of, claims=tuple(claims))
+
+
+def _choose_ranks(joined_by_rank: Mapping[int, Sequence[ProcessInfo]],
+                  hinted_by_rank: Mapping[int, Sequence[ProcessInfo]],
+                  by_pid: Mapping[Tuple[str, int], ProcessInfo]
+                  ) -> Tuple[Dict[int, ProcessInfo], List[RankClaim]]:
+    """The process of each rank (rules 2 and 3) from the candidates that joined (or asked
+    to) and those with only a hint; returns ({rank: process}, the claims noted on the way)."""
     ranks: Dict[int, ProcessInfo] = {}
     claims: List[RankClaim] = []
     for r, cands in joined_by_rank.items():
@@ -238,30 +265,21 @@ def assign_roles(processes: Iterable[ProcessInfo],
                          and (p.start_wall_ns or 0) <= (kept.start_wall_ns or 0))
             if gone:  # an earlier generation that never joined a group
                 claims.append(RankClaim(r, "restart", kept.key, gone))
-    rank_of = {p.key: r for r, p in ranks.items()}
-    for r, cands in joined_by_rank.items():  # older generations of a restarted rank
-        for p in cands:
-            if p.key not in rank_of and _ancestor_rank(p, by_pid, rank_of) is None:  # (a rank's child: its helper)
-                roles.setdefault(p.key, Role.OTHER)
-    helper_of: Dict[str, int] = {}
-    parents = {(p.host, parent_pid(p)) for p in ranks.values()}
-    for p in procs:
-        if p.key in rank_of:
-            roles.setdefault(p.key, Role.RANK)
-            continue
-        if p.key in roles:
-            continue
-        anc = _ancestor_rank(p, by_pid, rank_of)
-        if anc is not None:
-            helper_of[p.key] = anc
-            roles[p.key] = Role.RANK_HELPER
-        elif (p.host, p.pid) in parents:  # (before its rank hint: a spawn parent that set RANK)
-            roles[p.key] = Role.LAUNCHER
-        elif parent_pid(p) > 0 and (p.host, parent_pid(p)) in parents:  # a launcher's child: its resource tracker
-            roles[p.key] = Role.OTHER
-        elif valid_rank(p.rank) and p.rank in ranks:
-            helper_of[p.key] = p.rank
-            roles[p.key] = Role.RANK_HELPER
-        else:
-            roles[p.key] = Role.OTHER
-    return ProcessRoles(ranks=ranks, roles=roles, helper_of=helper_of, claims=tuple(claims))
+    return ranks, claims
+
+
+def _other_role(p: ProcessInfo, by_pid: Mapping[Tuple[str, int], ProcessInfo], rank_of: Mapping[str, int],
+                parents: Set[Tuple[str, int]], ranks: Mapping[int, ProcessInfo],
+                valid_rank: Callable[[Optional[int]], bool]) -> Tuple[Role, Optional[int]]:
+    """The role of ``p``, a process that holds no rank and has no Ray role (rules 4 to 6),
+    and the rank it is a helper of (None when it is no helper)."""
+    anc = _ancestor_rank(p, by_pid, rank_of)
+    if anc is not None:
+        return Role.RANK_HELPER, anc
+    if (p.host, p.pid) in parents:  # (before its rank hint: a spawn parent that set RANK)
+        return Role.LAUNCHER, None
+    if parent_pid(p) > 0 and (p.host, parent_pid(p)) in parents:  # a launcher's child: its resource tracker
+        return Role.OTHER, None
+    if valid_rank(p.rank) and p.rank in ranks:
+        return Role.RANK_HELPER, p.rank
+    return Role.OTHER, None

@@ -67,58 +67,83 @@ def parse_faulthandler_dumps(text: Union[str, bytes]) -> List[Dump]:
     """
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    dumps: List[Dump] = []
-    cur: Optional[Dump] = None             # current dump
-    thread: Optional[Thread] = None        # current thread (frames go there)
-    prev_blank = True                      # the previous line was blank
-    saw_other = False                      # unknown text since the last thread line
-    pending_header: Optional[str] = None   # "Fatal Python error: ..." waiting for its first thread
-
+    parser = _DumpParser()
     for raw in text.splitlines():
-        line = raw.rstrip("\r")
+        parser.feed(raw.rstrip("\r"))
+    for d in parser.dumps:
+        _mark_main(d["threads"])
+    return [d for d in parser.dumps if d["threads"]]
+
+
+class _DumpParser:
+    """The state of :func:`parse_faulthandler_dumps`: lines in (``feed``), ``dumps`` out."""
+
+    def __init__(self) -> None:
+        self.dumps: List[Dump] = []
+        self.cur: Optional[Dump] = None             # current dump
+        self.thread: Optional[Thread] = None        # current thread (frames go there)
+        self.prev_blank = True                      # the previous line was blank
+        self.saw_other = False                      # unknown text since the last thread line
+        self.pending_header: Optional[str] = None   # "Fatal Python error: ..." waiting for its first thread
+
+    def feed(self, line: str) -> None:
+        """One line of the file (without its line end)."""
         m = _THREAD_RE.match(line)
         stack_line = m is None and _STACK_RE.match(line) is not None
         if m or stack_line:
-            tid = int(m.group("tid"), 16) if m else None
-            if (cur is None or stack_line or pending_header is not None or saw_other
-                    or not prev_blank
-                    or (tid is not None and any(t["thread_id"] == tid for t in cur["threads"]))):
-                cur = {"header": pending_header, "threads": [], "truncated": False}
-                dumps.append(cur)
-                pending_header = None
-            thread = {"thread_name": (m.group("name") if m else None) or None,
-                      "thread_id": tid, "os_thread_id": None, "active": None,
-                      "owns_gil": None, "current": m is None or m.group("cur") != "Thread",
-                      "frames": []}
-            cur["threads"].append(thread)
-            prev_blank = saw_other = False
-            continue
+            self._thread_line(m)
+            return
         stripped = line.strip()
         if not stripped:
-            prev_blank = True
-            continue
-        prev_blank = False
+            self.prev_blank = True
+            return
+        self.prev_blank = False
+        self._body_line(line, stripped)
+
+    def _thread_line(self, m: Optional[re.Match[str]]) -> None:
+        """A thread line (``m``, its match) or a "Stack" line (``m`` None): a new thread,
+        in a new dump unless it continues the current one."""
+        tid = int(m.group("tid"), 16) if m else None
+        cur = self.cur
+        if cur is None or self._new_dump(cur, tid):
+            cur = self.cur = {"header": self.pending_header, "threads": [], "truncated": False}
+            self.dumps.append(cur)
+            self.pending_header = None
+        self.thread = {"thread_name": (m.group("name") if m else None) or None,
+                       "thread_id": tid, "os_thread_id": None, "active": None,
+                       "owns_gil": None, "current": m is None or m.group("cur") != "Thread",
+                       "frames": []}
+        cur["threads"].append(self.thread)
+        self.prev_blank = self.saw_other = False
+
+    def _new_dump(self, cur: Dump, tid: Optional[int]) -> bool:
+        """True when a thread line with id ``tid`` (None: a "Stack" line) starts a new dump
+        after ``cur``."""
+        return (tid is None or self.pending_header is not None or self.saw_other
+                or not self.prev_blank
+                or any(t["thread_id"] == tid for t in cur["threads"]))
+
+    def _body_line(self, line: str, stripped: str) -> None:
+        """A non-blank line that is no thread line: a frame, a marker, or other text."""
+        thread = self.thread
         fm = _FRAME_RE.match(line)
         if fm and thread is not None:
             ln = fm.group("line")
             thread["frames"].append({"name": fm.group("name"), "filename": fm.group("file"),
                                      "line": int(ln) if ln.isdigit() else 0, "native": False})
-        elif stripped == "..." and thread is not None and cur is not None:  # cur is set with thread
-            cur["truncated"] = True
+        elif stripped == "..." and thread is not None and self.cur is not None:  # cur is set with thread
+            self.cur["truncated"] = True
         elif stripped == "<no Python frame>" and thread is not None:
             pass
         elif line[:1].isspace() and thread is not None:
             pass   # other indented detail inside a thread (e.g. "  Garbage-collecting")
         elif _FATAL_RE.match(stripped):
-            pending_header = stripped
-            thread = None
+            self.pending_header = stripped
+            self.thread = None
         else:
             # other text ("Extension modules: ...", a marker line): the dump is over
-            thread = None
-            saw_other = True
-    for d in dumps:
-        _mark_main(d["threads"])
-    return [d for d in dumps if d["threads"]]
+            self.thread = None
+            self.saw_other = True
 
 
 def parse_faulthandler_text(text: Union[str, bytes]) -> List[Thread]:

@@ -140,46 +140,79 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
     waits: Dict[Optional[str], AnyRecord] = {}
     for r in records:
         kind = r.get("kind")
-        if kind == "phase_exit" and r.get("phase"):
-            exits[str(r.get("phase"))] = r
-        elif kind == "phase_enter" and r.get("phase"):
-            enters[str(r.get("phase"))] = r
-        elif kind == "ray_wait":
-            wk = wait_key(r)
-            if wk is not None or not r.get("numel"):
-                waits[wk] = r
+        _note_phase_or_wait(r, kind, exits, enters, waits)
+        if kind == "collective":
+            _keep_newest_seq(by_group, r.get("group"), r)
+        elif kind == "p2p":
+            _keep_newest_seq(by_peer, (r.get("group"), r.get("peer")), r)
+        elif kind == "memory":
+            memory.append(r)
         if kind == "collective" or kind == "p2p":
-            d: Dict[Any, AnyRecord] = by_group if kind == "collective" else by_peer
-            k: Any = r.get("group") if kind == "collective" else (r.get("group"), r.get("peer"))
-            cur = d.get(k)
-            if cur is None or (r.get("seq") or 0) >= (cur.get("seq") or 0):
-                d[k] = r
             last_comm = r
             if first_failed is None and r.get("state") == "failed":
                 first_failed = r
-        elif kind == "memory":
-            memory.append(r)
         if kind in PROGRESS_KINDS:
             t = r.get("t_wall_ns") or 0
             if t >= best_t:
                 best_t, last_progress = t, r
-    inflight = None
-    if inflight_idx:
-        for r in reversed(records):
-            if r.get("idx") == inflight_idx:
-                if r.get("state") == "issued":
-                    inflight = r
-                break
-    if inflight is None and last_comm is not None and last_comm.get("state") == "issued" \
-            and not last_comm.get("async_op"):
-        inflight = last_comm
+    inflight = _blocked_in(_issued_at(records, inflight_idx), last_comm)
     return RingSummary(count=len(records), last=records[-1] if records else None, last_comm=last_comm,
                        first_failed=first_failed, last_progress=last_progress, inflight=inflight,
                        by_group=by_group, by_peer=by_peer, tail=tuple(records[-tail:]) if tail else (),
-                       memory=tuple(memory),
-                       failed_phases={k: r for k, r in exits.items() if r.get("state") == "failed"},
-                       phase_visits={k: (enters.get(k), exits.get(k)) for k in sorted(set(enters) | set(exits))},
-                       waits=waits)
+                       memory=tuple(memory), failed_phases=_failed_phases(exits),
+                       phase_visits=_phase_visits(enters, exits), waits=waits)
+
+
+def _note_phase_or_wait(r: AnyRecord, kind: Any, exits: Dict[str, AnyRecord], enters: Dict[str, AnyRecord],
+                        waits: Dict[Optional[str], AnyRecord]) -> None:
+    """Keeps record ``r`` (of ``kind``) as the newest phase exit or enter of its phase, or
+    the newest wait of its key (:func:`wait_key`); other records leave the dicts alone."""
+    if kind == "phase_exit" and r.get("phase"):
+        exits[str(r.get("phase"))] = r
+    elif kind == "phase_enter" and r.get("phase"):
+        enters[str(r.get("phase"))] = r
+    elif kind == "ray_wait":
+        wk = wait_key(r)
+        if wk is not None or not r.get("numel"):
+            waits[wk] = r
+
+
+def _keep_newest_seq(d: Dict[Any, AnyRecord], key: Any, r: AnyRecord) -> None:
+    """Keep in ``d[key]`` record ``r`` unless it has a lower ``seq`` (of equal ``seq``, the
+    later record: records come in index order)."""
+    cur = d.get(key)
+    if cur is None or (r.get("seq") or 0) >= (cur.get("seq") or 0):
+        d[key] = r
+
+
+def _issued_at(records: Sequence[AnyRecord], inflight_idx: int) -> Optional[AnyRecord]:
+    """The record of index ``inflight_idx`` (0 = none) among ``records`` when it is still
+    'issued', else None."""
+    if inflight_idx:
+        for r in reversed(records):
+            if r.get("idx") == inflight_idx:
+                return r if r.get("state") == "issued" else None
+    return None
+
+
+def _blocked_in(inflight: Optional[AnyRecord], last_comm: Optional[AnyRecord]) -> Optional[AnyRecord]:
+    """``RingSummary.inflight``: the header's in-flight record (``inflight``, None when not
+    issued), else ``last_comm`` when it is 'issued' and not async."""
+    if inflight is None and last_comm is not None and last_comm.get("state") == "issued" \
+            and not last_comm.get("async_op"):
+        return last_comm
+    return inflight
+
+
+def _failed_phases(exits: Mapping[str, AnyRecord]) -> Dict[str, AnyRecord]:
+    """``RingSummary.failed_phases`` of the newest phase exit per phase (``exits``)."""
+    return {k: r for k, r in exits.items() if r.get("state") == "failed"}
+
+
+def _phase_visits(enters: Mapping[str, AnyRecord], exits: Mapping[str, AnyRecord]
+                  ) -> Dict[str, Tuple[Optional[AnyRecord], Optional[AnyRecord]]]:
+    """``RingSummary.phase_visits`` of the newest phase enter and exit per phase."""
+    return {k: (enters.get(k), exits.get(k)) for k in sorted(set(enters) | set(exits))}
 
 
 def summarize_slots(slots: bytes, nslots: int, strings: Dict[int, str], inflight_idx: int = 0,
@@ -306,7 +339,6 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
             name = r.get("phase")
             if name:
                 into[str(name)] = r
-    failed_phases: Dict[str, Record] = {k: r for k, r in exits.items() if r.get("state") == "failed"}
     waits: Dict[Optional[str], Record] = {}
     wpos = pos[kind == K_WAIT]
     for p in _last_per_key(np, wpos, (idx[wpos], idx[wpos], arr["numel"][wpos], arr["thread"][wpos])).tolist():
@@ -324,16 +356,13 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
             r = rec(ip)
             if r.get("state") == "issued":
                 inflight = r
-    if inflight is None and last_comm is not None and last_comm.get("state") == "issued" \
-            and not last_comm.get("async_op"):
-        inflight = last_comm
     return RingSummary(
         count=len(pos), last=rec(int(pos[-1])), last_comm=last_comm, first_failed=first_failed,
-        last_progress=last_progress, inflight=inflight, by_group=by_group, by_peer=by_peer,
+        last_progress=last_progress, inflight=_blocked_in(inflight, last_comm), by_group=by_group, by_peer=by_peer,
         tail=LazyRecords(np.frombuffer(slots, dtype=np.uint8, count=nslots * SLOT_SIZE).reshape(nslots, SLOT_SIZE)
                          [pos[-tail:]].tobytes(), strings) if tail else (),
-        memory=tuple(rec(p) for p in pos[kind == K_MEM].tolist()), failed_phases=failed_phases, waits=waits,
-        phase_visits={k: (enters.get(k), exits.get(k)) for k in sorted(set(enters) | set(exits))})
+        memory=tuple(rec(p) for p in pos[kind == K_MEM].tolist()), failed_phases=_failed_phases(exits), waits=waits,
+        phase_visits=_phase_visits(enters, exits))
 
 
 def _keep_max(d: Dict[Any, Record], key: Any, r: Record) -> None:

@@ -31,7 +31,8 @@ from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.collect.rings import RING_GLOB, live_state, read_signal_files
 from hangtrace.tracer.watch.busy import BusyClock
 from hangtrace.tracer.watch.frprogress import completed, in_flight
-from hangtrace.tracer.watch.headers import Header, never_worked, starting, who
+from hangtrace.tracer.watch.headers import Header, never_worked, starting
+from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
 
 
 #: seconds between two memory-trend checks of the live rings (each reads every ring once)
@@ -42,6 +43,19 @@ class Incident:
 
     def __init__(self, kind: str, detail: str, keys: Iterable[str] = ()) -> None:
         self.kind, self.detail, self.keys = kind, detail, list(keys)
+
+
+class _Scan:
+    """What one poll's scan of the ring headers found (``Watcher._scan_one`` fills it)."""
+
+    __slots__ = ("progressed", "alive_progressed", "alive_any", "deaths", "ranks_still")
+
+    def __init__(self) -> None:
+        self.progressed = False
+        self.alive_progressed = False
+        self.alive_any = False
+        self.deaths: List[Death] = []
+        self.ranks_still: Dict[str, Header] = {}  # live processes that joined a group, ring unchanged
 
 
 class Watcher:
@@ -130,85 +144,85 @@ class Watcher:
         """One poll. Returns an Incident or None."""
         now = self.clock()
         self.headers = self._read_headers()
-        progressed = False
-        alive_progressed = False
-        deaths: List[Tuple[str, Header, str]] = []
-        alive_any = False
-        ranks_still: Dict[str, Header] = {}  # live processes that joined a group, ring unchanged
+        scan = _Scan()
         for path, h in self.headers.items():
             if path in self.final:
                 continue  # seen at an earlier poll: exited, gone, its death (if any) reported
-            sig = (h["progress_count"], h["phase_strid"], h["step"], h["state"])
-            changed = self.seen.get(path) != sig
-            idle = never_worked(h)
-            if changed:
-                progressed = progressed or not idle
-                self.seen[path] = sig
-                # torch's counters given before this move are stale: compared with the
-                # ring's own progress they would read as progress once more when the ring
-                # stops (one poll of detection latency); the next ask is a fresh baseline
-                self.fr_seen.pop(path, None)
-            st = live_state(h)
-            if (st == "exited" and h["state"] == F.ST_EXITED) or st == "killed":
-                self.final[path] = h  # the process is gone: its ring never changes again
-            if path in self.dead:
-                continue
-            if st == "alive":
-                alive_any = True
-                if changed and not idle:
-                    alive_progressed = True
-                elif h.get("rank", -1) >= 0 and h.get("rank_source", 0) == F.RANK_FROM_GROUP:
-                    ranks_still[path] = h
-            elif st == "killed" or (st == "exited" and h["exit_code"] != 0):
-                self.dead.add(path)
-                if st == "killed" and idle and "fatal" not in read_signal_files(self.run_dir, h["host"], h["pid"]):
-                    self._log("pid %d on %s vanished before it did any work (a pooled worker retired by its "
-                              "launcher, such as Ray's idle workers): not an incident" % (h["pid"], h["host"]))
-                    continue
-                deaths.append((path, h, st))
-        if self._fr_moved(ranks_still):
-            progressed = alive_progressed = True
+            self._scan_one(path, h, scan)
+        if self._fr_moved(scan.ranks_still):
+            scan.progressed = scan.alive_progressed = True
         self.busy = self.busy_clock.busy({p: h for p, h in self.headers.items() if p not in self.final})
-        if progressed:
+        if scan.progressed:
             self.busy_noted = False
         elif self.busy and not self.busy_noted and not self.reported_stall and now - self.last_progress >= self.stall_s:
             self.busy_noted = True  # once per quiet spell
-            rank_of: Dict[int, int] = {int(h.get("pid") or 0): int(h.get("rank", -1) or 0) if h.get("rank") is not None
-                                       else -1 for h in self.headers.values()}
-            self._log("no progress for %.1f s, but pid(s) %s busy on CPU outside collectives (importing, building, "
-                      "computing): %s" % (now - self.last_progress, ", ".join(
-                          "%d%s" % (pid, " (rank %d)" % rank_of[pid] if rank_of.get(pid, -1) >= 0 else "")
-                          for pid in self.busy[:8]), "no stall while "
-                      "that lasts and no rank waits in a collective" if self.threshold() == float("inf") else
-                      "a stall needs %.0f s while that lasts (a rank waits in a collective)" % self.threshold()))
-        if progressed:
+            self._log(busy_note(self.headers, self.busy, now - self.last_progress, self.threshold))
+        if scan.progressed:
             self.last_progress = now
-        if alive_progressed:
+        if scan.alive_progressed:
             # only a process that is still alive and moved is progress after a stall: the
             # state change of a process dying (stopped by the user or the launcher) is not
             self.reported_stall = False
         if now >= self.mem_next:
             self.mem_next = now + MEM_CHECK_S
             self.memory_warnings()
-        if deaths:
-            lines = []
-            parents = {(x.get("host"), x.get("pid")): x for x in self.headers.values()}
-            for path, h, st in deaths:
-                what = "vanished without a clean-exit record" if st == "killed" else "exited with code %d" % h["exit_code"]
-                lines.append("%s (pid %d on %s) %s" % (who(h, parents), h["pid"], h["host"], what))
-            if self.reported_stall:
-                # a stall was reported and nothing progressed since: these deaths are the
-                # hung job being stopped (user's signal, launcher, --stop-on-stall), not a
-                # new incident; the stall verdict and its snapshot stay the newest
-                for line in lines:
-                    self._log("%s: stopped after the stall" % line)
-                return None
-            return Incident("death", "; ".join(lines), [p for p, _, _ in deaths])
-        if alive_any and not self.reported_stall and now - self.last_progress >= self.threshold():
+        if scan.deaths:
+            return self._death_incident(scan.deaths)
+        if scan.alive_any and not self.reported_stall and now - self.last_progress >= self.threshold():
             self.reported_stall = True
             return Incident("stall", "no progress in any traced process for %.1f s (threshold %.1f s)"
                             % (now - self.last_progress, self.threshold()))
         return None
+
+    def _scan_one(self, path: str, h: Header, scan: "_Scan") -> None:
+        """One ring header of ``poll`` not final yet: records its move, finality and death in
+        the watcher's state and in ``scan``."""
+        sig = (h["progress_count"], h["phase_strid"], h["step"], h["state"])
+        changed = self.seen.get(path) != sig
+        idle = never_worked(h)
+        if changed:
+            scan.progressed = scan.progressed or not idle
+            self.seen[path] = sig
+            # torch's counters given before this move are stale: compared with the
+            # ring's own progress they would read as progress once more when the ring
+            # stops (one poll of detection latency); the next ask is a fresh baseline
+            self.fr_seen.pop(path, None)
+        st = live_state(h)
+        if (st == "exited" and h["state"] == F.ST_EXITED) or st == "killed":
+            self.final[path] = h  # the process is gone: its ring never changes again
+        if path in self.dead:
+            return
+        if st == "alive":
+            scan.alive_any = True
+            if changed and not idle:
+                scan.alive_progressed = True
+            elif h.get("rank", -1) >= 0 and h.get("rank_source", 0) == F.RANK_FROM_GROUP:
+                scan.ranks_still[path] = h
+        elif st == "killed" or (st == "exited" and h["exit_code"] != 0):
+            self._note_death(path, h, st, idle, scan.deaths)
+
+    def _note_death(self, path: str, h: Header, st: str, idle: bool, deaths: List[Death]) -> None:
+        """A process of ``path`` killed (``st``) or exited non-zero: marks it dead and appends
+        it to ``deaths``, unless it is a pooled worker retired before any work (logged)."""
+        self.dead.add(path)
+        if st == "killed" and idle and "fatal" not in read_signal_files(self.run_dir, h["host"], h["pid"]):
+            self._log("pid %d on %s vanished before it did any work (a pooled worker retired by its "
+                      "launcher, such as Ray's idle workers): not an incident" % (h["pid"], h["host"]))
+            return
+        deaths.append((path, h, st))
+
+    def _death_incident(self, deaths: List[Death]) -> Optional[Incident]:
+        """The 'death' Incident of ``deaths`` (path, header, live state), or None (logged)
+        when they follow a reported stall."""
+        lines = death_lines(deaths, self.headers)
+        if self.reported_stall:
+            # a stall was reported and nothing progressed since: these deaths are the
+            # hung job being stopped (user's signal, launcher, --stop-on-stall), not a
+            # new incident; the stall verdict and its snapshot stay the newest
+            for line in lines:
+                self._log("%s: stopped after the stall" % line)
+            return None
+        return Incident("death", "; ".join(lines), [p for p, _, _ in deaths])
 
     def _fr_moved(self, ranks: Mapping[str, Header]) -> bool:
         """True when torch's own count of completed collectives (``fr_agent.progress_line``:
