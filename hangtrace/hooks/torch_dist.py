@@ -22,7 +22,6 @@ compiler gives the Python ``call``, with the same records. Annotations only: not
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 import threading
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from hangtrace.tracer.ring import layout as F
 from .recorder import _fastrec
 
+from hangtrace.hooks.torch_identity import _plain_wrapper, _take_identity, wrapped_original
 from hangtrace.hooks.torch_specs import BATCH_OP, GROUP_OPS, SPECS, param_names  # noqa: E402
 from hangtrace.hooks.torch_state import GroupEntry, Log, State
 
@@ -245,26 +245,6 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
     return call
 
 
-def _take_identity(w: Any, orig: Callable[..., Any]) -> Any:
-    """Give ``w`` the identity of ``orig`` (name, qualified name, module, docstring, its
-    ``__dict__``) and mark it ``__hangtrace_wrapped__ = orig``; returns ``w``.
-
-    For plain functions this is ``functools.update_wrapper`` (which also sets
-    ``__wrapped__``); a ``_fastrec.Call`` has a read-only ``__wrapped__`` of its own.
-    """
-    if isinstance(w, type(_take_identity)):
-        functools.update_wrapper(w, orig)
-    else:
-        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-            try:
-                setattr(w, attr, getattr(orig, attr))
-            except AttributeError:
-                pass
-        w.__dict__.update(getattr(orig, "__dict__", {}))
-    w.__hangtrace_wrapped__ = orig
-    return w
-
-
 def _wrap(name: str, orig: Callable[..., Any], params: List[str]) -> Callable[..., Any]:
     """The function installed in place of ``orig``: no proxy object around it, so a call
     costs one call (our own code: the per-collective hot path).
@@ -283,21 +263,6 @@ def _wrap(name: str, orig: Callable[..., Any], params: List[str]) -> Callable[..
         except Exception as e:  # the Python call records the same
             _state.log("C wrapper of %s unavailable, Python used: %r" % (name, e), "fastcall-" + name)
     return _take_identity(call, orig)
-
-
-def _plain_wrapper(orig: Callable[..., Any],
-                   wrapper: Callable[[Callable[..., Any], Any, Tuple[Any, ...], Dict[str, Any]], Any]
-                   ) -> Callable[..., Any]:
-    """``orig`` wrapped by ``wrapper(wrapped, instance, args, kwargs)`` (the batch and group
-    operations), as a plain function with ``orig``'s identity."""
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return wrapper(orig, None, args, kwargs)
-    return _take_identity(call, orig)
-
-
-def wrapped_original(fn: Any) -> Optional[Callable[..., Any]]:
-    """The original torch function behind an installed wrapper ``fn``, or None."""
-    return getattr(fn, "__hangtrace_wrapped__", None)
 
 
 def _global_rank(group: Any, rank: int) -> int:
