@@ -22,7 +22,6 @@ compiler gives the Python ``call``, with the same records. Annotations only: not
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 import threading
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from hangtrace.tracer.ring import layout as F
 from .recorder import _fastrec
 
+from hangtrace.hooks.torch_identity import _plain_wrapper, _take_identity, wrapped_original
 from hangtrace.hooks.torch_specs import BATCH_OP, GROUP_OPS, SPECS, param_names  # noqa: E402
 from hangtrace.hooks.torch_state import GroupEntry, Log, State
 
@@ -141,6 +141,26 @@ def _payload_tt(kind: Optional[str], obj: Any) -> Tuple[int, int, int]:
 _ABSENT = 1 << 30  # parameter position of a parameter the function does not have
 
 
+def _find_peer(st: State, group: Any, peers: Tuple[Tuple[int, str, bool], ...], args: Tuple[Any, ...],
+               kwargs: Dict[str, Any]) -> int:
+    """The call's peer (global rank) from the first of ``peers`` ((position, name, is a group
+    rank)) given, a group rank mapped to its global rank; -1 when none is given."""
+    n = len(args)
+    for pos, pname, is_group_rank in peers:
+        v = args[pos] if pos < n else (kwargs.get(pname) if kwargs else None)
+        if v is not None:
+            if is_group_rank:
+                v = st.dist.get_global_rank(group, v) if group is not None else v
+            return int(v)
+    return -1
+
+
+def _failed(idx: int, e: BaseException) -> None:
+    """The wrapped call raised ``e``: its record ``idx`` (0 = none was issued) completes as failed."""
+    if idx:
+        _finish_error(idx, e)
+
+
 def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> Callable[..., Any]:
     """The recording call of ``name`` (parameter names ``params``, in order) around ``wrapped``.
 
@@ -159,6 +179,11 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
     gpos = params.index("group") if "group" in params else _ABSENT
     apos = params.index("async_op") if "async_op" in params else _ABSENT
     peers = tuple((params.index(p) if p in params else _ABSENT, p, p.startswith("group_")) for p in peer_params)
+    # read inline: the first peer parameter when it is a plain rank (src/dst, as in every spec);
+    # the others (group_src/group_dst) only when it is None, by _find_peer
+    ppos, pname = peers[0][:2] if peers and not peers[0][2] else (_ABSENT, "")
+    find_peer = _find_peer
+    failed = _failed
     always_async = name in ("isend", "irecv")
     has_payload = pkind is not None
     tensor_payload = pkind == "t"
@@ -176,7 +201,7 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
         if st is None or ident in busy:
             return wrapped(*args, **kwargs)
         idx = 0
-        async_op = False
+        flags = 0  # the record's flags: F_ASYNC for an async op (its Work completes it)
         try:
             if st.fault:
                 raise RuntimeError("hangtrace test fault: recorder failure")
@@ -184,13 +209,9 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
             group = args[gpos] if gpos < n else (kwargs.get("group") if kwargs else None)
             g = st.groups.get(None if group is None else id(group)) or group_entry(group)
             peer = -1
-            for pos, pname, is_group_rank in peers:
-                v = args[pos] if pos < n else (kwargs.get(pname) if kwargs else None)
-                if v is not None:
-                    if is_group_rank:
-                        v = st.dist.get_global_rank(group, v) if group is not None else v
-                    peer = int(v)
-                    break
+            if peers:
+                v = args[ppos] if ppos < n else (kwargs.get(pname) if kwargs else None)
+                peer = int(v) if v is not None else find_peer(st, group, peers, args, kwargs)
             shape: Optional[int]  # (annotations only: no code per call)
             dtype: Optional[int]
             numel = shape = dtype = 0
@@ -213,14 +234,14 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
                 except Exception:
                     numel = shape = dtype = 0
             if always_async:
-                async_op = True
+                flags = f_async
             else:
                 a = args[apos] if apos < n else (kwargs.get("async_op") if kwargs else None)
-                async_op = True if a else False
+                flags = f_async if a else 0
             cell = st.seq_cell((g[1], peer)) if is_p2p else g[3]
             cell[0] += 1
             seq = cell[0]
-            idx = st.rec.issue(kind, op_id, g[0], seq, numel, shape, dtype, peer, f_async if async_op else 0)
+            idx = st.rec.issue(kind, op_id, g[0], seq, numel, shape, dtype, peer, flags)
         except Exception as e:
             st.log("recording %s failed: %r" % (name, e), "rec-" + name)
         busy[ident] = 1
@@ -228,13 +249,12 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
             result = wrapped(*args, **kwargs)
         except BaseException as e:
             del busy[ident]
-            if idx:
-                _finish_error(idx, e)
+            failed(idx, e)
             raise
         del busy[ident]
         if idx:
             try:
-                if async_op and result is not None:
+                if flags and result is not None:
                     _on_work_done(idx, result)
                 else:
                     st.rec.complete(idx)
@@ -243,26 +263,6 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
         return result
 
     return call
-
-
-def _take_identity(w: Any, orig: Callable[..., Any]) -> Any:
-    """Give ``w`` the identity of ``orig`` (name, qualified name, module, docstring, its
-    ``__dict__``) and mark it ``__hangtrace_wrapped__ = orig``; returns ``w``.
-
-    For plain functions this is ``functools.update_wrapper`` (which also sets
-    ``__wrapped__``); a ``_fastrec.Call`` has a read-only ``__wrapped__`` of its own.
-    """
-    if isinstance(w, type(_take_identity)):
-        functools.update_wrapper(w, orig)
-    else:
-        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-            try:
-                setattr(w, attr, getattr(orig, attr))
-            except AttributeError:
-                pass
-        w.__dict__.update(getattr(orig, "__dict__", {}))
-    w.__hangtrace_wrapped__ = orig
-    return w
 
 
 def _wrap(name: str, orig: Callable[..., Any], params: List[str]) -> Callable[..., Any]:
@@ -283,21 +283,6 @@ def _wrap(name: str, orig: Callable[..., Any], params: List[str]) -> Callable[..
         except Exception as e:  # the Python call records the same
             _state.log("C wrapper of %s unavailable, Python used: %r" % (name, e), "fastcall-" + name)
     return _take_identity(call, orig)
-
-
-def _plain_wrapper(orig: Callable[..., Any],
-                   wrapper: Callable[[Callable[..., Any], Any, Tuple[Any, ...], Dict[str, Any]], Any]
-                   ) -> Callable[..., Any]:
-    """``orig`` wrapped by ``wrapper(wrapped, instance, args, kwargs)`` (the batch and group
-    operations), as a plain function with ``orig``'s identity."""
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return wrapper(orig, None, args, kwargs)
-    return _take_identity(call, orig)
-
-
-def wrapped_original(fn: Any) -> Optional[Callable[..., Any]]:
-    """The original torch function behind an installed wrapper ``fn``, or None."""
-    return getattr(fn, "__hangtrace_wrapped__", None)
 
 
 def _global_rank(group: Any, rank: int) -> int:

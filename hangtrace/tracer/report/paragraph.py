@@ -178,28 +178,30 @@ def _deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
                 _where(diag), _doing(diag)))
 
 
-def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
-    if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py, actor_waits.py
-        return actor_stuck(diag, d)
-    if d.get("exit_wait"):  # rules/exit_wait.py: the program returned, the process does not exit
-        texts = ["rank %s%s" % (r, "'s " + t[4:] if t.startswith("its ") else ": " + t)
-                 for r, t in list(d["exit_wait"].items())[:3]]
-        ex = d.get("exited_ranks") or []
-        return "Stuck at exit (in no collective)%s: %s.%s" % (
-            _where(diag).replace(" at ", ", after ", 1), "; ".join(texts),
-            " %s exited cleanly." % _ranks(ex).capitalize() if ex else "")
+def _exit_wait(diag: Diagnosis, d: Dict[str, Any]) -> str:
+    """A verdict of rules/exit_wait.py in (the program returned, the process does not exit); its sentence out."""
+    texts = ["rank %s%s" % (r, "'s " + t[4:] if t.startswith("its ") else ": " + t)
+             for r, t in list(d["exit_wait"].items())[:3]]
+    ex = d.get("exited_ranks") or []
+    return "Stuck at exit (in no collective)%s: %s.%s" % (
+        _where(diag).replace(" at ", ", after ", 1), "; ".join(texts),
+        " %s exited cleanly." % _ranks(ex).capitalize() if ex else "")
+
+
+def _child_reason(d: Dict[str, Any]) -> str:
+    """The details of analyze/childwait.py in; the reason 'it waits for its child process (…)' out."""
+    # the child's sentence says what the wait is about: the parent's own pipes or wait4
+    # and the subprocess module's frames only repeat it; where the user's code called it stays
+    user, rest = d.get("child_wait_at"), str(d.get("child_wait_children") or "")
+    return "it waits for %s child process (%s%s)%s" % (
+        "a" if rest.startswith(";") else "its", d["child_wait_how"], ", called at %s" % user if user else "",
+        rest)
+
+
+def _stuck_after(d: Dict[str, Any], child: bool) -> str:
+    """The details in; the sentences after the reason (the exception it stopped after, what it
+    waits on, the rank that timed out waiting for it) out, '' or each starting with a space."""
     after = (" It stopped after an exception: %s." % d["after_exception"]) if d.get("after_exception") else ""
-    reason, doing = _reason(diag), _doing(diag)
-    if reason.startswith(_BLOCKED):  # (the sentence says so already)
-        reason = reason[len(_BLOCKED):]
-    child = len(diag.culprit_ranks) == 1 and d.get("child_wait_how") is not None  # analyze/childwait.py
-    if child:
-        # the child's sentence says what the wait is about: the parent's own pipes or wait4
-        # and the subprocess module's frames only repeat it; where the user's code called it stays
-        user, rest = d.get("child_wait_at"), str(d.get("child_wait_children") or "")
-        reason, doing = "it waits for %s child process (%s%s)%s" % (
-            "a" if rest.startswith(";") else "its", d["child_wait_how"], ", called at %s" % user if user else "",
-            rest), ""
     after += "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("loader_wait", "child_wait", "lock_wait",
                                                                        "peer_wait")
                      if d.get(k) and not (k == "child_wait" and child))
@@ -209,12 +211,32 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         after += " %s gave up waiting for it in a collective%s: %s." % (
             _ranks([to.get("rank")] + many).capitalize(), " (rank %s first)" % to.get("rank") if many else "",
             clip(str(to.get("text")), 160))
-    waiters = (_waiters_text(diag, coll) if diag.waiting_ranks and coll else
-               ("Others wait for it in %s." % coll if coll else ""))
+    return after
+
+
+def _stuck_waiters(diag: Diagnosis, coll: str, d: Dict[str, Any]) -> str:
+    """The diagnosis in; the sentence on who waits for the stuck rank(s) and where ('' if none) out."""
     if d.get("rendezvous_ranks") and diag.waiting_ranks and not coll:  # rules/before_rendezvous.py
-        waiters = "%s %s for %s in init_process_group (the rendezvous).%s" % (
+        return "%s %s for %s in init_process_group (the rendezvous).%s" % (
             _ranks(diag.waiting_ranks), _verb(diag.waiting_ranks), "it" if len(diag.culprit_ranks) == 1 else "them",
             " %s." % (d["rendezvous_lock"][:1].upper() + d["rendezvous_lock"][1:]) if d.get("rendezvous_lock") else "")
+    return (_waiters_text(diag, coll) if diag.waiting_ranks and coll else
+            ("Others wait for it in %s." % coll if coll else ""))
+
+
+def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py, actor_waits.py
+        return actor_stuck(diag, d)
+    if d.get("exit_wait"):  # rules/exit_wait.py: the program returned, the process does not exit
+        return _exit_wait(diag, d)
+    reason, doing = _reason(diag), _doing(diag)
+    if reason.startswith(_BLOCKED):  # (the sentence says so already)
+        reason = reason[len(_BLOCKED):]
+    child = len(diag.culprit_ranks) == 1 and d.get("child_wait_how") is not None  # analyze/childwait.py
+    if child:
+        reason, doing = _child_reason(d), ""
+    after = _stuck_after(d, child)
+    waiters = _stuck_waiters(diag, coll, d)
     return ("Stuck outside collectives: %s %s not in any collective%s: %s%s.%s %s" % (
         who, "are" if len(diag.culprit_ranks) > 1 else "is", _where(diag), reason or "it made no progress", doing,
         after, waiters[:1].upper() + waiters[1:]))

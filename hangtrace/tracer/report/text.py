@@ -6,11 +6,11 @@ re-exported here (the names the CLI, watcher and collectors import). Pure: no I/
 """
 import os
 import textwrap
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from hangtrace.tracer.analyze.stacktree import NO_STACK, format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis
-from hangtrace.tracer.process_model import assign_roles, process_argv
+from hangtrace.tracer.process_model import ProcessRoles, assign_roles, process_argv
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.json import SCHEMA_VERSION, diagnosis_json
 from hangtrace.tracer.report.memorytext import fb
@@ -118,14 +118,51 @@ def _rank_cells(r: int, proc: Optional[ProcessInfo], culprit: bool, cls: Dict[in
             "-" if proc.step is None else str(proc.step), _coll_cell(_last_coll(proc)), cls.get(r, "-"))
 
 
-def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> List[str]:
-    """The per-rank table: at most ``max_rows`` rank rows (culprits always), then up to
-    20 unranked processes."""
+def _stack_tags(diag: Diagnosis) -> Dict[int, str]:
+    """The diagnosis in; {rank: its stack class cell (``#i``, ``#i!`` outlier, ``-`` no stack)} out."""
     cls: Dict[int, str] = {}
     for i, c in enumerate(diag.stack_classes or ()):
         tag = "-" if c.get("frames") == [NO_STACK] else "#%d%s" % (i, "!" if c.get("outlier") else "")
         for r in c.get("ranks", ()):
             cls[r] = tag
+    return cls
+
+
+def _shown_ranks(ranks: List[int], culp: Set[int], max_rows: Optional[int]) -> Tuple[List[int], int]:
+    """Sorted ranks in; (the ranks shown: culprits always, at most ``max_rows``; how many omitted) out."""
+    if max_rows is None or len(ranks) <= max_rows:
+        return ranks, 0
+    keep = [r for r in ranks if r in culp] + [r for r in ranks if r not in culp][:max(0, max_rows - len(culp))]
+    return sorted(keep), len(ranks) - len(keep)
+
+
+def _unranked_cells(p: ProcessInfo, roles: ProcessRoles, culprits: Set[str]) -> Tuple[str, ...]:
+    """A process that is no rank in; its table row (its role or Ray actor, ``*`` if a culprit) out."""
+    of = roles.helper_of.get(p.key)
+    oom = " (OOM killer)" if (p.memory_facts or {}).get("kernel_oom") else ""  # (its own kernel line)
+    m = p.meta or {}
+    what = "%s%s" % (roles.role(p).value, "" if of is None else " of %d" % of)
+    if m.get("ray_actor_class"):  # a Ray actor by its class (and name), as the verdict names it
+        what = "%s %s" % (m["ray_actor_class"], "'%s'" % m["ray_actor_name"] if m.get("ray_actor_name") else "")
+    elif roles.role(p).value in ("other", "launcher"):  # what it runs: Ray's dashboard, a launcher script
+        what += _program(process_argv(p))
+    return (what.strip() + ("*" if p.key in culprits else ""), p.key, p.state + oom, str(p.phase or "-"),
+            "-" if p.step is None else str(p.step), _coll_cell(_last_coll(p)), "-")
+
+
+def _more_processes(rest: List[ProcessInfo], roles: ProcessRoles) -> str:
+    """The unranked processes beyond the table in; the '... N more processes' line (counts by role) out."""
+    by_role: Dict[str, int] = {}
+    for p in rest:
+        by_role[roles.role(p).value] = by_role.get(roles.role(p).value, 0) + 1
+    return "... %d more processes not shown (%s)" % (
+        len(rest), ", ".join("%d %s" % (n, r) for r, n in sorted(by_role.items())))
+
+
+def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> List[str]:
+    """The per-rank table: at most ``max_rows`` rank rows (culprits always), then up to
+    20 unranked processes."""
+    cls = _stack_tags(diag)
     # the process that IS each rank (process model: a spawn parent or DataLoader worker with
     # the rank in its environment is not it); every other process is listed with its role
     roles = assign_roles(snapshot.processes)
@@ -133,40 +170,20 @@ def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> 
     chosen = {p.key for p in procs.values()}
     unranked: List[ProcessInfo] = [p for p in snapshot.processes if p.key not in chosen]
     missing = set((diag.details or {}).get("missing_ranks") or ())
-    ranks = sorted(set(procs) | missing)
     culp = set(diag.culprit_ranks)
-    if max_rows is not None and len(ranks) > max_rows:
-        keep = [r for r in ranks if r in culp] + [r for r in ranks if r not in culp][:max(0, max_rows - len(culp))]
-        omitted = len(ranks) - len(keep)
-        ranks = sorted(keep)
-    else:
-        omitted = 0
+    ranks, omitted = _shown_ranks(sorted(set(procs) | missing), culp, max_rows)
     header = ("rank", "host:pid", "state", "phase", "step", "last collective (group/seq/op/state)", "stack")
     rows = [_rank_cells(r, procs.get(r), r in culp, cls) for r in ranks]
     named, culprits = _named_processes(diag)
     unranked.sort(key=lambda p: (p.key not in named, _ROLE_ORDER.get(roles.role(p).value, 9)))
-    for p in unranked[:_UNRANKED_ROWS]:
-        of = roles.helper_of.get(p.key)
-        oom = " (OOM killer)" if (p.memory_facts or {}).get("kernel_oom") else ""  # (its own kernel line)
-        m = p.meta or {}
-        what = "%s%s" % (roles.role(p).value, "" if of is None else " of %d" % of)
-        if m.get("ray_actor_class"):  # a Ray actor by its class (and name), as the verdict names it
-            what = "%s %s" % (m["ray_actor_class"], "'%s'" % m["ray_actor_name"] if m.get("ray_actor_name") else "")
-        elif roles.role(p).value in ("other", "launcher"):  # what it runs: Ray's dashboard, a launcher script
-            what += _program(process_argv(p))
-        rows.append((what.strip() + ("*" if p.key in culprits else ""), p.key, p.state + oom, str(p.phase or "-"),
-                     "-" if p.step is None else str(p.step), _coll_cell(_last_coll(p)), "-"))
+    rows += [_unranked_cells(p, roles, culprits) for p in unranked[:_UNRANKED_ROWS]]
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     fmt = "  ".join("%%-%ds" % w for w in widths)
     out = [fmt % header] + [fmt % row for row in rows]
     if omitted:
         out.append("... %d more ranks not shown" % omitted)
     if len(unranked) > _UNRANKED_ROWS:
-        rest: Dict[str, int] = {}
-        for p in unranked[_UNRANKED_ROWS:]:
-            rest[roles.role(p).value] = rest.get(roles.role(p).value, 0) + 1
-        out.append("... %d more processes not shown (%s)" % (
-            len(unranked) - _UNRANKED_ROWS, ", ".join("%d %s" % (n, r) for r, n in sorted(rest.items()))))
+        out.append(_more_processes(unranked[_UNRANKED_ROWS:], roles))
     return [ln.rstrip() for ln in out]
 
 
@@ -200,6 +217,67 @@ def _named_processes(diag: Diagnosis) -> Tuple[Set[str], Set[str]]:
     return keys, culprits
 
 
+def _headline(diag: Diagnosis) -> str:
+    """The diagnosis in; the first line (``hangtrace verdict: KIND   culprit RANKS or Ray actors``) out."""
+    return "hangtrace verdict: %s   culprit %s" % (diag.kind, _ranks(diag.culprit_ranks) if diag.culprit_ranks or
+                                                   not diag.culprit_actors else
+                                                   "Ray actor%s %s" % ("s" if len(diag.culprit_actors) > 1 else "",
+                                                                       ", ".join(diag.culprit_actors[:4])))
+
+
+def _cascade_section(diag: Diagnosis) -> List[str]:
+    """The diagnosis in; the 'Cascade' section lines (up to 50 later failures), or [] out."""
+    if not diag.cascade:
+        return []
+    out = ["Cascade (later failures, by time):"]
+    for c in diag.cascade[:50]:
+        out.append("  - rank %s: %s%s" % (c.get("rank"), c.get("cause"),
+                                         (": " + str(c.get("text"))[:160]) if c.get("text") else ""))
+    if len(diag.cascade) > 50:
+        out.append("  ... %d more" % (len(diag.cascade) - 50))
+    out.append("")
+    return out
+
+
+def _stack_section(diag: Diagnosis) -> List[str]:
+    """The diagnosis in; the 'Stack classes' section lines (up to 12 classes), or [] out."""
+    if not diag.stack_classes:
+        return []
+    out = ["Stack classes (outer > inner; '!' = outlier):"]
+    unit = "pid" if "culprit_pids" in (diag.details or {}) else "rank"  # (attach keyed by pid: no rank known)
+    for i, c in enumerate(diag.stack_classes[:12]):
+        frames = c.get("frames") or []
+        shown = frames if len(frames) <= 4 else ["..."] + frames[-4:]
+        out.append("  #%d%s %d %s%s [%s]: %s" % (i, "!" if c.get("outlier") else "", c["count"], unit,
+                                                  "" if c["count"] == 1 else "s", format_ranks(c["ranks"], 8),
+                                                  " > ".join(shown)))
+    if len(diag.stack_classes) > 12:
+        out.append("  ... %d more classes" % (len(diag.stack_classes) - 12))
+    out.append("")
+    return out
+
+
+def _ray_section(diag: Diagnosis) -> List[str]:
+    """The diagnosis in; the 'Ray actors' section lines (issue 4: up to 64 ranks' actors), or [] out."""
+    acts = (diag.details or {}).get("ray_actors") or {}
+    if not acts:
+        return []
+    out = ["Ray actors:"]
+    says = (diag.details or {}).get("ray_says") or {}
+    for r in sorted(acts, key=int)[:64]:
+        a = acts[r]
+        out.append("  rank %s: %s (actor id %s, node %s, pid %s)%s" % (
+            r, ray_actor_label(a), (a.get("actor_id") or "?")[:16], (a.get("node_id") or "?")[:12],
+            a.get("pid"), "; Ray says: %s" % " ".join(str(says[r]["text"]).split())[:300] if r in says else ""))
+    out.append("")
+    return out
+
+
+def _list_section(title: str, items: Sequence[Any], fmt: str = "  - %s") -> List[str]:
+    """A title and its items in; the section lines (title, one line per item, a blank), or [] when no items."""
+    return [title] + [fmt % x for x in items] + [""] if items else []
+
+
 def text_report(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int] = 512, width: int = 100) -> str:
     """The full text report (str, ends with a newline).
 
@@ -208,59 +286,18 @@ def text_report(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int] = 5
     all). ``width``: wrap width of the verdict paragraph. Culprit ranks are marked ``*``
     in the table; stack ``#i`` is the index in the stack classes, ``!`` an outlier class.
     """
-    out = []
-    out.append("hangtrace verdict: %s   culprit %s" % (diag.kind, _ranks(diag.culprit_ranks) if diag.culprit_ranks or
-                                                         not diag.culprit_actors else
-                                                         "Ray actor%s %s" % ("s" if len(diag.culprit_actors) > 1 else "",
-                                                                             ", ".join(diag.culprit_actors[:4]))))
-    out.append("")
+    out = [_headline(diag), ""]
     out.extend(textwrap.wrap(diag.summary or verdict_paragraph(diag), width=width))
     out.append("")
-    if diag.frames:
-        out.append("Culprit top frames (innermost first):")
-        out.extend("  %s" % f for f in diag.frames)
-        out.append("")
-    if diag.evidence:
-        out.append("Evidence:")
-        out.extend("  - %s" % e for e in diag.evidence)
-        out.append("")
-    if diag.cascade:
-        out.append("Cascade (later failures, by time):")
-        for c in diag.cascade[:50]:
-            out.append("  - rank %s: %s%s" % (c.get("rank"), c.get("cause"),
-                                             (": " + str(c.get("text"))[:160]) if c.get("text") else ""))
-        if len(diag.cascade) > 50:
-            out.append("  ... %d more" % (len(diag.cascade) - 50))
-        out.append("")
-    if diag.stack_classes:
-        out.append("Stack classes (outer > inner; '!' = outlier):")
-        unit = "pid" if "culprit_pids" in (diag.details or {}) else "rank"  # (attach keyed by pid: no rank known)
-        for i, c in enumerate(diag.stack_classes[:12]):
-            frames = c.get("frames") or []
-            shown = frames if len(frames) <= 4 else ["..."] + frames[-4:]
-            out.append("  #%d%s %d %s%s [%s]: %s" % (i, "!" if c.get("outlier") else "", c["count"], unit,
-                                                      "" if c["count"] == 1 else "s", format_ranks(c["ranks"], 8),
-                                                      " > ".join(shown)))
-        if len(diag.stack_classes) > 12:
-            out.append("  ... %d more classes" % (len(diag.stack_classes) - 12))
-        out.append("")
-    acts = (diag.details or {}).get("ray_actors") or {}
-    if acts:  # issue 4
-        out.append("Ray actors:")
-        says = (diag.details or {}).get("ray_says") or {}
-        for r in sorted(acts, key=int)[:64]:
-            a = acts[r]
-            out.append("  rank %s: %s (actor id %s, node %s, pid %s)%s" % (
-                r, ray_actor_label(a), (a.get("actor_id") or "?")[:16], (a.get("node_id") or "?")[:12],
-                a.get("pid"), "; Ray says: %s" % " ".join(str(says[r]["text"]).split())[:300] if r in says else ""))
-        out.append("")
+    out.extend(_list_section("Culprit top frames (innermost first):", diag.frames, "  %s"))
+    out.extend(_list_section("Evidence:", diag.evidence))
+    out.extend(_cascade_section(diag))
+    out.extend(_stack_section(diag))
+    out.extend(_ray_section(diag))  # issue 4
     out.extend(_memory_section(diag))  # issue 5
     out.append("Ranks:")
     out.extend("  " + ln for ln in _rank_rows(diag, snapshot, max_rows))
     out.append("")
-    errors = list(diag.errors or snapshot.errors or [])
-    if errors:
-        out.append("Errors (unreadable files; their ranks are missing above):")
-        out.extend("  - %s" % e for e in errors)
-        out.append("")
+    out.extend(_list_section("Errors (unreadable files; their ranks are missing above):",
+                             list(diag.errors or snapshot.errors or [])))
     return "\n".join(out).rstrip("\n") + "\n"

@@ -6,7 +6,7 @@ The trace-event format is the one viztracer writes and Perfetto, ``vizviewer`` a
 ``M`` metadata). ``ts``/``dur`` are microseconds since ``otherData.t0_wall_ns``.
 """
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer.report.timeline.events import Event, FlowRefs, Mark, ProcessEvents, end_wall_ns
 from hangtrace.tracer.report.timeline.model import (Clock, Threads, TimelineOptions, Track, assign_tracks,
@@ -121,6 +121,67 @@ def _deep_events(d: DeepTrace, track: Track, threads: Threads, clock: Clock, hos
     return out
 
 
+def _span(snap: Snapshot, procs: Sequence[ProcessInfo], clock0: Clock) -> Tuple[int, int, Dict[str, int]]:
+    """Processes (on the unshifted clock) in; (first wall ns, last wall ns, {key: track end ns}) out."""
+    walls = [_rec_wall(p, r, clock0) for p in procs for r in p.records[:1]]
+    walls += [e["wall_ns"] for p in procs for e in p.events or () if isinstance(e.get("wall_ns"), int)]
+    t_first = min(walls) if walls else (snap.taken_wall_ns or 0)
+    ends = {p.key: end_wall_ns(p, clock0, snap.taken_wall_ns) for p in procs}
+    t_last = max(list(ends.values()) + [snap.taken_wall_ns or 0, t_first])
+    return t_first, t_last, ends
+
+
+def _keep_ranks(tracks: List[Track], by_key: Dict[str, Track],
+                ranks: Optional[FrozenSet[int]]) -> Tuple[List[Track], Dict[str, Track]]:
+    """Tracks and {key: track} in; only those of ``ranks`` (all when None) out."""
+    if ranks is None:
+        return tracks, by_key
+    # helpers of other ranks went with their rank
+    keep = {t.pid for t in tracks if t.rank in ranks}
+    return [t for t in tracks if t.pid in keep], {k: t for k, t in by_key.items() if t.pid in keep}
+
+
+def _record_events(procs: Sequence[ProcessInfo], by_key: Dict[str, Track], threads: Dict[int, Threads],
+                   clock: Clock, window: Tuple[Optional[int], int], ends: Dict[str, int],
+                   budget: Optional[int], mark: Optional[Mark]) -> Tuple[List[Event], FlowRefs, int]:
+    """Processes and their tracks in; (their record events, merged flow refs, records dropped) out.
+
+    ``window``: (lo wall ns or None when unwindowed, hi wall ns); ``budget``: records per process.
+    """
+    lo, hi = window
+    events: List[Event] = []
+    refs: FlowRefs = {}
+    dropped = 0
+    for p in procs:
+        t = by_key[p.key]
+        helper = "" if t.members[0] == p.key else "helper %d: " % p.pid
+        recs, n = _select(p, clock, lo, hi, budget)
+        dropped += n
+        pe = ProcessEvents(p, clock, t.pid, threads[t.pid], min(ends[p.key], hi), mark, helper)
+        ev, fl = pe.build(recs)
+        events += ev
+        for k, v in fl.items():
+            refs.setdefault(k, []).extend(v)
+    return events, refs, dropped
+
+
+def _other_data(snap: Snapshot, diag: Dict[str, Any], opts: TimelineOptions, clock: Clock,
+                counts: Tuple[int, int], sampling: Tuple[Optional[int], int, int], source: str) -> Dict[str, Any]:
+    """The trace's ``otherData`` block; ``counts``: (processes, tracks); ``sampling``:
+    (per-process record budget, records dropped, records total)."""
+    per_proc_budget, dropped, total = sampling
+    other = {"hangtrace_timeline": TIMELINE_SCHEMA, "t0_wall_ns": clock.t0_ns, "source": source,
+             "snapshot_reason": snap.reason, "clock_offsets_ns": clock.offsets,
+             "clock_alignment": "per host: median(t_wall_ns - t_mono_ns) over its records; hosts by wall clock",
+             "processes": counts[0], "tracks": counts[1],
+             "sampling": {"max_events": opts.max_events, "per_process_records": per_proc_budget,
+                          "records_dropped": dropped, "records_total": total}}
+    if diag:
+        other["verdict"] = {k: diag.get(k) for k in ("kind", "culprit_ranks", "culprit_actors", "group", "seq",
+                                                     "op", "phase", "step", "summary") if k in diag}
+    return other
+
+
 def build_timeline(snap: Snapshot, diagnosis: Optional[Dict[str, Any]] = None,
                    deep: Sequence[DeepTrace] = (), options: TimelineOptions = TimelineOptions(),
                    source: str = "") -> Dict[str, Any]:
@@ -135,38 +196,19 @@ def build_timeline(snap: Snapshot, diagnosis: Optional[Dict[str, Any]] = None,
     procs = list(snap.processes)
     offsets = host_offsets(procs)
     clock0 = Clock(offsets, 0)
-    walls = [_rec_wall(p, r, clock0) for p in procs for r in p.records[:1]]
-    walls += [e["wall_ns"] for p in procs for e in p.events or () if isinstance(e.get("wall_ns"), int)]
-    t_first = min(walls) if walls else (snap.taken_wall_ns or 0)
-    ends = {p.key: end_wall_ns(p, clock0, snap.taken_wall_ns) for p in procs}
-    t_last = max(list(ends.values()) + [snap.taken_wall_ns or 0, t_first])
+    t_first, t_last, ends = _span(snap, procs, clock0)
     lo, hi = _window(procs, clock0, opts, t_first, t_last)
     clock = Clock(offsets, max(t_first, lo))
     diag = diagnosis or {}
     tracks, by_key = assign_tracks(procs, diag.get("culprit_ranks") or (), diag.get("culprit_actors") or ())
-    if opts.ranks is not None:  # helpers of other ranks went with their rank
-        keep = {t.pid for t in tracks if t.rank in opts.ranks}
-        tracks = [t for t in tracks if t.pid in keep]
-        by_key = {k: t for k, t in by_key.items() if t.pid in keep}
+    tracks, by_key = _keep_ranks(tracks, by_key, opts.ranks)
     procs = [p for p in procs if p.key in by_key]
     total = sum(len(p.records) for p in procs)
     per_proc_budget = opts.max_events // max(1, 2 * len(procs)) if total * 2 > opts.max_events else None
     threads = {t.pid: Threads(t.tid_base) for t in tracks}
-    mark = _mark(diag)
-    events: List[Event] = []
-    refs: FlowRefs = {}
-    dropped = 0
-    for p in procs:
-        t = by_key[p.key]
-        helper = "" if t.members[0] == p.key else "helper %d: " % p.pid
-        windowed = opts.since_s is not None or opts.until_s is not None
-        recs, n = _select(p, clock, lo if windowed else None, hi, per_proc_budget)
-        dropped += n
-        pe = ProcessEvents(p, clock, t.pid, threads[t.pid], min(ends[p.key], hi), mark, helper)
-        ev, fl = pe.build(recs)
-        events += ev
-        for k, v in fl.items():
-            refs.setdefault(k, []).extend(v)
+    windowed = opts.since_s is not None or opts.until_s is not None
+    events, refs, dropped = _record_events(procs, by_key, threads, clock, (lo if windowed else None, hi),
+                                           ends, per_proc_budget, _mark(diag))
     for d in deep:
         dt = by_key.get("%s:%d" % (d.host, d.pid))
         if dt is not None:
@@ -174,18 +216,10 @@ def build_timeline(snap: Snapshot, diagnosis: Optional[Dict[str, Any]] = None,
     if opts.flows:
         events += _flows(refs, max(0, opts.max_events - len(events)))
     events += _verdict_instants(snap, diag, clock)
-    if opts.since_s is not None or opts.until_s is not None:
+    if windowed:
         events = _clip(events, clock.wall_us(hi))
     meta = _metadata(tracks, threads)
-    other = {"hangtrace_timeline": TIMELINE_SCHEMA, "t0_wall_ns": clock.t0_ns, "source": source,
-             "snapshot_reason": snap.reason, "clock_offsets_ns": offsets,
-             "clock_alignment": "per host: median(t_wall_ns - t_mono_ns) over its records; hosts by wall clock",
-             "processes": len(procs), "tracks": len(tracks),
-             "sampling": {"max_events": opts.max_events, "per_process_records": per_proc_budget,
-                          "records_dropped": dropped, "records_total": total}}
-    if diag:
-        other["verdict"] = {k: diag.get(k) for k in ("kind", "culprit_ranks", "culprit_actors", "group", "seq",
-                                                     "op", "phase", "step", "summary") if k in diag}
+    other = _other_data(snap, diag, opts, clock, (len(procs), len(tracks)), (per_proc_budget, dropped, total), source)
     return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
 
 
