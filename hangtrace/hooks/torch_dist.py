@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from hangtrace.tracer.ring import layout as F
 from .recorder import _fastrec
 
-from hangtrace.hooks.torch_identity import _plain_wrapper, _take_identity, wrapped_original
-from hangtrace.hooks.torch_specs import BATCH_OP, GROUP_OPS, SPECS, param_names  # noqa: E402
+from hangtrace.hooks.torch_specs import (BATCH_OP, GROUP_OPS, SPECS, _plain_wrapper, _take_identity,  # noqa: E402
+                                         param_names, wrapped_original)
 from hangtrace.hooks.torch_state import GroupEntry, Log, State
 
 if TYPE_CHECKING:
