@@ -15,6 +15,7 @@ import re
 from typing import Any, Dict, Iterable, List, Optional
 
 from hangtrace.tracer.analyze.stacktree import Frame, Thread, _short, frame_label
+from hangtrace.tracer.snapshot import ProcessInfo
 
 _BLOCKING = (
     # (file base name or '' for any, short function names, reason)
@@ -273,3 +274,16 @@ def held_text(frames: Optional[List[Frame]]) -> str:
             if text not in seen:
                 seen.append(text)
     return " (inside %s)" % ", ".join(seen[:3]) if seen else ""
+
+
+#: torch.distributed functions of the rendezvous (torch/distributed/distributed_c10d.py and
+#: rendezvous.py: the store's creation, the env/tcp/file handlers, the store-based barrier
+#: that waits for WORLD_SIZE members)
+RENDEZVOUS_FUNCS = frozenset({"init_process_group", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
+                              "_tcp_rendezvous_handler", "_file_rendezvous_handler", "_store_based_barrier"})
+
+
+def in_rendezvous_stack(p: ProcessInfo) -> bool:
+    """Has a thread of ``p``'s live stacks a :data:`RENDEZVOUS_FUNCS` frame of torch.distributed?"""
+    return any(f.get("name") in RENDEZVOUS_FUNCS and "distributed" in str(f.get("filename") or "")
+               for th in p.stacks or () for f in th.get("frames") or ())

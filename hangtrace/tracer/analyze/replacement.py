@@ -8,17 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
+from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame, in_rendezvous_stack
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import user_frame
 from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread, python_frames
 from hangtrace.tracer.diagnosis import Diagnosis
 from hangtrace.tracer.snapshot import ProcessInfo
-
-#: frames of torch's rendezvous: a process inside one of them waits for its peers to join
-RENDEZVOUS_FRAMES = ("init_process_group", "_new_process_group_helper", "_store_based_barrier", "rendezvous",
-                     "init_device_mesh", "new_group")
-
 
 def replacement_text(p: ProcessInfo) -> str:
     """What the replacement does: ``"pid 812 is in init_process_group (the rendezvous), called
@@ -32,7 +27,7 @@ def replacement_text(p: ProcessInfo) -> str:
         return "%s is alive (no stack%s)" % (head, ": %s" % p.stack_error if p.stack_error else "")
     mine = user_frame(list(frames))
     at = ", called at %s" % frame_label(mine) if mine is not None else ""
-    if any(f.get("name") in RENDEZVOUS_FRAMES for f in frames):
+    if in_rendezvous_stack(p):
         return "%s is in init_process_group (the rendezvous)%s" % (head, at)
     coll = collective_frame(frames)
     if coll:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
+from hangtrace.tracer.analyze.blocking import in_rendezvous_stack
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.actorgraph import label
 from hangtrace.tracer.analyze.evidence import fill_common, stall_note
@@ -22,15 +23,9 @@ from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.waitgraph import inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
-from hangtrace.tracer.snapshot import ProcessInfo
 
 NAME = "idle"
 
-#: torch.distributed functions of the rendezvous (torch/distributed/distributed_c10d.py and
-#: rendezvous.py: the store's creation, the env/tcp/file handlers, the store-based barrier
-#: that waits for WORLD_SIZE members)
-RENDEZVOUS_FUNCS = frozenset({"init_process_group", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
-                              "_tcp_rendezvous_handler", "_file_rendezvous_handler", "_store_based_barrier"})
 
 
 #: the variables a rank's env:// rendezvous reads (torch/distributed/rendezvous.py)
@@ -132,15 +127,9 @@ def rendezvous_outliers(ctx: Ctx, ranks: List[int]) -> Tuple[List[int], List[str
     return sorted(culprits), lines
 
 
-def in_rendezvous_stack(p: ProcessInfo) -> bool:
-    """Has a thread of ``p``'s live stacks a :data:`RENDEZVOUS_FUNCS` frame of torch.distributed?"""
-    return any(f.get("name") in RENDEZVOUS_FUNCS and "distributed" in str(f.get("filename") or "")
-               for th in p.stacks or () for f in th.get("frames") or ())
-
-
 def in_rendezvous(ctx: Ctx) -> List[int]:
     """Ranks inside the rendezvous when that is all there is: no rank recorded a group or a
-    collective, and every rank with a stack has a thread in a :data:`RENDEZVOUS_FUNCS`
+    collective, and every rank with a stack has a thread in a :data:`blocking.RENDEZVOUS_FUNCS`
     frame of torch.distributed; else []."""
     ranks = []
     for r, v in sorted(ctx.views.items()):

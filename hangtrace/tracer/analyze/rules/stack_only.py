@@ -114,17 +114,18 @@ def _top(sv: StackView, rank: int) -> List[str]:
             for f in sv.frames.get(rank, [])[:8]]
 
 
-def _stack_text(sv: StackView, key: int, d: Diagnosis) -> str:
-    """The innermost four frames of ``key``'s stack, then the user's own frame when it is
-    further out (``'... < fetch_version (job.py:78)'``: blind helper 58, whose attach verdict
-    ended at urllib's frames); also ``details['user_frame']``."""
-    text = " < ".join(d.frames[:4])
+def _user_beyond(sv: StackView, key: int) -> Optional[str]:
+    """The user's own frame of ``key``'s stack when it is further out than the innermost
+    four (``'fetch_version (job.py:78)'``: blind helper 58, whose attach verdict ended at
+    urllib's frames), else None."""
     raw = sv.frames.get(key) or []
     user = user_frame(raw)
-    if user is not None and user not in raw[:4]:
-        d.details["user_frame"] = frame_label(user)
-        text += " < ... < %s" % frame_label(user)
-    return text
+    return frame_label(user) if user is not None and user not in raw[:4] else None
+
+
+def _stack_text(frames: List[str], user: Optional[str]) -> str:
+    """The innermost four ``frames``, then ``user`` (:func:`_user_beyond`) after ``< ... <``."""
+    return " < ".join(frames[:4]) + (" < ... < %s" % user if user else "")
 
 
 def _n(sv: StackView, keys: Any) -> str:
@@ -161,11 +162,14 @@ def _stuck(ctx: Ctx, sv: StackView, d: Diagnosis) -> None:
             note = d.details["peer_wait"] = pw["peer"]
             d.details["peer_role"] = pw["role"]
             d.evidence.append(note)
+    user = _user_beyond(sv, first)
+    if user:
+        d.details["user_frame"] = user
     d.summary = ("Stuck outside collectives: %s %s %s not in any torch.distributed call (%s) while "
                  "%s %s %s in %s. Its stack: %s.%s Next: %s."
                  % (_n(sv, outside), format_ranks(outside), "are" if len(outside) > 1 else "is",
                     why, _n(sv, inside), format_ranks(inside), "wait" if len(inside) > 1 else "waits", "/".join(ops),
-                    _stack_text(sv, first, d), " %s%s." % (note[:1].upper(), note[1:]) if note else "",
+                    _stack_text(d.frames, user), " %s%s." % (note[:1].upper(), note[1:]) if note else "",
                     CHILD_NEXT.replace("the rank", "the rank" if sv.unit == "rank" else "the process", 1) if child
                     else LOCK_NEXT if lock else
                     peer_next(str(d.details.get("peer_role"))).replace("the rank", "it", 1) if d.details.get("peer_wait")
