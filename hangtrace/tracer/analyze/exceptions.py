@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence
 
 from hangtrace.tracer.analyze.context import history
+from hangtrace.tracer.analyze.evidence import traceback_frames
+from hangtrace.tracer.analyze.stacktree import frame_label
 from hangtrace.tracer.snapshot import ProcessInfo
 
 _MAX_TEXT = 300  # characters of an exception text kept in an evidence line
@@ -42,6 +44,7 @@ class SurvivedException:
     text: str
     wall_ns: int
     step: Optional[int] = None
+    raised_at: Optional[str] = None  # the innermost frame of its traceback, 'reward_fn (job.py:17)'
 
     def line(self) -> str:
         """Human evidence fragment, e.g. "AssertionError: ... left phase 'train' at step 3"."""
@@ -49,12 +52,26 @@ class SurvivedException:
         at = " at step %d" % self.step if self.step is not None else ""
         if self.source == "phase":
             return "%s left phase '%s'%s" % (text, self.where, at)
+        raised = " at %s" % self.raised_at if self.raised_at else ""
         if self.source == "thread":
-            return "thread '%s' died of %s%s" % (self.where, text, at)
+            return "thread '%s' died of %s%s%s" % (self.where, text, raised, at)
         if self.source == "asyncio-task":
-            return ("asyncio task %s raised %s%s and nobody retrieved it"
-                    % (("'%s'" % self.where) if self.where else "", text, at))
+            return ("asyncio task %s raised %s%s%s and nobody retrieved it"
+                    % (("'%s'" % self.where) if self.where else "", text, raised, at))
         return "%s (caught%s)%s" % (text, " by %s" % self.where if self.where else "", at)
+
+
+def _raised_at(e: Mapping[str, Any]) -> Optional[str]:
+    """The innermost frame of the event's traceback (``'reward_fn (job.py:17)'``), or None."""
+    frames = traceback_frames(e.get("traceback"))
+    return frame_label(frames[0]) if frames else None
+
+
+def swallowed_since(p: ProcessInfo, wall_ns: int) -> Optional[SurvivedException]:
+    """The newest exception that ended an asyncio task nobody awaited or a thread of ``p``
+    at or after ``wall_ns`` (a producer that died before its consumer stopped), or None."""
+    xs = [x for x in survived(p) if x.source in ("asyncio-task", "thread") and x.wall_ns >= wall_ns]
+    return xs[-1] if xs else None
 
 
 def _text(e: Mapping[str, Any]) -> str:
@@ -76,10 +93,12 @@ def survived(p: ProcessInfo, ray_actor: bool = False) -> List[SurvivedException]
             continue
         kind = e.get("event")
         if kind == "thread_exception":
-            out.append(SurvivedException("thread", e.get("thread_name"), _text(e), int(e.get("wall_ns") or 0)))
+            out.append(SurvivedException("thread", e.get("thread_name") or e.get("thread"), _text(e),
+                                         int(e.get("wall_ns") or 0),
+                                         raised_at=_raised_at(e)))
         elif kind == "task_exception":
             out.append(SurvivedException("asyncio-task", e.get("coro") or e.get("task"), _text(e),
-                                         int(e.get("wall_ns") or 0)))
+                                         int(e.get("wall_ns") or 0), raised_at=_raised_at(e)))
         elif kind == "exception" and e is not fatal:
             out.append(SurvivedException("caught", e.get("caught_by"), _text(e), int(e.get("wall_ns") or 0)))
     out.sort(key=lambda x: x.wall_ns)

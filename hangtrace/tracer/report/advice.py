@@ -162,6 +162,13 @@ def peer_next(role: str, actor: bool = False) -> str:
     return ACTOR_PEER_NEXT if actor else PEER_NEXT
 
 
+TASK_EXCEPTION_NEXT = ("fix the exception of the asyncio task named above, and never let a task fail unseen: keep "
+                       "a reference to each task you create and await it (or `asyncio.gather`/`TaskGroup`, or a "
+                       "done-callback that re-raises), so that a dead producer fails the step instead of starving "
+                       "its consumer")
+THREAD_EXCEPTION_NEXT = ("fix the exception of the thread named above, and make a helper thread's death fail the "
+                         "job (join it and check, or `threading.excepthook` that stops the process) instead of "
+                         "starving what waits for it")
 RESTART_ALONE_NEXT = ("restart every rank of the process group together when one dies (a Ray actor's "
                       "`max_restarts` restarts one process, whose new `init_process_group` its peers never join: "
                       "recreate the whole worker group and its process group, or set `max_restarts=0` and let the "
@@ -191,6 +198,8 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
      lambda g, d: RENDEZVOUS_LOCK_NEXT if d.get("rendezvous_lock") else BEFORE_RENDEZVOUS_NEXT),
     (_STUCK, lambda g, d: d.get("exit_wait"), lambda g, d: EXIT_NEXTS.get(str(d.get("exit_how")), EXIT_NEXT)),
     (_STUCK, lambda g, d: str(g.cause) == Cause.BUSY.value, BUSY_NEXT),
+    (_STUCK, lambda g, d: d.get("after_exception_source") == "asyncio-task", TASK_EXCEPTION_NEXT),
+    (_STUCK, lambda g, d: d.get("after_exception_source") == "thread", THREAD_EXCEPTION_NEXT),
     (_STUCK, lambda g, d: d.get("child_inherited_rank"), CHILD_RANK_NEXT),
     (_STUCK, lambda g, d: d.get("child_wait"), CHILD_NEXT),
     (_STUCK, lambda g, d: d.get("peer_wait"),
