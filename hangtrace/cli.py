@@ -238,8 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a command traced; verdict on stall or crash")
     r.add_argument("--stall-s", type=_positive_float, default=None,
                    help="stall threshold in seconds (HANGTRACE_STALL_S); until every rank has made progress "
-                        "once, the start-up threshold HANGTRACE_STARTUP_STALL_S (default 60 s) applies when it "
-                        "is larger (set it lower to catch a hang in the rendezvous sooner)")
+                        "once, and while a rank outside collectives is busy on the CPU (a straggler, or a "
+                        "rank spinning for ever), the start-up threshold HANGTRACE_STARTUP_STALL_S (default "
+                        "60 s) applies when it is larger (set it lower to catch a hang in the rendezvous or a "
+                        "spinning rank sooner)")
     r.add_argument("--dir", default=None, help="run directory (HANGTRACE_DIR)")
     r.add_argument("--stop-on-stall", action="store_true", help="stop the job after the verdict")
     r.add_argument("--native", action="store_true", help="include native frames in stacks (slower)")
