@@ -115,37 +115,62 @@ def exit_wait(p: ProcessInfo) -> Optional[Tuple[str, str]]:
     main = pick_thread(threads)
     main = main if main is not None and main.get("thread_name") == "MainThread" else None
     ev = exiting_event(p)
+    how = _how_at_exit(main, ev)
+    if how is None:
+        return None
+    others = [t for t in threads if t is not main]
+    started = sorted([t for t in others if _started_thread(t)], key=lambda t: user_frame(program_frames(t)) is None)
+    if how == "handler":
+        return how, _handler_text(main, started)
+    if how == "executor":
+        return how, _executor_text(started)
+    return how, _shutdown_text(ev, others, started)
+
+
+def _how_at_exit(main: Optional[Dict[str, Any]], ev: Optional[Dict[str, Any]]) -> Optional[str]:
+    """How the process is at exit from its main thread ``main`` and its ``exiting`` event ``ev``
+    (:func:`main_at_exit`'s word, ``'_shutdown'`` from the event alone), or None when not at exit."""
     if program_frames(main):  # the stack is the truth: an event alone may be a forked child's inherited one
         how = main_at_exit(program_frames(main))
         if how is None or (how == "handler" and ev is None):
             return None  # (an outermost frame not the program's, without the event: a cut stack, an embedder)
-    elif ev is None:
+        return how
+    if ev is None:
         return None
-    else:
-        how = "_shutdown"
-    others = [t for t in threads if t is not main]
-    started = sorted([t for t in others if _started_thread(t)], key=lambda t: user_frame(program_frames(t)) is None)
-    if how == "handler":
-        fs = program_frames(main)
-        user = user_frame(fs)
-        return how, ("its program returned and the process is in an exit handler (atexit)%s: %s, in %s%s" % (
-            " %s" % frame_label(user) if user is not None else "", blocking_reason(fs, thread=main) or "running",
-            " < ".join(frame_label(f) for f in fs[:3]), _threads_clause("; its other thread", started)))
-    if how == "executor":
-        workers = [t for t in started if any(_is(f, "thread.py", "_worker") for f in program_frames(t))] or started
-        return how, ("its program returned and concurrent.futures' exit hook (_python_exit, run by threading._shutdown "
-                "before any atexit handler) joins its ThreadPoolExecutor worker%s" % (
-                    _threads_clause("", workers) or "s (no stack of them)"))
+    return "_shutdown"
+
+
+def _handler_text(main: Optional[Dict[str, Any]], started: List[Dict[str, Any]]) -> str:
+    """The text for a main thread ``main`` in an exit handler, with the ``started`` threads."""
+    fs = program_frames(main)
+    user = user_frame(fs)
+    return "its program returned and the process is in an exit handler (atexit)%s: %s, in %s%s" % (
+        " %s" % frame_label(user) if user is not None else "", blocking_reason(fs, thread=main) or "running",
+        " < ".join(frame_label(f) for f in fs[:3]), _threads_clause("; its other thread", started))
+
+
+def _executor_text(started: List[Dict[str, Any]]) -> str:
+    """The text for concurrent.futures' exit hook joining its workers (from the ``started`` threads)."""
+    workers = [t for t in started if any(_is(f, "thread.py", "_worker") for f in program_frames(t))] or started
+    return ("its program returned and concurrent.futures' exit hook (_python_exit, run by threading._shutdown "
+            "before any atexit handler) joins its ThreadPoolExecutor worker%s" % (
+                _threads_clause("", workers) or "s (no stack of them)"))
+
+
+def _shutdown_text(ev: Optional[Dict[str, Any]], others: List[Dict[str, Any]],
+                   started: List[Dict[str, Any]]) -> str:
+    """The text for the interpreter joining non-daemon threads: those of the event ``ev`` among
+    the ``others`` (the ``started`` ones without the event)."""
     names = [str(t.get("name")) for t in (ev or {}).get("threads") or () if isinstance(t, dict)]
     ids = {t.get("native_id") for t in (ev or {}).get("threads") or () if isinstance(t, dict)}
     waited = [t for t in others if t.get("os_thread_id") in ids or t.get("thread_name") in names] \
         if ev is not None else started
     if not waited and names:
-        return how, ("its program returned and the interpreter waits at exit for its non-daemon thread(s) %s "
+        return ("its program returned and the interpreter waits at exit for its non-daemon thread(s) %s "
                 "(no stack of them)" % ", ".join("'%s'" % n for n in names[:_MAX_THREADS]))
     if not waited:
-        return how, "its program returned and the interpreter does not finish its exit (no other thread seen)"
-    return how, "its program returned and the interpreter waits at exit (threading._shutdown) for its %sthread%s" % (
+        return "its program returned and the interpreter does not finish its exit (no other thread seen)"
+    return "its program returned and the interpreter waits at exit (threading._shutdown) for its %sthread%s" % (
         "non-daemon " if ev is not None else "", _threads_clause("", waited))
 
 

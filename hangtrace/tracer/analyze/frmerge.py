@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from typing import Tuple, Any, Dict, Iterable, List, Optional
+from typing import Tuple, Any, Dict, Iterable, List, Optional, Set
 
 from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE
 from hangtrace.tracer.collect.frdump import FrDump, FrEntry
@@ -132,54 +132,18 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
     phases, steps, events) pass unchanged. Result ordered by wall time (ties: ours first).
     """
     fr_coll: Dict[str, List[Dict[str, Any]]] = {}
-    fr_p2p_groups = set()
     for r in fr:
         if r["kind"] == "collective":
             fr_coll.setdefault(r["group"], []).append(r)
-        else:
-            fr_p2p_groups.add(r["group"])
-    used = set()
+    used: Set[int] = set()
     out: List[Dict[str, Any]] = []
     ours_p2p_groups = {r.get("group") for r in ours if r.get("kind") == "p2p"}
     for r in ours:
-        kind, g = r.get("kind"), r.get("group")
-        cands = fr_coll.get(str(g)) if kind == "collective" else None
+        cands = fr_coll.get(str(r.get("group"))) if r.get("kind") == "collective" else None
         if not cands:
             out.append(r)
             continue
-        t0, t1 = r.get("t_wall_ns") or 0, _end_wall(r)
-        w0 = t0 - _SLACK_NS
-        near = [e for e in cands if w0 <= e["t_wall_ns"] <= t1 + _SLACK_NS and id(e) not in used]
-        match = next((e for e in near if _compatible(str(r.get("op")), e["op"])), near[0] if near else None)
-        # further launches of the same Python call (all_gather_object: two all_gathers)
-        inside = [match] + [e for e in near if e is not match and e["t_wall_ns"] > match["t_wall_ns"]
-                            and t0 <= e["t_wall_ns"] <= t1] if match is not None else []
-        m = dict(r)
-        m["seq_ours"] = r.get("seq")
-        if match is None:
-            before = [e["seq"] for e in cands if e["t_wall_ns"] < w0]
-            if before:
-                m["seq"] = max(before)
-                m["fr_unmatched"] = True
-            out.append(m)
-            continue
-        for e in inside:
-            used.add(id(e))
-            if e is not match:
-                x = dict(e)
-                x["within_op"] = r.get("op")
-                out.append(x)
-        m["seq"] = match["seq"]
-        for k, v in match.items():
-            if k.startswith("fr_") or k == "group_desc":
-                m[k] = v
-        if not m.get("frames") and match.get("frames"):
-            m["frames"] = match["frames"]
-        if m.get("state") == "issued" and match["state"] != "issued":
-            m["state"] = match["state"]
-            m["error"] = m.get("error") or match.get("error")
-        m["source"] = FR_JOINED_SOURCE
-        out.append(m)
+        out.extend(_merge_one(r, cands, used))
     for g, cands in fr_coll.items():
         out.extend(e for e in cands if id(e) not in used)
     for r in fr:
@@ -187,6 +151,51 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
             out.append(r)
     out.sort(key=lambda r: (r.get("t_wall_ns") or 0, 0 if r.get("source") != FR_SOURCE else 1))
     return _with_phase(out)
+
+
+def _merge_one(r: Dict[str, Any], cands: List[Dict[str, Any]], used: Set[int]) -> List[Dict[str, Any]]:
+    """Our collective ``r`` against its group's FR collectives ``cands`` (``used``: ids of those
+    already paired, updated): the records it becomes (further FR launches of its call, then it)."""
+    t0, t1 = r.get("t_wall_ns") or 0, _end_wall(r)
+    w0 = t0 - _SLACK_NS
+    near = [e for e in cands if w0 <= e["t_wall_ns"] <= t1 + _SLACK_NS and id(e) not in used]
+    match = next((e for e in near if _compatible(str(r.get("op")), e["op"])), near[0] if near else None)
+    m = dict(r)
+    m["seq_ours"] = r.get("seq")
+    if match is None:
+        before = [e["seq"] for e in cands if e["t_wall_ns"] < w0]
+        if before:
+            m["seq"] = max(before)
+            m["fr_unmatched"] = True
+        return [m]
+    out: List[Dict[str, Any]] = []
+    # further launches of the same Python call (all_gather_object: two all_gathers)
+    inside = [match] + [e for e in near if e is not match and e["t_wall_ns"] > match["t_wall_ns"]
+                        and t0 <= e["t_wall_ns"] <= t1]
+    for e in inside:
+        used.add(id(e))
+        if e is not match:
+            x = dict(e)
+            x["within_op"] = r.get("op")
+            out.append(x)
+    _join_into(m, match)
+    out.append(m)
+    return out
+
+
+def _join_into(m: Dict[str, Any], match: Dict[str, Any]) -> None:
+    """Make ``m`` (a copy of our record) the joined event with its FR entry ``match``: torch's
+    seq, the ``fr_*`` fields, FR's frames and state where ours lack them. Returns nothing."""
+    m["seq"] = match["seq"]
+    for k, v in match.items():
+        if k.startswith("fr_") or k == "group_desc":
+            m[k] = v
+    if not m.get("frames") and match.get("frames"):
+        m["frames"] = match["frames"]
+    if m.get("state") == "issued" and match["state"] != "issued":
+        m["state"] = match["state"]
+        m["error"] = m.get("error") or match.get("error")
+    m["source"] = FR_JOINED_SOURCE
 
 
 def _with_phase(out: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -127,8 +127,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     lab = "%s '%s'" % (cls, name) if name else cls
     d.kind, d.cause = Kind.UNSCHEDULABLE_ACTOR, None
     d.culprit_actors = [lab]
-    missing = sorted({k for k, v in request.items() if float(v or 0) > 0
-                      and not any(float((n.get("resources") or {}).get(k) or 0) + 1e-9 >= float(v) for n in nodes)})
+    missing = _short_of(request, nodes)
     d.details["actor_request"] = {"actor": lab, "actor_id": aid, "resources": dict(request),
                                   "placement_group": ev.get("placement_group"),
                                   "bundle_index": ev.get("bundle_index"), "created_by": creator or None,
@@ -139,10 +138,33 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         lab, aid[:12], _short(request), " (created by %s at %s)" % (creator, ts(int(ev["wall_ns"])))
         if creator and ev.get("wall_ns") else ""))
     for n in nodes[:8]:
-        ctx.add("node %s%s has %s (%s)" % (str(n.get("node_id") or "?")[:12], " (%s)" % n["host"] if n.get("host")
-                                           else "", _short(n.get("resources") or {}), source))
+        ctx.add(_node_line(n, source))
     ctx.add("no node offers %s" % ", ".join("%s %g" % (k, float(request[k])) for k in missing))
-    waiters = []
+    d.details["actor_waiters"] = _waiters(ctx, waits, t, cls)
+    if row is not None:
+        says = _ray_says(lab, row)
+        d.details["ray_says"] = {lab: {"text": says, "actor_state": row.get("state")}}
+        ctx.add("Ray actor %s: Ray says: %s" % (lab, says))
+    if finding.start:
+        d.details["hang_start_wall_ns"] = finding.start
+
+
+def _short_of(request: Mapping[str, Any], nodes: List[Dict[str, Any]]) -> List[str]:
+    """The resources of ``request`` that no node of ``nodes`` has enough of, sorted."""
+    return sorted({k for k, v in request.items() if float(v or 0) > 0
+                   and not any(float((n.get("resources") or {}).get(k) or 0) + 1e-9 >= float(v) for n in nodes)})
+
+
+def _node_line(n: Mapping[str, Any], source: str) -> str:
+    """The evidence line of one node ``n`` (its id, host, resources; ``source`` said where from)."""
+    return "node %s%s has %s (%s)" % (str(n.get("node_id") or "?")[:12], " (%s)" % n["host"] if n.get("host")
+                                      else "", _short(n.get("resources") or {}), source)
+
+
+def _waiters(ctx: Ctx, waits: List[G.Wait], t: G.Target, cls: str) -> List[Dict[str, Any]]:
+    """``details['actor_waiters']`` for the waits ``waits`` on target ``t`` (class ``cls``),
+    adding one evidence line per wait."""
+    waiters: List[Dict[str, Any]] = []
     g = graph(ctx)
     for w in waits:
         p = g.procs.get(w.key)
@@ -151,12 +173,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
                         "target_method": t.method, "since_wall_ns": w.since_wall_ns})
         ctx.add("%s (%s)%s waits (%s since %s) on %s.%s" % (who, w.key, " in %s" % w.method if w.method else "",
                                                               G.call_text(w.api), ts(w.since_wall_ns), cls, t.method))
-    d.details["actor_waiters"] = waiters
-    if row is not None:
-        says = "actor %s is %s%s" % (lab, row.get("state") or "?", ", required resources %s" % _short(
-            row["required_resources"]) if isinstance(row.get("required_resources"), dict) else "")
-        d.details["ray_says"] = {lab: {"text": says, "actor_state": row.get("state")}}
-        ctx.add("Ray actor %s: Ray says: %s" % (lab, says))
-    if finding.start:
-        d.details["hang_start_wall_ns"] = finding.start
+    return waiters
 
+
+def _ray_says(lab: str, row: Mapping[str, Any]) -> str:
+    """What Ray's record ``row`` of actor ``lab`` says: its state and required resources."""
+    return "actor %s is %s%s" % (lab, row.get("state") or "?", ", required resources %s" % _short(
+        row["required_resources"]) if isinstance(row.get("required_resources"), dict) else "")
