@@ -260,46 +260,63 @@ def _worker_case(lv: _Level, workers: List[Tuple[int, Optional[str]]], helpers: 
     hk = lv.facts.get("helper_kernel_oom") or {}
     text, kind = "", ""
     for pid, sig in workers[:3]:
-        who = "its DataLoader worker (pid %d)" % pid
-        h = by_pid.get(pid)
-        wss = (getattr(h, "memory", None) or samples(h.records)) if h is not None else []
-        wlv = _level_of(h, wss)[0] if h is not None else None
-        k = (wlv.kern if wlv is not None else None) or (hk if hk.get("pid") == pid else None)
-        how = ("was killed by SIGKILL" if sig.lower() == "killed" else "was killed by signal %s" % sig) if sig \
-            else "exited unexpectedly" + (" (no exit record: killed)" if h is not None and h.state == "killed" else "")
-        grew = _growth(wss)
-        if k:
-            ev.append("%s was killed by the kernel's OOM killer: %s" % (who, str(k.get("line") or "")[:200]))
-            if kind != "oom":
-                kind = "oom"
-                m = re.search(r"anon-rss:(\d+)kB", str(k.get("line") or ""))
-                text = "%s was killed by the kernel's OOM killer (kernel log%s)%s" % (
-                    who, ": anon-rss %s at the kill" % fmt_bytes(int(m.group(1)) << 10) if m else "", (
-                        "; the worker's memory: %s%s" % (grew + ", " if grew else "", wlv.mem_line))
-                    if wlv is not None and wlv.mem_line else "")
-        elif sig is None or sig.lower() == "killed":
-            c = wlv if wlv is not None and wlv.now_ctr is not None else lv
-            why = []
-            if c.ctr_up:
-                why.append("its cgroup's oom_kill counter rose (%s -> %s): an OOM kill in its cgroup is likely"
-                           % (c.last_ctr, c.now_ctr))
-            elif c.ctr_same:
-                why.append("its cgroup's oom_kill counter is unchanged (%s)" % c.now_ctr)
-            no_line = c.facts.get("kernel_log") == "read" and not c.ctr_up  # (the log read, nothing for it)
-            if no_line:
-                why.append("the kernel log has no OOM-killer line for it")
-            ev.append("%s %s (a helper of this rank)%s" % (who, how, (
-                ": " + "; ".join(why)) if why else "; whether by the OOM killer is unknown here (no kernel log, "
-                                                    "no cgroup counter)"))
-            if not kind and no_line and sig:
-                kind, text = "not-oom", "%s %s, not by the kernel's OOM killer (%s)" % (who, how, "; ".join(why))
-        else:
-            ev.append("%s %s (a helper of this rank)" % (who, how))
-        if wlv is not None and wlv.mem_line:
-            ev.append("the worker's memory: %s%s" % (grew + "; " if grew else "", wlv.mem_line))
+        found = _one_worker(lv, pid, sig, by_pid.get(pid), hk, ev)
+        if _KIND_RANK[found[1]] > _KIND_RANK[kind]:  # the first 'oom' wins, else the first 'not-oom'
+            text, kind = found
     if lv.mem_line:
         ev.append("the rank's own memory at death: " + lv.mem_line)
     return text, kind
+
+
+_KIND_RANK = {"": 0, "not-oom": 1, "oom": 2}
+
+
+def _one_worker(lv: _Level, pid: int, sig: Optional[str], h: Any, hk: Dict[str, Any],
+                ev: List[str]) -> Tuple[str, str]:
+    """One dead DataLoader worker (its ProcessInfo ``h`` or None; ``hk`` the rank's
+    ``helper_kernel_oom``): its evidence lines added to ``ev``; returns (sentence, kind) or ('', '')."""
+    who = "its DataLoader worker (pid %d)" % pid
+    wss = (getattr(h, "memory", None) or samples(h.records)) if h is not None else []
+    wlv = _level_of(h, wss)[0] if h is not None else None
+    k = (wlv.kern if wlv is not None else None) or (hk if hk.get("pid") == pid else None)
+    how = ("was killed by SIGKILL" if sig.lower() == "killed" else "was killed by signal %s" % sig) if sig \
+        else "exited unexpectedly" + (" (no exit record: killed)" if h is not None and h.state == "killed" else "")
+    grew = _growth(wss)
+    found = ("", "")
+    if k:
+        ev.append("%s was killed by the kernel's OOM killer: %s" % (who, str(k.get("line") or "")[:200]))
+        m = re.search(r"anon-rss:(\d+)kB", str(k.get("line") or ""))
+        found = ("%s was killed by the kernel's OOM killer (kernel log%s)%s" % (
+            who, ": anon-rss %s at the kill" % fmt_bytes(int(m.group(1)) << 10) if m else "", (
+                "; the worker's memory: %s%s" % (grew + ", " if grew else "", wlv.mem_line))
+            if wlv is not None and wlv.mem_line else ""), "oom")
+    elif sig is None or sig.lower() == "killed":
+        found = _worker_sigkill(who, how, sig, wlv if wlv is not None and wlv.now_ctr is not None else lv, ev)
+    else:
+        ev.append("%s %s (a helper of this rank)" % (who, how))
+    if wlv is not None and wlv.mem_line:
+        ev.append("the worker's memory: %s%s" % (grew + "; " if grew else "", wlv.mem_line))
+    return found
+
+
+def _worker_sigkill(who: str, how: str, sig: Optional[str], c: _Level, ev: List[str]) -> Tuple[str, str]:
+    """A worker SIGKILLed or gone without a signal, judged by the OOM facts ``c`` (its own, else the
+    rank's): its evidence line added to ``ev``; ('...', 'not-oom') when proven not the OOM killer, else ('', '')."""
+    why = []
+    if c.ctr_up:
+        why.append("its cgroup's oom_kill counter rose (%s -> %s): an OOM kill in its cgroup is likely"
+                   % (c.last_ctr, c.now_ctr))
+    elif c.ctr_same:
+        why.append("its cgroup's oom_kill counter is unchanged (%s)" % c.now_ctr)
+    no_line = c.facts.get("kernel_log") == "read" and not c.ctr_up  # (the log read, nothing for it)
+    if no_line:
+        why.append("the kernel log has no OOM-killer line for it")
+    ev.append("%s %s (a helper of this rank)%s" % (who, how, (
+        ": " + "; ".join(why)) if why else "; whether by the OOM killer is unknown here (no kernel log, "
+                                            "no cgroup counter)"))
+    if no_line and sig:
+        return "%s %s, not by the kernel's OOM killer (%s)" % (who, how, "; ".join(why)), "not-oom"
+    return "", ""
 
 
 def _growth(ss: List[Dict[str, Any]]) -> str:
