@@ -171,6 +171,30 @@ def fill_death(v: RankView, errfile: Optional[ElasticError] = None, helpers: Seq
     exception where our own records hold none and the process died (or wrote it itself);
     ``helpers``: the rank's helper processes (its DataLoader workers, for memory evidence)."""
     p = v.proc
+    dead, exc, from_file = _death(v, errfile)
+    if not dead:
+        return
+    v.dead = True
+    times: List[int] = []
+    _set_cause(v, exc, errfile if from_file else None, times)
+    if v.failed is not None:
+        times.append(rec_fail_wall(v.failed))
+    if p.exit_wall_ns:
+        times.append(p.exit_wall_ns)
+    times = [t for t in times if t]
+    v.fail_wall = min(times) if times else v.last_wall
+    if sigterm_in_long_wait(v):
+        # SIGTERMed while waiting long in a collective (e.g. the user stopped a hung job):
+        # a victim of the hang, not its root (``Ctx`` withdraws it when the other members
+        # completed that collective: ``sigterm_wait_completed``)
+        v.victim = True
+    _memory_cause(v, helpers)  # issue 5: host OOM-kill, Ray memory monitor, CUDA OOM, external SIGTERM
+
+
+def _death(v: RankView, errfile: Optional[ElasticError]) -> Tuple[bool, Optional[Dict[str, Any]], bool]:
+    """Whether ``v``'s process died (state, exit code, exception, signal dumps, ``errfile``):
+    ``(dead, the exception event or None, whether that exception is the error file's)``."""
+    p = v.proc
     exc: Optional[Dict[str, Any]] = p.exception
     code: Optional[int] = p.exit_code
     sigs: Mapping[str, Any] = p.signals or {}
@@ -192,19 +216,22 @@ def fill_death(v: RankView, errfile: Optional[ElasticError] = None, helpers: Seq
     from_file = exc is None and errfile is not None and (dead or errfile.pid == p.pid)
     if from_file and errfile is not None:
         exc, dead = errfile.event(), True
-    if not dead:
-        return
-    v.dead = True
-    sig: Mapping[str, Any] = p.signals or {}
-    times: List[int] = []
-    if _signal_cause(v, sig, code, times):
+    return dead, exc, from_file
+
+
+def _set_cause(v: RankView, exc: Optional[Dict[str, Any]], errfile: Optional[ElasticError], times: List[int]) -> None:
+    """Set dead ``v``'s cause, cause_text and victim from its signals, its exception ``exc``
+    (``errfile``: the error file it came from, or None), its exit code; failure times go to ``times``."""
+    p = v.proc
+    code: Optional[int] = p.exit_code
+    if _signal_cause(v, p.signals or {}, code, times):
         # SIGTERMed after a collective of its own had failed with a transport error (a peer
         # died; the launcher then tore the job down, as torchrun does): a victim
         v.victim = v.cause == Cause.SIGTERM.value and bool(v.failed and is_transport_error(v.failed.get("error")))
     elif exc is not None:
         v.cause = Cause.EXCEPTION.value
         v.cause_text = "%s: %s" % (exc.get("type") or "Exception", (exc.get("message") or "").strip())
-        if from_file and errfile is not None:
+        if errfile is not None:
             v.cause_text = errfile.text()
         v.victim = is_transport_error(exc.get("message"))
         times.append(exc.get("wall_ns") or 0)
@@ -215,18 +242,6 @@ def fill_death(v: RankView, errfile: Optional[ElasticError] = None, helpers: Seq
     else:
         v.cause = KILLED
         v.cause_text = _killed_text(v, code)
-    if v.failed is not None:
-        times.append(rec_fail_wall(v.failed))
-    if p.exit_wall_ns:
-        times.append(p.exit_wall_ns)
-    times = [t for t in times if t]
-    v.fail_wall = min(times) if times else v.last_wall
-    if sigterm_in_long_wait(v):
-        # SIGTERMed while waiting long in a collective (e.g. the user stopped a hung job):
-        # a victim of the hang, not its root (``Ctx`` withdraws it when the other members
-        # completed that collective: ``sigterm_wait_completed``)
-        v.victim = True
-    _memory_cause(v, helpers)  # issue 5: host OOM-kill, Ray memory monitor, CUDA OOM, external SIGTERM
 
 
 #: A phase or Ray actor method that ended with one of these was stopped, not failed: Ray's
