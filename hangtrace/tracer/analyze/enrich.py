@@ -4,7 +4,7 @@ attribution (issue 5), dead helper threads, ranks outside the common stack frame
 never raises on odd data). Ray's text is reported as Ray's, beside the cause found."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from hangtrace.tracer.analyze.exceptions import survived, swallowed_since
 from hangtrace.tracer.analyze.context import Ctx
@@ -137,19 +137,36 @@ def memory_details(ctx: Ctx, d: Diagnosis) -> None:
         return
     if mem is None:
         return
+    _drop_foreign_sigterm_advice(mem, d)
+    d.details["memory"] = mem
+    if d.kind == Kind.DEAD_RANK and d.culprit_ranks:
+        _phase_of_oom(d, atts.get(d.culprit_ranks[0]) or {})
+    for ln in _memory_lines(d, atts, mem)[:10]:
+        if ln not in ctx.evidence:
+            ctx.add(ln)
+
+
+def _drop_foreign_sigterm_advice(mem: Dict[str, Any], d: Diagnosis) -> None:
+    """Drop from ``mem['advice']`` (in place) the SIGTERM advice on ranks that are not ``d``'s dead culprits."""
     # (the advice stands only for the rank whose SIGTERM is the verdict's cause, not one the launcher stopped)
     culprits = {str(r) for r in d.culprit_ranks} if d.kind == Kind.DEAD_RANK else set()
     if isinstance(mem.get("advice"), list):  # a cascade rank the launcher SIGTERMed after the root: no one to look for
         mem["advice"] = [a for a in mem["advice"] if not (str(a).startswith("not an OOM: find who sent SIGTERM to rank ")
                                                            and str(a).split("rank ", 1)[1].split(" ", 1)[0] not in culprits)]
-    d.details["memory"] = mem
-    if d.kind == Kind.DEAD_RANK and d.culprit_ranks:
-        a = atts.get(d.culprit_ranks[0]) or {}
-        c = a.get("cuda_oom") or {}
-        if d.phase is None and c.get("phase"):  # the phase the OOM left, not the (empty) current one
-            d.phase = c["phase"]
-        if d.step is None and c.get("step") is not None:
-            d.step = c["step"]
+
+
+def _phase_of_oom(d: Diagnosis, a: Dict[str, Any]) -> None:
+    """Set ``d``'s missing phase / step from the CUDA OOM of its culprit's attribution ``a``."""
+    c = a.get("cuda_oom") or {}
+    if d.phase is None and c.get("phase"):  # the phase the OOM left, not the (empty) current one
+        d.phase = c["phase"]
+    if d.step is None and c.get("step") is not None:
+        d.step = c["step"]
+
+
+def _memory_lines(d: Diagnosis, atts: Mapping[Any, Optional[Dict[str, Any]]], mem: Dict[str, Any]) -> List[str]:
+    """The memory evidence lines: the culprits' attributions (``atts``), then the summary
+    ``mem``'s own lines when it flags something significant."""
     lines: List[str] = []
     for r in d.culprit_ranks[:4]:
         att = atts.get(r)
@@ -162,9 +179,7 @@ def memory_details(ctx: Ctx, d: Diagnosis) -> None:
         flags, trends = [], []
     if flags or trends:  # small kept/grown bytes stay in details['memory'] (text report)
         lines += mem.get("evidence") or []
-    for ln in lines[:10]:
-        if ln not in ctx.evidence:
-            ctx.add(ln)
+    return lines
 
 
 def _stopped_after_exception(d: Diagnosis, r: int, proc: Any) -> None:
