@@ -10,8 +10,9 @@ frames, although the records held ``thread=metrics-sync``).
 
 In: the diagnosis of a mismatch (its group, culprits and signatures) and the context (each
 rank's kept records, ``thread`` of each; its stacks). Out: ``details['group_threads']``
-(``{'rank', 'threads', 'thread'}``: the threads that issued collectives on the group, and
-the one that issued the culprit's record), the sentence ``details['group_threads_text']``,
+(``{'rank', 'threads', 'thread'}``: the threads that issued collectives on the group through
+the Python API (not C++-issued ones only torch's Flight Recorder saw), and the one that
+issued the culprit's record), the sentence ``details['group_threads_text']``,
 an evidence line, and ``Diagnosis.frames`` from that thread's stack when it is not the
 main thread (none when no stack of it was taken: the main thread's would point elsewhere). Never raises on odd data.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional
 
-from hangtrace.tracer.analyze.context import Ctx, history
+from hangtrace.tracer.analyze.context import FR_SOURCE, Ctx, history
 from hangtrace.tracer.analyze.stacktree import frame_label, python_frames, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis
 
@@ -34,7 +35,7 @@ def issuing_threads(ctx: Ctx, r: int, group: Any) -> List[str]:
         return []
     seen: List[str] = []
     for rec in history(v.proc):
-        if rec.get("kind") == "collective" and rec.get("group") == group:
+        if rec.get("kind") == "collective" and rec.get("group") == group and rec.get("source") != FR_SOURCE:
             t = str(rec.get("thread") or _MAIN)
             if t not in seen:
                 seen.append(t)
@@ -53,6 +54,11 @@ def group_threads(ctx: Ctx, d: Diagnosis, crec: Optional[Mapping[str, Any]]) -> 
 
 def _group_threads(ctx: Ctx, d: Diagnosis, crec: Optional[Mapping[str, Any]]) -> None:
     if not d.culprit_ranks or d.group is None:
+        return
+    if (crec or {}).get("source") == FR_SOURCE:
+        # issued in C++ (DDP's reducer on the autograd thread, a functional collective): only
+        # torch's Flight Recorder saw it, and its thread is no Python thread of the program
+        # (blind helper 82: "its thread 'python3'" for DDP's gradient all-reduce)
         return
     r = d.culprit_ranks[0]
     thread = str((crec or {}).get("thread") or _MAIN)

@@ -207,6 +207,7 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_STUCK, lambda g, d: d.get("lock_wait"), LOCK_NEXT),
     (_MISMATCH, lambda g, d: len((d.get("group_threads") or {}).get("threads") or ()) > 1, THREADS_NEXT),
     (_MISMATCH, lambda g, d: d.get("p2p_pair"), P2P_PEER_NEXT),
+    (_MISMATCH, lambda g, d: d.get("skipped_call"), lambda g, d: NEXT[Kind.SKIPPED_COLLECTIVE]),
     (_ACTORS, lambda g, d: self_call(d), SELF_CALL_NEXT),
     (_ACTORS, lambda g, d: any(x.get("blocks_loop") for x in d.get("actor_cycle") or ()), ASYNC_BLOCKING_NEXT),
     (_STUCK, lambda g, d: d.get("poll_wait"), lambda g, d: POLL_CYCLE_NEXT if d.get("poll_cycle") else POLL_NEXT),

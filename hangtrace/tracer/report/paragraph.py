@@ -120,6 +120,13 @@ def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
                     " %s" % (exp[:1].upper() + exp[1:] + ".") if exp else "",
                     " Rank %d%s" % (r, _doing(diag)[len("; it"):]) if _doing(diag).startswith("; it ") else ""))
     threads = d.get("group_threads_text")  # analyze/threadgroups.py: the culprit's record came from another thread
+    sk = d.get("skipped_call")  # analyze/skippedcall.py: a C++-issued collective against a call it never made
+    if sk and not threads:
+        threads = ("rank %s never called %s: %s %s in it (call %s on the group by the program's own count), while "
+                   "rank %s's last call there was %s (call %s): it went on past it, into a collective torch issued "
+                   "itself (DDP's gradient all-reduce in backward, or another C++ collective)" % (
+                       sk.get("rank"), sk.get("op"), _ranks(sk.get("waiters")), _verb(sk.get("waiters")),
+                       sk.get("call"), sk.get("rank"), sk.get("last_op"), sk.get("last_call")))
     if coll:
         return ("Collective mismatch: %s %s at %s%s%s%s; %s.%s" % (
             who, _what_differs(sigs), coll, " (%s)" % sig_txt if sig_txt else "", _where(diag), _doing(diag), end,

@@ -34,6 +34,7 @@ from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rk, where_r
 from hangtrace.tracer.analyze.exceptions import since as exc_since
 from hangtrace.tracer.analyze.exceptions import survived
 from hangtrace.tracer.analyze.stepcounts import tie_breaker
+from hangtrace.tracer.analyze.skippedcall import skipped_call
 from hangtrace.tracer.analyze.threadgroups import group_threads
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
@@ -197,6 +198,8 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     if inst.p2p and inst.waiters:
         d.details["p2p_pair"] = sorted({inst.waiters[0], inst.peer})
     group_threads(ctx, d, crec)  # two threads of the culprit issue collectives on this group (blind helper 67)
+    if not inst.p2p:  # a C++-issued collective of the culprit against a Python call it never made (helper 82)
+        skipped_call(ctx, d, inst.waiters or [r for rs in sigs.values() for r in rs], crec)
     early = None if inst.p2p else sigclasses.earlier_line(ctx, inst.group, inst.seq)
     if early:
         ctx.add(early)
