@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from hangtrace.tracer.ring import layout as F
 from .recorder import _fastrec
 
-from hangtrace.hooks.torch_specs import (BATCH_OP, GROUP_OPS, SPECS, _plain_wrapper, _take_identity,  # noqa: E402
-                                         param_names, wrapped_original)
+from hangtrace.hooks.torch_specs import (BATCH_OP, GROUP_OPS, SPECS, param_names, plain_wrapper,  # noqa: E402
+                                         take_identity, wrapped_original)
 from hangtrace.hooks.torch_state import GroupEntry, Log, State
 
 if TYPE_CHECKING:
@@ -279,10 +279,10 @@ def _wrap(name: str, orig: Callable[..., Any], params: List[str]) -> Callable[..
     call = _make_wrapper(name, params, orig)
     if _fastrec is not None and isinstance(_state, _FastState):
         try:
-            return _take_identity(_fast_call(name, orig, params, call), orig)
+            return take_identity(_fast_call(name, orig, params, call), orig)
         except Exception as e:  # the Python call records the same
             _state.log("C wrapper of %s unavailable, Python used: %r" % (name, e), "fastcall-" + name)
-    return _take_identity(call, orig)
+    return take_identity(call, orig)
 
 
 def _global_rank(group: Any, rank: int) -> int:
@@ -335,11 +335,11 @@ def install(dist: Any, recorder: Recorder, log: Log) -> int:
                 continue
             w = _wrap(name, orig, params)
         elif name == BATCH_OP:
-            w = _plain_wrapper(orig, _batch_wrapper)
+            w = plain_wrapper(orig, _batch_wrapper)
         elif name == "new_subgroups":
             continue  # recorded through the new_group calls it makes
         else:
-            w = _plain_wrapper(orig, _group_op_wrapper)
+            w = plain_wrapper(orig, _group_op_wrapper)
         _installed[name] = orig
         setattr(c10d, name, w)
         if getattr(dist, name, None) is orig:

@@ -5,7 +5,7 @@ collective/p2p functions of torch.distributed we do not wrap as such, with the r
 ``tests/unit/test_coverage_torch.py`` derives the collective and p2p functions of the
 installed torch from torch itself and fails on one that is in neither table.
 :func:`param_names` gives a wrapped function's parameter names (``torch_dist.install``);
-:func:`_take_identity` and :func:`wrapped_original` give an installed wrapper its torch
+:func:`take_identity` and :func:`wrapped_original` give an installed wrapper its torch
 function's identity and read it back (here, not in a module of their own: every module
 imported when torch.distributed is costs each traced process ~0.3M instructions, issue 8).
 """
@@ -101,14 +101,14 @@ def param_names(fn: Any) -> Optional[List[str]]:
         out.append(names[at])
     return out
 
-def _take_identity(w: Any, orig: Callable[..., Any]) -> Any:
+def take_identity(w: Any, orig: Callable[..., Any]) -> Any:
     """Give ``w`` the identity of ``orig`` (name, qualified name, module, docstring, its
     ``__dict__``) and mark it ``__hangtrace_wrapped__ = orig``; returns ``w``.
 
     For plain functions this is ``functools.update_wrapper`` (which also sets
     ``__wrapped__``); a ``_fastrec.Call`` has a read-only ``__wrapped__`` of its own.
     """
-    if isinstance(w, type(_take_identity)):
+    if isinstance(w, type(take_identity)):
         functools.update_wrapper(w, orig)
     else:
         for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
@@ -121,14 +121,14 @@ def _take_identity(w: Any, orig: Callable[..., Any]) -> Any:
     return w
 
 
-def _plain_wrapper(orig: Callable[..., Any],
+def plain_wrapper(orig: Callable[..., Any],
                    wrapper: Callable[[Callable[..., Any], Any, Tuple[Any, ...], Dict[str, Any]], Any]
                    ) -> Callable[..., Any]:
     """``orig`` wrapped by ``wrapper(wrapped, instance, args, kwargs)`` (the batch and group
     operations), as a plain function with ``orig``'s identity."""
     def call(*args: Any, **kwargs: Any) -> Any:
         return wrapper(orig, None, args, kwargs)
-    return _take_identity(call, orig)
+    return take_identity(call, orig)
 
 
 def wrapped_original(fn: Any) -> Optional[Callable[..., Any]]:

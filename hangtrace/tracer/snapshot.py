@@ -138,6 +138,11 @@ class ProcessInfo:
             object.__setattr__(self, "role", role_of(self.rank, self.groups, self.summary, self.meta))
 
     @property
+    def died(self) -> bool:
+        """Killed, or exited with a non-zero code (a clean exit and a live process are not)."""
+        return self.state == "killed" or (self.state == "exited" and self.exit_code not in (0, None))
+
+    @property
     def key(self) -> str:
         """``"host:pid"``: the process's identity within a run."""
         return "%s:%d" % (self.host, self.pid)

@@ -14,7 +14,6 @@ each ended at) and an evidence line; nothing when the rank was not restarted.
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, Optional
 
 from hangtrace.tracer.analyze.context import Ctx, RankView, index_process
@@ -26,17 +25,6 @@ def last_line(text: Optional[str]) -> str:
     """The last non-empty line of an exception text (``'ValueError: sequence length 0'``)."""
     lines = [ln.strip() for ln in str(text or "").splitlines() if ln.strip()]
     return lines[-1] if lines else ""
-
-
-#: the C++ source position gloo puts in its messages: "[/…/gloo/transport/tcp/pair.cc:553] "
-_SRC = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h):\d+\]\s*")
-
-
-def short_error(text: Optional[str], limit: int = 160) -> str:
-    """The first line of an error text without gloo's C++ source position and its "This is
-    typically caused by ..." tail: ``'RuntimeError: Connection closed by peer [127.0.0.1]:33515'``."""
-    first = _SRC.sub("", str(text or "").strip().split("\n")[0])
-    return first.split(" This is typically")[0].rstrip(".")[:limit]
 
 
 def _how(v: RankView) -> str:

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional
 
-from hangtrace.tracer.analyze.exceptions import survived, swallowed_since
+from hangtrace.tracer.analyze.exceptions import RECENT_NS, survived, swallowed_since
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.deaths import raised_phases
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.analyze.memory.samples import fmt_bytes
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
-
-#: how long before the hang began a swallowed task or thread exception is read as its cause (ns)
-SWALLOWED_WINDOW_NS = 60_000_000_000
 
 
 def ray_actor(p: ProcessInfo) -> Optional[Dict[str, Any]]:
@@ -199,7 +196,7 @@ def _stopped_after_exception(d: Diagnosis, r: int, proc: Any) -> None:
     # most likely the producer of what the culprit waits for (blind helper 80: a rollout
     # task's KeyError, the trainer in `await queue.get()`)
     start = int(d.details.get("hang_start_wall_ns") or 0)
-    x = swallowed_since(proc, start - SWALLOWED_WINDOW_NS) if start else None
+    x = swallowed_since(proc, start - RECENT_NS) if start else None
     if x is not None and str(d.cause) != Cause.BUSY.value:
         d.details["after_exception"] = "rank %d's %s; if it fed what rank %d waits for, that is why it waits" % (
             r, x.line(), r)

@@ -19,6 +19,7 @@ Pure functions of a ``ProcessInfo``; no I/O.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence
 
@@ -28,6 +29,8 @@ from hangtrace.tracer.analyze.stacktree import frame_label
 from hangtrace.tracer.snapshot import ProcessInfo
 
 _MAX_TEXT = 300  # characters of an exception text kept in an evidence line
+#: how long before a hang (or a mismatch) an exception a process survived is read as its cause (ns)
+RECENT_NS = 60_000_000_000
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,19 @@ def _raised_at(e: Mapping[str, Any]) -> Optional[str]:
 def swallowed_since(p: ProcessInfo, wall_ns: int) -> Optional[SurvivedException]:
     """The newest exception that ended an asyncio task nobody awaited or a thread of ``p``
     at or after ``wall_ns`` (a producer that died before its consumer stopped), or None."""
-    xs = [x for x in survived(p) if x.source in ("asyncio-task", "thread") and x.wall_ns >= wall_ns]
+    xs = [x for x in since(survived(p), wall_ns) if x.source in ("asyncio-task", "thread")]
     return xs[-1] if xs else None
+
+
+#: the C++ source position gloo puts in its messages: "[/…/gloo/transport/tcp/pair.cc:553] "
+_SRC = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h):\d+\]\s*")
+
+
+def short_error(text: Optional[str], limit: int = 160) -> str:
+    """The first line of an error text without gloo's C++ source position and its "This is
+    typically caused by ..." tail: ``'RuntimeError: Connection closed by peer [127.0.0.1]:33515'``."""
+    first = _SRC.sub("", str(text or "").strip().split("\n")[0])
+    return first.split(" This is typically")[0].rstrip(".")[:limit]
 
 
 def _text(e: Mapping[str, Any]) -> str:
@@ -107,8 +121,7 @@ def survived(p: ProcessInfo, ray_actor: bool = False) -> List[SurvivedException]
 
 def _fatal_exception(p: ProcessInfo) -> Optional[Mapping[str, Any]]:
     """The exception event that ended ``p`` (the last one, when it died), else None."""
-    dead = p.state == "killed" or (p.state == "exited" and p.exit_code not in (0, None))
-    if not dead:
+    if not p.died:
         return None
     exc = [e for e in p.events or () if isinstance(e, Mapping) and e.get("event") == "exception"]
     return exc[-1] if exc else None

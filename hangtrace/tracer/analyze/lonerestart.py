@@ -34,10 +34,6 @@ def _last_sign_of_life(p: ProcessInfo) -> int:
     return max(last, p.progress_wall_ns or 0, p.exit_wall_ns or 0)
 
 
-def _died(p: ProcessInfo) -> bool:
-    return p.state == "killed" or (p.state == "exited" and p.exit_code not in (0, None))
-
-
 def _rejoined(p: ProcessInfo) -> bool:
     sm = p.summary
     if sm is None:
@@ -60,7 +56,7 @@ def lone_restarts(ranks: Mapping[int, ProcessInfo], claims: Iterable[Tuple[int, 
             continue
         prev = max(earlier, key=lambda p: p.start_wall_ns or 0)
         alive_until = _last_sign_of_life(prev)
-        if not _died(prev) or _rejoined(new) or not alive_until:
+        if not prev.died or _rejoined(new) or not alive_until:
             continue
         if any(q is not new and (q.start_wall_ns or 0) and (q.start_wall_ns or 0) < alive_until
                and (q.start_wall_ns or 0) < (new.start_wall_ns or 0) for rr, q in ranks.items() if rr != r):

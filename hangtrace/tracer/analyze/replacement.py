@@ -15,6 +15,7 @@ from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread, python_
 from hangtrace.tracer.diagnosis import Diagnosis
 from hangtrace.tracer.snapshot import ProcessInfo
 
+
 def replacement_text(p: ProcessInfo) -> str:
     """What the replacement does: ``"pid 812 is in init_process_group (the rendezvous), called
     at Trainer.__init__ (driver.py:17)"``, or its innermost frames and blocking reason."""

@@ -5,7 +5,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.report.advice import next_step
-from hangtrace.tracer.analyze.attempts import last_line, short_error
+from hangtrace.tracer.analyze.attempts import last_line
+from hangtrace.tracer.analyze.exceptions import short_error
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.memorytext import holders_text as _holders_text, memory_text as _memory_text
 from hangtrace.tracer.report.rayparagraph import (actor_dead, actor_deadlock as _actor_deadlock, actor_stuck, call as _call,

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Sequence
 
-from hangtrace.tracer.analyze.attempts import short_error
 from hangtrace.tracer.analyze.chainends import ChainEnds
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk
+from hangtrace.tracer.analyze.exceptions import short_error
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.rules.chain import chain_finding, main_instance
 from hangtrace.tracer.analyze.waitgraph import inst_text

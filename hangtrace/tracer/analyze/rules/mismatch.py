@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from hangtrace.tracer.analyze import sigclasses
 from hangtrace.tracer.analyze.context import Ctx, Record
 from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rk, where_rec
+from hangtrace.tracer.analyze.exceptions import RECENT_NS
 from hangtrace.tracer.analyze.exceptions import since as exc_since
 from hangtrace.tracer.analyze.exceptions import survived
 from hangtrace.tracer.analyze.stepcounts import tie_breaker
@@ -67,7 +68,7 @@ def _tie_break(ctx: Ctx, inst: Inst, tied: List[List[int]]) -> Optional[Tuple[Li
     since_wall = inst.start or 0
     with_exc = []
     for rs in tied:
-        hits = [(r, x) for r in rs for x in exc_since(survived(ctx.procs[r]), since_wall - EXC_WINDOW_NS)]
+        hits = [(r, x) for r in rs for x in exc_since(survived(ctx.procs[r]), since_wall - RECENT_NS)]
         if hits:
             with_exc.append((rs, hits))
     if len(with_exc) == 1:
@@ -117,10 +118,6 @@ def p2p_expected(ctx: Ctx, inst: Inst, r: int) -> Optional[str]:
                 q, "sends to" if other == "send" else "waits to receive from", r, rec.get("op"),
                 rec.get("seq"), ctx.gdesc(inst.group), r, "receive" if way == "recv" else "send", q,
                 "%s pair seq %s" % (own.get("op"), own.get("seq")) if own else "none", r, verb[way], peer))
-
-
-#: an exception up to this long before the hang began still explains the divergence
-EXC_WINDOW_NS = 60_000_000_000
 
 
 def _culprits(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> Tuple[List[int], Optional[str]]:
