@@ -477,3 +477,25 @@ def test_a_rank_whose_dataloader_worker_the_oom_killer_killed_says_whose_memory_
     assert any("the rank's own memory at death: RSS 300.0 MiB" in e for e in d.evidence), d.evidence
     assert "Next: find what the DataLoader worker holds on to" in d.summary, d.summary
 
+
+
+def test_sigterm_advice_only_for_the_rank_whose_sigterm_is_the_cause():
+    """The root died of an exception; the launcher then SIGTERMed another rank (cascade):
+    no "find who sent SIGTERM" for that one. A rank SIGTERMed from outside as the root keeps it."""
+    b = ranks(3)
+    for r in (1, 2):
+        mem(b[r], "timer", "host", host(80 * MIB, 80 * MIB, 400 * MIB, 0), phase="train", step=7)
+    b[0].t += 20 * S
+    b[0].wait()
+    b[1].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "ValueError", "message": "bad",
+                                                   "wall_ns": T0 + 10 * S}])
+    b[2].set(state="killed", exit_code=-15, signals={"sigterm": {"wall_ns": T0 + 12 * S, "text": ""}},
+             memory_facts={"cgroup_oom_kill_now": 0})
+    d = diagnose(snap(b))
+    assert (d.kind, d.culprit_ranks) == ("dead-rank", [1]), d.summary
+    assert any(c.get("rank") == 2 for c in d.cascade or ()), d.cascade
+    advice = d.details["memory"]["advice"]
+    assert not any("find who sent SIGTERM" in a for a in advice), advice
+    root = dead_job(dict(state="killed", exit_code=-15, signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}},
+                         memory_facts={"cgroup_oom_kill_now": 0}), level=80 * MIB)
+    assert any("find who sent SIGTERM to rank 1" in a for a in root.details["memory"]["advice"])

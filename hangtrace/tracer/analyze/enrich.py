@@ -128,28 +128,21 @@ def memory_details(ctx: Ctx, d: Diagnosis) -> None:
         from hangtrace.tracer.analyze.memory import summarize
         focus = list(d.culprit_ranks) + [c.get("rank") for c in d.cascade or () if c.get("rank") not in d.culprit_ranks]
         atts = {r: ctx.views[r].mem for r in focus if r in ctx.views and ctx.views[r].mem}
-        mem = summarize(ctx.procs, focus, atts)
+        # (the SIGTERM advice stands only for a rank whose SIGTERM is the verdict's cause,
+        # not for one the launcher stopped after the root)
+        mem = summarize(ctx.procs, focus, atts,
+                        sigterm_culprits=set(d.culprit_ranks) if d.kind == Kind.DEAD_RANK else set())
     except Exception as e:
         ctx.add("memory analysis failed: %r" % (e,))
         return
     if mem is None:
         return
-    _drop_foreign_sigterm_advice(mem, d)
     d.details["memory"] = mem
     if d.kind == Kind.DEAD_RANK and d.culprit_ranks:
         _phase_of_oom(d, atts.get(d.culprit_ranks[0]) or {})
     for ln in _memory_lines(d, atts, mem)[:10]:
         if ln not in ctx.evidence:
             ctx.add(ln)
-
-
-def _drop_foreign_sigterm_advice(mem: Dict[str, Any], d: Diagnosis) -> None:
-    """Drop from ``mem['advice']`` (in place) the SIGTERM advice on ranks that are not ``d``'s dead culprits."""
-    # (the advice stands only for the rank whose SIGTERM is the verdict's cause, not one the launcher stopped)
-    culprits = {str(r) for r in d.culprit_ranks} if d.kind == Kind.DEAD_RANK else set()
-    if isinstance(mem.get("advice"), list):  # a cascade rank the launcher SIGTERMed after the root: no one to look for
-        mem["advice"] = [a for a in mem["advice"] if not (str(a).startswith("not an OOM: find who sent SIGTERM to rank ")
-                                                           and str(a).split("rank ", 1)[1].split(" ", 1)[0] not in culprits)]
 
 
 def _phase_of_oom(d: Diagnosis, a: Dict[str, Any]) -> None:

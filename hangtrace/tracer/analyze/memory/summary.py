@@ -1,6 +1,6 @@
 """The memory summary of a diagnosis (``details['memory']``): per-process analysis,
 flags and trends worth reporting, advice, and the watcher's memory lines (pure)."""
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from hangtrace.tracer.analyze.memory.ledger import kept_across, ledger
 from hangtrace.tracer.analyze.memory.samples import (
@@ -66,7 +66,7 @@ def _trend_text(who: str, t: Dict[str, Any]) -> str:
 
 
 def _advice(att: Optional[Dict[str, Any]], flags: List[Dict[str, Any]], trends: Dict[str, Dict[str, Any]],
-            rank: int) -> List[str]:
+            rank: int, sigterm: bool = True) -> List[str]:
     out: List[str] = []
     cause = att.get("cause") if att else None
     att = att or {}
@@ -103,7 +103,7 @@ def _advice(att: Optional[Dict[str, Any]], flags: List[Dict[str, Any]], trends: 
         c = att.get("cuda_oom") or {}
         out.append("rank %s ran out of device memory in %s; compare the ledger rows before it: memory kept by "
                    "earlier phases is what the failing phase could not get" % (rank, _where(c)))
-    elif cause == "sigterm-external":
+    elif cause == "sigterm-external" and sigterm:
         out.append("not an OOM: find who sent SIGTERM to rank %s (scheduler preemption, Ray stopping the actor, "
                    "a user, a health check)" % rank)
     return out
@@ -135,7 +135,8 @@ def _ledger_of(a: Dict[str, Any], max_steps: int) -> List[Dict[str, Any]]:
 
 
 def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Optional[Dict[int, Any]] = None,
-              max_ranks: int = LEDGER_MAX_RANKS, max_steps: int = LEDGER_MAX_STEPS) -> Optional[Dict[str, Any]]:
+              max_ranks: int = LEDGER_MAX_RANKS, max_steps: int = LEDGER_MAX_STEPS,
+              sigterm_culprits: Optional[Set[int]] = None) -> Optional[Dict[str, Any]]:
     """``details['memory']`` of a diagnosis (dict) or None when nothing was sampled.
 
     ``procs_by_rank``: {rank: ProcessInfo}; ``focus``: ranks to report first (culprits,
@@ -144,6 +145,9 @@ def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Opt
     their newest ``max_steps`` steps. Keys: ``ranks`` {str(rank): {'last', 'peak', 'limit',
     'trends'}}, ``ledger`` [rows], ``kept_across`` [flags], ``trends`` [steady trends],
     ``attribution`` {str(rank): ...}, ``advice`` [str], ``evidence`` [str].
+    ``sigterm_culprits``: the ranks whose external SIGTERM is the verdict's own cause (a
+    dead-rank verdict's culprits); only they get the "find who sent SIGTERM" advice, not a
+    cascade rank the launcher stopped after the root. None: every rank (no verdict yet).
     """
     attributions = attributions or {}
     per: Dict[int, Dict[str, Any]] = {}
@@ -176,7 +180,8 @@ def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Opt
                 out["attribution"][str(r)].update(helper_text=att["helper_text"], helper_kill=att.get("helper_kill"))
     for r in interesting[:4]:
         if r in per:
-            out["advice"] += _advice(attributions.get(r), per[r]["kept"], per[r]["trends"], r)
+            out["advice"] += _advice(attributions.get(r), per[r]["kept"], per[r]["trends"], r,
+                                     sigterm_culprits is None or r in sigterm_culprits)
     out["advice"] = list(dict.fromkeys(out["advice"]))[:6]
     out["evidence"] = out["evidence"][:12]
     return out
