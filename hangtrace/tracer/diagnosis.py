@@ -120,6 +120,18 @@ class Cause(_StrEnum):
     STALLED_IN_RENDEZVOUS = "stalled-in-rendezvous"
 
 
+#: The prefix of a ``details['culprit_reasons']`` value (analyze/chainends.py) for a rank
+#: whose stack is blocked outside collectives; the text after it says on what
+#: (``analyze/blocking.py``: "asleep in time.sleep ...", "waiting on a lock ...").
+BLOCKED_OUTSIDE = "blocked outside collectives: "
+
+
+def blocked_on(reason: str) -> Optional[str]:
+    """What a ``culprit_reasons`` value says a rank is blocked on (the text after
+    ``BLOCKED_OUTSIDE``), or None when it is not such a reason."""
+    return reason[len(BLOCKED_OUTSIDE):] if reason.startswith(BLOCKED_OUTSIDE) else None
+
+
 #: The prefix of the open cause family "exit-code N" (dead-rank: non-zero exit without a
 #: signal or exception).
 EXIT_CODE_PREFIX = "exit-code "

@@ -38,7 +38,7 @@ from hangtrace.tracer.analyze.exitwait import exit_wait_text
 from hangtrace.tracer.analyze.blocking import blocking_reason, code_text, collective_frame
 from hangtrace.tracer.analyze.stacktree import format_ranks, frame_label
 from hangtrace.tracer.analyze.waitgraph import Inst
-from hangtrace.tracer.diagnosis import Kind
+from hangtrace.tracer.diagnosis import BLOCKED_OUTSIDE, Kind
 
 #: (kind value, reason) of one chain end
 EndKind = Tuple[str, str]
@@ -162,7 +162,7 @@ def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndK
         why = blocking_reason(frames, thread=thread)
         if why:
             loop = describe_loop(p)  # issue 9: the await chain its event loop is blocked in
-            return stuck, "blocked outside collectives: %s%s" % (why, "; " + loop if loop else "")
+            return stuck, "%s%s%s" % (BLOCKED_OUTSIDE, why, "; " + loop if loop else "")
     wsteps, wphases = _waiters_at(ctx, insts_for)
     if v.step is not None and wsteps and v.step > max(wsteps):
         return skipped, "moved on to step %s (waiters are at step %s)" % (v.step, format_ranks(wsteps))

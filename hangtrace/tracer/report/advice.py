@@ -1,7 +1,7 @@
 """What to look at next, per verdict kind and (for dead ranks) per cause (pure)."""
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
+from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind, blocked_on
 
 NEXT: Dict[str, Optional[str]] = {
     "collective-mismatch": ("look at the code that issues collectives on this group on the named "
@@ -211,7 +211,7 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_ACTORS, lambda g, d: self_call(d), SELF_CALL_NEXT),
     (_ACTORS, lambda g, d: any(x.get("blocks_loop") for x in d.get("actor_cycle") or ()), ASYNC_BLOCKING_NEXT),
     (_STUCK, lambda g, d: d.get("poll_wait"), lambda g, d: POLL_CYCLE_NEXT if d.get("poll_cycle") else POLL_NEXT),
-    (_STUCK, lambda g, d: g.culprit_ranks and all(str(x).split("blocked outside collectives: ")[-1].startswith(
+    (_STUCK, lambda g, d: g.culprit_ranks and all((blocked_on(str(x)) or str(x)).startswith(
         "asleep in ") for x in (d.get("culprit_reasons") or {"": ""}).values()), SLEEP_NEXT),
     (_STUCK, lambda g, d: g.culprit_actors and not g.culprit_ranks, ACTOR_STUCK_NEXT),
     (_UNKNOWN, lambda g, d: g.stack_classes and str(g.cause) == Cause.STALLED_OUTSIDE_COLLECTIVES.value, STACKS_NEXT),

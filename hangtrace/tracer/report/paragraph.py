@@ -3,7 +3,7 @@ seq/op, phase, step, what the culprit does (top frames), why the others wait, wh
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from hangtrace.tracer.analyze.stacktree import format_ranks
-from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
+from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind, blocked_on
 from hangtrace.tracer.report.advice import next_step
 from hangtrace.tracer.analyze.attempts import last_line
 from hangtrace.tracer.analyze.exceptions import short_error
@@ -238,8 +238,7 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     if d.get("exit_wait"):  # rules/exit_wait.py: the program returned, the process does not exit
         return _exit_wait(diag, d)
     reason, doing = _reason(diag), _doing(diag)
-    if reason.startswith(_BLOCKED):  # (the sentence says so already)
-        reason = reason[len(_BLOCKED):]
+    reason = blocked_on(reason) or reason  # (the sentence says "not in any collective" already)
     child = len(diag.culprit_ranks) == 1 and d.get("child_wait_how") is not None  # analyze/childwait.py
     if child:
         reason, doing = _child_reason(d), ""
@@ -248,9 +247,6 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     return ("Stuck outside collectives: %s %s not in any collective%s: %s%s.%s %s" % (
         who, "are" if len(diag.culprit_ranks) > 1 else "is", _where(diag), reason or "it made no progress", doing,
         after, waiters[:1].upper() + waiters[1:]))
-
-
-_BLOCKED = "blocked outside collectives: "  # (analyze/chainends.py's prefix of a culprit's reason)
 
 
 def _at_coll(coll: str, d: Dict[str, Any]) -> str:
