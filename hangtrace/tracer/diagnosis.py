@@ -126,6 +126,11 @@ class Cause(_StrEnum):
 BLOCKED_OUTSIDE = "blocked outside collectives: "
 
 
+#: What ``blocked_on`` of a culprit reason starts with when the rank's asyncio event loop
+#: idles in its selector: the await chain follows (``analyze/asynctasks.await_chain``).
+LOOP_IDLE = "its asyncio event loop is idle: "
+
+
 def blocked_on(reason: str) -> Optional[str]:
     """What a ``culprit_reasons`` value says a rank is blocked on (the text after
     ``BLOCKED_OUTSIDE``), or None when it is not such a reason."""

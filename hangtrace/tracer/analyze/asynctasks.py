@@ -43,8 +43,14 @@ def _where(t: PendingTask) -> str:
 
 
 def describe(p: ProcessInfo) -> Optional[str]:
-    """``event loop waits in task 'Task-1' main -> task 'fetch' ... awaiting <Future ...>``
+    """``asyncio event loop: task 'Task-1' (main) awaits task 'fetch' in ... awaiting <Future ...>``
     for the loop of ``p`` with the longest chain; None without a running loop's tasks."""
+    chain = await_chain(p)
+    return "asyncio event loop: " + chain if chain else None
+
+
+def await_chain(p: ProcessInfo) -> Optional[str]:
+    """``describe``'s text without its "asyncio event loop: " head, or None."""
     best: List[PendingTask] = []
     for lp in p.asyncio_loops:
         c = longest_chain(lp)
@@ -55,7 +61,7 @@ def describe(p: ProcessInfo) -> Optional[str]:
     inner = best[-1]
     steps = ["task '%s' (%s)" % (t.name, t.coro) for t in best[:-1]]
     steps.append("task '%s' in %s" % (inner.name, _where(inner)))
-    text = "asyncio event loop: %s" % " awaits ".join(steps)
+    text = " awaits ".join(steps)
     if inner.awaits_future:
         text += ", awaiting %s" % inner.awaits_future[:120]
     n = sum(len(lp.tasks) for lp in p.asyncio_loops)

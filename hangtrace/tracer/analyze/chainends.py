@@ -31,14 +31,14 @@ import os
 from typing import Any, Dict, List, Mapping, Set, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.asynctasks import describe as describe_loop
+from hangtrace.tracer.analyze.asynctasks import await_chain, describe as describe_loop
 from hangtrace.tracer.analyze.deaths import death_after
 from hangtrace.tracer.analyze.evidence import frames_of, user_frame
 from hangtrace.tracer.analyze.exitwait import exit_wait_text
 from hangtrace.tracer.analyze.blocking import blocking_reason, code_text, collective_frame
-from hangtrace.tracer.analyze.stacktree import format_ranks, frame_label
+from hangtrace.tracer.analyze.stacktree import Frame, _short, format_ranks, frame_label
 from hangtrace.tracer.analyze.waitgraph import Inst
-from hangtrace.tracer.diagnosis import BLOCKED_OUTSIDE, Kind
+from hangtrace.tracer.diagnosis import BLOCKED_OUTSIDE, LOOP_IDLE, Kind
 
 #: (kind value, reason) of one chain end
 EndKind = Tuple[str, str]
@@ -161,6 +161,10 @@ def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndK
             return skipped, "its stack is inside %s, a collective hangtrace did not record" % coll
         why = blocking_reason(frames, thread=thread)
         if why:
+            if _loop_idle(frames):  # the selector's wait says nothing: the await chain says where it waits
+                chain = await_chain(p)
+                if chain:
+                    return stuck, BLOCKED_OUTSIDE + LOOP_IDLE + chain
             loop = describe_loop(p)  # issue 9: the await chain its event loop is blocked in
             return stuck, "%s%s%s" % (BLOCKED_OUTSIDE, why, "; " + loop if loop else "")
     wsteps, wphases = _waiters_at(ctx, insts_for)
@@ -176,3 +180,10 @@ def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndK
     if frames:
         return stuck, "not in any collective and no progress since the others began waiting; running %s" % labels[0]
     return stuck, "not in any collective and no progress since the others began waiting (no stack)"
+
+
+def _loop_idle(frames: List[Frame]) -> bool:
+    """An asyncio event loop waiting in its selector for any event: its ``_run_once``
+    (asyncio/base_events.py) among the innermost frames."""
+    return any(_short(f.get("name")) == "_run_once" and str(f.get("filename") or "").endswith("base_events.py")
+               for f in frames[:4])

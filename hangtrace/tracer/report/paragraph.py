@@ -3,7 +3,7 @@ seq/op, phase, step, what the culprit does (top frames), why the others wait, wh
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from hangtrace.tracer.analyze.stacktree import format_ranks
-from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind, blocked_on
+from hangtrace.tracer.diagnosis import LOOP_IDLE, Cause, Diagnosis, Kind, blocked_on
 from hangtrace.tracer.report.advice import next_step
 from hangtrace.tracer.analyze.attempts import last_line
 from hangtrace.tracer.analyze.exceptions import short_error
@@ -239,6 +239,8 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         return _exit_wait(diag, d)
     reason, doing = _reason(diag), _doing(diag)
     reason = blocked_on(reason) or reason  # (the sentence says "not in any collective" already)
+    if reason.startswith(LOOP_IDLE):  # (its stack is the loop's own frames: the await chain said where)
+        doing = ""
     child = len(diag.culprit_ranks) == 1 and d.get("child_wait_how") is not None  # analyze/childwait.py
     if child:
         reason, doing = _child_reason(d), ""

@@ -39,3 +39,29 @@ def test_a_task_that_died_long_before_the_hang_is_evidence_only():
     d = check(_hang(600), "stuck-outside-collective", [1])
     assert "after_exception" not in d.details
     assert any("raised KeyError: 'source' at reward_fn (job.py:17)" in e for e in d.evidence)
+
+
+LOOP_IDLE_STACK = ("EpollSelector.select /lib/python3.11/selectors.py:468",
+                   "BaseEventLoop._run_once /lib/python3.11/asyncio/base_events.py:1884",
+                   "BaseEventLoop.run_forever /lib/python3.11/asyncio/base_events.py:607",
+                   "BaseEventLoop.run_until_complete /lib/python3.11/asyncio/base_events.py:640",
+                   "run /lib/python3.11/asyncio/runners.py:118", "<module> /job/job.py:71")
+
+
+def test_an_idle_event_loop_is_named_by_its_await_chain_not_its_selector():
+    """The culprit's main thread is its asyncio loop waiting in epoll: the reason is the await
+    chain (where the program waits), not the selector, and no stack of the loop's own frames."""
+    from hangtrace.tracer.snapshot import LoopTasks, PendingTask
+    b = ranks(2, steps=5)
+    b[0].wait()
+    b[0].set(stacks=stack(*COLL_STACK, active=False))
+    lp = LoopTasks(thread_id=1, tasks=(
+        PendingTask("Task-1", "main", (("main", "/job/job.py", 67), ("trainer", "/job/job.py", 48),
+                                       ("get", "/lib/python3.11/asyncio/queues.py", 158)),
+                    awaits_future="<Future pending cb=[Task.task_wakeup()]>"),))
+    b[1].set(stacks=stack(*LOOP_IDLE_STACK, active=False), asyncio_loops=(lp,))
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [1])
+    assert (": its asyncio event loop is idle: task 'Task-1' in get (queues.py:158) "
+            "<- trainer (job.py:48) <- main (job.py:67), awaiting <Future pending cb=[Task.task_wakeup()]>.") in d.summary, \
+        d.summary
+    assert "select" not in d.summary.split("Next:")[0], d.summary
