@@ -36,9 +36,13 @@ def longest_chain(loop: LoopTasks) -> List[PendingTask]:
 
 
 def _where(t: PendingTask) -> str:
-    if not t.frames:
+    """Where task ``t`` awaits, innermost first (4 frames), without call-forwarding
+    wrappers (``evidence.wrapper_frame``: our Ray method wrapper, Ray's tracing span)."""
+    from hangtrace.tracer.analyze.evidence import wrapper_frame
+    frames = [f for f in t.frames if not wrapper_frame({"filename": f[1], "name": f[0]})]
+    if not frames:
         return t.coro
-    outer = list(reversed(t.frames))[:4]
+    outer = list(reversed(frames))[:4]
     return " <- ".join("%s (%s:%d)" % (func, path.rsplit("/", 1)[-1], line) for func, path, line in outer)
 
 

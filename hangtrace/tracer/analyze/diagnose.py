@@ -172,6 +172,8 @@ def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Opt
             if f is not None:
                 rule.explain(ctx, f, d)
                 break
+        if found is not None:  # (the ranks are Ray actors waiting for their next call: not the cause)
+            d.details["ranks_idle"] = sorted(ctx.views)
     return _finish(ctx, d)
 
 

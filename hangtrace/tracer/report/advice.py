@@ -193,6 +193,7 @@ def self_call(d: Dict[str, Any]) -> bool:
 #: (diagnosis, details), advice text or a function of (diagnosis, details) giving it).
 _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_UNKNOWN, lambda g, d: d.get("rankless_death"), RANKLESS_DEATH_NEXT),
+    (Kind.DEAD_RANK, lambda g, d: d.get("actor_lives_on") is not None, TASK_EXCEPTION_NEXT),  # rules/actors.py
     (_UNKNOWN, lambda g, d: str(g.cause) == Cause.STALLED_IN_RENDEZVOUS.value, RENDEZVOUS_NEXT),
     (_STUCK, lambda g, d: d.get("rendezvous_ranks"),
      lambda g, d: RENDEZVOUS_LOCK_NEXT if d.get("rendezvous_lock") else BEFORE_RENDEZVOUS_NEXT),

@@ -105,14 +105,15 @@ def actor_stuck(diag: Diagnosis, d: Dict[str, Any]) -> str:
     the end of a chain of waits on actor calls (rules/actor_waits.py)."""
     meth = d.get("actor_methods") or {}
     chain = d.get("actor_chain") or []
+    idle = _ranks_idle(d)
     if chain:  # rules/actor_waits.py: the end of a chain of waits on actor calls
         lock = "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("lock_wait", "peer_wait") if d.get(k))
         return ("Stuck outside collectives: Ray actor %s (no rank) is %s and waits on no other actor%s, while "
-                "a chain of actor calls waits on it: %s.%s" % (
+                "a chain of actor calls waits on it: %s.%s%s" % (
                     ", ".join(diag.culprit_actors), "in %s" % ", ".join(sum(meth.values(), [])) if
                     any(meth.values()) else "inside no method",
                     " (%s)" % d["actor_doing"] if d.get("actor_doing") else "",
-                    "; ".join(call(x) for x in chain[:6]), lock))
+                    "; ".join(call(x) for x in chain[:6]), lock, idle))
     extra = "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("lock_wait", "peer_wait", "driver_wait")
                     if d.get(k))
     doing = d.get("actor_doing")
@@ -120,8 +121,19 @@ def actor_stuck(diag: Diagnosis, d: Dict[str, Any]) -> str:
     if doing and len(listed) > 1:  # the first actor's wait; "each" when all wait alike (rules/actors.py)
         listed[0] += "" if d.get("actor_doing_all") else " (%s)" % doing
         doing = "each: %s" % doing if d.get("actor_doing_all") else None
-    return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s%s.%s" % (
-        "; ".join(listed) or "a method", " (%s)" % doing if doing else "", extra)
+    return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s%s.%s%s" % (
+        "; ".join(listed) or "a method", " (%s)" % doing if doing else "", extra, idle)
+
+
+def _ranks_idle(d: Dict[str, Any]) -> str:
+    """`` Ranks 0-1 (Ray actors) are idle between method calls, in no collective.`` when the
+    verdict names a rank-less actor while every rank waits for its next call (diagnose's
+    ``details['ranks_idle']``)."""
+    idle = d.get("ranks_idle") or []
+    if not idle:
+        return ""
+    return " %s (Ray actors) %s idle between method calls, in no collective." % (
+        _cap(_ranks(idle)), "is" if len(idle) == 1 else "are")
 
 
 def actor_dead(diag: Diagnosis, d: Dict[str, Any]) -> str:
@@ -135,8 +147,22 @@ def actor_dead(diag: Diagnosis, d: Dict[str, Any]) -> str:
         s += " No rank progressed after it; %s %s (cascade): %s." % (
             _ranks(diag.waiting_ranks), _verb(diag.waiting_ranks), "; ".join(
                 "rank %s %s" % (r, clip(w, 120)) for r, w in list(waits.items())[:3]))
+    lives = d.get("actor_lives_on")
+    if lives:  # rules/actors.py: its asyncio task died unseen, the actor lives on
+        s += " It lives on%s%s." % (" in %s" % lives["method"] if lives.get("method") else ", inside no method",
+                                    ": %s" % lives["doing"] if lives.get("doing") else "")
+        waiters = d.get("actor_waiters") or []
+        if waiters:
+            s += " %s." % _cap("; ".join(call(x) for x in waiters[:3]))
+        elif d.get("driver_wait"):
+            s += " " + _cap(d["driver_wait"]) + "."
     if casc:
         s += " %d later failure(s) (cascade, e.g. %s: %s)." % (
             len(casc), casc[0].get("actor") or "rank %s" % casc[0].get("rank"),
             clip(casc[0].get("text") or casc[0].get("cause") or "", 100))
-    return s
+    return s + _ranks_idle(d)
+
+
+def _cap(text: str) -> str:
+    """``text`` as the start of a sentence ("driver ..." reads "The driver ...")."""
+    return "The " + text if text.startswith("driver ") else text[:1].upper() + text[1:]

@@ -237,3 +237,46 @@ def test_several_actors_stuck_alike_are_each_said_to_wait_so():
     assert d.details.get("actor_doing_all") is True
     p = verdict_paragraph(d)
     assert "Rollout 'rollout-0' in generate; Rollout 'rollout-1' in generate (each: blocked in the system call" in p, p
+
+
+def test_a_live_actor_whose_task_died_says_where_it_waits_who_waits_on_it_and_the_idle_ranks():
+    """Blind helper 84: trainer actors (ranks 0-1) idle between steps; the rollout actor's
+    generation task died of KeyError unseen; its get_batch awaits the queue forever, the
+    driver waits in ray.get on it. The verdict named the actor and the exception only."""
+    from test_rule_actor_waits import driver, ray_get
+    from hangtrace.tracer.snapshot import LoopTasks, PendingTask
+    ranks_ = []
+    for r in (0, 1):
+        b = R(r, 2, pid=70 + r, phase=None)
+        b.set(meta={"ray_actor_id": "%032x" % (70 + r), "ray_actor_class": "Trainer", "ray_actor_name": "trainer-%d" % r,
+                    "ray_job_id": "01000000", "ray_worker_id": "w%d" % r})
+        b.coll(n=5)
+        ranks_.append(b)
+    ro = actor("RolloutWorker", 81, name="rollout")
+    ro.t = ranks_[0].t
+    method(ro, "start")
+    ro.phase = "get_batch"
+    ro.mark("phase_enter", dt=MS)
+    ro.set(events=[{"event": "task_exception", "coro": "RolloutWorker._generate_loop", "task": "Task-3",
+                    "type": "KeyError", "message": "'score'", "wall_ns": ro.t + MS,
+                    "traceback": "Traceback (most recent call last):\n  File \"/job/rl.py\", line 30, in _generate_loop\n"
+                                 "    r = reward_fn(s)\n  File \"/job/rl.py\", line 19, in reward_fn\n"
+                                 "    return s[\"score\"]\nKeyError: 'score'\n"}],
+           asyncio_loops=(LoopTasks(thread_id=2, tasks=(PendingTask(
+               "Task-16", "get_batch", (("awrapper", "/x/hangtrace/hooks/ray_hooks.py", 214),
+                                        ("get_batch", "/job/rl.py", 56), ("get", "/lib/python3.11/asyncio/queues.py", 158)),
+               awaits_future="<Future pending>"),)),))
+    drv = driver()
+    drv.t = ro.t
+    ray_get(drv, [(ro, "get_batch")])
+    for b in ranks_ + [ro, drv]:
+        b.t += 20 * S
+    d = check(diagnose(snap(ranks_ + [ro, drv], reason="stall")), "dead-rank", [])
+    assert d.culprit_actors == ["RolloutWorker 'rollout'"] and d.cause == "exception", d.evidence
+    p = verdict_paragraph(d)
+    assert "asyncio task 'RolloutWorker._generate_loop' raised KeyError: 'score' at reward_fn (rl.py:19)" in p, p
+    assert ("It lives on in get_batch: asyncio event loop: task 'Task-16' in get (queues.py:158) <- get_batch (rl.py:56), "
+            "awaiting <Future pending>.") in p, p
+    assert "The driver is blocked in ray.get on RolloutWorker 'rollout'.get_batch." in p, p
+    assert "Ranks 0-1 (Ray actors) are idle between method calls, in no collective." in p, p
+    assert "keep a reference to each task you create and await it" in p, p
