@@ -64,10 +64,22 @@ class SurvivedException:
         return "%s (caught%s)%s" % (text, " by %s" % self.where if self.where else "", at)
 
 
+#: frames Python gives a comprehension, a generator expression or a lambda: named by the
+#: function they are written in (blind helper 83: "died of ValueError ... at <listcomp>")
+_ANONYMOUS = frozenset(("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>", "<lambda>"))
+
+
 def _raised_at(e: Mapping[str, Any]) -> Optional[str]:
-    """The innermost frame of the event's traceback (``'reward_fn (job.py:17)'``), or None."""
+    """The innermost frame of the event's traceback (``'reward_fn (job.py:17)'``; a
+    comprehension's as ``'<listcomp> in parse_record (job.py:43)'``), or None."""
     frames = traceback_frames(e.get("traceback"))
-    return frame_label(frames[0]) if frames else None
+    if not frames:
+        return None
+    inner = frames[0]
+    outer = next((f for f in frames[1:] if f.get("name") not in _ANONYMOUS), None)
+    if inner.get("name") in _ANONYMOUS and outer is not None:
+        return frame_label(dict(inner, name="%s in %s" % (inner.get("name"), outer.get("name") or "?")))
+    return frame_label(inner)
 
 
 def swallowed_since(p: ProcessInfo, wall_ns: int) -> Optional[SurvivedException]:

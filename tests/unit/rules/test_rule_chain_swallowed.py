@@ -65,3 +65,21 @@ def test_an_idle_event_loop_is_named_by_its_await_chain_not_its_selector():
             "<- trainer (job.py:48) <- main (job.py:67), awaiting <Future pending cb=[Task.task_wakeup()]>.") in d.summary, \
         d.summary
     assert "select" not in d.summary.split("Next:")[0], d.summary
+
+
+def test_an_exception_raised_in_a_comprehension_is_placed_in_its_function():
+    """Blind helper 83: a producer thread died of ValueError inside a list comprehension of
+    ``parse_record``; the sentence said "at <listcomp> (...:43)"."""
+    b = ranks(2, steps=5)
+    b[0].wait()
+    b[0].set(stacks=stack(*COLL_STACK, active=False))
+    tb = ("Traceback (most recent call last):\n  File \"/job/train.py\", line 50, in tokenizer\n    q.put(...)\n"
+          "  File \"/job/train.py\", line 43, in parse_record\n    return [int(x) for x in rec]\n"
+          "  File \"/job/train.py\", line 43, in <listcomp>\n    return [int(x) for x in rec]\n"
+          "ValueError: invalid literal for int() with base 10: 'oops'\n")
+    ev = {"event": "thread_exception", "thread_name": "tokenizer", "type": "ValueError",
+          "message": "invalid literal for int() with base 10: 'oops'", "traceback": tb, "wall_ns": b[0].t - S}
+    b[1].set(stacks=stack(*QUEUE_GET, active=False), events=[ev])
+    d = check(diagnose(snap(b)), "stuck-outside-collective", [1])
+    assert "rank 1's thread 'tokenizer' died of ValueError: invalid literal for int() with base 10: 'oops' at " \
+           "<listcomp> in parse_record (train.py:43)" in d.summary, d.summary
