@@ -14,15 +14,17 @@ gave up waiting in a collective (a timeout, the first failure) waited for.
 """
 from typing import Dict, Tuple
 
-from hangtrace.tracer.analyze.rules import (actor_waits, actors, before_rendezvous, chain, dead_rank, deadlock,
-                                            diverged, exit_wait, extra_collective, idle, left_phase, minority, mismatch, no_record_file, rankless_root,
-                                            silent_mismatch, stack_only, timeout_waiter, transport, unschedulable)
+from hangtrace.tracer.analyze.rules import (actor_waits, actors, before_rendezvous, broken_order, chain, dead_rank,
+                                            deadlock, diverged, exit_wait, extra_collective, idle, left_phase, minority,
+                                            mismatch, no_record_file, rankless_root, silent_mismatch, stack_only,
+                                            timeout_waiter, transport, unschedulable)
 from hangtrace.tracer.analyze.rules.base import Finding, Rule
 
 HANG_RULES: Tuple[Rule, ...] = (
     mismatch,          # 'collective-mismatch' / mismatch: signatures differ at one seq (definitive)
     extra_collective,  # 'skipped-collective' / extra-collective: a cycle explained by one extra collective
     left_phase,        # 'skipped-collective' / skipped: a cycle explained by a side that left the phase without it
+    broken_order,      # 'skipped-collective' / skipped: a cycle explained by a minority that broke the groups' order
     deadlock,          # 'cross-group-deadlock' / cycle
     no_record_file,    # 'unknown' / no-record-file: only ranks without a file are waited for
     diverged,          # 'collective-mismatch' / sequence-diverged
