@@ -175,6 +175,10 @@ RESTART_ALONE_NEXT = ("restart every rank of the process group together when one
                       "driver do it; `torchrun --max-restarts` restarts all ranks)")
 RANKLESS_DEATH_NEXT = ("fix what stopped the process named above before it started the ranks (its exception or "
                        "exit code); `hangtrace records RUN_DIR` shows its start record and exception")
+BROKEN_ORDER_NEXT = ("look for what made the named rank(s) take another path at this point while every rank had "
+                     "kept one order until then: an exception caught and passed over (`except ...: continue`) that "
+                     "skips a collective, an empty batch or shard, a switch turned on after warm-up; every rank must "
+                     "issue the same collectives on each group, in the same order")
 STACKS_NEXT = ("read the stack classes of the report: each alive rank's main thread is outside collectives there; "
                "the rank whose stack differs (an outlier) is the first to look at; ranks that exited are in the "
                "ranks table")  # (helpers 56 and 59 were told to take the stacks again)
@@ -193,6 +197,7 @@ def self_call(d: Dict[str, Any]) -> bool:
 #: (diagnosis, details), advice text or a function of (diagnosis, details) giving it).
 _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_UNKNOWN, lambda g, d: d.get("rankless_death"), RANKLESS_DEATH_NEXT),
+    (Kind.CROSS_GROUP_DEADLOCK, lambda g, d: d.get("broken_order"), BROKEN_ORDER_NEXT),  # analyze/grouporder.py
     (Kind.DEAD_RANK, lambda g, d: d.get("actor_lives_on") is not None, TASK_EXCEPTION_NEXT),  # rules/actors.py
     (_UNKNOWN, lambda g, d: str(g.cause) == Cause.STALLED_IN_RENDEZVOUS.value, RENDEZVOUS_NEXT),
     (_STUCK, lambda g, d: d.get("rendezvous_ranks"),

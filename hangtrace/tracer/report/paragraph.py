@@ -180,6 +180,17 @@ def _skipped(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 def _deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     cyc = d.get("cycle") or {}
     groups = ", ".join("'%s'" % g for g in cyc.get("groups", []))
+    bo = d.get("broken_order")  # analyze/grouporder.py: a minority broke the order all ranks had kept
+    if bo:
+        side = bo.get("side") or []
+        return ("Cross-group deadlock: ranks %s wait on each other in a cycle over groups %s; named: %s, waiting in "
+                "%s%s%s. Until then every rank had issued group '%s''s collectives at the same places among group "
+                "'%s''s; %s broke that order here: %s skipped %s seq %s on group '%s' (%s %s in it) and went on into "
+                "group '%s', or entered the groups in another order on this step only." % (
+                    format_ranks(cyc.get("ranks", diag.culprit_ranks), 12), groups or "?", who, coll, _where(diag),
+                    _doing(diag), bo.get("group"), bo.get("other_group"), _ranks(side), _verb(side, "it", "they"),
+                    bo.get("op"), bo.get("seq"), bo.get("group"), _ranks(bo.get("waiters")), _verb(bo.get("waiters")),
+                    bo.get("other_group")))
     return ("Cross-group deadlock: ranks %s wait on each other in a cycle over groups %s "
             "(entered in different orders); named: %s, waiting in %s%s%s." % (
                 format_ranks(cyc.get("ranks", diag.culprit_ranks), 12), groups or "?", who, coll,

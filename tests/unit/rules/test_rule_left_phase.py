@@ -56,14 +56,13 @@ def test_the_rank_that_went_through_the_phase_without_the_collective_skipped_it(
     assert any(e.startswith("not a cross-group deadlock: rank 2 left phase 'train_step'") for e in d.evidence)
 
 
-def test_a_rank_still_inside_the_phase_or_that_ran_the_phases_in_another_order_is_not_left_phase():
+def test_a_rank_still_inside_the_phase_or_that_ran_the_phases_in_another_order_stays_a_deadlock():
     """Rank 2 waits in the broadcast from inside train_step (it never left it), or went to
     sync_weights without entering train_step at step 3: nothing says it will not issue
-    the all_reduce later, so this rule stays silent. Rule broken_order names rank 2: every
-    rank had interleaved the two groups alike until then, and rank 2 broke that order
-    (before it, the verdict was a cross-group deadlock)."""
+    the all_reduce later, so the rule stays silent; the deadlock says rank 2 broke the order
+    every rank had kept until then (analyze/grouporder.py)."""
     for mode in ("inside", "reorder"):
         d = diagnose(snap(_rl(mode)))
+        assert d.kind == "cross-group-deadlock" and d.culprit_ranks == [2], (mode, d.summary)
         assert "skipped_in_phase" not in d.details
-        assert d.kind == "skipped-collective" and d.culprit_ranks == [2], (mode, d.summary)
-        assert d.details["broken_order"]["other_group"] == "0", d.details
+        assert d.details["broken_order"]["side"] == [2], d.details

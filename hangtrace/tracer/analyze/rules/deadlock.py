@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.grouporder import find_broken, to_details
 from hangtrace.tracer.analyze.evidence import fill_common, rk, vb
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stacktree import format_ranks
@@ -68,3 +69,12 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
             rk(minority, 8), format_ranks(ranks, 8)))
     if ncycles > 1:
         ctx.add("%d separate cycles; the largest is shown" % ncycles)
+    b = find_broken(ctx)  # analyze/grouporder.py: until now every rank interleaved the groups alike
+    if b is not None:
+        d.details["broken_order"] = dict(to_details(b), op=ctx.blocked(b.inst.waiters[0]).get("op"))
+        ctx.add("until then every rank had issued group '%s''s collectives (seq %s) at the same places among group "
+                "'%s''s; %s broke that order here: %s skipped %s seq %s on group '%s' or entered the groups in "
+                "another order on this step" % (
+                    b.inst.group, ", ".join(str(j) for j in b.agreed[-4:]), b.other, rk(b.side, 8),
+                    "it" if len(b.side) == 1 else "they", ctx.blocked(b.inst.waiters[0]).get("op"), b.inst.seq,
+                    b.inst.group))
