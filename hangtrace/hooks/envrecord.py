@@ -38,6 +38,8 @@ _pending: List[Optional[str]] = [None]
 #: (pid, mappings) of this process's last record (the record's ``[start, end, offset,
 #: path]`` items), or None; its path and file-name sets are made when first asked (``_sets``)
 _last: Optional[Tuple[int, list]] = None
+#: the environment (``os.environ``) at this process's last record, or [None]
+_last_environ: List[Optional[Dict[str, str]]] = [None]
 #: (that _last, its paths, their file names), made from _last when first asked
 _last_sets: Optional[Tuple[Any, FrozenSet[str], FrozenSet[str]]] = None
 #: libraries read by this process (or by its parent before a fork: the same files are
@@ -52,9 +54,11 @@ def record(rt: Any, reason: str) -> None:
     try:
         from hangtrace.hooks import envcollect
         with _lock:
+            environ = dict(os.environ)
             rec = envcollect.snapshot(reason, rt.recorder.host, _known)
             envcollect.write_record(rt.run_dir, rec)
             _last, _last_sets = (rec["pid"], rec["mappings"]), None
+            _last_environ[0] = environ
     except Exception as e:
         try:
             rt.log("environment record failed: %r" % (e,), "env-record")
@@ -103,11 +107,17 @@ def _record_active(reason: str) -> None:
 
 def joined() -> None:
     """This process joined a process group: a pending record is written now (reason
-    ``join``, or ``fork+join`` in a forked child). Called by the torch.distributed hooks;
-    never raises."""
+    ``join``, or ``fork+join`` in a forked child); a written one again when the environment
+    changed since (a Ray actor that lived past its first sampler tick and then set
+    MASTER_ADDR/MASTER_PORT in its ``setup``: env-diff compared its old environment with its
+    peers' and said it ran without them, blind helper 86). Called by the torch.distributed
+    hooks; never raises."""
     kind = _pending[0]
     if kind is not None and _claim((kind,)):
         _record_active("fork+join" if kind == "fork" else "join")
+    elif kind is None and _last is not None and _last[0] == os.getpid() and _last_environ[0] is not None \
+            and _last_environ[0] != dict(os.environ):
+        _record_active("join")
 
 
 def lived() -> None:

@@ -114,3 +114,21 @@ def test_a_process_in_the_rendezvous_is_the_rank_it_asked_for(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_record_written_before_the_program_set_its_rendezvous_variables_is_renewed_at_the_join(tmp_path):
+    """A Ray actor lives past its first sampler tick (its record written, reason 'lived'), then
+    its ``setup`` sets MASTER_ADDR/MASTER_PORT and joins: the record is written again at the
+    join, so env-diff does not compare the old environment with its peers' (blind helper 86:
+    "rank 2 runs differently from its peers: MASTER_ADDR=(unset)")."""
+    code = ("import gc, os, time\ntime.sleep(0.4); gc.collect(); time.sleep(0.6)\n"
+            "import torch.distributed as dist\n"
+            "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='%d')\n"
+            "dist.init_process_group('gloo', rank=0, world_size=1)\n"
+            "dist.destroy_process_group()\n" % free_port())
+    p, recs = _run(tmp_path, "setup", code, HANGTRACE_MEM_INTERVAL_S="0.2")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert len(recs) == 1, recs
+    rec = next(iter(recs.values()))
+    assert rec["reason"] == "join", rec["reason"]
+    assert (rec.get("environ") or {}).get("MASTER_ADDR") == "127.0.0.1", sorted(rec.get("environ") or {})
