@@ -122,7 +122,15 @@ def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
                     " Rank %d%s" % (r, _doing(diag)[len("; it"):]) if _doing(diag).startswith("; it ") else ""))
     threads = d.get("group_threads_text")  # analyze/threadgroups.py: the culprit's record came from another thread
     sk = d.get("skipped_call")  # analyze/skippedcall.py: a C++-issued collective against a call it never made
-    if sk and not threads:
+    if sk and not threads and sk.get("by_torch") is False:  # its own call: the op the group's stream runs
+        threads = ("rank %s never called %s: %s %s in it, while rank %s issued %s there, the collective %s issued "
+                   "just before it: it went on past %s (%s)" % (
+                       sk.get("rank"), sk.get("op"), _ranks(sk.get("waiters")), _verb(sk.get("waiters")),
+                       sk.get("rank"), sk.get("into"), _ranks(sk.get("waiters")), sk.get("op"),
+                       "its previous one on this group: seq %s, in step with %s" % (
+                           sk["last_call"], _ranks(sk.get("waiters"))) if sk.get("last_call") is not None else
+                       "its first there, as for %s" % _ranks(sk.get("waiters"))))
+    elif sk and not threads:
         threads = ("rank %s never called %s: %s %s in it (call %s on the group by the program's own count), while "
                    "rank %s's last call there was %s (call %s): it went on past it, into a collective torch issued "
                    "itself (DDP's gradient all-reduce in backward, or another C++ collective)" % (

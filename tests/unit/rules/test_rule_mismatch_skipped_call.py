@@ -42,3 +42,35 @@ def test_the_culprit_never_made_the_call_the_others_wait_in():
 def test_no_skipped_call_when_the_culprit_made_it():
     d = _job(culprit_called=True)
     assert "skipped_call" not in d.details
+
+
+def _eval_job(skipper_phase="train"):
+    """3 ranks, two gradient all_reduces per step and an eval all_gather_object after every
+    2nd step, all Python calls (no DDP); at the 2nd eval rank 2 issues the next step's
+    all_reduce instead (blind helper 86: Ray trainer actors, ``except`` around the eval)."""
+    b = ranks(3, steps=4)
+    for x in b:
+        x.coll(op="all_gather_object", dtype="object")
+        x.coll(n=4)
+    for x in b[:2]:
+        x.wait(op="all_gather_object", dtype="object")
+    b[2].phase = skipper_phase
+    b[2].wait()
+    return b
+
+
+def test_a_culprit_that_issued_the_groups_steady_op_went_on_past_the_others_call():
+    d = check(diagnose(snap(_eval_job())), "collective-mismatch", [2])
+    sk = d.details["skipped_call"]
+    assert (sk["op"], sk["into"], sk["by_torch"], sk["last_call"]) == ("all_gather_object", "all_reduce", False, 5), sk
+    assert ("Rank 2 never called all_gather_object: ranks 0-1 wait in it, while rank 2 issued all_reduce there, the "
+            "collective ranks 0-1 issued just before it: it went on past all_gather_object (its previous one on this "
+            "group: seq 5, in step with ranks 0-1).") in d.summary, d.summary
+    assert "exception swallowed on that rank" in d.summary
+
+
+def test_a_culprit_in_a_phase_of_its_own_did_not_go_on():
+    """Rank 2's all_reduce is in a phase the others' all_reduces were not in (a rank-only
+    checkpoint): an extra collective, not the stream it went on in."""
+    d = check(diagnose(snap(_eval_job(skipper_phase="checkpoint"))), "collective-mismatch", [2])
+    assert "skipped_call" not in d.details, d.details
