@@ -175,6 +175,10 @@ RESTART_ALONE_NEXT = ("restart every rank of the process group together when one
                       "driver do it; `torchrun --max-restarts` restarts all ranks)")
 RANKLESS_DEATH_NEXT = ("fix what stopped the process named above before it started the ranks (its exception or "
                        "exit code); `hangtrace records RUN_DIR` shows its start record and exception")
+AT_EXIT_COLLECTIVE_NEXT = ("a collective in an exit handler (atexit) runs only where that handler finds work, "
+                           "after other ranks may have destroyed their group and left: do the final collective "
+                           "in the program on every rank, before `destroy_process_group()` (or reduce nothing at "
+                           "exit)")
 BROKEN_ORDER_NEXT = ("look for what made the named rank(s) take another path at this point while every rank had "
                      "kept one order until then: an exception caught and passed over (`except ...: continue`) that "
                      "skips a collective, an empty batch or shard, a switch turned on after warm-up; every rank must "
@@ -198,6 +202,7 @@ def self_call(d: Dict[str, Any]) -> bool:
 _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_UNKNOWN, lambda g, d: d.get("rankless_death"), RANKLESS_DEATH_NEXT),
     (Kind.CROSS_GROUP_DEADLOCK, lambda g, d: d.get("broken_order"), BROKEN_ORDER_NEXT),  # analyze/grouporder.py
+    (Kind.SKIPPED_COLLECTIVE, lambda g, d: d.get("minority_at_exit"), AT_EXIT_COLLECTIVE_NEXT),  # rules/minority.py
     (Kind.DEAD_RANK, lambda g, d: d.get("actor_lives_on") is not None, TASK_EXCEPTION_NEXT),  # rules/actors.py
     (_UNKNOWN, lambda g, d: str(g.cause) == Cause.STALLED_IN_RENDEZVOUS.value, RENDEZVOUS_NEXT),
     (_STUCK, lambda g, d: d.get("rendezvous_ranks"),

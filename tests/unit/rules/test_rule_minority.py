@@ -40,6 +40,24 @@ def test_minority_whose_collective_failed_and_which_exited_does_not_wait_forever
     assert "forever" not in text and "the program caught the error" in text
 
 
+def test_a_minority_collective_entered_after_the_program_returned_is_in_an_exit_handler():
+    """Helper 87: rank 1's metrics logger all_reduces in its atexit handler (its ``exiting``
+    event, the main program's return, comes first): the paragraph says so and the advice
+    speaks of exit handlers, not of rank-0-only code."""
+    b = ranks(3)
+    b[1].set(events=[{"event": "exiting", "threads": [], "more": 0, "wall_ns": b[1].t + 1000}])
+    b[1].coll(op="all_reduce", state="failed", error="RuntimeError: Connection closed by peer [127.0.0.1]:11144")
+    for r in range(3):
+        b[r].set(state="exited", exit_code=0)
+    d = check(diagnose(snap(b)), "skipped-collective", [1])
+    assert d.details["minority_at_exit"] == [1], d.details
+    text = verdict_paragraph(d)
+    assert ("it entered it after its program had returned, in an exit handler (atexit, or a thread ending at "
+            "shutdown); it failed there (RuntimeError: Connection closed by peer [127.0.0.1]:11144) and exited "
+            "cleanly (code 0): the program caught the error.") in text, text
+    assert "do the final collective in the program on every rank, before `destroy_process_group()`" in text
+
+
 def test_minority_still_waiting_waits_forever():
     b = ranks(3)
     b[0].wait(op="barrier")

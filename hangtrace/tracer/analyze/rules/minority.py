@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Dict, Optional, Sequence
 
 from hangtrace.tracer.analyze.chainends import ChainEnds
-from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.exitwait import exiting_event
+from hangtrace.tracer.analyze.context import Ctx, RankView
 from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk
 from hangtrace.tracer.analyze.exceptions import short_error
 from hangtrace.tracer.analyze.rules.base import Finding
@@ -59,6 +60,9 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     gave_up = failed_and_left(ctx, main.waiters)
     if gave_up:
         d.details["minority_failed"] = gave_up
+        at_exit = [r for r in main.waiters if after_return(ctx.views[r])]
+        if at_exit:
+            d.details["minority_at_exit"] = at_exit
 
 
 def failed_and_left(ctx: Ctx, ranks: Sequence[int]) -> Dict[str, str]:
@@ -74,5 +78,15 @@ def failed_and_left(ctx: Ctx, ranks: Sequence[int]) -> Dict[str, str]:
         err = short_error((v.blocked or {}).get("error") or "a transport error")
         left = ("exited cleanly (code %s)" % v.proc.exit_code if v.proc.state == "exited"
                 else "its process is gone")
-        out[str(r)] = "it failed there (%s) and %s" % (err, left)
+        out[str(r)] = "%sit failed there (%s) and %s" % (
+            "it entered it after its program had returned, in an exit handler (atexit, or a thread ending at "
+            "shutdown); " if after_return(v) else "", err, left)
     return out
+
+
+def after_return(v: RankView) -> bool:
+    """Did rank ``v`` enter its blocked collective after its main program had returned (its
+    ``exiting`` event, hooks/lifecycle.py, is older): in an exit handler (blind helper 87: a
+    metrics logger's ``atexit`` all_reduce on one rank)?"""
+    ex = exiting_event(v.proc)
+    return ex is not None and int((v.blocked or {}).get("t_wall_ns") or 0) >= int(ex.get("wall_ns") or 1 << 62)
