@@ -91,3 +91,31 @@ def test_a_rank_whose_exit_joins_a_thread_forever_is_stuck_at_exit(tmp_path):
     assert "Stuck at exit (in no collective)" in verdict and "rank 0's program returned" in verdict, out[-3000:]
     assert "non-daemon thread 'metrics-uploader', in uploader (job.py:" in verdict, out[-3000:]
     assert "Rank 1 exited cleanly" in verdict, out[-3000:]
+
+
+AT_EXIT = """
+import atexit, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for step in range(5):
+    dist.all_reduce(torch.ones(4))
+def flush_metrics():
+    try:
+        dist.all_reduce(torch.ones(2))
+    except Exception as e:
+        print("metrics flush failed:", e)
+if dist.get_rank() == 1:
+    atexit.register(flush_metrics)  # only rank 1 has metrics left; rank 0 leaves first
+else:
+    dist.destroy_process_group()
+    time.sleep(0.5)
+"""
+
+
+def test_a_clean_exit_after_a_lone_collective_in_an_exit_handler_is_reported(tmp_path):
+    """Blind helper 87: the job exits 0, but rank 1's atexit all_reduce ran alone after rank 0
+    had left, failed, and the program caught it: ``hangtrace run`` says so at the clean exit."""
+    out, verdict = _run_2_ranks(tmp_path, AT_EXIT)
+    assert "==== hangtrace verdict ====" in out, out[-3000:]
+    assert "rank 1 alone entered all_reduce" in verdict and "in an exit handler" in verdict, out[-3000:]
+    assert "the program caught the error" in verdict, out[-3000:]

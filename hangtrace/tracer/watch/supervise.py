@@ -174,7 +174,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
                 sys.stderr.write(e.render() + "\n")
         elif rc == 0:
             log("command finished with status 0; records in %s" % run_dir)
-            _silent_mismatch(run_dir)
+            _clean_exit_check(run_dir)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -188,17 +188,29 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     return exit_status(rc)
 
 
-def _silent_mismatch(run_dir: str) -> None:
-    """A job that exited 0 may still have run on with wrong data: gloo completes some
-    collectives whose sizes or dtypes disagree (rule ``silent_mismatch``). Analysed once,
-    without stacks; a verdict block and a snapshot only when that is what it finds."""
+#: what a run that exited 0 is still reported for: (``details`` key, snapshot reason)
+CLEAN_EXIT_FINDINGS = (
+    ("silent", "silent-mismatch"),  # rule silent_mismatch: gloo completed a collective the ranks disagreed on
+    ("minority_failed", "caught-failure"),  # rule minority: a rank alone in a collective that failed, error caught
+)
+
+
+def _clean_exit_check(run_dir: str) -> None:
+    """A job that exited 0 may still have gone wrong: it ran on with wrong data (gloo
+    completes some collectives whose sizes or dtypes disagree, rule ``silent_mismatch``), or
+    a rank entered a collective alone after the others had left and the program caught its
+    failure (blind helper 87: an ``atexit`` all_reduce on one rank; the metrics it gathered
+    were never written). Analysed once, without stacks; a verdict block and a snapshot only
+    when that is what it finds (``CLEAN_EXIT_FINDINGS``)."""
     from hangtrace.tracer.collect.frdump import load_run_or_fr
     from hangtrace.tracer.pipeline import diagnose_snapshot, dump_live, readable
     try:  # the rings as they are now (an earlier snapshot of this run is not what ended)
         snap = readable(load_run_or_fr(run_dir), lambda _line: None)
-        if not (diagnose_snapshot(snap).diagnosis.details or {}).get("silent"):
+        details = diagnose_snapshot(snap).diagnosis.details or {}
+        reason = next((why for key, why in CLEAN_EXIT_FINDINGS if details.get(key)), None)
+        if reason is None:
             return
-        res = dump_live(run_dir, "silent-mismatch", with_stacks=False)
+        res = dump_live(run_dir, reason, with_stacks=False)
         report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
     except HangtraceError as e:
         sys.stderr.write(e.render() + "\n")

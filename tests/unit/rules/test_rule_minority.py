@@ -58,6 +58,19 @@ def test_a_minority_collective_entered_after_the_program_returned_is_in_an_exit_
     assert "do the final collective in the program on every rank, before `destroy_process_group()`" in text
 
 
+def test_a_lone_exit_handler_collective_is_named_with_two_ranks_too():
+    """Two ranks: rank 1's atexit all_reduce after rank 0 had destroyed its group and left.
+    One waiter against one that left is no minority, but the exit handler is what diverged
+    (the chain named rank 0, which "never reached" it)."""
+    b = ranks(2)
+    b[1].set(events=[{"event": "exiting", "threads": [], "more": 0, "wall_ns": b[1].t + 1000}])
+    b[1].coll(op="all_reduce", state="failed", error="RuntimeError: Read error [127.0.0.1]:28879: Connection reset by peer")
+    for r in range(2):
+        b[r].set(state="exited", exit_code=0)
+    d = check(diagnose(snap(b)), "skipped-collective", [1])
+    assert d.details["minority_at_exit"] == [1], d.details
+
+
 def test_minority_still_waiting_waits_forever():
     b = ranks(3)
     b[0].wait(op="barrier")

@@ -3,7 +3,8 @@ of the chain; checked before *chain*).
 
 When every missing member (with a process) of the chain's main instance was classified
 as having moved on ('skipped-collective'), they are all chain ends, the waiters are
-fewer than the missing ones and nobody waits for the waiters, the waiting minority is
+fewer than the missing ones (or entered it in an exit handler, after their program had
+returned, failed and left) and nobody waits for the waiters, the waiting minority is
 what diverged (rank 0 alone in a checkpoint barrier the others never call): it is named.
 P2P instances never flip. For the arbiter the Finding carries the chain ends as
 ``culprits`` (as rule *chain* would), so hang-versus-death precedence is that of the chain.
@@ -37,10 +38,19 @@ def find(ctx: Ctx) -> Optional[Finding]:
     miss_present = [m for m in main.missing if m in ctx.views]
     all_moved = bool(miss_present) and all(ce.kinds.get(m, ("", ""))[0] == Kind.SKIPPED_COLLECTIVE.value
                                            for m in miss_present)
-    if (all_moved and len(main.waiters) < len(main.missing) and not (set(main.waiters) & ce.waited)
+    fewer = len(main.waiters) < len(main.missing) or _at_exit_alone(ctx, main.waiters)
+    if (all_moved and fewer and not (set(main.waiters) & ce.waited)
             and set(miss_present) <= set(ce.present)):
         return Finding(NAME, f.culprits, f.start, end_kinds=f.end_kinds, data=(ce, main))
     return None
+
+
+def _at_exit_alone(ctx: Ctx, waiters: Sequence[int]) -> bool:
+    """Every waiter entered the collective after its main program had returned, failed and
+    left (``failed_and_left``, ``after_return``): what diverged is the exit handler, however
+    many ranks left without it (2 ranks: rank 1's ``atexit`` all_reduce after rank 0 had
+    destroyed its group; the chain named rank 0, which "never reached" it)."""
+    return bool(failed_and_left(ctx, waiters)) and all(after_return(ctx.views[w]) for w in waiters)
 
 
 def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
