@@ -58,3 +58,19 @@ def test_a_peer_that_died_first_is_the_root_not_a_timeout():
 def test_a_peer_inside_a_collective_is_not_named_by_this_rule():
     d = _job(peer_stack=IN_ALLREDUCE)
     assert "timed_out" not in d.details, d.summary
+
+
+IN_RECV = ("Current thread 0x00007f10a9a7fb80 (most recent call first):\n"
+           '  File "/job/train.py", line 59 in fetch_shard\n'
+           '  File "/job/train.py", line 90 in main\n')
+
+
+def test_a_dumped_stack_in_a_c_call_is_not_called_busy_and_gloos_position_is_cut():
+    """Blind helper 89: rank 3 blocked in a socket's recv (a C call, no Python frame for it);
+    after the teardown only its SIGTERM dump is left: the reason said "busy, or in C code"."""
+    d = check(_job(peer_stack=IN_RECV), "stuck-outside-collective", [1])
+    why = d.details["culprit_reasons"]["1"]
+    assert why.startswith("no blocking call its stack can name (dumped as it was stopped"), why
+    assert "a socket or file read" in why
+    assert d.details["timed_out"]["text"] == "RuntimeError: Timed out waiting 15000ms for recv operation to complete", \
+        d.details["timed_out"]

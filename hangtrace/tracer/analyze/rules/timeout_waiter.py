@@ -24,12 +24,17 @@ from hangtrace.tracer.analyze.context import Ctx, RankView
 from hangtrace.tracer.analyze.deaths import TRANSPORT_MARKERS, failures
 from hangtrace.tracer.analyze.evidence import fill_common, frames_of, ts
 from hangtrace.tracer.analyze.rules.base import Finding
+from hangtrace.tracer.analyze.exceptions import short_error
 from hangtrace.tracer.analyze.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "timeout_waiter"
 
 _RUNNING = "no known blocking call on its stack (busy, or in C code it called)"  # (a culprit's reason then)
+#: the same when its only stack is the one dumped as it was stopped (no kernel state with it:
+#: blind helper 89's rank blocked in a socket recv read "busy" after the teardown)
+_RUNNING_DUMPED = ("no blocking call its stack can name (dumped as it was stopped, without its system call): "
+                   "in a C call it made there (a socket or file read, a lock, a native library), or busy")
 
 #: lower-case texts of a collective that gave up waiting: the transport markers that are timeouts
 TIMEOUT_MARKERS = tuple(m for m in TRANSPORT_MARKERS if "time" in m)
@@ -57,7 +62,8 @@ def find(ctx: Ctx) -> Optional[Finding]:
         _labels, frames, thread = frames_of(ctx, r)
         if not frames or collective_frame(frames):
             continue
-        out.append((r, blocking_reason(frames, thread=thread) or _RUNNING))
+        out.append((r, blocking_reason(frames, thread=thread) or (
+            _RUNNING if ctx.views[r].proc.stacks else _RUNNING_DUMPED)))
     if not out:
         return None
     return Finding(NAME, tuple(r for r, _ in out), first.fail_wall or 0, data=(first, text, out))
@@ -76,8 +82,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["culprit_kinds"] = {str(r): Kind.STUCK_OUTSIDE_COLLECTIVE.value for r, _ in outside}
     gave_up = sorted({c["rank"] for c in failures(ctx) if c.get("rank") not in reasons and c.get("rank") is not None
                       and "timed out" in str(c.get("text") or "").lower()} | {first.rank})
-    d.details["timed_out"] = {"rank": first.rank, "text": text[:300], "wall_ns": first.fail_wall, "ranks": gave_up}
-    d.cause = Cause.BLOCKED if any(not w.startswith(_RUNNING) for w in reasons.values()) else Cause.NO_PROGRESS
+    d.details["timed_out"] = {"rank": first.rank, "text": short_error(text, 300), "wall_ns": first.fail_wall,
+                              "ranks": gave_up}
+    d.cause = Cause.BLOCKED if any(w not in (_RUNNING, _RUNNING_DUMPED) for w in reasons.values()) else \
+        Cause.NO_PROGRESS
     ctx.add("rank %d gave up waiting in a collective at %s: %s" % (first.rank, ts(first.fail_wall), text[:300]))
     dumped = [r for r, _ in outside if not ctx.views[r].proc.stacks]  # (their stacks from a faulthandler dump)
     for r, why in outside[:6]:
