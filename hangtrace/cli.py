@@ -47,7 +47,7 @@ def _print_diag(res: "Result", as_json: bool) -> None:
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Offline analysis of a run directory (newest snapshot, else the rings) or a snapshot."""
     from .tracer.pipeline import diagnose_path
-    _print_diag(diagnose_path(args.path, log=_err), args.json)
+    _print_diag(diagnose_path(args.path, log=_err, stall_s=args.stall_s), args.json)
     return 0
 
 
@@ -275,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("path", metavar="RUN_DIR|SNAPSHOT",
                    help="the run directory `hangtrace run` printed (HANGTRACE_DIR of the job), one of its "
                    "snapshots, or a directory of comm_lib_trace_rank_<r> dumps")
+    a.add_argument("--stall-s", type=float, default=None,
+                   help="seconds without progress that make a stall, for a snapshot not taken at one "
+                   "(default: the --stall-s the run was started with, from its processes' environment "
+                   "records, else 300)")
     a.add_argument("--json", action="store_true",
                    help="the whole diagnosis as JSON (schema 1, docs/DIAGNOSIS.md): kind, cause, culprit "
                    "ranks and actors, group/seq/op, frames, evidence, cascade, details")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 from hangtrace.tracer import config
 from hangtrace.tracer.diagnosis import Diagnosis
@@ -94,13 +94,32 @@ def load_path(path: str) -> Snapshot:
     return load_stored(newest) if newest else load_run_or_fr(path)
 
 
+def recorded_stall_s(envs: List[ProcessEnv]) -> Optional[float]:
+    """The stall threshold (s) the run's processes were started with
+    (``HANGTRACE_STALL_S`` in their environment records: ``hangtrace run --stall-s`` sets it),
+    when they all agree on one valid value; else None."""
+    seen: Set[str] = set()
+    for pe in envs:
+        seen.update(v for k, v in pe.environ if k == config.STALL_S)
+    if len(seen) != 1:
+        return None
+    try:
+        v = float(seen.pop())
+    except ValueError:
+        return None
+    return v if v > 0 else None
+
+
 def diagnose_snapshot(snap: Snapshot, store: bool = False, stall_s: Optional[float] = None) -> Result:
     """Analyse ``snap``; with ``store`` (and ``snap.path``) write diagnosis.json and
     report.txt into its folder. ``stall_s``: the stall threshold (s) for a snapshot not
-    taken at a detected stall (default: ``diagnose``'s, 300 s)."""
+    taken at a detected stall (default: the one the run was started with,
+    :func:`recorded_stall_s`, else ``diagnose``'s, 300 s)."""
     from hangtrace.tracer.analyze.diagnose import diagnose
     from hangtrace.tracer.report.text import text_report, verdict_paragraph
     envs = _run_envs(snap)
+    if stall_s is None:
+        stall_s = recorded_stall_s(envs)
     diag = diagnose(snap, stall_s=stall_s, envs=envs)
     env_section = _environment(snap, diag, envs)
     if store:
@@ -156,10 +175,11 @@ def write_timeline(snap: Snapshot, diag: Any, log: Log = _stderr_log) -> Optiona
         return None
 
 
-def diagnose_path(path: str, log: Log = _stderr_log) -> Result:
+def diagnose_path(path: str, log: Log = _stderr_log, stall_s: Optional[float] = None) -> Result:
     """``hangtrace analyze``: offline analysis of a run directory or snapshot (nothing
-    written). Raises RunDirError (exit 4), UnreadableRunError (exit 3)."""
-    return diagnose_snapshot(readable(load_path(path), log))
+    written); ``stall_s`` as in :func:`diagnose_snapshot`. Raises RunDirError (exit 4),
+    UnreadableRunError (exit 3)."""
+    return diagnose_snapshot(readable(load_path(path), log), stall_s=stall_s)
 
 
 def records(run_dir: str, log: Log = _stderr_log) -> Snapshot:

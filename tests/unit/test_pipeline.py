@@ -167,3 +167,29 @@ def test_process_info_is_frozen_and_summarised_from_records():
     assert q.state == "killed" and q.summary == p.summary
     assert ProcessInfo(host="h", pid=2, meta={"ray_actor_id": "ab"}).role is Role.RAY_ACTOR
     assert ProcessInfo(host="h", pid=3).role is Role.OTHER
+
+
+def test_analyze_words_a_run_against_the_stall_threshold_it_was_started_with(tmp_path, capsys):
+    """``hangtrace run --stall-s 10`` puts HANGTRACE_STALL_S=10 in every traced process's
+    environment record: ``analyze`` takes it (agreed by all), ``--stall-s`` overrides it,
+    and without either the analysis' 300 s applies."""
+    from hangtrace.tracer import envfacts as E
+    from hangtrace.tracer.collect import forensics
+    for r in range(4):
+        _rank(tmp_path, r, 4, 10, blocked=r != 2, exit_code=0 if r == 2 else None)
+    assert pipeline.recorded_stall_s([]) is None
+    default = pipeline.diagnose_path(str(tmp_path))
+    assert "below the 300 s stall threshold" in json.dumps(default.diagnosis.evidence)
+    for r in range(4):
+        forensics.write(str(tmp_path), E.ProcessEnv(host="node-%d" % r, pid=50000 + r,
+                                                    environ=(("HANGTRACE_STALL_S", "0.001"),)))
+    envs = forensics.run_env(str(tmp_path), enrich_local=False)[0]
+    assert pipeline.recorded_stall_s(envs) == 0.001
+    started = pipeline.diagnose_path(str(tmp_path))
+    assert "below the" not in json.dumps(started.diagnosis.evidence)
+    assert started.diagnosis.kind == default.diagnosis.kind and started.diagnosis.culprit_ranks == [2]
+    capsys.readouterr()
+    cli.main(["analyze", "--json", "--stall-s", "600", str(tmp_path)])
+    assert "below the 600 s stall threshold" in capsys.readouterr().out
+    forensics.write(str(tmp_path), E.ProcessEnv(host="node-9", pid=9, environ=(("HANGTRACE_STALL_S", "5"),)))
+    assert pipeline.recorded_stall_s(forensics.run_env(str(tmp_path), enrich_local=False)[0]) is None
