@@ -77,6 +77,7 @@ class RankView:
     cause: Optional[str] = None
     cause_text: Optional[str] = None
     victim: bool = False
+    departed: bool = False  # exited cleanly first, its peers then failed (analyze/departures.py)
     fail_wall: int = 0
     phase: Optional[str] = None
     step: Optional[int] = None

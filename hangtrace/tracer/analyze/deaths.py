@@ -335,15 +335,20 @@ def failures(ctx: Ctx) -> List[Dict[str, Any]]:
 
 
 def roots(ctx: Ctx) -> List[RankView]:
-    """Non-victim deaths, earliest failure first (ties: lower rank). A transport failure is
-    a victim of a peer's death; but when it is the first failure of all, raised as the rank's
-    exception, and every other death is a SIGTERM after it (the launcher tearing the job
-    down), no death explains it: it is the root (blind helper 68: after a torchrun restart rank 0's init_process_group
-    failed with "Gloo connectFullMesh failed ... Connection refused", and the verdict
-    blamed rank 1's SIGTERM from torchrun)."""
+    """Non-victim deaths, earliest failure first (ties: lower rank), after the rank that left
+    first when that explains the failures (``analyze/departures.py``: ``departed``, not dead).
+    A transport failure is a victim of a peer's death; but when it is the first failure of
+    all, raised as the rank's exception, and every other death is a SIGTERM after it (the
+    launcher tearing the job down), no death explains it: it is the root (blind helper 68:
+    after a torchrun restart rank 0's init_process_group failed with "Gloo connectFullMesh
+    failed ... Connection refused", and the verdict blamed rank 1's SIGTERM from torchrun)."""
     key = lambda v: (v.fail_wall or 0, v.rank)  # noqa: E731
     out = sorted((v for v in ctx.views.values() if v.dead and not v.victim), key=key)
     dead = sorted((v for v in ctx.views.values() if v.dead), key=key)
+    from hangtrace.tracer.analyze.departures import departure_root
+    left = departure_root(ctx, out, failures(ctx))
+    if left is not None:  # a rank left first; the failures are its peers' connections closing
+        return [left] + out
     if out and dead and dead[0].victim and base_cause(dead[0]) == Cause.EXCEPTION.value and \
             (dead[0].fail_wall or 0) < (out[0].fail_wall or 0) and all(base_cause(v) == Cause.SIGTERM.value for v in out):
         return [dead[0]] + out

@@ -183,6 +183,13 @@ BROKEN_ORDER_NEXT = ("look for what made the named rank(s) take another path at 
                      "kept one order until then: an exception caught and passed over (`except ...: continue`) that "
                      "skips a collective, an empty batch or shard, a switch turned on after warm-up; every rank must "
                      "issue the same collectives on each group, in the same order")
+DEPARTED_NEXT = ("find what ended the named rank's loop before its peers' (a shorter data shard, a `break`, a "
+                 "caught exception) and make every rank stop at the same step: no rank may return while its peers "
+                 "still call collectives")
+PREEMPTED_NEXT = ("make the decision to stop collective: check the preemption flag on every rank at the same step "
+                  "(e.g. `flag = torch.tensor([int(stop)]); dist.all_reduce(flag, op=dist.ReduceOp.MAX)` and stop "
+                  "when it is 1), or have the agent signal every rank; a rank must not return while its peers "
+                  "still call collectives")
 STACKS_NEXT = ("read the stack classes of the report: each alive rank's main thread is outside collectives there; "
                "the rank whose stack differs (an outlier) is the first to look at; ranks that exited are in the "
                "ranks table")  # (helpers 56 and 59 were told to take the stacks again)
@@ -203,6 +210,8 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_UNKNOWN, lambda g, d: d.get("rankless_death"), RANKLESS_DEATH_NEXT),
     (Kind.CROSS_GROUP_DEADLOCK, lambda g, d: d.get("broken_order"), BROKEN_ORDER_NEXT),  # analyze/grouporder.py
     (Kind.SKIPPED_COLLECTIVE, lambda g, d: d.get("minority_at_exit"), AT_EXIT_COLLECTIVE_NEXT),  # rules/minority.py
+    (Kind.SKIPPED_COLLECTIVE, lambda g, d: d.get("departed"),  # analyze/departures.py
+     lambda g, d: PREEMPTED_NEXT if (d.get("departed") or {}).get("sigterm") else DEPARTED_NEXT),
     (Kind.DEAD_RANK, lambda g, d: d.get("actor_lives_on") is not None, TASK_EXCEPTION_NEXT),  # rules/actors.py
     (_UNKNOWN, lambda g, d: str(g.cause) == Cause.STALLED_IN_RENDEZVOUS.value, RENDEZVOUS_NEXT),
     (_STUCK, lambda g, d: d.get("rendezvous_ranks"),

@@ -164,7 +164,18 @@ def _extra(diag: Diagnosis, who: str, coll: str, ex: Dict[str, Any]) -> str:
                 if diag.waiting_ranks else ""))
 
 
+def _left(diag: Diagnosis, who: str, coll: str, dep: Dict[str, Any]) -> str:
+    """A rank that left first (analyze/departures.py)."""
+    waiting = _waiting(diag).strip()
+    return "Skipped collective: %s left: %s%s%s.%s%s" % (
+        who, dep.get("text"), ", after %s" % coll if coll else "", "; " + str(dep["after"]) if dep.get("after") else "",
+        " It %s." % str(dep["sigterm"])[3:] if dep.get("sigterm") else "",
+        waiting and " " + waiting[:1].upper() + waiting[1:] + ".")
+
+
 def _skipped(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    if d.get("departed"):
+        return _left(diag, who, coll, d["departed"])
     ex = d.get("extra_collective")
     if diag.cause == Cause.EXTRA_COLLECTIVE and ex:
         return _extra(diag, who, coll, ex)

@@ -21,7 +21,11 @@ from typing import Any, Dict, List, Optional, Tuple
 from hangtrace.tracer.analyze import sigclasses
 from hangtrace.tracer.analyze.context import Ctx, RankView
 from hangtrace.tracer.analyze.deaths import failures, roots
-from hangtrace.tracer.analyze.evidence import fill_common, frames_from_exception, rank_line, rk, torch_count, ts, vb
+from hangtrace.tracer.analyze.departures import sigterm_before
+from hangtrace.tracer.analyze.evidence import (fill_common, frames_from_exception, frames_of, rank_line, rk,
+                                               torch_count, ts, user_frame, vb)
+from hangtrace.tracer.analyze.exceptions import short_error
+from hangtrace.tracer.analyze.stacktree import frame_label
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.threadgroups import group_threads
 from hangtrace.tracer.analyze.attempts import restarts
@@ -121,6 +125,9 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     all_roots: List[RankView]
     fails: List[Dict[str, Any]]
     root, all_roots, fails = finding.data
+    if root.departed:  # it left first: no death (analyze/departures.py)
+        _explain_departure(ctx, d, root, all_roots, fails)
+        return
     mm = _abort_mismatch(ctx, root)
     if mm is not None:
         culprits, how = _abort_culprits(ctx, root, mm)
@@ -160,3 +167,43 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
             d.cascade[0]["rank"], (d.cascade[0]["text"] or d.cascade[0]["cause"])[:120]))
     if len(all_roots) > 1:
         ctx.add("other non-transport deaths after the root: ranks %s" % format_ranks([v.rank for v in all_roots[1:]], 12))
+
+
+def _explain_departure(ctx: Ctx, d: Diagnosis, root: RankView, all_roots: List[RankView],
+                       fails: List[Dict[str, Any]]) -> None:
+    """'skipped-collective' / 'skipped' for the rank that left first (``root.departed``);
+    ``details['departed']``: {'rank', 'exit_wall_ns', 'text', 'after' (its peers' failures),
+    'sigterm' (the SIGTERM before its exit, or absent)}."""
+    d.kind, d.cause = Kind.SKIPPED_COLLECTIVE, Cause.SKIPPED
+    _where_it_stopped(ctx, d, root)
+    p = root.proc
+    d.cascade = [c for c in fails if c["rank"] != root.rank]
+    first = d.cascade[0] if d.cascade else None
+    dep: Dict[str, Any] = {"rank": root.rank, "exit_wall_ns": root.fail_wall,
+                           "text": "its program returned (exit code 0) at %s while its peers still ran the job"
+                                   % ts(root.fail_wall)}
+    ctx.add("rank %d (%s): %s" % (root.rank, p.key, dep["text"]))
+    if d.group is not None:
+        ctx.add(rank_line(ctx, root.rank, d.group))
+    if first is not None:
+        later = sorted({c["rank"] for c in d.cascade})
+        dep["after"] = "%.1f s later %s failed (rank %d: %s): their connections to rank %d closing, not the network" % (
+            ((first["wall_ns"] or 0) - root.fail_wall) / 1e9, rk(later, 8), first["rank"],
+            short_error(first.get("text")) or first.get("cause"), root.rank)
+        ctx.add("after it: " + dep["after"])
+    sig = sigterm_before(root)
+    if sig is not None:
+        labels, frames, _thread = frames_of(ctx, root.rank)
+        f = user_frame(frames or [])
+        at = frame_label(f) if f is not None else (labels[0] if labels else "")
+        t = int(sig.get("wall_ns") or 0)
+        dep["sigterm"] = "it had received SIGTERM%s%s, and returned %s: a SIGTERM handler ended its loop on this " \
+                         "rank alone (the sender is not recorded)" % (
+                             " at %s" % ts(t) if t else "", ", in %s" % at if at else "",
+                             "%.1f s later" % ((root.fail_wall - t) / 1e9) if t else "after it")
+        ctx.add(dep["sigterm"])
+    d.waiting_ranks = [w for w in d.waiting_ranks if w in ctx.views and not ctx.views[w].dead]
+    d.details["departed"] = dep
+    d.details["cause_text"] = root.cause_text
+    if len(all_roots) > 1:
+        ctx.add("deaths after it: ranks %s" % format_ranks([v.rank for v in all_roots[1:]], 12))
