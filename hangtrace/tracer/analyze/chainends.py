@@ -91,6 +91,12 @@ def chain_ends(ctx: Ctx) -> ChainEnds:
     diverged = [r for r, i in ctx.inst_of.items()
                 if r in reach and not i.missing and i.ahead and (r in waited or not waited)]
     present = sorted(e for e in ends if e in ctx.views)
+    # a rank whose collective failed with a transport error (its peer had gone) is a victim:
+    # not a culprit while another end explains the wait (blind helper 92: ranks that raised
+    # "Connection closed by peer" were called "its program returned without entering it")
+    victims = [e for e in present if ctx.views[e].dead and ctx.views[e].victim]
+    if victims and len(victims) < len(present):
+        present = [e for e in present if e not in victims]
     insts_for: Dict[int, List[Inst]] = {}
     for inst in ctx.insts.values():
         for m in inst.missing:
