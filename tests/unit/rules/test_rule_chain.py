@@ -7,7 +7,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ruleutil import QUEUE_GET, check  # noqa: E402
-from synth import COLL_STACK, T0, R, S, group, ranks, snap, stack, world  # noqa: E402
+from synth import COLL_STACK, MS, T0, R, S, group, ranks, snap, stack, world  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 
@@ -254,3 +254,21 @@ def test_a_rank_running_outside_collectives_in_a_stall_is_busy_not_moved_on():
     # a later step than the waiters' is still a skip, running or not
     b[1].mark(step=6)
     assert diagnose(snap(b, reason="stall")).kind == "skipped-collective"
+
+
+def test_ranks_that_failed_with_a_transport_error_are_victims_not_chain_ends():
+    """Rank 0 waits at seq 4; ranks 1 and 3 raised 'Connection closed by peer' (transport
+    victims, exited 1); rank 2 exited cleanly without seq 4. The chain ends at rank 2 alone:
+    the victims are neither culprits nor "moved on" members that make rank 0 the minority."""
+    b = ranks(4)
+    b[0].wait()
+    for r in (1, 3):
+        b[r].set(state="exited", exit_code=1, phase=None,
+                 events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[0].t + 2 * S,
+                          "message": "[pair.cc:553] Connection closed by peer [127.0.0.1]:1234"},
+                         {"event": "exiting", "threads": [], "more": 0, "wall_ns": b[0].t + 2 * S + MS}])
+    b[2].set(state="exited", exit_code=0, phase=None, exit_wall_ns=b[0].t + 3 * S,
+             events=[{"event": "exiting", "threads": [], "more": 0, "wall_ns": b[0].t + 3 * S}])
+    d = check(diagnose(snap(b)), "skipped-collective", [2])
+    assert d.cause == "skipped" and d.waiting_ranks == [0], (d.cause, d.waiting_ranks)
+    assert "exited cleanly (code 0)" in d.details["culprit_reasons"]["2"]
