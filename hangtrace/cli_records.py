@@ -156,7 +156,7 @@ def cmd_records(args: argparse.Namespace) -> int:
                         "rank": p.rank, "local_rank": p.local_rank, "world_size": p.world_size,
                         "host": p.host, "pid": p.pid, "state": p.state, "exit_code": p.exit_code,
                         "phase": p.phase, "step": p.step, "inflight": p.inflight, "groups": p.groups,
-                        "events": p.events, "signals": {k: {"wall_ns": v["wall_ns"], "path": v["path"]}
+                        "events": p.events, "signals": {k: {x: v[x] for x in ("wall_ns", "path", "sender") if x in v}
                                                         for k, v in p.signals.items()},
                         "meta": p.meta, "records": recs, "memory_samples_hidden": hidden})
         print(dumps({"run_dir": snap.run_dir, "processes": out, "errors": snap.errors}))
@@ -167,7 +167,9 @@ def cmd_records(args: argparse.Namespace) -> int:
         if p.inflight:
             print("  in flight since %s: %s" % (_clock(p.inflight.get("t_wall_ns")), _fmt_record(p.inflight)))
         for k, v in p.signals.items():
-            print("  %s stacks written: %s" % (k, v["path"]))
+            snd = v.get("sender")
+            print("  %s stacks written: %s%s" % (k, v["path"], "  (sent by pid %s: %s)" % (
+                snd["pid"], snd.get("cmdline")) if snd else ""))
         for e in p.events:
             if e.get("event") in ("exception", "thread_exception"):
                 print("  %s: %s: %s" % (e["event"], e.get("type"), e.get("message")))

@@ -40,6 +40,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <unistd.h>
+#include <signal.h>
+#include <fcntl.h>
 
 /* --- ring layout (docs/FORMAT.md; hangtrace/tracer/ring/layout.py) ----------------- */
 #define HEADER_SIZE 4096
@@ -2475,6 +2477,142 @@ static PyObject *exit_status_target(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+
+/* ---- who sent SIGTERM: one line in the SIGTERM stack file (sigterm_sender_target) --------
+ * faulthandler's dump says where the process was, not who asked it to stop: a launcher, a
+ * node agent's preemption, Ray's raylet, a user's kill. A SIGTERM from kill(2)/sigqueue(3)
+ * carries the sender's pid and uid (si_code <= 0: SI_USER, SI_QUEUE, SI_TKILL; sigaction(2),
+ * siginfo_t). This handler, installed on top of faulthandler's (SA_NODEFER like it, so the
+ * previous handler's raise() reaches the program's own handler or the default at once),
+ * writes "hangtrace: SIGTERM from pid N uid U: <its /proc/N/cmdline>" to the stack file's
+ * descriptor, then calls the previous handler. Only async-signal-safe calls (open, read,
+ * write, close; signal-safety(7)). faulthandler's chain re-registers itself on top after
+ * the first SIGTERM: later ones are not annotated. */
+static int sender_fd = -1;
+static pid_t sender_owner = 0;
+static struct sigaction sender_prev;
+static volatile sig_atomic_t sender_prev_set = 0;
+
+static size_t put_str(char *dst, size_t at, size_t cap, const char *src) {
+    while (*src && at + 1 < cap)
+        dst[at++] = *src++;
+    return at;
+}
+
+static size_t put_long(char *dst, size_t at, size_t cap, long v) {
+    char tmp[24];
+    int n = 0;
+    unsigned long u = v < 0 ? (unsigned long)(-v) : (unsigned long)v;
+    if (v < 0 && at + 1 < cap)
+        dst[at++] = '-';
+    do {
+        tmp[n++] = (char)('0' + (u % 10));
+        u /= 10;
+    } while (u && n < (int)sizeof tmp);
+    while (n > 0 && at + 1 < cap)
+        dst[at++] = tmp[--n];
+    return at;
+}
+
+static void on_sigterm(int sig, siginfo_t *info, void *uctx) {
+    int saved = errno;
+    if (sender_fd >= 0 && getpid() == sender_owner && info != NULL && info->si_code <= 0) {
+        char line[512], path[48];
+        size_t n = 0, p = 0;
+        ssize_t got = 0;
+        int fd;
+        n = put_str(line, n, sizeof line, "hangtrace: SIGTERM from pid ");
+        n = put_long(line, n, sizeof line, (long)info->si_pid);
+        n = put_str(line, n, sizeof line, " uid ");
+        n = put_long(line, n, sizeof line, (long)info->si_uid);
+        n = put_str(line, n, sizeof line, ": ");
+        p = put_str(path, p, sizeof path, "/proc/");
+        p = put_long(path, p, sizeof path, (long)info->si_pid);
+        p = put_str(path, p, sizeof path, "/cmdline");
+        path[p] = 0;
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            got = read(fd, line + n, sizeof line - n - 2);
+            close(fd);
+            if (got > 0) {
+                ssize_t i;
+                while (got > 0 && line[n + got - 1] == 0)
+                    got--;
+                for (i = 0; i < got; i++)
+                    if (line[n + i] == 0 || line[n + i] == '\n')
+                        line[n + i] = ' ';
+                n += (size_t)got;
+            }
+        }
+        if (got <= 0) { /* a zombie or an exited sender: its comm, while /proc keeps it */
+            p = put_str(path, 0, sizeof path, "/proc/");
+            p = put_long(path, p, sizeof path, (long)info->si_pid);
+            p = put_str(path, p, sizeof path, "/comm");
+            path[p] = 0;
+            fd = open(path, O_RDONLY | O_CLOEXEC);
+            got = 0;
+            if (fd >= 0) {
+                got = read(fd, line + n, 32);
+                close(fd);
+            }
+            while (got > 0 && (line[n + got - 1] == '\n' || line[n + got - 1] == 0))
+                got--;
+            if (got > 0) {
+                n += (size_t)got;
+                n = put_str(line, n, sizeof line, " (exited)");
+            } else {
+                n = put_str(line, n, sizeof line, "(gone)");
+            }
+        }
+        line[n++] = '\n';
+        if (write(sender_fd, line, n) < 0) {
+            /* nothing to do: the dump that follows still says where the process was */
+        }
+    }
+    errno = saved;
+    if (!sender_prev_set)
+        return;
+    if (sender_prev.sa_flags & SA_SIGINFO) {
+        if (sender_prev.sa_sigaction != NULL)
+            sender_prev.sa_sigaction(sig, info, uctx);
+    } else if (sender_prev.sa_handler == SIG_DFL) {
+        sigaction(sig, &sender_prev, NULL);
+        raise(sig);
+    } else if (sender_prev.sa_handler != SIG_IGN && sender_prev.sa_handler != NULL) {
+        sender_prev.sa_handler(sig);
+    }
+}
+
+static PyObject *sigterm_sender_target(PyObject *m, PyObject *args) {
+    int fd;
+    struct sigaction cur, act;
+    (void)m;
+    if (!PyArg_ParseTuple(args, "i", &fd))
+        return NULL;
+    if (fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "sigterm_sender_target: fd must be >= 0");
+        return NULL;
+    }
+    if (sigaction(SIGTERM, NULL, &cur) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    sender_fd = fd;
+    sender_owner = getpid();
+    if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigterm)
+        Py_RETURN_NONE; /* already on top */
+    memset(&act, 0, sizeof act);
+    act.sa_sigaction = on_sigterm;
+    sigemptyset(&act.sa_mask);
+    act.sa_flags = SA_SIGINFO | SA_RESTART | SA_NODEFER | SA_ONSTACK;
+    sender_prev_set = 0;
+    sender_prev = cur;
+    sender_prev_set = 1;
+    if (sigaction(SIGTERM, &act, NULL) != 0) {
+        sender_fd = -1;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef mod_methods[] = {
     {"set_tensor_type", set_tensor_type, METH_O,
      "set_tensor_type(torch.Tensor): tensors of exactly this type get numel = product of their shape, and their"
@@ -2488,6 +2626,11 @@ static PyMethodDef mod_methods[] = {
      "exit_status_target(fd, exit_off): at this process's exit(), the status given to exit() replaces the exit"
      " code of the ring header's EXIT field at exit_off in file fd when it differs and the state is EXITED"
      " (glibc on_exit). Raises ValueError for a negative fd or offset, OSError when on_exit fails."},
+    {"sigterm_sender_target", sigterm_sender_target, METH_VARARGS,
+     "sigterm_sender_target(fd): a SIGTERM sent by a process (kill, sigqueue) writes 'hangtrace: SIGTERM from pid"
+     " N uid U: <cmdline>' to fd, then runs the handler that was installed before this call (put it on top of"
+     " faulthandler's). Again after another handler was installed: on top again. Raises ValueError for a"
+     " negative fd, OSError when sigaction fails."},
     {"direct_getters", direct_getters, METH_NOARGS,
      "direct_getters() -> bool: whether a plain tensor's shape/dtype getters are called directly (looked up"
      " again first when torch.Tensor changed)."},

@@ -9,7 +9,8 @@
 - SIGTERM: ``faulthandler.register(SIGTERM, chain=True)`` writes all thread stacks to
   ``stacks/sigterm-<host>-<pid>.txt`` from C (works while the main thread is blocked
   inside a collective), then re-raises to the previous handler, so the exit status
-  is what it would have been. A Python handler installed later by the program
+  is what it would have been. With the C extension a line naming the sender comes
+  first (``_fastrec.sigterm_sender_target``: its pid, uid and command line). A Python handler installed later by the program
   (``signal.signal``) is kept under ours (CPython ``faulthandler.c``: the user
   handler chains to the previous ``sigaction``).
 - fatal signals (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL): ``faulthandler.enable``
@@ -181,6 +182,19 @@ def _signal_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
     finally:  # also when signal.signal raises (e.g. ValueError outside the main thread)
         try:
             faulthandler.register(signal.SIGTERM, file=_sigterm_file[0], all_threads=True, chain=True)
+            _sender_target(_sigterm_file[0])
+        except Exception:
+            pass
+
+
+def _sender_target(f: Any) -> None:
+    """Who sent SIGTERM, on top of faulthandler's handler: a line before the dump in the
+    SIGTERM stack file ``f`` (``_fastrec.sigterm_sender_target``; without the C extension
+    the dump alone). Never raises."""
+    fr = getattr(sys.modules.get("hangtrace.hooks.recorder"), "_fastrec", None)
+    if fr is not None:
+        try:
+            fr.sigterm_sender_target(f if isinstance(f, int) else f.fileno())
         except Exception:
             pass
 
@@ -326,6 +340,7 @@ def install(rt: Any, forked_from: Optional[int] = None) -> None:
         # the child's file, CPython faulthandler_register_py; no sigaction calls)
         faulthandler.register(signal.SIGTERM, file=f, all_threads=True, chain=True)
         _sigterm_file.append(f)
+        _sender_target(f)
     except Exception as e:
         rt.log("faulthandler for SIGTERM failed: %r" % (e,), "fh-term")
     try:

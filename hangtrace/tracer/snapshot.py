@@ -154,6 +154,12 @@ class ProcessInfo:
         return next((e for e in self.events or () if isinstance(e, dict) and e.get("event") == "exception"), None)
 
     @property
+    def exiting(self) -> Optional[Dict[str, Any]]:
+        """Its newest ``exiting`` event (its main program returned: hooks/lifecycle.py), or None."""
+        return next((e for e in reversed(self.events or ()) if isinstance(e, dict) and e.get("event") == "exiting"),
+                    None)
+
+    @property
     def ray_identity(self) -> Dict[str, Any]:
         """What the process's own ring says of its Ray identity (``meta['ray_*']`` written by
         hooks/ray_hooks.py: job, node, actor id, class, name ...)."""

@@ -81,6 +81,7 @@ def test_sigterm_while_sleeping(tmp_path, mode):
     q = procs_[procs[0].pid]
     assert q["state"] == "killed" and q["exit_code"] is None
     assert "sigterm" in q["signals"]
+    assert_sender(text, q)
     assert not os.path.exists(tmp_path / "off")
 
 
@@ -109,6 +110,21 @@ def test_sigterm_with_the_programs_own_handler(tmp_path):
     procs_, _ = records_json(run_dir)
     q = procs_[procs[0].pid]
     assert (q["state"], q["exit_code"]) == ("exited", 3)
+    assert_sender(text, q)  # (on top again after the program's signal.signal)
+
+
+def assert_sender(text, q):
+    """The SIGTERM came from this test process: with the C extension its pid and command line
+    are the stack file's first line and the record's ``signals.sigterm.sender``."""
+    from hangtrace.hooks.recorder import _fastrec
+    if _fastrec is None:
+        assert not text.startswith("hangtrace: SIGTERM from")
+        return
+    first = text.splitlines()[0]
+    assert first.startswith("hangtrace: SIGTERM from pid %d uid %d: " % (os.getpid(), os.getuid())), first
+    assert "pytest" in first or "python" in first, first
+    sender = q["signals"]["sigterm"]["sender"]
+    assert (sender["pid"], sender["uid"]) == (os.getpid(), os.getuid()), sender
 
 
 def test_sigterm_inside_a_gloo_collective(tmp_path):

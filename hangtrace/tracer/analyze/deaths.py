@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from hangtrace.tracer.analyze.departures import departure_root, sent_by
 from hangtrace.tracer.config import CONTROL_FLOW_ERRORS
 from hangtrace.tracer.diagnosis import Cause, exit_code_cause
 from hangtrace.tracer.snapshot import ProcessInfo, Role
@@ -138,7 +139,7 @@ def _signal_cause(v: RankView, sig: Mapping[str, Any], code: Optional[int], time
     """Fill a SIGTERM / fatal-signal cause; False when neither applies."""
     if "sigterm" in sig or code == -15:
         v.cause = Cause.SIGTERM.value
-        v.cause_text = "SIGTERM received (faulthandler dump present)" if "sigterm" in sig else "exit code -15"
+        v.cause_text = "SIGTERM received (faulthandler dump present)%s" % sent_by(sig["sigterm"]) if "sigterm" in sig else "exit code -15"
         times.append((sig.get("sigterm") or {}).get("wall_ns") or 0)
         return True
     if "fatal" in sig or code in _SIGNAL_CAUSES:
@@ -345,7 +346,6 @@ def roots(ctx: Ctx) -> List[RankView]:
     key = lambda v: (v.fail_wall or 0, v.rank)  # noqa: E731
     out = sorted((v for v in ctx.views.values() if v.dead and not v.victim), key=key)
     dead = sorted((v for v in ctx.views.values() if v.dead), key=key)
-    from hangtrace.tracer.analyze.departures import departure_root
     left = departure_root(ctx, out, failures(ctx))
     if left is not None:  # a rank left first; the failures are its peers' connections closing
         return [left] + out

@@ -24,9 +24,8 @@ explains it as 'skipped-collective' (cause 'skipped'). Times are ns since the ep
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
-from hangtrace.tracer.analyze.exitwait import exiting_event
 from hangtrace.tracer.diagnosis import Cause
 
 if TYPE_CHECKING:
@@ -42,7 +41,7 @@ def clean_exit_wall(v: RankView) -> int:
     p = v.proc
     if v.dead or p.exit_code != 0 or not p.exit_wall_ns:
         return 0
-    ex = exiting_event(p)
+    ex = p.exiting
     return int((ex or {}).get("wall_ns") or p.exit_wall_ns)
 
 
@@ -50,7 +49,7 @@ def _in_program(v: Optional[RankView], wall: int) -> bool:
     """Did rank ``v`` fail at ``wall`` before its program returned (not in an exit handler)?"""
     if v is None:
         return False
-    ex = exiting_event(v.proc)
+    ex = v.proc.exiting
     return ex is None or wall < int(ex.get("wall_ns") or 0)
 
 
@@ -84,6 +83,17 @@ def departure_root(ctx: Ctx, deaths: Sequence[RankView], fails: Sequence[Dict[st
                         for v in deaths):
         return None
     return departed(ctx, fails)
+
+
+def sent_by(sig: Optional[Mapping[str, Any]]) -> str:
+    """``" from pid 4242 (bash -c sleep 6; kill -TERM 17)"``: who sent the SIGTERM of a
+    stack dump ``sig`` (``{'sender': {'pid', 'uid', 'cmdline'}}``, the line the C extension
+    writes, ``collect.rings.signal_sender``), or '' when it is not recorded."""
+    snd = (sig or {}).get("sender") or {}
+    if not snd.get("pid"):
+        return ""
+    cmd = str(snd.get("cmdline") or "")
+    return " from pid %s%s" % (snd["pid"], " (%s)" % (cmd[:160] + ("..." if len(cmd) > 160 else "")) if cmd else "")
 
 
 def sigterm_before(v: RankView) -> Optional[Dict[str, Any]]:

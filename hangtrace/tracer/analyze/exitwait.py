@@ -48,10 +48,7 @@ def _base(f: Dict[str, Any]) -> str:
 
 def exiting_event(p: ProcessInfo) -> Optional[Dict[str, Any]]:
     """The newest ``exiting`` event of ``p`` (hooks/lifecycle.py), or None."""
-    for e in reversed(p.events or ()):
-        if isinstance(e, dict) and e.get("event") == "exiting":
-            return e
-    return None
+    return p.exiting
 
 
 def _is(f: Dict[str, Any], base: str, name: str) -> bool:

@@ -81,7 +81,22 @@ def read_signal_files(run_dir: str, host: str, pid: int, names: Optional[set] = 
         except OSError:
             continue
         out[kind] = {"wall_ns": int(st.st_mtime * 1e9), "text": text, "path": p}
+        sender = signal_sender(text) if kind == "sigterm" else None
+        if sender is not None:
+            out[kind]["sender"] = sender
     return out
+
+
+_SENDER = re.compile(r"^hangtrace: SIGTERM from pid (\d+) uid (\d+): (.*)$", re.M)
+
+
+def signal_sender(text: str) -> Optional[Dict[str, Any]]:
+    """The first SIGTERM sender line of a SIGTERM stack file (``_fastrec.sigterm_sender_target``):
+    ``{'pid', 'uid', 'cmdline'}`` (``cmdline``: its command line, or "<comm> (exited)"), or None."""
+    m = _SENDER.search(text or "")
+    if m is None:
+        return None
+    return {"pid": int(m.group(1)), "uid": int(m.group(2)), "cmdline": m.group(3).strip()}
 
 
 def process_from_ring(ring: R.RingData, state: Optional[str] = None, **fields: Any) -> ProcessInfo:

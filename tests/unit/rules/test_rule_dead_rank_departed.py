@@ -13,10 +13,12 @@ from ruleutil import check  # noqa: E402
 from synth import MS, S, ranks, snap  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
+from hangtrace.tracer.collect.rings import signal_sender  # noqa: E402
 from hangtrace.tracer.report.advice import DEPARTED_NEXT, PREEMPTED_NEXT  # noqa: E402
 from hangtrace.tracer.report.paragraph import verdict_paragraph  # noqa: E402
 
 CLOSED = "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:20363"
+SENDER = "hangtrace: SIGTERM from pid 4242 uid 0: bash -c sleep 6; kill -TERM 1002\n"
 SIGTERM_DUMP = ('Current thread 0x00007facd51bab80 (most recent call first):\n'
                 '  File "/tmp/job.py", line 103 in main\n  File "/tmp/job.py", line 109 in <module>\n')
 
@@ -30,7 +32,8 @@ def _job(sigterm=True, leaver_exits_at=0.0, peers_fail_in_exit_handler=False):
     events = [{"event": "exiting", "threads": [], "more": 0, "wall_ns": t_leave},
               {"event": "exit", "wall_ns": t_leave + 20 * MS}]
     b[2].set(state="exited", exit_code=0, exit_wall_ns=t_leave + 20 * MS, events=events, phase=None,
-             signals={"sigterm": {"wall_ns": t_leave - 100 * MS, "text": SIGTERM_DUMP}} if sigterm else {})
+             signals={"sigterm": {"wall_ns": t_leave - 100 * MS, "text": SENDER + SIGTERM_DUMP,
+                                  "sender": signal_sender(SENDER)}} if sigterm else {})
     t_fail = b[2].t + 300 * MS + 800 * MS
     for r in (0, 1, 3):
         exc = {"event": "exception", "type": "RuntimeError", "message": CLOSED, "wall_ns": t_fail + r * MS}
@@ -47,6 +50,8 @@ def test_a_rank_that_returned_before_its_peers_failed_is_named_with_its_sigterm(
     assert dep["rank"] == 2 and "exit code 0" in dep["text"]
     assert "ranks 0-1,3 failed" in dep["after"] and "not the network" in dep["after"], dep
     assert "SIGTERM" in dep["sigterm"] and "main (job.py:103)" in dep["sigterm"], dep
+    assert "from pid 4242 (bash -c sleep 6; kill -TERM 1002)" in dep["sigterm"], dep
+    assert "not recorded" not in dep["sigterm"]
     assert sorted(c["rank"] for c in d.cascade) == [0, 1, 3]
     p = verdict_paragraph(d)
     assert p.startswith("Skipped collective: rank 2 left: its program returned (exit code 0)"), p
@@ -73,3 +78,18 @@ def test_peers_that_failed_in_an_exit_handler_did_not_fail_because_of_a_departur
     atexit all_reduce after the others left, blind helper 87): not a departure."""
     d = diagnose(_job(peers_fail_in_exit_handler=True))
     assert "departed" not in d.details, (d.kind, d.culprit_ranks, d.evidence)
+
+
+def test_the_sender_line_of_a_sigterm_stack_file():
+    assert signal_sender(SENDER + SIGTERM_DUMP) == {"pid": 4242, "uid": 0, "cmdline": "bash -c sleep 6; kill -TERM 1002"}
+    assert signal_sender(SIGTERM_DUMP) is None
+    assert signal_sender("hangtrace: SIGTERM from pid 7 uid 1000: bash (exited)\n")["cmdline"] == "bash (exited)"
+
+
+def test_a_sigterm_death_names_its_sender():
+    """A rank SIGTERMed at work (in a phase) dies of it: the cause text says who sent it."""
+    b = ranks(2, steps=3)
+    b[1].set(state="killed", signals={"sigterm": {"wall_ns": b[1].t + MS, "text": SENDER + SIGTERM_DUMP,
+                                                  "sender": signal_sender(SENDER)}})
+    d = check(diagnose(snap(b, reason="death")), "dead-rank", [1])
+    assert d.cause == "sigterm" and "from pid 4242 (bash -c sleep 6; kill -TERM 1002)" in d.details["cause_text"]
