@@ -34,14 +34,15 @@ rank 0 ("alone entered all_reduce seq 42": its Flight Recorder count against its
 count of Python calls), then rank 1 ("Transport error ... no rank is dead ... check the
 network"). Now: "Skipped collective: rank 2 left: its program returned (exit code 0) ...;
 0.8 s later ranks 0-1,3 failed (...): their connections to rank 2 closing, not the
-network. It had received SIGTERM ..., in main (...), and returned 0.1 s later: a SIGTERM
-handler ended its loop on this rank alone" with the advice to make the stop collective.
+network. It had received SIGTERM from pid N (bash (exited)) at ..., in main (...), and
+returned 0.2 s later: a SIGTERM handler ended its loop on this rank alone" with the advice
+to make the stop collective.
 Checkpoints go to the temp directory.
 """
 LAUNCH = "torchrun"
 NPROC = 4
 EXPECT = {"kind": "skipped-collective", "culprit_ranks": [2], "cause": "skipped",
-          "says": ("left: its program returned (exit code 0)", "SIGTERM")}
+          "says": ("left: its program returned (exit code 0)", "received SIGTERM from pid", "bash")}
 
 import os
 import signal
