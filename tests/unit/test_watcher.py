@@ -9,6 +9,7 @@ import pytest
 from hangtrace.hooks.recorder import Recorder
 from hangtrace.tracer import config
 from hangtrace.tracer.watch.watcher import Watcher
+from hangtrace.tracer.watch.helpergrace import HELPER_GRACE_S
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from jobs import base_env, wait_until  # noqa: E402
@@ -166,6 +167,8 @@ def test_death_after_progress_since_stall_is_reported(tmp_path, rec):
         assert w.poll() is None
         p.stdin.close()
         p.wait(timeout=30)
+        assert w.poll() is None      # a child of rank 0 (this process): held for its rank (helpergrace.py)
+        clk.t += HELPER_GRACE_S
         inc = w.poll()
         assert inc is not None and inc.kind == "death" and "exited with code 3" in inc.detail
     finally:
@@ -325,7 +328,9 @@ def test_idle_pooled_workers_neither_progress_nor_die(tmp_path, rec):
     p = subprocess.Popen([sys.executable, "-c", crash], env=base_env(tmp_path), stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "ready"
     p.wait(timeout=30)
-    inc = w.poll()
+    assert w.poll() is None  # held for its rank (helpergrace.py) ...
+    clk.t += HELPER_GRACE_S
+    inc = w.poll()           # ... which did not notice it
     assert inc is not None and inc.kind == "death" and "a helper of rank 0 (its child" in inc.detail, inc and inc.detail
     # a rank-less process that worked (a phase) and is killed is a death
     rec.heartbeat()  # (progress: the stall is over)
@@ -338,6 +343,8 @@ def test_idle_pooled_workers_neither_progress_nor_die(tmp_path, rec):
         w.poll()
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
+        assert w.poll() is None
+        clk.t += HELPER_GRACE_S
         inc = w.poll()
         assert inc is not None and inc.kind == "death" and "a helper of rank 0 (its child" in inc.detail, inc and inc.detail
     finally:
@@ -362,3 +369,34 @@ def test_torchs_counters_say_a_rank_waits_in_a_collective_its_ring_never_saw():
     assert w.threshold() == float("inf")              # nobody waits, as far as the rings say
     w.fr_seen = {"r0": "0:86:85"}                     # torch: one all-reduce enqueued, not completed
     assert w.threshold() == 60                        # a straggler: the stall comes after the grace
+
+
+
+def test_a_helpers_death_waits_for_its_rank_and_is_reported_with_the_ranks_death():
+    """A DataLoader worker killed: its rank notices within torch's 5 s status check and
+    raises. The worker's death is held (helpergrace.py) and reported with the rank's, in one
+    incident, not alone seconds before it (a verdict taken then finds the rank polling)."""
+    from hangtrace.tracer.ring import layout as F
+    from hangtrace.tracer.watch.helpergrace import HelperGrace
+    rank = {"host": "h", "pid": 10, "ppid": 1, "rank": 0, "rank_source": F.RANK_FROM_GROUP, "state": F.ST_RUNNING}
+    worker = {"host": "h", "pid": 11, "ppid": 10, "rank": 0, "rank_source": F.RANK_FROM_ENV, "state": F.ST_RUNNING}
+    other = {"host": "h", "pid": 12, "ppid": 1, "rank": -1, "rank_source": F.RANK_FROM_ENV, "state": F.ST_RUNNING}
+    headers = {"r": rank, "w": worker, "o": other}
+    g = HelperGrace()
+    alive = {10: "alive"}
+    import hangtrace.tracer.watch.helpergrace as hg
+    orig = hg.live_state
+    hg.live_state = lambda h: alive.get(h["pid"], "killed")
+    try:
+        assert g.deaths([("w", worker, "killed")], headers, 100.0) == []        # held
+        assert g.deaths([], headers, 100.0 + HELPER_GRACE_S - 0.5) == []        # still held
+        alive[10] = "killed"                                                      # the rank dies
+        got = g.deaths([("r", rank, "killed")], headers, 103.0)
+        assert [p for p, _h, _st in got] == ["w", "r"]                            # together
+        assert g.deaths([], headers, 200.0) == []
+        alive[10] = "alive"
+        assert g.deaths([("w", worker, "killed")], headers, 300.0) == []
+        assert [p for p, _h, _st in g.deaths([], headers, 300.0 + HELPER_GRACE_S)] == ["w"]  # grace over
+        assert [p for p, _h, _st in g.deaths([("o", other, "killed")], headers, 400.0)] == ["o"]  # not a helper
+    finally:
+        hg.live_state = orig

@@ -11,7 +11,7 @@ threshold: ``HANGTRACE_STALL_S``, or the largest per-phase threshold
 whose counters move is progressing and is never reported.
 
 A dead rank — a process that vanished without a clean-exit record, or exited with a
-non-zero code — is reported at the next poll.
+non-zero code — is reported at the next poll (a rank helper's: ``helpergrace.py``).
 
 Run standalone as ``python -m hangtrace.tracer.watch.watcher RUN_DIR`` (what a traced
 process starts when no watcher runs on its node), or embedded by ``hangtrace run``
@@ -32,8 +32,8 @@ from hangtrace.tracer.collect.rings import RING_GLOB, live_state, read_signal_fi
 from hangtrace.tracer.watch.busy import BusyClock
 from hangtrace.tracer.watch.frprogress import completed, in_flight
 from hangtrace.tracer.watch.headers import Header, never_worked, starting
+from hangtrace.tracer.watch.helpergrace import HelperGrace
 from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
-
 
 #: seconds between two memory-trend checks of the live rings (each reads every ring once)
 MEM_CHECK_S = 5.0
@@ -89,6 +89,7 @@ class Watcher:
         self.busy_clock = BusyClock()
         self.busy: List[int] = []  # pids busy on CPU outside collectives at the last poll (watch/busy.py)
         self.busy_noted = False  # the grace was logged in this spell without progress
+        self.grace = HelperGrace()  # helpers' deaths held for their rank (watch/helpergrace.py)
 
     def _read_headers(self) -> Dict[str, Header]:
         out: Dict[str, Header] = {}
@@ -166,8 +167,9 @@ class Watcher:
         if now >= self.mem_next:
             self.mem_next = now + MEM_CHECK_S
             self.memory_warnings()
-        if scan.deaths:
-            return self._death_incident(scan.deaths)
+        deaths = self.grace.deaths(scan.deaths, self.headers, now)  # (a helper's waits for its rank)
+        if deaths:
+            return self._death_incident(deaths)
         if scan.alive_any and not self.reported_stall and now - self.last_progress >= self.threshold():
             self.reported_stall = True
             return Incident("stall", "no progress in any traced process for %.1f s (threshold %.1f s)"
@@ -286,16 +288,10 @@ class Watcher:
 
     def _log(self, line: str) -> None:
         """Watcher log line: ``self.log`` (callable) if set, else the watcher log file."""
-        if self.log is not None:
-            self.log(line)
-            return
-        self._write_log(line)
+        (self.log or self._write_log)(line)
 
     def _mem_log(self, line: str) -> None:
-        if self.mem_log is not None:
-            self.mem_log(line)
-            return
-        self._write_log(line)
+        (self.mem_log or self._write_log)(line)
 
     def _write_log(self, line: str) -> None:
         import socket
