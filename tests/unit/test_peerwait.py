@@ -122,3 +122,43 @@ def test_a_file_lock_holder_is_read_from_proc_locks_and_named_by_rank(tmp_path):
     assert d.details["peer_wait"] == ("The lock's holder, rank 0 (pid 1000): its main thread is in barrier "
                                       "(distributed_c10d.py:5356), at <module> (job.py:13)"), d.details["peer_wait"]
     assert "Next: release the file lock before any wait for another rank" in d.summary, d.summary
+
+
+def test_a_ranks_child_server_with_two_threads_in_a_lock_order_deadlock():
+    """Blind helper 94: rank 0 waits in recv for its reward-server child (started with
+    subprocess, RANK inherited), whose two threads each hold the lock the other waits for.
+    The child is "rank 0's child process reward_server.py" (not "rank 0"), and the deadlock
+    is named, with advice about the lock order."""
+    from hangtrace.tracer.snapshot import ProcessInfo
+    b = ranks(3, steps=20)
+    b[1].wait("0", op="broadcast")
+    b[2].wait("0", op="broadcast")
+    for r in (1, 2):
+        b[r].set(stacks=stack(*COLL_STACK), stack_source="py-spy")
+    r0 = stack("recv_line /job/job.py:49", "get_rewards /job/job.py:58", "main /job/job.py:84", active=False)
+    r0[0].update(kernel=dict(RECV, args=["fd 24 (TCP 127.0.0.1:1 -> 127.0.0.1:2, ESTABLISHED, peer pid 2000 "
+                                         "(python3 /job/reward_server.py 46569))"]))
+    r0[0]["frames"][0]["code"] = "chunk = sock.recv(4096)"
+    b[0].set(stacks=r0, stack_source="py-spy")
+    request = ("score_responses /job/reward_server.py:24", "serve /job/reward_server.py:60", "Thread.run threading.py:982")
+    refresh = ("refresh_cache /job/reward_server.py:40", "Thread.run threading.py:982")
+    threads = stack("<module> /job/reward_server.py:80", active=False,
+                    extra_threads=[("request", request), ("cache-refresher", refresh)])
+    for t, (code, held) in zip(threads[1:], (("with lock_model:", [21, "with lock_cache:"]),
+                                             ("with lock_cache:", [36, "with lock_model:"]))):
+        t.update(active=False, kernel={"syscall": "futex", "args": []})
+        t["frames"][0]["code"] = code
+        t["frames"][0]["with"] = [held]
+    server = ProcessInfo(host="h0", pid=2000, rank=0, world_size=3, state="alive", stacks=threads,
+                         stack_source="py-spy", meta={"ppid": b[0].pid},
+                         events=[{"event": "start", "argv": ["python3", "/job/reward_server.py", "46569"]}])
+    d = check(diagnose(snap(b + [server], reason="stall")), "stuck-outside-collective", [0])
+    reason = d.details["culprit_reasons"]["0"]
+    assert "peer pid 2000: rank 0's child process reward_server.py)" in reason, reason
+    pw = d.details["peer_wait"]
+    assert pw.startswith("The other end, rank 0's child process reward_server.py (pid 2000): "), pw
+    assert pw.endswith("threads 'request' and 'cache-refresher' are deadlocked: each waits for a lock the other "
+                       "holds (`with lock_model:` inside `with lock_cache:`, and the other way round): a lock-order "
+                       "deadlock"), pw
+    assert d.details["peer_role"] == "socket-peer-deadlock"
+    assert "Next: make the threads of the process named above take their locks in one order" in d.summary, d.summary

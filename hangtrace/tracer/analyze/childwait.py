@@ -205,5 +205,5 @@ def name_peers(ctx: Ctx, text: str, host: str) -> str:
     """``'peer pid 812 (python3 job.py)'`` (a socket's other end, collect/kernelwait.py)
     becomes ``'peer pid 812: rank 0'`` when pid 812 on ``host`` is a rank of the snapshot:
     an evaluator that waits on a server thread of the rank that waits for it."""
-    return peerwait.name_peers(text, {p.pid: "rank %d" % p.rank for p in ctx.snap.processes
-                                      if p.host == host and p.rank >= 0})
+    return peerwait.name_peers(text, {v.proc.pid: "rank %d" % r for r, v in ctx.views.items()
+                                      if v.proc.host == host})  # (the model's ranks: not a child with RANK)

@@ -25,7 +25,7 @@ from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import program_frames, user_frame
 from hangtrace.tracer.analyze.stacktree import frame_label, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis
-from hangtrace.tracer.process_model import ProcessRoles, assign_roles
+from hangtrace.tracer.process_model import ProcessRoles, assign_roles, process_argv
 from hangtrace.tracer.snapshot import ProcessInfo
 
 #: ``peer pid N (command line)`` (a socket's other end) or ``held by pid N (command line)``
@@ -86,6 +86,39 @@ def _cycle_text(threads: List[Dict[str, Any]]) -> str:
     return ""
 
 
+def helper_label(q: ProcessInfo, roles: ProcessRoles) -> Optional[str]:
+    """``"rank 0's child process reward_server.py"`` for a helper of a rank (a child that
+    inherited its RANK: blind helper 94's reward server was called "rank 0"), else None."""
+    of = roles.helper_of.get(q.key)
+    if of is None:
+        return None
+    argv = [a for a in process_argv(q) if not os.path.basename(a).startswith("python")]
+    prog = next((os.path.basename(a) for a in argv if not a.startswith("-")), "")
+    return "rank %d's child process%s" % (of, " " + prog if prog else "")
+
+
+def _lock_order_text(threads: List[Dict[str, Any]]) -> str:
+    """``"; threads 'request' and 'cache-refresher' are deadlocked: each waits for a lock the
+    other holds (`with lock_model:` inside `with lock_cache:`, and the other way round): a
+    lock-order deadlock"`` when two threads of the peer each wait at a ``with`` line the other
+    is inside (collect/sourcelines.py ``enclosing_blocks``); '' otherwise."""
+    waits = []
+    for t in threads:
+        fs = program_frames(t)
+        f = c_lock_frame(fs, t) if fs else None
+        code = str((f or {}).get("code") or "")
+        if code:
+            held = {str(item[1]) for fr in fs for item in fr.get("with") or ()
+                    if isinstance(item, (list, tuple)) and len(item) > 1} - {code}
+            waits.append((str(t.get("thread_name") or t.get("thread_id") or "?"), code, held))
+    for i, (a, ca, ha) in enumerate(waits):
+        for b, cb, hb in waits[i + 1:]:
+            if ca in hb and cb in ha:
+                return ("; threads '%s' and '%s' are deadlocked: each waits for a lock the other holds (`%s` inside "
+                        "`%s`, and the other way round): %s" % (a, b, ca, cb, _DEADLOCK))
+    return ""
+
+
 def peer_text(peer: ProcessInfo, label: str) -> Optional[str]:
     """``"The other end, rank 0 (pid 11614): its thread 'config-service' in config_service
     (launcher.py:58): `step, lr = lr_q.get()`: queue.get/put (...) in Queue.get (queue.py:171)"``:
@@ -102,19 +135,23 @@ def peer_text(peer: ProcessInfo, label: str) -> Optional[str]:
         return None
     return "The other end, %s (pid %d): its %s%s%s" % (label, peer.pid, "; its ".join(lines[:_MAX_THREADS]),
                                                         "; and %d more thread(s)" % (len(lines) - _MAX_THREADS)
-                                                        if len(lines) > _MAX_THREADS else "", _cycle_text(threads))
+                                                        if len(lines) > _MAX_THREADS else "",
+                                                        _cycle_text(threads) or _lock_order_text(threads))
 
 
 #: ``details['peer_role']``: what the process named in ``details['peer_wait']`` is to the culprit
 SOCKET_PEER, SOCKET_PEER_CYCLE, LOCK_HOLDER = "socket-peer", "socket-peer-cycle", "lock-holder"
+SOCKET_PEER_DEADLOCK = "socket-peer-deadlock"  # two threads of the peer in a lock-order deadlock
 _CYCLE = "a cycle across the two processes"
+_DEADLOCK = "a lock-order deadlock"
 
 
 def peer_wait(text: str, host: str, procs: Sequence[ProcessInfo],
               label: Callable[[ProcessInfo], Optional[str]]) -> Optional[Dict[str, str]]:
     """For a culprit's reason ``text`` naming a socket peer or a file lock's holder on
     ``host`` that is one of ``procs``: ``{'reason': text with it named by label(p), 'peer':
-    peer_text or holder_text or '', 'role': SOCKET_PEER, SOCKET_PEER_CYCLE or LOCK_HOLDER}``;
+    peer_text or holder_text or '', 'role': SOCKET_PEER, SOCKET_PEER_CYCLE, SOCKET_PEER_DEADLOCK or
+    LOCK_HOLDER}``;
     None when none of ``text`` is a process of the snapshot (or ``label`` gives None)."""
     by_pid = {p.pid: p for p in procs if p.host == host}
     labels: Dict[int, str] = {}
@@ -131,7 +168,8 @@ def peer_wait(text: str, host: str, procs: Sequence[ProcessInfo],
                 "role": LOCK_HOLDER}
     peer = peer_text(by_pid[pid], labels[pid]) or ""
     return {"reason": name_peers(text, labels), "peer": peer,
-            "role": SOCKET_PEER_CYCLE if peer.endswith(_CYCLE) else SOCKET_PEER}
+            "role": SOCKET_PEER_CYCLE if peer.endswith(_CYCLE) else SOCKET_PEER_DEADLOCK if peer.endswith(_DEADLOCK)
+            else SOCKET_PEER}
 
 
 def holder_text(holder: ProcessInfo, label: str) -> Optional[str]:
@@ -160,11 +198,12 @@ def peer_waits(ctx: Ctx, d: Diagnosis) -> None:
     roles: List[ProcessRoles] = []
 
     def name(q: ProcessInfo) -> str:
-        if q.rank >= 0:
+        v = ctx.views.get(q.rank) if q.rank >= 0 else None
+        if v is not None and v.proc.key == q.key:  # (the process model's rank, not a child with its RANK)
             return "rank %d" % q.rank
         if not roles:
             roles.append(assign_roles(ctx.snap.processes))  # (ctx.roles covers the ranks only; the driver)
-        return label(q, roles[0])
+        return helper_label(q, roles[0]) or label(q, roles[0])
 
     def keep(pw: Dict[str, str]) -> None:
         if pw["peer"]:

@@ -100,6 +100,9 @@ HOLDER_NEXT = ("release the file lock before any wait for another rank (a collec
 PEER_CYCLE_NEXT = ("do not hold the lock named above across a collective or any other wait for another rank: "
                    "copy what the server thread needs under the lock and release it before the collective (or "
                    "serve from a snapshot); a timeout on the client only turns the hang into a failed step")
+PEER_DEADLOCK_NEXT = ("make the threads of the process named above take their locks in one order everywhere (or "
+                      "hold one lock at a time): two of them each hold the lock the other waits for; and give the "
+                      "client's socket a timeout (`settimeout`) so that a silent server fails the step instead of the job")
 ACTOR_PEER_NEXT = ("the actor waits on a connection to the process named above (its other end): find why that "
                    "process does not answer - the threads of it named above, and what they wait for - and give the "
                    "actor's client call a timeout so that a silent server fails the call instead of the job")
@@ -159,6 +162,8 @@ def peer_next(role: str, actor: bool = False) -> str:
         return HOLDER_NEXT
     if role == "socket-peer-cycle":
         return PEER_CYCLE_NEXT
+    if role == "socket-peer-deadlock":
+        return PEER_DEADLOCK_NEXT
     return ACTOR_PEER_NEXT if actor else PEER_NEXT
 
 
