@@ -144,8 +144,8 @@ def test_a_ranks_child_server_with_two_threads_in_a_lock_order_deadlock():
     refresh = ("refresh_cache /job/reward_server.py:40", "Thread.run threading.py:982")
     threads = stack("<module> /job/reward_server.py:80", active=False,
                     extra_threads=[("request", request), ("cache-refresher", refresh)])
-    for t, (code, held) in zip(threads[1:], (("with lock_model:", [21, "with lock_cache:"]),
-                                             ("with lock_cache:", [36, "with lock_model:"]))):
+    for t, (code, held) in zip(threads[1:], (("with lock_model:", [21, "with lock_cache:   # A: holds lock_cache"]),
+                                             ("with lock_cache:", [36, "with  lock_model :"]))):
         t.update(active=False, kernel={"syscall": "futex", "args": []})
         t["frames"][0]["code"] = code
         t["frames"][0]["with"] = [held]

@@ -106,17 +106,26 @@ def _lock_order_text(threads: List[Dict[str, Any]]) -> str:
     for t in threads:
         fs = program_frames(t)
         f = c_lock_frame(fs, t) if fs else None
-        code = str((f or {}).get("code") or "")
+        code = _with_expr((f or {}).get("code"))
         if code:
-            held = {str(item[1]) for fr in fs for item in fr.get("with") or ()
+            held = {_with_expr(item[1]) for fr in fs for item in fr.get("with") or ()
                     if isinstance(item, (list, tuple)) and len(item) > 1} - {code}
             waits.append((str(t.get("thread_name") or t.get("thread_id") or "?"), code, held))
     for i, (a, ca, ha) in enumerate(waits):
         for b, cb, hb in waits[i + 1:]:
             if ca in hb and cb in ha:
-                return ("; threads '%s' and '%s' are deadlocked: each waits for a lock the other holds (`%s` inside "
-                        "`%s`, and the other way round): %s" % (a, b, ca, cb, _DEADLOCK))
+                return ("; threads '%s' and '%s' are deadlocked: each waits for a lock the other holds (`with %s:` "
+                        "inside `with %s:`, and the other way round): %s" % (a, b, ca, cb, _DEADLOCK))
     return ""
+
+
+def _with_expr(code: Any) -> str:
+    """``'self.lock_cache'`` of the line ``with self.lock_cache:  # A`` (comment and spaces
+    dropped: the held and the awaited line are compared by what they lock); '' otherwise."""
+    text = str(code or "").split("#", 1)[0].strip()
+    if not text.startswith("with ") or not text.endswith(":"):
+        return ""
+    return " ".join(text[5:-1].split())
 
 
 def peer_text(peer: ProcessInfo, label: str) -> Optional[str]:
