@@ -31,7 +31,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from hangtrace.hooks.instrument import Instrumentor
 
-from hangtrace.hooks import failures
+from hangtrace.hooks import failures, importhook
 
 DUMP_SIGNAL = signal.SIGUSR2
 
@@ -200,7 +200,14 @@ def _sender_target(f: Any) -> None:
 
 
 _sigterm_file: List[Any] = []
+def _on_worker_signals(module: Any) -> None:
+    """torch's DataLoader worker signal handlers: faulthandler kept on top (hooks/workersignals.py)."""
+    from hangtrace.hooks import workersignals
+    workersignals.patch(module, lambda: _fatal_fd[0] if _own_fatal[0] and _fatal_fd else None)
+
+
 _own_fatal = [False]  # True when the fatal-signal faulthandler is ours (not the program's)
+_fatal_fd: List[int] = []  # its file's descriptor (hooks/workersignals.py)
 
 
 def _patch(module: Any, name: str, wrapper: Wrapper) -> None:
@@ -327,7 +334,8 @@ def install(rt: Any, forked_from: Optional[int] = None) -> None:
             # saved ones: enable() on an enabled handler only takes the new file)
             ign = _fault_line_disposition() if forked_from is None else []
             try:
-                faulthandler.enable(file=_open("fatal"), all_threads=True)
+                _fatal_fd[:] = [_open("fatal")]
+                faulthandler.enable(file=_fatal_fd[0], all_threads=True)
             except Exception:
                 _restore_default(ign)
                 raise
@@ -361,6 +369,7 @@ class LifecycleInstrumentor(Instrumentor):
 
     def _install(self, runtime: Any) -> None:
         install(runtime)
+        importhook.when_imported("torch.utils.data._utils.signal_handling", _on_worker_signals)
 
     def _uninstall(self) -> None:
         detach()

@@ -219,3 +219,41 @@ def test_exit_states_and_exceptions(tmp_path):
     assert (texc[0]["type"], texc[0]["message"], texc[0]["thread_name"]) == ("KeyError", "'missing-key'", "worker-1")
     assert "in fail_in_thread" in texc[0]["traceback"]
     assert [e["code"] for e in st["thread_raise"]["events"] if e["event"] == "exit"] == [0]
+
+
+WORKER_SEGV = r'''
+import ctypes, sys
+from torch.utils.data import DataLoader, Dataset
+class D(Dataset):
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        if i == 9:
+            ctypes.string_at(0)  # native code reads address 0: SIGSEGV in the worker
+        return i
+try:
+    for _ in DataLoader(D(), batch_size=2, num_workers=1):
+        pass
+except RuntimeError as e:
+    print("caught:", str(e).split(" is killed")[0].split("(pid")[0])
+'''
+
+
+def test_a_dataloader_workers_segfault_in_native_code_leaves_its_stack(tmp_path):
+    """torch's worker signal handlers replace faulthandler's: hooks/workersignals.py puts ours
+    back on top, so the crashed worker's stack file names its __getitem__ line; torch's own
+    message and the program's behaviour (it catches the error) are unchanged (blind helpers 90, 93)."""
+    script = tmp_path / "segv.py"
+    script.write_text(WORKER_SEGV)
+    run_dir = tmp_path / "run"
+    procs = [subprocess.Popen([sys.executable, str(script)], env=base_env(d, traced), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for d, traced in ((run_dir, True), (tmp_path / "off", False))]
+    (rc, out, err), (rc0, out0, err0) = [finish(p, timeout=120) for p in procs]
+    assert rc == rc0 == 0 and out == out0 == "caught: DataLoader worker \n", (out, out0, err[-2000:])
+    assert "ERROR: Unexpected segmentation fault encountered in worker." in err and err0.count("ERROR") == err.count("ERROR")
+    fatal = [f for f in os.listdir(run_dir / "stacks") if f.startswith("fatal-")
+             and os.path.getsize(run_dir / "stacks" / f) > 0]
+    assert len(fatal) == 1, os.listdir(run_dir / "stacks")
+    text = read(run_dir / "stacks" / fatal[0])
+    assert "Segmentation fault" in text and "in __getitem__" in text and "segv.py" in text, text[-1500:]

@@ -499,3 +499,39 @@ def test_sigterm_advice_only_for_the_rank_whose_sigterm_is_the_cause():
     root = dead_job(dict(state="killed", exit_code=-15, signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}},
                          memory_facts={"cgroup_oom_kill_now": 0}), level=80 * MIB)
     assert any("find who sent SIGTERM to rank 1" in a for a in root.details["memory"]["advice"])
+
+
+def test_a_rank_whose_dataloader_worker_crashed_in_native_code_says_where():
+    """Blind helpers 90 and 93: a worker segfaults in a ctypes decode call; torch raises
+    "DataLoader worker (pid N) is killed by signal: Segmentation fault." in the rank. With
+    the worker's fatal-stack dump (hooks/workersignals.py keeps faulthandler on top of torch's
+    handlers) the verdict says where the worker crashed, not its memory, and the rank's
+    frames are where it noticed; the advice is about native code."""
+    from hangtrace.tracer.report.advice import HELPER_CRASH_NEXT
+    b = ranks(2, steps=5)
+    for r in b:
+        r.set(meta={"rank_source": 1, "ppid": 900})
+    mem(b[1], "timer", "host", host(300 * MIB), phase="train", step=0)
+    tb = ('Traceback (most recent call last):\n  File "/job/job.py", line 96, in worker\n    loss.backward()\n'
+          'RuntimeError: DataLoader worker (pid 4242) is killed by signal: Segmentation fault.\n')
+    b[1].set(state="exited", exit_code=1, memory_facts={"kernel_log": "read"},
+             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS, "traceback": tb,
+                      "message": "DataLoader worker (pid 4242) is killed by signal: Segmentation fault."}])
+    w = R(1, 2, groups=[], pid=4242)
+    for rss in (15, 120, 223):  # (it grew while it loaded its data: nothing to do with the crash)
+        mem(w, "timer", "host", host(rss * MIB))
+        w.t += S
+    dump = ("Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f5d1ca3ab80 (most recent call first):\n"
+            '  File "/job/job.py", line 76 in __getitem__\n'
+            '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py", line 54 in fetch\n'
+            '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 374 in _worker_loop\n')
+    w.set(state="killed", start_wall_ns=T0 + S, meta={"ppid": b[1].pid, "rank_source": 0},
+          signals={"fatal": {"wall_ns": w.t, "text": dump}})
+    b[0].t += 20 * S
+    b[0].wait()
+    d = diagnose(snap(b + [w]))
+    assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "exception"), d.summary
+    assert ("Rank 1: its DataLoader worker (pid 4242) was killed by signal Segmentation fault in __getitem__ "
+            "(job.py:76).") in d.summary, d.summary
+    assert HELPER_CRASH_NEXT in d.summary and "the worker's memory" not in " ".join(d.evidence), d.evidence
+    assert "it noticed it and raised in worker (job.py:96)" in d.summary, d.summary

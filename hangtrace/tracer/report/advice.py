@@ -100,6 +100,10 @@ HOLDER_NEXT = ("release the file lock before any wait for another rank (a collec
 PEER_CYCLE_NEXT = ("do not hold the lock named above across a collective or any other wait for another rank: "
                    "copy what the server thread needs under the lock and release it before the collective (or "
                    "serve from a snapshot); a timeout on the client only turns the hang into a failed step")
+HELPER_CRASH_NEXT = ("the worker crashed inside the line named above, in native code it calls (a C extension, a "
+                     "ctypes or cffi call): check what that line passes for the failing sample (a NULL or short "
+                     "buffer, a corrupt record); to reproduce, load that sample with `num_workers=0` under "
+                     "`python -X faulthandler` (or gdb)")
 PEER_DEADLOCK_NEXT = ("make the threads of the process named above take their locks in one order everywhere (or "
                       "hold one lock at a time): two of them each hold the lock the other waits for; and give the "
                       "client's socket a timeout (`settimeout`) so that a silent server fails the step instead of the job")
@@ -257,9 +261,9 @@ def next_step(diag: Diagnosis) -> Optional[str]:
     nxt = DEAD_NEXT.get(cause)
     att = ((diag.details or {}).get("memory") or {}).get("attribution") or {}
     kills = [(a or {}).get("helper_kill") for a in att.values()]
-    if cause == Cause.EXCEPTION.value and ("oom" in kills or "not-oom" in kills):
-        # a DataLoader worker of the rank OOM-killed, or SIGKILLed from outside (analyze/memory/attribution.py)
-        nxt = HELPER_OOM_NEXT if "oom" in kills else HELPER_KILLED_NEXT
+    if cause == Cause.EXCEPTION.value and ("oom" in kills or "not-oom" in kills or "fatal" in kills):
+        # a DataLoader worker of the rank OOM-killed, SIGKILLed from outside, or crashed (analyze/memory/attribution.py)
+        nxt = HELPER_OOM_NEXT if "oom" in kills else HELPER_KILLED_NEXT if "not-oom" in kills else HELPER_CRASH_NEXT
     if cause == Cause.EXCEPTION.value and str((diag.details or {}).get("cause_text") or "").startswith("BdbQuit"):
         nxt = PDB_NEXT
     if nxt is None and cause.startswith("exit-code"):

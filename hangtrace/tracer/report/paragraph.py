@@ -68,6 +68,9 @@ def _doing(diag: Diagnosis) -> str:
     if d.get("culprit_idle_in"):  # (its call returned: the frames of that loop say nothing; alive or not)
         return "; %s stack shows it back in %s, idle" % (r + "'s" if r else "its", d["culprit_idle_in"])
     user, verb = d.get("user_frame"), "raised" if d.get("frames_from") == "traceback" else "is"  # (dead: traceback)
+    att = ((d.get("memory") or {}).get("attribution") or {}).get(str(diag.culprit_ranks[0]), {})
+    if verb == "raised" and att.get("helper_text"):  # (the worker's death is the news: where the rank noticed it)
+        verb = "noticed it and raised"
     gap = " < " if diag.frames[3:4] == [user] else " < ... < "  # (no frame left out: no '...')
     return "; %s %s in %s%s" % (r or "it", verb, " < ".join(diag.frames[:3]), gap + user if user else "")
 

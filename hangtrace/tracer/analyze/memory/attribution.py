@@ -255,7 +255,8 @@ def _worker_case(lv: _Level, workers: List[Tuple[int, Optional[str]]], helpers: 
     exception; the rank's own memory comes last, as the rank's. Returns the verdict's sentence
     and its kind: ('...', 'oom') for the first worker the kernel's OOM killer killed, else
     ('...', 'not-oom') for the first SIGKILLed with the kernel log read, no line for it and
-    its cgroup's oom_kill counter not risen, else ('', '')."""
+    its cgroup's oom_kill counter not risen, else ('...', 'fatal') for the first killed by a
+    fatal signal whose stack names the user's line, else ('', '')."""
     by_pid = {getattr(h, "pid", None): h for h in helpers}
     hk = lv.facts.get("helper_kernel_oom") or {}
     text, kind = "", ""
@@ -268,7 +269,17 @@ def _worker_case(lv: _Level, workers: List[Tuple[int, Optional[str]]], helpers: 
     return text, kind
 
 
-_KIND_RANK = {"": 0, "not-oom": 1, "oom": 2}
+_KIND_RANK = {"": 0, "fatal": 1, "not-oom": 2, "oom": 3}
+
+
+def crash_site(h: Any) -> str:
+    """``"__getitem__ (job.py:57): `return lib.decode(ptr, n)`"``: the innermost frame of the
+    user's code in process ``h``'s last stacks (a fatal-signal dump), '' when none."""
+    from hangtrace.tracer.analyze.blocking import code_text
+    from hangtrace.tracer.analyze.evidence import user_frame
+    from hangtrace.tracer.analyze.stacktree import frame_label, process_frames
+    f = user_frame(process_frames(h)[0] or [])
+    return frame_label(f) + code_text(f) if f is not None else ""
 
 
 def _one_worker(lv: _Level, pid: int, sig: Optional[str], h: Any, hk: Dict[str, Any],
@@ -292,8 +303,11 @@ def _one_worker(lv: _Level, pid: int, sig: Optional[str], h: Any, hk: Dict[str, 
             if wlv is not None and wlv.mem_line else ""), "oom")
     elif sig is None or sig.lower() == "killed":
         found = _worker_sigkill(who, how, sig, wlv if wlv is not None and wlv.now_ctr is not None else lv, ev)
-    else:
-        ev.append("%s %s (a helper of this rank)" % (who, how))
+    else:  # a fatal signal: where the worker crashed (its fatal-stack dump, hooks/workersignals.py)
+        at = crash_site(h) if h is not None else ""
+        ev.append("%s %s (a helper of this rank)%s" % (who, how, ", in " + at if at else ""))
+        found = ("%s %s in %s" % (who, how, at), "fatal") if at else found
+        wlv = None if at else wlv  # (its memory says nothing of a crash in native code)
     if wlv is not None and wlv.mem_line:
         ev.append("the worker's memory: %s%s" % (grew + "; " if grew else "", wlv.mem_line))
     return found
