@@ -80,3 +80,29 @@ def test_idle_workers_say_so_and_other_stuck_ranks_get_nothing():
     r1.set(stacks=stack("get /usr/lib/python3.11/queue.py:171", "main job.py:50"), stack_source="py-spy")
     d = check(diagnose(snap([r0, r1])), "stuck-outside-collective", [1])
     assert "loader_wait" not in d.details
+
+
+def test_every_rank_waiting_for_its_dataloader_is_said_with_what_the_workers_do():
+    """Blind helper 93: a slow first batch (a loaded machine) under --stall-s 10: nothing
+    progressed and no rank is in a collective. The verdict says every rank waits for its
+    DataLoader and what the workers do (running the dataset's code: a slow batch), with
+    advice to raise --stall-s, not "read the stack classes"."""
+    from hangtrace.tracer.report.advice import LOADER_WAIT_NEXT
+    ranks_, workers = [], []
+    for r in (0, 1):
+        b = R(r, 2)
+        b.coll("0", n=3)
+        b.set(stacks=stack(*RANK_WAITS, active=False), stack_source="py-spy")
+        ranks_.append(b)
+        workers.append(R(r, 2, groups=[], pid=3000 + r, phase=None).set(
+            stacks=stack(*IN_DATASET, active=True), stack_source="py-spy", meta={"rank_source": 0, "ppid": b.pid}))
+    d = diagnose(snap(ranks_ + workers))
+    assert (d.kind, str(d.cause)) == ("unknown", "stalled-outside-collectives"), (d.kind, d.cause, d.summary)
+    text = d.details["loader_wait"]
+    assert text.startswith("every rank waits for a batch from its DataLoader (_MultiProcessingDataLoaderIter."
+                           "_try_get_data (dataloader.py:1291)); their workers pid 3000, 3001 are inside the dataset: "
+                           "log_line (job.py:69) < ForkLockDataset.__getitem__ (job.py:83), running"), text
+    assert text in d.summary and LOADER_WAIT_NEXT in d.summary, d.summary
+    # one rank elsewhere (not in its DataLoader): no such sentence
+    ranks_[1].set(stacks=stack("get /usr/lib/python3.11/queue.py:171", "main job.py:50"), stack_source="py-spy")
+    assert "loader_wait" not in diagnose(snap(ranks_ + workers)).details

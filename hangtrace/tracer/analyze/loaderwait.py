@@ -66,6 +66,8 @@ def loader_workers(ctx: Ctx, d: Diagnosis) -> None:
     its live workers inside the dataset, where, and - for a worker whose only thread is
     blocked in a plain Python line (a ``with lock:`` blocks in C) - the fork-inherited
     lock it may be. Never raises on odd data."""
+    if d.kind == Kind.UNKNOWN and not d.culprit_ranks and "loader_wait" not in d.details:
+        _every_rank(ctx, d)
     if d.kind != Kind.STUCK_OUTSIDE_COLLECTIVE or "loader_wait" in d.details:
         return
     for r in d.culprit_ranks[:4]:
@@ -95,3 +97,32 @@ def loader_workers(ctx: Ctx, d: Diagnosis) -> None:
         d.details["loader_wait"] = text
         ctx.add(text)
         return
+
+
+def _every_rank(ctx: Ctx, d: Diagnosis) -> None:
+    """Nothing progressed and no rank is in a collective: when every rank waits for a batch
+    from its DataLoader, ``details['loader_wait']`` says so and what their workers do (blind
+    helper 93: a slow first batch on a loaded machine gave "Unknown: nothing progressed but
+    no rank is in a collective", every rank's stack in the DataLoader's poll)."""
+    waits: Dict[int, str] = {}
+    for r, v in ctx.views.items():
+        frames = process_frames(v.proc)[0]
+        where = waits_for_batch(frames) if frames else None
+        if where is None:
+            return
+        waits[r] = where
+    if not waits:
+        return
+    workers = [p for p in ctx.snap.processes if ctx.roles.helper_of.get(p.key) in waits
+               and (p.state in ("alive", "unknown") or threads_of(p))]
+    stuck: List[Dict[str, Any]] = [w for w in (in_dataset(p) for p in workers) if w is not None]
+    busy = bool(stuck) and all(w["active"] for w in stuck)
+    text = "every rank waits for a batch from its DataLoader (%s); %s" % (next(iter(waits.values())), (
+        "their worker%s pid %s %s inside the dataset: %s%s" % (
+            "s" if len(stuck) > 1 else "", ", ".join(str(w["pid"]) for w in stuck[:6]),
+            "are" if len(stuck) > 1 else "is", " < ".join(stuck[0]["frames"]),
+            " (%s)" % stuck[0]["reason"] if stuck[0]["reason"] else
+            ", running (py-spy: busy on the CPU): a slow batch, not a hang, if it comes in time (raise --stall-s)"
+            if busy else "")) if stuck else "none of their %d live workers is inside the dataset" % len(workers))
+    d.details["loader_wait"] = text
+    ctx.add(text)

@@ -100,6 +100,9 @@ HOLDER_NEXT = ("release the file lock before any wait for another rank (a collec
 PEER_CYCLE_NEXT = ("do not hold the lock named above across a collective or any other wait for another rank: "
                    "copy what the server thread needs under the lock and release it before the collective (or "
                    "serve from a snapshot); a timeout on the client only turns the hang into a failed step")
+LOADER_WAIT_NEXT = ("every rank waits for its DataLoader workers: if they are starting or slow (a loaded machine, "
+                    "a slow first batch), this is no hang - raise `--stall-s` above the time a batch takes; else read "
+                    "the workers' stacks in the report (rank helpers) for where the batch is stuck")
 HELPER_CRASH_NEXT = ("the worker crashed inside the line named above, in native code it calls (a C extension, a "
                      "ctypes or cffi call): check what that line passes for the failing sample (a NULL or short "
                      "buffer, a corrupt record); to reproduce, load that sample with `num_workers=0` under "
@@ -243,6 +246,7 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_STUCK, lambda g, d: g.culprit_ranks and all((blocked_on(str(x)) or str(x)).startswith(
         "asleep in ") for x in (d.get("culprit_reasons") or {"": ""}).values()), SLEEP_NEXT),
     (_STUCK, lambda g, d: g.culprit_actors and not g.culprit_ranks, ACTOR_STUCK_NEXT),
+    (_UNKNOWN, lambda g, d: d.get("loader_wait"), LOADER_WAIT_NEXT),  # analyze/loaderwait.py
     (_UNKNOWN, lambda g, d: g.stack_classes and str(g.cause) == Cause.STALLED_OUTSIDE_COLLECTIVES.value, STACKS_NEXT),
 ]
 

@@ -356,6 +356,8 @@ def _unknown(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         rd["process"], rd["cause_text"]) if rd else "")
     if diag.culprit_ranks:
         s += "; suspects: %s" % who
+    if d.get("loader_wait"):  # analyze/loaderwait.py: every rank waits for its DataLoader
+        s += "; %s" % d["loader_wait"]
     return s + (" (%s)" % coll if coll else "") + "."
 
 
