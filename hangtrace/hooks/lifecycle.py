@@ -10,9 +10,9 @@
   ``stacks/sigterm-<host>-<pid>.txt`` from C (works while the main thread is blocked
   inside a collective), then re-raises to the previous handler, so the exit status
   is what it would have been. With the C extension a line naming the sender comes
-  first (``_fastrec.sigterm_sender_target``: its pid, uid and command line). A Python handler installed later by the program
-  (``signal.signal``) is kept under ours (CPython ``faulthandler.c``: the user
-  handler chains to the previous ``sigaction``).
+  first (``_fastrec.sigterm_sender_target``: its pid, uid and command line). A Python
+  handler installed later by the program (``signal.signal``) is kept under ours (CPython
+  ``faulthandler.c``: the user handler chains to the previous ``sigaction``).
 - fatal signals (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL): ``faulthandler.enable``
   into ``stacks/fatal-<host>-<pid>.txt`` unless the program enabled faulthandler itself.
 - on-demand stack dump: SIGUSR2 is registered (only when its disposition is SIG_DFL)
@@ -199,13 +199,13 @@ def _sender_target(f: Any) -> None:
             pass
 
 
-_sigterm_file: List[Any] = []
 def _on_worker_signals(module: Any) -> None:
     """torch's DataLoader worker signal handlers: faulthandler kept on top (hooks/workersignals.py)."""
     from hangtrace.hooks import workersignals
     workersignals.patch(module, lambda: _fatal_fd[0] if _own_fatal[0] and _fatal_fd else None)
 
 
+_sigterm_file: List[Any] = []
 _own_fatal = [False]  # True when the fatal-signal faulthandler is ours (not the program's)
 _fatal_fd: List[int] = []  # its file's descriptor (hooks/workersignals.py)
 

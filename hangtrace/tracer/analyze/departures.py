@@ -24,7 +24,7 @@ explains it as 'skipped-collective' (cause 'skipped'). Times are ns since the ep
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
 
 from hangtrace.tracer.diagnosis import Cause
 
@@ -58,7 +58,7 @@ def departed(ctx: Ctx, fails: Sequence[Dict[str, Any]]) -> Optional[RankView]:
     exit) set, or None. ``fails``: ``deaths.failures(ctx)``, by time."""
     if not fails:
         return None
-    leavers = sorted(((clean_exit_wall(v), r) for r, v in ctx.views.items() if clean_exit_wall(v)))
+    leavers = sorted((t, r) for t, r in ((clean_exit_wall(v), r) for r, v in ctx.views.items()) if t)
     if not leavers:
         return None
     t_exit, rank = leavers[0]
@@ -105,7 +105,3 @@ def sigterm_before(v: RankView) -> Optional[Dict[str, Any]]:
     t = int(sig.get("wall_ns") or 0)
     return sig if not t or not v.fail_wall or t <= v.fail_wall else None
 
-
-def later_failures(fails: Sequence[Dict[str, Any]], rank: int) -> List[Dict[str, Any]]:
-    """The failures of ranks other than ``rank`` (the cascade of a departure)."""
-    return [c for c in fails if c["rank"] != rank]

@@ -172,7 +172,7 @@ def _left(diag: Diagnosis, who: str, coll: str, dep: Dict[str, Any]) -> str:
     waiting = _waiting(diag).strip()
     return "Skipped collective: %s left: %s%s%s.%s%s" % (
         who, dep.get("text"), ", after %s" % coll if coll else "", "; " + str(dep["after"]) if dep.get("after") else "",
-        " It %s." % str(dep["sigterm"])[3:] if dep.get("sigterm") else "",
+        " It %s." % dep["sigterm"] if dep.get("sigterm") else "",
         waiting and " " + waiting[:1].upper() + waiting[1:] + ".")
 
 

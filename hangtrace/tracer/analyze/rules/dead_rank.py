@@ -198,12 +198,12 @@ def _explain_departure(ctx: Ctx, d: Diagnosis, root: RankView, all_roots: List[R
         at = frame_label(f) if f is not None else (labels[0] if labels else "")
         t = int(sig.get("wall_ns") or 0)
         who = sent_by(sig)
-        dep["sigterm"] = "it had received SIGTERM%s%s%s, and returned %s: a SIGTERM handler ended its loop on this " \
+        dep["sigterm"] = "had received SIGTERM%s%s%s, and returned %s: a SIGTERM handler ended its loop on this " \
                          "rank alone%s" % (
                              who, " at %s" % ts(t) if t else "", ", in %s" % at if at else "",
                              "%.1f s later" % ((root.fail_wall - t) / 1e9) if t else "after it",
-                             "" if who else " (the sender is not recorded: no C extension)")
-        ctx.add(dep["sigterm"])
+                             "" if who else " (its sender is not recorded)")
+        ctx.add("it " + dep["sigterm"])
     d.waiting_ranks = [w for w in d.waiting_ranks if w in ctx.views and not ctx.views[w].dead]
     d.details["departed"] = dep
     d.details["cause_text"] = root.cause_text
