@@ -58,6 +58,7 @@ M("activate (ring, instrumentors)")
 import torch.distributed
 M("the rest of torch's import")
 sys.stderr.write("LABELS " + "|".join(labels) + "\n")
+sys.stderr.write("BUNDLE %r\n" % (sys.modules["hangtrace.hooks.preload"].status(),))
 if _native:
     sys.stderr.write("TIMES " + " ".join("%d,%d" % t for t in times) + "\n")
 '''
@@ -131,7 +132,11 @@ def main() -> None:
         plain = os.path.join(work, "untraced.py")
         with open(plain, "w") as f:
             f.write(UNTRACED)
-        subprocess.run([sys.executable, script], env=env, check=True, capture_output=True)  # bytecode cache
+        # the start-up bundle (hooks/preload.py) built as setup.sh builds it, and the bytecode cache
+        subprocess.run([sys.executable, "-c", "from hangtrace.hooks import preload; preload.refresh()"], env=env,
+                       check=True)
+        first = subprocess.run([sys.executable, script], env=env, check=True, capture_output=True, text=True)
+        print("start-up bundle: " + " ".join(ln[7:] for ln in first.stderr.splitlines() if ln.startswith("BUNDLE ")))
         runs = {}
         with ThreadPoolExecutor(2) as pool:  # (the two runs side by side: counts do not depend on load)
             for name, path in (("traced", script), ("untraced", plain)):

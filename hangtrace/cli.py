@@ -72,7 +72,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run CMD traced; print the verdict on stall or crash; exit with CMD's status."""
+    from .hooks import preload
     from .tracer.watch.supervise import RunOptions, supervise
+    try:  # the start-up bundle of the traced processes, when the sources changed since it was built
+        preload.refresh()
+    except (OSError, SyntaxError):
+        pass  # (a read-only install: its processes import our modules the usual way)
     return supervise(RunOptions(cmd=list(args.cmd or ()), run_dir=args.dir, stall_s=args.stall_s,
                                 poll_s=args.poll_s, native=args.native, stop_on_stall=args.stop_on_stall,
                                 timeline=not args.no_timeline, deep=args.deep),

@@ -20,3 +20,6 @@ if [ "$installed" != "$here" ]; then
   "$PY" -m pip install --quiet --root-user-action=ignore --disable-pip-version-check \
       "torch==2.13.0" -e ".[torch,ray,test]"
 fi
+# The start-up bundle (hangtrace/hooks/preload.py): our in-process modules in one file per
+# group, rebuilt when a source changed; without it traced processes import them as usual.
+(cd / && "$PY" -c "from hangtrace.hooks import preload; preload.refresh()")

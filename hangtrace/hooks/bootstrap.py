@@ -34,6 +34,10 @@ import threading
 import time
 from typing import Any, List, Mapping, Optional, Tuple
 
+from hangtrace.hooks import preload
+
+preload.load("activate")  # the modules activate() imports, from one file (hooks/preload.py)
+
 from hangtrace.hooks.instrument import Instrumentor
 from hangtrace.tracer import api
 from hangtrace.tracer import config
@@ -283,6 +287,7 @@ def activate() -> Optional[Runtime]:
             ins.install(rt)
         try:
             if os.environ.get(config.AUTO_WATCH, config.DEFAULTS[config.AUTO_WATCH]) != "0":
+                preload.load("autowatch")
                 from hangtrace.hooks import autowatch  # (not imported when auto-watch is off)
                 autowatch.maybe_start(rt)
         except ImportError:

@@ -12,7 +12,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from hangtrace.hooks import importhook
+from hangtrace.hooks import importhook, preload
 from hangtrace.hooks.instrument import Instrumentor
 
 
@@ -40,6 +40,7 @@ class TorchDistInstrumentor(Instrumentor):
             dist = sys.modules.get("torch.distributed", module)
             if not getattr(dist, "is_available", lambda: False)():
                 return
+            preload.load("torch")  # (the modules' code from one file: hooks/preload.py)
             from hangtrace.hooks import torch_dist
             rec = rt.recorder
             rec.on_grow.append(self._ring_grown)
@@ -87,6 +88,7 @@ class RayInstrumentor(Instrumentor):
         if rt is None:
             return
         try:
+            preload.load("ray")
             from hangtrace.hooks import ray_hooks
             ray = sys.modules.get("ray", module)
             ray_hooks.install(ray, rt.recorder, rt.log)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 if TYPE_CHECKING:
     from types import ModuleType
 
-from hangtrace.hooks import ringsize
+from hangtrace.hooks import preload, ringsize
 from hangtrace.tracer import config as _config
 from hangtrace.tracer.ring import layout as F
 
@@ -51,7 +51,6 @@ def _dumps(obj: Any) -> str:
 _get_ident = threading.get_ident
 _mono = time.monotonic_ns
 _wall = time.time_ns
-
 # Hot-path constants, bound once (saves module attribute lookups per collective).
 _SLOT_PACK = F.SLOT.pack_into
 _LIVE_ISSUE_PACK = F.LIVE_ISSUE.pack_into
@@ -382,6 +381,7 @@ def choose(environ: Optional[dict] = None) -> Tuple[type, str]:
     if _config.pure_python(environ):
         env = os.environ if environ is None else environ
         return Recorder, "recorder: Python (%s=%s)" % (_config.PURE_PYTHON, env.get(_config.PURE_PYTHON))
+    preload.load("fastrec")  # (hooks/preload.py)
     from hangtrace.hooks.fastrecorder import _FastRecorder
     return _FastRecorder, "recorder: C (_fastrec)"
 
