@@ -41,6 +41,8 @@ def _fmt_record(r: Any) -> str:
         s = "group %s created" % r["group"]
     elif r["kind"] in ("phase_enter", "phase_exit"):
         s = "%s %s" % (r["kind"].replace("_", " "), r["phase"])
+        if r["state"] == "failed":  # (the exception that left it: a Ray actor method's, caught by Ray)
+            s += " failed (%s)" % (r["error"] or "")
     elif r["kind"] == "event":
         s = "event %s" % r["group"]
     elif r["kind"] == "step":

@@ -144,6 +144,20 @@ def test_records_lines_carry_the_wall_time_and_a_completed_collectives_duration(
         time.tzset()
 
 
+def test_records_show_the_exception_that_left_a_phase_or_ray_actor_method():
+    """Blind job ray_dl_worker_segv: a Ray actor method's exception is recorded at its source,
+    in the method phase's exit record (failed, 'Type: message'); `records` showed only
+    "phase exit train", so the user could not find it."""
+    from hangtrace.cli_records import _fmt_record
+    r = {"kind": "phase_exit", "op": "", "group": None, "seq": 0, "numel": 0, "dtype": "", "shape": None,
+         "peer": -1, "async_op": False, "phase": "train", "step": None, "thread": "MainThread", "t_mono_ns": 1,
+         "t_end_mono_ns": 1, "state": "failed", "error": "RuntimeError: DataLoader worker (pid(s) 5688) exited "
+                                                        "unexpectedly"}
+    assert _fmt_record(r).startswith("phase exit train failed (RuntimeError: DataLoader worker (pid(s) 5688) "
+                                     "exited unexpectedly)"), _fmt_record(r)
+    assert " failed" not in _fmt_record(dict(r, state="completed", error=None))
+
+
 def test_broken_pipe_of_our_own_keeps_its_traceback(tmp_path, monkeypatch):
     """Only a closed standard output is a quiet exit 141 (tests/integration/
     test_cli_robustness.py pipes into head); a BrokenPipeError from any other pipe is a bug."""
