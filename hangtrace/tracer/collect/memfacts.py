@@ -144,6 +144,17 @@ def dataloader_kills(text: Any) -> List[Tuple[int, Optional[str]]]:
     return out
 
 
+def fatal_signal_name(p: ProcessInfo) -> Optional[str]:
+    """``'Segmentation fault'``: the signal process ``p`` died of by its fatal-error dump
+    (faulthandler's first line, "Fatal Python error: Segmentation fault"), else None. Torch
+    names it in "DataLoader worker (pid N) is killed by signal: ..." only when its SIGCHLD
+    handler saw the death first; "exited unexpectedly" names none (blind job ray_dl_worker_segv)."""
+    text = str(((p.signals or {}).get("fatal") or {}).get("text") or "")
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    name = first.split("Fatal Python error:", 1)[1].strip() if first.startswith("Fatal Python error:") else ""
+    return name or None
+
+
 def exception_text(p: ProcessInfo) -> str:
     """Message and traceback of process ``p``'s exception (``ProcessInfo.exception``: its
     chained causes included), '' when it has none."""

@@ -26,18 +26,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hangtrace.tracer.analyze.memory.samples import (
-    LOW,
-    NEAR,
-    Sample,
-    _last_host,
-    _level,
-    _peak,
-    _where,
-    fmt_bytes,
-    samples,
-)
-from hangtrace.tracer.collect.memfacts import dataloader_kills, exception_text
+from hangtrace.tracer.analyze.memory.samples import (LOW, NEAR, Sample, _last_host, _level, _peak, _where,
+                                                     fmt_bytes, samples)
+from hangtrace.tracer.collect.memfacts import dataloader_kills, exception_text, fatal_signal_name
 
 
 def _ray_logs(facts: Optional[Dict[str, Any]]) -> Tuple[bool, Optional[str]]:
@@ -287,6 +278,7 @@ def _one_worker(lv: _Level, pid: int, sig: Optional[str], h: Any, hk: Dict[str, 
     """One dead DataLoader worker (its ProcessInfo ``h`` or None; ``hk`` the rank's
     ``helper_kernel_oom``): its evidence lines added to ``ev``; returns (sentence, kind) or ('', '')."""
     who = "its DataLoader worker (pid %d)" % pid
+    sig = sig or (fatal_signal_name(h) if h is not None else None)  # ("exited unexpectedly": its own dump says)
     wss = (getattr(h, "memory", None) or samples(h.records)) if h is not None else []
     wlv = _level_of(h, wss)[0] if h is not None else None
     k = (wlv.kern if wlv is not None else None) or (hk if hk.get("pid") == pid else None)
