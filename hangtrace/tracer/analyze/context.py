@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hangtrace.tracer.analyze import elastic
+from hangtrace.tracer.analyze import elastic, teardown
 from hangtrace.tracer.analyze.lonerestart import lone_restarts
 from hangtrace.tracer.analyze.workwait import async_wait
 from hangtrace.tracer.analyze.deaths import (fill_death, is_transport_error, rec_fail_wall, sigterm_in_long_wait,
@@ -78,6 +78,7 @@ class RankView:
     cause_text: Optional[str] = None
     victim: bool = False
     departed: bool = False  # exited cleanly first, its peers then failed (analyze/departures.py)
+    teardown: str = ""  # the SIGTERM after its failure, or the Ray teardown it is a victim of (analyze/teardown.py)
     fail_wall: int = 0
     phase: Optional[str] = None
     step: Optional[int] = None
@@ -190,6 +191,7 @@ class Ctx:
         for v in self.views.values():
             if v.victim and sigterm_in_long_wait(v) and sigterm_wait_completed(self, v):
                 v.victim = False  # the others completed the collective it waited in: not hung
+        teardown.mark(self)  # SIGTERMed by Ray after another rank failed: Ray stopping the job
         # ranks of range(world) without a record file; at most MAX_MISSING_LISTED listed
         # (self.nmissing counts them all) - never a set of range(world)
         self.nmissing = max(0, self.world - len(self.views))

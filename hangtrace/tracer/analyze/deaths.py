@@ -7,16 +7,17 @@ code -6/-11/-7/-4/-8), 'exception' (type and message in ``cause_text``), 'exit-c
 else 'killed-without-record' (SIGKILL? host OOM-kill? - no handler ran). A death whose
 only reason is a transport error ("Connection closed by peer", "Timed out waiting",
 "connection reset", ...) is a *victim*, never the root when a non-victim death exists.
-Failure time: exception/signal/exit time, else the failed record's end, else the last
-sign of life (last record, progress) - a lower bound for SIGKILL. Memory evidence
-(``analyze/memory``, docs/MEMORY.md) then refines the cause ('host-oom-kill',
-'ray-memory-monitor', 'cuda-oom', 'sigterm-external'). Times are ns since the epoch.
+Failure time: exception/signal/exit time, else the failed record's end, else the last sign of
+life (last record, progress) - a lower bound for SIGKILL; an exception shortly before a SIGTERM
+is the failure (``teardown.py``). Memory evidence (``analyze/memory``, docs/MEMORY.md) then
+refines the cause ('host-oom-kill', 'ray-memory-monitor', 'cuda-oom', 'sigterm-external'). Times in ns.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze.departures import departure_root, sent_by
+from hangtrace.tracer.analyze.teardown import raised_before_sigterm
 from hangtrace.tracer.config import CONTROL_FLOW_ERRORS
 from hangtrace.tracer.diagnosis import Cause, exit_code_cause
 from hangtrace.tracer.snapshot import ProcessInfo, Role
@@ -52,10 +53,8 @@ STOPPED_WINDOW_S = 30.0
 STOPPED_GAP_S = 60.0
 
 
-
 def is_transport_error(text: Any) -> bool:
-    """True when ``text`` (an error message) names a transport failure (see
-    ``TRANSPORT_MARKERS``)."""
+    """True when ``text`` (an error message) names a transport failure (``TRANSPORT_MARKERS``)."""
     if not text:
         return False
     t = str(text).lower()
@@ -178,6 +177,7 @@ def fill_death(v: RankView, errfile: Optional[ElasticError] = None, helpers: Seq
     v.dead = True
     times: List[int] = []
     _set_cause(v, exc, errfile if from_file else None, times)
+    raised_before_sigterm(v, times)  # it raised, then was SIGTERMed: the exception is its failure
     if v.failed is not None:
         times.append(rec_fail_wall(v.failed))
     if p.exit_wall_ns:

@@ -302,8 +302,9 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     if "Original Traceback" in text:  # an exception re-raised from a DataLoader worker: its own last line says it
         head = text.split("Original Traceback", 1)[0].strip().rstrip(".").split(": ", 1)[-1]
         text = "%s (%s)" % (last_line(text), head[:1].lower() + head[1:]) if last_line(text) else text
-    s = ("Dead rank: %s died first (cause: %s%s)%s%s%s." % (
-        who, diag.cause, (": " + text) if text else "", _where(diag),
+    td = d.get("teardown") or {}  # (it raised; SIGTERMs came after: analyze/teardown.py)
+    s = ("Dead rank: %s %s first (cause: %s%s)%s%s%s." % (
+        who, "failed" if td else "died", diag.cause, (": " + text) if text else "", _where(diag),
         _at_coll(coll, d), _doing(diag)))
     att = d.get("attempts") or {}
     if att.get("count", 0) > 1:  # analyze/attempts.py: a restarted rank
@@ -312,10 +313,12 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
             att["count"], "each ended the same way" if same == att["count"] else
             "the earlier ones ended otherwise (the evidence says how)" if same == 1 else
             "%d of them ended the same way" % same)
-    if casc:
+    s += " %s." % td["text"] if td else ""
+    rest = [c for c in casc if c["rank"] not in td.get("ranks", ())]
+    if rest:
         s += " %d other rank(s) failed after it (cascade, e.g. rank %d: %s)." % (
-            len(casc), casc[0]["rank"], clip(short_error(casc[0].get("text")) or casc[0].get("cause") or "", 100))
-    elif diag.waiting_ranks:
+            len(rest), rest[0]["rank"], clip(short_error(rest[0].get("text")) or rest[0].get("cause") or "", 100))
+    elif diag.waiting_ranks and not casc:
         s += " %s %s for it." % (_ranks(diag.waiting_ranks), _verb(diag.waiting_ranks))
     return s
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze import sigclasses
+from hangtrace.tracer.analyze import sigclasses, teardown
 from hangtrace.tracer.analyze.context import Ctx, RankView
 from hangtrace.tracer.analyze.deaths import failures, roots
 from hangtrace.tracer.analyze.departures import sent_by, sigterm_before
@@ -160,6 +160,9 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
             if d.details.get("waiters_seq") == "torch" else ""))
     restarts(ctx, d, root)  # the same failure in every attempt of a restarted rank (blind helper 68)
     d.cascade = [c for c in fails if c["rank"] != root.rank]
+    td = teardown.details(ctx, root)  # the SIGTERMs after it failed: Ray stopping the job (teardown.py)
+    if td:
+        d.details["teardown"] = td
     if d.cascade:
         vict = [c for c in d.cascade if c.get("victim")]
         ctx.add("%d later failure(s) (cascade)%s: first rank %d (%s)" % (
