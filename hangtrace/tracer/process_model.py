@@ -283,3 +283,26 @@ def _other_role(p: ProcessInfo, by_pid: Mapping[Tuple[str, int], ProcessInfo], r
     if valid_rank(p.rank) and p.rank in ranks:
         return Role.RANK_HELPER, p.rank
     return Role.OTHER, None
+
+
+def name_senders(procs: Sequence[ProcessInfo]) -> List[ProcessInfo]:
+    """``procs`` with each SIGTERM sender that had exited when its signal was handled
+    ("python (exited)": the C handler reads ``/proc/<pid>/cmdline``, gone with a sender that
+    exits right after ``kill``) named by the command line it recorded, when it was a traced
+    process of the run on the same host alive at that time: "node_agent.py 5121 10.0
+    (exited)" (blind helper 95's node agent). Other processes are returned unchanged."""
+    import dataclasses
+    by_pid = {(q.host, q.pid): q for q in procs}
+    out = []
+    for p in procs:
+        sig = (p.signals or {}).get("sigterm") or {}
+        snd = sig.get("sender") or {}
+        q = by_pid.get((p.host, int(snd.get("pid") or 0)))
+        t = int(sig.get("wall_ns") or 0)
+        argv = process_argv(q) if q is not None and str(snd.get("cmdline") or "").endswith(("(exited)", "(gone)")) \
+            and q.start_wall_ns <= t and (not q.exit_wall_ns or t <= q.exit_wall_ns + 2_000_000_000) else []
+        if argv:
+            named = dict(sig, sender=dict(snd, cmdline="%s (exited)" % " ".join(argv)))
+            p = dataclasses.replace(p, signals=dict(p.signals, sigterm=named))
+        out.append(p)
+    return out

@@ -7,6 +7,8 @@ waits in H for C, C is in no collective -> C). Each end with a process is classi
 
 * dead, and it did not provably live on after the wait began -> 'dead-rank';
 * exited cleanly (code 0) -> 'skipped-collective' (it left the loop without it);
+* a Ray actor whose method returned after its last collective and which is idle in Ray's
+  task loop -> 'skipped-collective' (``actorreturn.py``);
 * its stack is inside a torch.distributed call that was not recorded -> skipped (it is
   in some other, untraced collective);
 * its main-thread stack top is a blocking non-collective call (queue.get, lock,
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 import os
 from typing import Any, Dict, List, Mapping, Set, Tuple
 
+from hangtrace.tracer.analyze.actorreturn import returned_method
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.asynctasks import await_chain, describe as describe_loop
 from hangtrace.tracer.analyze.deaths import death_after
@@ -157,6 +160,9 @@ def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndK
     skipped, stuck = Kind.SKIPPED_COLLECTIVE.value, Kind.STUCK_OUTSIDE_COLLECTIVE.value
     if p.state == "exited" and not v.dead:
         return skipped, "exited cleanly (code %s) without entering it" % p.exit_code
+    ret = returned_method(ctx, r)  # a Ray actor's method returned: the actor lives on, idle (actorreturn.py)
+    if ret is not None:
+        return skipped, ret.text()
     labels, frames, thread = frames_of(ctx, r)
     ew = exit_wait_text(p)
     if ew:  # its program returned (analyze/exitwait.py): it went on without the collective, and hangs at exit

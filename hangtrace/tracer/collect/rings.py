@@ -25,7 +25,7 @@ from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.errors import HangtraceError, RunDirError
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
-from hangtrace.tracer.process_model import assign_roles
+from hangtrace.tracer.process_model import assign_roles, name_senders
 from hangtrace.tracer.collect.memfacts import memory_facts, parse_kernel_oom, read_kernel_log  # noqa: F401
 from hangtrace.tracer.collect.raylogs import ray_log_facts
 
@@ -196,7 +196,7 @@ def load_rings(ring_dir: str, run_dir: Optional[str] = None, states: Optional[Di
     for i, p in enumerate(procs):
         if p.key in rfacts:
             procs[i] = dataclasses.replace(p, memory_facts=dict(p.memory_facts or {}, **rfacts[p.key]))
-    procs.sort(key=lambda p: (p.rank < 0, p.rank, p.host, p.pid))
+    procs = sorted(name_senders(procs), key=lambda p: (p.rank < 0, p.rank, p.host, p.pid))  # (exited senders)
     return procs, errors
 
 

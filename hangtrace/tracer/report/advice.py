@@ -224,6 +224,8 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (Kind.SKIPPED_COLLECTIVE, lambda g, d: d.get("minority_at_exit"), AT_EXIT_COLLECTIVE_NEXT),  # rules/minority.py
     (Kind.SKIPPED_COLLECTIVE, lambda g, d: d.get("departed"),  # analyze/departures.py
      lambda g, d: PREEMPTED_NEXT if (d.get("departed") or {}).get("sigterm") else DEPARTED_NEXT),
+    (Kind.SKIPPED_COLLECTIVE, lambda g, d: d.get("returned"),  # analyze/actorreturn.py: an actor method returned
+     lambda g, d: PREEMPTED_NEXT if (d.get("returned") or {}).get("sigterm") else DEPARTED_NEXT),
     (Kind.DEAD_RANK, lambda g, d: d.get("actor_lives_on") is not None, TASK_EXCEPTION_NEXT),  # rules/actors.py
     (_UNKNOWN, lambda g, d: str(g.cause) == Cause.STALLED_IN_RENDEZVOUS.value, RENDEZVOUS_NEXT),
     (_STUCK, lambda g, d: d.get("rendezvous_ranks"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from hangtrace.tracer.analyze.actorreturn import returned_method
 from hangtrace.tracer.analyze.chainends import ChainEnds, chain_ends
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, frames_of, rank_line, rk, seq_scales, vb
@@ -70,6 +71,9 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["culprit_reasons"] = {str(e): kinds[e][1] for e in ends}
     if d.kind == Kind.SKIPPED_COLLECTIVE and d.cause is None:
         d.cause = Cause.SKIPPED
+        ret = returned_method(ctx, lead)  # an actor method that returned (analyze/actorreturn.py)
+        if ret is not None:
+            d.details["returned"] = ret.details()
     elif d.kind == Kind.STUCK_OUTSIDE_COLLECTIVE:
         d.cause = Cause.BLOCKED if kinds[lead][1].startswith("blocked") else \
             Cause.BUSY if kinds[lead][1].startswith("busy") else Cause.NO_PROGRESS
