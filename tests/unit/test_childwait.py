@@ -12,6 +12,7 @@ from synth import R, snap, stack  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 from hangtrace.tracer.analyze.blocking import blocking_reason  # noqa: E402
+from hangtrace.tracer.report.advice import CHILD_PIPE_NEXT  # noqa: E402
 
 RANK_RUNS = ("_PollLikeSelector.select /usr/lib/python3.11/selectors.py:415",
              "Popen._communicate /usr/lib/python3.11/subprocess.py:2115",
@@ -164,6 +165,8 @@ def test_popen_wait_on_a_child_that_fills_its_stdout_pipe_is_the_documented_dead
     assert "kernel wait anon_pipe_write (writing a full pipe no process reads)" in text, text
     assert text.endswith("Popen.wait() never reads the child's pipes: with stdout=PIPE or stderr=PIPE the child "
                          "blocks once a pipe is full (64 KiB) - use communicate()"), text
+    # the advice: the rank must read while the child runs, not "fix what that child waits for" (blind helper 100)
+    assert d.details["child_pipe_full"] is True and "Next: " + CHILD_PIPE_NEXT in d.summary, d.summary
 
 def test_a_socket_peer_that_is_a_rank_is_named_as_that_rank():
     """The evaluator's socket leads back to rank 0 itself (its reward-server thread): the

@@ -159,6 +159,8 @@ def child_process(ctx: Ctx, d: Diagnosis) -> None:
         text = "rank %d waits for %s child process (%s)%s" % (r, lead, how, rest)
         d.details["child_wait"] = text
         d.details["child_wait_how"], d.details["child_wait_children"] = how, rest
+        if PIPE_FULL in rest:
+            d.details["child_pipe_full"] = True  # (the advice: the rank must read the pipes, not the child change)
         if "and MASTER_ADDR/PORT it inherited" in rest:
             d.details["child_inherited_rank"] = True  # (the advice: clear those variables for the child)
         at = user_frame(process_frames(v.proc)[0] or [])
@@ -166,6 +168,11 @@ def child_process(ctx: Ctx, d: Diagnosis) -> None:
             d.details["child_wait_at"] = frame_label(at)
         ctx.add(text)
         return
+
+
+#: a rank in ``Popen.wait()`` whose child blocks writing a full pipe (the subprocess docs' deadlock)
+PIPE_FULL = ("; Popen.wait() never reads the child's pipes: with stdout=PIPE or stderr=PIPE the child "
+             "blocks once a pipe is full (64 KiB) - use communicate()")
 
 
 def child_wait_text(parent: ProcessInfo, procs: Sequence[ProcessInfo], who: str) -> Optional[str]:
@@ -196,8 +203,7 @@ def child_wait_parts(parent: ProcessInfo, procs: Sequence[ProcessInfo]) -> Optio
         rest += "; and %d more" % (len(named) - _MAX_NAMED)
     if how.startswith("Popen.wait") and any("pipe_write" in n for n in named):
         # (the subprocess docs: wait() with stdout=PIPE/stderr=PIPE deadlocks once the child fills the pipe)
-        rest += ("; Popen.wait() never reads the child's pipes: with stdout=PIPE or stderr=PIPE the child "
-                 "blocks once a pipe is full (64 KiB) - use communicate()")
+        rest += PIPE_FULL
     return how, "its", rest
 
 

@@ -156,6 +156,10 @@ CHILD_RANK_NEXT = ("start the child without the job's distributed variables (`en
                    "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_*/GROUP_RANK) unless it is "
                    "meant to join the job: it joined the job's process group as the rank that waits for it; give the "
                    "wait a timeout too")
+CHILD_PIPE_NEXT = ("the rank, not its child, must change: it waits for the child before reading the child's pipes, "
+                   "and the child blocks once a pipe holds 64 KiB; read while it runs: `out, err = p.communicate("
+                   "timeout=...)` (or `subprocess.run(..., capture_output=True, timeout=...)`), or send the output "
+                   "to a file instead of a pipe")
 CHILD_NEXT = ("the rank waits for the child process named above: fix what that child waits for (its call, "
               "file or peer), and give the wait a timeout (`subprocess.run(..., timeout=...)`, `communicate("
               "timeout=...)`, `Process.join(timeout)`) so that a hung child fails the step instead of the job")
@@ -235,6 +239,7 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_STUCK, lambda g, d: d.get("after_exception_source") == "asyncio-task", TASK_EXCEPTION_NEXT),
     (_STUCK, lambda g, d: d.get("after_exception_source") == "thread", THREAD_EXCEPTION_NEXT),
     (_STUCK, lambda g, d: d.get("child_inherited_rank"), CHILD_RANK_NEXT),
+    (_STUCK, lambda g, d: d.get("child_pipe_full"), CHILD_PIPE_NEXT),  # analyze/childwait.py: the pipe deadlock
     (_STUCK, lambda g, d: d.get("child_wait"), CHILD_NEXT),
     (_STUCK, lambda g, d: d.get("peer_wait"),
      lambda g, d: peer_next(str(d.get("peer_role")), bool(g.culprit_actors and not g.culprit_ranks))),
