@@ -21,6 +21,7 @@ from hangtrace.tracer.analyze.deaths import first_rankless_death, TRANSPORT_MARK
 from hangtrace.tracer.analyze.evidence import rk, stall_note
 from hangtrace.tracer.analyze.actorgraph import open_waits
 from hangtrace.tracer.analyze.childwait import child_process
+from hangtrace.tracer.analyze.groupdefs import explain_split
 from hangtrace.tracer.analyze.peerwait import peer_waits
 from hangtrace.tracer.analyze.lockwait import lock_waits
 from hangtrace.tracer.analyze.pollwait import poll_waits
@@ -206,6 +207,7 @@ def _rankless(ctx: Ctx) -> Optional[Finding]:
 
 
 def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
+    explain_split(ctx, d)  # ranks that created their process groups in another order (groupdefs.py)
     enrich.ray_details(ctx, d)  # issue 4
     enrich.rankless_actor_failures(ctx, d)  # issue 9: actors without a rank beside the ranks
     enrich.memory_details(ctx, d)  # issue 5

@@ -156,6 +156,9 @@ CHILD_RANK_NEXT = ("start the child without the job's distributed variables (`en
                    "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_*/GROUP_RANK) unless it is "
                    "meant to join the job: it joined the job's process group as the rank that waits for it; give the "
                    "wait a timeout too")
+GROUP_ORDER_NEXT = ("make every rank call `dist.new_group` for every group, in one order, whatever its own role: "
+                    "build the list of groups from the same config on every rank (or one broadcast from rank 0), "
+                    "then take the groups this rank belongs to from that list")
 CHILD_PIPE_NEXT = ("the rank, not its child, must change: it waits for the child before reading the child's pipes, "
                    "and the child blocks once a pipe holds 64 KiB; read while it runs: `out, err = p.communicate("
                    "timeout=...)` (or `subprocess.run(..., capture_output=True, timeout=...)`), or send the output "
@@ -225,6 +228,7 @@ def self_call(d: Dict[str, Any]) -> bool:
 _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_UNKNOWN, lambda g, d: d.get("rankless_death"), RANKLESS_DEATH_NEXT),
     (Kind.CROSS_GROUP_DEADLOCK, lambda g, d: d.get("broken_order"), BROKEN_ORDER_NEXT),  # analyze/grouporder.py
+    (_MISMATCH, lambda g, d: d.get("group_order"), GROUP_ORDER_NEXT),  # analyze/groupdefs.py
     (Kind.SKIPPED_COLLECTIVE, lambda g, d: d.get("minority_at_exit"), AT_EXIT_COLLECTIVE_NEXT),  # rules/minority.py
     (Kind.SKIPPED_COLLECTIVE, lambda g, d: d.get("departed"),  # analyze/departures.py
      lambda g, d: PREEMPTED_NEXT if (d.get("departed") or {}).get("sigterm") else DEPARTED_NEXT),

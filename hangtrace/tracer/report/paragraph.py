@@ -10,8 +10,7 @@ from hangtrace.tracer.analyze.exceptions import short_error
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.memorytext import holders_text as _holders_text, memory_text as _memory_text
 from hangtrace.tracer.report.rayparagraph import (actor_dead, actor_deadlock as _actor_deadlock, actor_stuck, call as _call,
-                                                  ray_actor_label, ray_text as _ray_text,
-                                                  unschedulable as _unschedulable)
+                                                  ray_actor_label, ray_text as _ray_text, unschedulable as _unschedulable)
 from hangtrace.tracer.report.words import ranks_text as _ranks, verb as _verb
 
 __all__ = ["verdict_paragraph", "ray_actor_label", "_ranks"]
@@ -99,6 +98,8 @@ def _what_differs(sigs: List[Dict[str, Any]]) -> str:
 
 
 def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    if d.get("group_order"):  # ranks that created their groups in another order (analyze/groupdefs.py)
+        return "Collective mismatch: %s." % d["group_order"]["text"]
     if diag.cause == Cause.SEQUENCE_DIVERGED:
         return ("Collective mismatch: %s %s in %s, which the other members already passed: the "
                 "sequence of collectives on this group diverged%s%s." % (
@@ -377,11 +378,10 @@ def _reason(diag: Diagnosis) -> str:
 
 #: the opening sentences per kind (any other kind reads as unknown)
 _BY_KIND: Dict[str, Callable[[Diagnosis, str, str, Dict[str, Any]], str]] = {
-    Kind.COLLECTIVE_MISMATCH.value: _mismatch, Kind.SKIPPED_COLLECTIVE.value: _skipped,
-    Kind.CROSS_GROUP_DEADLOCK.value: _deadlock, Kind.STUCK_OUTSIDE_COLLECTIVE.value: _stuck,
-    Kind.DEAD_RANK.value: _dead, Kind.TRANSPORT_ERROR.value: _transport, Kind.PROGRESSING.value: _progressing,
-    Kind.UNKNOWN.value: _unknown, Kind.ACTOR_DEADLOCK.value: _actor_deadlock,
-    Kind.UNSCHEDULABLE_ACTOR.value: _unschedulable}
+    Kind.COLLECTIVE_MISMATCH.value: _mismatch, Kind.SKIPPED_COLLECTIVE.value: _skipped, Kind.CROSS_GROUP_DEADLOCK.value:
+    _deadlock, Kind.STUCK_OUTSIDE_COLLECTIVE.value: _stuck, Kind.DEAD_RANK.value: _dead, Kind.TRANSPORT_ERROR.value:
+    _transport, Kind.PROGRESSING.value: _progressing, Kind.UNKNOWN.value: _unknown, Kind.ACTOR_DEADLOCK.value:
+    _actor_deadlock, Kind.UNSCHEDULABLE_ACTOR.value: _unschedulable}
 
 
 def verdict_paragraph(diag: Diagnosis) -> str:
