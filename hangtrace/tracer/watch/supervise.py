@@ -192,12 +192,14 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
 CLEAN_EXIT_FINDINGS = (
     ("silent", "silent-mismatch"),  # rule silent_mismatch: gloo completed a collective the ranks disagreed on
     ("minority_failed", "caught-failure"),  # rule minority: a rank alone in a collective that failed, error caught
+    ("group_order", "group-order"),  # analyze/groupdefs.py: groups created in another order (their sums were wrong)
 )
 
 
 def _clean_exit_check(run_dir: str) -> None:
     """A job that exited 0 may still have gone wrong: it ran on with wrong data (gloo
-    completes some collectives whose sizes or dtypes disagree, rule ``silent_mismatch``), or
+    completes some collectives whose sizes or dtypes disagree, rule ``silent_mismatch``; ranks
+    that created their groups in another order summed with the wrong peers, ``groupdefs``), or
     a rank entered a collective alone after the others had left and the program caught its
     failure (blind helper 87: an ``atexit`` all_reduce on one rank; the metrics it gathered
     were never written). Analysed once, without stacks; a verdict block and a snapshot only
