@@ -2,6 +2,7 @@
 flags and trends worth reporting, advice, and the watcher's memory lines (pure)."""
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from hangtrace.tracer.analyze.memory.coincide import coinciding
 from hangtrace.tracer.analyze.memory.ledger import kept_across, ledger
 from hangtrace.tracer.analyze.memory.samples import (
     MIB,
@@ -179,6 +180,10 @@ def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Opt
             if att.get("helper_text"):  # (a DataLoader worker of the rank OOM-killed, or SIGKILLed by another)
                 out["attribution"][str(r)].update(helper_text=att["helper_text"], helper_kill=att.get("helper_kill"))
     for r in interesting[:4]:
+        att = attributions.get(r)
+        if r in per and att is not None and att.get("cause") in MEMORY_CAUSES:  # the schedule first (coincide.py)
+            both = coinciding(per[r]["rows"], (att.get("at_death") or {}).get("step"), r)
+            out["advice"] += [both] if both else []
         if r in per:
             out["advice"] += _advice(attributions.get(r), per[r]["kept"], per[r]["trends"], r,
                                      sigterm_culprits is None or r in sigterm_culprits)
