@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from hangtrace.tracer.ring.layout import RANK_FROM_GROUP, RANK_FROM_JOIN
@@ -291,7 +291,6 @@ def name_senders(procs: Sequence[ProcessInfo]) -> List[ProcessInfo]:
     exits right after ``kill``) named by the command line it recorded, when it was a traced
     process of the run on the same host alive at that time: "node_agent.py 5121 10.0
     (exited)" (blind helper 95's node agent). Other processes are returned unchanged."""
-    import dataclasses
     by_pid = {(q.host, q.pid): q for q in procs}
     out = []
     for p in procs:
@@ -303,6 +302,6 @@ def name_senders(procs: Sequence[ProcessInfo]) -> List[ProcessInfo]:
             and q.start_wall_ns <= t and (not q.exit_wall_ns or t <= q.exit_wall_ns + 2_000_000_000) else []
         if argv:
             named = dict(sig, sender=dict(snd, cmdline="%s (exited)" % " ".join(argv)))
-            p = dataclasses.replace(p, signals=dict(p.signals, sigterm=named))
+            p = replace(p, signals=dict(p.signals, sigterm=named))
         out.append(p)
     return out

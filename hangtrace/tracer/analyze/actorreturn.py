@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from hangtrace.tracer.analyze.departures import sent_by
+from hangtrace.tracer.analyze.departures import handled_sigterm
 from hangtrace.tracer.analyze.evidence import frames_of, ts, user_frame
 from hangtrace.tracer.analyze.stacktree import frame_label
 from hangtrace.tracer.collect.faulthandler import parse_faulthandler_dumps
@@ -90,12 +90,7 @@ def returned_method(ctx: Ctx, r: int) -> Optional[Returned]:
         return None  # (running the user's code: not idle)
     sig = (p.signals or {}).get("sigterm")
     t_sig = int((sig or {}).get("wall_ns") or 0)
-    words = ""
-    if sig and t_enter <= t_sig <= t_exit:
-        who, at = sent_by(sig), sigterm_site(sig)
-        words = "had received SIGTERM%s at %s%s, %.2f s before it returned: a SIGTERM handler ended its loop on " \
-                "this rank alone%s" % (who, ts(t_sig), ", in %s" % at if at else "", (t_exit - t_sig) / 1e9,
-                                       "" if who else " (its sender is not recorded)")
+    words = handled_sigterm(sig, sigterm_site(sig), t_exit) if sig and t_enter <= t_sig <= t_exit else ""
     cls = p.meta.get("ray_actor_class")
     after = "%s seq %s on group '%s'" % (last.get("op"), last.get("seq"), last.get("group"))
     return Returned(r, "%s.%s" % (cls, name) if cls else name, t_exit, after, words)

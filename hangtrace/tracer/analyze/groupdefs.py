@@ -22,7 +22,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.stacktree import format_ranks
+from hangtrace.tracer.analyze.evidence import rk
+from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 if TYPE_CHECKING:
     from hangtrace.tracer.analyze.context import Ctx
@@ -73,8 +74,7 @@ class OrderSplit:
 
 
 def _r(ranks: Any) -> str:
-    rs = sorted(set(ranks))
-    return ("rank %d" if len(rs) == 1 else "ranks %s") % (rs[0] if len(rs) == 1 else format_ranks(rs, 8))
+    return rk(sorted(set(ranks)), 8)
 
 
 def _m(members: Members) -> str:
@@ -118,11 +118,10 @@ def order_split(ctx: Ctx) -> Optional[OrderSplit]:
     return OrderSplit(culprits, majority, orders[culprits[0]], common, bad, 2 * n > len(orders))
 
 
-def explain_split(ctx: Ctx, d: Any) -> None:
+def explain_split(ctx: Ctx, d: Diagnosis) -> None:
     """When ranks created their groups in another order and the verdict is about one of the
     groups that disagree (or is a mismatch, or found no cause), make it that: kind
     'collective-mismatch', cause 'mismatch', the culprits, ``details['group_order']``."""
-    from hangtrace.tracer.diagnosis import Cause, Kind
     split = order_split(ctx)
     if split is None:
         return

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from hangtrace.tracer.analyze import sigclasses, teardown
 from hangtrace.tracer.analyze.context import Ctx, RankView
 from hangtrace.tracer.analyze.deaths import failures, roots
-from hangtrace.tracer.analyze.departures import sent_by, sigterm_before
+from hangtrace.tracer.analyze.departures import handled_sigterm, sigterm_before
 from hangtrace.tracer.analyze.evidence import (fill_common, frames_from_exception, frames_of, rank_line, rk,
                                                torch_count, ts, user_frame, vb)
 from hangtrace.tracer.analyze.exceptions import short_error
@@ -199,13 +199,7 @@ def _explain_departure(ctx: Ctx, d: Diagnosis, root: RankView, all_roots: List[R
         labels, frames, _thread = frames_of(ctx, root.rank)
         f = user_frame(frames or [])
         at = frame_label(f) if f is not None else (labels[0] if labels else "")
-        t = int(sig.get("wall_ns") or 0)
-        who = sent_by(sig)
-        dep["sigterm"] = "had received SIGTERM%s%s%s, and returned %s: a SIGTERM handler ended its loop on this " \
-                         "rank alone%s" % (
-                             who, " at %s" % ts(t) if t else "", ", in %s" % at if at else "",
-                             "%.1f s later" % ((root.fail_wall - t) / 1e9) if t else "after it",
-                             "" if who else " (its sender is not recorded)")
+        dep["sigterm"] = handled_sigterm(sig, at, root.fail_wall)
         ctx.add("it " + dep["sigterm"])
     d.waiting_ranks = [w for w in d.waiting_ranks if w in ctx.views and not ctx.views[w].dead]
     d.details["departed"] = dep
