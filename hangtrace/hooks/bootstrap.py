@@ -116,6 +116,8 @@ class Runtime:
         self.parent_pid: Optional[int] = None  # set in a forked child: the pid forked from
         self._choice: Optional[Tuple[type, int, int]] = None  # (recorder class, small, full slots)
         self.recorder = self._make_recorder()
+        #: (pid that built it, the next forked child's lazy recorder): ``prepare_child``
+        self._child_recorder: Optional[Tuple[int, Any]] = None
 
     def _make_recorder(self, lazy: bool = False) -> Any:
         """A Recorder (Python or C, ``recorder.choose``) with a small ring grown to
@@ -147,16 +149,35 @@ class Runtime:
         than its start or a clean exit, joining a group, the phase/step API, its memory
         sampler's first tick); a helper that lives less than a tick and exits cleanly
         (most DataLoader workers of short epochs) leaves no ring file. Without the memory
-        sampler (``HANGTRACE_MEM=0``, no tick) the ring is written at once, as before."""
+        sampler (``HANGTRACE_MEM=0``, no tick) the ring is written at once, as before.
+        The recorder is the one the parent prepared before the fork (``prepare_child``),
+        adopted, when there is one."""
         old = self.recorder
         old.abandon()
         phase, step = old.current()
         self.parent_pid = old.pid
         self.log = RunLog(self.run_dir)
-        self.recorder = self._make_recorder(lazy=config.mem_enabled())
+        ready, self._child_recorder = self._child_recorder, None
+        if ready is not None and ready[0] == old.pid:
+            ready[1].adopt(self.log)
+            self.recorder = ready[1]
+        else:
+            self.recorder = self._make_recorder(lazy=config.mem_enabled())
         self.recorder.on_lost = _disable_child
         if step is not None:
             self.recorder.step(step, grow=False)
+
+    def prepare_child(self) -> None:
+        """In the parent, before a fork: the lazy recorder the child will ``adopt``
+        (``ringsize.Growable.adopt``), built at the first fork and kept unused for every
+        later one (each child adopts its own copy-on-write copy). Without the memory
+        sampler, or with helper rings as large as ranks', children's rings are not lazy
+        (files at once): nothing is prepared.
+        Raises OSError (no anonymous memory): the child then builds its own."""
+        ready, choice = self._child_recorder, self._choice
+        if ((ready is None or ready[0] != os.getpid()) and config.mem_enabled()
+                and choice is not None and choice[1] < choice[2]):  # (a small ring: lazy)
+            self._child_recorder = (os.getpid(), self._make_recorder(lazy=True))
 
 
 def _default_instrumentors() -> List[Instrumentor]:
@@ -181,6 +202,11 @@ def _before_fork() -> None:
         mem = sys.modules.get("hangtrace.hooks.memory")
         if _active is not None and mem is not None and mem.active() is not None:
             mem._memfork()  # the sampler's take-over (hooks/memfork.py)
+    except Exception:
+        pass
+    try:
+        if _active is not None:
+            _active.prepare_child()
     except Exception:
         pass
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import faulthandler
 import functools
 import os
+import _signal
 import signal
 import sys
 import threading
@@ -77,6 +78,9 @@ def _on_exit() -> None:
         code = _exit_code[0]
         if code is None:
             code = 0
+        if not code and getattr(rt.recorder, "lazy", False):  # (a clean helper: its ring dies unread)
+            rt.recorder.close()
+            return
         rt.recorder.event("exit", code=code)
         rt.recorder.mark_exit(code)
         rt.recorder.close()
@@ -112,9 +116,10 @@ def _os_exit_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
         rt = _rt
         if rt is not None and not rt.recorder.closed and rt.recorder.pid == os.getpid():
             code = int(args[0] if args else kwargs.get("status", 0))
-            failures.exiting(code)
-            rt.recorder.event("exit", code=code, via="os._exit")
-            rt.recorder.mark_exit(code)
+            if code or not getattr(rt.recorder, "lazy", False):  # (a ring still in memory dies unread)
+                failures.exiting(code)
+                rt.recorder.event("exit", code=code, via="os._exit")
+                rt.recorder.mark_exit(code)
     except Exception:
         pass
     return wrapped(*args, **kwargs)
@@ -352,7 +357,7 @@ def install(rt: Any, forked_from: Optional[int] = None) -> None:
     except Exception as e:
         rt.log("faulthandler for SIGTERM failed: %r" % (e,), "fh-term")
     try:
-        if signal.getsignal(DUMP_SIGNAL) in (signal.SIG_DFL, None):
+        if _signal.getsignal(DUMP_SIGNAL) in (signal.SIG_DFL, None):  # (the C one: no enum)
             faulthandler.register(DUMP_SIGNAL, file=_open("dump"), all_threads=True, chain=False)
             rec.set_dump_signal(int(DUMP_SIGNAL))
     except Exception as e:

@@ -15,6 +15,13 @@ parent by bootstrap's before-fork handler (not at start-up, not in every child),
 forked children find it loaded. Standard
 library only; never raises (False: the caller builds a new sampler).
 
+The child's timer is a ``ChildClock``: one raw thread (``_thread``, no ``threading``
+bookkeeping) blocked in a lock wait for one interval, then the sampler's loop. Most
+DataLoader workers of short epochs exit before that interval ends, so they take no sample
+and run none of ``threading``'s Python code, whose every first touch in a fresh child is a
+copy-on-write fault (issue 13: a bare fork+exit of a traced rank, child CPU 0.3-1.4 ms less
+than with a ``threading.Thread`` started at the fork and its first sample taken at once).
+
 ``on_tick``: the sampler's timer tick in a forked helper whose ring is still in memory
 (``ringsize.Growable.materialize``) writes it to its file first: a helper that has lived a
 sampling interval (1 s) is one a stall or a death may concern, and its ring costs it about
@@ -22,16 +29,73 @@ a millisecond of CPU per interval at most.
 """
 from __future__ import annotations
 
+import _thread
 import os
 import threading
-from typing import Any
+from typing import Any, Optional
+
+from hangtrace.tracer.ring import layout as F
+
+
+class ChildClock:
+    """A forked child's sampler timer (module docstring): ``s.thread`` while it waits.
+
+    Its raw thread waits one interval (``_wake``, a plain lock: C only), then, unless the
+    sampler was stopped meanwhile, writes the cgroup facts to the ring and runs
+    ``Sampler._run`` (first tick at once). ``join`` is ``Sampler.stop``'s: it waits only
+    for a clock that is sampling; one still waiting samples nothing and needs no join (the
+    thread runs no torch call, and dies with the process). Never raises into the child."""
+
+    def __init__(self, s: Any) -> None:
+        self.s = s
+        self.sampling = False
+        self._wake = _thread.allocate_lock()
+        self._wake.acquire()
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+        _thread.start_new_thread(self._main, ())
+
+    def _main(self) -> None:
+        try:
+            s = self.s
+            self._wake.acquire(True, s.interval_s)
+            self.sampling = True  # (before the check: stop() sets _stop, then reads this)
+            if s.dead or s._stop.is_set():
+                return
+            _cgroup_meta(s)
+            s._run()
+        except Exception:
+            pass
+        finally:
+            self._done.release()
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        if self.sampling:
+            self._done.acquire(True, -1 if timeout is None else timeout)
+
+
+def _cgroup_meta(s: Any) -> None:
+    """The cgroup facts of the child's samples, into its ring once: when the ring goes to
+    its file (``on_grow``: a lazy ring in memory is lost with the process anyway) or at the
+    clock's first tick, whichever comes first."""
+    if getattr(s, "_meta_due", False):
+        s._meta_due = False
+        s.rec.set_meta(mem_cgroup=s.cg_dir, mem_cgroup_version=s.cg_version, mem_page_size=s.page)
+
+
+def _on_file(s: Any) -> None:
+    """The child's ring went to its file (it matters now: it recorded an event, joined a
+    group, or lived an interval): the cgroup facts, and a first sample unless it has one."""
+    _cgroup_meta(s)
+    if not s.nsamples:
+        s.sample(F.MEM_TIMER)
 
 
 def take_over(s: Any, rt: Any) -> bool:
     """Make ``s`` (the parent's sampler, as copied into this forked child) sample this
-    process into ``rt.recorder`` and start its timer thread (first sample at once).
-    Returns True when done; False when ``s`` cannot be taken over (it was stopped, or a
-    step failed: logged, and ``s`` abandoned)."""
+    process into ``rt.recorder``, its timer a ``ChildClock`` (first sample after one
+    interval). Returns True when done; False when ``s`` cannot be taken over (it was
+    stopped, or a step failed: logged, and ``s`` abandoned)."""
     try:
         if s.dead or s._stop.is_set():
             return False
@@ -44,12 +108,12 @@ def take_over(s: Any, rt: Any) -> bool:
         s.pid = os.getpid()
         s._statm = s._open("/proc/%d/statm" % s.pid)
         s._stop = threading.Event()  # (the parent's may be held by its timer thread)
-        s.thread = None
         s.swap, s.last_ns, s.nsamples, s._oom_seen, s._oom_count = -1, 0, 0, None, 0
         s._cuda, s._cuda_hooked, s._gauge_sids = {}, False, {}  # (CUDA is unusable after fork)
         s._host = rec.intern("host")
-        rec.set_meta(mem_cgroup=s.cg_dir, mem_cgroup_version=s.cg_version, mem_page_size=s.page)
-        s.start()
+        s._meta_due = True
+        rec.on_grow.append(lambda _rec: _on_file(s))
+        s.thread = ChildClock(s)
         return True
     except Exception as e:
         try:

@@ -25,7 +25,10 @@ the child records something that matters (an event other than its start or a cle
 the memory sampler's first tick, ``memfork.on_tick``) or grown straight to the full ring
 (a group, an actor id, the phase/step API). A DataLoader worker of a short epoch that
 exits cleanly so costs no file at all; one that lives on costs its ring once per
-sampling interval at most.
+sampling interval at most. The child does not even build that recorder: its parent built
+one before its first fork and keeps it unused (``bootstrap.Runtime.prepare_child``), and
+each child ``adopt``s its own copy-on-write copy of it (a new Recorder is about a hundred
+interpreted lines, each first touch of a page of the parent's heap a copy-on-write fault).
 
 Standard library only: imported in every traced process.
 """
@@ -33,10 +36,24 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from typing import Any, Callable, List, Optional, Tuple
 
 from hangtrace.tracer.ring.layout import proc_start_ticks
 from hangtrace.tracer.ring import layout as F
+
+_wall, _mono = time.time_ns, time.monotonic_ns
+#: ``os.environ``'s own bytes dict (CPython's ``os._Environ._data``, updated by every
+#: assignment): read in a forked child without ``os.environ``'s Python frames
+_environb: Optional[dict] = getattr(os.environ, "_data", None)
+
+
+def _env_int(name: bytes) -> int:
+    """The environment variable ``name`` as an int, -1 when unset or not an int."""
+    try:
+        return int(_environb[name]) if _environb is not None else F._env_int(name.decode())
+    except (KeyError, ValueError):
+        return -1
 
 #: String table of a small ring (bytes, apparent size; sparse) and the part reserved on
 #: disk at creation (bytes). A helper's events (start with argv, exit, an exception with
@@ -149,6 +166,22 @@ class Growable:
     pid: int
     lazy: bool = False  # the ring is in anonymous memory, not yet in its file (a forked helper)
     on_lost: Optional[Callable[[BaseException], None]] = None  # a lazy ring could not be written
+    run_dir: str
+    host: str
+    _touch_progress: Callable[[], None]
+
+    def adopt(self, log: Callable[..., None]) -> None:
+        """In a forked child: make this lazy recorder, which the parent built before the
+        fork and never used (``bootstrap.Runtime.prepare_child``), this process's: its pid,
+        ring path, identity (pid, parent, start time; the rank hint from the environment
+        as it is now: a launcher may set RANK between forks) and run log ``log``."""
+        pid = self.pid = os.getpid()
+        self.log = log
+        self.path = "%s/ring-%s-%d.htr" % (self.run_dir, self.host, pid)
+        F.IDENT.pack_into(self.mm, F.IDENT_OFF, pid, os.getppid(), _wall(), _mono(), 0)
+        F.RANK.pack_into(self.mm, F.RANK_OFF, _env_int(b"RANK"), _env_int(b"LOCAL_RANK"),
+                         _env_int(b"WORLD_SIZE"), 0)
+        self._touch_progress()
 
     def materialize(self, reason: str) -> bool:
         """Write a lazy ring (a forked helper's, kept in memory since the fork) to its file,

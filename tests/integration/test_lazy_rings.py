@@ -90,13 +90,13 @@ def test_helper_ring_appears_when_it_records_something_that_matters(tmp_path):
         assert _start(r)["forked_from"] == p.pid and h["ppid"] == p.pid, (mode, r.events)
         assert h["rank"] == 1 and h["world_size"] == 2, (mode, h)  # the rank hint a verdict uses
         assert h["proc_start_ticks"] and h["dump_signal"] == int(signal.SIGUSR2), (mode, h)
-        assert _memory(r), mode  # the sample taken at the fork, written with the ring
+        assert _memory(r), mode  # the sample taken when the ring went to its file
     assert rings[kids["code3"]].header["exit_code"] == 3 and rings[kids["code3"]].header["state"] == F.ST_EXITED
     exc = [e for e in rings[kids["raise"]].events if e["event"] == "exception"]
     assert exc and exc[0]["type"] == "ValueError" and "helper failed" in exc[0]["traceback"]
     assert rings[kids["raise"]].header["exit_code"] == 1
     a = rings[alive]
-    assert a.header["state"] != F.ST_EXITED and len(_memory(a)) >= 2
+    assert a.header["state"] != F.ST_EXITED and len(_memory(a)) >= 1  # (its first: at the first tick)
     # the parent's ring holds only the parent's records
     assert [e["event"] for e in parent.events] == ["start", "exiting", "exit"]  # (exiting: its program returned)
 

@@ -239,7 +239,8 @@ def test_traced_fork_child_keeps_a_small_ring(tmp_path):
 def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path):
     """hooks/memfork.py (a forked child's sampler take-over) is not imported at start-up
     (issue 8) nor by every child (issue 13): the parent imports it just before its first
-    fork, and the child takes the parent's sampler over with it."""
+    fork, and the child takes the parent's sampler over with it, its timer a raw thread
+    that has taken no sample yet."""
     script = tmp_path / "fork.py"
     script.write_text(textwrap.dedent("""
         import os, sys
@@ -251,8 +252,10 @@ def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path)
         pid = os.fork()
         if pid == 0:
             s = memory.active()
-            ok = (s is parent and s.pid == os.getpid() and s.thread is not None and s.thread.is_alive()
-                  and not s.dead)
+            from hangtrace.hooks import memfork
+            # its timer: a ChildClock whose raw thread waits one interval before any sample
+            ok = (s is parent and s.pid == os.getpid() and isinstance(s.thread, memfork.ChildClock)
+                  and len(os.listdir("/proc/self/task")) == 2 and s.nsamples == 0 and not s.dead)
             os._exit(0 if ok else 3)
         assert "hangtrace.hooks.memfork" in sys.modules, "not imported before the fork"
         _, st = os.waitpid(pid, 0)
