@@ -21,7 +21,9 @@ and measures, all in CPU time:
   everything tracing adds there, incl. the per-collective wrapper, phase/step records);
 * **after-fork handler** (rank 0, ``--forks`` bare fork+exit children): the child's CPU
   until it runs its own code, split into the new ring (``Runtime.new_recorder``) and each
-  instrumentor's ``after_fork_child``; and the parent's fork+exit wall time;
+  instrumentor's ``after_fork_child``; the child's whole CPU from fork to exit (its exit
+  and its threads too: ``getrusage`` CHILDREN around each fork and wait); and the
+  parent's fork+exit wall time;
 * **per step** (rank 0, ABBA batches of thread CPU): ``tracer.step`` + ``tracer.phase``
   enter/exit, and one ``all_reduce`` through hangtrace's wrapper vs ``__wrapped__``.
 
@@ -145,10 +147,12 @@ def _fork_breakdown(n: int) -> dict:
         for ins in bootstrap.INSTRUMENTORS:
             ins.after_fork_child = timed("instrumentor " + ins.name, ins.after_fork_child)
             undo.append((ins, "after_fork_child"))
-    walls, rows = [], []
+    import resource
+    walls, rows, wholes = [], [], []
     for _ in range(n):
         parts.clear()
         r, w = os.pipe()
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter_ns()
         pid = os.fork()
         if pid == 0:
@@ -158,12 +162,14 @@ def _fork_breakdown(n: int) -> dict:
         os.close(w)
         os.waitpid(pid, 0)
         walls.append(time.perf_counter_ns() - t)
+        ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)  # (the child's whole life: its exit too)
+        wholes.append(ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime)
         with os.fdopen(r) as f:
             rows.append(json.loads(f.read()))
     for obj, name in undo:
         delattr(obj, name)
     keys = sorted({k for row in rows for k in row})
-    return {"fork_exit_wall_us": statistics.median(walls) / 1e3,
+    return {"fork_exit_wall_us": statistics.median(walls) / 1e3, "child_whole_cpu_us": statistics.median(wholes) * 1e6,
             "child_cpu_us": {k: statistics.median(row.get(k, 0) for row in rows) / 1e3 for k in keys}}
 
 

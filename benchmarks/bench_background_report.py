@@ -26,6 +26,7 @@ def summarize(runs: dict) -> dict:
         r0 = [r for ranks, _ in rs for r in ranks if "child_cpu_us" in r]
         if r0:
             s[n]["fork"] = {"fork_exit_wall_us": _med([r["fork_exit_wall_us"] for r in r0]),
+                            "child_whole_cpu_us": _med([r.get("child_whole_cpu_us", float("nan")) for r in r0]),
                             "child_cpu_us": {k: _med([r["child_cpu_us"][k] for r in r0])
                                              for k in r0[0]["child_cpu_us"]}}
         if n == "base":
@@ -99,6 +100,9 @@ def print_tables(s: dict, a: argparse.Namespace) -> None:
         row("- the same child untraced: %.0f µs; added by tracing" % bf["child_cpu_us"]["total"],
             lambda h: "%.0f µs; %.4f" % (h["fork"]["child_cpu_us"]["total"] - bf["child_cpu_us"]["total"],
                                          (h["fork"]["child_cpu_us"]["total"] - bf["child_cpu_us"]["total"]) / 1e6 * forks))
+        row("a forked child's whole CPU, fork to exit (untraced %.0f µs); added by tracing" % bf["child_whole_cpu_us"],
+            lambda h: "%.0f µs; %.4f" % (h["fork"]["child_whole_cpu_us"] - bf["child_whole_cpu_us"],
+                                         (h["fork"]["child_whole_cpu_us"] - bf["child_whole_cpu_us"]) / 1e6 * forks))
         row("bare fork+exit as the parent sees it (wall; untraced %.0f µs)" % bf["fork_exit_wall_us"],
             lambda h: "%.0f µs" % h["fork"]["fork_exit_wall_us"])
     print("\n(CPU s per wall s is of one core; the machine has 2. Rates: polls every %.1f s, sampler ticks every "

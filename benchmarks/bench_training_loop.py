@@ -15,8 +15,9 @@ Variants, interleaved round by round (the order rotates each round, ``--rounds``
   ht-pure    HANGTRACE=1 HANGTRACE_PURE_PYTHON=1: the pure-Python recorder's share
   ht-watch   HANGTRACE=1 with the node watcher auto-started beside the job, as a user gets it
              (the other traced variants set HANGTRACE_AUTO_WATCH=0: no watcher)
-  ht-fr0     HANGTRACE=1 HANGTRACE_FR=0: the share of torch's own Flight Recorder, which
-             tracing turns on by default (TORCH_FR_BUFFER_SIZE=2000)
+  ht-fr0     HANGTRACE=1 HANGTRACE_FR=0: without our Flight Recorder agent (torch's own
+             recorder runs in every variant at torch 2.13's default, 2000 entries, as
+             users get it; before 2026-12-05 every variant ran with TORCH_FR_BUFFER_SIZE=0)
 
 ``--baseline TREE`` adds ``<variant>@before`` for each traced variant: the same, with TREE's
 hooks and watcher (PYTHONPATH=TREE), interleaved with this tree's. The load average is
@@ -265,18 +266,34 @@ def _free_port() -> int:
 def launch(kind: str, extra: dict, a: argparse.Namespace, run_dir: str, epochs: int,
            footprint: bool = False) -> dict:
     """Run the 2-rank job once; returns rank 0's RESULT dict. Raises SystemExit on failure."""
+    return finish(start(kind, extra, a, run_dir, epochs, footprint), kind, extra)
+
+
+def start(kind: str, extra: dict, a: argparse.Namespace, run_dir: str, epochs: int,
+          footprint: bool = False) -> list:
+    """Start the 2-rank job; returns its two processes (``finish`` waits for them)."""
     port = _free_port()
     procs = []
     for r in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
+        # (no TORCH_FR_BUFFER_SIZE: torch's Flight Recorder runs at torch 2.13's default, 2000
+        # entries, traced or not, as users get it; until 2026-12-05 this set it to 0 for every
+        # variant, so every run had no Flight Recorder and `ht-fr0` equalled `ht`)
+        env = {k: v for k, v in env.items() if k not in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")}
         env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), HANGTRACE_DIR=run_dir, HANGTRACE_AUTO_WATCH="0",
-                   TORCH_FR_BUFFER_SIZE="0", OMP_NUM_THREADS="1",
+                   OMP_NUM_THREADS="1",
                    PYTHONPATH=os.path.dirname(os.path.dirname(HERE)))  # this tree's hangtrace
         env.update(extra)  # ht-watch: the node watcher auto-starts, as for a user; @before: PYTHONPATH
         cmd = (["taskset", "-c", a.pin] if getattr(a, "pin", None) else []) + [sys.executable, HERE, "--child", kind, "--epochs", str(epochs), "--steps", str(a.steps),
                "--workers", str(a.workers), "--hf-out", os.path.join(run_dir, "hf-out")] + (["--no-breakdown"] if footprint else [])
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def finish(procs: list, kind: str, extra: dict) -> dict:
+    """Wait for a job ``start`` started; rank 0's RESULT dict (with the job's CPU per step).
+    Raises SystemExit on failure."""
     outs = communicate_all(procs)
     for p, (o, e) in zip(procs, outs):
         if p.returncode != 0:
@@ -336,7 +353,8 @@ def paired_rows(loop: dict, base: str, a: argparse.Namespace) -> list:
             ("step_mean_ms", "mean step incl. worker start-up"))
     keys = tuple(k for k in keys if all(k[0] in r for rs in loop.values() for r in rs))
     lines = ["\n### Added by tracing, paired by round (%d rounds%s): median of the per-round ratio - 1 "
-             "[95 %% confidence interval of that median, order statistics] (min-max; quartiles)\n" % (a.rounds, ", job pinned with `taskset -c %s`" % a.pin if a.pin else ""),
+             "[95 %% confidence interval of that median, order statistics] (min-max; quartiles)\n" % (a.rounds, (", job pinned with `taskset -c %s`" % a.pin if a.pin else "")
+                + (", the variants of a round run at the same time: `--concurrent`" if a.concurrent else "")),
              "| variant | %s |" % " | ".join(label for _, label in keys), "|---|%s" % ("---|" * len(keys))]
     if base in loop:
         lines.insert(3, "| %s (absolute, ms) | %s |" % (base, " | ".join(
@@ -364,6 +382,13 @@ def parent(a: argparse.Namespace) -> dict:
     loop = {n: [] for n in names}
     for rnd in range(0 if a.no_loop else a.rounds):
         order = names[rnd % len(names):] + names[:rnd % len(names)]
+        if a.concurrent:  # every variant of the round at once: the same machine, at the same moment
+            jobs = [(n, start("train", VARIANTS[n], a, os.path.join(root, "%s-%d" % (n, rnd)), a.epochs))
+                    for n in order]
+            for n, procs in jobs:
+                loop[n].append(finish(procs, "train", VARIANTS[n]))
+                print("round %d %-8s (load %s) %s" % (rnd, n, loadavg(), loop[n][-1]), file=sys.stderr, flush=True)
+            continue
         for n in order:
             d = os.path.join(root, "%s-%d" % (n, rnd))
             loop[n].append(launch("train", VARIANTS[n], a, d, a.epochs))
@@ -447,6 +472,8 @@ def main() -> None:
     p.add_argument("--variants", default=None, help="comma list of %s" % ",".join(VARIANTS))
     p.add_argument("--baseline", default=None, help="another tree (e.g. a checkout of main): adds VARIANT@before for "
                    "each traced variant, run with that tree on PYTHONPATH")
+    p.add_argument("--concurrent", action="store_true", help="run the variants of a round at the same time, side by "
+                   "side on the same cores (each sees the machine's other load as the others do), not one after another")
     p.add_argument("--pin", default=None, help="run the whole job (ranks and their workers) under `taskset -c PIN`, "
                    "e.g. 0: all tracing CPU becomes step time (a conservative bound)")
     p.add_argument("--footprint-epochs", type=int, default=30)

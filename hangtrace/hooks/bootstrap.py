@@ -154,30 +154,33 @@ class Runtime:
         adopted, when there is one."""
         old = self.recorder
         old.abandon()
-        phase, step = old.current()
         self.parent_pid = old.pid
         self.log = RunLog(self.run_dir)
         ready, self._child_recorder = self._child_recorder, None
-        if ready is not None and ready[0] == old.pid:
+        if ready is not None and ready[0] == old.pid:  # (it has the parent's step: prepare_child)
             ready[1].adopt(self.log)
             self.recorder = ready[1]
         else:
+            step = old.current()[1]
             self.recorder = self._make_recorder(lazy=config.mem_enabled())
+            if step is not None:
+                self.recorder.step(step, grow=False)
         self.recorder.on_lost = _disable_child
-        if step is not None:
-            self.recorder.step(step, grow=False)
 
     def prepare_child(self) -> None:
         """In the parent, before a fork: the lazy recorder the child will ``adopt``
         (``ringsize.Growable.adopt``), built at the first fork and kept unused for every
-        later one (each child adopts its own copy-on-write copy). Without the memory
+        later one (each child adopts its own copy-on-write copy); before every fork it
+        takes this process's current step (the child's records carry it). Without the memory
         sampler, or with helper rings as large as ranks', children's rings are not lazy
         (files at once): nothing is prepared.
         Raises OSError (no anonymous memory): the child then builds its own."""
         ready, choice = self._child_recorder, self._choice
         if ((ready is None or ready[0] != os.getpid()) and config.mem_enabled()
                 and choice is not None and choice[1] < choice[2]):  # (a small ring: lazy)
-            self._child_recorder = (os.getpid(), self._make_recorder(lazy=True))
+            ready = self._child_recorder = (os.getpid(), self._make_recorder(lazy=True))
+        if ready is not None and ready[0] == os.getpid():
+            ready[1].inherit_step(self.recorder._step)
 
 
 def _default_instrumentors() -> List[Instrumentor]:

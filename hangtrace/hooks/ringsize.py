@@ -168,6 +168,7 @@ class Growable:
     on_lost: Optional[Callable[[BaseException], None]] = None  # a lazy ring could not be written
     run_dir: str
     host: str
+    _step: int
     _touch_progress: Callable[[], None]
 
     def adopt(self, log: Callable[..., None]) -> None:
@@ -182,6 +183,13 @@ class Growable:
         F.RANK.pack_into(self.mm, F.RANK_OFF, _env_int(b"RANK"), _env_int(b"LOCAL_RANK"),
                          _env_int(b"WORLD_SIZE"), 0)
         self._touch_progress()
+
+    def inherit_step(self, step: int) -> None:
+        """In the parent, on the recorder prepared for its next child: the current step
+        (-1: none) the child starts in, set without a record (every record carries it)."""
+        if self._step != step:
+            self._step = step
+            F.PHASE.pack_into(self.mm, F.PHASE_OFF, 0, 0, step)
 
     def materialize(self, reason: str) -> bool:
         """Write a lazy ring (a forked helper's, kept in memory since the fork) to its file,

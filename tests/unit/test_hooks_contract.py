@@ -264,3 +264,40 @@ def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path)
     p = subprocess.run([sys.executable, str(script)], env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S=100),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+
+
+def test_forked_child_starts_in_the_parents_step_from_the_prepared_recorder(tmp_path):
+    """A forked child adopts the recorder its parent prepared before the first fork
+    (``Runtime.prepare_child``); it is reused for every fork, and each child starts in the
+    step its parent was in at that fork (header and records), with its own pid and ring."""
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        from hangtrace import tracer
+        from hangtrace.hooks import bootstrap
+        kids = []
+        for step in (7, 12):
+            tracer.step(step)
+            pid = os.fork()
+            if pid == 0:
+                rec = bootstrap.active().recorder
+                assert rec.pid == os.getpid() and rec.lazy, (rec.pid, rec.lazy)
+                rec.event("child-mark", step_seen=rec._step)  # (an event: the ring goes to its file)
+                os._exit(0)
+            kids.append(pid)
+            assert os.waitpid(pid, 0)[1] == 0
+        ready = bootstrap.active()._child_recorder
+        assert ready is not None and ready[0] == os.getpid() and ready[1].lazy  # (kept, unused)
+        print("kids", *kids)
+    """))
+    p = subprocess.run([sys.executable, str(script)], env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S=100),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    kids = [int(x) for x in p.stdout.split("kids")[1].split()]
+    from hangtrace.tracer.ring.reader import read_ring
+    for pid, step in zip(kids, (7, 12)):
+        r = read_ring(tmp_path / "run" / ("ring-%s-%d.htr" % (os.uname().nodename, pid)))
+        assert r.header["pid"] == pid and r.header["step"] == step, r.header
+        mark = [e for e in r.events if e["event"] == "child-mark"]
+        assert mark and mark[0]["step_seen"] == step, r.events
+        assert [x["step"] for x in r.records if x.get("kind") == "event"][-1:] == [step], r.records
