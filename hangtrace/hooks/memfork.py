@@ -53,7 +53,7 @@ class ChildClock:
         self._wake.acquire()
         self._done = _thread.allocate_lock()
         self._done.acquire()
-        _thread.start_new_thread(self._main, ())
+        self.ident = _thread.start_new_thread(self._main, ())  # (as Thread.ident: its pthread_t)
 
     def _main(self) -> None:
         try:

@@ -243,7 +243,7 @@ def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path)
     that has taken no sample yet."""
     script = tmp_path / "fork.py"
     script.write_text(textwrap.dedent("""
-        import os, sys
+        import os, sys, time
         from hangtrace.hooks import memory
         assert "hangtrace.hooks.memfork" not in sys.modules, "imported at start-up"
         assert "hangtrace.hooks.memcuda" not in sys.modules, "CUDA sampling imported without CUDA"
@@ -255,6 +255,7 @@ def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path)
             from hangtrace.hooks import memfork
             # its timer: a ChildClock whose raw thread waits one interval before any sample
             ok = (s is parent and s.pid == os.getpid() and isinstance(s.thread, memfork.ChildClock)
+                  and time.clock_gettime_ns(time.pthread_getcpuclockid(s.thread.ident)) >= 0
                   and len(os.listdir("/proc/self/task")) == 2 and s.nsamples == 0 and not s.dead)
             os._exit(0 if ok else 3)
         assert "hangtrace.hooks.memfork" in sys.modules, "not imported before the fork"
