@@ -16,11 +16,11 @@ forked children find it loaded. Standard
 library only; never raises (False: the caller builds a new sampler).
 
 The child's timer is a ``ChildClock``: one raw thread (``_thread``, no ``threading``
-bookkeeping) blocked in a lock wait for one interval, then the sampler's loop. Most
-DataLoader workers of short epochs exit before that interval ends, so they take no sample
-and run none of ``threading``'s Python code, whose every first touch in a fresh child is a
-copy-on-write fault (issue 13: a bare fork+exit of a traced rank, child CPU 0.3-1.4 ms less
-than with a ``threading.Thread`` started at the fork and its first sample taken at once).
+bookkeeping) asleep for one interval, then the sampler's loop. Most DataLoader workers of
+short epochs exit before that interval ends, so they take no sample and run none of
+``threading``'s Python code, whose every first touch in a fresh child is a copy-on-write
+fault (issue 13: with this and ``Runtime.prepare_child``, a bare fork+exit child of a
+traced rank costs +1.5 ms of CPU over untraced, against +1.9 to 3.8 ms before; benchmarks/README.md).
 
 ``on_tick``: the sampler's timer tick in a forked helper whose ring is still in memory
 (``ringsize.Growable.materialize``) writes it to its file first: a helper that has lived a
@@ -32,6 +32,7 @@ from __future__ import annotations
 import _thread
 import os
 import threading
+import time
 from typing import Any, Optional
 
 from hangtrace.tracer.ring import layout as F
@@ -40,7 +41,7 @@ from hangtrace.tracer.ring import layout as F
 class ChildClock:
     """A forked child's sampler timer (module docstring): ``s.thread`` while it waits.
 
-    Its raw thread waits one interval (``_wake``, a plain lock: C only), then, unless the
+    Its raw thread sleeps one interval (``time.sleep``: C only), then, unless the
     sampler was stopped meanwhile, writes the cgroup facts to the ring and runs
     ``Sampler._run`` (first tick at once). ``join`` is ``Sampler.stop``'s: it waits only
     for a clock that is sampling; one still waiting samples nothing and needs no join (the
@@ -49,8 +50,6 @@ class ChildClock:
     def __init__(self, s: Any) -> None:
         self.s = s
         self.sampling = False
-        self._wake = _thread.allocate_lock()
-        self._wake.acquire()
         self._done = _thread.allocate_lock()
         self._done.acquire()
         self.ident = _thread.start_new_thread(self._main, ())  # (as Thread.ident: its pthread_t)
@@ -58,7 +57,7 @@ class ChildClock:
     def _main(self) -> None:
         try:
             s = self.s
-            self._wake.acquire(True, s.interval_s)
+            time.sleep(s.interval_s)
             self.sampling = True  # (before the check: stop() sets _stop, then reads this)
             if s.dead or s._stop.is_set():
                 return
