@@ -319,8 +319,9 @@ def install(rt: Any, forked_from: Optional[int] = None) -> None:
     global _rt
     _rt = rt
     rec = rt.recorder
-    rec.event("start", argv=list(sys.argv)[:50], executable=sys.executable, ppid=os.getppid(),
-              forked_from=forked_from)
+    # (a forked helper's lazy ring writes it when it goes to its file: ringsize.start_event)
+    rec.start_event(argv=list(sys.argv)[:50], executable=sys.executable, ppid=os.getppid(),
+                    forked_from=forked_from)
     _close_files()
     del _sigterm_file[:]
     if forked_from is None:

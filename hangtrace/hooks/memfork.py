@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import _thread
 import os
-import threading
 import time
 from typing import Any, Optional
 
@@ -73,6 +72,36 @@ class ChildClock:
             self._done.acquire(True, -1 if timeout is None else timeout)
 
 
+class StopFlag:
+    """``threading.Event``'s ``is_set``, ``set`` and ``wait`` on one raw lock: a forked
+    child's sampler stop flag, made at fork without running ``threading``'s Python code
+    (an Event is a Condition over a Lock: several first-run functions in a fresh child)."""
+
+    __slots__ = ("_flag", "_gate")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._gate = _thread.allocate_lock()
+        self._gate.acquire()  # released by set(): waiters pass
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        if not self._flag:
+            self._flag = True
+            try:
+                self._gate.release()
+            except RuntimeError:  # (set twice at once: released already)
+                pass
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """True when set; waits up to ``timeout`` s (None: for ever) for ``set``."""
+        if not self._flag and self._gate.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+            self._gate.release()  # (the next waiter passes too)
+        return self._flag
+
+
 def _cgroup_meta(s: Any) -> None:
     """The cgroup facts of the child's samples, into its ring once: when the ring goes to
     its file (``on_grow``: a lazy ring in memory is lost with the process anyway) or at the
@@ -106,7 +135,7 @@ def take_over(s: Any, rt: Any) -> bool:
         s.rec, s.log, s.run_dir = rec, rt.log, rt.run_dir
         s.pid = os.getpid()
         s._statm = s._open("/proc/%d/statm" % s.pid)
-        s._stop = threading.Event()  # (the parent's may be held by its timer thread)
+        s._stop = StopFlag()  # (the parent's Event may be held by its timer thread)
         s.swap, s.last_ns, s.nsamples, s._oom_seen, s._oom_count = -1, 0, 0, None, 0
         s._cuda, s._cuda_hooked, s._gauge_sids = {}, False, {}  # (CUDA is unusable after fork)
         s._host = rec.intern("host")

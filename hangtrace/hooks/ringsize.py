@@ -37,7 +37,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.ring.layout import proc_start_ticks
 from hangtrace.tracer.ring import layout as F
@@ -170,6 +170,10 @@ class Growable:
     host: str
     _step: int
     _touch_progress: Callable[[], None]
+    event: Callable[..., int]
+    #: a lazy ring's start record, kept as its fields until the ring goes to its file
+    #: (``start_event``); None once written, or when there is none
+    _pending_start: Optional[Dict[str, Any]] = None
 
     def adopt(self, log: Callable[..., None]) -> None:
         """In a forked child: make this lazy recorder, which the parent built before the
@@ -183,6 +187,26 @@ class Growable:
         F.RANK.pack_into(self.mm, F.RANK_OFF, _env_int(b"RANK"), _env_int(b"LOCAL_RANK"),
                          _env_int(b"WORLD_SIZE"), 0)
         self._touch_progress()
+
+    def start_event(self, **fields: Any) -> None:
+        """The process's start record (``event("start", **fields)``). A lazy ring (a forked
+        helper's, issue 13) keeps it as its fields, with the time of this call, and writes it
+        first when the ring goes to its file (``materialize``): a helper that exits cleanly
+        before then never encodes it (about 0.17 ms of a fresh child's CPU, most of it
+        copy-on-write faults of the first run of the encoding code; benchmarks/README.md)."""
+        if not self.lazy:
+            self.event("start", **fields)
+            return
+        fields["wall_ns"], fields["mono_ns"] = _wall(), _mono()
+        self._pending_start = fields
+
+    def _write_pending_start(self) -> None:
+        fields, self._pending_start = self._pending_start, None
+        if fields is not None:
+            import threading  # (loaded: the recorder's module imports it)
+            # the thread that forked is the child's main thread (threading._after_fork)
+            fields.setdefault("thread", threading.main_thread().name)
+            self.event("start", **fields)
 
     def inherit_step(self, step: int) -> None:
         """In the parent, on the recorder prepared for its next child: the current step
@@ -255,6 +279,12 @@ class Growable:
         return ok
 
     def _run_on_grow(self) -> None:
+        """After the ring was replaced: a lazy ring's pending start record first, then
+        every ``on_grow`` callable. Never raises."""
+        try:
+            self._write_pending_start()
+        except Exception as e:
+            self.log("the start record of a forked helper: %r" % (e,), "lazy-start")
         for fn in list(self.on_grow):
             try:
                 fn(self)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -302,3 +303,70 @@ def test_forked_child_starts_in_the_parents_step_from_the_prepared_recorder(tmp_
         mark = [e for e in r.events if e["event"] == "child-mark"]
         assert mark and mark[0]["step_seen"] == step, r.events
         assert [x["step"] for x in r.records if x.get("kind") == "event"][-1:] == [step], r.records
+
+
+def test_forked_helpers_start_record_waits_for_its_file(tmp_path):
+    """A forked helper's lazy ring keeps its start record as fields (issue 13) and writes it
+    first, with the time of the fork, when the ring goes to its file: by an event
+    (``materialize``) or by joining a group (``grow``); a clean exit before then leaves no
+    file at all."""
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        from hangtrace.hooks import bootstrap
+        kids = []
+        for how in ("event", "grow", "none"):
+            t0 = time.time_ns()
+            pid = os.fork()
+            if pid == 0:
+                rec = bootstrap.active().recorder
+                assert rec.lazy and rec._pending_start is not None, rec._pending_start
+                time.sleep(0.05)
+                if how == "event":
+                    rec.event("child-mark")
+                elif how == "grow":
+                    assert rec.grow("joined a test group")
+                assert rec._pending_start is None or how == "none"
+                os._exit(0)
+            kids.append((pid, how, t0))
+            assert os.waitpid(pid, 0)[1] == 0
+        print("parent", os.getpid(), "kids", " ".join("%d:%s:%d" % k for k in kids))
+    """))
+    p = subprocess.run([sys.executable, str(script)], env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S=100),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    from hangtrace.tracer.ring.reader import read_ring
+    for kid in p.stdout.split("kids")[1].split():
+        pid, how, t0 = kid.split(":")
+        path = tmp_path / "run" / ("ring-%s-%s.htr" % (os.uname().nodename, pid))
+        if how == "none":
+            assert not path.exists()
+            continue
+        r = read_ring(path)
+        ev = [e["event"] for e in r.events]
+        assert ev[:1] == ["start"], ev
+        start = r.events[0]
+        assert start["forked_from"] == start["ppid"] == int(p.stdout.split()[1]), start
+        assert start["thread"] == "MainThread", start
+        # the time of the fork, not of the write 50 ms later
+        assert int(t0) <= start["wall_ns"] < int(t0) + 40_000_000, (t0, start["wall_ns"])
+        if how == "event":
+            assert ev[:2] == ["start", "child-mark"], ev
+
+
+def test_child_stop_flag_is_an_event():
+    """``memfork.StopFlag``: Event's is_set / wait / set, across threads."""
+    import threading
+    from hangtrace.hooks.memfork import StopFlag
+    f = StopFlag()
+    assert not f.is_set() and f.wait(0.01) is False
+    got = []
+    waiters = [threading.Thread(target=lambda: got.append(f.wait(10))) for _ in range(3)]
+    for w in waiters:
+        w.start()
+    time.sleep(0.05)
+    f.set()
+    f.set()  # (twice: no error)
+    for w in waiters:
+        w.join(5)
+    assert got == [True, True, True] and f.is_set() and f.wait(0) is True
