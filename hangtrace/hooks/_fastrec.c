@@ -206,6 +206,7 @@ typedef struct {
     PyObject *strings;           /* dict text -> strid (Recorder._strings) or NULL: the phase API's intern cache */
     unsigned long long gen;      /* unique per Ring instance (the per-thread caches' key) */
     long long mem_last_ns;       /* monotonic time of the newest host memory sample written here, 0 none */
+    long long mem_last_a[3];     /* that sample's RSS, cgroup usage, oom_kill count (phase_in's reuse) */
 } RingObject;
 
 static unsigned long long ring_gen_next; /* last Ring.gen handed out (under the GIL) */
@@ -731,8 +732,12 @@ static unsigned long long ring_mem_host(RingObject *self, const long long *v) {
         }
     }
     unsigned long long idx = ring_write(self, K_MEM, 0, 0, v[0], v[1], 0, 0, 0, -1, S_COMPLETED, 0, a, 0);
-    if (idx != 0)
+    if (idx != 0) {
         self->mem_last_ns = (long long)mono_ns();
+        self->mem_last_a[0] = a[0];
+        self->mem_last_a[1] = a[2];
+        self->mem_last_a[2] = a[4];
+    }
     return idx;
 }
 
@@ -777,6 +782,31 @@ static int api_mem(RingObject *r, long long source, PyObject *mem) {
     return ring_mem_host(r, v) == 0 ? -1 : 0;
 }
 
+/* A phase's MEM_ENTER: when the newest host sample written here (its reads, not a reuse) is
+ * younger than ``gap`` ns, its RSS, usage and oom_kill figures again, without reading
+ * (swap and limit from ``mem``, as always); else a fresh sample (api_mem). Why: a phase
+ * entered just after a phase left or a step began would read the same figures again, and
+ * inside a training step those reads come back cold (~15 us, issue 13). */
+static int api_mem_recent(RingObject *r, long long source, PyObject *mem, long long gap) {
+    long long v[8], a[5];
+    if (mem == Py_None || gap <= 0 || r->mem_last_ns <= 0 || (long long)mono_ns() - r->mem_last_ns >= gap)
+        return api_mem(r, source, mem);
+    if (!PyTuple_Check(mem) || PyTuple_GET_SIZE(mem) != 7) {
+        PyErr_SetString(PyExc_TypeError, "mem must be None or a tuple of 7 ints");
+        return -1;
+    }
+    v[0] = source;
+    for (int i = 1; i < 8; i++)
+        if (get_int(PyTuple_GET_ITEM(mem, i - 1), mem_lo[i], mem_hi[i], &v[i]) < 0)
+            return -1;
+    a[0] = r->mem_last_a[0];
+    a[1] = v[6];
+    a[2] = r->mem_last_a[1];
+    a[3] = v[7];
+    a[4] = r->mem_last_a[2];
+    return ring_write(r, K_MEM, 0, 0, v[0], v[1], 0, 0, 0, -1, S_COMPLETED, 0, a, 0) == 0 ? -1 : 0;
+}
+
 static void api_header(RingObject *r, long long depth) {
     char *p = r->base + PHASE_OFF;
     put32(p, (uint32_t)r->cur_phase);
@@ -809,16 +839,21 @@ static PyObject *api_intern(RingObject *r, PyObject *name) {
 }
 
 PyDoc_STRVAR(Ring_phase_in_doc,
-             "phase_in(name: str, step: int | None, mem: tuple | None) -> None\n\n"
+             "phase_in(name: str, step: int | None, mem: tuple | None, gap_ns: int = 0) -> None\n\n"
              "Enter phase ``name`` on the calling thread: _FastRecorder.phase_enter's records (step set when\n"
-             "given, the thread's phase stack, header, K_PHASE_ENTER, progress), then the MEM_ENTER sample.");
+             "given, the thread's phase stack, header, K_PHASE_ENTER, progress), then the MEM_ENTER sample;\n"
+             "when the newest host sample read here is younger than ``gap_ns``, that sample's RSS, usage and\n"
+             "oom_kill figures again, without reading (api.STEP_SAMPLE_GAP_NS).");
 
 static PyObject *Ring_phase_in(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long long step, sid;
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "phase_in() takes 3 arguments (%zd given)", nargs);
+    long long gap = 0;
+    if (nargs != 3 && nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "phase_in() takes 3 or 4 arguments (%zd given)", nargs);
         return NULL;
     }
+    if (nargs == 4 && get_int(args[3], 0, LLONG_MAX, &gap) < 0)
+        return NULL;
     if (ring_ready(self) < 0)
         return NULL;
     if (args[1] != Py_None) {
@@ -864,7 +899,7 @@ static PyObject *Ring_phase_in(RingObject *self, PyObject *const *args, Py_ssize
     if (ring_write(self, K_PHASE_ENTER, 0, 0, 0, 0, 0, 0, 0, -1, S_COMPLETED, 0, NULL, 0) == 0)
         return NULL;
     ring_touch(self, mono_ns());
-    if (api_mem(self, 2, args[2]) < 0) /* MEM_ENTER */
+    if (api_mem_recent(self, 2, args[2], gap) < 0) /* MEM_ENTER */
         return NULL;
     Py_RETURN_NONE;
 }

@@ -5,7 +5,9 @@ Phase entry/exit and steps also take a memory sample when memory sampling is on
 (``hooks/memory.py``; ``HANGTRACE_MEM=0`` turns it off). A step's sample is skipped when
 another was taken less than ``STEP_SAMPLE_GAP_NS`` before (a ``with phase(...)`` just left
 or entered beside ``step(n)``: the same figures, issue 13); the next sample carries the
-new step.
+new step. On the one-call path below, a phase entered within that gap of the newest host
+sample repeats that sample's RSS, usage and oom_kill figures in its entry sample instead of
+reading them again (``Ring.phase_in``); exit samples always read.
 
 Once the process's ring is full-size and its memory sampler runs on its timer with host
 figures only, each boundary is one C call of the ring (``_bind``: records and sample
@@ -29,7 +31,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _recorder: Any = None  # set by hangtrace.hooks.bootstrap when tracing is on
 _mono = time.monotonic_ns
-#: ns: a step's memory sample is skipped when another sample is younger than this (module doc)
+#: ns: a step's memory sample is skipped, and a phase's entry sample repeats the newest one's
+#: figures (one-call path), when that sample is younger than this (module doc)
 STEP_SAMPLE_GAP_NS = 1_000_000
 
 
@@ -151,7 +154,7 @@ class _Phase:
             f = _fast
             if f is not None:
                 try:
-                    f.phase_in(self.name, self.step, _mem)
+                    f.phase_in(self.name, self.step, _mem, STEP_SAMPLE_GAP_NS)
                 except Exception as e:
                     _report(e)
                 return self

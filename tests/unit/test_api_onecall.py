@@ -134,3 +134,40 @@ def test_the_one_call_path_never_raises(traced):
     with api.phase("q"):
         api.step(2)
     assert any(key and key.startswith("api-") for _, key in rec.log.lines)
+
+
+def test_a_phase_entered_beside_a_sample_repeats_its_figures(traced, tmp_path):
+    """``Ring.phase_in`` with a gap: the entry sample repeats the RSS, usage and oom_kill
+    figures of the newest host sample read less than ``gap_ns`` before (no reads; swap and
+    limit as given), and reads afresh once that sample is older; a reuse does not make the
+    newest sample younger. Crafted statm, usage and oom files whose figures change between
+    the calls tell a reuse from a read."""
+    rec, s = traced
+    ring = rec._fast
+    files = {n: tmp_path / n for n in ("statm", "usage", "oom")}
+
+    def put(rss_pages: int, usage: int, kills: int) -> None:
+        files["statm"].write_text("1000 %d 0 0 0 0 0\n" % rss_pages)
+        files["usage"].write_text("%d\n" % usage)
+        files["oom"].write_text("oom_kill_disable 0\nunder_oom 0\noom_kill %d\n" % kills)
+
+    put(50, 7000, 1)
+    fds = {n: os.open(str(p), os.O_RDONLY) for n, p in files.items()}
+    try:
+        mem = (rec.intern("host"), fds["statm"], 4096, fds["usage"], fds["oom"], 11, 22)
+        ring.mem_host(1, *mem)  # a timer sample: reads 50 pages
+        t_read = ring.mem_last_ns
+        put(70, 9000, 2)
+        ring.phase_in("a", None, mem, 10 ** 12)  # beside it: the same figures, nothing read
+        assert ring.mem_last_ns == t_read
+        ring.phase_in("b", None, mem, 0)  # no gap: read
+        assert ring.mem_last_ns > t_read
+        put(90, 9500, 3)
+        time.sleep(0.002)
+        ring.phase_in("c", None, mem, 1_000_000)  # the newest read is older than the gap: read
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    got = [(r["source"], r["a"]) for r in RD.read_ring(rec.path).records if r["kind"] == "memory"][-4:]
+    assert got == [("timer", (50 * 4096, 11, 7000, 22, 1)), ("phase_enter", (50 * 4096, 11, 7000, 22, 1)),
+                   ("phase_enter", (70 * 4096, 11, 9000, 22, 2)), ("phase_enter", (90 * 4096, 11, 9500, 22, 3))], got
