@@ -351,7 +351,8 @@ def paired_rows(loop: dict, base: str, a: argparse.Namespace) -> list:
     keys = (("job_cpu_ms_per_step", "job CPU per step"), ("ranks_cpu_ms_per_step", "- the 2 ranks"),
             ("workers_cpu_ms_per_step", "- their workers"), ("step_median_ms", "median step"),
             ("step_mean_ms", "mean step incl. worker start-up"))
-    keys = tuple(k for k in keys if all(k[0] in r for rs in loop.values() for r in rs))
+    keys = tuple(k for k in keys if all(k[0] in r for rs in loop.values() for r in rs)
+                 and all(r[k[0]] for r in loop.get(base, [])))  # (--workers 0: no workers' CPU to divide by)
     lines = ["\n### Added by tracing, paired by round (%d rounds%s): median of the per-round ratio - 1 "
              "[95 %% confidence interval of that median, order statistics] (min-max; quartiles)\n" % (a.rounds, (", job pinned with `taskset -c %s`" % a.pin if a.pin else "")
                 + (", the variants of a round run at the same time: `--concurrent`" if a.concurrent else "")),
