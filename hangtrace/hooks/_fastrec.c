@@ -767,10 +767,8 @@ static PyObject *Ring_mem_host(RingObject *self, PyObject *const *args, Py_ssize
  * caches, each Python frame of that path comes back cold (benchmarks/README.md). ``mem``:
  * None (no sample) or the 7 figures of Sampler.fast_args() (mem_host's arguments after the
  * source). */
-static int api_mem(RingObject *r, long long source, PyObject *mem) {
-    long long v[8];
-    if (mem == Py_None)
-        return 0;
+/* v = source, then the 7 figures of ``mem`` (a tuple, not None). 0, or -1 with an error set. */
+static int api_mem_args(long long source, PyObject *mem, long long *v) {
     if (!PyTuple_Check(mem) || PyTuple_GET_SIZE(mem) != 7) {
         PyErr_SetString(PyExc_TypeError, "mem must be None or a tuple of 7 ints");
         return -1;
@@ -779,6 +777,15 @@ static int api_mem(RingObject *r, long long source, PyObject *mem) {
     for (int i = 1; i < 8; i++)
         if (get_int(PyTuple_GET_ITEM(mem, i - 1), mem_lo[i], mem_hi[i], &v[i]) < 0)
             return -1;
+    return 0;
+}
+
+static int api_mem(RingObject *r, long long source, PyObject *mem) {
+    long long v[8];
+    if (mem == Py_None)
+        return 0;
+    if (api_mem_args(source, mem, v) < 0)
+        return -1;
     return ring_mem_host(r, v) == 0 ? -1 : 0;
 }
 
@@ -791,14 +798,8 @@ static int api_mem_recent(RingObject *r, long long source, PyObject *mem, long l
     long long v[8], a[5];
     if (mem == Py_None || gap <= 0 || r->mem_last_ns <= 0 || (long long)mono_ns() - r->mem_last_ns >= gap)
         return api_mem(r, source, mem);
-    if (!PyTuple_Check(mem) || PyTuple_GET_SIZE(mem) != 7) {
-        PyErr_SetString(PyExc_TypeError, "mem must be None or a tuple of 7 ints");
+    if (api_mem_args(source, mem, v) < 0)
         return -1;
-    }
-    v[0] = source;
-    for (int i = 1; i < 8; i++)
-        if (get_int(PyTuple_GET_ITEM(mem, i - 1), mem_lo[i], mem_hi[i], &v[i]) < 0)
-            return -1;
     a[0] = r->mem_last_a[0];
     a[1] = v[6];
     a[2] = r->mem_last_a[1];
