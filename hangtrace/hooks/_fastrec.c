@@ -766,8 +766,10 @@ static PyObject *Ring_mem_host(RingObject *self, PyObject *const *args, Py_ssize
  * same records in the same order: inside a training step, between kernels that evict the
  * caches, each Python frame of that path comes back cold (benchmarks/README.md). ``mem``:
  * None (no sample) or the 7 figures of Sampler.fast_args() (mem_host's arguments after the
- * source). */
-/* v = source, then the 7 figures of ``mem`` (a tuple, not None). 0, or -1 with an error set. */
+ * source).
+ *
+ * api_mem_args: v = source, then the 7 figures of ``mem`` (a tuple, not None). 0, or -1
+ * with an error set. */
 static int api_mem_args(long long source, PyObject *mem, long long *v) {
     if (!PyTuple_Check(mem) || PyTuple_GET_SIZE(mem) != 7) {
         PyErr_SetString(PyExc_TypeError, "mem must be None or a tuple of 7 ints");
