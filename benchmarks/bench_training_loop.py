@@ -18,6 +18,12 @@ Variants, interleaved round by round (the order rotates each round, ``--rounds``
   ht-fr0     HANGTRACE=1 HANGTRACE_FR=0: without our Flight Recorder agent (torch's own
              recorder runs in every variant at torch 2.13's default, 2000 entries, as
              users get it; before 2026-12-05 every variant ran with TORCH_FR_BUFFER_SIZE=0)
+  ht-tick5   HANGTRACE=1 HANGTRACE_MEM_INTERVAL_S=5: the share of a forked worker's first
+             sampler tick (its ring written to its file, its first sample), which a worker
+             of this loop's short epochs then never reaches
+
+``--pool A.json B.json ...`` prints the paired table over the rounds of earlier ``--out``
+files together (runs of the same variants and loop; nothing is run).
 
 ``--baseline TREE`` adds ``<variant>@before`` for each traced variant: the same, with TREE's
 hooks and watcher (PYTHONPATH=TREE), interleaved with this tree's. The load average is
@@ -75,7 +81,10 @@ VARIANTS = {"base": {}, "ht": {"HANGTRACE": "1"}, "ht-mem0": {"HANGTRACE": "1", 
             "ht-pure": {"HANGTRACE": "1", "HANGTRACE_PURE_PYTHON": "1"},
             "ht-watch": {"HANGTRACE": "1", "HANGTRACE_AUTO_WATCH": "1"},
             # torch's own Flight Recorder, which tracing turns on by default (config.configure_fr_env)
-            "ht-fr0": {"HANGTRACE": "1", "HANGTRACE_FR": "0"}}
+            "ht-fr0": {"HANGTRACE": "1", "HANGTRACE_FR": "0"},
+            # a 5 s sampling interval: a DataLoader worker of this loop (epochs of ~1.3 s at
+            # --concurrent) exits before its sampler's first tick, so its ring stays in memory
+            "ht-tick5": {"HANGTRACE": "1", "HANGTRACE_MEM_INTERVAL_S": "5"}}
 
 
 def loadavg() -> str:
@@ -370,6 +379,31 @@ def paired_rows(loop: dict, base: str, a: argparse.Namespace) -> list:
     return lines
 
 
+def pool(a: argparse.Namespace) -> None:
+    """Print ``paired_rows`` over the rounds of the ``--out`` files ``a.pool`` together:
+    each file's rounds stay paired as they ran. Raises SystemExit naming a file that is
+    unreadable, has no loop rounds, or ran other variants or another loop."""
+    loop: dict = {}
+    shape = None
+    for path in a.pool:
+        try:
+            with open(path) as f:
+                rep = json.load(f)
+            got, args = rep["loop"], rep["args"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit("%s: not an --out file of this benchmark (%r)" % (path, e))
+        this = (sorted(got), args.get("epochs"), args.get("steps"), args.get("workers"), bool(args.get("concurrent")))
+        if not got or (shape is not None and this != shape):
+            raise SystemExit("%s: other variants or another loop than %s (%s); pool runs of one command"
+                             % (path, a.pool[0], this))
+        shape = this
+        for name, rounds in got.items():
+            loop.setdefault(name, []).extend(rounds)
+    a.rounds, a.concurrent, a.pin = len(loop["base"]), shape[4], None
+    print("pooled: %s" % ", ".join(a.pool))
+    print("\n".join(paired_rows(loop, "base", a)))
+
+
 def parent(a: argparse.Namespace) -> dict:
     report: dict = {"args": vars(a), "loop": {}, "hf": None, "footprint": None}
     names = list(VARIANTS) if not a.variants else a.variants.split(",")
@@ -485,7 +519,11 @@ def main() -> None:
     p.add_argument("--hf-epochs", type=int, default=3)
     p.add_argument("--keep", action="store_true", help="keep the run directories (printed on stderr)")
     p.add_argument("--out", default=None, help="write all figures as JSON")
+    p.add_argument("--pool", nargs="+", default=None, metavar="JSON",
+                   help="print the paired table over the rounds of these --out files together; run nothing")
     a = p.parse_args()
+    if a.pool:
+        return pool(a)
     if a.child == "train":
         return child_train(a)
     if a.child == "hf":
