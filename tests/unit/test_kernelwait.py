@@ -15,11 +15,12 @@ from hangtrace.tracer.collect import stacks as S
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 
 
-def _blocked(pid, tid, timeout=10.0):
+def _blocked(pid, tid, timeout=10.0, passing=("futex",)):
+    """The first call ``tid`` is seen blocked in, other than the ``passing`` ones."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         k = K.thread_wait(pid, tid)
-        if k is not None and k["syscall"] not in ("futex",):
+        if k is not None and k["syscall"] not in passing:
             return k
         time.sleep(0.05)
     raise AssertionError("pid %d never blocked in a call (last: %r)" % (pid, K.thread_wait(pid, tid)))
@@ -74,7 +75,8 @@ def test_a_parent_waiting_for_its_child_names_the_pid_and_lists_the_child():
     p = subprocess.Popen([sys.executable, "-c",
                           "import subprocess; subprocess.call(['cat'], stdin=subprocess.PIPE)"])
     try:
-        k = _blocked(p.pid, p.pid)
+        # (a loaded machine can catch the parent in vfork, blocked until cat execs: CI, 2026-12-05)
+        k = _blocked(p.pid, p.pid, passing=("futex", "vfork", "clone", "clone3"))
         assert k["syscall"] in ("wait4", "waitid"), k
         t0 = time.monotonic()
         kids = K.children(p.pid)
