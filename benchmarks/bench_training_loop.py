@@ -382,7 +382,8 @@ def paired_rows(loop: dict, base: str, a: argparse.Namespace) -> list:
 def pool(a: argparse.Namespace) -> None:
     """Print ``paired_rows`` over the rounds of the ``--out`` files ``a.pool`` together:
     each file's rounds stay paired as they ran. Raises SystemExit naming a file that is
-    unreadable, has no loop rounds, or ran other variants or another loop."""
+    unreadable, has no ``base`` rounds to pair with, or ran other variants or another loop
+    (epochs, steps, workers, ``--concurrent``, ``--pin``)."""
     loop: dict = {}
     shape = None
     for path in a.pool:
@@ -392,14 +393,17 @@ def pool(a: argparse.Namespace) -> None:
             got, args = rep["loop"], rep["args"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit("%s: not an --out file of this benchmark (%r)" % (path, e))
-        this = (sorted(got), args.get("epochs"), args.get("steps"), args.get("workers"), bool(args.get("concurrent")))
-        if not got or (shape is not None and this != shape):
+        this = (sorted(got), args.get("epochs"), args.get("steps"), args.get("workers"), bool(args.get("concurrent")),
+                args.get("pin"))
+        if "base" not in got:
+            raise SystemExit("%s: no base rounds to pair with (a run with --variants base,...)" % path)
+        if shape is not None and this != shape:
             raise SystemExit("%s: other variants or another loop than %s (%s); pool runs of one command"
                              % (path, a.pool[0], this))
         shape = this
         for name, rounds in got.items():
             loop.setdefault(name, []).extend(rounds)
-    a.rounds, a.concurrent, a.pin = len(loop["base"]), shape[4], None
+    a.rounds, a.concurrent, a.pin = len(loop["base"]), shape[4], shape[5]
     print("pooled: %s" % ", ".join(a.pool))
     print("\n".join(paired_rows(loop, "base", a)))
 
