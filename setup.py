@@ -5,6 +5,7 @@ setup.cfg holds all metadata. A ``.pth`` must sit at the top of site-packages, w
 declarative configuration cannot express; this build_py copies it next to the
 packages, for regular and editable (PEP 660) installs alike.
 """
+
 import os
 
 from setuptools import Extension, setup

@@ -46,6 +46,7 @@ Usage::
 
 Targets: 4,096 ranks x 2,000 records analysed in <= 5 s and <= 2 GB.
 """
+
 import argparse
 import gc
 import json
@@ -63,7 +64,7 @@ import time
 HERE = os.path.abspath(__file__)
 T0 = 1_790_000_000_000_000_000
 MS = 1_000_000
-HISTORY = 1000            # ops issued before the ring window starts
+HISTORY = 1000  # ops issued before the ring window starts
 PATTERN = ("tp", "tp", "tp", "tp", "dp", "world")
 PER_STEP = {"tp": 4, "dp": 1, "world": 1}
 NUMEL = {"tp": 4096, "dp": 1 << 20, "world": 1}
@@ -99,10 +100,14 @@ def groups_of(world):
     """(world def, [tp defs], [dp defs]) with names as torch gives them ('0', '1', ...)."""
     ntp = world // TP
     w = {"name": "0", "desc": "default_pg", "ranks": range(world), "order": 0}
-    tps = [{"name": str(1 + i), "desc": "tp%d" % i, "ranks": range(i * TP, (i + 1) * TP), "order": 1 + i}
-           for i in range(ntp)]
-    dps = [{"name": str(1 + ntp + j), "desc": "dp%d" % j, "ranks": range(j, world, TP), "order": 1 + ntp + j}
-           for j in range(TP)]
+    tps = [
+        {"name": str(1 + i), "desc": "tp%d" % i, "ranks": range(i * TP, (i + 1) * TP), "order": 1 + i}
+        for i in range(ntp)
+    ]
+    dps = [
+        {"name": str(1 + ntp + j), "desc": "dp%d" % j, "ranks": range(j, world, TP), "order": 1 + ntp + j}
+        for j in range(TP)
+    ]
     return w, tps, dps
 
 
@@ -119,6 +124,7 @@ def positions(rank, culprit, sched):
 # --------------------------------------------------------------------------- hangtrace side
 def build_snapshot(world, nrec):
     from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
+
     sched = schedule(nrec)
     defs = groups_of(world)
     culprit = culprit_of(world)
@@ -133,26 +139,70 @@ def build_snapshot(world, nrec):
         for pos, kind, seq, step in positions(rank, culprit, sched):
             t = T0 + pos * MS + off
             last = pos == H - 1
-            recs.append({"idx": pos + 1, "kind": "collective", "op": "all_reduce", "group": gname[kind],
-                         "seq": seq, "dtype": "float32", "numel": NUMEL[kind], "shape": shape[kind],
-                         "peer": -1, "async_op": False, "batch": False, "thread": "MainThread",
-                         "phase": "train", "step": step, "t_mono_ns": t - T0, "t_wall_ns": t,
-                         "t_end_mono_ns": None if last else t - T0 + 100_000,
-                         "state": "issued" if last else "completed", "error": None, "a": (0, 0, 0, 0, 0)})
+            recs.append(
+                {
+                    "idx": pos + 1,
+                    "kind": "collective",
+                    "op": "all_reduce",
+                    "group": gname[kind],
+                    "seq": seq,
+                    "dtype": "float32",
+                    "numel": NUMEL[kind],
+                    "shape": shape[kind],
+                    "peer": -1,
+                    "async_op": False,
+                    "batch": False,
+                    "thread": "MainThread",
+                    "phase": "train",
+                    "step": step,
+                    "t_mono_ns": t - T0,
+                    "t_wall_ns": t,
+                    "t_end_mono_ns": None if last else t - T0 + 100_000,
+                    "state": "issued" if last else "completed",
+                    "error": None,
+                    "a": (0, 0, 0, 0, 0),
+                }
+            )
         lastrec = recs[-1]
-        if rank == culprit:   # moved on to the next step, outside collectives
+        if rank == culprit:  # moved on to the next step, outside collectives
             prog, step, inflight = lastrec["t_wall_ns"] + 2_000 * MS, lastrec["step"] + 1, None
         else:
             prog, step, inflight = recs[-2]["t_wall_ns"] + 100_000, lastrec["step"], lastrec
-        groups = [{"op": "new_group", "order": g["order"], "member": True, "name": g["name"], "desc": g["desc"],
-                   "backend": "nccl", "ranks": list(g["ranks"])} for g in (gs["world"], gs["tp"], gs["dp"])]
-        procs.append(ProcessInfo(host="node%d" % (rank // 8), pid=10000 + rank % 8, rank=rank,
-                                 local_rank=rank % 8, world_size=world, run_id="bench", state="alive",
-                                 start_wall_ns=T0, phase="train", step=step, progress_wall_ns=prog,
-                                 progress_mono_ns=prog - T0, inflight=inflight, records=recs, groups=groups))
+        groups = [
+            {
+                "op": "new_group",
+                "order": g["order"],
+                "member": True,
+                "name": g["name"],
+                "desc": g["desc"],
+                "backend": "nccl",
+                "ranks": list(g["ranks"]),
+            }
+            for g in (gs["world"], gs["tp"], gs["dp"])
+        ]
+        procs.append(
+            ProcessInfo(
+                host="node%d" % (rank // 8),
+                pid=10000 + rank % 8,
+                rank=rank,
+                local_rank=rank % 8,
+                world_size=world,
+                run_id="bench",
+                state="alive",
+                start_wall_ns=T0,
+                phase="train",
+                step=step,
+                progress_wall_ns=prog,
+                progress_mono_ns=prog - T0,
+                inflight=inflight,
+                records=recs,
+                groups=groups,
+            )
+        )
     last = max(p.progress_wall_ns for p in procs)
-    return Snapshot(run_dir="/tmp/bench-run", taken_wall_ns=last + 600 * 1_000_000_000, reason="stall",
-                    processes=procs)
+    return Snapshot(
+        run_dir="/tmp/bench-run", taken_wall_ns=last + 600 * 1_000_000_000, reason="stall", processes=procs
+    )
 
 
 def _status():
@@ -175,12 +225,19 @@ def _reset_hwm():
 
 
 def _verdict(d):
-    return {"kind": d.kind, "culprit_ranks": d.culprit_ranks[:20], "group": d.group, "seq": d.seq,
-            "cause": d.cause, "summary": (d.summary or "")[:300]}
+    return {
+        "kind": d.kind,
+        "culprit_ranks": d.culprit_ranks[:20],
+        "group": d.group,
+        "seq": d.seq,
+        "cause": d.cause,
+        "summary": (d.summary or "")[:300],
+    }
 
 
 def _timed_diagnose(snap, out, tag):
     from hangtrace.tracer.analyze.diagnose import diagnose
+
     base = _status()["VmRSS"]
     hwm_ok = _reset_hwm()
     t = time.perf_counter()
@@ -196,6 +253,7 @@ def _timed_diagnose(snap, out, tag):
 
 def child_hangtrace(world, nrec):
     import hangtrace.tracer.analyze.diagnose  # noqa: F401  (imports outside the measured build)
+
     out = {"world": world, "records": nrec}
     out["rss_after_imports"] = _status()["VmRSS"]
     t = time.perf_counter()
@@ -218,6 +276,7 @@ def write_rings(world, nrec, snap_dir):
     from unittest import mock
     from hangtrace.hooks import recorder as R
     from hangtrace.tracer.ring import layout as F
+
     rings = os.path.join(snap_dir, "rings")
     os.makedirs(rings, exist_ok=True)
     sched = schedule(nrec)
@@ -232,16 +291,28 @@ def write_rings(world, nrec, snap_dir):
     hist = [op_at(pos) for pos in range(0, H - 1 - nrec)]
     for rank in range(world):
         pid = 100000 + rank
-        with mock.patch.object(R.os, "getpid", return_value=pid), \
-                mock.patch.dict(os.environ, {"RANK": str(rank), "LOCAL_RANK": str(rank % 8),
-                                             "WORLD_SIZE": str(world)}):
+        with (
+            mock.patch.object(R.os, "getpid", return_value=pid),
+            mock.patch.dict(
+                os.environ, {"RANK": str(rank), "LOCAL_RANK": str(rank % 8), "WORLD_SIZE": str(world)}
+            ),
+        ):
             rec = R.Recorder(rings, "bench", nrec, lambda msg, key: None)
         gs = rank_groups(world, rank, defs)
         sid = {}
         for k in ("world", "tp", "dp"):
             g = gs[k]
-            rec.group_created({"op": "new_group", "order": g["order"], "member": True, "name": g["name"],
-                               "desc": g["desc"], "backend": "nccl", "ranks": list(g["ranks"])})
+            rec.group_created(
+                {
+                    "op": "new_group",
+                    "order": g["order"],
+                    "member": True,
+                    "name": g["name"],
+                    "desc": g["desc"],
+                    "backend": "nccl",
+                    "ranks": list(g["ranks"]),
+                }
+            )
             sid[k] = rec.intern(g["name"])
         shp = {k: rec.intern(str(v)) for k, v in NUMEL.items()}
         rec.phase_enter("train")
@@ -256,25 +327,39 @@ def write_rings(world, nrec, snap_dir):
             if pos != H - 1:
                 rec.complete(idx)
         if rank == culprit:
-            rec.step(cur_step + 1)   # moved on to the next step
+            rec.step(cur_step + 1)  # moved on to the next step
         rec.close()
-        states["%s:%d" % (host, pid)] = {"state": "alive", "exit_code": None, "rank": rank, "stack_error": None}
+        states["%s:%d" % (host, pid)] = {
+            "state": "alive",
+            "exit_code": None,
+            "rank": rank,
+            "stack_error": None,
+        }
     with open(os.path.join(snap_dir, "processes.json"), "w") as f:
-        json.dump({"run_dir": snap_dir, "taken_wall_ns": time.time_ns() + 600 * 10 ** 9, "reason": "stall",
-                   "errors": [], "processes": states}, f)
+        json.dump(
+            {
+                "run_dir": snap_dir,
+                "taken_wall_ns": time.time_ns() + 600 * 10**9,
+                "reason": "stall",
+                "errors": [],
+                "processes": states,
+            },
+            f,
+        )
 
 
 def child_write_rings(world, nrec, snap_dir):
     t = time.perf_counter()
     write_rings(world, nrec, snap_dir)
     files = [os.path.join(snap_dir, "rings", f) for f in os.listdir(os.path.join(snap_dir, "rings"))]
-    du = sum(os.stat(f).st_blocks * 512 for f in files)   # allocated (the string tables are sparse)
+    du = sum(os.stat(f).st_blocks * 512 for f in files)  # allocated (the string tables are sparse)
     print("RESULT " + json.dumps({"write_s": time.perf_counter() - t, "disk_bytes": du}))
 
 
 def child_read_rings(snap_dir):
     from hangtrace.tracer.analyze.diagnose import diagnose
     from hangtrace.tracer.collect.rings import load_snapshot
+
     out = {"rss_after_imports": _status()["VmRSS"]}
     t = time.perf_counter()
     snap = load_snapshot(snap_dir)
@@ -296,10 +381,11 @@ def child_read_rings(snap_dir):
 
 # --------------------------------------------------------------------------- Flight Recorder side
 FR_PREFIX = "nccl_trace_rank_"
-FR_FRAMES = [{"name": "all_reduce", "filename": "/site-packages/torch/distributed/distributed_c10d.py",
-              "line": 3245},
-             {"name": "train_step", "filename": "/job/train.py", "line": 40},
-             {"name": "main", "filename": "/job/train.py", "line": 90}]
+FR_FRAMES = [
+    {"name": "all_reduce", "filename": "/site-packages/torch/distributed/distributed_c10d.py", "line": 3245},
+    {"name": "train_step", "filename": "/job/train.py", "line": 40},
+    {"name": "main", "filename": "/job/train.py", "line": 90},
+]
 
 
 def write_fr(world, nrec, out_dir, gloo=False):
@@ -320,30 +406,54 @@ def write_fr(world, nrec, out_dir, gloo=False):
             t = T0 + pos * MS + rank * 1000
             last = pos == H - 1
             n = NUMEL[kind]
-            ents.append({"frames": FR_FRAMES, "record_id": pos, "pg_id": int(g["name"]),
-                         "process_group": (g["name"], g["desc"]), "thread_name": "python",
-                         "thread_id": "140508765096832", "collective_seq_id": seq, "p2p_seq_id": 0,
-                         "op_id": seq, "profiling_name": "%s:all_reduce" % backend, "time_created_ns": t,
-                         "input_sizes": [[n]], "input_dtypes": ["Float"], "output_sizes": [[n]],
-                         "output_dtypes": ["Float"],
-                         "state": "scheduled" if gloo else ("started" if last else "completed"),
-                         "time_discovered_started_ns": None if gloo else t + 1000,
-                         "time_discovered_completed_ns": None if (gloo or last) else t + 100_000,
-                         "retired": gloo or not last, "timeout_ms": 600000, "is_p2p": False})
+            ents.append(
+                {
+                    "frames": FR_FRAMES,
+                    "record_id": pos,
+                    "pg_id": int(g["name"]),
+                    "process_group": (g["name"], g["desc"]),
+                    "thread_name": "python",
+                    "thread_id": "140508765096832",
+                    "collective_seq_id": seq,
+                    "p2p_seq_id": 0,
+                    "op_id": seq,
+                    "profiling_name": "%s:all_reduce" % backend,
+                    "time_created_ns": t,
+                    "input_sizes": [[n]],
+                    "input_dtypes": ["Float"],
+                    "output_sizes": [[n]],
+                    "output_dtypes": ["Float"],
+                    "state": "scheduled" if gloo else ("started" if last else "completed"),
+                    "time_discovered_started_ns": None if gloo else t + 1000,
+                    "time_discovered_completed_ns": None if (gloo or last) else t + 100_000,
+                    "retired": gloo or not last,
+                    "timeout_ms": 600000,
+                    "is_p2p": False,
+                }
+            )
         if gloo:
             pg_config = {"": {"name": "", "desc": "", "ranks": "[]"}}
         else:
-            pg_config = {g["name"]: {"name": g["name"], "desc": g["desc"], "ranks": str(list(g["ranks"]))}
-                         for g in (gs["world"], gs["tp"], gs["dp"])}
+            pg_config = {
+                g["name"]: {"name": g["name"], "desc": g["desc"], "ranks": str(list(g["ranks"]))}
+                for g in (gs["world"], gs["tp"], gs["dp"])
+            }
         pg_status = {}
         for k in ("world", "tp", "dp"):
             last_seq = max(e["collective_seq_id"] for e in ents if e["process_group"][0] == gs[k]["name"])
             hung = k == "world" and rank != culprit
-            pg_status[gs[k]["name"]] = {"last_enqueued_collective": last_seq,
-                                        "last_started_collective": last_seq,
-                                        "last_completed_collective": last_seq - 1 if hung else last_seq}
-        dump = {"version": "2.10", "pg_config": pg_config, "comm_lib_version": "2.21.5",
-                "pg_status": pg_status, "entries": ents}
+            pg_status[gs[k]["name"]] = {
+                "last_enqueued_collective": last_seq,
+                "last_started_collective": last_seq,
+                "last_completed_collective": last_seq - 1 if hung else last_seq,
+            }
+        dump = {
+            "version": "2.10",
+            "pg_config": pg_config,
+            "comm_lib_version": "2.21.5",
+            "pg_status": pg_status,
+            "entries": ents,
+        }
         with open(os.path.join(out_dir, "%s%d" % (FR_PREFIX, rank)), "wb") as f:
             pickle.dump(dump, f, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -363,11 +473,19 @@ def parse_fr_log(text, world):
         first = sorted(int(x) for x in missing[0].split(",") if x.strip())
     elif culprits:
         first = sorted(set(int(x) for x in culprits))
-    m = re.search(r"(Not all ranks joining collective|Collective sequence number: \d+ has errors"
-                  r"|Input/output mismatch)[^\n]*", text)
+    m = re.search(
+        r"(Not all ranks joining collective|Collective sequence number: \d+ has errors"
+        r"|Input/output mismatch)[^\n]*",
+        text,
+    )
     grp = re.search(r"group info: ([^\n]*)", text)
-    return {"first_finding": m.group(0) if m else None, "group": grp.group(1) if grp else None,
-            "blamed_ranks": first, "n_missing_reports": len(missing), "n_culprit_lines": len(culprits)}
+    return {
+        "first_finding": m.group(0) if m else None,
+        "group": grp.group(1) if grp else None,
+        "blamed_ranks": first,
+        "n_missing_reports": len(missing),
+        "n_culprit_lines": len(culprits),
+    }
 
 
 # --------------------------------------------------------------------------- parent
@@ -444,23 +562,37 @@ def main(argv=None):
     if a.child == "write-fr":
         return child_write_fr(a.world, nrec, a.dir, a.gloo)
 
-    sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else ([64, 256] if a.quick else [64, 256, 1024, 4096])
+    sizes = (
+        [int(x) for x in a.sizes.split(",")] if a.sizes else ([64, 256] if a.quick else [64, 256, 1024, 4096])
+    )
     rings_size = a.rings_size or (256 if a.quick else 1024)
     tmp = a.tmp or tempfile.mkdtemp(prefix="bench_analysis_")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
     py = [sys.executable, HERE, "--records", str(nrec)]
-    res = {"date": time.strftime("%Y-%m-%d"), "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                                         "loadavg_start": os.getloadavg()},
-           "records_per_rank": nrec, "sizes": sizes, "hangtrace": [], "flight_recorder": [], "problems": []}
+    res = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_start": os.getloadavg(),
+        },
+        "records_per_rank": nrec,
+        "sizes": sizes,
+        "hangtrace": [],
+        "flight_recorder": [],
+        "problems": [],
+    }
     try:  # no `import torch` here: a forked child's ru_maxrss starts at the parent's RSS
         from importlib.metadata import version
+
         res["machine"]["torch"] = version("torch")
     except Exception:
         pass
     fr_stop = a.no_fr
-    if not a.no_fr:   # what the FR analyzer costs before it reads anything (imports torch)
-        rc, wall, rss, out, err = run_child([sys.executable, "-c", "import torch.distributed.flight_recorder.fr_trace"],
-                                            0, env)
+    if not a.no_fr:  # what the FR analyzer costs before it reads anything (imports torch)
+        rc, wall, rss, out, err = run_child(
+            [sys.executable, "-c", "import torch.distributed.flight_recorder.fr_trace"], 0, env
+        )
         res["fr_import_baseline"] = {"wall_s": wall, "peak_rss": rss}
     try:
         for w in sizes:
@@ -468,8 +600,10 @@ def main(argv=None):
             # hangtrace: build + diagnose in memory
             need = w * nrec * 1400
             if _mem_available() < need * 1.2:
-                res["problems"].append("hangtrace %d ranks: skipped, needs ~%s, %s available"
-                                       % (w, _gb(need), _gb(_mem_available())))
+                res["problems"].append(
+                    "hangtrace %d ranks: skipped, needs ~%s, %s available"
+                    % (w, _gb(need), _gb(_mem_available()))
+                )
             else:
                 rc, wall, rss, out, err = run_child(py + ["--child", "hangtrace", "--world", str(w)], 0, env)
                 r = _result(out) or {"error": err[-2000:]}
@@ -477,58 +611,114 @@ def main(argv=None):
                 if rc != 0:
                     res["problems"].append("hangtrace child %d ranks failed: %s" % (w, err[-500:]))
                 elif r["verdict"]["culprit_ranks"] != [c]:
-                    res["problems"].append("hangtrace %d ranks: blamed %s, expected [%d] (%s)"
-                                           % (w, r["verdict"]["culprit_ranks"], c, r["verdict"]["kind"]))
+                    res["problems"].append(
+                        "hangtrace %d ranks: blamed %s, expected [%d] (%s)"
+                        % (w, r["verdict"]["culprit_ranks"], c, r["verdict"]["kind"])
+                    )
                 res["hangtrace"].append(r)
-                print("hangtrace %5d ranks: build %.1f s (%s), diagnose %.2f s (+%s peak), verdict %s %s"
-                      % (w, r.get("build_s", 0), _gb(r.get("snapshot_bytes")), r.get("diagnose_s", 0),
-                         _gb(r.get("diagnose_peak_increase_bytes")), r.get("verdict", {}).get("kind"),
-                         r.get("verdict", {}).get("culprit_ranks")), file=sys.stderr, flush=True)
+                print(
+                    "hangtrace %5d ranks: build %.1f s (%s), diagnose %.2f s (+%s peak), verdict %s %s"
+                    % (
+                        w,
+                        r.get("build_s", 0),
+                        _gb(r.get("snapshot_bytes")),
+                        r.get("diagnose_s", 0),
+                        _gb(r.get("diagnose_peak_increase_bytes")),
+                        r.get("verdict", {}).get("kind"),
+                        r.get("verdict", {}).get("culprit_ranks"),
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
             # Flight Recorder
             variants = [("nccl", False)] + ([("gloo", True)] if w == sizes[0] else [])
             for name, gloo in variants:
                 if fr_stop and not gloo:
-                    res["flight_recorder"].append({"world": w, "format": name, "ran": False,
-                                                   "note": "not attempted (a smaller size hit the cap)"
-                                                   if not a.no_fr else "--no-fr"})
+                    res["flight_recorder"].append(
+                        {
+                            "world": w,
+                            "format": name,
+                            "ran": False,
+                            "note": "not attempted (a smaller size hit the cap)"
+                            if not a.no_fr
+                            else "--no-fr",
+                        }
+                    )
                     continue
                 if a.no_fr:
                     continue
                 d = os.path.join(tmp, "fr-%s-%d" % (name, w))
-                rc, wall, rss, out, err = run_child(py + ["--child", "write-fr", "--world", str(w), "--dir", d]
-                                                    + (["--gloo"] if gloo else []), 0, env)
+                rc, wall, rss, out, err = run_child(
+                    py
+                    + ["--child", "write-fr", "--world", str(w), "--dir", d]
+                    + (["--gloo"] if gloo else []),
+                    0,
+                    env,
+                )
                 wr = _result(out) or {}
                 rc, wall, rss, out, err = run_child(
                     [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", d, "-p", FR_PREFIX],
-                    a.cap_s, env)
+                    a.cap_s,
+                    env,
+                )
                 log = out + err
-                r = {"world": w, "format": name, "write_s": wr.get("write_s"), "rc": rc, "wall_s": wall,
-                     "peak_rss": rss, "ran": rc == 0, "timed_out": rc is None, "expected_culprit": c}
+                r = {
+                    "world": w,
+                    "format": name,
+                    "write_s": wr.get("write_s"),
+                    "rc": rc,
+                    "wall_s": wall,
+                    "peak_rss": rss,
+                    "ran": rc == 0,
+                    "timed_out": rc is None,
+                    "expected_culprit": c,
+                }
                 r.update(parse_fr_log(log, w))
                 if rc not in (0, None):
                     tb = [ln for ln in log.strip().splitlines() if ln.strip()]
                     r["error"] = tb[-1][:300] if tb else "exit %s" % rc
                 res["flight_recorder"].append(r)
-                print("flight-recorder(%s) %5d ranks: rc=%s %.1f s %s blamed %s%s"
-                      % (name, w, rc, wall, _gb(rss), r["blamed_ranks"],
-                         " (%s)" % r.get("error") if r.get("error") else ""), file=sys.stderr, flush=True)
+                print(
+                    "flight-recorder(%s) %5d ranks: rc=%s %.1f s %s blamed %s%s"
+                    % (
+                        name,
+                        w,
+                        rc,
+                        wall,
+                        _gb(rss),
+                        r["blamed_ranks"],
+                        " (%s)" % r.get("error") if r.get("error") else "",
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if rc is None and not gloo:
                     fr_stop = True
                 shutil.rmtree(d, ignore_errors=True)
         # read + analysis from real ring files
         d = os.path.join(tmp, "rings-%d" % rings_size)
-        rc, wall, rss, out, err = run_child(py + ["--child", "write-rings", "--world", str(rings_size), "--dir", d],
-                                            0, env)
+        rc, wall, rss, out, err = run_child(
+            py + ["--child", "write-rings", "--world", str(rings_size), "--dir", d], 0, env
+        )
         wr = _result(out) or {"error": err[-1000:]}
         rc, wall, rss, out, err = run_child(py + ["--child", "read-rings", "--dir", d], 0, env)
         r = _result(out) or {"error": err[-2000:]}
-        r.update(world=rings_size, expected_culprit=culprit_of(rings_size), rc=rc, wall_s=wall, peak_rss=rss,
-                 write_s=wr.get("write_s"), ring_bytes=wr.get("disk_bytes"))
+        r.update(
+            world=rings_size,
+            expected_culprit=culprit_of(rings_size),
+            rc=rc,
+            wall_s=wall,
+            peak_rss=rss,
+            write_s=wr.get("write_s"),
+            ring_bytes=wr.get("disk_bytes"),
+        )
         if rc != 0:
             res["problems"].append("ring read child failed: %s" % err[-500:])
         elif r["verdict"]["culprit_ranks"] != [culprit_of(rings_size)]:
-            res["problems"].append("rings %d ranks: blamed %s, expected [%d]"
-                                   % (rings_size, r["verdict"]["culprit_ranks"], culprit_of(rings_size)))
+            res["problems"].append(
+                "rings %d ranks: blamed %s, expected [%d]"
+                % (rings_size, r["verdict"]["culprit_ranks"], culprit_of(rings_size))
+            )
         res["hangtrace_rings"] = r
         shutil.rmtree(d, ignore_errors=True)
     finally:
@@ -543,47 +733,98 @@ def main(argv=None):
 
 
 def print_tables(res):
-    print("\n### hangtrace: synthetic snapshot, %d records per rank (fresh interpreter per size)\n"
-          % res["records_per_rank"])
-    print("| ranks | records | build | snapshot in memory | diagnose | diagnose (gc frozen) | "
-          "diagnose peak increase | process peak RSS | verdict | culprit (expected) |")
+    print(
+        "\n### hangtrace: synthetic snapshot, %d records per rank (fresh interpreter per size)\n"
+        % res["records_per_rank"]
+    )
+    print(
+        "| ranks | records | build | snapshot in memory | diagnose | diagnose (gc frozen) | "
+        "diagnose peak increase | process peak RSS | verdict | culprit (expected) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for r in res["hangtrace"]:
         v = r.get("verdict") or {}
-        print("| %d | %s | %s | %s | **%s** | %s | **%s** | %s | %s | %s (%d) |" % (
-            r["world"], "{:,}".format(r.get("n_records", 0)), _s(r.get("build_s")), _gb(r.get("snapshot_bytes")),
-            _s(r.get("diagnose_s")), _s(r.get("diagnose_gc_frozen_s")), _gb(r.get("diagnose_peak_increase_bytes")),
-            _gb(r.get("peak_rss")), v.get("kind"), v.get("culprit_ranks"), r["expected_culprit"]))
+        print(
+            "| %d | %s | %s | %s | **%s** | %s | **%s** | %s | %s | %s (%d) |"
+            % (
+                r["world"],
+                "{:,}".format(r.get("n_records", 0)),
+                _s(r.get("build_s")),
+                _gb(r.get("snapshot_bytes")),
+                _s(r.get("diagnose_s")),
+                _s(r.get("diagnose_gc_frozen_s")),
+                _gb(r.get("diagnose_peak_increase_bytes")),
+                _gb(r.get("peak_rss")),
+                v.get("kind"),
+                v.get("culprit_ranks"),
+                r["expected_culprit"],
+            )
+        )
     rr = res.get("hangtrace_rings")
     if rr:
         v = rr.get("verdict") or {}
-        print("\n### hangtrace: read real ring files + diagnose (`load_snapshot` + `diagnose`), %d ranks\n"
-              % rr["world"])
-        print("| ranks | records | ring files on disk | read | diagnose | read + diagnose | process peak RSS | verdict | "
-              "culprit (expected) |")
+        print(
+            "\n### hangtrace: read real ring files + diagnose (`load_snapshot` + `diagnose`), %d ranks\n"
+            % rr["world"]
+        )
+        print(
+            "| ranks | records | ring files on disk | read | diagnose | read + diagnose | process peak RSS | verdict | "
+            "culprit (expected) |"
+        )
         print("|---:|---:|---:|---:|---:|---:|---:|---|---|")
-        print("| %d | %s | %s | %s | %s | **%s** | %s | %s | %s (%d) |" % (
-            rr["world"], "{:,}".format(rr.get("n_records", 0)), _gb(rr.get("ring_bytes")), _s(rr.get("read_s")),
-            _s(rr.get("diagnose_s")), _s(rr.get("read_plus_diagnose_s")), _gb(rr.get("peak_rss")),
-            v.get("kind"), v.get("culprit_ranks"), rr["expected_culprit"]))
+        print(
+            "| %d | %s | %s | %s | %s | **%s** | %s | %s | %s (%d) |"
+            % (
+                rr["world"],
+                "{:,}".format(rr.get("n_records", 0)),
+                _gb(rr.get("ring_bytes")),
+                _s(rr.get("read_s")),
+                _s(rr.get("diagnose_s")),
+                _s(rr.get("read_plus_diagnose_s")),
+                _gb(rr.get("peak_rss")),
+                v.get("kind"),
+                v.get("culprit_ranks"),
+                rr["expected_culprit"],
+            )
+        )
     if res["flight_recorder"]:
-        print("\n### PyTorch Flight Recorder analyzer (`python -m torch.distributed.flight_recorder.fr_trace`), "
-              "same hang, same sizes\n")
+        print(
+            "\n### PyTorch Flight Recorder analyzer (`python -m torch.distributed.flight_recorder.fr_trace`), "
+            "same hang, same sizes\n"
+        )
         b = res.get("fr_import_baseline") or {}
-        print("Importing the analyzer alone (`import torch.distributed.flight_recorder.fr_trace`) takes %s and "
-              "%s peak RSS; it is included below.\n" % (_s(b.get("wall_s")), _gb(b.get("peak_rss"))))
-        print("| ranks | dump format | ran | wall (incl. reading pickles) | peak RSS | first finding | "
-              "blamed | expected |")
+        print(
+            "Importing the analyzer alone (`import torch.distributed.flight_recorder.fr_trace`) takes %s and "
+            "%s peak RSS; it is included below.\n" % (_s(b.get("wall_s")), _gb(b.get("peak_rss")))
+        )
+        print(
+            "| ranks | dump format | ran | wall (incl. reading pickles) | peak RSS | first finding | "
+            "blamed | expected |"
+        )
         print("|---:|---|---|---:|---:|---|---|---:|")
         for r in res["flight_recorder"]:
             if not r.get("ran") and r.get("note"):
-                print("| %d | %s | %s | — | — | — | — | %d |" % (r["world"], r["format"], r["note"],
-                                                                 culprit_of(r["world"])))
+                print(
+                    "| %d | %s | %s | — | — | — | — | %d |"
+                    % (r["world"], r["format"], r["note"], culprit_of(r["world"]))
+                )
                 continue
-            ran = "yes" if r["ran"] else ("killed at cap" if r["timed_out"] else "crashed: %s" % r.get("error"))
-            print("| %d | %s | %s | %s | %s | %s | %s | %d |" % (
-                r["world"], r["format"], ran, _s(r["wall_s"]), _gb(r["peak_rss"]),
-                (r.get("first_finding") or "—")[:60], r.get("blamed_ranks"), r["expected_culprit"]))
+            ran = (
+                "yes" if r["ran"] else ("killed at cap" if r["timed_out"] else "crashed: %s" % r.get("error"))
+            )
+            print(
+                "| %d | %s | %s | %s | %s | %s | %s | %d |"
+                % (
+                    r["world"],
+                    r["format"],
+                    ran,
+                    _s(r["wall_s"]),
+                    _gb(r["peak_rss"]),
+                    (r.get("first_finding") or "—")[:60],
+                    r.get("blamed_ranks"),
+                    r["expected_culprit"],
+                )
+            )
     if res["problems"]:
         print("\nPROBLEMS:")
         for p in res["problems"]:

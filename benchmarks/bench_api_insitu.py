@@ -17,6 +17,7 @@ runs the same in another source tree, side by side, alternating trees.
 
     taskset -c 0 python3 benchmarks/bench_api_insitu.py --repeats 2 --baseline TREE
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,6 +43,7 @@ def child(blocks: int, per_block: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from hangtrace import tracer
+
     torch.set_num_threads(1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -49,7 +51,9 @@ def child(blocks: int, per_block: int) -> dict:
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
     torch.manual_seed(0)
     nn = torch.nn
-    m = DDP(nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)))
+    m = DDP(
+        nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    )
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     x, y = torch.randn(32, 256), torch.randint(0, 10, (32,))
     raw = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
@@ -57,12 +61,13 @@ def child(blocks: int, per_block: int) -> dict:
     def step(n: int, api: bool, wrap: bool) -> None:
         if api:
             tracer.step(n)
-        with (tracer.phase("train") if api else contextlib.nullcontext()):
+        with tracer.phase("train") if api else contextlib.nullcontext():
             loss = nn.functional.cross_entropy(m(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             (dist.all_reduce if wrap else raw)(loss.detach())
+
     res: dict = {k: [] for k in MODES}
     n = 0
     for _ in range(30):  # warm-up
@@ -70,7 +75,7 @@ def child(blocks: int, per_block: int) -> dict:
         step(n, True, True)
     for blk in range(blocks):
         order = list(MODES.items())
-        for k, (api, wrap) in (order if blk % 2 else order[::-1]):
+        for k, (api, wrap) in order if blk % 2 else order[::-1]:
             c = time.thread_time_ns()
             for _ in range(per_block):
                 n += 1
@@ -83,13 +88,25 @@ def child(blocks: int, per_block: int) -> dict:
 def run_tree(tree: str, blocks: int, per_block: int) -> dict:
     import shutil
     import tempfile
+
     run_dir = tempfile.mkdtemp(prefix="ht-bench-api-")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
-    env.update(HANGTRACE="1", HANGTRACE_AUTO_WATCH="0", TORCH_FR_BUFFER_SIZE="0", OMP_NUM_THREADS="1",
-               PYTHONPATH=tree, HANGTRACE_DIR=run_dir)
+    env.update(
+        HANGTRACE="1",
+        HANGTRACE_AUTO_WATCH="0",
+        TORCH_FR_BUFFER_SIZE="0",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=tree,
+        HANGTRACE_DIR=run_dir,
+    )
     try:
-        out = subprocess.run([sys.executable, HERE, "--child", "--blocks", str(blocks), "--per-block", str(per_block)],
-                             env=env, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, HERE, "--child", "--blocks", str(blocks), "--per-block", str(per_block)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     return json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
@@ -119,8 +136,10 @@ def main(argv: list | None = None) -> int:
     for n, runs in got.items():
         for i, r in enumerate(runs):
             add = {k: statistics.median(a_ - b_ for a_, b_ in zip(r[k], r["none"])) for k in MODES}
-            print("| %s | %d | %.0f | %+.1f | %+.1f | %+.1f |" % (n, i + 1, statistics.median(r["none"]), add["api"],
-                                                                  add["wrap"], add["both"]))
+            print(
+                "| %s | %d | %.0f | %+.1f | %+.1f | %+.1f |"
+                % (n, i + 1, statistics.median(r["none"]), add["api"], add["wrap"], add["both"])
+            )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(got, f)

@@ -31,6 +31,7 @@ The machine's load average is printed before and after. Usage::
 
     PYTHONPATH=. python benchmarks/bench_background.py [--rounds 2] [--epochs 20] [--out r.json]
 """
+
 import argparse
 import json
 import os
@@ -77,6 +78,7 @@ def _count_ticks() -> None:
     def tick(self: Any) -> None:
         self.bench_ticks = getattr(self, "bench_ticks", 0) + 1
         orig(self)
+
     memory.Sampler.tick = tick
 
 
@@ -98,8 +100,10 @@ def _sampler_facts() -> dict:
 def _worker_init(results_dir: str) -> Callable[[int], None]:
     def init(_wid: int) -> None:
         from multiprocessing import util
+
         try:  # a forked child may take its parent's sampler over (object and all): count its own ticks
             from hangtrace.hooks import memory
+
             s = memory.active()
             if s is not None:
                 s.bench_ticks = 0
@@ -110,7 +114,9 @@ def _worker_init(results_dir: str) -> Callable[[int], None]:
             d = dict(_sampler_facts(), pid=os.getpid(), cpu_ns=time.process_time_ns())
             with open(os.path.join(results_dir, "worker-%d.json" % os.getpid()), "w") as f:
                 json.dump(d, f)
+
         util.Finalize(None, report, exitpriority=100)
+
     return init
 
 
@@ -134,6 +140,7 @@ def _fork_breakdown(n: int) -> dict:
     parts: dict = {}
     undo = []
     if rt is not None:
+
         def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             def run(*a: Any, **k: Any) -> Any:
                 t = time.process_time_ns()
@@ -141,13 +148,16 @@ def _fork_breakdown(n: int) -> dict:
                     return fn(*a, **k)
                 finally:
                     parts[name] = parts.get(name, 0) + time.process_time_ns() - t
+
             return run
+
         rt.new_recorder = timed("new ring (new_recorder)", rt.new_recorder)
         undo.append((rt, "new_recorder"))
         for ins in bootstrap.INSTRUMENTORS:
             ins.after_fork_child = timed("instrumentor " + ins.name, ins.after_fork_child)
             undo.append((ins, "after_fork_child"))
     import resource
+
     walls, rows, wholes = [], [], []
     for _ in range(n):
         parts.clear()
@@ -169,8 +179,11 @@ def _fork_breakdown(n: int) -> dict:
     for obj, name in undo:
         delattr(obj, name)
     keys = sorted({k for row in rows for k in row})
-    return {"fork_exit_wall_us": statistics.median(walls) / 1e3, "child_whole_cpu_us": statistics.median(wholes) * 1e6,
-            "child_cpu_us": {k: statistics.median(row.get(k, 0) for row in rows) / 1e3 for k in keys}}
+    return {
+        "fork_exit_wall_us": statistics.median(walls) / 1e3,
+        "child_whole_cpu_us": statistics.median(wholes) * 1e6,
+        "child_cpu_us": {k: statistics.median(row.get(k, 0) for row in rows) / 1e3 for k in keys},
+    }
 
 
 def child_train(a: argparse.Namespace) -> None:
@@ -178,6 +191,7 @@ def child_train(a: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.utils.data import DataLoader
     from hangtrace import tracer
+
     traced = bool(os.environ.get("HANGTRACE"))
     if traced:
         _count_ticks()
@@ -187,14 +201,21 @@ def child_train(a: argparse.Namespace) -> None:
     step = 0
     cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
     for _ in range(a.epochs):
-        loader = DataLoader(ds, batch_size=32, num_workers=2, shuffle=False, worker_init_fn=_worker_init(wdir))
+        loader = DataLoader(
+            ds, batch_size=32, num_workers=2, shuffle=False, worker_init_fn=_worker_init(wdir)
+        )
         for x, y in loader:
             tracer.step(step)
             with tracer.phase("train"):
                 train_step(model, opt, x, y)
             step += 1
-    res = {"rank": rank, "loop_cpu_ns": time.process_time_ns() - cpu0, "loop_wall_ns": time.perf_counter_ns() - wall0,
-           "steps": step, "threads_cpu_ns": thread_cpu_ns()}
+    res = {
+        "rank": rank,
+        "loop_cpu_ns": time.process_time_ns() - cpu0,
+        "loop_wall_ns": time.perf_counter_ns() - wall0,
+        "steps": step,
+        "threads_cpu_ns": thread_cpu_ns(),
+    }
     res.update(_sampler_facts())
     workers = []
     for f in os.listdir(wdir):
@@ -216,6 +237,7 @@ def child_train(a: argparse.Namespace) -> None:
             tracer.step(step + ctr[0])
             with tracer.phase("train"):
                 pass
+
         t, e = _abba_cpu(api, lambda: None)
         res["step_phase_cpu_ns"] = t - e
     if rank == 0:  # untraced too: what a bare fork costs the child without hangtrace
@@ -245,12 +267,14 @@ class Excl:
                 self.totals[name] = self.totals.get(name, 0) + dt - inner
                 if self.stack:
                     self.stack[-1] += dt
+
         return run
 
 
 def watch_copy(run_dir: str, stop: threading.Event, poll_s: float, out: dict, profile: str = "") -> None:
     """``watcher.main``'s loop (poll + any_alive) with every part timed in CPU."""
     from hangtrace.tracer.watch import watcher as W
+
     while not os.path.isdir(run_dir) and not stop.is_set():
         time.sleep(0.05)
     t = _ns()
@@ -258,21 +282,25 @@ def watch_copy(run_dir: str, stop: threading.Event, poll_s: float, out: dict, pr
     import numpy  # noqa: F401
     from hangtrace.tracer.analyze import memory  # noqa: F401
     from hangtrace.tracer.collect import frrequest  # noqa: F401
+
     out["import_ns"] = _ns() - t
     w = W.Watcher(run_dir)
     w.log = w.mem_log = lambda line: None
     ex = Excl()
     orig_live = W.live_state
     W.live_state = ex.wrap("/proc (live_state)", orig_live)
-    for attr, name in (("_read_headers", "ring headers (_read_headers)"),
-                       ("_fr_moved", "FR counter requests (_fr_moved)"),
-                       ("memory_warnings", "memory trend (memory_warnings)")):
+    for attr, name in (
+        ("_read_headers", "ring headers (_read_headers)"),
+        ("_fr_moved", "FR counter requests (_fr_moved)"),
+        ("memory_warnings", "memory trend (memory_warnings)"),
+    ):
         setattr(w, attr, ex.wrap(name, getattr(w, attr)))
     polls, total = 0, 0
     rings = []
     prof = None
     if profile:
         import cProfile
+
         prof = cProfile.Profile()
     try:
         while not stop.wait(poll_s):
@@ -294,8 +322,13 @@ def watch_copy(run_dir: str, stop: threading.Event, poll_s: float, out: dict, pr
         W.live_state = orig_live
         if prof is not None:
             prof.dump_stats(profile)
-    out.update(polls=polls, cpu_ns=total, parts=ex.totals, rings_median=statistics.median(rings) if rings else 0,
-               fr_requests=polls)
+    out.update(
+        polls=polls,
+        cpu_ns=total,
+        parts=ex.totals,
+        rings_median=statistics.median(rings) if rings else 0,
+        fr_requests=polls,
+    )
 
 
 # --- parent ------------------------------------------------------------------------------
@@ -307,6 +340,7 @@ def child_watch(a: argparse.Namespace) -> None:
     def eof() -> None:
         sys.stdin.read()
         stop.set()
+
     threading.Thread(target=eof, daemon=True).start()
     out: dict = {}
     watch_copy(a.watch, stop, a.poll_s, out, a.profile)
@@ -321,19 +355,54 @@ def launch(name: str, extra: dict, a: argparse.Namespace, run_dir: str) -> tuple
     procs = []
     for r in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
-        env.update(extra, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), HANGTRACE_DIR=run_dir, HANGTRACE_AUTO_WATCH="0", OMP_NUM_THREADS="1",
-                   PYTHONPATH=tree)
-        cmd = [sys.executable, HERE, "--child", "--epochs", str(a.epochs), "--steps", str(a.steps),
-               "--results", results, "--forks", str(a.forks)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env.update(
+            extra,
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            HANGTRACE_DIR=run_dir,
+            HANGTRACE_AUTO_WATCH="0",
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=tree,
+        )
+        cmd = [
+            sys.executable,
+            HERE,
+            "--child",
+            "--epochs",
+            str(a.epochs),
+            "--steps",
+            str(a.steps),
+            "--results",
+            results,
+            "--forks",
+            str(a.forks),
+        ]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
     watch = None
     if extra.get("HANGTRACE"):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
         env["PYTHONPATH"] = tree
-        watch = subprocess.Popen([sys.executable, HERE, "--watch", run_dir, "--poll-s", str(a.poll_s),
-                                  "--profile", a.profile and "%s.%s" % (a.profile, name)],
-                                 env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        watch = subprocess.Popen(
+            [
+                sys.executable,
+                HERE,
+                "--watch",
+                run_dir,
+                "--poll-s",
+                str(a.poll_s),
+                "--profile",
+                a.profile and "%s.%s" % (a.profile, name),
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
     wout = None
     try:
         outs = communicate_all(procs)
@@ -354,13 +423,18 @@ def main() -> None:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--results", default=None, help=argparse.SUPPRESS)
     p.add_argument("--watch", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--baseline", default=None,
-                   help="another tree (e.g. a checkout of main): adds the variant ht@before, that tree's hooks and watcher")
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="another tree (e.g. a checkout of main): adds the variant ht@before, that tree's hooks and watcher",
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--forks", type=int, default=20)
-    p.add_argument("--poll-s", type=float, default=1.0, help="the watcher copy's poll interval (HANGTRACE_POLL_S)")
+    p.add_argument(
+        "--poll-s", type=float, default=1.0, help="the watcher copy's poll interval (HANGTRACE_POLL_S)"
+    )
     p.add_argument("--variants", default="base,ht", help="comma list of %s" % ",".join(VARIANTS))
     p.add_argument("--profile", default="", help="cProfile the watcher copy's polls into this file (pstats)")
     p.add_argument("--out", default=None, help="write all figures as JSON")
@@ -374,7 +448,7 @@ def main() -> None:
     names = a.variants.split(",") + (["ht@before"] if a.baseline else [])
     runs: dict = {n: [] for n in names}
     for rnd in range(a.rounds):
-        for n in names[rnd % len(names):] + names[:rnd % len(names)]:
+        for n in names[rnd % len(names) :] + names[: rnd % len(names)]:
             runs[n].append(launch(n, VARIANTS[n], a, os.path.join(root, "%s-%d" % (n, rnd))))
             print("round %d %s done (load %s)" % (rnd, n, loadavg()), file=sys.stderr, flush=True)
     subprocess.run(["rm", "-rf", root])

@@ -36,6 +36,7 @@ Usage::
 
 Prints a markdown table; ``--out`` also writes the numbers as JSON.
 """
+
 import argparse
 import json
 import os
@@ -93,6 +94,7 @@ def child_collective(iters, warmup, batches, ab_pairs):
     if wrapped:
         from hangtrace.hooks import bootstrap
         from hangtrace.hooks.recorder import _fastrec
+
         rec = bootstrap.active().recorder
         path = "C" if _fastrec is not None and isinstance(ar, _fastrec.Call) else "Python"
     for _ in range(warmup):
@@ -111,8 +113,13 @@ def child_collective(iters, warmup, batches, ab_pairs):
         c1 = cpu()
         wall.append((t1 - t0) / iters)
         cpu_ns.append((c1 - c0) / iters)
-    out = {"wall_median": statistics.median(wall), "wall_p10": _p10(wall), "cpu_median": statistics.median(cpu_ns),
-           "wrapped": wrapped, "path": path}
+    out = {
+        "wall_median": statistics.median(wall),
+        "wall_p10": _p10(wall),
+        "cpu_median": statistics.median(cpu_ns),
+        "wrapped": wrapped,
+        "path": path,
+    }
     if rec is not None:
         out["ring_progress_delta"] = _ring_progress(rec) - progress0
         out["ring_expected"] = iters * batches
@@ -156,6 +163,7 @@ def _ring_progress(rec):
     if rec is None:
         return 0
     from hangtrace.tracer.ring import layout as F
+
     return F.LIVE_DONE.unpack_from(rec.mm, F.LIVE_DONE_OFF)[3]
 
 
@@ -215,8 +223,10 @@ def child_micro(iters, batches):
             return None
 
         params = list(inspect.signature(noop_all_reduce).parameters)
+
         def bare_w(*args, **kwargs):  # the least a Python wrapper costs
             return noop_all_reduce(*args, **kwargs)
+
         ft = FakeTensor()
 
         def call_plain():
@@ -246,7 +256,9 @@ def child_micro(iters, batches):
             TD._state = TD._new_state(rec, lambda msg, key=None: None)  # what install() makes
             TD._state.dist = FakeDist
             ht_w = TD._wrap("all_reduce", noop_all_reduce, params)  # what install() installs
-            res["path_" + mode] = "C" if R._fastrec is not None and isinstance(ht_w, R._fastrec.Call) else "Python"
+            res["path_" + mode] = (
+                "C" if R._fastrec is not None and isinstance(ht_w, R._fastrec.Call) else "Python"
+            )
 
             def call_ht():
                 for _ in rng:
@@ -292,8 +304,15 @@ def _run_child(argv, env, nice=0):
                 os.nice(nice)
             except OSError:
                 pass
-    p = subprocess.run([sys.executable, os.path.abspath(__file__)] + argv, env=env, preexec_fn=pre,
-                       capture_output=True, text=True, timeout=900)
+
+    p = subprocess.run(
+        [sys.executable, os.path.abspath(__file__)] + argv,
+        env=env,
+        preexec_fn=pre,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if p.returncode != 0:
         raise SystemExit("child %s failed (%d):\n%s" % (argv, p.returncode, p.stderr[-3000:]))
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -315,8 +334,12 @@ def main(argv=None):
     ap.add_argument("--ab-pairs", type=int, default=100, help="in-process A/B batch pairs (hangtrace runs)")
     ap.add_argument("--configs", default="base,ht,htpy,fr,both")
     ap.add_argument("--micro-iters", type=int, default=200000)
-    ap.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0,
-                    help="niceness increment for the children (negative = higher priority; root only)")
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=-10 if os.geteuid() == 0 else 0,
+        help="niceness increment for the children (negative = higher priority; root only)",
+    )
     ap.add_argument("--out", help="write JSON results here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -336,25 +359,51 @@ def main(argv=None):
     load0 = os.getloadavg()
     try:
         for r in range(a.repeats):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for n in order:
                 run_dir = os.path.join(root, "%s-%d" % (n, r))
-                res = _run_child(["--child", "collective", "--iters", str(a.iters), "--warmup", str(a.warmup),
-                                  "--batches", str(a.batches), "--ab-pairs", str(a.ab_pairs)],
-                                 _env_for(n, run_dir), a.nice)
+                res = _run_child(
+                    [
+                        "--child",
+                        "collective",
+                        "--iters",
+                        str(a.iters),
+                        "--warmup",
+                        str(a.warmup),
+                        "--batches",
+                        str(a.batches),
+                        "--ab-pairs",
+                        str(a.ab_pairs),
+                    ],
+                    _env_for(n, run_dir),
+                    a.nice,
+                )
                 for m in METRICS:
                     runs[n][m].append(res[m])
                 if "ab_added_median" in res:
                     ab[n].append(res["ab_added_median"])
                     ab_cpu[n].append(res["ab_cpu_added_median"])
                 checks[n].append({k: v for k, v in res.items() if k not in METRICS})
-                print("  round %d %-5s wall median %7.0f  p10 %7.0f  cpu %7.0f ns/op%s%s"
-                      % (r + 1, n, res["wall_median"], res["wall_p10"], res["cpu_median"],
-                         "  A/B added %+.0f" % res["ab_added_median"] if "ab_added_median" in res else "",
-                         "  (%s path)" % res["path"] if res.get("path") else ""),
-                      file=sys.stderr, flush=True)
-        micro = [_run_child(["--child", "micro", "--micro-iters", str(a.micro_iters)], _env_for("base", root),
-                            a.nice) for _ in range(3)]
+                print(
+                    "  round %d %-5s wall median %7.0f  p10 %7.0f  cpu %7.0f ns/op%s%s"
+                    % (
+                        r + 1,
+                        n,
+                        res["wall_median"],
+                        res["wall_p10"],
+                        res["cpu_median"],
+                        "  A/B added %+.0f" % res["ab_added_median"] if "ab_added_median" in res else "",
+                        "  (%s path)" % res["path"] if res.get("path") else "",
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
+        micro = [
+            _run_child(
+                ["--child", "micro", "--micro-iters", str(a.micro_iters)], _env_for("base", root), a.nice
+            )
+            for _ in range(3)
+        ]
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -367,19 +416,33 @@ def main(argv=None):
             if c["wrapped"] != want_ht:
                 problems.append("%s: wrapped=%s" % (n, c["wrapped"]))
             if want_ht and c.get("ring_progress_delta") != c.get("ring_expected"):
-                problems.append("%s: ring progress %s != %s" % (n, c.get("ring_progress_delta"),
-                                                               c.get("ring_expected")))
+                problems.append(
+                    "%s: ring progress %s != %s" % (n, c.get("ring_progress_delta"), c.get("ring_expected"))
+                )
             if want_fr != bool(c.get("fr_entries")):
                 problems.append("%s: fr_entries=%s" % (n, c.get("fr_entries")))
             if CONFIGS[n].get("HANGTRACE_PURE_PYTHON") and c.get("path") != "Python":
                 problems.append("%s: path=%s, not Python" % (n, c.get("path")))
 
     result = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
-        "python": platform.python_version(), "torch": _torch_version(), "loadavg_before": load0,
-        "loadavg_after": os.getloadavg(), "nice": a.nice,
-        "iters": a.iters, "warmup": a.warmup, "batches": a.batches, "repeats": a.repeats, "ab_pairs": a.ab_pairs,
-        "configs": names, "problems": problems, "ns_per_all_reduce": {}, "added_ns": {}, "ratio_ht_over_fr": {},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": _torch_version(),
+        "loadavg_before": load0,
+        "loadavg_after": os.getloadavg(),
+        "nice": a.nice,
+        "iters": a.iters,
+        "warmup": a.warmup,
+        "batches": a.batches,
+        "repeats": a.repeats,
+        "ab_pairs": a.ab_pairs,
+        "configs": names,
+        "problems": problems,
+        "ns_per_all_reduce": {},
+        "added_ns": {},
+        "ratio_ht_over_fr": {},
     }
     for m in METRICS:
         result["ns_per_all_reduce"][m] = {n: _stats(runs[n][m]) for n in names}
@@ -394,12 +457,16 @@ def main(argv=None):
         for n in ("ht", "htpy"):
             if n in added and "fr" in added and added["fr"]["median"] > 0:
                 result["ratio_ht_over_fr"].setdefault(m, {})[n] = added[n]["median"] / added["fr"]["median"]
-    result["paths"] = {n: sorted({str(c.get("path")) for c in checks[n]}) for n in names
-                       if CONFIGS[n]["HANGTRACE"] is not None}
+    result["paths"] = {
+        n: sorted({str(c.get("path")) for c in checks[n]})
+        for n in names
+        if CONFIGS[n]["HANGTRACE"] is not None
+    }
     result["ab_added_ns"] = {n: _stats(v) for n, v in ab.items() if v}
     result["ab_cpu_added_ns"] = {n: _stats(v) for n, v in ab_cpu.items() if v}
-    result["micro_ns"] = {k: statistics.median(m[k] for m in micro) for k in micro[0]
-                          if not k.startswith("path_")}
+    result["micro_ns"] = {
+        k: statistics.median(m[k] for m in micro) for k in micro[0] if not k.startswith("path_")
+    }
     result["micro_paths"] = {k: v for k, v in micro[0].items() if k.startswith("path_")}
     result["micro_runs"] = micro
     result["fr_gloo_check"] = next((c for c in checks.get("fr", []) if c.get("fr_entries")), None)
@@ -413,8 +480,12 @@ def main(argv=None):
 
 def _torch_version():
     try:
-        out = subprocess.run([sys.executable, "-c", "import torch;print(torch.__version__)"],
-                             capture_output=True, text=True, env=_env_for("base", "/nonexistent"))
+        out = subprocess.run(
+            [sys.executable, "-c", "import torch;print(torch.__version__)"],
+            capture_output=True,
+            text=True,
+            env=_env_for("base", "/nonexistent"),
+        )
         return out.stdout.strip()
     except Exception:
         return "?"
@@ -422,16 +493,21 @@ def _torch_version():
 
 def _table(r, names):
     L = []
-    L.append("### all_reduce of 1 float, gloo, world size 1 (%s, %d CPUs, Python %s, torch %s)"
-             % (r["date"], r["cpus"], r["python"], r["torch"]))
+    L.append(
+        "### all_reduce of 1 float, gloo, world size 1 (%s, %d CPUs, Python %s, torch %s)"
+        % (r["date"], r["cpus"], r["python"], r["torch"])
+    )
     L.append("")
-    L.append("%d fresh processes per configuration, interleaved (order rotates each round); per process "
-             "%d batches x %d calls after %d warm-up calls. Load average before/after: %.1f / %.1f."
-             % (r["repeats"], r["batches"], r["iters"], r["warmup"], r["loadavg_before"][0],
-                r["loadavg_after"][0]))
+    L.append(
+        "%d fresh processes per configuration, interleaved (order rotates each round); per process "
+        "%d batches x %d calls after %d warm-up calls. Load average before/after: %.1f / %.1f."
+        % (r["repeats"], r["batches"], r["iters"], r["warmup"], r["loadavg_before"][0], r["loadavg_after"][0])
+    )
     L.append("")
-    L.append("| configuration | wall ns/op, median of batches: median [min–max] over processes | added | "
-             "wall p10 of batches: median | added | CPU ns/op (all threads) | added |")
+    L.append(
+        "| configuration | wall ns/op, median of batches: median [min–max] over processes | added | "
+        "wall p10 of batches: median | added | CPU ns/op (all threads) | added |"
+    )
     L.append("|---|---:|---:|---:|---:|---:|---:|")
     for n in names:
         cells = []
@@ -452,32 +528,43 @@ def _table(r, names):
         for n, ratio in r["ratio_ht_over_fr"].get(m, {}).items():
             L.append("- %s, %s: hangtrace added / Flight Recorder added = **%.2f**" % (m, n, ratio))
     for n, s in r["ab_added_ns"].items():
-        L.append("- %s, in-process A/B (wrapper vs. `__wrapped__`, adjacent batches): added **%+.0f** ns "
-                 "median [%+.0f … %+.0f] over processes" % (LABELS[n], s["median"], s["min"], s["max"]))
+        L.append(
+            "- %s, in-process A/B (wrapper vs. `__wrapped__`, adjacent batches): added **%+.0f** ns "
+            "median [%+.0f … %+.0f] over processes" % (LABELS[n], s["median"], s["min"], s["max"])
+        )
     for n, s in r.get("ab_cpu_added_ns", {}).items():
-        L.append("- %s, the same A/B in the calling thread's CPU time: added **%+.0f** ns median "
-                 "[%+.0f … %+.0f] over processes" % (LABELS[n], s["median"], s["min"], s["max"]))
+        L.append(
+            "- %s, the same A/B in the calling thread's CPU time: added **%+.0f** ns median "
+            "[%+.0f … %+.0f] over processes" % (LABELS[n], s["median"], s["min"], s["max"])
+        )
     L.append("")
-    L.append("Targets (issue 10): hangtrace adds ≤ 500 ns per collective and ≤ what the Flight Recorder adds.")
+    L.append(
+        "Targets (issue 10): hangtrace adds ≤ 500 ns per collective and ≤ what the Flight Recorder adds."
+    )
     L.append("")
     L.append("| torch-free micro-benchmark (thread CPU time, median of 3 processes) | ns per call |")
     L.append("|---|---:|")
     m = r["micro_ns"]
-    for k, label in (("issue_complete_py", "Recorder.issue() + complete(), pure Python"),
-                     ("issue_complete_c", "Recorder.issue() + complete(), C"),
-                     ("noop_call", "plain call of a no-op all_reduce(t)"),
-                     ("python_noop_layer", "plain Python pass-through function around it (for scale)"),
-                     ("hangtrace_wrapper_noop_py", "hangtrace's installed wrapper around it (all of the recording), "
-                                                   "pure Python"),
-                     ("hangtrace_wrapper_noop_c", "hangtrace's installed wrapper around it (all of the recording), "
-                                                  "C")):
+    for k, label in (
+        ("issue_complete_py", "Recorder.issue() + complete(), pure Python"),
+        ("issue_complete_c", "Recorder.issue() + complete(), C"),
+        ("noop_call", "plain call of a no-op all_reduce(t)"),
+        ("python_noop_layer", "plain Python pass-through function around it (for scale)"),
+        (
+            "hangtrace_wrapper_noop_py",
+            "hangtrace's installed wrapper around it (all of the recording), pure Python",
+        ),
+        ("hangtrace_wrapper_noop_c", "hangtrace's installed wrapper around it (all of the recording), C"),
+    ):
         if k in m:
             L.append("| %s | %.0f |" % (label, m[k]))
     if r["fr_gloo_check"]:
         c = r["fr_gloo_check"]
         L.append("")
-        L.append("Flight Recorder check: `torch._C._distributed_c10d._dump_fr_trace_json()` held %d entries, "
-                 "profiling names %s (gloo records into FR)." % (c["fr_entries"], c["fr_profiling_names"]))
+        L.append(
+            "Flight Recorder check: `torch._C._distributed_c10d._dump_fr_trace_json()` held %d entries, "
+            "profiling names %s (gloo records into FR)." % (c["fr_entries"], c["fr_profiling_names"])
+        )
     if r["problems"]:
         L.append("")
         L.append("PROBLEMS: " + "; ".join(r["problems"]))

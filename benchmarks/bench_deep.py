@@ -18,6 +18,7 @@ Usage::
 
     python3 benchmarks/bench_deep.py [--rounds 8] [--steps 40] [--out results.json]
 """
+
 import argparse
 import json
 import os
@@ -29,7 +30,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-CHILD = r'''
+CHILD = r"""
 import sys, time
 from hangtrace import tracer
 import random
@@ -59,19 +60,26 @@ for n in range(int(sys.argv[1])):
     times.append(time.process_time() - t0)
 times.sort()
 print("MEDIAN_US %.1f" % (times[len(times) // 2] * 1e6), "VIZ", "viztracer" in sys.modules, flush=True)
-'''
+"""
 
 MODES = {"off": None, "other-rank": "rank=1,phase=train", "on": "rank=0,phase=train"}
 
 
 def run_child(mode, steps, run_dir):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
-    env.update(HANGTRACE="1", HANGTRACE_AUTO_WATCH="0", HANGTRACE_DIR=run_dir, RANK="0",
-               HANGTRACE_MEM="0", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(
+        HANGTRACE="1",
+        HANGTRACE_AUTO_WATCH="0",
+        HANGTRACE_DIR=run_dir,
+        RANK="0",
+        HANGTRACE_MEM="0",
+        PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
+    )
     if MODES[mode]:
         env["HANGTRACE_DEEP"] = MODES[mode]
-    out = subprocess.run([sys.executable, "-c", CHILD, str(steps)], env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(steps)], env=env, capture_output=True, text=True, timeout=600
+    )
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     m = re.search(r"MEDIAN_US ([\d.]+) VIZ (\w+)", out.stdout)
@@ -92,16 +100,23 @@ def main(argv=None):
                 us, viz = run_child(m, a.steps, os.path.join(d, "%s-%d" % (m, i)))
                 res[m].append(us)
                 imported[m] = viz
-    print("| mode | HANGTRACE_DEEP | viztracer imported | step CPU time, median (us) | vs off (median of rounds) |")
+    print(
+        "| mode | HANGTRACE_DEEP | viztracer imported | step CPU time, median (us) | vs off (median of rounds) |"
+    )
     print("|---|---|---|---|---|")
     for m, v in res.items():
         ratio = statistics.median(x / y for x, y in zip(v, res["off"]))
-        print("| %s | %s | %s | %.0f | %.2fx |" % (m, MODES[m] or "(unset)", "yes" if imported[m] else "no",
-                                                 statistics.median(v), ratio))
+        print(
+            "| %s | %s | %s | %.0f | %.2fx |"
+            % (m, MODES[m] or "(unset)", "yes" if imported[m] else "no", statistics.median(v), ratio)
+        )
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"rounds": a.rounds, "steps": a.steps, "step_us": res, "viztracer_imported": imported}, f,
-                      indent=1)
+            json.dump(
+                {"rounds": a.rounds, "steps": a.steps, "step_us": res, "viztracer_imported": imported},
+                f,
+                indent=1,
+            )
     return 0
 
 

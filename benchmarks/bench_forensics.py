@@ -19,13 +19,13 @@ Usage::
 
     python3 benchmarks/bench_forensics.py [--rounds 15] [--out results.json]
 """
+
 import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -66,20 +66,32 @@ def main() -> int:
     args = ap.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
     env["PYTHONPATH"] = REPO
-    p = subprocess.run([sys.executable, "-c", CHILD, str(args.rounds)], env=env, capture_output=True,
-                       text=True, check=True)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, str(args.rounds)], env=env, capture_output=True, text=True, check=True
+    )
     res = json.loads(p.stdout.strip().splitlines()[-1])
     imports = []
     for _ in range(args.rounds):
-        q = subprocess.run([sys.executable, "-c", "import time; t=time.perf_counter(); "
-                            "import elftools.elf.elffile; print((time.perf_counter()-t)*1e3)"],
-                           env=env, capture_output=True, text=True, check=True)
+        q = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import time; t=time.perf_counter(); "
+                "import elftools.elf.elffile; print((time.perf_counter()-t)*1e3)",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         imports.append(float(q.stdout.strip()))
     res["samples"]["elftools-import"] = imports
     med = {k: statistics.median(v) for k, v in res["samples"].items()}
     base = med["record-first"]
-    print("child: import torch.distributed %.0f ms; %d libraries that matter, %d executable mappings"
-          % (res["torch_import_ms"], res["libraries"], res["mappings"]))
+    print(
+        "child: import torch.distributed %.0f ms; %d libraries that matter, %d executable mappings"
+        % (res["torch_import_ms"], res["libraries"], res["mappings"])
+    )
     print("\n| what | median ms | × record-first |\n|---|---|---|")
     for k in ("record-first", "record-again", "elftools-ids", "elftools-import"):
         print("| %s | %.2f | %.1f |" % (k, med[k], med[k] / base))

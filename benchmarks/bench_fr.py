@@ -7,6 +7,7 @@ in one process). Each process times ``N`` calls after a warm-up and prints the m
 
     PYTHONPATH=. python benchmarks/bench_fr.py [pairs]
 """
+
 import os
 import statistics
 import subprocess
@@ -52,10 +53,14 @@ def main() -> None:
     print("gloo all_reduce, world size 1, ns per call (median of process medians, %d pairs)" % pairs)
     print("  Flight Recorder on (2000): %8.0f   entries kept %s" % (statistics.median(on), sorted(entries)))
     print("  Flight Recorder off (0):   %8.0f" % statistics.median(off))
-    print("  added by the Flight Recorder: %+.0f ns (%+.1f %%); per pair: %s" % (
-        statistics.median(on) - statistics.median(off),
-        100 * (statistics.median(on) / statistics.median(off) - 1),
-        ", ".join("%+.0f" % (a - b) for a, b in zip(on, off))))
+    print(
+        "  added by the Flight Recorder: %+.0f ns (%+.1f %%); per pair: %s"
+        % (
+            statistics.median(on) - statistics.median(off),
+            100 * (statistics.median(on) / statistics.median(off) - 1),
+            ", ".join("%+.0f" % (a - b) for a, b in zip(on, off)),
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ the first lines of its output, side by side.
 
     PYTHONPATH=. python benchmarks/bench_frtrace.py [REAL_DUMP_DIR]
 """
+
 import os
 import pickle
 import statistics
@@ -21,13 +22,29 @@ T0 = 1_796_000_000_000_000_000
 
 
 def entry(seq: int, retired: bool) -> dict:
-    return {"record_id": seq - 1, "pg_id": 0, "process_group": ("0", "default_pg"), "thread_name": "python",
-            "thread_id": "1", "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
-            "profiling_name": "nccl:all_reduce", "time_created_ns": T0 + seq * 1_000_000,
-            "input_sizes": [[1024]], "input_dtypes": ["Float"], "output_sizes": [[1024]],
-            "output_dtypes": ["Float"], "state": "completed" if retired else "scheduled",
-            "time_discovered_started_ns": None, "time_discovered_completed_ns": None, "retired": retired,
-            "timeout_ms": 600000, "is_p2p": False, "frames": []}
+    return {
+        "record_id": seq - 1,
+        "pg_id": 0,
+        "process_group": ("0", "default_pg"),
+        "thread_name": "python",
+        "thread_id": "1",
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": seq,
+        "profiling_name": "nccl:all_reduce",
+        "time_created_ns": T0 + seq * 1_000_000,
+        "input_sizes": [[1024]],
+        "input_dtypes": ["Float"],
+        "output_sizes": [[1024]],
+        "output_dtypes": ["Float"],
+        "state": "completed" if retired else "scheduled",
+        "time_discovered_started_ns": None,
+        "time_discovered_completed_ns": None,
+        "retired": retired,
+        "timeout_ms": 600000,
+        "is_p2p": False,
+        "frames": [],
+    }
 
 
 def synth(world: int, d: str) -> None:
@@ -36,9 +53,19 @@ def synth(world: int, d: str) -> None:
         es = [entry(s, True) for s in range(1, 41)]
         if r != 7:
             es.append(entry(41, False))
-        dump = {"version": "2.10", "comm_lib_version": "2.21.5", "pg_config": cfg,
-                "pg_status": {"0": {"last_enqueued_collective": len(es), "last_started_collective": len(es),
-                                    "last_completed_collective": 40}}, "entries": es}
+        dump = {
+            "version": "2.10",
+            "comm_lib_version": "2.21.5",
+            "pg_config": cfg,
+            "pg_status": {
+                "0": {
+                    "last_enqueued_collective": len(es),
+                    "last_started_collective": len(es),
+                    "last_completed_collective": 40,
+                }
+            },
+            "entries": es,
+        }
         with open(os.path.join(d, "comm_lib_trace_rank_%d" % r), "wb") as f:
             pickle.dump(dump, f)
 
@@ -58,8 +85,9 @@ def timed(cmd: list) -> tuple:
 
 def compare(label: str, d: str) -> None:
     ours = timed([sys.executable, "-m", "hangtrace", "analyze", d])
-    theirs = timed([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", d,
-                    "-p", "comm_lib_trace_rank_"])
+    theirs = timed(
+        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", d, "-p", "comm_lib_trace_rank_"]
+    )
     print("\n## %s" % label)
     print("| tool | s (median of 3) | exit | first lines of output |")
     print("|---|---|---|---|")

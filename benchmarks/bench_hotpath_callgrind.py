@@ -18,6 +18,7 @@ Usage::
 
     python3 benchmarks/bench_hotpath_callgrind.py [--calls 2000] [--baseline TREE] [--out results.json]
 """
+
 import argparse
 import json
 import os
@@ -49,7 +50,7 @@ dist.destroy_process_group()
 def _parse(line):
     head = re.split(r"  [*>]  ", line)[0]
     toks = re.findall(r"([0-9,]+|\.)(?:\s+\([ 0-9.%]+\))?", head)
-    return [0 if t == "." else int(t.replace(",", "")) for t in toks][:len(EVENTS)]
+    return [0 if t == "." else int(t.replace(",", "")) for t in toks][: len(EVENTS)]
 
 
 def _callee_name(line):
@@ -65,23 +66,47 @@ def measure_once(tree, calls, work):
     script = os.path.join(work, "child.py")
     with open(script, "w") as f:
         f.write(CHILD)
-    env = dict(os.environ, PYTHONPATH=tree, HANGTRACE="1", HANGTRACE_AUTO_WATCH="0",
-               HANGTRACE_DIR=os.path.join(work, "run"), TORCH_FR_BUFFER_SIZE="0", OMP_NUM_THREADS="1",
-               OPENBLAS_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=tree,
+        HANGTRACE="1",
+        HANGTRACE_AUTO_WATCH="0",
+        HANGTRACE_DIR=os.path.join(work, "run"),
+        TORCH_FR_BUFFER_SIZE="0",
+        OMP_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+    )
     env.pop("HANGTRACE_PURE_PYTHON", None)
-    p = subprocess.run(["valgrind", "--tool=callgrind", "--cache-sim=yes", "--toggle-collect=Call_vectorcall",
-                        "--callgrind-out-file=" + out, sys.executable, script, str(calls)],
-                       env=env, cwd=tree, capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--cache-sim=yes",
+            "--toggle-collect=Call_vectorcall",
+            "--callgrind-out-file=" + out,
+            sys.executable,
+            script,
+            str(calls),
+        ],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
     if p.returncode != 0:
         raise SystemExit("callgrind run failed in %s:\n%s" % (tree, p.stderr[-2000:]))
-    ann = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--tree=calling", out],
-                         capture_output=True, text=True).stdout.split("\n")
-    i = max(k for k, l in enumerate(ann) if "  *  " in l and l.rstrip().split("  *  ")[1].split(" [")[0]
-            .endswith(":Call_vectorcall"))
+    ann = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--tree=calling", out], capture_output=True, text=True
+    ).stdout.split("\n")
+    i = max(
+        k
+        for k, l in enumerate(ann)
+        if "  *  " in l and l.rstrip().split("  *  ")[1].split(" [")[0].endswith(":Call_vectorcall")
+    )
     total = _parse(ann[i])
     wrapped = None
     callees = {}
-    for line in ann[i + 1:]:
+    for line in ann[i + 1 :]:
         if not line.strip():
             break
         v = _parse(line)
@@ -103,8 +128,10 @@ def measure(tree, calls, work):
     own2, callees2 = measure_once(tree, 2 * calls, work)
     own = {e: (own2[e] - own1[e]) / calls for e in EVENTS}
     zero = dict.fromkeys(EVENTS, 0)
-    callees = [(name, {e: (c[e] - callees1.get(name, zero)[e]) / calls for e in EVENTS})
-               for name, c in callees2.items()]
+    callees = [
+        (name, {e: (c[e] - callees1.get(name, zero)[e]) / calls for e in EVENTS})
+        for name, c in callees2.items()
+    ]
     callees.sort(key=lambda c: -c[1]["Ir"])
     return {"total": own, "callees": [c for c in callees if c[1]["Ir"] >= 1]}
 
@@ -123,14 +150,18 @@ def main(argv=None):
         res = {label: measure(tree, a.calls, work) for label, tree in trees}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("### Added per all_reduce by the C wrapper (callgrind, steady state: runs of %d and %d calls,"
-          " the difference per call; world-size-1 gloo)\n" % (a.calls, 2 * a.calls))
+    print(
+        "### Added per all_reduce by the C wrapper (callgrind, steady state: runs of %d and %d calls,"
+        " the difference per call; world-size-1 gloo)\n" % (a.calls, 2 * a.calls)
+    )
     print("| tree | instructions | I1 misses | D1 read misses | D1 write misses | LL write misses |")
     print("|---|---:|---:|---:|---:|---:|")
     for label, r in res.items():
         t = r["total"]
-        print("| %s | %.0f | %.1f | %.1f | %.1f | %.1f |" % (label, t["Ir"], t["I1mr"], t["D1mr"], t["D1mw"],
-                                                          t["DLmw"]))
+        print(
+            "| %s | %.0f | %.1f | %.1f | %.1f | %.1f |"
+            % (label, t["Ir"], t["I1mr"], t["D1mr"], t["D1mw"], t["DLmw"])
+        )
     for label, r in res.items():
         print("\n%s, by callee (instructions per call):" % label)
         for name, c in r["callees"]:

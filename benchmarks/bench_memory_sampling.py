@@ -20,6 +20,7 @@ Usage::
 
     python3 benchmarks/bench_memory_sampling.py [--rounds 10] [--block 200] [--out r.json]
 """
+
 import argparse
 import json
 import os
@@ -34,6 +35,7 @@ def child(a):
     import torch
     from hangtrace import tracer
     from hangtrace.hooks import bootstrap, memory
+
     rt = bootstrap.active()
     assert rt is not None, "tracing is not active in the child"
     s = memory.active()
@@ -97,9 +99,12 @@ def child(a):
         memory.start(rt)
         on, off = statistics.median(times["on"]), statistics.median(times["off"])
         res["loop_sleep_%g" % sleep_s] = {
-            "steps_per_mode": len(times["on"]), "median_step_us_on": round(on / 1000, 1),
-            "median_step_us_off": round(off / 1000, 1), "overhead_pct": round(100.0 * (on - off) / off, 3),
-            "samples_per_step": 1 + 2 * 2.5}
+            "steps_per_mode": len(times["on"]),
+            "median_step_us_on": round(on / 1000, 1),
+            "median_step_us_off": round(off / 1000, 1),
+            "overhead_pct": round(100.0 * (on - off) / off, 3),
+            "samples_per_step": 1 + 2 * 2.5,
+        }
     print(json.dumps(res))
 
 
@@ -118,9 +123,21 @@ def main():
     with tempfile.TemporaryDirectory(prefix="bench-mem-") as d:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
         env.update(HANGTRACE="1", HANGTRACE_DIR=d, HANGTRACE_AUTO_WATCH="0", HANGTRACE_SLOTS="65536")
-        argv = [sys.executable, os.path.abspath(__file__), "--child", "--rounds", str(a.rounds),
-                "--block", str(a.block), "--step-sleep-s", str(a.step_sleep_s),
-                "--sleep-rounds", str(a.sleep_rounds), "--sleep-block", str(a.sleep_block)]
+        argv = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            "--rounds",
+            str(a.rounds),
+            "--block",
+            str(a.block),
+            "--step-sleep-s",
+            str(a.step_sleep_s),
+            "--sleep-rounds",
+            str(a.sleep_rounds),
+            "--sleep-block",
+            str(a.sleep_block),
+        ]
         t0 = time.time()
         out = subprocess.run(argv, env=env, capture_output=True, text=True)
         if out.returncode != 0:
@@ -134,16 +151,26 @@ def main():
     print("| one sample, host + 1 gauge | %.2f us | - | - |" % res["sample_us_host+gauge"])
     for k in sorted(x for x in res if x.startswith("loop_")):
         v = res[k]
-        print("| loop step (%s s sleep), median of %d | %.1f us | %.1f us | %+.3f %% |" % (
-            k.split("_")[-1], v["steps_per_mode"], v["median_step_us_on"], v["median_step_us_off"], v["overhead_pct"]))
+        print(
+            "| loop step (%s s sleep), median of %d | %.1f us | %.1f us | %+.3f %% |"
+            % (
+                k.split("_")[-1],
+                v["steps_per_mode"],
+                v["median_step_us_on"],
+                v["median_step_us_off"],
+                v["overhead_pct"],
+            )
+        )
     bare = res.get("loop_sleep_0")
     if bare:
         added = bare["median_step_us_on"] - bare["median_step_us_off"]
         res["added_us_per_step"] = round(added, 1)
         res["added_pct_of_example_step"] = round(100.0 * added / (a.step_sleep_s * 1e6), 4)
-        print("\nsampling adds %.1f us per step (bare loop, on - off); the example's step is %.0f ms: %.3f %% "
-              "(target < 1 %%). The %.2f s loop's own on/off difference is sleep jitter." % (
-                  added, a.step_sleep_s * 1000, res["added_pct_of_example_step"], a.step_sleep_s))
+        print(
+            "\nsampling adds %.1f us per step (bare loop, on - off); the example's step is %.0f ms: %.3f %% "
+            "(target < 1 %%). The %.2f s loop's own on/off difference is sleep jitter."
+            % (added, a.step_sleep_s * 1000, res["added_pct_of_example_step"], a.step_sleep_s)
+        )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=2)

@@ -16,6 +16,7 @@ verdict's kind and culprits. CPU time is the figure to compare on a loaded machi
 
     python benchmarks/bench_scale.py --prev /tmp/prev [--ranks 4096] [--records 2000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,17 @@ def template(tmp: str, world: int, records: int, behind: bool) -> bytes:
     rec = Recorder(d, "bench-scale", 2048, _log)
     try:
         rec.set_rank(0, 0, world)
-        rec.group_created({"op": "init_process_group", "name": "0", "desc": "default_pg", "backend": "gloo",
-                           "ranks": list(range(world)), "order": 0, "member": True})
+        rec.group_created(
+            {
+                "op": "init_process_group",
+                "name": "0",
+                "desc": "default_pg",
+                "backend": "gloo",
+                "ranks": list(range(world)),
+                "order": 0,
+                "member": True,
+            }
+        )
         g, shape = rec.intern("0"), rec.intern("1024")
         rec.phase_enter("train", step=0)
         seq = 0
@@ -60,14 +70,18 @@ def template(tmp: str, world: int, records: int, behind: bool) -> bytes:
                 rec.step(seq // 10 + 1)
                 n += 1
             seq += 1
-            i = rec.issue(F.K_COLL, F.OP_IDS["all_reduce"], g, seq, 1024, shape, F.DTYPE_IDS["float32"], -1, 0)
+            i = rec.issue(
+                F.K_COLL, F.OP_IDS["all_reduce"], g, seq, 1024, shape, F.DTYPE_IDS["float32"], -1, 0
+            )
             rec.complete(i)
             n += 1
         if behind:
             for k in range(3):
                 rec.step(seq // 10 + 2 + k)
         else:
-            rec.issue(F.K_COLL, F.OP_IDS["all_reduce"], g, seq + 1, 1024, shape, F.DTYPE_IDS["float32"], -1, 0)
+            rec.issue(
+                F.K_COLL, F.OP_IDS["all_reduce"], g, seq + 1, 1024, shape, F.DTYPE_IDS["float32"], -1, 0
+            )
         path = rec.path
     finally:
         rec.close()
@@ -90,7 +104,7 @@ def write_run(run_dir: str, world: int, records: int, culprit: int) -> Tuple[int
         host = "bench-node-%d" % (rank // 8)
         _pid, ppid, wall, mono, _ticks = F.IDENT.unpack_from(buf, F.IDENT_OFF)
         F.IDENT.pack_into(buf, F.IDENT_OFF, pid, ppid, wall, mono, 0)
-        buf[F.HOST_OFF:F.HOST_OFF + F.HOST_LEN] = host.encode().ljust(F.HOST_LEN, b"\0")
+        buf[F.HOST_OFF : F.HOST_OFF + F.HOST_LEN] = host.encode().ljust(F.HOST_LEN, b"\0")
         F.RANK.pack_into(buf, F.RANK_OFF, rank, rank % 8, world, 0)
         with open(os.path.join(run_dir, "ring-%s-%d.htr" % (host, pid)), "wb") as f:
             f.write(buf)
@@ -104,8 +118,13 @@ def run_analyze(code_dir: str, run_dir: str, timeout_s: float) -> Dict[str, Any]
     env = dict(os.environ, PYTHONPATH=code_dir)
     env.pop("HANGTRACE", None)
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-m", "hangtrace", "analyze", "--json", run_dir], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "hangtrace", "analyze", "--json", run_dir],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd="/",
+    )
     try:
         out, err = p.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -120,20 +139,28 @@ def run_analyze(code_dir: str, run_dir: str, timeout_s: float) -> Dict[str, Any]
         kind, culprits = d.get("kind"), d.get("culprit_ranks")
     except ValueError:
         kind, culprits = None, None
-    return {"wall_s": wall, "rc": p.returncode, "kind": kind, "culprits": culprits,
-            "stderr": err.decode("utf-8", "replace")[-300:] if p.returncode else ""}
+    return {
+        "wall_s": wall,
+        "rc": p.returncode,
+        "kind": kind,
+        "culprits": culprits,
+        "stderr": err.decode("utf-8", "replace")[-300:] if p.returncode else "",
+    }
 
 
 def _measure(code_dir: str, run_dir: str, timeout_s: float) -> Dict[str, Any]:
     """One measurement in a fresh helper process, so ``RUSAGE_CHILDREN.ru_maxrss`` is the
     peak RSS of that one analyze run."""
-    code = ("import json, resource, sys; sys.path.insert(0, %r); import bench_scale as B; "
-            "r = B.run_analyze(%r, %r, %r); "
-            "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
-            "r['maxrss_mib'] = u.ru_maxrss / 1024; r['cpu_s'] = u.ru_utime + u.ru_stime; "
-            "print(json.dumps(r))" % (os.path.dirname(os.path.abspath(__file__)), code_dir, run_dir, timeout_s))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=HERE))
+    code = (
+        "import json, resource, sys; sys.path.insert(0, %r); import bench_scale as B; "
+        "r = B.run_analyze(%r, %r, %r); "
+        "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+        "r['maxrss_mib'] = u.ru_maxrss / 1024; r['cpu_s'] = u.ru_utime + u.ru_stime; "
+        "print(json.dumps(r))" % (os.path.dirname(os.path.abspath(__file__)), code_dir, run_dir, timeout_s)
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=HERE)
+    )
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -157,18 +184,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(run_dir, exist_ok=True)
     try:
         nbytes, took = write_run(run_dir, a.ranks, a.records, culprit)
-        print("wrote %d rings (%.0f MiB, %d records each) in %.1f s; culprit rank %d"
-              % (a.ranks, nbytes / 2**20, a.records, took, culprit), file=sys.stderr)
+        print(
+            "wrote %d rings (%.0f MiB, %d records each) in %.1f s; culprit rank %d"
+            % (a.ranks, nbytes / 2**20, a.records, took, culprit),
+            file=sys.stderr,
+        )
         versions = [("this", HERE, a.repeats)] + ([("previous", a.prev, a.prev_repeats)] if a.prev else [])
         res: Dict[str, List[Dict[str, Any]]] = {name: [] for name, _, _ in versions}
         for i in range(max(n for _, _, n in versions)):
             for name, d, n in versions:
                 if i < n:
                     r = _measure(d, run_dir, a.timeout_s)
-                    print("%s round %d: %s" % (name, i, {k: v for k, v in r.items() if k != "stderr"}),
-                          file=sys.stderr)
+                    print(
+                        "%s round %d: %s" % (name, i, {k: v for k, v in r.items() if k != "stderr"}),
+                        file=sys.stderr,
+                    )
                     res[name].append(r)
-        print("| code | ranks x records | wall s (median) | CPU s (median) | peak RSS MiB | verdict | culprits |")
+        print(
+            "| code | ranks x records | wall s (median) | CPU s (median) | peak RSS MiB | verdict | culprits |"
+        )
         print("|---|---|---|---|---|---|---|")
         for name, runs in res.items():
             ok = [r for r in runs if r.get("wall_s") is not None and r.get("rc") == 0]
@@ -176,8 +210,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             rss = "%.0f" % max(r["maxrss_mib"] for r in ok) if ok else "-"
             cpu = "%.2f" % statistics.median(r["cpu_s"] for r in ok) if ok else "-"
             v = ok[0] if ok else {}
-            print("| %s | %d x %d | %s | %s | %s | %s | %s |" % (name, a.ranks, a.records, wall, cpu, rss,
-                                                                v.get("kind"), v.get("culprits")))
+            print(
+                "| %s | %d x %d | %s | %s | %s | %s | %s |"
+                % (name, a.ranks, a.records, wall, cpu, rss, v.get("kind"), v.get("culprits"))
+            )
         if a.out:
             with open(a.out, "w") as f:
                 json.dump({"ranks": a.ranks, "records": a.records, "results": res}, f, indent=2)

@@ -36,6 +36,7 @@ Usage::
     python3 benchmarks/bench_startup.py --traced [--runs 20] [--baseline /path/to/old/tree]
     python3 benchmarks/bench_startup.py --traced --callgrind [--cg-repeats 3] [--baseline /path/to/old/tree]
 """
+
 import argparse
 import json
 import os
@@ -53,23 +54,33 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _clean_env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("HANGTRACE") and k not in ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("HANGTRACE") and k not in ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME")
+    }
     return env
 
 
 def _run(cmd, **kw):
     p = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if p.returncode != 0:
-        raise SystemExit("%s failed (%d):\n%s\n%s" % (" ".join(cmd), p.returncode, p.stdout[-2000:], p.stderr[-3000:]))
+        raise SystemExit(
+            "%s failed (%d):\n%s\n%s" % (" ".join(cmd), p.returncode, p.stdout[-2000:], p.stderr[-3000:])
+        )
     return p
 
 
 def _copy_source(dst):
     """Copy the repository's sources (not .git, build outputs or caches) to ``dst``."""
+
     def ignore(d, names):
-        return {n for n in names if n in (".git", "build", "dist", "__pycache__", ".pytest_cache")
-                or n.endswith(".egg-info")}
+        return {
+            n
+            for n in names
+            if n in (".git", "build", "dist", "__pycache__", ".pytest_cache") or n.endswith(".egg-info")
+        }
+
     shutil.copytree(REPO, dst, ignore=ignore)
 
 
@@ -83,8 +94,11 @@ def build_venvs(root):
     src = os.path.join(root, "src")
     _copy_source(src)
     wheels = os.path.join(root, "wheels")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, src],
-         env=env, cwd=root)
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, src],
+        env=env,
+        cwd=root,
+    )
     wheel = [os.path.join(wheels, f) for f in os.listdir(wheels) if f.endswith(".whl")][0]
     pys = {}
     notes = []
@@ -92,21 +106,49 @@ def build_venvs(root):
         d = os.path.join(root, name)
         _run([sys.executable, "-m", "venv", d], env=env)
         pys[name] = os.path.join(d, "bin", "python")
-    _run([pys["venv-wheel"], "-m", "pip", "install", "-q", "--no-index", "--no-deps", wheel], env=env, cwd=root)
-    p = subprocess.run([pys["venv-editable"], "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                        "--no-build-isolation", "-e", src], env=env, cwd=root, capture_output=True, text=True)
+    _run(
+        [pys["venv-wheel"], "-m", "pip", "install", "-q", "--no-index", "--no-deps", wheel], env=env, cwd=root
+    )
+    p = subprocess.run(
+        [
+            pys["venv-editable"],
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-build-isolation",
+            "-e",
+            src,
+        ],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     if p.returncode != 0:
-        errs = [ln.strip() for ln in p.stderr.splitlines() if "rror" in ln] or p.stderr.strip().splitlines()[-1:]
-        notes.append("editable install into the venv failed, variant skipped (the venv's setuptools is "
-                     "ensurepip's, older than this interpreter's): %s" % (errs[-1] if errs else "?"))
+        errs = [ln.strip() for ln in p.stderr.splitlines() if "rror" in ln] or p.stderr.strip().splitlines()[
+            -1:
+        ]
+        notes.append(
+            "editable install into the venv failed, variant skipped (the venv's setuptools is "
+            "ensurepip's, older than this interpreter's): %s" % (errs[-1] if errs else "?")
+        )
         del pys["venv-editable"]
     return pys, notes
 
 
 def _site_pth(python):
-    out = _run([python, "-c", "import site,os,json;d=site.getsitepackages()[0];"
-                "print(json.dumps(sorted(f for f in os.listdir(d) if f.endswith('.pth'))))"],
-               env=_clean_env()).stdout
+    out = _run(
+        [
+            python,
+            "-c",
+            "import site,os,json;d=site.getsitepackages()[0];"
+            "print(json.dumps(sorted(f for f in os.listdir(d) if f.endswith('.pth'))))",
+        ],
+        env=_clean_env(),
+    ).stdout
     return json.loads(out)
 
 
@@ -155,7 +197,10 @@ def _traced_variants(run_dir, baseline=None):
                 variants["%s, untraced" % prog] = ([sys.executable, "-c", code], base)
             variants["%s, traced (%s tree)" % (prog, tree)] = (
                 [sys.executable, "-c", code],
-                dict(base, HANGTRACE="1", HANGTRACE_DIR=os.path.join(run_dir, tree), HANGTRACE_AUTO_WATCH="0"))
+                dict(
+                    base, HANGTRACE="1", HANGTRACE_DIR=os.path.join(run_dir, tree), HANGTRACE_AUTO_WATCH="0"
+                ),
+            )
     return variants, progs
 
 
@@ -170,8 +215,12 @@ _MEM_INTERVAL = "HANGTRACE_MEM_INTERVAL_S"
 def _callgrind_once(argv, env):
     """Instructions of one run of ``argv`` under callgrind (all threads). Raises
     SystemExit when the run fails."""
-    p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + argv, env=env,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + argv,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     found = [ln for ln in p.stderr.splitlines() if "Collected :" in ln]
     if p.returncode != 0 or not found:
         raise SystemExit("callgrind run failed (%d):\n%s" % (p.returncode, p.stderr[-2000:]))
@@ -191,6 +240,7 @@ def traced_instructions(baseline=None, repeats=1, jobs=2):
     Returns ``{variant: [instructions per run]}`` and prints a table. Raises SystemExit
     without valgrind."""
     from concurrent.futures import ThreadPoolExecutor
+
     if shutil.which("valgrind") is None:
         raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
     run_dir = tempfile.mkdtemp(prefix="ht-bench-startup-cg-")
@@ -201,8 +251,9 @@ def traced_instructions(baseline=None, repeats=1, jobs=2):
         for n, (argv, env) in variants.items():
             # one thread each for OpenBLAS/OpenMP: their idle threads spin, and the spins
             # alone moved torch's import by tens of millions of instructions run to run
-            env = dict(env, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                       PYTHONHASHSEED="0")
+            env = dict(
+                env, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0"
+            )
             if "HANGTRACE" in env:
                 # the memory sampler ticks once a second of wall time; under callgrind (about
                 # 100x slower here) a 1.4 s import lasts ~150 s and would tick ~150 times
@@ -217,17 +268,25 @@ def traced_instructions(baseline=None, repeats=1, jobs=2):
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     med = {n: statistics.median(v) for n, v in out.items()}
-    L = ["### Start-up instructions, traced vs untraced (callgrind; %s, Python %s)" % (
-         time.strftime("%Y-%m-%d"), platform.python_version()), "",
-         "Traced runs with %s=%g (the 1 s default stretched by callgrind's ~100x slowdown); "
-         "PYTHONHASHSEED=0; %d run(s) per variant, median (range)." % (_MEM_INTERVAL, CALLGRIND_TIMER, repeats), "",
-         "| program | variant | instructions (M) | Δ vs untraced (M) |", "|---|---|---:|---:|"]
+    L = [
+        "### Start-up instructions, traced vs untraced (callgrind; %s, Python %s)"
+        % (time.strftime("%Y-%m-%d"), platform.python_version()),
+        "",
+        "Traced runs with %s=%g (the 1 s default stretched by callgrind's ~100x slowdown); "
+        "PYTHONHASHSEED=0; %d run(s) per variant, median (range)."
+        % (_MEM_INTERVAL, CALLGRIND_TIMER, repeats),
+        "",
+        "| program | variant | instructions (M) | Δ vs untraced (M) |",
+        "|---|---|---:|---:|",
+    ]
     for prog in progs:
         ref = med["%s, untraced" % prog]
         for n in [x for x in out if x.startswith(prog + ",")]:
             rng = " (%.1f–%.1f)" % (min(out[n]) / 1e6, max(out[n]) / 1e6) if len(out[n]) > 1 else ""
-            L.append("| `%s` | %s | %.1f%s | %+.1f |" % (progs[prog], n.split(", ", 1)[1], med[n] / 1e6, rng,
-                                                       (med[n] - ref) / 1e6))
+            L.append(
+                "| `%s` | %s | %.1f%s | %+.1f |"
+                % (progs[prog], n.split(", ", 1)[1], med[n] / 1e6, rng, (med[n] - ref) / 1e6)
+            )
     print("\n".join(L))
     return out
 
@@ -246,7 +305,7 @@ def traced_cost(runs, warmup, baseline=None):
                 _run_rusage(*variants[n])
         load0 = os.getloadavg()
         for r in range(runs):
-            for n in names[r % len(names):] + names[:r % len(names)]:
+            for n in names[r % len(names) :] + names[: r % len(names)]:
                 ms, kib, cpu = _run_rusage(*variants[n])
                 out[n]["ms"].append(ms)
                 out[n]["kib"].append(kib)
@@ -255,30 +314,49 @@ def traced_cost(runs, warmup, baseline=None):
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     med = statistics.median
-    L = ["### Start-up, traced vs untraced (%s, %d CPUs, Python %s)" % (time.strftime("%Y-%m-%d"),
-         os.cpu_count(), platform.python_version()), "",
-         "%d runs per variant, interleaved; wall time fork to exit, peak RSS from wait4. Load average "
-         "before/after: %.1f / %.1f." % (runs, load0[0], load1[0]), "",
-         "| program | variant | median wall ms | p10–p90 wall ms | median CPU ms | median peak RSS MiB "
-         "| Δ wall ms [95 % CI] | Δ CPU ms [95 % CI] | Δ RSS MiB |",
-         "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    L = [
+        "### Start-up, traced vs untraced (%s, %d CPUs, Python %s)"
+        % (time.strftime("%Y-%m-%d"), os.cpu_count(), platform.python_version()),
+        "",
+        "%d runs per variant, interleaved; wall time fork to exit, peak RSS from wait4. Load average "
+        "before/after: %.1f / %.1f." % (runs, load0[0], load1[0]),
+        "",
+        "| program | variant | median wall ms | p10–p90 wall ms | median CPU ms | median peak RSS MiB "
+        "| Δ wall ms [95 % CI] | Δ CPU ms [95 % CI] | Δ RSS MiB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
 
     def delta(key: str, n: str, ref: str) -> str:
         d = [a - b for a, b in zip(out[n][key], out[ref][key])]
         lo, hi = median_ci(d)
         return "%+.1f" % med(d) + ("" if lo != lo else " [%+.1f, %+.1f]" % (lo, hi))
+
     for prog in progs:
         ref = "%s, untraced" % prog
         for n in [x for x in names if x.startswith(prog + ",")]:
             xs = sorted(out[n]["ms"])
             d_mb = med([(a - b) / 1024 for a, b in zip(out[n]["kib"], out[ref]["kib"])])
-            L.append("| `%s` | %s | %.1f | %.1f–%.1f | %.1f | %.1f | %s | %s | %+.2f |" % (
-                progs[prog], n.split(", ", 1)[1], med(xs), xs[len(xs) // 10], xs[(len(xs) * 9) // 10],
-                med(out[n]["cpu_ms"]), med(out[n]["kib"]) / 1024, delta("ms", n, ref), delta("cpu_ms", n, ref),
-                d_mb))
-    L += ["", "Δ: median of the paired differences (run r of the variant minus run r untraced), vs the "
-          "untraced run of the same program; [95 % CI]: the sign test's distribution-free interval of that "
-          "median (benchstats.median_ci)."]
+            L.append(
+                "| `%s` | %s | %.1f | %.1f–%.1f | %.1f | %.1f | %s | %s | %+.2f |"
+                % (
+                    progs[prog],
+                    n.split(", ", 1)[1],
+                    med(xs),
+                    xs[len(xs) // 10],
+                    xs[(len(xs) * 9) // 10],
+                    med(out[n]["cpu_ms"]),
+                    med(out[n]["kib"]) / 1024,
+                    delta("ms", n, ref),
+                    delta("cpu_ms", n, ref),
+                    d_mb,
+                )
+            )
+    L += [
+        "",
+        "Δ: median of the paired differences (run r of the variant minus run r untraced), vs the "
+        "untraced run of the same program; [95 % CI]: the sign test's distribution-free interval of that "
+        "median (benchstats.median_ci).",
+    ]
     print("\n".join(L))
     return out
 
@@ -291,10 +369,20 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3, help="untimed runs per variant first")
     ap.add_argument("--out", help="write JSON results here")
     ap.add_argument("--keep", help="build the venvs in this directory and keep them")
-    ap.add_argument("--callgrind", action="store_true",
-                    help="with --traced: instructions per variant under callgrind instead of times")
-    ap.add_argument("--cg-repeats", type=int, default=1, help="with --callgrind: runs per variant (median reported)")
-    ap.add_argument("--cg-jobs", type=int, default=2, help="with --callgrind: runs at a time (counts do not depend on load)")
+    ap.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="with --traced: instructions per variant under callgrind instead of times",
+    )
+    ap.add_argument(
+        "--cg-repeats", type=int, default=1, help="with --callgrind: runs per variant (median reported)"
+    )
+    ap.add_argument(
+        "--cg-jobs",
+        type=int,
+        default=2,
+        help="with --callgrind: runs at a time (counts do not depend on load)",
+    )
     a = ap.parse_args(argv)
     if a.traced and a.callgrind:
         out = traced_instructions(a.baseline, a.cg_repeats, a.cg_jobs)
@@ -330,7 +418,7 @@ def main(argv=None):
         times = {n: [] for n in names}
         load0 = os.getloadavg()
         for r in range(a.runs):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for n in order:
                 times[n].append(_time_once(*variants[n]) / 1e6)
         load1 = os.getloadavg()
@@ -342,8 +430,12 @@ def main(argv=None):
 
     def st(xs):
         xs = sorted(xs)
-        return {"median": statistics.median(xs), "p10": xs[len(xs) // 10], "p90": xs[(len(xs) * 9) // 10],
-                "runs": times_raw(xs)}
+        return {
+            "median": statistics.median(xs),
+            "p10": xs[len(xs) // 10],
+            "p90": xs[(len(xs) * 9) // 10],
+            "runs": times_raw(xs),
+        }
 
     def times_raw(xs):
         return [round(x, 3) for x in xs]
@@ -355,9 +447,15 @@ def main(argv=None):
         return statistics.median(d)
 
     result = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
-        "python": platform.python_version(), "runs": a.runs, "loadavg_before": load0, "loadavg_after": load1,
-        "pth_files": pth, "rings_written_with_HANGTRACE_1": len(rings),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "runs": a.runs,
+        "loadavg_before": load0,
+        "loadavg_after": load1,
+        "pth_files": pth,
+        "rings_written_with_HANGTRACE_1": len(rings),
         "ms": stats,
         "added_ms": {
             "installed, inactive (venv-wheel − venv-empty)": paired("venv-wheel", "venv-empty"),
@@ -367,8 +465,9 @@ def main(argv=None):
         "wall_s": round(time.time() - t_start, 1),
     }
     if "venv-editable" in times:
-        result["added_ms"]["editable install, inactive (venv-editable − venv-empty)"] = \
-            paired("venv-editable", "venv-empty")
+        result["added_ms"]["editable install, inactive (venv-editable − venv-empty)"] = paired(
+            "venv-editable", "venv-empty"
+        )
     print(_table(result, names))
     if a.out:
         with open(a.out, "w") as f:
@@ -386,19 +485,31 @@ LABELS = {
 
 
 def _table(r, names):
-    L = ["### `python -c pass` start-up (%s, %d CPUs, Python %s)" % (r["date"], r["cpus"], r["python"]), "",
-         "%d runs per variant, interleaved; wall time of the child process. Load average before/after: "
-         "%.1f / %.1f." % (r["runs"], r["loadavg_before"][0], r["loadavg_after"][0]), "",
-         "| interpreter | median ms | p10 ms | p90 ms |", "|---|---:|---:|---:|"]
+    L = [
+        "### `python -c pass` start-up (%s, %d CPUs, Python %s)" % (r["date"], r["cpus"], r["python"]),
+        "",
+        "%d runs per variant, interleaved; wall time of the child process. Load average before/after: "
+        "%.1f / %.1f." % (r["runs"], r["loadavg_before"][0], r["loadavg_after"][0]),
+        "",
+        "| interpreter | median ms | p10 ms | p90 ms |",
+        "|---|---:|---:|---:|",
+    ]
     for n in names:
         s = r["ms"][n]
         L.append("| %s | %.2f | %.2f | %.2f |" % (LABELS[n], s["median"], s["p10"], s["p90"]))
     L += ["", "| difference (median of paired runs) | ms |", "|---|---:|"]
     for k, v in r["added_ms"].items():
         L.append("| %s | %+.2f |" % (k, v))
-    L += ["", "Target: installed and inactive adds ≤ 1 ms. With HANGTRACE=1 each run wrote a ring file "
-          "(%d rings found)." % r["rings_written_with_HANGTRACE_1"]]
-    L += ["", "site-packages .pth files: " + "; ".join("%s: %s" % (n, ", ".join(v)) for n, v in r["pth_files"].items())]
+    L += [
+        "",
+        "Target: installed and inactive adds ≤ 1 ms. With HANGTRACE=1 each run wrote a ring file "
+        "(%d rings found)." % r["rings_written_with_HANGTRACE_1"],
+    ]
+    L += [
+        "",
+        "site-packages .pth files: "
+        + "; ".join("%s: %s" % (n, ", ".join(v)) for n, v in r["pth_files"].items()),
+    ]
     L += ["Note: " + n for n in r["notes"]]
     return "\n".join(L)
 

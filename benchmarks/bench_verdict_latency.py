@@ -40,6 +40,7 @@ Usage::
     python3 benchmarks/bench_verdict_latency.py [--repeats 3] [--thresholds 5,10]
         [--rounds 5] [--out results.json] [--quick]
 """
+
 import argparse
 import glob
 import json
@@ -67,6 +68,7 @@ def _clean_env():
 def _max_progress(ring_dir):
     """(max progress_wall_ns over the rings in ring_dir, {rank: progress_wall_ns})."""
     from hangtrace.tracer.ring import reader as R
+
     per = {}
     for path in glob.glob(os.path.join(ring_dir, "ring-*.htr")):
         try:
@@ -80,16 +82,35 @@ def _max_progress(ring_dir):
 # --------------------------------------------------------------------------- part 1
 def one_run(stall_s, tmp, timeout_s=180.0):
     run_dir = os.path.join(tmp, "run-%s-%d" % (stall_s, time.time_ns()))
-    cmd = [sys.executable, "-m", "hangtrace", "run", "--stall-s", str(stall_s), "--stop-on-stall",
-           "--dir", run_dir, "--", sys.executable, EXAMPLE] + FAULT
+    cmd = [
+        sys.executable,
+        "-m",
+        "hangtrace",
+        "run",
+        "--stall-s",
+        str(stall_s),
+        "--stop-on-stall",
+        "--dir",
+        run_dir,
+        "--",
+        sys.executable,
+        EXAMPLE,
+    ] + FAULT
     lines = []
     t_start = time.time_ns()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_clean_env(),
-                         start_new_session=True, cwd=REPO)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=_clean_env(),
+        start_new_session=True,
+        cwd=REPO,
+    )
 
     def reader():
         for raw in iter(p.stderr.readline, b""):
             lines.append((time.time_ns(), time.monotonic(), raw.decode(errors="replace").rstrip("\n")))
+
     th = threading.Thread(target=reader, daemon=True)
     th.start()
     killed = False
@@ -106,7 +127,9 @@ def one_run(stall_s, tmp, timeout_s=180.0):
     th.join(timeout=5)
     r = {"stall_s": stall_s, "rc": p.returncode, "killed_by_bench": killed, "run_dir": run_dir}
     detected = next(((w, m, ln) for w, m, ln in lines if "stall detected:" in ln), None)
-    verdict = next((i for i, (w, m, ln) in enumerate(lines) if ln.startswith("==== hangtrace verdict ====")), None)
+    verdict = next(
+        (i for i, (w, m, ln) in enumerate(lines) if ln.startswith("==== hangtrace verdict ====")), None
+    )
     snaps = sorted(glob.glob(os.path.join(run_dir, "snapshots", "*", "rings")))
     onset, per = _max_progress(snaps[0]) if snaps else (0, {})
     live_onset, live_per = _max_progress(run_dir)
@@ -139,6 +162,7 @@ def _wait_hung(run_dir, proc, quiet_s=3.0, timeout_s=120.0):
     """Wait until 5 rings exist and no progress for quiet_s; return the rings' pids."""
     from hangtrace.tracer.ring import layout as F
     from hangtrace.tracer.ring import reader as R
+
     t0 = time.monotonic()
     last, since = None, time.monotonic()
     while time.monotonic() - t0 < timeout_s:
@@ -165,8 +189,14 @@ def child_breakdown(rounds, tmp):
     run_dir = os.path.join(tmp, "breakdown-run")
     os.makedirs(run_dir)
     env = dict(_clean_env(), HANGTRACE="1", HANGTRACE_DIR=run_dir, HANGTRACE_AUTO_WATCH="0")
-    proc = subprocess.Popen([sys.executable, EXAMPLE] + FAULT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, EXAMPLE] + FAULT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=REPO,
+    )
     out = {"rounds": []}
     try:
         pids = _wait_hung(run_dir, proc)
@@ -175,6 +205,7 @@ def child_breakdown(rounds, tmp):
             r = {}
             t = time.perf_counter()
             from hangtrace.tracer.collect.rings import load_run, take_snapshot, write_diagnosis
+
             r["import_collect_s"] = time.perf_counter() - t
             t = time.perf_counter()
             load_run(run_dir)
@@ -184,6 +215,7 @@ def child_breakdown(rounds, tmp):
             r["snapshot_copy_s"] = time.perf_counter() - t
             t = time.perf_counter()
             from hangtrace.tracer.collect import stacks as S
+
             r["import_stacks_s"] = time.perf_counter() - t
             t = time.perf_counter()
             res = S.dump_stacks(pids)
@@ -193,6 +225,7 @@ def child_breakdown(rounds, tmp):
             t = time.perf_counter()
             from hangtrace.tracer.analyze.diagnose import diagnose
             from hangtrace.tracer.report.text import text_report, verdict_paragraph
+
             r["import_analysis_report_s"] = time.perf_counter() - t
             t = time.perf_counter()
             diag = diagnose(snap)
@@ -205,6 +238,7 @@ def child_breakdown(rounds, tmp):
             write_diagnosis(snap, diag, text)
             r["write_diagnosis_s"] = time.perf_counter() - t
             from hangtrace.tracer.pipeline import dump_live
+
             t = time.perf_counter()
             d2 = dump_live(run_dir, "request").diagnosis
             r["diagnose_and_report_s"] = time.perf_counter() - t
@@ -247,32 +281,69 @@ def main(argv=None):
         a.repeats, a.thresholds, a.rounds = 1, "5", 2
     thresholds = [float(x) for x in a.thresholds.split(",")]
     tmp = tempfile.mkdtemp(prefix="bench_verdict_")
-    res = {"date": time.strftime("%Y-%m-%d"), "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                                         "loadavg_start": os.getloadavg()},
-           "command": "hangtrace run --stall-s S --stop-on-stall -- python examples/train_faults.py " + " ".join(FAULT),
-           "runs": [], "problems": []}
+    res = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_start": os.getloadavg(),
+        },
+        "command": "hangtrace run --stall-s S --stop-on-stall -- python examples/train_faults.py "
+        + " ".join(FAULT),
+        "runs": [],
+        "problems": [],
+    }
     try:
         for rep in range(a.repeats):
             for s in thresholds:
                 r = one_run(s, tmp)
                 r["loadavg"] = os.getloadavg()[0]
                 res["runs"].append(r)
-                print("S=%g run %d: onset->detected %s s, onset->verdict %s s, %s %s" % (
-                    s, rep + 1, _f(r.get("onset_to_detected_s")), _f(r.get("onset_to_verdict_s")),
-                    r.get("kind"), r.get("culprit_ranks")), file=sys.stderr, flush=True)
+                print(
+                    "S=%g run %d: onset->detected %s s, onset->verdict %s s, %s %s"
+                    % (
+                        s,
+                        rep + 1,
+                        _f(r.get("onset_to_detected_s")),
+                        _f(r.get("onset_to_verdict_s")),
+                        r.get("kind"),
+                        r.get("culprit_ranks"),
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if r.get("onset_to_verdict_s") is None:
-                    res["problems"].append("S=%g run %d: no verdict/onset; stderr tail: %s" % (s, rep + 1, r["stderr_tail"]))
+                    res["problems"].append(
+                        "S=%g run %d: no verdict/onset; stderr tail: %s" % (s, rep + 1, r["stderr_tail"])
+                    )
                 elif r.get("culprit_ranks") != EXPECTED:
-                    res["problems"].append("S=%g run %d: culprit %s, expected %s" % (s, rep + 1, r.get("culprit_ranks"),
-                                                                                    EXPECTED))
+                    res["problems"].append(
+                        "S=%g run %d: culprit %s, expected %s"
+                        % (s, rep + 1, r.get("culprit_ranks"), EXPECTED)
+                    )
                 elif r["verdict_minus_threshold_s"] > 3.0:
-                    res["problems"].append("S=%g run %d: verdict %.2f s after threshold (target <= 3 s)"
-                                           % (s, rep + 1, r["verdict_minus_threshold_s"]))
+                    res["problems"].append(
+                        "S=%g run %d: verdict %.2f s after threshold (target <= 3 s)"
+                        % (s, rep + 1, r["verdict_minus_threshold_s"])
+                    )
         if not a.no_breakdown:
             btmp = os.path.join(tmp, "bd")
             os.makedirs(btmp)
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "breakdown", "--rounds",
-                                str(a.rounds), "--tmp", btmp], capture_output=True, text=True, env=_clean_env())
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--child",
+                    "breakdown",
+                    "--rounds",
+                    str(a.rounds),
+                    "--tmp",
+                    btmp,
+                ],
+                capture_output=True,
+                text=True,
+                env=_clean_env(),
+            )
             line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line:
                 res["breakdown"] = json.loads(line[7:])
@@ -290,43 +361,73 @@ def main(argv=None):
 
 
 def print_tables(res):
-    print("\n### Stall onset -> verdict, 4 local gloo ranks, fault stuck-queue (`hangtrace run --stop-on-stall`)\n")
-    print("| S (threshold) | run | onset -> 'stall detected' | onset -> verdict printed | verdict - S | "
-          "detected -> verdict | verdict | culprit | load (1 min) |")
+    print(
+        "\n### Stall onset -> verdict, 4 local gloo ranks, fault stuck-queue (`hangtrace run --stop-on-stall`)\n"
+    )
+    print(
+        "| S (threshold) | run | onset -> 'stall detected' | onset -> verdict printed | verdict - S | "
+        "detected -> verdict | verdict | culprit | load (1 min) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---|---|---:|")
     by = {}
     for r in res["runs"]:
         by.setdefault(r["stall_s"], []).append(r)
     for s, rs in by.items():
         for i, r in enumerate(rs):
-            print("| %g s | %d | %s s | %s s | **%s s** | %s s | %s | %s | %.1f |" % (
-                s, i + 1, _f(r.get("onset_to_detected_s")), _f(r.get("onset_to_verdict_s")),
-                _f(r.get("verdict_minus_threshold_s")), _f(r.get("detected_to_verdict_s")), r.get("kind"),
-                r.get("culprit_ranks"), r.get("loadavg", 0)))
-        print("| %g s | median | %s s | %s s | **%s s** | %s s | | | |" % (
-            s, _f(_med([r.get("onset_to_detected_s") for r in rs])), _f(_med([r.get("onset_to_verdict_s") for r in rs])),
-            _f(_med([r.get("verdict_minus_threshold_s") for r in rs])),
-            _f(_med([r.get("detected_to_verdict_s") for r in rs]))))
+            print(
+                "| %g s | %d | %s s | %s s | **%s s** | %s s | %s | %s | %.1f |"
+                % (
+                    s,
+                    i + 1,
+                    _f(r.get("onset_to_detected_s")),
+                    _f(r.get("onset_to_verdict_s")),
+                    _f(r.get("verdict_minus_threshold_s")),
+                    _f(r.get("detected_to_verdict_s")),
+                    r.get("kind"),
+                    r.get("culprit_ranks"),
+                    r.get("loadavg", 0),
+                )
+            )
+        print(
+            "| %g s | median | %s s | %s s | **%s s** | %s s | | | |"
+            % (
+                s,
+                _f(_med([r.get("onset_to_detected_s") for r in rs])),
+                _f(_med([r.get("onset_to_verdict_s") for r in rs])),
+                _f(_med([r.get("verdict_minus_threshold_s") for r in rs])),
+                _f(_med([r.get("detected_to_verdict_s") for r in rs])),
+            )
+        )
     bd = res.get("breakdown")
     if bd and bd.get("rounds"):
         rounds = bd["rounds"]
         print("\n### Where the verdict time goes (live hung job, 5 traced processes; ms)\n")
-        keys = [("load_run_s", "read rings (`load_run`)"),
-                ("snapshot_copy_s", "snapshot copy (`take_snapshot`, no stacks)"),
-                ("pyspy_5_processes_s", "py-spy stacks of 5 processes (`dump_stacks`)"),
-                ("diagnose_s", "`diagnose`"),
-                ("report_s", "`text_report` + `verdict_paragraph`"),
-                ("write_diagnosis_s", "`write_diagnosis`"),
-                ("diagnose_and_report_s", "**total: `diagnose_and_report`**"),
-                ("import_analysis_report_s", "import analysis + report modules")]
+        keys = [
+            ("load_run_s", "read rings (`load_run`)"),
+            ("snapshot_copy_s", "snapshot copy (`take_snapshot`, no stacks)"),
+            ("pyspy_5_processes_s", "py-spy stacks of 5 processes (`dump_stacks`)"),
+            ("diagnose_s", "`diagnose`"),
+            ("report_s", "`text_report` + `verdict_paragraph`"),
+            ("write_diagnosis_s", "`write_diagnosis`"),
+            ("diagnose_and_report_s", "**total: `diagnose_and_report`**"),
+            ("import_analysis_report_s", "import analysis + report modules"),
+        ]
         print("| step | cold (round 1) | warm (median of rounds 2-%d) |" % len(rounds))
         print("|---|---:|---:|")
         for k, label in keys:
             cold = rounds[0].get(k)
             warm = _med([r.get(k) for r in rounds[1:]]) if len(rounds) > 1 else None
-            print("| %s | %s | %s |" % (label, _f(cold * 1e3 if cold is not None else None, 1),
-                                        _f(warm * 1e3 if warm is not None else None, 1)))
-        print("\nverdict in every round: %s" % sorted({(r["kind"], tuple(r["culprit_ranks"])) for r in rounds}))
+            print(
+                "| %s | %s | %s |"
+                % (
+                    label,
+                    _f(cold * 1e3 if cold is not None else None, 1),
+                    _f(warm * 1e3 if warm is not None else None, 1),
+                )
+            )
+        print(
+            "\nverdict in every round: %s" % sorted({(r["kind"], tuple(r["culprit_ranks"])) for r in rounds})
+        )
     if res["problems"]:
         print("\nPROBLEMS:")
         for p in res["problems"]:

@@ -10,11 +10,12 @@ def median_ci(xs: list, level: float = 0.95) -> tuple:
     rounds, not a normal spread. Returns ``(low, high)``; ``(nan, nan)`` below 6 values (no
     95 % interval exists then)."""
     from math import comb
+
     xs = sorted(xs)
     n = len(xs)
     tail, k, cum = (1 - level) / 2, 0, 0.0
     for j in range(n + 1):  # cum = P(B < j + 1)
-        cum += comb(n, j) / 2 ** n
+        cum += comb(n, j) / 2**n
         if cum > tail:
             break
         k = j + 1

@@ -16,6 +16,7 @@ native run, as a real install has it; ``PYTHONHASHSEED=0``; OpenBLAS/OpenMP on o
 the memory sampler's interval stretched to 100 s (callgrind's slowdown), as in
 ``bench_startup.py --callgrind``. Needs valgrind and torch.
 """
+
 import argparse
 import glob
 import os
@@ -28,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from benchstats import median_ci
 
-CHILD = r'''
+CHILD = r"""
 import os, sys, time
 _mark = os.getloadavg
 labels = []
@@ -61,15 +62,15 @@ sys.stderr.write("LABELS " + "|".join(labels) + "\n")
 sys.stderr.write("BUNDLE %r\n" % (sys.modules["hangtrace.hooks.preload"].status(),))
 if _native:
     sys.stderr.write("TIMES " + " ".join("%d,%d" % t for t in times) + "\n")
-'''
+"""
 
 
-UNTRACED = r'''
+UNTRACED = r"""
 import os, sys
 os.getloadavg()
 import torch.distributed
 os.getloadavg()
-'''
+"""
 
 
 def _summary(path: str) -> int:
@@ -87,9 +88,19 @@ def _dumps(out: str) -> list:
 def _callgrind(script: str, env: dict, out: str, labelled: bool) -> tuple:
     """(marker labels, out file) of one run of ``script`` under callgrind; ``labelled``:
     the script prints its markers' labels. Raises SystemExit when the run fails."""
-    p = subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=*getloadavg*",
-                        "--callgrind-out-file=" + out, sys.executable, script],
-                       env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--dump-before=*getloadavg*",
+            "--callgrind-out-file=" + out,
+            sys.executable,
+            script,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("LABELS ")]
     if p.returncode != 0 or (labelled and not lines):
         raise SystemExit("callgrind run failed (%d):\n%s" % (p.returncode, p.stderr[-2000:]))
@@ -102,7 +113,9 @@ def _native(script: str, env: dict, runs: int) -> list:
     the child (``time.process_time_ns``, ``time.perf_counter_ns``) at the same markers."""
     out = []
     for _ in range(runs):
-        p = subprocess.run([sys.executable, script], env=dict(env, HT_SEG_NATIVE="1"), capture_output=True, text=True)
+        p = subprocess.run(
+            [sys.executable, script], env=dict(env, HT_SEG_NATIVE="1"), capture_output=True, text=True
+        )
         lines = [ln for ln in p.stderr.splitlines() if ln.startswith("TIMES ")]
         if p.returncode != 0 or not lines:
             raise SystemExit("native run failed (%d):\n%s" % (p.returncode, p.stderr[-2000:]))
@@ -113,9 +126,14 @@ def _native(script: str, env: dict, runs: int) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--native", type=int, default=0, metavar="N",
-                    help="also time ours before torch's import natively in N runs, and convert the "
-                         "instructions of every segment of ours at that rate (ns per instruction)")
+    ap.add_argument(
+        "--native",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time ours before torch's import natively in N runs, and convert the "
+        "instructions of every segment of ours at that rate (ns per instruction)",
+    )
     a = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
@@ -125,22 +143,42 @@ def main() -> None:
         script = os.path.join(work, "child.py")
         with open(script, "w") as f:
             f.write(CHILD)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE") and k != "PYTHONDONTWRITEBYTECODE"}
-        env.update(PYTHONPATH=repo, PYTHONPYCACHEPREFIX=os.path.join(work, "pycache"), PYTHONHASHSEED="0",
-                   OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", HANGTRACE_AUTO_WATCH="0",
-                   HANGTRACE_MEM_INTERVAL_S="100", HANGTRACE_DIR=os.path.join(work, "run"))
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("HANGTRACE") and k != "PYTHONDONTWRITEBYTECODE"
+        }
+        env.update(
+            PYTHONPATH=repo,
+            PYTHONPYCACHEPREFIX=os.path.join(work, "pycache"),
+            PYTHONHASHSEED="0",
+            OMP_NUM_THREADS="1",
+            OPENBLAS_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+            HANGTRACE_AUTO_WATCH="0",
+            HANGTRACE_MEM_INTERVAL_S="100",
+            HANGTRACE_DIR=os.path.join(work, "run"),
+        )
         plain = os.path.join(work, "untraced.py")
         with open(plain, "w") as f:
             f.write(UNTRACED)
         # the start-up bundle (hooks/preload.py) built as setup.sh builds it, and the bytecode cache
-        subprocess.run([sys.executable, "-c", "from hangtrace.hooks import preload; preload.refresh()"], env=env,
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-c", "from hangtrace.hooks import preload; preload.refresh()"],
+            env=env,
+            check=True,
+        )
         first = subprocess.run([sys.executable, script], env=env, check=True, capture_output=True, text=True)
-        print("start-up bundle: " + " ".join(ln[7:] for ln in first.stderr.splitlines() if ln.startswith("BUNDLE ")))
+        print(
+            "start-up bundle: "
+            + " ".join(ln[7:] for ln in first.stderr.splitlines() if ln.startswith("BUNDLE "))
+        )
         runs = {}
         with ThreadPoolExecutor(2) as pool:  # (the two runs side by side: counts do not depend on load)
             for name, path in (("traced", script), ("untraced", plain)):
-                runs[name] = pool.submit(_callgrind, path, env, os.path.join(work, name + ".out"), name == "traced")
+                runs[name] = pool.submit(
+                    _callgrind, path, env, os.path.join(work, name + ".out"), name == "traced"
+                )
         (labels, out), (_, plain_out) = runs["traced"].result(), runs["untraced"].result()
         dumps = _dumps(out)
         rows = []
@@ -157,10 +195,14 @@ def main() -> None:
         print("| segment | instructions (M) |\n|---|---:|")
         for label, n in rows:
             print("| %s | %.2f |" % (label, n / 1e6))
-        print("| **ours before torch's import** (importing bootstrap, activate) | **%.2f** |"
-              % (sum(n for label, n in rows[:2]) / 1e6))
-        print("| torch's import, traced minus untraced (%.1fM), hooks and records included | **%+.2f** |"
-              % (torch_plain / 1e6, (torch_traced - torch_plain) / 1e6))
+        print(
+            "| **ours before torch's import** (importing bootstrap, activate) | **%.2f** |"
+            % (sum(n for label, n in rows[:2]) / 1e6)
+        )
+        print(
+            "| torch's import, traced minus untraced (%.1fM), hooks and records included | **%+.2f** |"
+            % (torch_plain / 1e6, (torch_traced - torch_plain) / 1e6)
+        )
         ours = sum(n for label, n in rows[:2])
         d_torch, d_exit = torch_traced - torch_plain, rows[-1][1] - exit_plain
         print("| the exit, traced minus untraced (%.1fM) | **%+.2f** |" % (exit_plain / 1e6, d_exit / 1e6))
@@ -170,12 +212,25 @@ def main() -> None:
             lo, hi = median_ci(cpu)
             rate = statistics.median(cpu) * 1e6 / ours
             total = ours + d_torch + d_exit
-            print("\nNative, %d runs (load %.1f): ours before torch's import **%.2f ms CPU** [95 %% CI %.2f, %.2f], "
-                  "wall %.2f ms (p10-p90 %.2f-%.2f): %.3f ns per instruction. All of ours (%.2fM instructions: "
-                  "before torch's import, inside it, at exit) at that rate: **%.2f ms** [%.2f, %.2f]."
-                  % (a.native, os.getloadavg()[0], statistics.median(cpu), lo, hi, statistics.median(wall),
-                     *statistics.quantiles(wall, n=10)[0::8], rate, total / 1e6,
-                     rate * total / 1e6, lo * total / ours, hi * total / ours))
+            print(
+                "\nNative, %d runs (load %.1f): ours before torch's import **%.2f ms CPU** [95 %% CI %.2f, %.2f], "
+                "wall %.2f ms (p10-p90 %.2f-%.2f): %.3f ns per instruction. All of ours (%.2fM instructions: "
+                "before torch's import, inside it, at exit) at that rate: **%.2f ms** [%.2f, %.2f]."
+                % (
+                    a.native,
+                    os.getloadavg()[0],
+                    statistics.median(cpu),
+                    lo,
+                    hi,
+                    statistics.median(wall),
+                    *statistics.quantiles(wall, n=10)[0::8],
+                    rate,
+                    total / 1e6,
+                    rate * total / 1e6,
+                    lo * total / ours,
+                    hi * total / ours,
+                )
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

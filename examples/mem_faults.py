@@ -35,6 +35,7 @@ Run it traced::
 Each run takes 10-25 s here (``import torch`` in two ranks dominates). The launcher exits
 with the first failing rank's status (128+N for a signal); it removes the cgroup it made.
 """
+
 import argparse
 import os
 import signal
@@ -46,6 +47,7 @@ import time
 try:
     from hangtrace import tracer
 except ImportError:  # runs without hangtrace too
+
     class _P:
         def __enter__(self):
             return self
@@ -62,24 +64,29 @@ except ImportError:  # runs without hangtrace too
 
         def gauge(self, *a, **k):
             pass
+
     tracer = _T()
 
 FAULTS = ("none", "grow", "kept", "sigterm", "ray-grow")
 MIB = 1 << 20
 GIB = 1 << 30
-VAL_EVERY = 2      # kept: validation on steps 2, 4, ...
-CKPT_EVERY = 1     # kept: checkpoint every step
-ENGINE_BYTES = 6 * GIB      # kept: weights + KV cache the engine takes at wake_up (simulated)
-VAL_CACHE_BYTES = 1 * GIB   # kept: the validation cache (simulated)
-POOL_BUDGET = 7 * GIB + VAL_CACHE_BYTES // 2   # room for one kept cache, not two
+VAL_EVERY = 2  # kept: validation on steps 2, 4, ...
+CKPT_EVERY = 1  # kept: checkpoint every step
+ENGINE_BYTES = 6 * GIB  # kept: weights + KV cache the engine takes at wake_up (simulated)
+VAL_CACHE_BYTES = 1 * GIB  # kept: the validation cache (simulated)
+POOL_BUDGET = 7 * GIB + VAL_CACHE_BYTES // 2  # room for one kept cache, not two
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--steps", type=int, default=None, help="steps (default: 40 grow, 8 kept/sigterm/none)")
-    p.add_argument("--limit-mb", type=int, default=None,
-                   help="memory limit of rank 1's cgroup in MiB (default 450 grow, 2048 sigterm)")
+    p.add_argument(
+        "--limit-mb",
+        type=int,
+        default=None,
+        help="memory limit of rank 1's cgroup in MiB (default 450 grow, 2048 sigterm)",
+    )
     p.add_argument("--grow-mb", type=int, default=24, help="grow: MiB kept per train step (default 24)")
     p.add_argument("--step-sleep-s", type=float, default=0.15, help="simulated compute per step")
     p.add_argument("--sigterm-step", type=int, default=3)
@@ -104,8 +111,9 @@ class Cgroup:
         self.error = None
         name = "hangtrace-test-%d" % os.getpid()
         tries = []
-        if os.path.isfile("/sys/fs/cgroup/memory/memory.limit_in_bytes") or \
-                os.path.isdir("/sys/fs/cgroup/memory"):
+        if os.path.isfile("/sys/fs/cgroup/memory/memory.limit_in_bytes") or os.path.isdir(
+            "/sys/fs/cgroup/memory"
+        ):
             tries.append((1, "/sys/fs/cgroup/memory/" + name))
         if os.path.isfile("/sys/fs/cgroup/cgroup.controllers"):
             tries.append((2, "/sys/fs/cgroup/" + name))
@@ -138,7 +146,9 @@ class Cgroup:
 
     def oom_kills(self):
         try:
-            with open(os.path.join(self.path, "memory.oom_control" if self.version == 1 else "memory.events")) as f:
+            with open(
+                os.path.join(self.path, "memory.oom_control" if self.version == 1 else "memory.events")
+            ) as f:
                 for line in f:
                     if line.startswith("oom_kill "):
                         return int(line.split()[1])
@@ -160,6 +170,7 @@ class Cgroup:
 # ------------------------------------------------------------------------------ launcher
 def _free_port():
     import socket
+
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -174,23 +185,48 @@ def launch(a):
     if a.fault in ("grow", "sigterm") and a.limit_mb and not a.no_cgroup:
         cg = Cgroup(a.limit_mb * MIB)
         if cg.path:
-            print("launcher: rank 1 runs in memory cgroup v%d %s (limit %d MiB)" % (cg.version, cg.path, a.limit_mb),
-                  flush=True)
+            print(
+                "launcher: rank 1 runs in memory cgroup v%d %s (limit %d MiB)"
+                % (cg.version, cg.path, a.limit_mb),
+                flush=True,
+            )
         else:
             print("launcher: cannot create a memory cgroup (%s)" % cg.error, flush=True)
             cg = None
     if a.fault == "grow" and cg is None:
         watchdog = a.limit_mb
-        print("launcher: STAND-IN: rank 1 runs a self-watchdog that SIGKILLs itself when its RSS passes %d MiB; "
-              "this is not a kernel OOM kill" % watchdog, flush=True)
+        print(
+            "launcher: STAND-IN: rank 1 runs a self-watchdog that SIGKILLs itself when its RSS passes %d MiB; "
+            "this is not a kernel OOM kill" % watchdog,
+            flush=True,
+        )
     procs = []
     try:
         for rank in range(2):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            argv = [sys.executable, os.path.abspath(__file__), "--worker", "--fault", a.fault,
-                    "--steps", str(a.steps), "--grow-mb", str(a.grow_mb), "--step-sleep-s", str(a.step_sleep_s),
-                    "--parent-pid", str(os.getpid())]
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                WORLD_SIZE="2",
+                LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+            argv = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                "--fault",
+                a.fault,
+                "--steps",
+                str(a.steps),
+                "--grow-mb",
+                str(a.grow_mb),
+                "--step-sleep-s",
+                str(a.step_sleep_s),
+                "--parent-pid",
+                str(os.getpid()),
+            ]
             if rank == 1 and watchdog:
                 argv += ["--watchdog-mb", str(watchdog)]
             if cg is not None and rank == 1:
@@ -198,7 +234,12 @@ def launch(a):
                 # rank is inside before its interpreter allocates anything. (A preexec_fn
                 # would run Python's at-fork hooks in the child, including a traced
                 # launcher's.)
-                argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', os.path.join(cg.path, "cgroup.procs")] + argv
+                argv = [
+                    "/bin/sh",
+                    "-c",
+                    'echo $$ > "$0" && exec "$@"',
+                    os.path.join(cg.path, "cgroup.procs"),
+                ] + argv
             procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
         return _supervise(a, procs, cg)
     finally:
@@ -218,9 +259,12 @@ def _supervise(a, procs, cg):
         for line in p.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
-            if (a.fault == "sigterm" and rank == 1 and line.startswith("rank 1 step %d " % a.sigterm_step)):
-                print("launcher: sending SIGTERM to rank 1 (pid %d), as a scheduler would" % p.pid, flush=True)
+            if a.fault == "sigterm" and rank == 1 and line.startswith("rank 1 step %d " % a.sigterm_step):
+                print(
+                    "launcher: sending SIGTERM to rank 1 (pid %d), as a scheduler would" % p.pid, flush=True
+                )
                 p.send_signal(signal.SIGTERM)
+
     ts = [threading.Thread(target=pump, args=(r, p), daemon=True) for r, p in enumerate(procs)]
     for t in ts:
         t.start()
@@ -260,10 +304,12 @@ class Pool:
 
     def alloc(self, name, nbytes):
         import torch
+
         if self.used + nbytes > self.budget:
             raise torch.cuda.OutOfMemoryError(
                 "CUDA out of memory (stand-in: pool 'kv_pool' is a counter, not a GPU). Tried to allocate %.2f GiB; "
-                "%.2f GiB of %.2f GiB in use" % (nbytes / GIB, self.used / GIB, self.budget / GIB))
+                "%.2f GiB of %.2f GiB in use" % (nbytes / GIB, self.used / GIB, self.budget / GIB)
+            )
         self.blocks[name] = nbytes
         self.used += nbytes
 
@@ -274,6 +320,7 @@ class Pool:
 def _die_with_parent(parent_pid):
     try:
         import ctypes
+
         ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except Exception:
         pass
@@ -289,10 +336,14 @@ def _watchdog(limit_mb):
             with open("/proc/self/statm") as f:
                 rss = int(f.read().split()[1]) * page
             if rss > limit_mb * MIB:
-                print("STAND-IN self-watchdog: RSS %d MiB > %d MiB: SIGKILL myself (not a kernel OOM kill)"
-                      % (rss // MIB, limit_mb), flush=True)
+                print(
+                    "STAND-IN self-watchdog: RSS %d MiB > %d MiB: SIGKILL myself (not a kernel OOM kill)"
+                    % (rss // MIB, limit_mb),
+                    flush=True,
+                )
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.02)
+
     threading.Thread(target=run, name="stand-in-watchdog", daemon=True).start()
 
 
@@ -300,6 +351,7 @@ def worker(a):
     import datetime
     import torch
     import torch.distributed as dist
+
     _die_with_parent(a.parent_pid)
     if a.watchdog_mb:
         _watchdog(a.watchdog_mb)
@@ -307,12 +359,12 @@ def worker(a):
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     model = torch.nn.Linear(64, 64)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    keep = []                     # grow: what the train phase keeps every step
+    keep = []  # grow: what the train phase keeps every step
     pool = Pool(POOL_BUDGET)
     if a.fault == "kept":
         tracer.gauge("kv_pool", lambda: pool.used, limit=POOL_BUDGET)
     print("rank %d ready pid %d" % (rank, os.getpid()), flush=True)
-    handed = None                 # kept: the validation cache handed to the checkpoint
+    handed = None  # kept: the validation cache handed to the checkpoint
     for n in range(1, a.steps + 1):
         tracer.step(n)
         if a.fault == "kept":
@@ -334,7 +386,7 @@ def worker(a):
             opt.step()
             if a.fault == "grow" and rank == 1:
                 t = torch.empty(a.grow_mb * MIB // 4)
-                t.fill_(1.0)      # touch every page: RSS really grows
+                t.fill_(1.0)  # touch every page: RSS really grows
                 keep.append(t)
             time.sleep(a.step_sleep_s)
         if a.fault == "kept" and n % VAL_EVERY == 0:
@@ -343,7 +395,7 @@ def worker(a):
                 v = torch.tensor([float(model(torch.ones(4, 64)).mean())])
                 dist.all_reduce(v)
                 if n % CKPT_EVERY == 0:
-                    handed = "val_cache"          # the checkpoint will save the eval results
+                    handed = "val_cache"  # the checkpoint will save the eval results
                 else:
                     pool.free("val_cache")
         if a.fault == "kept" and n % CKPT_EVERY == 0:
@@ -355,8 +407,10 @@ def worker(a):
                     # validation cache, so it is never given back to the pool.
                     pool.blocks["kept_by_checkpoint_%d" % n] = pool.blocks.pop(handed)
                     handed = None
-        print("rank %d step %d done rss %d MiB pool %.1f GiB" % (
-            rank, n, _rss() // MIB, pool.used / GIB), flush=True)
+        print(
+            "rank %d step %d done rss %d MiB pool %.1f GiB" % (rank, n, _rss() // MIB, pool.used / GIB),
+            flush=True,
+        )
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -384,7 +438,7 @@ class Trainer:
     """ray-grow: the trainer actor (made a Ray actor class in ``ray_grow``)."""
 
     def __init__(self):
-        self.keep = []            # what the train phase keeps every step
+        self.keep = []  # what the train phase keeps every step
 
     def pid(self):
         return os.getpid()
@@ -394,7 +448,7 @@ class Trainer:
         with tracer.phase("train", step=s):
             b = bytearray(grow_mb * MIB)
             for i in range(0, len(b), 4096):
-                b[i] = 1          # touch every page: RSS really grows
+                b[i] = 1  # touch every page: RSS really grows
             self.keep.append(b)
             time.sleep(sleep_s)
         return _rss()
@@ -402,23 +456,41 @@ class Trainer:
 
 def ray_grow(a):
     import ray
+
     run_dir = os.environ.get("HANGTRACE_DIR") or os.path.abspath("hangtrace-run")
     env = {"HANGTRACE": "1", "HANGTRACE_DIR": run_dir, "HANGTRACE_AUTO_WATCH": "0"}
-    ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=True)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={"env_vars": env},
+        log_to_driver=True,
+    )
     cg = None
     try:
         # RANK/WORLD_SIZE as a trainer launcher sets them: hangtrace names the actor rank 0
-        actor = ray.remote(num_cpus=1, max_restarts=0)(Trainer).options(
-            name="trainer-0", runtime_env={"env_vars": dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")}).remote()
+        actor = (
+            ray.remote(num_cpus=1, max_restarts=0)(Trainer)
+            .options(
+                name="trainer-0",
+                runtime_env={"env_vars": dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")},
+            )
+            .remote()
+        )
         pid = ray.get(actor.pid.remote(), timeout=120)
         cg = Cgroup(a.limit_mb * MIB)
         if not cg.path:
-            print("driver: cannot create a memory cgroup (%s); ray-grow has no stand-in" % cg.error, flush=True)
+            print(
+                "driver: cannot create a memory cgroup (%s); ray-grow has no stand-in" % cg.error, flush=True
+            )
             cg = None
             return 2
         Cgroup._write(cg.path, "cgroup.procs", pid)
-        print("driver: Trainer 'trainer-0' pid %d moved into memory cgroup v%d %s (limit %d MiB)"
-              % (pid, cg.version, cg.path, a.limit_mb), flush=True)
+        print(
+            "driver: Trainer 'trainer-0' pid %d moved into memory cgroup v%d %s (limit %d MiB)"
+            % (pid, cg.version, cg.path, a.limit_mb),
+            flush=True,
+        )
         errors = (ray.exceptions.RayActorError,)
         if hasattr(ray.exceptions, "ActorDiedError"):
             errors += (ray.exceptions.ActorDiedError,)
@@ -426,8 +498,11 @@ def ray_grow(a):
             try:
                 rss = ray.get(actor.train.remote(s, a.grow_mb, a.step_sleep_s), timeout=120)
             except errors as e:
-                print("driver: trainer-0 died in train step %d; cgroup oom_kill counter %s" % (s, cg.oom_kills()),
-                      flush=True)
+                print(
+                    "driver: trainer-0 died in train step %d; cgroup oom_kill counter %s"
+                    % (s, cg.oom_kills()),
+                    flush=True,
+                )
                 print("driver: Ray says: %s" % " ".join(str(e).split())[:1000], flush=True)
                 return 137
             print("driver: trainer-0 step %d done rss %d MiB" % (s, rss // MIB), flush=True)
@@ -435,7 +510,7 @@ def ray_grow(a):
         return 1
     finally:
         if cg is not None:
-            for _ in range(100):          # rmdir only once the worker is gone
+            for _ in range(100):  # rmdir only once the worker is gone
                 if not os.path.exists("/proc/%d" % pid):
                     break
                 time.sleep(0.1)

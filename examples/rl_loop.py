@@ -48,6 +48,7 @@ The driver never hangs forever: every ``ray.get`` has ``--timeout-s`` and gloo g
 same timeout. On a failure or timeout it logs, waits ``--hold-s`` seconds (so
 ``hangtrace dump --ray`` can still see the live actors) and exits 1 (3 on timeout).
 """
+
 import argparse
 import json
 import os
@@ -58,16 +59,18 @@ import time
 try:
     from hangtrace import tracer
 except ImportError:  # runs without hangtrace too
+
     class _NoTracer:
         def step(self, n):
             pass
+
     tracer = _NoTracer()
 
 FAULTS = ("none", "cp-extra-microbatch", "sync-order", "kill-trainer", "rank0-checkpoint")
 EVAL_EVERY = 2
 CKPT_EVERY = 2
-BATCH = 4             # samples per DP index per step
-MICRO_TOKENS = 64     # token budget of one micro-batch
+BATCH = 4  # samples per DP index per step
+MICRO_TOKENS = 64  # token budget of one micro-batch
 HIDDEN = 16
 CP = 2
 
@@ -78,15 +81,24 @@ def parse_args(argv=None):
     p.add_argument("--trainers", type=int, default=4, help="trainer actors (2-4, even; default 4)")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--fault-step", type=int, default=2)
-    p.add_argument("--timeout-s", type=float, default=120.0,
-                   help="timeout of every ray.get and of the gloo groups (default 120)")
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=120.0,
+        help="timeout of every ray.get and of the gloo groups (default 120)",
+    )
     p.add_argument("--address", default=None, help="Ray address (default: start a local Ray)")
     p.add_argument("--num-cpus", type=int, default=4, help="CPUs of a local Ray (default 4)")
-    p.add_argument("--runtime-env-json", default=None,
-                   help="runtime_env for the job, e.g. \"$(hangtrace env --ray)\"")
+    p.add_argument(
+        "--runtime-env-json", default=None, help='runtime_env for the job, e.g. "$(hangtrace env --ray)"'
+    )
     p.add_argument("--spread", action="store_true", help="place the actors round-robin on the nodes")
-    p.add_argument("--hold-s", type=float, default=0.0,
-                   help="after a failure or timeout, keep the actors alive this long")
+    p.add_argument(
+        "--hold-s",
+        type=float,
+        default=0.0,
+        help="after a failure or timeout, keep the actors alive this long",
+    )
     a = p.parse_args(argv)
     if a.trainers < 2 or a.trainers > 4 or a.trainers % 2:
         p.error("--trainers must be 2 or 4")
@@ -108,21 +120,23 @@ class _Member:
 
         import torch
         import torch.distributed as dist
+
         self.torch, self.dist = torch, dist
         self.rank, self.world, self.trainers = rank, world, trainers
         self.fault, self.fault_step = fault, fault_step
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=addr, MASTER_PORT=str(port))
         timeout = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group("gloo", init_method="tcp://%s:%d" % (addr, port), rank=rank,
-                                world_size=world, timeout=timeout)
+        dist.init_process_group(
+            "gloo", init_method="tcp://%s:%d" % (addr, port), rank=rank, world_size=world, timeout=timeout
+        )
         self.cp_group = self.dp_group = None
         ndp = trainers // CP
-        for i in range(ndp):                                  # cp0 {0,1}, cp1 {2,3}
+        for i in range(ndp):  # cp0 {0,1}, cp1 {2,3}
             ranks = list(range(i * CP, (i + 1) * CP))
             g = dist.new_group(ranks, timeout=timeout, group_desc="cp%d" % i)
             if rank in ranks:
                 self.cp_group = g
-        for j in range(CP):                                   # dp0 {0,2}, dp1 {1,3}
+        for j in range(CP):  # dp0 {0,2}, dp1 {1,3}
             ranks = list(range(j, trainers, CP))
             g = dist.new_group(ranks, timeout=timeout, group_desc="dp%d" % j)
             if rank in ranks:
@@ -145,6 +159,7 @@ class Trainer(_Member):
     def address(self):
         import socket
         import ray
+
         s = socket.socket()
         s.bind(("", 0))
         port = s.getsockname()[1]
@@ -155,7 +170,7 @@ class Trainer(_Member):
         torch, dist = self.torch, self.dist
         tracer.step(step)
         if self.faulty("sync-order", step) and self.rank == 2 % self.trainers:
-            self._broadcast_weights()            # bug: pushes weights before training
+            self._broadcast_weights()  # bug: pushes weights before training
         dp_index = self.rank // CP
         shared = samples[dp_index]
         # global token count for loss normalisation
@@ -164,7 +179,7 @@ class Trainer(_Member):
         dist.all_gather(counts, mine, group=self.train_group)
         n_micro = max(1, -(-sum(shared) // MICRO_TOKENS))
         if self.faulty("cp-extra-microbatch", step) and self.rank == 1:
-            n_micro += 1                          # bug: packs from its own uneven view
+            n_micro += 1  # bug: packs from its own uneven view
         if not hasattr(self, "opt"):
             self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.opt.zero_grad()
@@ -203,8 +218,9 @@ class Trainer(_Member):
 
     def checkpoint(self, step):
         if self.fault == "rank0-checkpoint" and step >= self.fault_step and self.rank != 0:
-            return "skipped"                      # bug: "only rank 0 saves" guards the checksum too
+            return "skipped"  # bug: "only rank 0 saves" guards the checksum too
         import tempfile
+
         torch = self.torch
         checksum = torch.tensor([float(sum(p.detach().sum() for p in self.model.parameters()))])
         self.dist.all_reduce(checksum, group=self.train_group)
@@ -235,22 +251,29 @@ class Rollout(_Member):
 
 def run(a):
     import ray
+
     runtime_env = json.loads(a.runtime_env_json) if a.runtime_env_json else None
     kw = {"runtime_env": runtime_env, "log_to_driver": True}
     if a.address:
         ray.init(address=a.address, **kw)
     else:
         ray.init(address="local", num_cpus=a.num_cpus, include_dashboard=False, **kw)
-    log("ray ready: fault=%s trainers=%d steps=%d nodes=%d" % (a.fault, a.trainers, a.steps,
-                                                             sum(1 for n in ray.nodes() if n.get("Alive"))))
+    log(
+        "ray ready: fault=%s trainers=%d steps=%d nodes=%d"
+        % (a.fault, a.trainers, a.steps, sum(1 for n in ray.nodes() if n.get("Alive")))
+    )
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
 
     def opts(i):
         o = {"num_cpus": 0}
-        if a.spread:   # round-robin over the nodes, hard affinity (Ray's "SPREAD" and soft affinity are best effort)
+        if (
+            a.spread
+        ):  # round-robin over the nodes, hard affinity (Ray's "SPREAD" and soft affinity are best effort)
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
             o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False)
         return o
+
     TrainerActor = ray.remote(Trainer)
     RolloutActor = ray.remote(Rollout)
     trainers = [TrainerActor.options(name="trainer-%d" % r, **opts(r)).remote() for r in range(a.trainers)]
@@ -270,8 +293,11 @@ def run(a):
     addr, port = get(trainers[0].address.remote(), "address")
     log("setup: world %d at %s:%d" % (world, addr, port))
     args = (world, a.trainers, addr, port, a.timeout_s, a.fault, a.fault_step)
-    pids = get([t.setup.remote(r, *args) for r, t in enumerate(trainers)] + [rollout.setup.remote(a.trainers, *args)],
-               "setup")
+    pids = get(
+        [t.setup.remote(r, *args) for r, t in enumerate(trainers)]
+        + [rollout.setup.remote(a.trainers, *args)],
+        "setup",
+    )
     log("setup done: trainer pids %s, rollout pid %d" % (pids[:-1], pids[-1]))
     pending_ckpt = []
     for n in range(1, a.steps + 1):

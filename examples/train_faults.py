@@ -23,6 +23,7 @@ acts as a worker directly.
 
 A hang fault hangs "forever": collectives time out only after ``--timeout-s`` (600 s).
 """
+
 import argparse
 import os
 import signal
@@ -35,6 +36,7 @@ import time
 try:
     from hangtrace import tracer
 except ImportError:  # the example also runs without hangtrace ("attach" on an uninstrumented job)
+
     class _NoPhase:
         def __enter__(self):
             return self
@@ -63,45 +65,78 @@ except ImportError:  # the example also runs without hangtrace ("attach" on an u
     tracer = _NoTracer()
 
 
-FAULTS = ("none", "rank0-checkpoint", "cp-extra-microbatch", "decode-loop", "mismatch",
-          "stuck-queue", "kill-rank", "slow", "raise", "cuda-oom")
+FAULTS = (
+    "none",
+    "rank0-checkpoint",
+    "cp-extra-microbatch",
+    "decode-loop",
+    "mismatch",
+    "stuck-queue",
+    "kill-rank",
+    "slow",
+    "raise",
+    "cuda-oom",
+)
 LAUNCHERS = ("subprocess", "spawn", "mp")
 DEFAULT_WORLD = {"cp-extra-microbatch": 4}
-EVAL_EVERY = 2        # eval on steps 2, 4, 6, ...
-CKPT_EVERY = 3        # checkpoint on steps 3, 6, ...
-BATCH = 4             # samples generated per rank per step
-DECODE_ITERS = 3      # decode-loop iterations (every rank, unless fault decode-loop)
-MICRO_TOKENS = 64     # token budget of one micro-batch
+EVAL_EVERY = 2  # eval on steps 2, 4, 6, ...
+CKPT_EVERY = 3  # checkpoint on steps 3, 6, ...
+BATCH = 4  # samples generated per rank per step
+DECODE_ITERS = 3  # decode-loop iterations (every rank, unless fault decode-loop)
+MICRO_TOKENS = 64  # token budget of one micro-batch
 HIDDEN = 16
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fault", choices=FAULTS, default="none")
-    p.add_argument("--world-size", type=int, default=None,
-                   help="ranks to start (default 2; 4 for cp-extra-microbatch)")
+    p.add_argument(
+        "--world-size", type=int, default=None, help="ranks to start (default 2; 4 for cp-extra-microbatch)"
+    )
     p.add_argument("--steps", type=int, default=6, help="training steps (default 6)")
-    p.add_argument("--timeout-s", type=float, default=600.0,
-                   help="gloo collective timeout in seconds (default 600)")
-    p.add_argument("--step-sleep-s", type=float, default=None,
-                   help="simulated compute per step, spread over the micro-batches "
-                        "(default 1.5 for --fault slow, else 0)")
-    p.add_argument("--fault-step", type=int, default=2,
-                   help="step at which the fault fires (default 2; rank0-checkpoint fires at "
-                        "the first checkpoint step >= it)")
-    p.add_argument("--cp-size", type=int, default=None,
-                   help="context-parallel group size (default 2 if world size is even, else 1)")
-    p.add_argument("--launcher", choices=LAUNCHERS, default="subprocess",
-                   help="how the ranks are started: 'subprocess' (default: one python child per "
-                        "rank, RANK etc. in the child's environment), 'spawn' "
-                        "(torch.multiprocessing.spawn) or 'mp' (multiprocessing.Process, spawn "
-                        "context); both set RANK/WORLD_SIZE/MASTER_* in the parent's own "
-                        "os.environ before starting each child, as many real jobs do")
-    p.add_argument("--loader-workers", type=int, default=0,
-                   help="DataLoader(num_workers=N, persistent_workers=True) feeding the training "
-                        "micro-batches (default 0: inputs made in the rank itself)")
-    p.add_argument("--launch", action="store_true",
-                   help="start the ranks even if RANK/WORLD_SIZE are already set")
+    p.add_argument(
+        "--timeout-s", type=float, default=600.0, help="gloo collective timeout in seconds (default 600)"
+    )
+    p.add_argument(
+        "--step-sleep-s",
+        type=float,
+        default=None,
+        help="simulated compute per step, spread over the micro-batches "
+        "(default 1.5 for --fault slow, else 0)",
+    )
+    p.add_argument(
+        "--fault-step",
+        type=int,
+        default=2,
+        help="step at which the fault fires (default 2; rank0-checkpoint fires at "
+        "the first checkpoint step >= it)",
+    )
+    p.add_argument(
+        "--cp-size",
+        type=int,
+        default=None,
+        help="context-parallel group size (default 2 if world size is even, else 1)",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="subprocess",
+        help="how the ranks are started: 'subprocess' (default: one python child per "
+        "rank, RANK etc. in the child's environment), 'spawn' "
+        "(torch.multiprocessing.spawn) or 'mp' (multiprocessing.Process, spawn "
+        "context); both set RANK/WORLD_SIZE/MASTER_* in the parent's own "
+        "os.environ before starting each child, as many real jobs do",
+    )
+    p.add_argument(
+        "--loader-workers",
+        type=int,
+        default=0,
+        help="DataLoader(num_workers=N, persistent_workers=True) feeding the training "
+        "micro-batches (default 0: inputs made in the rank itself)",
+    )
+    p.add_argument(
+        "--launch", action="store_true", help="start the ranks even if RANK/WORLD_SIZE are already set"
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -111,6 +146,7 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------- launcher
+
 
 def _free_port():
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -122,9 +158,23 @@ def _free_port():
 
 
 def _worker_argv(a):
-    argv = [sys.executable, os.path.abspath(__file__), "--worker", "--parent-pid", str(os.getpid()),
-            "--fault", a.fault, "--steps", str(a.steps), "--timeout-s", str(a.timeout_s),
-            "--step-sleep-s", str(a.step_sleep_s), "--fault-step", str(a.fault_step)]
+    argv = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        "--parent-pid",
+        str(os.getpid()),
+        "--fault",
+        a.fault,
+        "--steps",
+        str(a.steps),
+        "--timeout-s",
+        str(a.timeout_s),
+        "--step-sleep-s",
+        str(a.step_sleep_s),
+        "--fault-step",
+        str(a.fault_step),
+    ]
     if a.cp_size is not None:
         argv += ["--cp-size", str(a.cp_size)]
     if a.loader_workers:
@@ -146,20 +196,26 @@ def launch_in_process(a):
     prints or forwards it and exits 1 (DESIGN.md)."""
     world = a.world_size or DEFAULT_WORLD.get(a.fault, 2)
     port = _free_port()
-    os.environ.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    print("launcher pid %d (%s): fault=%s world_size=%d port=%d"
-          % (os.getpid(), a.launcher, a.fault, world, port), flush=True)
+    os.environ.update(
+        WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    print(
+        "launcher pid %d (%s): fault=%s world_size=%d port=%d"
+        % (os.getpid(), a.launcher, a.fault, world, port),
+        flush=True,
+    )
     if a.launcher == "spawn":
         import torch.multiprocessing as tmp
+
         os.environ["RANK"] = "0"
         try:
             tmp.spawn(_in_process_rank, args=(a, world, port), nprocs=world, join=True)
-        except Exception as e:                      # ProcessRaisedException / ProcessExitedException
+        except Exception as e:  # ProcessRaisedException / ProcessExitedException
             print("launcher: %s" % (str(e).splitlines()[0] if str(e) else type(e).__name__), flush=True)
             return 1
         return 0
     import multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     procs = []
     for rank in range(world):
@@ -186,7 +242,7 @@ def launch(a):
     world = a.world_size or DEFAULT_WORLD.get(a.fault, 2)
     port = _free_port()
     procs = []
-    events = []                      # (rank, returncode) in order of exit
+    events = []  # (rank, returncode) in order of exit
     cond = threading.Condition()
 
     def reap(rank, proc):
@@ -206,11 +262,17 @@ def launch(a):
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
-    print("launcher pid %d: fault=%s world_size=%d port=%d" % (os.getpid(), a.fault, world, port),
-          flush=True)
+    print("launcher pid %d: fault=%s world_size=%d port=%d" % (os.getpid(), a.fault, world, port), flush=True)
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
         procs.append(subprocess.Popen(_worker_argv(a), env=env))
     for rank, proc in enumerate(procs):
         threading.Thread(target=reap, args=(rank, proc), daemon=True).start()
@@ -230,22 +292,25 @@ def launch(a):
 
 # ----------------------------------------------------------------------------- worker
 
+
 def _die_with_parent(parent_pid):
     """Get SIGKILL when the launcher dies (Linux prctl PR_SET_PDEATHSIG), and close the race."""
     try:
         import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)        # PR_SET_PDEATHSIG = 1
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
     except Exception:
         pass
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
 
-    def watch():                                     # belt and braces, e.g. non-Linux
+    def watch():  # belt and braces, e.g. non-Linux
         while True:
             time.sleep(1.0)
             if os.getppid() != parent_pid:
                 os._exit(1)
+
     if parent_pid is not None:
         threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
@@ -262,6 +327,7 @@ class _Inputs:
 
     def __getitem__(self, i):
         import torch
+
         return torch.randn(HIDDEN, generator=torch.Generator().manual_seed(i * 131 + self.rank))
 
 
@@ -270,6 +336,7 @@ class Job:
         import datetime
         import torch
         import torch.distributed as dist
+
         self.torch, self.dist, self.a = torch, dist, a
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
@@ -284,12 +351,12 @@ class Job:
         # Every rank creates every group, in the same order: CP groups, then DP groups.
         self.cp_group = self.dp_group = None
         for i in range(self.dp_size):
-            ranks = list(range(i * cp, (i + 1) * cp))                  # {0,1}, {2,3}
+            ranks = list(range(i * cp, (i + 1) * cp))  # {0,1}, {2,3}
             g = self._new_group(ranks, "cp%d" % i, timeout)
             if self.rank in ranks:
                 self.cp_group = g
         for j in range(cp):
-            ranks = list(range(j, self.world, cp))                     # {0,2}, {1,3}
+            ranks = list(range(j, self.world, cp))  # {0,2}, {1,3}
             g = self._new_group(ranks, "dp%d" % j, timeout)
             if self.rank in ranks:
                 self.dp_group = g
@@ -305,13 +372,14 @@ class Job:
 
     def _loader(self, workers):
         """Micro-batch inputs from DataLoader workers (processes that inherit RANK)."""
-        return self.torch.utils.data.DataLoader(_Inputs(self.rank), batch_size=8, num_workers=workers,
-                                                persistent_workers=True)
+        return self.torch.utils.data.DataLoader(
+            _Inputs(self.rank), batch_size=8, num_workers=workers, persistent_workers=True
+        )
 
     def _new_group(self, ranks, desc, timeout):
         try:
             return self.dist.new_group(ranks, timeout=timeout, group_desc=desc)
-        except TypeError:                                             # torch without group_desc
+        except TypeError:  # torch without group_desc
             return self.dist.new_group(ranks, timeout=timeout)
 
     def fault_now(self, name, n):
@@ -325,13 +393,13 @@ class Job:
         # Fake generation: each CP group produces the same BATCH sample lengths.
         lengths = torch.randint(8, 48, (BATCH,), generator=g, dtype=torch.int64)
         gathered = [torch.zeros(BATCH, dtype=torch.int64) for _ in range(self.world)]
-        for _ in range(3):                                 # gather generated lengths, a few rounds
+        for _ in range(3):  # gather generated lengths, a few rounds
             dist.all_gather(gathered, lengths)
         # Decode loop: its length depends on the data; every iteration all_gathers the
         # token count on the world group.
         iters = DECODE_ITERS
         if self.fault_now("decode-loop", n) and self.rank == self.world - 1:
-            iters += 1                                     # this rank's "data" needs one more token
+            iters += 1  # this rank's "data" needs one more token
         tokens = torch.zeros(1, dtype=torch.int64)
         counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
         for _ in range(iters):
@@ -342,24 +410,27 @@ class Job:
         reward = float(lengths.float().mean())
         if self.fault_now("stuck-queue", n) and self.rank == 1:
             import queue
+
             q = queue.Queue()
 
             def producer():
                 raise RuntimeError("reward model connection lost (simulated)")
+
             t = threading.Thread(target=producer, name="reward-producer", daemon=True)
             t.start()
             t.join()
-            reward = q.get()                               # never filled: blocks forever
+            reward = q.get()  # never filled: blocks forever
         score = torch.tensor([reward])
-        dist.all_reduce(score)                             # scoring all_reduce (world)
+        dist.all_reduce(score)  # scoring all_reduce (world)
         return [int(x) for x in torch.cat(gathered).tolist()]
 
     def train(self, n, all_lengths):
         torch, dist = self.torch, self.dist
         # This rank's CP group trains on the samples generated by its DP index.
-        mine = all_lengths[self.rank * BATCH:(self.rank + 1) * BATCH]
-        shared = all_lengths[self.dp_index * self.cp_size * BATCH:
-                             (self.dp_index * self.cp_size + 1) * BATCH]
+        mine = all_lengths[self.rank * BATCH : (self.rank + 1) * BATCH]
+        shared = all_lengths[
+            self.dp_index * self.cp_size * BATCH : (self.dp_index * self.cp_size + 1) * BATCH
+        ]
         n_micro = max(1, -(-sum(shared) // MICRO_TOKENS))
         if self.fault_now("cp-extra-microbatch", n) and self.rank == 1:
             # Bug: packs micro-batches from its own (uneven) view of the sample lengths,
@@ -370,32 +441,35 @@ class Job:
         total = 0.0
         for mb in range(n_micro):
             if self.a.step_sleep_s:
-                time.sleep(self.a.step_sleep_s / n_micro)      # "compute"
+                time.sleep(self.a.step_sleep_s / n_micro)  # "compute"
             x = next(self.batches) if self.batches is not None else torch.randn(8, HIDDEN, generator=g)
             if self.fault_now("raise", n) and self.rank == 1:
-                raise ValueError("bad batch shape (8, %d) at step %d: expected (8, %d)" % (HIDDEN - 1, n, HIDDEN))
+                raise ValueError(
+                    "bad batch shape (8, %d) at step %d: expected (8, %d)" % (HIDDEN - 1, n, HIDDEN)
+                )
             if self.fault_now("cuda-oom", n) and self.rank == 1:
                 # CPU stand-in for a real CUDA OOM: torch's own exception type and message
                 raise torch.cuda.OutOfMemoryError(
                     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
-                    "79.15 GiB of which 1.02 GiB is free. (stand-in raised by train_faults.py)")
+                    "79.15 GiB of which 1.02 GiB is free. (stand-in raised by train_faults.py)"
+                )
             loss = self.model(x).pow(2).mean()
             loss.backward()
             total += float(loss.detach())
-            for p in self.model.parameters():                  # CP all_reduce per micro-batch
+            for p in self.model.parameters():  # CP all_reduce per micro-batch
                 dist.all_reduce(p.grad, group=self.cp_group)
             if self.fault_now("kill-rank", n) and self.rank == 1 and mb == 0:
                 print("rank 1 pid %d: SIGKILL myself in train step %d" % (os.getpid(), n), flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
-        for p in self.model.parameters():                      # DP gradient sync
+        for p in self.model.parameters():  # DP gradient sync
             dist.all_reduce(p.grad, group=self.dp_group)
             p.grad /= self.world
         self.opt.step()
         loss_t = torch.tensor([total / n_micro])
         if self.fault_now("mismatch", n) and self.rank == 1:
-            dist.broadcast(loss_t, src=0)                      # others all_reduce here
+            dist.broadcast(loss_t, src=0)  # others all_reduce here
         else:
-            dist.all_reduce(loss_t)                            # loss logging (world)
+            dist.all_reduce(loss_t)  # loss logging (world)
         self.loss = float(loss_t) / self.world
 
     def evaluate(self, n):
@@ -408,9 +482,10 @@ class Job:
 
     def checkpoint(self, n):
         import tempfile
+
         torch, dist = self.torch, self.dist
         checksum = torch.tensor([float(sum(p.detach().sum() for p in self.model.parameters()))])
-        dist.all_reduce(checksum)                              # consistency check (world)
+        dist.all_reduce(checksum)  # consistency check (world)
         if self.rank == 0:
             with tempfile.TemporaryDirectory(prefix="train_faults_ckpt_") as d:
                 torch.save(self.model.state_dict(), os.path.join(d, "step%d.pt" % n))
@@ -419,8 +494,7 @@ class Job:
         a = self.a
         ckpt_fault_step = None
         if a.fault == "rank0-checkpoint":
-            ckpt_fault_step = next((s for s in range(a.fault_step, a.steps + 1)
-                                    if s % CKPT_EVERY == 0), None)
+            ckpt_fault_step = next((s for s in range(a.fault_step, a.steps + 1) if s % CKPT_EVERY == 0), None)
         t0 = time.time()
         for n in range(1, a.steps + 1):
             tracer.step(n)

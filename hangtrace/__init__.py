@@ -3,4 +3,5 @@
 Imported by the ``.pth`` activation line in every traced process: keep it light
 (standard library only, nothing at import time).
 """
+
 __version__ = "0.1.0"

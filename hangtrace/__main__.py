@@ -1,3 +1,4 @@
 import sys
 from hangtrace.cli import main
+
 sys.exit(main())

@@ -1,4 +1,5 @@
 """Output helpers shared by the ``hangtrace`` subcommands (``cli.py``, ``cli_records.py``)."""
+
 from __future__ import annotations
 
 import sys
@@ -14,6 +15,7 @@ def err(msg: str) -> None:
 def dumps(obj: Any) -> str:
     """Indented JSON text of ``obj`` (non-string keys and unknown types as strings)."""
     import orjson
+
     return str(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode())
 
 
@@ -28,6 +30,7 @@ def stdout_closed() -> bool:
     flush) fails again. Python ignores SIGPIPE, so such a write raises BrokenPipeError."""
     import os
     import select
+
     try:
         fd = sys.stdout.fileno()
         poller = select.poll()

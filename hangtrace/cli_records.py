@@ -6,6 +6,7 @@ left out unless ``--memory`` is given; out-of-memory samples (source ``oom``) ar
 always shown. ``--last N`` counts the records shown. Each record line gives its wall time
 (local time of day, ms) and a completed collective how long it took.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,6 +68,7 @@ def _clock(wall_ns: Any) -> str:
     """``06:34:04.111``: a record's wall time (``t_wall_ns``, Unix ns) as local time of
     day, ms; ``--:--:--.---`` when the record has none."""
     import time
+
     if not isinstance(wall_ns, int) or wall_ns <= 0:
         return "--:--:--.---"
     return "%s.%03d" % (time.strftime("%H:%M:%S", time.localtime(wall_ns // 10**9)), wall_ns // 10**6 % 1000)
@@ -86,23 +88,32 @@ def _fmt_wait(r: Any) -> str:
     """``ray.get on RewardServer.score (actor 1a2b3c4d) issued``: a Ray wait record."""
     try:
         d = json.loads(r["group"] or "{}")
-        what = ", ".join("%s.%s (actor %s)" % (t.get("class") or "?", t.get("method"), str(t.get("actor_id"))[:8])
-                         for t in d.get("targets") or ())
-        s = "%s on %s%s" % ("await" if d.get("api") == "await" else "ray.%s" % d.get("api"), what, " and %d more" % d["more"] if d.get("more") else "")
+        what = ", ".join(
+            "%s.%s (actor %s)" % (t.get("class") or "?", t.get("method"), str(t.get("actor_id"))[:8])
+            for t in d.get("targets") or ()
+        )
+        s = "%s on %s%s" % (
+            "await" if d.get("api") == "await" else "ray.%s" % d.get("api"),
+            what,
+            " and %d more" % d["more"] if d.get("more") else "",
+        )
     except (ValueError, TypeError, AttributeError):
         s = "ray wait %s" % r["group"]
     return "%s %s%s" % (s, r["state"], " (%s)" % r["error"] if r["error"] else "")
 
 
 #: names of a memory sample's five values, by what was sampled (``ring/layout.py``)
-_MEM_FIELDS = {"host": ("rss", "swap", "cgroup", "cgroup_limit", "oom_kills"),
-               "cuda": ("allocated", "reserved", "peak", "free", "total"),
-               "gauge": ("value", "limit")}
+_MEM_FIELDS = {
+    "host": ("rss", "swap", "cgroup", "cgroup_limit", "oom_kills"),
+    "cuda": ("allocated", "reserved", "peak", "free", "total"),
+    "gauge": ("value", "limit"),
+}
 
 
 def _fmt_memory(r: Any) -> str:
     """``memory host (timer) rss=1.2 GiB swap=0 B ...``; unknown values (-1) left out."""
     from .tracer.analyze.memory.samples import fmt_bytes
+
     what = str(r["what"])
     names = _MEM_FIELDS.get(what.split(":", 1)[0], ())
     if r["source"] == "oom" and what.startswith("cuda"):  # from the allocator's observer
@@ -130,15 +141,20 @@ def who(p: "ProcessInfo", roles: "ProcessRoles") -> Tuple[str, Optional[int]]:
     inherited, and the rank it helps."""
     from .tracer.process_model import process_argv
     from .tracer.snapshot import Role
+
     role = roles.role(p)
     if role == Role.RANK:
         return "rank %d" % p.rank, None
     helps = roles.helper_of.get(p.key)
     label = "helper of rank %d" % helps if helps is not None else role.value
     meta = p.meta or {}
-    if role == Role.RAY_ACTOR and meta.get("ray_actor_class"):  # (blind helper 60: which pid is the RewardServer)
-        label += " %s%s" % (meta["ray_actor_class"], " '%s'" % meta["ray_actor_name"] if meta.get("ray_actor_name")
-                            else "")
+    if role == Role.RAY_ACTOR and meta.get(
+        "ray_actor_class"
+    ):  # (blind helper 60: which pid is the RewardServer)
+        label += " %s%s" % (
+            meta["ray_actor_class"],
+            " '%s'" % meta["ray_actor_name"] if meta.get("ray_actor_name") else "",
+        )
         return label, helps
     argv = " ".join(process_argv(p))
     return label + ("  [%s]" % (argv if len(argv) <= 80 else argv[:80] + "...") if argv else ""), helps
@@ -148,19 +164,38 @@ def cmd_records(args: argparse.Namespace) -> int:
     """List every traced process of a run and its last records (every record decoded)."""
     from .tracer.pipeline import records
     from .tracer.process_model import assign_roles
+
     snap = records(args.run_dir, log=err)
     roles = assign_roles(snap.processes)
     if args.json:
         out = []
         for p in snap.processes:
             recs, hidden = shown(p.records, args.memory, args.last)
-            out.append({"role": roles.role(p).value, "helper_of": roles.helper_of.get(p.key),
-                        "rank": p.rank, "local_rank": p.local_rank, "world_size": p.world_size,
-                        "host": p.host, "pid": p.pid, "state": p.state, "exit_code": p.exit_code,
-                        "phase": p.phase, "step": p.step, "inflight": p.inflight, "groups": p.groups,
-                        "events": p.events, "signals": {k: {x: v[x] for x in ("wall_ns", "path", "sender") if x in v}
-                                                        for k, v in p.signals.items()},
-                        "meta": p.meta, "records": recs, "memory_samples_hidden": hidden})
+            out.append(
+                {
+                    "role": roles.role(p).value,
+                    "helper_of": roles.helper_of.get(p.key),
+                    "rank": p.rank,
+                    "local_rank": p.local_rank,
+                    "world_size": p.world_size,
+                    "host": p.host,
+                    "pid": p.pid,
+                    "state": p.state,
+                    "exit_code": p.exit_code,
+                    "phase": p.phase,
+                    "step": p.step,
+                    "inflight": p.inflight,
+                    "groups": p.groups,
+                    "events": p.events,
+                    "signals": {
+                        k: {x: v[x] for x in ("wall_ns", "path", "sender") if x in v}
+                        for k, v in p.signals.items()
+                    },
+                    "meta": p.meta,
+                    "records": recs,
+                    "memory_samples_hidden": hidden,
+                }
+            )
         print(dumps({"run_dir": snap.run_dir, "processes": out, "errors": snap.errors}))
         return 0
     for p in snap.processes:
@@ -170,8 +205,10 @@ def cmd_records(args: argparse.Namespace) -> int:
             print("  in flight since %s: %s" % (_clock(p.inflight.get("t_wall_ns")), _fmt_record(p.inflight)))
         for k, v in p.signals.items():
             snd = v.get("sender")
-            print("  %s stacks written: %s%s" % (k, v["path"], "  (sent by pid %s: %s)" % (
-                snd["pid"], snd.get("cmdline")) if snd else ""))
+            print(
+                "  %s stacks written: %s%s"
+                % (k, v["path"], "  (sent by pid %s: %s)" % (snd["pid"], snd.get("cmdline")) if snd else "")
+            )
         for e in p.events:
             if e.get("event") in ("exception", "thread_exception"):
                 print("  %s: %s: %s" % (e["event"], e.get("type"), e.get("message")))
@@ -179,7 +216,9 @@ def cmd_records(args: argparse.Namespace) -> int:
         for r in recs:
             print("  #%d %s %s" % (r["idx"], _clock(r.get("t_wall_ns")), _fmt_record(r)))
         if hidden:
-            print("  (%d memory sample%s not shown: --memory shows them)" % (hidden, "" if hidden == 1 else "s"))
+            print(
+                "  (%d memory sample%s not shown: --memory shows them)" % (hidden, "" if hidden == 1 else "s")
+            )
     for line in snap.errors:
         print("error: %s" % line)
     return 0
@@ -191,7 +230,11 @@ def add_parser(sub: Any) -> None:
     rc.add_argument("run_dir")
     rc.add_argument("--json", action="store_true")
     rc.add_argument("--last", type=int, default=20, help="records shown per process (0 = all)")
-    rc.add_argument("--memory", action="store_true", help="include the memory samples (taken every "
-                    "HANGTRACE_MEM_INTERVAL_S and at phase boundaries and steps); default: only "
-                    "out-of-memory samples")
+    rc.add_argument(
+        "--memory",
+        action="store_true",
+        help="include the memory samples (taken every "
+        "HANGTRACE_MEM_INTERVAL_S and at phase boundaries and steps); default: only "
+        "out-of-memory samples",
+    )
     rc.set_defaults(fn=cmd_records)

@@ -8,6 +8,7 @@ The UI loads the trace in a WebAssembly worker: the script waits until track nam
 drawn, expands the first N process groups (click on their headers), then captures.
 Chromium runs with a throwaway profile, no GPU, no background networking.
 """
+
 import argparse
 import asyncio
 import base64
@@ -33,7 +34,9 @@ EXPAND_JS = r"""
 })()
 """
 
-READY_JS = r"""(() => { const t = document.body ? document.body.innerText : ''; return /rank \d+ ·/.test(t); })()"""
+READY_JS = (
+    r"""(() => { const t = document.body ? document.body.innerText : ''; return /rank \d+ ·/.test(t); })()"""
+)
 
 
 def _free_port() -> int:
@@ -42,8 +45,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _shoot(dbg_port: int, url: str, out: str, width: int, height: int, wait_s: float, expand: int) -> None:
+async def _shoot(
+    dbg_port: int, url: str, out: str, width: int, height: int, wait_s: float, expand: int
+) -> None:
     import aiohttp
+
     async with aiohttp.ClientSession() as http:
         deadline = time.time() + 30
         while True:
@@ -58,7 +64,7 @@ async def _shoot(dbg_port: int, url: str, out: str, width: int, height: int, wai
                 raise RuntimeError("chromium's DevTools endpoint did not come up")
             await asyncio.sleep(0.3)
         async with http.ws_connect(pages[0]["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-            ids = iter(range(1, 10 ** 6))
+            ids = iter(range(1, 10**6))
 
             async def call(method: str, **params):
                 i = next(ids)
@@ -68,8 +74,13 @@ async def _shoot(dbg_port: int, url: str, out: str, width: int, height: int, wai
                     if msg.get("id") == i:
                         return msg.get("result", {})
 
-            await call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
-                       mobile=False)
+            await call(
+                "Emulation.setDeviceMetricsOverride",
+                width=width,
+                height=height,
+                deviceScaleFactor=1,
+                mobile=False,
+            )
             await call("Page.navigate", url=url)
             end = time.time() + wait_s
             while time.time() < end:
@@ -84,8 +95,11 @@ async def _shoot(dbg_port: int, url: str, out: str, width: int, height: int, wai
             print("expanded:", r.get("result", {}).get("value"))
             end = time.time() + wait_s  # tracks draw "Loading..." until their rows arrive
             while time.time() < end:
-                r = await call("Runtime.evaluate", expression="document.body.innerText.includes('Loading...')",
-                               returnByValue=True)
+                r = await call(
+                    "Runtime.evaluate",
+                    expression="document.body.innerText.includes('Loading...')",
+                    returnByValue=True,
+                )
                 if not r.get("result", {}).get("value"):
                     break
                 await asyncio.sleep(1.0)
@@ -105,15 +119,28 @@ def main(argv=None) -> int:
     ap.add_argument("--expand", type=int, default=4)
     a = ap.parse_args(argv)
     from hangtrace.tracer.report.timeline.serve import start_server
+
     srv, url = start_server(os.path.abspath(a.trace))
     profile = tempfile.mkdtemp(prefix="chromium-profile-")
     dbg = _free_port()
     chrome = subprocess.Popen(
-        [shutil.which("chromium") or "chromium", "--headless", "--no-sandbox", "--disable-gpu",
-         "--disable-background-networking", "--disable-component-update", "--no-first-run",
-         "--user-data-dir=" + profile, "--remote-debugging-address=127.0.0.1",
-         "--remote-debugging-port=%d" % dbg, "--window-size=%d,%d" % (a.width, a.height), "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            shutil.which("chromium") or "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            "--user-data-dir=" + profile,
+            "--remote-debugging-address=127.0.0.1",
+            "--remote-debugging-port=%d" % dbg,
+            "--window-size=%d,%d" % (a.width, a.height),
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         asyncio.run(_shoot(dbg, url, a.out, a.width, a.height, a.wait_s, a.expand))
     finally:

@@ -1,4 +1,5 @@
 """Helpers for tests that start real processes: free ports, traced gloo jobs, cleanup."""
+
 import os
 import signal
 import socket
@@ -35,10 +36,25 @@ def start_ranks(script, world_size, run_dir, traced=True, args=(), **extra):
     port = free_port()
     procs = []
     for r in range(world_size):
-        env = base_env(run_dir, traced, RANK=r, LOCAL_RANK=r, WORLD_SIZE=world_size,
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra)
-        procs.append(subprocess.Popen([sys.executable, str(script)] + list(args), env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = base_env(
+            run_dir,
+            traced,
+            RANK=r,
+            LOCAL_RANK=r,
+            WORLD_SIZE=world_size,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            **extra,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)] + list(args),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -49,8 +65,10 @@ def wait_line(proc, prefix, timeout=60):
         line = proc.stdout.readline()
         if not line:
             if proc.poll() is not None:
-                raise AssertionError("process exited (%s) before printing %r: %s"
-                                     % (proc.returncode, prefix, proc.stderr.read()))
+                raise AssertionError(
+                    "process exited (%s) before printing %r: %s"
+                    % (proc.returncode, prefix, proc.stderr.read())
+                )
             continue
         if line.startswith(prefix):
             return line.strip()
@@ -90,6 +108,7 @@ def finished_ranks(script, world_size, run_dir, **extra):
     """Run ``script`` as ``world_size`` traced gloo ranks to a clean exit; return
     {rank: ProcessInfo} with every record decoded (and no unreadable ring)."""
     from hangtrace.tracer.collect.rings import load_run
+
     procs = start_ranks(script, world_size, run_dir, **extra)
     try:
         for p in procs:
@@ -103,6 +122,7 @@ def finished_ranks(script, world_size, run_dir, **extra):
 
 
 # --- jobs run as a user runs them: ``hangtrace run ... -- CMD`` ------------------------------
+
 
 def no_memory_cgroup(v1_only=False):
     """Why no child memory cgroup can be made here (not root, read-only cgroupfs, no memory
@@ -118,17 +138,25 @@ def no_memory_cgroup(v1_only=False):
         except OSError as e:
             return "cannot create a memory cgroup under %s: %s" % (parent, e)
         os.rmdir(path)
-        return "the job writes cgroup v1 files; this is v2" if v1_only and not parent.endswith("memory") else None
+        return (
+            "the job writes cgroup v1 files; this is v2"
+            if v1_only and not parent.endswith("memory")
+            else None
+        )
     return "no memory cgroup hierarchy mounted"
 
 
 def blind_consts(path, names=("LAUNCH", "NPROC", "EXPECT")):
     """The module-level constants ``names`` of a blind job file (``ast.literal_eval``)."""
     import ast
+
     out = {}
     for node in ast.parse(open(path).read()).body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
-                and node.targets[0].id in names:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in names
+        ):
             out[node.targets[0].id] = ast.literal_eval(node.value)
     return out
 
@@ -137,6 +165,7 @@ def blind_selected(jobs, ci_set, wrong):
     """pytest params of the blind ``jobs`` to run: ``ci_set`` by default, every job with
     ``HANGTRACE_BLIND=all``; those in ``wrong`` (name -> reason) are strict xfails."""
     import pytest
+
     every = os.environ.get("HANGTRACE_BLIND") == "all"
     out = []
     for path in jobs:
@@ -183,8 +212,9 @@ def reap_job(run_dir, wait_s=30, why=""):
     assert not left, "processes of the job left running: %s\n%s" % (left, why)
 
 
-def run_under_hangtrace(cmd, run_dir, cwd, stall_s=10, timeout_s=300, merge_stderr=False, reap_s=None,
-                        extra_env=None):
+def run_under_hangtrace(
+    cmd, run_dir, cwd, stall_s=10, timeout_s=300, merge_stderr=False, reap_s=None, extra_env=None
+):
     """Run ``hangtrace run --stall-s S --stop-on-stall --dir RUN_DIR -- CMD`` in its own
     session, as a user would; kill what is left of the session after it ends or after
     ``timeout_s``. With ``reap_s``, wait that long for the job's other processes (Ray's
@@ -195,11 +225,28 @@ def run_under_hangtrace(cmd, run_dir, cwd, stall_s=10, timeout_s=300, merge_stde
     text with the exit code, duration and the console's tail, for assertion messages."""
     import glob
     import json
-    full = [sys.executable, "-m", "hangtrace", "run", "--stall-s", str(stall_s), "--stop-on-stall", "--dir",
-            str(run_dir), "--"] + list(cmd)
-    p = subprocess.Popen(full, env=dict(base_env(traced=False), **(extra_env or {})), cwd=str(cwd), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
-                         start_new_session=True)
+
+    full = [
+        sys.executable,
+        "-m",
+        "hangtrace",
+        "run",
+        "--stall-s",
+        str(stall_s),
+        "--stop-on-stall",
+        "--dir",
+        str(run_dir),
+        "--",
+    ] + list(cmd)
+    p = subprocess.Popen(
+        full,
+        env=dict(base_env(traced=False), **(extra_env or {})),
+        cwd=str(cwd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     t0 = time.monotonic()
     try:
         out, err = p.communicate(timeout=timeout_s)
@@ -211,8 +258,12 @@ def run_under_hangtrace(cmd, run_dir, cwd, stall_s=10, timeout_s=300, merge_stde
             os.killpg(p.pid, signal.SIGKILL)  # the job's session: anything left of it
         except OSError:
             pass
-    why = "rc=%s %.0fs\nstdout:\n%s\nstderr:\n%s" % (p.returncode, time.monotonic() - t0, (out or "")[-2500:],
-                                                     (err or "")[-5000:])
+    why = "rc=%s %.0fs\nstdout:\n%s\nstderr:\n%s" % (
+        p.returncode,
+        time.monotonic() - t0,
+        (out or "")[-2500:],
+        (err or "")[-5000:],
+    )
     if reap_s is not None:
         reap_job(run_dir, reap_s, why)
     diags = []

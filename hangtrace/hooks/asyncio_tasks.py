@@ -20,6 +20,7 @@ written atomically; the file is removed when no loop runs. Reading frames of a r
 coroutine from another thread is what ``Task.get_stack`` does; the GIL keeps each read
 consistent, and a loop that moved on meanwhile gives a slightly older picture. Never raises.
 """
+
 from __future__ import annotations
 
 import os
@@ -58,7 +59,11 @@ def await_chain(coro: Any) -> List[Dict[str, Any]]:
     seen = 0
     while coro is not None and seen < MAX_FRAMES:
         seen += 1
-        f = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
+        f = (
+            getattr(coro, "cr_frame", None)
+            or getattr(coro, "gi_frame", None)
+            or getattr(coro, "ag_frame", None)
+        )
         if f is not None:
             out.append(_frame(f))
         nxt = getattr(coro, "cr_await", None)
@@ -80,6 +85,7 @@ def _unwrap(x: Any) -> Any:
     if x is None or _is_coro(x) or type(x).__name__ != "coroutine_wrapper":
         return x
     import gc
+
     inner = [r for r in gc.get_referents(x) if _is_coro(r)]
     return inner[0] if len(inner) == 1 else x
 
@@ -96,13 +102,19 @@ def _awaits(task: Any) -> Optional[Dict[str, str]]:
 
 def _task(t: Any) -> Dict[str, Any]:
     coro = t.get_coro()
-    return {"name": t.get_name(), "coro": getattr(coro, "__qualname__", None) or repr(coro)[:_REPR_MAX],
-            "done": t.done(), "frames": await_chain(coro), "awaits": _awaits(t)}
+    return {
+        "name": t.get_name(),
+        "coro": getattr(coro, "__qualname__", None) or repr(coro)[:_REPR_MAX],
+        "done": t.done(),
+        "frames": await_chain(coro),
+        "awaits": _awaits(t),
+    }
 
 
 def gather() -> List[Dict[str, Any]]:
     """``[{"thread_id", "tasks"}]`` for every running loop noted. Never raises."""
     import asyncio
+
     out: List[Dict[str, Any]] = []
     try:
         loops = [lp for lp in list(_loops) if lp.is_running() and not lp.is_closed()]
@@ -111,8 +123,12 @@ def gather() -> List[Dict[str, Any]]:
     for lp in loops:
         try:
             tasks = [t for t in asyncio.all_tasks(lp) if not t.done()][:MAX_TASKS]
-            out.append({"thread_id": getattr(lp, "_thread_id", None),
-                        "tasks": [_task(t) for t in sorted(tasks, key=lambda t: t.get_name())]})
+            out.append(
+                {
+                    "thread_id": getattr(lp, "_thread_id", None),
+                    "tasks": [_task(t) for t in sorted(tasks, key=lambda t: t.get_name())],
+                }
+            )
         except Exception:
             continue
     return out
@@ -124,6 +140,7 @@ def write(path: str) -> bool:
     try:
         import json
         import time
+
         loops = gather() if _loops else []
         if not loops:
             if os.path.exists(path):

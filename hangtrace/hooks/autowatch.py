@@ -15,6 +15,7 @@ right cluster even when several run on the host (``auto`` may pick another one),
 internal per-worker flags (``RAY_JOB_ID``, ``RAY_RAYLET_PID``; ``ray_constants.
 RAY_INTERNAL_FLAGS``) are dropped from its environment.
 """
+
 from __future__ import annotations
 
 import os
@@ -101,18 +102,38 @@ def maybe_start(rt: Any) -> Optional[int]:
         return None
     try:
         import subprocess  # only in the one process per node that starts the watcher
+
         env = watcher_env()
         # Through a short-lived intermediate process, so the watcher is not our child:
         # a program that calls os.wait() must never reap it by surprise.
-        launcher = ("import subprocess, sys; p = subprocess.Popen(sys.argv[1:], start_new_session=True, "
-                    "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
-                    "print(p.pid)")
-        out = subprocess.run([sys.executable, "-c", launcher, sys.executable, "-m", "hangtrace.tracer.watch.watcher",
-                              rt.run_dir], env=env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30, check=True)
+        launcher = (
+            "import subprocess, sys; p = subprocess.Popen(sys.argv[1:], start_new_session=True, "
+            "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+            "print(p.pid)"
+        )
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                launcher,
+                sys.executable,
+                "-m",
+                "hangtrace.tracer.watch.watcher",
+                rt.run_dir,
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+            check=True,
+        )
         pid = int(out.stdout.strip())
         os.write(fd, str(pid).encode())
-        rt.log("started node watcher pid %d%s" % (pid, " (RAY_ADDRESS %s)" % env["RAY_ADDRESS"] if env.get("RAY_ADDRESS") else ""))
+        rt.log(
+            "started node watcher pid %d%s"
+            % (pid, " (RAY_ADDRESS %s)" % env["RAY_ADDRESS"] if env.get("RAY_ADDRESS") else "")
+        )
         return pid
     except BaseException:
         try:

@@ -25,6 +25,7 @@ the reason written to the run log. It imports neither torch nor ray nor wrapt.
 Any failure here disables tracing for this process with one line on stderr and, where
 possible, a line in the run log; the program itself runs on unchanged.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -84,6 +85,7 @@ def _tempdir(env: Mapping[str, str]) -> str:
     if os.path.isdir("/tmp"):
         return "/tmp"
     import tempfile
+
     return tempfile.gettempdir()
 
 
@@ -129,6 +131,7 @@ class Runtime:
         choice, reason = self._choice, None
         if choice is None:
             from hangtrace.hooks.recorder import choose
+
             cls, reason = choose()
             full = config.get_int(config.SLOTS)
             small = config.get_int(config.HELPER_SLOTS)
@@ -176,8 +179,12 @@ class Runtime:
         (files at once): nothing is prepared.
         Raises OSError (no anonymous memory): the child then builds its own."""
         ready, choice = self._child_recorder, self._choice
-        if ((ready is None or ready[0] != os.getpid()) and config.mem_enabled()
-                and choice is not None and choice[1] < choice[2]):  # (a small ring: lazy)
+        if (
+            (ready is None or ready[0] != os.getpid())
+            and config.mem_enabled()
+            and choice is not None
+            and choice[1] < choice[2]
+        ):  # (a small ring: lazy)
             ready = self._child_recorder = (os.getpid(), self._make_recorder(lazy=True))
         if ready is not None and ready[0] == os.getpid():
             ready[1].inherit_step(self.recorder._step)
@@ -189,10 +196,18 @@ def _default_instrumentors() -> List[Instrumentor]:
     from hangtrace.hooks.libraries import RayInstrumentor, TorchDistInstrumentor
     from hangtrace.hooks.lifecycle import LifecycleInstrumentor
     from hangtrace.hooks.memory import MemoryInstrumentor
-    out: List[Instrumentor] = [LifecycleInstrumentor(), FailuresInstrumentor(), MemoryInstrumentor(),
-                               TorchDistInstrumentor(), RayInstrumentor(), EnvRecordInstrumentor()]
+
+    out: List[Instrumentor] = [
+        LifecycleInstrumentor(),
+        FailuresInstrumentor(),
+        MemoryInstrumentor(),
+        TorchDistInstrumentor(),
+        RayInstrumentor(),
+        EnvRecordInstrumentor(),
+    ]
     if os.environ.get(config.DEEP):  # issue 11: viztracer's module only when asked for
         from hangtrace.hooks.deep import DeepInstrumentor
+
         out.append(DeepInstrumentor())
     return out
 
@@ -244,6 +259,7 @@ def _freeze_inherited() -> None:
     try:
         if config.fork_gc_freeze():
             import gc
+
             gc.freeze()
     except Exception:
         pass
@@ -267,6 +283,7 @@ def _disable_child(e: BaseException) -> None:
             if s is not None:  # (the child's own sampler, taken over: it stops ticking)
                 s.abandon()
         from hangtrace.hooks import lifecycle
+
         lifecycle.detach()
     except Exception:
         pass
@@ -299,9 +316,11 @@ def activate() -> Optional[Runtime]:
             rt = Runtime(run_dir, run_id)
         except Exception as e:
             _failed_pid = os.getpid()
-            _warn("tracing disabled for pid %d: cannot create the flight record in %r: %s "
-                  "(remedy: set HANGTRACE_DIR to a writable directory with free space)"
-                  % (os.getpid(), os.environ.get(config.DIR), e))
+            _warn(
+                "tracing disabled for pid %d: cannot create the flight record in %r: %s "
+                "(remedy: set HANGTRACE_DIR to a writable directory with free space)"
+                % (os.getpid(), os.environ.get(config.DIR), e)
+            )
             return None
         _active = rt
         api._set_recorder(rt.recorder)
@@ -318,6 +337,7 @@ def activate() -> Optional[Runtime]:
             if os.environ.get(config.AUTO_WATCH, config.DEFAULTS[config.AUTO_WATCH]) != "0":
                 preload.load("autowatch")
                 from hangtrace.hooks import autowatch  # (not imported when auto-watch is off)
+
                 autowatch.maybe_start(rt)
         except ImportError:
             pass

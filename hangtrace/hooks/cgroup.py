@@ -8,6 +8,7 @@ Sources: ``/proc/PID/cgroup`` (proc(5)), ``/proc/PID/mountinfo``; cgroup v1
 ``memory.current``/``memory.max``/``memory.events`` (kernel cgroup-v1/memory.rst and
 cgroup-v2.rst).
 """
+
 from __future__ import annotations
 
 import os
@@ -54,7 +55,7 @@ def parse_mountinfo(text: str) -> Dict[str, Optional[Tuple[str, str]]]:
 
 def _join(root: str, mnt: str, path: str) -> str:
     if root != "/" and (path == root or path.startswith(root + "/")):
-        path = path[len(root):]
+        path = path[len(root) :]
     return os.path.normpath(mnt + "/" + path.lstrip("/"))
 
 
@@ -117,7 +118,7 @@ def parse_oom_kill(raw: Union[str, bytes]) -> int:
         if i >= 0:
             j = raw.find(b"\n", i + 10)
             try:
-                return int(raw[i + 10:j if j > 0 else len(raw)])
+                return int(raw[i + 10 : j if j > 0 else len(raw)])
             except ValueError:
                 pass
         raw = raw.decode("ascii", "replace")
@@ -187,8 +188,9 @@ class CgroupFiles:
         ver, d = find_cgroup(self.pid)
         self.cg_version, self.cg_dir = ver, d
         if d is None:
-            self.log("memory: no readable memory cgroup for pid %d; cgroup figures are -1" % self.pid,
-                     "mem-nocg")
+            self.log(
+                "memory: no readable memory cgroup for pid %d; cgroup figures are -1" % self.pid, "mem-nocg"
+            )
         else:
             files = V1_FILES if ver == 1 else V2_FILES
             self._usage = self._open(os.path.join(d, files[0]))

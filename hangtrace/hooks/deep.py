@@ -19,6 +19,7 @@ host's aligned clock):
 
 Never raises into the program: every failure is one line in the run log.
 """
+
 import atexit
 import os
 import threading
@@ -34,8 +35,16 @@ _deep: Optional["DeepTracer"] = None
 class DeepTracer:
     """Phase-scoped viztracer for one process. ``rec``: the Recorder; ``log(msg, key)``."""
 
-    def __init__(self, rec: Any, run_dir: str, ranks: FrozenSet[int], phases: FrozenSet[str],
-                 entries: int, stall_s: float, log: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        rec: Any,
+        run_dir: str,
+        ranks: FrozenSet[int],
+        phases: FrozenSet[str],
+        entries: int,
+        stall_s: float,
+        log: Callable[..., None],
+    ) -> None:
         self.rec, self.run_dir, self.ranks, self.phases = rec, run_dir, ranks, phases
         self.entries, self.log = entries, log
         self.stall_s = max(0.5, stall_s / 2.0)
@@ -65,10 +74,18 @@ class DeepTracer:
     def _start(self) -> None:
         if self.viz is None:
             from viztracer import VizTracer
-            self.viz = VizTracer(tracer_entries=self.entries, verbose=0, register_global=False,
-                                 process_name="rank %d" % self.rank())
-            self.log("deep trace on: rank %d, phases %s, %d entries" % (
-                self.rank(), ",".join(sorted(self.phases)) or "all", self.entries), "deep-on")
+
+            self.viz = VizTracer(
+                tracer_entries=self.entries,
+                verbose=0,
+                register_global=False,
+                process_name="rank %d" % self.rank(),
+            )
+            self.log(
+                "deep trace on: rank %d, phases %s, %d entries"
+                % (self.rank(), ",".join(sorted(self.phases)) or "all", self.entries),
+                "deep-on",
+            )
             self._start_watchdog()
         else:
             # frames entered before the last pause (the phase exit that paused it) are still
@@ -106,6 +123,7 @@ class DeepTracer:
     def dump(self, reason: str) -> Optional[str]:
         """Write the buffer and its clock file into ``RUN_DIR/deep``; returns the path."""
         import json
+
         with self.lock:
             if self.viz is None:
                 return None
@@ -117,9 +135,19 @@ class DeepTracer:
                 self.viz.save(base + ".json")  # stops the tracer (viztracer parses its buffer)
                 self.depth = 0
                 with open(base + ".clock.json", "w") as f:
-                    json.dump({"host": self.rec.host, "pid": self.rec.pid, "rank": self.rank(), "viz_us": viz_us,
-                               "mono_ns": mono_ns, "wall_ns": wall_ns, "reason": reason,
-                               "entries": self.entries}, f)
+                    json.dump(
+                        {
+                            "host": self.rec.host,
+                            "pid": self.rec.pid,
+                            "rank": self.rank(),
+                            "viz_us": viz_us,
+                            "mono_ns": mono_ns,
+                            "wall_ns": wall_ns,
+                            "reason": reason,
+                            "entries": self.entries,
+                        },
+                        f,
+                    )
                 self.log("deep trace written (%s): %s.json" % (reason, base), "deep-dump-" + reason)
                 return base + ".json"
             except Exception as e:
@@ -156,10 +184,18 @@ def install(rt: Any) -> Optional[DeepTracer]:
         if sel is None:
             return None
         ranks, phases = sel
-        dt = DeepTracer(rt.recorder, rt.run_dir, ranks, phases, config.get_int(config.DEEP_ENTRIES),
-                        config.get_float(config.STALL_S), rt.log)
+        dt = DeepTracer(
+            rt.recorder,
+            rt.run_dir,
+            ranks,
+            phases,
+            config.get_int(config.DEEP_ENTRIES),
+            config.get_float(config.STALL_S),
+            rt.log,
+        )
         _deep = dt
         from hangtrace.tracer import api
+
         api._set_deep(dt)
         atexit.register(_at_exit)
         if not phases and dt.selected():

@@ -24,6 +24,7 @@ writes or reads it: ``type``, ``message``, ``traceback``, ``timestamp`` (s, the 
 (``tracer/analyze/elastic.py``) uses it where our own records lack the exception.
 Never raises into the program.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,13 @@ def parse(data: Any) -> Dict[str, Any]:
         stamp: Optional[int] = int(ts) if ts is not None else None
     except (TypeError, ValueError):
         stamp = None
-    return {"type": etype or None, "message": rest[:_MESSAGE_MAX], "traceback": tb[-_TRACEBACK_MAX:],
-            "timestamp": stamp, "error_code": code if isinstance(code, int) else None}
+    return {
+        "type": etype or None,
+        "message": rest[:_MESSAGE_MAX],
+        "traceback": tb[-_TRACEBACK_MAX:],
+        "timestamp": stamp,
+        "error_code": code if isinstance(code, int) else None,
+    }
 
 
 def read(path: str) -> Optional[Dict[str, Any]]:
@@ -101,24 +107,33 @@ def _own_file(handler: Any) -> Optional[str]:
 def _after(orig: Callable[..., Any]) -> Callable[..., Any]:
     """``ErrorHandler.record_exception`` / ``dump_error_file``: record this process's error
     file once torch wrote it."""
+
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return orig(self, *args, **kwargs)
         finally:
             _record_file(_own_file(self), pid=os.getpid(), seen_by="worker")
+
     return wrapper
 
 
 def _post_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     """``ProcessFailure.__post_init__`` in the agent: record the failed worker's file."""
+
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, *args, **kwargs)
         try:
-            _record_file(getattr(self, "error_file", None), pid=int(self.pid), local_rank=self.local_rank,
-                         exit_code=self.exitcode, seen_by="agent")
+            _record_file(
+                getattr(self, "error_file", None),
+                pid=int(self.pid),
+                local_rank=self.local_rank,
+                exit_code=self.exitcode,
+                seen_by="agent",
+            )
         except Exception:
             pass
         return out
+
     return wrapper
 
 

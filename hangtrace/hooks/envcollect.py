@@ -17,6 +17,7 @@ caches are module state: callers serialize (``envrecord`` holds its lock). Stand
 out-of-process half (reading, enriching with pyelftools, differences) is
 ``tracer/collect/forensics.py``.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,20 @@ LibDict = Dict[str, Any]
 
 #: Library names that matter (issue 12), matched at the start of the lower-cased file name;
 #: any name that mentions nccl or cuda matters too.
-_MATTER_PREFIXES = ("libtorch", "libc10", "libnccl", "libgloo", "libcuda", "libcudart", "libnvidia-ml",
-                    "libibverbs", "libmpi", "libpython", "libc.so", "libc-")
+_MATTER_PREFIXES = (
+    "libtorch",
+    "libc10",
+    "libnccl",
+    "libgloo",
+    "libcuda",
+    "libcudart",
+    "libnvidia-ml",
+    "libibverbs",
+    "libmpi",
+    "libpython",
+    "libc.so",
+    "libc-",
+)
 _matters: Dict[str, bool] = {}  # path -> matters(path), for every path seen by this process
 #: the candidate lines of the maps text read last by this process (or its parent before a
 #: fork): their parse, None for a line that is not an executable file mapping
@@ -59,7 +72,7 @@ def name_version(name: str) -> Optional[str]:
     or more numeric parts after ``.so.`` (``libfoo.so.1.0`` is an ABI number: None)."""
     i = name.find(".so.")
     while i >= 0:
-        rest = name[i + 4:]
+        rest = name[i + 4 :]
         parts = rest.split(".")
         if len(parts) >= 3 and all(p.isdecimal() and p.isascii() for p in parts):
             return rest
@@ -95,7 +108,7 @@ def _candidate_lines(text: str) -> List[str]:
                 end = len(text)
             spans[start] = end
             i = text.find(pat, end)
-    return [text[a:spans[a]] for a in sorted(spans)]
+    return [text[a : spans[a]] for a in sorted(spans)]
 
 
 def exec_mappings(text: str) -> List[Tuple[MapTuple, str]]:
@@ -129,6 +142,7 @@ def parse_maps(text: str) -> List[E.Mapping]:
     """Executable, file-backed mappings of a /proc/PID/maps text (proc(5) format
     ``start-end perms offset dev inode path``), in address order."""
     from hangtrace.tracer import envfacts as E
+
     return [E.Mapping(*m) for m, _ in exec_mappings(text)]
 
 
@@ -146,10 +160,10 @@ def read_build_id(path: str) -> Optional[str]:
                 return None
             is64, end = ident[4] == 2, "<" if ident[5] == 1 else ">"
             if is64:
-                phoff, = struct.unpack_from(end + "Q", ident, 32)
+                (phoff,) = struct.unpack_from(end + "Q", ident, 32)
                 phentsize, phnum = struct.unpack_from(end + "HH", ident, 54)
             else:
-                phoff, = struct.unpack_from(end + "I", ident, 28)
+                (phoff,) = struct.unpack_from(end + "I", ident, 28)
                 phentsize, phnum = struct.unpack_from(end + "HH", ident, 42)
             if not phoff or phnum == 0 or phnum > 4096:
                 return None
@@ -160,9 +174,15 @@ def read_build_id(path: str) -> Optional[str]:
                 if struct.unpack_from(end + "I", ph, o)[0] != 4:  # PT_NOTE
                     continue
                 if is64:
-                    off, filesz = struct.unpack_from(end + "Q", ph, o + 8)[0], struct.unpack_from(end + "Q", ph, o + 32)[0]
+                    off, filesz = (
+                        struct.unpack_from(end + "Q", ph, o + 8)[0],
+                        struct.unpack_from(end + "Q", ph, o + 32)[0],
+                    )
                 else:
-                    off, filesz = struct.unpack_from(end + "I", ph, o + 4)[0], struct.unpack_from(end + "I", ph, o + 16)[0]
+                    off, filesz = (
+                        struct.unpack_from(end + "I", ph, o + 4)[0],
+                        struct.unpack_from(end + "I", ph, o + 16)[0],
+                    )
                 f.seek(off)
                 bid = _build_id_in_notes(f.read(min(filesz, 1 << 16)), end)
                 if bid:
@@ -178,8 +198,8 @@ def _build_id_in_notes(buf: bytes, end: str) -> Optional[str]:
         namesz, descsz, ntype = struct.unpack_from(end + "III", buf, pos)
         name_at = pos + 12
         desc_at = name_at + ((namesz + 3) & ~3)
-        if ntype == 3 and buf[name_at:name_at + namesz].rstrip(b"\0") == b"GNU":
-            return buf[desc_at:desc_at + descsz].hex() or None
+        if ntype == 3 and buf[name_at : name_at + namesz].rstrip(b"\0") == b"GNU":
+            return buf[desc_at : desc_at + descsz].hex() or None
         pos = desc_at + ((descsz + 3) & ~3)
     return None
 
@@ -193,12 +213,20 @@ def library_dict(path: str) -> LibDict:
     except OSError:
         size, mtime, ino = -1, 0, 0
     v = name_version(os.path.basename(path))
-    return {"path": path, "size": size, "mtime_ns": mtime, "inode": ino, "build_id": read_build_id(path),
-            "version": v, "version_source": "file name" if v else None}
+    return {
+        "path": path,
+        "size": size,
+        "mtime_ns": mtime,
+        "inode": ino,
+        "build_id": read_build_id(path),
+        "version": v,
+        "version_source": "file name" if v else None,
+    }
 
 
 def _library(path: str) -> E.Library:
     from hangtrace.tracer import envfacts as E
+
     return E.Library(**library_dict(path))
 
 
@@ -223,7 +251,9 @@ def read_maps() -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def snapshot(reason: str, host: str, known: Optional[Dict[Tuple[str, str], LibDict]] = None) -> Dict[str, Any]:
+def snapshot(
+    reason: str, host: str, known: Optional[Dict[Tuple[str, str], LibDict]] = None
+) -> Dict[str, Any]:
     """This process's record now, as the JSON dict (schema ``envformat.SCHEMA``).
 
     ``known``: libraries already read, by (path, inode as /proc/self/maps names it); the
@@ -247,19 +277,31 @@ def snapshot(reason: str, host: str, known: Optional[Dict[Tuple[str, str], LibDi
             if lb is None:
                 lb = known[(path, inode)] = library_dict(path)
             libs.append(lb)
-    return {"schema": EF.SCHEMA, "host": host, "pid": os.getpid(), "python": sys.version.split()[0],
-            "executable": sys.executable, "torch": _module_version("torch"), "ray": _module_version("ray"),
-            "wall_ns": time.time_ns(), "reason": reason, "environ": dict(EF.mask_environ(os.environ)),
-            "libraries": libs, "mappings": [m for m, _ in maps]}  # (JSON arrays: tuples serialize as lists)
+    return {
+        "schema": EF.SCHEMA,
+        "host": host,
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "torch": _module_version("torch"),
+        "ray": _module_version("ray"),
+        "wall_ns": time.time_ns(),
+        "reason": reason,
+        "environ": dict(EF.mask_environ(os.environ)),
+        "libraries": libs,
+        "mappings": [m for m, _ in maps],
+    }  # (JSON arrays: tuples serialize as lists)
 
 
-def collect_self(reason: str, host: Optional[str] = None,
-                 previous: Optional[E.ProcessEnv] = None) -> E.ProcessEnv:
+def collect_self(
+    reason: str, host: Optional[str] = None, previous: Optional[E.ProcessEnv] = None
+) -> E.ProcessEnv:
     """This process's facts now, typed (readers, tests, benchmarks; the hooks write
     :func:`snapshot`'s dict). Libraries already in ``previous`` (same path and inode) are
     reused, so a repeated record reads only new files. Raises OSError when /proc/self/maps
     cannot be read."""
     from hangtrace.tracer import envfacts as E
+
     known: Optional[Dict[Tuple[str, str], LibDict]] = None
     if previous is not None:
         known = {(lb.path, str(lb.inode)): lb._asdict() for lb in previous.libraries}
@@ -270,6 +312,7 @@ def write_record(run_dir: str, record: Dict[str, Any]) -> str:
     """Write a :func:`snapshot` dict to ``RUN_DIR/env/<host>-<pid>.json`` atomically (mode
     0600; the directory 0700, made once); returns the path. Raises OSError."""
     import json  # (imported already in a traced process: the recorder's events use it)
+
     d = os.path.join(run_dir, EF.ENV_DIR)
     if d not in _dirs_made:
         os.makedirs(d, mode=0o700, exist_ok=True)
@@ -295,4 +338,5 @@ def write(run_dir: str, pe: E.ProcessEnv) -> str:
     """Write ``pe`` to ``RUN_DIR/env/<host>-<pid>.json`` atomically (mode 0600); returns
     the path. Raises OSError."""
     from hangtrace.tracer import envfacts as E
+
     return write_record(run_dir, E.to_json(pe))

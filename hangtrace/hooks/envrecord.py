@@ -24,6 +24,7 @@ leaves: no record (a native crash in that second is still named by the kernel's 
 line, without the symbol the mappings would give). Nothing here is on the per-collective
 path. Never raises: a failure is one line in the run log.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,6 +54,7 @@ def record(rt: Any, reason: str) -> None:
     _pending[0] = None
     try:
         from hangtrace.hooks import envcollect
+
         with _lock:
             environ = dict(os.environ)
             rec = envcollect.snapshot(reason, rt.recorder.host, _known)
@@ -98,6 +100,7 @@ def _claim(kinds: Tuple[str, ...]) -> bool:
 def _record_active(reason: str) -> None:
     try:
         from hangtrace.hooks import bootstrap
+
         rt = bootstrap.active()
         if rt is not None:
             record(rt, reason)
@@ -115,8 +118,13 @@ def joined() -> None:
     kind = _pending[0]
     if kind is not None and _claim((kind,)):
         _record_active("fork+join" if kind == "fork" else "join")
-    elif kind is None and _last is not None and _last[0] == os.getpid() and _last_environ[0] is not None \
-            and _last_environ[0] != dict(os.environ):
+    elif (
+        kind is None
+        and _last is not None
+        and _last[0] == os.getpid()
+        and _last_environ[0] is not None
+        and _last_environ[0] != dict(os.environ)
+    ):
         _record_active("join")
 
 
@@ -144,11 +152,13 @@ def _loaded_new(name: Any) -> bool:
 def install_ctypes_hook(rt: Any) -> None:
     """Wrap ``ctypes.CDLL.__init__`` (when ctypes is imported) so that loading a library
     not yet recorded records again. Idempotent."""
+
     def hook(module: Any) -> None:
         if _patched[0]:
             return
         try:
             import functools
+
             original = module.CDLL.__init__
 
             # a plain function, not wrapt: importing wrapt here (ctypes is imported early
@@ -160,21 +170,26 @@ def install_ctypes_hook(rt: Any) -> None:
                     # (pending since the start: the record, when written, maps it)
                     if _pending[0] != "start" and _loaded_new(args[0] if args else kwargs.get("name")):
                         from . import bootstrap
+
                         cur = bootstrap.active()
                         if cur is not None:
                             record(cur, "ctypes")
                 except Exception:
                     pass
+
             module.CDLL.__init__ = __init__
             _patched[0] = True
         except Exception as e:
             rt.log("ctypes hook failed: %r" % (e,), "env-ctypes")
+
     try:
         import sys
+
         if "ctypes" in sys.modules:
             hook(sys.modules["ctypes"])
         else:
             from hangtrace.hooks import importhook  # not wrapt.importer: see importhook's docstring
+
             importhook.when_imported("ctypes", hook)
     except Exception as e:
         rt.log("ctypes hook failed: %r" % (e,), "env-ctypes")
@@ -195,6 +210,7 @@ class EnvRecordInstrumentor(Instrumentor):
     def _install(self, runtime: Any) -> None:
         import sys
         from hangtrace.hooks import importhook
+
         mem = sys.modules.get("hangtrace.hooks.memory")
         sampler = mem.active() if mem is not None else None
         if sampler is not None:
@@ -218,6 +234,7 @@ class EnvRecordInstrumentor(Instrumentor):
         """A process ending with a non-zero code or an uncaught exception (lifecycle's
         exit code) writes its pending record now: env-diff explains failures too."""
         import sys
+
         lc = sys.modules.get("hangtrace.hooks.lifecycle")
         code = lc.exit_code() if lc is not None else None
         if code and _claim(("start",)) and self.runtime is not None:

@@ -37,6 +37,7 @@ the exception) and background-thread exceptions by ``lifecycle`` (``thread_excep
 Every hook passes the original call's arguments, return value and exceptions through
 unchanged and swallows its own errors (reported once to the run log).
 """
+
 from __future__ import annotations
 
 import functools
@@ -68,8 +69,9 @@ _log: Callable[[str, Optional[str]], None] = _no_log
 _recorded: set[int] = set()  # id() of exceptions already recorded in this process
 
 
-def configure(get_recorder: Callable[[], Optional[_Recorder]],
-              log: Callable[[str, Optional[str]], None]) -> None:
+def configure(
+    get_recorder: Callable[[], Optional[_Recorder]], log: Callable[[str, Optional[str]], None]
+) -> None:
     """Set where events go: ``get_recorder()`` returns this process's recorder (or None
     when tracing is off or was detached); ``log(msg, key)`` writes once per key."""
     global _get_recorder, _log
@@ -78,12 +80,12 @@ def configure(get_recorder: Callable[[], Optional[_Recorder]],
 
 def _format(exc: BaseException) -> tuple[str, str, str]:
     import traceback  # only when a failure is recorded: not at start-up (about 2 ms)
+
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return type(exc).__name__, str(exc)[:_MESSAGE_MAX], tb[-_TRACEBACK_MAX:]
 
 
-def record_exception(exc: BaseException, caught_by: str, kind: str = "exception",
-                     **extra: Any) -> None:
+def record_exception(exc: BaseException, caught_by: str, kind: str = "exception", **extra: Any) -> None:
     """Record ``exc`` once (by identity) as a durable event ``kind`` with the place that
     caught it. Never raises."""
     try:
@@ -132,6 +134,7 @@ def _wrap_run(run: Callable[[], Any]) -> Callable[[], Any]:
         except BaseException as e:
             record_exception(e, "multiprocessing")
             raise
+
     return run_recorded
 
 
@@ -155,6 +158,7 @@ def _make_bootstrap(orig: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as e:
             _log("wrapping Process.run failed: %r" % (e,), "failures-mp")
         return orig(self, *args, **kwargs)
+
     return _bootstrap
 
 
@@ -184,8 +188,13 @@ def _check_unretrieved(task: Any) -> None:
         if not isinstance(exc, Exception):
             return  # SystemExit / KeyboardInterrupt in a task: a deliberate exit, not a failure
         coro = getattr(task, "get_coro", lambda: None)()
-        record_exception(exc, "asyncio-task", kind="task_exception", task=task.get_name(),
-                         coro=getattr(coro, "__qualname__", None))
+        record_exception(
+            exc,
+            "asyncio-task",
+            kind="task_exception",
+            task=task.get_name(),
+            coro=getattr(coro, "__qualname__", None),
+        )
     except Exception:
         pass
 
@@ -201,12 +210,14 @@ def _make_create_task(orig: Callable[..., Any]) -> Callable[..., Any]:
             fn = note[0]
             if fn is None:
                 from hangtrace.hooks.asyncio_tasks import note_loop
+
                 fn = note[0] = note_loop
             fn(self)  # its pending tasks at snapshot time
             task.add_done_callback(_task_done)
         except Exception:
             pass
         return task
+
     return create_task
 
 
@@ -223,6 +234,7 @@ def hook_elastic(module: Any) -> None:
     """Post-import hook for ``torch.distributed.elastic.multiprocessing.errors``: its error
     files (``hooks/elastic_errors.py``)."""
     from hangtrace.hooks import elastic_errors
+
     elastic_errors.configure(record_event)
     elastic_errors.hook_errors(module, _patch_method)
 
@@ -250,6 +262,7 @@ class FailuresInstrumentor(Instrumentor):
     def _install(self, runtime: Any) -> None:
         from hangtrace.hooks import importhook
         from hangtrace.tracer import api
+
         configure(lambda: api._recorder, runtime.log)
         for module, hook in IMPORT_HOOKS.items():
             importhook.when_imported(module, hook)

@@ -2,6 +2,7 @@
 
 Imported only when the C extension is built and not switched off.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Tuple
@@ -18,6 +19,7 @@ def _ring_field(name: str, doc: str) -> property:
 
     def set(self: Any, value: Any) -> None:
         setattr(self._ring(), name, value)
+
     return property(get, set, doc=doc)
 
 
@@ -63,15 +65,38 @@ class _FastRecorder(Recorder):
             self.complete = r.complete  # type: ignore[method-assign]  # (same)
         return r
 
-    def issue(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
-              flags: int) -> int:
+    def issue(
+        self,
+        kind: int,
+        op: int,
+        group: int,
+        seq: int,
+        numel: int,
+        shape: int,
+        dtype: int,
+        peer: int,
+        flags: int,
+    ) -> int:
         return self._ring().issue(kind, op, group, seq, numel, shape, dtype, peer, flags)
 
     def complete(self, idx: int, err: Optional[str] = None) -> None:
         return self._ring().complete(idx, err)
 
-    def _slot(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
-              state: int, flags: int = 0, a: Tuple[int, ...] = (0, 0, 0, 0, 0), err: int = 0) -> int:
+    def _slot(
+        self,
+        kind: int,
+        op: int,
+        group: int,
+        seq: int,
+        numel: int,
+        shape: int,
+        dtype: int,
+        peer: int,
+        state: int,
+        flags: int = 0,
+        a: Tuple[int, ...] = (0, 0, 0, 0, 0),
+        err: int = 0,
+    ) -> int:
         return self._ring().slot(kind, op, group, seq, numel, shape, dtype, peer, state, flags, err, *a)
 
     def _touch_progress(self) -> None:
@@ -97,7 +122,9 @@ class _FastRecorder(Recorder):
             self.grow("step API")
         (self.__dict__.get("_fast") or self._ring()).step_to(n, None, 0)
 
-    def memory(self, source: int, what: int, a0: int = -1, a1: int = -1, a2: int = -1, a3: int = -1,
-               a4: int = -1) -> int:
+    def memory(
+        self, source: int, what: int, a0: int = -1, a1: int = -1, a2: int = -1, a3: int = -1, a4: int = -1
+    ) -> int:
         return (self.__dict__.get("_fast") or self._ring()).slot(
-            F.K_MEM, source, what, 0, 0, 0, 0, -1, F.S_COMPLETED, 0, 0, a0, a1, a2, a3, a4)
+            F.K_MEM, source, what, 0, 0, 0, 0, -1, F.S_COMPLETED, 0, 0, a0, a1, a2, a3, a4
+        )

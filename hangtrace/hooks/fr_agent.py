@@ -27,6 +27,7 @@ take it. A collector that is about to stop a job should call ``request_fr_dumps`
 
 Nothing here raises into the user's program; failures are logged once through ``log``.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,6 +55,7 @@ def socket_name(run_dir: str, pid: int) -> bytes:
     (leading NUL: Linux abstract namespace, unix(7)); the run directory's CRC-32 keeps two
     runs' processes apart."""
     import zlib
+
     rd = os.path.abspath(run_dir).encode("utf-8", "surrogateescape")
     return b"\0hangtrace-fr-%d-%08x" % (pid, zlib.crc32(rd))
 
@@ -85,6 +87,7 @@ class _Agent:
     def __init__(self, run_dir: str, log: Callable[..., None]) -> None:
         import socket
         import threading
+
         self.run_dir = run_dir
         self.log = log
         self.pid = os.getpid()
@@ -121,6 +124,7 @@ class _Agent:
         with self.lock:
             try:
                 from hangtrace.hooks import asyncio_tasks
+
                 asyncio_tasks.write(tasks_path(self.run_dir, self.host, self.pid))  # before the sidecar
                 return _write_dump(self.run_dir, self.host, self.pid, reason, token)
             except Exception as e:
@@ -154,6 +158,7 @@ def progress_line() -> str:
     try:
         import json
         import sys
+
         torch = sys.modules.get("torch")  # (an actor's agent: never import torch for it)
         if torch is None:
             return ""
@@ -161,8 +166,11 @@ def progress_line() -> str:
         if fn is None:
             return ""
         st = json.loads(fn(False, False)).get("pg_status") or {}
-        return ";".join("%s:%s:%s" % (g, v.get("last_enqueued_collective"), v.get("last_completed_collective"))
-                        for g, v in sorted(st.items()) if isinstance(v, dict))
+        return ";".join(
+            "%s:%s:%s" % (g, v.get("last_enqueued_collective"), v.get("last_completed_collective"))
+            for g, v in sorted(st.items())
+            if isinstance(v, dict)
+        )
     except Exception:
         return ""
 
@@ -170,6 +178,7 @@ def progress_line() -> str:
 def _identity() -> dict:
     out = {"rank": -1, "world_size": -1, "local_rank": int(os.environ.get("LOCAL_RANK", "-1") or -1)}
     import sys
+
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_initialized():
@@ -184,6 +193,7 @@ def _write_dump(run_dir: str, host: str, pid: int, reason: str, token: str) -> O
     import json
     import sys
     import time
+
     paths: list = []
     dist = sys.modules.get("torch.distributed")  # a Ray actor's agent runs before (or without) any group
     joined = False
@@ -192,10 +202,23 @@ def _write_dump(run_dir: str, host: str, pid: int, reason: str, token: str) -> O
     except Exception:
         pass
     if not joined:  # the sidecar alone: the collector's token says this agent answered (its tasks file)
-        _atomic_write(meta_path(run_dir, host, pid), json.dumps(dict(
-            _identity(), host=host, pid=pid, reason=reason, token=token, wall_ns=time.time_ns(), files=[])).encode())
+        _atomic_write(
+            meta_path(run_dir, host, pid),
+            json.dumps(
+                dict(
+                    _identity(),
+                    host=host,
+                    pid=pid,
+                    reason=reason,
+                    token=token,
+                    wall_ns=time.time_ns(),
+                    files=[],
+                )
+            ).encode(),
+        )
         return None
     import torch
+
     c10d = torch._C._distributed_c10d
     fn = getattr(c10d, "_dump_fr_trace", None)
     if fn is None:
@@ -216,8 +239,15 @@ def _write_dump(run_dir: str, host: str, pid: int, reason: str, token: str) -> O
             paths.append(npath)
         except Exception:
             pass  # no NCCL process group in this process
-    meta = dict(_identity(), host=host, pid=pid, reason=reason, token=token, wall_ns=time.time_ns(),
-                files=[os.path.basename(p) for p in paths])
+    meta = dict(
+        _identity(),
+        host=host,
+        pid=pid,
+        reason=reason,
+        token=token,
+        wall_ns=time.time_ns(),
+        files=[os.path.basename(p) for p in paths],
+    )
     _atomic_write(meta_path(run_dir, host, pid), json.dumps(meta).encode())
     return path
 
@@ -248,6 +278,7 @@ def start(run_dir: str, log: Optional[Callable[..., None]] = None) -> bool:
         a.thread.start()
         if _agent is None:
             import atexit
+
             atexit.register(stop)
             os.register_at_fork(after_in_child=_forget_in_child)
         _agent = a

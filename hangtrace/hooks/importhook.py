@@ -25,6 +25,7 @@ changes: a hooked module served by a finder placed *before* ``PathFinder`` (a cu
 import system inserted at the front) is no longer seen. Where
 ``PathFinder`` is not in ``sys.meta_path`` at all, the front finder is still used.
 """
+
 from __future__ import annotations
 
 import sys
@@ -115,15 +116,19 @@ def _hooked_spec(fullname: str, spec: Any, path: Any, target: Any) -> Any:
     try:
         if spec is None:
             mp = list(sys.meta_path)
-            later = mp[mp.index(_path_finder) + 1:] if _path_finder in mp else []
+            later = mp[mp.index(_path_finder) + 1 :] if _path_finder in mp else []
             for finder in later:
                 fs = getattr(finder, "find_spec", None)
                 if fs is not None:
                     spec = fs(fullname, path, target)
                     if spec is not None:
                         break
-        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module") \
-                and not isinstance(spec.loader, _Loader):
+        if (
+            spec is not None
+            and spec.loader is not None
+            and hasattr(spec.loader, "exec_module")
+            and not isinstance(spec.loader, _Loader)
+        ):
             spec.loader = _Loader(spec.loader, fullname)
         return spec
     finally:
@@ -157,6 +162,7 @@ def _wrapper(find: Any) -> Any:
     if not _config.pure_python():
         try:
             from hangtrace.hooks import _fastrec
+
             return _fastrec.FindSpec(find, hooks, _hooked_call)
         except Exception:
             pass
@@ -166,6 +172,7 @@ def _wrapper(find: Any) -> Any:
         if fullname in hooks:
             return _hooked_spec(fullname, spec, path, target)
         return spec
+
     find_spec.__doc__ = find.__doc__
     return find_spec
 

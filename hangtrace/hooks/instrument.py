@@ -17,6 +17,7 @@ once (per instrumentor and entry point) to the run log. Modeled on OpenTelemetry
 ``BaseInstrumentor`` (idempotent install with a warning on repeat, uninstall restores).
 Standard library only: imported in every traced process.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
@@ -39,8 +40,11 @@ class Instrumentor:
         """Hook in for ``runtime``; returns True when this call installed, False when it
         was installed already (one warning line in the run log) or failed (logged once)."""
         if self.installed:
-            self._log(runtime, "instrumentor %s: install called again; nothing stacked" % self.name,
-                      "repeat-install")
+            self._log(
+                runtime,
+                "instrumentor %s: install called again; nothing stacked" % self.name,
+                "repeat-install",
+            )
             return False
         self.runtime = runtime
         try:

@@ -6,6 +6,7 @@ Each is a light façade: ``install`` only registers a post-import hook
 imports torch or Ray pays nothing for them. A library already imported at install time
 is hooked at once.
 """
+
 from __future__ import annotations
 
 import sys
@@ -27,9 +28,12 @@ class TorchDistInstrumentor(Instrumentor):
 
     def _install(self, runtime: Any) -> None:
         from hangtrace.tracer import config
+
         if config.configure_fr_env():  # before any process group reads it
-            runtime.log("%s=%s set (torch's Flight Recorder on)" % (config.FR_BUFFER_ENV, config.FR_DEFAULT_ENTRIES),
-                        "fr-env")
+            runtime.log(
+                "%s=%s set (torch's Flight Recorder on)" % (config.FR_BUFFER_ENV, config.FR_DEFAULT_ENTRIES),
+                "fr-env",
+            )
         importhook.when_imported("torch.distributed", self._on_import)
 
     def _on_import(self, module: ModuleType) -> None:
@@ -42,6 +46,7 @@ class TorchDistInstrumentor(Instrumentor):
                 return
             preload.load("torch")  # (the modules' code from one file: hooks/preload.py)
             from hangtrace.hooks import torch_dist
+
             rec = rt.recorder
             rec.on_grow.append(self._ring_grown)
             torch_dist.install(dist, rec, rt.log)
@@ -90,6 +95,7 @@ class RayInstrumentor(Instrumentor):
         try:
             preload.load("ray")
             from hangtrace.hooks import ray_hooks
+
             ray = sys.modules.get("ray", module)
             ray_hooks.install(ray, rt.recorder, rt.log)
         except Exception as e:
@@ -97,6 +103,7 @@ class RayInstrumentor(Instrumentor):
             return
         try:  # actor calls, waits on them, creation requests (issue 9)
             from hangtrace.hooks import ray_calls
+
             ray_calls.install(ray, ray_hooks._current, rt.log)
         except Exception as e:
             rt.log("hooking ray actor calls failed: %r" % (e,), "hook-ray-calls")

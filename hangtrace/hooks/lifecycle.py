@@ -19,6 +19,7 @@
   to write ``stacks/dump-<host>-<pid>.txt``; the ring header records the signal number
   so the collector never signals a process that did not register it.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -47,6 +48,7 @@ Wrapper = Callable[[Any, Any, tuple, dict], Any]
 
 def _format_exception(etype: Any, evalue: Any, tb: Any) -> str:
     import traceback  # only when an exception is recorded: not at start-up
+
     return "".join(traceback.format_exception(etype, evalue, tb))
 
 
@@ -63,7 +65,9 @@ def _open(kind: str) -> int:
     if _stacks_dir[0] != d:  # made once per run directory; a forked child finds it made
         os.makedirs(d, mode=0o700, exist_ok=True)
         _stacks_dir[0] = d
-    fd = os.open(stack_file(_rt.run_dir, kind, rec.host, rec.pid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    fd = os.open(
+        stack_file(_rt.run_dir, kind, rec.host, rec.pid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666
+    )
     _files.append(fd)
     return fd
 
@@ -130,8 +134,12 @@ def _excepthook_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
         etype, evalue, tb = args[:3]
         if not issubclass(etype, SystemExit):  # KeyboardInterrupt counts: the process dies of it
             _exit_code[0] = 1
-            _rt.recorder.event("exception", type=etype.__name__, message=str(evalue)[:4000],
-                               traceback=_format_exception(etype, evalue, tb)[-16000:])
+            _rt.recorder.event(
+                "exception",
+                type=etype.__name__,
+                message=str(evalue)[:4000],
+                traceback=_format_exception(etype, evalue, tb)[-16000:],
+            )
     except Exception as e:
         try:
             _rt.log("exception record failed: %r" % (e,), "excepthook")
@@ -144,9 +152,13 @@ def _thread_excepthook_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs:
     try:
         a = args[0]
         if a.exc_type is not SystemExit:
-            _rt.recorder.event("thread_exception", type=a.exc_type.__name__, message=str(a.exc_value)[:4000],
-                               thread_name=getattr(a.thread, "name", None),
-                               traceback=_format_exception(a.exc_type, a.exc_value, a.exc_traceback)[-16000:])
+            _rt.recorder.event(
+                "thread_exception",
+                type=a.exc_type.__name__,
+                message=str(a.exc_value)[:4000],
+                thread_name=getattr(a.thread, "name", None),
+                traceback=_format_exception(a.exc_type, a.exc_value, a.exc_traceback)[-16000:],
+            )
     except Exception:
         pass
     return wrapped(*args, **kwargs)
@@ -166,8 +178,11 @@ def _shutdown_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) ->
             me = threading.current_thread()
             waits = [t for t in threading.enumerate() if t is not me and not t.daemon]
             if waits or not getattr(rec, "lazy", False):
-                rec.event("exiting", threads=[{"name": t.name, "native_id": t.native_id} for t in waits[:16]],
-                          more=max(0, len(waits) - 16))
+                rec.event(
+                    "exiting",
+                    threads=[{"name": t.name, "native_id": t.native_id} for t in waits[:16]],
+                    more=max(0, len(waits) - 16),
+                )
     except Exception:
         pass
     return wrapped(*args, **kwargs)
@@ -207,6 +222,7 @@ def _sender_target(f: Any) -> None:
 def _on_worker_signals(module: Any) -> None:
     """torch's DataLoader worker signal handlers: faulthandler kept on top (hooks/workersignals.py)."""
     from hangtrace.hooks import workersignals
+
     workersignals.patch(module, lambda: _fatal_fd[0] if _own_fatal[0] and _fatal_fd else None)
 
 
@@ -228,6 +244,7 @@ def _patch(module: Any, name: str, wrapper: Wrapper) -> None:
     @functools.wraps(cur)
     def patched(*args: Any, **kwargs: Any) -> Any:
         return wrapper(cur, None, args, kwargs)
+
     patched.__hangtrace_wrapped__ = cur  # type: ignore[attr-defined]
     setattr(module, name, patched)
     _patched.append((module, name, cur))
@@ -273,7 +290,9 @@ def _close_files() -> None:
 
 
 # --- issue 12: keep the kernel's fault line (library + offset of the crashing native frame) ---
-_FAULT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL") if hasattr(signal, n))
+_FAULT_SIGNALS = tuple(
+    getattr(signal, n) for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL") if hasattr(signal, n)
+)
 
 
 def _fault_line_disposition() -> List[int]:
@@ -291,6 +310,7 @@ def _fault_line_disposition() -> List[int]:
     kill(2) to a traced process is then dumped and ignored; ``HANGTRACE_FAULT_LINE=0``
     turns this off."""
     from hangtrace.tracer import config
+
     changed: List[int] = []  # signal numbers
     if not config.fault_line():
         return changed
@@ -310,6 +330,8 @@ def _restore_default(sigs: list) -> None:
             signal.signal(sig, signal.SIG_DFL)
         except Exception:
             pass
+
+
 # --- end issue 12 ---
 
 
@@ -320,8 +342,9 @@ def install(rt: Any, forked_from: Optional[int] = None) -> None:
     _rt = rt
     rec = rt.recorder
     # (a forked helper's lazy ring writes it when it goes to its file: ringsize.start_event)
-    rec.start_event(argv=list(sys.argv)[:50], executable=sys.executable, ppid=os.getppid(),
-                    forked_from=forked_from)
+    rec.start_event(
+        argv=list(sys.argv)[:50], executable=sys.executable, ppid=os.getppid(), forked_from=forked_from
+    )
     _close_files()
     del _sigterm_file[:]
     if forked_from is None:

@@ -4,6 +4,7 @@ In a forked child the thread starts at once (its parent's threads made it multi-
 already). At bootstrap it waits until the process runs past its start: ``defer_thread``.
 Standard library only; never raises into the program.
 """
+
 from __future__ import annotations
 
 import sys
@@ -36,6 +37,7 @@ def defer_thread(s: Any) -> bool:
     if t is not None and not initializing(t):
         return False
     import gc
+
     due = _mono() + s.interval_ns
 
     def clock(phase: str, info: Any) -> None:
@@ -49,6 +51,7 @@ def defer_thread(s: Any) -> bool:
                 gc.callbacks.remove(clock)
         except Exception:
             pass
+
     gc.callbacks.append(clock)
     if t is None:
         _off_during_torch_import(clock)
@@ -60,6 +63,7 @@ def start_thread(s: Any) -> bool:
     ``threading``'s registry lock is held, maybe by this thread (a gc callback inside
     ``threading``), where it is not reentrant (an RLock in CPython 3.11: no check needed)."""
     from hangtrace.hooks.memory import THREAD_NAME
+
     if s.thread is not None or s.dead or s._stop.is_set():
         return True
     held = getattr(getattr(threading, "_active_limbo_lock", None), "locked", None)
@@ -97,6 +101,7 @@ def _off_during_torch_import(clock: Any) -> None:
                 gc.callbacks.append(clock)
         except Exception:
             pass
+
     importhook.when_imported("torch", after, before=before)
 
 

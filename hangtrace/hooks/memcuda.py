@@ -13,6 +13,7 @@ torch's memory docs use it to dump ``torch.cuda.memory._snapshot()``). With
 ``HANGTRACE_MEM_CUDA_HISTORY=1`` torch's allocator history is recorded and a snapshot
 ``RUN_DIR/memory/cuda-oom-<host>-<pid>-<n>.pickle`` written at the OOM.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,6 +27,7 @@ from hangtrace.tracer.ring import layout as F
 def cuda_slow(s: Any) -> None:
     """Refresh free/total of every device (timer thread); attach the OOM observer once."""
     from hangtrace.hooks.memory import _torch_cuda
+
     cuda = _torch_cuda()
     if cuda is None:
         return
@@ -50,8 +52,11 @@ def _hook_cuda_oom(s: Any) -> None:
     torch = sys.modules.get("torch")
     attach = getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
     if torch is None or attach is None:  # (no torch: no attach either)
-        s.log("memory: this torch has no CUDA out-of-memory observer; CUDA OOMs are seen "
-              "through the exception only", "mem-noobs")
+        s.log(
+            "memory: this torch has no CUDA out-of-memory observer; CUDA OOMs are seen "
+            "through the exception only",
+            "mem-noobs",
+        )
         return
     try:
         attach(s.on_cuda_oom)
@@ -79,9 +84,18 @@ def on_cuda_oom(s: Any, device: int, alloc: int, device_allocated: int, device_f
         if os.environ.get(config.MEM_CUDA_HISTORY, "0") == "1" and s.run_dir:
             snap = _dump_cuda_snapshot(s, s.run_dir)
         phase, step = s.rec.current()
-        s.rec.event("cuda_oom", device=d, requested=int(alloc), device_allocated=int(device_allocated),
-                    device_free=int(device_free), device_total=total, phase=phase, step=step,
-                    snapshot=snap, source="allocator-observer")
+        s.rec.event(
+            "cuda_oom",
+            device=d,
+            requested=int(alloc),
+            device_allocated=int(device_allocated),
+            device_free=int(device_free),
+            device_total=total,
+            phase=phase,
+            step=step,
+            snapshot=snap,
+            source="allocator-observer",
+        )
     except Exception as e:
         s.log("memory: recording a CUDA OOM failed: %r" % (e,), "mem-oomrec")
 
@@ -89,6 +103,7 @@ def on_cuda_oom(s: Any, device: int, alloc: int, device_allocated: int, device_f
 def _dump_cuda_snapshot(s: Any, run_dir: str) -> Optional[str]:
     try:
         import pickle
+
         torch = sys.modules["torch"]
         d = os.path.join(run_dir, "memory")
         os.makedirs(d, mode=0o700, exist_ok=True)
@@ -104,12 +119,20 @@ def _dump_cuda_snapshot(s: Any, run_dir: str) -> Optional[str]:
 def sample_cuda(s: Any, source: int) -> None:
     """One sample per known device (phase/step/timer)."""
     from hangtrace.hooks.memory import _torch_cuda
+
     cuda = _torch_cuda()
     if cuda is None:
         return
     for d, (sid, free, total) in list(s._cuda.items()):
         try:
-            s.rec.memory(source, sid, cuda.memory_allocated(d), cuda.memory_reserved(d),
-                         cuda.max_memory_allocated(d), free, total)
+            s.rec.memory(
+                source,
+                sid,
+                cuda.memory_allocated(d),
+                cuda.memory_reserved(d),
+                cuda.max_memory_allocated(d),
+                free,
+                total,
+            )
         except Exception as e:
             s.log("memory: CUDA sample failed: %r" % (e,), "mem-cuda")

@@ -31,6 +31,7 @@ Nothing here raises into the program: every entry point swallows its errors and 
 each kind once to the run log. Standard library only (torch is looked up in
 ``sys.modules``, never imported).
 """
+
 from __future__ import annotations
 
 import os
@@ -51,15 +52,37 @@ _sampler = None
 _lock = threading.Lock()
 
 # cgroup discovery lives in hooks/cgroup.py (pure functions; re-exported here)
-from hangtrace.hooks.cgroup import (NO_LIMIT, V1_FILES, V2_FILES, CgroupFiles, cgroup_candidates, find_cgroup,  # noqa: E402,F401,E501
-                                    parse_limit, parse_mountinfo, parse_oom_kill, parse_proc_cgroup)
+from hangtrace.hooks.cgroup import (
+    NO_LIMIT,
+    V1_FILES,  # noqa: F401
+    V2_FILES,  # noqa: F401
+    CgroupFiles,
+    cgroup_candidates,
+    find_cgroup,  # noqa: E402,F401,E501
+    parse_limit,
+    parse_mountinfo,
+    parse_oom_kill,
+    parse_proc_cgroup,
+)
 
-__all__ = ["NO_LIMIT", "cgroup_candidates", "parse_mountinfo", "parse_proc_cgroup", "parse_oom_kill",
-           "Sampler", "MemoryInstrumentor", "start", "stop", "active"]
+__all__ = [
+    "NO_LIMIT",
+    "cgroup_candidates",
+    "parse_mountinfo",
+    "parse_proc_cgroup",
+    "parse_oom_kill",
+    "Sampler",
+    "MemoryInstrumentor",
+    "start",
+    "stop",
+    "active",
+]
 
 
 def _is_oom_type(etype: Any) -> bool:
-    return isinstance(etype, type) and (issubclass(etype, MemoryError) or etype.__name__ == "OutOfMemoryError")
+    return isinstance(etype, type) and (
+        issubclass(etype, MemoryError) or etype.__name__ == "OutOfMemoryError"
+    )
 
 
 class Sampler(CgroupFiles):
@@ -68,8 +91,9 @@ class Sampler(CgroupFiles):
     CUDA figures and the allocator's OOM observer: ``hooks/memcuda.py``, imported only
     once torch has initialised CUDA (not at start-up)."""
 
-    def __init__(self, recorder: Any, log: Callable[..., None], interval_s: float = 1.0,
-                 run_dir: Optional[str] = None) -> None:
+    def __init__(
+        self, recorder: Any, log: Callable[..., None], interval_s: float = 1.0, run_dir: Optional[str] = None
+    ) -> None:
         self.rec = recorder
         self.log = log
         self.run_dir = run_dir
@@ -81,7 +105,9 @@ class Sampler(CgroupFiles):
         self.last_ns = 0
         self.nsamples = 0
         self._stop = threading.Event()
-        self.thread: Optional[threading.Thread] = None  # the timer thread; None until it starts (hooks/memclock.py)
+        self.thread: Optional[threading.Thread] = (
+            None  # the timer thread; None until it starts (hooks/memclock.py)
+        )
         self._fds: List[int] = []
         self._statm = self._open("/proc/%d/statm" % self.pid)
         self.swap = -1
@@ -97,7 +123,7 @@ class Sampler(CgroupFiles):
         self._cuda: Dict[int, List[Any]] = {}  # device -> [strid, free, total]
         self._cuda_hooked = False
         self._gauge_sids: Dict[str, int] = {}
-        self._oom_seen: Optional[int] = None    # id of the last exception recorded as MEM_OOM
+        self._oom_seen: Optional[int] = None  # id of the last exception recorded as MEM_OOM
         self._oom_count = 0
         #: called once, on the first timer tick (the process has lived one interval):
         #: the environment record waits for it (``hooks/envrecord.py``)
@@ -154,9 +180,15 @@ class Sampler(CgroupFiles):
     def _host_args(self) -> Tuple[int, ...]:
         """``Ring.mem_host``'s figures after the source: host strid, statm fd, page size,
         usage fd, oom fd, swap and limit bytes (-1: none)."""
-        return (self._host, -1 if self._statm is None else self._statm, self.page,
-                -1 if self._usage is None else self._usage, -1 if self._oom is None else self._oom,
-                self.swap, self.limit)
+        return (
+            self._host,
+            -1 if self._statm is None else self._statm,
+            self.page,
+            -1 if self._usage is None else self._usage,
+            -1 if self._oom is None else self._oom,
+            self.swap,
+            self.limit,
+        )
 
     def last_sample_ns(self) -> int:  # monotonic ns of the newest sample (0: none), the API's C path's too
         return max(self.last_ns, getattr(getattr(self.rec, "__dict__", {}).get("_fast"), "mem_last_ns", 0))
@@ -165,8 +197,14 @@ class Sampler(CgroupFiles):
         """``_host_args()`` for the phase/step API's one-call path (``api._bind``), or None
         when a sample needs this Python path (sampler stopped or not yet on its timer thread,
         CUDA, gauges, ``ring`` not this recorder's). The tick unbinds when these change."""
-        if (self.dead or self.thread is None or self._stop.is_set() or self._cuda or api._gauges
-                or getattr(self.rec, "__dict__", {}).get("_fast") is not ring):
+        if (
+            self.dead
+            or self.thread is None
+            or self._stop.is_set()
+            or self._cuda
+            or api._gauges
+            or getattr(self.rec, "__dict__", {}).get("_fast") is not ring
+        ):
             return None
         return self._host_args()
 
@@ -305,16 +343,19 @@ def _torch_cuda() -> Any:
 
 def _memcuda() -> Any:  # CUDA sampling, imported once CUDA is in use (not at start-up)
     from hangtrace.hooks import memcuda
+
     return memcuda
 
 
 def _memclock() -> Any:  # when the bootstrap's timer thread starts (issue 8)
     from hangtrace.hooks import memclock
+
     return memclock
 
 
 def _memfork() -> Any:  # for forked children (imported by bootstrap._before_fork, not at start-up)
     from hangtrace.hooks import memfork
+
     return memfork
 
 

@@ -32,6 +32,7 @@ missing groups; a read-only install keeps importing as usual), and the test suit
 start. Standard library only (``marshal``, ``os``, ``sys``): imported in every traced
 process, before anything else of ours but the two package ``__init__`` modules.
 """
+
 from __future__ import annotations
 
 import marshal
@@ -47,23 +48,40 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 # (hooks/libraries.py); "autowatch": hooks/autowatch.py, when the node watcher is on.
 GROUPS: Dict[str, Tuple[str, ...]] = {
     "activate": (
-        "hangtrace.tracer.config", "hangtrace.tracer.api", "hangtrace.tracer", "hangtrace.hooks.instrument",
-        "hangtrace.tracer.ring", "hangtrace.tracer.ring.layout", "hangtrace.hooks.ringsize",
-        "hangtrace.hooks.recorder", "hangtrace.hooks.importhook",
-        "hangtrace.hooks.failures", "hangtrace.hooks.envrecord", "hangtrace.hooks.libraries",
-        "hangtrace.hooks.lifecycle", "hangtrace.hooks.cgroup", "hangtrace.hooks.memory", "hangtrace.hooks.memclock",
+        "hangtrace.tracer.config",
+        "hangtrace.tracer.api",
+        "hangtrace.tracer",
+        "hangtrace.hooks.instrument",
+        "hangtrace.tracer.ring",
+        "hangtrace.tracer.ring.layout",
+        "hangtrace.hooks.ringsize",
+        "hangtrace.hooks.recorder",
+        "hangtrace.hooks.importhook",
+        "hangtrace.hooks.failures",
+        "hangtrace.hooks.envrecord",
+        "hangtrace.hooks.libraries",
+        "hangtrace.hooks.lifecycle",
+        "hangtrace.hooks.cgroup",
+        "hangtrace.hooks.memory",
+        "hangtrace.hooks.memclock",
     ),
     "fastrec": ("hangtrace.hooks.fastrecorder",),
     "autowatch": ("hangtrace.hooks.autowatch",),
     "torch": (
-        "hangtrace.hooks.torch_specs", "hangtrace.hooks.torch_state", "hangtrace.hooks.torch_dist",
-        "hangtrace.hooks.torch_completion", "hangtrace.hooks.torch_groups", "hangtrace.hooks.workersignals",
+        "hangtrace.hooks.torch_specs",
+        "hangtrace.hooks.torch_state",
+        "hangtrace.hooks.torch_dist",
+        "hangtrace.hooks.torch_completion",
+        "hangtrace.hooks.torch_groups",
+        "hangtrace.hooks.workersignals",
     ),
     "ray": ("hangtrace.hooks.ray_hooks", "hangtrace.hooks.ray_calls"),
 }
 MARK = "hangtrace-startup-bundle"  # the ``__spec__.loader_state`` of a module run from a bundle
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the directory holding hangtrace/
+_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the directory holding hangtrace/
 _status: Dict[str, str] = {}  # group -> what its last load() found ("loaded N", "stale: ...", ...)
 
 Entry = Tuple[str, str, int, int, bool, Any]  # (name, source path, mtime_ns, size, is package, code)
@@ -94,7 +112,7 @@ def build(groups: Optional[Sequence[str]] = None) -> List[str]:
     starting meanwhile reads the old bundle or the new one, never half of one. Raises
     OSError (unwritable install), SyntaxError (a module that does not compile)."""
     out = []
-    for group in (GROUPS if groups is None else groups):
+    for group in GROUPS if groups is None else groups:
         entries: List[Entry] = []
         for name in GROUPS[group]:
             path, is_pkg = source_path(name)
@@ -226,8 +244,9 @@ class _Cycles:
         entry = self.entries.get(fullname)
         if entry is None or fullname in sys.modules:
             return None
-        spec = sys.modules["_frozen_importlib"].ModuleSpec(fullname, self, origin=entry[1], loader_state=MARK,
-                                                           is_package=entry[4])
+        spec = sys.modules["_frozen_importlib"].ModuleSpec(
+            fullname, self, origin=entry[1], loader_state=MARK, is_package=entry[4]
+        )
         spec.has_location = True
         return spec
 

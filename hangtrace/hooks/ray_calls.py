@@ -38,6 +38,7 @@ Not seen: refs made in another process and passed in,
 errors (logged once to the run log) and never the program's: the wrapped call's
 exceptions and results pass through unchanged.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -111,7 +112,13 @@ def note_call(handle: Any, method: str, refs: Any) -> None:
 def targets_of(refs: Any) -> Tuple[List[Target], int]:
     """The distinct actor-call targets among ``refs`` (one ref or a sequence), in order,
     and the number of refs looked at."""
-    items = [refs] if hasattr(refs, "binary") else list(refs)[:MAX_SCAN] if isinstance(refs, (list, tuple)) else []
+    items = (
+        [refs]
+        if hasattr(refs, "binary")
+        else list(refs)[:MAX_SCAN]
+        if isinstance(refs, (list, tuple))
+        else []
+    )
     out: List[Target] = []
     seen = set()
     for r in items:
@@ -125,8 +132,11 @@ def targets_of(refs: Any) -> Tuple[List[Target], int]:
 
 def wait_text(api: str, targets: List[Target], n: int) -> str:
     """The JSON text of a wait record (``layout.K_WAIT``)."""
-    d: Dict[str, Any] = {"api": api, "n": n, "targets": [{"actor_id": a, "class": c, "method": m}
-                                                         for a, c, m in targets[:MAX_TARGETS]]}
+    d: Dict[str, Any] = {
+        "api": api,
+        "n": n,
+        "targets": [{"actor_id": a, "class": c, "method": m} for a, c, m in targets[:MAX_TARGETS]],
+    }
     if len(targets) > MAX_TARGETS:
         d["more"] = len(targets) - MAX_TARGETS
     return json.dumps(d, sort_keys=True)
@@ -160,8 +170,13 @@ def _wait_end(rec: Any, idx: int, exc: Optional[BaseException]) -> None:
         if rec._last - idx >= nslots:
             return
         err = rec.intern(type(exc).__name__) if exc is not None else 0
-        F.COMPLETE.pack_into(rec.mm, F.HEADER_SIZE + ((idx - 1) % nslots) * F.SLOT_SIZE + F.COMPLETE_OFF,
-                             F.S_FAILED if exc is not None else F.S_COMPLETED, err, time.monotonic_ns())
+        F.COMPLETE.pack_into(
+            rec.mm,
+            F.HEADER_SIZE + ((idx - 1) % nslots) * F.SLOT_SIZE + F.COMPLETE_OFF,
+            F.S_FAILED if exc is not None else F.S_COMPLETED,
+            err,
+            time.monotonic_ns(),
+        )
     except Exception as e:
         _say("ray: recording the end of a wait failed: %r" % (e,), "ray-wait-end")
 
@@ -178,6 +193,7 @@ def _wrap_waiting(api: str, orig: Any) -> Any:
             raise
         _wait_end(rec, idx, None)
         return out
+
     setattr(waiting, "__hangtrace_ray__", True)
     return waiting
 
@@ -186,6 +202,7 @@ def _task_phase() -> None:
     """Make the awaiting asyncio task's method the thread's current phase (async actors)."""
     try:
         from hangtrace.hooks import ray_hooks
+
         if ray_hooks._task_stack.get() is not None:
             ray_hooks._swap_task_stack()
     except Exception:
@@ -235,6 +252,7 @@ def _wrap_future(orig: Any) -> Any:
                 except Exception as e:
                     _say("ray: watching an await failed: %r" % (e,), "ray-await-cb")
         return out
+
     setattr(wrap_future, "__hangtrace_ray__", True)
     return wrap_future
 
@@ -246,8 +264,12 @@ def actor_request(options: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
     name -> amount (memory in bytes). The defaults of Ray 2.60 (``actor.py``): no resource
     given -> 0 CPU for its lifetime, 1 CPU to place it; any given -> 1 CPU unless set."""
     res: Dict[str, float] = {str(k): float(v) for k, v in (options.get("resources") or {}).items()}
-    for key, name in (("num_cpus", "CPU"), ("num_gpus", "GPU"), ("memory", "memory"),
-                      ("object_store_memory", "object_store_memory")):
+    for key, name in (
+        ("num_cpus", "CPU"),
+        ("num_gpus", "GPU"),
+        ("memory", "memory"),
+        ("object_store_memory", "object_store_memory"),
+    ):
         if options.get(key) is not None:
             res[name] = float(options[key])
     if options.get("accelerator_type"):
@@ -284,13 +306,20 @@ def _cluster_nodes(ray: Any, request: Dict[str, float]) -> None:
     NODES_REFRESH_S) when ``request`` fits none of the nodes known."""
     global _nodes, _nodes_at
     now = time.monotonic()
-    if _nodes is not None and (any(fits(request, n["resources"]) for n in _nodes)
-                               or now - _nodes_at < NODES_REFRESH_S):
+    if _nodes is not None and (
+        any(fits(request, n["resources"]) for n in _nodes) or now - _nodes_at < NODES_REFRESH_S
+    ):
         return
     _nodes_at = now
-    nodes = [{"node_id": n.get("NodeID"), "host": n.get("NodeManagerHostname"),
-              "resources": {str(k): float(v) for k, v in (n.get("Resources") or {}).items()}}
-             for n in ray.nodes() if n.get("Alive")]
+    nodes = [
+        {
+            "node_id": n.get("NodeID"),
+            "host": n.get("NodeManagerHostname"),
+            "resources": {str(k): float(v) for k, v in (n.get("Resources") or {}).items()},
+        }
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]
     _nodes = nodes
     rec = _recorder()
     if rec is not None:
@@ -310,10 +339,17 @@ def note_create(ray: Any, actor_class: Any, handle: Any, options: Dict[str, Any]
         meta = getattr(actor_class, "__ray_metadata__", None)
         req = actor_request(options)
         pg, bundle = _placement_group(options)
-        rec.event("ray_actor_create", actor_id=handle._ray_actor_id.hex(),
-                  cls=str(getattr(meta, "class_name", "") or ""), name=options.get("name") or "",
-                  namespace=options.get("namespace") or "", resources=req["resources"],
-                  placement=req["placement"], placement_group=pg, bundle_index=bundle)
+        rec.event(
+            "ray_actor_create",
+            actor_id=handle._ray_actor_id.hex(),
+            cls=str(getattr(meta, "class_name", "") or ""),
+            name=options.get("name") or "",
+            namespace=options.get("namespace") or "",
+            resources=req["resources"],
+            placement=req["placement"],
+            placement_group=pg,
+            bundle_index=bundle,
+        )
         _cluster_nodes(ray, req["placement"])
     except Exception as e:
         _say("ray: recording an actor creation failed: %r" % (e,), "ray-create")
@@ -346,6 +382,7 @@ def install(ray: Any, recorder_fn: Callable[[], Any], log: Callable[..., None]) 
             refs = orig(self, method_name, *args, **kwargs)
             note_call(self, method_name, refs)
             return refs
+
         setattr(_actor_method_call, "__hangtrace_ray__", True)
         return _actor_method_call
 
@@ -355,6 +392,7 @@ def install(ray: Any, recorder_fn: Callable[[], Any], log: Callable[..., None]) 
             handle = orig(self, args, kwargs, **actor_options)
             note_create(ray, self, handle, actor_options)
             return handle
+
         setattr(_remote, "__hangtrace_ray__", True)
         return _remote
 

@@ -37,6 +37,7 @@ those points the thread's current phase is the most recently entered or exited m
 Never raises into Ray or the program: every failure is logged once to the run log and
 the method runs unwrapped.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -60,12 +61,14 @@ _identity_done: Set[str] = set()  # levels recorded: 'worker', 'actor', 'name'
 _id_lock = threading.Lock()
 _installed: Dict[Tuple[int, str], Tuple[Any, str, Any]] = {}  # (owner, attribute) -> original
 _task_stack: contextvars.ContextVar[Optional[List[Tuple[int, str]]]] = contextvars.ContextVar(
-    "hangtrace_ray_phase_stack", default=None)
+    "hangtrace_ray_phase_stack", default=None
+)
 
 
 def _version_tuple(v: Any) -> Tuple[int, ...]:
     """(major, minor, patch) of a version string; digits before any suffix ('2.60.0rc1')."""
     import re
+
     nums = [int(m.group(0)) if m else 0 for m in (re.match(r"\d+", p) for p in str(v).split(".")[:3])]
     return tuple(nums + [0] * (3 - len(nums)))
 
@@ -83,14 +86,16 @@ def _self_handle_registered() -> bool:
     False for task workers and on any surprise."""
     try:
         import ray
+
         acts = getattr(ray._private.worker.global_worker, "actors", None)
         return isinstance(acts, dict) and len(acts) > 0
     except Exception:
         return False
 
 
-def record_identity(instance: Any = None, force: bool = False,
-                    with_name: bool = False) -> Optional[Dict[str, Any]]:
+def record_identity(
+    instance: Any = None, force: bool = False, with_name: bool = False
+) -> Optional[Dict[str, Any]]:
     """Record the Ray identity of this worker in the ring; returns the dict recorded or None.
 
     Two levels, each recorded once (unless ``force``): the worker (job, node, worker,
@@ -108,9 +113,14 @@ def record_identity(instance: Any = None, force: bool = False,
         meta = {}
         try:
             import ray
+
             ctx = ray.get_runtime_context()
-            getters = [("ray_job_id", "get_job_id"), ("ray_node_id", "get_node_id"),
-                       ("ray_worker_id", "get_worker_id"), ("ray_actor_id", "get_actor_id")]
+            getters = [
+                ("ray_job_id", "get_job_id"),
+                ("ray_node_id", "get_node_id"),
+                ("ray_worker_id", "get_worker_id"),
+                ("ray_actor_id", "get_actor_id"),
+            ]
             if instance is not None or with_name:
                 # Only from an actor method or once _self_handle_registered(): Ray sets
                 # the worker's actor id before it registers the actor's own handle
@@ -162,6 +172,7 @@ def _enter(name: str, instance: Any) -> None:
     try:
         if "actor" not in _identity_done and instance is not None and record_identity(instance) is not None:
             from hangtrace.hooks import fr_agent  # an actor answers snapshot requests as a rank does
+
             fr_agent.start(rec.run_dir, _log)  # (its asyncio tasks; never raises)
         rec.phase_enter(name)
     except Exception as e:
@@ -199,13 +210,18 @@ def wrap_method(name: str, method: Any) -> Any:
     exceptions through unchanged.
     """
     try:
-        if (name.startswith("__ray") or not inspect.isfunction(method)
-                or getattr(method, "__hangtrace_ray__", False)
-                or inspect.isgeneratorfunction(method) or inspect.isasyncgenfunction(method)):
+        if (
+            name.startswith("__ray")
+            or not inspect.isfunction(method)
+            or getattr(method, "__hangtrace_ray__", False)
+            or inspect.isgeneratorfunction(method)
+            or inspect.isasyncgenfunction(method)
+        ):
             return method
         if config.ray_infra_actor(method.__module__, method.__qualname__.split(".")[0]):
             return __import__("hangtrace.hooks.ray_infra", fromlist=["_"]).identity_only(method)
         if inspect.iscoroutinefunction(method):
+
             @functools.wraps(method)
             async def awrapper(*args: Any, **kwargs: Any) -> Any:
                 _swap_task_stack()
@@ -219,6 +235,7 @@ def wrap_method(name: str, method: Any) -> Any:
                 _swap_task_stack()
                 _exit(name, None)
                 return result
+
             setattr(awrapper, "__hangtrace_ray__", True)  # (once per method, not per call)
             return awrapper
 
@@ -232,6 +249,7 @@ def wrap_method(name: str, method: Any) -> Any:
                 raise
             _exit(name, None)
             return result
+
         setattr(wrapper, "__hangtrace_ray__", True)
         return wrapper
     except Exception as e:
@@ -295,9 +313,13 @@ def _install_executor(fm: Any) -> bool:
 
     def make(orig: Any) -> Any:
         @functools.wraps(orig)
-        def _make_actor_method_executor(self: Any, method_name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+        def _make_actor_method_executor(
+            self: Any, method_name: str, method: Any, *args: Any, **kwargs: Any
+        ) -> Any:
             return orig(self, method_name, wrap_method(method_name, method), *args, **kwargs)
+
         return _make_actor_method_executor
+
     return _patch(cls, "_make_actor_method_executor", make)
 
 
@@ -317,7 +339,9 @@ def _install_class(fm: Any) -> bool:
                 except Exception as e:
                     _log("ray: instrumenting actor class failed: %r" % (e,), "ray-class")
             return klass
+
         return loader
+
     for n in names:
         _patch(cls, n, make)
     return True
@@ -334,6 +358,7 @@ def _identity_thread() -> None:
             time.sleep(0.1)
             try:
                 import ray
+
                 if "actor" in _identity_done or "name" in _identity_done:
                     return
                 if not ray.is_initialized():
@@ -347,6 +372,7 @@ def _identity_thread() -> None:
                     return
             except Exception:
                 pass
+
     threading.Thread(target=run, name="hangtrace-ray-identity", daemon=True).start()
 
 
@@ -359,7 +385,11 @@ def install(ray: Any, recorder: Any, log: Callable[..., None]) -> str:
     if _path is not None:
         return _path
     _rec, _log = recorder, log
-    version, want, path = getattr(ray, "__version__", "0"), os.environ.get(HOOK_ENV, "").strip().lower(), "identity-only"
+    version, want, path = (
+        getattr(ray, "__version__", "0"),
+        os.environ.get(HOOK_ENV, "").strip().lower(),
+        "identity-only",
+    )
     fm: Any  # Ray's private function_manager module, or None
     try:
         from ray._private import function_manager as fm
@@ -368,7 +398,10 @@ def install(ray: Any, recorder: Any, log: Callable[..., None]) -> str:
         log("ray: function_manager not importable (%r): no actor method phases" % (e,), "ray-fm")
     if fm is not None and want != "off":
         if not _in_range(version):
-            log("ray %s is outside the tested range %s-%s: no actor method phases" % (version, *RAY_RANGE), "ray-version")
+            log(
+                "ray %s is outside the tested range %s-%s: no actor method phases" % (version, *RAY_RANGE),
+                "ray-version",
+            )
         else:
             try:
                 if want != "class" and _install_executor(fm):

@@ -4,6 +4,7 @@ them with :func:`identity_only`, which records the actor's identity and no phase
 calls are their callers' work: a consumer polling a queue with a timeout is no progress,
 and the ``Empty`` of a timed get no failed method. Never raises into the method's caller.
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,6 +15,7 @@ from typing import Any
 def _identify(instance: Any) -> None:
     try:
         from hangtrace.hooks import ray_hooks as H
+
         if "actor" not in H._identity_done and instance is not None and H._current() is not None:
             H.record_identity(instance)
     except Exception:
@@ -24,10 +26,12 @@ def identity_only(method: Any) -> Any:
     """A wrapper of a method of Ray's own infrastructure actors (``config.RAY_INFRA_ACTORS``)
     that records the actor's identity and no phase: its calls are its callers' work."""
     if inspect.iscoroutinefunction(method):
+
         @functools.wraps(method)
         async def aident(*args: Any, **kwargs: Any) -> Any:
             _identify(args[0] if args else None)
             return await method(*args, **kwargs)
+
         setattr(aident, "__hangtrace_ray__", True)
         return aident
 
@@ -35,5 +39,6 @@ def identity_only(method: Any) -> Any:
     def ident(*args: Any, **kwargs: Any) -> Any:
         _identify(args[0] if args else None)
         return method(*args, **kwargs)
+
     setattr(ident, "__hangtrace_ray__", True)
     return ident

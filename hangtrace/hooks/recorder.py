@@ -9,6 +9,7 @@ returns a ``_FastRecorder``: the same records, written by ``_fastrec.Ring`` in C
 0.2 us per issue+complete pair instead of 1.1 us). Every public method swallows its own
 errors (reported once to the run log): a recorder failure never reaches the program.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -66,7 +67,6 @@ _S_COMPLETED = F.S_COMPLETED
 _EMPTY_SLOT = bytes(F.SLOT_SIZE)
 
 
-
 class Recorder(ringsize.Growable):
     """One per traced process. ``path`` is the ring file; ``run_dir`` the run directory.
 
@@ -79,8 +79,15 @@ class Recorder(ringsize.Growable):
             cls = choose()[0]
         return object.__new__(cls)
 
-    def __init__(self, run_dir: str, run_id: str, nslots: int, log: Callable[..., None],
-                 full_slots: int = 0, lazy: bool = False) -> None:
+    def __init__(
+        self,
+        run_dir: str,
+        run_id: str,
+        nslots: int,
+        log: Callable[..., None],
+        full_slots: int = 0,
+        lazy: bool = False,
+    ) -> None:
         """``nslots``: slots of the ring created now; ``full_slots`` > ``nslots``: this is a
         small ring (a helper's), replaced by one of ``full_slots`` slots by ``grow()``;
         ``lazy`` (a small ring only): kept in memory until ``materialize()`` writes it to
@@ -100,8 +107,13 @@ class Recorder(ringsize.Growable):
             strtab = (F.DEFAULT_STRTAB_SIZE, F.STRTAB_CHUNK)
         self.path = "%s/ring-%s-%d.htr" % (run_dir, self.host, self.pid)  # (POSIX: no os.path.join)
         self.lazy = lazy and bool(self.full_slots)
-        self.fd, self.mm, self.strtab_off, self.path = ringsize.open_ring(self.path, self.pid, nslots, strtab, self.lazy)
-        self.strtab_size, self.strtab_reserved = strtab[0], strtab[0 if self.lazy else 1]  # (memory: all of it)
+        self.fd, self.mm, self.strtab_off, self.path = ringsize.open_ring(
+            self.path, self.pid, nslots, strtab, self.lazy
+        )
+        self.strtab_size, self.strtab_reserved = (
+            strtab[0],
+            strtab[0 if self.lazy else 1],
+        )  # (memory: all of it)
         self.strtab_used = 8
         self._lock = threading.Lock()
         self._counter = itertools.count(1)
@@ -119,16 +131,21 @@ class Recorder(ringsize.Growable):
         mm = self.mm
         # create_ring wrote the identity (host, proc_start_ticks read once from /proc, env
         # rank, state, phase: layout._write_identity); the run id is the one given here
-        F.IDENT.pack_into(mm, F.IDENT_OFF, self.pid, os.getppid(), _wall(), _mono(), F.IDENT.unpack_from(mm, F.IDENT_OFF)[4])
-        mm[F.RUNID_OFF:F.RUNID_OFF + F.RUNID_LEN] = run_id.encode()[:F.RUNID_LEN - 1].ljust(F.RUNID_LEN, b"\0")
+        F.IDENT.pack_into(
+            mm, F.IDENT_OFF, self.pid, os.getppid(), _wall(), _mono(), F.IDENT.unpack_from(mm, F.IDENT_OFF)[4]
+        )
+        mm[F.RUNID_OFF : F.RUNID_OFF + F.RUNID_LEN] = run_id.encode()[: F.RUNID_LEN - 1].ljust(
+            F.RUNID_LEN, b"\0"
+        )
         self._touch_progress()
 
     # --- identity ---------------------------------------------------------------
     def set_rank(self, rank: int, local_rank: int, world_size: int, joined: bool = True) -> None:
         """The rank of this process in the default group it joined (``get_rank()``), not a
         hint; ``joined=False``: the rank it asks for at ``init_process_group`` (its rendezvous)."""
-        F.RANK.pack_into(self.mm, F.RANK_OFF, rank, local_rank, world_size,
-                         F.RANK.unpack_from(self.mm, F.RANK_OFF)[3])
+        F.RANK.pack_into(
+            self.mm, F.RANK_OFF, rank, local_rank, world_size, F.RANK.unpack_from(self.mm, F.RANK_OFF)[3]
+        )
         F.RANK_SOURCE.pack_into(self.mm, F.RANK_SOURCE_OFF, F.RANK_FROM_GROUP if joined else F.RANK_FROM_JOIN)
 
     def set_dump_signal(self, signum: int) -> None:
@@ -159,21 +176,24 @@ class Recorder(ringsize.Growable):
             else:
                 grown = False
             if off + n > self.strtab_size:
-                self.log("string table of %s is full; later strings are recorded as '?'" % self.path,
-                         "strtab-full")
+                self.log(
+                    "string table of %s is full; later strings are recorded as '?'" % self.path, "strtab-full"
+                )
                 return 0
             if off + n > self.strtab_reserved:
                 grow = max(F.STRTAB_CHUNK, n)
                 try:
                     F.reserve(self.fd, self.strtab_off + self.strtab_reserved, grow)
                 except OSError as e:  # disk full: writing into the hole would SIGBUS
-                    self.log("cannot grow the string table of %s: %s; new strings are dropped"
-                             % (self.path, e), "strtab-err")
+                    self.log(
+                        "cannot grow the string table of %s: %s; new strings are dropped" % (self.path, e),
+                        "strtab-err",
+                    )
                     return 0
                 self.strtab_reserved += grow
             base = self.strtab_off + off
             F.STR_ENTRY.pack_into(self.mm, base, tag, len(data))
-            self.mm[base + F.STR_ENTRY.size: base + n] = data
+            self.mm[base + F.STR_ENTRY.size : base + n] = data
             self.strtab_used = off + n
             F.STRUSED.pack_into(self.mm, F.STRUSED_OFF, self.strtab_used)
         if grown:
@@ -216,30 +236,82 @@ class Recorder(ringsize.Growable):
         if self.full_slots and info.get("member") is not False:
             self.grow("joined process group %s" % (info.get("name"),))
         self._append(F.T_GROUP, _dumps(info))
-        self._slot(F.K_GROUP, F.OP_IDS.get(info.get("op", "new_group"), 0), self.intern(str(info.get("name"))),
-                   0, 0, 0, 0, -1, F.S_COMPLETED)
+        self._slot(
+            F.K_GROUP,
+            F.OP_IDS.get(info.get("op", "new_group"), 0),
+            self.intern(str(info.get("name"))),
+            0,
+            0,
+            0,
+            0,
+            -1,
+            F.S_COMPLETED,
+        )
 
     # --- records ----------------------------------------------------------------
     def _current_phase(self) -> int:
         st = self._phase.get(_get_ident())
         return st[-1][0] if st else self._cur_phase
 
-    def _slot(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
-              state: int, flags: int = 0, a: Tuple[int, ...] = (0, 0, 0, 0, 0), err: int = 0) -> int:
+    def _slot(
+        self,
+        kind: int,
+        op: int,
+        group: int,
+        seq: int,
+        numel: int,
+        shape: int,
+        dtype: int,
+        peer: int,
+        state: int,
+        flags: int = 0,
+        a: Tuple[int, ...] = (0, 0, 0, 0, 0),
+        err: int = 0,
+    ) -> int:
         idx = self._last = next(self._counter)
         now = _mono()
         off = F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE
         try:
-            F.SLOT.pack_into(self.mm, off, idx, kind, flags, dtype, op, group, seq, numel, shape, peer,
-                             self.thread_id(), self._current_phase(), self._step, now, _wall(), state, err,
-                             now if state != F.S_ISSUED else 0, *a)
+            F.SLOT.pack_into(
+                self.mm,
+                off,
+                idx,
+                kind,
+                flags,
+                dtype,
+                op,
+                group,
+                seq,
+                numel,
+                shape,
+                peer,
+                self.thread_id(),
+                self._current_phase(),
+                self._step,
+                now,
+                _wall(),
+                state,
+                err,
+                now if state != F.S_ISSUED else 0,
+                *a,
+            )
         except struct.error:
-            self.mm[off:off + _SLOT_SIZE] = _EMPTY_SLOT  # no half-written record (see issue)
+            self.mm[off : off + _SLOT_SIZE] = _EMPTY_SLOT  # no half-written record (see issue)
             raise
         return idx
 
-    def issue(self, kind: int, op: int, group: int, seq: int, numel: int, shape: int, dtype: int, peer: int,
-              flags: int) -> int:
+    def issue(
+        self,
+        kind: int,
+        op: int,
+        group: int,
+        seq: int,
+        numel: int,
+        shape: int,
+        dtype: int,
+        peer: int,
+        flags: int,
+    ) -> int:
         """Record a collective or p2p op as issued; returns its record index. Hot path."""
         idx = self._last = next(self._counter)
         ident = _get_ident()
@@ -248,14 +320,38 @@ class Recorder(ringsize.Growable):
         mm = self.mm
         off = _SLOTS_OFF + (idx - 1) % self.nslots * _SLOT_SIZE
         try:
-            _SLOT_PACK(mm, off, idx, kind, flags, dtype, op, group, seq, numel, shape, peer, tid,
-                       st[-1][0] if st else self._cur_phase, self._step, _mono(), _wall(),
-                       _S_ISSUED, 0, 0, 0, 0, 0, 0, 0)
+            _SLOT_PACK(
+                mm,
+                off,
+                idx,
+                kind,
+                flags,
+                dtype,
+                op,
+                group,
+                seq,
+                numel,
+                shape,
+                peer,
+                tid,
+                st[-1][0] if st else self._cur_phase,
+                self._step,
+                _mono(),
+                _wall(),
+                _S_ISSUED,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+            )
         except struct.error:
             # a field out of range (e.g. a root rank beyond int32): pack_into has written
             # the fields before it; empty the slot rather than leave half a record (the
             # index stays used up, as in the C path)
-            mm[off:off + _SLOT_SIZE] = _EMPTY_SLOT
+            mm[off : off + _SLOT_SIZE] = _EMPTY_SLOT
             raise
         _LIVE_ISSUE_PACK(mm, _LIVE_ISSUE_OFF, idx, idx)
         return idx
@@ -270,13 +366,20 @@ class Recorder(ringsize.Growable):
         if err is None:
             nslots = self.nslots
             if self._last - idx < nslots:
-                _COMPLETE_PACK(self.mm, _COMPLETE_BASE + (idx - 1) % nslots * _SLOT_SIZE, _S_COMPLETED, 0, now)
+                _COMPLETE_PACK(
+                    self.mm, _COMPLETE_BASE + (idx - 1) % nslots * _SLOT_SIZE, _S_COMPLETED, 0, now
+                )
             self._progress = progress = self._progress + 1
             _LIVE_DONE_PACK(self.mm, _LIVE_DONE_OFF, 0, now, _wall(), progress)
         else:
             if self._last - idx < self.nslots:
-                F.COMPLETE.pack_into(self.mm, F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE
-                                     + F.COMPLETE_OFF, F.S_FAILED, self.intern(err[:4000]), now)
+                F.COMPLETE.pack_into(
+                    self.mm,
+                    F.HEADER_SIZE + ((idx - 1) % self.nslots) * F.SLOT_SIZE + F.COMPLETE_OFF,
+                    F.S_FAILED,
+                    self.intern(err[:4000]),
+                    now,
+                )
             F.U64.pack_into(self.mm, F.LIVE_DONE_OFF, 0)  # clear in-flight
 
     def _touch_progress(self) -> None:
@@ -300,8 +403,18 @@ class Recorder(ringsize.Growable):
 
     def phase_exit(self, name: str, error: Optional[str] = None) -> None:
         st = self._phase.get(_get_ident())
-        self._slot(F.K_PHASE_EXIT, 0, 0, 0, 0, 0, 0, -1, F.S_FAILED if error else F.S_COMPLETED,
-                   err=self.intern(error[:2000]) if error else 0)
+        self._slot(
+            F.K_PHASE_EXIT,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            -1,
+            F.S_FAILED if error else F.S_COMPLETED,
+            err=self.intern(error[:2000]) if error else 0,
+        )
         if st:
             # pop up to and including the innermost entry of this name
             for i in range(len(st) - 1, -1, -1):
@@ -318,16 +431,18 @@ class Recorder(ringsize.Growable):
         if self.full_slots and grow:
             self.grow("step API")
         self._step = int(n)
-        F.PHASE.pack_into(self.mm, F.PHASE_OFF, self._cur_phase,
-                          F.PHASE.unpack_from(self.mm, F.PHASE_OFF)[1], self._step)
+        F.PHASE.pack_into(
+            self.mm, F.PHASE_OFF, self._cur_phase, F.PHASE.unpack_from(self.mm, F.PHASE_OFF)[1], self._step
+        )
         self._slot(F.K_STEP, 0, 0, self._step, 0, 0, 0, -1, F.S_COMPLETED)
         self._touch_progress()
 
     def heartbeat(self) -> None:
         self._touch_progress()
 
-    def memory(self, source: int, what: int, a0: int = -1, a1: int = -1, a2: int = -1, a3: int = -1,
-               a4: int = -1) -> int:
+    def memory(
+        self, source: int, what: int, a0: int = -1, a1: int = -1, a2: int = -1, a3: int = -1, a4: int = -1
+    ) -> int:
         """Write one memory record (kind K_MEM; layout in ``tracer/ring/layout.py``, issue 5).
 
         ``source``: MEM_TIMER/ENTER/EXIT/STEP/OOM; ``what``: string id of 'host', 'cuda:N'
@@ -377,12 +492,15 @@ def choose(environ: Optional[dict] = None) -> Tuple[type, str]:
     """
     if _fastrec is None:
         return Recorder, "recorder: Python (_fastrec not built: %s: %s)" % (
-            type(_fastrec_error).__name__, _fastrec_error)
+            type(_fastrec_error).__name__,
+            _fastrec_error,
+        )
     if _config.pure_python(environ):
         env = os.environ if environ is None else environ
         return Recorder, "recorder: Python (%s=%s)" % (_config.PURE_PYTHON, env.get(_config.PURE_PYTHON))
     preload.load("fastrec")  # (hooks/preload.py)
     from hangtrace.hooks.fastrecorder import _FastRecorder
+
     return _FastRecorder, "recorder: C (_fastrec)"
 
 
@@ -396,5 +514,6 @@ def __getattr__(name: str) -> Any:
     """``recorder._FastRecorder``: the C-backed class lives in hooks/fastrecorder.py."""
     if name == "_FastRecorder" and _fastrec is not None:
         from hangtrace.hooks.fastrecorder import _FastRecorder
+
         return _FastRecorder
     raise AttributeError(name)

@@ -32,6 +32,7 @@ interpreted lines, each first touch of a page of the parent's heap a copy-on-wri
 
 Standard library only: imported in every traced process.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -55,6 +56,7 @@ def _env_int(name: bytes) -> int:
     except (KeyError, ValueError):
         return -1
 
+
 #: String table of a small ring (bytes, apparent size; sparse) and the part reserved on
 #: disk at creation (bytes). A helper's events (start with argv, exit, an exception with
 #: up to 16 KB of traceback) fit; more grows the ring.
@@ -62,8 +64,9 @@ SMALL_STRTAB_SIZE = 256 << 10
 SMALL_STRTAB_RESERVE = 16 << 10
 
 
-def grow_file(path: str, old: Any, old_nslots: int, old_strtab_off: int, strtab_used: int,
-              nslots: int) -> Tuple[int, mmap.mmap, int, int]:
+def grow_file(
+    path: str, old: Any, old_nslots: int, old_strtab_off: int, strtab_used: int, nslots: int
+) -> Tuple[int, mmap.mmap, int, int]:
     """Write a ring of ``nslots`` slots holding what mapping ``old`` holds and put it at ``path``.
 
     ``old``: the mapping of the current ring (``old_nslots`` slots, string table at
@@ -85,18 +88,19 @@ def grow_file(path: str, old: Any, old_nslots: int, old_strtab_off: int, strtab_
         # the pages written below, written with pwrite first: a first store through the
         # mapping into a fallocated (unwritten) ext4 block is slow (layout._write_first_pages)
         os.pwrite(fd, bytes(F.HEADER_SIZE + min(old_nslots, nslots) * F.SLOT_SIZE), 0)
-        os.pwrite(fd, bytes(old[old_strtab_off:old_strtab_off + strtab_used]), strtab_off)
+        os.pwrite(fd, bytes(old[old_strtab_off : old_strtab_off + strtab_used]), strtab_off)
         mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        mm[0:F.HEADER_SIZE] = old[0:F.HEADER_SIZE]
-        F.HDR_FIXED.pack_into(mm, 0, F.MAGIC, F.VERSION, F.HEADER_SIZE, F.SLOT_SIZE, nslots, strtab_off,
-                              F.DEFAULT_STRTAB_SIZE)
+        mm[0 : F.HEADER_SIZE] = old[0 : F.HEADER_SIZE]
+        F.HDR_FIXED.pack_into(
+            mm, 0, F.MAGIC, F.VERSION, F.HEADER_SIZE, F.SLOT_SIZE, nslots, strtab_off, F.DEFAULT_STRTAB_SIZE
+        )
         size = F.SLOT_SIZE
         for pos in range(old_nslots):
             o = F.HEADER_SIZE + pos * size
             (idx,) = F.U64.unpack_from(old, o)
             if idx and (idx - 1) % old_nslots == pos:
                 n = F.HEADER_SIZE + (idx - 1) % nslots * size
-                mm[n:n + size] = old[o:o + size]
+                mm[n : n + size] = old[o : o + size]
         os.rename(tmp, path)
     except BaseException:
         F.discard_partial(fd, mm, tmp)
@@ -113,6 +117,7 @@ def free_ring_path(path: str, pid: int) -> str:
     kept and ours gets the start time in its name.
     """
     from hangtrace.tracer.ring import reader as R
+
     ticks = proc_start_ticks(pid)
     try:
         with open(path, "rb") as f:
@@ -123,11 +128,17 @@ def free_ring_path(path: str, pid: int) -> str:
     if same:
         os.unlink(path)
         return path
-    return "%s-%d.htr" % (path[:-len(".htr")], ticks or 0)  # (never None: default 0)
+    return "%s-%d.htr" % (path[: -len(".htr")], ticks or 0)  # (never None: default 0)
 
 
-def open_ring(path: str, pid: int, nslots: int, strtab: Tuple[int, int], lazy: bool = False,
-              content: Optional[bytes] = None) -> Tuple[int, Any, int, str]:
+def open_ring(
+    path: str,
+    pid: int,
+    nslots: int,
+    strtab: Tuple[int, int],
+    lazy: bool = False,
+    content: Optional[bytes] = None,
+) -> Tuple[int, Any, int, str]:
     """The ring of a new recorder: ``(fd, mmap, strtab_off, path)``. ``lazy``: in anonymous
     memory (fd -1, no file yet: ``Growable.materialize`` writes it); else the file at
     ``path`` or, when that is taken, at ``free_ring_path``. ``strtab``: (size, bytes
@@ -184,8 +195,9 @@ class Growable:
         self.log = log
         self.path = "%s/ring-%s-%d.htr" % (self.run_dir, self.host, pid)
         F.IDENT.pack_into(self.mm, F.IDENT_OFF, pid, os.getppid(), _wall(), _mono(), 0)
-        F.RANK.pack_into(self.mm, F.RANK_OFF, _env_int(b"RANK"), _env_int(b"LOCAL_RANK"),
-                         _env_int(b"WORLD_SIZE"), 0)
+        F.RANK.pack_into(
+            self.mm, F.RANK_OFF, _env_int(b"RANK"), _env_int(b"LOCAL_RANK"), _env_int(b"WORLD_SIZE"), 0
+        )
         self._touch_progress()
 
     def start_event(self, **fields: Any) -> None:
@@ -204,6 +216,7 @@ class Growable:
         fields, self._pending_start = self._pending_start, None
         if fields is not None:
             import threading  # (loaded: the recorder's module imports it)
+
             # the thread that forked is the child's main thread (threading._after_fork)
             fields.setdefault("thread", threading.main_thread().name)
             self.event("start", **fields)
@@ -238,9 +251,10 @@ class Growable:
         used, chunk, size = self.strtab_used, SMALL_STRTAB_RESERVE, self.strtab_size
         reserved = (used + chunk - 1) // chunk * chunk
         try:
-            content = bytes(self.mm[0:self.strtab_off + used])
-            fd, mm, strtab_off, self.path = open_ring(self.path, self.pid, self.nslots, (size, reserved),
-                                                      content=content)
+            content = bytes(self.mm[0 : self.strtab_off + used])
+            fd, mm, strtab_off, self.path = open_ring(
+                self.path, self.pid, self.nslots, (size, reserved), content=content
+            )
         except Exception as e:
             self._lost(e, reason)
             return False
@@ -302,10 +316,14 @@ class Growable:
                 if os.path.lexists(self.path):  # (an earlier process's: grow_file renames over it)
                     self.path = free_ring_path(self.path, self.pid)
             fd, mm, strtab_off, reserved = grow_file(
-                self.path, self.mm, self.nslots, self.strtab_off, self.strtab_used, nslots)
+                self.path, self.mm, self.nslots, self.strtab_off, self.strtab_used, nslots
+            )
         except Exception as e:
-            self.log("cannot grow the ring %s to %d slots (%s): %r; the small ring stays"
-                     % (self.path, nslots, reason, e), "grow")
+            self.log(
+                "cannot grow the ring %s to %d slots (%s): %r; the small ring stays"
+                % (self.path, nslots, reason, e),
+                "grow",
+            )
             if self.lazy:
                 self._lost(e, reason)
             return False

@@ -10,14 +10,27 @@ getters on every cache miss and turns it off for good at the first disagreement.
 Probed when the process joins a process group (``torch_groups``), not at import: a process
 that never issues a collective does not pay for it (≈ 0.1 ms).
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Tuple
 
 # dims 0..5 with sizes no two probes share at one place, a view that is not contiguous,
 # and each dtype at least twice (equal dtypes must read equal, different ones different)
-_SHAPES = ((7,), (3, 11), (2, 13, 5), (17, 3, 2, 9), (4, 6, 2, 3, 19), (), (23,), (5, 29), (31, 2), (1, 37, 3),
-           (41,), (43, 1))
+_SHAPES = (
+    (7,),
+    (3, 11),
+    (2, 13, 5),
+    (17, 3, 2, 9),
+    (4, 6, 2, 3, 19),
+    (),
+    (23,),
+    (5, 29),
+    (31, 2),
+    (1, 37, 3),
+    (41,),
+    (43, 1),
+)
 _DTYPES = ("float32", "float64", "int64", "int32", "uint8", "bfloat16", "float16", "int8")
 
 
@@ -29,6 +42,7 @@ def probe(torch: Any) -> str:
     torch errors propagate (the caller logs them; the getters are then used).
     """
     from hangtrace.hooks import _fastrec
+
     dtypes = [getattr(torch, d) for d in _DTYPES]
     probes: List[Tuple[Any, int, Tuple[int, ...], int]] = []
     keep = []  # the views' bases stay alive while probing

@@ -3,6 +3,7 @@ recorded by our own poller thread rather than future callbacks on torch's C++ th
 (those aborted the process about 1 in 15 runs at exit: pthread_exit in a C++ frame during
 finalization), and the ``batch_isend_irecv`` wrapper whose works it completes. Split out of ``torch_dist.py``, whose state (``torch_dist._state``) it uses.
 """
+
 from __future__ import annotations
 
 import threading
@@ -69,6 +70,7 @@ class _Poller:
 
     def run(self) -> None:
         import time
+
         while not self.stopping:
             self.wake.wait()
             if self.stopping:
@@ -111,6 +113,7 @@ def flush() -> None:
     """At exit: stop the poller thread, record the completions it can still see, and drop
     our references to Work objects (before interpreter teardown, not during it)."""
     import os
+
     if _poller_inst and _poller_inst[0].pid == os.getpid():
         p = _poller_inst[0]
         p.stop()
@@ -121,12 +124,15 @@ def flush() -> None:
 
 def _poller() -> _Poller:
     import os
+
     if not _poller_inst or _poller_inst[0].pid != os.getpid():
         _poller_inst[:] = [_Poller()]
     return _poller_inst[0]
 
 
-def _batch_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+def _batch_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> Any:
     ident = _td._get_ident()
     st = _td._state
     if ident in _td._busy or st is None:
@@ -146,8 +152,19 @@ def _batch_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, 
             cell[0] += 1
             seq = cell[0]
             t = p.tensor
-            idxs.append(st.rec.issue(F.K_P2P, F.OP_IDS.get(opname, F.OP_IDS["isend"]), gsid, seq, t.numel(),
-                                     _td._shape_id(t.shape), _td._dtype_id(t), int(peer), F.F_ASYNC | F.F_BATCH))
+            idxs.append(
+                st.rec.issue(
+                    F.K_P2P,
+                    F.OP_IDS.get(opname, F.OP_IDS["isend"]),
+                    gsid,
+                    seq,
+                    t.numel(),
+                    _td._shape_id(t.shape),
+                    _td._dtype_id(t),
+                    int(peer),
+                    F.F_ASYNC | F.F_BATCH,
+                )
+            )
     except Exception as e:
         st.log("recording batch_isend_irecv failed: %r" % (e,), "rec-batch")
     _td._busy[ident] = 1

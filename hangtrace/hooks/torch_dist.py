@@ -20,6 +20,7 @@ into Python only on cache misses and rare cases; ``HANGTRACE_PURE_PYTHON=1`` or 
 compiler gives the Python ``call``, with the same records. Annotations only: nothing from
 ``typing`` runs per call (helpers that run per call read ``_state`` unchecked, see below).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -30,8 +31,15 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from hangtrace.tracer.ring import layout as F
 from .recorder import _fastrec
 
-from hangtrace.hooks.torch_specs import (BATCH_OP, GROUP_OPS, SPECS, param_names, plain_wrapper,  # noqa: E402
-                                         take_identity, wrapped_original)
+from hangtrace.hooks.torch_specs import (
+    BATCH_OP,
+    GROUP_OPS,
+    SPECS,
+    param_names,
+    plain_wrapper,  # noqa: E402
+    take_identity,
+    wrapped_original,
+)
 from hangtrace.hooks.torch_state import GroupEntry, Log, State
 
 if TYPE_CHECKING:
@@ -51,6 +59,7 @@ if _fastrec is not None:
     class _FastState(_StateBase, State):
         """State whose fields the C wrappers (``_fastrec.Call``) read directly; ``rec`` also keeps
         the recorder's C Ring (None for a pure-Python recorder); C advances its Counter cells."""
+
         new_cell = staticmethod(_Counter)
 
 
@@ -112,7 +121,8 @@ def _shape_id(shape: Any) -> int:
     s = _state.shapes.get(shape)  # type: ignore[union-attr]  # per call (see above)
     if s is None:
         s = _state.shapes[shape] = _state.rec.intern(  # type: ignore[union-attr]
-            "x".join(str(int(d)) for d in shape) or "scalar")
+            "x".join(str(int(d)) for d in shape) or "scalar"
+        )
     return s
 
 
@@ -141,8 +151,13 @@ def _payload_tt(kind: Optional[str], obj: Any) -> Tuple[int, int, int]:
 _ABSENT = 1 << 30  # parameter position of a parameter the function does not have
 
 
-def _find_peer(st: State, group: Any, peers: Tuple[Tuple[int, str, bool], ...], args: Tuple[Any, ...],
-               kwargs: Dict[str, Any]) -> int:
+def _find_peer(
+    st: State,
+    group: Any,
+    peers: Tuple[Tuple[int, str, bool], ...],
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+) -> int:
     """The call's peer (global rank) from the first of ``peers`` ((position, name, is a group
     rank)) given, a group rank mapped to its global rank; -1 when none is given."""
     n = len(args)
@@ -178,7 +193,9 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
     tkey = tparam or ""  # = tparam wherever a payload is read (every spec with one names it)
     gpos = params.index("group") if "group" in params else _ABSENT
     apos = params.index("async_op") if "async_op" in params else _ABSENT
-    peers = tuple((params.index(p) if p in params else _ABSENT, p, p.startswith("group_")) for p in peer_params)
+    peers = tuple(
+        (params.index(p) if p in params else _ABSENT, p, p.startswith("group_")) for p in peer_params
+    )
     # read inline: the first peer parameter when it is a plain rank (src/dst, as in every spec);
     # the others (group_src/group_dst) only when it is None, by _find_peer
     ppos, pname = peers[0][:2] if peers and not peers[0][2] else (_ABSENT, "")
@@ -301,11 +318,24 @@ def _fast_call(name: str, orig: Callable[..., Any], params: List[str], call: Cal
         _fastrec.set_tensor_type(torch.Tensor)
     pos = {p: i for i, p in enumerate(params)}
     peers = tuple((pos.get(p, _ABSENT), p, p.startswith("group_")) for p in peer_params)
-    return _fastrec.Call(orig, call, name, F.OP_IDS[name],
-                         F.K_P2P if is_p2p else F.K_COLL, is_p2p, pkind, tparam,
-                         pos.get(tparam, _ABSENT) if tparam else _ABSENT, pos.get("group", _ABSENT),
-                         pos.get("async_op", _ABSENT), peers, name in ("isend", "irecv"), globals(), _busy,
-                         (_group_entry, _shape_id, _dtype_id, payload, _on_work_done, _finish_error, _global_rank))
+    return _fastrec.Call(
+        orig,
+        call,
+        name,
+        F.OP_IDS[name],
+        F.K_P2P if is_p2p else F.K_COLL,
+        is_p2p,
+        pkind,
+        tparam,
+        pos.get(tparam, _ABSENT) if tparam else _ABSENT,
+        pos.get("group", _ABSENT),
+        pos.get("async_op", _ABSENT),
+        peers,
+        name in ("isend", "irecv"),
+        globals(),
+        _busy,
+        (_group_entry, _shape_id, _dtype_id, payload, _on_work_done, _finish_error, _global_rank),
+    )
 
 
 def install(dist: Any, recorder: Recorder, log: Log) -> int:
@@ -316,6 +346,7 @@ def install(dist: Any, recorder: Recorder, log: Log) -> int:
     global _state
     import os
     from hangtrace.tracer import config
+
     if _state is None:
         _state = _new_state(recorder, log)
         _state.dist = dist
@@ -359,6 +390,7 @@ def uninstall() -> None:
     """
     global _state
     import sys
+
     _state = None
     dist = sys.modules.get("torch.distributed")
     if dist is None:

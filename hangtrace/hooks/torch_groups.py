@@ -3,6 +3,7 @@
 definitions in the ring, and the rank this process joined as (``Recorder.set_rank``).
 Split out of ``torch_dist.py``, whose state (``torch_dist._state``) it uses.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Dict, Tuple
@@ -24,10 +25,12 @@ def _describe(pg: Any, op: str) -> Dict[str, Any]:
         info["name"] = None
         return info
     info["member"] = True
-    for key, fn in (("name", lambda: c10d._get_process_group_name(pg)),
-                    ("desc", lambda: getattr(pg, "group_desc", None)),
-                    ("backend", lambda: str(dist.get_backend(pg))),
-                    ("ranks", lambda: list(dist.get_process_group_ranks(pg)))):
+    for key, fn in (
+        ("name", lambda: c10d._get_process_group_name(pg)),
+        ("desc", lambda: getattr(pg, "group_desc", None)),
+        ("backend", lambda: str(dist.get_backend(pg))),
+        ("ranks", lambda: list(dist.get_process_group_ranks(pg))),
+    ):
         try:
             info[key] = fn()
         except Exception:
@@ -35,8 +38,9 @@ def _describe(pg: Any, op: str) -> Dict[str, Any]:
     return info
 
 
-def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
-                      kwargs: Dict[str, Any]) -> Any:
+def _group_op_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> Any:
     name = wrapped.__name__
     if name == "init_process_group" and _td._state is not None:
         _join_request(_td._state, wrapped, args, kwargs)
@@ -67,7 +71,9 @@ def _group_op_wrapper(wrapped: Callable[..., Any], instance: Any, args: Tuple[An
     return result
 
 
-def join_request(wrapped: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+def join_request(
+    wrapped: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> Dict[str, Any]:
     """What a call of ``init_process_group`` asks for, resolved as torch's rendezvous
     handlers resolve it (``torch/distributed/rendezvous.py``): ``rank`` and ``world_size``
     from the arguments, else the ``init_method`` URL's query, else (``env://``, the
@@ -79,6 +85,7 @@ def join_request(wrapped: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dic
     import inspect
     import os
     from urllib.parse import parse_qs, urlparse
+
     try:
         bound = dict(inspect.signature(wrapped).bind_partial(*args, **kwargs).arguments)
     except (TypeError, ValueError):
@@ -96,6 +103,7 @@ def join_request(wrapped: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dic
             return int(v)
         except (TypeError, ValueError):
             return -1
+
     if scheme == "env":
         master = "%s:%s" % (os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?"))
     elif scheme == "tcp" and url is not None:
@@ -103,12 +111,19 @@ def join_request(wrapped: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dic
     else:
         master = "store" if store is not None else str(init).split("?")[0]
     env_world = os.environ.get("WORLD_SIZE", "")
-    return {"rank": pick("rank", "RANK"), "world_size": pick("world_size", "WORLD_SIZE"), "master": master,
-            "init": scheme, "backend": str(bound.get("backend")),
-            "env_world_size": int(env_world) if env_world.isdigit() else -1}
+    return {
+        "rank": pick("rank", "RANK"),
+        "world_size": pick("world_size", "WORLD_SIZE"),
+        "master": master,
+        "init": scheme,
+        "backend": str(bound.get("backend")),
+        "env_world_size": int(env_world) if env_world.isdigit() else -1,
+    }
 
 
-def _join_request(st: State, wrapped: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+def _join_request(
+    st: State, wrapped: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> None:
     """Before the rendezvous: a durable ``join`` event with what this call asks for
     (:func:`join_request`), and the rank asked for in the ring header (``RANK_FROM_JOIN``):
     a process stuck in the rendezvous is that rank, whatever RANK it inherited (a spawn
@@ -134,6 +149,7 @@ def _probe_tensor_layout(st: State) -> None:
     try:
         from hangtrace.hooks import tensor_layout
         import torch
+
         st.log("tensor layout: %s" % (tensor_layout.probe(torch),), "tensor-layout")
     except Exception as e:
         st.log("tensor layout not probed (torch's getters are used): %r" % (e,), "tensor-layout")
@@ -149,6 +165,7 @@ def _joining(st: State) -> None:
     (``memclock.kick``). Never raises."""
     try:
         from hangtrace.hooks import envrecord, memclock
+
         memclock.kick()
         envrecord.joined()
     except Exception as e:
@@ -160,6 +177,7 @@ def _start_fr_agent(st: State) -> None:
     off with ``HANGTRACE_FR=0``). Never raises."""
     try:
         from hangtrace.hooks import fr_agent
+
         fr_agent.start(st.rec.run_dir, st.log)
     except Exception as e:
         st.log("flight recorder agent not started: %r" % (e,), "fr-start")
@@ -167,6 +185,7 @@ def _start_fr_agent(st: State) -> None:
 
 def _local_rank() -> int:
     import os
+
     try:
         return int(os.environ.get("LOCAL_RANK", "-1"))
     except ValueError:

@@ -9,6 +9,7 @@ installed torch from torch itself and fails on one that is in neither table.
 function's identity and read it back (here, not in a module of their own: every module
 imported when torch.distributed is costs each traced process ~0.3M instructions, issue 8).
 """
+
 from __future__ import annotations  # the annotations below are not evaluated (~2M instructions)
 
 import functools
@@ -57,9 +58,9 @@ BATCH_OP = "batch_isend_irecv"  # wrapped on its own: one p2p record per P2POp
 # op (directly or through another one) but are not recorded as one of their own.
 NOT_APPLICABLE: Dict[str, str] = {
     "init_process_group": "creates the default group (a group record, GROUP_OPS); its only "
-                          "collective is barrier() (MPI backend), recorded as barrier",
+    "collective is barrier() (MPI backend), recorded as barrier",
     "new_group": "creates a group (a group record, GROUP_OPS); its only collective is "
-                 "barrier() (MPI backend), recorded as barrier",
+    "barrier() (MPI backend), recorded as barrier",
     "new_subgroups": "creates groups through new_group, recorded there",
     "new_subgroups_by_enumeration": "creates groups through new_group, recorded there",
     "breakpoint": "debugging aid (pdb on one rank); its barrier() is recorded as barrier",
@@ -96,10 +97,11 @@ def param_names(fn: Any) -> Optional[List[str]]:
     if code.co_flags & _CO_VARARGS:
         out.append(names[at])
         at += 1
-    out += names[npos:npos + nkw]
+    out += names[npos : npos + nkw]
     if code.co_flags & _CO_VARKEYWORDS:
         out.append(names[at])
     return out
+
 
 def take_identity(w: Any, orig: Callable[..., Any]) -> Any:
     """Give ``w`` the identity of ``orig`` (name, qualified name, module, docstring, its
@@ -121,13 +123,16 @@ def take_identity(w: Any, orig: Callable[..., Any]) -> Any:
     return w
 
 
-def plain_wrapper(orig: Callable[..., Any],
-                   wrapper: Callable[[Callable[..., Any], Any, Tuple[Any, ...], Dict[str, Any]], Any]
-                   ) -> Callable[..., Any]:
+def plain_wrapper(
+    orig: Callable[..., Any],
+    wrapper: Callable[[Callable[..., Any], Any, Tuple[Any, ...], Dict[str, Any]], Any],
+) -> Callable[..., Any]:
     """``orig`` wrapped by ``wrapper(wrapped, instance, args, kwargs)`` (the batch and group
     operations), as a plain function with ``orig``'s identity."""
+
     def call(*args: Any, **kwargs: Any) -> Any:
         return wrapper(orig, None, args, kwargs)
+
     return take_identity(call, orig)
 
 

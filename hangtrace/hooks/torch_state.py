@@ -2,6 +2,7 @@
 ``torch_dist.py`` (module size). Imported by ``torch_dist`` only: ``typing`` and nothing else at
 run time.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union

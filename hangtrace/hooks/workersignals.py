@@ -15,6 +15,7 @@ prints its message and the worker dies of the same signal as before. Only when t
 handler is ours (``lifecycle``: the program did not enable faulthandler itself). Never
 raises into the program.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -49,6 +50,7 @@ def patch(module: ModuleType, fatal_fd: Callable[[], Optional[int]]) -> None:
                     faulthandler.enable(file=fd, all_threads=True)
                 except Exception:
                     pass
+
     try:
         functools.update_wrapper(call, orig)
     except (AttributeError, TypeError):  # (a builtin: no __dict__ to copy)

@@ -4,6 +4,7 @@
 ``tracer.step(n)``; ``tracer.heartbeat()``. This package's ``__init__`` stays light:
 ``hangtrace.hooks`` imports from it inside every traced process.
 """
+
 from hangtrace.tracer.api import enabled, gauge, heartbeat, phase, step
 
 __all__ = ["phase", "step", "heartbeat", "enabled", "gauge"]

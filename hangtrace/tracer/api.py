@@ -18,6 +18,7 @@ the Python path.
 Free no-ops when tracing is off (no recorder installed): ``phase()`` then returns one
 shared do-nothing object. Imported in every traced process: standard library only.
 """
+
 from __future__ import annotations
 
 import functools
@@ -84,7 +85,9 @@ def _bind() -> None:
 
 # --- memory (issue 5): the sampler (hooks/memory.py) and the gauges it reads ---
 _sampler: Any = None  # set by hangtrace.hooks.memory when memory sampling is on
-_gauges: Dict[str, Tuple[Callable[[], Any], Optional[int]]] = {}  # name -> (fn, limit bytes or None); read by the sampler
+_gauges: Dict[
+    str, Tuple[Callable[[], Any], Optional[int]]
+] = {}  # name -> (fn, limit bytes or None); read by the sampler
 
 
 def _set_sampler(sampler: Any) -> None:
@@ -93,7 +96,9 @@ def _set_sampler(sampler: Any) -> None:
     _unbind()
 
 
-def gauge(name: str, fn: Optional[Callable[[], Union[int, Tuple[int, int]]]], limit: Optional[int] = None) -> None:
+def gauge(
+    name: str, fn: Optional[Callable[[], Union[int, Tuple[int, int]]]], limit: Optional[int] = None
+) -> None:
     """Register memory hangtrace cannot see itself (an inference engine's KV pool, a
     pinned-host cache, ...), sampled like host and CUDA memory: at every phase entry and
     exit, every step and on the timer, into this process's flight record.
@@ -116,6 +121,8 @@ def gauge(name: str, fn: Optional[Callable[[], Union[int, Tuple[int, int]]]], li
     except Exception as e:
         _report(e)
     _unbind()  # (gauges are sampled by the Python path)
+
+
 # --- end memory ---
 
 
@@ -127,6 +134,8 @@ def _set_deep(deep: Optional[DeepTracer]) -> None:
     global _deep
     _deep = deep
     _unbind()
+
+
 # --- end deep trace ---
 
 
@@ -202,6 +211,7 @@ class _Phase:
         def inner(*args: Any, **kwargs: Any) -> Any:
             with _Phase(name, step):
                 return fn(*args, **kwargs)
+
         return inner  # type: ignore[return-value]
 
 

@@ -4,6 +4,7 @@ This module is imported inside every traced process: it imports only ``os``.
 CLI flags map onto these variables (``hangtrace run --stall-s`` sets
 ``HANGTRACE_STALL_S`` for the watcher, and so on).
 """
+
 from __future__ import annotations
 
 import os
@@ -164,6 +165,8 @@ def fault_line(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True when ``HANGTRACE_FAULT_LINE`` is "1" (issue 12; off by default)."""
     env = os.environ if environ is None else environ
     return env.get(FAULT_LINE, "0").strip() in ("1", "true", "yes", "on")
+
+
 def timeline_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True unless ``HANGTRACE_TIMELINE`` is "0" (timeline.json at each incident, issue 11)."""
     env = os.environ if environ is None else environ
@@ -182,7 +185,9 @@ def gc_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     return env.get(GC, "1").strip() not in ("0", "false", "no", "off")
 
 
-def deep_selection(environ: Optional[Mapping[str, str]] = None) -> Optional[Tuple[FrozenSet[int], FrozenSet[str]]]:
+def deep_selection(
+    environ: Optional[Mapping[str, str]] = None,
+) -> Optional[Tuple[FrozenSet[int], FrozenSet[str]]]:
     """Parse ``HANGTRACE_DEEP`` into ``(ranks, phases)`` (frozensets; empty = any), or None
     when unset, empty or naming nothing. ``"rank=1|3,phase=train"`` -> ({1, 3}, {"train"});
     unknown keys and non-integer ranks are ignored."""
@@ -254,11 +259,13 @@ def configure_fr_env(environ: Optional[MutableMapping[str, str]] = None) -> bool
 #: (docs/RAY.md section 2). Their methods are not recorded as phases (``hooks/ray_hooks``:
 #: a consumer polling ``Queue.get(timeout=...)`` is no progress of the job) and their
 #: exceptions are never a failure (``Empty`` of a timed get is the caller's control flow).
-RAY_INFRA_ACTORS: FrozenSet[Tuple[str, str]] = frozenset({
-    ("ray.util.queue", "_QueueActor"),
-    ("ray.util.collective.util", "NCCLUniqueIDStore"),
-    ("ray.util.collective.util", "Info"),
-})
+RAY_INFRA_ACTORS: FrozenSet[Tuple[str, str]] = frozenset(
+    {
+        ("ray.util.queue", "_QueueActor"),
+        ("ray.util.collective.util", "NCCLUniqueIDStore"),
+        ("ray.util.collective.util", "Info"),
+    }
+)
 #: exception types (``Type`` of a 'Type: message' text) that are an answer, not a failure:
 #: a queue that is empty or full (``queue`` / ``ray.util.queue`` / ``asyncio``)
 CONTROL_FLOW_ERRORS: FrozenSet[str] = frozenset({"Empty", "Full", "QueueEmpty", "QueueFull"})

@@ -5,6 +5,7 @@ vocabulary (JSON ``cause``) except the open family "exit-code N" built by
 :func:`exit_code_cause`. Both are ``str``-valued Enums: a member compares equal to its
 string and serialises as it, so JSON schema 1 is unchanged.
 """
+
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional, Union
@@ -134,7 +135,7 @@ LOOP_IDLE = "its asyncio event loop is idle: "
 def blocked_on(reason: str) -> Optional[str]:
     """What a ``culprit_reasons`` value says a rank is blocked on (the text after
     ``BLOCKED_OUTSIDE``), or None when it is not such a reason."""
-    return reason[len(BLOCKED_OUTSIDE):] if reason.startswith(BLOCKED_OUTSIDE) else None
+    return reason[len(BLOCKED_OUTSIDE) :] if reason.startswith(BLOCKED_OUTSIDE) else None
 
 
 #: The prefix of the open cause family "exit-code N" (dead-rank: non-zero exit without a

@@ -12,12 +12,22 @@ rule live in ``tracer/envformat.py`` (re-exported here), which is all a traced p
 imports: the writer (``hooks/envcollect.py``) builds the JSON without these classes. The
 records are typed, immutable ``NamedTuple``s (``_replace`` gives a changed copy).
 """
+
 import os
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from hangtrace.tracer.envformat import (ENV_DIR, ENV_NAMES, ENV_PREFIXES, MASK, SCHEMA,  # noqa: F401
-                                       SECRET_WORDS, env_path, is_job_relevant, is_secret_name,
-                                       mask_environ)
+from hangtrace.tracer.envformat import (
+    ENV_DIR,  # noqa: F401
+    ENV_NAMES,  # noqa: F401
+    ENV_PREFIXES,  # noqa: F401
+    MASK,
+    SCHEMA,  # noqa: F401
+    SECRET_WORDS,  # noqa: F401
+    env_path,  # noqa: F401
+    is_job_relevant,  # noqa: F401
+    is_secret_name,
+    mask_environ,  # noqa: F401
+)
 
 
 class Mapping(NamedTuple):
@@ -57,7 +67,7 @@ class Library(NamedTuple):
         """The name without version suffix: ``libnccl.so.2.21.5`` -> ``libnccl.so``."""
         n = self.name
         i = n.find(".so")
-        return n[:i + 3] if i >= 0 else n
+        return n[: i + 3] if i >= 0 else n
 
 
 class ProcessEnv(NamedTuple):
@@ -87,14 +97,31 @@ class ProcessEnv(NamedTuple):
 
 def to_json(pe: ProcessEnv) -> Dict[str, Any]:
     """A JSON-ready dict (schema :data:`SCHEMA`); values of secret names are masked again."""
-    return {"schema": SCHEMA, "host": pe.host, "pid": pe.pid, "python": pe.python,
-            "executable": pe.executable, "torch": pe.torch, "ray": pe.ray,
-            "wall_ns": pe.wall_ns, "reason": pe.reason,
-            "environ": {k: (MASK if is_secret_name(k) else v) for k, v in pe.environ},
-            "libraries": [{"path": lb.path, "size": lb.size, "mtime_ns": lb.mtime_ns,
-                           "inode": lb.inode, "build_id": lb.build_id, "version": lb.version,
-                           "version_source": lb.version_source} for lb in pe.libraries],
-            "mappings": [[m.start, m.end, m.offset, m.path] for m in pe.mappings]}
+    return {
+        "schema": SCHEMA,
+        "host": pe.host,
+        "pid": pe.pid,
+        "python": pe.python,
+        "executable": pe.executable,
+        "torch": pe.torch,
+        "ray": pe.ray,
+        "wall_ns": pe.wall_ns,
+        "reason": pe.reason,
+        "environ": {k: (MASK if is_secret_name(k) else v) for k, v in pe.environ},
+        "libraries": [
+            {
+                "path": lb.path,
+                "size": lb.size,
+                "mtime_ns": lb.mtime_ns,
+                "inode": lb.inode,
+                "build_id": lb.build_id,
+                "version": lb.version,
+                "version_source": lb.version_source,
+            }
+            for lb in pe.libraries
+        ],
+        "mappings": [[m.start, m.end, m.offset, m.path] for m in pe.mappings],
+    }
 
 
 def _opt(v: Any) -> Optional[str]:
@@ -106,18 +133,39 @@ def from_json(d: Dict[str, Any], path: Optional[str] = None) -> ProcessEnv:
     by the loader) when it is not a schema-1 record."""
     if not isinstance(d, dict) or d.get("schema") != SCHEMA:
         raise ValueError("not an env record of schema %d" % SCHEMA)
-    libs = tuple(Library(path=str(x["path"]), size=int(x.get("size", -1)),
-                         mtime_ns=int(x.get("mtime_ns", 0)), inode=int(x.get("inode", 0)),
-                         build_id=_opt(x.get("build_id")), version=_opt(x.get("version")),
-                         version_source=_opt(x.get("version_source")))
-                 for x in d.get("libraries", []))
+    libs = tuple(
+        Library(
+            path=str(x["path"]),
+            size=int(x.get("size", -1)),
+            mtime_ns=int(x.get("mtime_ns", 0)),
+            inode=int(x.get("inode", 0)),
+            build_id=_opt(x.get("build_id")),
+            version=_opt(x.get("version")),
+            version_source=_opt(x.get("version_source")),
+        )
+        for x in d.get("libraries", [])
+    )
     maps = tuple(Mapping(int(a), int(b), int(c), str(p)) for a, b, c, p in d.get("mappings", []))
-    env = tuple(sorted((str(k), MASK if is_secret_name(str(k)) else str(v))
-                       for k, v in dict(d.get("environ", {})).items()))
-    return ProcessEnv(host=str(d["host"]), pid=int(d["pid"]), python=str(d.get("python", "")),
-                      executable=str(d.get("executable", "")), torch=_opt(d.get("torch")),
-                      ray=_opt(d.get("ray")), libraries=libs, environ=env, mappings=maps,
-                      wall_ns=int(d.get("wall_ns", 0)), reason=str(d.get("reason", "")), path=path)
+    env = tuple(
+        sorted(
+            (str(k), MASK if is_secret_name(str(k)) else str(v))
+            for k, v in dict(d.get("environ", {})).items()
+        )
+    )
+    return ProcessEnv(
+        host=str(d["host"]),
+        pid=int(d["pid"]),
+        python=str(d.get("python", "")),
+        executable=str(d.get("executable", "")),
+        torch=_opt(d.get("torch")),
+        ray=_opt(d.get("ray")),
+        libraries=libs,
+        environ=env,
+        mappings=maps,
+        wall_ns=int(d.get("wall_ns", 0)),
+        reason=str(d.get("reason", "")),
+        path=path,
+    )
 
 
 def unique(items: Iterable[str]) -> List[str]:

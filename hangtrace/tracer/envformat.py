@@ -7,6 +7,7 @@ the writer needs: the schema number, the directory name, the secret-masking rule
 job-relevant variable names. It imports nothing but ``os``: creating the typed records'
 classes (``NamedTuple``) costs about 1 ms, which a traced process never needs to pay.
 """
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 ``hangtrace.cli.main`` catches only ``HangtraceError``; anything else is a bug and keeps
 its traceback.
 """
+
 from typing import Optional
 
 
@@ -36,8 +37,10 @@ class RingFormatError(HangtraceError):
 
 
 class TruncatedRingError(RingFormatError):
-    remedy = ("the file was cut short (copied while written, disk full, or partial transfer); "
-              "copy it again from the run directory, or remove it to analyse the other ranks")
+    remedy = (
+        "the file was cut short (copied while written, disk full, or partial transfer); "
+        "copy it again from the run directory, or remove it to analyse the other ranks"
+    )
 
 
 class ForeignFileError(RingFormatError):
@@ -45,8 +48,10 @@ class ForeignFileError(RingFormatError):
 
 
 class UnsupportedVersionError(RingFormatError):
-    remedy = ("the file was written by another hangtrace version; read it with that version "
-              "(pip install hangtrace==<version that wrote it>)")
+    remedy = (
+        "the file was written by another hangtrace version; read it with that version "
+        "(pip install hangtrace==<version that wrote it>)"
+    )
 
 
 class CorruptRingError(RingFormatError):

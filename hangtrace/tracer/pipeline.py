@@ -11,6 +11,7 @@ Stages (``tracer/``): ``collect`` (impure: run directory, processes, stacks, Ray
 (pure rendering); ``collect.rings.write_diagnosis`` stores diagnosis.json/report.txt
 in the snapshot folder.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,9 +44,11 @@ def _stderr_log(line: str) -> None:
 def check_dir(path: str) -> None:
     """A path given as RUN_DIR must be a directory. Raises RunDirError (exit 4)."""
     if os.path.exists(path) and not os.path.isdir(path):
-        raise RunDirError("%s is not a directory" % path,
-                          "pass the run directory printed by `hangtrace run` (HANGTRACE_DIR of the "
-                          "job) or one of its snapshots RUN_DIR/snapshots/<time>")
+        raise RunDirError(
+            "%s is not a directory" % path,
+            "pass the run directory printed by `hangtrace run` (HANGTRACE_DIR of the "
+            "job) or one of its snapshots RUN_DIR/snapshots/<time>",
+        )
 
 
 def require_dir(path: str) -> None:
@@ -53,8 +56,10 @@ def require_dir(path: str) -> None:
     created for a mistyped path. Raises RunDirError (exit 4)."""
     check_dir(path)
     if not os.path.isdir(path):
-        raise RunDirError("run directory %s does not exist" % path,
-                          "pass the directory printed by `hangtrace run`, or HANGTRACE_DIR of the job")
+        raise RunDirError(
+            "run directory %s does not exist" % path,
+            "pass the directory printed by `hangtrace run`, or HANGTRACE_DIR of the job",
+        )
 
 
 def readable(snap: Snapshot, log: Log = _stderr_log) -> Snapshot:
@@ -65,17 +70,21 @@ def readable(snap: Snapshot, log: Log = _stderr_log) -> Snapshot:
         for e in snap.errors:
             log("error: %s" % e)
         where = snap.path or snap.run_dir
-        raise UnreadableRunError("no readable ring file in %s (%d error(s) above)" % (where, len(snap.errors)),
-                                 "copy the ring files again from the run directory, or read them with "
-                                 "the hangtrace version that wrote them")
+        raise UnreadableRunError(
+            "no readable ring file in %s (%d error(s) above)" % (where, len(snap.errors)),
+            "copy the ring files again from the run directory, or read them with "
+            "the hangtrace version that wrote them",
+        )
     return snap
 
 
 def load_stored(path: str) -> Snapshot:
     """A stored snapshot folder; one taken by ``dump --ray`` gets Ray's records joined."""
     from hangtrace.tracer.collect.rings import load_snapshot
+
     if os.path.exists(os.path.join(path, "ray_state.json")):
         from hangtrace.tracer.collect.raycluster import load_ray_snapshot
+
         return load_ray_snapshot(path)
     return load_snapshot(path)
 
@@ -87,6 +96,7 @@ def load_path(path: str) -> Snapshot:
     when ``path`` is none of these."""
     from hangtrace.tracer.collect.frdump import load_run_or_fr
     from hangtrace.tracer.collect.rings import is_snapshot, newest_snapshot
+
     check_dir(path)
     if is_snapshot(path):
         return load_stored(path)
@@ -117,6 +127,7 @@ def diagnose_snapshot(snap: Snapshot, store: bool = False, stall_s: Optional[flo
     :func:`recorded_stall_s`, else ``diagnose``'s, 300 s)."""
     from hangtrace.tracer.analyze.diagnose import diagnose
     from hangtrace.tracer.report.text import text_report, verdict_paragraph
+
     envs = _run_envs(snap)
     if stall_s is None:
         stall_s = recorded_stall_s(envs)
@@ -124,6 +135,7 @@ def diagnose_snapshot(snap: Snapshot, store: bool = False, stall_s: Optional[flo
     env_section = _environment(snap, diag, envs)
     if store:
         from hangtrace.tracer.collect.rings import write_diagnosis
+
         text = text_report(diag, snap)
         write_diagnosis(snap, diag, text + ("\n" + env_section + "\n" if env_section else ""))
         write_timeline(snap, diag)
@@ -135,9 +147,11 @@ def _run_envs(snap: Snapshot) -> List[ProcessEnv]:
     its run directory's), [] when it has none. Never raises."""
     try:
         from hangtrace.tracer.collect.forensics import run_env
+
         root = snap.path or snap.run_dir
-        if not root or not (os.path.isdir(os.path.join(snap.run_dir or "", "env")) or
-                            os.path.isdir(os.path.join(root, "env"))):
+        if not root or not (
+            os.path.isdir(os.path.join(snap.run_dir or "", "env")) or os.path.isdir(os.path.join(root, "env"))
+        ):
             return []
         return list(run_env(root, enrich_local=False)[0])
     except Exception:
@@ -152,9 +166,12 @@ def _environment(snap: Snapshot, diag: Diagnosis, envs: List[ProcessEnv]) -> str
         from hangtrace.tracer.analyze.envdiff import diff_env
         from hangtrace.tracer.collect.forensics import verdict_evidence
         from hangtrace.tracer.report.envdiff import environment_section
+
         if not envs:
             return ""
-        diag.evidence.extend(verdict_evidence(snap.path or snap.run_dir, snap.processes, diag.culprit_ranks, envs))
+        diag.evidence.extend(
+            verdict_evidence(snap.path or snap.run_dir, snap.processes, diag.culprit_ranks, envs)
+        )
         return environment_section(diff_env(envs))
     except Exception:
         return ""
@@ -169,6 +186,7 @@ def write_timeline(snap: Snapshot, diag: Any, log: Log = _stderr_log) -> Optiona
     try:
         from hangtrace.tracer.report.text import diagnosis_json
         from hangtrace.tracer.report.timeline.load import write_incident_timeline
+
         return write_incident_timeline(snap, diagnosis_json(diag))
     except Exception as e:
         log("timeline not written: %r" % (e,))
@@ -186,12 +204,19 @@ def records(run_dir: str, log: Log = _stderr_log) -> Snapshot:
     """``hangtrace records``: the run's processes with EVERY record decoded (not the
     summary). Raises RunDirError, UnreadableRunError."""
     from hangtrace.tracer.collect.rings import load_run
+
     check_dir(run_dir)
     return readable(load_run(run_dir, records=True), log)
 
 
-def dump_live(run_dir: str, reason: str, native: bool = False, with_stacks: bool = True,
-              log: Optional[Log] = None, stall_s: Optional[float] = None) -> Result:
+def dump_live(
+    run_dir: str,
+    reason: str,
+    native: bool = False,
+    with_stacks: bool = True,
+    log: Optional[Log] = None,
+    stall_s: Optional[float] = None,
+) -> Result:
     """Snapshot a live run (stacks of the alive processes), analyse it, store
     diagnosis.json/report.txt (``hangtrace dump``, the watcher, ``hangtrace run``).
 
@@ -202,6 +227,7 @@ def dump_live(run_dir: str, reason: str, native: bool = False, with_stacks: bool
     """
     from hangtrace.tracer.collect.rayjob import is_ray_run, ray_collect
     from hangtrace.tracer.collect.rings import take_snapshot
+
     log = log or _stderr_log
     snap = None
     if with_stacks and is_ray_run(run_dir) and os.environ.get(config.RAY_COLLECT, "1") != "0":
@@ -214,8 +240,9 @@ def dump_live(run_dir: str, reason: str, native: bool = False, with_stacks: bool
     return diagnose_snapshot(snap, store=True, stall_s=stall_s)
 
 
-def dump_ray(run_dir: Optional[str], address: Optional[str], native: bool = False,
-             stall_s: Optional[float] = None) -> Result:
+def dump_ray(
+    run_dir: Optional[str], address: Optional[str], native: bool = False, stall_s: Optional[float] = None
+) -> Result:
     """``hangtrace dump --ray``: collector tasks pinned to every alive Ray node, one local
     snapshot, diagnosed and stored. ``address``: default RAY_ADDRESS, else the run's own
     cluster (the ``--gcs-address`` its Ray workers were started with: ``auto`` picks any
@@ -224,6 +251,7 @@ def dump_ray(run_dir: Optional[str], address: Optional[str], native: bool = Fals
     HangtraceError when the GCS at the address does not answer within 3 s."""
     from hangtrace.tracer.collect.raycluster import dump_cluster
     from hangtrace.tracer.collect.rayjob import gcs_unreachable, ray_address_of_run
+
     run_dir = run_dir or os.environ.get(config.DIR)
     addr = address or os.environ.get("RAY_ADDRESS")
     source = "given"
@@ -231,16 +259,22 @@ def dump_ray(run_dir: Optional[str], address: Optional[str], native: bool = Fals
         addr, source = ray_address_of_run(run_dir), "the run's Ray workers (--gcs-address)"
     why = gcs_unreachable(addr, timeout_s=3.0) if addr and addr != "auto" else None
     if why:
-        raise HangtraceError("cannot reach the Ray cluster at %s (address %s)" % (why, source),
-                             "pass --address HOST:PORT of the running cluster's GCS (`ray status` on its head, "
-                             "or ray.get_runtime_context().gcs_address in the driver) or set RAY_ADDRESS; "
-                             "check that the cluster is up (a job's own ray.init cluster ends with the job)")
+        raise HangtraceError(
+            "cannot reach the Ray cluster at %s (address %s)" % (why, source),
+            "pass --address HOST:PORT of the running cluster's GCS (`ray status` on its head, "
+            "or ray.get_runtime_context().gcs_address in the driver) or set RAY_ADDRESS; "
+            "check that the cluster is up (a job's own ray.init cluster ends with the job)",
+        )
     snap = dump_cluster(run_dir, address=addr or None, native=native)
     return diagnose_snapshot(snap, store=True, stall_s=stall_s)
 
 
-def attach(pids: Optional[List[int]] = None, native: bool = False, out_dir: Optional[str] = None,
-           log: Log = _stderr_log) -> Result:
+def attach(
+    pids: Optional[List[int]] = None,
+    native: bool = False,
+    out_dir: Optional[str] = None,
+    log: Log = _stderr_log,
+) -> Result:
     """``hangtrace attach``: stacks of a job not started with hangtrace, the stack-only
     verdict, stored with the snapshot. Without ``pids``: the job this user started most
     recently, named on ``log`` with the reason. Raises NoProcessesError."""
@@ -248,6 +282,7 @@ def attach(pids: Optional[List[int]] = None, native: bool = False, out_dir: Opti
     from hangtrace.tracer.collect.attach import collect
     from hangtrace.tracer.collect.rings import write_diagnosis
     from hangtrace.tracer.report.text import text_report, verdict_paragraph
+
     snap = collect(pids, native=native, out_dir=out_dir, log=log)
     diag = diagnose(snap)  # reason 'attach': the stack_only rule
     write_diagnosis(snap, diag, text_report(diag, snap))
@@ -262,10 +297,13 @@ def env_diff(run_dir: str) -> Tuple[Any, List[str]]:
     lines)``; raises RunDirError when the directory or its env records are missing."""
     from hangtrace.tracer.analyze.envdiff import diff_env
     from hangtrace.tracer.collect.forensics import run_env
+
     require_dir(run_dir)
     envs, errors = run_env(run_dir)
     if not envs:
-        raise RunDirError("no environment records (env/*.json) in %s" % run_dir,
-                          "records are written by traced processes of this hangtrace version "
-                          "(HANGTRACE=1); pass their run directory")
+        raise RunDirError(
+            "no environment records (env/*.json) in %s" % run_dir,
+            "records are written by traced processes of this hangtrace version "
+            "(HANGTRACE=1); pass their run directory",
+        )
     return diff_env(envs), list(errors)

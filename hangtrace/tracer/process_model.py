@@ -32,6 +32,7 @@ Rules, in order (:func:`assign_roles`):
 6. Every other process with a rank hint is a ``rank-helper`` of that rank; the rest are
    ``other``.
 """
+
 from __future__ import annotations
 
 import re
@@ -96,7 +97,9 @@ def ray_role(p: ProcessInfo) -> Optional[Role]:
     if any("default_worker.py" in a or a.startswith("ray::") for a in argv):
         return Role.RAY_TASK_WORKER
     if argv and _RAY_OWN.search(argv[0].replace("\\", "/")):
-        return Role.OTHER  # Ray's own daemons (dashboard, its agent, log monitor, autoscaler monitor): not the driver
+        return (
+            Role.OTHER
+        )  # Ray's own daemons (dashboard, its agent, log monitor, autoscaler monitor): not the driver
     return Role.LAUNCHER
 
 
@@ -132,7 +135,9 @@ def _dead(p: ProcessInfo) -> bool:
     return p.state in ("killed", "exited")
 
 
-def _descendants(cands: Sequence[ProcessInfo], by_pid: Mapping[Tuple[str, int], ProcessInfo]) -> List[ProcessInfo]:
+def _descendants(
+    cands: Sequence[ProcessInfo], by_pid: Mapping[Tuple[str, int], ProcessInfo]
+) -> List[ProcessInfo]:
     """The candidates that descend from another live candidate: a rank's child (an eval
     script started with ``subprocess.run``) that inherited RANK, WORLD_SIZE and MASTER_PORT
     and joined, or asked to join, the job's process group as the same rank (blind helper 66)."""
@@ -150,9 +155,9 @@ def _descendants(cands: Sequence[ProcessInfo], by_pid: Mapping[Tuple[str, int], 
     return out
 
 
-def _pick_joined(rank: int, cands: Sequence[ProcessInfo],
-                 by_pid: Optional[Mapping[Tuple[str, int], ProcessInfo]] = None
-                 ) -> Tuple[ProcessInfo, Optional[RankClaim]]:
+def _pick_joined(
+    rank: int, cands: Sequence[ProcessInfo], by_pid: Optional[Mapping[Tuple[str, int], ProcessInfo]] = None
+) -> Tuple[ProcessInfo, Optional[RankClaim]]:
     kids = _descendants(cands, by_pid) if by_pid is not None and len(cands) > 1 else []
     if kids and len(kids) < len(cands):
         kept, claim = _pick_joined(rank, [p for p in cands if p not in kids])
@@ -167,13 +172,13 @@ def _pick_joined(rank: int, cands: Sequence[ProcessInfo],
     # being dead is what makes a restart; two live processes are a conflict, and so are a
     # dead one and the newer one it outlived the start of (both claimed the rank at once: a
     # launcher that gave RANK twice, one of them failing to bind the store)
-    restart = all(_dead(p) and not (p.exit_wall_ns and p.exit_wall_ns > (kept.start_wall_ns or 0)) for p in older)
-    return kept, RankClaim(rank, "restart" if restart else "conflict", kept.key,
-                           tuple(p.key for p in older))
+    restart = all(
+        _dead(p) and not (p.exit_wall_ns and p.exit_wall_ns > (kept.start_wall_ns or 0)) for p in older
+    )
+    return kept, RankClaim(rank, "restart" if restart else "conflict", kept.key, tuple(p.key for p in older))
 
 
-def _pick_hinted(cands: Sequence[ProcessInfo], by_pid: Mapping[Tuple[str, int], ProcessInfo]
-                 ) -> ProcessInfo:
+def _pick_hinted(cands: Sequence[ProcessInfo], by_pid: Mapping[Tuple[str, int], ProcessInfo]) -> ProcessInfo:
     rank = cands[0].rank
 
     def has_hinted_ancestor(p: ProcessInfo) -> bool:
@@ -189,8 +194,9 @@ def _pick_hinted(cands: Sequence[ProcessInfo], by_pid: Mapping[Tuple[str, int], 
     return min(cands, key=lambda p: (_dead(p), has_hinted_ancestor(p), p.start_wall_ns or 0))
 
 
-def _ancestor_rank(p: ProcessInfo, by_pid: Mapping[Tuple[str, int], ProcessInfo],
-                   rank_of: Mapping[str, int]) -> Optional[int]:
+def _ancestor_rank(
+    p: ProcessInfo, by_pid: Mapping[Tuple[str, int], ProcessInfo], rank_of: Mapping[str, int]
+) -> Optional[int]:
     cur = by_pid.get((p.host, parent_pid(p)))
     for _ in range(64):
         if cur is None:
@@ -205,8 +211,9 @@ def _is_rank(r: Optional[int]) -> bool:
     return r is not None and r >= 0
 
 
-def assign_roles(processes: Iterable[ProcessInfo],
-                 valid_rank: Callable[[Optional[int]], bool] = _is_rank) -> ProcessRoles:
+def assign_roles(
+    processes: Iterable[ProcessInfo], valid_rank: Callable[[Optional[int]], bool] = _is_rank
+) -> ProcessRoles:
     """Assign a :class:`Role` to every process and choose the process of each rank.
 
     ``valid_rank(rank) -> bool`` filters implausible header ranks (the caller's bounds).
@@ -228,7 +235,9 @@ def assign_roles(processes: Iterable[ProcessInfo],
     rank_of = {p.key: r for r, p in ranks.items()}
     for r, cands in joined_by_rank.items():  # older generations of a restarted rank
         for p in cands:
-            if p.key not in rank_of and _ancestor_rank(p, by_pid, rank_of) is None:  # (a rank's child: its helper)
+            if (
+                p.key not in rank_of and _ancestor_rank(p, by_pid, rank_of) is None
+            ):  # (a rank's child: its helper)
                 roles.setdefault(p.key, Role.OTHER)
     helper_of: Dict[str, int] = {}
     parents = {(p.host, parent_pid(p)) for p in ranks.values()}
@@ -245,10 +254,11 @@ def assign_roles(processes: Iterable[ProcessInfo],
     return ProcessRoles(ranks=ranks, roles=roles, helper_of=helper_of, claims=tuple(claims))
 
 
-def _choose_ranks(joined_by_rank: Mapping[int, Sequence[ProcessInfo]],
-                  hinted_by_rank: Mapping[int, Sequence[ProcessInfo]],
-                  by_pid: Mapping[Tuple[str, int], ProcessInfo]
-                  ) -> Tuple[Dict[int, ProcessInfo], List[RankClaim]]:
+def _choose_ranks(
+    joined_by_rank: Mapping[int, Sequence[ProcessInfo]],
+    hinted_by_rank: Mapping[int, Sequence[ProcessInfo]],
+    by_pid: Mapping[Tuple[str, int], ProcessInfo],
+) -> Tuple[Dict[int, ProcessInfo], List[RankClaim]]:
     """The process of each rank (rules 2 and 3) from the candidates that joined (or asked
     to) and those with only a hint; returns ({rank: process}, the claims noted on the way)."""
     ranks: Dict[int, ProcessInfo] = {}
@@ -261,16 +271,24 @@ def _choose_ranks(joined_by_rank: Mapping[int, Sequence[ProcessInfo]],
     for r, cands in hinted_by_rank.items():
         if r not in ranks:
             kept = ranks[r] = _pick_hinted(cands, by_pid)
-            gone = tuple(p.key for p in cands if p is not kept and _dead(p)
-                         and (p.start_wall_ns or 0) <= (kept.start_wall_ns or 0))
+            gone = tuple(
+                p.key
+                for p in cands
+                if p is not kept and _dead(p) and (p.start_wall_ns or 0) <= (kept.start_wall_ns or 0)
+            )
             if gone:  # an earlier generation that never joined a group
                 claims.append(RankClaim(r, "restart", kept.key, gone))
     return ranks, claims
 
 
-def _other_role(p: ProcessInfo, by_pid: Mapping[Tuple[str, int], ProcessInfo], rank_of: Mapping[str, int],
-                parents: Set[Tuple[str, int]], ranks: Mapping[int, ProcessInfo],
-                valid_rank: Callable[[Optional[int]], bool]) -> Tuple[Role, Optional[int]]:
+def _other_role(
+    p: ProcessInfo,
+    by_pid: Mapping[Tuple[str, int], ProcessInfo],
+    rank_of: Mapping[str, int],
+    parents: Set[Tuple[str, int]],
+    ranks: Mapping[int, ProcessInfo],
+    valid_rank: Callable[[Optional[int]], bool],
+) -> Tuple[Role, Optional[int]]:
     """The role of ``p``, a process that holds no rank and has no Ray role (rules 4 to 6),
     and the rank it is a helper of (None when it is no helper)."""
     anc = _ancestor_rank(p, by_pid, rank_of)
@@ -298,8 +316,14 @@ def name_senders(procs: Sequence[ProcessInfo]) -> List[ProcessInfo]:
         snd = sig.get("sender") or {}
         q = by_pid.get((p.host, int(snd.get("pid") or 0)))
         t = int(sig.get("wall_ns") or 0)
-        argv = process_argv(q) if q is not None and str(snd.get("cmdline") or "").endswith(("(exited)", "(gone)")) \
-            and q.start_wall_ns <= t and (not q.exit_wall_ns or t <= q.exit_wall_ns + 2_000_000_000) else []
+        argv = (
+            process_argv(q)
+            if q is not None
+            and str(snd.get("cmdline") or "").endswith(("(exited)", "(gone)"))
+            and q.start_wall_ns <= t
+            and (not q.exit_wall_ns or t <= q.exit_wall_ns + 2_000_000_000)
+            else []
+        )
         if argv:
             named = dict(sig, sender=dict(snd, cmdline="%s (exited)" % " ".join(argv)))
             p = replace(p, signals=dict(p.signals, sigterm=named))

@@ -11,6 +11,7 @@ last record, last progress, a recent tail, memory samples), never the whole ring
 processes; synthetic snapshots (unit tests) may give every record instead, and the
 summary is then computed from them. Record dicts: ``tracer/ring/records.py``.
 """
+
 from __future__ import annotations
 
 import enum
@@ -45,8 +46,9 @@ class Role(str, enum.Enum):
     OTHER = "other"
 
 
-def role_of(rank: int, groups: List[Dict[str, Any]], summary: Optional[RingSummary],
-            meta: Mapping[str, Any]) -> Role:
+def role_of(
+    rank: int, groups: List[Dict[str, Any]], summary: Optional[RingSummary], meta: Mapping[str, Any]
+) -> Role:
     """The role known from identity alone (see :class:`Role`)."""
     if rank >= 0 or groups or (summary is not None and (summary.by_group or summary.by_peer)):
         return Role.RANK
@@ -151,20 +153,27 @@ class ProcessInfo:
     def exception(self) -> Optional[Dict[str, Any]]:
         """Its first ``exception`` event (type, message, traceback, wall_ns; the one a death
         is read from, ``analyze/deaths.py``), or None."""
-        return next((e for e in self.events or () if isinstance(e, dict) and e.get("event") == "exception"), None)
+        return next(
+            (e for e in self.events or () if isinstance(e, dict) and e.get("event") == "exception"), None
+        )
 
     @property
     def exiting(self) -> Optional[Dict[str, Any]]:
         """Its newest ``exiting`` event (its main program returned: hooks/lifecycle.py), or None."""
-        return next((e for e in reversed(self.events or ()) if isinstance(e, dict) and e.get("event") == "exiting"),
-                    None)
+        return next(
+            (e for e in reversed(self.events or ()) if isinstance(e, dict) and e.get("event") == "exiting"),
+            None,
+        )
 
     @property
     def ray_identity(self) -> Dict[str, Any]:
         """What the process's own ring says of its Ray identity (``meta['ray_*']`` written by
         hooks/ray_hooks.py: job, node, actor id, class, name ...)."""
-        return {k: v for k, v in self.meta.items()
-                if k.startswith("ray_") and not k.startswith(RAY_RECORD_PREFIXES)}
+        return {
+            k: v
+            for k, v in self.meta.items()
+            if k.startswith("ray_") and not k.startswith(RAY_RECORD_PREFIXES)
+        }
 
     @property
     def ray_record(self) -> Dict[str, Any]:

@@ -3,6 +3,7 @@
 Real processes only: a parent that starts children by subprocess, multiprocessing
 'spawn' and 'fork', torchrun with a tiny gloo job, and programs run without tracing.
 """
+
 import glob
 import os
 import re
@@ -50,8 +51,10 @@ def colls(ring):
 
 def test_children_of_every_start_method_get_their_own_ring(tmp_path):
     run_dir = tmp_path / "run"
-    rc, out, err = run([sys.executable, os.path.join(SCRIPTS, "act_children.py"), "--torch", str(free_port())],
-                       base_env(run_dir))
+    rc, out, err = run(
+        [sys.executable, os.path.join(SCRIPTS, "act_children.py"), "--torch", str(free_port())],
+        base_env(run_dir),
+    )
     assert rc == 0, err
     assert "hangtrace" not in err, err
     pids = {}
@@ -71,7 +74,11 @@ def test_children_of_every_start_method_get_their_own_ring(tmp_path):
     # the parent's ring holds only the parent's records: nothing of the forked children
     assert phases(parent) == ["parent"]
     assert colls(parent) == []
-    assert [e["event"] for e in parent.events] == ["start", "exiting", "exit"]  # (exiting: its program returned)
+    assert [e["event"] for e in parent.events] == [
+        "start",
+        "exiting",
+        "exit",
+    ]  # (exiting: its program returned)
     # each multiprocessing child records its phase and step into its own file
     for how in ("spawn", "fork"):
         r = rs[pids[how]]
@@ -88,16 +95,28 @@ def test_children_of_every_start_method_get_their_own_ring(tmp_path):
     assert [e["event"] for e in ft.events][-1] == "exit"
     # the child signal files are the child's own
     for pid in pids.values():
-        assert os.path.exists(os.path.join(str(run_dir), "stacks", "sigterm-%s-%d.txt"
-                                           % (parent.header["host"], pid)))
+        assert os.path.exists(
+            os.path.join(str(run_dir), "stacks", "sigterm-%s-%d.txt" % (parent.header["host"], pid))
+        )
 
 
 def test_torchrun_workers_are_traced(tmp_path):
     run_dir = tmp_path / "run"
     env = base_env(run_dir, OMP_NUM_THREADS=1)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           os.path.join(SCRIPTS, "act_gloo.py")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--nnodes",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        os.path.join(SCRIPTS, "act_gloo.py"),
+    ]
     rc, out, err = run(cmd, env)
     assert rc == 0, err
     # both workers share the stdout pipe: their lines may interleave
@@ -153,8 +172,9 @@ def test_on_does_not_import_torch_or_ray(tmp_path):
 def test_helpers_do_not_trace_themselves(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    rc, out, err = run([sys.executable, os.path.join(SCRIPTS, "act_modules.py")],
-                       base_env(run_dir, HANGTRACE_HELPER=1))
+    rc, out, err = run(
+        [sys.executable, os.path.join(SCRIPTS, "act_modules.py")], base_env(run_dir, HANGTRACE_HELPER=1)
+    )
     assert rc == 0, err
     assert os.listdir(str(run_dir)) == []
     assert err == ""
@@ -182,8 +202,11 @@ def test_default_run_dir_is_private_and_shared(tmp_path):
 def test_relative_run_dir_is_shared_by_children_in_other_directories(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    rc, out, err = run([sys.executable, os.path.join(SCRIPTS, "act_modules.py"), str(elsewhere)],
-                       base_env("rel/run"), cwd=str(tmp_path))
+    rc, out, err = run(
+        [sys.executable, os.path.join(SCRIPTS, "act_modules.py"), str(elsewhere)],
+        base_env("rel/run"),
+        cwd=str(tmp_path),
+    )
     assert rc == 0, err
     pids = [int(l.split()[1]) for l in out.splitlines() if l.startswith("modules")]
     assert sorted(rings(tmp_path / "rel" / "run")) == sorted(pids)
@@ -192,10 +215,17 @@ def test_relative_run_dir_is_shared_by_children_in_other_directories(tmp_path):
 
 def test_forked_child_without_a_ring_leaves_the_parents_alone(tmp_path):
     run_dir = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, "act_fork_fail.py")], env=base_env(run_dir),
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, os.path.join(SCRIPTS, "act_fork_fail.py")],
+        env=base_env(run_dir),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         from jobs import wait_line
+
         child = wait_line(p, "child").split()
         wait_line(p, "checked-in")
         # the untraced child behaves as without tracing: uncaught exception -> 1
@@ -221,13 +251,16 @@ def test_forked_child_without_a_ring_leaves_the_parents_alone(tmp_path):
 def test_child_started_with_preexec_fn_is_traced(tmp_path):
     """subprocess with preexec_fn runs fork hooks in the child before exec: the ring made
     there must not keep the exec'd program from tracing (same pid, same start time)."""
-    prog = ("import subprocess, sys\n"
-            "p = subprocess.run([sys.executable, '-c', 'from hangtrace import tracer; "
-            "tracer.step(7); print(tracer.enabled())'], preexec_fn=lambda: None, "
-            "capture_output=True, text=True)\n"
-            "print(p.stdout.strip(), p.stderr.strip())\n")
-    out = subprocess.run([sys.executable, "-c", prog], env=base_env(tmp_path), capture_output=True,
-                         text=True, timeout=60)
+    prog = (
+        "import subprocess, sys\n"
+        "p = subprocess.run([sys.executable, '-c', 'from hangtrace import tracer; "
+        "tracer.step(7); print(tracer.enabled())'], preexec_fn=lambda: None, "
+        "capture_output=True, text=True)\n"
+        "print(p.stdout.strip(), p.stderr.strip())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", prog], env=base_env(tmp_path), capture_output=True, text=True, timeout=60
+    )
     assert out.stdout.strip() == "True", out
     rings = [R.read_ring(p) for p in glob.glob(str(tmp_path / "ring-*.htr"))]
     assert len(rings) == 2

@@ -2,6 +2,7 @@
 thread writes the loop's pending tasks with their await chains at snapshot time (the main
 thread is inside the loop), and the stuck verdict names the innermost awaited task chain
 (tests/integration/scripts/asyncio_stuck.py, under torchrun)."""
+
 import glob
 import json
 import os
@@ -18,8 +19,9 @@ TORCHRUN = shutil.which("torchrun")
 def test_rank_in_event_loop_names_awaited_task_chain(tmp_path):
     if TORCHRUN is None:
         pytest.skip("torchrun not on PATH")
-    r = run_example(tmp_path, "none", stall_s=8, launcher_cmd=[
-        TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT])
+    r = run_example(
+        tmp_path, "none", stall_s=8, launcher_cmd=[TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT]
+    )
     ds = r.diagnoses()
     assert ds, r.why()
     d = ds[0]

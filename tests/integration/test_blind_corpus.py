@@ -17,6 +17,7 @@ hang: no rank ever progressed) becomes the run's ``HANGTRACE_STARTUP_STALL_S``. 
 on purpose, the test is an ``xfail(strict=True)`` saying why: it fails as soon as the
 verdict changes, so the disagreement is looked at again.
 """
+
 import glob
 import os
 import shutil
@@ -28,18 +29,25 @@ from jobs import blind_consts, blind_selected, no_memory_cgroup, run_under_hangt
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind")
 JOBS = sorted(glob.glob(os.path.join(HERE, "torch", "*.py")))
-CI_SET = {"tr_dl_sleep", "tr_dl_extra", "tr_dl_raise", "sp_cuda_oom", "tr_asyncio_swallowed",
-          "mp_eval_float64", "mp_broadcast_resized",  # these two: who changed at a mismatch (2026-12-02)
-          "sp_rdzv_port",  # a spawn child stuck in the rendezvous with another MASTER_PORT (2026-12-02)
-          "tr_dl_oom",  # a rank's DataLoader worker OOM-killed by the kernel in a real memory cgroup (2026-12-02)
-          "tr_dl_fork_lock"}  # a DataLoader worker blocked on a lock inherited held at fork (2026-12-03)
+CI_SET = {
+    "tr_dl_sleep",
+    "tr_dl_extra",
+    "tr_dl_raise",
+    "sp_cuda_oom",
+    "tr_asyncio_swallowed",
+    "mp_eval_float64",
+    "mp_broadcast_resized",  # these two: who changed at a mismatch (2026-12-02)
+    "sp_rdzv_port",  # a spawn child stuck in the rendezvous with another MASTER_PORT (2026-12-02)
+    "tr_dl_oom",  # a rank's DataLoader worker OOM-killed by the kernel in a real memory cgroup (2026-12-02)
+    "tr_dl_fork_lock",
+}  # a DataLoader worker blocked on a lock inherited held at fork (2026-12-03)
 #: deliberate disagreements between the tool and the job's author (job -> why)
 DISAGREE = {
     "titan_teardown": "rank 1 raised, then hangs alive in its teardown barrier: the verdict is "
-                      "collective-mismatch naming rank 1 and its AssertionError (the author expected "
-                      "dead-rank; the rank is not dead)",
+    "collective-mismatch naming rank 1 and its AssertionError (the author expected "
+    "dead-rank; the rank is not dead)",
     "verl_buffer_order": "issue 9 asks for a gloo size-mismatch abort to name the dead rank (1); the "
-                         "author expected both ranks",
+    "author expected both ranks",
 }
 
 
@@ -56,7 +64,9 @@ def run_job(path, tmp_path, timeout_s=300):
     else:
         cmd = [sys.executable, path]
     extra = {"HANGTRACE_STARTUP_STALL_S": str(c["STARTUP_STALL_S"])} if "STARTUP_STALL_S" in c else None
-    diags, why = run_under_hangtrace(cmd, run_dir, os.path.dirname(path), timeout_s=timeout_s, extra_env=extra)
+    diags, why = run_under_hangtrace(
+        cmd, run_dir, os.path.dirname(path), timeout_s=timeout_s, extra_env=extra
+    )
     return c, diags, why
 
 

@@ -21,6 +21,7 @@ Every process of a job (Ray's own included) inherits the job's ``HANGTRACE_DIR``
 job none may be left (those found are killed and the test fails). Other sessions' Ray
 clusters are never touched (no ``ray stop``).
 """
+
 import glob
 import json
 import os
@@ -38,13 +39,21 @@ JOBS = sorted(glob.glob(os.path.join(HERE, "*.py"))) + sorted(glob.glob(os.path.
 #: for .ci/run, two fast jobs of different rules: actor_waits (a cycle of actor calls, 45 s) and
 #: rankless_root (a rank-less actor's segfault beside ranked trainers, which wait as its cascade,
 #: 72 s); ray_producer_dies (rule actors) takes 130 s: its consumer polls until the driver gives up
-CI_SET = {"ray_actor_cycle", "ray_rollout_crash_trainer_waits",
-          "ray2_rdzv_port"}  # trainer actors stuck in the rendezvous, one at another port (25 s)
+CI_SET = {
+    "ray_actor_cycle",
+    "ray_rollout_crash_trainer_waits",
+    "ray2_rdzv_port",
+}  # trainer actors stuck in the rendezvous, one at another port (25 s)
 #: deliberate differences from the author's EXPECT, documented in RESULTS.md (job -> verdict)
 AGREED = {
     # the actor is alive and idle after its train_step raised, on purpose not dead
-    "ray_trainer_raise": {"kind": "stuck-outside-collective", "culprit_ranks": [0], "culprit_actors": ["trainer-0"],
-                          "cause": "blocked", "summary_has": "ValueError: loss is NaN at step 4"},
+    "ray_trainer_raise": {
+        "kind": "stuck-outside-collective",
+        "culprit_ranks": [0],
+        "culprit_actors": ["trainer-0"],
+        "cause": "blocked",
+        "summary_has": "ValueError: loss is NaN at step 4",
+    },
 }
 #: wrong verdicts on the current tree (job -> what the tool said vs expected)
 WRONG = {}
@@ -53,7 +62,9 @@ WRONG = {}
 def _lacks(path):
     """Why this machine cannot run the job (None: it can)."""
     src = open(path).read()
-    need = ["ray"] + (["torch"] if "import torch" in src else []) + (["numpy"] if "import numpy" in src else [])
+    need = (
+        ["ray"] + (["torch"] if "import torch" in src else []) + (["numpy"] if "import numpy" in src else [])
+    )
     for mod in need:
         try:
             __import__(mod)
@@ -64,8 +75,10 @@ def _lacks(path):
         with open("/proc/meminfo") as f:
             info = {line.split(":")[0]: int(line.split()[1]) << 10 for line in f}
         if info.get("MemAvailable", 0) < 3 << 30:
-            return "needs 3 GiB of free memory to push the node over Ray's memory-monitor threshold " \
-                   "(%.1f GiB available)" % (info.get("MemAvailable", 0) / (1 << 30))
+            return (
+                "needs 3 GiB of free memory to push the node over Ray's memory-monitor threshold "
+                "(%.1f GiB available)" % (info.get("MemAvailable", 0) / (1 << 30))
+            )
     if name == "ray_unschedulable" and (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidia0")):
         return "the job asks for a GPU the cluster must not have, and this machine has one"
     return None
@@ -77,11 +90,23 @@ def run_job(path, tmp_path, timeout_s=300):
     c = blind_consts(path, ("LAUNCH", "EXPECT", "STARTUP_STALL_S"))
     run_dir = str(tmp_path / "run")
     extra = {"HANGTRACE_STARTUP_STALL_S": str(c["STARTUP_STALL_S"])} if "STARTUP_STALL_S" in c else None
-    diags, why = run_under_hangtrace([sys.executable, path], run_dir, os.path.dirname(path), timeout_s=timeout_s,
-                                     reap_s=30, extra_env=extra)
+    diags, why = run_under_hangtrace(
+        [sys.executable, path],
+        run_dir,
+        os.path.dirname(path),
+        timeout_s=timeout_s,
+        reap_s=30,
+        extra_env=extra,
+    )
     assert diags, "no verdict\n" + why
-    a = subprocess.run([sys.executable, "-m", "hangtrace", "analyze", "--json", run_dir],
-                       env=base_env(traced=False), capture_output=True, text=True, timeout=180, cwd=REPO)
+    a = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "analyze", "--json", run_dir],
+        env=base_env(traced=False),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+    )
     assert a.returncode == 0, a.stderr[-3000:] + "\n" + why
     return c, diags[0], json.loads(a.stdout), why
 
@@ -102,17 +127,31 @@ def _named(d):
 def _actors_match(want, named):
     """Each expected actor (``Class``, ``name`` or ``Class 'name'``) is a named one, and each
     named one is expected."""
+
     def hit(w, a):
         return w in a or w == "%s '%s'" % a
-    return all(any(hit(w, a) for a in named) for w in want) and all(any(hit(w, a) for w in want) for a in named)
+
+    return all(any(hit(w, a) for a in named) for w in want) and all(
+        any(hit(w, a) for w in want) for a in named
+    )
 
 
 def _check(want, d, what, why):
     named = _named(d)
-    msg = "%s: %s / %s / %s / %s\n%s\n%s" % (what, d["kind"], d["culprit_ranks"], sorted(named, key=str),
-                                             d["cause"], d["summary"], why)
+    msg = "%s: %s / %s / %s / %s\n%s\n%s" % (
+        what,
+        d["kind"],
+        d["culprit_ranks"],
+        sorted(named, key=str),
+        d["cause"],
+        d["summary"],
+        why,
+    )
     assert (d["kind"], d["culprit_ranks"]) == (want["kind"], want["culprit_ranks"]), msg
-    assert _actors_match(want["culprit_actors"], named), "expected actors %s\n%s" % (want["culprit_actors"], msg)
+    assert _actors_match(want["culprit_actors"], named), "expected actors %s\n%s" % (
+        want["culprit_actors"],
+        msg,
+    )
     assert d["cause"] == want["cause"], msg
     if want.get("summary_has"):
         assert want["summary_has"] in d["summary"], msg

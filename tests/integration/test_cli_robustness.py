@@ -1,4 +1,5 @@
 """CLI robustness: exit codes, messages and the verdict of `hangtrace run` (real subprocesses)."""
+
 import os
 import shlex
 import signal
@@ -16,15 +17,27 @@ from hangtrace.tracer.ring import reader as R
 
 
 def ht(*args, env=None, cwd=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "hangtrace"] + [str(a) for a in args], env=env or base_env(traced=False),
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hangtrace"] + [str(a) for a in args],
+        env=env or base_env(traced=False),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def start_run(run_dir, code, *opts, **extra):
     env = base_env(traced=False, RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, HANGTRACE_STARTUP_STALL_S=1, **extra)
-    return subprocess.Popen([sys.executable, "-m", "hangtrace", "run", "--dir", str(run_dir), "--poll-s", "0.2"]
-                            + list(opts) + ["--", sys.executable, "-c", code],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hangtrace", "run", "--dir", str(run_dir), "--poll-s", "0.2"]
+        + list(opts)
+        + ["--", sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_stderr(p, needle, timeout=60):
@@ -79,14 +92,16 @@ def test_stopping_after_stall_keeps_the_stall_verdict(tmp_path, how):
 
 
 def test_second_sigint_kills_job_without_verdict(tmp_path):
-    code = ("import os, signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-            "print('ready', os.getpid(), flush=True); time.sleep(120)")
+    code = (
+        "import os, signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "print('ready', os.getpid(), flush=True); time.sleep(120)"
+    )
     p = start_run(tmp_path / "run", code, "--stall-s", "600")
     try:
         p.stdout.readline()
         p.send_signal(signal.SIGINT)
         time.sleep(0.5)
-        assert p.poll() is None      # forwarded, ignored by the job
+        assert p.poll() is None  # forwarded, ignored by the job
         p.send_signal(signal.SIGINT)
         rc = p.wait(timeout=30)
         err = p.stderr.read()
@@ -181,10 +196,17 @@ def test_dump_judges_staleness_with_the_given_stall_threshold(tmp_path):
     """``hangtrace dump --stall-s S`` (or HANGTRACE_STALL_S): a rank that made no progress
     for longer than S is stalled, not 'progressing' (the default threshold is 300 s)."""
     import json
+
     run = tmp_path / "run"
-    code = "from hangtrace import tracer; import time\ntracer.step(1)\nprint('up', flush=True)\ntime.sleep(60)\n"
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                         env=base_env(run, RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, HANGTRACE_MEM_INTERVAL_S="0.2"))
+    code = (
+        "from hangtrace import tracer; import time\ntracer.step(1)\nprint('up', flush=True)\ntime.sleep(60)\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=base_env(run, RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, HANGTRACE_MEM_INTERVAL_S="0.2"),
+    )
     try:
         assert p.stdout.readline().strip() == "up"
         time.sleep(2.5)  # no progress since the step; memory samples keep coming
@@ -233,6 +255,7 @@ def test_dump_ray_unreachable_address_fails_fast(tmp_path):
 
 def test_version_is_the_package_version():
     import hangtrace
+
     out = ht("--version")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "hangtrace %s" % hangtrace.__version__
@@ -240,26 +263,34 @@ def test_version_is_the_package_version():
 
 #: A traced job with many records: phases, steps, and memory samples (every 10 ms and at
 #: every phase boundary), so `records` output is far larger than a pipe's buffer.
-BUSY = ("from hangtrace import tracer\n"
-        "import time\n"
-        "for i in range(3000):\n"
-        "    with tracer.phase('train'):\n"
-        "        tracer.step(i)\n"
-        "    if i % 500 == 0:\n"
-        "        time.sleep(0.05)\n")
+BUSY = (
+    "from hangtrace import tracer\n"
+    "import time\n"
+    "for i in range(3000):\n"
+    "    with tracer.phase('train'):\n"
+    "        tracer.step(i)\n"
+    "    if i % 500 == 0:\n"
+    "        time.sleep(0.05)\n"
+)
 
 
 @pytest.fixture(scope="module")
 def busy_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("busy")
-    p = subprocess.run([sys.executable, "-c", BUSY], env=base_env(d, HANGTRACE_MEM_INTERVAL_S=0.01),
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", BUSY],
+        env=base_env(d, HANGTRACE_MEM_INTERVAL_S=0.01),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     return d
 
 
-@pytest.mark.parametrize("args", [["records", "--last", "0"], ["records", "--last", "0", "--json"],
-                                  ["analyze", "--json"]])
+@pytest.mark.parametrize(
+    "args", [["records", "--last", "0"], ["records", "--last", "0", "--json"], ["analyze", "--json"]]
+)
 def test_output_into_head_closes_quietly(busy_run, args):
     """`hangtrace records RUN | head -1`: no BrokenPipeError traceback, exit 141 (SIGPIPE's
     status, what a shell reports for `yes | head`), head gets the first line."""
@@ -268,8 +299,12 @@ def test_output_into_head_closes_quietly(busy_run, args):
     for unbuffered in (False, True):
         if unbuffered:
             env["PYTHONUNBUFFERED"] = "1"
-        cli = subprocess.Popen([sys.executable, "-m", "hangtrace"] + args + [str(busy_run)], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "hangtrace"] + args + [str(busy_run)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         head = subprocess.Popen(["head", "-1"], stdin=cli.stdout, stdout=subprocess.PIPE)
         cli.stdout.close()  # head alone reads the pipe
         first = head.communicate(timeout=120)[0].decode()
@@ -286,6 +321,7 @@ def test_output_into_head_closes_quietly(busy_run, args):
 
 def test_records_of_a_real_job_leave_memory_samples_out_unless_asked(busy_run):
     import json
+
     out = ht("records", busy_run, "--last", "50")
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("  #")]
@@ -295,6 +331,8 @@ def test_records_of_a_real_job_leave_memory_samples_out_unless_asked(busy_run):
     assert out.returncode == 0, out.stderr
     assert " memory host (" in out.stdout and "not shown" not in out.stdout
     d = json.loads(ht("records", busy_run, "--last", "0", "--json").stdout)["processes"][0]
-    assert d["records"] and all(r["kind"] != "memory" for r in d["records"]) and d["memory_samples_hidden"] > 0
+    assert (
+        d["records"] and all(r["kind"] != "memory" for r in d["records"]) and d["memory_samples_hidden"] > 0
+    )
     d = json.loads(ht("records", busy_run, "--last", "0", "--json", "--memory").stdout)["processes"][0]
     assert sum(r["kind"] == "memory" for r in d["records"]) > 0 and d["memory_samples_hidden"] == 0

@@ -2,6 +2,7 @@
 ``@record`` (tests/integration/scripts/elastic_record.py): the verdict names the exception
 and, when our own records of that rank lack it (a child of the rank raised and the rank
 exited 3), says it was read from torchelastic's error file."""
+
 import os
 import shutil
 
@@ -16,8 +17,12 @@ TORCHRUN = shutil.which("torchrun")
 def _first(tmp_path, mode):
     if TORCHRUN is None:
         pytest.skip("torchrun not on PATH")
-    r = run_example(tmp_path, "none", stall_s=8, launcher_cmd=[
-        TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT, "--mode", mode])
+    r = run_example(
+        tmp_path,
+        "none",
+        stall_s=8,
+        launcher_cmd=[TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT, "--mode", mode],
+    )
     ds = r.diagnoses()
     assert ds, r.why()
     return ds[0], r

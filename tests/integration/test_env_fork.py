@@ -3,6 +3,7 @@ parent mapped, so it writes its record only when it matters - when it joins a pr
 group (it is then a rank: env-diff and the crash frame read ranks' records) - and a
 forked helper that never joins (a DataLoader worker) writes none. Real traced processes,
 real fork, a real world-size-1 gloo group."""
+
 import glob
 import json
 import os
@@ -44,12 +45,20 @@ def test_forked_child_records_its_environment_only_when_it_joins_a_group(tmp_pat
     script = tmp_path / "job.py"
     script.write_text(JOB)
     run = tmp_path / "run"
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=str(tmp_path),
-                       env=base_env(run, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port()))
+    p = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=str(tmp_path),
+        env=base_env(run, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port()),
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     helper, rank, parent = (int(x) for x in p.stdout.split("PIDS", 1)[1].split())
     records = {}
-    for f in glob.glob(os.path.join(str(run), "*", "env", "*.json")) + glob.glob(os.path.join(str(run), "env", "*.json")):
+    for f in glob.glob(os.path.join(str(run), "*", "env", "*.json")) + glob.glob(
+        os.path.join(str(run), "env", "*.json")
+    ):
         with open(f) as fh:
             d = json.load(fh)
         records[d["pid"]] = d

@@ -11,6 +11,7 @@ example's gloo timeout is lowered to 90 s so a run hangtrace failed to stop stil
 every process is killed in ``finally`` (the job's launcher is a session leader: its
 process group holds the ranks).
 """
+
 import glob
 import json
 import os
@@ -20,15 +21,21 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from jobs import REPO, base_env
 
 EXAMPLE = os.path.join(REPO, "examples", "train_faults.py")
-STALL_S = 8           # import torch in 4 ranks on 2 busy cores can take ~6 s before step 1
+STALL_S = 8  # import torch in 4 ranks on 2 busy cores can take ~6 s before step 1
 RUN_TIMEOUT_S = 150
-HANG_KINDS = ("collective-mismatch", "skipped-collective", "cross-group-deadlock",
-              "stuck-outside-collective", "dead-rank", "transport-error", "unknown")
+HANG_KINDS = (
+    "collective-mismatch",
+    "skipped-collective",
+    "cross-group-deadlock",
+    "stuck-outside-collective",
+    "dead-rank",
+    "transport-error",
+    "unknown",
+)
 
 
 class Run:
@@ -49,8 +56,12 @@ class Run:
         return ds[-1]
 
     def why(self):
-        return "rc=%s %.1fs\nstdout:\n%s\nstderr:\n%s" % (self.rc, self.elapsed, self.out[-3000:],
-                                                         self.err[-6000:])
+        return "rc=%s %.1fs\nstdout:\n%s\nstderr:\n%s" % (
+            self.rc,
+            self.elapsed,
+            self.out[-3000:],
+            self.err[-6000:],
+        )
 
 
 def _kill_group(pgid):
@@ -64,16 +75,36 @@ def run_example(tmp_path, fault, world=None, stall_s=STALL_S, extra=(), launcher
     """``launcher_cmd``: the command that starts the example (default ``python EXAMPLE``),
     e.g. torchrun's."""
     run_dir = str(tmp_path / "run")
-    cmd = [sys.executable, "-m", "hangtrace", "run", "--stall-s", str(stall_s), "--stop-on-stall",
-           "--dir", run_dir, "--"] + list(launcher_cmd or [sys.executable, EXAMPLE]) + [
-           "--fault", fault, "--timeout-s", "90"]
+    cmd = (
+        [
+            sys.executable,
+            "-m",
+            "hangtrace",
+            "run",
+            "--stall-s",
+            str(stall_s),
+            "--stop-on-stall",
+            "--dir",
+            run_dir,
+            "--",
+        ]
+        + list(launcher_cmd or [sys.executable, EXAMPLE])
+        + ["--fault", fault, "--timeout-s", "90"]
+    )
     if world is not None:
         cmd += ["--world-size", str(world)]
     cmd += list(extra)
     env = base_env(traced=False)
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, cwd=REPO)
+    p = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=REPO,
+    )
     out = err = ""
     try:
         out, err = p.communicate(timeout=RUN_TIMEOUT_S)
@@ -107,13 +138,17 @@ def group_desc(d):
 def check_hang(r, kind, culprits):
     d = r.verdict()
     assert (d["kind"], d["culprit_ranks"]) == (kind, culprits), "%s\n%s\n%s" % (
-        d["kind"], d["summary"], r.why())
+        d["kind"],
+        d["summary"],
+        r.why(),
+    )
     assert_console_verdict(r)
     assert d["summary"] in " ".join(r.err.split()), "stored verdict is not the one printed"
     return d
 
 
 # --- hangs -------------------------------------------------------------------------------
+
 
 def test_rank0_checkpoint(tmp_path):
     r = run_example(tmp_path, "rank0-checkpoint", 4)
@@ -124,10 +159,13 @@ def test_rank0_checkpoint(tmp_path):
     assert sigs["all_reduce"]["ranks"] == [0] and sigs["all_gather"]["ranks"] == [1, 2, 3]
     assert (sigs["all_gather"]["phase"], sigs["all_gather"]["step"]) == ("rollout", 4)
     s = d["summary"]
-    assert "phase 'checkpoint', step 3" in s and "ranks 1-3: all_gather" in s and \
-        "phase 'rollout', step 4" in s, s
-    assert r.rc == 128 + signal.SIGTERM, r.why()      # --stop-on-stall stopped the job
-    assert "the job was stopped after the verdict above (--stop-on-stall): its exit status 143" in r.err, r.why()
+    assert (
+        "phase 'checkpoint', step 3" in s and "ranks 1-3: all_gather" in s and "phase 'rollout', step 4" in s
+    ), s
+    assert r.rc == 128 + signal.SIGTERM, r.why()  # --stop-on-stall stopped the job
+    assert "the job was stopped after the verdict above (--stop-on-stall): its exit status 143" in r.err, (
+        r.why()
+    )
 
 
 def test_cp_extra_microbatch(tmp_path):
@@ -142,8 +180,10 @@ def test_cp_extra_microbatch(tmp_path):
     assert counts[1] == base + 1 and [counts[x] for x in (0, 2, 3)] == [base] * 3, ex
     assert ex["peers"] == [0] and ex["other_group_ranks"] == [2, 3]
     assert sorted(d["waiting_ranks"]) == [0, 2, 3]
-    assert "rank 1 issued one more all_reduce on group '%s' (cp0) than its peer rank 0 and than the " \
-           "other cp group(s)' ranks 2-3" % d["group"] in d["summary"], d["summary"]
+    assert (
+        "rank 1 issued one more all_reduce on group '%s' (cp0) than its peer rank 0 and than the "
+        "other cp group(s)' ranks 2-3" % d["group"] in d["summary"]
+    ), d["summary"]
 
 
 def test_decode_loop(tmp_path):
@@ -177,11 +217,11 @@ def test_stuck_queue(tmp_path):
 
 def test_kill_rank(tmp_path):
     r = run_example(tmp_path, "kill-rank")
-    assert r.rc == 137, r.why()                     # the launcher's status: 128 + SIGKILL
+    assert r.rc == 137, r.why()  # the launcher's status: 128 + SIGKILL
     d = check_hang(r, "dead-rank", [1])
     assert d["cause"] == "killed-without-record"
     assert group_desc(d) == "cp0" and (d["phase"], d["step"]) == ("train", 2)
-    for dd in r.diagnoses():                         # every verdict of the run names rank 1
+    for dd in r.diagnoses():  # every verdict of the run names rank 1
         assert (dd["kind"], dd["culprit_ranks"]) == ("dead-rank", [1]), dd["summary"]
     casc = {c["rank"]: c for c in d["cascade"]}
     assert 0 in casc and casc[0]["victim"], d["cascade"]
@@ -189,6 +229,7 @@ def test_kill_rank(tmp_path):
 
 
 # --- no hang ------------------------------------------------------------------------------
+
 
 def assert_no_hang(r):
     assert r.rc == 0, r.why()

@@ -4,6 +4,7 @@ call ``sys.exit``, and a traced process used to record them as a clean exit (cod
 C extension's ``on_exit`` handler (glibc) puts the real status in the ring header.
 Real traced processes; then a real 2-rank torchrun job whose rank 1 leaves with
 ``raise SystemExit(3)`` mid-loop: the verdict must say code 3, not "exited cleanly"."""
+
 import os
 import subprocess
 import sys
@@ -17,17 +18,22 @@ from hangtrace.tracer.collect.rings import load_rings
 fastrec = pytest.importorskip("hangtrace.hooks._fastrec")
 
 
-@pytest.mark.parametrize("code, expected", [
-    ("raise SystemExit(3)", 3),
-    ("exit(4)", 4),
-    ("import sys; sys.exit(5)", 5),
-    ("raise SystemExit('a message')", 1),
-    ("1/0", 1),
-    ("pass", 0),
-])
+@pytest.mark.parametrize(
+    "code, expected",
+    [
+        ("raise SystemExit(3)", 3),
+        ("exit(4)", 4),
+        ("import sys; sys.exit(5)", 5),
+        ("raise SystemExit('a message')", 1),
+        ("1/0", 1),
+        ("pass", 0),
+    ],
+)
 def test_ring_records_the_real_exit_status(tmp_path, code, expected):
     run = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-c", code], env=base_env(run), capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", code], env=base_env(run), capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == expected, p.stderr[-2000:]
     procs, errors = load_rings(str(run))
     assert not errors and len(procs) == 1, errors
@@ -51,9 +57,31 @@ def _run_2_ranks(tmp_path, source):
     job = tmp_path / "job.py"
     job.write_text(source)
     env = base_env(None, traced=False, PYTHONPATH=os.environ.get("PYTHONPATH", REPO))
-    p = subprocess.run([sys.executable, "-m", "hangtrace", "run", "--dir", str(tmp_path / "run"), "--stall-s", "5",
-                        "--stop-on-stall", "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        str(job)], env=env, capture_output=True, text=True, timeout=180, cwd=str(tmp_path))
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hangtrace",
+            "run",
+            "--dir",
+            str(tmp_path / "run"),
+            "--stall-s",
+            "5",
+            "--stop-on-stall",
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            str(job),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=str(tmp_path),
+    )
     out = p.stdout + p.stderr
     return out, out.split("==== hangtrace verdict ====", 1)[-1]
 
@@ -88,7 +116,9 @@ def test_a_rank_whose_exit_joins_a_thread_forever_is_stuck_at_exit(tmp_path):
     rank is in a collective'): rank 0's program returned, and threading._shutdown joins its
     uploader thread, which waits in queue.get. The real hook (the 'exiting' event) and py-spy."""
     out, verdict = _run_2_ranks(tmp_path, NO_EXIT)
-    assert "Stuck at exit (in no collective)" in verdict and "rank 0's program returned" in verdict, out[-3000:]
+    assert "Stuck at exit (in no collective)" in verdict and "rank 0's program returned" in verdict, out[
+        -3000:
+    ]
     assert "non-daemon thread 'metrics-uploader', in uploader (job.py:" in verdict, out[-3000:]
     assert "Rank 1 exited cleanly" in verdict, out[-3000:]
 

@@ -4,6 +4,7 @@ The job (scripts/fault_job.py, 2 gloo ranks) must print its normal result and ex
 whatever happens to the flight record: unwritable directory, read-only mount, disk full
 before the ring exists or while its string table grows, recorder raising in every call.
 """
+
 import os
 import re
 import subprocess
@@ -54,11 +55,14 @@ class Tmpfs:
         self.path = str(path)
         os.makedirs(self.path, exist_ok=True)
         opts = "size=%s,mode=0755%s" % (size, ",ro" if ro else "")
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", self.path],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", self.path], capture_output=True, text=True
+        )
         if r.returncode != 0:
-            pytest.skip("cannot mount a tmpfs here (%s): needs root or CAP_SYS_ADMIN"
-                        % (r.stderr.strip() or r.returncode))
+            pytest.skip(
+                "cannot mount a tmpfs here (%s): needs root or CAP_SYS_ADMIN"
+                % (r.stderr.strip() or r.returncode)
+            )
 
     def fill(self, name="filler"):
         """Write zeros into ``name`` until the file system is full."""

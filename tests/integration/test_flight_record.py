@@ -1,4 +1,5 @@
 """Issue 2: records of real gloo jobs agree across ranks; SIGKILL leaves a readable record."""
+
 import glob
 import os
 import signal
@@ -14,8 +15,11 @@ SCRIPTS = os.path.join(HERE, "scripts")
 
 
 def _coll(p):
-    return [(r["group"], r["seq"], r["op"], r["numel"], r["dtype"], r["state"])
-            for r in p.records if r["kind"] == "collective"]
+    return [
+        (r["group"], r["seq"], r["op"], r["numel"], r["dtype"], r["state"])
+        for r in p.records
+        if r["kind"] == "collective"
+    ]
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -61,7 +65,7 @@ def test_records_agree_across_ranks(tmp_path, world_size):
         assert steps == {0, 1, 2}
 
 
-KILL_SCRIPT = r'''
+KILL_SCRIPT = r"""
 import os, sys, time, torch, torch.distributed as dist
 from hangtrace import tracer
 rank = int(os.environ["RANK"])
@@ -75,7 +79,7 @@ with tracer.phase("train"):
     else:
         print("waiting", flush=True)
         time.sleep(600)
-'''
+"""
 
 
 def test_sigkill_mid_collective_is_readable(tmp_path):
@@ -92,6 +96,7 @@ def test_sigkill_mid_collective_is_readable(tmp_path):
                 r = R.read_ring(path)
                 if r.header["rank"] == 1 and r.header["inflight_idx"]:
                     return r
+
         wait_until(inflight)
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait(timeout=10)
@@ -102,6 +107,10 @@ def test_sigkill_mid_collective_is_readable(tmp_path):
     assert p1.state == "killed"
     assert p1.phase == "train" and p1.step == 5
     assert p1.inflight is not None
-    assert (p1.inflight["op"], p1.inflight["numel"], p1.inflight["seq"], p1.inflight["state"]) == \
-        ("all_reduce", 7, 2, "issued")
+    assert (p1.inflight["op"], p1.inflight["numel"], p1.inflight["seq"], p1.inflight["state"]) == (
+        "all_reduce",
+        7,
+        2,
+        "issued",
+    )
     assert p1.records[-1] is p1.inflight or p1.records[-1]["idx"] == p1.inflight["idx"]

@@ -1,6 +1,7 @@
 """Environment forensics on real jobs (issue 12): two builds of a library and different
 NCCL_* values across two gloo ranks, one then hanging; a rank dying of SIGSEGV inside a
 small C library; secret-looking variables masked in everything we write."""
+
 import glob
 import json
 import os
@@ -34,25 +35,43 @@ def build_lib(directory, name: str, build: int) -> str:
     with open(src, "w") as f:
         f.write(PLUGIN_C)
     out = os.path.join(directory, name)
-    subprocess.run([cc, "-shared", "-fPIC", "-O0", "-DBUILD=%d" % build, "-Wl,--build-id", "-o", out, src],
-                   check=True)
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O0", "-DBUILD=%d" % build, "-Wl,--build-id", "-o", out, src], check=True
+    )
     return out
 
 
 def start(run_dir, mode: str, libs, envs, port: int) -> list:
     procs = []
     for rank, (lib, extra) in enumerate(zip(libs, envs)):
-        env = base_env(run_dir, True, RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=port, **extra)
-        procs.append(subprocess.Popen([sys.executable, SCRIPT, mode, lib], env=env, stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = base_env(
+            run_dir,
+            True,
+            RANK=rank,
+            LOCAL_RANK=rank,
+            WORLD_SIZE=2,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            **extra,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, SCRIPT, mode, lib],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     return procs
 
 
 def hangtrace(*args: str) -> subprocess.CompletedProcess:
     env = base_env(traced=False)
-    return subprocess.run([sys.executable, "-m", "hangtrace"] + list(args), env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hangtrace"] + list(args), env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def grep_tree(root, needles) -> list:
@@ -68,12 +87,16 @@ def grep_tree(root, needles) -> list:
 def test_two_builds_and_nccl_values_named_and_secrets_masked(tmp_path) -> None:
     run_dir = tmp_path / "run"
     # a NCCL net plugin's name: matched as "a library whose name mentions nccl"
-    libs = [build_lib(str(tmp_path / "a"), "libnccl-net-test.so", 1),
-            build_lib(str(tmp_path / "b"), "libnccl-net-test.so", 2)]
+    libs = [
+        build_lib(str(tmp_path / "a"), "libnccl-net-test.so", 1),
+        build_lib(str(tmp_path / "b"), "libnccl-net-test.so", 2),
+    ]
     ids = [F.read_build_id(p) for p in libs]
     assert ids[0] and ids[1] and ids[0] != ids[1]
-    secret_vals = {name: "v" + secrets.token_hex(8) for name in
-                   ("NCCL_TEST_TOKEN", "RAY_API_KEY", "TORCH_SECRET_X", "MASTER_PASSWORD", "CUDA_CREDENTIAL")}
+    secret_vals = {
+        name: "v" + secrets.token_hex(8)
+        for name in ("NCCL_TEST_TOKEN", "RAY_API_KEY", "TORCH_SECRET_X", "MASTER_PASSWORD", "CUDA_CREDENTIAL")
+    }
     envs = [dict(secret_vals, NCCL_P2P_DISABLE="0"), dict(secret_vals, NCCL_P2P_DISABLE="1")]
     procs = start(run_dir, "hang", libs, envs, free_port())
     try:
@@ -87,8 +110,12 @@ def test_two_builds_and_nccl_values_named_and_secrets_masked(tmp_path) -> None:
         assert js.returncode == 0, js.stderr
         diffs = {d["name"]: d for d in json.loads(js.stdout)["differences"]}
         assert sorted(g["value"] for g in diffs["libnccl-net-test.so"]["groups"]) == sorted(
-            "build-id %s" % i for i in ids)
-        assert {tuple(g["ranks"]): g["value"] for g in diffs["NCCL_P2P_DISABLE"]["groups"]} == {(0,): "0", (1,): "1"}
+            "build-id %s" % i for i in ids
+        )
+        assert {tuple(g["ranks"]): g["value"] for g in diffs["NCCL_P2P_DISABLE"]["groups"]} == {
+            (0,): "0",
+            (1,): "1",
+        }
         # the verdict of the hang, then the evidence line the lead wires into it
         dump = hangtrace("dump", str(run_dir), "--json")
         assert dump.returncode == 0, dump.stderr
@@ -97,7 +124,11 @@ def test_two_builds_and_nccl_values_named_and_secrets_masked(tmp_path) -> None:
         facts, _ = F.run_env(str(run_dir))
         lines = envdiff_evidence(facts, verdict["culprit_ranks"])
         assert len(lines) == 1 and lines[0].startswith("rank 1 runs differently from its peers")
-        assert ids[1][:12] in lines[0] and ids[0][:12] in lines[0] and "NCCL_P2P_DISABLE=1 (peers: 0)" in lines[0]
+        assert (
+            ids[1][:12] in lines[0]
+            and ids[0][:12] in lines[0]
+            and "NCCL_P2P_DISABLE=1 (peers: 0)" in lines[0]
+        )
         # ... and the verdict itself carries it (pipeline), and the text report its section
         assert lines[0] in verdict["evidence"], verdict["evidence"]
         snaps = sorted(glob.glob(os.path.join(str(run_dir), "snapshots", "*", "report.txt")))
@@ -146,6 +177,7 @@ def test_segfault_in_c_library_named_with_symbol(tmp_path) -> None:
         assert os.path.realpath(lib) in got
         # the same through the verdict's call site (the snapshot's process list)
         from hangtrace.tracer.collect.rings import load_run
+
         snap = load_run(str(run_dir))
         lines = F.verdict_evidence(str(run_dir), snap.processes, [1])
         assert any(ln.startswith("rank 1 died in libcrashy.so, crash_here+0x") for ln in lines), lines

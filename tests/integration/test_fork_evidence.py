@@ -14,6 +14,7 @@ verdict needs of such a worker must still be there:
 One traced process with RANK=0 (a rank as its helpers see it), a real
 ``DataLoader(num_workers=2)``.
 """
+
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import sys
 
 from jobs import base_env, kill_all, wait_line, wait_until
 
-JOB = r'''
+JOB = r"""
 import ctypes, os, sys, time
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -51,19 +52,25 @@ try:
         pass
 except RuntimeError as e:
     print("caught", e, flush=True)
-'''
+"""
 
 
 def test_crashed_and_stuck_dataloader_workers_keep_their_evidence(tmp_path):
     from hangtrace.tracer.collect.rings import load_rings
     from hangtrace.tracer.process_model import assign_roles
     from hangtrace.tracer.snapshot import Role
+
     script = tmp_path / "dl_crash.py"
     script.write_text(JOB)
     run = tmp_path / "run"
     go = tmp_path / "crash-now"
-    p = subprocess.Popen([sys.executable, str(script), str(go)], env=base_env(run, RANK=0, LOCAL_RANK=0, WORLD_SIZE=2),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, str(script), str(go)],
+        env=base_env(run, RANK=0, LOCAL_RANK=0, WORLD_SIZE=2),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         parent = int(wait_line(p, "parent", timeout=120).split()[1])
         stuck = grown = 0
@@ -73,12 +80,14 @@ def test_crashed_and_stuck_dataloader_workers_keep_their_evidence(tmp_path):
                 stuck = int(pid)
             elif kind == "grown":
                 grown = int(pid)
+
         # the stuck worker: alive, its ring names the dump signal, which dumps its stacks.
         # (A forked helper's ring is written to its file at its memory sampler's first
         # tick, a sampling interval (1 s) after the fork, or sooner when it records
         # something that matters: hooks/ringsize.py, ``materialize``.)
         def stuck_ring():
             return [x for x in load_rings(str(run))[0] if x.pid == stuck]
+
         wait_until(lambda: stuck_ring(), timeout=30)
         (w,) = stuck_ring()
         assert w.meta["dump_signal"] == int(signal.SIGUSR2)
@@ -130,8 +139,14 @@ def test_forked_child_fatal_and_sigterm_stacks_are_its_own(tmp_path):
     script = tmp_path / "fork_crash.py"
     script.write_text(FORK_JOB)
     run = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, str(script)], env=base_env(run), stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=base_env(run),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         kid = term = waiting = 0
         while not (kid and waiting):  # ("waiting", from inside the child's function, comes in any order)

@@ -2,6 +2,7 @@
 issue 13: its collections would otherwise write every inherited object's header, a
 copy-on-write fault per page of the parent's heap); ``HANGTRACE_FORK_GC_FREEZE=0`` turns
 it off; the parent's collector is left as it was; untraced processes are untouched."""
+
 import subprocess
 import sys
 
@@ -22,8 +23,13 @@ print(int(os.read(r, 64)), gc.get_freeze_count())
 
 
 def _run(tmp_path, traced=True, **extra):
-    out = subprocess.run([sys.executable, "-c", PROG], env=base_env(tmp_path / "run", traced, **extra),
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", PROG],
+        env=base_env(tmp_path / "run", traced, **extra),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     child, parent = (int(x) for x in out.stdout.split())
     return child, parent

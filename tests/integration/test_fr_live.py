@@ -2,6 +2,7 @@
 init_process_group hook) dumps ranks blocked in a collective, also when a live snapshot asks;
 torch's own dumps read by ``hangtrace analyze DIR``; the C++-issued DDP
 all-reduce is named."""
+
 import json
 import os
 import subprocess
@@ -25,8 +26,11 @@ WORLD = 3
 def _hung(dumps):
     """True when every rank's newest entry is not retired and all sit at one seq."""
     last = [d.entries[-1] for d in dumps if d.entries]
-    return (len(last) == WORLD and not any(e.retired for e in last)
-            and len({e.collective_seq_id for e in last}) == 1)
+    return (
+        len(last) == WORLD
+        and not any(e.retired for e in last)
+        and len({e.collective_seq_id for e in last}) == 1
+    )
 
 
 def test_agent_dumps_blocked_ranks_and_cpp_allreduce_is_named(tmp_path):
@@ -64,11 +68,15 @@ def test_agent_dumps_blocked_ranks_and_cpp_allreduce_is_named(tmp_path):
         assert blocked0["seq"] == last[0].collective_seq_id and blocked0["seq_ours"] == 4
         # the Python-issued world all_reduces: the same numbers in both
         first = [r for r in by_rank[1].records if r.get("source") == "hangtrace+flight-recorder"][:3]
-        assert [(r["op"], r["seq"], r["seq_ours"]) for r in first] == [("all_reduce", i, i) for i in (1, 2, 3)]
+        assert [(r["op"], r["seq"], r["seq_ours"]) for r in first] == [
+            ("all_reduce", i, i) for i in (1, 2, 3)
+        ]
         # a live snapshot (the watcher's and `hangtrace dump`'s path) asks the agents itself,
         # keeps their dumps in the snapshot, and names the C++-issued collective
         res = pipeline.dump_live(str(run_dir), "request")
-        assert res.diagnosis.kind == "collective-mismatch" and res.diagnosis.culprit_ranks == [2], res.paragraph
+        assert res.diagnosis.kind == "collective-mismatch" and res.diagnosis.culprit_ranks == [2], (
+            res.paragraph
+        )
         assert len(list((Path(res.snapshot.path) / "fr").glob("*.pkl"))) == WORLD
         again = pipeline.diagnose_path(res.snapshot.path)  # read back later, job gone or not
         assert (again.diagnosis.kind, again.diagnosis.culprit_ranks) == ("collective-mismatch", [2])
@@ -90,7 +98,9 @@ def test_torch_written_dumps_read_by_analyze_dir(tmp_path):
             k[0] += 1
             for r in range(WORLD):
                 (out / ("go%d-%d" % (r, k[0]))).touch()
-            wait_until(lambda: all((out / ("done%d-%d" % (r, k[0]))).exists() for r in range(WORLD)), timeout=30)
+            wait_until(
+                lambda: all((out / ("done%d-%d" % (r, k[0]))).exists() for r in range(WORLD)), timeout=30
+            )
             return _hung(load_fr_dir(str(out)))
 
         wait_until(ready, timeout=60, period=0.1)
@@ -101,8 +111,13 @@ def test_torch_written_dumps_read_by_analyze_dir(tmp_path):
     for f in out.glob("done*"):
         f.unlink()
     env = base_env(traced=False, PYTHONPATH=REPO)
-    res = subprocess.run([sys.executable, "-m", "hangtrace", "analyze", str(out), "--json"], env=env,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "analyze", str(out), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     assert d["kind"] == "collective-mismatch" and d["culprit_ranks"] == [2], d
@@ -115,6 +130,7 @@ def test_cpp_only_collectives_are_progress_for_the_watcher(tmp_path):
     threshold and then called a healthy job stalled. Now torch's own counters are progress:
     no stall while it trains (12 s > the 3 s threshold), a stall soon after it hangs."""
     from hangtrace.tracer.watch.watcher import Watcher
+
     script = os.path.join(REPO, "tests", "integration", "scripts", "ddp_slow_extra.py")
     run_dir = tmp_path / "run"
     procs = start_ranks(script, 2, run_dir, args=("24",), PYTHONPATH=REPO)

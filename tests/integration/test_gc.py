@@ -1,6 +1,7 @@
 """`hangtrace gc` and the automatic clean-up of `hangtrace run` (issue 13), with real traced
 processes for "alive". Every base directory is a pytest tmp_path given as TMPDIR (the
 default location) or --dir: the machine's real temp dir is never touched."""
+
 import glob
 import os
 import signal
@@ -16,8 +17,13 @@ HOLD = "import sys; print('ready', flush=True); sys.stdin.read()"
 
 def ht(tmp, *args, **extra):
     env = base_env(traced=False, TMPDIR=tmp, **extra)
-    return subprocess.run([sys.executable, "-m", "hangtrace"] + [str(a) for a in args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hangtrace"] + [str(a) for a in args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def make_run(base, name, mib=0.0, age_s=7200.0):
@@ -40,8 +46,14 @@ def age(d, age_s=7200.0):
 def start_traced(run_dir):
     """A real traced Python process whose ring is in ``run_dir``; 'ready' once activated."""
     env = base_env(run_dir, traced=True, HANGTRACE_MEM="0")
-    p = subprocess.Popen([sys.executable, "-c", HOLD], env=env, stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLD],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_line(p, "ready")
     assert glob.glob(os.path.join(str(run_dir), "ring-*-%d.htr" % p.pid)), os.listdir(str(run_dir))
     return p
@@ -84,8 +96,8 @@ def test_killed_process_does_not_protect_its_run(tmp_path):
 
 
 def test_named_directories_are_never_candidates_in_the_default_location(tmp_path):
-    mine = make_run(tmp_path, "my-experiment", mib=1.0)            # HANGTRACE_DIR=.../my-experiment
-    own_id = make_run(tmp_path, "hangtrace-nightly", mib=1.0)      # HANGTRACE_RUN_ID=nightly
+    mine = make_run(tmp_path, "my-experiment", mib=1.0)  # HANGTRACE_DIR=.../my-experiment
+    own_id = make_run(tmp_path, "hangtrace-nightly", mib=1.0)  # HANGTRACE_RUN_ID=nightly
     auto = make_run(tmp_path, "hangtrace-20260101-000000-31", mib=1.0)
     out = ht(tmp_path, "gc", "--keep", "0", "--max-mb", "0")
     assert out.returncode == 0, out.stderr
@@ -98,8 +110,10 @@ def test_named_directories_are_never_candidates_in_the_default_location(tmp_path
 
 
 def test_keep_and_max_mb_delete_oldest_first(tmp_path):
-    runs = [make_run(tmp_path, "hangtrace-20260101-00000%d-4%d" % (i, i), mib=1.0, age_s=3600 * (i + 1))
-            for i in range(5)]  # runs[0] newest
+    runs = [
+        make_run(tmp_path, "hangtrace-20260101-00000%d-4%d" % (i, i), mib=1.0, age_s=3600 * (i + 1))
+        for i in range(5)
+    ]  # runs[0] newest
     out = ht(tmp_path, "gc", "--keep", "3", "--max-mb", "1000")
     assert out.returncode == 0, out.stderr
     assert names(tmp_path) == sorted(os.path.basename(r) for r in runs[:3]), out.stdout
@@ -109,8 +123,10 @@ def test_keep_and_max_mb_delete_oldest_first(tmp_path):
 
 
 def test_dry_run_lists_without_deleting(tmp_path):
-    runs = [make_run(tmp_path, "hangtrace-20260101-00000%d-5%d" % (i, i), mib=0.2, age_s=3600 * (i + 1))
-            for i in range(3)]
+    runs = [
+        make_run(tmp_path, "hangtrace-20260101-00000%d-5%d" % (i, i), mib=0.2, age_s=3600 * (i + 1))
+        for i in range(3)
+    ]
     before = names(tmp_path)
     out = ht(tmp_path, "gc", "--keep", "1", "--dry-run")
     assert out.returncode == 0, out.stderr
@@ -122,7 +138,9 @@ def test_dry_run_lists_without_deleting(tmp_path):
 
 def test_watcher_pid_file_protects_a_run_while_its_process_runs(tmp_path):
     d = make_run(tmp_path, "hangtrace-20260101-000000-61")
-    w = subprocess.Popen([sys.executable, "-c", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    w = subprocess.Popen(
+        [sys.executable, "-c", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         wait_line(w, "ready")
         with open(os.path.join(d, "watcher-%s.pid" % os.uname().nodename), "w") as f:

@@ -1,5 +1,6 @@
 """Traced processes in real jobs: what they load, and rings sized by role (issue 8 item 3,
 issue 13 item 2)."""
+
 import os
 import subprocess
 import sys
@@ -13,8 +14,14 @@ from hangtrace.tracer.ring.reader import read_ring
 
 pytest.importorskip("torch")
 
-FORBIDDEN = ("hangtrace.tracer.collect", "hangtrace.tracer.analyze", "hangtrace.tracer.report",
-             "hangtrace.tracer.watch", "hangtrace.tracer.pipeline", "hangtrace.cli")
+FORBIDDEN = (
+    "hangtrace.tracer.collect",
+    "hangtrace.tracer.analyze",
+    "hangtrace.tracer.report",
+    "hangtrace.tracer.watch",
+    "hangtrace.tracer.pipeline",
+    "hangtrace.cli",
+)
 
 
 def _rings(run_dir):
@@ -28,7 +35,9 @@ def _rings(run_dir):
 
 def test_traced_rank_loads_no_collection_analysis_report_or_watcher_code(tmp_path):
     script = tmp_path / "one_rank.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent(
+            """
         import sys
         import torch
         import torch.distributed as dist
@@ -41,14 +50,23 @@ def test_traced_rank_loads_no_collection_analysis_report_or_watcher_code(tmp_pat
               "wrapt" in sys.modules)
         print("loaded", sorted(m for m in sys.modules if m.startswith(%r)))
         dist.destroy_process_group()
-    """ % (FORBIDDEN,)))
+    """
+            % (FORBIDDEN,)
+        )
+    )
     run = tmp_path / "run"
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
-                       env=base_env(run, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port()), cwd=str(tmp_path))
+    p = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=base_env(run, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port()),
+        cwd=str(tmp_path),
+    )
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "traced True all_reduce False" in p.stdout, p.stdout      # really traced and wrapped, without wrapt
+    assert "traced True all_reduce False" in p.stdout, p.stdout  # really traced and wrapped, without wrapt
     assert "loaded []" in p.stdout, p.stdout
-    (ring, _), = _rings(run)
+    ((ring, _),) = _rings(run)
     assert ring.header["nslots"] == 16384 and ring.header["rank"] == 0
     assert [r["op"] for r in ring.records if r["kind"] == "collective"] == ["all_reduce", "barrier"]
 
@@ -104,21 +122,29 @@ def test_dataloader_workers_over_five_epochs_get_small_lazy_rings(tmp_path):
     rings = _rings(run)
     ranks = [(r, b) for r, b in rings if r.groups]
     helpers = [(r, b) for r, b in rings if not r.groups]
-    slow = {int(line.split()[2]) for out, _ in outs for line in out.splitlines() if line.startswith("slow worker")}
+    slow = {
+        int(line.split()[2]) for out, _ in outs for line in out.splitlines() if line.startswith("slow worker")
+    }
     # two ranks with full rings; a worker's small ring is written to its file only when it
     # records something that matters or lives past its sampler's first tick (1 s): the
     # slow worker of each rank's last epoch at least, at most every epoch's two per rank
     assert len(ranks) == 2 and all(r.header["nslots"] == 16384 for r, _ in ranks)
-    assert len(slow) == 2 and slow <= {r.header["pid"] for r, _ in helpers}, ([r.header for r, _ in helpers], slow)
+    assert len(slow) == 2 and slow <= {r.header["pid"] for r, _ in helpers}, (
+        [r.header for r, _ in helpers],
+        slow,
+    )
     assert len(helpers) <= 2 * 5 * 2
     assert all(r.header["nslots"] == 256 for r, _ in helpers)
     # each helper costs kilobytes on disk and its lifecycle is readable
     assert max(b for _, b in helpers) <= 96 << 10, sorted(b for _, b in helpers)
     workers = [r for r, _ in helpers if any(e.get("forked_from") for e in r.events if e["event"] == "start")]
     assert len(workers) == len(helpers)
-    assert all([e["event"] for e in r.events][0] == "start" and r.events[-1]["event"] == "exit"
-               for r in workers), [[e["event"] for e in r.events] for r in workers]
-    assert all(r.header["proc_start_ticks"] and any(x["kind"] == "memory" for x in r.records) for r in workers)
+    assert all(
+        [e["event"] for e in r.events][0] == "start" and r.events[-1]["event"] == "exit" for r in workers
+    ), [[e["event"] for e in r.events] for r in workers]
+    assert all(
+        r.header["proc_start_ticks"] and any(x["kind"] == "memory" for x in r.records) for r in workers
+    )
     # the ranks' records are complete: 20 all_reduce with sequence numbers 1..20, then a barrier
     for r, _ in ranks:
         coll = [x for x in r.records if x["kind"] == "collective"]
@@ -130,5 +156,7 @@ def test_dataloader_workers_over_five_epochs_get_small_lazy_rings(tmp_path):
     total_kib = int(du.stdout.split()[0])
     ranks_kib = sum(b for _, b in ranks) // 1024
     assert total_kib - ranks_kib <= 2 * 1024 + 64 * len(helpers), (total_kib, ranks_kib, len(helpers))
-    print("run dir %d KiB on disk: ranks %d KiB, %d helpers %d KiB"
-          % (total_kib, ranks_kib, len(helpers), sum(b for _, b in helpers) // 1024))
+    print(
+        "run dir %d KiB on disk: ranks %d KiB, %d helpers %d KiB"
+        % (total_kib, ranks_kib, len(helpers), sum(b for _, b in helpers) // 1024)
+    )

@@ -6,6 +6,7 @@ helper inherit them). The FIRST verdict of the run (the one the user saw) must n
 right kind, rank and cause; later incidents of the same run (the launcher tearing the
 job down) must not contradict it.
 """
+
 import json
 import shutil
 
@@ -27,7 +28,11 @@ def first_verdict(r):
 
 def check(r, kind, culprits, cause=None):
     d = first_verdict(r)
-    assert (d["kind"], d["culprit_ranks"]) == (kind, culprits), "%s\n%s\n%s" % (d["kind"], d["summary"], r.why())
+    assert (d["kind"], d["culprit_ranks"]) == (kind, culprits), "%s\n%s\n%s" % (
+        d["kind"],
+        d["summary"],
+        r.why(),
+    )
     if cause is not None:
         assert d["cause"] == cause, d["summary"]
     for later in r.diagnoses()[1:]:
@@ -40,12 +45,17 @@ def run_torchrun(tmp_path, fault, nproc, extra=()):
     if TORCHRUN is None:
         pytest.skip("torchrun not on PATH")
     # run_example's command with torchrun in place of the example's own launcher
-    return run_example(tmp_path, fault, extra=list(extra), stall_s=LOADER_STALL_S if LOADER[0] in extra else 8,
-                       launcher_cmd=[
-        TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), EXAMPLE])
+    return run_example(
+        tmp_path,
+        fault,
+        extra=list(extra),
+        stall_s=LOADER_STALL_S if LOADER[0] in extra else 8,
+        launcher_cmd=[TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), EXAMPLE],
+    )
 
 
 # --- torchrun + DataLoader workers ------------------------------------------------------------
+
 
 def test_torchrun_loader_stuck_queue(tmp_path):
     r = run_torchrun(tmp_path, "stuck-queue", 2, LOADER)
@@ -66,6 +76,7 @@ def test_torchrun_loader_kill_rank(tmp_path):
 
 # --- torch.multiprocessing.spawn, RANK set in the parent ---------------------------------------
 
+
 def test_spawn_cuda_oom(tmp_path):
     r = run_example(tmp_path, "cuda-oom", extra=("--launcher", "spawn"))
     d = check(r, "dead-rank", [1], "cuda-oom")
@@ -84,6 +95,7 @@ def test_spawn_rank0_checkpoint(tmp_path):
 
 
 # --- multiprocessing.Process (spawn context), RANK set in the parent --------------------------
+
 
 def test_mp_raise(tmp_path):
     r = run_example(tmp_path, "raise", extra=("--launcher", "mp"))

@@ -3,6 +3,7 @@
 every record since the fork - the start record naming the parent, the memory samples, the
 rank hint - and the same evidence as a ring made at the fork. Real traced processes, real
 fork(2), real signals."""
+
 import os
 import signal
 import subprocess
@@ -57,8 +58,14 @@ def test_helper_ring_appears_when_it_records_something_that_matters(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     run = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, str(script)], env=base_env(run, RANK=1, LOCAL_RANK=1, WORLD_SIZE=2),
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=base_env(run, RANK=1, LOCAL_RANK=1, WORLD_SIZE=2),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     alive = 0
     try:
         alive = int(wait_line(p, "alive", timeout=60).split()[1])
@@ -91,21 +98,32 @@ def test_helper_ring_appears_when_it_records_something_that_matters(tmp_path):
         assert h["rank"] == 1 and h["world_size"] == 2, (mode, h)  # the rank hint a verdict uses
         assert h["proc_start_ticks"] and h["dump_signal"] == int(signal.SIGUSR2), (mode, h)
         assert _memory(r), mode  # the sample taken when the ring went to its file
-    assert rings[kids["code3"]].header["exit_code"] == 3 and rings[kids["code3"]].header["state"] == F.ST_EXITED
+    assert (
+        rings[kids["code3"]].header["exit_code"] == 3 and rings[kids["code3"]].header["state"] == F.ST_EXITED
+    )
     exc = [e for e in rings[kids["raise"]].events if e["event"] == "exception"]
     assert exc and exc[0]["type"] == "ValueError" and "helper failed" in exc[0]["traceback"]
     assert rings[kids["raise"]].header["exit_code"] == 1
     a = rings[alive]
     assert a.header["state"] != F.ST_EXITED and len(_memory(a)) >= 1  # (its first: at the first tick)
     # the parent's ring holds only the parent's records
-    assert [e["event"] for e in parent.events] == ["start", "exiting", "exit"]  # (exiting: its program returned)
+    assert [e["event"] for e in parent.events] == [
+        "start",
+        "exiting",
+        "exit",
+    ]  # (exiting: its program returned)
 
 
 def test_without_the_sampler_a_helper_ring_is_written_at_the_fork(tmp_path):
     prog = "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\nprint(pid)\n"
     run = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-c", prog], env=base_env(run, HANGTRACE_MEM="0"), capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", prog],
+        env=base_env(run, HANGTRACE_MEM="0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     kid = int(out.stdout.split()[0])
     rings = _rings(run)

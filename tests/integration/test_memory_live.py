@@ -7,6 +7,7 @@ machine forbids creating one the test is skipped with the reason (the example th
 its self-watchdog stand-in, which is not a kernel OOM kill). Each example run costs
 10-20 s here (``import torch`` in two ranks).
 """
+
 import glob
 import json
 import os
@@ -30,10 +31,30 @@ def _can_make_cgroup():
 
 def run_example(tmp_path, fault, timeout=150):
     run_dir = str(tmp_path / "run")
-    cmd = [sys.executable, "-m", "hangtrace", "run", "--stall-s", "20", "--dir", run_dir, "--",
-           sys.executable, EXAMPLE, "--fault", fault]
-    p = subprocess.Popen(cmd, env=base_env(traced=False), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True, cwd=REPO)
+    cmd = [
+        sys.executable,
+        "-m",
+        "hangtrace",
+        "run",
+        "--stall-s",
+        "20",
+        "--dir",
+        run_dir,
+        "--",
+        sys.executable,
+        EXAMPLE,
+        "--fault",
+        fault,
+    ]
+    p = subprocess.Popen(
+        cmd,
+        env=base_env(traced=False),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=REPO,
+    )
     try:
         out, err = p.communicate(timeout=timeout)
     finally:
@@ -60,14 +81,14 @@ def test_real_cgroup_oom_kill_is_host_oom_kill(tmp_path):
         pytest.skip(reason)
     rc, out, err, diags, report, why = run_example(tmp_path, "grow")
     assert "STAND-IN" not in out, why
-    assert rc == 137, why                                     # the launcher's status: 128 + SIGKILL
-    d = diags[0]                                              # the verdict taken at the death
+    assert rc == 137, why  # the launcher's status: 128 + SIGKILL
+    d = diags[0]  # the verdict taken at the death
     assert (d["kind"], d["culprit_ranks"], d["cause"]) == ("dead-rank", [1], "host-oom-kill"), d["summary"]
     assert d["phase"] == "train" and d["step"] >= 5, d["summary"]
     a = d["details"]["memory"]["attribution"]["1"]
     at = a["at_death"]
     assert at["limit"] == 450 * MIB and at["phase"] == "train" and at["step"] == d["step"]
-    assert at["fraction_of_limit"] >= 0.85, at                 # memory vs limit at the last sample
+    assert at["fraction_of_limit"] >= 0.85, at  # memory vs limit at the last sample
     assert "Killed process" in d["details"]["cause_text"] or "oom_kill" in d["details"]["cause_text"]
     t = [x for x in d["details"]["memory"]["trends"] if x["rank"] == 1][0]
     assert t["growing_phase"] == "train" and 20 * MIB <= t["bytes_per_step"] <= 28 * MIB, t
@@ -75,7 +96,9 @@ def test_real_cgroup_oom_kill_is_host_oom_kill(tmp_path):
     assert "Ledger (memory just after entering" in report
     # rank 0 is a victim where it shows at all (it may not have reached the next collective yet)
     assert all(c["victim"] for c in d["cascade"] if c["rank"] == 0)
-    assert not glob.glob("/sys/fs/cgroup/memory/hangtrace-test-*") and not glob.glob("/sys/fs/cgroup/hangtrace-test-*")
+    assert not glob.glob("/sys/fs/cgroup/memory/hangtrace-test-*") and not glob.glob(
+        "/sys/fs/cgroup/hangtrace-test-*"
+    )
 
 
 def test_kept_across_validation_checkpoint_then_oom_at_wake_up(tmp_path):
@@ -111,7 +134,9 @@ def _script(tmp_path, body):
 
 
 def test_sampler_thread_runs_in_forked_child_and_off_switch(tmp_path):
-    s = _script(tmp_path, """
+    s = _script(
+        tmp_path,
+        """
         import os, sys, threading, time
         from hangtrace import tracer
         names = lambda: sorted(t.name for t in threading.enumerate())
@@ -124,24 +149,35 @@ def test_sampler_thread_runs_in_forked_child_and_off_switch(tmp_path):
         os.waitpid(pid, 0)
         tracer.step(1)
         print("parent after step", names(), flush=True)
-    """)
-    out = subprocess.run([sys.executable, s], env=base_env(tmp_path / "run"), capture_output=True, text=True,
-                         timeout=60).stdout
+    """,
+    )
+    out = subprocess.run(
+        [sys.executable, s], env=base_env(tmp_path / "run"), capture_output=True, text=True, timeout=60
+    ).stdout
     # at bootstrap the timer thread waits (hooks/memclock.py); a forked child starts its own
     # at once, a raw thread (memfork.ChildClock) that threading does not list
     assert "parent ['MainThread']" in out and "child ['MainThread'] 2" in out, out
     assert "parent after step ['MainThread', 'hangtrace-memory']" in out, out
     from hangtrace.tracer.collect.rings import load_rings
+
     procs, _ = load_rings(str(tmp_path / "run"))
     assert len(procs) == 2 and all(p.memory for p in procs)
-    off = subprocess.run([sys.executable, s], env=base_env(tmp_path / "run2", HANGTRACE_MEM="0"),
-                         capture_output=True, text=True, timeout=60).stdout
+    off = subprocess.run(
+        [sys.executable, s],
+        env=base_env(tmp_path / "run2", HANGTRACE_MEM="0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert "parent ['MainThread']" in off
 
 
 def test_watcher_warns_before_the_limit(tmp_path):
     from hangtrace.tracer.watch.watcher import Watcher
-    s = _script(tmp_path, """
+
+    s = _script(
+        tmp_path,
+        """
         import time
         from hangtrace import tracer
         keep = []
@@ -151,10 +187,16 @@ def test_watcher_warns_before_the_limit(tmp_path):
                 keep.append(bytearray(16 << 20))
         print("grown", flush=True)
         time.sleep(60)
-    """)
+    """,
+    )
     run_dir = str(tmp_path / "run")
-    p = subprocess.Popen([sys.executable, s], env=base_env(run_dir, RANK=0, WORLD_SIZE=1),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, s],
+        env=base_env(run_dir, RANK=0, WORLD_SIZE=1),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_line(p, "grown", timeout=60)
         lines = []
@@ -163,9 +205,11 @@ def test_watcher_warns_before_the_limit(tmp_path):
         w.poll()
         new = w.memory_warnings()
         assert new and new == lines
-        assert any("memory warning: rank 0" in ln and "grows 16.0 MiB/step" in ln and "phase 'train'" in ln
-                   for ln in lines), lines
-        assert w.memory_warnings() == []                       # once per process and metric
+        assert any(
+            "memory warning: rank 0" in ln and "grows 16.0 MiB/step" in ln and "phase 'train'" in ln
+            for ln in lines
+        ), lines
+        assert w.memory_warnings() == []  # once per process and metric
     finally:
         p.kill()
         p.wait()
@@ -181,12 +225,18 @@ def test_ray_trainer_actor_grows_until_cgroup_oom_kill(tmp_path):
     run_dir = str(tmp_path / "run")
     if "cannot create a memory cgroup" in out:
         pytest.skip("ray-grow could not create its cgroup: " + out[-500:])
-    assert rc == 137, why                          # the driver saw the actor die
+    assert rc == 137, why  # the driver saw the actor die
     assert "Trainer 'trainer-0' pid" in out and "died in train step" in out, why
-    assert "Ray says:" in out, why                            # Ray's message, printed by the driver
+    assert "Ray says:" in out, why  # Ray's message, printed by the driver
 
-    a = subprocess.run([sys.executable, "-m", "hangtrace", "analyze", "--json", run_dir],
-                       env=base_env(traced=False), capture_output=True, text=True, timeout=120, cwd=REPO)
+    a = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "analyze", "--json", run_dir],
+        env=base_env(traced=False),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert a.returncode == 0, a.stderr[-3000:]
     d = json.loads(a.stdout)
     assert (d["kind"], d["cause"]) == ("dead-rank", "host-oom-kill"), d["summary"] + "\n" + why
@@ -205,7 +255,9 @@ def test_ray_trainer_actor_grows_until_cgroup_oom_kill(tmp_path):
     for r, x in says.items():
         assert x["text"] and x["text"] not in det["cause_text"] and x["text"] not in d["cause"], x
         assert any("Ray says:" in e for e in d["evidence"]), d["evidence"]
-    assert not glob.glob("/sys/fs/cgroup/memory/hangtrace-test-*") and not glob.glob("/sys/fs/cgroup/hangtrace-test-*")
+    assert not glob.glob("/sys/fs/cgroup/memory/hangtrace-test-*") and not glob.glob(
+        "/sys/fs/cgroup/hangtrace-test-*"
+    )
 
 
 def test_sampler_thread_waits_past_the_start_and_torch_import(tmp_path):
@@ -217,7 +269,8 @@ def test_sampler_thread_waits_past_the_start_and_torch_import(tmp_path):
     for longer than the interval while it is imported."""
     pkg = tmp_path / "fake" / "torch"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(textwrap.dedent("""
+    (pkg / "__init__.py").write_text(
+        textwrap.dedent("""
         import threading, time
         names = lambda: sorted(t.name for t in threading.enumerate())
         t0, keep = time.monotonic(), []
@@ -226,8 +279,11 @@ def test_sampler_thread_waits_past_the_start_and_torch_import(tmp_path):
         print("in torch's import", names(), flush=True)
         import gc  # the clock is out of gc.callbacks while torch's import runs, back after it
         print("clock in torch's import", [getattr(c, "__name__", "") for c in gc.callbacks], flush=True)
-    """))
-    s = _script(tmp_path, """
+    """)
+    )
+    s = _script(
+        tmp_path,
+        """
         import sys, threading, time
         names = lambda: sorted(t.name for t in threading.enumerate())
         t0, keep = time.monotonic(), []
@@ -245,18 +301,26 @@ def test_sampler_thread_waits_past_the_start_and_torch_import(tmp_path):
             keep.append({})
         print("later", names(), flush=True)
         time.sleep(0.2)  # (its first tick: at once, the interval has passed)
-    """)
-    env = base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S="0.4", PYTHONPATH=os.pathsep.join(
-        [str(tmp_path / "fake"), os.environ.get("PYTHONPATH", REPO)]))
+    """,
+    )
+    env = base_env(
+        tmp_path / "run",
+        HANGTRACE_MEM_INTERVAL_S="0.4",
+        PYTHONPATH=os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", REPO)]),
+    )
     both = "['MainThread', 'hangtrace-memory']"
     out = subprocess.run([sys.executable, s, "torch"], env=env, capture_output=True, text=True, timeout=60)
-    assert "in torch's import ['MainThread']" in out.stdout and "later " + both in out.stdout, (out.stdout, out.stderr)
+    assert "in torch's import ['MainThread']" in out.stdout and "later " + both in out.stdout, (
+        out.stdout,
+        out.stderr,
+    )
     assert "clock in torch's import []" in out.stdout, out.stdout  # (and back: "later" needs it)
     out = subprocess.run([sys.executable, s, "plain"], env=env, capture_output=True, text=True, timeout=60)
     assert "early ['MainThread']" in out.stdout and "later " + both in out.stdout, (out.stdout, out.stderr)
     out = subprocess.run([sys.executable, s, "step"], env=env, capture_output=True, text=True, timeout=60)
     assert "at step " + both in out.stdout, (out.stdout, out.stderr)
     from hangtrace.tracer.collect.rings import load_rings
+
     procs, _ = load_rings(str(tmp_path / "run"))
     assert len(procs) == 3 and all(len(p.memory) >= 2 for p in procs), [len(p.memory) for p in procs]
 
@@ -265,7 +329,9 @@ def test_sampler_thread_starts_when_the_process_joins_a_group(tmp_path):
     """Real torch, a world-size-1 gloo group: the interval (30 s) is far off, so only the
     join starts the timer thread (``memclock.kick`` from the torch.distributed hooks)."""
     pytest.importorskip("torch")
-    s = _script(tmp_path, """
+    s = _script(
+        tmp_path,
+        """
         import socket, threading
         import torch.distributed as dist
         names = lambda: sorted(t.name for t in threading.enumerate())
@@ -276,7 +342,13 @@ def test_sampler_thread_starts_when_the_process_joins_a_group(tmp_path):
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
         print("joined", "hangtrace-memory" in names(), flush=True)
         dist.destroy_process_group()
-    """)
-    out = subprocess.run([sys.executable, s], env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S="30"),
-                         capture_output=True, text=True, timeout=120)
+    """,
+    )
+    out = subprocess.run(
+        [sys.executable, s],
+        env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S="30"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "imported ['MainThread']" in out.stdout and "joined True" in out.stdout, (out.stdout, out.stderr)

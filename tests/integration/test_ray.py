@@ -6,6 +6,7 @@ actors only through the runtime env's env_vars. Verdicts come from
 ``hangtrace dump RUN_DIR --ray --address ADDR --json``: collector tasks pinned to both
 nodes, one local snapshot, Ray's actor/worker tables joined in.
 """
+
 import glob
 import json
 import os
@@ -31,6 +32,7 @@ TIMEOUT_S = 90  # gloo and ray.get timeout inside the example; the tests end it 
 @pytest.fixture(scope="module")
 def cluster():
     from ray.cluster_utils import Cluster
+
     env_backup = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("HANGTRACE")}
     c = None
     try:
@@ -69,8 +71,9 @@ class Driver:
     def __init__(self, argv, env, log_path):
         self.log_path = log_path
         self.f = open(log_path, "w")
-        self.p = subprocess.Popen(argv, env=env, stdout=self.f, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        self.p = subprocess.Popen(
+            argv, env=env, stdout=self.f, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def text(self):
         with open(self.log_path) as f:
@@ -81,8 +84,11 @@ class Driver:
             if needle in self.text():
                 return True
             if self.p.poll() is not None:
-                raise AssertionError("driver exited (%s) before %r:\n%s" % (self.p.returncode, needle, self.text()[-4000:]))
+                raise AssertionError(
+                    "driver exited (%s) before %r:\n%s" % (self.p.returncode, needle, self.text()[-4000:])
+                )
             return False
+
         wait_until(seen, timeout=timeout, period=0.1)
 
     def stop(self):
@@ -117,8 +123,11 @@ def _progress(run_dir):
 
 def wait_blocked(run_dir, n, timeout=60):
     """Wait until ``n`` traced processes are blocked inside a collective (header in-flight)."""
-    wait_until(lambda: sum(1 for h in _headers(run_dir).values() if h["inflight_idx"]) >= n,
-               timeout=timeout, period=0.2)
+    wait_until(
+        lambda: sum(1 for h in _headers(run_dir).values() if h["inflight_idx"]) >= n,
+        timeout=timeout,
+        period=0.2,
+    )
 
 
 def wait_quiet(run_dir, quiet_s=1.5, timeout=45):
@@ -131,13 +140,19 @@ def wait_quiet(run_dir, quiet_s=1.5, timeout=45):
             last[0], last[1] = cur, time.time()
             return False
         return time.time() - last[1] >= quiet_s
+
     wait_until(quiet, timeout=timeout, period=0.25)
 
 
 def dump_ray(run_dir, address):
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "hangtrace", "dump", str(run_dir), "--ray", "--address", address,
-                        "--json"], env=_driver_env(), capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "dump", str(run_dir), "--ray", "--address", address, "--json"],
+        env=_driver_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     d = json.loads(r.stdout)
     d["_took_s"] = time.time() - t0
@@ -146,8 +161,19 @@ def dump_ray(run_dir, address):
 
 def run_fault(cluster, tmp_path, fault, wait_for, hold=False, blocked=4):
     run_dir = tmp_path / "run"
-    argv = [sys.executable, RL_LOOP, "--fault", fault, "--address", cluster.address, "--spread",
-            "--timeout-s", str(TIMEOUT_S), "--runtime-env-json", json.dumps(_runtime_env(run_dir))]
+    argv = [
+        sys.executable,
+        RL_LOOP,
+        "--fault",
+        fault,
+        "--address",
+        cluster.address,
+        "--spread",
+        "--timeout-s",
+        str(TIMEOUT_S),
+        "--runtime-env-json",
+        json.dumps(_runtime_env(run_dir)),
+    ]
     if hold:
         argv += ["--hold-s", "120"]
     drv = Driver(argv, _driver_env(), str(tmp_path / "driver.log"))
@@ -164,7 +190,9 @@ def run_fault(cluster, tmp_path, fault, wait_for, hold=False, blocked=4):
 
 
 def check_verdict(d, kind, culprit, actor_name, actor_class="Trainer"):
-    assert d["kind"] == kind, json.dumps({k: d[k] for k in ("kind", "culprit_ranks", "summary", "evidence")}, indent=1)
+    assert d["kind"] == kind, json.dumps(
+        {k: d[k] for k in ("kind", "culprit_ranks", "summary", "evidence")}, indent=1
+    )
     assert d["culprit_ranks"] == [culprit], d["summary"]
     acts = d["details"]["culprit_actors"]
     assert [(a["rank"], a["class"], a["name"]) for a in acts] == [(culprit, actor_class, actor_name)], acts
@@ -180,7 +208,7 @@ def check_verdict(d, kind, culprit, actor_name, actor_class="Trainer"):
 
 # --- activation, identity, method phases -------------------------------------------------------
 
-PLAIN_DRIVER = r'''
+PLAIN_DRIVER = r"""
 import asyncio, json, os, sys, time
 import ray
 
@@ -220,11 +248,15 @@ assert ray.get([th.nap.remote(0.3), th.nap.remote(0.2), th.nap.remote(0.1)]) == 
 assert ray.get([a.nap.remote(0.3), a.nap.remote(0.1)]) == [0.3, 0.1]
 print("JOB", ray.get_runtime_context().get_job_id(), flush=True)
 print("HANGTRACE in driver:", "hangtrace" in sys.modules, flush=True)
-'''
+"""
 
 
 def _phases(proc):
-    return [(r["kind"], r["phase"], r["state"]) for r in proc.records if r["kind"] in ("phase_enter", "phase_exit")]
+    return [
+        (r["kind"], r["phase"], r["state"])
+        for r in proc.records
+        if r["kind"] in ("phase_enter", "phase_exit")
+    ]
 
 
 def test_env_vars_activate_unmodified_actors_with_identity_and_method_phases(cluster, tmp_path):
@@ -233,20 +265,31 @@ def test_env_vars_activate_unmodified_actors_with_identity_and_method_phases(clu
     # what `ray job submit --runtime-env-json` does for the entrypoint: the job config in
     # RAY_JOB_CONFIG_JSON_ENV_VAR, merged by ray.init into the job's runtime env
     env["RAY_JOB_CONFIG_JSON_ENV_VAR"] = json.dumps({"runtime_env": _runtime_env(run_dir)})
-    r = subprocess.run([sys.executable, "-c", PLAIN_DRIVER, cluster.address], env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", PLAIN_DRIVER, cluster.address],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     job = r.stdout.split("JOB ", 1)[1].split()[0]
-    assert "HANGTRACE in driver: False" in r.stdout           # the driver itself is not traced
+    assert "HANGTRACE in driver: False" in r.stdout  # the driver itself is not traced
     procs = {p.meta.get("ray_actor_name"): p for p in load_run(str(run_dir)).processes}
+
     def named():
         ps = {p.meta.get("ray_actor_name"): p for p in load_run(str(run_dir), records=True).processes}
         return ps if "off-1" in ps else None
-    procs = wait_until(named, timeout=15)   # the identity-only path records from a thread
+
+    procs = wait_until(named, timeout=15)  # the identity-only path records from a thread
     assert {"plain-1", "threaded-1", "async-1", "fallback-1"} <= set(procs), list(procs)
     node_ids = {n.node_id for n in cluster.list_all_nodes()}
-    for name, cls in (("plain-1", "Plain"), ("threaded-1", "Threaded"), ("async-1", "Async"),
-                      ("fallback-1", "Plain")):
+    for name, cls in (
+        ("plain-1", "Plain"),
+        ("threaded-1", "Threaded"),
+        ("async-1", "Async"),
+        ("fallback-1", "Plain"),
+    ):
         m = procs[name].meta
         assert m["ray_actor_class"] == cls and m["ray_job_id"] == job and m["ray_pid"] == procs[name].pid
         assert len(m["ray_actor_id"]) == 32 and m["ray_node_id"] in node_ids and m["ray_worker_id"]
@@ -259,8 +302,12 @@ def test_env_vars_activate_unmodified_actors_with_identity_and_method_phases(clu
     assert _phases(procs["off-1"]) == []
     for name in ("plain-1", "fallback-1"):
         ph = _phases(procs[name])
-        assert ph[:4] == [("phase_enter", "__init__", "completed"), ("phase_exit", "__init__", "completed"),
-                          ("phase_enter", "add", "completed"), ("phase_exit", "add", "completed")], ph
+        assert ph[:4] == [
+            ("phase_enter", "__init__", "completed"),
+            ("phase_exit", "__init__", "completed"),
+            ("phase_enter", "add", "completed"),
+            ("phase_exit", "add", "completed"),
+        ], ph
     assert ("phase_exit", "boom", "failed") in _phases(procs["plain-1"])
     err = [r for r in procs["plain-1"].records if r["kind"] == "phase_exit" and r["phase"] == "boom"]
     assert "ValueError: bad input" in (err[0]["error"] or "")
@@ -269,19 +316,27 @@ def test_env_vars_activate_unmodified_actors_with_identity_and_method_phases(clu
     assert sorted(r["kind"] for r in th) == ["phase_enter"] * 3 + ["phase_exit"] * 3
     assert len({r["thread"] for r in th}) == 3
     # async: two overlapping coroutines; both enters come before both exits
-    an = [r["kind"] for r in procs["async-1"].records if r["phase"] == "nap" and r["kind"].startswith("phase")]
+    an = [
+        r["kind"] for r in procs["async-1"].records if r["phase"] == "nap" and r["kind"].startswith("phase")
+    ]
     assert an == ["phase_enter", "phase_enter", "phase_exit", "phase_exit"], an
 
 
 def test_env_ray_prints_runtime_env_fragment(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "hangtrace", "env", "--ray", "--dir", str(tmp_path)],
-                       env=_driver_env(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "env", "--ray", "--dir", str(tmp_path)],
+        env=_driver_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     frag = json.loads(r.stdout)
     assert frag["env_vars"]["HANGTRACE"] == "1" and frag["env_vars"]["HANGTRACE_DIR"] == str(tmp_path)
     assert frag["env_vars"]["HANGTRACE_RUN_ID"]
 
 
 # --- rl_loop faults, collected on both nodes ------------------------------------------------------
+
 
 def test_cp_extra_microbatch(cluster, tmp_path):
     d, log, run_dir = run_fault(cluster, tmp_path, "cp-extra-microbatch", "step 2: actor_train start")
@@ -292,14 +347,18 @@ def test_cp_extra_microbatch(cluster, tmp_path):
     names = [r["phase"] for r in procs[1].records if r["kind"] == "phase_enter"]
     assert names[:2] == ["__init__", "address"] or names[0] == "__init__"
     assert {"setup", "train_step", "sync_weights"} <= set(names)
-    assert {"setup", "generate", "receive_weights"} <= {r["phase"] for r in procs[4].records
-                                                        if r["kind"] == "phase_enter"}
+    assert {"setup", "generate", "receive_weights"} <= {
+        r["phase"] for r in procs[4].records if r["kind"] == "phase_enter"
+    }
     # issue 11: the snapshot's timeline names every track with its Ray actor, the culprit marked
     tls = sorted(glob.glob(os.path.join(str(run_dir), "snapshots", "*", "timeline.json")))
     assert tls, os.listdir(os.path.join(str(run_dir), "snapshots"))
     with open(tls[-1]) as f:
-        tracks = [e["args"]["name"] for e in json.load(f)["traceEvents"]
-                  if e.get("ph") == "M" and e.get("name") == "process_name"]
+        tracks = [
+            e["args"]["name"]
+            for e in json.load(f)["traceEvents"]
+            if e.get("ph") == "M" and e.get("name") == "process_name"
+        ]
     assert any(t.startswith("CULPRIT rank 1 ") and t.endswith("trainer-1") for t in tracks), tracks
     assert any(t.startswith("rank 0 ") and t.endswith("trainer-0") for t in tracks), tracks
 
@@ -321,9 +380,9 @@ def test_rank0_checkpoint(cluster, tmp_path):
 def test_kill_trainer_dead_rank_with_rays_death_cause(cluster, tmp_path):
     d, log, _ = run_fault(cluster, tmp_path, "kill-trainer", "holding the actors", hold=True, blocked=0)
     check_verdict(d, "dead-rank", 1, "trainer-1")
-    assert d["cause"] == "killed-without-record"            # hangtrace's own evidence
+    assert d["cause"] == "killed-without-record"  # hangtrace's own evidence
     says = d["details"]["ray_says"]["1"]
-    assert "worker process has died" in says["text"]          # Ray's text, reported as Ray's
+    assert "worker process has died" in says["text"]  # Ray's text, reported as Ray's
     assert says["actor_state"] == "DEAD" and says["exit_type"]
     assert any(e.startswith("rank 1: Ray says: ") for e in d["evidence"])
     assert 'Ray says (rank 1): "' in d["summary"]
@@ -346,10 +405,22 @@ def test_node_watcher_stall_collects_on_every_node(cluster, tmp_path):
     cluster's GCS address); the watcher detects the stall itself and collects on both nodes
     through Ray tasks, like `dump --ray`."""
     import socket
+
     run_dir = tmp_path / "run"
     rte = _runtime_env(run_dir, HANGTRACE_AUTO_WATCH="1", HANGTRACE_STALL_S="6")
-    argv = [sys.executable, RL_LOOP, "--fault", "cp-extra-microbatch", "--address", cluster.address, "--spread",
-            "--timeout-s", str(TIMEOUT_S), "--runtime-env-json", json.dumps(rte)]
+    argv = [
+        sys.executable,
+        RL_LOOP,
+        "--fault",
+        "cp-extra-microbatch",
+        "--address",
+        cluster.address,
+        "--spread",
+        "--timeout-s",
+        str(TIMEOUT_S),
+        "--runtime-env-json",
+        json.dumps(rte),
+    ]
     wlog = run_dir / ("watcher-%s.log" % socket.gethostname())
     wpid = None
     t0 = time.time()
@@ -361,14 +432,18 @@ def test_node_watcher_stall_collects_on_every_node(cluster, tmp_path):
         def verdict():
             text = wlog.read_text() if wlog.exists() else ""
             return text if "snapshot: " in text else None
+
         text = wait_until(verdict, timeout=60, period=0.25)
         t_verdict = time.time()
         wpid = int((run_dir / ("watcher-%s.pid" % socket.gethostname())).read_text())
         # one watcher per host and run, although the host runs two Ray nodes
         assert text.count("watcher started") == 1, text
-        assert [n for n in os.listdir(run_dir) if n.startswith("watcher-") and n.endswith(".pid")] == \
-            ["watcher-%s.pid" % socket.gethostname()]
-        started = [ln for ln in (run_dir / "hangtrace.log").read_text().splitlines() if "started node watcher" in ln]
+        assert [n for n in os.listdir(run_dir) if n.startswith("watcher-") and n.endswith(".pid")] == [
+            "watcher-%s.pid" % socket.gethostname()
+        ]
+        started = [
+            ln for ln in (run_dir / "hangtrace.log").read_text().splitlines() if "started node watcher" in ln
+        ]
         assert len(started) == 1 and "RAY_ADDRESS %s" % cluster.address in started[0], started
         assert "stall: no progress" in text
         assert "cluster-wide collection (Ray at %s): 2 node(s), 5 process(es)" % cluster.address in text, text
@@ -381,8 +456,10 @@ def test_node_watcher_stall_collects_on_every_node(cluster, tmp_path):
         d["snapshot"] = sdir
         check_verdict(d, "skipped-collective", 1, "trainer-1")
         assert d["phase"] == "train_step" and d["step"] == 2
-        print("watcher verdict %.1f s after the hang (%.1f s from start): %s"
-              % (t_verdict - t_hang, t_verdict - t0, d["summary"]))
+        print(
+            "watcher verdict %.1f s after the hang (%.1f s from start): %s"
+            % (t_verdict - t_hang, t_verdict - t0, d["summary"])
+        )
     finally:
         if wpid and _pid_alive(wpid):
             os.kill(wpid, signal.SIGTERM)  # before the job ends: no second (death) collection
@@ -395,18 +472,52 @@ def test_node_watcher_stall_collects_on_every_node(cluster, tmp_path):
 
 # --- the Ray-state join, on plain data ---------------------------------------------------------------
 
+
 def test_raystate_join_by_actor_id_then_pid_and_death_text():
     from hangtrace.tracer.snapshot import ProcessInfo
     from hangtrace.tracer.collect.raystate import death_text, joined
-    cause = {"actor_died_error_context": {"error_message": "The actor is dead because its worker process has died.",
-                                          "pid": 11}}
-    state = {"source": "gcs",
-             "actors": [{"actor_id": "a1", "class_name": "Trainer", "name": "trainer-1", "state": "DEAD", "pid": 11,
-                         "node_id": "n1", "death_cause": cause, "death_text": death_text(cause)},
-                        {"actor_id": "a2", "class_name": "Rollout", "name": "rollout", "state": "ALIVE", "pid": 12,
-                         "node_id": "n2", "death_cause": None, "death_text": None}],
-             "workers": [{"worker_id": "w1", "pid": 11, "node_id": "n1", "is_alive": False,
-                          "exit_type": "SYSTEM_ERROR", "exit_detail": "connection error code 2"}]}
+
+    cause = {
+        "actor_died_error_context": {
+            "error_message": "The actor is dead because its worker process has died.",
+            "pid": 11,
+        }
+    }
+    state = {
+        "source": "gcs",
+        "actors": [
+            {
+                "actor_id": "a1",
+                "class_name": "Trainer",
+                "name": "trainer-1",
+                "state": "DEAD",
+                "pid": 11,
+                "node_id": "n1",
+                "death_cause": cause,
+                "death_text": death_text(cause),
+            },
+            {
+                "actor_id": "a2",
+                "class_name": "Rollout",
+                "name": "rollout",
+                "state": "ALIVE",
+                "pid": 12,
+                "node_id": "n2",
+                "death_cause": None,
+                "death_text": None,
+            },
+        ],
+        "workers": [
+            {
+                "worker_id": "w1",
+                "pid": 11,
+                "node_id": "n1",
+                "is_alive": False,
+                "exit_type": "SYSTEM_ERROR",
+                "exit_detail": "connection error code 2",
+            }
+        ],
+    }
     by_id = ProcessInfo(host="h", pid=99, meta={"ray_actor_id": "a1", "ray_node_id": "n1"})
     by_pid = ProcessInfo(host="h", pid=12, meta={"ray_pid": 12, "ray_node_id": "n2"})
     wrong_node = ProcessInfo(host="h", pid=12, meta={"ray_pid": 12, "ray_node_id": "n9"})

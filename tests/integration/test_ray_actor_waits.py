@@ -8,6 +8,7 @@ snapshot's ``diagnosis.json``; evidence comes from the processes' own records
 Every process of a job (Ray's own included) inherits the job's ``HANGTRACE_DIR``; after
 each test none may be left (those found are killed and the test fails).
 """
+
 import sys
 
 import pytest
@@ -16,7 +17,7 @@ from jobs import run_under_hangtrace
 
 pytest.importorskip("ray")
 
-CYCLE_JOB = r'''
+CYCLE_JOB = r"""
 import os, sys, time
 import ray
 
@@ -56,9 +57,9 @@ try:
 except ray.exceptions.GetTimeoutError:
     print("learn timed out", flush=True)
 ray.shutdown()
-'''
+"""
 
-UNSCHEDULABLE_JOB = r'''
+UNSCHEDULABLE_JOB = r"""
 import os, sys, time
 import ray
 
@@ -85,15 +86,22 @@ try:
 except ray.exceptions.GetTimeoutError:
     print("setup timed out", flush=True)
 ray.shutdown()
-'''
+"""
 
 
 def run_job(tmp_path, source, timeout_s=240):
     """Run ``source`` under ``hangtrace run``; return (first diagnosis, console text)."""
     job = tmp_path / "job.py"
     job.write_text(source)
-    diags, out = run_under_hangtrace([sys.executable, str(job)], tmp_path / "run", tmp_path, stall_s=8,
-                                     timeout_s=timeout_s, merge_stderr=True, reap_s=30)
+    diags, out = run_under_hangtrace(
+        [sys.executable, str(job)],
+        tmp_path / "run",
+        tmp_path,
+        stall_s=8,
+        timeout_s=timeout_s,
+        merge_stderr=True,
+        reap_s=30,
+    )
     assert diags, "no verdict:\n" + out
     return diags[0], out
 
@@ -105,8 +113,11 @@ def test_three_actor_call_cycle_is_an_actor_deadlock(tmp_path):
     assert d["kind"] == "actor-deadlock", d["summary"] + "\n" + out[-3000:]
     assert d["culprit_actors"] == ["Buffer 'buf'", "Learner", "Sampler"] and d["culprit_ranks"] == []
     cyc = {c["actor"]: c for c in d["details"]["actor_cycle"]}
-    assert (cyc["Learner"]["method"], cyc["Learner"]["waits_on"], cyc["Learner"]["target_method"]) == \
-        ("learn", "Buffer 'buf'", "sample")
+    assert (cyc["Learner"]["method"], cyc["Learner"]["waits_on"], cyc["Learner"]["target_method"]) == (
+        "learn",
+        "Buffer 'buf'",
+        "sample",
+    )
     assert (cyc["Buffer 'buf'"]["api"], cyc["Buffer 'buf'"]["target_method"]) == ("wait", "fill")
     assert cyc["Sampler"]["target_method"] == "weights" and cyc["Sampler"]["target_started"] is False
     assert [w["actor"] for w in d["details"]["actor_waiters"]] == ["driver"]
@@ -127,7 +138,7 @@ def test_actor_pending_on_a_resource_no_node_has_is_named_with_its_request(tmp_p
     assert "asks for {CPU: 1, accel: 2}" in d["summary"], d["summary"]
 
 
-ROLLOUT_JOB = r'''
+ROLLOUT_JOB = r"""
 import asyncio, os, random
 import ray, torch, torch.distributed as dist
 
@@ -162,7 +173,7 @@ for step in range(6):
     batch = ray.get(rollout.generate.remote(step), timeout=90)
     print("step", step, ray.get([t.train_step.remote(batch) for t in trainers]), flush=True)
 ray.shutdown()
-'''
+"""
 
 
 def test_a_rollout_actor_stuck_in_an_await_is_named_while_the_ranked_trainers_idle(tmp_path):

@@ -9,6 +9,7 @@ sent no token for an explicit address and ``ray.init`` failed after ~20 s ("Fail
 connect to Ray cluster"). Every process of the job inherits its ``HANGTRACE_DIR``; none
 may be left after the test.
 """
+
 import json
 import os
 import signal
@@ -22,9 +23,15 @@ from jobs import base_env, free_port, reap_job, wait_until
 
 pytest.importorskip("ray")
 
-AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
+AUTH_VARS = (
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN",
+    "RAY_AUTH_TOKEN_PATH",
+    "RAY_ADDRESS",
+    "RAY_API_SERVER_ADDRESS",
+)
 
-JOB = r'''
+JOB = r"""
 import os, signal, sys, time
 import ray
 
@@ -54,7 +61,7 @@ try:
     time.sleep(300)
 finally:
     ray.shutdown()
-'''
+"""
 
 
 def _clean_env(**extra):
@@ -75,12 +82,19 @@ def job(tmp_path_factory):
     for k in AUTH_VARS:
         env.pop(k, None)  # as a user's shell: Ray decides (token auth, Ray 2.60's default)
     log = open(tmp / "driver.log", "w")
-    p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                         start_new_session=True, cwd=str(tmp))
+    p = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=str(tmp),
+    )
 
     def text():
         with open(tmp / "driver.log") as f:
             return f.read()
+
     try:
         wait_until(lambda: "KILLED" in text() or p.poll() is not None, timeout=120, period=0.2)
         assert "KILLED" in text(), text()[-3000:]
@@ -107,8 +121,13 @@ def test_dump_ray_from_another_shell_on_token_auth_cluster(job):
     run_dir, gcs, text = job
     assert "Token authentication is enabled" in text()
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "hangtrace", "dump", str(run_dir), "--ray", "--address", gcs, "--json"],
-                       env=_clean_env(), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "dump", str(run_dir), "--ray", "--address", gcs, "--json"],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     took = time.time() - t0
     assert r.returncode == 0, r.stderr[-4000:]
     d = json.loads(r.stdout)
@@ -130,8 +149,13 @@ def test_dump_ray_without_address_uses_the_runs_own_cluster(job):
     """No --address, no RAY_ADDRESS: the run's cluster, from its workers' --gcs-address
     (``auto`` would pick any cluster of this host; other sessions run theirs here)."""
     run_dir, gcs, _ = job
-    r = subprocess.run([sys.executable, "-m", "hangtrace", "dump", str(run_dir), "--ray", "--json"],
-                       env=_clean_env(), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "dump", str(run_dir), "--ray", "--json"],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     st = _state(json.loads(r.stdout)["snapshot"])
     assert {a["name"]: a["state"] for a in st["actors"]}.get("victim") == "DEAD", st["actors"]
@@ -139,6 +163,7 @@ def test_dump_ray_without_address_uses_the_runs_own_cluster(job):
 
 def test_watcher_collection_path_on_token_auth_cluster(job, monkeypatch):
     from hangtrace.tracer.collect.rayjob import ray_collect
+
     run_dir, gcs, _ = job
     for k in AUTH_VARS:
         monkeypatch.delenv(k, raising=False)
@@ -157,20 +182,32 @@ def test_no_token_says_what_to_set(job, tmp_path):
     the cluster's auth mode and exactly what to set."""
     run_dir, gcs, _ = job
     env = _clean_env(HOME=str(tmp_path))  # no ~/.ray/auth_token here
-    r = subprocess.run([sys.executable, "-m", "hangtrace", "dump", str(run_dir), "--ray", "--address", gcs],
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "dump", str(run_dir), "--ray", "--address", gcs],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0
     err = r.stderr
     assert "cannot connect to the Ray cluster at %s" % gcs in err, err[-3000:]
     assert "RAY_AUTH_MODE=token" in err  # the cluster's GCS runs with it (read from its environment)
-    assert "RAY_AUTH_TOKEN=" in err and "RAY_AUTH_TOKEN_PATH=" in err and "ray get-auth-token" in err, err[-3000:]
+    assert "RAY_AUTH_TOKEN=" in err and "RAY_AUTH_TOKEN_PATH=" in err and "ray get-auth-token" in err, err[
+        -3000:
+    ]
 
 
 def test_unreachable_address_says_so_quickly(tmp_path):
     addr = "127.0.0.1:%d" % free_port()
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "hangtrace", "dump", str(tmp_path), "--ray", "--address", addr],
-                       env=_clean_env(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "dump", str(tmp_path), "--ray", "--address", addr],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0
     assert "cannot reach the Ray cluster at %s" % addr in r.stderr, r.stderr
     assert "--address" in r.stderr and "RAY_ADDRESS" in r.stderr, r.stderr

@@ -3,6 +3,7 @@
 Every traced program is compared with the same program run untraced (started side by
 side, so the comparison costs no extra wall time).
 """
+
 import json
 import os
 import signal
@@ -23,8 +24,9 @@ HOST = socket.gethostname()
 
 def start(mode, run_dir, traced=True):
     env = base_env(run_dir, traced)
-    return subprocess.Popen([sys.executable, PROG, mode], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, PROG, mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def finish(p, timeout=60):
@@ -43,8 +45,13 @@ def read(path):
 
 def records_json(run_dir):
     env = base_env(None, traced=False)
-    p = subprocess.run([sys.executable, "-m", "hangtrace", "records", str(run_dir), "--json"], env=env,
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "records", str(run_dir), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     return {q["pid"]: q for q in d["processes"]}, d["errors"]
@@ -117,6 +124,7 @@ def assert_sender(text, q):
     """The SIGTERM came from this test process: with the C extension its pid and command line
     are the stack file's first line and the record's ``signals.sigterm.sender``."""
     from hangtrace.hooks.recorder import _fastrec
+
     if _fastrec is None:
         assert not text.startswith("hangtrace: SIGTERM from")
         return
@@ -142,6 +150,7 @@ def test_sigterm_inside_a_gloo_collective(tmp_path):
                     r = R.read_ring(os.path.join(str(run_dir), path))
                     if r.header["pid"] == traced[1].pid and r.header["inflight_idx"]:
                         return True
+
         wait_until(inflight)
         for job in (traced, plain):
             wait_until(lambda: main_thread_blocked(job[1].pid))
@@ -162,8 +171,9 @@ def test_sigterm_inside_a_gloo_collective(tmp_path):
     assert "sigterm" in q["signals"]
 
 
-@pytest.mark.parametrize("mode,sig,expect", [("abort", signal.SIGABRT, "Aborted"),
-                                              ("segv", signal.SIGSEGV, "Segmentation fault")])
+@pytest.mark.parametrize(
+    "mode,sig,expect", [("abort", signal.SIGABRT, "Aborted"), ("segv", signal.SIGSEGV, "Segmentation fault")]
+)
 def test_fatal_signal_writes_stacks_and_keeps_status(tmp_path, mode, sig, expect):
     run_dir = tmp_path / "run"
     procs = [start(mode, run_dir), start(mode, tmp_path / "off", traced=False)]
@@ -216,12 +226,16 @@ def test_exit_states_and_exceptions(tmp_path):
 
     texc = [e for e in st["thread_raise"]["events"] if e["event"] == "thread_exception"]
     assert len(texc) == 1
-    assert (texc[0]["type"], texc[0]["message"], texc[0]["thread_name"]) == ("KeyError", "'missing-key'", "worker-1")
+    assert (texc[0]["type"], texc[0]["message"], texc[0]["thread_name"]) == (
+        "KeyError",
+        "'missing-key'",
+        "worker-1",
+    )
     assert "in fail_in_thread" in texc[0]["traceback"]
     assert [e["code"] for e in st["thread_raise"]["events"] if e["event"] == "exit"] == [0]
 
 
-WORKER_SEGV = r'''
+WORKER_SEGV = r"""
 import ctypes, sys
 from torch.utils.data import DataLoader, Dataset
 class D(Dataset):
@@ -245,7 +259,7 @@ while out is None:
     except Exception:  # (torch's SIGCHLD handler raises wherever the main thread is: traced or not)
         out = "caught: DataLoader worker"
 print(out)
-'''
+"""
 
 
 def test_a_dataloader_workers_segfault_in_native_code_leaves_its_stack(tmp_path):
@@ -255,14 +269,26 @@ def test_a_dataloader_workers_segfault_in_native_code_leaves_its_stack(tmp_path)
     script = tmp_path / "segv.py"
     script.write_text(WORKER_SEGV)
     run_dir = tmp_path / "run"
-    procs = [subprocess.Popen([sys.executable, str(script)], env=base_env(d, traced), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-             for d, traced in ((run_dir, True), (tmp_path / "off", False))]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env=base_env(d, traced),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for d, traced in ((run_dir, True), (tmp_path / "off", False))
+    ]
     (rc, out, err), (rc0, out0, err0) = [finish(p, timeout=120) for p in procs]
     assert rc == rc0 == 0 and out == out0 == "caught: DataLoader worker\n", (rc, rc0, out, out0, err[-2000:])
-    assert "ERROR: Unexpected segmentation fault encountered in worker." in err and err0.count("ERROR") == err.count("ERROR")
-    fatal = [f for f in os.listdir(run_dir / "stacks") if f.startswith("fatal-")
-             and os.path.getsize(run_dir / "stacks" / f) > 0]
+    assert "ERROR: Unexpected segmentation fault encountered in worker." in err and err0.count(
+        "ERROR"
+    ) == err.count("ERROR")
+    fatal = [
+        f
+        for f in os.listdir(run_dir / "stacks")
+        if f.startswith("fatal-") and os.path.getsize(run_dir / "stacks" / f) > 0
+    ]
     assert len(fatal) == 1, os.listdir(run_dir / "stacks")
     text = read(run_dir / "stacks" / fatal[0])
     assert "Segmentation fault" in text and "in __getitem__" in text and "segv.py" in text, text[-1500:]

@@ -1,5 +1,6 @@
 """Bad input to analyze: missing, corrupt or partial snapshot files -> a clear line for that
 file, and the rest analysed. Plus the auto-started node watcher of a run without `hangtrace run`."""
+
 import json
 import os
 import signal
@@ -12,13 +13,22 @@ from hangtrace.tracer.collect.rings import load_snapshot, take_snapshot
 
 def _make_run(run_dir, n=3):
     for r in range(n):
-        subprocess.run([sys.executable, "-c", "from hangtrace import tracer; tracer.step(4)"],
-                       env=base_env(run_dir, RANK=r, WORLD_SIZE=n), check=True, timeout=60)
+        subprocess.run(
+            [sys.executable, "-c", "from hangtrace import tracer; tracer.step(4)"],
+            env=base_env(run_dir, RANK=r, WORLD_SIZE=n),
+            check=True,
+            timeout=60,
+        )
 
 
 def _analyze(path):
-    out = subprocess.run([sys.executable, "-m", "hangtrace", "analyze", "--json", str(path)],
-                         env=base_env(traced=False), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "analyze", "--json", str(path)],
+        env=base_env(traced=False),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return out
 
 
@@ -36,7 +46,7 @@ def test_corrupt_and_missing_snapshot_files(tmp_path):
     with open(os.path.join(snap.path, "stacks", "x-1.json"), "w") as f:
         f.write("{not json")
     good_pid = int(rings[2].rsplit("-", 1)[1].split(".")[0])
-    host = rings[2][len("ring-"):].rsplit("-", 1)[0]
+    host = rings[2][len("ring-") :].rsplit("-", 1)[0]
     with open(os.path.join(snap.path, "stacks", "%s-%d.json" % (host, good_pid)), "w") as f:
         f.write("{broken")
     with open(os.path.join(snap.path, "processes.json"), "r+") as f:
@@ -70,9 +80,20 @@ def test_auto_watcher_reports_a_stall_without_hangtrace_run(tmp_path):
     watcher that writes the verdict to RUN_DIR/watcher-<host>.log."""
     run = tmp_path / "run"
     env = base_env(run, HANGTRACE_AUTO_WATCH=1, HANGTRACE_STALL_S=4, HANGTRACE_POLL_S=0.5)
-    job = subprocess.Popen([sys.executable, os.path.join(REPO, "examples", "train_faults.py"),
-                            "--fault", "stuck-queue", "--timeout-s", "120"], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(REPO, "examples", "train_faults.py"),
+            "--fault",
+            "stuck-queue",
+            "--timeout-s",
+            "120",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         log = lambda: open(next(run.glob("watcher-*.log"))).read() if list(run.glob("watcher-*.log")) else ""
         wait_until(lambda: "verdict:" in log(), timeout=150, period=0.5)
@@ -83,6 +104,7 @@ def test_auto_watcher_reports_a_stall_without_hangtrace_run(tmp_path):
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(timeout=10)
+
     # the watcher notices the job is gone and exits by itself
     def gone():
         try:
@@ -90,4 +112,5 @@ def test_auto_watcher_reports_a_stall_without_hangtrace_run(tmp_path):
             return False
         except ProcessLookupError:
             return True
+
     wait_until(gone, timeout=30, period=0.5)

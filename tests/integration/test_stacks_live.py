@@ -1,4 +1,5 @@
 """py-spy stacks, the faulthandler fallback and discovery on real live processes."""
+
 import json
 import os
 import shutil
@@ -15,8 +16,7 @@ from hangtrace.tracer.collect import stacks
 
 ok, why = stacks.pyspy_available()
 needs_pyspy = pytest.mark.skipif(not ok, reason=why)
-needs_ptrace = pytest.mark.skipif(stacks.ptrace_problem() is not None,
-                                  reason=str(stacks.ptrace_problem()))
+needs_ptrace = pytest.mark.skipif(stacks.ptrace_problem() is not None, reason=str(stacks.ptrace_problem()))
 
 QUEUE_CHILD = """
 import queue
@@ -56,8 +56,13 @@ def start(code, *args, env=None):
     full_env = dict(os.environ)
     full_env.pop(config.ENABLE, None)
     full_env.update(env or {})
-    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)] + list(args),
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=full_env)
+    p = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)] + list(args),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=full_env,
+    )
     line = p.stdout.readline()
     assert line.strip() == "ready", "child did not start: %r" % line
     return p
@@ -126,7 +131,7 @@ def test_dump_stacks_native(tmp_path):
 def test_vanished_and_non_python_pids():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
-    gone = p.pid                       # reaped: the pid no longer exists
+    gone = p.pid  # reaped: the pid no longer exists
     z = subprocess.Popen([sys.executable, "-c", "pass"])
     procs = [z]
     try:
@@ -147,6 +152,7 @@ def test_vanished_and_non_python_pids():
 def _blocked(pid, polls=4, timeout=20):
     """Wait until ``pid`` has been asleep (state S) for ``polls`` consecutive 50 ms polls."""
     import time
+
     deadline, n = time.time() + timeout, 0
     while time.time() < deadline and n < polls:
         with open("/proc/%d/stat" % pid) as f:
@@ -164,16 +170,15 @@ def test_faulthandler_round_trip(tmp_path):
         assert stacks.signal_caught(fh.pid, signal.SIGUSR2)
         assert not stacks.signal_caught(fh.pid, signal.SIGUSR1)
         # refuses when the caller does not vouch for the handler: no signal sent
-        assert stacks.request_faulthandler_dump(fh.pid, signal.SIGUSR2, str(dump),
-                                                registered=False) is None
+        assert stacks.request_faulthandler_dump(fh.pid, signal.SIGUSR2, str(dump), registered=False) is None
         assert not dump.exists() or dump.stat().st_size == 0
         # refuses when /proc says no handler (SIGUSR1 at SIG_DFL would kill it)
-        assert stacks.request_faulthandler_dump(fh.pid, signal.SIGUSR1, str(dump),
-                                                registered=True) is None
+        assert stacks.request_faulthandler_dump(fh.pid, signal.SIGUSR1, str(dump), registered=True) is None
         assert fh.poll() is None
-        for _ in range(2):   # twice: the second call must return only the new dump
-            threads = stacks.request_faulthandler_dump(fh.pid, signal.SIGUSR2, str(dump),
-                                                       timeout_s=10, registered=True)
+        for _ in range(2):  # twice: the second call must return only the new dump
+            threads = stacks.request_faulthandler_dump(
+                fh.pid, signal.SIGUSR2, str(dump), timeout_s=10, registered=True
+            )
             assert threads, dump.read_text()
             assert stacks.top_frames(threads, n=1) == ["wait_for_lock (<string>:8)"]
             assert fh.poll() is None
@@ -187,9 +192,11 @@ def test_faulthandler_request_on_plain_process(tmp_path):
     try:
         p = start(PLAIN_CHILD)
         procs.append(p)
-        assert stacks.request_faulthandler_dump(p.pid, signal.SIGUSR2, str(tmp_path / "x"),
-                                                registered=True) is None
-        assert p.poll() is None          # still alive: nothing was sent
+        assert (
+            stacks.request_faulthandler_dump(p.pid, signal.SIGUSR2, str(tmp_path / "x"), registered=True)
+            is None
+        )
+        assert p.poll() is None  # still alive: nothing was sent
     finally:
         stop(procs)
 
@@ -197,15 +204,19 @@ def test_faulthandler_request_on_plain_process(tmp_path):
 def test_discover_finds_rank(tmp_path):
     procs = []
     try:
-        a = start(PLAIN_CHILD, env={"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
-                                    "TORCHELASTIC_RUN_ID": "ht-test-run"})
+        a = start(
+            PLAIN_CHILD,
+            env={"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "ht-test-run"},
+        )
         procs.append(a)
-        helper = start(PLAIN_CHILD, env=dict(config.helper_env(), RANK="3", WORLD_SIZE="4",
-                                             TORCHELASTIC_RUN_ID="ht-test-run"))
+        helper = start(
+            PLAIN_CHILD,
+            env=dict(config.helper_env(), RANK="3", WORLD_SIZE="4", TORCHELASTIC_RUN_ID="ht-test-run"),
+        )
         procs.append(helper)
         found = discover.find_torch_processes()
         mine = [d for d in found if d["run_id"] == "ht-test-run"]
-        assert [d["pid"] for d in mine] == [a.pid]      # helper skipped
+        assert [d["pid"] for d in mine] == [a.pid]  # helper skipped
         d = mine[0]
         assert (d["rank"], d["local_rank"], d["world_size"]) == (3, 1, 4)
         assert d["env"]["RANK"] == "3" and d["python"] is True
@@ -244,15 +255,19 @@ def test_discover_prefers_worker_over_wrapper_and_forks(tmp_path):
     env = dict(os.environ, RANK="5", WORLD_SIZE="8", TORCHELASTIC_RUN_ID="ht-wrap-run")
     env.pop(config.ENABLE, None)
     try:
-        p = subprocess.Popen(["/bin/sh", "-c", "%s %s; true" % (sys.executable, script)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        p = subprocess.Popen(
+            ["/bin/sh", "-c", "%s %s; true" % (sys.executable, script)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         procs.append(p)
         line = p.stdout.readline().split()
         assert line[0] == "ready"
         worker = int(line[1])
-        every = [d for d in discover.find_torch_processes(include_all=True)
-                 if d["run_id"] == "ht-wrap-run"]
-        assert len(every) == 3, every           # sh, worker, forked child
+        every = [d for d in discover.find_torch_processes(include_all=True) if d["run_id"] == "ht-wrap-run"]
+        assert len(every) == 3, every  # sh, worker, forked child
         kept = [d for d in discover.find_torch_processes() if d["run_id"] == "ht-wrap-run"]
         assert [d["pid"] for d in kept] == [worker]
     finally:
@@ -266,33 +281,58 @@ def test_discover_prefers_worker_over_wrapper_and_forks(tmp_path):
 
 
 @needs_pyspy
-@pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("capsh") and shutil.which("setpriv")),
-                    reason="needs root, capsh and setpriv to create a ptrace-denied situation")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not (shutil.which("capsh") and shutil.which("setpriv")),
+    reason="needs root, capsh and setpriv to create a ptrace-denied situation",
+)
 def test_permission_denied_names_remedy():
     """Root without CAP_SYS_PTRACE reading another uid's process: a real ptrace refusal."""
     procs = []
     try:
-        target = subprocess.Popen(["setpriv", "--reuid", "65534", "--regid", "65534",
-                                   "--clear-groups", "sh", "-c", "echo ready; exec sleep 300"],
-                                  stdout=subprocess.PIPE, text=True)
+        target = subprocess.Popen(
+            [
+                "setpriv",
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+                "echo ready; exec sleep 300",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         procs.append(target)
         assert target.stdout.readline().strip() == "ready"
-        probe = ("import json, sys\n"
-                 "from hangtrace.tracer.collect import stacks\n"
-                 "r = stacks.dump_stacks([%d])[%d]\n"
-                 "print(json.dumps([r['error'], r['remedy'], stacks.ptrace_problem(%d)]))\n"
-                 % (target.pid, target.pid, target.pid))
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(stacks.__file__)))))
+        probe = (
+            "import json, sys\n"
+            "from hangtrace.tracer.collect import stacks\n"
+            "r = stacks.dump_stacks([%d])[%d]\n"
+            "print(json.dumps([r['error'], r['remedy'], stacks.ptrace_problem(%d)]))\n"
+            % (target.pid, target.pid, target.pid)
+        )
+        root = os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(stacks.__file__))))
+        )
         env = dict(os.environ, PYTHONPATH=root)
-        out = subprocess.run(["capsh", "--drop=cap_sys_ptrace", "--",
-                              "-c", 'exec "$0" -c "$1"', sys.executable, probe],
-                             capture_output=True, text=True, timeout=60, env=env)
+        out = subprocess.run(
+            ["capsh", "--drop=cap_sys_ptrace", "--", "-c", 'exec "$0" -c "$1"', sys.executable, probe],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert out.returncode == 0, out.stderr
         error, remedy, predicted = json.loads(out.stdout.strip().splitlines()[-1])
         assert error.startswith("permission denied reading pid %d" % target.pid), error
         for text in (error, remedy, predicted):
-            for needle in ("CAP_SYS_PTRACE", "sysctl kernel.yama.ptrace_scope=0",
-                           "docker run --cap-add SYS_PTRACE"):
+            for needle in (
+                "CAP_SYS_PTRACE",
+                "sysctl kernel.yama.ptrace_scope=0",
+                "docker run --cap-add SYS_PTRACE",
+            ):
                 assert needle in text
     finally:
         stop(procs)

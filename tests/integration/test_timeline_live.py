@@ -9,6 +9,7 @@
   collective, flows, memory counters and the stall marker; ``hangtrace timeline`` merges
   rank 1's function-level events into rank 1's track.
 """
+
 import glob
 import json
 import os
@@ -16,33 +17,37 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 from jobs import REPO, base_env
 
 EXAMPLE = os.path.join(REPO, "examples", "train_faults.py")
 
-CHILD = r'''
+CHILD = r"""
 import sys
 from hangtrace import tracer
 with tracer.phase("train", step=1):
     sum(range(1000))
 print("VIZ", "viztracer" in sys.modules, flush=True)
-'''
+"""
 
 
 def _child(tmp_path, **env):
-    out = subprocess.run([sys.executable, "-c", CHILD], env=base_env(tmp_path / "run", RANK=0, **env),
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        env=base_env(tmp_path / "run", RANK=0, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return re.search(r"VIZ (\w+)", out.stdout).group(1)
 
 
 def test_deep_unset_does_not_import_viztracer(tmp_path):
     assert _child(tmp_path) == "False"
-    assert _child(tmp_path, HANGTRACE_DEEP="rank=5,phase=train") == "False"   # rank not selected
-    assert _child(tmp_path, HANGTRACE_DEEP="rank=0,phase=eval") == "False"    # phase never entered
-    assert _child(tmp_path, HANGTRACE_DEEP="rank=0,phase=train") == "True"    # control
+    assert _child(tmp_path, HANGTRACE_DEEP="rank=5,phase=train") == "False"  # rank not selected
+    assert _child(tmp_path, HANGTRACE_DEEP="rank=0,phase=eval") == "False"  # phase never entered
+    assert _child(tmp_path, HANGTRACE_DEEP="rank=0,phase=train") == "True"  # control
     # the selected run dumped its buffer at exit, with its clock file
     assert glob.glob(str(tmp_path / "run" / "deep" / "deep-*.clock.json"))
 
@@ -59,12 +64,28 @@ def run_demo(tmp_path, extra=()):
     cp-extra-microbatch --world-size 4``; returns (rc, stderr, run_dir)."""
     run_dir = str(tmp_path / "run")
     cmd = [sys.executable, "-m", "hangtrace", "run", "--stall-s", "8", "--stop-on-stall", "--dir", run_dir]
-    cmd += list(extra) + ["--", sys.executable, EXAMPLE, "--fault", "cp-extra-microbatch", "--world-size", "4",
-                          "--timeout-s", "200"]
+    cmd += list(extra) + [
+        "--",
+        sys.executable,
+        EXAMPLE,
+        "--fault",
+        "cp-extra-microbatch",
+        "--world-size",
+        "4",
+        "--timeout-s",
+        "200",
+    ]
     # import torch in 4 ranks on a shared 2-core machine can take minutes: no startup verdict
     env = base_env(traced=False, HANGTRACE_STARTUP_STALL_S=240)
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, cwd=REPO)
+    p = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=REPO,
+    )
     out = err = ""
     try:
         out, err = p.communicate(timeout=400)
@@ -81,7 +102,11 @@ def run_demo(tmp_path, extra=()):
 
 
 def _tracks(t):
-    return {e["pid"]: e["args"]["name"] for e in t["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    return {
+        e["pid"]: e["args"]["name"]
+        for e in t["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
 
 
 def _rank_pids(t):
@@ -111,8 +136,11 @@ def check_demo_trace(t):
     assert v["args"]["op"] == "all_reduce" and v["args"]["phase"] == "train" and v["args"]["step"] == 2
     assert abs(v["ts"] + v["dur"] - stall[0]["ts"]) < 1.0  # µs rounding
     # the waiting peers have open collectives too, none marked as the verdict
-    open_other = {e["pid"] for e in evs if e["ph"] == "X" and e.get("args", {}).get("open") and e["cat"] != "phase"
-                  and e["pid"] != ranks[1]}
+    open_other = {
+        e["pid"]
+        for e in evs
+        if e["ph"] == "X" and e.get("args", {}).get("open") and e["cat"] != "phase" and e["pid"] != ranks[1]
+    }
     assert open_other == {ranks[0], ranks[2], ranks[3]}
     # flows: cp0's earlier all_reduces link ranks 0 and 1; the world group's link all four
     flows = {}
@@ -144,10 +172,16 @@ def test_demo_hang_timeline_with_deep_trace(tmp_path):
         check_demo_trace(json.load(f))
     # the CLI on the same snapshot, gzip, with rank 1's deep trace merged
     out = str(tmp_path / "t.json.gz")
-    r = subprocess.run([sys.executable, "-m", "hangtrace", "timeline", os.path.dirname(paths[-1]), "-o", out],
-                       env=base_env(traced=False), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "timeline", os.path.dirname(paths[-1]), "-o", out],
+        env=base_env(traced=False),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     import gzip
+
     with gzip.open(out, "rt") as f:
         t = json.load(f)
     ranks = check_demo_trace(t)
@@ -156,8 +190,11 @@ def test_demo_hang_timeline_with_deep_trace(tmp_path):
     assert {e["pid"] for e in deep} == {ranks[1]}
     assert any("train_faults.py" in e["name"] and "train" in e["name"] for e in deep), deep[:5]
     # only inside rank 1's 'train' phases (1 ms slack: two clock readings per conversion)
-    trains = [(e["ts"], e["ts"] + e["dur"]) for e in t["traceEvents"]
-              if e["ph"] == "X" and e.get("cat") == "phase" and e["name"] == "train" and e["pid"] == ranks[1]]
+    trains = [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in t["traceEvents"]
+        if e["ph"] == "X" and e.get("cat") == "phase" and e["name"] == "train" and e["pid"] == ranks[1]
+    ]
     for e in deep:
         assert any(a - 1000 <= e["ts"] <= b + 1000 for a, b in trains), (e, trains)
 
@@ -167,6 +204,7 @@ def test_sigkilled_rank_track_ends_at_its_last_record(tmp_path):
     timeline.json, written from the rings alone, ends rank 1's track at its last record
     (not at the snapshot) and marks the death there; rank 0's track goes on."""
     from test_examples import run_example
+
     r = run_example(tmp_path, "kill-rank")
     paths = sorted(glob.glob(os.path.join(r.run_dir, "snapshots", "*", "timeline.json")))
     assert paths, r.why()
@@ -176,8 +214,13 @@ def test_sigkilled_rank_track_ends_at_its_last_record(tmp_path):
     assert set(pids) >= {0, 1}, _tracks(t)
 
     def last_end(pid):
-        return max(e["ts"] + e.get("dur", 0) for e in t["traceEvents"] if e.get("pid") == pid and e["ph"] != "M")
-    deaths = [e for e in t["traceEvents"] if e.get("pid") == pids[1] and e["ph"] == "i" and e.get("cat") == "death"]
+        return max(
+            e["ts"] + e.get("dur", 0) for e in t["traceEvents"] if e.get("pid") == pid and e["ph"] != "M"
+        )
+
+    deaths = [
+        e for e in t["traceEvents"] if e.get("pid") == pids[1] and e["ph"] == "i" and e.get("cat") == "death"
+    ]
     assert deaths, [e for e in t["traceEvents"] if e.get("pid") == pids[1] and e["ph"] == "i"]
-    assert last_end(pids[1]) <= deaths[0]["ts"] + 1.0   # nothing drawn after its last record
-    assert last_end(pids[0]) > deaths[0]["ts"]          # the survivor's track goes on
+    assert last_end(pids[1]) <= deaths[0]["ts"] + 1.0  # nothing drawn after its last record
+    assert last_end(pids[0]) > deaths[0]["ts"]  # the survivor's track goes on

@@ -1,6 +1,7 @@
 """What a rank outside collectives waits for, on real 2-rank torchrun jobs: the holder of a
 file lock (``/proc/locks``) named by rank, and the other end of a local TCP connection with
 what its own threads wait for (blind helpers 54 and 58's shapes, written here anew)."""
+
 import sys
 
 import pytest
@@ -78,8 +79,14 @@ def _run(tmp_path, source, **env):
     pytest.importorskip("torch")
     job = tmp_path / "job.py"
     job.write_text(source)
-    diags, why = run_under_hangtrace([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                                      str(job)], tmp_path / "run", tmp_path, stall_s=5, timeout_s=180, extra_env=env)
+    diags, why = run_under_hangtrace(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(job)],
+        tmp_path / "run",
+        tmp_path,
+        stall_s=5,
+        timeout_s=180,
+        extra_env=env,
+    )
     assert diags, why
     return diags[0], why
 
@@ -88,7 +95,9 @@ def test_a_rank_blocked_in_flock_names_the_holder_by_rank_and_where_it_is(tmp_pa
     d, why = _run(tmp_path, FLOCK)
     assert (d["kind"], d["culprit_ranks"]) == ("stuck-outside-collective", [1]), why
     assert "cache.lock, held by pid" in d["summary"] and ": rank 0))" in d["summary"], d["summary"]
-    assert "The lock's holder, rank 0" in d["summary"] and "its main thread is in barrier" in d["summary"], d["summary"]
+    assert "The lock's holder, rank 0" in d["summary"] and "its main thread is in barrier" in d["summary"], d[
+        "summary"
+    ]
 
 
 def test_a_rank_blocked_on_a_socket_names_the_peer_rank_and_its_serving_thread(tmp_path):

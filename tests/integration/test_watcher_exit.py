@@ -2,6 +2,7 @@
 is deleted or replaced, when its ring files are gone, and when no traced process is alive.
 Real watcher processes (auto-started by a traced job, or standalone); nothing is left
 running after a test."""
+
 import os
 import shutil
 import signal
@@ -39,8 +40,14 @@ def job(tmp_path):
     dir, watcher pid). Kills both at the end."""
     run = tmp_path / "run"
     env = base_env(run, HANGTRACE_AUTO_WATCH=1, HANGTRACE_POLL_S=0.2, HANGTRACE_STALL_S=600)
-    p = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", SLEEPER],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     wpid = None
     try:
         wait_line(p, "ready", timeout=60)
@@ -83,20 +90,33 @@ def test_auto_started_watcher_exits_when_every_process_is_gone(job):
     os.killpg(p.pid, signal.SIGKILL)
     p.wait(timeout=10)
     wait_until(lambda: exited(wpid), timeout=10, period=0.1)
-    assert "no traced process alive on this node; watcher exits" in next(run.glob("watcher-*.log")).read_text()
+    assert (
+        "no traced process alive on this node; watcher exits" in next(run.glob("watcher-*.log")).read_text()
+    )
 
 
 def test_watcher_exits_when_the_ring_files_are_deleted(tmp_path):
     """Rings removed (the directory stays): after HANGTRACE_STARTUP_STALL_S without any ring."""
     run = tmp_path / "run"
     env = base_env(run, HANGTRACE_POLL_S=0.2, HANGTRACE_STALL_S=600)
-    wenv = base_env(traced=False, HANGTRACE_POLL_S=0.2, HANGTRACE_STALL_S=600, HANGTRACE_STARTUP_STALL_S=1,
-                    HANGTRACE_HELPER=1)
-    out = subprocess.run([sys.executable, "-m", "hangtrace.tracer.watch.watcher", str(run)], env=wenv,
-                         capture_output=True, text=True, timeout=60)
+    wenv = base_env(
+        traced=False,
+        HANGTRACE_POLL_S=0.2,
+        HANGTRACE_STALL_S=600,
+        HANGTRACE_STARTUP_STALL_S=1,
+        HANGTRACE_HELPER=1,
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "hangtrace.tracer.watch.watcher", str(run)],
+        env=wenv,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 4 and "cannot watch %s" % run in out.stderr and "remedy" in out.stderr
-    p = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", SLEEPER], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     w = None
     try:
         wait_line(p, "ready", timeout=60)

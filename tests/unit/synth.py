@@ -5,6 +5,7 @@ collective with the next per-group seq, ``.p2p(group, peer, op)`` a p2p op with 
 per-(group, peer) seq; records get increasing ``idx`` and ``t_wall_ns`` (1 ms apart from
 ``T0`` plus the rank's offset). ``.build()`` returns the ProcessInfo. Times are ns.
 """
+
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 T0 = 1_700_000_000_000_000_000  # ns since the epoch
@@ -26,8 +27,13 @@ def frames(*fr):
     for f in fr:
         name, loc = f.split(" ", 1)
         fn, line = loc.rsplit(":", 1)
-        out.append({"name": name, "filename": "/usr/lib/python3.11/" + fn if "/" not in fn else fn,
-                    "line": int(line)})
+        out.append(
+            {
+                "name": name,
+                "filename": "/usr/lib/python3.11/" + fn if "/" not in fn else fn,
+                "line": int(line),
+            }
+        )
     return out
 
 
@@ -38,9 +44,13 @@ def stack(*fr, active=True, extra_threads=()):
     return threads
 
 
-COLL_STACK = ("all_reduce /site-packages/torch/distributed/distributed_c10d.py:2500",
-              "wrapper /site-packages/torch/distributed/c10d_logger.py:80",
-              "train_step train.py:40", "main train.py:90", "<module> train.py:100")
+COLL_STACK = (
+    "all_reduce /site-packages/torch/distributed/distributed_c10d.py:2500",
+    "wrapper /site-packages/torch/distributed/c10d_logger.py:80",
+    "train_step train.py:40",
+    "main train.py:90",
+    "<module> train.py:100",
+)
 
 
 class R:
@@ -58,16 +68,45 @@ class R:
         self.step = step
         self.kw = {}
 
-    def _rec(self, kind, op, grp, seq, peer=-1, dtype="float32", numel=1, shape=None, state="completed",
-             error=None, async_op=False, dt=MS):
+    def _rec(
+        self,
+        kind,
+        op,
+        grp,
+        seq,
+        peer=-1,
+        dtype="float32",
+        numel=1,
+        shape=None,
+        state="completed",
+        error=None,
+        async_op=False,
+        dt=MS,
+    ):
         self.idx += 1
         self.t += dt
-        r = {"idx": self.idx, "kind": kind, "op": op, "group": grp, "seq": seq, "dtype": dtype,
-             "numel": numel, "shape": shape or ("[%d]" % numel if numel is not None else None),
-             "peer": peer, "async_op": async_op, "batch": False, "thread": "MainThread",
-             "phase": self.phase, "step": self.step, "t_mono_ns": self.t - T0, "t_wall_ns": self.t,
-             "t_end_mono_ns": (self.t - T0 + 100_000) if state != "issued" else None,
-             "state": state, "error": error, "a": (0, 0, 0, 0, 0)}
+        r = {
+            "idx": self.idx,
+            "kind": kind,
+            "op": op,
+            "group": grp,
+            "seq": seq,
+            "dtype": dtype,
+            "numel": numel,
+            "shape": shape or ("[%d]" % numel if numel is not None else None),
+            "peer": peer,
+            "async_op": async_op,
+            "batch": False,
+            "thread": "MainThread",
+            "phase": self.phase,
+            "step": self.step,
+            "t_mono_ns": self.t - T0,
+            "t_wall_ns": self.t,
+            "t_end_mono_ns": (self.t - T0 + 100_000) if state != "issued" else None,
+            "state": state,
+            "error": error,
+            "a": (0, 0, 0, 0, 0),
+        }
         self.records.append(r)
         return r
 
@@ -102,9 +141,20 @@ class R:
 
     def build(self, keep_last=None):
         recs = self.records[-keep_last:] if keep_last else list(self.records)
-        kw = dict(host=self.host, pid=self.pid, rank=self.rank, local_rank=self.rank % 8,
-                  world_size=self.world, state="alive", start_wall_ns=T0, phase=self.phase,
-                  step=self.step, progress_wall_ns=self.t, records=recs, groups=list(self.groups))
+        kw = dict(
+            host=self.host,
+            pid=self.pid,
+            rank=self.rank,
+            local_rank=self.rank % 8,
+            world_size=self.world,
+            state="alive",
+            start_wall_ns=T0,
+            phase=self.phase,
+            step=self.step,
+            progress_wall_ns=self.t,
+            records=recs,
+            groups=list(self.groups),
+        )
         kw.update(self.kw)
         return ProcessInfo(**kw)
 
@@ -112,8 +162,13 @@ class R:
 def snap(procs, reason="stall", taken=None, errors=()):
     procs = [p.build() if isinstance(p, R) else p for p in procs]
     last = max((p.progress_wall_ns for p in procs), default=T0)
-    return Snapshot(run_dir="/tmp/run", taken_wall_ns=taken if taken is not None else last + 600 * S,
-                    reason=reason, processes=procs, errors=list(errors))
+    return Snapshot(
+        run_dir="/tmp/run",
+        taken_wall_ns=taken if taken is not None else last + 600 * S,
+        reason=reason,
+        processes=procs,
+        errors=list(errors),
+    )
 
 
 def ranks(n, steps=3, world_size=None, groups=None, grp="0"):

@@ -5,6 +5,7 @@ the deep trace, new sampler figures, a new ring, a phase left by an exception).
 
 A real C recorder at full size and a real memory sampler whose timer thread runs (with an
 interval too long to tick during the test)."""
+
 import os
 import time
 
@@ -80,10 +81,12 @@ def test_one_call_path_writes_what_the_python_path_writes(traced, tmp_path, monk
     api._unbind()
     python = run(rec)
     assert calls and api._fast is None
-    first, second = onecall[n0:], python[len(onecall):]
+    first, second = onecall[n0:], python[len(onecall) :]
     assert [r["kind"] for r in first] == [r["kind"] for r in second]
+
     def no_idx(rs: list) -> list:
         return [{k: v for k, v in r.items() if k != "idx"} for r in rs]
+
     assert no_idx(first) == no_idx(second)
     mem = [r for r in first if r["kind"] == "memory"]
     E, X = "phase_enter", "phase_exit"
@@ -104,7 +107,9 @@ def test_what_leaves_the_one_call_path(traced, monkeypatch):
     api.gauge("kv", None)
     api.step(2)
     assert api._fast is not None
-    monkeypatch.setattr(s, "_refresh_slow", lambda: setattr(s, "swap", 8192))  # a new figure: unbound by the tick
+    monkeypatch.setattr(
+        s, "_refresh_slow", lambda: setattr(s, "swap", 8192)
+    )  # a new figure: unbound by the tick
     monkeypatch.setattr(s, "_check_cgroup", lambda: None)
     s.tick()
     assert api._fast is None
@@ -158,7 +163,7 @@ def test_a_phase_entered_beside_a_sample_repeats_its_figures(traced, tmp_path):
         ring.mem_host(1, *mem)  # a timer sample: reads 50 pages
         t_read = ring.mem_last_ns
         put(70, 9000, 2)
-        ring.phase_in("a", None, mem, 10 ** 12)  # beside it: the same figures, nothing read
+        ring.phase_in("a", None, mem, 10**12)  # beside it: the same figures, nothing read
         assert ring.mem_last_ns == t_read
         ring.phase_in("b", None, mem, 0)  # no gap: read
         assert ring.mem_last_ns > t_read
@@ -169,5 +174,9 @@ def test_a_phase_entered_beside_a_sample_repeats_its_figures(traced, tmp_path):
         for fd in fds.values():
             os.close(fd)
     got = [(r["source"], r["a"]) for r in RD.read_ring(rec.path).records if r["kind"] == "memory"][-4:]
-    assert got == [("timer", (50 * 4096, 11, 7000, 22, 1)), ("phase_enter", (50 * 4096, 11, 7000, 22, 1)),
-                   ("phase_enter", (70 * 4096, 11, 9000, 22, 2)), ("phase_enter", (90 * 4096, 11, 9500, 22, 3))], got
+    assert got == [
+        ("timer", (50 * 4096, 11, 7000, 22, 1)),
+        ("phase_enter", (50 * 4096, 11, 7000, 22, 1)),
+        ("phase_enter", (70 * 4096, 11, 9000, 22, 2)),
+        ("phase_enter", (90 * 4096, 11, 9500, 22, 3)),
+    ], got

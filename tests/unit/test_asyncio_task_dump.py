@@ -1,5 +1,6 @@
 """Issue 9 item 2: pending asyncio tasks - gathered from another thread than the loop's
 (hooks/asyncio_tasks.py), and the chain the analysis names (analyze/asynctasks.py)."""
+
 import asyncio
 import json
 import threading
@@ -53,17 +54,28 @@ def test_gather_from_another_thread(tmp_path):
 
 
 def test_describe_names_longest_chain():
-    lp = LoopTasks(thread_id=1, tasks=(
-        PendingTask("Task-1", "serve", (("serve", "/a/job.py", 20),), awaits_task="fetch"),
-        PendingTask("fetch", "fetch_weights", (("fetch_weights", "/a/job.py", 12), ("get", "/a/q.py", 3)),
-                    awaits_future="<Future pending>"),
-        PendingTask("tick", "heartbeat", (("heartbeat", "/a/job.py", 40),), awaits_future="<Future pending>"),
-    ))
+    lp = LoopTasks(
+        thread_id=1,
+        tasks=(
+            PendingTask("Task-1", "serve", (("serve", "/a/job.py", 20),), awaits_task="fetch"),
+            PendingTask(
+                "fetch",
+                "fetch_weights",
+                (("fetch_weights", "/a/job.py", 12), ("get", "/a/q.py", 3)),
+                awaits_future="<Future pending>",
+            ),
+            PendingTask(
+                "tick", "heartbeat", (("heartbeat", "/a/job.py", 40),), awaits_future="<Future pending>"
+            ),
+        ),
+    )
     p = ProcessInfo(host="h", pid=1, rank=1, asyncio_loops=(lp,))
     s = describe(p)
-    assert s == ("asyncio event loop: task 'Task-1' (serve) awaits task 'fetch' in get (q.py:3) <- "
-                 "fetch_weights (job.py:12), awaiting <Future pending>; also pending (1 of 3 tasks): task 'tick' in "
-                 "heartbeat (job.py:40)"), s  # (the task that should wake the chain may be the other one: blind helper 52)
+    assert s == (
+        "asyncio event loop: task 'Task-1' (serve) awaits task 'fetch' in get (q.py:3) <- "
+        "fetch_weights (job.py:12), awaiting <Future pending>; also pending (1 of 3 tasks): task 'tick' in "
+        "heartbeat (job.py:40)"
+    ), s  # (the task that should wake the chain may be the other one: blind helper 52)
     assert describe(ProcessInfo(host="h", pid=2)) is None
 
 
@@ -93,6 +105,7 @@ def test_the_chain_goes_through_a_cython_coroutine_wrapper():
     class Outer:  # a coroutine-like object whose cr_await is the wrapper
         cr_frame = None
         cr_await = w
+
     try:
         funcs = [f["func"] for f in at.await_chain(Outer())]
         assert funcs[:2] == ["user_method", "__await__"], funcs

@@ -2,6 +2,7 @@
 boundary, marked with '…', and never leave a bracket or quotation open (the blind job
 ray2_queue_producer_raise.py got "... at its last sample (phase 't). Next: ..." and an
 unclosed "(cascade, ..." from a plain [:100] cut)."""
+
 import os
 import sys
 
@@ -13,8 +14,10 @@ from hangtrace.tracer.diagnosis import Diagnosis  # noqa: E402
 from hangtrace.tracer.report.clip import clip  # noqa: E402
 from hangtrace.tracer.report.paragraph import verdict_paragraph  # noqa: E402
 
-SIGTERM = ("SIGTERM received (faulthandler dump present); not an OOM: RSS 295.3 MiB at its last sample "
-           "(phase 'train_step')")
+SIGTERM = (
+    "SIGTERM received (faulthandler dump present); not an OOM: RSS 295.3 MiB at its last sample "
+    "(phase 'train_step')"
+)
 
 
 def balanced(s):
@@ -45,10 +48,18 @@ def test_prefers_a_phrase_boundary_and_drops_an_unfinished_parenthesis():
 
 def test_cascade_paragraph_of_a_rankless_actor_is_well_formed():
     """The paragraph of the blind run: the cascade text cut to 100 characters."""
-    d = Diagnosis(kind="dead-rank", cause="exception", culprit_actors=["Rollout 'rollout'"],
-                  details={"cause_text": "RuntimeError: probability tensor contains either `inf`, `nan` or element < 0"},
-                  cascade=[{"rank": -1, "actor": "Trainer 'trainer'", "cause": "sigterm", "text": SIGTERM}] * 3)
+    d = Diagnosis(
+        kind="dead-rank",
+        cause="exception",
+        culprit_actors=["Rollout 'rollout'"],
+        details={
+            "cause_text": "RuntimeError: probability tensor contains either `inf`, `nan` or element < 0"
+        },
+        cascade=[{"rank": -1, "actor": "Trainer 'trainer'", "cause": "sigterm", "text": SIGTERM}] * 3,
+    )
     p = verdict_paragraph(d)
-    assert "3 later failure(s) (cascade, e.g. Trainer 'trainer': SIGTERM received (faulthandler dump present); " \
-           "not an OOM…)." in p, p
+    assert (
+        "3 later failure(s) (cascade, e.g. Trainer 'trainer': SIGTERM received (faulthandler dump present); "
+        "not an OOM…)." in p
+    ), p
     assert balanced(p) and "(phase 't" not in p

@@ -17,6 +17,7 @@ The candidates come from the installed torch, not from a hand list:
 The public ones (no leading ``_``), reached as ``torch.distributed.X`` or
 ``torch.distributed.distributed_c10d.X``, are the candidates.
 """
+
 import inspect
 import re
 import types
@@ -110,10 +111,22 @@ def test_the_derivation_finds_what_we_know() -> None:
     assert {"allreduce", "broadcast", "send", "recv", "barrier", "monitored_barrier"} <= launch_methods()
     assert not {"rank", "size", "abort", "shutdown", "_get_backend"} & launch_methods()
     found = candidates()
-    assert {"all_reduce", "all_gather_object", "broadcast_object_list", "send", "recv", "isend",
-            "irecv", "barrier", "monitored_barrier", "batch_isend_irecv", "all_to_all_single"} <= found
-    assert not {"get_rank", "get_world_size", "is_initialized", "get_backend",
-                "destroy_process_group"} & found
+    assert {
+        "all_reduce",
+        "all_gather_object",
+        "broadcast_object_list",
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "barrier",
+        "monitored_barrier",
+        "batch_isend_irecv",
+        "all_to_all_single",
+    } <= found
+    assert (
+        not {"get_rank", "get_world_size", "is_initialized", "get_backend", "destroy_process_group"} & found
+    )
 
 
 def test_every_collective_and_p2p_function_is_wrapped_or_not_applicable() -> None:
@@ -121,14 +134,17 @@ def test_every_collective_and_p2p_function_is_wrapped_or_not_applicable() -> Non
     assert not missing, (
         "torch %s has collective/p2p functions hangtrace neither wraps nor lists: %s. Add each "
         "to hangtrace/hooks/torch_specs.py SPECS (and layout.OPS), or to NOT_APPLICABLE with "
-        "the reason." % (torch.__version__, sorted(missing)))
+        "the reason." % (torch.__version__, sorted(missing))
+    )
 
 
 def test_a_new_collective_would_fail_the_coverage_test(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check is live: a function of distributed_c10d that calls a ProcessGroup collective
     (as a future torch's would) is reported."""
+
     def all_reduce_twice(tensor: "torch.Tensor", group: "dist.ProcessGroup") -> None:
         group.allreduce([tensor]).wait()
+
     all_reduce_twice.__module__ = c10d.__name__
     monkeypatch.setattr(c10d, "all_reduce_twice", all_reduce_twice, raising=False)
     assert unhandled() == {"all_reduce_twice"}
@@ -160,6 +176,7 @@ def test_param_names_agree_with_inspect_signature() -> None:
     a Signature per function) gives inspect's names for every wrapped function of the
     installed torch and for the shapes a function can have; None where it does not apply."""
     import functools
+
     names = [n for n in torch_specs.SPECS if hasattr(c10d, n)]
     assert len(names) > 20
     for n in names:
@@ -182,6 +199,7 @@ def test_param_names_agree_with_inspect_signature() -> None:
 
     def sig(a, b):  # type: ignore[no-untyped-def]
         pass
+
     sig.__signature__ = inspect.Signature([inspect.Parameter("z", inspect.Parameter.POSITIONAL_OR_KEYWORD)])
     assert torch_specs.param_names(sig) is None
     assert torch_specs.param_names(functools.partial(f, 1)) is None

@@ -1,4 +1,5 @@
 """diagnose() as a whole: the empty snapshot, and random snapshots never raise."""
+
 import json
 import os
 import sys
@@ -19,10 +20,12 @@ def test_unknown_empty_snapshot():
     d = check(diagnose(s), "unknown", [])
     assert d.cause == "no-data" and d.errors == s.errors
 
+
 def test_random_snapshots_never_raise():
     import random
 
     from hangtrace.tracer.report.text import text_report
+
     rnd = random.Random(7)
     ops = ["all_reduce", "broadcast", "barrier", "send", "recv", "all_gather"]
     for trial in range(400):
@@ -39,8 +42,10 @@ def test_random_snapshots_never_raise():
                     x.p2p(g, rnd.randrange(n), op, state=st, error=err)
                 else:
                     x.coll(g, op=op, state=st, error=err, numel=rnd.choice([1, 2]))
-            x.set(state=rnd.choice(["alive", "alive", "killed", "exited", "unknown"]),
-                  exit_code=rnd.choice([None, 0, 1, -9, -15]))
+            x.set(
+                state=rnd.choice(["alive", "alive", "killed", "exited", "unknown"]),
+                exit_code=rnd.choice([None, 0, 1, -9, -15]),
+            )
             if rnd.random() < 0.3:
                 x.set(stacks=stack(*rnd.choice([QUEUE_GET, COLL_STACK])))
         procs = [x.build() for x in bs if rnd.random() < 0.85]
@@ -57,6 +62,7 @@ def test_history_keeps_ring_order_unless_joined_with_the_flight_recorder():
     time, their idx being torch's own numbering - kept apart from the ring's)."""
     from hangtrace.tracer.analyze.context import history
     from hangtrace.tracer.snapshot import ProcessInfo
+
     a = {"idx": 1, "kind": "collective", "t_wall_ns": 200}
     m = {"idx": 2, "kind": "memory", "source": "timer", "t_wall_ns": 100}
     assert [r["idx"] for r in history(ProcessInfo(host="h", pid=1, records=[a, m]))] == [1, 2]

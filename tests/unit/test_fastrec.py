@@ -5,6 +5,7 @@ selects the path): the same script of recorder calls and of real torch.distribut
 on a world-size-1 gloo group must give the same records, byte for byte apart from
 times. The C half is skipped, with the reason, when the extension is not built.
 """
+
 import os
 import re
 import subprocess
@@ -66,8 +67,8 @@ def slot_bytes_without_times(path, nslots):
         f.seek(F.HEADER_SIZE)
         data = bytearray(f.read(nslots * F.SLOT_SIZE))
     for base in range(0, len(data), F.SLOT_SIZE):
-        data[base + 56:base + 72] = bytes(16)
-        data[base + 80:base + 88] = bytes(8)
+        data[base + 56 : base + 72] = bytes(16)
+        data[base + 80 : base + 88] = bytes(8)
     return bytes(data)
 
 
@@ -85,7 +86,9 @@ def recorder_script(rec):
     rec.complete(out[-1], err="RuntimeError: Connection closed by peer")
     out.append(rec.issue(F.K_COLL, F.OP_IDS["broadcast"], g, 2, -1, 0, F.DTYPE_IDS["object"], 0, 0))
     rec.complete(idx=out[-1])
-    th = threading.Thread(target=lambda: out.append(rec.issue(F.K_COLL, 1, g, 3, 1, s, 1, -1, 0)), name="side")
+    th = threading.Thread(
+        target=lambda: out.append(rec.issue(F.K_COLL, 1, g, 3, 1, s, 1, -1, 0)), name="side"
+    )
     th.start()
     th.join()
     rec.phase_enter("inner")
@@ -144,18 +147,59 @@ def test_recorder_writes_the_same_records_on_both_paths(tmp_path, monkeypatch):
 def test_issue_complete_fields_and_header(tmp_path, mode):
     rec = new_recorder(tmp_path, mode)
     rec.phase_enter("ph", step=4)
-    i = rec.issue(F.K_P2P, F.OP_IDS["irecv"], rec.intern("g"), 7, 12, rec.intern("3x4"), F.DTYPE_IDS["bfloat16"],
-                  5, F.F_ASYNC | F.F_BATCH)
+    i = rec.issue(
+        F.K_P2P,
+        F.OP_IDS["irecv"],
+        rec.intern("g"),
+        7,
+        12,
+        rec.intern("3x4"),
+        F.DTYPE_IDS["bfloat16"],
+        5,
+        F.F_ASYNC | F.F_BATCH,
+    )
     h = RD.read_ring(rec.path).header
     assert (h["next_idx"], h["inflight_idx"]) == (i, i)
     before = h["progress_count"]
     rec.complete(i)
     ring = RD.read_ring(rec.path)
     (r,) = [x for x in ring.records if x["idx"] == i]
-    assert {k: r[k] for k in ("kind", "op", "group", "seq", "numel", "shape", "dtype", "peer", "async_op", "batch",
-                              "thread", "phase", "step", "state", "error")} == \
-        dict(kind="p2p", op="irecv", group="g", seq=7, numel=12, shape="3x4", dtype="bfloat16", peer=5,
-             async_op=True, batch=True, thread="MainThread", phase="ph", step=4, state="completed", error=None)
+    assert {
+        k: r[k]
+        for k in (
+            "kind",
+            "op",
+            "group",
+            "seq",
+            "numel",
+            "shape",
+            "dtype",
+            "peer",
+            "async_op",
+            "batch",
+            "thread",
+            "phase",
+            "step",
+            "state",
+            "error",
+        )
+    } == dict(
+        kind="p2p",
+        op="irecv",
+        group="g",
+        seq=7,
+        numel=12,
+        shape="3x4",
+        dtype="bfloat16",
+        peer=5,
+        async_op=True,
+        batch=True,
+        thread="MainThread",
+        phase="ph",
+        step=4,
+        state="completed",
+        error=None,
+    )
     assert ring.header["inflight_idx"] == 0 and ring.header["progress_count"] == before + 1
     assert ring.header["progress_mono_ns"] == r["t_end_mono_ns"]
 
@@ -175,6 +219,7 @@ def test_slot_indices_are_unique_across_threads(tmp_path, mode):
             mine.append(i)
         seen.extend(mine)
         together.wait()
+
     ts = [threading.Thread(target=work, name="w%d" % j) for j in range(n)]
     for t in ts:
         t.start()
@@ -198,6 +243,7 @@ def pg():
     import torch.distributed as dist
     from hangtrace.hooks import torch_dist
     from jobs import free_port
+
     assert not torch_dist._installed, "hooks left installed by another test"
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % free_port(), rank=0, world_size=1)
     try:
@@ -209,6 +255,7 @@ def pg():
 @pytest.fixture
 def hooked(pg, tmp_path, mode):
     from hangtrace.hooks import torch_dist
+
     rec = new_recorder(tmp_path, mode, nslots=256, name="wrappers")
     orig = pg.all_reduce
     torch_dist.install(pg, rec, rec.log)
@@ -264,10 +311,12 @@ def wrapper_script(dist, rec, g):
     th.start()
     th.join()
     rec.phase_exit("phase-a")
-    for bad in (lambda: dist.all_reduce([1, 2]),  # wrong type: payload recorded as zeros
-                lambda: dist.all_reduce(torch.ones(2), op="bogus"),
-                lambda: dist.reduce_scatter(torch.zeros(1), [torch.ones(1)]),  # (list payload)
-                lambda: dist.broadcast(t, src=2 ** 40)):  # root does not fit the record: not recorded
+    for bad in (
+        lambda: dist.all_reduce([1, 2]),  # wrong type: payload recorded as zeros
+        lambda: dist.all_reduce(torch.ones(2), op="bogus"),
+        lambda: dist.reduce_scatter(torch.zeros(1), [torch.ones(1)]),  # (list payload)
+        lambda: dist.broadcast(t, src=2**40),
+    ):  # root does not fit the record: not recorded
         try:
             bad()
             seen.append("no error")
@@ -278,6 +327,7 @@ def wrapper_script(dist, rec, g):
 
 def test_wrappers_record_the_same_on_both_paths(pg, tmp_path, monkeypatch):
     from hangtrace.hooks import torch_dist
+
     results = {}
     g = pg.new_group([0])  # before both installs: the same group records on both paths
     for m in MODES:
@@ -295,15 +345,31 @@ def test_wrappers_record_the_same_on_both_paths(pg, tmp_path, monkeypatch):
     seen, recs, rec = results["py"]
     colls = [r for r in recs if r["kind"] in ("collective", "p2p")]
     ops = [r["op"] for r in colls]
-    assert ops == ["all_reduce"] * 4 + ["broadcast"] * 3 + ["reduce", "all_gather", "gather", "scatter",
-                                                              "all_gather_object", "broadcast_object_list",
-                                                              "barrier", "all_reduce", "all_reduce", "all_reduce",
-                                                              "all_reduce", "all_reduce", "reduce_scatter"]
+    assert ops == ["all_reduce"] * 4 + ["broadcast"] * 3 + [
+        "reduce",
+        "all_gather",
+        "gather",
+        "scatter",
+        "all_gather_object",
+        "broadcast_object_list",
+        "barrier",
+        "all_reduce",
+        "all_reduce",
+        "all_reduce",
+        "all_reduce",
+        "all_reduce",
+        "reduce_scatter",
+    ]
     assert all(r["state"] in ("completed", "failed") for r in recs)  # (no half-written record)
     by = {r["idx"]: r for r in colls}
     first = colls[0]
-    assert (first["numel"], first["shape"], first["dtype"], first["state"], first["seq"]) == \
-        (8, "4x2", "float32", "completed", 1)
+    assert (first["numel"], first["shape"], first["dtype"], first["state"], first["seq"]) == (
+        8,
+        "4x2",
+        "float32",
+        "completed",
+        1,
+    )
     assert colls[2]["async_op"] and colls[2]["state"] == "completed"
     assert colls[3]["group"] != first["group"] and colls[3]["seq"] == 1
     assert [r["peer"] for r in colls[4:7]] == [0, 0, 0]
@@ -312,7 +378,9 @@ def test_wrappers_record_the_same_on_both_paths(pg, tmp_path, monkeypatch):
     assert (colls[14]["dtype"], colls[14]["shape"]) == ("int64", "3")
     assert (colls[15]["shape"], colls[15]["dtype"]) == ("scalar", "float64")
     assert (colls[16]["thread"], colls[16]["phase"], colls[16]["step"]) == ("side-thread", "phase-a", 2)
-    assert (colls[17]["numel"], colls[17]["state"]) == (0, "failed") and colls[17]["error"].startswith("TypeError")
+    assert (colls[17]["numel"], colls[17]["state"]) == (0, "failed") and colls[17]["error"].startswith(
+        "TypeError"
+    )
     assert all(r["state"] == "completed" for r in colls[:17])
     assert (colls[-1]["numel"], colls[-1]["shape"], colls[-1]["state"]) == (1, "1", "completed")
     assert [k for _, k in rec.log.lines] == ["rec-broadcast"]
@@ -330,6 +398,7 @@ def test_wrappers_record_the_same_on_both_paths(pg, tmp_path, monkeypatch):
 
 def test_return_values_and_exceptions_are_the_originals(pg, tmp_path, mode):
     from hangtrace.hooks import torch_dist
+
     c10d = pg.distributed_c10d
     orig = c10d.all_reduce
     sentinel, boom = object(), KeyError("boom")
@@ -357,13 +426,17 @@ def test_return_values_and_exceptions_are_the_originals(pg, tmp_path, mode):
         torch_dist.uninstall()
         c10d.all_reduce = pg.all_reduce = orig
     recs = [r for r in RD.read_ring(rec.path).records if r["kind"] == "collective"]
-    assert [(r["state"], r["error"]) for r in recs] == [("completed", None), ("failed", "KeyError: 'boom'"),
-                                                        ("completed", None)]
+    assert [(r["state"], r["error"]) for r in recs] == [
+        ("completed", None),
+        ("failed", "KeyError: 'boom'"),
+        ("completed", None),
+    ]
     assert rec.log.lines == []
 
 
 def test_recorder_fault_never_reaches_the_user(hooked, pg, mode):
     from hangtrace.hooks import torch_dist
+
     torch_dist._state.fault = True
     t = torch.ones(2) * 2
     assert pg.all_reduce(t) is None and t.tolist() == [2.0, 2.0]
@@ -378,6 +451,7 @@ def test_recorder_fault_never_reaches_the_user(hooked, pg, mode):
 
 def test_state_none_passes_through(hooked, pg, mode):
     from hangtrace.hooks import torch_dist
+
     st, torch_dist._state = torch_dist._state, None  # what a failed fork set-up does
     try:
         pg.all_reduce(torch.ones(1))
@@ -400,6 +474,7 @@ def test_installed_function_looks_like_the_original(hooked, pg, mode):
     import inspect
     import pickle
     from hangtrace.hooks import torch_dist
+
     w, orig = pg.all_reduce, torch_dist._installed["all_reduce"]
     assert w is not orig and pg.distributed_c10d.all_reduce is w
     for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
@@ -417,6 +492,7 @@ def test_installed_function_looks_like_the_original(hooked, pg, mode):
 
 def test_after_fork_recorder_swap_records_into_the_new_ring(hooked, pg, tmp_path, mode):
     from hangtrace.hooks import torch_dist
+
     new = new_recorder(tmp_path / "child", mode)
     torch_dist.reset_after_fork(new)
     pg.all_reduce(torch.ones(5))
@@ -432,9 +508,23 @@ def test_pure_python_path_passes_the_format_and_wrapper_tests():
         pytest.skip(NO_C + " (those tests already run the Python path)")
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, **{config.PURE_PYTHON: "1"})
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        os.path.join(here, "test_format.py"), os.path.join(here, "test_wrappers.py")],
-                       env=env, capture_output=True, text=True, timeout=600, cwd=os.path.dirname(here))
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            os.path.join(here, "test_format.py"),
+            os.path.join(here, "test_wrappers.py"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.path.dirname(here),
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
 
 
@@ -452,10 +542,15 @@ def test_host_memory_sample_in_c_is_the_python_sample(tmp_path, monkeypatch):
         p = tmp_path / name
         p.write_bytes(text)
         return os.open(str(p), os.O_RDONLY)
+
     statm = os.open("/proc/self/statm", os.O_RDONLY)
     cases = [  # (statm, usage, oom)
         (statm, fd_of("u1", b"471859200\n"), fd_of("o1", b"oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")),
-        (statm, fd_of("u2", b"  12 \n"), fd_of("o2", b"low 0\nhigh 0\nmax 3\noom 1\noom_kill 7\noom_group_kill 0\n")),
+        (
+            statm,
+            fd_of("u2", b"  12 \n"),
+            fd_of("o2", b"low 0\nhigh 0\nmax 3\noom 1\noom_kill 7\noom_group_kill 0\n"),
+        ),
         (fd_of("s3", b"100 50 3 1 0 9 0\n"), fd_of("u3", b"12x\n"), fd_of("o3", b"oom_kill 5")),
         (fd_of("s4", b""), fd_of("u4", b""), fd_of("o4", b"oom_kill_disable 1\nnothing 1\n")),
         (os.open(str(tmp_path), os.O_RDONLY), os.open(str(tmp_path), os.O_RDONLY), None),
@@ -471,13 +566,20 @@ def test_host_memory_sample_in_c_is_the_python_sample(tmp_path, monkeypatch):
             s._statm, s._usage, s._oom = st, us, oo
             s.swap, s.limit = 4096, 1 << 30
             s.sample(F.MEM_STEP)
-        recs[m] = [r for r in RD.read_ring(rec.path).records if r["kind"] == "memory"][-len(cases):]
+        recs[m] = [r for r in RD.read_ring(rec.path).records if r["kind"] == "memory"][-len(cases) :]
         rec.close()
     for r in recs["c"][:2] + recs["py"][:2]:  # this process's own RSS moves between the two runs
         assert r["a"][0] > 0
         r["a"] = (0,) + tuple(r["a"][1:])
     assert normalized(recs["c"]) == normalized(recs["py"])
     got = [r["a"] for r in recs["c"]]
-    assert [a[2] for a in got] == [471859200, 12, -1, -1, -1, -1] and [a[4] for a in got] == [2, 7, 5, -1, -1, -1]
+    assert [a[2] for a in got] == [471859200, 12, -1, -1, -1, -1] and [a[4] for a in got] == [
+        2,
+        7,
+        5,
+        -1,
+        -1,
+        -1,
+    ]
     assert got[2][0] == 50 * os.sysconf("SC_PAGE_SIZE") and [a[0] for a in got[3:]] == [-1] * 3
     assert all(a[1] == 4096 and a[3] == 1 << 30 for a in got)

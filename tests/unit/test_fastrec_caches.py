@@ -4,13 +4,14 @@ caches of the last group, shape and dtype, torch.Tensor's getters called directl
 wall time derived from the monotonic clock. Each test changes what a cache keys on and
 checks that the record follows.
 """
+
 import threading
 import time
 
 import pytest
 
 from hangtrace.tracer.ring import reader as RD
-from test_fastrec import HAVE_C, NO_C, hooked, mode, new_recorder, pg  # noqa: F401 (fixtures)
+from test_fastrec import HAVE_C, NO_C, hooked, mode, new_recorder, pg  # noqa: F401 (pytest fixtures)
 
 pytestmark = pytest.mark.skipif(not HAVE_C, reason=NO_C)
 
@@ -21,6 +22,7 @@ def collectives(rec):
 
 def test_busy_is_a_mapping_of_thread_idents():
     from hangtrace.hooks import _fastrec
+
     b, me = _fastrec.Busy(), threading.get_ident()
     assert me not in b and len(b) == 0
     b[me] = 1
@@ -44,14 +46,29 @@ def test_busy_is_a_mapping_of_thread_idents():
 def test_shape_dtype_and_group_caches_follow_their_keys(hooked, pg, mode):
     import torch
     from hangtrace.hooks import torch_dist
+
     a = torch.ones(4, 2)
-    for t in (a, a, torch.ones(4, 2), torch.ones(8), torch.ones(8, dtype=torch.float64), torch.ones(2, 4),
-              torch.ones(4, 2, dtype=torch.int64), torch.ones(2 ** 20), torch.ones(2 ** 20 + 1)):
+    for t in (
+        a,
+        a,
+        torch.ones(4, 2),
+        torch.ones(8),
+        torch.ones(8, dtype=torch.float64),
+        torch.ones(2, 4),
+        torch.ones(4, 2, dtype=torch.int64),
+        torch.ones(2**20),
+        torch.ones(2**20 + 1),
+    ):
         pg.all_reduce(t)
     got = [(r["numel"], r["shape"], r["dtype"]) for r in collectives(hooked)]
-    assert got == [(8, "4x2", "float32")] * 3 + [(8, "8", "float32"), (8, "8", "float64"), (8, "2x4", "float32"),
-                                                 (8, "4x2", "int64"), (2 ** 20, "1048576", "float32"),
-                                                 (2 ** 20 + 1, "1048577", "float32")]
+    assert got == [(8, "4x2", "float32")] * 3 + [
+        (8, "8", "float32"),
+        (8, "8", "float64"),
+        (8, "2x4", "float32"),
+        (8, "4x2", "int64"),
+        (2**20, "1048576", "float32"),
+        (2**20 + 1, "1048577", "float32"),
+    ]
     # a new process group under the same key (None: the default group) after clear_groups()
     c10d = pg.distributed_c10d
     real = c10d._get_process_group_name
@@ -71,6 +88,7 @@ def test_shape_dtype_and_group_caches_follow_their_keys(hooked, pg, mode):
 def test_direct_getters_follow_changes_to_torch_tensor(hooked, pg, mode):
     import torch
     from hangtrace.hooks import _fastrec
+
     assert _fastrec.direct_getters()
     torch.Tensor._hangtrace_probe = 1  # an unrelated change to the type: looked up again, still direct
     try:
@@ -92,6 +110,7 @@ def test_direct_getters_follow_changes_to_torch_tensor(hooked, pg, mode):
 @pytest.mark.parametrize("mode", ["c"], indirect=True)
 def test_wall_time_of_a_record_is_the_wall_clock(hooked, pg, mode):
     import torch
+
     t = torch.ones(1)
     for _ in range(3):
         before = time.time_ns()
@@ -108,18 +127,38 @@ def test_wall_time_of_a_record_is_the_wall_clock(hooked, pg, mode):
 def test_sizes_and_dtype_read_from_the_tensorimpl_match_the_getters(hooked, pg, mode):
     import torch
     from hangtrace.hooks import _fastrec, tensor_layout
+
     assert tensor_layout.probe(torch).startswith("{'cdata_off'"), _fastrec.tensor_layout()
     base = torch.ones(6, 10)
     moved = torch.ones(5)
-    cases = [torch.ones(()), torch.ones(3), torch.ones(3), torch.ones(2, 3), torch.ones(2, 3, 4, 5, 6),
-             torch.ones(2, 1, 1, 1, 1, 3),  # 6 dims: not inline, getters
-             base.t(), base[:, 1], torch.ones(3, dtype=torch.int64), torch.ones(3, dtype=torch.bfloat16),
-             torch.nn.Parameter(torch.ones(3, 2)),  # a subclass: getters
-             moved]
-    want = [(1, "", "float32"), (3, "3", "float32"), (3, "3", "float32"), (6, "2x3", "float32"),
-            (720, "2x3x4x5x6", "float32"), (6, "2x1x1x1x1x3", "float32"), (60, "10x6", "float32"),
-            (6, "6", "float32"), (3, "3", "int64"), (3, "3", "bfloat16"), (6, "3x2", "float32"),
-            (5, "5", "float32")]
+    cases = [
+        torch.ones(()),
+        torch.ones(3),
+        torch.ones(3),
+        torch.ones(2, 3),
+        torch.ones(2, 3, 4, 5, 6),
+        torch.ones(2, 1, 1, 1, 1, 3),  # 6 dims: not inline, getters
+        base.t(),
+        base[:, 1],
+        torch.ones(3, dtype=torch.int64),
+        torch.ones(3, dtype=torch.bfloat16),
+        torch.nn.Parameter(torch.ones(3, 2)),  # a subclass: getters
+        moved,
+    ]
+    want = [
+        (1, "", "float32"),
+        (3, "3", "float32"),
+        (3, "3", "float32"),
+        (6, "2x3", "float32"),
+        (720, "2x3x4x5x6", "float32"),
+        (6, "2x1x1x1x1x3", "float32"),
+        (60, "10x6", "float32"),
+        (6, "6", "float32"),
+        (3, "3", "int64"),
+        (3, "3", "bfloat16"),
+        (6, "3x2", "float32"),
+        (5, "5", "float32"),
+    ]
     for t in cases:
         pg.all_reduce(t)
     # the same Python object changed in place: sizes (resize_) and dtype and sizes (.data)
@@ -141,6 +180,7 @@ def test_sizes_and_dtype_read_from_the_tensorimpl_match_the_getters(hooked, pg, 
 def test_a_probe_that_does_not_fit_leaves_the_getters_in_use(hooked, pg, mode):
     import torch
     from hangtrace.hooks import _fastrec, tensor_layout
+
     ts = [torch.ones(3, 4), torch.ones(5), torch.ones(2, 2, 2), torch.ones(6, dtype=torch.int64)]
     try:
         wrong_sizes = [(t, t._cdata, (9,) * t.dim(), i) for i, t in enumerate(ts)]
@@ -160,11 +200,12 @@ def test_a_probe_that_does_not_fit_leaves_the_getters_in_use(hooked, pg, mode):
 def test_sequence_counters_are_counter_cells_advanced_in_c(hooked, pg, mode):
     import torch
     from hangtrace.hooks import _fastrec, torch_dist
+
     c = _fastrec.Counter()
     assert len(c) == 1 and c[0] == 0 and c[-1] == 0
     c[0] += 1
-    c[0] += 2 ** 40  # the Python paths' ``cell[0] += 1`` on the same cell
-    assert c[0] == 2 ** 40 + 1 and repr(c) == "Counter([%d])" % (2 ** 40 + 1)
+    c[0] += 2**40  # the Python paths' ``cell[0] += 1`` on the same cell
+    assert c[0] == 2**40 + 1 and repr(c) == "Counter([%d])" % (2**40 + 1)
     with pytest.raises(IndexError):
         c[1]
     with pytest.raises(TypeError):

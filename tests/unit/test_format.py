@@ -3,6 +3,7 @@
 Also: ring wrap, late completions, every kind of unreadable file (the right error,
 naming the file), and what `hangtrace records` / collect.load_run make of them.
 """
+
 import json
 import os
 import socket
@@ -36,8 +37,17 @@ def rec(tmp_path):
 
 
 def coll(rec, seq, numel=1, group="g", flags=0):
-    return rec.issue(F.K_COLL, F.OP_IDS["all_reduce"], rec.intern(group), seq, numel, rec.intern("1"),
-                     F.DTYPE_IDS["float32"], -1, flags)
+    return rec.issue(
+        F.K_COLL,
+        F.OP_IDS["all_reduce"],
+        rec.intern(group),
+        seq,
+        numel,
+        rec.intern("1"),
+        F.DTYPE_IDS["float32"],
+        -1,
+        flags,
+    )
 
 
 def proc_start_ticks():
@@ -52,20 +62,48 @@ def test_round_trip_of_every_field(rec, monkeypatch):
     rec.set_meta(actor_class="Trainer", actor_id="abc")
     rec.set_meta(actor_name="trainer_3")
     rec.event("start", argv=["x.py", "--y"], ppid=os.getppid())
-    rec.group_created({"op": "new_group", "name": "7", "desc": "tp", "backend": "gloo",
-                       "ranks": [2, 3], "order": 1, "member": True})
+    rec.group_created(
+        {
+            "op": "new_group",
+            "name": "7",
+            "desc": "tp",
+            "backend": "gloo",
+            "ranks": [2, 3],
+            "order": 1,
+            "member": True,
+        }
+    )
     rec.phase_enter("train", step=5)
-    i1 = rec.issue(F.K_COLL, F.OP_IDS["all_gather"], rec.intern("7"), 42, 12, rec.intern("3x4"),
-                   F.DTYPE_IDS["bfloat16"], -1, F.F_ASYNC)
+    i1 = rec.issue(
+        F.K_COLL,
+        F.OP_IDS["all_gather"],
+        rec.intern("7"),
+        42,
+        12,
+        rec.intern("3x4"),
+        F.DTYPE_IDS["bfloat16"],
+        -1,
+        F.F_ASYNC,
+    )
     rec.complete(i1)
-    i2 = rec.issue(F.K_P2P, F.OP_IDS["irecv"], rec.intern("0"), 9, 6, rec.intern("6"),
-                   F.DTYPE_IDS["int64"], 2, F.F_ASYNC | F.F_BATCH)
+    i2 = rec.issue(
+        F.K_P2P,
+        F.OP_IDS["irecv"],
+        rec.intern("0"),
+        9,
+        6,
+        rec.intern("6"),
+        F.DTYPE_IDS["int64"],
+        2,
+        F.F_ASYNC | F.F_BATCH,
+    )
     rec.complete(i2, err="RuntimeError: Connection closed by peer")
     rec.phase_exit("train", error="ValueError: bad batch")
     rec.step(6)
     rec.heartbeat()
-    i3 = rec.issue(F.K_COLL, F.OP_IDS["broadcast"], rec.intern("0"), 1, 4, rec.intern("4"),
-                   F.DTYPE_IDS["float64"], 1, 0)
+    i3 = rec.issue(
+        F.K_COLL, F.OP_IDS["broadcast"], rec.intern("0"), 1, 4, rec.intern("4"), F.DTYPE_IDS["float64"], 1, 0
+    )
     hb = F.LIVE_DONE.unpack_from(rec.mm, F.LIVE_DONE_OFF)[3]
     rec.mark_exit(4)
     rec.mm.flush()
@@ -75,10 +113,18 @@ def test_round_trip_of_every_field(rec, monkeypatch):
     assert ring.path == rec.path
     assert os.path.basename(rec.path) == "ring-%s-%d.htr" % (socket.gethostname(), os.getpid())
     h = ring.header
-    assert (h["version"], h["nslots"], h["strtab_off"], h["strtab_size"]) == \
-        (1, 64, 4096 + 64 * 128, F.DEFAULT_STRTAB_SIZE)
-    assert (h["pid"], h["ppid"], h["host"], h["run_id"]) == (os.getpid(), os.getppid(), socket.gethostname(),
-                                                             "run-xyz")
+    assert (h["version"], h["nslots"], h["strtab_off"], h["strtab_size"]) == (
+        1,
+        64,
+        4096 + 64 * 128,
+        F.DEFAULT_STRTAB_SIZE,
+    )
+    assert (h["pid"], h["ppid"], h["host"], h["run_id"]) == (
+        os.getpid(),
+        os.getppid(),
+        socket.gethostname(),
+        "run-xyz",
+    )
     assert h["proc_start_ticks"] == proc_start_ticks()
     assert t0 - 10**9 < h["start_wall_ns"] <= t1 and 0 < h["start_mono_ns"] <= time.monotonic_ns()
     assert (h["rank"], h["local_rank"], h["world_size"], h["dump_signal"]) == (3, 1, 8, 12)
@@ -90,8 +136,17 @@ def test_round_trip_of_every_field(rec, monkeypatch):
     assert h["strtab_used"] == rec.strtab_used and ring.warnings == []
 
     assert ring.meta == {"actor_class": "Trainer", "actor_id": "abc", "actor_name": "trainer_3"}
-    assert ring.groups == [{"op": "new_group", "name": "7", "desc": "tp", "backend": "gloo",
-                            "ranks": [2, 3], "order": 1, "member": True}]
+    assert ring.groups == [
+        {
+            "op": "new_group",
+            "name": "7",
+            "desc": "tp",
+            "backend": "gloo",
+            "ranks": [2, 3],
+            "order": 1,
+            "member": True,
+        }
+    ]
     (ev,) = ring.events
     assert ev["event"] == "start" and ev["argv"] == ["x.py", "--y"] and ev["thread"] == "MainThread"
     assert t0 <= ev["wall_ns"] <= t1
@@ -103,15 +158,56 @@ def test_round_trip_of_every_field(rec, monkeypatch):
     assert e["group"] == "start" and e["a"][0] > 0 and e["state"] == "completed"
     assert g["op"] == "new_group" and g["group"] == "7"
     assert pe["phase"] == "train" and pe["step"] == 5
-    assert {k: c[k] for k in ("op", "group", "seq", "numel", "shape", "dtype", "peer", "async_op", "batch",
-                              "thread", "phase", "step", "state", "error")} == \
-        dict(op="all_gather", group="7", seq=42, numel=12, shape="3x4", dtype="bfloat16", peer=-1,
-             async_op=True, batch=False, thread="MainThread", phase="train", step=5, state="completed", error=None)
+    assert {
+        k: c[k]
+        for k in (
+            "op",
+            "group",
+            "seq",
+            "numel",
+            "shape",
+            "dtype",
+            "peer",
+            "async_op",
+            "batch",
+            "thread",
+            "phase",
+            "step",
+            "state",
+            "error",
+        )
+    } == dict(
+        op="all_gather",
+        group="7",
+        seq=42,
+        numel=12,
+        shape="3x4",
+        dtype="bfloat16",
+        peer=-1,
+        async_op=True,
+        batch=False,
+        thread="MainThread",
+        phase="train",
+        step=5,
+        state="completed",
+        error=None,
+    )
     assert t0 <= c["t_wall_ns"] <= t1 and c["t_mono_ns"] <= c["t_end_mono_ns"]
-    assert {k: p[k] for k in ("op", "group", "seq", "numel", "dtype", "peer", "async_op", "batch", "state",
-                              "error")} == \
-        dict(op="irecv", group="0", seq=9, numel=6, dtype="int64", peer=2, async_op=True, batch=True,
-             state="failed", error="RuntimeError: Connection closed by peer")
+    assert {
+        k: p[k]
+        for k in ("op", "group", "seq", "numel", "dtype", "peer", "async_op", "batch", "state", "error")
+    } == dict(
+        op="irecv",
+        group="0",
+        seq=9,
+        numel=6,
+        dtype="int64",
+        peer=2,
+        async_op=True,
+        batch=True,
+        state="failed",
+        error="RuntimeError: Connection closed by peer",
+    )
     assert p["t_end_mono_ns"] >= p["t_mono_ns"]
     assert px["state"] == "failed" and px["error"] == "ValueError: bad batch" and px["phase"] == "train"
     assert st["seq"] == 6 and st["step"] == 6 and st["phase"] is None
@@ -121,6 +217,7 @@ def test_round_trip_of_every_field(rec, monkeypatch):
 
 def test_nested_phases_and_threads(rec):
     import threading
+
     rec.phase_enter("outer")
     rec.phase_enter("inner", step=2)
     assert R.read_ring(rec.path).header["phase_depth"] == 2
@@ -128,6 +225,7 @@ def test_nested_phases_and_threads(rec):
 
     def other():
         out.append(coll(rec, 1))
+
     t = threading.Thread(target=other, name="side-thread")
     t.start()
     t.join()
@@ -160,8 +258,13 @@ def test_late_completion_of_an_overwritten_record(rec, err):
     ring = R.read_ring(rec.path)
     assert [r["idx"] for r in ring.records] == list(range(2, 66))
     last = ring.records[-1]
-    assert (last["idx"], last["seq"], last["state"], last["error"], last["t_end_mono_ns"]) == \
-        (65, 65, "issued", None, None)
+    assert (last["idx"], last["seq"], last["state"], last["error"], last["t_end_mono_ns"]) == (
+        65,
+        65,
+        "issued",
+        None,
+        None,
+    )
     # the record just inside the window is still completed in place
     rec.complete(newer[0], err=err)
     first = R.read_ring(rec.path).records[0]
@@ -192,7 +295,7 @@ def make_bad(kind, dest, scratch):
     elif kind == "empty":
         data, cls = b"", E.TruncatedRingError
     elif kind == "truncated_slots":
-        data, cls = src[:F.HEADER_SIZE + 10 * F.SLOT_SIZE], E.TruncatedRingError
+        data, cls = src[: F.HEADER_SIZE + 10 * F.SLOT_SIZE], E.TruncatedRingError
     elif kind == "random":
         data, cls = os.urandom(20000), E.ForeignFileError
     elif kind == "text":
@@ -220,8 +323,17 @@ def make_bad(kind, dest, scratch):
     return path, cls
 
 
-BAD_KINDS = ["truncated_header", "empty", "truncated_slots", "random", "text", "short_text",
-             "other_version", "version_field", "inconsistent"]
+BAD_KINDS = [
+    "truncated_header",
+    "empty",
+    "truncated_slots",
+    "random",
+    "text",
+    "short_text",
+    "other_version",
+    "version_field",
+    "inconsistent",
+]
 
 
 @pytest.mark.parametrize("kind", BAD_KINDS)

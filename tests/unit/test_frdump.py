@@ -1,4 +1,5 @@
 """Flight Recorder import: restricted unpickler, formats, versions, records, merge (issue 10)."""
+
 import json
 import os
 import pickle
@@ -6,30 +7,70 @@ import pickle
 import pytest
 
 from hangtrace.tracer.analyze.diagnose import diagnose
-from hangtrace.tracer.analyze.frmerge import fr_processes, fr_records, fr_state, merge_records
-from hangtrace.tracer.collect.frdump import (FlightRecordError, UnsafePickleError, UnsupportedFrVersionError,
-                                             load_fr_dir, parse_fr_bytes, read_fr_file, snapshot_with_fr,
-                                             split_profiling_name)
-from hangtrace.tracer.snapshot import Snapshot
+from hangtrace.tracer.analyze.frmerge import fr_records, fr_state, merge_records
+from hangtrace.tracer.collect.frdump import (
+    FlightRecordError,
+    UnsafePickleError,
+    UnsupportedFrVersionError,
+    load_fr_dir,
+    parse_fr_bytes,
+    read_fr_file,
+    snapshot_with_fr,
+    split_profiling_name,
+)
 
 T0 = 1_700_000_000_000_000_000
 
 
-def entry(seq, name="gloo:all_reduce", sizes=((676,),), retired=True, state="scheduled", pg=("0", "default_pg"),
-          t=None, rid=None):
-    return {"record_id": seq - 1 if rid is None else rid, "pg_id": 0, "process_group": pg, "thread_name": "python",
-            "thread_id": "1", "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq, "profiling_name": name,
-            "time_created_ns": T0 + seq * 1000 if t is None else t, "input_sizes": [list(s) for s in sizes],
-            "input_dtypes": ["Float"] * len(sizes), "output_sizes": [list(s) for s in sizes],
-            "output_dtypes": ["Float"] * len(sizes), "state": state, "time_discovered_started_ns": None,
-            "time_discovered_completed_ns": None, "retired": retired, "timeout_ms": 600000, "is_p2p": False,
-            "a_key_from_the_future": 1}
+def entry(
+    seq,
+    name="gloo:all_reduce",
+    sizes=((676,),),
+    retired=True,
+    state="scheduled",
+    pg=("0", "default_pg"),
+    t=None,
+    rid=None,
+):
+    return {
+        "record_id": seq - 1 if rid is None else rid,
+        "pg_id": 0,
+        "process_group": pg,
+        "thread_name": "python",
+        "thread_id": "1",
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": seq,
+        "profiling_name": name,
+        "time_created_ns": T0 + seq * 1000 if t is None else t,
+        "input_sizes": [list(s) for s in sizes],
+        "input_dtypes": ["Float"] * len(sizes),
+        "output_sizes": [list(s) for s in sizes],
+        "output_dtypes": ["Float"] * len(sizes),
+        "state": state,
+        "time_discovered_started_ns": None,
+        "time_discovered_completed_ns": None,
+        "retired": retired,
+        "timeout_ms": 600000,
+        "is_p2p": False,
+        "a_key_from_the_future": 1,
+    }
 
 
 def dump(entries, version="2.10"):
-    return {"version": version, "comm_lib_version": "", "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}},
-            "pg_status": {"0": {"last_enqueued_collective": 3, "last_started_collective": -1,
-                                "last_completed_collective": 2}}, "entries": entries}
+    return {
+        "version": version,
+        "comm_lib_version": "",
+        "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}},
+        "pg_status": {
+            "0": {
+                "last_enqueued_collective": 3,
+                "last_started_collective": -1,
+                "last_completed_collective": 2,
+            }
+        },
+        "entries": entries,
+    }
 
 
 class _Evil:
@@ -52,6 +93,7 @@ def test_torch_list_builders_admitted(tmp_path):
     class Built:
         def __reduce__(self):
             return (jp.build_intlist, ([[5, 2]],))
+
     d = dump([entry(1)])
     d["entries"][0]["input_sizes"] = Built()
     data = pickle.dumps(d)
@@ -72,11 +114,16 @@ def test_pickle_json_and_bare_list_read_alike(tmp_path):
     assert a.entries[1].op == "send" and a.entries[1].self_local == 1 and a.entries[1].peer_local == 2
 
 
-@pytest.mark.parametrize("name,want", [("gloo:all_reduce", ("gloo", "all_reduce", None, None)),
-                                       ("nccl:recv 3<-0", ("nccl", "recv", 3, 0)),
-                                       ("ncclx:all_gather", ("ncclx", "all_gather", None, None)),
-                                       ("nccl2:all_reduce", ("nccl2", "all_reduce", None, None)),
-                                       ("barrier", ("", "barrier", None, None))])
+@pytest.mark.parametrize(
+    "name,want",
+    [
+        ("gloo:all_reduce", ("gloo", "all_reduce", None, None)),
+        ("nccl:recv 3<-0", ("nccl", "recv", 3, 0)),
+        ("ncclx:all_gather", ("ncclx", "all_gather", None, None)),
+        ("nccl2:all_reduce", ("nccl2", "all_reduce", None, None)),
+        ("barrier", ("", "barrier", None, None)),
+    ],
+)
 def test_profiling_names(name, want):
     assert split_profiling_name(name) == want
 
@@ -100,12 +147,24 @@ def test_bad_files_each_named_others_still_read(tmp_path):
 
 
 def test_states():
-    d = parse_fr_bytes(pickle.dumps(dump([entry(1, retired=True), entry(2, retired=False),
-                                          entry(3, "nccl:all_reduce", retired=True, state="started"),
-                                          entry(4, "nccl:all_reduce", retired=True, state="completed")])), "x")
+    d = parse_fr_bytes(
+        pickle.dumps(
+            dump(
+                [
+                    entry(1, retired=True),
+                    entry(2, retired=False),
+                    entry(3, "nccl:all_reduce", retired=True, state="started"),
+                    entry(4, "nccl:all_reduce", retired=True, state="completed"),
+                ]
+            )
+        ),
+        "x",
+    )
     assert [fr_state(e) for e in d.entries] == ["completed", "issued", "failed", "completed"]
     recs = fr_records(d)
-    assert recs[0]["dtype"] == "float32" and recs[0]["numel"] == 676 and recs[0]["source"] == "flight-recorder"
+    assert (
+        recs[0]["dtype"] == "float32" and recs[0]["numel"] == 676 and recs[0]["source"] == "flight-recorder"
+    )
     assert recs[2]["error"] and "timed out" in recs[2]["error"]
 
 
@@ -113,8 +172,11 @@ def test_fr_only_extra_collective_names_the_rank(tmp_path):
     """3 ranks: 0 and 1 in a barrier at seq 4, rank 2 in a C++ all_reduce at seq 4."""
     for r in range(3):
         es = [entry(s) for s in (1, 2, 3)]
-        es.append(entry(4, "gloo:all_reduce" if r == 2 else "gloo:barrier", ((676,),) if r == 2 else (),
-                        retired=False))
+        es.append(
+            entry(
+                4, "gloo:all_reduce" if r == 2 else "gloo:barrier", ((676,),) if r == 2 else (), retired=False
+            )
+        )
         (tmp_path / ("comm_lib_trace_rank_%d" % r)).write_bytes(pickle.dumps(dump(es)))
     snap = snapshot_with_fr(str(tmp_path))
     assert [p.rank for p in snap.processes] == [0, 1, 2] and snap.processes[0].world_size == 3
@@ -124,16 +186,50 @@ def test_fr_only_extra_collective_names_the_rank(tmp_path):
 
 def test_merge_takes_torch_seq_and_keeps_cpp_issued():
     """Our world barrier (our seq 1) joins FR's barrier at seq 3; FR's 2 DDP all_reduces stay."""
-    d = parse_fr_bytes(pickle.dumps(dump([entry(1, t=T0 + 100), entry(2, t=T0 + 200),
-                                          entry(3, "gloo:barrier", (), retired=False, t=T0 + 10_000_100)])), "x")
-    ours = [{"idx": 1, "kind": "collective", "op": "barrier", "group": "0", "seq": 1, "state": "issued",
-             "t_wall_ns": T0 + 10_000_000, "t_mono_ns": 5, "t_end_mono_ns": None},
-            {"idx": 2, "kind": "p2p", "op": "send", "group": "0", "seq": 1, "peer": 1, "state": "completed",
-             "t_wall_ns": T0 + 50, "t_mono_ns": 1, "t_end_mono_ns": 2}]
+    d = parse_fr_bytes(
+        pickle.dumps(
+            dump(
+                [
+                    entry(1, t=T0 + 100),
+                    entry(2, t=T0 + 200),
+                    entry(3, "gloo:barrier", (), retired=False, t=T0 + 10_000_100),
+                ]
+            )
+        ),
+        "x",
+    )
+    ours = [
+        {
+            "idx": 1,
+            "kind": "collective",
+            "op": "barrier",
+            "group": "0",
+            "seq": 1,
+            "state": "issued",
+            "t_wall_ns": T0 + 10_000_000,
+            "t_mono_ns": 5,
+            "t_end_mono_ns": None,
+        },
+        {
+            "idx": 2,
+            "kind": "p2p",
+            "op": "send",
+            "group": "0",
+            "seq": 1,
+            "peer": 1,
+            "state": "completed",
+            "t_wall_ns": T0 + 50,
+            "t_mono_ns": 1,
+            "t_end_mono_ns": 2,
+        },
+    ]
     m = merge_records(ours, fr_records(d))
     colls = [(r["op"], r["seq"], r.get("seq_ours"), r["source"]) for r in m if r["kind"] == "collective"]
-    assert colls == [("all_reduce", 1, None, "flight-recorder"), ("all_reduce", 2, None, "flight-recorder"),
-                     ("barrier", 3, 1, "hangtrace+flight-recorder")]
+    assert colls == [
+        ("all_reduce", 1, None, "flight-recorder"),
+        ("all_reduce", 2, None, "flight-recorder"),
+        ("barrier", 3, 1, "hangtrace+flight-recorder"),
+    ]
     assert [r["op"] for r in m if r["kind"] == "p2p"] == ["send"]
 
 
@@ -143,13 +239,36 @@ def test_join_renumbers_the_in_flight_record_too():
     record takes torch's number (3) like every other record, no false mismatch at seq 2."""
     from hangtrace.tracer.analyze.frmerge import join_fr
     from hangtrace.tracer.snapshot import ProcessInfo
-    es = [entry(1, "gloo:broadcast", t=T0 + 100), entry(2, "gloo:broadcast", t=T0 + 200),
-          entry(3, "gloo:broadcast", retired=False, t=T0 + 10_000_100)]
+
+    es = [
+        entry(1, "gloo:broadcast", t=T0 + 100),
+        entry(2, "gloo:broadcast", t=T0 + 200),
+        entry(3, "gloo:broadcast", retired=False, t=T0 + 10_000_100),
+    ]
     d = parse_fr_bytes(pickle.dumps(dump(es)), "x", rank=1, host="h", pid=7)
-    bol = {"idx": 2, "kind": "collective", "op": "broadcast_object_list", "group": "0", "seq": 2, "state": "issued",
-           "t_wall_ns": T0 + 10_000_000, "t_mono_ns": 5, "t_end_mono_ns": None, "async_op": False}
-    first = {"idx": 1, "kind": "collective", "op": "broadcast_object_list", "group": "0", "seq": 1,
-             "state": "completed", "t_wall_ns": T0 + 50, "t_mono_ns": 1, "t_end_mono_ns": 1 + 400}
+    bol = {
+        "idx": 2,
+        "kind": "collective",
+        "op": "broadcast_object_list",
+        "group": "0",
+        "seq": 2,
+        "state": "issued",
+        "t_wall_ns": T0 + 10_000_000,
+        "t_mono_ns": 5,
+        "t_end_mono_ns": None,
+        "async_op": False,
+    }
+    first = {
+        "idx": 1,
+        "kind": "collective",
+        "op": "broadcast_object_list",
+        "group": "0",
+        "seq": 1,
+        "state": "completed",
+        "t_wall_ns": T0 + 50,
+        "t_mono_ns": 1,
+        "t_end_mono_ns": 1 + 400,
+    }
     p = ProcessInfo(host="h", pid=7, rank=1, world_size=2, records=[first, bol], inflight=bol)
     (q,) = join_fr([p], [d])
     assert q.inflight is not None and q.inflight["seq"] == 3 and q.inflight["seq_ours"] == 2

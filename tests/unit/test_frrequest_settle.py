@@ -1,6 +1,7 @@
 """A snapshot's Flight Recorder request stops waiting for an agent that cannot answer (its
 process holds the GIL in C code) soon after the others answered, instead of the whole
 timeout (a blind job's every snapshot waited 3 s for such a rank). Real abstract sockets."""
+
 import socket
 import threading
 import time

@@ -20,6 +20,7 @@ Regenerate (then review the diff before committing):
   test_diagnose.py, test_robustness_analysis.py, test_memory.py, test_memory_monitor.py, test_report.py)
   with the capture plugin.
 """
+
 import glob
 import gzip
 import json
@@ -39,8 +40,14 @@ GOLDEN = os.path.join(HERE, "golden")
 REGEN = os.environ.get("HANGTRACE_REGEN_GOLDEN", "")
 #: expected outputs longer than this (characters) are stored gzipped (``.out.json.gz``)
 BIG = 256 * 1024
-SCENARIO_TESTS = ["rules", "test_diagnose.py", "test_robustness_analysis.py", "test_memory.py", "test_memory_monitor.py",
-                  "test_report.py"]
+SCENARIO_TESTS = [
+    "rules",
+    "test_diagnose.py",
+    "test_robustness_analysis.py",
+    "test_memory.py",
+    "test_memory_monitor.py",
+    "test_report.py",
+]
 
 
 def snapshot_from_json(d: Dict[str, Any]) -> Snapshot:
@@ -56,6 +63,7 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     call = dict(case["call"])
     if call.get("envs"):  # environment records (a dict each, with its rank)
         from hangtrace.tracer.envfacts import from_json
+
         call["envs"] = [from_json(e)._replace(rank=int(e.get("rank", -1))) for e in call["envs"]]
     d = diagnose(s, **call)
     out = json.loads(json.dumps(diagnosis_json(d), default=list))
@@ -67,16 +75,23 @@ def _capture() -> None:
     env.pop("HANGTRACE_REGEN_GOLDEN", None)
     for f in glob.glob(os.path.join(GOLDEN, "*.in.json.gz")):
         os.unlink(f)
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "golden.capture"]
-                   + SCENARIO_TESTS, cwd=HERE, env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "golden.capture"]
+        + SCENARIO_TESTS,
+        cwd=HERE,
+        env=env,
+        check=True,
+    )
 
 
 if REGEN == "capture":
     _capture()
 
-NAMES = sorted(os.path.relpath(f, GOLDEN)[:-len(".in.json.gz")]
-               for pattern in ("*.in.json.gz", os.path.join("examples", "*.in.json.gz"))
-               for f in glob.glob(os.path.join(GOLDEN, pattern)))
+NAMES = sorted(
+    os.path.relpath(f, GOLDEN)[: -len(".in.json.gz")]
+    for pattern in ("*.in.json.gz", os.path.join("examples", "*.in.json.gz"))
+    for f in glob.glob(os.path.join(GOLDEN, pattern))
+)
 
 
 def test_golden_inputs_present() -> None:

@@ -6,6 +6,7 @@ names groups by a counter, so group '4' was [2,3] on rank 3 and [1,3] on rank 1.
 rank 3 (its 4 floats against rank 1's 9) and the verdict said "rank 3 issued all_reduce with a
 different size"; with the sizes the other way round it named rank 1; with equal sizes the job
 ran on with wrong sums and the verdict was "Progressing"."""
+
 import os
 import sys
 
@@ -52,8 +53,10 @@ def test_the_rank_that_created_its_groups_in_another_order_is_named_with_the_gro
     go = d.details["group_order"]
     assert go["culprit_order"] == [[0, 2], [1, 3], [0, 1], [2, 3]] and go["majority"] == [0, 1, 2]
     assert "rank 3 created its process groups in another order than ranks 0-2" in d.summary
-    assert "is [2,3] on rank 3 but [1,3] on rank 1" in d.summary or "is [1,3] on rank 3 but [2,3] on rank 2" \
-        in d.summary, d.summary
+    assert (
+        "is [2,3] on rank 3 but [1,3] on rank 1" in d.summary
+        or "is [1,3] on rank 3 but [2,3] on rank 2" in d.summary
+    ), d.summary
     assert "Next: " + GROUP_ORDER_NEXT in d.summary
 
 
@@ -67,8 +70,10 @@ def test_groups_named_by_their_members_never_disagree():
     is a hash of its members: orders differ between ranks, names never disagree."""
     b = []
     for r in range(4):
-        gs = [world(4)] + [group("h%s" % "".join(map(str, m)), m, order=i + 1)
-                           for i, m in enumerate(m for m in TP + DP if r in m)]
+        gs = [world(4)] + [
+            group("h%s" % "".join(map(str, m)), m, order=i + 1)
+            for i, m in enumerate(m for m in TP + DP if r in m)
+        ]
         x = R(r, 4, groups=gs)
         x.coll("0", n=2)
         b.append(x)

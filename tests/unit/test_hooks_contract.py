@@ -1,6 +1,7 @@
 """The in-process side's contracts: import direction, the instrumentor contract, our
 post-import finder, the recorder choice, and small rings grown to full size (issue 8 item
 3, issue 13 item 2)."""
+
 import importlib.machinery
 import importlib.util
 import os
@@ -20,22 +21,37 @@ from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring.reader import read_ring
 
 #: Code a traced process must never load: collection, analysis, rendering, watcher, CLI.
-FORBIDDEN = ("hangtrace.tracer.collect", "hangtrace.tracer.analyze", "hangtrace.tracer.report",
-             "hangtrace.tracer.watch", "hangtrace.tracer.pipeline", "hangtrace.cli")
+FORBIDDEN = (
+    "hangtrace.tracer.collect",
+    "hangtrace.tracer.analyze",
+    "hangtrace.tracer.report",
+    "hangtrace.tracer.watch",
+    "hangtrace.tracer.pipeline",
+    "hangtrace.cli",
+)
 HOOKS_DIR = os.path.join(REPO, "hangtrace", "hooks")
 
 
 def _hooks_modules():
-    return sorted("hangtrace.hooks." + f[:-3] for f in os.listdir(HOOKS_DIR)
-                  if f.endswith(".py") and f != "__init__.py")
+    return sorted(
+        "hangtrace.hooks." + f[:-3] for f in os.listdir(HOOKS_DIR) if f.endswith(".py") and f != "__init__.py"
+    )
 
 
 @pytest.mark.parametrize("module", _hooks_modules())
 def test_hooks_module_loads_no_collection_analysis_report_or_watcher_code(module):
-    code = ("import sys, %s\nbad = [m for m in sys.modules if m.startswith(%r)]\nprint(repr(bad))"
-            % (module, FORBIDDEN))
-    p = subprocess.run([sys.executable, "-c", code], env=base_env(traced=False), capture_output=True,
-                       text=True, timeout=120, cwd=REPO)
+    code = "import sys, %s\nbad = [m for m in sys.modules if m.startswith(%r)]\nprint(repr(bad))" % (
+        module,
+        FORBIDDEN,
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        env=base_env(traced=False),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == "[]", "%s loads %s" % (module, p.stdout)
 
@@ -89,15 +105,16 @@ def test_instrumentor_install_is_idempotent_and_warns_once_per_repeat():
     assert ins.install(rt) is True
     assert ins.install(rt) is False and ins.install(rt) is False
     assert ins.calls == ["install"]
-    assert [ln for ln in rt.log.lines if "install called again" in ln] == \
-        ["instrumentor counting: install called again; nothing stacked"]
+    assert [ln for ln in rt.log.lines if "install called again" in ln] == [
+        "instrumentor counting: install called again; nothing stacked"
+    ]
     ins.after_fork_child()
     ins.at_exit()
     ins.uninstall()
-    ins.uninstall()                   # a second uninstall does nothing
-    ins.at_exit()                     # nor does anything after uninstall
+    ins.uninstall()  # a second uninstall does nothing
+    ins.at_exit()  # nor does anything after uninstall
     assert ins.calls == ["install", "fork", "exit", "uninstall"]
-    assert ins.install(rt) is True    # a later install starts afresh
+    assert ins.install(rt) is True  # a later install starts afresh
 
 
 @pytest.mark.parametrize("what", ["install", "fork", "exit", "uninstall"])
@@ -123,9 +140,11 @@ def test_post_import_hook_fires_once_with_the_finished_module(tmp_path, monkeypa
     seen = []
     pf = importlib.machinery.PathFinder
     try:
-        importhook.when_imported("htpkg_probe.mod", lambda m: seen.append((m.__name__, m.VALUE)),
-                                 before=lambda name: seen.append(
-                                     ("before", name, hasattr(sys.modules.get(name), "VALUE"))))
+        importhook.when_imported(
+            "htpkg_probe.mod",
+            lambda m: seen.append((m.__name__, m.VALUE)),
+            before=lambda name: seen.append(("before", name, hasattr(sys.modules.get(name), "VALUE"))),
+        )
         wrapper = type(pf.__dict__["find_spec"].__func__).__name__
         assert wrapper == ("FindSpec" if pure == "0" and fast_available({}) else "function")
         # looked up, by position or keyword, not imported: no hook yet; unhooked names as before
@@ -134,6 +153,7 @@ def test_post_import_hook_fires_once_with_the_finished_module(tmp_path, monkeypa
         with pytest.raises(TypeError):
             pf.find_spec("json", None, None, None)  # the original's own error comes through
         import htpkg_probe.mod as mod
+
         assert seen == [("before", "htpkg_probe.mod", False), ("htpkg_probe.mod", 42)]
         # the module keeps its own loader (nothing of ours left on it)
         assert type(mod.__loader__).__name__ == "SourceFileLoader"
@@ -164,27 +184,28 @@ def test_small_ring_grows_to_full_ring_with_every_record(tmp_path, monkeypatch, 
     rec = Recorder(str(tmp_path), "grow", 16, log, full_slots=1024)
     rec.event("start", argv=["x"])
     sid = rec.intern("host")
-    for i in range(40):                            # wraps the 16-slot ring
+    for i in range(40):  # wraps the 16-slot ring
         rec.memory(F.MEM_TIMER, sid, i, -1, -1, -1, -1)
     small = read_ring(rec.path)
     assert small.header["nslots"] == 16 and small.header["strtab_size"] == ringsize.SMALL_STRTAB_SIZE
-    assert os.stat(rec.path).st_blocks * 512 <= 64 << 10     # kilobytes on disk
+    assert os.stat(rec.path).st_blocks * 512 <= 64 << 10  # kilobytes on disk
     assert [r["idx"] for r in small.records] == list(range(26, 42))
 
     rec.group_created({"op": "init_process_group", "member": True, "name": "0", "ranks": [0]})
-    assert rec.nslots == 1024 and any("ring grown to 1024 slots: joined process group 0" in ln
-                                      for ln in log.lines)
+    assert rec.nslots == 1024 and any(
+        "ring grown to 1024 slots: joined process group 0" in ln for ln in log.lines
+    )
     rec.complete(rec.issue(F.K_COLL, F.OP_IDS["all_reduce"], rec.intern("0"), 1, 4, 0, 1, -1, 0))
     full = read_ring(rec.path)
     assert full.header["nslots"] == 1024 and full.header["strtab_size"] == F.DEFAULT_STRTAB_SIZE
     idxs = [r["idx"] for r in full.records]
-    assert idxs == list(range(26, idxs[-1] + 1))   # what the small ring held, then the new ones
+    assert idxs == list(range(26, idxs[-1] + 1))  # what the small ring held, then the new ones
     assert full.records[-1]["op"] == "all_reduce" and full.records[-1]["state"] == "completed"
     assert [e["event"] for e in full.events] == ["start"] and full.groups[0]["name"] == "0"
-    assert full.strings[sid] == "host"             # string ids stay valid
+    assert full.strings[sid] == "host"  # string ids stay valid
     assert full.header["pid"] == os.getpid() and full.header["progress_count"] >= 2
-    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]   # no temporary left
-    assert rec.grow("again") is False              # once
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]  # no temporary left
+    assert rec.grow("again") is False  # once
 
 
 def test_ray_actor_identity_grows_and_a_non_member_group_does_not(tmp_path):
@@ -200,7 +221,7 @@ def test_ray_actor_identity_grows_and_a_non_member_group_does_not(tmp_path):
 def test_full_string_table_of_a_small_ring_grows_it(tmp_path):
     rec = Recorder(str(tmp_path), "s", 16, _Log(), full_slots=64)
     big = "x" * 4000
-    for i in range(80):                            # 320 KB of strings > the small 256 KiB table
+    for i in range(80):  # 320 KB of strings > the small 256 KiB table
         rec.intern("%d%s" % (i, big))
     ring = read_ring(rec.path)
     assert ring.header["nslots"] == 64 and len([s for s in ring.strings.values() if s.endswith(big)]) == 80
@@ -210,7 +231,8 @@ def test_traced_fork_child_keeps_a_small_ring(tmp_path):
     """A helper forked from a rank (a DataLoader worker) starts small, even when its parent
     is full-size and had a step; what it records is readable afterwards."""
     script = tmp_path / "fork.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os
         from hangtrace import tracer
         tracer.step(3)                       # the parent uses the step API: full ring
@@ -218,10 +240,12 @@ def test_traced_fork_child_keeps_a_small_ring(tmp_path):
         if pid == 0:
             os._exit(7)
         os.waitpid(pid, 0)
-    """))
+    """)
+    )
     run = tmp_path / "run"
-    p = subprocess.run([sys.executable, str(script)], env=base_env(run), capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, str(script)], env=base_env(run), capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     rings = {}
     for f in os.listdir(run):
@@ -243,7 +267,8 @@ def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path)
     fork, and the child takes the parent's sampler over with it, its timer a raw thread
     that has taken no sample yet."""
     script = tmp_path / "fork.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys, time
         from hangtrace.hooks import memory
         assert "hangtrace.hooks.memfork" not in sys.modules, "imported at start-up"
@@ -262,9 +287,15 @@ def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path)
         assert "hangtrace.hooks.memfork" in sys.modules, "not imported before the fork"
         _, st = os.waitpid(pid, 0)
         sys.exit(os.waitstatus_to_exitcode(st))
-    """))
-    p = subprocess.run([sys.executable, str(script)], env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S=100),
-                       capture_output=True, text=True, timeout=120)
+    """)
+    )
+    p = subprocess.run(
+        [sys.executable, str(script)],
+        env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S=100),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
 
 
@@ -273,7 +304,8 @@ def test_forked_child_starts_in_the_parents_step_from_the_prepared_recorder(tmp_
     (``Runtime.prepare_child``); it is reused for every fork, and each child starts in the
     step its parent was in at that fork (header and records), with its own pid and ring."""
     script = tmp_path / "fork.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys
         from hangtrace import tracer
         from hangtrace.hooks import bootstrap
@@ -291,12 +323,19 @@ def test_forked_child_starts_in_the_parents_step_from_the_prepared_recorder(tmp_
         ready = bootstrap.active()._child_recorder
         assert ready is not None and ready[0] == os.getpid() and ready[1].lazy  # (kept, unused)
         print("kids", *kids)
-    """))
-    p = subprocess.run([sys.executable, str(script)], env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S=100),
-                       capture_output=True, text=True, timeout=120)
+    """)
+    )
+    p = subprocess.run(
+        [sys.executable, str(script)],
+        env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S=100),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
     kids = [int(x) for x in p.stdout.split("kids")[1].split()]
     from hangtrace.tracer.ring.reader import read_ring
+
     for pid, step in zip(kids, (7, 12)):
         r = read_ring(tmp_path / "run" / ("ring-%s-%d.htr" % (os.uname().nodename, pid)))
         assert r.header["pid"] == pid and r.header["step"] == step, r.header
@@ -311,7 +350,8 @@ def test_forked_helpers_start_record_waits_for_its_file(tmp_path):
     (``materialize``) or by joining a group (``grow``); a clean exit before then leaves no
     file at all."""
     script = tmp_path / "fork.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys, time
         from hangtrace.hooks import bootstrap
         kids = []
@@ -331,11 +371,18 @@ def test_forked_helpers_start_record_waits_for_its_file(tmp_path):
             kids.append((pid, how, t0))
             assert os.waitpid(pid, 0)[1] == 0
         print("parent", os.getpid(), "kids", " ".join("%d:%s:%d" % k for k in kids))
-    """))
-    p = subprocess.run([sys.executable, str(script)], env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S=100),
-                       capture_output=True, text=True, timeout=120)
+    """)
+    )
+    p = subprocess.run(
+        [sys.executable, str(script)],
+        env=base_env(tmp_path / "run", HANGTRACE_MEM_INTERVAL_S=100),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
     from hangtrace.tracer.ring.reader import read_ring
+
     for kid in p.stdout.split("kids")[1].split():
         pid, how, t0 = kid.split(":")
         path = tmp_path / "run" / ("ring-%s-%s.htr" % (os.uname().nodename, pid))
@@ -358,6 +405,7 @@ def test_child_stop_flag_is_an_event():
     """``memfork.StopFlag``: Event's is_set / wait / set, across threads."""
     import threading
     from hangtrace.hooks.memfork import StopFlag
+
     f = StopFlag()
     assert not f.is_set() and f.wait(0.01) is False
     got = []

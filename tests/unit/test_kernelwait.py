@@ -1,6 +1,7 @@
 """What the kernel says a blocked thread waits for (collect/kernelwait.py), read from real
 processes: a FIFO open with no reader (a stalled NFS write's stand-in), a socket recv with
 no answer, a parent waiting for its child; and the decoding of odd lines."""
+
 import os
 import socket
 import subprocess
@@ -45,9 +46,11 @@ def test_a_socket_recv_names_the_peer_and_py_spy_threads_carry_it():
     srv.bind(("127.0.0.1", 0))
     srv.listen()
     port = srv.getsockname()[1]
-    code = ("import socket, threading\n"
-            "c = socket.create_connection(('127.0.0.1', %d))\n"
-            "threading.Thread(target=c.recv, args=(10,), name='asker').start()\n" % port)
+    code = (
+        "import socket, threading\n"
+        "c = socket.create_connection(('127.0.0.1', %d))\n"
+        "threading.Thread(target=c.recv, args=(10,), name='asker').start()\n" % port
+    )
     p = subprocess.Popen([sys.executable, "-c", code])
     try:
         conn, _ = srv.accept()
@@ -72,15 +75,18 @@ def test_a_socket_recv_names_the_peer_and_py_spy_threads_carry_it():
 
 
 def test_a_parent_waiting_for_its_child_names_the_pid_and_lists_the_child():
-    p = subprocess.Popen([sys.executable, "-c",
-                          "import subprocess; subprocess.call(['cat'], stdin=subprocess.PIPE)"])
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess; subprocess.call(['cat'], stdin=subprocess.PIPE)"]
+    )
     try:
         # (a loaded machine can catch the parent in vfork, blocked until cat execs: CI, 2026-12-05)
         k = _blocked(p.pid, p.pid, passing=("futex", "vfork", "clone", "clone3"))
         assert k["syscall"] in ("wait4", "waitid"), k
         t0 = time.monotonic()
         kids = K.children(p.pid)
-        while time.monotonic() - t0 < 10 and not (kids and (kids[0].get("kernel") or {}).get("syscall") == "read"):
+        while time.monotonic() - t0 < 10 and not (
+            kids and (kids[0].get("kernel") or {}).get("syscall") == "read"
+        ):
             time.sleep(0.05)  # (cat may still be starting when its parent already waits)
             kids = K.children(p.pid)
         assert len(kids) == 1 and kids[0]["argv"] == ["cat"], kids
@@ -103,10 +109,11 @@ def test_decode_odd_lines_and_unknown_numbers():
     k = K.decode(os.getpid(), "63 0x0 0x0 0x0 0x0 0x0 0x0 0x0 0x0", table=K.syscall_table("aarch64"))
     assert k["syscall"] == "read" and k["args"][0].startswith("fd 0"), k
     # a process that is gone: nothing, no exception
-    assert K.thread_wait(2 ** 22 + 1, 2 ** 22 + 1) is None
-    assert K.children(2 ** 22 + 1) == []
-    assert K.annotate(2 ** 22 + 1, [{"active": False, "os_thread_id": 2 ** 22 + 1}]) == \
-        [{"active": False, "os_thread_id": 2 ** 22 + 1}]
+    assert K.thread_wait(2**22 + 1, 2**22 + 1) is None
+    assert K.children(2**22 + 1) == []
+    assert K.annotate(2**22 + 1, [{"active": False, "os_thread_id": 2**22 + 1}]) == [
+        {"active": False, "os_thread_id": 2**22 + 1}
+    ]
 
 
 def test_a_poll_interrupted_by_py_spy_keeps_its_call_and_files():
@@ -126,7 +133,9 @@ def test_a_poll_interrupted_by_py_spy_keeps_its_call_and_files():
         assert main and main[0]["kernel"]["syscall"] == k["syscall"], r
         assert "pipe:[" in main[0]["kernel"]["args"][0], main[0]["kernel"]
         now = K.thread_wait(p.pid, p.pid)
-        assert now is not None and now["syscall"] in (K.RESTART, k["syscall"]), now  # named, not 'syscall 219'
+        assert now is not None and now["syscall"] in (K.RESTART, k["syscall"]), (
+            now
+        )  # named, not 'syscall 219'
     finally:
         p.kill()
         p.wait()

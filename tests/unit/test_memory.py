@@ -2,6 +2,7 @@
 records, ledger / kept-across flags / trends, and every dead-rank attribution class on
 synthetic processes (kernel lines, cgroup counters and Ray records are plain data here;
 the real cgroup OOM kill is in tests/integration/test_memory.py)."""
+
 import json
 
 import pytest
@@ -23,11 +24,30 @@ GIB = 1 << 30
 def mem(b, source, what="host", a=(-1, -1, -1, -1, -1), phase=None, step=None, thread="MainThread"):
     b.idx += 1
     b.t += MS
-    b.records.append({"idx": b.idx, "kind": "memory", "op": F.OPS[getattr(F, "MEM_" + source.upper())],
-                      "group": what, "seq": 0, "dtype": "", "numel": 0, "shape": None, "peer": -1,
-                      "async_op": False, "batch": False, "thread": thread, "phase": phase, "step": step,
-                      "t_mono_ns": b.t - T0, "t_wall_ns": b.t, "t_end_mono_ns": b.t - T0, "state": "completed",
-                      "error": None, "a": tuple(a)})
+    b.records.append(
+        {
+            "idx": b.idx,
+            "kind": "memory",
+            "op": F.OPS[getattr(F, "MEM_" + source.upper())],
+            "group": what,
+            "seq": 0,
+            "dtype": "",
+            "numel": 0,
+            "shape": None,
+            "peer": -1,
+            "async_op": False,
+            "batch": False,
+            "thread": thread,
+            "phase": phase,
+            "step": step,
+            "t_mono_ns": b.t - T0,
+            "t_wall_ns": b.t,
+            "t_end_mono_ns": b.t - T0,
+            "state": "completed",
+            "error": None,
+            "a": tuple(a),
+        }
+    )
 
 
 def host(rss, usage=None, limit=0, oom=0):
@@ -47,8 +67,10 @@ def loop(b, steps, phases, value, what="host", pack=host):
 # --- cgroup files -------------------------------------------------------------------------
 def test_cgroup_paths_v1_v2_and_namespaces():
     cg = "4:memory:/process_api/abc\n0::/\n"
-    mi = ("35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
-          "30 25 0:26 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n")
+    mi = (
+        "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+        "30 25 0:26 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+    )
     assert HM.parse_proc_cgroup(cg) == ("/process_api/abc", "/")
     c = HM.cgroup_candidates(cg, mi)
     assert c[0] == (1, "/sys/fs/cgroup/memory/process_api/abc") and (2, "/sys/fs/cgroup/unified") in c
@@ -64,12 +86,22 @@ def test_cgroup_paths_v1_v2_and_namespaces():
 
 def test_kernel_oom_line_parsing():
     from hangtrace.tracer.collect.rings import parse_kernel_oom
-    k = parse_kernel_oom([
-        (2672.67, "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
-                  "oom_memcg=/hangtrace-test-1,task_memcg=/hangtrace-test-1,task=python3,pid=28926,uid=0"),
-        (2672.68, "Memory cgroup out of memory: Killed process 28926 (python3) total-vm:221448kB, "
-                  "anon-rss:207344kB, file-rss:6596kB, shmem-rss:0kB, UID:0 pgtables:464kB oom_score_adj:0"),
-        (10.0, "Out of memory: Killed process 77 (java) total-vm:1kB, anon-rss:8kB, file-rss:0kB")])
+
+    k = parse_kernel_oom(
+        [
+            (
+                2672.67,
+                "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+                "oom_memcg=/hangtrace-test-1,task_memcg=/hangtrace-test-1,task=python3,pid=28926,uid=0",
+            ),
+            (
+                2672.68,
+                "Memory cgroup out of memory: Killed process 28926 (python3) total-vm:221448kB, "
+                "anon-rss:207344kB, file-rss:6596kB, shmem-rss:0kB, UID:0 pgtables:464kB oom_score_adj:0",
+            ),
+            (10.0, "Out of memory: Killed process 77 (java) total-vm:1kB, anon-rss:8kB, file-rss:0kB"),
+        ]
+    )
     assert k[28926]["anon_rss"] == 207344 * 1024 and k[28926]["scope"] == "cgroup"
     assert k[28926]["memcg"] == "/hangtrace-test-1"
     assert k[77]["scope"] == "host"
@@ -80,6 +112,7 @@ def test_kernel_oom_line_parsing():
 def recorder(tmp_path):
     from hangtrace.hooks.bootstrap import RunLog
     from hangtrace.hooks.recorder import Recorder
+
     rec = Recorder(str(tmp_path), "t", 1024, RunLog(str(tmp_path)))
     yield rec
     rec.close()
@@ -89,7 +122,7 @@ def test_sampler_records_host_gauges_and_cuda_oom_stand_in(recorder, tmp_path, m
     s = HM.Sampler(recorder, recorder.log, 1.0, str(tmp_path))
     monkeypatch.setattr(api, "_gauges", {})
     api._gauges["pool"] = (lambda: 5 * MIB, 8 * MIB)
-    api._gauges["bad"] = (lambda: 1 / 0, None)        # raising gauges are skipped, never raised
+    api._gauges["bad"] = (lambda: 1 / 0, None)  # raising gauges are skipped, never raised
     recorder.phase_enter("train", step=3)
     s.sample(F.MEM_ENTER)
     # Stand-in for the GPU path (no GPU here): call the allocator's out-of-memory observer
@@ -106,7 +139,9 @@ def test_sampler_records_host_gauges_and_cuda_oom_stand_in(recorder, tmp_path, m
     assert g and g[0]["values"]["gauge:pool"] == 5 * MIB and g[0]["limits"]["gauge:pool"] == 8 * MIB
     assert not [x for x in ss if x["what"] == "gauge:bad"]
     oom = [x for x in ss if x["source"] == "oom"]
-    assert oom[0]["what"] == "cuda:0" and oom[0]["requested"] == 2 * GIB and oom[0]["device_free"] == 100 * MIB
+    assert (
+        oom[0]["what"] == "cuda:0" and oom[0]["requested"] == 2 * GIB and oom[0]["device_free"] == 100 * MIB
+    )
     ev = [e for e in ring.events if e["event"] == "cuda_oom"]
     assert ev and ev[0]["phase"] == "train" and ev[0]["step"] == 3
     if s.cg_dir:  # this host has a readable memory cgroup
@@ -114,6 +149,7 @@ def test_sampler_records_host_gauges_and_cuda_oom_stand_in(recorder, tmp_path, m
     assert ring.meta.get("mem_cgroup") == s.cg_dir
     # the OOM attributed from these records alone
     from hangtrace.tracer.collect.rings import process_from_ring
+
     p = process_from_ring(ring, state="killed")
     a = M.attribute(p, "killed-without-record", "x")
     assert a["cause"] == "cuda-oom" and "2.0 GiB requested" in a["cause_text"]
@@ -125,15 +161,22 @@ def test_cuda_sampling_once_torch_has_initialised_cuda(recorder, tmp_path, monke
     observer attached at the next tick."""
     import sys
     import types
+
     observers = []
-    cuda = types.SimpleNamespace(is_initialized=lambda: False, device_count=lambda: 1,
-                                 mem_get_info=lambda d: (3 * GIB, 16 * GIB), memory_allocated=lambda d: 5 * GIB,
-                                 memory_reserved=lambda d: 6 * GIB, max_memory_allocated=lambda d: 7 * GIB)
-    torch = types.SimpleNamespace(cuda=cuda, _C=types.SimpleNamespace(
-        _cuda_attach_out_of_memory_observer=observers.append))
+    cuda = types.SimpleNamespace(
+        is_initialized=lambda: False,
+        device_count=lambda: 1,
+        mem_get_info=lambda d: (3 * GIB, 16 * GIB),
+        memory_allocated=lambda d: 5 * GIB,
+        memory_reserved=lambda d: 6 * GIB,
+        max_memory_allocated=lambda d: 7 * GIB,
+    )
+    torch = types.SimpleNamespace(
+        cuda=cuda, _C=types.SimpleNamespace(_cuda_attach_out_of_memory_observer=observers.append)
+    )
     monkeypatch.setitem(sys.modules, "torch", torch)
     s = HM.Sampler(recorder, recorder.log, 1.0, str(tmp_path))
-    assert not s._cuda and not observers                   # CUDA not initialised: nothing
+    assert not s._cuda and not observers  # CUDA not initialised: nothing
     cuda.is_initialized = lambda: True
     s.tick()
     s.sample(F.MEM_STEP)
@@ -170,7 +213,11 @@ def kept_case(b):
     level = {"v": 0}
 
     def phases(st):
-        return ["wake_up", "rollout", "sleep", "train"] + (["validation"] if st % 2 == 0 else []) + ["checkpoint"]
+        return (
+            ["wake_up", "rollout", "sleep", "train"]
+            + (["validation"] if st % 2 == 0 else [])
+            + ["checkpoint"]
+        )
 
     def value(st, ph, io):
         if ph == "wake_up" and io == "out":
@@ -182,6 +229,7 @@ def kept_case(b):
         if ph == "validation" and io == "out":
             level["v"] += GIB
         return level["v"]
+
     loop(b, range(1, 7), phases, value, what="gauge:kv_pool", pack=lambda v: (v, 8 * GIB, -1, -1, -1))
 
 
@@ -194,7 +242,7 @@ def test_kept_across_names_steps_phase_sequence_and_bytes():
     assert len(flags) == 1
     f = flags[0]
     assert f["metric"] == "gauge:kv_pool"
-    assert f["kept_steps"] == [2, 4] and f["released_steps"] == [1, 3, 5]   # step 6 is the newest
+    assert f["kept_steps"] == [2, 4] and f["released_steps"] == [1, 3, 5]  # step 6 is the newest
     assert f["grown_in"] == "validation" and f["sequence"] == ["validation", "checkpoint"]
     assert f["bytes_kept"] == {"2": GIB, "4": GIB} and f["only_in_kept_steps"] == ["validation"]
     assert f["periods"] == {"validation": 2, "checkpoint": 1}
@@ -203,16 +251,22 @@ def test_kept_across_names_steps_phase_sequence_and_bytes():
 
 def test_steady_growth_trend_and_projection():
     b = R(0, 1)
-    loop(b, range(1, 9), lambda st: ["rollout", "train"],
-         lambda st, ph, io: 200 * MIB + (st - 1) * 20 * MIB + (20 * MIB if (ph, io) == ("train", "out") else 0),
-         pack=lambda v: host(v, v, 400 * MIB))
+    loop(
+        b,
+        range(1, 9),
+        lambda st: ["rollout", "train"],
+        lambda st, ph, io: (
+            200 * MIB + (st - 1) * 20 * MIB + (20 * MIB if (ph, io) == ("train", "out") else 0)
+        ),
+        pack=lambda v: host(v, v, 400 * MIB),
+    )
     ss = M.samples(b.build().records)
     rows = M.ledger(ss)
     t = M.trend(ss, rows, "cgroup")
     assert t["steady"] and t["bytes_per_step"] == 20 * MIB and t["growing_phase"] == "train"
     assert t["phase_growth"] == {"rollout": 0, "train": 20 * MIB}
-    assert t["projected_limit_step"] == 8 + 3          # 340 MiB at step 8, 60 MiB to go
-    assert M.kept_across(rows) == []                   # every step keeps: a trend, not a flag
+    assert t["projected_limit_step"] == 8 + 3  # 340 MiB at step 8, 60 MiB to go
+    assert M.kept_across(rows) == []  # every step keeps: a trend, not a flag
     lines = M.watch_lines(b.build().records, "rank 0 (pid 1)")
     assert lines and "grows 20.0 MiB/step" in lines[0][1] and "phase 'train'" in lines[0][1]
 
@@ -231,8 +285,12 @@ def dead_job(setup, samples=True, limit=400 * MIB, level=390 * MIB, oom=0, world
     return diagnose(snap(b))
 
 
-KERNEL = {"line": "Memory cgroup out of memory: Killed process 1001 (python3) total-vm:1kB, anon-rss:409600kB",
-          "anon_rss": 400 * MIB, "scope": "cgroup", "mono_s": 1.0}
+KERNEL = {
+    "line": "Memory cgroup out of memory: Killed process 1001 (python3) total-vm:1kB, anon-rss:409600kB",
+    "anon_rss": 400 * MIB,
+    "scope": "cgroup",
+    "mono_s": 1.0,
+}
 
 
 def test_host_oom_kill_from_kernel_line():
@@ -246,77 +304,147 @@ def test_host_oom_kill_from_kernel_line():
 
 
 def test_host_oom_kill_from_cgroup_counter():
-    d = dead_job(dict(state="killed", memory_facts={"cgroup_dir": "/sys/fs/cgroup/memory/x",
-                                                    "cgroup_oom_kill_now": 1, "kernel_log": "unreadable"}))
+    d = dead_job(
+        dict(
+            state="killed",
+            memory_facts={
+                "cgroup_dir": "/sys/fs/cgroup/memory/x",
+                "cgroup_oom_kill_now": 1,
+                "kernel_log": "unreadable",
+            },
+        )
+    )
     assert d.cause == "host-oom-kill"
     assert any("oom_kill 0 at the last sample, 1 now" in e for e in d.evidence), d.evidence
 
 
 def test_sigkill_without_oom_evidence_says_not_a_host_oom_kill():
-    d = dead_job(dict(state="killed", memory_facts={"cgroup_oom_kill_now": 0, "kernel_log": "read"}),
-                 level=100 * MIB)
+    d = dead_job(
+        dict(state="killed", memory_facts={"cgroup_oom_kill_now": 0, "kernel_log": "read"}), level=100 * MIB
+    )
     assert d.cause == "killed-without-record"
-    assert any(e.startswith("rank 1: not a host OOM-kill: its cgroup's oom_kill counter is unchanged (0)")
-               for e in d.evidence), d.evidence
+    assert any(
+        e.startswith("rank 1: not a host OOM-kill: its cgroup's oom_kill counter is unchanged (0)")
+        for e in d.evidence
+    ), d.evidence
 
 
 def test_ray_memory_monitor_from_rays_record_only():
-    d = dead_job(dict(state="killed", meta={"ray_actor_class": "Trainer", "ray_exit_type": "NODE_OUT_OF_MEMORY",
-                                            "ray_death": "Task was killed due to the node running low on memory."}))
+    d = dead_job(
+        dict(
+            state="killed",
+            meta={
+                "ray_actor_class": "Trainer",
+                "ray_exit_type": "NODE_OUT_OF_MEMORY",
+                "ray_death": "Task was killed due to the node running low on memory.",
+            },
+        )
+    )
     assert d.cause == "ray-memory-monitor"
     # the brief's dict form of ray_death is consumed too
-    d = dead_job(dict(state="killed", meta={"ray_death": {"death_cause": {"oom_context": {"error_message": "x"}}}}))
+    d = dead_job(
+        dict(state="killed", meta={"ray_death": {"death_cause": {"oom_context": {"error_message": "x"}}}})
+    )
     assert d.cause == "ray-memory-monitor"
     # Ray's generic guess is not evidence
-    d = dead_job(dict(state="killed", meta={
-        "ray_death": "The actor is dead because its worker process has died. ... may have exceeded K8s pod "
-                     "memory limits ...", "ray_exit_type": "SYSTEM_ERROR"}), level=50 * MIB)
+    d = dead_job(
+        dict(
+            state="killed",
+            meta={
+                "ray_death": "The actor is dead because its worker process has died. ... may have exceeded K8s pod "
+                "memory limits ...",
+                "ray_exit_type": "SYSTEM_ERROR",
+            },
+        ),
+        level=50 * MIB,
+    )
     assert d.cause == "killed-without-record"
 
 
 def test_cuda_oom_from_the_exception():
-    ev = [{"event": "exception", "type": "OutOfMemoryError", "wall_ns": T0 + 10 * S,
-           "message": "CUDA out of memory. Tried to allocate 2.00 GiB"}]
+    ev = [
+        {
+            "event": "exception",
+            "type": "OutOfMemoryError",
+            "wall_ns": T0 + 10 * S,
+            "message": "CUDA out of memory. Tried to allocate 2.00 GiB",
+        }
+    ]
     d = dead_job(dict(state="exited", exit_code=1, events=ev), samples=False)
     assert d.cause == "cuda-oom" and "Tried to allocate 2.00 GiB" in d.details["cause_text"]
 
 
 def test_external_sigterm_with_low_memory_is_not_an_oom():
-    d = dead_job(dict(state="killed", exit_code=-15, signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}},
-                      memory_facts={"cgroup_oom_kill_now": 0}), level=80 * MIB)
+    d = dead_job(
+        dict(
+            state="killed",
+            exit_code=-15,
+            signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}},
+            memory_facts={"cgroup_oom_kill_now": 0},
+        ),
+        level=80 * MIB,
+    )
     assert d.cause == "sigterm-external"
     assert "not an OOM" in d.details["cause_text"] and "not an OOM" in d.summary
     assert "20%" in d.details["cause_text"]
 
 
 def test_sigterm_near_the_limit_stays_sigterm_with_a_pressure_note():
-    d = dead_job(dict(state="killed", signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}}),
-                 level=395 * MIB)
+    d = dead_job(
+        dict(state="killed", signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}}), level=395 * MIB
+    )
     assert d.cause == "sigterm"
     assert any("memory-pressure eviction" in e for e in d.evidence)
 
 
-@pytest.mark.parametrize("setup,cause", [
-    (dict(state="exited", exit_code=1, events=[{"event": "exception", "type": "ValueError", "message": "bad",
-                                                 "wall_ns": T0 + 10 * S}]), "exception"),
-    (dict(state="killed", signals={"fatal": {"wall_ns": T0 + 10 * S, "text": "Fatal Python error: Aborted\n"}}),
-     "fatal-signal"),
-    (dict(state="exited", exit_code=3), "exit-code 3"),
-])
+@pytest.mark.parametrize(
+    "setup,cause",
+    [
+        (
+            dict(
+                state="exited",
+                exit_code=1,
+                events=[
+                    {"event": "exception", "type": "ValueError", "message": "bad", "wall_ns": T0 + 10 * S}
+                ],
+            ),
+            "exception",
+        ),
+        (
+            dict(
+                state="killed",
+                signals={"fatal": {"wall_ns": T0 + 10 * S, "text": "Fatal Python error: Aborted\n"}},
+            ),
+            "fatal-signal",
+        ),
+        (dict(state="exited", exit_code=3), "exit-code 3"),
+    ],
+)
 def test_other_causes_keep_their_cause_and_get_memory_figures(setup, cause):
     d = dead_job(setup, level=100 * MIB)
     assert d.cause == cause
-    assert any("memory at death: cgroup usage 100.0 MiB of limit 400.0 MiB (25%)" in e for e in d.evidence), d.evidence
+    assert any("memory at death: cgroup usage 100.0 MiB of limit 400.0 MiB (25%)" in e for e in d.evidence), (
+        d.evidence
+    )
 
 
 def test_ledger_and_flag_in_text_report_and_json():
     b = ranks(2)
     kept_case(b[0])
-    b[0].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "OutOfMemoryError",
-                                                    "message": "CUDA out of memory (stand-in)",
-                                                    "wall_ns": b[0].t + MS}])
+    b[0].set(
+        state="exited",
+        exit_code=1,
+        events=[
+            {
+                "event": "exception",
+                "type": "OutOfMemoryError",
+                "message": "CUDA out of memory (stand-in)",
+                "wall_ns": b[0].t + MS,
+            }
+        ],
+    )
     mem(b[0], "oom", "gauge:kv_pool", (8 * GIB, 8 * GIB, -1, -1, -1), phase="wake_up", step=7)
-    b[0].phase, b[0].step = None, 7       # the exception left every phase (header: no phase)
+    b[0].phase, b[0].step = None, 7  # the exception left every phase (header: no phase)
     b[1].t += 60 * S
     b[1].wait()
     s = snap(b)
@@ -326,7 +454,9 @@ def test_ledger_and_flag_in_text_report_and_json():
     assert "kept across validation -> checkpoint on steps 2, 4" in d.summary
     txt = text_report(d, s)
     assert "Ledger (memory just after entering" in txt
-    assert any(ln.split()[:3] == ["0", "2", "validation"] and ln.rstrip().endswith("!") for ln in txt.splitlines())
+    assert any(
+        ln.split()[:3] == ["0", "2", "validation"] and ln.rstrip().endswith("!") for ln in txt.splitlines()
+    )
     j = json.loads(json.dumps(diagnosis_json(d)))
     m = j["details"]["memory"]
     assert m["kept_across"][0]["sequence"] == ["validation", "checkpoint"]
@@ -352,6 +482,7 @@ def test_deferred_timer_thread_waits_for_a_free_registry_lock_and_for_torch(reco
     import threading
     import types
     from hangtrace.hooks import memclock
+
     s = HM.Sampler(recorder, recorder.log, 0.05, str(tmp_path))
     held = threading.Lock()
     held.acquire()
@@ -365,6 +496,7 @@ def test_deferred_timer_thread_waits_for_a_free_registry_lock_and_for_torch(reco
     assert len(clock) == 1 and s.thread is None
     try:
         import time
+
         time.sleep(0.06)  # past the interval
         clock[0]("start", {})
         assert s.thread is None  # torch's import is running
@@ -382,34 +514,62 @@ def test_deferred_timer_thread_waits_for_a_free_registry_lock_and_for_torch(reco
     assert not s.thread.is_alive()
 
 
-@pytest.mark.parametrize("facts,line,said", [
-    ({"kernel_log": "read", "helper_kernel_oom": {"pid": 4242, "line": "Out of memory: Killed process 4242 (pt_data_worker)"}},
-     "its DataLoader worker (pid 4242) was killed by the kernel's OOM killer: Out of memory: Killed process 4242 "
-     "(pt_data_worker)",
-     "Rank 1: its DataLoader worker (pid 4242) was killed by the kernel's OOM killer (kernel log). Next: find what "
-     "the DataLoader worker holds on to"),
-    ({"kernel_log": "read"},
-     "its DataLoader worker (pid 4242) was killed by SIGKILL (a helper of this rank): the kernel log has no "
-     "OOM-killer line for it",
-     "Rank 1: its DataLoader worker (pid 4242) was killed by SIGKILL, not by the kernel's OOM killer (the kernel "
-     "log has no OOM-killer line for it). Next: find who sends SIGKILL"),
-    # blind job mp_dl_killed (a watchdog SIGKILLs a worker; plenty of memory): 'was it an OOM?' answered in the
-    # paragraph, not only in the evidence
-    ({"kernel_log": "read", "cgroup_oom_kill_now": 0},
-     "its cgroup's oom_kill counter is unchanged (0); the kernel log has no OOM-killer line for it",
-     "Rank 1: its DataLoader worker (pid 4242) was killed by SIGKILL, not by the kernel's OOM killer (its cgroup's "
-     "oom_kill counter is unchanged (0); the kernel log has no OOM-killer line for it). Next: find who sends SIGKILL"),
-    ({},  # no kernel log, no counter: no claim either way
-     "whether by the OOM killer is unknown here", None),
-])
+@pytest.mark.parametrize(
+    "facts,line,said",
+    [
+        (
+            {
+                "kernel_log": "read",
+                "helper_kernel_oom": {
+                    "pid": 4242,
+                    "line": "Out of memory: Killed process 4242 (pt_data_worker)",
+                },
+            },
+            "its DataLoader worker (pid 4242) was killed by the kernel's OOM killer: Out of memory: Killed process 4242 "
+            "(pt_data_worker)",
+            "Rank 1: its DataLoader worker (pid 4242) was killed by the kernel's OOM killer (kernel log). Next: find what "
+            "the DataLoader worker holds on to",
+        ),
+        (
+            {"kernel_log": "read"},
+            "its DataLoader worker (pid 4242) was killed by SIGKILL (a helper of this rank): the kernel log has no "
+            "OOM-killer line for it",
+            "Rank 1: its DataLoader worker (pid 4242) was killed by SIGKILL, not by the kernel's OOM killer (the kernel "
+            "log has no OOM-killer line for it). Next: find who sends SIGKILL",
+        ),
+        # blind job mp_dl_killed (a watchdog SIGKILLs a worker; plenty of memory): 'was it an OOM?' answered in the
+        # paragraph, not only in the evidence
+        (
+            {"kernel_log": "read", "cgroup_oom_kill_now": 0},
+            "its cgroup's oom_kill counter is unchanged (0); the kernel log has no OOM-killer line for it",
+            "Rank 1: its DataLoader worker (pid 4242) was killed by SIGKILL, not by the kernel's OOM killer (its cgroup's "
+            "oom_kill counter is unchanged (0); the kernel log has no OOM-killer line for it). Next: find who sends SIGKILL",
+        ),
+        (
+            {},  # no kernel log, no counter: no claim either way
+            "whether by the OOM killer is unknown here",
+            None,
+        ),
+    ],
+)
 def test_a_rank_whose_dataloader_worker_was_killed_says_by_whom(facts, line, said):
     """torch raises 'DataLoader worker (pid N) is killed by signal: Killed.' in the rank
     (a blind job): the verdict says whether the kernel's OOM killer killed that worker."""
     b = ranks(2, steps=5)
     mem(b[1], "timer", "host", host(300 * MIB, oom=0), phase="train", step=0)
-    b[1].set(state="exited", exit_code=1, memory_facts=facts,
-             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS,
-                      "message": "DataLoader worker (pid 4242) is killed by signal: Killed."}])
+    b[1].set(
+        state="exited",
+        exit_code=1,
+        memory_facts=facts,
+        events=[
+            {
+                "event": "exception",
+                "type": "RuntimeError",
+                "wall_ns": b[1].t + MS,
+                "message": "DataLoader worker (pid 4242) is killed by signal: Killed.",
+            }
+        ],
+    )
     b[0].t += 20 * S
     b[0].wait()
     d = diagnose(snap(b))
@@ -426,17 +586,28 @@ def test_dataloader_kills_reads_both_of_torchs_messages_and_the_chain():
     handler's "(pid N) is killed by signal: Killed." (a blind job: only the outer message
     was read); the traceback text holds both."""
     from hangtrace.tracer.collect.memfacts import dataloader_kills, exception_text
-    chained = ("RuntimeError: DataLoader worker (pid 32027) is killed by signal: Killed. \n\nThe above exception "
-               "was the direct cause of the following exception:\n...\nRuntimeError: DataLoader worker (pid(s) "
-               "32027) exited unexpectedly\n")
+
+    chained = (
+        "RuntimeError: DataLoader worker (pid 32027) is killed by signal: Killed. \n\nThe above exception "
+        "was the direct cause of the following exception:\n...\nRuntimeError: DataLoader worker (pid(s) "
+        "32027) exited unexpectedly\n"
+    )
     assert dataloader_kills(chained) == [(32027, "Killed")]
-    assert dataloader_kills("RuntimeError: DataLoader worker (pid(s) 32216, 32222) exited unexpectedly") == \
-        [(32216, None), (32222, None)]
-    assert dataloader_kills("DataLoader worker (pid 7) is killed by signal: Segmentation fault.") == \
-        [(7, "Segmentation fault")]
+    assert dataloader_kills("RuntimeError: DataLoader worker (pid(s) 32216, 32222) exited unexpectedly") == [
+        (32216, None),
+        (32222, None),
+    ]
+    assert dataloader_kills("DataLoader worker (pid 7) is killed by signal: Segmentation fault.") == [
+        (7, "Segmentation fault")
+    ]
     assert dataloader_kills("ValueError: bad batch") == [] and dataloader_kills(None) == []
     from hangtrace.tracer.snapshot import ProcessInfo
-    ev = [{"event": "start"}, {"event": "exception", "message": "m", "traceback": "tb"}, {"event": "exception"}]
+
+    ev = [
+        {"event": "start"},
+        {"event": "exception", "message": "m", "traceback": "tb"},
+        {"event": "exception"},
+    ]
     assert exception_text(ProcessInfo(host="h", pid=1, events=ev)) == "m\ntb"
     assert exception_text(ProcessInfo(host="h", pid=1, events=ev[:1])) == ""
 
@@ -450,33 +621,53 @@ def test_a_rank_whose_dataloader_worker_the_oom_killer_killed_says_whose_memory_
     for r in b:
         r.set(meta={"rank_source": 1, "ppid": 900})
     mem(b[1], "timer", "host", host(300 * MIB), phase="train", step=0)
-    tb = ("Traceback ...\nRuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. \n\nThe above "
-          "exception was the direct cause of the following exception:\n\nTraceback ...\nRuntimeError: DataLoader "
-          "worker (pid(s) 4242) exited unexpectedly\n")
-    b[1].set(state="exited", exit_code=1, memory_facts={"kernel_log": "read"},
-             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS, "traceback": tb,
-                      "message": "DataLoader worker (pid(s) 4242) exited unexpectedly"}])
+    tb = (
+        "Traceback ...\nRuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. \n\nThe above "
+        "exception was the direct cause of the following exception:\n\nTraceback ...\nRuntimeError: DataLoader "
+        "worker (pid(s) 4242) exited unexpectedly\n"
+    )
+    b[1].set(
+        state="exited",
+        exit_code=1,
+        memory_facts={"kernel_log": "read"},
+        events=[
+            {
+                "event": "exception",
+                "type": "RuntimeError",
+                "wall_ns": b[1].t + MS,
+                "traceback": tb,
+                "message": "DataLoader worker (pid(s) 4242) exited unexpectedly",
+            }
+        ],
+    )
     w = R(1, 2, groups=[], pid=4242)
     for rss, usage in ((200, 10), (300, 150), (410, 350)):
         mem(w, "timer", "host", host(rss * MIB, usage * MIB, 400 * MIB))
         w.t += S
-    line = ("Memory cgroup out of memory: Killed process 4242 (pt_data_worker) total-vm:1255852kB, "
-            "anon-rss:423528kB, file-rss:21972kB")
-    w.set(state="killed", start_wall_ns=T0 + S, meta={"ppid": b[1].pid, "rank_source": 0},
-          memory_facts={"kernel_log": "read", "cgroup_oom_kill_now": 1, "kernel_oom": {"line": line}})
+    line = (
+        "Memory cgroup out of memory: Killed process 4242 (pt_data_worker) total-vm:1255852kB, "
+        "anon-rss:423528kB, file-rss:21972kB"
+    )
+    w.set(
+        state="killed",
+        start_wall_ns=T0 + S,
+        meta={"ppid": b[1].pid, "rank_source": 0},
+        memory_facts={"kernel_log": "read", "cgroup_oom_kill_now": 1, "kernel_oom": {"line": line}},
+    )
     b[0].t += 20 * S
     b[0].wait()
     sn = snap(b + [w])
     d = diagnose(sn)
     assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "exception"), d.summary
     assert "rank-helper of 1" in text_report(d, sn) and "killed (OOM killer)" in text_report(d, sn)
-    assert "its DataLoader worker (pid 4242) was killed by the kernel's OOM killer (kernel log: anon-rss " \
-           "413.6 MiB at the kill); the worker's memory: RSS 200.0 MiB -> 410.0 MiB in 2.0 s, cgroup usage " \
-           "350.0 MiB of limit 400.0 MiB (88%)" in d.summary, d.summary
+    assert (
+        "its DataLoader worker (pid 4242) was killed by the kernel's OOM killer (kernel log: anon-rss "
+        "413.6 MiB at the kill); the worker's memory: RSS 200.0 MiB -> 410.0 MiB in 2.0 s, cgroup usage "
+        "350.0 MiB of limit 400.0 MiB (88%)" in d.summary
+    ), d.summary
     assert any(e.endswith("was killed by the kernel's OOM killer: " + line) for e in d.evidence), d.evidence
     assert any("the rank's own memory at death: RSS 300.0 MiB" in e for e in d.evidence), d.evidence
     assert "Next: find what the DataLoader worker holds on to" in d.summary, d.summary
-
 
 
 def test_sigterm_advice_only_for_the_rank_whose_sigterm_is_the_cause():
@@ -487,17 +678,31 @@ def test_sigterm_advice_only_for_the_rank_whose_sigterm_is_the_cause():
         mem(b[r], "timer", "host", host(80 * MIB, 80 * MIB, 400 * MIB, 0), phase="train", step=7)
     b[0].t += 20 * S
     b[0].wait()
-    b[1].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "ValueError", "message": "bad",
-                                                   "wall_ns": T0 + 10 * S}])
-    b[2].set(state="killed", exit_code=-15, signals={"sigterm": {"wall_ns": T0 + 12 * S, "text": ""}},
-             memory_facts={"cgroup_oom_kill_now": 0})
+    b[1].set(
+        state="exited",
+        exit_code=1,
+        events=[{"event": "exception", "type": "ValueError", "message": "bad", "wall_ns": T0 + 10 * S}],
+    )
+    b[2].set(
+        state="killed",
+        exit_code=-15,
+        signals={"sigterm": {"wall_ns": T0 + 12 * S, "text": ""}},
+        memory_facts={"cgroup_oom_kill_now": 0},
+    )
     d = diagnose(snap(b))
     assert (d.kind, d.culprit_ranks) == ("dead-rank", [1]), d.summary
     assert any(c.get("rank") == 2 for c in d.cascade or ()), d.cascade
     advice = d.details["memory"]["advice"]
     assert not any("find who sent SIGTERM" in a for a in advice), advice
-    root = dead_job(dict(state="killed", exit_code=-15, signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}},
-                         memory_facts={"cgroup_oom_kill_now": 0}), level=80 * MIB)
+    root = dead_job(
+        dict(
+            state="killed",
+            exit_code=-15,
+            signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}},
+            memory_facts={"cgroup_oom_kill_now": 0},
+        ),
+        level=80 * MIB,
+    )
     assert any("find who sent SIGTERM to rank 1" in a for a in root.details["memory"]["advice"])
 
 
@@ -508,30 +713,52 @@ def test_a_rank_whose_dataloader_worker_crashed_in_native_code_says_where():
     handlers) the verdict says where the worker crashed, not its memory, and the rank's
     frames are where it noticed; the advice is about native code."""
     from hangtrace.tracer.report.advice import HELPER_CRASH_NEXT
+
     b = ranks(2, steps=5)
     for r in b:
         r.set(meta={"rank_source": 1, "ppid": 900})
     mem(b[1], "timer", "host", host(300 * MIB), phase="train", step=0)
-    tb = ('Traceback (most recent call last):\n  File "/job/job.py", line 96, in worker\n    loss.backward()\n'
-          'RuntimeError: DataLoader worker (pid 4242) is killed by signal: Segmentation fault.\n')
-    b[1].set(state="exited", exit_code=1, memory_facts={"kernel_log": "read"},
-             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS, "traceback": tb,
-                      "message": "DataLoader worker (pid 4242) is killed by signal: Segmentation fault."}])
+    tb = (
+        'Traceback (most recent call last):\n  File "/job/job.py", line 96, in worker\n    loss.backward()\n'
+        "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Segmentation fault.\n"
+    )
+    b[1].set(
+        state="exited",
+        exit_code=1,
+        memory_facts={"kernel_log": "read"},
+        events=[
+            {
+                "event": "exception",
+                "type": "RuntimeError",
+                "wall_ns": b[1].t + MS,
+                "traceback": tb,
+                "message": "DataLoader worker (pid 4242) is killed by signal: Segmentation fault.",
+            }
+        ],
+    )
     w = R(1, 2, groups=[], pid=4242)
     for rss in (15, 120, 223):  # (it grew while it loaded its data: nothing to do with the crash)
         mem(w, "timer", "host", host(rss * MIB))
         w.t += S
-    dump = ("Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f5d1ca3ab80 (most recent call first):\n"
-            '  File "/job/job.py", line 76 in __getitem__\n'
-            '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py", line 54 in fetch\n'
-            '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 374 in _worker_loop\n')
-    w.set(state="killed", start_wall_ns=T0 + S, meta={"ppid": b[1].pid, "rank_source": 0},
-          signals={"fatal": {"wall_ns": w.t, "text": dump}})
+    dump = (
+        "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f5d1ca3ab80 (most recent call first):\n"
+        '  File "/job/job.py", line 76 in __getitem__\n'
+        '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py", line 54 in fetch\n'
+        '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 374 in _worker_loop\n'
+    )
+    w.set(
+        state="killed",
+        start_wall_ns=T0 + S,
+        meta={"ppid": b[1].pid, "rank_source": 0},
+        signals={"fatal": {"wall_ns": w.t, "text": dump}},
+    )
     b[0].t += 20 * S
     b[0].wait()
     d = diagnose(snap(b + [w]))
     assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "exception"), d.summary
-    assert ("Rank 1: its DataLoader worker (pid 4242) was killed by signal Segmentation fault in __getitem__ "
-            "(job.py:76).") in d.summary, d.summary
+    assert (
+        "Rank 1: its DataLoader worker (pid 4242) was killed by signal Segmentation fault in __getitem__ "
+        "(job.py:76)."
+    ) in d.summary, d.summary
     assert HELPER_CRASH_NEXT in d.summary and "the worker's memory" not in " ".join(d.evidence), d.evidence
     assert "it noticed it and raised in worker (job.py:96)" in d.summary, d.summary

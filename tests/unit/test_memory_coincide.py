@@ -3,6 +3,7 @@
 Blind helper 99 (2026-12-04): validation every 25 steps, a checkpoint every 15, a Ray trainer
 OOM-killed by its memory cgroup at step 75, the first step with both; the advice named
 validation's memory alone."""
+
 from hangtrace.tracer.analyze.memory.coincide import coinciding
 
 
@@ -17,9 +18,11 @@ def _rows(last, every=(("validate", 25), ("checkpoint", 15))):
 
 def test_the_first_step_where_validation_and_checkpoint_coincide_is_named_with_their_periods():
     text = coinciding(_rows(75), 75, 1)
-    assert text == ("step 75 is the first step on which 'validate' (every 25 steps) and 'checkpoint' (every 15 "
-                    "steps) both ran, and rank 1 ran out of memory in it: free what 'validate' holds before "
-                    "'checkpoint' starts, or schedule them on different steps"), text
+    assert text == (
+        "step 75 is the first step on which 'validate' (every 25 steps) and 'checkpoint' (every 15 "
+        "steps) both ran, and rank 1 ran out of memory in it: free what 'validate' holds before "
+        "'checkpoint' starts, or schedule them on different steps"
+    ), text
 
 
 def test_a_later_coincidence_names_the_first_one_too():

@@ -3,6 +3,7 @@ the worker Ray killed is named with cause 'ray-memory-monitor' from Ray's sessio
 (collect/raylogs.py facts in memory_facts; they outlive the cluster) with Ray's own text,
 and beside it the process(es) that held the memory (our samples, Ray's record). Without
 Ray's word a SIGTERM at low memory stays 'sigterm-external' ("not an OOM")."""
+
 import os
 import sys
 
@@ -46,14 +47,28 @@ def memmon_job(facts):
 def test_memory_monitor_kill_from_rays_logs_names_the_killed_actor_and_the_holder():
     d = memmon_job(_ray_facts())
     assert (d.kind, d.culprit_ranks, d.culprit_actors, d.cause) == (
-        "dead-rank", [], ["RewardModel 'reward-model'"], "ray-memory-monitor"), d.evidence
-    assert "OOM kill reason: Memory usage 4925448192B exceeded threshold of 4868155392B" in d.details["cause_text"]
+        "dead-rank",
+        [],
+        ["RewardModel 'reward-model'"],
+        "ray-memory-monitor",
+    ), d.evidence
+    assert (
+        "OOM kill reason: Memory usage 4925448192B exceeded threshold of 4868155392B"
+        in d.details["cause_text"]
+    )
     mh = d.details["memory_holders"]
     assert mh["killed"] == {"label": "RewardModel 'reward-model'", "pid": 22794, "rss": 400 * MIB}
-    assert mh["holders"][0] == {"process": "h0:22740", "pid": 22740, "label": "Rollout 'rollout'",
-                                "rss": 2500 * MIB, "source": "samples"}
-    assert ("Ray's memory monitor killed RewardModel 'reward-model' (RSS 400.0 MiB), not the largest holder: "
-            "the memory was held by Rollout 'rollout' (pid 22740, 2.4 GiB)") in d.summary, d.summary
+    assert mh["holders"][0] == {
+        "process": "h0:22740",
+        "pid": 22740,
+        "label": "Rollout 'rollout'",
+        "rss": 2500 * MIB,
+        "source": "samples",
+    }
+    assert (
+        "Ray's memory monitor killed RewardModel 'reward-model' (RSS 400.0 MiB), not the largest holder: "
+        "the memory was held by Rollout 'rollout' (pid 22740, 2.4 GiB)"
+    ) in d.summary, d.summary
 
 
 def test_worker_exit_type_alone_is_enough():
@@ -78,9 +93,11 @@ def test_ranked_trainer_killed_by_the_memory_monitor_names_the_holder():
     ro.t = b[1].t
     mem(ro, "timer", "host", host(3 * GIB))
     mem(b[1], "timer", "host", host(500 * MIB), phase="train", step=3)
-    b[1].set(state="killed", meta={"ray_actor_class": "Trainer", "ray_actor_name": "trainer-1",
-                                   "ray_worker_id": REWARD_WID},
-             memory_facts=_ray_facts(decision=False))
+    b[1].set(
+        state="killed",
+        meta={"ray_actor_class": "Trainer", "ray_actor_name": "trainer-1", "ray_worker_id": REWARD_WID},
+        memory_facts=_ray_facts(decision=False),
+    )
     b[0].t += 20 * S
     b[0].wait()
     d = diagnose(snap([ro] + b))

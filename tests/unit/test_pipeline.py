@@ -1,6 +1,7 @@
 """tracer.pipeline on real ring files: the analysis of the compact summaries gives the
 same verdict as the analysis of every record, `hangtrace analyze --json` goes through it,
 and `records` still decodes every record."""
+
 import dataclasses
 import json
 import os
@@ -28,8 +29,17 @@ def _rank(run_dir, rank, world, n, blocked, nslots=64, exit_code=None):
     try:
         rec.set_rank(rank, rank, world)
         g = rec.intern("0")
-        rec.group_created({"op": "init_process_group", "name": "0", "desc": "default_pg", "backend": "gloo",
-                           "ranks": list(range(world)), "order": 0, "member": True})
+        rec.group_created(
+            {
+                "op": "init_process_group",
+                "name": "0",
+                "desc": "default_pg",
+                "backend": "gloo",
+                "ranks": list(range(world)),
+                "order": 0,
+                "member": True,
+            }
+        )
         rec.phase_enter("train", step=0)
         sends = 0
         for i in range(1, n + 1):
@@ -37,7 +47,9 @@ def _rank(run_dir, rank, world, n, blocked, nslots=64, exit_code=None):
             rec.complete(c)
             if i % 4 == 0:
                 sends += 1
-                s = rec.issue(F.K_P2P, F.OP_IDS["send"], g, sends, 1, 0, F.DTYPE_IDS["float32"], (rank + 1) % world, 0)
+                s = rec.issue(
+                    F.K_P2P, F.OP_IDS["send"], g, sends, 1, 0, F.DTYPE_IDS["float32"], (rank + 1) % world, 0
+                )
                 rec.complete(s)
                 rec.memory(F.MEM_STEP, rec.intern("host"), 1 << 20, 0, 2 << 20, 0, 0)
             rec.step(i)
@@ -51,7 +63,7 @@ def _rank(run_dir, rank, world, n, blocked, nslots=64, exit_code=None):
     # liveness is 'unknown', or 'exited' with an exit record), as a 4-node job would
     host, pid = "node-%d" % rank, 50000 + rank
     with open(rec.path, "r+b") as f:
-        ident = list(F.IDENT.unpack(f.read(F.HEADER_SIZE)[F.IDENT_OFF:F.IDENT_OFF + F.IDENT.size]))
+        ident = list(F.IDENT.unpack(f.read(F.HEADER_SIZE)[F.IDENT_OFF : F.IDENT_OFF + F.IDENT.size]))
         ident[0] = pid
         f.seek(F.IDENT_OFF)
         f.write(F.IDENT.pack(*ident))
@@ -93,7 +105,9 @@ def test_records_shows_every_record_and_memory_samples_without_op(tmp_path, caps
     recs = procs[0]["records"]
     assert len(recs) == 1 + 1 + 40 * 2 + 10 * 2  # group, phase enter, coll+step, send+memory
     mem = [r for r in recs if r["kind"] == "memory"]
-    assert len(mem) == 10 and all("op" not in r and r["source"] == "step" and r["what"] == "host" for r in mem)
+    assert len(mem) == 10 and all(
+        "op" not in r and r["source"] == "step" and r["what"] == "host" for r in mem
+    )
     assert procs[0]["memory_samples_hidden"] == 0
 
 
@@ -116,6 +130,7 @@ def test_records_leaves_memory_samples_out_unless_asked(tmp_path, capsys):
     assert out.count(" memory host (step) rss=") == 10 and "not shown" not in out
 
     from hangtrace.cli_records import shown
+
     oom = {"kind": "memory", "source": "oom"}
     timer = {"kind": "memory", "source": "timer"}
     coll = {"kind": "collective"}
@@ -127,15 +142,31 @@ def test_records_lines_carry_the_wall_time_and_a_completed_collectives_duration(
     """Asked by blind helper 48: `records` without times cannot be lined up with a log."""
     import time
     from hangtrace.cli_records import _clock, _fmt_record
+
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     try:
         wall = 1796366044111173006  # 2026-12-04 06:34:04.111 UTC
         assert _clock(wall) == "06:34:04.111"
         assert _clock(None) == _clock(0) == "--:--:--.---"
-        r = {"kind": "collective", "op": "all_reduce", "group": "0", "seq": 3, "numel": 1, "dtype": "float32",
-             "shape": "1", "peer": -1, "async_op": False, "state": "completed", "error": None, "phase": None,
-             "step": None, "thread": "MainThread", "t_mono_ns": 10**9, "t_end_mono_ns": 10**9 + 3_280_000}
+        r = {
+            "kind": "collective",
+            "op": "all_reduce",
+            "group": "0",
+            "seq": 3,
+            "numel": 1,
+            "dtype": "float32",
+            "shape": "1",
+            "peer": -1,
+            "async_op": False,
+            "state": "completed",
+            "error": None,
+            "phase": None,
+            "step": None,
+            "thread": "MainThread",
+            "t_mono_ns": 10**9,
+            "t_end_mono_ns": 10**9 + 3_280_000,
+        }
         assert _fmt_record(r) == "collective all_reduce group=0 seq=3 float32[1] completed in 3.28 ms"
         assert _fmt_record(dict(r, t_end_mono_ns=10**9 + 2_500_000_000)).endswith("completed in 2.5 s")
         assert _fmt_record(dict(r, state="issued", t_end_mono_ns=None)).endswith("float32[1] issued")
@@ -149,12 +180,28 @@ def test_records_show_the_exception_that_left_a_phase_or_ray_actor_method():
     in the method phase's exit record (failed, 'Type: message'); `records` showed only
     "phase exit train", so the user could not find it."""
     from hangtrace.cli_records import _fmt_record
-    r = {"kind": "phase_exit", "op": "", "group": None, "seq": 0, "numel": 0, "dtype": "", "shape": None,
-         "peer": -1, "async_op": False, "phase": "train", "step": None, "thread": "MainThread", "t_mono_ns": 1,
-         "t_end_mono_ns": 1, "state": "failed", "error": "RuntimeError: DataLoader worker (pid(s) 5688) exited "
-                                                        "unexpectedly"}
-    assert _fmt_record(r).startswith("phase exit train failed (RuntimeError: DataLoader worker (pid(s) 5688) "
-                                     "exited unexpectedly)"), _fmt_record(r)
+
+    r = {
+        "kind": "phase_exit",
+        "op": "",
+        "group": None,
+        "seq": 0,
+        "numel": 0,
+        "dtype": "",
+        "shape": None,
+        "peer": -1,
+        "async_op": False,
+        "phase": "train",
+        "step": None,
+        "thread": "MainThread",
+        "t_mono_ns": 1,
+        "t_end_mono_ns": 1,
+        "state": "failed",
+        "error": "RuntimeError: DataLoader worker (pid(s) 5688) exited unexpectedly",
+    }
+    assert _fmt_record(r).startswith(
+        "phase exit train failed (RuntimeError: DataLoader worker (pid(s) 5688) exited unexpectedly)"
+    ), _fmt_record(r)
     assert " failed" not in _fmt_record(dict(r, state="completed", error=None))
 
 
@@ -165,14 +212,17 @@ def test_broken_pipe_of_our_own_keeps_its_traceback(tmp_path, monkeypatch):
 
     def broken(args):
         raise BrokenPipeError(32, "Broken pipe")
+
     monkeypatch.setattr(cli_records, "cmd_records", broken)
     with pytest.raises(BrokenPipeError):
         cli.main(["records", str(tmp_path)])
 
 
 def test_process_info_is_frozen_and_summarised_from_records():
-    recs = [{"idx": 1, "kind": "collective", "group": "0", "seq": 1, "state": "completed", "t_wall_ns": 5},
-            {"idx": 2, "kind": "collective", "group": "0", "seq": 2, "state": "issued", "t_wall_ns": 6}]
+    recs = [
+        {"idx": 1, "kind": "collective", "group": "0", "seq": 1, "state": "completed", "t_wall_ns": 5},
+        {"idx": 2, "kind": "collective", "group": "0", "seq": 2, "state": "issued", "t_wall_ns": 6},
+    ]
     p = ProcessInfo(host="h", pid=1, rank=0, records=recs)
     assert p.summary.by_group["0"]["seq"] == 2 and p.summary.inflight["idx"] == 2 and p.role is Role.RANK
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -189,14 +239,17 @@ def test_analyze_words_a_run_against_the_stall_threshold_it_was_started_with(tmp
     and without either the analysis' 300 s applies."""
     from hangtrace.tracer import envfacts as E
     from hangtrace.tracer.collect import forensics
+
     for r in range(4):
         _rank(tmp_path, r, 4, 10, blocked=r != 2, exit_code=0 if r == 2 else None)
     assert pipeline.recorded_stall_s([]) is None
     default = pipeline.diagnose_path(str(tmp_path))
     assert "below the 300 s stall threshold" in json.dumps(default.diagnosis.evidence)
     for r in range(4):
-        forensics.write(str(tmp_path), E.ProcessEnv(host="node-%d" % r, pid=50000 + r,
-                                                    environ=(("HANGTRACE_STALL_S", "0.001"),)))
+        forensics.write(
+            str(tmp_path),
+            E.ProcessEnv(host="node-%d" % r, pid=50000 + r, environ=(("HANGTRACE_STALL_S", "0.001"),)),
+        )
     envs = forensics.run_env(str(tmp_path), enrich_local=False)[0]
     assert pipeline.recorded_stall_s(envs) == 0.001
     started = pipeline.diagnose_path(str(tmp_path))

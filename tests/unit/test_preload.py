@@ -1,5 +1,6 @@
 """The start-up bundle (hooks/preload.py, issue 8): our in-process modules run from one
 file per group; never wrong, at worst the usual imports."""
+
 import os
 import shutil
 import subprocess
@@ -14,13 +15,24 @@ from hangtrace.hooks import preload
 
 # imported before any bundle can be read: the .pth's two packages, bootstrap and preload itself,
 # and the C extension (not Python code)
-NOT_BUNDLED = {"hangtrace", "hangtrace.hooks", "hangtrace.hooks.bootstrap", "hangtrace.hooks.preload",
-               "hangtrace.hooks._fastrec"}
+NOT_BUNDLED = {
+    "hangtrace",
+    "hangtrace.hooks",
+    "hangtrace.hooks.bootstrap",
+    "hangtrace.hooks.preload",
+    "hangtrace.hooks._fastrec",
+}
 
 
 def _python(code, env, cwd=None):
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd or "/",
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        cwd=cwd or "/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -30,7 +42,8 @@ def test_every_module_of_a_traced_torch_start_comes_from_the_bundle(tmp_path):
     its group's order: served by the cycle finder, still marked) shows up here."""
     pytest.importorskip("torch")
     preload.refresh()
-    out = _python("""
+    out = _python(
+        """
         import sys
         import torch.distributed
         from hangtrace.hooks import preload
@@ -40,7 +53,9 @@ def test_every_module_of_a_traced_torch_start_comes_from_the_bundle(tmp_path):
                 spec = getattr(mod, "__spec__", None)
                 print(name, getattr(spec, "loader_state", None) == preload.MARK, type(mod.__loader__).__name__,
                       mod.__file__ == getattr(spec, "origin", None))
-    """, base_env(tmp_path / "run"))
+    """,
+        base_env(tmp_path / "run"),
+    )
     lines = out.splitlines()
     assert "'activate': 'loaded" in lines[0] and "'torch': 'loaded" in lines[0], lines[0]
     rows = [line.split() for line in lines[1:]]
@@ -57,11 +72,17 @@ def test_every_module_of_a_traced_torch_start_comes_from_the_bundle(tmp_path):
 def copy_root(tmp_path):
     """A copy of the package, so its sources can be changed: (root, env importing it)."""
     root = tmp_path / "tree"
-    shutil.copytree(os.path.join(REPO, "hangtrace"), root / "hangtrace",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(
+        os.path.join(REPO, "hangtrace"),
+        root / "hangtrace",
+        ignore=shutil.ignore_patterns("__pycache__", "*.so"),
+    )
     env = base_env(traced=False, PYTHONPATH=str(root), HANGTRACE_PURE_PYTHON="1")
-    _python("from hangtrace.hooks import preload; assert preload._ROOT == %r; preload.build()" % str(root),
-            env, cwd=str(root))
+    _python(
+        "from hangtrace.hooks import preload; assert preload._ROOT == %r; preload.build()" % str(root),
+        env,
+        cwd=str(root),
+    )
     return root, env
 
 
@@ -77,13 +98,19 @@ print(getattr(m.__spec__, "loader_state", None) == preload.MARK)
 
 def test_a_fresh_bundle_runs_its_modules_and_they_behave_as_imported(copy_root):
     root, env = copy_root
-    out = _python(CHECK + """
+    out = _python(
+        CHECK
+        + """
 import importlib, inspect
 print(inspect.getsource(m.MemoryInstrumentor).startswith("class MemoryInstrumentor"))
 print(importlib.reload(m) is m, m.__spec__.loader_state)
 import hangtrace.tracer as t
 print(t.__path__ == [%r], t.api is sys.modules["hangtrace.tracer.api"])
-""" % str(root / "hangtrace" / "tracer"), env, cwd=str(root)).split("\n")
+"""
+        % str(root / "hangtrace" / "tracer"),
+        env,
+        cwd=str(root),
+    ).split("\n")
     assert out[0] == "%d loaded %d" % (len(preload.GROUPS["activate"]), len(preload.GROUPS["activate"]))
     assert out[1:5] == ["True", "True", "True None", "True True"]  # (reloaded: an ordinary import again)
 
@@ -92,11 +119,19 @@ def test_a_changed_source_makes_the_whole_group_import_as_usual(copy_root):
     root, env = copy_root
     src = root / "hangtrace" / "hooks" / "cgroup.py"
     src.write_text(src.read_text() + "\nCHANGED = 1\n")
-    out = _python(CHECK + "import hangtrace.hooks.cgroup as c; print(c.CHANGED)", env, cwd=str(root)).split("\n")
+    out = _python(CHECK + "import hangtrace.hooks.cgroup as c; print(c.CHANGED)", env, cwd=str(root)).split(
+        "\n"
+    )
     assert out[0] == "0 stale: %s changed" % src
     assert out[1:3] == ["False", "1"]
-    assert _python("from hangtrace.hooks import preload; print(preload.refresh() == [preload.bundle_path('activate')])",
-                   env, cwd=str(root)).strip() == "True"
+    assert (
+        _python(
+            "from hangtrace.hooks import preload; print(preload.refresh() == [preload.bundle_path('activate')])",
+            env,
+            cwd=str(root),
+        ).strip()
+        == "True"
+    )
     assert _python(CHECK, env, cwd=str(root)).split("\n")[1] == "True"
 
 
@@ -105,7 +140,8 @@ def test_a_module_that_raises_is_left_to_its_import_which_raises_the_same(copy_r
     src = root / "hangtrace" / "hooks" / "cgroup.py"
     src.write_text(src.read_text() + "\nraise RuntimeError('broken on purpose')\n")
     _python("from hangtrace.hooks import preload; preload.build(['activate'])", env, cwd=str(root))
-    out = _python("""
+    out = _python(
+        """
         import sys
         from hangtrace.hooks import preload
         print(preload.load("activate"), "hangtrace.hooks.cgroup" in sys.modules, "hangtrace.hooks.memory" in sys.modules)
@@ -114,7 +150,10 @@ def test_a_module_that_raises_is_left_to_its_import_which_raises_the_same(copy_r
             import hangtrace.hooks.memory
         except RuntimeError as e:
             print("raised", e)
-    """, env, cwd=str(root)).split("\n")
+    """,
+        env,
+        cwd=str(root),
+    ).split("\n")
     assert out[0] == "0 False False"  # (memory imports cgroup: it stopped there, neither is left half-made)
     assert out[1].startswith("stopped: RuntimeError('broken on purpose')")
     assert out[2] == "raised broken on purpose"
@@ -123,16 +162,24 @@ def test_a_module_that_raises_is_left_to_its_import_which_raises_the_same(copy_r
 @pytest.mark.parametrize("what", ["magic", "garbage", "names"])
 def test_a_foreign_or_corrupt_bundle_is_not_used(copy_root, what):
     root, env = copy_root
-    path = _python("from hangtrace.hooks import preload; print(preload.bundle_path('activate'))",
-                   env, cwd=str(root)).strip()
+    path = _python(
+        "from hangtrace.hooks import preload; print(preload.bundle_path('activate'))", env, cwd=str(root)
+    ).strip()
     import marshal
+
     with open(path, "rb") as f:
         magic, opt, entries = marshal.loads(f.read())
-    data = {"magic": marshal.dumps((b"\0\0\r\n", opt, entries)), "garbage": b"\x00not a bundle",
-            "names": marshal.dumps((magic, opt, entries[1:]))}[what]
+    data = {
+        "magic": marshal.dumps((b"\0\0\r\n", opt, entries)),
+        "garbage": b"\x00not a bundle",
+        "names": marshal.dumps((magic, opt, entries[1:])),
+    }[what]
     with open(path, "wb") as f:
         f.write(data)
     out = _python(CHECK, env, cwd=str(root)).split("\n")
-    reason = {"magic": "0 built by another interpreter or -O level", "garbage": "0 unreadable: ",
-              "names": "0 built for another module list"}[what]
+    reason = {
+        "magic": "0 built by another interpreter or -O level",
+        "garbage": "0 unreadable: ",
+        "names": "0 built for another module list",
+    }[what]
     assert out[0].startswith(reason) and out[1] == "False", out

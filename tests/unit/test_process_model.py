@@ -1,5 +1,6 @@
 """The process model (issue 9): a rank is a process that joined a group; RANK in the
 environment is only a hint that helpers inherit."""
+
 import dataclasses
 
 from hangtrace.tracer.process_model import assign_roles
@@ -11,8 +12,9 @@ S = 1_700_000_000_000_000_000
 
 def proc(pid, rank, ppid=1, joined=False, start=0, state="alive", meta=None, **kw):
     m = dict(meta or {}, ppid=ppid, rank_source=1 if joined else 0)
-    return ProcessInfo(host="h", pid=pid, rank=rank, world_size=2, start_wall_ns=S + start * 10**9,
-                       state=state, meta=m, **kw)
+    return ProcessInfo(
+        host="h", pid=pid, rank=rank, world_size=2, start_wall_ns=S + start * 10**9, state=state, meta=m, **kw
+    )
 
 
 def test_dataloader_workers_started_later_never_stand_for_their_rank():
@@ -68,8 +70,12 @@ def test_two_live_processes_joined_as_one_rank_is_a_conflict():
 def test_ray_actors_and_task_workers():
     actor = proc(40, -1, meta={"ray_actor_id": "ab", "ray_actor_class": "Producer"})
     ranked_actor = proc(41, 0, joined=True, meta={"ray_actor_id": "cd", "ray_actor_class": "Trainer"})
-    worker = proc(42, -1, meta={"ray_job_id": "01", "ray_worker_id": "ff"},
-                  events=[{"event": "start", "argv": [".../ray/_private/workers/default_worker.py"]}])
+    worker = proc(
+        42,
+        -1,
+        meta={"ray_job_id": "01", "ray_worker_id": "ff"},
+        events=[{"event": "start", "argv": [".../ray/_private/workers/default_worker.py"]}],
+    )
     driver = proc(43, -1, meta={"ray_job_id": "01"}, events=[{"event": "start", "argv": ["train.py"]}])
     out = assign_roles([actor, ranked_actor, worker, driver])
     assert out.role(actor) == Role.RAY_ACTOR and out.role(ranked_actor) == Role.RAY_ACTOR
@@ -78,8 +84,9 @@ def test_ray_actors_and_task_workers():
 
 
 def test_rings_from_before_rank_source_count_group_definitions_as_joining():
-    rank = ProcessInfo(host="h", pid=11, rank=0, world_size=1, start_wall_ns=S,
-                       groups=[{"name": "0", "ranks": [0]}])
+    rank = ProcessInfo(
+        host="h", pid=11, rank=0, world_size=1, start_wall_ns=S, groups=[{"name": "0", "ranks": [0]}]
+    )
     helper = ProcessInfo(host="h", pid=12, rank=0, world_size=1, start_wall_ns=S + 10**9)
     out = assign_roles([rank, helper])
     assert out.ranks[0] is rank and out.role(helper) == Role.RANK_HELPER
@@ -88,8 +95,15 @@ def test_rings_from_before_rank_source_count_group_definitions_as_joining():
 def _requesting(pid, rank, ppid=10, start=0, state="alive"):
     """A process inside init_process_group that asked to be ``rank`` (ring header
     rank_source 2, RANK_FROM_JOIN): not joined yet."""
-    return ProcessInfo(host="h", pid=pid, rank=rank, world_size=2, start_wall_ns=S + start * 10**9, state=state,
-                       meta={"ppid": ppid, "rank_source": 2})
+    return ProcessInfo(
+        host="h",
+        pid=pid,
+        rank=rank,
+        world_size=2,
+        start_wall_ns=S + start * 10**9,
+        state=state,
+        meta={"ppid": ppid, "rank_source": 2},
+    )
 
 
 def test_a_rank_asked_for_at_init_process_group_beats_the_inherited_hint():
@@ -114,13 +128,29 @@ def test_a_duplicate_that_died_while_the_other_ran_is_a_conflict_not_a_restart()
     """A launcher gives both workers RANK=0 (found by a blind job): the first to start fails
     to bind the store and exits 1 ms after the second started. Overlapping lifetimes: a
     conflict. A rank whose old process ended before the new one started stays a restart."""
-    a = ProcessInfo(host="h", pid=11, rank=0, world_size=2, start_wall_ns=S, state="exited",
-                    exit_wall_ns=S + 2 * 10**6, meta={"ppid": 10, "rank_source": 2})
+    a = ProcessInfo(
+        host="h",
+        pid=11,
+        rank=0,
+        world_size=2,
+        start_wall_ns=S,
+        state="exited",
+        exit_wall_ns=S + 2 * 10**6,
+        meta={"ppid": 10, "rank_source": 2},
+    )
     b = dataclasses.replace(_requesting(12, 0), start_wall_ns=S + 10**6)
     out = assign_roles([a, b])
     assert [(c.rank, c.kind) for c in out.claims] == [(0, "conflict")]
-    old = ProcessInfo(host="h", pid=11, rank=0, world_size=2, start_wall_ns=S, state="exited",
-                      exit_wall_ns=S + 10**6, meta={"ppid": 10, "rank_source": 2})
+    old = ProcessInfo(
+        host="h",
+        pid=11,
+        rank=0,
+        world_size=2,
+        start_wall_ns=S,
+        state="exited",
+        exit_wall_ns=S + 10**6,
+        meta={"ppid": 10, "rank_source": 2},
+    )
     new = _requesting(12, 0, start=1)
     assert [(c.rank, c.kind) for c in assign_roles([old, new]).claims] == [(0, "restart")]
 
@@ -129,25 +159,49 @@ def test_records_labels_processes_by_the_model_not_by_the_rank_they_inherited():
     # spawn with RANK=0 set in the parent: rank 1's DataLoader worker inherits RANK=0, and
     # so do the launcher and its resource tracker (a blind job's `records` called them all rank 0)
     from hangtrace.cli_records import who
-    start = [{"event": "start", "argv": ["python", "-c", "from multiprocessing.resource_tracker import main"]}]
+
+    start = [
+        {"event": "start", "argv": ["python", "-c", "from multiprocessing.resource_tracker import main"]}
+    ]
     launcher = proc(10, 0, ppid=1)
     r0, r1 = proc(11, 0, ppid=10, joined=True), proc(12, 1, ppid=10, joined=True, start=1)
     worker = proc(21, 0, ppid=12, start=5)
     tracker = proc(13, 0, ppid=10, start=2, events=start)
     roles = assign_roles([launcher, r0, r1, worker, tracker])
     assert [who(p, roles) for p in (launcher, r0, r1, worker)] == [
-        ("launcher", None), ("rank 0", None), ("rank 1", None), ("helper of rank 1", 1)]
-    assert who(tracker, roles) == ("other  [python -c from multiprocessing.resource_tracker import main]", None)
+        ("launcher", None),
+        ("rank 0", None),
+        ("rank 1", None),
+        ("helper of rank 1", 1),
+    ]
+    assert who(tracker, roles) == (
+        "other  [python -c from multiprocessing.resource_tracker import main]",
+        None,
+    )
 
 
 def test_records_labels_a_ray_actor_by_its_class_and_ray_daemons_as_other():
     """Blind helper 60: which ray-actor pid is the RewardServer; helper 55: Ray's own daemons
     were labelled launcher."""
     from hangtrace.cli_records import who
-    actor = ProcessInfo(host="h", pid=44, rank=-1, world_size=-1, state="alive",
-                        meta={"ray_actor_id": "ab" * 16, "ray_actor_class": "RewardServer", "ray_actor_name": "rm"})
-    daemon = ProcessInfo(host="h", pid=45, rank=-1, world_size=-1, state="alive", meta={"ray_job_id": "01"},
-                         events=[{"event": "start", "argv": ["/py/lib/python3.11/site-packages/ray/_private/log_monitor.py"]}])
+
+    actor = ProcessInfo(
+        host="h",
+        pid=44,
+        rank=-1,
+        world_size=-1,
+        state="alive",
+        meta={"ray_actor_id": "ab" * 16, "ray_actor_class": "RewardServer", "ray_actor_name": "rm"},
+    )
+    daemon = ProcessInfo(
+        host="h",
+        pid=45,
+        rank=-1,
+        world_size=-1,
+        state="alive",
+        meta={"ray_job_id": "01"},
+        events=[{"event": "start", "argv": ["/py/lib/python3.11/site-packages/ray/_private/log_monitor.py"]}],
+    )
     roles = assign_roles([actor, daemon])
     assert who(actor, roles) == ("ray-actor RewardServer 'rm'", None)
     assert who(daemon, roles)[0].startswith("other  [")
@@ -162,7 +216,11 @@ def test_a_ranks_child_that_joined_as_its_rank_never_stands_for_it():
     out = assign_roles([r0, r1, child])
     assert out.ranks[0].key == r0.key and out.roles[child.key] == Role.RANK_HELPER
     assert out.helper_of[child.key] == 0
-    assert (out.claims[0].kind, out.claims[0].kept, out.claims[0].others) == ("inherited", r0.key, (child.key,))
+    assert (out.claims[0].kind, out.claims[0].kept, out.claims[0].others) == (
+        "inherited",
+        r0.key,
+        (child.key,),
+    )
     # a restart is no child: the new generation (a sibling, the old one dead) still takes the rank
     old = proc(13, 1, joined=True, state="killed")
     new = proc(14, 1, joined=True, start=50)

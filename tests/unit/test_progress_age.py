@@ -3,6 +3,7 @@ the header's progress stamp), not its newest record: the memory sampler writes a
 every second, which made every rank look as if it had progressed a second before the
 snapshot (a live ``hangtrace dump`` of a hung job then read 'Progressing'). Synthetic
 snapshots (tests/unit/synth.py); the real-ring path is the same summary (test_summary)."""
+
 from synth import MS, S, T0, R, snap
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.diagnose import diagnose
@@ -10,11 +11,30 @@ from hangtrace.tracer.analyze.diagnose import diagnose
 
 def _mem_sample(b: R, t: int) -> None:
     b.idx += 1
-    b.records.append({"idx": b.idx, "kind": "memory", "op": "timer", "group": "host", "seq": 0, "dtype": "",
-                      "numel": 0, "shape": None, "peer": -1, "async_op": False, "batch": False,
-                      "thread": "hangtrace-memory", "phase": b.phase, "step": b.step, "t_mono_ns": t - T0,
-                      "t_wall_ns": t, "t_end_mono_ns": t - T0, "state": "completed", "error": None,
-                      "a": (1 << 30, 0, -1, 0, -1)})
+    b.records.append(
+        {
+            "idx": b.idx,
+            "kind": "memory",
+            "op": "timer",
+            "group": "host",
+            "seq": 0,
+            "dtype": "",
+            "numel": 0,
+            "shape": None,
+            "peer": -1,
+            "async_op": False,
+            "batch": False,
+            "thread": "hangtrace-memory",
+            "phase": b.phase,
+            "step": b.step,
+            "t_mono_ns": t - T0,
+            "t_wall_ns": t,
+            "t_end_mono_ns": t - T0,
+            "state": "completed",
+            "error": None,
+            "a": (1 << 30, 0, -1, 0, -1),
+        }
+    )
 
 
 def _blocked_outside(taken: int, samples: bool) -> list:

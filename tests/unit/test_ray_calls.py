@@ -1,6 +1,7 @@
 """hooks/ray_calls.py without a cluster: what an actor creation reserves (Ray 2.60's
 defaults), waits recorded only for actor-call refs and passing results and exceptions
 through unchanged, and install/uninstall on the real ray module restoring every attribute."""
+
 import asyncio
 import concurrent.futures
 import json
@@ -17,12 +18,15 @@ def _log(msg, key=None):
     pass
 
 
-@pytest.mark.parametrize("options,resources,placement", [
-    ({}, {"CPU": 0.0}, {"CPU": 1.0}),                                         # default actor: 1 CPU to place
-    ({"num_gpus": 1}, {"GPU": 1.0, "CPU": 1.0}, {"GPU": 1.0, "CPU": 1.0}),    # blind ray_unschedulable
-    ({"num_cpus": 0, "resources": {"accel": 2}}, {"CPU": 0.0, "accel": 2.0}, {"CPU": 0.0, "accel": 2.0}),
-    ({"memory": 1 << 30}, {"memory": float(1 << 30), "CPU": 0.0}, {"memory": float(1 << 30), "CPU": 1.0}),
-])
+@pytest.mark.parametrize(
+    "options,resources,placement",
+    [
+        ({}, {"CPU": 0.0}, {"CPU": 1.0}),  # default actor: 1 CPU to place
+        ({"num_gpus": 1}, {"GPU": 1.0, "CPU": 1.0}, {"GPU": 1.0, "CPU": 1.0}),  # blind ray_unschedulable
+        ({"num_cpus": 0, "resources": {"accel": 2}}, {"CPU": 0.0, "accel": 2.0}, {"CPU": 0.0, "accel": 2.0}),
+        ({"memory": 1 << 30}, {"memory": float(1 << 30), "CPU": 0.0}, {"memory": float(1 << 30), "CPU": 1.0}),
+    ],
+)
 def test_actor_request_follows_rays_defaults(options, resources, placement):
     assert ray_calls.actor_request(options) == {"resources": resources, "placement": placement}
 
@@ -63,9 +67,10 @@ def test_waits_pass_results_and_exceptions_through_and_only_actor_refs_are_recor
             if timeout == 0:
                 raise TimeoutError("late")
             return ["value"]
+
         wrapped = ray_calls._wrap_waiting("get", get)
         assert wrapped.__name__ == "get" and wrapped.__wrapped__ is get
-        assert wrapped([_Ref(1)]) == ["value"]              # a task's ref: nothing recorded
+        assert wrapped([_Ref(1)]) == ["value"]  # a task's ref: nothing recorded
         assert wrapped(object_refs=[_Ref(7), _Ref(1)]) == ["value"]
         with pytest.raises(TimeoutError, match="late"):
             wrapped(_Ref(7), timeout=0)
@@ -75,8 +80,13 @@ def test_waits_pass_results_and_exceptions_through_and_only_actor_refs_are_recor
         ray_calls._refs.clear()
         rec.close()
     waits = [r for r in R.read_ring(path).records if r["kind"] == "ray_wait"]
-    assert [(r["state"], r["error"], r["seq"]) for r in waits] == [("completed", None, 2), ("failed", "TimeoutError", 1)]
-    assert json.loads(waits[0]["group"])["targets"] == [{"actor_id": "cc03", "class": "Judge", "method": "grade"}]
+    assert [(r["state"], r["error"], r["seq"]) for r in waits] == [
+        ("completed", None, 2),
+        ("failed", "TimeoutError", 1),
+    ]
+    assert json.loads(waits[0]["group"])["targets"] == [
+        {"actor_id": "cc03", "class": "Judge", "method": "grade"}
+    ]
 
 
 class _Fut(concurrent.futures.Future):
@@ -103,7 +113,7 @@ def test_awaits_on_actor_refs_are_waits_of_their_own_from_the_loop_thread(tmp_pa
         async def main():
             f1, f2, f3, f4 = _Fut(_Ref(1)), _Fut(_Ref(2)), _Fut(_Ref(3)), _Fut(_Ref(9))
             a1, a2, a3 = wrap(f1), wrap(f2), wrap(f3)
-            assert wrap(f4) is not None       # not an actor call: no record
+            assert wrap(f4) is not None  # not an actor call: no record
             await asyncio.sleep(0)
             seen["open"] = sorted(ray_calls._refs)  # (still remembered)
             f1.set_result([0.5])
@@ -117,6 +127,7 @@ def test_awaits_on_actor_refs_are_waits_of_their_own_from_the_loop_thread(tmp_pa
             seen["summary_np"] = sorted(R.read_ring_summary(rec.path, use_numpy=True).summary.waits)
             f2.cancel()
             await asyncio.sleep(0.01)
+
         t = threading.Thread(target=lambda: asyncio.run(main()), name="AsyncIO Thread: default")
         t.start()
         t.join(10)
@@ -130,9 +141,15 @@ def test_awaits_on_actor_refs_are_waits_of_their_own_from_the_loop_thread(tmp_pa
     waits = [r for r in ring.records if r["kind"] == "ray_wait"]
     n0 = waits[0]["numel"]
     assert n0 >= 1 and [(json.loads(r["group"])["api"], r["numel"] - n0, r["thread"]) for r in waits] == [
-        ("await", 0, seen["thread"]), ("await", 1, seen["thread"]), ("await", 2, seen["thread"])]
+        ("await", 0, seen["thread"]),
+        ("await", 1, seen["thread"]),
+        ("await", 2, seen["thread"]),
+    ]
     assert [(r["state"], r["error"]) for r in waits] == [
-        ("completed", None), ("failed", "CancelledError"), ("failed", "ValueError")]
+        ("completed", None),
+        ("failed", "CancelledError"),
+        ("failed", "ValueError"),
+    ]
     # while the second await was open, both summaries kept it and the failed one, not the completed one
     keys = ["AsyncIO Thread: default#%d" % (n0 + i) for i in (1, 2)]
     assert seen["summary"] == keys and seen["summary_np"] == keys
@@ -140,6 +157,7 @@ def test_awaits_on_actor_refs_are_waits_of_their_own_from_the_loop_thread(tmp_pa
 
 def test_summary_keeps_every_open_await_of_one_thread():
     from hangtrace.tracer.ring.summary import wait_key
+
     base = {"kind": "ray_wait", "thread": "AsyncIO Thread: default"}
     assert wait_key(dict(base, numel=0, state="issued")) == "AsyncIO Thread: default"
     assert wait_key(dict(base, numel=4, state="issued")) == "AsyncIO Thread: default#4"
@@ -151,14 +169,31 @@ def test_install_and_uninstall_on_the_real_ray_module():
     from ray import actor
     from ray._private import worker
     import asyncio
-    before = (ray.get, ray.wait, worker.get, worker.wait, actor.ActorHandle._actor_method_call,
-              actor.ActorClass._remote, asyncio.wrap_future)
+
+    before = (
+        ray.get,
+        ray.wait,
+        worker.get,
+        worker.wait,
+        actor.ActorHandle._actor_method_call,
+        actor.ActorClass._remote,
+        asyncio.wrap_future,
+    )
     assert ray_calls.install(ray, lambda: None, _log) == 7
     try:
         assert ray_calls.install(ray, lambda: None, _log) == 0  # idempotent
-        assert all(getattr(f, "__hangtrace_ray__", False) for f in (ray.get, ray.wait, worker.get, worker.wait))
+        assert all(
+            getattr(f, "__hangtrace_ray__", False) for f in (ray.get, ray.wait, worker.get, worker.wait)
+        )
         assert ray.get.__wrapped__ is before[0] and worker.get.__wrapped__ is before[2]
     finally:
         ray_calls.uninstall()
-    assert (ray.get, ray.wait, worker.get, worker.wait, actor.ActorHandle._actor_method_call,
-            actor.ActorClass._remote, asyncio.wrap_future) == before
+    assert (
+        ray.get,
+        ray.wait,
+        worker.get,
+        worker.wait,
+        actor.ActorHandle._actor_method_call,
+        actor.ActorClass._remote,
+        asyncio.wrap_future,
+    ) == before

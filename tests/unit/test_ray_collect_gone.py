@@ -6,6 +6,7 @@ death was seen within a second, but the verdict came 100 s later, when the colle
 child, retrying ``ray.init`` against the stopped GCS, was killed at its time limit. Here a
 real TCP listener stands in for the GCS port and a real child process for the collector
 (Ray itself is not needed: what is tested is the watcher's wait)."""
+
 import socket
 import time
 
@@ -17,16 +18,23 @@ def test_collection_gives_up_when_the_gcs_stops_answering(monkeypatch, tmp_path)
     gcs.bind(("127.0.0.1", 0))
     gcs.listen(16)
     address = "127.0.0.1:%d" % gcs.getsockname()[1]
-    monkeypatch.setattr(rayjob, "_RAY_COLLECT_CODE", "import time; time.sleep(120)")  # a collector stuck in ray.init
+    monkeypatch.setattr(
+        rayjob, "_RAY_COLLECT_CODE", "import time; time.sleep(120)"
+    )  # a collector stuck in ray.init
     monkeypatch.setattr(rayjob, "GCS_CHECK_S", 0.3)
     lines = []
     t0 = time.monotonic()
     import threading
+
     threading.Timer(1.0, gcs.close).start()  # the driver's ray.shutdown(): the GCS port closes
-    assert rayjob.ray_collect(str(tmp_path), "request", log=lines.append, address=address, timeout_s=60) is None
+    assert (
+        rayjob.ray_collect(str(tmp_path), "request", log=lines.append, address=address, timeout_s=60) is None
+    )
     took = time.monotonic() - t0
     assert took < 10, took
-    assert len(lines) == 1 and "the cluster went away during the collection" in lines[0] and address in lines[0], lines
+    assert (
+        len(lines) == 1 and "the cluster went away during the collection" in lines[0] and address in lines[0]
+    ), lines
 
 
 def test_collection_still_waits_for_a_cluster_that_answers(monkeypatch, tmp_path):
@@ -39,7 +47,10 @@ def test_collection_still_waits_for_a_cluster_that_answers(monkeypatch, tmp_path
     lines = []
     t0 = time.monotonic()
     try:
-        assert rayjob.ray_collect(str(tmp_path), "request", log=lines.append, address=address, timeout_s=3) is None
+        assert (
+            rayjob.ray_collect(str(tmp_path), "request", log=lines.append, address=address, timeout_s=3)
+            is None
+        )
     finally:
         gcs.close()
     assert time.monotonic() - t0 >= 2.9

@@ -1,6 +1,7 @@
 """hooks/ray_infra.py: methods of Ray's own infrastructure actors (the actor behind
 ray.util.queue.Queue) record no phase - a consumer's timed polls are no progress and the
 Empty of a timed get no failed method - while a user's actor methods still do."""
+
 import asyncio
 
 import pytest
@@ -22,15 +23,18 @@ class _Rec:
 
 def _method(module, qualname, coro=False, exc=None):
     if coro:
+
         async def f(self, *a):
             if exc:
                 raise exc
             return "ok"
     else:
+
         def f(self, *a):
             if exc:
                 raise exc
             return "ok"
+
     f.__module__, f.__qualname__, f.__name__ = module, qualname, qualname.split(".")[-1]
     return f
 
@@ -47,7 +51,9 @@ def rec(monkeypatch):
 
 def test_queue_actor_methods_record_no_phase_and_pass_results_and_errors(rec):
     assert config.ray_infra_actor("ray.util.queue", "_QueueActor")
-    get = ray_hooks.wrap_method("get", _method("ray.util.queue", "_QueueActor.get", coro=True, exc=KeyError("e")))
+    get = ray_hooks.wrap_method(
+        "get", _method("ray.util.queue", "_QueueActor.get", coro=True, exc=KeyError("e"))
+    )
     put = ray_hooks.wrap_method("put", _method("ray.util.queue", "_QueueActor.put", coro=True))
     qsize = ray_hooks.wrap_method("qsize", _method("ray.util.queue", "_QueueActor.qsize"))
     assert asyncio.run(put(object(), 1)) == "ok" and qsize(object()) == "ok"

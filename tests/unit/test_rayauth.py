@@ -1,4 +1,5 @@
 """collect/rayauth.py: the token-auth decision before connecting to a Ray cluster (no Ray needed)."""
+
 import os
 
 from hangtrace.tracer.collect import rayauth as A

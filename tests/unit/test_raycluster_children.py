@@ -2,6 +2,7 @@
 live children and what the kernel says they wait in, as the local snapshot does: a real
 traced process waiting for ``cat`` on a pipe, collected by ``raycluster.collect_node`` (what
 the pinned task runs on each node), written and read back as a snapshot."""
+
 import glob
 import os
 import subprocess
@@ -14,15 +15,18 @@ from hangtrace.tracer.collect import kernelwait as K
 from hangtrace.tracer.collect import raycluster as RC
 from hangtrace.tracer.collect import stacks as S
 
-pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc"),
-              pytest.mark.skipif(not S.pyspy_path(), reason="py-spy is not installed")]
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc"),
+    pytest.mark.skipif(not S.pyspy_path(), reason="py-spy is not installed"),
+]
 
 
 def test_a_node_payload_keeps_the_children_of_a_stacked_process(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, HANGTRACE="1", HANGTRACE_DIR=str(run), HANGTRACE_AUTO_WATCH="0")
-    p = subprocess.Popen([sys.executable, "-c",
-                          "import subprocess; subprocess.call(['cat'], stdin=subprocess.PIPE)"], env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess; subprocess.call(['cat'], stdin=subprocess.PIPE)"], env=env
+    )
     try:
         t0 = time.monotonic()
         while time.monotonic() - t0 < 20:

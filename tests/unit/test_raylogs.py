@@ -3,6 +3,7 @@ issue 9): the memory monitor's decision (raylet.out) and the worker's exit type
 (gcs_server.out), read after the cluster is gone. The data files are an excerpt of the
 real Ray 2.60 logs of the blind job ray_openrlhf_memmon on this machine (other jobs'
 processes in the top list renamed)."""
+
 import os
 import shutil
 
@@ -24,10 +25,18 @@ def test_raylet_kill_decisions_name_the_killed_and_the_considered_workers():
     kills = L.parse_oom_kills(_text("ray260_raylet_oom.out"))
     assert len(kills) == 2
     first = kills[0]
-    assert first.details.startswith("Memory on the node (IP: 192.0.2.2") and "4.61GB used / 23.54GB limit" in first.details
-    assert first.reason == "Memory usage 4925448192B exceeded threshold of 4868155392B (19.3% of 25275990016B limit)"
+    assert (
+        first.details.startswith("Memory on the node (IP: 192.0.2.2")
+        and "4.61GB used / 23.54GB limit" in first.details
+    )
+    assert (
+        first.reason
+        == "Memory usage 4925448192B exceeded threshold of 4868155392B (19.3% of 25275990016B limit)"
+    )
     sel = [w for w in first.workers if w.selected]
-    assert [(w.pid, w.worker_id, w.task_name) for w in sel] == [(22794, REWARD, "reward-model:RewardModel.__init__")]
+    assert [(w.pid, w.worker_id, w.task_name) for w in sel] == [
+        (22794, REWARD, "reward-model:RewardModel.__init__")
+    ]
     other = [w for w in first.workers if not w.selected]
     assert [(w.pid, round(w.memory / GIB, 2)) for w in other] == [(22740, 2.43)]
     assert first.top[0][0] == 22740 and first.top[0][2] == "ray::Rollout.generate"
@@ -44,10 +53,19 @@ def test_gcs_worker_exits_carry_the_exit_type():
 
 
 def _worker(pid, wid, temp, state="killed"):
-    argv = ["/x/ray/_private/workers/default_worker.py", "--temp-dir=%s" % temp,
-            "--session-name=session_2026-12-01_22-35-50_886858_22444", "--worker-id=%s" % wid]
-    return ProcessInfo(host="h", pid=pid, state=state, events=[{"event": "start", "argv": argv}],
-                       meta={"ray_worker_id": wid, "ray_actor_class": "RewardModel"})
+    argv = [
+        "/x/ray/_private/workers/default_worker.py",
+        "--temp-dir=%s" % temp,
+        "--session-name=session_2026-12-01_22-35-50_886858_22444",
+        "--worker-id=%s" % wid,
+    ]
+    return ProcessInfo(
+        host="h",
+        pid=pid,
+        state=state,
+        events=[{"event": "start", "argv": argv}],
+        meta={"ray_worker_id": wid, "ray_actor_class": "RewardModel"},
+    )
 
 
 def test_facts_for_dead_workers_from_their_session_logs(tmp_path):
@@ -55,8 +73,11 @@ def test_facts_for_dead_workers_from_their_session_logs(tmp_path):
     logs.mkdir(parents=True)
     shutil.copy(os.path.join(DATA, "ray260_raylet_oom.out"), str(logs / "raylet.out"))
     shutil.copy(os.path.join(DATA, "ray260_gcs_server_oom.out"), str(logs / "gcs_server.out"))
-    procs = [_worker(22794, REWARD, str(tmp_path)), _worker(22740, ROLLOUT, str(tmp_path), state="alive"),
-             ProcessInfo(host="h", pid=5, state="killed")]
+    procs = [
+        _worker(22794, REWARD, str(tmp_path)),
+        _worker(22740, ROLLOUT, str(tmp_path), state="alive"),
+        ProcessInfo(host="h", pid=5, state="killed"),
+    ]
     facts = L.ray_log_facts(procs)
     assert list(facts) == ["h:22794"]  # the live one and the non-Ray one are not looked up
     f = facts["h:22794"]

@@ -1,4 +1,5 @@
 """report: verdict paragraph, text report, JSON (schema_version 1) and its documentation."""
+
 import dataclasses
 import json
 import os
@@ -34,8 +35,19 @@ def test_verdict_paragraph_names_everything():
     assert d.kind == "stuck-outside-collective" and d.culprit_ranks == [2]
     p = verdict_paragraph(d)
     assert "\n" not in p
-    for part in ("rank 2", "group 'cp'", "context_parallel", "ranks 0-3", "seq 4", "all_reduce",
-                 "phase 'rollout'", "step 7", "get (queue.py:171)", "Ranks 0-1,3 wait", "Next:"):
+    for part in (
+        "rank 2",
+        "group 'cp'",
+        "context_parallel",
+        "ranks 0-3",
+        "seq 4",
+        "all_reduce",
+        "phase 'rollout'",
+        "step 7",
+        "get (queue.py:171)",
+        "Ranks 0-1,3 wait",
+        "Next:",
+    ):
         assert part in p, (part, p)
     assert d.summary == p
 
@@ -46,8 +58,11 @@ def test_text_report_sections_and_table():
     assert t.startswith("hangtrace verdict: stuck-outside-collective   culprit rank 2\n")
     for sec in ("Evidence:", "Culprit top frames", "Stack classes", "Ranks:", "Errors"):
         assert sec in t
-    rows = {ln.split()[0]: ln for ln in t.splitlines()[t.splitlines().index("Ranks:") + 2:] if ln.strip()
-            and ln.startswith("  ") and ln.split()[0].rstrip("*").isdigit()}
+    rows = {
+        ln.split()[0]: ln
+        for ln in t.splitlines()[t.splitlines().index("Ranks:") + 2 :]
+        if ln.strip() and ln.startswith("  ") and ln.split()[0].rstrip("*").isdigit()
+    }
     assert set(rows) == {"0", "1", "2*", "3"}
     assert "h0:1002" in rows["2*"] and "cp/3/all_reduce/completed" in rows["2*"] and "rollout" in rows["2*"]
     assert "cp/4/all_reduce/issued" in rows["0"]
@@ -82,10 +97,14 @@ def test_diagnosis_json_schema():
 
 def test_paragraph_every_kind():
     cases = {
-        "collective-mismatch": dict(details={"signatures": [{"op": "all_reduce", "dtype": "float32", "numel": 4,
-                                                             "peer": None, "ranks": [0, 1]},
-                                                            {"op": "all_gather", "dtype": "float32", "numel": 4,
-                                                             "peer": None, "ranks": [2]}]}),
+        "collective-mismatch": dict(
+            details={
+                "signatures": [
+                    {"op": "all_reduce", "dtype": "float32", "numel": 4, "peer": None, "ranks": [0, 1]},
+                    {"op": "all_gather", "dtype": "float32", "numel": 4, "peer": None, "ranks": [2]},
+                ]
+            }
+        ),
         "skipped-collective": dict(details={"culprit_reasons": {"2": "exited cleanly"}}),
         "cross-group-deadlock": dict(details={"cycle": {"ranks": [0, 1], "groups": ["A", "B"]}}),
         "stuck-outside-collective": {},
@@ -95,14 +114,25 @@ def test_paragraph_every_kind():
         "unknown": dict(cause="no-data", culprit_ranks=[]),
     }
     for kind, kw in cases.items():
-        args = dict(kind=kind, culprit_ranks=[2], group="g", group_ranks=[0, 1, 2], seq=5, op="all_reduce",
-                    phase="train", step=3, waiting_ranks=[0, 1])
+        args = dict(
+            kind=kind,
+            culprit_ranks=[2],
+            group="g",
+            group_ranks=[0, 1, 2],
+            seq=5,
+            op="all_reduce",
+            phase="train",
+            step=3,
+            waiting_ranks=[0, 1],
+        )
         args.update(kw)
         p = verdict_paragraph(Diagnosis(**args))
         assert p and "\n" not in p
         if kind not in ("progressing", "unknown"):
             assert "rank 2" in p and "Next:" in p, (kind, p)
-    assert "dmesg" in verdict_paragraph(Diagnosis(kind="dead-rank", culprit_ranks=[1], cause="killed-without-record"))
+    assert "dmesg" in verdict_paragraph(
+        Diagnosis(kind="dead-rank", culprit_ranks=[1], cause="killed-without-record")
+    )
 
 
 def test_docs_describe_every_field():
@@ -110,8 +140,17 @@ def test_docs_describe_every_field():
         doc = f.read()
     for f_ in dataclasses.fields(Diagnosis):
         assert "`%s`" % f_.name in doc, f_.name
-    for kind in ("collective-mismatch", "skipped-collective", "cross-group-deadlock", "stuck-outside-collective",
-                 "dead-rank", "transport-error", "progressing", "unknown", "schema_version"):
+    for kind in (
+        "collective-mismatch",
+        "skipped-collective",
+        "cross-group-deadlock",
+        "stuck-outside-collective",
+        "dead-rank",
+        "transport-error",
+        "progressing",
+        "unknown",
+        "schema_version",
+    ):
         assert kind in doc
 
 
@@ -121,19 +160,28 @@ def test_paragraph_reaches_the_users_line_below_torch_frames():
     from hangtrace.tracer.analyze.evidence import user_frame
     from hangtrace.tracer.diagnosis import Diagnosis, Kind
     from hangtrace.tracer.report.paragraph import verdict_paragraph
+
     lib = "/usr/lib/python3.11/site-packages/torch/"
-    frames = [{"name": "redispatch", "filename": lib + "_ops.py", "line": 882},
-              {"name": "forward_no_grad", "filename": lib + "_library/autograd.py", "line": 41},
-              {"name": "redistribute", "filename": lib + "distributed/tensor/_api.py", "line": 500},
-              {"name": "<lambda>", "filename": "<frozen importlib._bootstrap>", "line": 1},
-              {"name": "log_metrics", "filename": "/home/u/job/train.py", "line": 54},
-              {"name": "main", "filename": "/home/u/job/train.py", "line": 90}]
+    frames = [
+        {"name": "redispatch", "filename": lib + "_ops.py", "line": 882},
+        {"name": "forward_no_grad", "filename": lib + "_library/autograd.py", "line": 41},
+        {"name": "redistribute", "filename": lib + "distributed/tensor/_api.py", "line": 500},
+        {"name": "<lambda>", "filename": "<frozen importlib._bootstrap>", "line": 1},
+        {"name": "log_metrics", "filename": "/home/u/job/train.py", "line": 54},
+        {"name": "main", "filename": "/home/u/job/train.py", "line": 90},
+    ]
     assert user_frame(frames)["name"] == "log_metrics"
     assert user_frame(frames[:3]) is None
-    d = Diagnosis(kind=Kind.COLLECTIVE_MISMATCH, culprit_ranks=[0], frames=["redispatch (_ops.py:882)"],
-                  details={"user_frame": "log_metrics (train.py:54)"})
+    d = Diagnosis(
+        kind=Kind.COLLECTIVE_MISMATCH,
+        culprit_ranks=[0],
+        frames=["redispatch (_ops.py:882)"],
+        details={"user_frame": "log_metrics (train.py:54)"},
+    )
     assert "redispatch (_ops.py:882) < ... < log_metrics (train.py:54)" in verdict_paragraph(d)
     # the user frame right after the three shown: nothing left out, no '...' (blind helper 49)
     d.frames = ["a (x.py:1)", "b (x.py:2)", "save (serialization.py:1002)", "log_metrics (train.py:54)"]
-    assert "a (x.py:1) < b (x.py:2) < save (serialization.py:1002) < log_metrics (train.py:54)" in \
-        verdict_paragraph(d), verdict_paragraph(d)
+    assert (
+        "a (x.py:1) < b (x.py:2) < save (serialization.py:1002) < log_metrics (train.py:54)"
+        in verdict_paragraph(d)
+    ), verdict_paragraph(d)

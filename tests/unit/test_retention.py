@@ -1,12 +1,19 @@
 """The retention planner (issue 13) on synthetic run facts: pure, no file system."""
+
 from hangtrace.tracer.watch.retention import MIB, Policy, RunFacts, plan
 
 NOW = 1_000_000.0
 
 
 def run(name: str, age_s: float, mib: float = 1.0, live: tuple = (), unknown: tuple = ()) -> RunFacts:
-    return RunFacts(path="/base/" + name, last_active_s=NOW - age_s, disk_bytes=int(mib * MIB),
-                    apparent_bytes=int(mib * MIB) * 3, live=live, unknown=unknown)
+    return RunFacts(
+        path="/base/" + name,
+        last_active_s=NOW - age_s,
+        disk_bytes=int(mib * MIB),
+        apparent_bytes=int(mib * MIB) * 3,
+        live=live,
+        unknown=unknown,
+    )
 
 
 def deleted(p) -> list:
@@ -31,8 +38,12 @@ def test_max_bytes_deletes_oldest_until_within() -> None:
 
 
 def test_live_and_unknown_runs_survive_over_both_limits_and_still_count() -> None:
-    runs = [run("new", 3600, 1.0), run("live", 7200, 50.0, live=("rank 0 pid 7 on h",)),
-            run("remote", 8000, 1.0, unknown=("pid 9 on other",)), run("old", 9000, 1.0)]
+    runs = [
+        run("new", 3600, 1.0),
+        run("live", 7200, 50.0, live=("rank 0 pid 7 on h",)),
+        run("remote", 8000, 1.0, unknown=("pid 9 on other",)),
+        run("old", 9000, 1.0),
+    ]
     p = plan(runs, Policy(keep=0, max_bytes=0), NOW)
     assert deleted(p) == ["old", "new"]
     why = {d.run.path: d.reason for d in p.kept}

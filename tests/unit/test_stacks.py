@@ -1,4 +1,5 @@
 """Unit tests of tracer.stacks parsing and helpers (no ptrace needed)."""
+
 import json
 import os
 import subprocess
@@ -49,11 +50,17 @@ def test_normalize_pyspy_sample():
     main = threads[1]
     assert main["thread_id"] == 140084057553792 and main["os_thread_id"] == 3599
     assert main["active"] is False and main["owns_gil"] is False
-    assert main["frames"][1] == {"name": "Queue.get", "filename": "/usr/lib/python3.11/queue.py",
-                                 "line": 171, "native": False}
+    assert main["frames"][1] == {
+        "name": "Queue.get",
+        "filename": "/usr/lib/python3.11/queue.py",
+        "line": 171,
+        "native": False,
+    }
     assert threads[0]["frames"][0]["native"] is True and threads[0]["frames"][0]["line"] == 0
-    assert stacks.top_frames(threads, n=2) == ["Condition.wait (threading.py:327)",
-                                               "Queue.get (queue.py:171)"]
+    assert stacks.top_frames(threads, n=2) == [
+        "Condition.wait (threading.py:327)",
+        "Queue.get (queue.py:171)",
+    ]
     # parsed list accepted too; garbage refused
     assert stacks.normalize_pyspy(json.loads(PYSPY_SAMPLE)) == threads
     for bad in ('{"a": 1}', "[1, 2]"):
@@ -108,7 +115,7 @@ def test_parse_faulthandler_real_output(tmp_path):
     assert main["thread_name"] == "MainThread" and main["current"] is True
     assert [f["name"] for f in main["frames"]] == ["inner", "outer", "<module>"]
     assert main["frames"][0]["filename"] == str(script)
-    assert main["frames"][0]["line"] == 11   # 1-based line of the dump_traceback call in CHILD
+    assert main["frames"][0]["line"] == 11  # 1-based line of the dump_traceback call in CHILD
     other = [t for t in d1 if t is not main][0]
     assert other["current"] is False and other["thread_name"] is None
     assert other["frames"][0]["name"] == "sleeper_fn"
@@ -145,7 +152,7 @@ def test_parse_faulthandler_fatal_and_edge_cases():
     assert len(dumps) == 2
     assert dumps[0]["header"] == "Fatal Python error: Segmentation fault"
     cur = [t for t in dumps[0]["threads"] if t["current"]][0]
-    assert cur["thread_id"] == 0x00007f10a9a7fb80
+    assert cur["thread_id"] == 0x00007F10A9A7FB80
     assert stacks.frame_str(cur["frames"][0]) == "string_at (__init__.py:519)"
     assert len(dumps[0]["threads"]) == 2 and dumps[0]["threads"][0]["frames"][0]["line"] == 1002
     assert dumps[1]["header"] is None
@@ -153,8 +160,10 @@ def test_parse_faulthandler_fatal_and_edge_cases():
     assert dumps[1]["threads"][0]["frames"] == []
     assert dumps[1]["threads"][1]["frames"][0]["line"] == 0
     # two appended dumps with no marker in between: split on the missing blank line
-    one = ("Thread 0x1 (most recent call first):\n  File \"a.py\", line 1 in f\n\n"
-           "Current thread 0x2 (most recent call first):\n  File \"a.py\", line 2 in <module>\n")
+    one = (
+        'Thread 0x1 (most recent call first):\n  File "a.py", line 1 in f\n\n'
+        'Current thread 0x2 (most recent call first):\n  File "a.py", line 2 in <module>\n'
+    )
     assert len(stacks.parse_faulthandler_dumps(one + one)) == 2
     assert stacks.parse_faulthandler_text("") == []
     assert stacks.parse_faulthandler_text(b"garbage\n") == []
@@ -164,8 +173,10 @@ def test_frame_helpers():
     f = {"name": "Queue.get", "filename": "/usr/lib/python3.11/queue.py", "line": 171}
     assert stacks.frame_str(f) == "Queue.get (queue.py:171)"
     assert stacks.frame_str(f, full_path=True) == "Queue.get (/usr/lib/python3.11/queue.py:171)"
-    assert stacks.frame_str({"name": "nanosleep", "filename": "/l/libc.so.6", "line": 0}) == \
-        "nanosleep (libc.so.6)"
+    assert (
+        stacks.frame_str({"name": "nanosleep", "filename": "/l/libc.so.6", "line": 0})
+        == "nanosleep (libc.so.6)"
+    )
     g = {"name": "get", "filename": "/other/prefix/queue.py", "line": 171}
     assert stacks.frame_key(f) == stacks.frame_key(g)
     assert stacks.top_frames([]) == [] and stacks.main_thread([]) is None
@@ -175,8 +186,7 @@ def test_ptrace_problem_remedy(monkeypatch):
     monkeypatch.setattr(stacks, "_cap_eff", lambda *a: 0)
     monkeypatch.setattr(stacks, "_yama_scope", lambda: 1)
     text = stacks.ptrace_problem()
-    for needle in ("CAP_SYS_PTRACE", "sysctl kernel.yama.ptrace_scope=0",
-                   "docker run --cap-add SYS_PTRACE"):
+    for needle in ("CAP_SYS_PTRACE", "sysctl kernel.yama.ptrace_scope=0", "docker run --cap-add SYS_PTRACE"):
         assert needle in text
     monkeypatch.setattr(stacks, "_cap_eff", lambda *a: 1 << stacks.CAP_SYS_PTRACE)
     assert stacks.ptrace_problem() is None
@@ -187,12 +197,15 @@ def test_ptrace_problem_remedy(monkeypatch):
 
 
 def test_pyspy_error_gist():
-    err = ("Error: Failed to get process executable name. Check that the process is running.\n\n"
-           "Caused by:\n    0: Permission denied (os error 13)\n    1: Permission denied\n\n"
-           "Stack backtrace:\n   0: <E as anyhow::context::ext::StdError>::ext_context\n")
+    err = (
+        "Error: Failed to get process executable name. Check that the process is running.\n\n"
+        "Caused by:\n    0: Permission denied (os error 13)\n    1: Permission denied\n\n"
+        "Stack backtrace:\n   0: <E as anyhow::context::ext::StdError>::ext_context\n"
+    )
     assert stacks._first_error_line(err) == (
         "Error: Failed to get process executable name. Check that the process is running. "
-        "(Permission denied (os error 13))")
+        "(Permission denied (os error 13))"
+    )
 
 
 def test_missing_pyspy_reported(tmp_path):

@@ -1,4 +1,5 @@
 """stacktree: STAT-like merge of every rank's main-thread stack into classes."""
+
 import dataclasses
 import os
 import sys
@@ -8,10 +9,25 @@ sys.path.insert(0, os.path.dirname(__file__))
 from synth import COLL_STACK, R, stack  # noqa: E402
 
 from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame  # noqa: E402
-from hangtrace.tracer.analyze.stacktree import NO_STACK, classes, format_ranks, frame_label, merge_stacks, missing_from_common_frame, outliers, pick_thread, process_frames  # noqa: E402
+from hangtrace.tracer.analyze.stacktree import (
+    NO_STACK,
+    classes,
+    format_ranks,
+    frame_label,
+    merge_stacks,
+    missing_from_common_frame,
+    outliers,
+    pick_thread,
+    process_frames,
+)  # noqa: E402
 
-QUEUE = ("get queue.py:171", "next_batch loader.py:22", "train_step train.py:38", "main train.py:90",
-         "<module> train.py:100")
+QUEUE = (
+    "get queue.py:171",
+    "next_batch loader.py:22",
+    "train_step train.py:38",
+    "main train.py:90",
+    "<module> train.py:100",
+)
 
 
 def procs_with(stacks):
@@ -52,7 +68,10 @@ def test_all_equal_no_missing_no_outlier():
 
 
 def test_key_line_splits_lines():
-    sts = [stack(*COLL_STACK), stack("all_reduce /x/torch/distributed/distributed_c10d.py:2501", *COLL_STACK[1:])]
+    sts = [
+        stack(*COLL_STACK),
+        stack("all_reduce /x/torch/distributed/distributed_c10d.py:2501", *COLL_STACK[1:]),
+    ]
     assert len(classes(merge_stacks(procs_with(sts)))) == 1
     assert len(classes(merge_stacks(procs_with(sts), key="line"))) == 2
 
@@ -66,9 +85,19 @@ def test_no_stack_class_and_unranked_skipped():
 
 
 def test_pick_thread_ignores_hangtrace_threads():
-    threads = [{"thread_name": "hangtrace-watch", "active": True, "frames": [{"name": "x", "filename": "a.py", "line": 1}]},
-               {"thread_name": "Thread-1", "active": False, "frames": [{"name": "y", "filename": "b.py", "line": 2}]},
-               {"thread_name": "worker", "active": True, "frames": [{"name": "z", "filename": "c.py", "line": 3}]}]
+    threads = [
+        {
+            "thread_name": "hangtrace-watch",
+            "active": True,
+            "frames": [{"name": "x", "filename": "a.py", "line": 1}],
+        },
+        {
+            "thread_name": "Thread-1",
+            "active": False,
+            "frames": [{"name": "y", "filename": "b.py", "line": 2}],
+        },
+        {"thread_name": "worker", "active": True, "frames": [{"name": "z", "filename": "c.py", "line": 3}]},
+    ]
     assert pick_thread(threads)["thread_name"] == "worker"
     threads.append({"thread_name": "MainThread", "active": False, "frames": []})
     assert pick_thread(threads)["thread_name"] == "MainThread"
@@ -76,11 +105,20 @@ def test_pick_thread_ignores_hangtrace_threads():
 
 
 def test_faulthandler_text_fallback():
-    p = dataclasses.replace(R(0, 1).build(), signals={"sigterm": {"wall_ns": 1, "text": (
-        "Current thread 0x00007f0000000001 (most recent call first):\n"
-        '  File "/usr/lib/python3.11/queue.py", line 171 in get\n'
-        '  File "/app/train.py", line 38 in train_step\n'
-        '  File "/app/train.py", line 100 in <module>\n')}})
+    p = dataclasses.replace(
+        R(0, 1).build(),
+        signals={
+            "sigterm": {
+                "wall_ns": 1,
+                "text": (
+                    "Current thread 0x00007f0000000001 (most recent call first):\n"
+                    '  File "/usr/lib/python3.11/queue.py", line 171 in get\n'
+                    '  File "/app/train.py", line 38 in train_step\n'
+                    '  File "/app/train.py", line 100 in <module>\n'
+                ),
+            }
+        },
+    )
     frames, _t = process_frames(p)
     assert frames and frame_label(frames[0]) == "get (queue.py:171)"
     assert blocking_reason(frames).startswith("queue.get")
@@ -88,6 +126,7 @@ def test_faulthandler_text_fallback():
 
 def test_blocking_and_collective_frames():
     from synth import frames
+
     assert collective_frame(frames(*COLL_STACK)) == "all_reduce (distributed_c10d.py:2500)"
     assert blocking_reason(frames(*COLL_STACK[2:])) is None
     assert blocking_reason(frames(*COLL_STACK[2:]), active=False).startswith("idle")

@@ -2,6 +2,7 @@
 ``api.STEP_SAMPLE_GAP_NS`` (a phase boundary's sample beside it has the same figures), and
 takes it otherwise, and always before the sampler's thread started (that sample starts it).
 Recording stand-ins for the recorder and the sampler: the API's own rule is under test."""
+
 import pytest
 
 from hangtrace.tracer import api
@@ -36,17 +37,20 @@ def traced(monkeypatch):
     return rec
 
 
-@pytest.mark.parametrize("age_ns, thread, sampled", [
-    (0, object(), False),                              # a sample just now: skipped
-    (api.STEP_SAMPLE_GAP_NS // 2, object(), False),
-    (api.STEP_SAMPLE_GAP_NS * 2, object(), True),      # older than the gap: taken
-    (0, None, True),                                   # no thread yet: taken (it starts it)
-])
+@pytest.mark.parametrize(
+    "age_ns, thread, sampled",
+    [
+        (0, object(), False),  # a sample just now: skipped
+        (api.STEP_SAMPLE_GAP_NS // 2, object(), False),
+        (api.STEP_SAMPLE_GAP_NS * 2, object(), True),  # older than the gap: taken
+        (0, None, True),  # no thread yet: taken (it starts it)
+    ],
+)
 def test_step_sample_skipped_only_beside_a_recent_sample(traced, monkeypatch, age_ns, thread, sampled):
     s = _Sampler(api._mono() - age_ns, thread)
     monkeypatch.setattr(api, "_sampler", s)
     api.step(7)
-    assert traced.steps == [7]                         # the step itself is always recorded
+    assert traced.steps == [7]  # the step itself is always recorded
     assert s.sources == ([4] if sampled else [])
 
 
@@ -61,6 +65,7 @@ def test_loop_of_phase_then_step_samples_twice_per_step(traced, monkeypatch):
 
         def phase_exit(self, name, error=None):
             pass
+
     monkeypatch.setattr(api, "_recorder", _PhaseRec())
     for n in range(3):
         with api.phase("train"):

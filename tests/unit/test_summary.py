@@ -1,6 +1,7 @@
 """The compact ring summary: the numpy index pass and the pure-Python path give the same
 result on real rings written by the Recorder (filled, wrapped, with failures, p2p,
 memory samples, an in-flight record), and match what a full decode shows."""
+
 import pytest
 
 from hangtrace.hooks.recorder import Recorder
@@ -27,7 +28,9 @@ def _write(tmp_path, nslots, n, fail_at=None, hang=False):
         seq_h = 0
         p2p_seq = {}
         for i in range(1, n + 1):
-            c = rec.issue(F.K_COLL, F.OP_IDS["all_reduce"], g, i, 4, rec.intern("4"), F.DTYPE_IDS["float32"], -1, 0)
+            c = rec.issue(
+                F.K_COLL, F.OP_IDS["all_reduce"], g, i, 4, rec.intern("4"), F.DTYPE_IDS["float32"], -1, 0
+            )
             rec.complete(c, "Connection closed by peer" if i == fail_at else None)
             peer = i % 3
             p2p_seq[peer] = p2p_seq.get(peer, 0) + 1
@@ -35,7 +38,9 @@ def _write(tmp_path, nslots, n, fail_at=None, hang=False):
             rec.complete(p)
             if i % 3 == 0:
                 seq_h += 1
-                x = rec.issue(F.K_COLL, F.OP_IDS["broadcast"], h, seq_h, 1, 0, F.DTYPE_IDS["int64"], 0, F.F_ASYNC)
+                x = rec.issue(
+                    F.K_COLL, F.OP_IDS["broadcast"], h, seq_h, 1, 0, F.DTYPE_IDS["int64"], 0, F.F_ASYNC
+                )
                 rec.complete(x)
             rec.step(i)
             rec.phase_enter("train")  # fails every 7th round; 'ckpt' fails once, at round 4
@@ -52,9 +57,16 @@ def _write(tmp_path, nslots, n, fail_at=None, hang=False):
         rec.close()
 
 
-@pytest.mark.parametrize("nslots,n,fail_at,hang", [(4096, 50, None, True), (64, 200, None, True),
-                                                   (64, 200, 190, False), (128, 37, 3, True),
-                                                   (32, 1, None, False)])
+@pytest.mark.parametrize(
+    "nslots,n,fail_at,hang",
+    [
+        (4096, 50, None, True),
+        (64, 200, None, True),
+        (64, 200, 190, False),
+        (128, 37, 3, True),
+        (32, 1, None, False),
+    ],
+)
 def test_numpy_and_python_paths_agree(tmp_path, nslots, n, fail_at, hang):
     pytest.importorskip("numpy")
     path = _write(tmp_path, nslots, n, fail_at, hang)
@@ -90,7 +102,16 @@ def test_compact_records_give_the_same_summary(tmp_path):
     path = _write(tmp_path, 64, 300, fail_at=290, hang=True)
     s = R.read_ring(path, records=False).summary
     again = summarize_records(s.records(), inflight_idx=s.inflight["idx"])
-    for f in ("last", "last_comm", "first_failed", "last_progress", "inflight", "by_group", "by_peer", "memory"):
+    for f in (
+        "last",
+        "last_comm",
+        "first_failed",
+        "last_progress",
+        "inflight",
+        "by_group",
+        "by_peer",
+        "memory",
+    ):
         assert getattr(again, f) == getattr(s, f), f
 
 
@@ -167,6 +188,7 @@ def test_waits_newest_per_thread_on_both_paths(tmp_path):
     ring wrapped (64 slots, 150 rounds)."""
     import threading
     from hangtrace.hooks import ray_calls
+
     pytest.importorskip("numpy")
     rec = Recorder(str(tmp_path), "run-w", 64, _log)
     ray_calls._rec_fn = lambda: rec
@@ -178,7 +200,9 @@ def test_waits_newest_per_thread_on_both_paths(tmp_path):
             ray_calls._wait_end(r, idx, None)
             rec.step(i)
         open_one = []
-        t = threading.Thread(target=lambda: open_one.append(ray_calls._wait_begin("wait", [_Ref(2)])), name="poller")
+        t = threading.Thread(
+            target=lambda: open_one.append(ray_calls._wait_begin("wait", [_Ref(2)])), name="poller"
+        )
         t.start()
         t.join()
         ray_calls._wait_end(*ray_calls._wait_begin("get", _Ref(1)), TimeoutError("x"))
@@ -195,6 +219,10 @@ def test_waits_newest_per_thread_on_both_paths(tmp_path):
     assert (main["state"], main["error"]) == ("failed", "TimeoutError")
     assert poller["state"] == "issued" and poller["kind"] == "ray_wait"
     import json
-    assert json.loads(poller["group"]) == {"api": "wait", "n": 1, "targets": [
-        {"actor_id": "bb02", "class": "Server", "method": "policy_version"}]}
+
+    assert json.loads(poller["group"]) == {
+        "api": "wait",
+        "n": 1,
+        "targets": [{"actor_id": "bb02", "class": "Server", "method": "policy_version"}],
+    }
     assert poller in fast.records() and main in fast.records()

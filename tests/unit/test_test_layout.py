@@ -1,6 +1,7 @@
 """The test tree itself: pytest imports test files by basename (no packages under tests/),
 so two test files with one basename in different folders break collection of the whole
 suite ("import file mismatch"), which a run of one folder does not show."""
+
 import collections
 import glob
 import os

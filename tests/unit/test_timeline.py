@@ -1,5 +1,6 @@
 """Timeline (issue 11) on synthetic snapshots: tracks, clock alignment, open collectives,
 flows, counters, verdict marks, killed ranks, helpers, sampling of large runs."""
+
 import json
 
 import orjson
@@ -12,12 +13,45 @@ MS = 1_000_000
 S = 1_000_000_000
 
 
-def rec(idx, kind, mono, op="", group=None, seq=0, end=None, state="completed", thread="MainThread",
-        phase=None, step=None, peer=-1, async_op=False, a=(0, 0, 0, 0, 0), wall_offset=0):
-    return {"idx": idx, "kind": kind, "op": op, "group": group, "seq": seq, "dtype": "float32", "numel": 1,
-            "shape": None, "peer": peer, "async_op": async_op, "batch": False, "thread": thread, "phase": phase,
-            "step": step, "t_mono_ns": mono, "t_wall_ns": mono + wall_offset,
-            "t_end_mono_ns": end if state != "issued" else None, "state": state, "error": None, "a": a}
+def rec(
+    idx,
+    kind,
+    mono,
+    op="",
+    group=None,
+    seq=0,
+    end=None,
+    state="completed",
+    thread="MainThread",
+    phase=None,
+    step=None,
+    peer=-1,
+    async_op=False,
+    a=(0, 0, 0, 0, 0),
+    wall_offset=0,
+):
+    return {
+        "idx": idx,
+        "kind": kind,
+        "op": op,
+        "group": group,
+        "seq": seq,
+        "dtype": "float32",
+        "numel": 1,
+        "shape": None,
+        "peer": peer,
+        "async_op": async_op,
+        "batch": False,
+        "thread": thread,
+        "phase": phase,
+        "step": step,
+        "t_mono_ns": mono,
+        "t_wall_ns": mono + wall_offset,
+        "t_end_mono_ns": end if state != "issued" else None,
+        "state": state,
+        "error": None,
+        "a": a,
+    }
 
 
 class Proc:
@@ -39,34 +73,71 @@ class Proc:
         return self
 
     def build(self):
-        return ProcessInfo(host=self.host, pid=self.pid, rank=self.rank, world_size=2, state=self.state,
-                           start_wall_ns=WALL0, records=self.records,
-                           groups=[{"name": "0", "desc": "default_pg", "ranks": [0, 1]},
-                                   {"name": "1", "desc": "cp0", "ranks": [0, 1]}],
-                           events=[{"event": "start", "ppid": self.ppid, "wall_ns": WALL0,
-                                    "mono_ns": self.mono(0), "thread": "MainThread"}], meta=self.meta)
+        return ProcessInfo(
+            host=self.host,
+            pid=self.pid,
+            rank=self.rank,
+            world_size=2,
+            state=self.state,
+            start_wall_ns=WALL0,
+            records=self.records,
+            groups=[
+                {"name": "0", "desc": "default_pg", "ranks": [0, 1]},
+                {"name": "1", "desc": "cp0", "ranks": [0, 1]},
+            ],
+            events=[
+                {
+                    "event": "start",
+                    "ppid": self.ppid,
+                    "wall_ns": WALL0,
+                    "mono_ns": self.mono(0),
+                    "thread": "MainThread",
+                }
+            ],
+            meta=self.meta,
+        )
 
 
 def two_ranks(kill_rank1=False):
     """Rank 0 on host a, rank 1 on host b (monotonic clocks 900 s apart). Step 1: phase train
     with all_reduce cp0 #1 (both) and #2 (rank 1 only: in flight = the culprit)."""
     p0 = Proc(0, host="a", offset=WALL0 - 100 * S)
-    p1 = Proc(1, host="b", offset=WALL0 - 1000 * S, state="killed" if kill_rank1 else "alive",
-              meta={"ray_actor_name": "trainer-1"})
+    p1 = Proc(
+        1,
+        host="b",
+        offset=WALL0 - 1000 * S,
+        state="killed" if kill_rank1 else "alive",
+        meta={"ray_actor_name": "trainer-1"},
+    )
     for p in (p0, p1):
         p.add("step", 10 * MS, seq=1, step=1)
         p.add("phase_enter", 11 * MS, phase="train", step=1)
         p.add("memory", 12 * MS, op="phase_enter", group="host", a=(100 << 20, -1, 300 << 20, -1, -1))
-        p.add("collective", 20 * MS + p.rank * MS, op="all_reduce", group="1", seq=1, end_rel=25 * MS,
-              phase="train", step=1)
+        p.add(
+            "collective",
+            20 * MS + p.rank * MS,
+            op="all_reduce",
+            group="1",
+            seq=1,
+            end_rel=25 * MS,
+            phase="train",
+            step=1,
+        )
     p0.add("phase_exit", 30 * MS, phase="train", step=1)
     p1.add("collective", 40 * MS, op="all_reduce", group="1", seq=2, state="issued", phase="train", step=1)
     p1.add("memory", 50 * MS, op="timer", group="host", a=(120 << 20, -1, 320 << 20, -1, -1))
     return p0, p1
 
 
-DIAG = {"kind": "skipped-collective", "culprit_ranks": [1], "group": "1", "seq": 2, "op": "all_reduce",
-        "summary": "rank 1 issued one more all_reduce", "details": {"hang_start_wall_ns": WALL0 + 25 * MS}}
+DIAG = {
+    "kind": "skipped-collective",
+    "culprit_ranks": [1],
+    "group": "1",
+    "seq": 2,
+    "op": "all_reduce",
+    "summary": "rank 1 issued one more all_reduce",
+    "details": {"hang_start_wall_ns": WALL0 + 25 * MS},
+}
 
 
 def trace_of(procs, diag=DIAG, reason="stall", taken=WALL0 + 2 * S, **kw):
@@ -167,9 +238,16 @@ def test_deep_events_merged_into_rank_track():
     p0, p1 = two_ranks()
     # viztracer clock = monotonic µs + 7 s; one function at mono +20 ms on host b
     viz = (p1.mono(20 * MS)) / 1000.0 + 7e6
-    d = DeepTrace(host="b", pid=p1.pid, viz_us=viz, mono_ns=p1.mono(20 * MS),
-                  events=({"ph": "M", "name": "thread_name", "pid": 9, "tid": 77, "args": {"name": "MainThread"}},
-                          {"ph": "X", "name": "train_step (x.py:3)", "ts": viz, "dur": 5.0, "pid": 9, "tid": 77}))
+    d = DeepTrace(
+        host="b",
+        pid=p1.pid,
+        viz_us=viz,
+        mono_ns=p1.mono(20 * MS),
+        events=(
+            {"ph": "M", "name": "thread_name", "pid": 9, "tid": 77, "args": {"name": "MainThread"}},
+            {"ph": "X", "name": "train_step (x.py:3)", "ts": viz, "dur": 5.0, "pid": 9, "tid": 77},
+        ),
+    )
     t = trace_of([p0, p1], deep=[d])
     ev = by(t, ph="X", cat="deep")
     pid1 = [k for k, v in names(t).items() if "rank 1" in v][0]
@@ -183,13 +261,40 @@ def _large(n_ranks, n_records):
     shared = []
     for i in range(n_records - 1):
         kind = "memory" if i % 10 == 0 else "collective"
-        shared.append(rec(i + 1, kind, 1 * S + i * MS, op="all_reduce" if kind != "memory" else "timer",
-                          group="0" if kind != "memory" else "host", seq=i + 1, end=1 * S + i * MS + MS // 2,
-                          a=(1 << 20, -1, -1, -1, -1), wall_offset=WALL0))
-    last = rec(n_records, "collective", 1 * S + n_records * MS, op="all_reduce", group="0", seq=n_records,
-               state="issued", wall_offset=WALL0)
-    procs = [ProcessInfo(host="h%d" % (r // 8), pid=100 + r, rank=r, world_size=n_ranks, state="alive",
-                         records=shared + [last]) for r in range(n_ranks)]
+        shared.append(
+            rec(
+                i + 1,
+                kind,
+                1 * S + i * MS,
+                op="all_reduce" if kind != "memory" else "timer",
+                group="0" if kind != "memory" else "host",
+                seq=i + 1,
+                end=1 * S + i * MS + MS // 2,
+                a=(1 << 20, -1, -1, -1, -1),
+                wall_offset=WALL0,
+            )
+        )
+    last = rec(
+        n_records,
+        "collective",
+        1 * S + n_records * MS,
+        op="all_reduce",
+        group="0",
+        seq=n_records,
+        state="issued",
+        wall_offset=WALL0,
+    )
+    procs = [
+        ProcessInfo(
+            host="h%d" % (r // 8),
+            pid=100 + r,
+            rank=r,
+            world_size=n_ranks,
+            state="alive",
+            records=shared + [last],
+        )
+        for r in range(n_ranks)
+    ]
     return Snapshot(run_dir="/r", taken_wall_ns=WALL0 + 10 * S, reason="stall", processes=procs)
 
 

@@ -1,6 +1,7 @@
 """The shape issue 8 asks of the tree, kept: no module of the package over 400 lines (the C
 file aside), no function over 30 decision points (radon's cyclomatic complexity, which
 counts the function itself as 1: at most 31)."""
+
 import glob
 import os
 
@@ -14,12 +15,15 @@ def _modules():
 
 
 def test_no_module_over_400_lines():
-    long = {os.path.relpath(p, ROOT): n for p in _modules() for n in [sum(1 for _ in open(p))] if n > MAX_LINES}
+    long = {
+        os.path.relpath(p, ROOT): n for p in _modules() for n in [sum(1 for _ in open(p))] if n > MAX_LINES
+    }
     assert not long, "modules over %d lines (split them): %s" % (MAX_LINES, long)
 
 
 def test_no_function_over_30_decision_points():
     from radon.complexity import cc_visit  # (a test dependency: setup.cfg [test])
+
     heavy = {}
     for p in _modules():
         for block in cc_visit(open(p).read()):

@@ -1,6 +1,7 @@
 """The type checker is clean where it is strict (setup.cfg [mypy]): the analysis, the
 diagnosis contract and the report; every function of the collectors, the watcher, the API and
 the torch hooks annotated and checked; and every function under hangtrace/ annotated (issue 8)."""
+
 import ast
 import importlib.util
 import os
@@ -11,19 +12,54 @@ from typing import List
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STRICT = ["-p", "hangtrace.tracer.analyze", "-p", "hangtrace.tracer.report", "-p", "hangtrace.tracer.ring",
-          "-m", "hangtrace.tracer.diagnosis", "-m", "hangtrace.tracer.snapshot", "-m", "hangtrace.tracer.process_model",
-          "-m", "hangtrace.tracer.pipeline",
-          # every function annotated, bodies checked (setup.cfg's second section)
-          "-p", "hangtrace.tracer.collect", "-p", "hangtrace.tracer.watch", "-m", "hangtrace.tracer.api",
-          "-p", "hangtrace.hooks"]
+STRICT = [
+    "-p",
+    "hangtrace.tracer.analyze",
+    "-p",
+    "hangtrace.tracer.report",
+    "-p",
+    "hangtrace.tracer.ring",
+    "-m",
+    "hangtrace.tracer.diagnosis",
+    "-m",
+    "hangtrace.tracer.snapshot",
+    "-m",
+    "hangtrace.tracer.process_model",
+    "-m",
+    "hangtrace.tracer.pipeline",
+    # every function annotated, bodies checked (setup.cfg's second section)
+    "-p",
+    "hangtrace.tracer.collect",
+    "-p",
+    "hangtrace.tracer.watch",
+    "-m",
+    "hangtrace.tracer.api",
+    "-p",
+    "hangtrace.hooks",
+]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (pip install -e .[test])")
+@pytest.mark.skipif(
+    importlib.util.find_spec("mypy") is None, reason="mypy is not installed (pip install -e .[test])"
+)
 def test_mypy_strict_packages_are_clean() -> None:
-    out = subprocess.run([sys.executable, "-m", "mypy", "--config-file", os.path.join(ROOT, "setup.cfg"),
-                          "--no-incremental", "--cache-dir", os.devnull] + STRICT,
-                         cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            os.path.join(ROOT, "setup.cfg"),
+            "--no-incremental",
+            "--cache-dir",
+            os.devnull,
+        ]
+        + STRICT,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Success" in out.stdout
 
@@ -43,7 +79,9 @@ def _unannotated(path: str) -> List[str]:
         if node.returns is None and node.name != "__init__":
             missing.append("return")
         if missing:
-            out.append("%s:%d %s (%s)" % (os.path.relpath(path, ROOT), node.lineno, node.name, ", ".join(missing)))
+            out.append(
+                "%s:%d %s (%s)" % (os.path.relpath(path, ROOT), node.lineno, node.name, ", ".join(missing))
+            )
     return out
 
 

@@ -6,6 +6,7 @@ rule without a scenario fails here.
 The scenarios are the golden cases (``golden/*.out.json[.gz]``: every diagnosis the
 analysis/report unit tests make, see test_golden.py).
 """
+
 import glob
 import gzip
 import json
@@ -67,8 +68,12 @@ def test_every_kind_and_dead_cause_has_advice() -> None:
         if k is not Kind.DEAD_RANK:
             assert NEXT.get(k.value), "no 'Next:' advice for kind %s" % k.value
     _, causes = _produced()
-    dead = {c for name, case in CASES for c in [case["diagnosis"]["cause"]]
-            if case["diagnosis"]["kind"] == Kind.DEAD_RANK.value and c and not c.startswith(EXIT_CODE_PREFIX)}
+    dead = {
+        c
+        for name, case in CASES
+        for c in [case["diagnosis"]["cause"]]
+        if case["diagnosis"]["kind"] == Kind.DEAD_RANK.value and c and not c.startswith(EXIT_CODE_PREFIX)
+    }
     assert dead, "no dead-rank scenario"
     assert not dead - set(DEAD_NEXT), "dead-rank causes without advice: %s" % sorted(dead - set(DEAD_NEXT))
 
@@ -76,15 +81,19 @@ def test_every_kind_and_dead_cause_has_advice() -> None:
 def test_paragraph_names_the_kind() -> None:
     """Every paragraph opens with the words of its kind (not another kind's text); Ray
     actors without a rank (rule actors) read 'Stuck Ray actors' / 'Failed Ray actor'."""
-    opening = {Kind.COLLECTIVE_MISMATCH.value: ("Collective mismatch",),
-               Kind.SKIPPED_COLLECTIVE.value: ("Skipped collective",),
-               Kind.CROSS_GROUP_DEADLOCK.value: ("Cross-group deadlock",),
-               # Ray actors without a rank (rules actors, rankless_root) open with the actor
-               Kind.STUCK_OUTSIDE_COLLECTIVE.value: ("Stuck outside collectives", "Stuck Ray actors"),
-               Kind.DEAD_RANK.value: ("Dead rank", "Failed Ray actor"), Kind.TRANSPORT_ERROR.value: ("Transport error",),
-               Kind.PROGRESSING.value: ("Progressing",), Kind.ACTOR_DEADLOCK.value: ("Actor deadlock",),
-               Kind.UNSCHEDULABLE_ACTOR.value: ("Unschedulable Ray actor",),
-               Kind.UNKNOWN.value: ("Unknown", "No traced process", "Ranks ")}
+    opening = {
+        Kind.COLLECTIVE_MISMATCH.value: ("Collective mismatch",),
+        Kind.SKIPPED_COLLECTIVE.value: ("Skipped collective",),
+        Kind.CROSS_GROUP_DEADLOCK.value: ("Cross-group deadlock",),
+        # Ray actors without a rank (rules actors, rankless_root) open with the actor
+        Kind.STUCK_OUTSIDE_COLLECTIVE.value: ("Stuck outside collectives", "Stuck Ray actors"),
+        Kind.DEAD_RANK.value: ("Dead rank", "Failed Ray actor"),
+        Kind.TRANSPORT_ERROR.value: ("Transport error",),
+        Kind.PROGRESSING.value: ("Progressing",),
+        Kind.ACTOR_DEADLOCK.value: ("Actor deadlock",),
+        Kind.UNSCHEDULABLE_ACTOR.value: ("Unschedulable Ray actor",),
+        Kind.UNKNOWN.value: ("Unknown", "No traced process", "Ranks "),
+    }
     assert set(opening) == {k.value for k in Kind}
     for name, case in CASES:
         d = case["diagnosis"]
@@ -95,4 +104,7 @@ def test_paragraph_names_the_kind() -> None:
 def test_every_rule_has_its_test_file() -> None:
     for rule in ALL_RULES:
         path = os.path.join(HERE, "rules", "test_rule_%s.py" % rule.NAME)
-        assert os.path.exists(path), "rule %s has no tests/unit/rules/test_rule_%s.py" % (rule.NAME, rule.NAME)
+        assert os.path.exists(path), "rule %s has no tests/unit/rules/test_rule_%s.py" % (
+            rule.NAME,
+            rule.NAME,
+        )

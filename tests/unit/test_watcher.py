@@ -1,4 +1,5 @@
 """Watcher: stall only when nothing progresses anywhere; per-phase thresholds; deaths at once."""
+
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from hangtrace.tracer.watch.watcher import Watcher
 from hangtrace.tracer.watch.helpergrace import HELPER_GRACE_S
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from jobs import base_env, wait_until  # noqa: E402
+from jobs import base_env  # noqa: E402
 
 
 class Clock:
@@ -35,15 +36,15 @@ def rec(tmp_path):
 def test_stall_reported_once_after_threshold(tmp_path, rec):
     clk = Clock()
     w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
-    assert w.poll() is None          # first sight counts as progress
+    assert w.poll() is None  # first sight counts as progress
     clk.t += 9.9
     assert w.poll() is None
     clk.t += 0.2
     inc = w.poll()
     assert inc is not None and inc.kind == "stall" and "10.1 s" in inc.detail
     clk.t += 30
-    assert w.poll() is None          # reported once per stall
-    rec.heartbeat()                  # progress resets the clock
+    assert w.poll() is None  # reported once per stall
+    rec.heartbeat()  # progress resets the clock
     clk.t += 1
     assert w.poll() is None
     clk.t += 10.5
@@ -53,7 +54,7 @@ def test_stall_reported_once_after_threshold(tmp_path, rec):
 def test_slow_but_progressing_never_stalls(tmp_path, rec):
     clk = Clock()
     w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
-    for i in range(30):              # 240 s of a job whose sequence numbers advance every 8 s
+    for i in range(30):  # 240 s of a job whose sequence numbers advance every 8 s
         clk.t += 8
         idx = rec.issue(1, 1, rec.intern("0"), i + 1, 1, 0, 1, -1, 0)
         rec.complete(idx)
@@ -66,7 +67,7 @@ def test_per_phase_threshold(tmp_path, rec):
     rec.phase_enter("checkpoint", step=3)
     assert w.poll() is None
     clk.t += 50
-    assert w.poll() is None          # a checkpoint may take long
+    assert w.poll() is None  # a checkpoint may take long
     assert w.threshold() == 100
     clk.t += 51
     assert w.poll().kind == "stall"
@@ -79,7 +80,7 @@ def test_per_phase_threshold(tmp_path, rec):
 def test_startup_grace(tmp_path, monkeypatch):
     monkeypatch.setenv(config.STARTUP_STALL_S, "60")
     r = Recorder(str(tmp_path), "t", 256, lambda *a, **k: None)
-    r.set_rank(0, 0, 2)              # a rank still importing torch / in rendezvous
+    r.set_rank(0, 0, 2)  # a rank still importing torch / in rendezvous
     clk = Clock()
     w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
     w.poll()
@@ -90,13 +91,19 @@ def test_startup_grace(tmp_path, monkeypatch):
     r.close()
 
 
-@pytest.mark.parametrize("how,expect", [("kill", "vanished without a clean-exit record"),
-                                        ("exit3", "exited with code 3"), ("exit0", None)])
+@pytest.mark.parametrize(
+    "how,expect",
+    [("kill", "vanished without a clean-exit record"), ("exit3", "exited with code 3"), ("exit0", None)],
+)
 def test_death_detected_at_next_poll(tmp_path, how, expect):
-    code = {"kill": "import time; print('ready', flush=True); time.sleep(60)",
-            "exit3": "import sys; sys.exit(3)", "exit0": "pass"}[how]
-    p = subprocess.Popen([sys.executable, "-c", code], env=base_env(tmp_path, RANK=1),
-                         stdout=subprocess.PIPE, text=True)
+    code = {
+        "kill": "import time; print('ready', flush=True); time.sleep(60)",
+        "exit3": "import sys; sys.exit(3)",
+        "exit0": "pass",
+    }[how]
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], env=base_env(tmp_path, RANK=1), stdout=subprocess.PIPE, text=True
+    )
     try:
         clk = Clock()
         w = Watcher(str(tmp_path), stall_s=1000, phase_stall={}, clock=clk)
@@ -111,7 +118,7 @@ def test_death_detected_at_next_poll(tmp_path, how, expect):
         else:
             # RANK=1 in its environment, never joined a group: a hint, not "rank 1"
             assert inc.kind == "death" and expect in inc.detail and "a process with RANK=1" in inc.detail
-            assert w.poll() is None   # reported once
+            assert w.poll() is None  # reported once
     finally:
         if p.poll() is None:
             p.kill()
@@ -122,12 +129,15 @@ def test_death_detected_at_next_poll(tmp_path, how, expect):
 def test_deaths_after_stall_are_not_a_new_incident(tmp_path, how):
     """Stopping a hung job (user's SIGTERM, launcher's SIGKILL, --stop-on-stall) keeps the
     stall verdict: the deaths are logged, no second incident."""
-    code = ("import signal, sys, time\n"
-            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
-            "from hangtrace.hooks import lifecycle\n"
-            "print('ready', flush=True); time.sleep(60)\n")
-    p = subprocess.Popen([sys.executable, "-c", code], env=base_env(tmp_path, RANK=1),
-                         stdout=subprocess.PIPE, text=True)
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+        "from hangtrace.hooks import lifecycle\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], env=base_env(tmp_path, RANK=1), stdout=subprocess.PIPE, text=True
+    )
     try:
         assert p.stdout.readline().strip() == "ready"
         clk = Clock()
@@ -152,8 +162,13 @@ def test_deaths_after_stall_are_not_a_new_incident(tmp_path, how):
 
 
 def test_death_after_progress_since_stall_is_reported(tmp_path, rec):
-    p = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read(); sys.exit(3)"],
-                         env=base_env(tmp_path, RANK=1), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read(); sys.exit(3)"],
+        env=base_env(tmp_path, RANK=1),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout.readline().strip() == "ready"
         clk = Clock()
@@ -162,12 +177,12 @@ def test_death_after_progress_since_stall_is_reported(tmp_path, rec):
         assert w.poll() is None
         clk.t += 11
         assert w.poll().kind == "stall"
-        rec.heartbeat()              # the job moved on after the stall
+        rec.heartbeat()  # the job moved on after the stall
         clk.t += 1
         assert w.poll() is None
         p.stdin.close()
         p.wait(timeout=30)
-        assert w.poll() is None      # a child of rank 0 (this process): held for its rank (helpergrace.py)
+        assert w.poll() is None  # a child of rank 0 (this process): held for its rank (helpergrace.py)
         clk.t += HELPER_GRACE_S
         inc = w.poll()
         assert inc is not None and inc.kind == "death" and "exited with code 3" in inc.detail
@@ -185,19 +200,25 @@ def test_helpers_never_hold_the_startup_grace_and_a_launcher_alone_is_starting()
     from hangtrace.tracer.watch.watcher import Watcher
 
     def hdr(rank, source, count=5, phase=0):
-        return {"rank": rank, "rank_source": source, "progress_count": count, "phase_strid": phase,
-                "state": F.ST_RUNNING, "phase": None}
+        return {
+            "rank": rank,
+            "rank_source": source,
+            "progress_count": count,
+            "phase_strid": phase,
+            "state": F.ST_RUNNING,
+            "phase": None,
+        }
+
     w = Watcher("/nonexistent", stall_s=10, phase_stall={})
     w.startup_stall_s = 60
     w.headers = {"r0": hdr(0, F.RANK_FROM_GROUP), "worker": hdr(0, F.RANK_FROM_ENV, count=1)}
     assert w.threshold() == 10
-    w.headers = {"r0": hdr(0, F.RANK_FROM_ENV, count=1)}            # rank 0 not joined yet
+    w.headers = {"r0": hdr(0, F.RANK_FROM_ENV, count=1)}  # rank 0 not joined yet
     assert w.threshold() == 60
-    w.headers = {"agent": hdr(-1, F.RANK_FROM_ENV, count=1)}         # only the launcher
+    w.headers = {"agent": hdr(-1, F.RANK_FROM_ENV, count=1)}  # only the launcher
     assert w.threshold() == 60
     w.headers = {"actor": hdr(-1, F.RANK_FROM_ENV, count=9, phase=3)}  # rank-less Ray actors
     assert w.threshold() == 10
-
 
 
 def test_a_second_process_joining_a_working_ranks_rank_holds_no_startup_grace(monkeypatch):
@@ -207,14 +228,21 @@ def test_a_second_process_joining_a_working_ranks_rank_holds_no_startup_grace(mo
     from hangtrace.tracer.watch import watcher as W
 
     def hdr(rank, count):
-        return {"rank": rank, "rank_source": F.RANK_FROM_GROUP, "progress_count": count, "phase_strid": 0,
-                "state": F.ST_RUNNING, "phase": None}
+        return {
+            "rank": rank,
+            "rank_source": F.RANK_FROM_GROUP,
+            "progress_count": count,
+            "phase_strid": 0,
+            "state": F.ST_RUNNING,
+            "phase": None,
+        }
+
     w = W.Watcher("/nonexistent", stall_s=10, phase_stall={})
     w.startup_stall_s = 60
     w.headers = {"r0": hdr(0, 40), "r1": hdr(1, 40), "child": hdr(0, 1)}
     monkeypatch.setattr(W, "live_state", lambda h: "alive")
     assert w.threshold() == 10
-    monkeypatch.setattr(W, "live_state", lambda h: "killed")      # a restart: the old rank 0 is gone
+    monkeypatch.setattr(W, "live_state", lambda h: "killed")  # a restart: the old rank 0 is gone
     assert w.threshold() == 60
 
 
@@ -228,9 +256,9 @@ def test_a_gone_process_ring_is_final_and_not_read_again(tmp_path):
     inc = w.poll()
     assert inc.kind == "death" and "exited with code 3" in inc.detail
     (path,) = w.final
-    with open(path, "r+b") as f:   # were it read again, this file would be foreign now
+    with open(path, "r+b") as f:  # were it read again, this file would be foreign now
         f.write(b"garbage!")
-    assert w.poll() is None                        # reported once
+    assert w.poll() is None  # reported once
     assert path in w.headers and w.headers[path]["exit_code"] == 3
     assert not w.any_alive()
 
@@ -240,6 +268,7 @@ def test_fr_counters_asked_only_of_ranks_whose_ring_did_not_move(tmp_path, rec, 
     whose own ring shows no progress in this poll; a moving ring is progress already."""
     from hangtrace.hooks.fr_agent import fr_dir
     from hangtrace.tracer.collect import frrequest
+
     os.makedirs(fr_dir(str(tmp_path)))
     asked = []
     counters = ["0:5:5"]
@@ -247,23 +276,24 @@ def test_fr_counters_asked_only_of_ranks_whose_ring_did_not_move(tmp_path, rec, 
     def fake(run_dir, pids, timeout_s=0.5):
         asked.append(list(pids))
         return {pid: counters[0] for pid in pids}
+
     monkeypatch.setattr(frrequest, "fr_progress", fake)
     clk = Clock()
     w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
-    w.poll()                                       # first sight: the ring "moved"
+    w.poll()  # first sight: the ring "moved"
     assert asked == []
     rec.heartbeat()
     clk.t += 1
     w.poll()
-    assert asked == []                             # its ring moved again
+    assert asked == []  # its ring moved again
     clk.t += 1
     w.poll()
-    assert asked == [[os.getpid()]]                # ring still: counters asked (baseline)
-    for _ in range(8):                             # C++-only collectives keep it progressing
+    assert asked == [[os.getpid()]]  # ring still: counters asked (baseline)
+    for _ in range(8):  # C++-only collectives keep it progressing
         clk.t += 2
         counters[0] = "0:%d:%d" % (clk.t, clk.t)
         assert w.poll() is None
-    clk.t += 10.5                                  # and when they stop, the stall is seen
+    clk.t += 10.5  # and when they stop, the stall is seen
     assert w.poll().kind == "stall"
 
 
@@ -273,26 +303,29 @@ def test_a_hang_is_dated_from_the_rings_last_move_and_an_enqueue_is_no_progress(
     collective a hung rank waits in is enqueued, never completed: no progress."""
     from hangtrace.hooks.fr_agent import fr_dir
     from hangtrace.tracer.collect import frrequest
+
     os.makedirs(fr_dir(str(tmp_path)))
     counters = ["0:5:5"]
-    monkeypatch.setattr(frrequest, "fr_progress", lambda run_dir, pids, timeout_s=0.5: {p: counters[0] for p in pids})
+    monkeypatch.setattr(
+        frrequest, "fr_progress", lambda run_dir, pids, timeout_s=0.5: {p: counters[0] for p in pids}
+    )
     clk = Clock()
     w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
     w.poll()
     clk.t += 1
-    w.poll()                                       # ring still: baseline 0:5:5
-    counters[0] = "0:9:9"                          # C++ collectives, then a Python step
+    w.poll()  # ring still: baseline 0:5:5
+    counters[0] = "0:9:9"  # C++ collectives, then a Python step
     rec.heartbeat()
     clk.t += 1
-    w.poll()                                       # the ring moved: progress at t=2
-    counters[0] = "0:10:9"                         # the collective it hangs in: enqueued only
+    w.poll()  # the ring moved: progress at t=2
+    counters[0] = "0:10:9"  # the collective it hangs in: enqueued only
     clk.t += 1
-    assert w.poll() is None                        # t=3: new baseline, no progress
+    assert w.poll() is None  # t=3: new baseline, no progress
     clk.t += 1
-    assert w.poll() is None                        # t=4: enqueued moved, completed did not
+    assert w.poll() is None  # t=4: enqueued moved, completed did not
     assert w.last_progress == 1002
     clk.t += 8
-    assert w.poll().kind == "stall"                # t=12: 10 s after the ring's last move
+    assert w.poll().kind == "stall"  # t=12: 10 s after the ring's last move
 
 
 def test_idle_pooled_workers_neither_progress_nor_die(tmp_path, rec):
@@ -304,7 +337,9 @@ def test_idle_pooled_workers_neither_progress_nor_die(tmp_path, rec):
     assert w.poll() is None
     code = "import time; print('ready', flush=True); time.sleep(60)"
     for i in range(4):  # a new idle worker every 4 s, the old one killed
-        p = subprocess.Popen([sys.executable, "-c", code], env=base_env(tmp_path), stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [sys.executable, "-c", code], env=base_env(tmp_path), stdout=subprocess.PIPE, text=True
+        )
         try:
             assert p.stdout.readline().strip() == "ready"
             clk.t += 4
@@ -325,18 +360,26 @@ def test_idle_pooled_workers_neither_progress_nor_die(tmp_path, rec):
     w = Watcher(str(tmp_path), stall_s=10, phase_stall={}, clock=clk)
     assert w.poll() is None
     crash = "import ctypes; print('ready', flush=True); ctypes.string_at(0)"
-    p = subprocess.Popen([sys.executable, "-c", crash], env=base_env(tmp_path), stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", crash], env=base_env(tmp_path), stdout=subprocess.PIPE, text=True
+    )
     assert p.stdout.readline().strip() == "ready"
     p.wait(timeout=30)
     assert w.poll() is None  # held for its rank (helpergrace.py) ...
     clk.t += HELPER_GRACE_S
-    inc = w.poll()           # ... which did not notice it
-    assert inc is not None and inc.kind == "death" and "a helper of rank 0 (its child" in inc.detail, inc and inc.detail
+    inc = w.poll()  # ... which did not notice it
+    assert inc is not None and inc.kind == "death" and "a helper of rank 0 (its child" in inc.detail, (
+        inc and inc.detail
+    )
     # a rank-less process that worked (a phase) and is killed is a death
     rec.heartbeat()  # (progress: the stall is over)
-    worker = ("import time, hangtrace.tracer.api as api; api.phase('score').__enter__(); "
-              "print('ready', flush=True); time.sleep(60)")
-    p = subprocess.Popen([sys.executable, "-c", worker], env=base_env(tmp_path), stdout=subprocess.PIPE, text=True)
+    worker = (
+        "import time, hangtrace.tracer.api as api; api.phase('score').__enter__(); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", worker], env=base_env(tmp_path), stdout=subprocess.PIPE, text=True
+    )
     try:
         assert p.stdout.readline().strip() == "ready"
         clk.t += 1
@@ -346,7 +389,9 @@ def test_idle_pooled_workers_neither_progress_nor_die(tmp_path, rec):
         assert w.poll() is None
         clk.t += HELPER_GRACE_S
         inc = w.poll()
-        assert inc is not None and inc.kind == "death" and "a helper of rank 0 (its child" in inc.detail, inc and inc.detail
+        assert inc is not None and inc.kind == "death" and "a helper of rank 0 (its child" in inc.detail, (
+            inc and inc.detail
+        )
     finally:
         if p.poll() is None:
             p.kill()
@@ -359,17 +404,26 @@ def test_torchs_counters_say_a_rank_waits_in_a_collective_its_ring_never_saw():
     collective") while the spinning rank was busy on the CPU."""
     from hangtrace.tracer.ring import layout as F
     from hangtrace.tracer.watch.watcher import Watcher, in_flight
+
     assert in_flight("0:86:85") and in_flight("1:3:3;0:86:85")
     assert not in_flight("0:85:85") and not in_flight("") and not in_flight("0:None:None")
     w = Watcher("/nonexistent", stall_s=10, phase_stall={})
     w.startup_stall_s = 60
-    w.headers = {"r0": {"rank": 0, "rank_source": F.RANK_FROM_GROUP, "progress_count": 50, "phase_strid": 0,
-                        "state": F.ST_RUNNING, "phase": None, "inflight_idx": 0}}
-    w.busy = [4242]                                   # another rank spins outside collectives
-    assert w.threshold() == float("inf")              # nobody waits, as far as the rings say
-    w.fr_seen = {"r0": "0:86:85"}                     # torch: one all-reduce enqueued, not completed
-    assert w.threshold() == 60                        # a straggler: the stall comes after the grace
-
+    w.headers = {
+        "r0": {
+            "rank": 0,
+            "rank_source": F.RANK_FROM_GROUP,
+            "progress_count": 50,
+            "phase_strid": 0,
+            "state": F.ST_RUNNING,
+            "phase": None,
+            "inflight_idx": 0,
+        }
+    }
+    w.busy = [4242]  # another rank spins outside collectives
+    assert w.threshold() == float("inf")  # nobody waits, as far as the rings say
+    w.fr_seen = {"r0": "0:86:85"}  # torch: one all-reduce enqueued, not completed
+    assert w.threshold() == 60  # a straggler: the stall comes after the grace
 
 
 def test_a_helpers_death_waits_for_its_rank_and_is_reported_with_the_ranks_death():
@@ -378,25 +432,50 @@ def test_a_helpers_death_waits_for_its_rank_and_is_reported_with_the_ranks_death
     incident, not alone seconds before it (a verdict taken then finds the rank polling)."""
     from hangtrace.tracer.ring import layout as F
     from hangtrace.tracer.watch.helpergrace import HelperGrace
-    rank = {"host": "h", "pid": 10, "ppid": 1, "rank": 0, "rank_source": F.RANK_FROM_GROUP, "state": F.ST_RUNNING}
-    worker = {"host": "h", "pid": 11, "ppid": 10, "rank": 0, "rank_source": F.RANK_FROM_ENV, "state": F.ST_RUNNING}
-    other = {"host": "h", "pid": 12, "ppid": 1, "rank": -1, "rank_source": F.RANK_FROM_ENV, "state": F.ST_RUNNING}
+
+    rank = {
+        "host": "h",
+        "pid": 10,
+        "ppid": 1,
+        "rank": 0,
+        "rank_source": F.RANK_FROM_GROUP,
+        "state": F.ST_RUNNING,
+    }
+    worker = {
+        "host": "h",
+        "pid": 11,
+        "ppid": 10,
+        "rank": 0,
+        "rank_source": F.RANK_FROM_ENV,
+        "state": F.ST_RUNNING,
+    }
+    other = {
+        "host": "h",
+        "pid": 12,
+        "ppid": 1,
+        "rank": -1,
+        "rank_source": F.RANK_FROM_ENV,
+        "state": F.ST_RUNNING,
+    }
     headers = {"r": rank, "w": worker, "o": other}
     g = HelperGrace()
     alive = {10: "alive"}
     import hangtrace.tracer.watch.helpergrace as hg
+
     orig = hg.live_state
     hg.live_state = lambda h: alive.get(h["pid"], "killed")
     try:
-        assert g.deaths([("w", worker, "killed")], headers, 100.0) == []        # held
-        assert g.deaths([], headers, 100.0 + HELPER_GRACE_S - 0.5) == []        # still held
-        alive[10] = "killed"                                                      # the rank dies
+        assert g.deaths([("w", worker, "killed")], headers, 100.0) == []  # held
+        assert g.deaths([], headers, 100.0 + HELPER_GRACE_S - 0.5) == []  # still held
+        alive[10] = "killed"  # the rank dies
         got = g.deaths([("r", rank, "killed")], headers, 103.0)
-        assert [p for p, _h, _st in got] == ["w", "r"]                            # together
+        assert [p for p, _h, _st in got] == ["w", "r"]  # together
         assert g.deaths([], headers, 200.0) == []
         alive[10] = "alive"
         assert g.deaths([("w", worker, "killed")], headers, 300.0) == []
         assert [p for p, _h, _st in g.deaths([], headers, 300.0 + HELPER_GRACE_S)] == ["w"]  # grace over
-        assert [p for p, _h, _st in g.deaths([("o", other, "killed")], headers, 400.0)] == ["o"]  # not a helper
+        assert [p for p, _h, _st in g.deaths([("o", other, "killed")], headers, 400.0)] == [
+            "o"
+        ]  # not a helper
     finally:
         hg.live_state = orig

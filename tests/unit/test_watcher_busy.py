@@ -3,6 +3,7 @@ actor's first method, a lazy import in the first optimizer step) holds a short s
 threshold off: as long as that lasts while no rank waits in a collective (a start), up to
 the start-up threshold while one does (a straggler); once it waits, the stall is reported
 at once. Real processes, real /proc CPU times, the real clock."""
+
 import os
 import subprocess
 import sys
@@ -32,27 +33,40 @@ with tracer.phase("setup"):
 
 def _header(pid, rank=-1, source=F.RANK_FROM_ENV, count=5, phase=3, inflight=0):
     import socket
-    return {"pid": pid, "host": socket.gethostname(), "rank": rank, "rank_source": source,
-            "progress_count": count, "phase_strid": phase, "state": F.ST_RUNNING, "inflight_idx": inflight}
+
+    return {
+        "pid": pid,
+        "host": socket.gethostname(),
+        "rank": rank,
+        "rank_source": source,
+        "progress_count": count,
+        "phase_strid": phase,
+        "state": F.ST_RUNNING,
+        "inflight_idx": inflight,
+    }
 
 
 def test_busy_clock_tells_a_spinning_process_from_a_sleeping_one_also_when_cores_are_short():
     """Twice as many spinners as cores: each gets half a core or less, yet wants a whole
     one (its run-queue wait counts)."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))
+    ]
     spin = spinners[0]
     sleep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         clock = BusyClock()
         heads = {"spin%d" % i: _header(s.pid) for i, s in enumerate(spinners)}
         heads["sleep"] = _header(sleep.pid)
-        assert clock.busy(heads) == []                  # a first sight has nothing to compare
+        assert clock.busy(heads) == []  # a first sight has nothing to compare
         time.sleep(1.5)
         assert clock.busy(heads) == sorted(s.pid for s in spinners)
         # what may not hold the grace, although it spins
-        for why in (dict(inflight=7),                    # a collective in flight (NCCL spins)
-                    dict(count=1, phase=0),              # a pooled worker that never worked
-                    dict(rank=0, source=F.RANK_FROM_ENV)):  # a helper of rank 0, which joined
+        for why in (
+            dict(inflight=7),  # a collective in flight (NCCL spins)
+            dict(count=1, phase=0),  # a pooled worker that never worked
+            dict(rank=0, source=F.RANK_FROM_ENV),
+        ):  # a helper of rank 0, which joined
             c = BusyClock()
             h = {"spin": _header(spin.pid, **why), "r0": _header(sleep.pid, rank=0, source=F.RANK_FROM_GROUP)}
             c.busy(h)
@@ -62,27 +76,31 @@ def test_busy_clock_tells_a_spinning_process_from_a_sleeping_one_also_when_cores
         for p in spinners + [sleep]:
             p.kill()
             p.wait()
-    assert cpu_demand_s(spin.pid) is None                 # gone
+    assert cpu_demand_s(spin.pid) is None  # gone
 
 
 def test_a_busy_actor_holds_a_short_stall_off_and_its_wait_is_reported_at_once(tmp_path):
     go = tmp_path / "go"
     rec = None
-    p = subprocess.Popen([sys.executable, "-c", ACTOR, str(go)], env=base_env(tmp_path / "run"),
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", ACTOR, str(go)],
+        env=base_env(tmp_path / "run"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout.readline().strip() == "spinning"
         w = Watcher(str(tmp_path / "run"), stall_s=1.0, phase_stall={})
         w.startup_stall_s = 60.0
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 4.0:              # 4 s without progress, but busy
+        while time.monotonic() - t0 < 4.0:  # 4 s without progress, but busy
             assert w.poll() is None, "a busy process was reported stalled"
             time.sleep(0.2)
-        assert w.busy == [p.pid] and w.threshold() == float("inf")   # a start: nobody waits for it
+        assert w.busy == [p.pid] and w.threshold() == float("inf")  # a start: nobody waits for it
         # a rank of this process waits in a collective: the busy one is a straggler, 60 s
         rec = Recorder(str(tmp_path / "run"), "t", 256, lambda *a, **k: None)
         rec.set_rank(0, 0, 2)
-        rec.step(1)                                      # past its start-up
+        rec.step(1)  # past its start-up
         rec.issue(1, 1, rec.intern("0"), 1, 1, 0, 1, -1, 0)
         assert w.poll() is None and w.threshold() == 60.0
         log = (tmp_path / "run").glob("watcher-*.log")

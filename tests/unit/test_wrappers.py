@@ -4,6 +4,7 @@ No HANGTRACE environment: the hooks are installed directly with
 ``torch_dist.install(dist, recorder, log)`` on a Recorder in tmp_path, and uninstalled
 after each test.
 """
+
 import functools
 import inspect
 import re
@@ -20,8 +21,12 @@ from hangtrace.hooks.recorder import Recorder  # noqa: E402
 from hangtrace.tracer.ring import reader as R
 
 c10d = dist.distributed_c10d
-NAMES = [n for n in list(torch_dist.SPECS) + [torch_dist.BATCH_OP, "init_process_group", "new_group",
-                                               "destroy_process_group"] if hasattr(c10d, n)]
+NAMES = [
+    n
+    for n in list(torch_dist.SPECS)
+    + [torch_dist.BATCH_OP, "init_process_group", "new_group", "destroy_process_group"]
+    if hasattr(c10d, n)
+]
 
 
 class Log:
@@ -117,8 +122,14 @@ def test_sync_call_returns_none_and_is_recorded(hooked):
     assert t.tolist() == [3.0] * 4
     assert dist.broadcast(t, src=0) is None
     (ar, bc) = records(hooked)
-    assert (ar["op"], ar["numel"], ar["dtype"], ar["shape"], ar["state"], ar["async_op"]) == \
-        ("all_reduce", 4, "float32", "4", "completed", False)
+    assert (ar["op"], ar["numel"], ar["dtype"], ar["shape"], ar["state"], ar["async_op"]) == (
+        "all_reduce",
+        4,
+        "float32",
+        "4",
+        "completed",
+        False,
+    )
     assert (bc["op"], bc["peer"], bc["seq"], bc["group"]) == ("broadcast", 0, 2, ar["group"])
 
 
@@ -131,6 +142,7 @@ def test_async_call_returns_the_exact_work_and_args(tmp_path, originals):
         r = orig(*args, **kwargs)
         seen.append((args, kwargs, r))
         return r
+
     c10d.all_reduce = dist.all_reduce = spy
     rec = Recorder(str(tmp_path), "spy", 64, Log())
     try:
@@ -160,9 +172,11 @@ def test_async_call_returns_the_exact_work_and_args(tmp_path, originals):
 @pytest.mark.parametrize("case", ["wrong_type", "bad_group", "bad_op"])
 def test_exceptions_are_exactly_the_originals(hooked, originals, case):
     bogus_group = object()
-    call = {"wrong_type": lambda f: f([1, 2]),
-            "bad_group": lambda f: f(torch.ones(2), group=bogus_group),
-            "bad_op": lambda f: f(torch.ones(2), op="bogus")}[case]
+    call = {
+        "wrong_type": lambda f: f([1, 2]),
+        "bad_group": lambda f: f(torch.ones(2), group=bogus_group),
+        "bad_op": lambda f: f(torch.ones(2), op="bogus"),
+    }[case]
     with pytest.raises(Exception) as plain:
         call(originals["all_reduce"])
     with pytest.raises(Exception) as wrapped:
@@ -187,9 +201,11 @@ def test_nested_calls_are_recorded_once(hooked):
     lst = [None]
     dist.broadcast_object_list(lst, src=0)
     recs = records(hooked)
-    assert [(r["op"], r["seq"], r["numel"], r["dtype"]) for r in recs] == \
-        [("all_gather_object", 1, -1, "object"), ("all_gather", 2, 2, "float32"),
-         ("broadcast_object_list", 3, 1, "object")]
+    assert [(r["op"], r["seq"], r["numel"], r["dtype"]) for r in recs] == [
+        ("all_gather_object", 1, -1, "object"),
+        ("all_gather", 2, 2, "float32"),
+        ("broadcast_object_list", 3, 1, "object"),
+    ]
     assert all(r["state"] == "completed" for r in recs)
 
 
@@ -219,12 +235,14 @@ def test_single_and_coalesced_collectives_are_recorded(hooked) -> None:
     fut = dist.all_reduce_coalesced([torch.ones(2)], async_op=True)  # a Future, not a Work
     fut.wait()
     got = [(r["op"], r["seq"], r["numel"], r["shape"], r["dtype"], r["async_op"]) for r in records(hooked)]
-    assert got == [("all_gather_single", 1, 4, "4", "float32", False),
-                   ("reduce_scatter_single", 2, 2, "2", "float64", False),
-                   ("all_gather_coalesced", 3, 5, "2", "float32", False),
-                   ("all_reduce_coalesced", 4, 13, "2x5", "float32", False),
-                   ("all_reduce_coalesced", 5, 3, "3", "int32", False),
-                   ("all_reduce_coalesced", 6, 2, "2", "float32", True)]
+    assert got == [
+        ("all_gather_single", 1, 4, "4", "float32", False),
+        ("reduce_scatter_single", 2, 2, "2", "float64", False),
+        ("all_gather_coalesced", 3, 5, "2", "float32", False),
+        ("all_reduce_coalesced", 4, 13, "2x5", "float32", False),
+        ("all_reduce_coalesced", 5, 3, "3", "int32", False),
+        ("all_reduce_coalesced", 6, 2, "2", "float32", True),
+    ]
     # the async one completes through the poller, which reads a Future's done()
     deadline = time.time() + 5
     while records(hooked)[-1]["state"] != "completed" and time.time() < deadline:

@@ -1,2 +1,1 @@
-"""Analysis (pure): a ``Snapshot`` in, one ``Diagnosis`` out (no I/O, no processes).
-"""
+"""Analysis (pure): a ``Snapshot`` in, one ``Diagnosis`` out (no I/O, no processes)."""

@@ -12,6 +12,7 @@ is *absent* (never started, not traced, or on a node not collected).
 
 Pure; linear in processes + open waits. Actor ids are hex strings; times ns since the epoch.
 """
+
 from __future__ import annotations
 
 import json
@@ -103,20 +104,33 @@ def open_waits(p: ProcessInfo) -> List[Wait]:
     """The open waits of ``p`` (module docstring), oldest first."""
     sm = p.summary
     out = []
-    for r in (sm.waits.values() if sm is not None else ()):
+    for r in sm.waits.values() if sm is not None else ():
         err = str(r.get("error") or "")
         stopped = r.get("state") == "failed" and err in STOP_ERRORS
         if r.get("state") != "issued" and not stopped:
             continue
         try:
             d = json.loads(r.get("group") or "{}")
-            targets = tuple(Target(str(t.get("actor_id") or ""), str(t.get("class") or ""), str(t.get("method") or "?"))
-                            for t in d.get("targets") or () if t.get("actor_id"))
+            targets = tuple(
+                Target(str(t.get("actor_id") or ""), str(t.get("class") or ""), str(t.get("method") or "?"))
+                for t in d.get("targets") or ()
+                if t.get("actor_id")
+            )
         except (ValueError, TypeError, AttributeError):
             continue
         if targets:
-            out.append(Wait(p.key, r.get("phase"), str(d.get("api") or "get"), str(r.get("thread") or "?"),
-                            int(r.get("t_wall_ns") or 0), targets, stopped, _call_began(p, r)))
+            out.append(
+                Wait(
+                    p.key,
+                    r.get("phase"),
+                    str(d.get("api") or "get"),
+                    str(r.get("thread") or "?"),
+                    int(r.get("t_wall_ns") or 0),
+                    targets,
+                    stopped,
+                    _call_began(p, r),
+                )
+            )
     return sorted(out, key=lambda w: w.since_wall_ns)
 
 
@@ -128,8 +142,14 @@ def _call_began(p: ProcessInfo, r: Mapping[str, Any]) -> int:
     sm = p.summary
     recs = list(sm.tail) if sm is not None and sm.tail else list(p.records or ())
     idx = int(r.get("idx") or 0)
-    ts = [int(x.get("t_wall_ns") or 0) for x in recs if x.get("kind") == "phase_enter"
-          and x.get("phase") == r.get("phase") and x.get("thread") == r.get("thread") and int(x.get("idx") or 0) < idx]
+    ts = [
+        int(x.get("t_wall_ns") or 0)
+        for x in recs
+        if x.get("kind") == "phase_enter"
+        and x.get("phase") == r.get("phase")
+        and x.get("thread") == r.get("thread")
+        and int(x.get("idx") or 0) < idx
+    ]
     return max(ts, default=0)
 
 
@@ -257,8 +277,12 @@ def started_since(p: ProcessInfo, method: str, since_wall_ns: int) -> Optional[b
     recs = tail or list(p.records or ())
     if not recs:
         return None
-    if any(r.get("kind") == "phase_enter" and r.get("phase") == method and (r.get("t_wall_ns") or 0) >= since_wall_ns
-           for r in recs):
+    if any(
+        r.get("kind") == "phase_enter"
+        and r.get("phase") == method
+        and (r.get("t_wall_ns") or 0) >= since_wall_ns
+        for r in recs
+    ):
         return True
     return False if (recs[0].get("t_wall_ns") or 0) <= since_wall_ns else None
 
@@ -297,8 +321,10 @@ def wait_site(p: ProcessInfo, method: Optional[str]) -> Optional[Dict[str, Any]]
         if at is None:
             continue
         # the line that waits: the user's innermost frame at or inside the method (a helper it calls)
-        f = next((x for x in fs[:at + 1] if user_code(x)), fs[at])
-        loop = any((str(x.get("filename") or "").rsplit("/", 1)[-1], _short(x.get("name"))) in _LOOP_FRAMES
-                   for x in fs[at + 1:])
+        f = next((x for x in fs[: at + 1] if user_code(x)), fs[at])
+        loop = any(
+            (str(x.get("filename") or "").rsplit("/", 1)[-1], _short(x.get("name"))) in _LOOP_FRAMES
+            for x in fs[at + 1 :]
+        )
         return {"at": frame_label(f), "code": f.get("code"), "blocks_loop": bool(loop and at > 0)}
     return None

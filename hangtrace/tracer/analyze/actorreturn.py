@@ -18,6 +18,7 @@ loop). A SIGTERM it received inside that method (``signals['sigterm']``, the tim
 was written) is named with its sender and the user's line it interrupted.
 Times are ns since the epoch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,13 +48,20 @@ class Returned:
 
     def text(self) -> str:
         """The chain end's reason: what the rank did instead of the collective."""
-        return "its actor method %s returned at %s, after its %s, and the actor is idle in Ray's task loop%s" % (
-            self.method, ts(self.wall_ns), self.after, "; it " + self.sigterm if self.sigterm else "")
+        return (
+            "its actor method %s returned at %s, after its %s, and the actor is idle in Ray's task loop%s"
+            % (self.method, ts(self.wall_ns), self.after, "; it " + self.sigterm if self.sigterm else "")
+        )
 
     def details(self) -> Dict[str, Any]:
         """``details['returned']`` of the verdict (docs/DIAGNOSIS.md)."""
-        return {"rank": self.rank, "method": self.method, "wall_ns": self.wall_ns, "after": self.after,
-                "sigterm": self.sigterm}
+        return {
+            "rank": self.rank,
+            "method": self.method,
+            "wall_ns": self.wall_ns,
+            "after": self.after,
+            "sigterm": self.sigterm,
+        }
 
 
 def sigterm_site(sig: Any) -> str:
@@ -62,7 +70,8 @@ def sigterm_site(sig: Any) -> str:
     dumps = parse_faulthandler_dumps(str((sig or {}).get("text") or ""))
     threads = dumps[0]["threads"] if dumps else []
     cur = next((t for t in threads if t.get("current")), None) or next(
-        (t for t in threads if t.get("thread_name") == "MainThread"), None)
+        (t for t in threads if t.get("thread_name") == "MainThread"), None
+    )
     f = user_frame((cur or {}).get("frames") or [])
     return frame_label(f) if f is not None else ""
 
@@ -78,8 +87,11 @@ def returned_method(ctx: Ctx, r: int) -> Optional[Returned]:
         return None
     last = max(v.last.values(), key=lambda rec: int(rec.get("t_wall_ns") or 0))
     t_last = int(last.get("t_wall_ns") or 0)
-    visits = [(int(ex.get("t_wall_ns") or 0), name, int(en.get("t_wall_ns") or 0), ex)
-              for name, (en, ex) in p.summary.phase_visits.items() if en is not None and ex is not None]
+    visits = [
+        (int(ex.get("t_wall_ns") or 0), name, int(en.get("t_wall_ns") or 0), ex)
+        for name, (en, ex) in p.summary.phase_visits.items()
+        if en is not None and ex is not None
+    ]
     if not visits:
         return None
     t_exit, name, t_enter, ex = max(visits)

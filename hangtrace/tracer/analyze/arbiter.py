@@ -37,6 +37,7 @@ after its last progress (``deaths.stopped_after_stall``), the job was stopped be
 hung: the deaths are marked victims and the wait-for graph is rebuilt; if that finds a
 hang, it is the verdict (the deaths become cascade), else the deaths stand.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,12 +54,12 @@ from hangtrace.tracer.diagnosis import Kind
 class Outcome(Enum):
     """Which finding becomes the verdict."""
 
-    DEATH = "death"          #: the root death (rule dead_rank)
-    HANG = "hang"            #: the hang finding (the first hang rule that found)
+    DEATH = "death"  #: the root death (rule dead_rank)
+    HANG = "hang"  #: the hang finding (the first hang rule that found)
     TRANSPORT = "transport"  #: the first failed record (rule transport)
-    RANKLESS = "rankless"    #: a Ray actor without a rank failed first (rule rankless_root)
-    TIMEOUT = "timeout"      #: a rank timed out waiting for ranks outside collectives (rule timeout_waiter)
-    IDLE = "idle"            #: nobody is waiting for anyone broken (rule idle)
+    RANKLESS = "rankless"  #: a Ray actor without a rank failed first (rule rankless_root)
+    TIMEOUT = "timeout"  #: a rank timed out waiting for ranks outside collectives (rule timeout_waiter)
+    IDLE = "idle"  #: nobody is waiting for anyone broken (rule idle)
 
 
 @dataclass(frozen=True)
@@ -103,15 +104,34 @@ class Row:
 
 TABLE: Tuple[Row, ...] = (
     Row("rank-less actor failed first", lambda c, s: _rankless_first(s), Outcome.RANKLESS),
-    Row("timed out waiting for ranks outside collectives", lambda c, s: s.timeout is not None and s.hang is None,
-        Outcome.TIMEOUT),
+    Row(
+        "timed out waiting for ranks outside collectives",
+        lambda c, s: s.timeout is not None and s.hang is None,
+        Outcome.TIMEOUT,
+    ),
     Row("death, no hang", lambda c, s: s.death is not None and s.hang is None, Outcome.DEATH),
-    Row("death is a dead chain end", lambda c, s: s.death is not None and _root_is_dead_chain_end(s), Outcome.DEATH),
-    Row("hang start unknown", lambda c, s: s.death is not None and not (s.hang and s.hang.start), Outcome.DEATH),
-    Row("death not after the hang began",
-        lambda c, s: s.death is not None and s.hang is not None and not death_after(s.death.data[0], s.hang.start),
-        Outcome.DEATH),
-    Row("culprit died into the hang", lambda c, s: s.death is not None and _died_into_hang(c, s), Outcome.DEATH),
+    Row(
+        "death is a dead chain end",
+        lambda c, s: s.death is not None and _root_is_dead_chain_end(s),
+        Outcome.DEATH,
+    ),
+    Row(
+        "hang start unknown",
+        lambda c, s: s.death is not None and not (s.hang and s.hang.start),
+        Outcome.DEATH,
+    ),
+    Row(
+        "death not after the hang began",
+        lambda c, s: (
+            s.death is not None and s.hang is not None and not death_after(s.death.data[0], s.hang.start)
+        ),
+        Outcome.DEATH,
+    ),
+    Row(
+        "culprit died into the hang",
+        lambda c, s: s.death is not None and _died_into_hang(c, s),
+        Outcome.DEATH,
+    ),
     Row("death after the hang began", lambda c, s: s.death is not None, Outcome.HANG),
     Row("hang", lambda c, s: s.hang is not None, Outcome.HANG),
     Row("failed records", lambda c, s: s.any_failure, Outcome.TRANSPORT),

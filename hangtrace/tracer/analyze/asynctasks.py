@@ -7,6 +7,7 @@ and so on, to a task that waits on a plain future (or nothing known). The longes
 is the one named: every task on it with its coroutine, the innermost with its await
 frames and the future it waits on.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional
@@ -39,6 +40,7 @@ def _where(t: PendingTask) -> str:
     """Where task ``t`` awaits, innermost first (4 frames), without call-forwarding
     wrappers (``evidence.wrapper_frame``: our Ray method wrapper, Ray's tracing span)."""
     from hangtrace.tracer.analyze.evidence import wrapper_frame
+
     frames = [f for f in t.frames if not wrapper_frame({"filename": f[1], "name": f[0]})]
     if not frames:
         return t.coro
@@ -71,8 +73,11 @@ def await_chain(p: ProcessInfo) -> Optional[str]:
     n = sum(len(lp.tasks) for lp in p.asyncio_loops)
     others = [t for lp in p.asyncio_loops for t in lp.tasks if t not in best]
     if others:  # (the task that should wake the chain is often one of these: name where they wait)
-        text += "; also pending (%d of %d tasks): %s" % (min(len(others), _MAX_OTHERS), n, "; ".join(
-            "task '%s' in %s" % (t.name, _where(t)) for t in others[:_MAX_OTHERS]))
+        text += "; also pending (%d of %d tasks): %s" % (
+            min(len(others), _MAX_OTHERS),
+            n,
+            "; ".join("task '%s' in %s" % (t.name, _where(t)) for t in others[:_MAX_OTHERS]),
+        )
     return text
 
 

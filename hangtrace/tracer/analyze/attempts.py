@@ -12,9 +12,10 @@ dead root. Out: ``details['attempts']`` (``{'rank', 'count', 'same', 'steps'}``:
 attempts of the rank, how many ended with the root's exception line or cause, the step
 each ended at) and an evidence line; nothing when the rank was not restarted.
 """
+
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from hangtrace.tracer.analyze.context import Ctx, RankView, index_process
 from hangtrace.tracer.analyze.deaths import fill_death
@@ -34,7 +35,9 @@ def _how(v: RankView) -> str:
 def restarts(ctx: Ctx, d: Diagnosis, root: RankView) -> None:
     """Fills ``details['attempts']`` for a dead root whose rank was restarted."""
     keys: List[str] = []
-    if root.rank in ctx.replaced:  # restarted alone: its replacement is described instead (analyze/replacement.py)
+    if (
+        root.rank in ctx.replaced
+    ):  # restarted alone: its replacement is described instead (analyze/replacement.py)
         return
     for r, kind, _kept, others in ctx.dups:
         if r == root.rank and kind == "restart":
@@ -52,7 +55,20 @@ def restarts(ctx: Ctx, d: Diagnosis, root: RankView) -> None:
     mine = _how(root)
     same = [v for v in views if v.dead and mine and _how(v) == mine]
     steps: List[Any] = [v.step for v in views] + [root.step]
-    d.details["attempts"] = {"rank": root.rank, "count": len(views) + 1, "same": len(same) + 1, "steps": steps}
-    ctx.add("rank %d ran in %d attempts (restarts: earlier processes %s); %d of them ended with %s%s" % (
-        root.rank, len(views) + 1, ", ".join(keys[:4]), len(same) + 1, mine[:160] or "the same cause",
-        " (steps: %s)" % ", ".join(str(s) for s in steps) if any(s is not None for s in steps) else ""))
+    d.details["attempts"] = {
+        "rank": root.rank,
+        "count": len(views) + 1,
+        "same": len(same) + 1,
+        "steps": steps,
+    }
+    ctx.add(
+        "rank %d ran in %d attempts (restarts: earlier processes %s); %d of them ended with %s%s"
+        % (
+            root.rank,
+            len(views) + 1,
+            ", ".join(keys[:4]),
+            len(same) + 1,
+            mine[:160] or "the same cause",
+            " (steps: %s)" % ", ".join(str(s) for s in steps) if any(s is not None for s in steps) else "",
+        )
+    )

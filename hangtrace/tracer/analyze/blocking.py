@@ -8,6 +8,7 @@ acquire, or "blocked in the system call ...". Also: the innermost torch.distribu
 (:func:`collective_frame`), and a kernel wait channel glossed in words
 (:data:`WCHAN_MEANS`). Split from ``stacktree.py`` (which merges and classifies stacks).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,16 @@ _BLOCKING = (
     # (file base name or '' for any, short function names, reason)
     ("queue.py", ("get", "put", "join"), "queue.get/put (waiting for a producer/consumer)"),
     ("queues.py", ("get", "put", "_poll", "poll"), "multiprocessing queue"),
-    ("threading.py", ("wait", "acquire", "join", "_wait_for_tstate_lock"), "thread lock/condition/event wait"),
-    ("connection.py", ("recv", "recv_bytes", "_recv", "_recv_bytes", "poll", "_poll", "wait"), "pipe/socket recv"),
+    (
+        "threading.py",
+        ("wait", "acquire", "join", "_wait_for_tstate_lock"),
+        "thread lock/condition/event wait",
+    ),
+    (
+        "connection.py",
+        ("recv", "recv_bytes", "_recv", "_recv_bytes", "poll", "_poll", "wait"),
+        "pipe/socket recv",
+    ),
     ("selectors.py", ("select",), "select() on sockets/files"),
     ("socket.py", ("accept", "recv", "recv_into", "readinto", "connect"), "socket IO"),
     ("ssl.py", ("read", "recv", "recv_into", "do_handshake"), "TLS socket IO"),
@@ -42,13 +51,41 @@ _BLOCKING = (
 #: the modules of ``_BLOCKING``: their waits are read by name, never as a C-level lock
 _BLOCKING_FILES = frozenset(fbase for fbase, _n, _r in _BLOCKING if fbase)
 
-_COLLECTIVE_NAMES = frozenset((
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
-    "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier",
-    "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait",
-    "_allgather_base", "_reduce_scatter_base", "all_gather_single", "reduce_scatter_single",
-    "all_gather_coalesced", "all_reduce_coalesced", "send_object_list", "recv_object_list"))
+_COLLECTIVE_NAMES = frozenset(
+    (
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "all_to_all",
+        "all_to_all_single",
+        "broadcast",
+        "broadcast_object_list",
+        "reduce",
+        "gather",
+        "gather_object",
+        "scatter",
+        "scatter_object_list",
+        "barrier",
+        "monitored_barrier",
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "batch_isend_irecv",
+        "wait",
+        "_allgather_base",
+        "_reduce_scatter_base",
+        "all_gather_single",
+        "reduce_scatter_single",
+        "all_gather_coalesced",
+        "all_reduce_coalesced",
+        "send_object_list",
+        "recv_object_list",
+    )
+)
 
 
 def collective_frame(frames: Optional[Iterable[Frame]]) -> Optional[str]:
@@ -63,8 +100,21 @@ def collective_frame(frames: Optional[Iterable[Frame]]) -> Optional[str]:
 
 #: subprocess.py's waits: the innermost call inside them (a select on the child's pipes,
 #: a waitpid) is the child's doing, so they win over it; the API the user called is named
-_SUBPROCESS = frozenset({"wait", "communicate", "_communicate", "_wait", "_try_wait", "run", "call",
-                         "check_call", "check_output", "getstatusoutput", "getoutput"})
+_SUBPROCESS = frozenset(
+    {
+        "wait",
+        "communicate",
+        "_communicate",
+        "_wait",
+        "_try_wait",
+        "run",
+        "call",
+        "check_call",
+        "check_output",
+        "getstatusoutput",
+        "getoutput",
+    }
+)
 _SUBPROCESS_DEPTH = 8  # innermost frames searched for it
 
 
@@ -72,8 +122,15 @@ def subprocess_wait(frames: Optional[List[Frame]]) -> Optional[str]:
     """The label of the outermost ``subprocess.py`` wait the innermost frames are in
     (``'run (subprocess.py:550)'``), or None."""
     fs = list(frames or ())[:_SUBPROCESS_DEPTH]
-    at = next((i for i, f in enumerate(fs) if os.path.basename(f.get("filename") or "") == "subprocess.py"
-               and _short(f.get("name")) in _SUBPROCESS), None)
+    at = next(
+        (
+            i
+            for i, f in enumerate(fs)
+            if os.path.basename(f.get("filename") or "") == "subprocess.py"
+            and _short(f.get("name")) in _SUBPROCESS
+        ),
+        None,
+    )
     if at is None:
         return None
     while at + 1 < len(fs) and os.path.basename(fs[at + 1].get("filename") or "") == "subprocess.py":
@@ -118,12 +175,15 @@ def kernel_text(kernel: Optional[Dict[str, Any]]) -> Optional[str]:
     w = kernel.get("wchan")
     if not w:
         return s
-    means = WCHAN_MEANS.get(str(w).split(".", 1)[0])  # ('poll_schedule_timeout.constprop.0': a compiler clone)
+    means = WCHAN_MEANS.get(
+        str(w).split(".", 1)[0]
+    )  # ('poll_schedule_timeout.constprop.0': a compiler clone)
     return s + ", kernel wait %s%s" % (w, " (%s)" % means if means else "")
 
 
-def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None,
-                    thread: Optional[Thread] = None) -> Optional[str]:
+def blocking_reason(
+    frames: Optional[List[Frame]], active: Optional[bool] = None, thread: Optional[Thread] = None
+) -> Optional[str]:
     """Why a stack (innermost first) looks blocked outside collectives, or None.
 
     Checks the innermost three frames against known blocking calls (queue.get, locks,
@@ -140,15 +200,20 @@ def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None
     th = thread or {}
     active = th.get("active") if active is None else active
     kt = kernel_text(th.get("kernel"))
-    gil = "; it holds the GIL, so no other Python thread of the process runs" if (
-        th.get("owns_gil") and active is False) else ""
+    gil = (
+        "; it holds the GIL, so no other Python thread of the process runs"
+        if (th.get("owns_gil") and active is False)
+        else ""
+    )
     sub = subprocess_wait(frames)
     if sub:
         return "waiting for a subprocess in %s%s%s" % (sub, "; kernel: %s" % kt if kt else "", gil)
     hits = _blocking_hits(frames)
     if hits:
         f, _fb, reason = hits[0]
-        if _fb == "threading.py":  # a queue's or a future's wait is threading's Condition.wait: its caller says what for
+        if (
+            _fb == "threading.py"
+        ):  # a queue's or a future's wait is threading's Condition.wait: its caller says what for
             f, _fb, reason = next((h for h in hits if h[1] and h[1] != "threading.py"), hits[0])
         if (th.get("kernel") or {}).get("syscall") in _SAYS_NOTHING:
             kt = None  # (every Python-level lock, queue or event wait is a futex, a polling wait a sleep)
@@ -160,7 +225,11 @@ def blocking_reason(frames: Optional[List[Frame]], active: Optional[bool] = None
         code = code_text(frames[0])
         if kt:
             return "blocked in the system call %s, in %s%s%s" % (kt, frame_label(frames[0]), code, gil)
-        return "idle in a system call (py-spy: thread not active) in %s%s%s" % (frame_label(frames[0]), code, gil)
+        return "idle in a system call (py-spy: thread not active) in %s%s%s" % (
+            frame_label(frames[0]),
+            code,
+            gil,
+        )
     return None
 
 
@@ -208,7 +277,12 @@ def poll_wait(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Option
     lf, line, code = found
     sleep = " at `%s`" % f["code"] if f.get("code") else ""
     return "polling in a loop: `%s` (%s:%d) sleeps%s in %s" % (
-        code, os.path.basename(str(lf.get("filename") or "?")), line, sleep, frame_label(f))
+        code,
+        os.path.basename(str(lf.get("filename") or "?")),
+        line,
+        sleep,
+        frame_label(f),
+    )
 
 
 def _blocking_hits(frames: Optional[List[Frame]]) -> List[Any]:
@@ -256,7 +330,11 @@ def c_lock_wait(frames: Optional[List[Frame]], thread: Optional[Thread]) -> Opti
     """``"waiting for a lock (a C-level acquire; kernel: futex) at main (job.py:33): `with
     upload_lock:`"`` for :func:`c_lock_frame`'s frame, else None."""
     f = c_lock_frame(frames, thread)
-    return None if f is None else "waiting for a lock at %s%s%s" % (frame_label(f), code_text(f), held_text(frames))
+    return (
+        None
+        if f is None
+        else "waiting for a lock at %s%s%s" % (frame_label(f), code_text(f), held_text(frames))
+    )
 
 
 def held_text(frames: Optional[List[Frame]]) -> str:
@@ -279,11 +357,23 @@ def held_text(frames: Optional[List[Frame]]) -> str:
 #: torch.distributed functions of the rendezvous (torch/distributed/distributed_c10d.py and
 #: rendezvous.py: the store's creation, the env/tcp/file handlers, the store-based barrier
 #: that waits for WORLD_SIZE members)
-RENDEZVOUS_FUNCS = frozenset({"init_process_group", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
-                              "_tcp_rendezvous_handler", "_file_rendezvous_handler", "_store_based_barrier"})
+RENDEZVOUS_FUNCS = frozenset(
+    {
+        "init_process_group",
+        "rendezvous",
+        "_create_c10d_store",
+        "_env_rendezvous_handler",
+        "_tcp_rendezvous_handler",
+        "_file_rendezvous_handler",
+        "_store_based_barrier",
+    }
+)
 
 
 def in_rendezvous_stack(p: ProcessInfo) -> bool:
     """Has a thread of ``p``'s live stacks a :data:`RENDEZVOUS_FUNCS` frame of torch.distributed?"""
-    return any(f.get("name") in RENDEZVOUS_FUNCS and "distributed" in str(f.get("filename") or "")
-               for th in p.stacks or () for f in th.get("frames") or ())
+    return any(
+        f.get("name") in RENDEZVOUS_FUNCS and "distributed" in str(f.get("filename") or "")
+        for th in p.stacks or ()
+        for f in th.get("frames") or ()
+    )

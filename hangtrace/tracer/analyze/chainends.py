@@ -26,6 +26,7 @@ waits in H for C, C is in no collective -> C). Each end with a process is classi
 Blocked ranks whose instance misses only members that are *ahead* are *diverged* (their
 sequence numbers diverged from the group).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -91,8 +92,11 @@ def chain_ends(ctx: Ctx) -> ChainEnds:
     for inst in ctx.insts.values():
         waited.update(inst.missing)
     ends &= waited
-    diverged = [r for r, i in ctx.inst_of.items()
-                if r in reach and not i.missing and i.ahead and (r in waited or not waited)]
+    diverged = [
+        r
+        for r, i in ctx.inst_of.items()
+        if r in reach and not i.missing and i.ahead and (r in waited or not waited)
+    ]
     present = sorted(e for e in ends if e in ctx.views)
     # a rank whose collective failed with a transport error (its peer had gone) is a victim:
     # not a culprit while another end explains the wait (blind helper 92: ranks that raised
@@ -106,8 +110,14 @@ def chain_ends(ctx: Ctx) -> ChainEnds:
             if m in ctx.views and m in ends:
                 insts_for.setdefault(m, []).append(inst)
     kinds = {e: classify_end(ctx, e, insts_for.get(e, [])) for e in present}
-    out = ChainEnds(tuple(present), tuple(sorted(e for e in ends if e not in ctx.views)), tuple(diverged),
-                    frozenset(waited), {k: tuple(v) for k, v in insts_for.items()}, kinds)
+    out = ChainEnds(
+        tuple(present),
+        tuple(sorted(e for e in ends if e not in ctx.views)),
+        tuple(diverged),
+        frozenset(waited),
+        {k: tuple(v) for k, v in insts_for.items()},
+        kinds,
+    )
     ctx.cache["chain_ends"] = out
     return out
 
@@ -147,11 +157,18 @@ def busy_text(ctx: Ctx, v: Any, frames: Any, thread: Any) -> str:
     if not ctx.stalled or not frames or not isinstance(thread, dict) or thread.get("active") is not True:
         return ""
     f = user_frame(frames) or frames[0]
-    idle = (ctx.now - v.progress_wall) / 1e9 if ctx.now and v.progress_wall else 0  # (memory samples are no progress)
+    idle = (
+        (ctx.now - v.progress_wall) / 1e9 if ctx.now and v.progress_wall else 0
+    )  # (memory samples are no progress)
     loop = next((x.get("loop") for x in frames[:4] if isinstance(x.get("loop"), (list, tuple))), None)
     return "busy on the CPU outside collectives (py-spy: running) and making no progress%s: in %s%s%s" % (
-        " for %.0f s" % idle if idle >= 1 else "", frame_label(f), code_text(f),
-        ", inside `%s` (%s:%s)" % (loop[1], os.path.basename(str(f.get("filename") or "?")), loop[0]) if loop else "")
+        " for %.0f s" % idle if idle >= 1 else "",
+        frame_label(f),
+        code_text(f),
+        ", inside `%s` (%s:%s)" % (loop[1], os.path.basename(str(f.get("filename") or "?")), loop[0])
+        if loop
+        else "",
+    )
 
 
 def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndKind:
@@ -183,19 +200,26 @@ def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndK
     if v.step is not None and wsteps and v.step > max(wsteps):
         return skipped, "moved on to step %s (waiters are at step %s)" % (v.step, format_ranks(wsteps))
     busy = busy_text(ctx, v, frames, thread)
-    if busy:  # running, recording nothing, in a stall: a straggler or a loop that never ends (blind helper 65)
+    if (
+        busy
+    ):  # running, recording nothing, in a stall: a straggler or a loop that never ends (blind helper 65)
         return stuck, busy
     if start and v.activity_wall > start:
         return skipped, "moved on: recorded activity after the others began waiting"
     if v.phase and wphases and v.phase not in wphases:
         return skipped, "moved on to phase %s (waiters are in %s)" % (v.phase, ", ".join(sorted(wphases)))
     if frames:
-        return stuck, "not in any collective and no progress since the others began waiting; running %s" % labels[0]
+        return (
+            stuck,
+            "not in any collective and no progress since the others began waiting; running %s" % labels[0],
+        )
     return stuck, "not in any collective and no progress since the others began waiting (no stack)"
 
 
 def _loop_idle(frames: List[Frame]) -> bool:
     """An asyncio event loop waiting in its selector for any event: its ``_run_once``
     (asyncio/base_events.py) among the innermost frames."""
-    return any(_short(f.get("name")) == "_run_once" and str(f.get("filename") or "").endswith("base_events.py")
-               for f in frames[:4])
+    return any(
+        _short(f.get("name")) == "_run_once" and str(f.get("filename") or "").endswith("base_events.py")
+        for f in frames[:4]
+    )

@@ -17,6 +17,7 @@ child: the children seen when its stacks were taken (``ProcessInfo.children``: p
 command line, and the system call the kernel says each waits in), by the same narrowing;
 a shell tool run by ``subprocess.check_call`` is named with what it is blocked on.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -25,7 +26,13 @@ from hangtrace.tracer.analyze import peerwait
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.blocking import blocking_reason, kernel_text, subprocess_wait
 from hangtrace.tracer.analyze.evidence import user_frame
-from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread, process_frames, python_frames, threads_of
+from hangtrace.tracer.analyze.stacktree import (
+    frame_label,
+    pick_thread,
+    process_frames,
+    python_frames,
+    threads_of,
+)
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.process_model import joined, parent_pid, process_argv, requested
 from hangtrace.tracer.snapshot import ProcessInfo
@@ -70,15 +77,24 @@ def _waited_pid(thread: Optional[Dict[str, Any]]) -> Optional[int]:
 
 def _idle_loader_worker(p: ProcessInfo) -> bool:
     th = pick_thread(p.stacks)
-    return any(str(f.get("name") or "").rsplit(".", 1)[-1] == "_worker_loop"
-               for f in ((th or {}).get("frames") or ())[:6])
+    return any(
+        str(f.get("name") or "").rsplit(".", 1)[-1] == "_worker_loop"
+        for f in ((th or {}).get("frames") or ())[:6]
+    )
 
 
-def children_waited_for(parent: ProcessInfo, procs: Sequence[ProcessInfo],
-                        thread: Optional[Dict[str, Any]]) -> List[ProcessInfo]:
+def children_waited_for(
+    parent: ProcessInfo, procs: Sequence[ProcessInfo], thread: Optional[Dict[str, Any]]
+) -> List[ProcessInfo]:
     """The live traced children of ``parent`` it most likely waits for (module doc), newest first."""
-    kids = [p for p in procs if p.host == parent.host and p.pid != parent.pid and parent_pid(p) == parent.pid
-            and p.state in ("alive", "unknown")]
+    kids = [
+        p
+        for p in procs
+        if p.host == parent.host
+        and p.pid != parent.pid
+        and parent_pid(p) == parent.pid
+        and p.state in ("alive", "unknown")
+    ]
     kids.sort(key=lambda p: -(p.start_wall_ns or 0))
     pid = _waited_pid(thread)
     if pid is not None:
@@ -88,13 +104,17 @@ def children_waited_for(parent: ProcessInfo, procs: Sequence[ProcessInfo],
     return own or [p for p in kids if not _idle_loader_worker(p)]
 
 
-def untraced_children(parent: ProcessInfo, procs: Sequence[ProcessInfo],
-                      thread: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def untraced_children(
+    parent: ProcessInfo, procs: Sequence[ProcessInfo], thread: Optional[Dict[str, Any]]
+) -> List[Dict[str, Any]]:
     """The children of ``parent`` seen when its stacks were taken (``ProcessInfo.children``)
     that are not traced processes of the snapshot, narrowed as in :func:`children_waited_for`."""
     traced = {p.pid for p in procs if p.host == parent.host}
-    kids = [c for c in parent.children if isinstance(c, dict) and isinstance(c.get("pid"), int)
-            and c["pid"] not in traced]
+    kids = [
+        c
+        for c in parent.children
+        if isinstance(c, dict) and isinstance(c.get("pid"), int) and c["pid"] not in traced
+    ]
     pid = _waited_pid(thread)
     if pid is not None:
         return [c for c in kids if c["pid"] == pid]
@@ -111,9 +131,12 @@ def untraced_text(c: Dict[str, Any]) -> str:
     """``"pid 812 (tar -czf out.tgz ckpt), not traced, state S: blocked in the system call
     read(fd 0 (pipe:[77])), kernel wait pipe_read"``."""
     k = kernel_text(c.get("kernel"))
-    return "pid %s%s, not traced%s%s" % (c.get("pid"), _argv(c.get("argv") or ()),
-                                          ", state %s" % c["state"] if c.get("state") else "",
-                                          ": blocked in the system call %s" % k if k else "")
+    return "pid %s%s, not traced%s%s" % (
+        c.get("pid"),
+        _argv(c.get("argv") or ()),
+        ", state %s" % c["state"] if c.get("state") else "",
+        ": blocked in the system call %s" % k if k else "",
+    )
 
 
 def child_text(p: ProcessInfo) -> str:
@@ -121,8 +144,10 @@ def child_text(p: ProcessInfo) -> str:
     socket IO in recv ...; kernel: recvfrom(...)"``."""
     return _child_text(p) + (
         "; it joined or asked to join the job's process group as rank %d too, with the RANK, WORLD_SIZE and "
-        "MASTER_ADDR/PORT it inherited" % p.rank if p.rank is not None and p.rank >= 0 and (joined(p) or requested(p))
-        else "")  # (blind helper 66: an eval script started with subprocess.run)
+        "MASTER_ADDR/PORT it inherited" % p.rank
+        if p.rank is not None and p.rank >= 0 and (joined(p) or requested(p))
+        else ""
+    )  # (blind helper 66: an eval script started with subprocess.run)
 
 
 def _child_text(p: ProcessInfo) -> str:
@@ -134,8 +159,11 @@ def _child_text(p: ProcessInfo) -> str:
     why = blocking_reason(frames, thread=th)
     if why and frame_label(frames[0]) in why:
         # (the reason names the innermost frame already: its callers follow it)
-        return "%s: %s%s" % (head, why, ", called from %s" % " < ".join(frame_label(f) for f in frames[1:3])
-                             if frames[1:] else "")
+        return "%s: %s%s" % (
+            head,
+            why,
+            ", called from %s" % " < ".join(frame_label(f) for f in frames[1:3]) if frames[1:] else "",
+        )
     return "%s, in %s%s" % (head, " < ".join(frame_label(f) for f in frames[:3]), ": %s" % why if why else "")
 
 
@@ -160,7 +188,9 @@ def child_process(ctx: Ctx, d: Diagnosis) -> None:
         d.details["child_wait"] = text
         d.details["child_wait_how"], d.details["child_wait_children"] = how, rest
         if PIPE_FULL in rest:
-            d.details["child_pipe_full"] = True  # (the advice: the rank must read the pipes, not the child change)
+            d.details["child_pipe_full"] = (
+                True  # (the advice: the rank must read the pipes, not the child change)
+            )
         if "and MASTER_ADDR/PORT it inherited" in rest:
             d.details["child_inherited_rank"] = True  # (the advice: clear those variables for the child)
         at = user_frame(process_frames(v.proc)[0] or [])
@@ -171,8 +201,10 @@ def child_process(ctx: Ctx, d: Diagnosis) -> None:
 
 
 #: a rank in ``Popen.wait()`` whose child blocks writing a full pipe (the subprocess docs' deadlock)
-PIPE_FULL = ("; Popen.wait() never reads the child's pipes: with stdout=PIPE or stderr=PIPE the child "
-             "blocks once a pipe is full (64 KiB) - use communicate()")
+PIPE_FULL = (
+    "; Popen.wait() never reads the child's pipes: with stdout=PIPE or stderr=PIPE the child "
+    "blocks once a pipe is full (64 KiB) - use communicate()"
+)
 
 
 def child_wait_text(parent: ProcessInfo, procs: Sequence[ProcessInfo], who: str) -> Optional[str]:
@@ -181,7 +213,11 @@ def child_wait_text(parent: ProcessInfo, procs: Sequence[ProcessInfo], who: str)
     naming the children it most likely waits for and what they do; None when it does not
     wait for a child. The sentence of :func:`child_wait_parts`."""
     parts = child_wait_parts(parent, procs)
-    return None if parts is None else "%s waits for %s child process (%s)%s" % (who, parts[1], parts[0], parts[2])
+    return (
+        None
+        if parts is None
+        else "%s waits for %s child process (%s)%s" % (who, parts[1], parts[0], parts[2])
+    )
 
 
 def child_wait_parts(parent: ProcessInfo, procs: Sequence[ProcessInfo]) -> Optional[Tuple[str, str, str]]:
@@ -196,8 +232,14 @@ def child_wait_parts(parent: ProcessInfo, procs: Sequence[ProcessInfo]) -> Optio
     named = [child_text(p) for p in children_waited_for(parent, procs, th)]
     named = named or [untraced_text(c) for c in untraced_children(parent, procs, th)]
     if not named:
-        return how, "a", ("; no live traced child of it: the child is not a traced Python process (`ps --ppid %d "
-                          "-o pid,stat,wchan:20,args` on %s lists it)" % (parent.pid, parent.host))
+        return (
+            how,
+            "a",
+            (
+                "; no live traced child of it: the child is not a traced Python process (`ps --ppid %d "
+                "-o pid,stat,wchan:20,args` on %s lists it)" % (parent.pid, parent.host)
+            ),
+        )
     rest = ": " + "; ".join(named[:_MAX_NAMED])
     if len(named) > _MAX_NAMED:
         rest += "; and %d more" % (len(named) - _MAX_NAMED)
@@ -211,5 +253,6 @@ def name_peers(ctx: Ctx, text: str, host: str) -> str:
     """``'peer pid 812 (python3 job.py)'`` (a socket's other end, collect/kernelwait.py)
     becomes ``'peer pid 812: rank 0'`` when pid 812 on ``host`` is a rank of the snapshot:
     an evaluator that waits on a server thread of the rank that waits for it."""
-    return peerwait.name_peers(text, {v.proc.pid: "rank %d" % r for r, v in ctx.views.items()
-                                      if v.proc.host == host})  # (the model's ranks: not a child with RANK)
+    return peerwait.name_peers(
+        text, {v.proc.pid: "rank %d" % r for r, v in ctx.views.items() if v.proc.host == host}
+    )  # (the model's ranks: not a child with RANK)

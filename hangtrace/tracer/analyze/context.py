@@ -13,6 +13,7 @@ gets the ranks seen using it (the default group ``'0'`` / 'default_pg' gets
 claiming one rank the later-started one is used. Ranks of ``range(world_size)`` with no
 process are reported as "no record file". Times are ns since the epoch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,8 +22,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 from hangtrace.tracer.analyze import elastic, teardown
 from hangtrace.tracer.analyze.lonerestart import lone_restarts
 from hangtrace.tracer.analyze.workwait import async_wait
-from hangtrace.tracer.analyze.deaths import (fill_death, is_transport_error, rec_fail_wall, sigterm_in_long_wait,
-                                             sigterm_wait_completed)
+from hangtrace.tracer.analyze.deaths import (
+    fill_death,
+    is_transport_error,
+    rec_fail_wall,
+    sigterm_in_long_wait,
+    sigterm_wait_completed,
+)
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
 from hangtrace.tracer.envfacts import ProcessEnv
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
@@ -78,7 +84,9 @@ class RankView:
     cause_text: Optional[str] = None
     victim: bool = False
     departed: bool = False  # exited cleanly first, its peers then failed (analyze/departures.py)
-    teardown: str = ""  # the SIGTERM after its failure, or the Ray teardown it is a victim of (analyze/teardown.py)
+    teardown: str = (
+        ""  # the SIGTERM after its failure, or the Ray teardown it is a victim of (analyze/teardown.py)
+    )
     fail_wall: int = 0
     phase: Optional[str] = None
     step: Optional[int] = None
@@ -106,8 +114,9 @@ def index_process(rank: int, proc: ProcessInfo) -> RankView:
         last_wall = lr.get("t_wall_ns") or 0
         activity = last_wall
         # progress stamped by the completion of the last record is not new activity
-        if prog and not (lr.get("state") in ("completed", "failed")
-                         and prog <= rec_fail_wall(lr) + COMPLETION_SLACK_NS):
+        if prog and not (
+            lr.get("state") in ("completed", "failed") and prog <= rec_fail_wall(lr) + COMPLETION_SLACK_NS
+        ):
             activity = max(activity, prog)
     else:
         activity = prog
@@ -118,7 +127,11 @@ def index_process(rank: int, proc: ProcessInfo) -> RankView:
     v.activity_wall = activity
     v.failed = sm.first_failed
     inf = proc.inflight
-    if isinstance(inf, dict) and inf.get("kind") in ("collective", "p2p") and inf.get("state", "issued") == "issued":
+    if (
+        isinstance(inf, dict)
+        and inf.get("kind") in ("collective", "p2p")
+        and inf.get("state", "issued") == "issued"
+    ):
         v.blocked = inf
     elif lastcp is not None:
         st = lastcp.get("state")
@@ -164,8 +177,13 @@ class Ctx:
     ``insts`` / ``inst_of``. ``cache`` memoises derived analyses (chain ends, cycles)
     for the rules; ``reset_graph`` clears it."""
 
-    def __init__(self, snapshot: Snapshot, now_wall_ns: Optional[int], stall_s: Optional[float],
-                 envs: Sequence[ProcessEnv] = ()) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        now_wall_ns: Optional[int],
+        stall_s: Optional[float],
+        envs: Sequence[ProcessEnv] = (),
+    ) -> None:
         self.snap = snapshot
         self.envs: Tuple[ProcessEnv, ...] = tuple(envs)  # the run's environment records (may be none)
         self.views: Dict[int, RankView] = {}
@@ -181,8 +199,11 @@ class Ctx:
         procs_by_key = {p.key: p for p in snapshot.processes}
         for r, p in self.procs.items():
             v = index_process(r, p)
-            fill_death(v, elastic.for_rank(p, helpers.get(r, ()), by_key, by_pid) if by_key else None,
-                       [procs_by_key[k] for k in helpers.get(r, ()) if k in procs_by_key])
+            fill_death(
+                v,
+                elastic.for_rank(p, helpers.get(r, ()), by_key, by_pid) if by_key else None,
+                [procs_by_key[k] for k in helpers.get(r, ()) if k in procs_by_key],
+            )
             self.views[r] = v
         self.world = max(self._worlds + [0])
         if self.views:
@@ -205,13 +226,18 @@ class Ctx:
         # progress, not any record: a memory sample every second is a sign of life, not of
         # progress (it made every rank look as if it progressed a second ago); a rank that
         # never progressed counts from its start
-        times = [v.progress_wall or v.proc.start_wall_ns for v in self.views.values()
-                 if v.progress_wall or v.proc.start_wall_ns]
+        times = [
+            v.progress_wall or v.proc.start_wall_ns
+            for v in self.views.values()
+            if v.progress_wall or v.proc.start_wall_ns
+        ]
         self.last_progress = max(times) if times else 0
         self.now = now_wall_ns or snapshot.taken_wall_ns or self.last_progress
         self.age_s = (self.now - self.last_progress) / 1e9 if self.last_progress and self.now else None
         self.stall_s = DEFAULT_STALL_S if stall_s is None else stall_s
-        self.stalled = snapshot.reason in ("stall",) or (self.age_s is not None and self.age_s >= self.stall_s)
+        self.stalled = snapshot.reason in ("stall",) or (
+            self.age_s is not None and self.age_s >= self.stall_s
+        )
         self.insts: Dict[Any, Inst] = {}
         self.inst_of: Dict[int, Inst] = {}
         self.cache: Dict[str, Any] = {}
@@ -225,12 +251,16 @@ class Ctx:
         for p in snapshot.processes:
             ws = plausible_world(p.world_size)
             if p.world_size is not None and p.world_size > MAX_WORLD:
-                self.bad.append("process %s: implausible world_size %s in its ring header: ignored "
-                                "(world size treated as unknown)" % (p.key, p.world_size))
+                self.bad.append(
+                    "process %s: implausible world_size %s in its ring header: ignored "
+                    "(world size treated as unknown)" % (p.key, p.world_size)
+                )
             rank: Optional[int] = p.rank
             if rank is not None and (rank < -1 or rank >= MAX_WORLD or (ws and rank >= ws)):
-                self.bad.append("process %s: implausible rank %s%s in its ring header: "
-                                "treated as unranked" % (p.key, rank, " (world size %d)" % ws if ws else ""))
+                self.bad.append(
+                    "process %s: implausible rank %s%s in its ring header: "
+                    "treated as unranked" % (p.key, rank, " (world size %d)" % ws if ws else "")
+                )
                 rank = None
             if rank is None or rank < 0:
                 self.unranked += 1
@@ -254,7 +284,7 @@ class Ctx:
         for r, v in self.views.items():
             for g in v.last:
                 seen.setdefault(g, []).append(r)
-            for (g, _peer) in v.p2p:
+            for g, _peer in v.p2p:
                 seen.setdefault(g, []).append(r)
         for p in self.procs.values():
             for gd in p.groups or ():
@@ -264,14 +294,25 @@ class Ctx:
                 if name in groups and groups[name].get("ranks"):
                     continue
                 ranks = gd.get("ranks")
-                groups[name] = {"name": name, "desc": gd.get("desc"), "backend": gd.get("backend"),
-                                "ranks": sorted(int(x) for x in ranks) if ranks else None,
-                                "inferred": False, "order": gd.get("order")}
+                groups[name] = {
+                    "name": name,
+                    "desc": gd.get("desc"),
+                    "backend": gd.get("backend"),
+                    "ranks": sorted(int(x) for x in ranks) if ranks else None,
+                    "inferred": False,
+                    "order": gd.get("order"),
+                }
         for name, rs in seen.items():
             gdef = groups.get(name)
             if gdef is None:
-                gdef = groups[name] = {"name": name, "desc": None, "backend": None, "ranks": None,
-                                       "inferred": True, "order": None}
+                gdef = groups[name] = {
+                    "name": name,
+                    "desc": None,
+                    "backend": None,
+                    "ranks": None,
+                    "inferred": True,
+                    "order": None,
+                }
             if not gdef["ranks"]:
                 if (name in ("0", "default_pg", "WORLD") or gdef.get("desc") == "default_pg") and self.world:
                     gdef["ranks"] = list(range(self.world))
@@ -286,7 +327,7 @@ class Ctx:
         return list(gd["ranks"]) if gd and gd["ranks"] else []
 
     def gdesc(self, g: Any) -> str:
-        """"group 'g' (desc)" for evidence lines."""
+        """ "group 'g' (desc)" for evidence lines."""
         gd = self.groups.get(g) or {}
         d = "group '%s'" % g
         if gd.get("desc") and gd.get("desc") != g:

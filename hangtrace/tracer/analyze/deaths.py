@@ -12,6 +12,7 @@ life (last record, progress) - a lower bound for SIGKILL; an exception shortly b
 is the failure (``teardown.py``). Memory evidence (``analyze/memory``, docs/MEMORY.md) then
 refines the cause ('host-oom-kill', 'ray-memory-monitor', 'cuda-oom', 'sigterm-external'). Times in ns.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -29,14 +30,33 @@ if TYPE_CHECKING:
 #: Lower-case substrings of error texts that mean "the transport (peer, socket) failed".
 #: gloo: "Connection closed by peer" (peer SIGKILLed), "Timed out waiting ...ms for recv
 #: operation to complete" (timeout); NCCL: "NCCL communicator was aborted", watchdog.
-TRANSPORT_MARKERS = ("connection closed by peer", "timed out waiting", "connection reset",
-                     "broken pipe", "connection refused", "socket timeout",
-                     "nccl communicator was aborted", "watchdog caught collective operation timeout",
-                     "ncclremoteerror", "ncclsystemerror", "read error", "write error",
-                     "no route to host", "peer closed", "ecconnreset", "econnreset")
+TRANSPORT_MARKERS = (
+    "connection closed by peer",
+    "timed out waiting",
+    "connection reset",
+    "broken pipe",
+    "connection refused",
+    "socket timeout",
+    "nccl communicator was aborted",
+    "watchdog caught collective operation timeout",
+    "ncclremoteerror",
+    "ncclsystemerror",
+    "read error",
+    "write error",
+    "no route to host",
+    "peer closed",
+    "ecconnreset",
+    "econnreset",
+)
 
-_SIGNAL_CAUSES = {-15: Cause.SIGTERM.value, -6: Cause.FATAL_SIGNAL.value, -11: Cause.FATAL_SIGNAL.value,
-                  -7: Cause.FATAL_SIGNAL.value, -4: Cause.FATAL_SIGNAL.value, -8: Cause.FATAL_SIGNAL.value}
+_SIGNAL_CAUSES = {
+    -15: Cause.SIGTERM.value,
+    -6: Cause.FATAL_SIGNAL.value,
+    -11: Cause.FATAL_SIGNAL.value,
+    -7: Cause.FATAL_SIGNAL.value,
+    -4: Cause.FATAL_SIGNAL.value,
+    -8: Cause.FATAL_SIGNAL.value,
+}
 KILLED = Cause.KILLED_WITHOUT_RECORD.value
 
 #: A culprit that died within this many ns of the moment the others began waiting for it
@@ -138,7 +158,11 @@ def _signal_cause(v: RankView, sig: Mapping[str, Any], code: Optional[int], time
     """Fill a SIGTERM / fatal-signal cause; False when neither applies."""
     if "sigterm" in sig or code == -15:
         v.cause = Cause.SIGTERM.value
-        v.cause_text = "SIGTERM received (faulthandler dump present)%s" % sent_by(sig["sigterm"]) if "sigterm" in sig else "exit code -15"
+        v.cause_text = (
+            "SIGTERM received (faulthandler dump present)%s" % sent_by(sig["sigterm"])
+            if "sigterm" in sig
+            else "exit code -15"
+        )
         times.append((sig.get("sigterm") or {}).get("wall_ns") or 0)
         return True
     if "fatal" in sig or code in _SIGNAL_CAUSES:
@@ -153,9 +177,11 @@ def _signal_cause(v: RankView, sig: Mapping[str, Any], code: Optional[int], time
 
 def _killed_text(v: RankView, code: Optional[int]) -> str:
     p = v.proc
-    text = ("no exit record (SIGKILL, OOM kill, or stopped): the pid vanished without a "
-            "clean-exit record or signal dump (a SIGTERM leaves a stacks/sigterm-* "
-            "dump only where that folder is kept)")
+    text = (
+        "no exit record (SIGKILL, OOM kill, or stopped): the pid vanished without a "
+        "clean-exit record or signal dump (a SIGTERM leaves a stacks/sigterm-* "
+        "dump only where that folder is kept)"
+    )
     if code == -9:
         text = "exit code -9 (SIGKILL; host OOM-kill or an external kill)"
     oom = [k for k, val in (p.meta or {}).items() if "oom" in str(k).lower() and val]
@@ -164,7 +190,9 @@ def _killed_text(v: RankView, code: Optional[int]) -> str:
     return text
 
 
-def fill_death(v: RankView, errfile: Optional[ElasticError] = None, helpers: Sequence[ProcessInfo] = ()) -> None:
+def fill_death(
+    v: RankView, errfile: Optional[ElasticError] = None, helpers: Sequence[ProcessInfo] = ()
+) -> None:
     """Fill v.dead / cause / cause_text / victim / fail_wall from state, events, signals
     (see the module docstring), then refine the cause from memory evidence. ``errfile``:
     torchelastic's error file recorded for this rank (``analyze/elastic.py``), the
@@ -210,17 +238,21 @@ def _death(v: RankView, errfile: Optional[ElasticError]) -> Tuple[bool, Optional
     # the job's shutdown 56 ms later is not taken for the first death (blind job
     # ray_trainer_sigterm, RESULTS.md 23:40)
     stopping = p.state == "alive" and "sigterm" in sigs
-    signalled = ((p.state in ("exited", "killed") and ("sigterm" in sigs or "fatal" in sigs)) or stopping) \
-        and (v.blocked is not None or p.phase is not None or interrupted_at_work(p))
-    dead = (p.state == "killed" or (p.state == "exited" and code not in (0, None)) or exc is not None
-            or signalled)
+    signalled = (
+        (p.state in ("exited", "killed") and ("sigterm" in sigs or "fatal" in sigs)) or stopping
+    ) and (v.blocked is not None or p.phase is not None or interrupted_at_work(p))
+    dead = (
+        p.state == "killed" or (p.state == "exited" and code not in (0, None)) or exc is not None or signalled
+    )
     from_file = exc is None and errfile is not None and (dead or errfile.pid == p.pid)
     if from_file and errfile is not None:
         exc, dead = errfile.event(), True
     return dead, exc, from_file
 
 
-def _set_cause(v: RankView, exc: Optional[Dict[str, Any]], errfile: Optional[ElasticError], times: List[int]) -> None:
+def _set_cause(
+    v: RankView, exc: Optional[Dict[str, Any]], errfile: Optional[ElasticError], times: List[int]
+) -> None:
     """Set dead ``v``'s cause, cause_text and victim from its signals, its exception ``exc``
     (``errfile``: the error file it came from, or None), its exit code; failure times go to ``times``."""
     p = v.proc
@@ -228,7 +260,9 @@ def _set_cause(v: RankView, exc: Optional[Dict[str, Any]], errfile: Optional[Ela
     if _signal_cause(v, p.signals or {}, code, times):
         # SIGTERMed after a collective of its own had failed with a transport error (a peer
         # died; the launcher then tore the job down, as torchrun does): a victim
-        v.victim = v.cause == Cause.SIGTERM.value and bool(v.failed and is_transport_error(v.failed.get("error")))
+        v.victim = v.cause == Cause.SIGTERM.value and bool(
+            v.failed and is_transport_error(v.failed.get("error"))
+        )
     elif exc is not None:
         v.cause = Cause.EXCEPTION.value
         v.cause_text = "%s: %s" % (exc.get("type") or "Exception", (exc.get("message") or "").strip())
@@ -261,10 +295,17 @@ def raised_phases(p: Any) -> List[Tuple[int, str, str, Optional[int]]]:
     CONTROL_FLOW_ERRORS``: a queue's ``Empty`` / ``Full``) excepted: ``(wall ns, name,
     'Type: message', step)``, oldest first."""
     sm = getattr(p, "summary", None)
-    out = [(int(rec.get("t_wall_ns") or 0), name, str(rec.get("error") or "").strip(), rec.get("step"))
-           for name, rec in (sm.failed_phases.items() if sm is not None else ())]
-    return sorted(f for f in out if f[2] and not is_stop_error(f[2])
-                  and f[2].split(":")[0].strip().rsplit(".", 1)[-1] not in CONTROL_FLOW_ERRORS)
+    out = [
+        (int(rec.get("t_wall_ns") or 0), name, str(rec.get("error") or "").strip(), rec.get("step"))
+        for name, rec in (sm.failed_phases.items() if sm is not None else ())
+    ]
+    return sorted(
+        f
+        for f in out
+        if f[2]
+        and not is_stop_error(f[2])
+        and f[2].split(":")[0].strip().rsplit(".", 1)[-1] not in CONTROL_FLOW_ERRORS
+    )
 
 
 def interrupted_at_work(p: Any) -> bool:
@@ -307,6 +348,7 @@ def _memory_cause(v: RankView, helpers: Sequence[ProcessInfo] = ()) -> None:
     evidence supports no other. Never raises."""
     try:
         from hangtrace.tracer.analyze.memory import attribute
+
         att = attribute(v.proc, v.cause, v.cause_text, helpers=helpers)
     except Exception as e:  # a bug here must not cost the verdict
         v.mem = {"base_cause": v.cause, "evidence": ["memory attribution failed: %r" % (e,)]}
@@ -324,13 +366,29 @@ def failures(ctx: Ctx) -> List[Dict[str, Any]]:
     out: List[Dict[str, Any]] = []
     for r, v in ctx.views.items():
         if v.dead:
-            out.append({"rank": r, "cause": v.cause, "wall_ns": v.fail_wall, "text": v.cause_text,
-                        "victim": v.victim})
+            out.append(
+                {
+                    "rank": r,
+                    "cause": v.cause,
+                    "wall_ns": v.fail_wall,
+                    "text": v.cause_text,
+                    "victim": v.victim,
+                }
+            )
         elif v.failed is not None:
             err = v.failed.get("error") or ""
-            out.append({"rank": r, "cause": Cause.TRANSPORT_ERROR.value if is_transport_error(err) else "collective-failed",
-                        "wall_ns": rec_fail_wall(v.failed), "text": err[:300], "victim": is_transport_error(err),
-                        "group": v.failed.get("group"), "seq": v.failed.get("seq"), "op": v.failed.get("op")})
+            out.append(
+                {
+                    "rank": r,
+                    "cause": Cause.TRANSPORT_ERROR.value if is_transport_error(err) else "collective-failed",
+                    "wall_ns": rec_fail_wall(v.failed),
+                    "text": err[:300],
+                    "victim": is_transport_error(err),
+                    "group": v.failed.get("group"),
+                    "seq": v.failed.get("seq"),
+                    "op": v.failed.get("op"),
+                }
+            )
     out.sort(key=lambda c: (c["wall_ns"] or 0, c["rank"]))
     return out
 
@@ -349,8 +407,14 @@ def roots(ctx: Ctx) -> List[RankView]:
     left = departure_root(ctx, out, failures(ctx))
     if left is not None:  # a rank left first; the failures are its peers' connections closing
         return [left] + out
-    if out and dead and dead[0].victim and base_cause(dead[0]) == Cause.EXCEPTION.value and \
-            (dead[0].fail_wall or 0) < (out[0].fail_wall or 0) and all(base_cause(v) == Cause.SIGTERM.value for v in out):
+    if (
+        out
+        and dead
+        and dead[0].victim
+        and base_cause(dead[0]) == Cause.EXCEPTION.value
+        and (dead[0].fail_wall or 0) < (out[0].fail_wall or 0)
+        and all(base_cause(v) == Cause.SIGTERM.value for v in out)
+    ):
         return [dead[0]] + out
     return out
 
@@ -370,8 +434,10 @@ def stopped_after_stall(ctx: Ctx) -> Optional[Tuple[float, float, Dict[int, bool
             return None
         sm = v.proc.summary
         prog = ((sm.last_progress if sm is not None else None) or {}).get("t_wall_ns") or 0
-        seen = max([v.last_wall or 0, v.proc.exit_wall_ns or 0]
-                   + [(x or {}).get("wall_ns") or 0 for x in (v.proc.signals or {}).values()])
+        seen = max(
+            [v.last_wall or 0, v.proc.exit_wall_ns or 0]
+            + [(x or {}).get("wall_ns") or 0 for x in (v.proc.signals or {}).values()]
+        )
         if not prog or not seen:
             return None
         alive_at.append(seen)
@@ -389,6 +455,7 @@ def first_rankless_death(processes: Any) -> Optional[Tuple[Any, RankView]]:
     actor rules (a Ray driver is a launcher: named here)."""
     from hangtrace.tracer.analyze.context import index_process
     from hangtrace.tracer.process_model import ray_role
+
     best: Optional[Tuple[Any, RankView]] = None
     for p in processes:
         if ray_role(p) in (Role.RAY_ACTOR, Role.RAY_TASK_WORKER):

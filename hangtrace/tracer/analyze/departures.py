@@ -22,6 +22,7 @@ verdict named a peer, or "no rank is dead ... check the network").
 The departure is a root for ``deaths.roots`` (``RankView.departed``); ``rules/dead_rank``
 explains it as 'skipped-collective' (cause 'skipped'). Times are ns since the epoch.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
@@ -76,11 +77,14 @@ def departed(ctx: Ctx, fails: Sequence[Dict[str, Any]]) -> Optional[RankView]:
     return v
 
 
-def departure_root(ctx: Ctx, deaths: Sequence[RankView], fails: Sequence[Dict[str, Any]]) -> Optional[RankView]:
+def departure_root(
+    ctx: Ctx, deaths: Sequence[RankView], fails: Sequence[Dict[str, Any]]
+) -> Optional[RankView]:
     """:func:`departed` when none of the non-victim ``deaths`` but a SIGTERM (a launcher
     tearing the job down) came before the first of ``fails`` (``deaths.failures``); else None."""
-    if not fails or any((v.fail_wall or 0) < int(fails[0]["wall_ns"] or 0) and v.cause != Cause.SIGTERM.value
-                        for v in deaths):
+    if not fails or any(
+        (v.fail_wall or 0) < int(fails[0]["wall_ns"] or 0) and v.cause != Cause.SIGTERM.value for v in deaths
+    ):
         return None
     return departed(ctx, fails)
 
@@ -93,7 +97,10 @@ def sent_by(sig: Optional[Mapping[str, Any]]) -> str:
     if not snd.get("pid"):
         return ""
     cmd = str(snd.get("cmdline") or "")
-    return " from pid %s%s" % (snd["pid"], " (%s)" % (cmd[:160] + ("..." if len(cmd) > 160 else "")) if cmd else "")
+    return " from pid %s%s" % (
+        snd["pid"],
+        " (%s)" % (cmd[:160] + ("..." if len(cmd) > 160 else "")) if cmd else "",
+    )
 
 
 def handled_sigterm(sig: Mapping[str, Any], at: str, returned_ns: int) -> str:
@@ -102,11 +109,19 @@ def handled_sigterm(sig: Mapping[str, Any], at: str, returned_ns: int) -> str:
     program, or a Ray actor's method) that returned ``returned_ns`` after the SIGTERM dump
     ``sig``; ``at`` the user's line it interrupted ('' when unknown)."""
     from hangtrace.tracer.analyze.evidence import ts
+
     t = int(sig.get("wall_ns") or 0)
     who = sent_by(sig)
-    return "had received SIGTERM%s%s%s, and returned %s: a SIGTERM handler ended its loop on this rank alone%s" % (
-        who, " at %s" % ts(t) if t else "", ", in %s" % at if at else "",
-        "%.1f s later" % ((returned_ns - t) / 1e9) if t else "after it", "" if who else " (its sender is not recorded)")
+    return (
+        "had received SIGTERM%s%s%s, and returned %s: a SIGTERM handler ended its loop on this rank alone%s"
+        % (
+            who,
+            " at %s" % ts(t) if t else "",
+            ", in %s" % at if at else "",
+            "%.1f s later" % ((returned_ns - t) / 1e9) if t else "after it",
+            "" if who else " (its sender is not recorded)",
+        )
+    )
 
 
 def sigterm_before(v: RankView) -> Optional[Dict[str, Any]]:
@@ -117,4 +132,3 @@ def sigterm_before(v: RankView) -> Optional[Dict[str, Any]]:
         return None
     t = int(sig.get("wall_ns") or 0)
     return sig if not t or not v.fail_wall or t <= v.fail_wall else None
-

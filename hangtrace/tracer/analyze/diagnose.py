@@ -9,6 +9,7 @@ rule's docstring says when it fires. Ranks are global ranks; times are ns since 
 Unix epoch unless a name says ``_s``. Performance: one pass over every record list plus
 work linear in the group sizes of the instances ranks are blocked in.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -17,7 +18,13 @@ from hangtrace.tracer.analyze import enrich
 from hangtrace.tracer.analyze.arbiter import Outcome, Situation, decide
 from hangtrace.tracer.analyze.context import DEFAULT_STALL_S, Ctx
 from hangtrace.tracer.process_model import process_argv
-from hangtrace.tracer.analyze.deaths import first_rankless_death, TRANSPORT_MARKERS, failures, is_transport_error, stopped_after_stall
+from hangtrace.tracer.analyze.deaths import (
+    first_rankless_death,
+    TRANSPORT_MARKERS,
+    failures,
+    is_transport_error,
+    stopped_after_stall,
+)
 from hangtrace.tracer.analyze.evidence import rk, stall_note
 from hangtrace.tracer.analyze.actorgraph import open_waits
 from hangtrace.tracer.analyze.childwait import child_process
@@ -27,8 +34,18 @@ from hangtrace.tracer.analyze.lockwait import lock_waits
 from hangtrace.tracer.analyze.pollwait import poll_waits
 from hangtrace.tracer.analyze.replacement import replacement
 from hangtrace.tracer.analyze.loaderwait import loader_workers
-from hangtrace.tracer.analyze.rules import (ACTOR_RULES, ACTORS, BY_NAME, DEATH_RULE, FALLBACK_RULES, HANG_RULES,
-                                            RANKLESS_ROOT, STACK_ONLY, TIMEOUT_WAITER, Finding)
+from hangtrace.tracer.analyze.rules import (
+    ACTOR_RULES,
+    ACTORS,
+    BY_NAME,
+    DEATH_RULE,
+    FALLBACK_RULES,
+    HANG_RULES,
+    RANKLESS_ROOT,
+    STACK_ONLY,
+    TIMEOUT_WAITER,
+    Finding,
+)
 from hangtrace.tracer.analyze.stacktree import classes as stack_classes_of
 from hangtrace.tracer.analyze.stacktree import format_ranks, merge_stacks, missing_from_common_frame
 from hangtrace.tracer.analyze.waitgraph import build_instances
@@ -60,8 +77,10 @@ def _stopped_job(ctx: Ctx) -> Optional[Finding]:
         v.victim = True
     hang = _graph(ctx)
     if hang is not None:
-        ctx.add("every rank died within %.0f s, at least %.0f s after its last progress: the job was "
-                "stopped after it hung; the deaths are listed as cascade" % stopped[:2])
+        ctx.add(
+            "every rank died within %.0f s, at least %.0f s after its last progress: the job was "
+            "stopped after it hung; the deaths are listed as cascade" % stopped[:2]
+        )
         return hang
     for r, was in stopped[2].items():
         ctx.views[r].victim = was
@@ -76,24 +95,40 @@ def _preamble(ctx: Ctx, d: Diagnosis) -> None:
     if len(ctx.bad) > 10:
         ctx.add("... %d more processes with an implausible rank/world size" % (len(ctx.bad) - 10))
     if ctx.nofile:
-        ctx.add("%s: no record file (world size %d): not traced, or file lost/unreadable"
-                % ((rk(ctx.nofile, 12) if ctx.nmissing == len(ctx.nofile) else
-                    "%d ranks (first: %s)" % (ctx.nmissing, format_ranks(ctx.nofile[:12], 12))), ctx.world))
+        ctx.add(
+            "%s: no record file (world size %d): not traced, or file lost/unreadable"
+            % (
+                (
+                    rk(ctx.nofile, 12)
+                    if ctx.nmissing == len(ctx.nofile)
+                    else "%d ranks (first: %s)" % (ctx.nmissing, format_ranks(ctx.nofile[:12], 12))
+                ),
+                ctx.world,
+            )
+        )
     for r, kind, kept, others in ctx.dups[:5]:
         if kind == "restart" and r in ctx.replaced:  # analyze/lonerestart.py
-            ctx.add("rank %d: restarted alone (earlier process %s, newest %s) while the other ranks kept their "
-                    "processes: %s, the one that died, is analysed" % (r, ", ".join(others), kept,
-                                                                       ctx.replaced[r][0].key))
+            ctx.add(
+                "rank %d: restarted alone (earlier process %s, newest %s) while the other ranks kept their "
+                "processes: %s, the one that died, is analysed"
+                % (r, ", ".join(others), kept, ctx.replaced[r][0].key)
+            )
         elif kind == "restart":
-            ctx.add("rank %d: restarted (earlier process %s); the newest, %s, is analysed"
-                    % (r, ", ".join(others), kept))
+            ctx.add(
+                "rank %d: restarted (earlier process %s); the newest, %s, is analysed"
+                % (r, ", ".join(others), kept)
+            )
         elif kind == "inherited":
-            ctx.add("rank %d: its child process %s joined or asked to join the job's process group as rank %d too (it "
-                    "inherited the rank's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT); %s is rank %d"
-                    % (r, ", ".join(others), r, kept, r))
+            ctx.add(
+                "rank %d: its child process %s joined or asked to join the job's process group as rank %d too (it "
+                "inherited the rank's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT); %s is rank %d"
+                % (r, ", ".join(others), r, kept, r)
+            )
         else:
-            ctx.add("rank %d: several processes joined or asked to join as this rank at the same time (%s and "
-                    "%s): conflicting launches; %s is analysed" % (r, ", ".join(others), kept, kept))
+            ctx.add(
+                "rank %d: several processes joined or asked to join as this rank at the same time (%s and "
+                "%s): conflicting launches; %s is analysed" % (r, ", ".join(others), kept, kept)
+            )
     tree = merge_stacks(ctx.procs[r] for r in sorted(ctx.procs))
     if tree.ranks:
         d.stack_classes = stack_classes_of(tree)
@@ -102,8 +137,12 @@ def _preamble(ctx: Ctx, d: Diagnosis) -> None:
             d.details["missing_from_common_frame"] = miss
 
 
-def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Optional[float] = None,
-             envs: Sequence[ProcessEnv] = ()) -> Diagnosis:
+def diagnose(
+    snapshot: Snapshot,
+    now_wall_ns: Optional[int] = None,
+    stall_s: Optional[float] = None,
+    envs: Sequence[ProcessEnv] = (),
+) -> Diagnosis:
     """Diagnose ``snapshot``; return a ``Diagnosis`` (docs/DIAGNOSIS.md).
 
     ``now_wall_ns``: "now" for ages (ns since the epoch); default the snapshot's
@@ -120,8 +159,14 @@ def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Opt
     if stacks_only is not None:  # attach: no flight records, the stacks rule says it all
         STACK_ONLY.explain(ctx, stacks_only, d)
         return d
-    d.details.update(world_size=ctx.world, ranks_with_records=len(ctx.views), missing_ranks=ctx.nofile,
-                     last_progress_wall_ns=ctx.last_progress, last_progress_age_s=ctx.age_s, stalled=ctx.stalled)
+    d.details.update(
+        world_size=ctx.world,
+        ranks_with_records=len(ctx.views),
+        missing_ranks=ctx.nofile,
+        last_progress_wall_ns=ctx.last_progress,
+        last_progress_age_s=ctx.age_s,
+        stalled=ctx.stalled,
+    )
     if not ctx.views:
         found = _rankless(ctx)  # Ray actors without a rank (issue 9)
         if found is not None:
@@ -130,10 +175,15 @@ def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Opt
         d.cause = Cause.NO_DATA
         died = first_rankless_death(snapshot.processes)  # e.g. a launcher that failed before its ranks
         d.summary = "No traced process with a rank in the snapshot%s." % (
-            " (%d unreadable file(s), see errors)" % len(d.errors) if d.errors else "")
+            " (%d unreadable file(s), see errors)" % len(d.errors) if d.errors else ""
+        )
         if died:
             who = "%s (%s)" % (died[0].key, " ".join(process_argv(died[0])) or "?")
-            d.details["rankless_death"] = {"process": who, "cause": died[1].cause, "cause_text": died[1].cause_text}
+            d.details["rankless_death"] = {
+                "process": who,
+                "cause": died[1].cause,
+                "cause_text": died[1].cause_text,
+            }
             ctx.add("%s died: %s" % (who, died[1].cause_text))
         ctx.add("%d process(es), %d without a rank" % (len(snapshot.processes), ctx.unranked))
         for ln in ctx.bad[:10]:
@@ -168,7 +218,11 @@ def diagnose(snapshot: Snapshot, now_wall_ns: Optional[int] = None, stall_s: Opt
         d.cascade = [c for c in fails if c["rank"] not in d.culprit_ranks]
     else:
         found = _ranks_idle_actor(ctx)
-        rules = ((BY_NAME[found.rule], found),) if found is not None else ((r, r.find(ctx)) for r in FALLBACK_RULES)
+        rules = (
+            ((BY_NAME[found.rule], found),)
+            if found is not None
+            else ((r, r.find(ctx)) for r in FALLBACK_RULES)
+        )
         for rule, f in rules:
             if f is not None:
                 rule.explain(ctx, f, d)
@@ -191,9 +245,13 @@ def _ranks_idle_actor(ctx: Ctx) -> Optional[Finding]:
     ``ray.get`` on the rollout actor's ``update_weights``."""
     if ctx.inst_of or not ctx.stalled:
         return None
-    if not all((v.proc.meta or {}).get("ray_actor_id") and (v.proc.phase is None or open_waits(v.proc))
-               for v in ctx.views.values()):
-        return None  # a rank inside a method doing its own work (its rendezvous), or not a Ray actor: not idle
+    if not all(
+        (v.proc.meta or {}).get("ray_actor_id") and (v.proc.phase is None or open_waits(v.proc))
+        for v in ctx.views.values()
+    ):
+        return (
+            None  # a rank inside a method doing its own work (its rendezvous), or not a Ray actor: not idle
+        )
     return _rankless(ctx)
 
 
@@ -224,8 +282,9 @@ def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
         d.waiting_ranks = [r for r in d.waiting_ranks if r not in cs]
     ev = ctx.evidence
     if len(ev) > MAX_EVIDENCE:
-        ev = ev[:MAX_EVIDENCE - 1] + ["... %d more evidence lines" % (len(ev) - MAX_EVIDENCE + 1)]
+        ev = ev[: MAX_EVIDENCE - 1] + ["... %d more evidence lines" % (len(ev) - MAX_EVIDENCE + 1)]
     d.evidence = ev
     from hangtrace.tracer.report.paragraph import verdict_paragraph
+
     d.summary = verdict_paragraph(d)
     return d

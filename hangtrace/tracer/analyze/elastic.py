@@ -9,6 +9,7 @@ one of a rank's process where our own records of that process hold no exception 
 before our hook could record, a child of the rank raised, an untraced child wrote the
 file), and says where it came from.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,14 +38,25 @@ class ElasticError:
     def event(self) -> Dict[str, Any]:
         """As an ``exception`` event for ``fill_death`` (``caught_by='torchelastic'``)."""
         wall = self.wall_ns or (self.timestamp_s or 0) * 1_000_000_000
-        return {"event": "exception", "type": self.type or "Exception", "message": self.message,
-                "traceback": self.traceback, "wall_ns": wall, "caught_by": "torchelastic",
-                "error_file": self.error_file}
+        return {
+            "event": "exception",
+            "type": self.type or "Exception",
+            "message": self.message,
+            "traceback": self.traceback,
+            "wall_ns": wall,
+            "caught_by": "torchelastic",
+            "error_file": self.error_file,
+        }
 
     def text(self) -> str:
         """``Type: message (read from torchelastic's error file PATH)``."""
-        return "%s: %s (%s %s%s)" % (self.type or "Exception", self.message.strip(), FROM_FILE, self.error_file,
-                                    ", as the agent read it" if self.seen_by == "agent" else "")
+        return "%s: %s (%s %s%s)" % (
+            self.type or "Exception",
+            self.message.strip(),
+            FROM_FILE,
+            self.error_file,
+            ", as the agent read it" if self.seen_by == "agent" else "",
+        )
 
 
 def _of(key: str, e: Mapping[str, Any]) -> Optional[ElasticError]:
@@ -55,13 +67,22 @@ def _of(key: str, e: Mapping[str, Any]) -> Optional[ElasticError]:
         ts = int(e["timestamp"]) if e.get("timestamp") is not None else None
     except (TypeError, ValueError):
         pid, ts = None, None
-    return ElasticError(type=e.get("type") or None, message=str(e.get("message") or ""),
-                        traceback=str(e.get("traceback") or ""), timestamp_s=ts,
-                        error_file=str(e.get("error_file") or ""), wall_ns=int(e.get("wall_ns") or 0),
-                        pid=pid, seen_by=str(e.get("seen_by") or "worker"), recorded_by=key)
+    return ElasticError(
+        type=e.get("type") or None,
+        message=str(e.get("message") or ""),
+        traceback=str(e.get("traceback") or ""),
+        timestamp_s=ts,
+        error_file=str(e.get("error_file") or ""),
+        wall_ns=int(e.get("wall_ns") or 0),
+        pid=pid,
+        seen_by=str(e.get("seen_by") or "worker"),
+        recorded_by=key,
+    )
 
 
-def index(processes: Iterable[Any]) -> Tuple[Dict[str, List[ElasticError]], Dict[Tuple[str, int], List[ElasticError]]]:
+def index(
+    processes: Iterable[Any],
+) -> Tuple[Dict[str, List[ElasticError]], Dict[Tuple[str, int], List[ElasticError]]]:
     """``(by recording process key, by (host, worker pid))`` of every ``elastic_error``
     event of ``processes`` (``ProcessInfo``), oldest first."""
     by_key: Dict[str, List[ElasticError]] = {}
@@ -79,8 +100,12 @@ def index(processes: Iterable[Any]) -> Tuple[Dict[str, List[ElasticError]], Dict
     return by_key, by_pid
 
 
-def for_rank(p: Any, helpers: Iterable[str], by_key: Mapping[str, List[ElasticError]],
-             by_pid: Mapping[Tuple[str, int], List[ElasticError]]) -> Optional[ElasticError]:
+def for_rank(
+    p: Any,
+    helpers: Iterable[str],
+    by_key: Mapping[str, List[ElasticError]],
+    by_pid: Mapping[Tuple[str, int], List[ElasticError]],
+) -> Optional[ElasticError]:
     """The earliest error file recorded for rank process ``p``: by ``p`` itself or the
     agent (its pid), else by one of its helpers (keys ``helpers``: a child that inherited
     its error file)."""

@@ -2,6 +2,7 @@
 from hooks/ray_hooks.py and collect/raystate.join), memory ledger, trends and
 attribution (issue 5), dead helper threads, ranks outside the common stack frame (pure;
 never raises on odd data). Ray's text is reported as Ray's, beside the cause found."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional
@@ -20,9 +21,14 @@ def ray_actor(p: ProcessInfo) -> Optional[Dict[str, Any]]:
     m = p.meta or {}
     if not (m.get("ray_actor_class") or m.get("ray_actor_name") or m.get("ray_actor_id")):
         return None
-    return {"class": m.get("ray_actor_class"), "name": m.get("ray_actor_name") or None,
-            "actor_id": m.get("ray_actor_id"), "node_id": m.get("ray_node_id"),
-            "job_id": m.get("ray_job_id"), "pid": p.pid}
+    return {
+        "class": m.get("ray_actor_class"),
+        "name": m.get("ray_actor_name") or None,
+        "actor_id": m.get("ray_actor_id"),
+        "node_id": m.get("ray_node_id"),
+        "job_id": m.get("ray_job_id"),
+        "pid": p.pid,
+    }
 
 
 def _ray_label(a: Dict[str, Any]) -> str:
@@ -37,16 +43,25 @@ def rankless_actor_failures(ctx: Ctx, d: Diagnosis) -> None:
     if d.culprit_actors or not d.culprit_ranks:
         return
     from hangtrace.tracer.analyze.rules.actors import actor_failures
+
     fails = actor_failures(ctx)
     if not fails:
         return
     start = int(d.details.get("hang_start_wall_ns") or 0)
-    d.details["actor_failures"] = [{"actor": lab, "cause": c, "wall_ns": t, "text": tx[:300], "process": key}
-                                   for t, lab, c, tx, key in fails[:8]]
+    d.details["actor_failures"] = [
+        {"actor": lab, "cause": c, "wall_ns": t, "text": tx[:300], "process": key}
+        for t, lab, c, tx, key in fails[:8]
+    ]
     for t, lab, c, tx, key in fails[:3]:
-        ctx.add("Ray actor %s (%s, no rank) failed%s: %s" % (
-            lab, key, " BEFORE the hang began - a candidate root" if start and t and t < start else "",
-            (tx or c)[:200]))
+        ctx.add(
+            "Ray actor %s (%s, no rank) failed%s: %s"
+            % (
+                lab,
+                key,
+                " BEFORE the hang began - a candidate root" if start and t and t < start else "",
+                (tx or c)[:200],
+            )
+        )
 
 
 def ray_details(ctx: Ctx, d: Diagnosis) -> None:
@@ -58,32 +73,55 @@ def ray_details(ctx: Ctx, d: Diagnosis) -> None:
             actors[str(r)] = a
     if actors:
         d.details["ray_actors"] = actors
-        d.details["culprit_actors"] = [dict(actors[str(r)], rank=r) for r in d.culprit_ranks if str(r) in actors]
+        d.details["culprit_actors"] = [
+            dict(actors[str(r)], rank=r) for r in d.culprit_ranks if str(r) in actors
+        ]
         for a in d.details["culprit_actors"][:4]:
-            ctx.add("rank %d is Ray actor %s (actor id %s, node %s, pid %d)" % (
-                a["rank"], _ray_label(a), (a.get("actor_id") or "?")[:16], (a.get("node_id") or "?")[:12], a["pid"]))
+            ctx.add(
+                "rank %d is Ray actor %s (actor id %s, node %s, pid %d)"
+                % (
+                    a["rank"],
+                    _ray_label(a),
+                    (a.get("actor_id") or "?")[:16],
+                    (a.get("node_id") or "?")[:12],
+                    a["pid"],
+                )
+            )
     says: Dict[str, Dict[str, Any]] = {}
     focus: List[Any] = list(d.culprit_ranks) + [c.get("rank") for c in d.cascade or ()]
     for r in focus:
         proc = ctx.procs.get(r) if r is not None else None
         m = (proc.meta or {}) if proc is not None else {}
         if m.get("ray_death") and str(r) not in says:
-            says[str(r)] = {"text": m["ray_death"], "actor_state": m.get("ray_actor_state"),
-                            "exit_type": m.get("ray_exit_type"), "exit_detail": m.get("ray_exit_detail")}
+            says[str(r)] = {
+                "text": m["ray_death"],
+                "actor_state": m.get("ray_actor_state"),
+                "exit_type": m.get("ray_exit_type"),
+                "exit_detail": m.get("ray_exit_detail"),
+            }
     if says:
         d.details["ray_says"] = says
         for r in d.culprit_ranks[:4]:
             x = says.get(str(r))
             if x:
-                ctx.add("rank %d: Ray says: %s%s" % (r, " ".join(str(x["text"]).split())[:400],
-                                                    " [worker exit %s]" % x["exit_type"] if x.get("exit_type") else ""))
+                ctx.add(
+                    "rank %d: Ray says: %s%s"
+                    % (
+                        r,
+                        " ".join(str(x["text"]).split())[:400],
+                        " [worker exit %s]" % x["exit_type"] if x.get("exit_type") else "",
+                    )
+                )
                 if d.kind == Kind.DEAD_RANK:
-                    ctx.add("rank %d: Ray's text is Ray's own record; the cause hangtrace's evidence supports "
-                            "is '%s'" % (r, d.cause))
+                    ctx.add(
+                        "rank %d: Ray's text is Ray's own record; the cause hangtrace's evidence supports "
+                        "is '%s'" % (r, d.cause)
+                    )
 
 
 def _label(p: ProcessInfo) -> str:
     from hangtrace.tracer.analyze.rules.actors import actor_label
+
     if (p.meta or {}).get("ray_actor_class"):
         return ("rank %d = " % p.rank if p.rank >= 0 else "") + actor_label(p)
     return "rank %d" % p.rank if p.rank >= 0 else "pid %d" % p.pid
@@ -105,6 +143,7 @@ def memory_monitor_holders(ctx: Ctx, d: Diagnosis) -> None:
         return
     from hangtrace.tracer.analyze.memory.holders import _rss_at, holders
     from hangtrace.tracer.collect.raylogs import RayOomKill
+
     at = int(d.details.get("fail_wall_ns") or 0)
     rk_ = (proc.memory_facts or {}).get("ray_oom_kill")
     kill = RayOomKill.from_dict(rk_) if rk_ else None
@@ -112,13 +151,24 @@ def memory_monitor_holders(ctx: Ctx, d: Diagnosis) -> None:
     rss = _rss_at(proc, at)
     if rss is None and kill is not None:
         rss = next((w.memory for w in kill.workers if w.selected and w.pid == proc.pid), None)
-    d.details["memory_holders"] = {"killed": {"label": _label(proc), "pid": proc.pid, "rss": rss},
-                                   "holders": [h.to_dict() for h in hs]}
-    ctx.add("Ray's memory monitor killed %s (pid %d, %s at the kill); the largest memory holder(s) then: %s"
-            % (_label(proc), proc.pid, "RSS %s" % fmt_bytes(rss) if rss is not None else "memory unknown",
-               "; ".join("%s (pid %d, %s, %s)" % (h.label, h.pid, fmt_bytes(h.rss),
-                                                  "our samples" if h.source == "samples" else "Ray's log")
-                         for h in hs) or "none sampled"))
+    d.details["memory_holders"] = {
+        "killed": {"label": _label(proc), "pid": proc.pid, "rss": rss},
+        "holders": [h.to_dict() for h in hs],
+    }
+    ctx.add(
+        "Ray's memory monitor killed %s (pid %d, %s at the kill); the largest memory holder(s) then: %s"
+        % (
+            _label(proc),
+            proc.pid,
+            "RSS %s" % fmt_bytes(rss) if rss is not None else "memory unknown",
+            "; ".join(
+                "%s (pid %d, %s, %s)"
+                % (h.label, h.pid, fmt_bytes(h.rss), "our samples" if h.source == "samples" else "Ray's log")
+                for h in hs
+            )
+            or "none sampled",
+        )
+    )
 
 
 def memory_details(ctx: Ctx, d: Diagnosis) -> None:
@@ -126,12 +176,19 @@ def memory_details(ctx: Ctx, d: Diagnosis) -> None:
     culprits. Skipped silently when no process sampled memory; never raises."""
     try:
         from hangtrace.tracer.analyze.memory import summarize
-        focus = list(d.culprit_ranks) + [c.get("rank") for c in d.cascade or () if c.get("rank") not in d.culprit_ranks]
+
+        focus = list(d.culprit_ranks) + [
+            c.get("rank") for c in d.cascade or () if c.get("rank") not in d.culprit_ranks
+        ]
         atts = {r: ctx.views[r].mem for r in focus if r in ctx.views and ctx.views[r].mem}
         # (the SIGTERM advice stands only for a rank whose SIGTERM is the verdict's cause,
         # not for one the launcher stopped after the root)
-        mem = summarize(ctx.procs, focus, atts,
-                        sigterm_culprits=set(d.culprit_ranks) if d.kind == Kind.DEAD_RANK else set())
+        mem = summarize(
+            ctx.procs,
+            focus,
+            atts,
+            sigterm_culprits=set(d.culprit_ranks) if d.kind == Kind.DEAD_RANK else set(),
+        )
     except Exception as e:
         ctx.add("memory analysis failed: %r" % (e,))
         return
@@ -154,7 +211,9 @@ def _phase_of_oom(d: Diagnosis, a: Dict[str, Any]) -> None:
         d.step = c["step"]
 
 
-def _memory_lines(d: Diagnosis, atts: Mapping[Any, Optional[Dict[str, Any]]], mem: Dict[str, Any]) -> List[str]:
+def _memory_lines(
+    d: Diagnosis, atts: Mapping[Any, Optional[Dict[str, Any]]], mem: Dict[str, Any]
+) -> List[str]:
     """The memory evidence lines: the culprits' attributions (``atts``), then the summary
     ``mem``'s own lines when it flags something significant."""
     lines: List[str] = []
@@ -164,6 +223,7 @@ def _memory_lines(d: Diagnosis, atts: Mapping[Any, Optional[Dict[str, Any]]], me
             lines += ["rank %d: %s" % (r, e) for e in att.get("evidence") or ()]
     try:
         from hangtrace.tracer.analyze.memory import significant
+
         flags, trends = significant(mem, d.cause)
     except Exception:
         flags, trends = [], []
@@ -182,8 +242,12 @@ def _stopped_after_exception(d: Diagnosis, r: int, proc: Any) -> None:
     if failed:
         t, name, err, step = failed[-1]
         d.details["after_exception"] = "rank %d's %s left %s '%s'%s, which it has not run since" % (
-            r, err[:300], "method" if proc.meta.get("ray_actor_id") else "phase", name,
-            " at step %s" % step if step is not None else "")
+            r,
+            err[:300],
+            "method" if proc.meta.get("ray_actor_id") else "phase",
+            name,
+            " at step %s" % step if step is not None else "",
+        )
         return
     # an asyncio task nobody awaited or a thread that died shortly before the hang began:
     # most likely the producer of what the culprit waits for (blind helper 80: a rollout
@@ -191,8 +255,9 @@ def _stopped_after_exception(d: Diagnosis, r: int, proc: Any) -> None:
     start = int(d.details.get("hang_start_wall_ns") or 0)
     x = swallowed_since(proc, start - RECENT_NS) if start else None
     if x is not None and str(d.cause) != Cause.BUSY.value:
-        d.details["after_exception"] = "rank %d's %s; if it fed what rank %d waits for, that is why it waits" % (
-            r, x.line(), r)
+        d.details["after_exception"] = (
+            "rank %d's %s; if it fed what rank %d waits for, that is why it waits" % (r, x.line(), r)
+        )
         d.details["after_exception_source"] = x.source
 
 
@@ -205,18 +270,40 @@ def thread_and_stack_notes(ctx: Ctx, d: Diagnosis) -> None:
         v = ctx.views.get(r)
         for e in (v.proc.events or ()) if v else ():
             if isinstance(e, dict) and e.get("event") == "thread_exception":
-                ctx.add("rank %d: thread %s died earlier with %s: %s (a dead producer/helper thread?)" % (
-                    r, e.get("thread") or "?", e.get("type") or "Exception", str(e.get("message") or "")[:160]))
+                ctx.add(
+                    "rank %d: thread %s died earlier with %s: %s (a dead producer/helper thread?)"
+                    % (
+                        r,
+                        e.get("thread") or "?",
+                        e.get("type") or "Exception",
+                        str(e.get("message") or "")[:160],
+                    )
+                )
         if v is None or v.dead:
             continue
         _stopped_after_exception(d, r, v.proc)
         for x in survived(v.proc)[-3:]:
             if x.source in ("asyncio-task", "phase") and not any(x.text[:60] in ln for ln in ctx.evidence):
-                ctx.add("rank %d: %s%s" % (r, x.line(), " - the exception was swallowed: the process lives on"
-                                           if x.source == "asyncio-task" else ""))
+                ctx.add(
+                    "rank %d: %s%s"
+                    % (
+                        r,
+                        x.line(),
+                        " - the exception was swallowed: the process lives on"
+                        if x.source == "asyncio-task"
+                        else "",
+                    )
+                )
     miss = d.details.get("missing_from_common_frame")
     if miss and miss["missing"] and len(miss["missing"]) <= 16:
         one = len(miss["missing"]) == 1
-        ctx.add("stacks: %d ranks share %s; %s %s %s not in it" % (
-            miss["ranks_in"], miss["frames"][-1] if miss["frames"] else "?", "rank" if one else "ranks",
-            format_ranks(miss["missing"], 8), "is" if one else "are"))
+        ctx.add(
+            "stacks: %d ranks share %s; %s %s %s not in it"
+            % (
+                miss["ranks_in"],
+                miss["frames"][-1] if miss["frames"] else "?",
+                "rank" if one else "ranks",
+                format_ranks(miss["missing"], 8),
+                "is" if one else "are",
+            )
+        )

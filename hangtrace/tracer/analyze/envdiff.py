@@ -12,6 +12,7 @@ passed in as a function by the caller).
 - :func:`fatal_frame_library` names library and symbol of the frame that took a fatal
   signal, from the kernel's fault line and the mappings recorded while the process lived.
 """
+
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -79,9 +80,11 @@ def _lib_value(libs: List[Any]) -> str:
 
 def facts_of(pe: ProcessEnv) -> Dict[Tuple[str, str], str]:
     """``{(kind, name): value}`` for one process (kinds as in :class:`Difference`)."""
-    out: Dict[Tuple[str, str], str] = {("version", "python"): pe.python or UNSET,
-                                       ("version", "torch"): pe.torch or "(not imported)",
-                                       ("version", "ray"): pe.ray or "(not imported)"}
+    out: Dict[Tuple[str, str], str] = {
+        ("version", "python"): pe.python or UNSET,
+        ("version", "torch"): pe.torch or "(not imported)",
+        ("version", "ray"): pe.ray or "(not imported)",
+    }
     libs: Dict[str, List[Any]] = {}
     for lb in pe.libraries:
         libs.setdefault(lb.key, []).append(lb)
@@ -117,8 +120,10 @@ def diff_env(envs: Sequence[ProcessEnv]) -> EnvDiff:
             by_value.setdefault(f.get(key, _missing(key[0])), []).append(Member(pe.rank, pe.host, pe.pid))
         if len(by_value) < 2:
             continue
-        groups = sorted((Group(v, tuple(m)) for v, m in by_value.items()),
-                        key=lambda g: (len(g.members), -min(x.rank for x in g.members)))
+        groups = sorted(
+            (Group(v, tuple(m)) for v, m in by_value.items()),
+            key=lambda g: (len(g.members), -min(x.rank for x in g.members)),
+        )
         diffs.append(Difference(key[0], key[1], tuple(groups)))
     return EnvDiff(processes=len(procs), facts=len(keys), differences=tuple(diffs))
 
@@ -142,7 +147,10 @@ def who(group: Group) -> str:
     if ranks:
         head = ("rank %d" % ranks[0]) if len(ranks) == 1 else "ranks %s" % rank_ranges(ranks)
     else:
-        head = "pid%s %s" % ("s" if len(group.members) > 1 else "", ", ".join(str(m.pid) for m in group.members))
+        head = "pid%s %s" % (
+            "s" if len(group.members) > 1 else "",
+            ", ".join(str(m.pid) for m in group.members),
+        )
     hosts = group.hosts
     return "%s on host%s %s" % (head, "s" if len(hosts) > 1 else "", ", ".join(hosts))
 
@@ -152,8 +160,9 @@ def short(value: str, width: int = 12) -> str:
     return re.sub(r"build-id ([0-9a-f]{%d})[0-9a-f]+" % width, r"build-id \1…", value)
 
 
-def envdiff_evidence(facts: Union[Sequence[ProcessEnv], EnvDiff], culprit_ranks: Sequence[int],
-                     limit: int = 4) -> List[str]:
+def envdiff_evidence(
+    facts: Union[Sequence[ProcessEnv], EnvDiff], culprit_ranks: Sequence[int], limit: int = 4
+) -> List[str]:
     """One evidence line when the culprit ranks' libraries, versions or job environment
     differ from their peers' (the majority value of the other ranks), else [].
 
@@ -180,9 +189,17 @@ def envdiff_evidence(facts: Union[Sequence[ProcessEnv], EnvDiff], culprit_ranks:
     if not parts:
         return []
     more = "; and %d more (hangtrace env-diff)" % (len(parts) - limit) if len(parts) > limit else ""
-    return ["rank%s %s run%s differently from %s peers: %s%s" % (
-        "s" if len(culprits) > 1 else "", rank_ranges(sorted(culprits)), "" if len(culprits) > 1 else "s",
-        "their" if len(culprits) > 1 else "its", "; ".join(parts[:limit]), more)]
+    return [
+        "rank%s %s run%s differently from %s peers: %s%s"
+        % (
+            "s" if len(culprits) > 1 else "",
+            rank_ranges(sorted(culprits)),
+            "" if len(culprits) > 1 else "s",
+            "their" if len(culprits) > 1 else "its",
+            "; ".join(parts[:limit]),
+            more,
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -201,12 +218,16 @@ class KernelFault:
     base: Optional[int]
 
 
-_SEGV = re.compile(r"(?P<comm>\S+)\[(?P<pid>\d+)\]: segfault at \S+ ip (?P<ip>[0-9a-f]+) .*?"
-                   r"(?: in (?P<name>[^\s\[]+)\[(?:(?P<off>[0-9a-f]+),)?(?P<base>[0-9a-f]+)\+[0-9a-f]+\])?"
-                   r"(?: likely|$)")
-_TRAP = re.compile(r"(?P<comm>\S+)\[(?P<pid>\d+)\] (?:trap )?(?P<what>[a-z][a-z ]+?) ip:(?P<ip>[0-9a-f]+) .*?"
-                   r"(?: in (?P<name>[^\s\[]+)\[(?:(?P<off>[0-9a-f]+),)?(?P<base>[0-9a-f]+)\+[0-9a-f]+\])?"
-                   r"(?: likely|$)")
+_SEGV = re.compile(
+    r"(?P<comm>\S+)\[(?P<pid>\d+)\]: segfault at \S+ ip (?P<ip>[0-9a-f]+) .*?"
+    r"(?: in (?P<name>[^\s\[]+)\[(?:(?P<off>[0-9a-f]+),)?(?P<base>[0-9a-f]+)\+[0-9a-f]+\])?"
+    r"(?: likely|$)"
+)
+_TRAP = re.compile(
+    r"(?P<comm>\S+)\[(?P<pid>\d+)\] (?:trap )?(?P<what>[a-z][a-z ]+?) ip:(?P<ip>[0-9a-f]+) .*?"
+    r"(?: in (?P<name>[^\s\[]+)\[(?:(?P<off>[0-9a-f]+),)?(?P<base>[0-9a-f]+)\+[0-9a-f]+\])?"
+    r"(?: likely|$)"
+)
 
 
 def parse_kernel_faults(text: str) -> List[KernelFault]:
@@ -222,9 +243,17 @@ def parse_kernel_faults(text: str) -> List[KernelFault]:
                 continue
             what = m.group("what").strip()
         off = m.group("off")
-        out.append(KernelFault(m.group("comm"), int(m.group("pid")), what, int(m.group("ip"), 16),
-                               m.group("name"), int(off, 16) if off else None,
-                               int(m.group("base"), 16) if m.group("base") else None))
+        out.append(
+            KernelFault(
+                m.group("comm"),
+                int(m.group("pid")),
+                what,
+                int(m.group("ip"), 16),
+                m.group("name"),
+                int(off, 16) if off else None,
+                int(m.group("base"), 16) if m.group("base") else None,
+            )
+        )
     return out
 
 
@@ -243,9 +272,12 @@ def locate(fault: KernelFault, maps: Sequence[Mapping]) -> Optional[Tuple[str, i
     return None
 
 
-def fatal_frame_library(signal_text: str, maps: Sequence[Mapping],
-                        symbolize: Optional[Callable[[str, int], Optional[str]]] = None,
-                        pid: Optional[int] = None) -> Optional[str]:
+def fatal_frame_library(
+    signal_text: str,
+    maps: Sequence[Mapping],
+    symbolize: Optional[Callable[[str, int], Optional[str]]] = None,
+    pid: Optional[int] = None,
+) -> Optional[str]:
     """``"libcrash.so, crash_here+0x9 (segfault; /path/libcrash.so +0x1109)"``: the library
     and symbol of the native frame that took the fatal signal, or None.
 

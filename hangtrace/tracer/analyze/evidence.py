@@ -1,5 +1,6 @@
 """Wording shared by the rules: rank lists, record descriptions, per-rank lines, the
 culprit's frames, and the common fields of a verdict (pure)."""
+
 from __future__ import annotations
 
 import os
@@ -101,9 +102,12 @@ def traceback_frames(text: Any) -> List[Any]:
     reached the top: a chained cause's frames come before it), innermost first, as
     ``{'name', 'filename', 'line'}`` dicts like a stack's; [] when there is none."""
     import re
+
     block = str(text or "").rsplit("Traceback (most recent call last):", 1)[-1]
-    out = [{"name": m.group(3), "filename": m.group(1), "line": int(m.group(2))}
-           for m in re.finditer(r'^\s*File "([^"]+)", line (\d+), in (\S+)', block, re.M)]
+    out = [
+        {"name": m.group(3), "filename": m.group(1), "line": int(m.group(2))}
+        for m in re.finditer(r'^\s*File "([^"]+)", line (\d+), in (\S+)', block, re.M)
+    ]
     return out[::-1]
 
 
@@ -148,9 +152,11 @@ def seq_scales(ctx: Ctx, r: int, g: Any, waiters: Iterable[int]) -> str:
     v = ctx.views.get(r)
     if v is None or torch_count(v.last.get(g)) or not any(torch_count(ctx.blocked(w)) for w in waiters):
         return ""
-    return (" (the waiters' seq is torch's count, from the Flight Recorder: it counts C++-issued collectives such "
-            "as DDP's gradient all-reduce; rank %d's is hangtrace's count of Python calls: the two do not "
-            "compare)" % r)
+    return (
+        " (the waiters' seq is torch's count, from the Flight Recorder: it counts C++-issued collectives such "
+        "as DDP's gradient all-reduce; rank %d's is hangtrace's count of Python calls: the two do not "
+        "compare)" % r
+    )
 
 
 def rank_line(ctx: Ctx, r: int, g: Any) -> str:
@@ -162,8 +168,13 @@ def rank_line(ctx: Ctx, r: int, g: Any) -> str:
     if rec is None:
         s = "rank %d: no collective on %s in its last %d records" % (r, ctx.gdesc(g), v.nrec)
     else:
-        s = "rank %d: last %s on %s seq %s %s" % (r, rec.get("op"), ctx.gdesc(g), rec.get("seq"),
-                                               rec.get("state"))
+        s = "rank %d: last %s on %s seq %s %s" % (
+            r,
+            rec.get("op"),
+            ctx.gdesc(g),
+            rec.get("seq"),
+            rec.get("state"),
+        )
         w = where_rec(rec)
         if w:
             s += " at " + w
@@ -178,7 +189,9 @@ def stall_note(ctx: Ctx) -> Optional[str]:
     if ctx.age_s is None:
         return None
     return "last progress anywhere %.1f s before the snapshot%s" % (
-        ctx.age_s, "" if ctx.stalled else " (below the %.0f s stall threshold: may still move)" % ctx.stall_s)
+        ctx.age_s,
+        "" if ctx.stalled else " (below the %.0f s stall threshold: may still move)" % ctx.stall_s,
+    )
 
 
 def fill_common(ctx: Ctx, d: Diagnosis, culprits: Iterable[int], inst: Optional[Inst]) -> None:
@@ -202,6 +215,10 @@ def fill_common(ctx: Ctx, d: Diagnosis, culprits: Iterable[int], inst: Optional[
             user = user_frame(raw or [])
             if user is not None and frame_label(user) not in labels[:3]:
                 d.details["user_frame"] = frame_label(user)
-            if raw and user is None and raw[0].get("name") == "main_loop" and \
-                    str(raw[0].get("filename") or "").endswith(os.path.join("ray", "_private", "worker.py")):
+            if (
+                raw
+                and user is None
+                and raw[0].get("name") == "main_loop"
+                and str(raw[0].get("filename") or "").endswith(os.path.join("ray", "_private", "worker.py"))
+            ):
                 d.details["culprit_idle_in"] = "Ray's task loop"  # a Ray worker between tasks

@@ -17,6 +17,7 @@ Sources in the flight record (all written by ``hooks/``):
 
 Pure functions of a ``ProcessInfo``; no I/O.
 """
+
 from __future__ import annotations
 
 import re
@@ -59,8 +60,12 @@ class SurvivedException:
         if self.source == "thread":
             return "thread '%s' died of %s%s%s" % (self.where, text, raised, at)
         if self.source == "asyncio-task":
-            return ("asyncio task %s raised %s%s%s and nobody retrieved it"
-                    % (("'%s'" % self.where) if self.where else "", text, raised, at))
+            return "asyncio task %s raised %s%s%s and nobody retrieved it" % (
+                ("'%s'" % self.where) if self.where else "",
+                text,
+                raised,
+                at,
+            )
         return "%s (caught%s)%s" % (text, " by %s" % self.where if self.where else "", at)
 
 
@@ -110,21 +115,40 @@ def survived(p: ProcessInfo, ray_actor: bool = False) -> List[SurvivedException]
     out: List[SurvivedException] = []
     for rec in history(p):
         if rec.get("kind") == "phase_exit" and rec.get("state") == "failed" and rec.get("error"):
-            out.append(SurvivedException("ray-method" if ray_actor else "phase", rec.get("phase"),
-                                         str(rec.get("error")), int(rec.get("t_wall_ns") or 0),
-                                         rec.get("step")))
+            out.append(
+                SurvivedException(
+                    "ray-method" if ray_actor else "phase",
+                    rec.get("phase"),
+                    str(rec.get("error")),
+                    int(rec.get("t_wall_ns") or 0),
+                    rec.get("step"),
+                )
+            )
     fatal = _fatal_exception(p)
     for e in p.events or ():
         if not isinstance(e, Mapping):
             continue
         kind = e.get("event")
         if kind == "thread_exception":
-            out.append(SurvivedException("thread", e.get("thread_name") or e.get("thread"), _text(e),
-                                         int(e.get("wall_ns") or 0),
-                                         raised_at=_raised_at(e)))
+            out.append(
+                SurvivedException(
+                    "thread",
+                    e.get("thread_name") or e.get("thread"),
+                    _text(e),
+                    int(e.get("wall_ns") or 0),
+                    raised_at=_raised_at(e),
+                )
+            )
         elif kind == "task_exception":
-            out.append(SurvivedException("asyncio-task", e.get("coro") or e.get("task"), _text(e),
-                                         int(e.get("wall_ns") or 0), raised_at=_raised_at(e)))
+            out.append(
+                SurvivedException(
+                    "asyncio-task",
+                    e.get("coro") or e.get("task"),
+                    _text(e),
+                    int(e.get("wall_ns") or 0),
+                    raised_at=_raised_at(e),
+                )
+            )
         elif kind == "exception" and e is not fatal:
             out.append(SurvivedException("caught", e.get("caught_by"), _text(e), int(e.get("wall_ns") or 0)))
     out.sort(key=lambda x: x.wall_ns)

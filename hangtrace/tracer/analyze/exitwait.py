@@ -27,6 +27,7 @@ What the exit waits for is said from the other threads' stacks: each non-daemon 
 (by the event; without it, every thread started by ``threading`` that is not ours) with
 its blocking reason and the user's frame it is in.
 """
+
 from __future__ import annotations
 
 import os
@@ -68,15 +69,22 @@ def main_at_exit(frames: List[Dict[str, Any]]) -> Optional[str]:
     if any(_is(f, "threading.py", "_shutdown") for f in frames):
         return "executor" if any(_is(f, "thread.py", "_python_exit") for f in frames) else "_shutdown"
     outer = frames[-1]
-    if outer.get("name") == "<module>" or _base(outer) in _PROGRAM_FILES or \
-            str(outer.get("filename") or "").startswith("<frozen"):
+    if (
+        outer.get("name") == "<module>"
+        or _base(outer) in _PROGRAM_FILES
+        or str(outer.get("filename") or "").startswith("<frozen")
+    ):
         return None
     return "handler"
 
 
 def _started_thread(th: Dict[str, Any]) -> bool:
     fs = program_frames(th)
-    return bool(fs) and _base(fs[-1]) == "threading.py" and not str(th.get("thread_name") or "").startswith("hangtrace")
+    return (
+        bool(fs)
+        and _base(fs[-1]) == "threading.py"
+        and not str(th.get("thread_name") or "").startswith("hangtrace")
+    )
 
 
 def _thread_text(th: Dict[str, Any]) -> str:
@@ -116,7 +124,9 @@ def exit_wait(p: ProcessInfo) -> Optional[Tuple[str, str]]:
     if how is None:
         return None
     others = [t for t in threads if t is not main]
-    started = sorted([t for t in others if _started_thread(t)], key=lambda t: user_frame(program_frames(t)) is None)
+    started = sorted(
+        [t for t in others if _started_thread(t)], key=lambda t: user_frame(program_frames(t)) is None
+    )
     if how == "handler":
         return how, _handler_text(main, started)
     if how == "executor":
@@ -142,33 +152,48 @@ def _handler_text(main: Optional[Dict[str, Any]], started: List[Dict[str, Any]])
     fs = program_frames(main)
     user = user_frame(fs)
     return "its program returned and the process is in an exit handler (atexit)%s: %s, in %s%s" % (
-        " %s" % frame_label(user) if user is not None else "", blocking_reason(fs, thread=main) or "running",
-        " < ".join(frame_label(f) for f in fs[:3]), _threads_clause("; its other thread", started))
+        " %s" % frame_label(user) if user is not None else "",
+        blocking_reason(fs, thread=main) or "running",
+        " < ".join(frame_label(f) for f in fs[:3]),
+        _threads_clause("; its other thread", started),
+    )
 
 
 def _executor_text(started: List[Dict[str, Any]]) -> str:
     """The text for concurrent.futures' exit hook joining its workers (from the ``started`` threads)."""
-    workers = [t for t in started if any(_is(f, "thread.py", "_worker") for f in program_frames(t))] or started
-    return ("its program returned and concurrent.futures' exit hook (_python_exit, run by threading._shutdown "
-            "before any atexit handler) joins its ThreadPoolExecutor worker%s" % (
-                _threads_clause("", workers) or "s (no stack of them)"))
+    workers = [
+        t for t in started if any(_is(f, "thread.py", "_worker") for f in program_frames(t))
+    ] or started
+    return (
+        "its program returned and concurrent.futures' exit hook (_python_exit, run by threading._shutdown "
+        "before any atexit handler) joins its ThreadPoolExecutor worker%s"
+        % (_threads_clause("", workers) or "s (no stack of them)")
+    )
 
 
-def _shutdown_text(ev: Optional[Dict[str, Any]], others: List[Dict[str, Any]],
-                   started: List[Dict[str, Any]]) -> str:
+def _shutdown_text(
+    ev: Optional[Dict[str, Any]], others: List[Dict[str, Any]], started: List[Dict[str, Any]]
+) -> str:
     """The text for the interpreter joining non-daemon threads: those of the event ``ev`` among
     the ``others`` (the ``started`` ones without the event)."""
     names = [str(t.get("name")) for t in (ev or {}).get("threads") or () if isinstance(t, dict)]
     ids = {t.get("native_id") for t in (ev or {}).get("threads") or () if isinstance(t, dict)}
-    waited = [t for t in others if t.get("os_thread_id") in ids or t.get("thread_name") in names] \
-        if ev is not None else started
+    waited = (
+        [t for t in others if t.get("os_thread_id") in ids or t.get("thread_name") in names]
+        if ev is not None
+        else started
+    )
     if not waited and names:
-        return ("its program returned and the interpreter waits at exit for its non-daemon thread(s) %s "
-                "(no stack of them)" % ", ".join("'%s'" % n for n in names[:_MAX_THREADS]))
+        return (
+            "its program returned and the interpreter waits at exit for its non-daemon thread(s) %s "
+            "(no stack of them)" % ", ".join("'%s'" % n for n in names[:_MAX_THREADS])
+        )
     if not waited:
         return "its program returned and the interpreter does not finish its exit (no other thread seen)"
-    return "its program returned and the interpreter waits at exit (threading._shutdown) for its %sthread%s" % (
-        "non-daemon " if ev is not None else "", _threads_clause("", waited))
+    return (
+        "its program returned and the interpreter waits at exit (threading._shutdown) for its %sthread%s"
+        % ("non-daemon " if ev is not None else "", _threads_clause("", waited))
+    )
 
 
 def _threads_clause(lead: str, threads: List[Dict[str, Any]]) -> str:
@@ -176,5 +201,9 @@ def _threads_clause(lead: str, threads: List[Dict[str, Any]]) -> str:
     one), at most ``_MAX_THREADS`` named; '' without threads."""
     if not threads:
         return ""
-    text = "%s%s %s" % (lead, "s" if len(threads) > 1 else "", "; ".join(_thread_text(t) for t in threads[:_MAX_THREADS]))
+    text = "%s%s %s" % (
+        lead,
+        "s" if len(threads) > 1 else "",
+        "; ".join(_thread_text(t) for t in threads[:_MAX_THREADS]),
+    )
     return text + ("; and %d more" % (len(threads) - _MAX_THREADS) if len(threads) > _MAX_THREADS else "")

@@ -22,6 +22,7 @@ State (torch 2.13, checked here): gloo entries stay ``scheduled`` and are marked
 'issued'. Other backends update ``state``: 'completed' -> 'completed'; retired without
 completing (timed out, aborted) -> 'failed'; else 'issued'.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,21 +34,40 @@ from hangtrace.tracer.collect.frdump import FrDump, FrEntry
 from hangtrace.tracer.snapshot import ProcessInfo
 
 #: torch scalar-type names (FR ``input_dtypes``) -> our dtype names (ring layout DTYPES)
-DTYPE_NAMES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
-               "Byte": "uint8", "Char": "int8", "Short": "int16", "Int": "int32", "Long": "int64",
-               "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128",
-               "Float8_e4m3fn": "float8_e4m3fn", "Float8_e5m2": "float8_e5m2", "UInt16": "uint16",
-               "UInt32": "uint32", "UInt64": "uint64"}
+DTYPE_NAMES = {
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Byte": "uint8",
+    "Char": "int8",
+    "Short": "int16",
+    "Int": "int32",
+    "Long": "int64",
+    "Bool": "bool",
+    "ComplexFloat": "complex64",
+    "ComplexDouble": "complex128",
+    "Float8_e4m3fn": "float8_e4m3fn",
+    "Float8_e5m2": "float8_e5m2",
+    "UInt16": "uint16",
+    "UInt32": "uint32",
+    "UInt64": "uint64",
+}
 #: our op -> FR ops its Python call launches (beyond the same name)
-OP_ALIASES = {"all_gather_into_tensor": ("_allgather_base", "allgather_into_tensor_coalesced"),
-              "reduce_scatter_tensor": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced"),
-              "all_gather_object": ("all_gather",), "broadcast_object_list": ("broadcast",),
-              "gather_object": ("gather", "all_gather"), "scatter_object_list": ("scatter", "broadcast"),
-              "monitored_barrier": ("barrier",), "all_to_all_single": ("alltoall_base",),
-              "all_to_all": ("alltoall",),
-              # torch 2.13: all_gather_into_tensor / reduce_scatter_tensor call these two
-              "all_gather_single": ("_allgather_base", "allgather_into_tensor_coalesced"),
-              "reduce_scatter_single": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced")}
+OP_ALIASES = {
+    "all_gather_into_tensor": ("_allgather_base", "allgather_into_tensor_coalesced"),
+    "reduce_scatter_tensor": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced"),
+    "all_gather_object": ("all_gather",),
+    "broadcast_object_list": ("broadcast",),
+    "gather_object": ("gather", "all_gather"),
+    "scatter_object_list": ("scatter", "broadcast"),
+    "monitored_barrier": ("barrier",),
+    "all_to_all_single": ("alltoall_base",),
+    "all_to_all": ("alltoall",),
+    # torch 2.13: all_gather_into_tensor / reduce_scatter_tensor call these two
+    "all_gather_single": ("_allgather_base", "allgather_into_tensor_coalesced"),
+    "reduce_scatter_single": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced"),
+}
 _SLACK_NS = 200_000  # both sides read CLOCK_REALTIME around one call: 0.2 ms of tolerance
 
 
@@ -84,19 +104,40 @@ def fr_record(e: FrEntry, dump: Optional[FrDump] = None) -> Dict[str, Any]:
     state = fr_state(e)
     p2p = e.is_p2p or e.peer_local is not None
     return {
-        "idx": e.record_id + 1, "kind": "p2p" if p2p else "collective", "op": e.op, "group": e.group,
+        "idx": e.record_id + 1,
+        "kind": "p2p" if p2p else "collective",
+        "op": e.op,
+        "group": e.group,
         "seq": e.p2p_seq_id if p2p else e.collective_seq_id,
         "dtype": DTYPE_NAMES.get(dts[0], dts[0].lower()) if dts else "",
-        "numel": numel, "shape": "x".join(str(d) for d in sizes[0]) or "scalar" if sizes else None,
+        "numel": numel,
+        "shape": "x".join(str(d) for d in sizes[0]) or "scalar" if sizes else None,
         "peer": _global(g.ranks if g else None, e.peer_local, e.group, e.group_desc),
-        "async_op": False, "thread": e.thread_name or None, "phase": None, "step": None,
-        "t_mono_ns": 0, "t_wall_ns": e.time_created_ns, "t_end_mono_ns": None, "state": state,
-        "error": ("flight recorder: retired before completion (timed out or aborted; timeout %d ms)"
-                  % e.timeout_ms) if state == "failed" else None,
-        "source": FR_SOURCE, "fr_op": e.profiling_name, "fr_state": e.state, "fr_retired": e.retired,
-        "fr_record_id": e.record_id, "fr_seq": e.collective_seq_id, "fr_p2p_seq": e.p2p_seq_id,
-        "fr_timeout_ms": e.timeout_ms, "fr_thread_id": e.thread_id, "group_desc": e.group_desc,
-        "fr_started_ns": e.time_discovered_started_ns, "fr_completed_ns": e.time_discovered_completed_ns,
+        "async_op": False,
+        "thread": e.thread_name or None,
+        "phase": None,
+        "step": None,
+        "t_mono_ns": 0,
+        "t_wall_ns": e.time_created_ns,
+        "t_end_mono_ns": None,
+        "state": state,
+        "error": (
+            "flight recorder: retired before completion (timed out or aborted; timeout %d ms)" % e.timeout_ms
+        )
+        if state == "failed"
+        else None,
+        "source": FR_SOURCE,
+        "fr_op": e.profiling_name,
+        "fr_state": e.state,
+        "fr_retired": e.retired,
+        "fr_record_id": e.record_id,
+        "fr_seq": e.collective_seq_id,
+        "fr_p2p_seq": e.p2p_seq_id,
+        "fr_timeout_ms": e.timeout_ms,
+        "fr_thread_id": e.thread_id,
+        "group_desc": e.group_desc,
+        "fr_started_ns": e.time_discovered_started_ns,
+        "fr_completed_ns": e.time_discovered_completed_ns,
         "frames": [{"name": f.name, "filename": f.filename, "line": f.line} for f in e.frames],
     }
 
@@ -170,8 +211,11 @@ def _merge_one(r: Dict[str, Any], cands: List[Dict[str, Any]], used: Set[int]) -
         return [m]
     out: List[Dict[str, Any]] = []
     # further launches of the same Python call (all_gather_object: two all_gathers)
-    inside = [match] + [e for e in near if e is not match and e["t_wall_ns"] > match["t_wall_ns"]
-                        and t0 <= e["t_wall_ns"] <= t1]
+    inside = [match] + [
+        e
+        for e in near
+        if e is not match and e["t_wall_ns"] > match["t_wall_ns"] and t0 <= e["t_wall_ns"] <= t1
+    ]
     for e in inside:
         used.add(id(e))
         if e is not match:
@@ -221,12 +265,22 @@ def fr_groups(dump: FrDump) -> List[Dict[str, Any]]:
     out: Dict[str, Dict[str, Any]] = {}
     for name, g in dump.pg_config.items():
         if name:
-            out[name] = {"name": name, "desc": g.desc or None, "ranks": list(g.ranks) if g.ranks else None,
-                         "member": True, "op": "flight-recorder"}
+            out[name] = {
+                "name": name,
+                "desc": g.desc or None,
+                "ranks": list(g.ranks) if g.ranks else None,
+                "member": True,
+                "op": "flight-recorder",
+            }
     for e in dump.entries:
         if e.group and e.group not in out:
-            out[e.group] = {"name": e.group, "desc": e.group_desc or None, "ranks": None, "member": True,
-                            "op": "flight-recorder"}
+            out[e.group] = {
+                "name": e.group,
+                "desc": e.group_desc or None,
+                "ranks": None,
+                "member": True,
+                "op": "flight-recorder",
+            }
     return list(out.values())
 
 
@@ -265,14 +319,24 @@ def fr_processes(dumps: Iterable[FrDump]) -> List[ProcessInfo]:
                     groups[g["name"]] = g
         recs.sort(key=lambda r: (r["t_wall_ns"], r["idx"]))
         host = ds[0].host or "rank%d" % rank
-        procs.append(ProcessInfo(
-            host=host, pid=ds[0].pid, rank=rank, world_size=world, records=recs, groups=list(groups.values()),
-            progress_wall_ns=max([r["t_wall_ns"] for r in recs if r["state"] == "completed"] or [0]),
-            meta={"flight_recorder": [d.path for d in ds]}))
+        procs.append(
+            ProcessInfo(
+                host=host,
+                pid=ds[0].pid,
+                rank=rank,
+                world_size=world,
+                records=recs,
+                groups=list(groups.values()),
+                progress_wall_ns=max([r["t_wall_ns"] for r in recs if r["state"] == "completed"] or [0]),
+                meta={"flight_recorder": [d.path for d in ds]},
+            )
+        )
     return procs
 
 
-def _joined_inflight(inflight: Optional[Dict[str, Any]], merged: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+def _joined_inflight(
+    inflight: Optional[Dict[str, Any]], merged: List[Dict[str, Any]]
+) -> Optional[Dict[str, Any]]:
     """The ring's in-flight record as joined with the Flight Recorder (same ``idx``, our
     record): it takes torch's numbering like the rest of the stream. Left as ours, an
     in-flight ``broadcast_object_list`` (our seq 4, torch's 5 and 6) stood at a seq its
@@ -308,6 +372,11 @@ def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessIn
         meta["flight_recorder"] = list(meta.get("flight_recorder") or []) + [d.path]
         merged = merge_records(p.records, fr_records(d))
         out[i] = dataclasses.replace(
-            p, records=merged, summary=None, meta=meta, inflight=_joined_inflight(p.inflight, merged),
-            groups=list(p.groups) + [g for g in fr_groups(d) if g["name"] not in known])
+            p,
+            records=merged,
+            summary=None,
+            meta=meta,
+            inflight=_joined_inflight(p.inflight, merged),
+            groups=list(p.groups) + [g for g in fr_groups(d) if g["name"] not in known],
+        )
     return out + fr_processes(alone)

@@ -16,6 +16,7 @@ name has different members on different ranks, the ranks whose creation order (t
 lists in order) differs from the one most ranks share are the culprits. Groups named from
 their members (``use_local_synchronization``: a hash) never disagree, so they never count.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -49,28 +50,48 @@ class OrderSplit:
     def text(self, prefer: Optional[str] = None) -> str:
         """The verdict's words: who created the groups in another order, and what it did to a
         group whose members differ (``prefer``, the verdict's group, when it is one)."""
-        involved = [n for n in self.names if any(set(rs) & set(self.culprits) for rs in self.names[n].values())]
-        name = prefer if prefer in self.names else min(involved or list(self.names), key=lambda n: (len(n), n))
+        involved = [
+            n for n in self.names if any(set(rs) & set(self.culprits) for rs in self.names[n].values())
+        ]
+        name = (
+            prefer if prefer in self.names else min(involved or list(self.names), key=lambda n: (len(n), n))
+        )
         views = sorted(self.names[name].items(), key=lambda kv: kv[1])
         mine = next((m for m, rs in views if set(rs) & set(self.culprits)), views[0][0])
         theirs = [(m, rs) for m, rs in views if m != mine]
-        return ("%s created %s process groups in another order than %s (%s against %s): torch names a group by "
-                "its place in that order, so group '%s' is %s on %s but %s on %s, and collectives on it meet the "
-                "wrong peers%s" % (
-                    _r(self.culprits), "its" if len(self.culprits) == 1 else "their", _r(self.majority),
-                    _order(self.culprit_order), _order(self.majority_order), name, _m(mine),
-                    _r([r for rs in self.names[name].values() for r in rs if r in self.culprits]),
-                    " and ".join(_m(m) for m, _rs in theirs), _r(sorted(r for _m2, rs in theirs for r in rs)),
-                    "" if self.has_majority else " (no order is shared by most ranks: the first differing "
-                    "ones are named)"))
+        return (
+            "%s created %s process groups in another order than %s (%s against %s): torch names a group by "
+            "its place in that order, so group '%s' is %s on %s but %s on %s, and collectives on it meet the "
+            "wrong peers%s"
+            % (
+                _r(self.culprits),
+                "its" if len(self.culprits) == 1 else "their",
+                _r(self.majority),
+                _order(self.culprit_order),
+                _order(self.majority_order),
+                name,
+                _m(mine),
+                _r([r for rs in self.names[name].values() for r in rs if r in self.culprits]),
+                " and ".join(_m(m) for m, _rs in theirs),
+                _r(sorted(r for _m2, rs in theirs for r in rs)),
+                ""
+                if self.has_majority
+                else " (no order is shared by most ranks: the first differing ones are named)",
+            )
+        )
 
     def details(self, prefer: Optional[str] = None) -> Dict[str, Any]:
         """``details['group_order']`` (docs/DIAGNOSIS.md)."""
-        return {"culprits": list(self.culprits), "majority": list(self.majority),
-                "culprit_order": [list(m) for m in self.culprit_order],
-                "majority_order": [list(m) for m in self.majority_order],
-                "groups": {n: [{"ranks": list(m), "held_by": rs} for m, rs in v.items()] for n, v in self.names.items()},
-                "text": self.text(prefer)}
+        return {
+            "culprits": list(self.culprits),
+            "majority": list(self.majority),
+            "culprit_order": [list(m) for m in self.culprit_order],
+            "majority_order": [list(m) for m in self.majority_order],
+            "groups": {
+                n: [{"ranks": list(m), "held_by": rs} for m, rs in v.items()] for n, v in self.names.items()
+            },
+            "text": self.text(prefer),
+        }
 
 
 def _r(ranks: Any) -> str:
@@ -93,7 +114,9 @@ def creation_orders(ctx: Ctx) -> Dict[int, Tuple[Members, ...]]:
         groups = [g for g in (v.proc.groups or ()) if isinstance(g, dict) and g.get("ranks") is not None]
         if groups:
             groups.sort(key=lambda g: int(g.get("order") or 0))
-            out[r] = tuple(tuple(sorted(int(x) for x in g["ranks"])) for g in groups if int(g.get("order") or 0) > 0)
+            out[r] = tuple(
+                tuple(sorted(int(x) for x in g["ranks"])) for g in groups if int(g.get("order") or 0) > 0
+            )
     return out
 
 
@@ -110,7 +133,7 @@ def order_split(ctx: Ctx) -> Optional[OrderSplit]:
     orders = creation_orders(ctx)
     if not bad or len(orders) < 2:
         return None
-    (common, n), = Counter(orders.values()).most_common(1)
+    ((common, n),) = Counter(orders.values()).most_common(1)
     culprits = tuple(sorted(r for r, o in orders.items() if o != common))
     if not culprits:
         return None
@@ -125,7 +148,11 @@ def explain_split(ctx: Ctx, d: Diagnosis) -> None:
     split = order_split(ctx)
     if split is None:
         return
-    if str(d.group) not in split.names and d.kind not in (Kind.COLLECTIVE_MISMATCH, Kind.PROGRESSING, Kind.UNKNOWN):
+    if str(d.group) not in split.names and d.kind not in (
+        Kind.COLLECTIVE_MISMATCH,
+        Kind.PROGRESSING,
+        Kind.UNKNOWN,
+    ):
         return
     d.kind, d.cause = Kind.COLLECTIVE_MISMATCH, Cause.MISMATCH
     d.culprit_ranks = list(split.culprits)

@@ -22,6 +22,7 @@ opposite orders from the first time they meet, or an even split, are no broken o
 In: the context and the cycle. Out: ``Broken`` or None. Used by rule ``broken_order`` (a skip,
 when S moved on) and rule ``deadlock`` (otherwise: ``details['broken_order']``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -69,8 +70,13 @@ def _regular(ctx: Ctx, ranks: List[int], a: Any, a_seq: int, rec: Mapping[str, A
         v = ctx.views.get(r)
         for x in history(v.proc) if v is not None else ():
             seq = x.get("seq")
-            if x.get("kind") == "collective" and x.get("group") == a and isinstance(seq, int) and seq < a_seq \
-                    and signature(x) == sig:
+            if (
+                x.get("kind") == "collective"
+                and x.get("group") == a
+                and isinstance(seq, int)
+                and seq < a_seq
+                and signature(x) == sig
+            ):
                 return True
     return False
 
@@ -121,5 +127,12 @@ def moved_on(ctx: Ctx, b: Broken) -> bool:
 
 def to_details(b: Broken) -> Dict[str, Any]:
     """``details['broken_order']``: the skipped instance, the side and where it waits."""
-    return {"group": b.inst.group, "seq": b.inst.seq, "side": list(b.side), "waiters": sorted(b.inst.waiters),
-            "other_group": b.other, "other_seq": b.other_seq, "agreed": b.agreed[-6:]}
+    return {
+        "group": b.inst.group,
+        "seq": b.inst.seq,
+        "side": list(b.side),
+        "waiters": sorted(b.inst.waiters),
+        "other_group": b.other,
+        "other_seq": b.other_seq,
+        "agreed": b.agreed[-6:],
+    }

@@ -7,9 +7,10 @@ any group, so the rendezvous waits for ranks that are still starting. Seen in CI
 watcher with a 6 s threshold snapshotted four ranks in ``_find_and_load`` and called them
 "waiting outside collectives".
 """
+
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from hangtrace.tracer.analyze.stacktree import frame_label, pick_thread
 from hangtrace.tracer.snapshot import ProcessInfo
@@ -26,7 +27,9 @@ def import_frame(p: ProcessInfo) -> Optional[str]:
     has no stack."""
     th = pick_thread(p.stacks)
     frames = list((th or {}).get("frames") or [])
-    inside = [f for f in frames if f.get("name") in IMPORT_FUNCS and "importlib" in str(f.get("filename") or "")]
+    inside = [
+        f for f in frames if f.get("name") in IMPORT_FUNCS and "importlib" in str(f.get("filename") or "")
+    ]
     if not inside:
         return None
     module = next((f for f in frames if f.get("name") == "<module>"), None)
@@ -50,7 +53,13 @@ def importing_line(what: str, where: List[str]) -> str:
     """The evidence line for processes caught importing: ``what`` names them ('ranks 0-3',
     "Trainer 'trainer-1'"), ``where`` their import frames."""
     shown = sorted(set(where))
-    return ("%s %s inside an import (%s): working, not waiting - a start-up or a first-use import (torch "
-            "imports sympy and torch._dynamo lazily) slower than the stall threshold; on a loaded machine "
-            "give the start more time (HANGTRACE_STARTUP_STALL_S, --stall-s) and take another snapshot"
-            % (what, "is" if len(where) == 1 else "are", "; ".join(shown[:3]) + ("; ..." if len(shown) > 3 else "")))
+    return (
+        "%s %s inside an import (%s): working, not waiting - a start-up or a first-use import (torch "
+        "imports sympy and torch._dynamo lazily) slower than the stall threshold; on a loaded machine "
+        "give the start more time (HANGTRACE_STARTUP_STALL_S, --stall-s) and take another snapshot"
+        % (
+            what,
+            "is" if len(where) == 1 else "are",
+            "; ".join(shown[:3]) + ("; ..." if len(shown) > 3 else ""),
+        )
+    )

@@ -9,6 +9,7 @@ Found by a blind job (tr_dl_fork_lock): a worker forked while another thread of 
 held a ``threading.Lock`` blocks for ever on it in ``__getitem__``; the verdict named the
 rank, "select() on sockets/files", and never the worker.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -48,16 +49,23 @@ def in_dataset(p: ProcessInfo) -> Optional[Dict[str, Any]]:
     a collate_fn), else None (idle at its index queue, or no stack)."""
     frames, th = process_frames(p)  # (a worker killed in the job's teardown: its SIGTERM dump)
     frames = list(frames or [])
-    at = next((i for i, f in enumerate(frames) if _short(f) == "fetch" and _path(f).endswith("_utils/fetch.py")),
-              None)
+    at = next(
+        (i for i, f in enumerate(frames) if _short(f) == "fetch" and _path(f).endswith("_utils/fetch.py")),
+        None,
+    )
     if at is None:
         return None
     user = [f for f in frames[:at] if _DATA not in _path(f)]
     if not user:
         return None
     theirs = [t for t in threads_of(p) or () if not str(t.get("thread_name") or "").startswith("hangtrace")]
-    return {"pid": p.pid, "frames": [frame_label(f) for f in user[:3]], "threads": len(theirs),
-            "reason": blocking_reason(user), "active": (th or {}).get("active")}
+    return {
+        "pid": p.pid,
+        "frames": [frame_label(f) for f in user[:3]],
+        "threads": len(theirs),
+        "reason": blocking_reason(user),
+        "active": (th or {}).get("active"),
+    }
 
 
 def loader_workers(ctx: Ctx, d: Diagnosis) -> None:
@@ -81,19 +89,38 @@ def loader_workers(ctx: Ctx, d: Diagnosis) -> None:
         stuck: List[Dict[str, Any]] = [w for w in (in_dataset(p) for p in workers) if w is not None]
         if not stuck:
             text = "rank %d waits for a batch from its DataLoader (%s); %s" % (
-                r, where, "none of its %d live workers is inside the dataset" % len(workers) if workers else
-                "its %d worker(s) were gone before their stacks were taken (no dump): where the batch was stuck is "
-                "not known" % len(mine) if mine else "no live worker of it was traced")
+                r,
+                where,
+                "none of its %d live workers is inside the dataset" % len(workers)
+                if workers
+                else "its %d worker(s) were gone before their stacks were taken (no dump): where the batch was stuck is "
+                "not known" % len(mine)
+                if mine
+                else "no live worker of it was traced",
+            )
         else:
             w = stuck[0]
             lone = w["threads"] == 1 and not w["reason"] and w["active"] is False
-            text = "rank %d waits for a batch from its DataLoader (%s); its worker%s pid %s %s inside the dataset: %s%s" % (
-                r, where, "s" if len(stuck) > 1 else "", ", ".join(str(x["pid"]) for x in stuck[:4]),
-                "are" if len(stuck) > 1 else "is", " < ".join(w["frames"]),
-                " (%s)" % w["reason"] if w["reason"] else
-                (" (%s only thread, idle in C at that line: if the line takes a lock, one that another thread "
-                 "of the rank held when the worker was forked is never released in the worker)" % (
-                     "each one's" if len(stuck) > 1 else "its") if lone else ""))
+            text = (
+                "rank %d waits for a batch from its DataLoader (%s); its worker%s pid %s %s inside the dataset: %s%s"
+                % (
+                    r,
+                    where,
+                    "s" if len(stuck) > 1 else "",
+                    ", ".join(str(x["pid"]) for x in stuck[:4]),
+                    "are" if len(stuck) > 1 else "is",
+                    " < ".join(w["frames"]),
+                    " (%s)" % w["reason"]
+                    if w["reason"]
+                    else (
+                        " (%s only thread, idle in C at that line: if the line takes a lock, one that another thread "
+                        "of the rank held when the worker was forked is never released in the worker)"
+                        % ("each one's" if len(stuck) > 1 else "its")
+                        if lone
+                        else ""
+                    ),
+                )
+            )
         d.details["loader_wait"] = text
         ctx.add(text)
         return
@@ -113,16 +140,31 @@ def _every_rank(ctx: Ctx, d: Diagnosis) -> None:
         waits[r] = where
     if not waits:
         return
-    workers = [p for p in ctx.snap.processes if ctx.roles.helper_of.get(p.key) in waits
-               and (p.state in ("alive", "unknown") or threads_of(p))]
+    workers = [
+        p
+        for p in ctx.snap.processes
+        if ctx.roles.helper_of.get(p.key) in waits and (p.state in ("alive", "unknown") or threads_of(p))
+    ]
     stuck: List[Dict[str, Any]] = [w for w in (in_dataset(p) for p in workers) if w is not None]
     busy = bool(stuck) and all(w["active"] for w in stuck)
-    text = "every rank waits for a batch from its DataLoader (%s); %s" % (next(iter(waits.values())), (
-        "their worker%s pid %s %s inside the dataset: %s%s" % (
-            "s" if len(stuck) > 1 else "", ", ".join(str(w["pid"]) for w in stuck[:6]),
-            "are" if len(stuck) > 1 else "is", " < ".join(stuck[0]["frames"]),
-            " (%s)" % stuck[0]["reason"] if stuck[0]["reason"] else
-            ", running (py-spy: busy on the CPU): a slow batch, not a hang, if it comes in time (raise --stall-s)"
-            if busy else "")) if stuck else "none of their %d live workers is inside the dataset" % len(workers))
+    text = "every rank waits for a batch from its DataLoader (%s); %s" % (
+        next(iter(waits.values())),
+        (
+            "their worker%s pid %s %s inside the dataset: %s%s"
+            % (
+                "s" if len(stuck) > 1 else "",
+                ", ".join(str(w["pid"]) for w in stuck[:6]),
+                "are" if len(stuck) > 1 else "is",
+                " < ".join(stuck[0]["frames"]),
+                " (%s)" % stuck[0]["reason"]
+                if stuck[0]["reason"]
+                else ", running (py-spy: busy on the CPU): a slow batch, not a hang, if it comes in time (raise --stall-s)"
+                if busy
+                else "",
+            )
+        )
+        if stuck
+        else "none of their %d live workers is inside the dataset" % len(workers),
+    )
     d.details["loader_wait"] = text
     ctx.add(text)

@@ -10,6 +10,7 @@ so the verdict names the threads and the lines they wait at, and says "most like
 Found on a job written from such an incident (2026-12-04): the verdict said only "blocked
 in the system call futex ... in main (job.py:33)".
 """
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,9 @@ def _lock_wait(t: Thread) -> Optional[str]:
     if f is not None:
         return frame_label(f) + code_text(f) + held_text(frames)
     f = frames[0]
-    if (os.path.basename(str(f.get("filename") or "")), _short(f.get("name"))) in _PY_ACQUIRE and len(frames) > 1:
+    if (os.path.basename(str(f.get("filename") or "")), _short(f.get("name"))) in _PY_ACQUIRE and len(
+        frames
+    ) > 1:
         return frame_label(frames[1]) + code_text(frames[1]) + held_text(frames)
     return None
 
@@ -56,11 +59,18 @@ def lock_wait_text(proc: ProcessInfo, who: str) -> Optional[str]:
             others.append("'%s' at %s" % (t.get("thread_name") or t.get("thread_id") or "?", where))
     if not others:
         return None
-    return ("%s's thread%s %s wait%s for a lock too: %s of one process each waiting for a lock most "
-            "likely hold what the other takes (a lock-order deadlock; the `with` blocks each is inside are what it "
-            "holds; threading.Lock records no owner)" % (
-                who, "s" if len(others) > 1 else "", "; ".join(others[:_MAX_THREADS]),
-                "" if len(others) > 1 else "s", "threads" if len(others) > 1 else "two threads"))
+    return (
+        "%s's thread%s %s wait%s for a lock too: %s of one process each waiting for a lock most "
+        "likely hold what the other takes (a lock-order deadlock; the `with` blocks each is inside are what it "
+        "holds; threading.Lock records no owner)"
+        % (
+            who,
+            "s" if len(others) > 1 else "",
+            "; ".join(others[:_MAX_THREADS]),
+            "" if len(others) > 1 else "s",
+            "threads" if len(others) > 1 else "two threads",
+        )
+    )
 
 
 def lock_waits(ctx: Ctx, d: Diagnosis) -> None:

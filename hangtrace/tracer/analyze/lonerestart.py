@@ -21,6 +21,7 @@ and (c) the replacement never completed a collective or p2p (it did not rejoin).
 restart of the whole job fails (b): every rank's analysed process is of the new
 generation.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Mapping, Tuple
@@ -42,8 +43,11 @@ def _rejoined(p: ProcessInfo) -> bool:
     return any(isinstance(r, Mapping) and r.get("state") == "completed" for r in recs)
 
 
-def lone_restarts(ranks: Mapping[int, ProcessInfo], claims: Iterable[Tuple[int, str, str, Tuple[str, ...]]],
-                  procs: Iterable[ProcessInfo]) -> Dict[int, Tuple[ProcessInfo, ProcessInfo]]:
+def lone_restarts(
+    ranks: Mapping[int, ProcessInfo],
+    claims: Iterable[Tuple[int, str, str, Tuple[str, ...]]],
+    procs: Iterable[ProcessInfo],
+) -> Dict[int, Tuple[ProcessInfo, ProcessInfo]]:
     """rank -> (the process that died, its replacement) for every restart claim
     ``(rank, 'restart', kept key, earlier keys)`` that restarted the rank alone (module
     docstring); ``ranks``: the analysed process per rank (the replacement for these)."""
@@ -58,7 +62,13 @@ def lone_restarts(ranks: Mapping[int, ProcessInfo], claims: Iterable[Tuple[int, 
         alive_until = _last_sign_of_life(prev)
         if not prev.died or _rejoined(new) or not alive_until:
             continue
-        if any(q is not new and (q.start_wall_ns or 0) and (q.start_wall_ns or 0) < alive_until
-               and (q.start_wall_ns or 0) < (new.start_wall_ns or 0) for rr, q in ranks.items() if rr != r):
+        if any(
+            q is not new
+            and (q.start_wall_ns or 0)
+            and (q.start_wall_ns or 0) < alive_until
+            and (q.start_wall_ns or 0) < (new.start_wall_ns or 0)
+            for rr, q in ranks.items()
+            if rr != r
+        ):
             out[r] = (prev, new)
     return out

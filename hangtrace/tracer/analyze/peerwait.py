@@ -13,6 +13,7 @@ Which threads of the peer: those that are neither its main thread nor ours, with
 of the user's code (a server loop, a handler), at most two; each with its blocking reason
 and the line it waits at.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,9 +44,11 @@ def peer_pids(text: str) -> List[int]:
 def name_peers(text: str, labels: Dict[int, str]) -> str:
     """``'peer pid 812 (python3 job.py)'`` becomes ``'peer pid 812: rank 0'`` for each pid
     in ``labels`` (pid -> what the process is in the job); others are left as they are."""
+
     def sub(m: "re.Match[str]") -> str:
         pid = int(m.group(2))
         return "%s pid %d: %s" % (m.group(1), pid, labels[pid]) if pid in labels else m.group(0)
+
     return PEER.sub(sub, text or "")
 
 
@@ -58,7 +61,12 @@ def _thread_line(th: Dict[str, Any]) -> Optional[str]:
     name = th.get("thread_name") or th.get("os_thread_id")
     if why and frame_label(user) in why:  # (the reason names the user's line already)
         return "thread '%s': %s" % (name, why)
-    return "thread '%s' in %s%s%s" % (name, frame_label(user), code_text(user), ": %s" % why if why else " (running)")
+    return "thread '%s' in %s%s%s" % (
+        name,
+        frame_label(user),
+        code_text(user),
+        ": %s" % why if why else " (running)",
+    )
 
 
 def _cycle_text(threads: List[Dict[str, Any]]) -> str:
@@ -70,8 +78,12 @@ def _cycle_text(threads: List[Dict[str, Any]]) -> str:
     main = next((t for t in threads if t.get("thread_name") == "MainThread"), None)
     if main is None:
         return ""
-    held = {str(item[1]): "%s:%s" % (os.path.basename(str(f.get("filename") or "?")), item[0])
-            for f in program_frames(main) for item in f.get("with") or () if isinstance(item, (list, tuple)) and len(item) > 1}
+    held = {
+        str(item[1]): "%s:%s" % (os.path.basename(str(f.get("filename") or "?")), item[0])
+        for f in program_frames(main)
+        for item in f.get("with") or ()
+        if isinstance(item, (list, tuple)) and len(item) > 1
+    }
     for t in threads:
         if t is main:
             continue
@@ -81,8 +93,10 @@ def _cycle_text(threads: List[Dict[str, Any]]) -> str:
         if code and code in held:
             mf = program_frames(main)
             doing = collective_frame(mf) or (blocking_reason(mf, thread=main) if mf else None) or "running"
-            return ("; its main thread most likely holds that lock (it is inside `%s` at %s) while in %s: %s"
-                    % (code, held[code], doing, _CYCLE))
+            return (
+                "; its main thread most likely holds that lock (it is inside `%s` at %s) while in %s: %s"
+                % (code, held[code], doing, _CYCLE)
+            )
     return ""
 
 
@@ -108,14 +122,20 @@ def _lock_order_text(threads: List[Dict[str, Any]]) -> str:
         f = c_lock_frame(fs, t) if fs else None
         code = _with_expr((f or {}).get("code"))
         if code:
-            held = {_with_expr(item[1]) for fr in fs for item in fr.get("with") or ()
-                    if isinstance(item, (list, tuple)) and len(item) > 1} - {code}
+            held = {
+                _with_expr(item[1])
+                for fr in fs
+                for item in fr.get("with") or ()
+                if isinstance(item, (list, tuple)) and len(item) > 1
+            } - {code}
             waits.append((str(t.get("thread_name") or t.get("thread_id") or "?"), code, held))
     for i, (a, ca, ha) in enumerate(waits):
-        for b, cb, hb in waits[i + 1:]:
+        for b, cb, hb in waits[i + 1 :]:
             if ca in hb and cb in ha:
-                return ("; threads '%s' and '%s' are deadlocked: each waits for a lock the other holds (`with %s:` "
-                        "inside `with %s:`, and the other way round): %s" % (a, b, ca, cb, _DEADLOCK))
+                return (
+                    "; threads '%s' and '%s' are deadlocked: each waits for a lock the other holds (`with %s:` "
+                    "inside `with %s:`, and the other way round): %s" % (a, b, ca, cb, _DEADLOCK)
+                )
     return ""
 
 
@@ -142,10 +162,13 @@ def peer_text(peer: ProcessInfo, label: str) -> Optional[str]:
             lines.append(line)
     if not lines:
         return None
-    return "The other end, %s (pid %d): its %s%s%s" % (label, peer.pid, "; its ".join(lines[:_MAX_THREADS]),
-                                                        "; and %d more thread(s)" % (len(lines) - _MAX_THREADS)
-                                                        if len(lines) > _MAX_THREADS else "",
-                                                        _cycle_text(threads) or _lock_order_text(threads))
+    return "The other end, %s (pid %d): its %s%s%s" % (
+        label,
+        peer.pid,
+        "; its ".join(lines[:_MAX_THREADS]),
+        "; and %d more thread(s)" % (len(lines) - _MAX_THREADS) if len(lines) > _MAX_THREADS else "",
+        _cycle_text(threads) or _lock_order_text(threads),
+    )
 
 
 #: ``details['peer_role']``: what the process named in ``details['peer_wait']`` is to the culprit
@@ -155,8 +178,9 @@ _CYCLE = "a cycle across the two processes"
 _DEADLOCK = "a lock-order deadlock"
 
 
-def peer_wait(text: str, host: str, procs: Sequence[ProcessInfo],
-              label: Callable[[ProcessInfo], Optional[str]]) -> Optional[Dict[str, str]]:
+def peer_wait(
+    text: str, host: str, procs: Sequence[ProcessInfo], label: Callable[[ProcessInfo], Optional[str]]
+) -> Optional[Dict[str, str]]:
     """For a culprit's reason ``text`` naming a socket peer or a file lock's holder on
     ``host`` that is one of ``procs``: ``{'reason': text with it named by label(p), 'peer':
     peer_text or holder_text or '', 'role': SOCKET_PEER, SOCKET_PEER_CYCLE, SOCKET_PEER_DEADLOCK or
@@ -173,12 +197,21 @@ def peer_wait(text: str, host: str, procs: Sequence[ProcessInfo],
         return None
     pid = next(iter(labels))
     if any(m.group(1) == "held by" and int(m.group(2)) == pid for m in PEER.finditer(text)):
-        return {"reason": name_peers(text, labels), "peer": holder_text(by_pid[pid], labels[pid]) or "",
-                "role": LOCK_HOLDER}
+        return {
+            "reason": name_peers(text, labels),
+            "peer": holder_text(by_pid[pid], labels[pid]) or "",
+            "role": LOCK_HOLDER,
+        }
     peer = peer_text(by_pid[pid], labels[pid]) or ""
-    return {"reason": name_peers(text, labels), "peer": peer,
-            "role": SOCKET_PEER_CYCLE if peer.endswith(_CYCLE) else SOCKET_PEER_DEADLOCK if peer.endswith(_DEADLOCK)
-            else SOCKET_PEER}
+    return {
+        "reason": name_peers(text, labels),
+        "peer": peer,
+        "role": SOCKET_PEER_CYCLE
+        if peer.endswith(_CYCLE)
+        else SOCKET_PEER_DEADLOCK
+        if peer.endswith(_DEADLOCK)
+        else SOCKET_PEER,
+    }
 
 
 def holder_text(holder: ProcessInfo, label: str) -> Optional[str]:
@@ -192,11 +225,22 @@ def holder_text(holder: ProcessInfo, label: str) -> Optional[str]:
     rdzv = next((f for f in fs if f.get("name") == "init_process_group"), None)
     coll = collective_frame(fs)
     why = blocking_reason(fs, thread=main)
-    doing = ("in init_process_group (the rendezvous: it waits for every rank)" if rdzv is not None else
-             "in %s" % coll if coll else "%s" % why if why else "running")
+    doing = (
+        "in init_process_group (the rendezvous: it waits for every rank)"
+        if rdzv is not None
+        else "in %s" % coll
+        if coll
+        else "%s" % why
+        if why
+        else "running"
+    )
     user = user_frame(fs)
     return "The lock's holder, %s (pid %d): its main thread is %s%s" % (
-        label, holder.pid, doing, ", at %s" % frame_label(user) if user else "")
+        label,
+        holder.pid,
+        doing,
+        ", at %s" % frame_label(user) if user else "",
+    )
 
 
 def peer_waits(ctx: Ctx, d: Diagnosis) -> None:
@@ -218,12 +262,16 @@ def peer_waits(ctx: Ctx, d: Diagnosis) -> None:
         if pw["peer"]:
             d.details["peer_wait"], d.details["peer_role"] = pw["peer"], pw["role"]
             ctx.add(pw["peer"])
+
     reasons = d.details.get("culprit_reasons") or {}
     for r in d.culprit_ranks[:4]:
         v = ctx.views.get(r)
         text = reasons.get(str(r))
-        pw = peer_wait(text, v.proc.host, ctx.snap.processes, name) \
-            if v is not None and isinstance(text, str) and peer_pids(text) else None
+        pw = (
+            peer_wait(text, v.proc.host, ctx.snap.processes, name)
+            if v is not None and isinstance(text, str) and peer_pids(text)
+            else None
+        )
         if pw is not None:
             reasons[str(r)] = pw["reason"]
             keep(pw)

@@ -14,6 +14,7 @@ the ranks waiting for the culprits are in their own code), ``details['poll_wait'
 polling loop's condition) and ``details['poll_cycle']`` (the sentence), each also an
 evidence line. Never raises on odd data.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,9 @@ from hangtrace.tracer.analyze.evidence import user_frame
 from hangtrace.tracer.analyze.stacktree import format_ranks, frame_label, process_frames
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 
-_KEYWORDS = frozenset({"while", "not", "and", "or", "in", "is", "None", "True", "False", "if", "else", "lambda"})
+_KEYWORDS = frozenset(
+    {"while", "not", "and", "or", "in", "is", "None", "True", "False", "if", "else", "lambda"}
+)
 _NAME = re.compile(r"\.?[A-Za-z_]\w*")
 
 
@@ -35,11 +38,11 @@ def condition_names(loop_code: str) -> List[str]:
     ``['marker']``, ``'while not self.ready:'`` -> ``['.ready']`` (an attribute); calls,
     modules and keywords are left out."""
     body = loop_code.strip()
-    body = body[len("while"):] if body.startswith("while") else body
+    body = body[len("while") :] if body.startswith("while") else body
     body = body.rstrip(":")
     out: List[str] = []
     for m in _NAME.finditer(body):
-        tok, nxt = m.group(), body[m.end():m.end() + 1]
+        tok, nxt = m.group(), body[m.end() : m.end() + 1]
         if nxt in "(." and nxt or tok.lstrip(".") in _KEYWORDS:
             continue  # (a call, a module or object whose attribute is read, a keyword)
         if tok not in out:
@@ -72,7 +75,9 @@ def poll_waits(ctx: Ctx, d: Diagnosis) -> None:
 
 
 def _poll_waits(ctx: Ctx, d: Diagnosis) -> None:
-    waiters = [r for r in (d.details.get("direct_waiters") or d.waiting_ranks or []) if r not in d.culprit_ranks]
+    waiters = [
+        r for r in (d.details.get("direct_waiters") or d.waiting_ranks or []) if r not in d.culprit_ranks
+    ]
     at: Dict[int, Any] = {}
     for w in waiters[:16]:
         frames, _th = _frames(ctx, w)
@@ -106,9 +111,19 @@ def _poll_waits(ctx: Ctx, d: Diagnosis) -> None:
             who = ("rank " if len(pollers) == 1 else "ranks ") + format_ranks(pollers, 12)
             d.details["poll_cycle"] = (
                 "rank %d uses `%s` right after that collective (%s:%d: `%s`): if that is what %s %s for, this is a "
-                "cycle: %s for a step rank %d takes only after %s its collective" % (
-                    w, used, os.path.basename(str(uf.get("filename") or "?")), n, text, who,
-                    "polls" if len(pollers) == 1 else "poll", "it waits" if len(pollers) == 1 else "they wait",
-                    w, "it joins" if len(pollers) == 1 else "they join"))
+                "cycle: %s for a step rank %d takes only after %s its collective"
+                % (
+                    w,
+                    used,
+                    os.path.basename(str(uf.get("filename") or "?")),
+                    n,
+                    text,
+                    who,
+                    "polls" if len(pollers) == 1 else "poll",
+                    "it waits" if len(pollers) == 1 else "they wait",
+                    w,
+                    "it joins" if len(pollers) == 1 else "they join",
+                )
+            )
             ctx.add(d.details["poll_cycle"])
             return

@@ -4,6 +4,7 @@ In: the diagnosis and the context's ``replaced`` (rank -> (process that died, re
 Out: ``details['replacement']`` for the first culprit restarted alone and an evidence line;
 the paragraph adds a sentence and the advice says to restart the group together.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -34,13 +35,22 @@ def replacement_text(p: ProcessInfo) -> str:
     if coll:
         return "%s is in %s%s" % (head, coll, at)
     why = blocking_reason(frames, thread=th)
-    return "%s is in %s%s" % (head, " < ".join(frame_label(f) for f in frames[:3]), ": %s" % why if why else "")
+    return "%s is in %s%s" % (
+        head,
+        " < ".join(frame_label(f) for f in frames[:3]),
+        ": %s" % why if why else "",
+    )
 
 
 def replacement_detail(rank: int, p: ProcessInfo) -> Dict[str, Any]:
     """``details['replacement']``: ``{'rank', 'process' (host:pid), 'pid', 'start_wall_ns', 'text'}``."""
-    return {"rank": rank, "process": p.key, "pid": p.pid, "start_wall_ns": p.start_wall_ns,
-            "text": replacement_text(p)}
+    return {
+        "rank": rank,
+        "process": p.key,
+        "pid": p.pid,
+        "start_wall_ns": p.start_wall_ns,
+        "text": replacement_text(p),
+    }
 
 
 def replacement(ctx: Ctx, d: Diagnosis) -> None:
@@ -51,5 +61,7 @@ def replacement(ctx: Ctx, d: Diagnosis) -> None:
         return
     prev, new = ctx.replaced[r]
     det = d.details["replacement"] = replacement_detail(r, new)
-    ctx.add("rank %d was restarted alone: its process %s died and %s took the rank while the other ranks kept "
-            "the process group %s was in: %s" % (r, prev.key, new.key, prev.key, det["text"]))
+    ctx.add(
+        "rank %d was restarted alone: its process %s died and %s took the rank while the other ranks kept "
+        "the process group %s was in: %s" % (r, prev.key, new.key, prev.key, det["text"])
+    )

@@ -1,5 +1,6 @@
 """Role groups: the groups that play the same role as a group (the CP groups cp0, cp1 of
 a mesh), and how many collectives each rank issued on its group of a role (pure)."""
+
 from __future__ import annotations
 
 import re
@@ -33,17 +34,29 @@ def _run_of(ctx: Ctx, gd: GroupDef) -> Tuple[List[GroupDef], int]:
     """The run of undescribed groups created consecutively with ``gd``'s size, and
     ``gd``'s index in it."""
     size = len(gd["ranks"])
-    by_order = sorted((h for h in ctx.groups.values()
-                       if h.get("ranks") and h.get("order") is not None and role_stem(h.get("desc")) is None),
-                      key=lambda h: h["order"])
+    by_order = sorted(
+        (
+            h
+            for h in ctx.groups.values()
+            if h.get("ranks") and h.get("order") is not None and role_stem(h.get("desc")) is None
+        ),
+        key=lambda h: h["order"],
+    )
     i = next(k for k, h in enumerate(by_order) if h["name"] == gd["name"])
     lo = hi = i
-    while lo > 0 and len(by_order[lo - 1]["ranks"]) == size and by_order[lo - 1]["order"] == by_order[lo]["order"] - 1:
+    while (
+        lo > 0
+        and len(by_order[lo - 1]["ranks"]) == size
+        and by_order[lo - 1]["order"] == by_order[lo]["order"] - 1
+    ):
         lo -= 1
-    while (hi + 1 < len(by_order) and len(by_order[hi + 1]["ranks"]) == size
-           and by_order[hi + 1]["order"] == by_order[hi]["order"] + 1):
+    while (
+        hi + 1 < len(by_order)
+        and len(by_order[hi + 1]["ranks"]) == size
+        and by_order[hi + 1]["order"] == by_order[hi]["order"] + 1
+    ):
         hi += 1
-    return by_order[lo:hi + 1], i - lo
+    return by_order[lo : hi + 1], i - lo
 
 
 def _same_by_order(ctx: Ctx, gd: GroupDef) -> List[GroupDef]:
@@ -58,12 +71,12 @@ def _same_by_order(ctx: Ctx, gd: GroupDef) -> List[GroupDef]:
     same: List[GroupDef] = []
     if k >= 2 and len(run) % k == 0:
         for j in range(0, len(run), k):
-            block = run[j:j + k]
+            block = run[j : j + k]
             if any(h["name"] == gd["name"] for h in block):
                 same = block
     if not same or not _disjoint(same):
-        same = [gd]   # greedy: the disjoint neighbours of g
-        for h in run[i + 1:]:
+        same = [gd]  # greedy: the disjoint neighbours of g
+        for h in run[i + 1 :]:
             if not _disjoint(same + [h]):
                 break
             same.append(h)

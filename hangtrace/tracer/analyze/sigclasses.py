@@ -17,6 +17,7 @@ with the *smaller* tensor: the rank that changed only when it shrank (blind jobs
 2026-12-02: 8 against 10 elements, float32 against float64, aborted the rank that had not
 changed). So an abort is evidence, and the culprit only when no fact above decides.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
@@ -59,8 +60,9 @@ def majority(sigs: Dict[Sig, List[int]]) -> Optional[List[int]]:
     return sorted(r for rs in sigs.values() if rs is not top for r in rs)
 
 
-def novelty(ctx: Ctx, group: object, seq: int, sigs: Dict[Sig, List[int]],
-            recs: Dict[int, Record]) -> Optional[Tuple[List[int], str]]:
+def novelty(
+    ctx: Ctx, group: object, seq: int, sigs: Dict[Sig, List[int]], recs: Dict[int, Record]
+) -> Optional[Tuple[List[int], str]]:
     """The one class of one op whose signature is new on ``group`` at ``seq`` (see the
     module doc), with the evidence line; None when that does not single one out."""
     if len(sigs) < 2 or len({k[0] for k in sigs}) != 1:
@@ -72,7 +74,12 @@ def novelty(ctx: Ctx, group: object, seq: int, sigs: Dict[Sig, List[int]],
             continue
         for rec in history(p):
             s = rec.get("seq")
-            if rec.get("kind") == "collective" and rec.get("group") == group and isinstance(s, int) and s < seq:
+            if (
+                rec.get("kind") == "collective"
+                and rec.get("group") == group
+                and isinstance(s, int)
+                and s < seq
+            ):
                 earlier.setdefault(signature(rec), []).append(s)
     new = [k for k in sigs if k not in earlier]
     if len(new) != 1 or len(new) == len(sigs):
@@ -80,10 +87,19 @@ def novelty(ctx: Ctx, group: object, seq: int, sigs: Dict[Sig, List[int]],
     ranks = sigs[new[0]]
     old = next(k for k in sigs if k in earlier)
     seqs = sorted(set(earlier[old]))
-    return ranks, ("%s posted %s for the first time on %s at seq %s; earlier %s had %s, as %s %s now"
-                   % (rk(ranks, 8), desc_rec(recs[ranks[0]]), ctx.gdesc(group), seq,
-                      "seq %s" % _seqs(seqs), desc_rec(recs[sigs[old][0]]), rk(sigs[old], 8),
-                      "posts" if len(sigs[old]) == 1 else "post"))
+    return ranks, (
+        "%s posted %s for the first time on %s at seq %s; earlier %s had %s, as %s %s now"
+        % (
+            rk(ranks, 8),
+            desc_rec(recs[ranks[0]]),
+            ctx.gdesc(group),
+            seq,
+            "seq %s" % _seqs(seqs),
+            desc_rec(recs[sigs[old][0]]),
+            rk(sigs[old], 8),
+            "posts" if len(sigs[old]) == 1 else "post",
+        )
+    )
 
 
 def _seqs(seqs: List[int]) -> str:
@@ -91,8 +107,9 @@ def _seqs(seqs: List[int]) -> str:
     return shown if len(seqs) <= 5 else "... " + shown + " (%d in all)" % len(seqs)
 
 
-def first_divergence(ctx: Ctx, group: Optional[object] = None,
-                     before_seq: Optional[int] = None) -> Optional[Tuple[object, int, Dict[int, Record]]]:
+def first_divergence(
+    ctx: Ctx, group: Optional[object] = None, before_seq: Optional[int] = None
+) -> Optional[Tuple[object, int, Dict[int, Record]]]:
     """The earliest collective (by its first issue time) whose *completed* records, from
     two or more ranks, carry two or more signatures: ``(group, seq, rank -> record)``, or
     None. Only ``group`` and seqs below ``before_seq`` when given. gloo completes some of
@@ -104,8 +121,13 @@ def first_divergence(ctx: Ctx, group: Optional[object] = None,
     for r, p in ctx.procs.items():
         for rec in history(p):
             g, s = rec.get("group"), rec.get("seq")
-            if (rec.get("kind") != "collective" or rec.get("state") != "completed" or not isinstance(s, int)
-                    or (group is not None and g != group) or (before_seq is not None and s >= before_seq)):
+            if (
+                rec.get("kind") != "collective"
+                or rec.get("state") != "completed"
+                or not isinstance(s, int)
+                or (group is not None and g != group)
+                or (before_seq is not None and s >= before_seq)
+            ):
                 continue
             at.setdefault((g, s, rec.get("source") in (FR_SOURCE, FR_JOINED_SOURCE)), {})[r] = rec
     best: Optional[Tuple[int, int, Tuple[object, int, bool]]] = None
@@ -117,8 +139,13 @@ def first_divergence(ctx: Ctx, group: Optional[object] = None,
     return None if best is None else (best[2][0], best[2][1], at[best[2]])
 
 
-def changed(ctx: Ctx, group: object, seq: int, recs: Dict[int, Record],
-            fallback: Optional[Tuple[List[int], str]] = None) -> Tuple[List[int], str]:
+def changed(
+    ctx: Ctx,
+    group: object,
+    seq: int,
+    recs: Dict[int, Record],
+    fallback: Optional[Tuple[List[int], str]] = None,
+) -> Tuple[List[int], str]:
     """Who changed at ``(group, seq)`` by majority, then novelty; else ``fallback``, else
     every rank (the line says which fact decided)."""
     sigs = classes(recs)
@@ -128,8 +155,10 @@ def changed(ctx: Ctx, group: object, seq: int, recs: Dict[int, Record],
     new = novelty(ctx, group, seq, sigs, recs)
     if new is not None:
         return new
-    return fallback or (sorted(recs), "no majority and no earlier record of the group says which rank changed: "
-                                      "naming all")
+    return fallback or (
+        sorted(recs),
+        "no majority and no earlier record of the group says which rank changed: naming all",
+    )
 
 
 def earlier_line(ctx: Ctx, group: object, seq: Optional[int]) -> Optional[str]:
@@ -142,20 +171,42 @@ def earlier_line(ctx: Ctx, group: object, seq: Optional[int]) -> Optional[str]:
         return None
     g, s, recs = div
     return "the members already disagreed earlier, at seq %s of %s, and it completed: %s" % (
-        s, ctx.gdesc(g), "; ".join("%s: %s" % (rk(rs, 8), desc_rec(recs[rs[0]])) for rs in classes(recs).values()))
+        s,
+        ctx.gdesc(g),
+        "; ".join("%s: %s" % (rk(rs, 8), desc_rec(recs[rs[0]])) for rs in classes(recs).values()),
+    )
 
 
-def describe(ctx: Ctx, group: object, seq: int, recs: Dict[int, Record], culprits: List[int],
-             state: str = "") -> List[Dict[str, object]]:
+def describe(
+    ctx: Ctx, group: object, seq: int, recs: Dict[int, Record], culprits: List[int], state: str = ""
+) -> List[Dict[str, object]]:
     """Evidence lines, one per signature with its ranks (those that changed first, marked
     ``[changed]``; ``state`` e.g. ' (completed)' after each), and ``details['signatures']``."""
     out: List[Dict[str, object]] = []
     for rs in sorted(classes(recs).values(), key=lambda rs: (not set(rs) & set(culprits), rs)):
         x = recs[rs[0]]
-        out.append({"op": x.get("op"), "dtype": x.get("dtype"), "numel": x.get("numel"), "peer": x.get("peer"),
-                    "ranks": list(rs), "phase": x.get("phase"), "step": x.get("step")})
-        ctx.add("%s at seq %s of %s: %s%s%s" % (rk(rs, 8), seq, ctx.gdesc(group), desc_rec(x), state,
-                                               " [changed]" if set(rs) & set(culprits) else ""))
+        out.append(
+            {
+                "op": x.get("op"),
+                "dtype": x.get("dtype"),
+                "numel": x.get("numel"),
+                "peer": x.get("peer"),
+                "ranks": list(rs),
+                "phase": x.get("phase"),
+                "step": x.get("step"),
+            }
+        )
+        ctx.add(
+            "%s at seq %s of %s: %s%s%s"
+            % (
+                rk(rs, 8),
+                seq,
+                ctx.gdesc(group),
+                desc_rec(x),
+                state,
+                " [changed]" if set(rs) & set(culprits) else "",
+            )
+        )
     return out
 
 

@@ -13,6 +13,7 @@ In: the context, the diagnosis of the mismatch, the instance's waiters and the c
 record. Out: ``details['skipped_call']`` (``{'rank', 'op', 'call', 'last_op', 'last_call',
 'waiters'}``, calls counted per group from 1 as our wrappers count them) and an evidence line.
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
@@ -62,20 +63,43 @@ def skipped_call(ctx: Ctx, d: Diagnosis, waiters: Sequence[int], crec: Mapping[s
     if call is None or last is None or last >= call:
         return
     op = ops.pop()
-    d.details["skipped_call"] = {"rank": r, "op": op, "call": call, "last_op": last_op, "last_call": last,
-                                 "waiters": sorted(others)}
-    ctx.add("rank %d never called %s: %s %s in Python call %d on %s, rank %d's last there was %s (call %d); "
-            "the collective it is in was issued by torch itself (%s)" % (
-                r, op, rk(others, 8), "waits" if len(others) == 1 else "wait", call, ctx.gdesc(d.group), r,
-                last_op, last, crec.get("op")))
+    d.details["skipped_call"] = {
+        "rank": r,
+        "op": op,
+        "call": call,
+        "last_op": last_op,
+        "last_call": last,
+        "waiters": sorted(others),
+    }
+    ctx.add(
+        "rank %d never called %s: %s %s in Python call %d on %s, rank %d's last there was %s (call %d); "
+        "the collective it is in was issued by torch itself (%s)"
+        % (
+            r,
+            op,
+            rk(others, 8),
+            "waits" if len(others) == 1 else "wait",
+            call,
+            ctx.gdesc(d.group),
+            r,
+            last_op,
+            last,
+            crec.get("op"),
+        )
+    )
 
 
 def _ops_before(ctx: Ctx, r: int, group: Any, seq: int) -> List[Tuple[int, Any]]:
     """(seq, op) of rank ``r``'s collectives on ``group`` before ``seq``, oldest first."""
     v = ctx.views.get(r)
-    out = [(int(x["seq"]), x.get("op")) for x in (history(v.proc) if v is not None else ())
-           if x.get("kind") == "collective" and x.get("group") == group and isinstance(x.get("seq"), int)
-           and x["seq"] < seq]
+    out = [
+        (int(x["seq"]), x.get("op"))
+        for x in (history(v.proc) if v is not None else ())
+        if x.get("kind") == "collective"
+        and x.get("group") == group
+        and isinstance(x.get("seq"), int)
+        and x["seq"] < seq
+    ]
     return sorted(set(out), key=lambda t: t[0])
 
 
@@ -97,12 +121,34 @@ def went_on(ctx: Ctx, d: Diagnosis, waiters: Sequence[int], crec: Mapping[str, A
     calls = {own_call(ctx.views[w].blocked or {}) for w in others}
     call = calls.pop() if len(calls) == 1 else None
     last = max((s_ for s_, o in mine if o == op), default=None)
-    d.details["skipped_call"] = {"rank": r, "op": op, "call": call if call is not None else seq, "last_op": op,
-                                 "last_call": last, "waiters": sorted(others), "into": into, "by_torch": False}
-    ctx.add("rank %d never called %s: %s %s in it at seq %s on %s, where rank %d issued %s, the collective %s "
-            "issued just before it (%s before it on that group: %d, as many as %s)" % (
-                r, op, rk(others, 8), "waits" if len(others) == 1 else "wait", seq, ctx.gdesc(d.group), r, into,
-                rk(others, 8), op, count, rk(others, 8)))
+    d.details["skipped_call"] = {
+        "rank": r,
+        "op": op,
+        "call": call if call is not None else seq,
+        "last_op": op,
+        "last_call": last,
+        "waiters": sorted(others),
+        "into": into,
+        "by_torch": False,
+    }
+    ctx.add(
+        "rank %d never called %s: %s %s in it at seq %s on %s, where rank %d issued %s, the collective %s "
+        "issued just before it (%s before it on that group: %d, as many as %s)"
+        % (
+            r,
+            op,
+            rk(others, 8),
+            "waits" if len(others) == 1 else "wait",
+            seq,
+            ctx.gdesc(d.group),
+            r,
+            into,
+            rk(others, 8),
+            op,
+            count,
+            rk(others, 8),
+        )
+    )
 
 
 #: (culprit, the op its peers wait in, the op it issued, seq, peers, its (seq, op) before,
@@ -131,15 +177,26 @@ def _went_on_case(ctx: Ctx, d: Diagnosis, waiters: Sequence[int], crec: Mapping[
     return r, op, into, seq, others, mine, theirs
 
 
-def _in_stream(ctx: Ctx, crec: Mapping[str, Any], others: Sequence[int], group: Any,
-               theirs: Sequence[Sequence[Tuple[int, Any]]]) -> bool:
+def _in_stream(
+    ctx: Ctx,
+    crec: Mapping[str, Any],
+    others: Sequence[int],
+    group: Any,
+    theirs: Sequence[Sequence[Tuple[int, Any]]],
+) -> bool:
     """Is the culprit's record ``crec`` in the stream its peers issued just before (the same
     phase as their records of it, a step no earlier), not a collective of its own phase
     (rank 0 in 'checkpoint' while the others went on to 'rollout': an extra collective, not
     one it went on in)?"""
     for w, t in zip(others, theirs):
-        prev = next((x for x in history(ctx.views[w].proc) if x.get("kind") == "collective"
-                     and x.get("group") == group and x.get("seq") == t[-1][0]), None)
+        prev = next(
+            (
+                x
+                for x in history(ctx.views[w].proc)
+                if x.get("kind") == "collective" and x.get("group") == group and x.get("seq") == t[-1][0]
+            ),
+            None,
+        )
         if prev is None:
             return False
         if prev.get("phase") != crec.get("phase"):

@@ -24,6 +24,7 @@ node stand at different lines of that function.
 
 Everything here is pure (no I/O) and linear in ranks x stack depth.
 """
+
 import os
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -34,9 +35,18 @@ Frame = Dict[str, Any]
 #: one thread: {'thread_name', 'thread_id', 'active', 'frames': [Frame] innermost first}
 Thread = Dict[str, Any]
 
-__all__ = ["StackNode", "StackTree", "pick_thread", "process_frames", "frame_label",
-           "merge_stacks", "classes", "outliers", "missing_from_common_frame",
-           "format_ranks"]
+__all__ = [
+    "StackNode",
+    "StackTree",
+    "pick_thread",
+    "process_frames",
+    "frame_label",
+    "merge_stacks",
+    "classes",
+    "outliers",
+    "missing_from_common_frame",
+    "format_ranks",
+]
 
 NO_STACK = "<no stack>"
 
@@ -114,6 +124,7 @@ def threads_of(proc: ProcessInfo) -> Optional[List[Any]]:
         if text:
             try:
                 from hangtrace.tracer.collect.stacks import parse_faulthandler_text
+
                 parse: Callable[[str], List[Any]] = parse_faulthandler_text  # untyped (collect/)
                 threads = parse(text)
             except Exception:  # parser unavailable or confused: no stack, not a crash
@@ -146,8 +157,9 @@ class StackNode:
 
     __slots__ = ("label", "key", "children", "ranks", "ends", "parent", "depth", "line")
 
-    def __init__(self, label: Optional[str], key: Optional[Tuple[Any, ...]],
-                 parent: Optional["StackNode"] = None) -> None:
+    def __init__(
+        self, label: Optional[str], key: Optional[Tuple[Any, ...]], parent: Optional["StackNode"] = None
+    ) -> None:
         self.label, self.key, self.parent = label, key, parent
         self.children: Dict[Tuple[Any, ...], StackNode] = {}
         self.ranks: List[int] = []
@@ -242,8 +254,14 @@ def classes(tree: StackTree, outlier_fraction: float = 0.1) -> List[Dict[str, An
     for c in out:
         c["outlier"] = _is_outlier(c["count"], total, len(out), outlier_fraction)
     if tree.no_stack:
-        out.append({"frames": [NO_STACK], "ranks": list(tree.no_stack),
-                    "count": len(tree.no_stack), "outlier": False})
+        out.append(
+            {
+                "frames": [NO_STACK],
+                "ranks": list(tree.no_stack),
+                "count": len(tree.no_stack),
+                "outlier": False,
+            }
+        )
     return out
 
 
@@ -280,8 +298,11 @@ def missing_from_common_frame(tree: StackTree, majority: float = 0.5) -> Optiona
     if node is tree.root or len(node.ranks) == total:
         return None
     inside = set(node.ranks)
-    return {"frames": node.path(), "ranks_in": len(inside),
-            "missing": [r for r in tree.ranks if r not in inside]}
+    return {
+        "frames": node.path(),
+        "ranks_in": len(inside),
+        "missing": [r for r in tree.ranks if r not in inside],
+    }
 
 
 # --- what is a frame doing? ------------------------------------------------------------

@@ -12,6 +12,7 @@ neither deviate, there is no answer and the tie stands.
 Pure; reads only the records kept in the snapshot (the recent tail suffices: the baseline
 needs two completed steps before the divergence).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -38,10 +39,19 @@ class StepDeviation:
         return self.count > self.baseline
 
     def line(self) -> str:
-        what = "one more" if self.count == self.baseline + 1 else (
-            "one fewer" if self.count == self.baseline - 1 else "%d instead of %d" % (self.count, self.baseline))
-        return ("rank %d issued %s collective(s) on group '%s' in step %d than in each earlier step "
-                "(%d per step)" % (self.rank, what, self.group, self.step, self.baseline))
+        what = (
+            "one more"
+            if self.count == self.baseline + 1
+            else (
+                "one fewer"
+                if self.count == self.baseline - 1
+                else "%d instead of %d" % (self.count, self.baseline)
+            )
+        )
+        return (
+            "rank %d issued %s collective(s) on group '%s' in step %d than in each earlier step "
+            "(%d per step)" % (self.rank, what, self.group, self.step, self.baseline)
+        )
 
 
 def per_step(records: Iterable[Mapping[str, Any]], group: str) -> Dict[int, int]:
@@ -107,14 +117,21 @@ def deviations(procs: Mapping[int, ProcessInfo], group: str, ranks: Sequence[int
 def _in_loop_phases(records: Sequence[Mapping[str, Any]], group: str, step: int) -> int:
     """Collectives on ``group`` in ``step`` whose phase one of the earlier steps' collectives
     on the group had (all of them when the earlier steps recorded no phase)."""
-    coll = [(int(r["step"]), r.get("phase")) for r in records
-            if r.get("kind") == "collective" and r.get("group") == group and r.get("step") is not None
-            and int(r["step"]) >= 0]
+    coll = [
+        (int(r["step"]), r.get("phase"))
+        for r in records
+        if r.get("kind") == "collective"
+        and r.get("group") == group
+        and r.get("step") is not None
+        and int(r["step"]) >= 0
+    ]
     loop = {ph for st, ph in coll if st < step}
     return sum(1 for st, ph in coll if st == step and (ph in loop or not loop))
 
 
-def tie_breaker(procs: Mapping[int, ProcessInfo], group: str, ranks: Sequence[int]) -> Optional[StepDeviation]:
+def tie_breaker(
+    procs: Mapping[int, ProcessInfo], group: str, ranks: Sequence[int]
+) -> Optional[StepDeviation]:
     """The one rank among ``ranks`` whose per-step count deviates, or None (none or several)."""
     devs = deviations(procs, group, ranks)
     return devs[0] if len(devs) == 1 else None

@@ -24,6 +24,7 @@ raylet SIGTERMed both ranks; the verdict named rank 0, "SIGTERM from the raylet"
 
 Times are ns since the epoch.
 """
+
 from __future__ import annotations
 
 import os
@@ -63,6 +64,7 @@ def ray_stopper(sig: Optional[Mapping[str, Any]]) -> str:
 def _first_raise(v: RankView, start: int, end: int) -> Optional[Tuple[int, str]]:
     """The earliest exception of ``v`` raised in ``[start, end]``: ``(wall ns, 'Type: message')``."""
     from hangtrace.tracer.analyze.deaths import is_stop_error, raised_phases
+
     out: List[Tuple[int, str]] = [(t, text) for t, _name, text, _step in raised_phases(v.proc)]
     exc = v.proc.exception
     if exc is not None:
@@ -77,6 +79,7 @@ def raised_before_sigterm(v: RankView, times: List[int]) -> None:
     failure times ``fill_death`` takes the earliest of); ``v.teardown`` keeps the SIGTERM."""
     from hangtrace.tracer.analyze.deaths import STOPPED_WAIT_NS, is_transport_error
     from hangtrace.tracer.analyze.departures import sent_by
+
     t_sig = sigterm_wall(v)
     if v.cause != Cause.SIGTERM.value or not t_sig:
         return
@@ -85,7 +88,10 @@ def raised_before_sigterm(v: RankView, times: List[int]) -> None:
         return
     t, text = first
     sig = (v.proc.signals or {}).get("sigterm")
-    v.teardown = "it received SIGTERM%s %.2f s after it raised" % (sent_by(sig) if sig else "", (t_sig - t) / 1e9)
+    v.teardown = "it received SIGTERM%s %.2f s after it raised" % (
+        sent_by(sig) if sig else "",
+        (t_sig - t) / 1e9,
+    )
     v.cause, v.cause_text = Cause.EXCEPTION.value, text
     v.victim = is_transport_error(text)
     times.append(t)
@@ -95,6 +101,7 @@ def mark(ctx: Ctx) -> None:
     """Mark as victims the ranks Ray itself SIGTERMed after another rank's earlier failure
     (a death that is no victim), with ``teardown``: what happened (module docstring)."""
     from hangtrace.tracer.analyze.deaths import base_cause
+
     stopped: List[Tuple[RankView, str, int]] = []
     for v in ctx.views.values():
         who = ray_stopper((v.proc.signals or {}).get("sigterm"))
@@ -102,13 +109,22 @@ def mark(ctx: Ctx) -> None:
             stopped.append((v, who, sigterm_wall(v)))
     ranks = {v.rank for v, _who, _t in stopped}  # (one of them is no earlier failure for another)
     for v, who, t in stopped:
-        first = min((u for u in ctx.views.values() if u.dead and not u.victim and u.rank not in ranks
-                     and u.fail_wall and u.fail_wall < t), key=lambda u: (u.fail_wall, u.rank), default=None)
+        first = min(
+            (
+                u
+                for u in ctx.views.values()
+                if u.dead and not u.victim and u.rank not in ranks and u.fail_wall and u.fail_wall < t
+            ),
+            key=lambda u: (u.fail_wall, u.rank),
+            default=None,
+        )
         if first is None:
             continue
         v.victim = True
-        v.teardown = "SIGTERM from %s %.2f s after rank %d failed: Ray stopping the job's workers (teardown)" % (
-            who, (t - first.fail_wall) / 1e9, first.rank)
+        v.teardown = (
+            "SIGTERM from %s %.2f s after rank %d failed: Ray stopping the job's workers (teardown)"
+            % (who, (t - first.fail_wall) / 1e9, first.rank)
+        )
 
 
 def details(ctx: Ctx, root: RankView) -> Dict[str, Any]:
@@ -118,6 +134,7 @@ def details(ctx: Ctx, root: RankView) -> Dict[str, Any]:
     5400), 0.32 s later: Ray stopping the job's workers (teardown), not a cause"; {} when
     neither. Adds an evidence line for each."""
     from hangtrace.tracer.analyze.stacktree import format_ranks
+
     others = sorted(r for r, v in ctx.views.items() if r != root.rank and v.victim and v.teardown)
     for r in [root.rank] + others:
         if ctx.views[r].teardown:
@@ -125,13 +142,22 @@ def details(ctx: Ctx, root: RankView) -> Dict[str, Any]:
     if others:
         first = ctx.views[others[0]]
         self_too = bool(root.teardown) and bool(ray_stopper((root.proc.signals or {}).get("sigterm")))
-        text = "%s %s%s then received SIGTERM from %s, %.2f s later: Ray stopping the job's workers (teardown), " \
-               "not a cause" % ("Rank" if len(others) == 1 else "Ranks", format_ranks(others, 8),
-                                " and rank %d itself" % root.rank if self_too else "",
-                                ray_stopper((first.proc.signals or {}).get("sigterm")),
-                                (sigterm_wall(first) - root.fail_wall) / 1e9)
+        text = (
+            "%s %s%s then received SIGTERM from %s, %.2f s later: Ray stopping the job's workers (teardown), "
+            "not a cause"
+            % (
+                "Rank" if len(others) == 1 else "Ranks",
+                format_ranks(others, 8),
+                " and rank %d itself" % root.rank if self_too else "",
+                ray_stopper((first.proc.signals or {}).get("sigterm")),
+                (sigterm_wall(first) - root.fail_wall) / 1e9,
+            )
+        )
         return {"text": text, "ranks": others}
     if root.teardown:
-        return {"text": root.teardown[:1].upper() + root.teardown[1:] + ": the stop of a job that had failed, "
-                "not its cause", "ranks": []}
+        return {
+            "text": root.teardown[:1].upper() + root.teardown[1:] + ": the stop of a job that had failed, "
+            "not its cause",
+            "ranks": [],
+        }
     return {}

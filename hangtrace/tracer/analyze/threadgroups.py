@@ -16,6 +16,7 @@ issued the culprit's record), the sentence ``details['group_threads_text']``,
 an evidence line, and ``Diagnosis.frames`` from that thread's stack when it is not the
 main thread (none when no stack of it was taken: the main thread's would point elsewhere). Never raises on odd data.
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional
@@ -71,13 +72,23 @@ def _group_threads(ctx: Ctx, d: Diagnosis, crec: Optional[Mapping[str, Any]]) ->
     op = (crec or {}).get("op") or "collective"
     if len(threads) > 1:
         names = ", ".join("'%s'" % t if t != _MAIN else "its main thread" for t in threads[:4])
-        text = ("rank %d issues collectives on %s from %d threads (%s); this %s came from %s: the threads' "
-                "collectives interleave by timing, so the ranks pair different calls at one sequence number" % (
-                    r, ctx.gdesc(d.group), len(threads), names, op,
-                    "its thread '%s'" % thread if thread != _MAIN else "its main thread"))
+        text = (
+            "rank %d issues collectives on %s from %d threads (%s); this %s came from %s: the threads' "
+            "collectives interleave by timing, so the ranks pair different calls at one sequence number"
+            % (
+                r,
+                ctx.gdesc(d.group),
+                len(threads),
+                names,
+                op,
+                "its thread '%s'" % thread if thread != _MAIN else "its main thread",
+            )
+        )
     else:
-        text = ("rank %d's %s came from its thread '%s', not its main thread: check that no other thread issues "
-                "collectives on %s on any rank" % (r, op, thread, ctx.gdesc(d.group)))
+        text = (
+            "rank %d's %s came from its thread '%s', not its main thread: check that no other thread issues "
+            "collectives on %s on any rank" % (r, op, thread, ctx.gdesc(d.group))
+        )
     d.details["group_threads_text"] = text
     ctx.add(text)
     if thread == _MAIN:

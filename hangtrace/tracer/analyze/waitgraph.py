@@ -12,6 +12,7 @@ different sizes, is a mismatch. Edges: rank -> instance it is blocked in -> miss
 ranks. The graph is linear in ranks + group sizes (never ranks x ranks); cycles are
 Tarjan's strongly connected components.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,14 +20,39 @@ from typing import Any, Dict, Hashable, Iterable, List, Mapping, Optional, Seque
 
 from hangtrace.tracer.analyze.context import Ctx, Record
 
-_SEND = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv",
-         "send_object_list": "send", "recv_object_list": "recv"}
+_SEND = {
+    "send": "send",
+    "isend": "send",
+    "recv": "recv",
+    "irecv": "recv",
+    "send_object_list": "send",
+    "recv_object_list": "recv",
+}
 # ops whose dtype/numel legitimately differ between ranks
-_VARSIZE_OPS = frozenset(("all_gather_object", "gather_object", "broadcast_object_list",
-                          "scatter_object_list", "all_to_all", "all_to_all_single", "gather",
-                          "scatter", "batch_isend_irecv"))
-_ROOTED_OPS = frozenset(("broadcast", "reduce", "gather", "scatter", "broadcast_object_list",
-                         "gather_object", "scatter_object_list"))
+_VARSIZE_OPS = frozenset(
+    (
+        "all_gather_object",
+        "gather_object",
+        "broadcast_object_list",
+        "scatter_object_list",
+        "all_to_all",
+        "all_to_all_single",
+        "gather",
+        "scatter",
+        "batch_isend_irecv",
+    )
+)
+_ROOTED_OPS = frozenset(
+    (
+        "broadcast",
+        "reduce",
+        "gather",
+        "scatter",
+        "broadcast_object_list",
+        "gather_object",
+        "scatter_object_list",
+    )
+)
 
 Sig = Tuple[Any, ...]
 Node = Tuple[Any, ...]
@@ -140,9 +166,14 @@ def _fill_p2p(ctx: Ctx, inst: Inst) -> None:
             mine = ctx.blocked(w)
             d1, d2 = _SEND.get(str(mine.get("op"))), _SEND.get(str(rec.get("op")))
             bad = (d1 and d2 and d1 == d2) or (
-                mine.get("numel") != rec.get("numel") or mine.get("dtype") != rec.get("dtype"))
-            if (bad and peer != w and mine.get("op") != "batch_isend_irecv"
-                    and rec.get("op") != "batch_isend_irecv"):
+                mine.get("numel") != rec.get("numel") or mine.get("dtype") != rec.get("dtype")
+            )
+            if (
+                bad
+                and peer != w
+                and mine.get("op") != "batch_isend_irecv"
+                and rec.get("op") != "batch_isend_irecv"
+            ):
                 # one side each (keys differ by rank even when both sides sent)
                 inst.mismatch = {signature(mine) + (d1, w): [w], signature(rec) + (d2, peer): [peer]}
             if v.dead and not v.victim:
@@ -225,8 +256,11 @@ def cycles(ctx: Ctx) -> Cycles:
     sccs = tarjan(adj, [("r", r) for r in sorted(ctx.inst_of)])
     if sccs:
         comp = max(sccs, key=len)
-        out = Cycles(tuple(tuple(c) for c in sccs), tuple(sorted(n[1] for n in comp if n[0] == "r")),
-                     tuple(ctx.insts[n] for n in comp if n[0] != "r"))
+        out = Cycles(
+            tuple(tuple(c) for c in sccs),
+            tuple(sorted(n[1] for n in comp if n[0] == "r")),
+            tuple(ctx.insts[n] for n in comp if n[0] != "r"),
+        )
     else:
         out = Cycles((), (), ())
     ctx.cache["cycles"] = out
@@ -234,10 +268,15 @@ def cycles(ctx: Ctx) -> Cycles:
 
 
 def inst_text(ctx: Ctx, inst: Inst) -> str:
-    """"group 'g' seq 7" / "p2p on group 'g' pair seq 3 with rank 1"."""
+    """ "group 'g' seq 7" / "p2p on group 'g' pair seq 3 with rank 1"."""
     if inst.p2p:
         w = inst.waiters[0] if inst.waiters else "?"
-        return "p2p on %s pair seq %s between ranks %s and %s" % (ctx.gdesc(inst.group), inst.seq, w, inst.peer)
+        return "p2p on %s pair seq %s between ranks %s and %s" % (
+            ctx.gdesc(inst.group),
+            inst.seq,
+            w,
+            inst.peer,
+        )
     return "%s seq %s" % (ctx.gdesc(inst.group), inst.seq)
 
 
@@ -273,11 +312,13 @@ def chain(ctx: Ctx, culprit: int) -> List[Tuple[int, Optional[Inst]]]:
 
 
 def chain_text(ctx: Ctx, ch: List[Tuple[int, Optional[Inst]]]) -> str:
-    """"wait chain: rank 0 waits in ... -> rank 3 (not in a collective)"."""
+    """ "wait chain: rank 0 waits in ... -> rank 3 (not in a collective)"."""
     parts = []
     for r, inst in ch:
         if inst is None:
-            parts.append("rank %d (not in a collective)" % r if r in ctx.views else "rank %d (no record file)" % r)
+            parts.append(
+                "rank %d (not in a collective)" % r if r in ctx.views else "rank %d (no record file)" % r
+            )
         else:
             parts.append("rank %d waits in %s %s" % (r, inst_text(ctx, inst), ctx.blocked(r).get("op")))
     return "wait chain: " + " -> ".join(parts)

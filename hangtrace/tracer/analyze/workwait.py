@@ -11,6 +11,7 @@ In: a rank view (its summary's newest records per group and per peer, its main t
 frames with the source line of ``collect/sourcelines.py``). Out: the record it waits for,
 or None.
 """
+
 from __future__ import annotations
 
 import re
@@ -44,8 +45,12 @@ def async_wait(v: "RankView") -> Optional[Dict[str, Any]]:
         return None
     seen: Dict[Any, Dict[str, Any]] = {}
     for r in (*sm.by_peer.values(), *sm.by_group.values()):
-        if (isinstance(r, dict) and r.get("state") == "issued" and r.get("async_op")
-                and r.get("kind") in ("p2p", "collective")):
+        if (
+            isinstance(r, dict)
+            and r.get("state") == "issued"
+            and r.get("async_op")
+            and r.get("kind") in ("p2p", "collective")
+        ):
             seen.setdefault(r.get("idx", id(r)), r)
     pend: List[Dict[str, Any]] = list(seen.values())
     if not pend:

@@ -9,6 +9,7 @@ stacks (STAT-style prefix tree) and names the outliers in the same vocabulary.
 (reason 'attach') with ``diagnose()``, whose ``stack_only`` rule
 (``analyze/rules/stack_only.py``) gives the stack-only verdict.
 """
+
 import os
 import shlex
 import socket
@@ -33,8 +34,12 @@ def _stderr(line: str) -> None:
     sys.stderr.flush()
 
 
-def collect(pids: Optional[List[int]] = None, native: bool = False, out_dir: Optional[str] = None,
-            log: Optional[Callable[[str], None]] = None) -> Snapshot:
+def collect(
+    pids: Optional[List[int]] = None,
+    native: bool = False,
+    out_dir: Optional[str] = None,
+    log: Optional[Callable[[str], None]] = None,
+) -> Snapshot:
     """Find the job's processes (``pids`` or a scan) and take their stacks.
 
     Without ``pids``, the job started most recently by this user (``choose_job``); ``log``
@@ -46,6 +51,7 @@ def collect(pids: Optional[List[int]] = None, native: bool = False, out_dir: Opt
     torch.distributed process is found (with the reasons of skipped ones).
     """
     from hangtrace.tracer.collect import stacks as S
+
     found = find_torch_processes(pids)
     notes: List[str] = []
     if pids is None and found:
@@ -57,41 +63,58 @@ def collect(pids: Optional[List[int]] = None, native: bool = False, out_dir: Opt
         raise NoProcessesError(
             "no torch.distributed process found%s" % (" (" + why + ")" if why else ""),
             "pass --pid PID for each rank, or run as the job's user/root; processes are "
-            "recognised by RANK/LOCAL_RANK/WORLD_SIZE/TORCHELASTIC_RUN_ID in their environment")
+            "recognised by RANK/LOCAL_RANK/WORLD_SIZE/TORCHELASTIC_RUN_ID in their environment",
+        )
     res = S.dump_stacks([d["pid"] for d in found], native=native)
     procs = []
     for d in found:
         r = res.get(d["pid"]) or {}
-        p = ProcessInfo(host=d["host"], pid=d["pid"], rank=d["rank"], local_rank=d["local_rank"],
-                        world_size=d["world_size"], run_id=d["run_id"],
-                        state="alive" if r.get("threads") or "vanished" not in (r.get("error") or "") else "killed",
-                        stacks=r.get("threads"), stack_source=r.get("source"),
-                        stack_error=(r.get("error") or None) and "%s%s" % (
-                            r["error"], (" (remedy: %s)" % r["remedy"]) if r.get("remedy") else ""),
-                        meta={"cmdline": d["cmdline"], "attached": True},
-                        children=tuple(r.get("children") or ()))
+        p = ProcessInfo(
+            host=d["host"],
+            pid=d["pid"],
+            rank=d["rank"],
+            local_rank=d["local_rank"],
+            world_size=d["world_size"],
+            run_id=d["run_id"],
+            state="alive" if r.get("threads") or "vanished" not in (r.get("error") or "") else "killed",
+            stacks=r.get("threads"),
+            stack_source=r.get("source"),
+            stack_error=(r.get("error") or None)
+            and "%s%s" % (r["error"], (" (remedy: %s)" % r["remedy"]) if r.get("remedy") else ""),
+            meta={"cmdline": d["cmdline"], "attached": True},
+            children=tuple(r.get("children") or ()),
+        )
         procs.append(p)
     errors = notes + ["pid %s skipped: %s" % (s["pid"], s["reason"]) for s in found.skipped]
     inferred = [d for d in found if d.get("inferred_from") and d["rank"] < 0]
     if inferred:
-        errors.append("pid(s) %s: rank unknown: their torch variables were set in Python (os.environ), not in the "
-                      "environment they started with; found through child pid %d, which inherited them; stacks "
-                      "taken, no rank-based verdict (set RANK before starting the ranks, or run under HANGTRACE=1)"
-                      % (", ".join(str(d["pid"]) for d in inferred), inferred[0]["inferred_from"]))
-    errors += ["rank %d (pid %d): no stacks: %s" % (p.rank, p.pid, p.stack_error) for p in procs if p.stack_error]
+        errors.append(
+            "pid(s) %s: rank unknown: their torch variables were set in Python (os.environ), not in the "
+            "environment they started with; found through child pid %d, which inherited them; stacks "
+            "taken, no rank-based verdict (set RANK before starting the ranks, or run under HANGTRACE=1)"
+            % (", ".join(str(d["pid"]) for d in inferred), inferred[0]["inferred_from"])
+        )
+    errors += [
+        "rank %d (pid %d): no stacks: %s" % (p.rank, p.pid, p.stack_error) for p in procs if p.stack_error
+    ]
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     sdir = out_dir or os.path.join(tempfile.gettempdir(), "hangtrace-attach-%s-%d" % (stamp, os.getpid()))
     os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
-    snap = Snapshot(run_dir=sdir, taken_wall_ns=time.time_ns(), reason="attach", processes=procs,
-                    errors=errors, path=sdir)
+    snap = Snapshot(
+        run_dir=sdir, taken_wall_ns=time.time_ns(), reason="attach", processes=procs, errors=errors, path=sdir
+    )
     for p in procs:
         if p.stacks is not None:
             with open(os.path.join(sdir, "stacks", "%s-%d.json" % (p.host, p.pid)), "wb") as f:
                 f.write(orjson.dumps({"threads": p.stacks, "source": p.stack_source, "error": p.stack_error}))
-    meta = {"run_dir": sdir, "taken_wall_ns": snap.taken_wall_ns, "reason": "attach", "errors": errors,
-            "host": socket.gethostname(),
-            "processes": {p.key: {"state": p.state, "rank": p.rank, "stack_error": p.stack_error}
-                          for p in procs}}
+    meta = {
+        "run_dir": sdir,
+        "taken_wall_ns": snap.taken_wall_ns,
+        "reason": "attach",
+        "errors": errors,
+        "host": socket.gethostname(),
+        "processes": {p.key: {"state": p.state, "rank": p.rank, "stack_error": p.stack_error} for p in procs},
+    }
     with open(os.path.join(sdir, "processes.json"), "wb") as f:
         f.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     return snap
@@ -116,7 +139,9 @@ def _started(ds: List[Found]) -> float:
 def _describe_job(ds: List[Found]) -> str:
     """``pid 12 (rank 0), pid 13 (rank 1): python train.py --lr 1 (started 20:10:03)``"""
     ds = sorted(ds, key=lambda d: (d["rank"] < 0, d["rank"], d["pid"]))
-    who = ", ".join("pid %d%s" % (d["pid"], " (rank %d)" % d["rank"] if d["rank"] >= 0 else "") for d in ds[:8])
+    who = ", ".join(
+        "pid %d%s" % (d["pid"], " (rank %d)" % d["rank"] if d["rank"] >= 0 else "") for d in ds[:8]
+    )
     if len(ds) > 8:
         who += ", ... (%d processes)" % len(ds)
     cmd = shlex.join(ds[0].get("cmdline") or ["?"])
@@ -133,8 +158,10 @@ def list_jobs() -> List[str]:
     jobs: Dict[Tuple[Any, ...], List[Found]] = {}
     for d in find_torch_processes():
         jobs.setdefault(_job_key(d), []).append(d)
-    return ["uid %s: %s" % (",".join(sorted({str(d.get("uid")) for d in ds})), _describe_job(ds))
-            for ds in sorted(jobs.values(), key=_started, reverse=True)]
+    return [
+        "uid %s: %s" % (",".join(sorted({str(d.get("uid")) for d in ds})), _describe_job(ds))
+        for ds in sorted(jobs.values(), key=_started, reverse=True)
+    ]
 
 
 def choose_job(found: List[Found], uid: int) -> Tuple[List[Found], str, List[str]]:
@@ -150,17 +177,25 @@ def choose_job(found: List[Found], uid: int) -> Tuple[List[Found], str, List[str
     chosen = max(pool, key=_started)
     n, others = len(pool), len(jobs) - len(mine)
     if mine:
-        why = ("the only torch.distributed job owned by uid %d" % uid if n == 1 else
-               "the newest of %d torch.distributed jobs owned by uid %d" % (n, uid))
+        why = (
+            "the only torch.distributed job owned by uid %d" % uid
+            if n == 1
+            else "the newest of %d torch.distributed jobs owned by uid %d" % (n, uid)
+        )
         if others:
             why += "; %d job%s of other users left out" % (others, "" if others == 1 else "s")
     else:
         owners = sorted({int(d["uid"]) for d in chosen if d.get("uid") is not None})
         why = "no torch.distributed job is owned by uid %d; %s (uid %s)" % (
-            uid, "the only job found" if n == 1 else "the newest of %d jobs found" % n,
-            ",".join(str(u) for u in owners) or "?")
-    line = "attaching to %s: %s%s" % (_describe_job(chosen), why,
-                                      "; pass --pid to choose another" if len(jobs) > 1 else "")
+            uid,
+            "the only job found" if n == 1 else "the newest of %d jobs found" % n,
+            ",".join(str(u) for u in owners) or "?",
+        )
+    line = "attaching to %s: %s%s" % (
+        _describe_job(chosen),
+        why,
+        "; pass --pid to choose another" if len(jobs) > 1 else "",
+    )
     notes = []
     for ds in jobs.values():
         if ds is not chosen:

@@ -6,6 +6,7 @@ actors of RL frameworks do for RANK/WORLD_SIZE) are not visible there (proc(5):
 environ shows the block the process was exec'ed with); such processes are found
 through their ring files instead, or by passing their pids.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,20 +23,30 @@ Found = Dict[str, Any]
 
 #: Variables whose presence marks a torch.distributed process (torchrun / torch.distributed
 #: launchers and most schedulers set them; see torch docs "torchrun (Elastic Launch)").
-TORCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
-             "GROUP_RANK")
+TORCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "GROUP_RANK")
 #: Variables copied into each result's ``env``.
-ENV_KEYS = TORCH_ENV + ("MASTER_PORT", "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME",
-                        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-                        "NODE_RANK", "CUDA_VISIBLE_DEVICES", config.ENABLE, config.DIR,
-                        config.RUN_ID)
+ENV_KEYS = TORCH_ENV + (
+    "MASTER_PORT",
+    "LOCAL_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "NODE_RANK",
+    "CUDA_VISIBLE_DEVICES",
+    config.ENABLE,
+    config.DIR,
+    config.RUN_ID,
+)
 
 
 class DiscoveryResult(list[Found]):
     """A list of process dicts, plus ``skipped``: ``[{'pid': int, 'reason': str}]`` for
     processes that could not be examined (environ unreadable, gone, not torch)."""
 
-    def __init__(self, items: Iterable[Found] = (), skipped: Optional[Iterable[Dict[str, Any]]] = None) -> None:
+    def __init__(
+        self, items: Iterable[Found] = (), skipped: Optional[Iterable[Dict[str, Any]]] = None
+    ) -> None:
         super().__init__(items)
         self.skipped = list(skipped or [])
 
@@ -55,7 +66,7 @@ def _is_python(proc: psutil.Process, cmdline: List[str]) -> bool:
         pass
     if cmdline:
         names.append(os.path.basename(cmdline[0]))
-        if cmdline[0].startswith("ray::"):   # Ray workers rename themselves (setproctitle)
+        if cmdline[0].startswith("ray::"):  # Ray workers rename themselves (setproctitle)
             return True
     try:
         names.append(proc.name())
@@ -115,8 +126,13 @@ def _mp_helper(cmdline: List[str]) -> bool:
 
 def _job_key(d: Found) -> Tuple[str, str, str, str, int]:
     e = d["env"]
-    return (e.get("TORCHELASTIC_RUN_ID", ""), e.get("MASTER_ADDR", ""), e.get("MASTER_PORT", ""),
-            e.get("WORLD_SIZE", ""), d["rank"])
+    return (
+        e.get("TORCHELASTIC_RUN_ID", ""),
+        e.get("MASTER_ADDR", ""),
+        e.get("MASTER_PORT", ""),
+        e.get("WORLD_SIZE", ""),
+        d["rank"],
+    )
 
 
 def _prefer_leaves(cands: List[Found]) -> List[Found]:
@@ -147,7 +163,9 @@ def _prefer_leaves(cands: List[Found]) -> List[Found]:
             if py:
                 members = py
             by_pid = {d["pid"]: d for d in members}
-            spawned = [d for d in members if _spawned(d) and d["ppid"] in by_pid and not _spawned(by_pid[d["ppid"]])]
+            spawned = [
+                d for d in members if _spawned(d) and d["ppid"] in by_pid and not _spawned(by_pid[d["ppid"]])
+            ]
             members = spawned or [d for d in members if d["ppid"] not in by_pid] or members
         keep.extend(members)
     return keep
@@ -202,8 +220,9 @@ def _python_parents(found: List[Found], psutil: Any, host: str, skipped: List[Di
     return out
 
 
-def find_torch_processes(pids: Optional[Iterable[Union[int, str]]] = None,
-                         include_all: bool = False) -> DiscoveryResult:
+def find_torch_processes(
+    pids: Optional[Iterable[Union[int, str]]] = None, include_all: bool = False
+) -> DiscoveryResult:
     """torch.distributed processes on this host, sorted by rank (then pid).
 
     ``pids``: examine exactly these (a pid whose environment lacks torch variables is still
@@ -243,7 +262,7 @@ def find_torch_processes(pids: Optional[Iterable[Union[int, str]]] = None,
             continue
         try:
             env = proc.environ()
-        except psutil.ZombieProcess:          # a subclass of NoSuchProcess: test it first
+        except psutil.ZombieProcess:  # a subclass of NoSuchProcess: test it first
             if pids is not None:
                 skipped.append({"pid": proc.pid, "reason": "zombie (exited, not reaped)"})
             continue
@@ -254,9 +273,15 @@ def find_torch_processes(pids: Optional[Iterable[Union[int, str]]] = None,
         except psutil.AccessDenied:
             if pids is None and os.geteuid() == 0:
                 continue  # denied even to root (a sandbox's init, a kernel helper): no job of a user
-            skipped.append({"pid": proc.pid, "reason": (
-                "access denied reading /proc/%d/environ: run as the job's user, as root, or "
-                "with CAP_SYS_PTRACE" % proc.pid)})
+            skipped.append(
+                {
+                    "pid": proc.pid,
+                    "reason": (
+                        "access denied reading /proc/%d/environ: run as the job's user, as root, or "
+                        "with CAP_SYS_PTRACE" % proc.pid
+                    ),
+                }
+            )
             continue
         except OSError as e:
             skipped.append({"pid": proc.pid, "reason": "cannot read environ: %s" % e})

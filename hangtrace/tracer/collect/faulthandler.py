@@ -5,6 +5,7 @@ Thread format: see ``collect/stacks.py``. faulthandler prints "most recent call 
 with a signal only from a process that registered ``faulthandler.register`` for it
 (its ring header's dump signal): in Ray workers SIGUSR1 is SIG_DFL and kills.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,15 +25,18 @@ Dump = Dict[str, Any]  # {'header': str | None, 'threads': [Thread, ...], 'trunc
 # Threads of one dump are separated by a blank line; consecutive dumps are not.
 _THREAD_RE = re.compile(
     r"^(?P<cur>Current thread|Thread) (?P<tid>0x[0-9a-fA-F]+)(?: \[(?P<name>[^\]]*)\])?"
-    r" \(most recent call first\):\s*$")
+    r" \(most recent call first\):\s*$"
+)
 _STACK_RE = re.compile(r"^Stack \(most recent call first\):\s*$")
 _FRAME_RE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?+) in (?P<name>.*?)\s*$')
 _FATAL_RE = re.compile(r"^Fatal Python error: (?P<msg>.*)$")
 
 
 def _is_threading_bootstrap(frame: Dict[str, Any]) -> bool:
-    return (frame["name"] in ("_bootstrap", "Thread._bootstrap")
-            and os.path.basename(frame["filename"]) == "threading.py")
+    return (
+        frame["name"] in ("_bootstrap", "Thread._bootstrap")
+        and os.path.basename(frame["filename"]) == "threading.py"
+    )
 
 
 def _mark_main(threads: List[Thread]) -> None:
@@ -80,11 +84,11 @@ class _DumpParser:
 
     def __init__(self) -> None:
         self.dumps: List[Dump] = []
-        self.cur: Optional[Dump] = None             # current dump
-        self.thread: Optional[Thread] = None        # current thread (frames go there)
-        self.prev_blank = True                      # the previous line was blank
-        self.saw_other = False                      # unknown text since the last thread line
-        self.pending_header: Optional[str] = None   # "Fatal Python error: ..." waiting for its first thread
+        self.cur: Optional[Dump] = None  # current dump
+        self.thread: Optional[Thread] = None  # current thread (frames go there)
+        self.prev_blank = True  # the previous line was blank
+        self.saw_other = False  # unknown text since the last thread line
+        self.pending_header: Optional[str] = None  # "Fatal Python error: ..." waiting for its first thread
 
     def feed(self, line: str) -> None:
         """One line of the file (without its line end)."""
@@ -109,19 +113,28 @@ class _DumpParser:
             cur = self.cur = {"header": self.pending_header, "threads": [], "truncated": False}
             self.dumps.append(cur)
             self.pending_header = None
-        self.thread = {"thread_name": (m.group("name") if m else None) or None,
-                       "thread_id": tid, "os_thread_id": None, "active": None,
-                       "owns_gil": None, "current": m is None or m.group("cur") != "Thread",
-                       "frames": []}
+        self.thread = {
+            "thread_name": (m.group("name") if m else None) or None,
+            "thread_id": tid,
+            "os_thread_id": None,
+            "active": None,
+            "owns_gil": None,
+            "current": m is None or m.group("cur") != "Thread",
+            "frames": [],
+        }
         cur["threads"].append(self.thread)
         self.prev_blank = self.saw_other = False
 
     def _new_dump(self, cur: Dump, tid: Optional[int]) -> bool:
         """True when a thread line with id ``tid`` (None: a "Stack" line) starts a new dump
         after ``cur``."""
-        return (tid is None or self.pending_header is not None or self.saw_other
-                or not self.prev_blank
-                or any(t["thread_id"] == tid for t in cur["threads"]))
+        return (
+            tid is None
+            or self.pending_header is not None
+            or self.saw_other
+            or not self.prev_blank
+            or any(t["thread_id"] == tid for t in cur["threads"])
+        )
 
     def _body_line(self, line: str, stripped: str) -> None:
         """A non-blank line that is no thread line: a frame, a marker, or other text."""
@@ -129,14 +142,20 @@ class _DumpParser:
         fm = _FRAME_RE.match(line)
         if fm and thread is not None:
             ln = fm.group("line")
-            thread["frames"].append({"name": fm.group("name"), "filename": fm.group("file"),
-                                     "line": int(ln) if ln.isdigit() else 0, "native": False})
+            thread["frames"].append(
+                {
+                    "name": fm.group("name"),
+                    "filename": fm.group("file"),
+                    "line": int(ln) if ln.isdigit() else 0,
+                    "native": False,
+                }
+            )
         elif stripped == "..." and thread is not None and self.cur is not None:  # cur is set with thread
             self.cur["truncated"] = True
         elif stripped == "<no Python frame>" and thread is not None:
             pass
         elif line[:1].isspace() and thread is not None:
-            pass   # other indented detail inside a thread (e.g. "  Garbage-collecting")
+            pass  # other indented detail inside a thread (e.g. "  Garbage-collecting")
         elif _FATAL_RE.match(stripped):
             self.pending_header = stripped
             self.thread = None
@@ -176,8 +195,9 @@ def _size(path: str) -> int:
         return 0
 
 
-def request_faulthandler_dump(pid: int, signum: int, dump_file: str, timeout_s: float = 3.0, *,
-                              registered: bool = True) -> Optional[List[Thread]]:
+def request_faulthandler_dump(
+    pid: int, signum: int, dump_file: str, timeout_s: float = 3.0, *, registered: bool = True
+) -> Optional[List[Thread]]:
     """Make ``pid`` write its stacks with faulthandler and return them (thread list) or None.
 
     Calling this is the caller's statement (from the ring header or run directory) that
@@ -194,6 +214,7 @@ def request_faulthandler_dump(pid: int, signum: int, dump_file: str, timeout_s: 
     time.
     """
     from hangtrace.tracer.collect.stacks import _pid_state
+
     if not registered or not signal_caught(pid, signum):
         return None
     start = _size(dump_file)
@@ -206,7 +227,7 @@ def request_faulthandler_dump(pid: int, signum: int, dump_file: str, timeout_s: 
     while time.monotonic() < deadline:
         time.sleep(0.01)
         size = _size(dump_file)
-        if size < start:       # file was truncated/rewritten: read from the beginning
+        if size < start:  # file was truncated/rewritten: read from the beginning
             start = 0
         if size > start:
             if size != last:

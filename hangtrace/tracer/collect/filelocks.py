@@ -7,6 +7,7 @@ blocked in ``flock`` names its holder (collect/kernelwait.py); a rank that holds
 while it waits for the others (blind helper 59: ``filelock`` around ``init_process_group``)
 carries the files it holds.
 """
+
 from __future__ import annotations
 
 import os

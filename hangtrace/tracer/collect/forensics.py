@@ -16,6 +16,7 @@ Two halves, both impure:
 
 Module import is light (stdlib only); pyelftools is imported inside the functions that need it.
 """
+
 import json
 import os
 import re
@@ -25,8 +26,16 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from hangtrace.tracer import envfacts as E
 
 from hangtrace.hooks.envcollect import (  # noqa: F401 (the in-process half, re-exported)
-    _build_id_in_notes, _library, _module_version, collect_self, matters, name_version, parse_maps,
-    read_build_id, write)
+    _build_id_in_notes,
+    _library,
+    _module_version,
+    collect_self,
+    matters,
+    name_version,
+    parse_maps,
+    read_build_id,
+    write,
+)
 
 
 def load_env(run_dir: str) -> Tuple[List[E.ProcessEnv], List[str]]:
@@ -70,6 +79,7 @@ def stated_version(path: str) -> Optional[str]:
     pyelftools in the read-only data sections. None otherwise or on error."""
     try:
         from elftools.elf.elffile import ELFFile
+
         with open(path, "rb") as f:
             elf = ELFFile(f)
             for name in (".rodata", ".rodata1"):
@@ -109,6 +119,7 @@ def _elftools_build_id(path: str) -> Optional[str]:
     try:
         from elftools.elf.elffile import ELFFile
         from elftools.elf.segments import NoteSegment
+
         with open(path, "rb") as f:
             for seg in ELFFile(f).iter_segments():
                 if isinstance(seg, NoteSegment):  # what pyelftools makes of every PT_NOTE segment
@@ -128,11 +139,15 @@ def symbolize(path: str, file_offset: int) -> Optional[str]:
     try:
         from elftools.elf.elffile import ELFFile
         from elftools.elf.sections import SymbolTableSection
+
         with open(path, "rb") as f:
             elf = ELFFile(f)
             vaddr = None
             for seg in elf.iter_segments():
-                if seg["p_type"] == "PT_LOAD" and seg["p_offset"] <= file_offset < seg["p_offset"] + seg["p_filesz"]:
+                if (
+                    seg["p_type"] == "PT_LOAD"
+                    and seg["p_offset"] <= file_offset < seg["p_offset"] + seg["p_filesz"]
+                ):
                     vaddr = file_offset - seg["p_offset"] + seg["p_vaddr"]
                     break
             if vaddr is None:
@@ -163,10 +178,15 @@ def kernel_fault_text(pid: int, read_log: Optional[Callable[[], Tuple[list, str]
     ``(text, status)``; status is 'read' or why the log could not be read."""
     if read_log is None:
         from hangtrace.tracer.collect.rings import read_kernel_log
+
         read_log = read_kernel_log
     lines, status = read_log()
     tag = "[%d]" % pid
-    keep = [t for _, t in lines if tag in t and (" segfault at " in t or " trap " in t or "general protection" in t)]
+    keep = [
+        t
+        for _, t in lines
+        if tag in t and (" segfault at " in t or " trap " in t or "general protection" in t)
+    ]
     return "\n".join(keep), status
 
 
@@ -176,16 +196,20 @@ def run_env(path: str, enrich_local: bool = True) -> Tuple[List[E.ProcessEnv], L
     ``enrich_local``, pyelftools facts added for this host's libraries (:func:`enrich`).
     Returns ``(records, error lines)``; never raises for unreadable files."""
     from hangtrace.tracer.collect import rings
+
     env_root = path
     if rings.is_snapshot(path) and not os.path.isdir(os.path.join(path, E.ENV_DIR)):
         env_root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
     envs, errors = load_env(env_root)
     ranks: Dict[Tuple[str, int], int] = {}
     try:
-        snap = rings.load_snapshot(path) if rings.is_snapshot(path) else rings.load_run(path, live_facts=False)
+        snap = (
+            rings.load_snapshot(path) if rings.is_snapshot(path) else rings.load_run(path, live_facts=False)
+        )
         # the process model: only the process that IS rank r compares as rank r (helpers
         # that inherited RANK - resource trackers, DataLoader workers - do not)
         from hangtrace.tracer.process_model import assign_roles
+
         model = assign_roles(snap.processes)
         ranks = {(p.host, p.pid): (p.rank if model.ranks.get(p.rank) is p else -1) for p in snap.processes}
     except Exception as e:  # no ring: compare without ranks
@@ -196,13 +220,15 @@ def run_env(path: str, enrich_local: bool = True) -> Tuple[List[E.ProcessEnv], L
     return envs, errors
 
 
-def crash_frame(run_dir: str, host: str, pid: int,
-                read_log: Optional[Callable[[], Tuple[list, str]]] = None) -> Optional[str]:
+def crash_frame(
+    run_dir: str, host: str, pid: int, read_log: Optional[Callable[[], Tuple[list, str]]] = None
+) -> Optional[str]:
     """Library and symbol of the native frame where process ``host:pid`` of ``run_dir``
     took its fatal signal (see ``analyze.envdiff.fatal_frame_library``), from its
     recorded mappings and this host's kernel log; None for another host, no record, no
     kernel line (SIGABRT, rate limit, exception-trace off) or an unreadable log."""
     from hangtrace.tracer.analyze.envdiff import fatal_frame_library
+
     if host != socket.gethostname():
         return None
     envs, _ = load_env(run_dir)
@@ -213,8 +239,9 @@ def crash_frame(run_dir: str, host: str, pid: int,
     return fatal_frame_library(text, maps, symbolize, pid=pid)
 
 
-def verdict_evidence(run_dir: str, processes: Sequence, culprit_ranks: Sequence[int],
-                     envs: Optional[List[E.ProcessEnv]] = None) -> List[str]:
+def verdict_evidence(
+    run_dir: str, processes: Sequence, culprit_ranks: Sequence[int], envs: Optional[List[E.ProcessEnv]] = None
+) -> List[str]:
     """The evidence lines issue 12 adds to a verdict, for the one call site after
     ``diagnose``: the culprits' environment differences (``envdiff_evidence``) and, for a
     culprit that died with a fatal-signal dump, the crashing native frame
@@ -222,6 +249,7 @@ def verdict_evidence(run_dir: str, processes: Sequence, culprit_ranks: Sequence[
     snapshot's ProcessInfo list (host, pid, rank, state, signals); ``envs``: the records
     when the caller read them already (``run_env``). Never raises."""
     from hangtrace.tracer.analyze.envdiff import envdiff_evidence
+
     out: List[str] = []
     try:
         if envs is None:

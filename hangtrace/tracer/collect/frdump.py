@@ -19,6 +19,7 @@ before any of it is called. Versions ``2.x`` are read (unknown keys ignored); a 
 (pre-2024 dumps) is read as the entries; any other major version raises
 ``UnsupportedFrVersionError``.
 """
+
 from __future__ import annotations
 
 import glob
@@ -46,8 +47,10 @@ class FlightRecordError(HangtraceError):
     """A Flight Recorder dump that cannot be read: names the file and the problem."""
 
     exit_code = 3
-    remedy = ("remove the file to analyse the other ranks, or dump it again "
-              "(torch._C._distributed_c10d._dump_fr_trace)")
+    remedy = (
+        "remove the file to analyse the other ranks, or dump it again "
+        "(torch._C._distributed_c10d._dump_fr_trace)"
+    )
 
     def __init__(self, path: str, problem: str, remedy: Optional[str] = None) -> None:
         self.path = str(path)
@@ -56,15 +59,19 @@ class FlightRecordError(HangtraceError):
 
 
 class UnsafePickleError(FlightRecordError):
-    remedy = ("the pickle asks to import code a Flight Recorder dump never contains; it was not "
-              "written by torch's Flight Recorder and was not executed. Remove it, or ask its "
-              "author for a JSON dump (_dump_fr_trace_json)")
+    remedy = (
+        "the pickle asks to import code a Flight Recorder dump never contains; it was not "
+        "written by torch's Flight Recorder and was not executed. Remove it, or ask its "
+        "author for a JSON dump (_dump_fr_trace_json)"
+    )
 
 
 class UnsupportedFrVersionError(FlightRecordError):
-    remedy = ("hangtrace reads Flight Recorder dumps of version 2.x; read this one with the torch "
-              "version that wrote it (python -m torch.distributed.flight_recorder.fr_trace), or "
-              "upgrade hangtrace")
+    remedy = (
+        "hangtrace reads Flight Recorder dumps of version 2.x; read this one with the torch "
+        "version that wrote it (python -m torch.distributed.flight_recorder.fr_trace), or "
+        "upgrade hangtrace"
+    )
 
 
 class FrFrame(NamedTuple):
@@ -160,8 +167,11 @@ class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == "torch.jit._pickle" and name in _LIST_BUILDERS:
             return list
-        raise UnsafePickleError(self._path, "pickle refers to %s.%s, which a Flight Recorder dump never "
-                                "contains; refused (nothing was executed)" % (module, name))
+        raise UnsafePickleError(
+            self._path,
+            "pickle refers to %s.%s, which a Flight Recorder dump never "
+            "contains; refused (nothing was executed)" % (module, name),
+        )
 
     def persistent_load(self, pid: Any) -> Any:
         raise UnsafePickleError(self._path, "pickle uses persistent ids; refused")
@@ -210,25 +220,41 @@ def _entry(d: Dict[str, Any]) -> FrEntry:
     pg = d.get("process_group") or ("", "")
     pg = list(pg) + ["", ""]
     backend, op, me, peer = split_profiling_name(str(d.get("profiling_name") or ""))
-    frames = tuple(FrFrame(str(f.get("name", "")), str(f.get("filename", "")), _int(f.get("line")))
-                   for f in (d.get("frames") or ()) if isinstance(f, dict))
+    frames = tuple(
+        FrFrame(str(f.get("name", "")), str(f.get("filename", "")), _int(f.get("line")))
+        for f in (d.get("frames") or ())
+        if isinstance(f, dict)
+    )
     dur = d.get("duration_ms")
     return FrEntry(
-        record_id=_int(d.get("record_id")), pg_id=_int(d.get("pg_id"), -1),
-        group=str(pg[0]), group_desc=str(pg[1]),
-        collective_seq_id=_int(d.get("collective_seq_id")), p2p_seq_id=_int(d.get("p2p_seq_id")),
-        op_id=_int(d.get("op_id")), profiling_name=str(d.get("profiling_name") or ""),
-        backend=backend, op=op, self_local=me, peer_local=peer,
+        record_id=_int(d.get("record_id")),
+        pg_id=_int(d.get("pg_id"), -1),
+        group=str(pg[0]),
+        group_desc=str(pg[1]),
+        collective_seq_id=_int(d.get("collective_seq_id")),
+        p2p_seq_id=_int(d.get("p2p_seq_id")),
+        op_id=_int(d.get("op_id")),
+        profiling_name=str(d.get("profiling_name") or ""),
+        backend=backend,
+        op=op,
+        self_local=me,
+        peer_local=peer,
         is_p2p=bool(d.get("is_p2p", peer is not None)),
-        input_sizes=_sizes(d.get("input_sizes")), input_dtypes=_strs(d.get("input_dtypes")),
-        output_sizes=_sizes(d.get("output_sizes")), output_dtypes=_strs(d.get("output_dtypes")),
-        state=str(d.get("state") or ""), retired=bool(d.get("retired", False)),
-        timeout_ms=_int(d.get("timeout_ms")), time_created_ns=_int(d.get("time_created_ns")),
+        input_sizes=_sizes(d.get("input_sizes")),
+        input_dtypes=_strs(d.get("input_dtypes")),
+        output_sizes=_sizes(d.get("output_sizes")),
+        output_dtypes=_strs(d.get("output_dtypes")),
+        state=str(d.get("state") or ""),
+        retired=bool(d.get("retired", False)),
+        timeout_ms=_int(d.get("timeout_ms")),
+        time_created_ns=_int(d.get("time_created_ns")),
         time_discovered_started_ns=_opt_int(d.get("time_discovered_started_ns")),
         time_discovered_completed_ns=_opt_int(d.get("time_discovered_completed_ns")),
         duration_ms=float(dur) if isinstance(dur, (int, float)) else None,
-        thread_name=str(d.get("thread_name") or ""), thread_id=str(d.get("thread_id") or ""),
-        frames=frames)
+        thread_name=str(d.get("thread_name") or ""),
+        thread_id=str(d.get("thread_id") or ""),
+        frames=frames,
+    )
 
 
 def _ranks(v: Any) -> Optional[Tuple[int, ...]]:
@@ -252,8 +278,16 @@ def _decode(data: bytes, path: str) -> Any:
             return _SafeUnpickler(data, path).load()
         except FlightRecordError:
             raise
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
-                AttributeError, MemoryError) as e:
+        except (
+            pickle.UnpicklingError,
+            EOFError,
+            ValueError,
+            TypeError,
+            IndexError,
+            KeyError,
+            AttributeError,
+            MemoryError,
+        ) as e:
             raise FlightRecordError(path, "truncated or corrupt pickle (%s: %s)" % (type(e).__name__, e))
     head = data.lstrip()[:1]
     if head in (b"{", b"["):
@@ -261,12 +295,22 @@ def _decode(data: bytes, path: str) -> Any:
             return json.loads(data)
         except ValueError as e:
             raise FlightRecordError(path, "truncated or corrupt JSON (%s)" % e)
-    raise FlightRecordError(path, "not a Flight Recorder dump (neither a pickle nor JSON)",
-                            "remove the file from the directory, or pass the directory holding the dumps")
+    raise FlightRecordError(
+        path,
+        "not a Flight Recorder dump (neither a pickle nor JSON)",
+        "remove the file from the directory, or pass the directory holding the dumps",
+    )
 
 
-def parse_fr_bytes(data: bytes, path: str, rank: int = -1, host: str = "", pid: int = 0,
-                   world_size: int = -1, written_wall_ns: int = 0) -> FrDump:
+def parse_fr_bytes(
+    data: bytes,
+    path: str,
+    rank: int = -1,
+    host: str = "",
+    pid: int = 0,
+    world_size: int = -1,
+    written_wall_ns: int = 0,
+) -> FrDump:
     """Parse one dump (pickle or JSON bytes) into a ``FrDump``. Pure.
 
     Raises ``UnsafePickleError`` (a global other than torch's list builders),
@@ -282,8 +326,9 @@ def parse_fr_bytes(data: bytes, path: str, rank: int = -1, host: str = "", pid: 
     if version != "1.0-bare-list":
         major = version.split(".")[0]
         if major != "2":
-            raise UnsupportedFrVersionError(path, "Flight Recorder dump version %r is not supported"
-                                            % (version or "(none)"))
+            raise UnsupportedFrVersionError(
+                path, "Flight Recorder dump version %r is not supported" % (version or "(none)")
+            )
     raw_entries = obj.get("entries") or []
     if not isinstance(raw_entries, list):
         raise FlightRecordError(path, "'entries' is not a list")
@@ -291,18 +336,31 @@ def parse_fr_bytes(data: bytes, path: str, rank: int = -1, host: str = "", pid: 
     cfg: Dict[str, FrGroup] = {}
     for key, g in (obj.get("pg_config") or {}).items():
         if isinstance(g, dict) and (g.get("name") or key):
-            cfg[str(g.get("name") or key)] = FrGroup(str(g.get("name") or key), str(g.get("desc") or ""),
-                                                     _ranks(g.get("ranks")))
+            cfg[str(g.get("name") or key)] = FrGroup(
+                str(g.get("name") or key), str(g.get("desc") or ""), _ranks(g.get("ranks"))
+            )
     status: Dict[int, FrPgStatus] = {}
     for key, s in (obj.get("pg_status") or {}).items():
         if isinstance(s, dict):
-            status[_int(key, -1)] = FrPgStatus(_int(s.get("last_enqueued_collective"), -1),
-                                               _int(s.get("last_started_collective"), -1),
-                                               _int(s.get("last_completed_collective"), -1))
+            status[_int(key, -1)] = FrPgStatus(
+                _int(s.get("last_enqueued_collective"), -1),
+                _int(s.get("last_started_collective"), -1),
+                _int(s.get("last_completed_collective"), -1),
+            )
     lib = obj.get("comm_lib_version", obj.get("nccl_version", ""))
-    return FrDump(path=path, rank=rank, version=version, comm_lib_version=str(lib or ""), pg_config=cfg,
-                  pg_status=status, entries=entries, host=host, pid=pid, world_size=world_size,
-                  written_wall_ns=written_wall_ns)
+    return FrDump(
+        path=path,
+        rank=rank,
+        version=version,
+        comm_lib_version=str(lib or ""),
+        pg_config=cfg,
+        pg_status=status,
+        entries=entries,
+        host=host,
+        pid=pid,
+        world_size=world_size,
+        written_wall_ns=written_wall_ns,
+    )
 
 
 def find_fr_files(directory: str) -> List[str]:
@@ -324,7 +382,9 @@ def read_fr_file(path: str) -> FrDump:
     try:
         st = os.stat(path)
         if st.st_size > MAX_FILE_BYTES:
-            raise FlightRecordError(path, "file of %d bytes is larger than any Flight Recorder dump" % st.st_size)
+            raise FlightRecordError(
+                path, "file of %d bytes is larger than any Flight Recorder dump" % st.st_size
+            )
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
@@ -346,8 +406,9 @@ def read_fr_file(path: str) -> FrDump:
                 rank, world = _int(meta.get("rank"), -1), _int(meta.get("world_size"), -1)
             except (OSError, ValueError, AttributeError):
                 pass
-    return parse_fr_bytes(data, path, rank=rank, host=host, pid=pid, world_size=world,
-                          written_wall_ns=st.st_mtime_ns)
+    return parse_fr_bytes(
+        data, path, rank=rank, host=host, pid=pid, world_size=world, written_wall_ns=st.st_mtime_ns
+    )
 
 
 def load_fr_dir(directory: str, errors: Optional[List[str]] = None) -> List[FrDump]:
@@ -377,19 +438,27 @@ def snapshot_with_fr(path: str, snap: Any = None) -> Any:
         return snap
     from hangtrace.tracer.analyze.frmerge import fr_processes, join_fr
     from hangtrace.tracer.snapshot import Snapshot
+
     errors: List[str] = []
     dumps = load_fr_dir(path, errors)
     if snap is None:
-        return Snapshot(run_dir=os.path.abspath(path), reason="offline", processes=fr_processes(dumps),
-                        taken_wall_ns=max([d.written_wall_ns for d in dumps] or [0]), errors=errors)
-    return dataclasses.replace(snap, processes=join_fr(list(snap.processes), dumps),
-                               errors=list(snap.errors) + errors)
+        return Snapshot(
+            run_dir=os.path.abspath(path),
+            reason="offline",
+            processes=fr_processes(dumps),
+            taken_wall_ns=max([d.written_wall_ns for d in dumps] or [0]),
+            errors=errors,
+        )
+    return dataclasses.replace(
+        snap, processes=join_fr(list(snap.processes), dumps), errors=list(snap.errors) + errors
+    )
 
 
 def load_run_or_fr(path: str) -> Any:
     """``rings.load_run(path)`` joined with the dumps in ``path``; the dumps alone when the
     directory has no ring file. Raises what ``load_run`` raises when it has neither."""
     from hangtrace.tracer.collect.rings import load_run
+
     has_dumps = bool(find_fr_files(path))
     try:  # with dumps to join, every record (they are aligned with torch's entries by time)
         snap = load_run(path, records=has_dumps)

@@ -5,6 +5,7 @@
 ``done`` and its ``.meta.json`` carries that token (its dump was written, atomically,
 before the sidecar).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ def _token_of(path: str) -> Optional[str]:
         return None
 
 
-def _ask(run_dir: str, pids: Iterable[int], line: str, timeout_s: float,
-         settle_s: Optional[float] = None) -> Dict[int, str]:
+def _ask(
+    run_dir: str, pids: Iterable[int], line: str, timeout_s: float, settle_s: Optional[float] = None
+) -> Dict[int, str]:
     """Send ``line`` to the agent of each of ``pids`` (this host) and collect the answers
     that arrive within ``timeout_s`` seconds in all: {pid: answer}. ``settle_s``: once
     some agent answered, stop waiting for the rest ``settle_s`` seconds after the latest
@@ -75,8 +77,13 @@ def _ask(run_dir: str, pids: Iterable[int], line: str, timeout_s: float,
 SNAPSHOT_FR_SETTLE_S = 1.5
 
 
-def request_fr_dumps(run_dir: str, pids: Iterable[int], timeout_s: float = 5.0,
-                     host: Optional[str] = None, settle_s: Optional[float] = None) -> List[str]:
+def request_fr_dumps(
+    run_dir: str,
+    pids: Iterable[int],
+    timeout_s: float = 5.0,
+    host: Optional[str] = None,
+    settle_s: Optional[float] = None,
+) -> List[str]:
     """Ask the agents of ``pids`` (this host's; ``host`` names it in the dump file names,
     default this one) to dump; wait up to ``timeout_s`` seconds in all (and, with
     ``settle_s``, no longer than that after the latest answer). Returns the dump
@@ -88,8 +95,11 @@ def request_fr_dumps(run_dir: str, pids: Iterable[int], timeout_s: float = 5.0,
     host = host or socket.gethostname()
     token = "%d-%d" % (os.getpid(), time.time_ns())
     answers = _ask(run_dir, pids, token, timeout_s, settle_s=settle_s)
-    return [dump_path(run_dir, host, pid) for pid, a in sorted(answers.items())
-            if a.startswith("done") and _token_of(meta_path(run_dir, host, pid)) == token]
+    return [
+        dump_path(run_dir, host, pid)
+        for pid, a in sorted(answers.items())
+        if a.startswith("done") and _token_of(meta_path(run_dir, host, pid)) == token
+    ]
 
 
 def fr_progress(run_dir: str, pids: Iterable[int], timeout_s: float = 0.5) -> Dict[int, str]:
@@ -97,8 +107,11 @@ def fr_progress(run_dir: str, pids: Iterable[int], timeout_s: float = 0.5) -> Di
     ``pids`` on this host: {pid: line}; a process without an agent, or one that did not
     answer within ``timeout_s`` seconds in all, is left out. Writes no file; never raises.
     The node watcher calls it every poll: C++-issued collectives are progress too."""
-    return {pid: a[len(PROGRESS):].strip() for pid, a in _ask(run_dir, pids, PROGRESS, timeout_s).items()
-            if a.startswith(PROGRESS)}
+    return {
+        pid: a[len(PROGRESS) :].strip()
+        for pid, a in _ask(run_dir, pids, PROGRESS, timeout_s).items()
+        if a.startswith(PROGRESS)
+    }
 
 
 #: Seconds a live snapshot waits in all for the agents' dumps (each takes milliseconds;
@@ -116,15 +129,16 @@ def answered_files(run_dir: str, pids: Iterable[int], timeout_s: float = SNAPSHO
     out: List[str] = []
     try:
         for path in request_fr_dumps(run_dir, pids, timeout_s=timeout_s, settle_s=SNAPSHOT_FR_SETTLE_S):
-            base = path[:-len(".pkl")]
+            base = path[: -len(".pkl")]
             out.extend(f for f in (base + ".meta.json", base + ".tasks.json", path) if os.path.exists(f))
     except Exception:
         pass
     return out
 
 
-def fr_into_snapshot(run_dir: str, pids: Iterable[int], snap_dir: str,
-                     timeout_s: float = SNAPSHOT_FR_TIMEOUT_S) -> List[str]:
+def fr_into_snapshot(
+    run_dir: str, pids: Iterable[int], snap_dir: str, timeout_s: float = SNAPSHOT_FR_TIMEOUT_S
+) -> List[str]:
     """Copy :func:`answered_files` into ``snap_dir/fr/``. Returns the copied dump paths
     (``.pkl``). Never raises."""
     out: List[str] = []

@@ -23,6 +23,7 @@ Impure (reads /proc); never raises: a thread that ends, a permission refused or 
 value leaves that thread without ``'kernel'``. Cost: three small reads per idle thread
 (plus one ``net_connections`` per process with a socket argument).
 """
+
 from __future__ import annotations
 
 import os
@@ -41,33 +42,107 @@ RESTART = "restart_syscall"
 #: Numbers from the kernel's tables: arch/x86/entry/syscalls/syscall_64.tbl and
 #: include/uapi/asm-generic/unistd.h (aarch64); only calls a hung thread is seen in.
 _X86_64: Mapping[int, Tuple[str, str]] = {
-    0: ("read", "f"), 1: ("write", "f"), 2: ("open", "p"), 3: ("close", "f"), 4: ("stat", "p"),
-    5: ("fstat", "f"), 6: ("lstat", "p"), 7: ("poll", "P"), 16: ("ioctl", "f"), 17: ("pread64", "f"),
-    18: ("pwrite64", "f"), 19: ("readv", "f"), 20: ("writev", "f"), 21: ("access", "p"),
-    23: ("select", "-"), 35: ("nanosleep", "-"), 40: ("sendfile", "ff"), 42: ("connect", "f"),
-    43: ("accept", "f"), 44: ("sendto", "f"), 45: ("recvfrom", "f"), 46: ("sendmsg", "f"),
-    47: ("recvmsg", "f"), 61: ("wait4", "w"), 72: ("fcntl", "f"), 73: ("flock", "f"), 74: ("fsync", "f"),
-    75: ("fdatasync", "f"), 76: ("truncate", "p"), 77: ("ftruncate", "f"), 82: ("rename", "pp"),
-    83: ("mkdir", "p"), 84: ("rmdir", "p"), 87: ("unlink", "p"), 89: ("readlink", "p"),
-    202: ("futex", "-"), 230: ("clock_nanosleep", "-"), 232: ("epoll_wait", "f"), 247: ("waitid", "-w"),
-    257: ("openat", "dp"), 258: ("mkdirat", "dp"), 262: ("newfstatat", "dp"), 263: ("unlinkat", "dp"),
-    264: ("renameat", "dpdp"), 270: ("pselect6", "-"), 271: ("ppoll", "P"), 281: ("epoll_pwait", "f"),
-    285: ("fallocate", "f"), 288: ("accept4", "f"), 299: ("recvmmsg", "f"), 307: ("sendmmsg", "f"),
-    316: ("renameat2", "dpdp"), 332: ("statx", "dp"), 437: ("openat2", "dp"), 441: ("epoll_pwait2", "f"),
+    0: ("read", "f"),
+    1: ("write", "f"),
+    2: ("open", "p"),
+    3: ("close", "f"),
+    4: ("stat", "p"),
+    5: ("fstat", "f"),
+    6: ("lstat", "p"),
+    7: ("poll", "P"),
+    16: ("ioctl", "f"),
+    17: ("pread64", "f"),
+    18: ("pwrite64", "f"),
+    19: ("readv", "f"),
+    20: ("writev", "f"),
+    21: ("access", "p"),
+    23: ("select", "-"),
+    35: ("nanosleep", "-"),
+    40: ("sendfile", "ff"),
+    42: ("connect", "f"),
+    43: ("accept", "f"),
+    44: ("sendto", "f"),
+    45: ("recvfrom", "f"),
+    46: ("sendmsg", "f"),
+    47: ("recvmsg", "f"),
+    61: ("wait4", "w"),
+    72: ("fcntl", "f"),
+    73: ("flock", "f"),
+    74: ("fsync", "f"),
+    75: ("fdatasync", "f"),
+    76: ("truncate", "p"),
+    77: ("ftruncate", "f"),
+    82: ("rename", "pp"),
+    83: ("mkdir", "p"),
+    84: ("rmdir", "p"),
+    87: ("unlink", "p"),
+    89: ("readlink", "p"),
+    202: ("futex", "-"),
+    230: ("clock_nanosleep", "-"),
+    232: ("epoll_wait", "f"),
+    247: ("waitid", "-w"),
+    257: ("openat", "dp"),
+    258: ("mkdirat", "dp"),
+    262: ("newfstatat", "dp"),
+    263: ("unlinkat", "dp"),
+    264: ("renameat", "dpdp"),
+    270: ("pselect6", "-"),
+    271: ("ppoll", "P"),
+    281: ("epoll_pwait", "f"),
+    285: ("fallocate", "f"),
+    288: ("accept4", "f"),
+    299: ("recvmmsg", "f"),
+    307: ("sendmmsg", "f"),
+    316: ("renameat2", "dpdp"),
+    332: ("statx", "dp"),
+    437: ("openat2", "dp"),
+    441: ("epoll_pwait2", "f"),
     219: (RESTART, "-"),
 }
 _AARCH64: Mapping[int, Tuple[str, str]] = {
-    22: ("epoll_pwait", "f"), 25: ("fcntl", "f"), 29: ("ioctl", "f"), 32: ("flock", "f"),
-    34: ("mkdirat", "dp"), 35: ("unlinkat", "dp"), 38: ("renameat", "dpdp"), 46: ("ftruncate", "f"),
-    47: ("fallocate", "f"), 56: ("openat", "dp"), 57: ("close", "f"), 63: ("read", "f"), 64: ("write", "f"),
-    65: ("readv", "f"), 66: ("writev", "f"), 67: ("pread64", "f"), 68: ("pwrite64", "f"),
-    71: ("sendfile", "ff"), 72: ("pselect6", "-"), 73: ("ppoll", "P"), 79: ("newfstatat", "dp"),
-    80: ("fstat", "f"), 82: ("fsync", "f"), 83: ("fdatasync", "f"), 95: ("waitid", "-w"),
-    98: ("futex", "-"), 101: ("nanosleep", "-"), 115: ("clock_nanosleep", "-"), 202: ("accept", "f"),
-    203: ("connect", "f"), 206: ("sendto", "f"), 207: ("recvfrom", "f"), 211: ("sendmsg", "f"),
-    212: ("recvmsg", "f"), 242: ("accept4", "f"), 243: ("recvmmsg", "f"), 260: ("wait4", "w"),
-    269: ("sendmmsg", "f"), 276: ("renameat2", "dpdp"), 291: ("statx", "dp"), 437: ("openat2", "dp"),
-    441: ("epoll_pwait2", "f"), 128: (RESTART, "-"),
+    22: ("epoll_pwait", "f"),
+    25: ("fcntl", "f"),
+    29: ("ioctl", "f"),
+    32: ("flock", "f"),
+    34: ("mkdirat", "dp"),
+    35: ("unlinkat", "dp"),
+    38: ("renameat", "dpdp"),
+    46: ("ftruncate", "f"),
+    47: ("fallocate", "f"),
+    56: ("openat", "dp"),
+    57: ("close", "f"),
+    63: ("read", "f"),
+    64: ("write", "f"),
+    65: ("readv", "f"),
+    66: ("writev", "f"),
+    67: ("pread64", "f"),
+    68: ("pwrite64", "f"),
+    71: ("sendfile", "ff"),
+    72: ("pselect6", "-"),
+    73: ("ppoll", "P"),
+    79: ("newfstatat", "dp"),
+    80: ("fstat", "f"),
+    82: ("fsync", "f"),
+    83: ("fdatasync", "f"),
+    95: ("waitid", "-w"),
+    98: ("futex", "-"),
+    101: ("nanosleep", "-"),
+    115: ("clock_nanosleep", "-"),
+    202: ("accept", "f"),
+    203: ("connect", "f"),
+    206: ("sendto", "f"),
+    207: ("recvfrom", "f"),
+    211: ("sendmsg", "f"),
+    212: ("recvmsg", "f"),
+    242: ("accept4", "f"),
+    243: ("recvmmsg", "f"),
+    260: ("wait4", "w"),
+    269: ("sendmmsg", "f"),
+    276: ("renameat2", "dpdp"),
+    291: ("statx", "dp"),
+    437: ("openat2", "dp"),
+    441: ("epoll_pwait2", "f"),
+    128: (RESTART, "-"),
 }
 _TABLES = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
 
@@ -112,10 +187,13 @@ def _label(pid: int) -> str:
     """``'python3 job.py'``: the program and its first argument, base names; '?' when gone."""
     try:
         import psutil
+
         argv = psutil.Process(pid).cmdline()
     except Exception:
         return "?"
-    words = [os.path.basename(a) for a in argv[:1]] + [os.path.basename(a) for a in argv[1:8] if not a.startswith("-")][:1]
+    words = [os.path.basename(a) for a in argv[:1]] + [
+        os.path.basename(a) for a in argv[1:8] if not a.startswith("-")
+    ][:1]
     return " ".join(words) or "?"
 
 
@@ -132,6 +210,7 @@ class _Fds:
             self._socks = {}
             try:
                 import psutil
+
                 for c in psutil.Process(self.pid).net_connections(kind="all"):
                     if c.fd is None or c.fd < 0:
                         continue
@@ -140,10 +219,13 @@ class _Fds:
                     if isinstance(la, str) or isinstance(ra, str):  # AF_UNIX: paths
                         desc = "unix %s%s" % (la or "(unnamed)", " -> %s" % ra if ra else "")
                     else:
-                        desc = "%s %s%s%s%s" % (kind, "%s:%s" % tuple(la) if la else "?",
-                                                " -> %s:%s" % tuple(ra) if ra else "",
-                                                ", %s" % c.status if c.status and c.status != "NONE" else "",
-                                                self._peer(kind, la, ra))
+                        desc = "%s %s%s%s%s" % (
+                            kind,
+                            "%s:%s" % tuple(la) if la else "?",
+                            " -> %s:%s" % tuple(ra) if ra else "",
+                            ", %s" % c.status if c.status and c.status != "NONE" else "",
+                            self._peer(kind, la, ra),
+                        )
                     self._socks[int(c.fd)] = desc
             except Exception:  # psutil missing, process gone, permission: the fd link only
                 pass
@@ -161,6 +243,7 @@ class _Fds:
             for _attempt in range(2):  # (a process that exits during the scan can fail it)
                 try:
                     import psutil
+
                     for c in psutil.net_connections(kind="tcp"):
                         if c.laddr and c.raddr and c.pid:
                             self._peers[(tuple(c.laddr), tuple(c.raddr))] = int(c.pid)
@@ -196,7 +279,7 @@ def _poll_fds(pid: int, addr: int, count: int, fds: _Fds) -> List[str]:
     data = _mem(pid, addr, 8 * n) if addr and n else None
     out = []
     for i in range(len(data or b"") // 8):
-        fd = int.from_bytes(data[8 * i:8 * i + 4], "little", signed=True)  # type: ignore[index]
+        fd = int.from_bytes(data[8 * i : 8 * i + 4], "little", signed=True)  # type: ignore[index]
         if fd >= 0:
             out.append(fds.name(fd))
     if count > n:
@@ -204,8 +287,9 @@ def _poll_fds(pid: int, addr: int, count: int, fds: _Fds) -> List[str]:
     return out
 
 
-def decode(pid: int, text: str, fds: Optional[_Fds] = None,
-           table: Optional[Mapping[int, Tuple[str, str]]] = None) -> Optional[Dict[str, Any]]:
+def decode(
+    pid: int, text: str, fds: Optional[_Fds] = None, table: Optional[Mapping[int, Tuple[str, str]]] = None
+) -> Optional[Dict[str, Any]]:
     """One ``/proc/PID/task/TID/syscall`` line -> ``{'syscall', 'nr', 'args'}``, or None
     when the thread is running or the line is not a blocked call (``-1 ...``: in the
     kernel, not in a call)."""
@@ -220,12 +304,17 @@ def decode(pid: int, text: str, fds: Optional[_Fds] = None,
     name, spec = (table if table is not None else syscall_table()).get(nr, ("syscall %d" % nr, ""))
     fds = fds or _Fds(pid)
     args: List[str] = []
-    for i, kind in enumerate(spec[:len(vals)]):
+    for i, kind in enumerate(spec[: len(vals)]):
         v = vals[i]
         sv = v - (1 << 64) if v >= 1 << 63 else v  # an int argument read as unsigned
         if kind == "f" and 0 <= sv < 1 << 31:
             args.append(fds.name(sv, lock=name in ("flock", "fcntl")))
-        elif kind == "d" and sv != _AT_FDCWD and (sv & 0xFFFFFFFF) != (_AT_FDCWD & 0xFFFFFFFF) and 0 <= sv < 1 << 31:
+        elif (
+            kind == "d"
+            and sv != _AT_FDCWD
+            and (sv & 0xFFFFFFFF) != (_AT_FDCWD & 0xFFFFFFFF)
+            and 0 <= sv < 1 << 31
+        ):
             args.append(fds.name(sv))
         elif kind == "p":
             s = _cstring(pid, v)
@@ -235,7 +324,7 @@ def decode(pid: int, text: str, fds: Optional[_Fds] = None,
             args.extend(_poll_fds(pid, v, vals[i + 1], fds))
         elif kind == "w":
             args.append("any child" if sv == -1 else "pid %d" % sv if sv > 0 else "its process group")
-    return {"syscall": name, "nr": nr, "args": args[:_MAX_POLL + 1]}
+    return {"syscall": name, "nr": nr, "args": args[: _MAX_POLL + 1]}
 
 
 def read_syscalls(pid: int) -> Dict[int, str]:
@@ -255,8 +344,9 @@ def read_syscalls(pid: int) -> Dict[int, str]:
     return out
 
 
-def thread_wait(pid: int, tid: int, fds: Optional[_Fds] = None,
-                before: Optional[Mapping[int, str]] = None) -> Optional[Dict[str, Any]]:
+def thread_wait(
+    pid: int, tid: int, fds: Optional[_Fds] = None, before: Optional[Mapping[int, str]] = None
+) -> Optional[Dict[str, Any]]:
     """The kernel's view of thread ``tid`` of ``pid`` (module docstring), or None.
     ``before``: :func:`read_syscalls` taken earlier; its line is used when the call read
     now is a ``restart_syscall`` (or the thread is in no call now but was blocked then,
@@ -275,8 +365,9 @@ def thread_wait(pid: int, tid: int, fds: Optional[_Fds] = None,
     return k
 
 
-def annotate(pid: int, threads: List[Dict[str, Any]],
-             before: Optional[Mapping[int, str]] = None) -> List[Dict[str, Any]]:
+def annotate(
+    pid: int, threads: List[Dict[str, Any]], before: Optional[Mapping[int, str]] = None
+) -> List[Dict[str, Any]]:
     """``threads`` (py-spy's, normalised) with ``'kernel'`` added to each one that is not
     running and has an ``os_thread_id``; the same list, changed in place. ``before``:
     :func:`read_syscalls` taken before py-spy ran (see :func:`thread_wait`). Never raises."""
@@ -305,14 +396,15 @@ def children(pid: int, limit: int = 16) -> List[Dict[str, Any]]:
     out: List[Dict[str, Any]] = []
     try:
         import psutil
+
         kids = psutil.Process(int(pid)).children()
     except Exception:
         return out
-    for c in sorted(kids, key=lambda c: c.pid)[:max(0, limit)]:
+    for c in sorted(kids, key=lambda c: c.pid)[: max(0, limit)]:
         try:
             item: Dict[str, Any] = {"pid": c.pid, "argv": [str(a) for a in c.cmdline()][:32]}
             stat = _read("/proc/%d/stat" % c.pid) or ""
-            item["state"] = stat[stat.rfind(")") + 2:stat.rfind(")") + 3] if ")" in stat else ""
+            item["state"] = stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] if ")" in stat else ""
             k = thread_wait(c.pid, c.pid)
             if k is not None:
                 item["kernel"] = k

@@ -3,6 +3,7 @@
 Moved from collect/rings.py (issue 8: modules under 400 lines). ``memory_facts(p)`` is
 what ``ProcessInfo.memory_facts`` holds; the analysis reads it in analyze/memory.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,9 +28,13 @@ def _kernel_re() -> Tuple[Pattern[str], Pattern[str], Pattern[str], Pattern[str]
     global _KILLED_RE
     if _KILLED_RE is None:
         import re
-        _KILLED_RE = (re.compile(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(.*)"),
-                      re.compile(r"oom-kill:.*?\bpid=(\d+)"), re.compile(r"anon-rss:(\d+)kB"),
-                      re.compile(r"oom_memcg=([^,\s]+)"))
+
+        _KILLED_RE = (
+            re.compile(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(.*)"),
+            re.compile(r"oom-kill:.*?\bpid=(\d+)"),
+            re.compile(r"anon-rss:(\d+)kB"),
+            re.compile(r"oom_memcg=([^,\s]+)"),
+        )
     return _KILLED_RE
 
 
@@ -71,6 +76,7 @@ def read_kernel_log() -> Tuple[List[KernelLine], str]:
     """Kernel log as ``(lines, status)``: ``lines`` [(mono_s, text)]; ``status`` 'read' or
     why not. /dev/kmsg first (records ``prio,seq,usec,flags;text``), then ``dmesg``."""
     import errno
+
     lines: List[KernelLine] = []
     fd: Optional[int]
     try:
@@ -104,6 +110,7 @@ def read_kernel_log() -> Tuple[List[KernelLine], str]:
         finally:
             os.close(fd)
     import subprocess
+
     try:
         out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5)
         if out.returncode == 0:
@@ -111,10 +118,10 @@ def read_kernel_log() -> Tuple[List[KernelLine], str]:
                 mono = None
                 if ln.startswith("[") and "]" in ln:
                     try:
-                        mono = float(ln[1:ln.index("]")])
+                        mono = float(ln[1 : ln.index("]")])
                     except ValueError:
                         pass
-                    ln = ln[ln.index("]") + 1:].strip()
+                    ln = ln[ln.index("]") + 1 :].strip()
                 lines.append((mono, ln))
             return lines, "read"
         why += "; dmesg: %s" % (out.stderr.strip()[:100] or "status %d" % out.returncode)
@@ -131,6 +138,7 @@ def dataloader_kills(text: Any) -> List[Tuple[int, Optional[str]]]:
     (pid(s) 123, 456) exited unexpectedly" (``torch/utils/data/dataloader.py``, which raises
     it *from* the first: in a traceback the first is the chained cause), else []."""
     import re
+
     t = str(text or "")
     out: List[Tuple[int, Optional[str]]] = []
     for m in re.finditer(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.\n]+)", t):
@@ -189,6 +197,7 @@ def memory_facts(p: ProcessInfo, cache: Optional[Dict[str, Any]] = None) -> Dict
         return facts
     try:
         from hangtrace.hooks.memory import parse_oom_kill
+
         d = (p.meta or {}).get("mem_cgroup")
         ver = (p.meta or {}).get("mem_cgroup_version")
         if d:

@@ -24,6 +24,7 @@ GCS process's own environment (same user only); otherwise, when a token is avail
 token mode is switched on, as Ray itself does for ``address='auto'``. :func:`apply` sets
 it in this process; :func:`connect_remedy` says exactly what to set when it still fails.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,6 +45,7 @@ DEFAULT_TOKEN_FILE = os.path.join("~", ".ray", "auth_token")
 @dataclasses.dataclass
 class AuthPlan:
     """What :func:`plan` decided for one cluster address."""
+
     address: str
     #: 'token', 'disabled', or None (unknown: nothing is set, Ray decides)
     mode: Optional[str]
@@ -112,6 +114,7 @@ def _read(path: str) -> Optional[bytes]:
 @dataclasses.dataclass
 class LocalGcs:
     """A GCS server process of this machine (:func:`local_gcs`)."""
+
     pid: int
     session_dir: str
     #: its ``RAY_AUTH_*`` variables; None when its environment is not readable (another user's)
@@ -130,7 +133,9 @@ def local_gcs(port: int) -> Optional[LocalGcs]:
             continue
         d = os.path.dirname(comm)
         argv = (_read(d + "/cmdline") or b"").split(b"\0")
-        logs = [a[len(b"--log_dir="):].decode("utf-8", "replace") for a in argv if a.startswith(b"--log_dir=")]
+        logs = [
+            a[len(b"--log_dir=") :].decode("utf-8", "replace") for a in argv if a.startswith(b"--log_dir=")
+        ]
         if not logs:
             continue
         session = os.path.dirname(logs[0].rstrip("/"))
@@ -165,8 +170,12 @@ def plan(address: Optional[str], env: Optional[Dict[str, str]] = None) -> AuthPl
     if gcs is not None and gcs.env is not None:
         genv = gcs.env
         mode = (genv.get(MODE) or "disabled").lower()
-        why = "the cluster's GCS (pid %s, %s) runs with %s=%s" % (gcs.pid, gcs.session_dir, MODE,
-                                                                 genv.get(MODE, "(unset: disabled)"))
+        why = "the cluster's GCS (pid %s, %s) runs with %s=%s" % (
+            gcs.pid,
+            gcs.session_dir,
+            MODE,
+            genv.get(MODE, "(unset: disabled)"),
+        )
         if mode != "token":
             return AuthPlan(addr, mode, why, {}, None, gcs.pid)
         out = {MODE: "token"}
@@ -175,15 +184,23 @@ def plan(address: Optional[str], env: Optional[Dict[str, str]] = None) -> AuthPl
         return AuthPlan(addr, "token", why, out, token_source({**env, **out}), gcs.pid)
     src = token_source(env)
     if src is None:
-        return AuthPlan(addr, None, "no %s set and no token found (%s, %s, %s)" % (
-            MODE, TOKEN, TOKEN_PATH, DEFAULT_TOKEN_FILE))
+        return AuthPlan(
+            addr,
+            None,
+            "no %s set and no token found (%s, %s, %s)" % (MODE, TOKEN, TOKEN_PATH, DEFAULT_TOKEN_FILE),
+        )
     if addr == "auto":  # Ray switches token mode on by itself for 'auto'
-        return AuthPlan(addr, None, "address 'auto': Ray uses the token in %s when the cluster needs it" % src,
-                        {}, src)
-    why = ("a token is available (%s); Ray 2.60 sends it only for address 'auto', hangtrace switches "
-           "%s=token on for %s too" % (src, MODE, addr))
+        return AuthPlan(
+            addr, None, "address 'auto': Ray uses the token in %s when the cluster needs it" % src, {}, src
+        )
+    why = (
+        "a token is available (%s); Ray 2.60 sends it only for address 'auto', hangtrace switches "
+        "%s=token on for %s too" % (src, MODE, addr)
+    )
     if gcs is not None:
-        why += " (the cluster's GCS, pid %s, belongs to another user: its settings are not readable)" % gcs.pid
+        why += (
+            " (the cluster's GCS, pid %s, belongs to another user: its settings are not readable)" % gcs.pid
+        )
     return AuthPlan(addr, "token", why, {MODE: "token"}, src, gcs.pid if gcs else None)
 
 
@@ -195,6 +212,7 @@ def apply(p: AuthPlan) -> None:
         return
     os.environ.update(p.env)
     import importlib
+
     try:
         # Any: a compiled module whose stubs lack these names (Ray 2.60)
         raylet: Any = importlib.import_module("ray._raylet")
@@ -207,28 +225,40 @@ def apply(p: AuthPlan) -> None:
 def connect_remedy(p: AuthPlan, tcp_ok: Optional[bool]) -> str:
     """What to set when ``ray.init`` to ``p.address`` failed (``tcp_ok``: whether the
     address's port accepted a TCP connection; None when not checked)."""
-    where = "the token of the cluster (on its head node: `ray get-auth-token`, or the file %s of the " \
-            "user who started it)" % DEFAULT_TOKEN_FILE
+    where = (
+        "the token of the cluster (on its head node: `ray get-auth-token`, or the file %s of the "
+        "user who started it)" % DEFAULT_TOKEN_FILE
+    )
     lines: List[str] = []
     if tcp_ok is False:
-        lines.append("nothing listens at %s: pass --address HOST:PORT of the running cluster's GCS "
-                     "(`ray status` on its head, or ray.get_runtime_context().gcs_address in the driver) "
-                     "or set RAY_ADDRESS" % p.address)
+        lines.append(
+            "nothing listens at %s: pass --address HOST:PORT of the running cluster's GCS "
+            "(`ray status` on its head, or ray.get_runtime_context().gcs_address in the driver) "
+            "or set RAY_ADDRESS" % p.address
+        )
         return "; ".join(lines)
     if p.mode == "token":
-        lines.append("the GCS at %s did not accept the connection with token auth (token from %s): set %s=<%s> "
-                     "or %s=<a file holding it>; if the cluster runs without token auth, set %s=disabled"
-                     % (p.address, p.token_from or "nowhere: none found", TOKEN, where, TOKEN_PATH, MODE))
+        lines.append(
+            "the GCS at %s did not accept the connection with token auth (token from %s): set %s=<%s> "
+            "or %s=<a file holding it>; if the cluster runs without token auth, set %s=disabled"
+            % (p.address, p.token_from or "nowhere: none found", TOKEN, where, TOKEN_PATH, MODE)
+        )
     elif p.mode == "disabled":
-        lines.append("connected without token auth (%s); if the cluster uses token auth (Ray 2.60's default "
-                     "for ray.init()/ray start), set %s=token and %s=<%s> or %s" % (p.why, MODE, TOKEN, where,
-                                                                                  TOKEN_PATH))
+        lines.append(
+            "connected without token auth (%s); if the cluster uses token auth (Ray 2.60's default "
+            "for ray.init()/ray start), set %s=token and %s=<%s> or %s"
+            % (p.why, MODE, TOKEN, where, TOKEN_PATH)
+        )
     else:
-        lines.append("Ray 2.60 clusters started by ray.init()/ray start use token auth by default: set %s=token "
-                     "and %s=<%s> (or %s=<a file holding it>)" % (MODE, TOKEN, where, TOKEN_PATH))
+        lines.append(
+            "Ray 2.60 clusters started by ray.init()/ray start use token auth by default: set %s=token "
+            "and %s=<%s> (or %s=<a file holding it>)" % (MODE, TOKEN, where, TOKEN_PATH)
+        )
     if tcp_ok:
         lines.append("the port answers, so the address is right")
     else:
-        lines.append("check that %s is the GCS address of the running cluster (`ray status`, or "
-                     "ray.get_runtime_context().gcs_address in the driver), or set RAY_ADDRESS" % p.address)
+        lines.append(
+            "check that %s is the GCS address of the running cluster (`ray status`, or "
+            "ray.get_runtime_context().gcs_address in the driver), or set RAY_ADDRESS" % p.address
+        )
     return "; ".join(lines)

@@ -31,6 +31,7 @@ directories of its Ray workers (``HANGTRACE_DIR`` in ``/proc/PID/environ`` of th
 raylet's children: runtime_env env vars are in the worker's initial environment); one
 directory across the cluster is used, several are an error listing them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -88,7 +89,7 @@ def discover_node(raylet_pid: Optional[int] = None) -> Dict[str, Any]:
             continue
         for item in env:
             if item.startswith(key):
-                dirs.add(item[len(key):].decode("utf-8", "replace"))
+                dirs.add(item[len(key) :].decode("utf-8", "replace"))
     return {"host": socket.gethostname(), "dirs": sorted(d for d in dirs if os.path.isdir(d))}
 
 
@@ -121,14 +122,20 @@ def _ring_ppid(path: Optional[str]) -> Optional[int]:
     try:
         from hangtrace.tracer.ring import layout as F
         from hangtrace.tracer.ring import reader as R
+
         with open(path, "rb") as f:
             return R.read_header(f.read(F.HEADER_SIZE), path).get("ppid")
     except Exception:
         return None
 
 
-def collect_node(run_dir: str, node_id: Optional[str] = None, native: bool = False, with_stacks: bool = True,
-                 raylet_pid: Optional[int] = None) -> NodeResult:
+def collect_node(
+    run_dir: str,
+    node_id: Optional[str] = None,
+    native: bool = False,
+    with_stacks: bool = True,
+    raylet_pid: Optional[int] = None,
+) -> NodeResult:
     """Collect this node's part of the run in ``run_dir`` (runs inside a pinned Ray task).
 
     Returns a dict: ``node_id, host, raylet_pid, run_dir, took_s, errors: [str],
@@ -138,17 +145,29 @@ def collect_node(run_dir: str, node_id: Optional[str] = None, native: bool = Fal
     """
     from hangtrace.tracer.collect import rings as C
     from hangtrace.tracer.ring import reader as R
+
     t0 = time.time()
     host = socket.gethostname()
     raylet_pid = raylet_pid or os.getppid()
     if node_id is None:
         try:
             import ray
+
             node_id = ray.get_runtime_context().get_node_id()
         except Exception:
             node_id = None
-    out: NodeResult = {"node_id": node_id, "host": host, "raylet_pid": raylet_pid, "run_dir": run_dir, "errors": [],
-           "rings": {}, "stacks": {}, "signals": {}, "processes": {}, "took_s": 0.0}
+    out: NodeResult = {
+        "node_id": node_id,
+        "host": host,
+        "raylet_pid": raylet_pid,
+        "run_dir": run_dir,
+        "errors": [],
+        "rings": {},
+        "stacks": {},
+        "signals": {},
+        "processes": {},
+        "took_s": 0.0,
+    }
     if not os.path.isdir(run_dir):
         out["errors"].append("node %s (%s): run directory %s does not exist there" % (node_id, host, run_dir))
         return out
@@ -177,14 +196,25 @@ def collect_node(run_dir: str, node_id: Optional[str] = None, native: bool = Fal
         except Exception as e:
             out["errors"].append("node %s: stacks failed: %s" % ((node_id or "?")[:12], e))
         from hangtrace.tracer.collect.frrequest import fr_files
+
         out["fr"] = fr_files(run_dir, [p.pid for p in mine if p.state == "alive" and p.host == host])
     for p in mine:
         if p.stacks is not None:
             out["stacks"]["%s-%d.json" % (p.host, p.pid)] = orjson.dumps(
-                {"threads": p.stacks, "source": p.stack_source, "error": p.stack_error,
-                 "children": list(p.children)})
-        out["processes"][p.key] = {"state": p.state, "exit_code": p.exit_code, "rank": p.rank,
-                                   "stack_error": p.stack_error, "node_id": node_id}
+                {
+                    "threads": p.stacks,
+                    "source": p.stack_source,
+                    "error": p.stack_error,
+                    "children": list(p.children),
+                }
+            )
+        out["processes"][p.key] = {
+            "state": p.state,
+            "exit_code": p.exit_code,
+            "rank": p.rank,
+            "stack_error": p.stack_error,
+            "node_id": node_id,
+        }
     out["took_s"] = time.time() - t0
     return out
 
@@ -197,6 +227,7 @@ def _connect(address: Optional[str]) -> bool:
     """
     import ray
     from hangtrace.tracer.collect import rayauth
+
     if ray.is_initialized():
         return False
     env = {config.HELPER: "1", config.ENABLE: "0"}
@@ -204,33 +235,50 @@ def _connect(address: Optional[str]) -> bool:
     auth = rayauth.plan(address)
     rayauth.apply(auth)
     try:
-        ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env}, namespace="hangtrace",
-                 logging_level="ERROR")  # type: ignore[arg-type]  # Ray annotates int; it takes level names too
+        ray.init(
+            address=address,
+            log_to_driver=False,
+            runtime_env={"env_vars": env},
+            namespace="hangtrace",
+            logging_level="ERROR",
+        )  # type: ignore[arg-type]  # Ray annotates int; it takes level names too
     except (ConnectionError, RuntimeError, ray.exceptions.RayError) as e:
         from hangtrace.tracer.collect.rayjob import gcs_unreachable
+
         tcp_ok = None if address == "auto" or "://" in address else gcs_unreachable(address, 3.0) is None
-        raise HangtraceError("cannot connect to the Ray cluster at %s: %s (token auth: %s)" % (
-            address, str(e).splitlines()[0] if str(e) else type(e).__name__, auth.why),
-            rayauth.connect_remedy(auth, tcp_ok)) from None
+        raise HangtraceError(
+            "cannot connect to the Ray cluster at %s: %s (token auth: %s)"
+            % (address, str(e).splitlines()[0] if str(e) else type(e).__name__, auth.why),
+            rayauth.connect_remedy(auth, tcp_ok),
+        ) from None
     return True
 
 
 def _alive_nodes() -> List[RayNode]:
     import ray
+
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-def _run_on_nodes(fn: Callable[..., NodeResult], nodes: List[RayNode], args_for: Callable[[str], Tuple[Any, ...]],
-                  timeout_s: float) -> Tuple[Dict[str, NodeResult], List[str]]:
+def _run_on_nodes(
+    fn: Callable[..., NodeResult],
+    nodes: List[RayNode],
+    args_for: Callable[[str], Tuple[Any, ...]],
+    timeout_s: float,
+) -> Tuple[Dict[str, NodeResult], List[str]]:
     """Run ``fn`` once per node (pinned, hard affinity); returns ({node_id: result}, errors)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     task = ray.remote(num_cpus=0, max_retries=0)(fn)
     refs: Dict[Any, str] = {}  # ObjectRef -> node id
     for n in nodes:
         nid = n["NodeID"]
-        refs[task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
-                          name="hangtrace-collect").remote(*args_for(nid))] = nid
+        refs[
+            task.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False), name="hangtrace-collect"
+            ).remote(*args_for(nid))
+        ] = nid
     done, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
     results: Dict[str, NodeResult] = {}
     errors: List[str] = []
@@ -239,10 +287,14 @@ def _run_on_nodes(fn: Callable[..., NodeResult], nodes: List[RayNode], args_for:
         try:
             results[nid] = ray.get(ref)
         except Exception as e:
-            errors.append("node %s: collector task failed: %s" % (nid, str(e).splitlines()[0] if str(e) else repr(e)))
+            errors.append(
+                "node %s: collector task failed: %s" % (nid, str(e).splitlines()[0] if str(e) else repr(e))
+            )
     for ref in pending:
-        errors.append("node %s: collector task did not finish in %.0f s (node overloaded or unreachable); "
-                      "its processes are missing" % (refs[ref], timeout_s))
+        errors.append(
+            "node %s: collector task did not finish in %.0f s (node overloaded or unreachable); "
+            "its processes are missing" % (refs[ref], timeout_s)
+        )
         try:
             ray.cancel(ref, force=True)
         except Exception:
@@ -254,9 +306,16 @@ def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + ".%03d" % (time.time_ns() // 1000000 % 1000)
 
 
-def dump_cluster(run_dir: Optional[str] = None, address: Optional[str] = None, native: bool = False,
-                 with_stacks: bool = True, out_dir: Optional[str] = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 state_source: Optional[str] = None, reason: str = "request") -> Snapshot:
+def dump_cluster(
+    run_dir: Optional[str] = None,
+    address: Optional[str] = None,
+    native: bool = False,
+    with_stacks: bool = True,
+    out_dir: Optional[str] = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    state_source: Optional[str] = None,
+    reason: str = "request",
+) -> Snapshot:
     """Collect the run on every alive Ray node, store one snapshot locally, join Ray state.
 
     ``run_dir``: the run directory path (the same on every node; default
@@ -268,6 +327,7 @@ def dump_cluster(run_dir: Optional[str] = None, address: Optional[str] = None, n
     Raises HangtraceError (cannot connect), RunDirError (no run dir / no process found).
     """
     import ray
+
     t0 = time.time()
     connected = _connect(address)
     try:
@@ -279,16 +339,22 @@ def dump_cluster(run_dir: Optional[str] = None, address: Optional[str] = None, n
             errors += errs
             dirs = sorted({d for r in found.values() for d in r["dirs"]})
             if not dirs:
-                raise RunDirError("no traced Ray worker found on %d node(s)" % len(nodes),
-                                  "pass RUN_DIR (the HANGTRACE_DIR of the job's runtime_env)")
+                raise RunDirError(
+                    "no traced Ray worker found on %d node(s)" % len(nodes),
+                    "pass RUN_DIR (the HANGTRACE_DIR of the job's runtime_env)",
+                )
             if len(dirs) > 1:
-                raise RunDirError("several runs are traced on this cluster: %s" % ", ".join(dirs),
-                                  "pass one of them as RUN_DIR")
+                raise RunDirError(
+                    "several runs are traced on this cluster: %s" % ", ".join(dirs),
+                    "pass one of them as RUN_DIR",
+                )
             run_dir = dirs[0]
-        results, errs = _run_on_nodes(collect_node, nodes,
-                                      lambda nid: (run_dir, nid, native, with_stacks), timeout_s)
+        results, errs = _run_on_nodes(
+            collect_node, nodes, lambda nid: (run_dir, nid, native, with_stacks), timeout_s
+        )
         errors += errs
         from hangtrace.tracer.collect import raystate
+
         state = raystate.fetch(source=state_source, address=ray.get_runtime_context().gcs_address)
     finally:
         if connected:
@@ -298,19 +364,31 @@ def dump_cluster(run_dir: Optional[str] = None, address: Optional[str] = None, n
                 pass
     base = out_dir or (os.path.join(run_dir, "snapshots") if os.path.isdir(run_dir) else os.getcwd())
     stamp = _stamp()
-    sdir = os.path.join(base, stamp + "-ray") if out_dir or os.path.isdir(run_dir) else \
-        os.path.join(base, "hangtrace-ray-" + stamp)
+    sdir = (
+        os.path.join(base, stamp + "-ray")
+        if out_dir or os.path.isdir(run_dir)
+        else os.path.join(base, "hangtrace-ray-" + stamp)
+    )
     write_ray_snapshot(sdir, run_dir, results, errors, state, took_s=time.time() - t0, reason=reason)
     snap = load_ray_snapshot(sdir)
     if not snap.processes:
-        raise RunDirError("no traced process of %s found on %d Ray node(s)%s" % (
-            run_dir, len(nodes), "; " + "; ".join(snap.errors[:3]) if snap.errors else ""),
-            "check HANGTRACE_DIR in the job's runtime_env (hangtrace env --ray) and that the job runs")
+        raise RunDirError(
+            "no traced process of %s found on %d Ray node(s)%s"
+            % (run_dir, len(nodes), "; " + "; ".join(snap.errors[:3]) if snap.errors else ""),
+            "check HANGTRACE_DIR in the job's runtime_env (hangtrace env --ray) and that the job runs",
+        )
     return snap
 
 
-def write_ray_snapshot(sdir: str, run_dir: str, results: Dict[str, NodeResult], errors: Iterable[str],
-                       state: Optional[Dict[str, Any]], took_s: float = 0.0, reason: str = "request") -> str:
+def write_ray_snapshot(
+    sdir: str,
+    run_dir: str,
+    results: Dict[str, NodeResult],
+    errors: Iterable[str],
+    state: Optional[Dict[str, Any]],
+    took_s: float = 0.0,
+    reason: str = "request",
+) -> str:
     """Write node payloads (``collect_node`` results by node id) as one snapshot folder."""
     os.makedirs(os.path.join(sdir, "rings"), mode=0o700, exist_ok=True)
     os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
@@ -345,10 +423,25 @@ def write_ray_snapshot(sdir: str, run_dir: str, results: Dict[str, NodeResult], 
             # node that owns it (by node id) wins
             if prev is None or (st.get("node_id") == nid and prev.get("node_id") != nid):
                 processes[key] = st
-        nodes.append({"node_id": nid, "host": r.get("host"), "raylet_pid": r.get("raylet_pid"),
-                      "rings": sorted(r["rings"]), "took_s": r.get("took_s"), "errors": r.get("errors")})
-    meta = {"run_dir": run_dir, "taken_wall_ns": time.time_ns(), "reason": reason, "errors": errors,
-            "processes": processes, "collector": "ray", "took_s": took_s}
+        nodes.append(
+            {
+                "node_id": nid,
+                "host": r.get("host"),
+                "raylet_pid": r.get("raylet_pid"),
+                "rings": sorted(r["rings"]),
+                "took_s": r.get("took_s"),
+                "errors": r.get("errors"),
+            }
+        )
+    meta = {
+        "run_dir": run_dir,
+        "taken_wall_ns": time.time_ns(),
+        "reason": reason,
+        "errors": errors,
+        "processes": processes,
+        "collector": "ray",
+        "took_s": took_s,
+    }
     with open(os.path.join(sdir, "processes.json"), "wb") as f:
         f.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     with open(os.path.join(sdir, "ray_nodes.json"), "wb") as f:
@@ -362,6 +455,7 @@ def load_ray_snapshot(sdir: str) -> Snapshot:
     """``collect.load_snapshot`` plus Ray's records (``ray_state.json``) joined into meta."""
     from hangtrace.tracer.collect import raystate
     from hangtrace.tracer.collect.rings import load_snapshot
+
     snap = load_snapshot(sdir)
     try:
         with open(os.path.join(sdir, "ray_state.json"), "rb") as f:
@@ -378,6 +472,10 @@ def load_ray_snapshot(sdir: str) -> Snapshot:
             nodes = orjson.loads(f.read())
     except (OSError, ValueError):
         nodes = []
-    return dataclasses.replace(snap, processes=procs, errors=errors,
-                               ray_nodes=nodes if isinstance(nodes, list) else [],
-                               ray_state=state if isinstance(state, dict) else {})
+    return dataclasses.replace(
+        snap,
+        processes=procs,
+        errors=errors,
+        ray_nodes=nodes if isinstance(nodes, list) else [],
+        ray_state=state if isinstance(state, dict) else {},
+    )

@@ -5,6 +5,7 @@ becomes a Ray driver itself; ``is_ray_run`` tells a Ray run by its rings' metada
 ``gcs_unreachable`` checks the Ray GCS address by TCP first (``ray.init`` to an address
 nobody listens on retries for minutes). Moved here from watch/watcher.py (issue 8).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,6 +33,7 @@ def ray_address_of_run(run_dir: str) -> Optional[str]:
     in the ring's start event. Several clusters can run on one host (``address='auto'``
     would pick one of them, not necessarily this run's)."""
     from hangtrace.hooks.autowatch import ray_gcs_address
+
     for path in glob.glob(os.path.join(run_dir, RING_GLOB)):
         try:
             ring = R.read_ring(path, records=False)
@@ -67,7 +69,8 @@ _RAY_COLLECT_CODE = (
     "run_dir, address, reason, native, timeout_s = sys.argv[1:6]\n"
     "snap = dump_cluster(run_dir, address=address or None, native=native == '1', timeout_s=float(timeout_s),\n"
     "                    reason=reason)\n"
-    "print('SNAPSHOT ' + snap.path, flush=True)\n")
+    "print('SNAPSHOT ' + snap.path, flush=True)\n"
+)
 
 
 def gcs_unreachable(address: str, timeout_s: float = 3.0) -> Optional[str]:
@@ -77,8 +80,9 @@ def gcs_unreachable(address: str, timeout_s: float = 3.0) -> Optional[str]:
     than 200 s), so the watcher checks first.
     """
     import socket
+
     if address.startswith("ray://"):
-        address = address[len("ray://"):]  # Ray client: its server port is checked the same way
+        address = address[len("ray://") :]  # Ray client: its server port is checked the same way
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or "/" in host:
         return None  # 'auto', 'ray://…' or a form we do not parse: let Ray decide
@@ -96,11 +100,14 @@ def gcs_unreachable(address: str, timeout_s: float = 3.0) -> Optional[str]:
 GCS_CHECK_S = 2.0
 
 
-def _wait_collector(p: "subprocess.Popen[bytes]", address: str, timeout_s: float) -> "Union[Tuple[bytes, bytes], str]":
+def _wait_collector(
+    p: "subprocess.Popen[bytes]", address: str, timeout_s: float
+) -> "Union[Tuple[bytes, bytes], str]":
     """``(stdout, stderr)`` of collector ``p`` once it exits, or why it was given up: the
     timeout passed, or the Ray GCS at ``address`` (HOST:PORT) stopped answering."""
     import subprocess
     import time
+
     deadline = time.monotonic() + timeout_s
     failed = 0
     while True:
@@ -116,8 +123,14 @@ def _wait_collector(p: "subprocess.Popen[bytes]", address: str, timeout_s: float
             return "gave up: the cluster went away during the collection (%s)" % why
 
 
-def ray_collect(run_dir: str, reason: str, native: bool = False, log: Optional[Callable[[str], None]] = None,
-                address: Optional[str] = None, timeout_s: float = RAY_COLLECT_TIMEOUT_S) -> Optional[Snapshot]:
+def ray_collect(
+    run_dir: str,
+    reason: str,
+    native: bool = False,
+    log: Optional[Callable[[str], None]] = None,
+    address: Optional[str] = None,
+    timeout_s: float = RAY_COLLECT_TIMEOUT_S,
+) -> Optional[Snapshot]:
     """The same cluster-wide collection as ``hangtrace dump --ray``, from a watcher.
 
     Runs ``raycollect.dump_cluster`` in a child process (tracing stripped, its own session)
@@ -129,6 +142,7 @@ def ray_collect(run_dir: str, reason: str, native: bool = False, log: Optional[C
     """
     import signal
     import subprocess
+
     if log is None:
         log = _stderr_log
     address = address or os.environ.get("RAY_ADDRESS") or ray_address_of_run(run_dir) or ""
@@ -136,10 +150,23 @@ def ray_collect(run_dir: str, reason: str, native: bool = False, log: Optional[C
     if why:
         log("cluster-wide collection skipped: Ray unreachable (%s); this node only" % why)
         return None
-    p = subprocess.Popen([sys.executable, "-c", _RAY_COLLECT_CODE, run_dir, address, reason, "1" if native else "0",
-                          str(min(RAY_TASK_TIMEOUT_S, max(5.0, timeout_s - 20.0)))],
-                         env=config.helper_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _RAY_COLLECT_CODE,
+            run_dir,
+            address,
+            reason,
+            "1" if native else "0",
+            str(min(RAY_TASK_TIMEOUT_S, max(5.0, timeout_s - 20.0))),
+        ],
+        env=config.helper_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     got = _wait_collector(p, address, timeout_s)
     if isinstance(got, str):
         try:
@@ -153,14 +180,19 @@ def ray_collect(run_dir: str, reason: str, native: bool = False, log: Optional[C
     path = None
     for line in out.decode("utf-8", "replace").splitlines():
         if line.startswith("SNAPSHOT "):
-            path = line[len("SNAPSHOT "):].strip()
+            path = line[len("SNAPSHOT ") :].strip()
     if p.returncode != 0 or not path:
         lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
-        log("cluster-wide collection (Ray at %s) failed (exit %s: %s); this node only"
-            % (address or "auto", p.returncode, lines[-1][-500:] if lines else "no output"))
+        log(
+            "cluster-wide collection (Ray at %s) failed (exit %s: %s); this node only"
+            % (address or "auto", p.returncode, lines[-1][-500:] if lines else "no output")
+        )
         return None
     from hangtrace.tracer.collect.raycluster import load_ray_snapshot
+
     snap = dataclasses.replace(load_ray_snapshot(path), reason=reason, path=path)
-    log("cluster-wide collection (Ray at %s): %d node(s), %d process(es)"
-        % (address or "auto", len(getattr(snap, "ray_nodes", None) or ()), len(snap.processes)))
+    log(
+        "cluster-wide collection (Ray at %s): %d node(s), %d process(es)"
+        % (address or "auto", len(getattr(snap, "ray_nodes", None) or ()), len(snap.processes))
+    )
     return snap

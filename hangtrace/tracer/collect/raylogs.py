@@ -23,6 +23,7 @@ sources, ``src/ray/gcs/gcs_worker_manager.cc`` and ``src/ray/raylet/node_manager
 ``ProcessInfo.memory_facts``; the analysis (``analyze/memory/attribution.py``) reads them
 back with ``from_dict``. Never raises; reads at most ``MAX_READ`` bytes of each file's end.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,10 @@ NODE_OUT_OF_MEMORY = "NODE_OUT_OF_MEMORY"
 _REC = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 _EXIT = re.compile(r"Reporting worker exit, worker id = (\w+),.*?exit_type = (\w+), exit_detail = (.*)", re.S)
 _KILL = re.compile(r"Killing (\d+) worker\(s\), kill details: (.*)")
-_CAND = re.compile(r"\((?:Actor|Task)?\(?([0-9a-f]*)\)?:?.*?task name=([^,]*),.*?pid=(\d+), "
-                   r"actual memory used=([\d.]+)GB, worker ID=(\w+)\)")
+_CAND = re.compile(
+    r"\((?:Actor|Task)?\(?([0-9a-f]*)\)?:?.*?task name=([^,]*),.*?pid=(\d+), "
+    r"actual memory used=([\d.]+)GB, worker ID=(\w+)\)"
+)
 _TOP = re.compile(r"^(\d+)\s+([\d.]+)\s+(.*)$")
 _GB = 1 << 30
 
@@ -63,8 +66,13 @@ class RayWorkerExit:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "RayWorkerExit":
-        return RayWorkerExit(str(d.get("worker_id") or ""), str(d.get("exit_type") or ""),
-                             str(d.get("exit_detail") or ""), int(d.get("wall_ns") or 0), str(d.get("source") or ""))
+        return RayWorkerExit(
+            str(d.get("worker_id") or ""),
+            str(d.get("exit_type") or ""),
+            str(d.get("exit_detail") or ""),
+            int(d.get("wall_ns") or 0),
+            str(d.get("source") or ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -97,16 +105,32 @@ class RayOomKill:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "RayOomKill":
-        ws = tuple(RayOomWorker(int(w.get("pid") or 0), str(w.get("worker_id") or ""), str(w.get("task_name") or ""),
-                                int(w.get("memory") or 0), bool(w.get("selected"))) for w in d.get("workers") or ())
+        ws = tuple(
+            RayOomWorker(
+                int(w.get("pid") or 0),
+                str(w.get("worker_id") or ""),
+                str(w.get("task_name") or ""),
+                int(w.get("memory") or 0),
+                bool(w.get("selected")),
+            )
+            for w in d.get("workers") or ()
+        )
         top = tuple((int(t[0]), int(t[1]), str(t[2])) for t in d.get("top") or () if len(t) == 3)
-        return RayOomKill(int(d.get("wall_ns") or 0), str(d.get("details") or ""), str(d.get("reason") or ""), ws, top,
-                          str(d.get("source") or ""))
+        return RayOomKill(
+            int(d.get("wall_ns") or 0),
+            str(d.get("details") or ""),
+            str(d.get("reason") or ""),
+            ws,
+            top,
+            str(d.get("source") or ""),
+        )
 
     def selected(self, worker_id: str, pid: int) -> bool:
         """True when this decision killed the worker (by worker id, else by pid)."""
-        return any(w.selected and ((worker_id and w.worker_id == worker_id) or (not worker_id and w.pid == pid))
-                   for w in self.workers)
+        return any(
+            w.selected and ((worker_id and w.worker_id == worker_id) or (not worker_id and w.pid == pid))
+            for w in self.workers
+        )
 
 
 def _records(text: str) -> Iterable[Tuple[int, str]]:
@@ -119,7 +143,10 @@ def _records(text: str) -> Iterable[Tuple[int, str]]:
             if cur:
                 yield t, "\n".join(cur)
             try:
-                t = int((time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) * 1000 + int(m.group(2))) * 1e6)
+                t = int(
+                    (time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) * 1000 + int(m.group(2)))
+                    * 1e6
+                )
             except (ValueError, OverflowError):
                 t = 0
             cur = [line]
@@ -137,7 +164,9 @@ def parse_worker_exits(text: str, source: str = "") -> Dict[str, RayWorkerExit]:
             continue
         m = _EXIT.search(rec)
         if m:
-            out[m.group(1)] = RayWorkerExit(m.group(1), m.group(2), " ".join(m.group(3).split())[:2000], t, source)
+            out[m.group(1)] = RayWorkerExit(
+                m.group(1), m.group(2), " ".join(m.group(3).split())[:2000], t, source
+            )
     return out
 
 
@@ -154,16 +183,27 @@ def parse_oom_kills(text: str, source: str = "") -> List[RayOomKill]:
         for ln in lines:
             c = _CAND.search(ln)
             if c:
-                workers.append(RayOomWorker(int(c.group(3)), c.group(5), c.group(2).strip(),
-                                            int(float(c.group(4)) * _GB), ln.lstrip().startswith("Selected to kill")))
+                workers.append(
+                    RayOomWorker(
+                        int(c.group(3)),
+                        c.group(5),
+                        c.group(2).strip(),
+                        int(float(c.group(4)) * _GB),
+                        ln.lstrip().startswith("Selected to kill"),
+                    )
+                )
         top: List[Tuple[int, int, str]] = []
         if any(ln.startswith("Top 10 memory users") for ln in lines):
             start = next(i for i, ln in enumerate(lines) if ln.startswith("Top 10 memory users"))
-            for ln in lines[start + 1:start + 11]:
+            for ln in lines[start + 1 : start + 11]:
                 x = _TOP.match(ln.strip())
                 if x:
                     top.append((int(x.group(1)), int(float(x.group(2)) * _GB), x.group(3)[:120]))
-        out.append(RayOomKill(t, " ".join(m.group(2).split())[:400], reason[:400], tuple(workers), tuple(top), source))
+        out.append(
+            RayOomKill(
+                t, " ".join(m.group(2).split())[:400], reason[:400], tuple(workers), tuple(top), source
+            )
+        )
     return out
 
 

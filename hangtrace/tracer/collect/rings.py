@@ -9,6 +9,7 @@ faulthandler stacks), and, once analysed, ``diagnosis.json`` and ``report.txt``.
 Unreadable files never stop a collection: each becomes one line in ``Snapshot.errors``
 naming the file and the remedy, and the other processes are analysed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,8 +56,11 @@ def live_state(header: Dict[str, Any]) -> str:
     if header["host"] != _HOST:
         return "exited" if exited else "unknown"
     ticks = _proc_ticks(header["pid"])
-    alive = ticks is not None and (not header["proc_start_ticks"] or ticks == header["proc_start_ticks"]) \
+    alive = (
+        ticks is not None
+        and (not header["proc_start_ticks"] or ticks == header["proc_start_ticks"])
         and not _zombie(header["pid"])
+    )
     if alive:
         return "alive"
     return "exited" if exited else "killed"
@@ -110,20 +114,37 @@ def process_from_ring(ring: R.RingData, state: Optional[str] = None, **fields: A
     summ = ring.summary
     recs = ring.records or summ.records()
     kw: Dict[str, Any] = dict(
-        host=h["host"], pid=h["pid"], rank=h["rank"], local_rank=h["local_rank"],
-        world_size=h["world_size"], run_id=h["run_id"],
+        host=h["host"],
+        pid=h["pid"],
+        rank=h["rank"],
+        local_rank=h["local_rank"],
+        world_size=h["world_size"],
+        run_id=h["run_id"],
         state=state or live_state(h),
         exit_code=h["exit_code"] if h["state"] == F.ST_EXITED else None,
-        exit_wall_ns=h["exit_wall_ns"], start_wall_ns=h["start_wall_ns"],
-        phase=h.get("phase"), step=h["step"] if h["step"] >= 0 else None,
-        progress_wall_ns=h["progress_wall_ns"], progress_mono_ns=h["progress_mono_ns"],
-        inflight=dict(summ.inflight) if summ.inflight is not None else None, records=list(recs),
-        groups=ring.groups, events=ring.events,
-        meta=dict(ring.meta, dump_signal=h["dump_signal"], proc_start_ticks=h["proc_start_ticks"],
-                  progress_count=h["progress_count"], ppid=h["ppid"],
-                  rank_source=h.get("rank_source", 0)),
-        ring_path=ring.path, warnings=list(ring.warnings), memory=_mem_samples(summ.memory),
-        summary=summ)
+        exit_wall_ns=h["exit_wall_ns"],
+        start_wall_ns=h["start_wall_ns"],
+        phase=h.get("phase"),
+        step=h["step"] if h["step"] >= 0 else None,
+        progress_wall_ns=h["progress_wall_ns"],
+        progress_mono_ns=h["progress_mono_ns"],
+        inflight=dict(summ.inflight) if summ.inflight is not None else None,
+        records=list(recs),
+        groups=ring.groups,
+        events=ring.events,
+        meta=dict(
+            ring.meta,
+            dump_signal=h["dump_signal"],
+            proc_start_ticks=h["proc_start_ticks"],
+            progress_count=h["progress_count"],
+            ppid=h["ppid"],
+            rank_source=h.get("rank_source", 0),
+        ),
+        ring_path=ring.path,
+        warnings=list(ring.warnings),
+        memory=_mem_samples(summ.memory),
+        summary=summ,
+    )
     kw.update(fields)
     return ProcessInfo(**kw)
 
@@ -132,11 +153,10 @@ def process_from_ring(ring: R.RingData, state: Optional[str] = None, **fields: A
 def _mem_samples(records: Any) -> List[Dict[str, Any]]:
     try:
         from hangtrace.tracer.analyze.memory import samples
+
         return samples(records)
     except Exception:
         return []
-
-
 
 
 def _error_line(path: Optional[str], e: BaseException) -> str:
@@ -145,8 +165,13 @@ def _error_line(path: Optional[str], e: BaseException) -> str:
     return "%s: %s (remedy: check the file's permissions; run as the job's user or root)" % (path, e)
 
 
-def load_rings(ring_dir: str, run_dir: Optional[str] = None, states: Optional[Dict[str, Any]] = None,
-               live_facts: Optional[bool] = True, records: bool = False) -> "tuple[List[ProcessInfo], List[str]]":
+def load_rings(
+    ring_dir: str,
+    run_dir: Optional[str] = None,
+    states: Optional[Dict[str, Any]] = None,
+    live_facts: Optional[bool] = True,
+    records: bool = False,
+) -> "tuple[List[ProcessInfo], List[str]]":
     """Read every ring in ``ring_dir``; return ``(processes, errors)``.
 
     ``states`` maps ``"host:pid"`` to a stored state (snapshots); without it the state
@@ -192,7 +217,9 @@ def load_rings(ring_dir: str, run_dir: Optional[str] = None, states: Optional[Di
             procs[i] = dataclasses.replace(procs[i], memory_facts=facts)
     # Ray's record of dead workers from its session logs: they outlive the cluster, so read
     # them live or later, for stored snapshots too when the snapshot lacks them (raylogs.py)
-    rfacts = ray_log_facts(p for p in procs if not {"ray_worker_exit", "ray_oom_kill"} & set(p.memory_facts or {}))
+    rfacts = ray_log_facts(
+        p for p in procs if not {"ray_worker_exit", "ray_oom_kill"} & set(p.memory_facts or {})
+    )
     for i, p in enumerate(procs):
         if p.key in rfacts:
             procs[i] = dataclasses.replace(p, memory_facts=dict(p.memory_facts or {}, **rfacts[p.key]))
@@ -220,41 +247,60 @@ def load_run(run_dir: str, live_facts: Optional[bool] = None, records: bool = Fa
     Raises RunDirError when the directory does not exist or holds no ring file.
     """
     if not os.path.isdir(run_dir):
-        raise RunDirError("run directory %s does not exist" % run_dir,
-                          "pass the directory printed by `hangtrace run`, or HANGTRACE_DIR of the job")
+        raise RunDirError(
+            "run directory %s does not exist" % run_dir,
+            "pass the directory printed by `hangtrace run`, or HANGTRACE_DIR of the job",
+        )
     procs, errors = load_rings(run_dir, live_facts=live_facts, records=records)
     if not procs and not errors:
-        raise RunDirError("no ring files (ring-*.htr) in %s" % run_dir,
-                          "was the job started with HANGTRACE=1 and this HANGTRACE_DIR?")
-    return Snapshot(run_dir=os.path.abspath(run_dir), taken_wall_ns=time.time_ns(), reason="offline",
-                    processes=procs, errors=errors)
+        raise RunDirError(
+            "no ring files (ring-*.htr) in %s" % run_dir,
+            "was the job started with HANGTRACE=1 and this HANGTRACE_DIR?",
+        )
+    return Snapshot(
+        run_dir=os.path.abspath(run_dir),
+        taken_wall_ns=time.time_ns(),
+        reason="offline",
+        processes=procs,
+        errors=errors,
+    )
 
 
 def load_snapshot(snap_dir: str, records: bool = False) -> Snapshot:
     """Read a stored snapshot folder (``records``: decode every record, as for the
     timeline; default the compact summary). Raises RunDirError if it is not one."""
     if not is_snapshot(snap_dir):
-        raise RunDirError("%s is not a snapshot (no processes.json)" % snap_dir,
-                          "pass RUN_DIR or RUN_DIR/snapshots/<time>")
+        raise RunDirError(
+            "%s is not a snapshot (no processes.json)" % snap_dir, "pass RUN_DIR or RUN_DIR/snapshots/<time>"
+        )
     errors = []
     try:
         with open(os.path.join(snap_dir, "processes.json"), "rb") as f:
             meta = orjson.loads(f.read())
     except (OSError, ValueError) as e:
         meta = {"processes": {}}
-        errors.append("%s: unreadable (%s); process states are checked live instead"
-                      % (os.path.join(snap_dir, "processes.json"), e))
+        errors.append(
+            "%s: unreadable (%s); process states are checked live instead"
+            % (os.path.join(snap_dir, "processes.json"), e)
+        )
     if not isinstance(meta, dict) or not isinstance(meta.get("processes", {}), dict):
-        errors.append("%s: unreadable (expected an object with a 'processes' object); process states "
-                      "are checked live instead" % os.path.join(snap_dir, "processes.json"))
+        errors.append(
+            "%s: unreadable (expected an object with a 'processes' object); process states "
+            "are checked live instead" % os.path.join(snap_dir, "processes.json")
+        )
         meta = {"processes": {}}
     if not isinstance(meta.get("errors", []), list):
         meta["errors"] = []
     states = {k: v for k, v in meta.get("processes", {}).items() if isinstance(v, dict)}
     # memory facts: only the stored ones (never today's cgroup/kernel state)
     has_fr = os.path.isdir(os.path.join(snap_dir, "fr"))  # Flight Recorder dumps: join every record
-    procs, errs = load_rings(os.path.join(snap_dir, "rings"), run_dir=snap_dir, states=states,
-                             live_facts=False, records=records or has_fr)
+    procs, errs = load_rings(
+        os.path.join(snap_dir, "rings"),
+        run_dir=snap_dir,
+        states=states,
+        live_facts=False,
+        records=records or has_fr,
+    )
     errors += errs
     for i, p in enumerate(procs):
         sp = os.path.join(snap_dir, "stacks", "%s-%d.json" % (p.host, p.pid))
@@ -264,23 +310,33 @@ def load_snapshot(snap_dir: str, records: bool = False) -> Snapshot:
                     d = orjson.loads(f.read())
                 if not isinstance(d, dict) or not isinstance(d.get("threads"), (list, type(None))):
                     raise ValueError("expected an object with a 'threads' list")
-                procs[i] = dataclasses.replace(p, stacks=d.get("threads"), stack_source=d.get("source"),
-                                               stack_error=d.get("error"),
-                                               children=tuple(c for c in d.get("children") or () if isinstance(c, dict)))
+                procs[i] = dataclasses.replace(
+                    p,
+                    stacks=d.get("threads"),
+                    stack_source=d.get("source"),
+                    stack_error=d.get("error"),
+                    children=tuple(c for c in d.get("children") or () if isinstance(c, dict)),
+                )
             except (OSError, ValueError) as e:
                 errors.append("%s: unreadable stacks (%s); analysed without them" % (sp, e))
         else:
             st = states.get(p.key, {})
             procs[i] = dataclasses.replace(p, stack_error=st.get("stack_error"))
-    snap = Snapshot(run_dir=meta.get("run_dir", os.path.dirname(os.path.dirname(snap_dir))),
-                    taken_wall_ns=meta.get("taken_wall_ns", 0), reason=meta.get("reason", "offline"),
-                    processes=procs, errors=errors + meta.get("errors", []), path=snap_dir)
+    snap = Snapshot(
+        run_dir=meta.get("run_dir", os.path.dirname(os.path.dirname(snap_dir))),
+        taken_wall_ns=meta.get("taken_wall_ns", 0),
+        reason=meta.get("reason", "offline"),
+        processes=procs,
+        errors=errors + meta.get("errors", []),
+        path=snap_dir,
+    )
     return _with_fr(snap_dir, snap) if has_fr else snap
 
 
 def _stacks_for(procs: List[ProcessInfo], native: bool, run_dir: str) -> List[ProcessInfo]:
     """``procs`` with stacks of the alive ones: py-spy in parallel, faulthandler fallback."""
     from hangtrace.tracer.collect import stacks as S
+
     alive = [p for p in procs if p.state == "alive"]
     if not alive:
         return procs
@@ -295,8 +351,14 @@ def _stacks_for(procs: List[ProcessInfo], native: bool, run_dir: str) -> List[Pr
             continue
         r = res.get(p.pid) or {}
         if r.get("threads"):
-            out.append(dataclasses.replace(p, stacks=r["threads"], stack_source=r.get("source", "py-spy"),
-                                           children=tuple(r.get("children") or ())))
+            out.append(
+                dataclasses.replace(
+                    p,
+                    stacks=r["threads"],
+                    stack_source=r.get("source", "py-spy"),
+                    children=tuple(r.get("children") or ()),
+                )
+            )
             continue
         err = r.get("error") or "no stacks"
         stacks, source = p.stacks, p.stack_source
@@ -316,8 +378,9 @@ def _stacks_for(procs: List[ProcessInfo], native: bool, run_dir: str) -> List[Pr
     return out
 
 
-def take_snapshot(run_dir: str, reason: str = "request", native: bool = False,
-                  with_stacks: bool = True) -> Snapshot:
+def take_snapshot(
+    run_dir: str, reason: str = "request", native: bool = False, with_stacks: bool = True
+) -> Snapshot:
     """Collect a snapshot of a live run into ``RUN_DIR/snapshots/<UTC time>/``.
 
     Copies the used part of every ring, records process states, takes stacks of every
@@ -342,8 +405,9 @@ def take_snapshot(run_dir: str, reason: str = "request", native: bool = False,
             try:
                 with open(os.path.join(sdir, "stacks", os.path.basename(s["path"])), "w") as f:
                     f.write(s["text"])
-                os.utime(os.path.join(sdir, "stacks", os.path.basename(s["path"])),
-                         ns=(s["wall_ns"], s["wall_ns"]))
+                os.utime(
+                    os.path.join(sdir, "stacks", os.path.basename(s["path"])), ns=(s["wall_ns"], s["wall_ns"])
+                )
             except OSError:
                 pass
     if with_stacks:
@@ -351,15 +415,35 @@ def take_snapshot(run_dir: str, reason: str = "request", native: bool = False,
     for p in snap.processes:
         if p.stacks is not None:
             with open(os.path.join(sdir, "stacks", "%s-%d.json" % (p.host, p.pid)), "wb") as f:
-                f.write(orjson.dumps({"threads": p.stacks, "source": p.stack_source, "error": p.stack_error,
-                                      "children": list(p.children)}))
+                f.write(
+                    orjson.dumps(
+                        {
+                            "threads": p.stacks,
+                            "source": p.stack_source,
+                            "error": p.stack_error,
+                            "children": list(p.children),
+                        }
+                    )
+                )
     roles = assign_roles(snap.processes)  # what each process is (its "rank" is only the RANK it had)
-    meta = {"run_dir": os.path.abspath(run_dir), "taken_wall_ns": time.time_ns(), "reason": reason,
-            "errors": snap.errors,
-            "processes": {p.key: {"state": p.state, "exit_code": p.exit_code, "rank": p.rank,
-                                  "role": roles.role(p).value, "helper_of": roles.helper_of.get(p.key),
-                                  "stack_error": p.stack_error, "memory_facts": p.memory_facts}
-                          for p in snap.processes}}
+    meta = {
+        "run_dir": os.path.abspath(run_dir),
+        "taken_wall_ns": time.time_ns(),
+        "reason": reason,
+        "errors": snap.errors,
+        "processes": {
+            p.key: {
+                "state": p.state,
+                "exit_code": p.exit_code,
+                "rank": p.rank,
+                "role": roles.role(p).value,
+                "helper_of": roles.helper_of.get(p.key),
+                "stack_error": p.stack_error,
+                "memory_facts": p.memory_facts,
+            }
+            for p in snap.processes
+        },
+    }
     with open(os.path.join(sdir, "processes.json"), "wb") as f:
         f.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     return _with_fr(sdir, snap) if fr else snap
@@ -369,11 +453,16 @@ def _fr_dumps(run_dir: str, sdir: str) -> List[str]:
     """The Flight Recorder dumps of this host's live traced processes, copied into
     ``sdir/fr`` (issue 10; ``collect/frrequest.py``). Never raises."""
     from hangtrace.hooks.fr_agent import fr_dir
+
     if not os.path.isdir(fr_dir(run_dir)):
         return []
     from hangtrace.tracer.collect.frrequest import fr_into_snapshot
-    pids = [int(m.group(1)) for m in (re.match(r"ring-%s-(\d+)\.htr$" % re.escape(_HOST), b)
-                                      for b in os.listdir(run_dir)) if m]
+
+    pids = [
+        int(m.group(1))
+        for m in (re.match(r"ring-%s-(\d+)\.htr$" % re.escape(_HOST), b) for b in os.listdir(run_dir))
+        if m
+    ]
     return fr_into_snapshot(run_dir, pids, sdir)
 
 
@@ -382,12 +471,14 @@ def _with_fr(sdir: str, snap: Snapshot) -> Snapshot:
     pending asyncio tasks the agents wrote beside them (``asynciotasks``)."""
     from hangtrace.tracer.collect.asynciotasks import with_tasks
     from hangtrace.tracer.collect.frdump import snapshot_with_fr
+
     return with_tasks(sdir, snapshot_with_fr(sdir, snap))
 
 
 def write_diagnosis(snap: Snapshot, diag: Any, text: str) -> None:
     """Store ``diagnosis.json`` and ``report.txt`` in the snapshot folder (if any)."""
     from hangtrace.tracer.report.text import diagnosis_json
+
     if not snap.path:
         return
     with open(os.path.join(snap.path, "diagnosis.json"), "wb") as f:

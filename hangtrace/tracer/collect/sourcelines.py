@@ -6,6 +6,7 @@ has that line as its innermost frame and nothing else to say what it waits for; 
 blocks a frame's line is inside say which locks the thread already holds (a lock-order
 deadlock: blind helper 53). Called on py-spy's threads by ``collect/stacks.py``.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,12 +27,15 @@ def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     the innermost, ``'next'`` (the lines after it in its function). The same list, changed
     in place. Never raises."""
     import linecache
-    from hangtrace.tracer.analyze.evidence import user_code as mine  # (not a library's, not our hooks' wrappers)
+    from hangtrace.tracer.analyze.evidence import (
+        user_code as mine,
+    )  # (not a library's, not our hooks' wrappers)
+
     for t in threads:
         try:
             py = [f for f in t.get("frames") or () if not f.get("native")]
             user = next((f for f in py if mine(f)), None)
-            for fr in (py[:1] + ([user] if user is not None and py[:1] != [user] else [])):
+            for fr in py[:1] + ([user] if user is not None and py[:1] != [user] else []):
                 if not fr.get("line") or not os.path.isfile(str(fr.get("filename"))):
                     continue
                 code = linecache.getline(str(fr["filename"]), int(fr["line"])).strip()
@@ -67,6 +71,7 @@ def enclosing_blocks(path: str, line: int) -> Tuple[List[List[Any]], Optional[Li
     (``[55, 'while not os.path.exists(marker):']``: a thread asleep in a loop polls for its
     condition: blind helper 62), or None. ``([], None)`` when the file is not readable."""
     import linecache
+
     out: List[List[Any]] = []
     loop: Optional[List[Any]] = None
     if line <= 1 or not os.path.isfile(path):
@@ -101,6 +106,7 @@ def following_lines(path: str, line: int) -> List[List[Any]]:
     waits in returns: the step the pollers of blind helper 62 waited for. [] when the file
     is not readable here."""
     import linecache
+
     out: List[List[Any]] = []
     if line <= 0 or not os.path.isfile(path):
         return out

@@ -19,6 +19,7 @@ Function names are what the source prints: py-spy shows ``co_qualname`` on Pytho
 Nothing here imports torch or ray. Helper subprocesses (py-spy) run with
 ``config.helper_env()`` so that a ``HANGTRACE=1`` environment never traces them.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,7 @@ YAMA_PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 PTRACE_REMEDY = (
     "reading another process's memory needs ptrace permission: run hangtrace as root or "
     "with CAP_SYS_PTRACE (containers: `docker run --cap-add SYS_PTRACE ...`, Kubernetes: "
-    "securityContext.capabilities.add: [\"SYS_PTRACE\"]), or relax the Yama LSM on the host "
+    'securityContext.capabilities.add: ["SYS_PTRACE"]), or relax the Yama LSM on the host '
     "with `sysctl kernel.yama.ptrace_scope=0`; without it hangtrace falls back to "
     "faulthandler dumps of processes that registered one (HANGTRACE=1 does)"
 )
@@ -56,6 +57,7 @@ PYSPY_MISSING = "py-spy missing: pip install py-spy"
 
 
 # --------------------------------------------------------------------------- py-spy
+
 
 def pyspy_path() -> Optional[str]:
     """Path of the py-spy executable, or None.
@@ -86,8 +88,9 @@ def pyspy_available(timeout_s: float = 5.0) -> Tuple[bool, str]:
     if not path:
         return False, PYSPY_MISSING
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True,
-                             timeout=timeout_s, env=config.helper_env())
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=timeout_s, env=config.helper_env()
+        )
     except FileNotFoundError:
         return False, PYSPY_MISSING
     except (OSError, subprocess.SubprocessError) as e:
@@ -119,6 +122,7 @@ def _yama_scope() -> Optional[int]:
 def _is_descendant(pid: int) -> bool:
     try:
         import psutil
+
         me = os.getpid()
         return any(p.pid == me for p in psutil.Process(pid).parents())
     except Exception:
@@ -151,25 +155,34 @@ def ptrace_problem(pid: Optional[int] = None) -> Optional[str]:
     caps = _cap_eff()
     has_cap = caps is not None and bool(caps & (1 << CAP_SYS_PTRACE))
     if scope is not None and scope >= 3:
-        return ("ptrace is disabled on this host (kernel.yama.ptrace_scope=3 cannot be lowered "
-                "without a reboot); py-spy cannot read any process. Reboot with "
-                "`sysctl kernel.yama.ptrace_scope=0` in /etc/sysctl.d, or rely on faulthandler "
-                "dumps. " + PTRACE_REMEDY)
+        return (
+            "ptrace is disabled on this host (kernel.yama.ptrace_scope=3 cannot be lowered "
+            "without a reboot); py-spy cannot read any process. Reboot with "
+            "`sysctl kernel.yama.ptrace_scope=0` in /etc/sysctl.d, or rely on faulthandler "
+            "dumps. " + PTRACE_REMEDY
+        )
     if has_cap:
         return None
     if scope == 2:
-        return "kernel.yama.ptrace_scope=2 allows only CAP_SYS_PTRACE, which this process lacks; " \
-               + PTRACE_REMEDY
+        return (
+            "kernel.yama.ptrace_scope=2 allows only CAP_SYS_PTRACE, which this process lacks; "
+            + PTRACE_REMEDY
+        )
     if scope == 1 and not (pid is not None and _is_descendant(pid)):
-        return ("kernel.yama.ptrace_scope=1 allows tracing only of this process's own "
-                "descendants without CAP_SYS_PTRACE, which this process lacks; " + PTRACE_REMEDY)
+        return (
+            "kernel.yama.ptrace_scope=1 allows tracing only of this process's own "
+            "descendants without CAP_SYS_PTRACE, which this process lacks; " + PTRACE_REMEDY
+        )
     if pid is not None:
         # without CAP_SYS_PTRACE the target's real, effective and saved uids must all be
         # ours (kernel/ptrace.c: __ptrace_may_access) -- also when we are uid 0
         uids = _proc_uids(pid)
         if uids and any(u != os.getuid() for u in uids[:3]):
-            return ("pid %d runs as uid %d, this process as uid %d without CAP_SYS_PTRACE; "
-                    % (pid, uids[0], os.getuid()) + PTRACE_REMEDY)
+            return (
+                "pid %d runs as uid %d, this process as uid %d without CAP_SYS_PTRACE; "
+                % (pid, uids[0], os.getuid())
+                + PTRACE_REMEDY
+            )
     return None
 
 
@@ -196,7 +209,7 @@ def _pid_state(pid: int) -> str:
     except OSError:
         return "alive"
     # state is the field after the ')' closing comm (comm may contain spaces and ')')
-    state = data[data.rfind(")") + 2:data.rfind(")") + 3]
+    state = data[data.rfind(")") + 2 : data.rfind(")") + 3]
     return "zombie" if state in ("Z", "X", "x") else "alive"
 
 
@@ -219,29 +232,44 @@ def normalize_pyspy(data: Union[str, bytes, List[Any]]) -> List[Thread]:
             raise ValueError("py-spy JSON: thread entry is %s" % type(t).__name__)
         frames: List[Frame] = []
         for fr in t.get("frames") or []:
-            frames.append({
-                "name": str(fr.get("name") or "?"),
-                "filename": str(fr.get("filename") or fr.get("short_filename") or "?"),
-                "line": int(fr.get("line") or 0),
-                "native": fr.get("module") is not None,
-            })
-        threads.append({
-            "thread_name": t.get("thread_name"),
-            "thread_id": t.get("thread_id"),
-            "os_thread_id": t.get("os_thread_id"),
-            "active": t.get("active"),
-            "owns_gil": t.get("owns_gil"),
-            "current": False,
-            "frames": frames,
-        })
+            frames.append(
+                {
+                    "name": str(fr.get("name") or "?"),
+                    "filename": str(fr.get("filename") or fr.get("short_filename") or "?"),
+                    "line": int(fr.get("line") or 0),
+                    "native": fr.get("module") is not None,
+                }
+            )
+        threads.append(
+            {
+                "thread_name": t.get("thread_name"),
+                "thread_id": t.get("thread_id"),
+                "os_thread_id": t.get("os_thread_id"),
+                "active": t.get("active"),
+                "owns_gil": t.get("owns_gil"),
+                "current": False,
+                "frames": frames,
+            }
+        )
     return threads
 
 
-def _result(pid: int, threads: Optional[List[Thread]] = None, error: Optional[str] = None,
-            remedy: Optional[str] = None, t0: Optional[float] = None, **extra: Any) -> StackResult:
-    r = {"pid": pid, "threads": threads, "source": "py-spy" if threads is not None else None,
-         "error": error, "remedy": remedy,
-         "duration_s": (time.monotonic() - t0) if t0 is not None else 0.0}
+def _result(
+    pid: int,
+    threads: Optional[List[Thread]] = None,
+    error: Optional[str] = None,
+    remedy: Optional[str] = None,
+    t0: Optional[float] = None,
+    **extra: Any,
+) -> StackResult:
+    r = {
+        "pid": pid,
+        "threads": threads,
+        "source": "py-spy" if threads is not None else None,
+        "error": error,
+        "remedy": remedy,
+        "duration_s": (time.monotonic() - t0) if t0 is not None else 0.0,
+    }
     r.update(extra)
     return r
 
@@ -252,7 +280,9 @@ def _vanished(pid: int, state: str) -> str:
     return "process vanished: pid %d no longer exists" % pid
 
 
-def dump_one(pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Optional[str] = None) -> StackResult:
+def dump_one(
+    pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Optional[str] = None
+) -> StackResult:
     """One py-spy dump; see :func:`dump_stacks` for the result shape."""
     t0 = time.monotonic()
     pid = int(pid)
@@ -266,8 +296,9 @@ def dump_one(pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Opt
     nonblocking, before = False, kernelwait.read_syscalls(pid)  # (before py-spy's ptrace stop restarts them)
     try:
         try:
-            out = subprocess.run(base, capture_output=True, text=True, timeout=timeout_s,
-                                 env=config.helper_env())
+            out = subprocess.run(
+                base, capture_output=True, text=True, timeout=timeout_s, env=config.helper_env()
+            )
         except subprocess.TimeoutExpired:
             # A process in uninterruptible sleep (D state, e.g. stuck NFS IO) never reaches
             # the ptrace stop py-spy waits for; reading without pausing it still works.
@@ -275,12 +306,17 @@ def dump_one(pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Opt
                 return _result(pid, error=_vanished(pid, _pid_state(pid)), t0=t0)
             nonblocking = True
             try:
-                out = subprocess.run(base + ["--nonblocking"], capture_output=True, text=True,
-                                     timeout=max(1.0, min(timeout_s, 5.0)),
-                                     env=config.helper_env())
+                out = subprocess.run(
+                    base + ["--nonblocking"],
+                    capture_output=True,
+                    text=True,
+                    timeout=max(1.0, min(timeout_s, 5.0)),
+                    env=config.helper_env(),
+                )
             except subprocess.TimeoutExpired:
-                return _result(pid, error="py-spy timed out after %.1f s (also with "
-                                          "--nonblocking)" % timeout_s, t0=t0)
+                return _result(
+                    pid, error="py-spy timed out after %.1f s (also with --nonblocking)" % timeout_s, t0=t0
+                )
     except FileNotFoundError:
         return _result(pid, error=PYSPY_MISSING, remedy="pip install py-spy", t0=t0)
     except OSError as e:
@@ -293,23 +329,31 @@ def dump_one(pid: int, native: bool = False, timeout_s: float = 10.0, pyspy: Opt
         low = (out.stderr or "").lower()
         if "permission denied" in low or "operation not permitted" in low:
             remedy = ptrace_problem(pid) or PTRACE_REMEDY
-            return _result(pid, error="permission denied reading pid %d: %s. %s"
-                           % (pid, err, remedy), remedy=remedy, t0=t0)
+            return _result(
+                pid,
+                error="permission denied reading pid %d: %s. %s" % (pid, err, remedy),
+                remedy=remedy,
+                t0=t0,
+            )
         if "failed to find python version" in low or "failed to find python interpreter" in low:
-            return _result(pid, error="pid %d does not look like a Python process to py-spy "
-                                      "(%s)" % (pid, err), t0=t0)
-        return _result(pid, error="py-spy failed on pid %d (exit %d): %s"
-                       % (pid, out.returncode, err), t0=t0)
+            return _result(
+                pid, error="pid %d does not look like a Python process to py-spy (%s)" % (pid, err), t0=t0
+            )
+        return _result(pid, error="py-spy failed on pid %d (exit %d): %s" % (pid, out.returncode, err), t0=t0)
     try:
         threads = sourcelines.add_source_lines(kernelwait.annotate(pid, normalize_pyspy(out.stdout), before))
     except (ValueError, TypeError, AttributeError) as e:
-        return _result(pid, error="py-spy output unreadable: %s: %r" % (e, out.stdout[:200]),
-                       t0=t0)
+        return _result(pid, error="py-spy output unreadable: %s: %r" % (e, out.stdout[:200]), t0=t0)
     return _result(pid, threads=threads, t0=t0, nonblocking=nonblocking, children=kernelwait.children(pid))
 
 
-def dump_stacks(pids: Iterable[int], native: bool = False, timeout_s: float = 10.0, max_workers: int = 8,
-                pyspy: Optional[str] = None) -> Dict[int, StackResult]:
+def dump_stacks(
+    pids: Iterable[int],
+    native: bool = False,
+    timeout_s: float = 10.0,
+    max_workers: int = 8,
+    pyspy: Optional[str] = None,
+) -> Dict[int, StackResult]:
     """Take py-spy stacks of many local processes in parallel.
 
     ``pids``: iterable of ints (duplicates are taken once). ``native``: add C/C++ frames
@@ -343,8 +387,9 @@ def dump_stacks(pids: Iterable[int], native: bool = False, timeout_s: float = 10
     exe = pyspy or pyspy_path()
     if len(uniq) == 1 or max_workers <= 1:
         return {p: dump_one(p, native, timeout_s, exe) for p in uniq}
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(uniq)),
-                            thread_name_prefix="hangtrace-pyspy") as pool:
+    with ThreadPoolExecutor(
+        max_workers=min(max_workers, len(uniq)), thread_name_prefix="hangtrace-pyspy"
+    ) as pool:
         futs = {p: pool.submit(dump_one, p, native, timeout_s, exe) for p in uniq}
         return {p: f.result() for p, f in futs.items()}
 
@@ -352,9 +397,13 @@ def dump_stacks(pids: Iterable[int], native: bool = False, timeout_s: float = 10
 # --------------------------------------------------------------------------- faulthandler
 # faulthandler parsing and on-demand dumps live in collect/faulthandler.py (issue 8: modules
 # under 400 lines); re-exported here for existing callers.
-from hangtrace.tracer.collect.faulthandler import (_is_threading_bootstrap, parse_faulthandler_dumps,  # noqa: E402,F401
-                                                   parse_faulthandler_text, request_faulthandler_dump,
-                                                   signal_caught)
+from hangtrace.tracer.collect.faulthandler import (
+    _is_threading_bootstrap,
+    parse_faulthandler_dumps,  # noqa: E402,F401
+    parse_faulthandler_text,  # noqa: F401
+    request_faulthandler_dump,  # noqa: F401
+    signal_caught,  # noqa: F401
+)
 
 
 def frame_str(frame: Frame, full_path: bool = False) -> str:
@@ -363,8 +412,11 @@ def frame_str(frame: Frame, full_path: bool = False) -> str:
     if not full_path:
         fn = os.path.basename(fn) or fn
     line = frame.get("line") or 0
-    return "%s (%s:%d)" % (frame.get("name") or "?", fn, line) if line else \
-        "%s (%s)" % (frame.get("name") or "?", fn)
+    return (
+        "%s (%s:%d)" % (frame.get("name") or "?", fn, line)
+        if line
+        else "%s (%s)" % (frame.get("name") or "?", fn)
+    )
 
 
 def frame_key(frame: Frame) -> Tuple[str, int, str]:

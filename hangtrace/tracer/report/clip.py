@@ -6,6 +6,7 @@ never inside a word, marks the cut with '…', and leaves no bracket or quote it
 unclosed: it cuts back to before an unclosed opening bracket or quotation when that
 loses less than half the text, else closes it after the '…'. A text within the limit is returned unchanged.
 """
+
 from __future__ import annotations
 
 from typing import List
@@ -38,7 +39,7 @@ def _unclosed(s: str) -> List[int]:
 
 def _cut(text: str, n: int) -> str:
     """``text`` cut to at most ``n`` characters at a phrase, else a word boundary."""
-    head = text[:n + 1]
+    head = text[: n + 1]
     best = max((head.rfind(sep) for sep in PHRASE), default=-1)
     if best >= n // 2:
         return head[:best]
@@ -55,7 +56,7 @@ def clip(text: str, n: int) -> str:
     open_at = _unclosed(s)
     late = [i for i in open_at if i >= len(s) // 2]
     if late:
-        s = s[:late[0]].rstrip(" ,;:-")  # drop the unfinished parenthesis or quotation
+        s = s[: late[0]].rstrip(" ,;:-")  # drop the unfinished parenthesis or quotation
         open_at = _unclosed(s)
     closers = "".join(PAIRS.get(s[i], s[i]) for i in reversed(open_at))
     return s + ELLIPSIS + closers

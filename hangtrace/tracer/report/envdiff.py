@@ -1,5 +1,6 @@
 """Rendering of environment differences (issue 12): ``hangtrace env-diff`` and the text
 report's "Environment differences" section."""
+
 from typing import Any, Dict, List
 
 from hangtrace.tracer.analyze.envdiff import Difference, EnvDiff, short, who
@@ -31,11 +32,26 @@ def render_text(diff: EnvDiff) -> str:
 def render_json(diff: EnvDiff) -> Dict[str, Any]:
     """JSON-ready dict: ``{processes, facts, differences: [{kind, name, groups: [{value,
     ranks, hosts, pids}]}]}``; full build-ids, majority group last."""
-    return {"processes": diff.processes, "facts": diff.facts,
-            "differences": [{"kind": d.kind, "name": d.name,
-                             "groups": [{"value": g.value, "ranks": list(g.ranks), "hosts": list(g.hosts),
-                                         "pids": [m.pid for m in g.members]} for g in d.groups]}
-                            for d in diff.differences]}
+    return {
+        "processes": diff.processes,
+        "facts": diff.facts,
+        "differences": [
+            {
+                "kind": d.kind,
+                "name": d.name,
+                "groups": [
+                    {
+                        "value": g.value,
+                        "ranks": list(g.ranks),
+                        "hosts": list(g.hosts),
+                        "pids": [m.pid for m in g.members],
+                    }
+                    for g in d.groups
+                ],
+            }
+            for d in diff.differences
+        ],
+    }
 
 
 def environment_section(diff: EnvDiff, max_lines: int = 8) -> str:

@@ -1,4 +1,5 @@
 """The machine rendering of a ``Diagnosis``: JSON schema 1 (docs/DIAGNOSIS.md)."""
+
 from typing import Any, Dict
 
 from hangtrace.tracer.diagnosis import Diagnosis

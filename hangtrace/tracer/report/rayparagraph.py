@@ -1,6 +1,7 @@
 """The verdict texts about Ray actors (pure): a culprit's actor identity and Ray's own death
 text (issue 4), actors without a rank that are stuck or failed (issue 9), actor-call cycles,
 chains and unschedulable actors. Split from ``paragraph.py``, which composes them."""
+
 from typing import Any, Dict, Optional
 
 from hangtrace.tracer.diagnosis import Diagnosis
@@ -10,7 +11,7 @@ from hangtrace.tracer.report.words import ranks_text as _ranks, verb as _verb
 
 
 def ray_actor_label(a: Dict[str, Any]) -> str:
-    """"Trainer 't0'" for a Ray actor identity dict."""
+    """ "Trainer 't0'" for a Ray actor identity dict."""
     return "%s%s" % (a.get("class") or "actor", " '%s'" % a["name"] if a.get("name") else "")
 
 
@@ -19,13 +20,15 @@ def ray_text(diag: Diagnosis) -> str:
     out = ""
     acts = d.get("culprit_actors") or []
     if acts:
-        out += " Ray actor%s: %s." % ("s" if len(acts) > 1 else "", ", ".join(
-            "rank %s = %s" % (a.get("rank"), ray_actor_label(a)) for a in acts[:4]))
+        out += " Ray actor%s: %s." % (
+            "s" if len(acts) > 1 else "",
+            ", ".join("rank %s = %s" % (a.get("rank"), ray_actor_label(a)) for a in acts[:4]),
+        )
     says = d.get("ray_says") or {}
     for r in diag.culprit_ranks[:2]:
         x = says.get(str(r))
         if x:
-            out += " Ray says (rank %s): \"%s\"." % (r, clip(str(x.get("text")), 240))
+            out += ' Ray says (rank %s): "%s".' % (r, clip(str(x.get("text")), 240))
     return out
 
 
@@ -35,10 +38,18 @@ def call(x: Dict[str, Any]) -> str:
     Learner.train (driver.py:64) on an object passed to it``."""
     if not x.get("waits_on"):
         return "%s%s is blocked in %s%s on an object passed to it" % (
-            x.get("actor"), " in %s" % x["method"] if x.get("method") else "", _api(x.get("api")),
-            " at %s" % x["at"] if x.get("at") else "")
-    return "%s%s is blocked in %s on %s.%s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
-                                              _api(x.get("api")), x.get("waits_on"), x.get("target_method"))
+            x.get("actor"),
+            " in %s" % x["method"] if x.get("method") else "",
+            _api(x.get("api")),
+            " at %s" % x["at"] if x.get("at") else "",
+        )
+    return "%s%s is blocked in %s on %s.%s" % (
+        x.get("actor"),
+        " in %s" % x["method"] if x.get("method") else "",
+        _api(x.get("api")),
+        x.get("waits_on"),
+        x.get("target_method"),
+    )
 
 
 def _api(api: Optional[str]) -> str:
@@ -56,21 +67,30 @@ def actor_deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> s
         if x.get("at"):
             s += " at %s%s" % (x["at"], ": `%s`" % x["code"] if x.get("code") else "")
         if x.get("blocks_loop"):
-            s += ", a blocking call inside its asyncio event loop (an async actor: none of its other methods runs " \
-                 "until it returns)"
+            s += (
+                ", a blocking call inside its asyncio event loop (an async actor: none of its other methods runs "
+                "until it returns)"
+            )
         if x.get("target_started") is False:
             s += ", which has not started (%s is inside %s%s)" % (
-                x.get("waits_on"), x.get("target_inside") or "no method",
-                ", its event loop blocked" if x.get("waits_on") in loops else "")
+                x.get("waits_on"),
+                x.get("target_inside") or "no method",
+                ", its event loop blocked" if x.get("waits_on") in loops else "",
+            )
         return s
+
     if self_call(d):  # a call to itself (blind helper 61)
         x = dict(items[0], target_started=None)
-        s = ("Actor deadlock: Ray actor %s waits on its own method: %s, which cannot start while %s runs (a call "
-             "to itself through its own handle queues behind the call that waits for it)." % (
-                 x.get("actor"), member(x), x.get("method") or "its current method"))
+        s = (
+            "Actor deadlock: Ray actor %s waits on its own method: %s, which cannot start while %s runs (a call "
+            "to itself through its own handle queues behind the call that waits for it)."
+            % (x.get("actor"), member(x), x.get("method") or "its current method")
+        )
     else:
         s = "Actor deadlock: Ray actors %s wait on each other's methods in a cycle: %s." % (
-            ", ".join(diag.culprit_actors[:6]), "; ".join(member(x) for x in items[:6]))
+            ", ".join(diag.culprit_actors[:6]),
+            "; ".join(member(x) for x in items[:6]),
+        )
     waiters = d.get("actor_waiters") or []
     if waiters:
         s += " Waiting on the cycle: %s." % "; ".join(call(x) for x in waiters[:4])
@@ -81,19 +101,39 @@ def unschedulable(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> st
     """Kind unschedulable-actor (rules/unschedulable.py)."""
     req = d.get("actor_request") or {}
     res = req.get("resources") or {}
-    ask = ", ".join("%s: %g" % (k, v) for k, v in sorted(res.items()) if v and not k.startswith("node:")
-                    and k not in ("memory", "object_store_memory")) or "?"
+    ask = (
+        ", ".join(
+            "%s: %g" % (k, v)
+            for k, v in sorted(res.items())
+            if v and not k.startswith("node:") and k not in ("memory", "object_store_memory")
+        )
+        or "?"
+    )
     nodes = d.get("cluster_nodes") or []
     short = req.get("short_of") or []
-    s = "Unschedulable Ray actor: %s asks for {%s}%s and no node of the cluster (%d) offers %s; it never " \
-        "got a process." % (", ".join(diag.culprit_actors[:2]), ask,
-                            " in placement group %s" % str(req["placement_group"])[:12] if req.get("placement_group")
-                            else "", len(nodes), " and ".join(short) or "it")
+    s = (
+        "Unschedulable Ray actor: %s asks for {%s}%s and no node of the cluster (%d) offers %s; it never "
+        "got a process."
+        % (
+            ", ".join(diag.culprit_actors[:2]),
+            ask,
+            " in placement group %s" % str(req["placement_group"])[:12] if req.get("placement_group") else "",
+            len(nodes),
+            " and ".join(short) or "it",
+        )
+    )
     waiters = d.get("actor_waiters") or []
     if waiters:
         s += " Waiting for it: %s." % "; ".join(
-            "%s%s, in %s on its %s" % (x.get("actor"), " in %s" % x["method"] if x.get("method") else "",
-                                       _api(x.get("api")), x.get("target_method")) for x in waiters[:4])
+            "%s%s, in %s on its %s"
+            % (
+                x.get("actor"),
+                " in %s" % x["method"] if x.get("method") else "",
+                _api(x.get("api")),
+                x.get("target_method"),
+            )
+            for x in waiters[:4]
+        )
     says = next(iter((d.get("ray_says") or {}).values()), None)
     if says:
         s += " Ray says: %s." % says.get("text")
@@ -108,21 +148,32 @@ def actor_stuck(diag: Diagnosis, d: Dict[str, Any]) -> str:
     idle = _ranks_idle(d)
     if chain:  # rules/actor_waits.py: the end of a chain of waits on actor calls
         lock = "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("lock_wait", "peer_wait") if d.get(k))
-        return ("Stuck outside collectives: Ray actor %s (no rank) is %s and waits on no other actor%s, while "
-                "a chain of actor calls waits on it: %s.%s%s" % (
-                    ", ".join(diag.culprit_actors), "in %s" % ", ".join(sum(meth.values(), [])) if
-                    any(meth.values()) else "inside no method",
-                    " (%s)" % d["actor_doing"] if d.get("actor_doing") else "",
-                    "; ".join(call(x) for x in chain[:6]), lock, idle))
-    extra = "".join(" %s." % (d[k][:1].upper() + d[k][1:]) for k in ("lock_wait", "peer_wait", "driver_wait")
-                    if d.get(k))
+        return (
+            "Stuck outside collectives: Ray actor %s (no rank) is %s and waits on no other actor%s, while "
+            "a chain of actor calls waits on it: %s.%s%s"
+            % (
+                ", ".join(diag.culprit_actors),
+                "in %s" % ", ".join(sum(meth.values(), [])) if any(meth.values()) else "inside no method",
+                " (%s)" % d["actor_doing"] if d.get("actor_doing") else "",
+                "; ".join(call(x) for x in chain[:6]),
+                lock,
+                idle,
+            )
+        )
+    extra = "".join(
+        " %s." % (d[k][:1].upper() + d[k][1:]) for k in ("lock_wait", "peer_wait", "driver_wait") if d.get(k)
+    )
     doing = d.get("actor_doing")
     listed = ["%s in %s" % (a, ", ".join(m)) for a, m in list(meth.items())[:6]]
     if doing and len(listed) > 1:  # the first actor's wait; "each" when all wait alike (rules/actors.py)
         listed[0] += "" if d.get("actor_doing_all") else " (%s)" % doing
         doing = "each: %s" % doing if d.get("actor_doing_all") else None
     return "Stuck Ray actors (no rank), each inside a method while nothing progressed: %s%s.%s%s" % (
-        "; ".join(listed) or "a method", " (%s)" % doing if doing else "", extra, idle)
+        "; ".join(listed) or "a method",
+        " (%s)" % doing if doing else "",
+        extra,
+        idle,
+    )
 
 
 def _ranks_idle(d: Dict[str, Any]) -> str:
@@ -133,7 +184,9 @@ def _ranks_idle(d: Dict[str, Any]) -> str:
     if not idle:
         return ""
     return " %s (Ray actors) %s idle between method calls, in no collective." % (
-        _cap(_ranks(idle)), "is" if len(idle) == 1 else "are")
+        _cap(_ranks(idle)),
+        "is" if len(idle) == 1 else "are",
+    )
 
 
 def actor_dead(diag: Diagnosis, d: Dict[str, Any]) -> str:
@@ -141,16 +194,23 @@ def actor_dead(diag: Diagnosis, d: Dict[str, Any]) -> str:
     text = d.get("cause_text") or ""
     casc = diag.cascade or []
     s = "Failed Ray actor: %s (no rank) failed first (cause: %s%s)." % (
-        ", ".join(diag.culprit_actors[:6]), diag.cause, (": " + text) if text else "")
+        ", ".join(diag.culprit_actors[:6]),
+        diag.cause,
+        (": " + text) if text else "",
+    )
     waits = d.get("rank_waits") or {}
     if waits:  # rules/rankless_root.py: ranked processes wait afterwards
         s += " No rank progressed after it; %s %s (cascade): %s." % (
-            _ranks(diag.waiting_ranks), _verb(diag.waiting_ranks), "; ".join(
-                "rank %s %s" % (r, clip(w, 120)) for r, w in list(waits.items())[:3]))
+            _ranks(diag.waiting_ranks),
+            _verb(diag.waiting_ranks),
+            "; ".join("rank %s %s" % (r, clip(w, 120)) for r, w in list(waits.items())[:3]),
+        )
     lives = d.get("actor_lives_on")
     if lives:  # rules/actors.py: its asyncio task died unseen, the actor lives on
-        s += " It lives on%s%s." % (" in %s" % lives["method"] if lives.get("method") else ", inside no method",
-                                    ": %s" % lives["doing"] if lives.get("doing") else "")
+        s += " It lives on%s%s." % (
+            " in %s" % lives["method"] if lives.get("method") else ", inside no method",
+            ": %s" % lives["doing"] if lives.get("doing") else "",
+        )
         waiters = d.get("actor_waiters") or []
         if waiters:
             s += " %s." % _cap("; ".join(call(x) for x in waiters[:3]))
@@ -158,8 +218,10 @@ def actor_dead(diag: Diagnosis, d: Dict[str, Any]) -> str:
             s += " " + _cap(d["driver_wait"]) + "."
     if casc:
         s += " %d later failure(s) (cascade, e.g. %s: %s)." % (
-            len(casc), casc[0].get("actor") or "rank %s" % casc[0].get("rank"),
-            clip(casc[0].get("text") or casc[0].get("cause") or "", 100))
+            len(casc),
+            casc[0].get("actor") or "rank %s" % casc[0].get("rank"),
+            clip(casc[0].get("text") or casc[0].get("cause") or "", 100),
+        )
     return s + _ranks_idle(d)
 
 

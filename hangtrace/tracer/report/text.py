@@ -4,6 +4,7 @@ Ray actors, memory, a per-rank table and the errors (unreadable files) of the sn
 The verdict paragraph is ``report.paragraph``, the JSON form ``report.json``; both are
 re-exported here (the names the CLI, watcher and collectors import). Pure: no I/O.
 """
+
 import os
 import textwrap
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
@@ -21,7 +22,9 @@ __all__ = ["verdict_paragraph", "text_report", "diagnosis_json", "SCHEMA_VERSION
 
 
 # --- memory (issue 5): the ledger ---
-def _ledger_rows(diag: Diagnosis, mem: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Dict[Tuple[Any, ...], str]]:
+def _ledger_rows(
+    diag: Diagnosis, mem: Dict[str, Any]
+) -> Tuple[List[Dict[str, Any]], Dict[Tuple[Any, ...], str]]:
     """The ledger rows shown (flagged or trending metrics, else one metric per rank;
     culprits first) and the '!' marks of kept-across steps."""
     rows = mem.get("ledger") or []
@@ -43,17 +46,24 @@ def _ledger_rows(diag: Diagnosis, mem: Dict[str, Any]) -> Tuple[List[Dict[str, A
 
 
 def _ledger_cells(x: Dict[str, Any], marks: Dict[Tuple[Any, ...], str]) -> Tuple[str, ...]:
-    return (str(x["rank"]), "-" if x["step"] is None else str(x["step"]),
-            "  " * (x.get("depth") or 0) + str(x["phase"]), x["metric"], fb(x["enter"]),
-            fb(x["exit"]) if x["exit"] is not None else "(open: %s)" % fb(x.get("last")),
-            "" if x["delta"] is None else ("+" if x["delta"] >= 0 else "-") + fb(abs(x["delta"])),
-            marks.get((x["rank"], x["metric"], x["step"], x["phase"]), ""))
+    return (
+        str(x["rank"]),
+        "-" if x["step"] is None else str(x["step"]),
+        "  " * (x.get("depth") or 0) + str(x["phase"]),
+        x["metric"],
+        fb(x["enter"]),
+        fb(x["exit"]) if x["exit"] is not None else "(open: %s)" % fb(x.get("last")),
+        "" if x["delta"] is None else ("+" if x["delta"] >= 0 else "-") + fb(abs(x["delta"])),
+        marks.get((x["rank"], x["metric"], x["step"], x["phase"]), ""),
+    )
 
 
 def _ledger_table(diag: Diagnosis, mem: Dict[str, Any], max_rows: int) -> List[str]:
     sel, marks = _ledger_rows(diag, mem)
-    out = ["  Ledger (memory just after entering / just before leaving each phase; '!' = kept across "
-           "the phase boundary):"]
+    out = [
+        "  Ledger (memory just after entering / just before leaving each phase; '!' = kept across "
+        "the phase boundary):"
+    ]
     header = ("rank", "step", "phase", "metric", "enter", "exit", "delta", "")
     table = [_ledger_cells(x, marks) for x in (sel[-max_rows:] if len(sel) > max_rows else sel)]
     widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(header)]
@@ -61,11 +71,17 @@ def _ledger_table(diag: Diagnosis, mem: Dict[str, Any], max_rows: int) -> List[s
     out.append(("    " + fmt % header).rstrip())
     out.extend(("    " + fmt % t).rstrip() for t in table)
     if len(sel) > max_rows:
-        out.append("    ... %d earlier rows in the JSON (details.memory.ledger; `hangtrace records RUN_DIR --memory`)"
-                   % (len(sel) - max_rows))
-    if any(t[3] == "cgroup" for t in table):  # (blind job tr_dl_leak: a reader blamed the ranks' shared growth)
-        out.append("    cgroup: the usage of the process's memory cgroup, shared by every process in it (the ranks "
-                   "of a container): its growth is not one rank's")
+        out.append(
+            "    ... %d earlier rows in the JSON (details.memory.ledger; `hangtrace records RUN_DIR --memory`)"
+            % (len(sel) - max_rows)
+        )
+    if any(
+        t[3] == "cgroup" for t in table
+    ):  # (blind job tr_dl_leak: a reader blamed the ranks' shared growth)
+        out.append(
+            "    cgroup: the usage of the process's memory cgroup, shared by every process in it (the ranks "
+            "of a container): its growth is not one rank's"
+        )
     return out
 
 
@@ -82,16 +98,22 @@ def _memory_section(diag: Diagnosis, max_rows: int = 60) -> List[str]:
     out = ["Memory:"]
     for r, a in sorted((mem.get("attribution") or {}).items(), key=lambda kv: int(kv[0]))[:4]:
         if a.get("cause") != a.get("base_cause"):
-            out.append("  rank %s: cause %s (from %s): %s" % (r, a.get("cause"), a.get("base_cause"),
-                                                             clip(a.get("cause_text") or "", 300)))
+            out.append(
+                "  rank %s: cause %s (from %s): %s"
+                % (r, a.get("cause"), a.get("base_cause"), clip(a.get("cause_text") or "", 300))
+            )
     for ln in mem.get("evidence") or ():
         out.append("  - %s" % ln)
     for ln in mem.get("advice") or ():
         out.append("  advice: %s" % ln)
-    if mem.get("ledger"):  # (a verdict not about memory: its newest rows only; helpers 53, 57, 65 and 68 found it noise)
+    if mem.get(
+        "ledger"
+    ):  # (a verdict not about memory: its newest rows only; helpers 53, 57, 65 and 68 found it noise)
         out.extend(_ledger_table(diag, mem, max_rows if str(diag.cause) in _MEMORY_CAUSES else _LEDGER_BRIEF))
     out.append("")
     return out
+
+
 # --- end memory ---
 
 
@@ -113,9 +135,18 @@ def _rank_cells(r: int, proc: Optional[ProcessInfo], culprit: bool, cls: Dict[in
     mark = "*" if culprit else ""
     if proc is None:
         return ("%d%s" % (r, mark), "-", "no file", "-", "-", "-", "-")
-    st = proc.state + (" (%s)" % proc.exit_code if proc.exit_code not in (None,) and proc.state == "exited" else "")
-    return ("%d%s" % (r, mark), proc.key, st, str(proc.phase or "-"),
-            "-" if proc.step is None else str(proc.step), _coll_cell(_last_coll(proc)), cls.get(r, "-"))
+    st = proc.state + (
+        " (%s)" % proc.exit_code if proc.exit_code not in (None,) and proc.state == "exited" else ""
+    )
+    return (
+        "%d%s" % (r, mark),
+        proc.key,
+        st,
+        str(proc.phase or "-"),
+        "-" if proc.step is None else str(proc.step),
+        _coll_cell(_last_coll(proc)),
+        cls.get(r, "-"),
+    )
 
 
 def _stack_tags(diag: Diagnosis) -> Dict[int, str]:
@@ -132,7 +163,9 @@ def _shown_ranks(ranks: List[int], culp: Set[int], max_rows: Optional[int]) -> T
     """Sorted ranks in; (the ranks shown: culprits always, at most ``max_rows``; how many omitted) out."""
     if max_rows is None or len(ranks) <= max_rows:
         return ranks, 0
-    keep = [r for r in ranks if r in culp] + [r for r in ranks if r not in culp][:max(0, max_rows - len(culp))]
+    keep = [r for r in ranks if r in culp] + [r for r in ranks if r not in culp][
+        : max(0, max_rows - len(culp))
+    ]
     return sorted(keep), len(ranks) - len(keep)
 
 
@@ -143,11 +176,21 @@ def _unranked_cells(p: ProcessInfo, roles: ProcessRoles, culprits: Set[str]) -> 
     m = p.meta or {}
     what = "%s%s" % (roles.role(p).value, "" if of is None else " of %d" % of)
     if m.get("ray_actor_class"):  # a Ray actor by its class (and name), as the verdict names it
-        what = "%s %s" % (m["ray_actor_class"], "'%s'" % m["ray_actor_name"] if m.get("ray_actor_name") else "")
+        what = "%s %s" % (
+            m["ray_actor_class"],
+            "'%s'" % m["ray_actor_name"] if m.get("ray_actor_name") else "",
+        )
     elif roles.role(p).value in ("other", "launcher"):  # what it runs: Ray's dashboard, a launcher script
         what += _program(process_argv(p))
-    return (what.strip() + ("*" if p.key in culprits else ""), p.key, p.state + oom, str(p.phase or "-"),
-            "-" if p.step is None else str(p.step), _coll_cell(_last_coll(p)), "-")
+    return (
+        what.strip() + ("*" if p.key in culprits else ""),
+        p.key,
+        p.state + oom,
+        str(p.phase or "-"),
+        "-" if p.step is None else str(p.step),
+        _coll_cell(_last_coll(p)),
+        "-",
+    )
 
 
 def _more_processes(rest: List[ProcessInfo], roles: ProcessRoles) -> str:
@@ -156,7 +199,9 @@ def _more_processes(rest: List[ProcessInfo], roles: ProcessRoles) -> str:
     for p in rest:
         by_role[roles.role(p).value] = by_role.get(roles.role(p).value, 0) + 1
     return "... %d more processes not shown (%s)" % (
-        len(rest), ", ".join("%d %s" % (n, r) for r, n in sorted(by_role.items())))
+        len(rest),
+        ", ".join("%d %s" % (n, r) for r, n in sorted(by_role.items())),
+    )
 
 
 def _rank_rows(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int]) -> List[str]:
@@ -219,10 +264,13 @@ def _named_processes(diag: Diagnosis) -> Tuple[Set[str], Set[str]]:
 
 def _headline(diag: Diagnosis) -> str:
     """The diagnosis in; the first line (``hangtrace verdict: KIND   culprit RANKS or Ray actors``) out."""
-    return "hangtrace verdict: %s   culprit %s" % (diag.kind, _ranks(diag.culprit_ranks) if diag.culprit_ranks or
-                                                   not diag.culprit_actors else
-                                                   "Ray actor%s %s" % ("s" if len(diag.culprit_actors) > 1 else "",
-                                                                       ", ".join(diag.culprit_actors[:4])))
+    return "hangtrace verdict: %s   culprit %s" % (
+        diag.kind,
+        _ranks(diag.culprit_ranks)
+        if diag.culprit_ranks or not diag.culprit_actors
+        else "Ray actor%s %s"
+        % ("s" if len(diag.culprit_actors) > 1 else "", ", ".join(diag.culprit_actors[:4])),
+    )
 
 
 def _cascade_section(diag: Diagnosis) -> List[str]:
@@ -231,8 +279,10 @@ def _cascade_section(diag: Diagnosis) -> List[str]:
         return []
     out = ["Cascade (later failures, by time):"]
     for c in diag.cascade[:50]:
-        out.append("  - rank %s: %s%s" % (c.get("rank"), c.get("cause"),
-                                         (": " + str(c.get("text"))[:160]) if c.get("text") else ""))
+        out.append(
+            "  - rank %s: %s%s"
+            % (c.get("rank"), c.get("cause"), (": " + str(c.get("text"))[:160]) if c.get("text") else "")
+        )
     if len(diag.cascade) > 50:
         out.append("  ... %d more" % (len(diag.cascade) - 50))
     out.append("")
@@ -248,9 +298,18 @@ def _stack_section(diag: Diagnosis) -> List[str]:
     for i, c in enumerate(diag.stack_classes[:12]):
         frames = c.get("frames") or []
         shown = frames if len(frames) <= 4 else ["..."] + frames[-4:]
-        out.append("  #%d%s %d %s%s [%s]: %s" % (i, "!" if c.get("outlier") else "", c["count"], unit,
-                                                  "" if c["count"] == 1 else "s", format_ranks(c["ranks"], 8),
-                                                  " > ".join(shown)))
+        out.append(
+            "  #%d%s %d %s%s [%s]: %s"
+            % (
+                i,
+                "!" if c.get("outlier") else "",
+                c["count"],
+                unit,
+                "" if c["count"] == 1 else "s",
+                format_ranks(c["ranks"], 8),
+                " > ".join(shown),
+            )
+        )
     if len(diag.stack_classes) > 12:
         out.append("  ... %d more classes" % (len(diag.stack_classes) - 12))
     out.append("")
@@ -266,9 +325,17 @@ def _ray_section(diag: Diagnosis) -> List[str]:
     says = (diag.details or {}).get("ray_says") or {}
     for r in sorted(acts, key=int)[:64]:
         a = acts[r]
-        out.append("  rank %s: %s (actor id %s, node %s, pid %s)%s" % (
-            r, ray_actor_label(a), (a.get("actor_id") or "?")[:16], (a.get("node_id") or "?")[:12],
-            a.get("pid"), "; Ray says: %s" % " ".join(str(says[r]["text"]).split())[:300] if r in says else ""))
+        out.append(
+            "  rank %s: %s (actor id %s, node %s, pid %s)%s"
+            % (
+                r,
+                ray_actor_label(a),
+                (a.get("actor_id") or "?")[:16],
+                (a.get("node_id") or "?")[:12],
+                a.get("pid"),
+                "; Ray says: %s" % " ".join(str(says[r]["text"]).split())[:300] if r in says else "",
+            )
+        )
     out.append("")
     return out
 
@@ -298,6 +365,10 @@ def text_report(diag: Diagnosis, snapshot: Snapshot, max_rows: Optional[int] = 5
     out.append("Ranks:")
     out.extend("  " + ln for ln in _rank_rows(diag, snapshot, max_rows))
     out.append("")
-    out.extend(_list_section("Errors (unreadable files; their ranks are missing above):",
-                             list(diag.errors or snapshot.errors or [])))
+    out.extend(
+        _list_section(
+            "Errors (unreadable files; their ranks are missing above):",
+            list(diag.errors or snapshot.errors or []),
+        )
+    )
     return "\n".join(out).rstrip("\n") + "\n"

@@ -1,4 +1,5 @@
 """Small phrases shared by the verdict texts (pure)."""
+
 from typing import Any, Iterable, List, Optional
 
 from hangtrace.tracer.analyze.stacktree import format_ranks

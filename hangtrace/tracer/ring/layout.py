@@ -13,6 +13,7 @@ nothing depends on the process exiting cleanly).
 ``proc_start_ticks`` (from /proc) ties a ring to the process that wrote it (pid reuse).
 This module is imported inside traced processes: it imports only the standard library.
 """
+
 import mmap
 import os
 import struct
@@ -43,7 +44,9 @@ SLOT_SIZE = 128
 DEFAULT_STRTAB_SIZE = 4 << 20
 
 # --- header ---------------------------------------------------------------------
-HDR_FIXED = struct.Struct("<8sIIIIQQ")  # magic, version, header_size, slot_size, nslots, strtab_off, strtab_size
+HDR_FIXED = struct.Struct(
+    "<8sIIIIQQ"
+)  # magic, version, header_size, slot_size, nslots, strtab_off, strtab_size
 IDENT_OFF = 48
 IDENT = struct.Struct("<qqqqQ")  # pid, ppid, start_wall_ns, start_mono_ns, proc_start_ticks
 HOST_OFF, HOST_LEN = 96, 64
@@ -80,10 +83,21 @@ COMPLETE_OFF = 72
 COMPLETE = struct.Struct("<B3xIQ")  # state, err strid, t_end_mono_ns
 
 # record kinds
-K_COLL, K_P2P, K_GROUP, K_PHASE_ENTER, K_PHASE_EXIT, K_STEP, K_HEARTBEAT, K_EVENT, K_MEM, K_WAIT = range(1, 11)
-KIND_NAMES = {K_COLL: "collective", K_P2P: "p2p", K_GROUP: "group", K_PHASE_ENTER: "phase_enter",
-              K_PHASE_EXIT: "phase_exit", K_STEP: "step", K_HEARTBEAT: "heartbeat",
-              K_EVENT: "event", K_MEM: "memory", K_WAIT: "ray_wait"}
+K_COLL, K_P2P, K_GROUP, K_PHASE_ENTER, K_PHASE_EXIT, K_STEP, K_HEARTBEAT, K_EVENT, K_MEM, K_WAIT = range(
+    1, 11
+)
+KIND_NAMES = {
+    K_COLL: "collective",
+    K_P2P: "p2p",
+    K_GROUP: "group",
+    K_PHASE_ENTER: "phase_enter",
+    K_PHASE_EXIT: "phase_exit",
+    K_STEP: "step",
+    K_HEARTBEAT: "heartbeat",
+    K_EVENT: "event",
+    K_MEM: "memory",
+    K_WAIT: "ray_wait",
+}
 # Ray waits (kind K_WAIT, issue 9; writer hooks/ray_calls.py): a ray.get / ray.wait on the
 # result of Ray actor method calls. group = string id of a JSON text {"api": "get"|"wait",
 # "n": refs, "targets": [{"actor_id", "class", "method"}], "more": targets left out}; seq =
@@ -114,20 +128,67 @@ STATE_NAMES = {0: "none", S_ISSUED: "issued", S_COMPLETED: "completed", S_FAILED
 # flags
 F_ASYNC, F_BATCH, F_CUDA = 1, 2, 4
 
-OPS = ("", "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
-       "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-       "broadcast", "broadcast_object_list", "reduce", "gather", "gather_object", "scatter",
-       "scatter_object_list", "barrier", "monitored_barrier", "send", "recv", "isend",
-       "irecv", "batch_isend_irecv", "init_process_group", "new_group", "new_subgroups",
-       "destroy_process_group", "_allgather_base", "_reduce_scatter_base",
-       # appended (ids of older rings keep their meaning)
-       "all_gather_single", "reduce_scatter_single", "all_gather_coalesced",
-       "all_reduce_coalesced", "send_object_list", "recv_object_list")
+OPS = (
+    "",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "barrier",
+    "monitored_barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "init_process_group",
+    "new_group",
+    "new_subgroups",
+    "destroy_process_group",
+    "_allgather_base",
+    "_reduce_scatter_base",
+    # appended (ids of older rings keep their meaning)
+    "all_gather_single",
+    "reduce_scatter_single",
+    "all_gather_coalesced",
+    "all_reduce_coalesced",
+    "send_object_list",
+    "recv_object_list",
+)
 OP_IDS = {name: i for i, name in enumerate(OPS)}
 
-DTYPES = ("", "float32", "float64", "float16", "bfloat16", "uint8", "int8", "int16", "int32",
-          "int64", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "uint16",
-          "uint32", "uint64", "object")
+DTYPES = (
+    "",
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "bool",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "uint16",
+    "uint32",
+    "uint64",
+    "object",
+)
 DTYPE_IDS = {name: i for i, name in enumerate(DTYPES)}
 
 # string table tags
@@ -158,8 +219,6 @@ def reserve(fd: int, off: int, length: int) -> None:
     os.pwrite(fd, bytes(length), off)
 
 
-
-
 _ZERO_PAGES = bytes(2 * 4096)
 
 
@@ -171,9 +230,9 @@ def _write_first_pages(fd: int, strtab_off: int, end: int) -> None:
     ``pwrite`` 53 us per ring); every traced process, every forked DataLoader worker
     among them, creates a ring (issue 13). Writes nothing at or past ``end`` (bytes: the
     end of the reserved part), so the file keeps its size."""
-    os.pwrite(fd, _ZERO_PAGES[:max(0, min(len(_ZERO_PAGES), end))], 0)
+    os.pwrite(fd, _ZERO_PAGES[: max(0, min(len(_ZERO_PAGES), end))], 0)
     if strtab_off < end:
-        os.pwrite(fd, _ZERO_PAGES[:min(4096, end - strtab_off)], strtab_off)
+        os.pwrite(fd, _ZERO_PAGES[: min(4096, end - strtab_off)], strtab_off)
 
 
 def _env_int(name: str, default: int = -1) -> int:
@@ -188,12 +247,20 @@ def _write_identity(mm: mmap.mmap, ticks: bool = True) -> None:
     ``ticks=False``: the process start time (``/proc/PID/stat``) is left 0, for the one
     who writes the ring to its file to fill in (``anon_ring``)."""
     import time
+
     pid = os.getpid()
-    IDENT.pack_into(mm, IDENT_OFF, pid, os.getppid(), time.time_ns(), time.monotonic_ns(),
-                    proc_start_ticks(pid) if ticks else 0)
-    mm[HOST_OFF:HOST_OFF + HOST_LEN] = os.uname().nodename.encode()[:HOST_LEN - 1].ljust(HOST_LEN, b"\0")
+    IDENT.pack_into(
+        mm,
+        IDENT_OFF,
+        pid,
+        os.getppid(),
+        time.time_ns(),
+        time.monotonic_ns(),
+        proc_start_ticks(pid) if ticks else 0,
+    )
+    mm[HOST_OFF : HOST_OFF + HOST_LEN] = os.uname().nodename.encode()[: HOST_LEN - 1].ljust(HOST_LEN, b"\0")
     run_id = os.environ.get("HANGTRACE_RUN_ID", "")
-    mm[RUNID_OFF:RUNID_OFF + RUNID_LEN] = run_id.encode()[:RUNID_LEN - 1].ljust(RUNID_LEN, b"\0")
+    mm[RUNID_OFF : RUNID_OFF + RUNID_LEN] = run_id.encode()[: RUNID_LEN - 1].ljust(RUNID_LEN, b"\0")
     EXIT.pack_into(mm, EXIT_OFF, ST_RUNNING, 0, 0)
     RANK.pack_into(mm, RANK_OFF, _env_int("RANK"), _env_int("LOCAL_RANK"), _env_int("WORLD_SIZE"), 0)
     PHASE.pack_into(mm, PHASE_OFF, 0, 0, -1)
@@ -224,8 +291,13 @@ def anon_ring(nslots: int, strtab_size: int) -> "tuple[mmap.mmap, int]":
     return mm, strtab_off
 
 
-def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE,
-                strtab_reserve: int = STRTAB_CHUNK, content: "bytes | None" = None) -> "tuple[int, mmap.mmap, int]":
+def create_ring(
+    path: str,
+    nslots: int,
+    strtab_size: int = DEFAULT_STRTAB_SIZE,
+    strtab_reserve: int = STRTAB_CHUNK,
+    content: "bytes | None" = None,
+) -> "tuple[int, mmap.mmap, int]":
     """Create a ring file and map it; return ``(fd, mmap, strtab_off)``.
 
     ``content``: the first bytes of the ring as built in memory (``anon_ring``: header,
@@ -245,6 +317,7 @@ def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE,
     Raises OSError (ENOSPC, EACCES, EEXIST ...) and leaves no file behind on failure.
     """
     import errno
+
     strtab_off, total = layout(nslots, strtab_size)
     d, _, name = path.rpartition("/")  # (POSIX paths; no os.path: runs in every forked child)
     tmp = "%s/.%s.%d.creating" % (d or ".", name, os.getpid())
@@ -263,7 +336,9 @@ def create_ring(path: str, nslots: int, strtab_size: int = DEFAULT_STRTAB_SIZE,
             os.pwrite(fd, content, 0)
         mm = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         if content is None:
-            HDR_FIXED.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, nslots, strtab_off, strtab_size)
+            HDR_FIXED.pack_into(
+                mm, 0, MAGIC, VERSION, HEADER_SIZE, SLOT_SIZE, nslots, strtab_off, strtab_size
+            )
             STRUSED.pack_into(mm, STRUSED_OFF, 8)
             _write_identity(mm)
         try:

@@ -4,17 +4,46 @@
 :func:`read_ring` decodes every record (``hangtrace records``); :func:`read_ring_summary`
 reads the same file into a :class:`~hangtrace.tracer.ring.summary.RingSummary` without a
 dict per record (collection: 4,096 ranks x 2,000 records in seconds)."""
+
 from __future__ import annotations
 
 import os
 
 from typing import Any, Dict, List, Optional
 
-from hangtrace.tracer.ring.layout import (EXIT, EXIT_OFF, HDR_FIXED, HEADER_SIZE, HOST_LEN, HOST_OFF, IDENT,
-    IDENT_OFF, LIVE_DONE, LIVE_DONE_OFF, LIVE_ISSUE, LIVE_ISSUE_OFF, MAGIC, PHASE, PHASE_OFF, RANK, RANK_OFF,
-    RANK_SOURCE, RANK_SOURCE_OFF, RUNID_LEN, RUNID_OFF, SLOT, SLOT_SIZE, STRUSED, STRUSED_OFF, STR_ENTRY, T_EVENT,
-    T_GROUP, T_META, T_STR,
-    VERSION)
+from hangtrace.tracer.ring.layout import (
+    EXIT,
+    EXIT_OFF,
+    HDR_FIXED,
+    HEADER_SIZE,
+    HOST_LEN,
+    HOST_OFF,
+    IDENT,
+    IDENT_OFF,
+    LIVE_DONE,
+    LIVE_DONE_OFF,
+    LIVE_ISSUE,
+    LIVE_ISSUE_OFF,
+    MAGIC,
+    PHASE,
+    PHASE_OFF,
+    RANK,
+    RANK_OFF,
+    RANK_SOURCE,
+    RANK_SOURCE_OFF,
+    RUNID_LEN,
+    RUNID_OFF,
+    SLOT,
+    SLOT_SIZE,
+    STRUSED,
+    STRUSED_OFF,
+    STR_ENTRY,
+    T_EVENT,
+    T_GROUP,
+    T_META,
+    T_STR,
+    VERSION,
+)
 from hangtrace.tracer.ring.records import Record, decode
 from hangtrace.tracer.ring.summary import RingSummary, summarize_records, summarize_slots
 
@@ -54,9 +83,15 @@ def read_header(buf: Any, path: str = "<buffer>") -> Dict[str, Any]:
     Returns a dict. Raises TruncatedRingError, ForeignFileError, UnsupportedVersionError
     or CorruptRingError naming ``path``.
     """
-    from hangtrace.tracer.errors import CorruptRingError, ForeignFileError, TruncatedRingError, UnsupportedVersionError
+    from hangtrace.tracer.errors import (
+        CorruptRingError,
+        ForeignFileError,
+        TruncatedRingError,
+        UnsupportedVersionError,
+    )
+
     if len(buf) < 8:
-        if bytes(buf) != MAGIC[:len(buf)]:  # a short file of other content is not ours
+        if bytes(buf) != MAGIC[: len(buf)]:  # a short file of other content is not ours
             raise ForeignFileError(path, "no hangtrace magic (found %r)" % bytes(buf))
         raise TruncatedRingError(path, "%d bytes, shorter than the 8-byte magic" % len(buf))
     if bytes(buf[:6]) != MAGIC[:6]:
@@ -68,9 +103,17 @@ def read_header(buf: Any, path: str = "<buffer>") -> Dict[str, Any]:
     magic, version, hsize, ssize, nslots, stroff, strsize = HDR_FIXED.unpack_from(buf, 0)
     if version != VERSION:
         raise UnsupportedVersionError(path, "format version %d, this reader knows %d" % (version, VERSION))
-    if hsize != HEADER_SIZE or ssize != SLOT_SIZE or nslots <= 0 or stroff != HEADER_SIZE + nslots * SLOT_SIZE:
-        raise CorruptRingError(path, "inconsistent sizes (header %d, slot %d, slots %d, strtab at %d)"
-                               % (hsize, ssize, nslots, stroff))
+    if (
+        hsize != HEADER_SIZE
+        or ssize != SLOT_SIZE
+        or nslots <= 0
+        or stroff != HEADER_SIZE + nslots * SLOT_SIZE
+    ):
+        raise CorruptRingError(
+            path,
+            "inconsistent sizes (header %d, slot %d, slots %d, strtab at %d)"
+            % (hsize, ssize, nslots, stroff),
+        )
     pid, ppid, start_wall, start_mono, ticks = IDENT.unpack_from(buf, IDENT_OFF)
     next_idx, inflight = LIVE_ISSUE.unpack_from(buf, LIVE_ISSUE_OFF)
     _, pmono, pwall, pcount = LIVE_DONE.unpack_from(buf, LIVE_DONE_OFF)
@@ -78,15 +121,36 @@ def read_header(buf: Any, path: str = "<buffer>") -> Dict[str, Any]:
     (strused,) = STRUSED.unpack_from(buf, STRUSED_OFF)
     state, exit_code, exit_wall = EXIT.unpack_from(buf, EXIT_OFF)
     rank, local_rank, world, dumpsig = RANK.unpack_from(buf, RANK_OFF)
-    return dict(version=version, nslots=nslots, strtab_off=stroff, strtab_size=strsize,
-                pid=pid, ppid=ppid, start_wall_ns=start_wall, start_mono_ns=start_mono,
-                proc_start_ticks=ticks, host=_cstr(buf[HOST_OFF:HOST_OFF + HOST_LEN]),
-                run_id=_cstr(buf[RUNID_OFF:RUNID_OFF + RUNID_LEN]), next_idx=next_idx,
-                inflight_idx=inflight, progress_mono_ns=pmono, progress_wall_ns=pwall,
-                progress_count=pcount, phase_strid=phase, phase_depth=depth, step=step,
-                strtab_used=strused, state=state, exit_code=exit_code, exit_wall_ns=exit_wall,
-                rank=rank, local_rank=local_rank, world_size=world, dump_signal=dumpsig,
-                rank_source=RANK_SOURCE.unpack_from(buf, RANK_SOURCE_OFF)[0])
+    return dict(
+        version=version,
+        nslots=nslots,
+        strtab_off=stroff,
+        strtab_size=strsize,
+        pid=pid,
+        ppid=ppid,
+        start_wall_ns=start_wall,
+        start_mono_ns=start_mono,
+        proc_start_ticks=ticks,
+        host=_cstr(buf[HOST_OFF : HOST_OFF + HOST_LEN]),
+        run_id=_cstr(buf[RUNID_OFF : RUNID_OFF + RUNID_LEN]),
+        next_idx=next_idx,
+        inflight_idx=inflight,
+        progress_mono_ns=pmono,
+        progress_wall_ns=pwall,
+        progress_count=pcount,
+        phase_strid=phase,
+        phase_depth=depth,
+        step=step,
+        strtab_used=strused,
+        state=state,
+        exit_code=exit_code,
+        exit_wall_ns=exit_wall,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        dump_signal=dumpsig,
+        rank_source=RANK_SOURCE.unpack_from(buf, RANK_SOURCE_OFF)[0],
+    )
 
 
 #: group definitions by their JSON text, shared by the rings of one read: every rank of a
@@ -97,6 +161,7 @@ _GROUPS: Dict[str, Any] = {}
 
 def _parse_strtab(data: bytes, used: int, ring: RingData) -> None:
     import json
+
     off = 8
     end = min(used, len(data))
     if used > len(data):
@@ -104,9 +169,11 @@ def _parse_strtab(data: bytes, used: int, ring: RingData) -> None:
     while off + STR_ENTRY.size <= end:
         tag, n = STR_ENTRY.unpack_from(data, off)
         if tag not in (T_STR, T_GROUP, T_EVENT, T_META) or off + STR_ENTRY.size + n > end:
-            ring.warnings.append("string table corrupt at byte %d; %d bytes after it ignored" % (off, end - off))
+            ring.warnings.append(
+                "string table corrupt at byte %d; %d bytes after it ignored" % (off, end - off)
+            )
             break
-        text = bytes(data[off + STR_ENTRY.size: off + STR_ENTRY.size + n]).decode("utf-8", "replace")
+        text = bytes(data[off + STR_ENTRY.size : off + STR_ENTRY.size + n]).decode("utf-8", "replace")
         if tag == T_STR:
             ring.strings[off] = text
         else:
@@ -119,8 +186,10 @@ def _parse_strtab(data: bytes, used: int, ring: RingData) -> None:
                             _GROUPS.clear()
                         _GROUPS[text] = obj
             except ValueError:
-                ring.warnings.append("unreadable %s entry at byte %d" % ({T_GROUP: "group", T_EVENT: "event",
-                                                                          T_META: "meta"}[tag], off))
+                ring.warnings.append(
+                    "unreadable %s entry at byte %d"
+                    % ({T_GROUP: "group", T_EVENT: "event", T_META: "meta"}[tag], off)
+                )
                 obj = None
             if isinstance(obj, dict):
                 if tag == T_GROUP:
@@ -142,7 +211,7 @@ def decode_slots(slots: bytes, nslots: int, strings: Dict[int, str]) -> List[Rec
     out = []
     # First only the 8-byte index of every slot (one C-level pass), then unpack just the
     # valid ones: an unfilled ring costs almost nothing.
-    idxs = memoryview(slots).cast("B").cast("Q")[::SLOT_SIZE // 8].tolist()
+    idxs = memoryview(slots).cast("B").cast("Q")[:: SLOT_SIZE // 8].tolist()
     unpack = SLOT.unpack_from
     for pos, idx in enumerate(idxs):
         if idx and (idx - 1) % nslots == pos:
@@ -166,14 +235,18 @@ def read_ring(path: Any, records: bool = True, use_numpy: Optional[bool] = None)
     or inconsistent files; OSError when the file cannot be opened.
     """
     from hangtrace.tracer.errors import TruncatedRingError
+
     ring = RingData(path)
     with open(path, "rb") as f:
         head = f.read(HEADER_SIZE)
         hdr = read_header(head, path)
         slots_len = hdr["nslots"] * SLOT_SIZE
         if HEADER_SIZE + slots_len > os.fstat(f.fileno()).st_size:  # before allocating slots_len
-            raise TruncatedRingError(path, "%d of %d slot bytes present"
-                                     % (max(0, os.fstat(f.fileno()).st_size - HEADER_SIZE), slots_len))
+            raise TruncatedRingError(
+                path,
+                "%d of %d slot bytes present"
+                % (max(0, os.fstat(f.fileno()).st_size - HEADER_SIZE), slots_len),
+            )
         slots = f.read(slots_len)
         if len(slots) < slots_len:
             raise TruncatedRingError(path, "%d of %d slot bytes present" % (len(slots), slots_len))
@@ -189,8 +262,9 @@ def read_ring(path: Any, records: bool = True, use_numpy: Optional[bool] = None)
         ring.records = decode_slots(slots, hdr["nslots"], ring.strings)
         ring.summary = summarize_records(ring.records, hdr["inflight_idx"])
     else:
-        ring.summary = summarize_slots(slots, hdr["nslots"], ring.strings, hdr["inflight_idx"],
-                                       use_numpy=use_numpy)
+        ring.summary = summarize_slots(
+            slots, hdr["nslots"], ring.strings, hdr["inflight_idx"], use_numpy=use_numpy
+        )
     return ring
 
 

@@ -9,16 +9,48 @@ instead of ``op`` and ``group``, so it never shows a collective name.
 Times are ns (``t_mono_ns``: the writer host's CLOCK_MONOTONIC; ``t_wall_ns``: Unix
 epoch). Sizes are elements (``numel``); memory values are bytes. Format: docs/FORMAT.md.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Optional, Tuple, TypedDict, Union
 
-from hangtrace.tracer.ring.layout import (DTYPES, F_ASYNC, F_BATCH, K_MEM, KIND_NAMES, MEM_SOURCES, OPS,
-                                          STATE_NAMES)
+from hangtrace.tracer.ring.layout import (
+    DTYPES,
+    F_ASYNC,
+    F_BATCH,
+    K_MEM,
+    KIND_NAMES,
+    MEM_SOURCES,
+    OPS,
+    STATE_NAMES,
+)
 
 #: one slot unpacked with ``layout.SLOT`` (23 fields, in struct order)
-SlotTuple = Tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int,
-                  int, int, int, int, int]
+SlotTuple = Tuple[
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+]
 
 
 class SlotRecord(TypedDict):
@@ -87,23 +119,64 @@ Record = Union[SlotRecord, MemorySample]
 
 def decode(t: SlotTuple, strings: Mapping[int, str]) -> Record:
     """One unpacked slot -> its record dict. ``strings``: the ring's {strid: text}."""
-    (idx, kind, flags, dtype, op, group, seq, numel, shape, peer, thread, phase, step,
-     t_mono, t_wall, state, err, t_end, a0, a1, a2, a3, a4) = t
+    (
+        idx,
+        kind,
+        flags,
+        dtype,
+        op,
+        group,
+        seq,
+        numel,
+        shape,
+        peer,
+        thread,
+        phase,
+        step,
+        t_mono,
+        t_wall,
+        state,
+        err,
+        t_end,
+        a0,
+        a1,
+        a2,
+        a3,
+        a4,
+    ) = t
     S = strings.get
     if kind == K_MEM:
         return MemorySample(
-            idx=idx, kind="memory", source=MEM_SOURCES[op] if 0 < op < len(MEM_SOURCES) else str(op),
-            what=S(group, "") or "?" if group else "?", thread=S(thread) if thread else None,
-            phase=S(phase) if phase else None, step=step if step >= 0 else None,
-            t_mono_ns=t_mono, t_wall_ns=t_wall, a=(a0, a1, a2, a3, a4))
+            idx=idx,
+            kind="memory",
+            source=MEM_SOURCES[op] if 0 < op < len(MEM_SOURCES) else str(op),
+            what=S(group, "") or "?" if group else "?",
+            thread=S(thread) if thread else None,
+            phase=S(phase) if phase else None,
+            step=step if step >= 0 else None,
+            t_mono_ns=t_mono,
+            t_wall_ns=t_wall,
+            a=(a0, a1, a2, a3, a4),
+        )
     return SlotRecord(
-        idx=idx, kind=KIND_NAMES.get(kind, str(kind)), op=OPS[op] if op < len(OPS) else str(op),
-        group=S(group, "") if group else None, seq=seq,
+        idx=idx,
+        kind=KIND_NAMES.get(kind, str(kind)),
+        op=OPS[op] if op < len(OPS) else str(op),
+        group=S(group, "") if group else None,
+        seq=seq,
         dtype=DTYPES[dtype] if dtype < len(DTYPES) else str(dtype),
-        numel=numel, shape=S(shape) if shape else None,
-        peer=peer, async_op=bool(flags & F_ASYNC), batch=bool(flags & F_BATCH),
-        thread=S(thread) if thread else None, phase=S(phase) if phase else None,
+        numel=numel,
+        shape=S(shape) if shape else None,
+        peer=peer,
+        async_op=bool(flags & F_ASYNC),
+        batch=bool(flags & F_BATCH),
+        thread=S(thread) if thread else None,
+        phase=S(phase) if phase else None,
         step=step if step >= 0 else None,
-        t_mono_ns=t_mono, t_wall_ns=t_wall, t_end_mono_ns=t_end or None,
-        state=STATE_NAMES.get(state, str(state)), error=S(err) if err else None,
-        a=(a0, a1, a2, a3, a4))
+        t_mono_ns=t_mono,
+        t_wall_ns=t_wall,
+        t_end_mono_ns=t_end or None,
+        state=STATE_NAMES.get(state, str(state)),
+        error=S(err) if err else None,
+        a=(a0, a1, a2, a3, a4),
+    )

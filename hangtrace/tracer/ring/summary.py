@@ -33,13 +33,25 @@ Selection rules (the ones the analysis has always applied to the full record lis
 * ``tail``: the newest :data:`TAIL` records (numpy path: kept as raw slots, decoded on
   access, :class:`LazyRecords`); ``memory``: every memory sample.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hangtrace.tracer.ring.layout import (K_COLL, K_GROUP, K_MEM, K_P2P, K_PHASE_ENTER, K_PHASE_EXIT, K_STEP,
-                                          K_WAIT, S_FAILED, SLOT, SLOT_SIZE)
+from hangtrace.tracer.ring.layout import (
+    K_COLL,
+    K_GROUP,
+    K_MEM,
+    K_P2P,
+    K_PHASE_ENTER,
+    K_PHASE_EXIT,
+    K_STEP,
+    K_WAIT,
+    S_FAILED,
+    SLOT,
+    SLOT_SIZE,
+)
 from hangtrace.tracer.ring.records import Record, decode
 
 #: records kept in ``RingSummary.tail`` (newest first out)
@@ -116,9 +128,15 @@ class RingSummary:
         record and last progress as in the full list."""
         seen: Dict[Any, AnyRecord] = {}
         single = (self.last, self.last_comm, self.first_failed, self.last_progress, self.inflight)
-        for r in (*single, *self.by_group.values(), *self.by_peer.values(), *self.memory,
-                  *self.failed_phases.values(), *self.waits.values(),
-                  *(r for pair in self.phase_visits.values() for r in pair)):
+        for r in (
+            *single,
+            *self.by_group.values(),
+            *self.by_peer.values(),
+            *self.memory,
+            *self.failed_phases.values(),
+            *self.waits.values(),
+            *(r for pair in self.phase_visits.values() for r in pair),
+        ):
             if r is not None:
                 seen.setdefault(r.get("idx", id(r)), r)
         return sorted(seen.values(), key=lambda r: r.get("idx") or 0)
@@ -156,15 +174,30 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
             if t >= best_t:
                 best_t, last_progress = t, r
     inflight = _blocked_in(_issued_at(records, inflight_idx), last_comm)
-    return RingSummary(count=len(records), last=records[-1] if records else None, last_comm=last_comm,
-                       first_failed=first_failed, last_progress=last_progress, inflight=inflight,
-                       by_group=by_group, by_peer=by_peer, tail=tuple(records[-tail:]) if tail else (),
-                       memory=tuple(memory), failed_phases=_failed_phases(exits),
-                       phase_visits=_phase_visits(enters, exits), waits=waits)
+    return RingSummary(
+        count=len(records),
+        last=records[-1] if records else None,
+        last_comm=last_comm,
+        first_failed=first_failed,
+        last_progress=last_progress,
+        inflight=inflight,
+        by_group=by_group,
+        by_peer=by_peer,
+        tail=tuple(records[-tail:]) if tail else (),
+        memory=tuple(memory),
+        failed_phases=_failed_phases(exits),
+        phase_visits=_phase_visits(enters, exits),
+        waits=waits,
+    )
 
 
-def _note_phase_or_wait(r: AnyRecord, kind: Any, exits: Dict[str, AnyRecord], enters: Dict[str, AnyRecord],
-                        waits: Dict[Optional[str], AnyRecord]) -> None:
+def _note_phase_or_wait(
+    r: AnyRecord,
+    kind: Any,
+    exits: Dict[str, AnyRecord],
+    enters: Dict[str, AnyRecord],
+    waits: Dict[Optional[str], AnyRecord],
+) -> None:
     """Keeps record ``r`` (of ``kind``) as the newest phase exit or enter of its phase, or
     the newest wait of its key (:func:`wait_key`); other records leave the dicts alone."""
     if kind == "phase_exit" and r.get("phase"):
@@ -198,8 +231,12 @@ def _issued_at(records: Sequence[AnyRecord], inflight_idx: int) -> Optional[AnyR
 def _blocked_in(inflight: Optional[AnyRecord], last_comm: Optional[AnyRecord]) -> Optional[AnyRecord]:
     """``RingSummary.inflight``: the header's in-flight record (``inflight``, None when not
     issued), else ``last_comm`` when it is 'issued' and not async."""
-    if inflight is None and last_comm is not None and last_comm.get("state") == "issued" \
-            and not last_comm.get("async_op"):
+    if (
+        inflight is None
+        and last_comm is not None
+        and last_comm.get("state") == "issued"
+        and not last_comm.get("async_op")
+    ):
         return last_comm
     return inflight
 
@@ -209,14 +246,21 @@ def _failed_phases(exits: Mapping[str, AnyRecord]) -> Dict[str, AnyRecord]:
     return {k: r for k, r in exits.items() if r.get("state") == "failed"}
 
 
-def _phase_visits(enters: Mapping[str, AnyRecord], exits: Mapping[str, AnyRecord]
-                  ) -> Dict[str, Tuple[Optional[AnyRecord], Optional[AnyRecord]]]:
+def _phase_visits(
+    enters: Mapping[str, AnyRecord], exits: Mapping[str, AnyRecord]
+) -> Dict[str, Tuple[Optional[AnyRecord], Optional[AnyRecord]]]:
     """``RingSummary.phase_visits`` of the newest phase enter and exit per phase."""
     return {k: (enters.get(k), exits.get(k)) for k in sorted(set(enters) | set(exits))}
 
 
-def summarize_slots(slots: bytes, nslots: int, strings: Dict[int, str], inflight_idx: int = 0,
-                    tail: int = TAIL, use_numpy: Optional[bool] = None) -> RingSummary:
+def summarize_slots(
+    slots: bytes,
+    nslots: int,
+    strings: Dict[int, str],
+    inflight_idx: int = 0,
+    tail: int = TAIL,
+    use_numpy: Optional[bool] = None,
+) -> RingSummary:
     """The summary of a ring's slot array (``nslots * SLOT_SIZE`` bytes).
 
     ``use_numpy``: None = numpy when importable, True = numpy (ImportError without it),
@@ -225,6 +269,7 @@ def summarize_slots(slots: bytes, nslots: int, strings: Dict[int, str], inflight
     if use_numpy is not False:
         try:
             import numpy as np
+
             del np
         except ImportError:
             if use_numpy:
@@ -232,6 +277,7 @@ def summarize_slots(slots: bytes, nslots: int, strings: Dict[int, str], inflight
             use_numpy = False
     if use_numpy is False:
         from hangtrace.tracer.ring.reader import decode_slots
+
         return summarize_records(decode_slots(slots, nslots, strings), inflight_idx, tail)
     return _summarize_np(slots, nslots, strings, inflight_idx, tail)
 
@@ -244,10 +290,28 @@ def _slot_dtype() -> Any:
     global _DTYPE
     if _DTYPE is None:
         import numpy as np
-        fields = [("idx", "<u8", 0), ("kind", "u1", 8), ("flags", "u1", 9), ("group", "<u4", 12),
-                  ("seq", "<i8", 16), ("numel", "<i8", 24), ("peer", "<i4", 36), ("thread", "<u4", 40), ("phase", "<u4", 44), ("t_wall", "<u8", 64), ("state", "u1", 72)]
-        _DTYPE = np.dtype({"names": [f[0] for f in fields], "formats": [f[1] for f in fields],
-                           "offsets": [f[2] for f in fields], "itemsize": SLOT_SIZE})
+
+        fields = [
+            ("idx", "<u8", 0),
+            ("kind", "u1", 8),
+            ("flags", "u1", 9),
+            ("group", "<u4", 12),
+            ("seq", "<i8", 16),
+            ("numel", "<i8", 24),
+            ("peer", "<i4", 36),
+            ("thread", "<u4", 40),
+            ("phase", "<u4", 44),
+            ("t_wall", "<u8", 64),
+            ("state", "u1", 72),
+        ]
+        _DTYPE = np.dtype(
+            {
+                "names": [f[0] for f in fields],
+                "formats": [f[1] for f in fields],
+                "offsets": [f[2] for f in fields],
+                "itemsize": SLOT_SIZE,
+            }
+        )
         assert SLOT.size == SLOT_SIZE
     return _DTYPE
 
@@ -289,9 +353,11 @@ def _last_per_key(np: Any, pos: Any, keys: Sequence[Any]) -> Any:
     return pos[o[end]]
 
 
-def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_idx: int,
-                  tail: int) -> RingSummary:
+def _summarize_np(
+    slots: bytes, nslots: int, strings: Dict[int, str], inflight_idx: int, tail: int
+) -> RingSummary:
     import numpy as np
+
     arr = np.frombuffer(slots, dtype=_slot_dtype(), count=nslots)
     idx = arr["idx"].astype(np.int64)
     valid = (idx > 0) & ((idx - 1) % nslots == np.arange(nslots, dtype=np.int64))
@@ -326,8 +392,9 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
         _keep_max(by_group, rec(p).get("group"), rec(p))
     by_peer: Dict[Tuple[Optional[str], int], Record] = {}
     ppos = pos[kind == K_P2P]
-    for p in _last_per_key(np, ppos, (idx[ppos], arr["seq"][ppos], arr["peer"][ppos],
-                                      arr["group"][ppos])).tolist():
+    for p in _last_per_key(
+        np, ppos, (idx[ppos], arr["seq"][ppos], arr["peer"][ppos], arr["group"][ppos])
+    ).tolist():
         r = rec(p)
         _keep_max(by_peer, (r.get("group"), r.get("peer")), r)
     exits: Dict[str, Record] = {}
@@ -341,7 +408,9 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
                 into[str(name)] = r
     waits: Dict[Optional[str], Record] = {}
     wpos = pos[kind == K_WAIT]
-    for p in _last_per_key(np, wpos, (idx[wpos], idx[wpos], arr["numel"][wpos], arr["thread"][wpos])).tolist():
+    for p in _last_per_key(
+        np, wpos, (idx[wpos], idx[wpos], arr["numel"][wpos], arr["thread"][wpos])
+    ).tolist():
         r = rec(p)
         wk = wait_key(r)
         if wk is None and r.get("numel"):
@@ -357,12 +426,27 @@ def _summarize_np(slots: bytes, nslots: int, strings: Dict[int, str], inflight_i
             if r.get("state") == "issued":
                 inflight = r
     return RingSummary(
-        count=len(pos), last=rec(int(pos[-1])), last_comm=last_comm, first_failed=first_failed,
-        last_progress=last_progress, inflight=_blocked_in(inflight, last_comm), by_group=by_group, by_peer=by_peer,
-        tail=LazyRecords(np.frombuffer(slots, dtype=np.uint8, count=nslots * SLOT_SIZE).reshape(nslots, SLOT_SIZE)
-                         [pos[-tail:]].tobytes(), strings) if tail else (),
-        memory=tuple(rec(p) for p in pos[kind == K_MEM].tolist()), failed_phases=_failed_phases(exits), waits=waits,
-        phase_visits=_phase_visits(enters, exits))
+        count=len(pos),
+        last=rec(int(pos[-1])),
+        last_comm=last_comm,
+        first_failed=first_failed,
+        last_progress=last_progress,
+        inflight=_blocked_in(inflight, last_comm),
+        by_group=by_group,
+        by_peer=by_peer,
+        tail=LazyRecords(
+            np.frombuffer(slots, dtype=np.uint8, count=nslots * SLOT_SIZE)
+            .reshape(nslots, SLOT_SIZE)[pos[-tail:]]
+            .tobytes(),
+            strings,
+        )
+        if tail
+        else (),
+        memory=tuple(rec(p) for p in pos[kind == K_MEM].tolist()),
+        failed_phases=_failed_phases(exits),
+        waits=waits,
+        phase_visits=_phase_visits(enters, exits),
+    )
 
 
 def _keep_max(d: Dict[Any, Record], key: Any, r: Record) -> None:
@@ -371,4 +455,3 @@ def _keep_max(d: Dict[Any, Record], key: Any, r: Record) -> None:
     cur = d.get(key)
     if cur is None or (r.get("seq") or 0, r["idx"]) >= (cur.get("seq") or 0, cur["idx"]):
         d[key] = r
-

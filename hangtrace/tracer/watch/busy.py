@@ -16,6 +16,7 @@ Not counted: a process with a collective in flight (an NCCL rank spins a CPU whi
 waits), a pooled worker that never did any work (Ray's idle workers churn on start-up),
 a helper of a rank (a DataLoader worker prefetching), and processes of other hosts.
 """
+
 from __future__ import annotations
 
 import os
@@ -87,14 +88,17 @@ class BusyClock:
 
     INTERVAL_S = 1.0
 
-    def __init__(self, cpu: Callable[[int], Optional[float]] = cpu_demand_s,
-                 wall: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, cpu: Callable[[int], Optional[float]] = cpu_demand_s, wall: Callable[[], float] = time.monotonic
+    ) -> None:
         self.cpu, self.wall = cpu, wall
         self.ref: Dict[int, Tuple[float, float]] = {}  # pid -> (wall s, demand s) at the last verdict
         self.verdict: Dict[int, bool] = {}
 
     def busy(self, headers: Mapping[str, Mapping[str, Any]]) -> List[int]:
-        joined = frozenset(h["rank"] for h in headers.values() if h.get("rank_source", 0) == F.RANK_FROM_GROUP)
+        joined = frozenset(
+            h["rank"] for h in headers.values() if h.get("rank_source", 0) == F.RANK_FROM_GROUP
+        )
         now = self.wall()
         ref: Dict[int, Tuple[float, float]] = {}
         verdict: Dict[int, bool] = {}

@@ -1,5 +1,6 @@
 """torch's own per-group counters of a rank (``fr_agent.progress_line``:
 ``"<pg>:<enqueued>:<completed>;..."``), read by the watcher (pure)."""
+
 from __future__ import annotations
 
 from typing import List

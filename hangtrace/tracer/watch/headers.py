@@ -1,5 +1,6 @@
 """What a ring header says a process is, for the watcher: starting, a pooled worker that
 never worked, a rank, a helper of a rank. Pure functions of ``reader.read_header`` dicts."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, FrozenSet, Mapping, Tuple
@@ -9,8 +10,11 @@ from hangtrace.tracer.ring import layout as F
 Header = Dict[str, Any]  # a ring header (``reader.read_header``), plus "phase" (its name or None)
 
 
-def starting(h: Mapping[str, Any], joined_ranks: FrozenSet[int] = frozenset(),
-             working_ranks: FrozenSet[int] = frozenset()) -> bool:
+def starting(
+    h: Mapping[str, Any],
+    joined_ranks: FrozenSet[int] = frozenset(),
+    working_ranks: FrozenSet[int] = frozenset(),
+) -> bool:
     """A process that may still become a rank, with no progress since its ring was created
     (the recorder counts 1 at creation): still importing or in rendezvous, not hung
     (HANGTRACE_STARTUP_STALL_S). Not starting: a process whose rank hint (RANK in its
@@ -41,8 +45,11 @@ def never_worked(h: Mapping[str, Any]) -> bool:
 
 
 def is_rank(h: Mapping[str, Any]) -> bool:
-    return h.get("rank", -1) is not None and h.get("rank", -1) >= 0 and \
-        h.get("rank_source", 0) in (F.RANK_FROM_GROUP, F.RANK_FROM_JOIN)
+    return (
+        h.get("rank", -1) is not None
+        and h.get("rank", -1) >= 0
+        and h.get("rank_source", 0) in (F.RANK_FROM_GROUP, F.RANK_FROM_JOIN)
+    )
 
 
 def who(h: Mapping[str, Any], parents: Mapping[Tuple[Any, Any], Mapping[str, Any]] = {}) -> str:

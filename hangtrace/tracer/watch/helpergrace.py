@@ -13,6 +13,7 @@ So deaths that are all helpers of live ranks (children of a process that joined 
 ``headers.is_rank``) are held for up to :data:`HELPER_GRACE_S`; any other death in that
 time (the rank's own, usually), or the end of the grace, reports them all together.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Tuple

@@ -19,6 +19,7 @@ host that still runs (pid + start ticks, ``collect.rings.live_state``), and ever
 ``run-<host>.pid`` from ``hangtrace run``) whose pid runs and started before the file was
 written (a reused pid started later).
 """
+
 from __future__ import annotations
 
 import glob
@@ -55,8 +56,9 @@ def default_base() -> str:
     return tempfile.gettempdir()
 
 
-def policy_from_env(environ: dict | None = None, keep: int | None = None,
-                    max_mb: float | None = None) -> Policy:
+def policy_from_env(
+    environ: dict | None = None, keep: int | None = None, max_mb: float | None = None
+) -> Policy:
     """Policy from ``HANGTRACE_GC_KEEP``/``HANGTRACE_GC_MAX_MB``, overridden by flags."""
     k = keep if keep is not None else config.get_int(config.GC_KEEP, environ)
     mb = max_mb if max_mb is not None else config.get_float(config.GC_MAX_MB, environ)
@@ -65,9 +67,11 @@ def policy_from_env(environ: dict | None = None, keep: int | None = None,
 
 def is_run_dir(path: str) -> bool:
     """True when ``path`` holds a hangtrace run (a ring file, ``hangtrace.log`` or ``snapshots/``)."""
-    return (os.path.exists(os.path.join(path, "hangtrace.log"))
-            or os.path.isdir(os.path.join(path, "snapshots"))
-            or bool(glob.glob(os.path.join(path, "ring-*.htr"))))
+    return (
+        os.path.exists(os.path.join(path, "hangtrace.log"))
+        or os.path.isdir(os.path.join(path, "snapshots"))
+        or bool(glob.glob(os.path.join(path, "ring-*.htr")))
+    )
 
 
 def find_runs(base: str, explicit: bool) -> list[str]:
@@ -135,6 +139,7 @@ def _boot_time_s() -> float:
 def _pid_started_before(pid: int, when_s: float) -> bool:
     """True when ``pid`` runs (not a zombie) and started no later than ``when_s`` (+2 s)."""
     from hangtrace.tracer.ring.layout import proc_start_ticks
+
     ticks = proc_start_ticks(pid, None)
     if ticks is None:
         return False
@@ -153,6 +158,7 @@ def liveness(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     from hangtrace.tracer.collect.rings import live_state
     from hangtrace.tracer.ring.layout import HEADER_SIZE
     from hangtrace.tracer.ring.reader import read_header
+
     live: list[str] = []
     unknown: list[str] = []
     for ring in sorted(glob.glob(os.path.join(path, "ring-*.htr"))):
@@ -161,7 +167,11 @@ def liveness(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
                 hdr = read_header(f.read(HEADER_SIZE), ring)
         except Exception:
             continue  # torn or foreign file: no process to protect (fresh runs are kept by age)
-        who = "%spid %d on %s" % ("rank %d " % hdr["rank"] if hdr["rank"] >= 0 else "", hdr["pid"], hdr["host"])
+        who = "%spid %d on %s" % (
+            "rank %d " % hdr["rank"] if hdr["rank"] >= 0 else "",
+            hdr["pid"],
+            hdr["host"],
+        )
         state = live_state(hdr)
         if state == "alive":
             live.append(who)
@@ -189,8 +199,9 @@ def run_facts(path: str) -> RunFacts:
     """Gather the facts the policy needs about the run directory ``path``."""
     disk, apparent, newest = _sizes(path)
     live, unknown = liveness(path)
-    return RunFacts(path=path, last_active_s=newest, disk_bytes=disk, apparent_bytes=apparent,
-                    live=live, unknown=unknown)
+    return RunFacts(
+        path=path, last_active_s=newest, disk_bytes=disk, apparent_bytes=apparent, live=live, unknown=unknown
+    )
 
 
 def scan(base: str, explicit: bool) -> tuple[RunFacts, ...]:
@@ -235,10 +246,18 @@ def auto_prune(log: Callable[[str], None], environ: dict | None = None) -> GcRes
         pol = policy_from_env(environ)
         res = execute(plan(scan(base, explicit=False), pol, time.time()))
         if res.deleted:
-            log("removed %d old run director%s from %s (%.1f MiB; keeping the newest %d runs and at most "
-                "%.0f MiB; HANGTRACE_GC=0 turns this off)" % (
-                    len(res.deleted), "y" if len(res.deleted) == 1 else "ies", base, res.freed_bytes / MIB,
-                    pol.keep, pol.max_bytes / MIB))
+            log(
+                "removed %d old run director%s from %s (%.1f MiB; keeping the newest %d runs and at most "
+                "%.0f MiB; HANGTRACE_GC=0 turns this off)"
+                % (
+                    len(res.deleted),
+                    "y" if len(res.deleted) == 1 else "ies",
+                    base,
+                    res.freed_bytes / MIB,
+                    pol.keep,
+                    pol.max_bytes / MIB,
+                )
+            )
         return res
     except Exception as e:  # housekeeping must never stop a run
         log("cleaning old run directories failed: %r" % (e,))

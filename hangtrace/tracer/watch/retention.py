@@ -13,6 +13,7 @@ them cannot be checked from this host, or when it was written less than ``min_ag
 (a run whose first process has not created its ring yet, or that someone is reading).
 Protected runs still count towards both limits: they occupy the disk.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -132,10 +133,15 @@ def plan(runs: Iterable[RunFacts], policy: Policy, now_s: float) -> Plan:
             count -= 1
             total -= r.disk_bytes
         elif total > policy.max_bytes:
-            out.append(Decision(r, True, "runs take %.1f MiB > %.1f MiB" % (total / MIB, policy.max_bytes / MIB)))
+            out.append(
+                Decision(r, True, "runs take %.1f MiB > %.1f MiB" % (total / MIB, policy.max_bytes / MIB))
+            )
             count -= 1
             total -= r.disk_bytes
         else:
-            out.append(Decision(r, False, "within the newest %d runs and %.0f MiB"
-                                % (policy.keep, policy.max_bytes / MIB)))
+            out.append(
+                Decision(
+                    r, False, "within the newest %d runs and %.0f MiB" % (policy.keep, policy.max_bytes / MIB)
+                )
+            )
     return Plan(policy, tuple(reversed(out)))

@@ -7,6 +7,7 @@ from the user is passed on to the job's process group, a second one SIGKILLs it;
 while the user stops the job are no incident. ``--stop-on-stall`` stops the job after a
 stall verdict (SIGTERM, then SIGKILL after 5 s).
 """
+
 from __future__ import annotations
 
 import os
@@ -66,8 +67,14 @@ def prepare_run_dir(path: str) -> bool:
     return created
 
 
-def _start(cmd: List[str], run_dir: str, run_id: str, stall_s: Optional[float], created: bool,
-           extra_env: Optional[Dict[str, str]] = None) -> "subprocess.Popen[bytes]":
+def _start(
+    cmd: List[str],
+    run_dir: str,
+    run_id: str,
+    stall_s: Optional[float],
+    created: bool,
+    extra_env: Optional[Dict[str, str]] = None,
+) -> "subprocess.Popen[bytes]":
     env = dict(os.environ)
     env.pop(config.HELPER, None)
     env.update({config.ENABLE: "1", config.DIR: run_dir, config.RUN_ID: run_id, config.AUTO_WATCH: "0"})
@@ -82,8 +89,10 @@ def _start(cmd: List[str], run_dir: str, run_id: str, stall_s: Optional[float], 
                 os.rmdir(run_dir)  # leave no empty run directory behind
             except OSError:
                 pass
-        err = HangtraceError("cannot start %r: %s" % (cmd[0], e.strerror or e),
-                             "check the command name, its permissions and PATH")
+        err = HangtraceError(
+            "cannot start %r: %s" % (cmd[0], e.strerror or e),
+            "check the command name, its permissions and PATH",
+        )
         # shell convention: 127 command not found, 126 found but not executable
         err.exit_code = 127 if isinstance(e, FileNotFoundError) else 126
         raise err from None
@@ -98,12 +107,16 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     from hangtrace.hooks.bootstrap import default_run_id
     from hangtrace.tracer.pipeline import dump_live
     from hangtrace.tracer.watch.watcher import Watcher
+
     cmd = opts.cmd[1:] if opts.cmd and opts.cmd[0] == "--" else opts.cmd
     if not cmd:
         raise HangtraceError("no command given", "usage: hangtrace run [options] -- CMD ...")
     run_id = default_run_id()
-    run_dir = os.path.abspath(opts.run_dir) if opts.run_dir else os.path.join(
-        __import__("tempfile").gettempdir(), "hangtrace-" + run_id)
+    run_dir = (
+        os.path.abspath(opts.run_dir)
+        if opts.run_dir
+        else os.path.join(__import__("tempfile").gettempdir(), "hangtrace-" + run_id)
+    )
     created = prepare_run_dir(run_dir)
     extra: Dict[str, str] = {}
     if not opts.timeline:  # issue 11: here too, the incident's timeline is written by this process
@@ -115,6 +128,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     pidfile = _write_run_pidfile(run_dir)  # issue 13: `hangtrace gc` keeps this run while we run
     if not opts.run_dir:  # issue 13: old runs in the default location, per the retention policy
         from hangtrace.tracer.watch.housekeeping import auto_prune
+
         auto_prune(log)
     interrupts: List[int] = []  # signals received from the user (Ctrl-C, kill)
 
@@ -127,10 +141,15 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             pass
         if len(interrupts) == 2:
             log("second interrupt: killing the job (SIGKILL)")
+
     old: Dict[int, Any] = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     w = Watcher(run_dir, stall_s=opts.stall_s, clock=time.monotonic)
     w.log = log
-    poll = opts.poll_s if opts.poll_s is not None else min(config.get_float(config.POLL_S), max(0.2, w.stall_s / 4))
+    poll = (
+        opts.poll_s
+        if opts.poll_s is not None
+        else min(config.get_float(config.POLL_S), max(0.2, w.stall_s / 4))
+    )
     reported = stopped = False
     try:
         while True:
@@ -159,9 +178,11 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
                 stopped = True
         if stopped:
             # (blind helpers 53, 56, 57, 60: a script could not tell this status from a crash)
-            log("the job was stopped after the verdict above (--stop-on-stall): its exit status %d is its answer "
+            log(
+                "the job was stopped after the verdict above (--stop-on-stall): its exit status %d is its answer "
                 "to that stop (SIGTERM: torchrun exits 1, a Ray driver 134, most processes 143), not a failure "
-                "of its own" % exit_status(rc))
+                "of its own" % exit_status(rc)
+            )
         elif interrupts:
             log("command interrupted; exit status %d; records in %s" % (exit_status(rc), run_dir))
         elif rc != 0 and not reported:
@@ -191,8 +212,14 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
 #: what a run that exited 0 is still reported for: (``details`` key, snapshot reason)
 CLEAN_EXIT_FINDINGS = (
     ("silent", "silent-mismatch"),  # rule silent_mismatch: gloo completed a collective the ranks disagreed on
-    ("minority_failed", "caught-failure"),  # rule minority: a rank alone in a collective that failed, error caught
-    ("group_order", "group-order"),  # analyze/groupdefs.py: groups created in another order (their sums were wrong)
+    (
+        "minority_failed",
+        "caught-failure",
+    ),  # rule minority: a rank alone in a collective that failed, error caught
+    (
+        "group_order",
+        "group-order",
+    ),  # analyze/groupdefs.py: groups created in another order (their sums were wrong)
 )
 
 
@@ -206,6 +233,7 @@ def _clean_exit_check(run_dir: str) -> None:
     when that is what it finds (``CLEAN_EXIT_FINDINGS``)."""
     from hangtrace.tracer.collect.frdump import load_run_or_fr
     from hangtrace.tracer.pipeline import diagnose_snapshot, dump_live, readable
+
     try:  # the rings as they are now (an earlier snapshot of this run is not what ended)
         snap = readable(load_run_or_fr(run_dir), lambda _line: None)
         details = diagnose_snapshot(snap).diagnosis.details or {}
@@ -235,7 +263,9 @@ def report(snap_path: str, run_dir: str, paragraph: str) -> None:
     sys.stderr.write("\n==== hangtrace verdict ====\n%s\n" % paragraph)
     sys.stderr.write("report:  %s\n" % os.path.join(snap_path, "report.txt"))
     if os.path.exists(os.path.join(snap_path, "timeline.json")):  # issue 11
-        sys.stderr.write("timeline: %s      (hangtrace timeline --open)\n" % os.path.join(snap_path, "timeline.json"))
+        sys.stderr.write(
+            "timeline: %s      (hangtrace timeline --open)\n" % os.path.join(snap_path, "timeline.json")
+        )
     sys.stderr.write("next:    hangtrace analyze %s      (or --json)\n" % snap_path)
     sys.stderr.write("         hangtrace records %s --last 20\n\n" % run_dir)
     sys.stderr.flush()

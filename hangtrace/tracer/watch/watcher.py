@@ -17,6 +17,7 @@ Run standalone as ``python -m hangtrace.tracer.watch.watcher RUN_DIR`` (what a t
 process starts when no watcher runs on its node), or embedded by ``hangtrace run``
 (``watch/supervise.py``). On an incident it calls ``tracer.pipeline.dump_live``.
 """
+
 from __future__ import annotations
 
 import glob
@@ -37,6 +38,7 @@ from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
 
 #: seconds between two memory-trend checks of the live rings (each reads every ring once)
 MEM_CHECK_S = 5.0
+
 
 class Incident:
     """What the watcher saw: ``kind`` 'stall' or 'death'; ``detail`` a human line."""
@@ -65,8 +67,13 @@ class Watcher:
     {phase name: seconds}; ``clock``: monotonic seconds (injectable for tests).
     """
 
-    def __init__(self, run_dir: str, stall_s: Optional[float] = None, phase_stall: Optional[Mapping[str, float]] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        run_dir: str,
+        stall_s: Optional[float] = None,
+        phase_stall: Optional[Mapping[str, float]] = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.run_dir = run_dir
         self.stall_s = config.get_float(config.STALL_S) if stall_s is None else float(stall_s)
         self.phase_stall = config.phase_stall_s() if phase_stall is None else dict(phase_stall)
@@ -117,13 +124,21 @@ class Watcher:
     def threshold(self) -> float:
         """Stall threshold in seconds for the phases live processes are in now."""
         t = self.stall_s
-        joined = frozenset(h["rank"] for h in self.headers.values()
-                           if h.get("rank_source", 0) == F.RANK_FROM_GROUP)
-        working = frozenset(h["rank"] for p, h in self.headers.items()
-                            if h.get("rank_source", 0) == F.RANK_FROM_GROUP and h["progress_count"] > 1
-                            and p not in self.final and _alive(h))
-        if self.headers and not any(h.get("rank", -1) >= 0 or h["progress_count"] > 1 or h["phase_strid"]
-                                    for h in self.headers.values()):
+        joined = frozenset(
+            h["rank"] for h in self.headers.values() if h.get("rank_source", 0) == F.RANK_FROM_GROUP
+        )
+        working = frozenset(
+            h["rank"]
+            for p, h in self.headers.items()
+            if h.get("rank_source", 0) == F.RANK_FROM_GROUP
+            and h["progress_count"] > 1
+            and p not in self.final
+            and _alive(h)
+        )
+        if self.headers and not any(
+            h.get("rank", -1) >= 0 or h["progress_count"] > 1 or h["phase_strid"]
+            for h in self.headers.values()
+        ):
             # only launchers so far, none has made progress (torchrun's agent importing
             # torch and spawning the ranks on a loaded machine): the run is starting
             t = max(t, self.startup_stall_s)
@@ -136,8 +151,11 @@ class Watcher:
             if starting(h, joined, working) and path not in self.fr_started:
                 t = max(t, self.startup_stall_s)
         if self.busy:  # working, not waiting: importing, building (busy.py)
-            waiting = any(h.get("inflight_idx") for p, h in self.headers.items() if p not in self.final) or any(
-                in_flight(line) for p, line in self.fr_seen.items() if p not in self.final)  # (DDP's C++ all-reduce)
+            waiting = any(
+                h.get("inflight_idx") for p, h in self.headers.items() if p not in self.final
+            ) or any(
+                in_flight(line) for p, line in self.fr_seen.items() if p not in self.final
+            )  # (DDP's C++ all-reduce)
             t = max(t, self.startup_stall_s) if waiting else float("inf")  # a straggler, or a start
         return t
 
@@ -155,7 +173,12 @@ class Watcher:
         self.busy = self.busy_clock.busy({p: h for p, h in self.headers.items() if p not in self.final})
         if scan.progressed:
             self.busy_noted = False
-        elif self.busy and not self.busy_noted and not self.reported_stall and now - self.last_progress >= self.stall_s:
+        elif (
+            self.busy
+            and not self.busy_noted
+            and not self.reported_stall
+            and now - self.last_progress >= self.stall_s
+        ):
             self.busy_noted = True  # once per quiet spell
             self._log(busy_note(self.headers, self.busy, now - self.last_progress, self.threshold))
         if scan.progressed:
@@ -172,8 +195,11 @@ class Watcher:
             return self._death_incident(deaths)
         if scan.alive_any and not self.reported_stall and now - self.last_progress >= self.threshold():
             self.reported_stall = True
-            return Incident("stall", "no progress in any traced process for %.1f s (threshold %.1f s)"
-                            % (now - self.last_progress, self.threshold()))
+            return Incident(
+                "stall",
+                "no progress in any traced process for %.1f s (threshold %.1f s)"
+                % (now - self.last_progress, self.threshold()),
+            )
         return None
 
     def _scan_one(self, path: str, h: Header, scan: "_Scan") -> None:
@@ -208,8 +234,10 @@ class Watcher:
         it to ``deaths``, unless it is a pooled worker retired before any work (logged)."""
         self.dead.add(path)
         if st == "killed" and idle and "fatal" not in read_signal_files(self.run_dir, h["host"], h["pid"]):
-            self._log("pid %d on %s vanished before it did any work (a pooled worker retired by its "
-                      "launcher, such as Ray's idle workers): not an incident" % (h["pid"], h["host"]))
+            self._log(
+                "pid %d on %s vanished before it did any work (a pooled worker retired by its "
+                "launcher, such as Ray's idle workers): not an incident" % (h["pid"], h["host"])
+            )
             return
         deaths.append((path, h, st))
 
@@ -238,11 +266,13 @@ class Watcher:
         Ranks whose counters moved at all (enqueued or completed) no longer hold the
         start-up threshold (``fr_started``). Never raises."""
         from hangtrace.hooks.fr_agent import fr_dir
+
         if not ranks or not os.path.isdir(fr_dir(self.run_dir)):
             return False
         try:
             import socket
             from hangtrace.tracer.collect.frrequest import fr_progress
+
             host = socket.gethostname()
             by_pid = {h["pid"]: path for path, h in ranks.items() if h.get("host") == host}
             answers = fr_progress(self.run_dir, list(by_pid), timeout_s=0.5)
@@ -265,15 +295,23 @@ class Watcher:
         new: List[str] = []
         try:
             from hangtrace.tracer.analyze.memory import watch_lines
+
             for path, h in self.headers.items():
-                if h["state"] == F.ST_EXITED or self.mem_idx.get(path) == h["next_idx"] or live_state(h) != "alive":
+                if (
+                    h["state"] == F.ST_EXITED
+                    or self.mem_idx.get(path) == h["next_idx"]
+                    or live_state(h) != "alive"
+                ):
                     continue  # exited, or no record written since its last check: same lines
                 try:
                     ring = R.read_ring(path, records=False)
                 except Exception:
                     continue
-                label = "rank %d (pid %d on %s)" % (h["rank"], h["pid"], h["host"]) if h["rank"] >= 0 else \
-                    "pid %d on %s" % (h["pid"], h["host"])
+                label = (
+                    "rank %d (pid %d on %s)" % (h["rank"], h["pid"], h["host"])
+                    if h["rank"] >= 0
+                    else "pid %d on %s" % (h["pid"], h["host"])
+                )
                 self.mem_idx[path] = ring.header["next_idx"]
                 for key, line in watch_lines(list(ring.summary.memory), label):
                     if (path, key) in self.mem_warned:
@@ -295,6 +333,7 @@ class Watcher:
 
     def _write_log(self, line: str) -> None:
         import socket
+
         try:
             with open(os.path.join(self.run_dir, "watcher-%s.log" % socket.gethostname()), "a") as f:
                 f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), line))
@@ -339,6 +378,7 @@ def main(argv: "list[str] | None" = None) -> int:
     """
     import socket
     from hangtrace.tracer.pipeline import dump_live
+
     argv = sys.argv[1:] if argv is None else argv
     run_dir = argv[0]
     poll = config.get_float(config.POLL_S)
@@ -358,8 +398,10 @@ def main(argv: "list[str] | None" = None) -> int:
     try:
         st = os.stat(run_dir)
     except OSError as e:
-        sys.stderr.write("hangtrace watcher: cannot watch %s: %s (remedy: pass the run directory of a "
-                         "traced job, HANGTRACE_DIR)\n" % (run_dir, e.strerror or e))
+        sys.stderr.write(
+            "hangtrace watcher: cannot watch %s: %s (remedy: pass the run directory of a "
+            "traced job, HANGTRACE_DIR)\n" % (run_dir, e.strerror or e)
+        )
         return 4
     ino = (st.st_dev, st.st_ino)
     log("watcher started, pid %d, stall threshold %.1f s" % (os.getpid(), w.stall_s))

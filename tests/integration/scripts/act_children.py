@@ -4,6 +4,7 @@ Prints one line per child: ``<how> <pid> <exitcode>``. With ``--torch``, also fo
 child that initialises a world-size-1 gloo group and runs one all_reduce (torch is
 imported in the parent first, so the child inherits the parent's wrappers).
 """
+
 import multiprocessing as mp
 import os
 import subprocess
@@ -12,6 +13,7 @@ import sys
 
 def child_phase(tag, q):
     from hangtrace import tracer
+
     with tracer.phase("child-" + tag):
         tracer.step(11)
     q.put((tag, os.getpid(), tracer.enabled()))
@@ -20,6 +22,7 @@ def child_phase(tag, q):
 def child_torch(port, q):
     import torch
     import torch.distributed as dist
+
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
     dist.all_reduce(torch.ones(3))
     dist.destroy_process_group()
@@ -28,11 +31,13 @@ def child_torch(port, q):
 
 if __name__ == "__main__":
     from hangtrace import tracer
+
     with tracer.phase("parent"):
         pass
     print("parent", os.getpid(), 0, flush=True)
-    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                       capture_output=True, text=True, check=True)
+    p = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     print("subprocess", p.stdout.strip(), p.returncode, flush=True)
     for method in ("spawn", "fork"):
         ctx = mp.get_context(method)
@@ -44,6 +49,7 @@ if __name__ == "__main__":
         print(method, pid, pr.exitcode, enabled, flush=True)
     if "--torch" in sys.argv:
         import torch.distributed  # noqa: F401  (hooked in the parent, inherited by the fork)
+
         port = int(sys.argv[sys.argv.index("--torch") + 1])
         ctx = mp.get_context("fork")
         q = ctx.Queue()

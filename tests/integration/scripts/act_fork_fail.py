@@ -5,6 +5,7 @@ ring cannot be created, so the child runs untraced: it enters a phase, has an un
 exception in a thread and in its main thread. The parent then prints 'checked-in' and
 waits on stdin, so the test reads the parent's ring before the parent writes its exit.
 """
+
 import os
 import sys
 import threading

@@ -1,4 +1,5 @@
 """Tiny gloo job for torchrun: one all_reduce, prints the result."""
+
 import os
 
 import torch

@@ -1,6 +1,7 @@
 """A torchrun job (2 ranks, gloo) where rank 1 serves through an asyncio event loop that
 never returns: its main task awaits a task 'fetch-weights' that waits on an Event nobody
 sets, while rank 0 waits in an all_reduce for it."""
+
 import argparse
 import asyncio
 

@@ -1,6 +1,6 @@
 """A gloo job touching every recorded kind: sync, async, p2p, batch p2p, subgroup, objects."""
+
 import os
-import sys
 
 import torch
 import torch.distributed as dist

@@ -3,6 +3,7 @@ all-reduces (no phase, no step, no Python collective): it trains ``N`` batches, 
 apart, then the last rank trains one batch more and every rank hangs (the others wait in
 a barrier). Prints 'BATCH <i>' per batch and 'HANGING <rank>' before the call that hangs.
 argv[1]: N."""
+
 import datetime
 import os
 import sys

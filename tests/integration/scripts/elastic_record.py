@@ -2,8 +2,8 @@
 (``@record``): ``--mode self``: rank 1's main raises; ``--mode child``: rank 1 forks a
 ``@record``-decorated child (inheriting TORCHELASTIC_ERROR_FILE) that raises, then exits 3
 without an exception of its own (fork: the death is within a second of rank 0's wait). Rank 0 waits in an all_reduce until torchrun stops it."""
+
 import argparse
-import sys
 import time
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -19,6 +19,7 @@ def main() -> None:
     import os
     import torch
     import torch.distributed as dist
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="self")
     a, _ = ap.parse_known_args()  # run_example adds --fault, --timeout-s
@@ -29,6 +30,7 @@ def main() -> None:
         if a.mode == "self":
             raise KeyError("tokenizer vocab 'pad' missing")
         import multiprocessing
+
         c = multiprocessing.get_context("fork").Process(target=child)
         c.start()
         c.join()

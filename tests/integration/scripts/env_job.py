@@ -6,6 +6,7 @@ argv: MODE LIB. Every rank loads LIB with ctypes after joining the group.
 - crash: rank 1 calls LIB's call_crash() (SIGSEGV inside the library); rank 0 prints
   READY and waits in an all_reduce.
 """
+
 import ctypes
 import os
 import sys
@@ -14,8 +15,12 @@ import torch
 import torch.distributed as dist
 
 mode, lib_path = sys.argv[1], sys.argv[2]
-dist.init_process_group("gloo", init_method="tcp://%s:%s" % (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]),
-                        rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(
+    "gloo",
+    init_method="tcp://%s:%s" % (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]),
+    rank=int(os.environ["RANK"]),
+    world_size=int(os.environ["WORLD_SIZE"]),
+)
 rank = dist.get_rank()
 lib = ctypes.CDLL(lib_path)
 dist.barrier()

@@ -4,6 +4,7 @@ Options: ``--fill PATH`` writes zeros into PATH until the disk is full (after th
 exists), ``--phases N`` enters N phases with distinct names (string table growth),
 ``--iters N`` all_reduces (default 200).
 """
+
 import argparse
 import errno
 import os

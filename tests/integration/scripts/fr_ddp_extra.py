@@ -10,6 +10,7 @@ argv[1]: 'agent' -> nothing special: traced, hangtrace's Flight Recorder agent (
          into argv[2] each time the file argv[2]/go<r>-<k> appears (k = 1, 2, ...).
 Prints 'HANGING <rank>' just before the call that hangs.
 """
+
 import datetime
 import os
 import sys

@@ -1,5 +1,6 @@
 """A 2-rank gloo job calling the collective and p2p functions torch 2.13 added to what we
 record (tests/integration/test_new_ops.py): one of each, then the object-list p2p pair."""
+
 import os
 import warnings
 

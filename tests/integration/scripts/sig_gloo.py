@@ -1,4 +1,5 @@
 """2 gloo ranks: rank 1 blocks in an all_reduce that rank 0 never joins (rank 0 sleeps)."""
+
 import time
 
 import torch

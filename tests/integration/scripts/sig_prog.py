@@ -5,6 +5,7 @@ thread's signal.signal call fails with ValueError first), handler (same, with th
 program's own SIGTERM handler that prints and exits 3), abort, segv, exit0, exit7,
 raise (uncaught exception in the main thread), thread_raise (in a thread, then exit 0).
 """
+
 import os
 import signal
 import sys
@@ -28,6 +29,7 @@ def crash_with_abort():
 
 def crash_with_segv():
     import ctypes
+
     ctypes.string_at(0)
 
 
@@ -49,6 +51,7 @@ elif mode == "thread_signal":
             signal.signal(signal.SIGTERM, on_term)
         except ValueError as e:
             print("error", e, flush=True)
+
     t = threading.Thread(target=set_in_thread)
     t.start()
     t.join()

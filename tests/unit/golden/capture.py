@@ -9,6 +9,7 @@ under the test function's name. At the end of the session it writes one
 expected outputs (``<test name>.out.json``). Used only when regenerating
 (``HANGTRACE_REGEN_GOLDEN=capture``, see test_golden.py).
 """
+
 from __future__ import annotations
 
 import copy
@@ -38,15 +39,19 @@ def snapshot_to_json(snap: Any) -> Dict[str, Any]:
     return json.loads(json.dumps(d, default=list))
 
 
-def _wrapped(snapshot: Any, now_wall_ns: Optional[int] = None, stall_s: Optional[float] = None,
-             envs: Any = ()) -> Any:
+def _wrapped(
+    snapshot: Any, now_wall_ns: Optional[int] = None, stall_s: Optional[float] = None, envs: Any = ()
+) -> Any:
     name = _CURRENT[0]
     if name is not None:
         call: Dict[str, Any] = {"now_wall_ns": now_wall_ns, "stall_s": stall_s}
         if envs:  # (only then: inputs captured before envs existed stay byte-identical)
             from hangtrace.tracer.envfacts import to_json
+
             call["envs"] = [dict(to_json(pe), rank=pe.rank) for pe in envs]
-        _CASES.setdefault(name, []).append({"call": call, "snapshot": snapshot_to_json(copy.deepcopy(snapshot))})
+        _CASES.setdefault(name, []).append(
+            {"call": call, "snapshot": snapshot_to_json(copy.deepcopy(snapshot))}
+        )
     return _ORIG(snapshot, now_wall_ns=now_wall_ns, stall_s=stall_s, envs=envs)
 
 

@@ -1,6 +1,7 @@
 """Rule actor_waits: the wait-for graph across Ray actor calls (issue 9) - a cycle of
 ray.get waits on actor methods is an actor-deadlock naming every member, its method and
 the call it is blocked in; a chain without a cycle names the actor it ends at."""
+
 import json
 import os
 import sys
@@ -23,8 +24,15 @@ def aid(pid):
 def actor(cls, pid, name=""):
     """A rank-less Ray actor process builder (its ring meta names the actor)."""
     b = R(-1, -1, groups=[], pid=pid, phase=None)
-    b.set(meta={"ray_actor_id": aid(pid), "ray_actor_class": cls, "ray_actor_name": name,
-                "ray_job_id": "01000000", "ray_worker_id": "w%d" % pid})
+    b.set(
+        meta={
+            "ray_actor_id": aid(pid),
+            "ray_actor_class": cls,
+            "ray_actor_name": name,
+            "ray_job_id": "01000000",
+            "ray_worker_id": "w%d" % pid,
+        }
+    )
     return b
 
 
@@ -41,9 +49,17 @@ def enter(b, method_name, dt=MS):
 
 def ray_get(b, targets, state="issued", api="get", error=None, dt=MS):
     """A K_WAIT record of hooks/ray_calls.py: ``targets`` = [(target builder, method)]."""
-    text = json.dumps({"api": api, "n": len(targets), "targets": [
-        {"actor_id": aid(t.pid), "class": t.kw["meta"]["ray_actor_class"], "method": m} for t, m in targets]},
-        sort_keys=True)
+    text = json.dumps(
+        {
+            "api": api,
+            "n": len(targets),
+            "targets": [
+                {"actor_id": aid(t.pid), "class": t.kw["meta"]["ray_actor_class"], "method": m}
+                for t, m in targets
+            ],
+        },
+        sort_keys=True,
+    )
     return b._rec("ray_wait", "", text, len(targets), dtype="", numel=0, state=state, error=error, dt=dt)
 
 
@@ -70,14 +86,19 @@ def test_two_actors_waiting_on_each_other_are_an_actor_deadlock():
     cyc = d.details["actor_cycle"]
     assert [(c["actor"], c["method"], c["waits_on"], c["target_method"]) for c in cyc] == [
         ("PolicyTrainer", "step", "RewardServer", "score"),
-        ("RewardServer", "score", "PolicyTrainer", "policy_version")]
+        ("RewardServer", "score", "PolicyTrainer", "policy_version"),
+    ]
     assert cyc[0]["target_started"] is True and cyc[1]["target_started"] is False
     assert d.details["actor_waiters"][0]["actor"] == "driver"
     p = verdict_paragraph(d)
-    assert p.startswith("Actor deadlock: Ray actors PolicyTrainer, RewardServer wait on each other's methods"), p
+    assert p.startswith(
+        "Actor deadlock: Ray actors PolicyTrainer, RewardServer wait on each other's methods"
+    ), p
     assert "PolicyTrainer in step is blocked in ray.get on RewardServer.score" in p
-    assert ("RewardServer in score is blocked in ray.get on PolicyTrainer.policy_version, which has not started "
-            "(PolicyTrainer is inside step)") in p
+    assert (
+        "RewardServer in score is blocked in ray.get on PolicyTrainer.policy_version, which has not started "
+        "(PolicyTrainer is inside step)"
+    ) in p
     assert "driver is blocked in ray.get on PolicyTrainer.step" in p
 
 
@@ -175,8 +196,12 @@ def async_cycle_job():
     RewardModel.score; RewardModel (async) score awaits RefPolicy.ref_logprobs; RefPolicy
     in ref_logprobs ray.wait's Generator.weights_version, which cannot start. RewardModel
     ran an earlier score whose await completed, and its current phase is another call's."""
-    drv, gen, rm, ref = (driver(), actor("Generator", 201, "generator"), actor("RewardModel", 202, "reward-model"),
-                         actor("RefPolicy", 203, "ref-policy"))
+    drv, gen, rm, ref = (
+        driver(),
+        actor("Generator", 201, "generator"),
+        actor("RewardModel", 202, "reward-model"),
+        actor("RefPolicy", 203, "ref-policy"),
+    )
     for b in (gen, rm, ref):
         enter(b, "__init__")
         b.mark("phase_exit")
@@ -200,13 +225,25 @@ def test_await_in_an_async_actor_closes_the_cycle():
     current phase (status)."""
     drv, gen, rm, ref = async_cycle_job()
     d = check(diagnose(snap([drv, gen, rm, ref], reason="stall")), "actor-deadlock", [])
-    assert d.culprit_actors == ["Generator 'generator'", "RefPolicy 'ref-policy'", "RewardModel 'reward-model'"]
+    assert d.culprit_actors == [
+        "Generator 'generator'",
+        "RefPolicy 'ref-policy'",
+        "RewardModel 'reward-model'",
+    ]
     cyc = {c["actor"]: c for c in d.details["actor_cycle"]}
-    assert (cyc["RewardModel 'reward-model'"]["method"], cyc["RewardModel 'reward-model'"]["api"]) == ("score", "await")
+    assert (cyc["RewardModel 'reward-model'"]["method"], cyc["RewardModel 'reward-model'"]["api"]) == (
+        "score",
+        "await",
+    )
     assert cyc["RefPolicy 'ref-policy'"]["target_started"] is False
     p = verdict_paragraph(d)
-    assert "RewardModel 'reward-model' in score is blocked in await on RefPolicy 'ref-policy'.ref_logprobs" in p, p
-    assert "RefPolicy 'ref-policy' in ref_logprobs is blocked in ray.wait on Generator 'generator'.weights_version" in p
+    assert (
+        "RewardModel 'reward-model' in score is blocked in await on RefPolicy 'ref-policy'.ref_logprobs" in p
+    ), p
+    assert (
+        "RefPolicy 'ref-policy' in ref_logprobs is blocked in ray.wait on Generator 'generator'.weights_version"
+        in p
+    )
     assert "driver is blocked in ray.get on Generator 'generator'.generate" in p
 
 
@@ -220,7 +257,9 @@ def test_concurrent_awaits_of_one_async_actor_are_separate_waits():
     await_ref(a, [(c, "lookup")], 8)
     ws = actorgraph.build(snap([a, b, c]).processes).waits["h0:211"]
     assert sorted((w.method, w.targets[0].cls, w.api) for w in ws) == [
-        ("fanout", "ShardB", "await"), ("route", "ShardA", "await")]
+        ("fanout", "ShardB", "await"),
+        ("route", "ShardA", "await"),
+    ]
 
 
 def test_chain_ending_at_an_idle_actor_whose_method_never_started_names_no_one():
@@ -239,9 +278,14 @@ def test_chain_ending_at_an_idle_actor_whose_method_never_started_names_no_one()
     assert d.kind == "unknown" and d.culprit_actors == [], d.summary
     assert d.details["actor_chain_incomplete"]["methods"] == ["grade"]
     p = verdict_paragraph(d)
-    assert p.startswith("Unknown: a chain of actor calls waits on Ray actor Judge 'judge-0' (grade), which is inside "
-                        "no method and never started it"), p
-    assert "waits on no other actor" not in p and "Trainer in step is blocked in ray.get on Judge 'judge-0'.grade" in p
+    assert p.startswith(
+        "Unknown: a chain of actor calls waits on Ray actor Judge 'judge-0' (grade), which is inside "
+        "no method and never started it"
+    ), p
+    assert (
+        "waits on no other actor" not in p
+        and "Trainer in step is blocked in ray.get on Judge 'judge-0'.grade" in p
+    )
 
 
 def test_callee_that_started_before_the_caller_reached_its_await_has_started():
@@ -259,12 +303,16 @@ def test_callee_that_started_before_the_caller_reached_its_await_has_started():
     assert cyc["RewardModel"]["target_started"] is True, cyc
 
 
-RAY_GET = ("Worker.get_objects /site-packages/ray/_private/worker.py:1007", "get /site-packages/ray/_private/worker.py:3009",
-           "_wrap_waiting.<locals>.waiting /src/hangtrace/hooks/ray_calls.py:175")
+RAY_GET = (
+    "Worker.get_objects /site-packages/ray/_private/worker.py:1007",
+    "get /site-packages/ray/_private/worker.py:3009",
+    "_wrap_waiting.<locals>.waiting /src/hangtrace/hooks/ray_calls.py:175",
+)
 
 
 def _thread(name, frames, code=None):
     from synth import stack
+
     t = stack(*frames, active=False)[0]
     t["thread_name"] = name
     for f in t["frames"]:
@@ -282,20 +330,45 @@ def test_an_actor_calling_itself_through_its_handle_names_the_line_in_the_helper
     enter(w, "generate", dt=60 * MS)
     ray_get(w, [(w, "load_weights")])
     enter(ln, "train")
-    w.set(stacks=[_thread("MainThread", RAY_GET + ("RolloutWorker.refresh_weights /job/driver.py:35",
-                                                   "RolloutWorker.generate /job/driver.py:48",
-                                                   "Worker.main_loop /site-packages/ray/_private/worker.py:1069"),
-                          ("refresh_weights", "return ray.get(me.load_weights.remote(version))"))],
-          stack_source="py-spy")
-    ln.set(stacks=[_thread("MainThread", RAY_GET + ("Learner.train /job/driver.py:64",
-                                                    "Worker.main_loop /site-packages/ray/_private/worker.py:1069"))],
-           stack_source="py-spy")
+    w.set(
+        stacks=[
+            _thread(
+                "MainThread",
+                RAY_GET
+                + (
+                    "RolloutWorker.refresh_weights /job/driver.py:35",
+                    "RolloutWorker.generate /job/driver.py:48",
+                    "Worker.main_loop /site-packages/ray/_private/worker.py:1069",
+                ),
+                ("refresh_weights", "return ray.get(me.load_weights.remote(version))"),
+            )
+        ],
+        stack_source="py-spy",
+    )
+    ln.set(
+        stacks=[
+            _thread(
+                "MainThread",
+                RAY_GET
+                + (
+                    "Learner.train /job/driver.py:64",
+                    "Worker.main_loop /site-packages/ray/_private/worker.py:1069",
+                ),
+            )
+        ],
+        stack_source="py-spy",
+    )
     d = check(diagnose(snap([drv, w, ln], reason="stall")), "actor-deadlock", [])
     p = d.summary
-    assert p.startswith("Actor deadlock: Ray actor RolloutWorker waits on its own method: RolloutWorker in generate is "
-                        "blocked in ray.get on RolloutWorker.load_weights at RolloutWorker.refresh_weights (driver.py:35): "
-                        "`return ray.get(me.load_weights.remote(version))`, which cannot start while generate runs"), p
-    assert "Learner in train is blocked in ray.get at Learner.train (driver.py:64) on an object passed to it" in p, p
+    assert p.startswith(
+        "Actor deadlock: Ray actor RolloutWorker waits on its own method: RolloutWorker in generate is "
+        "blocked in ray.get on RolloutWorker.load_weights at RolloutWorker.refresh_weights (driver.py:35): "
+        "`return ray.get(me.load_weights.remote(version))`, which cannot start while generate runs"
+    ), p
+    assert (
+        "Learner in train is blocked in ray.get at Learner.train (driver.py:64) on an object passed to it"
+        in p
+    ), p
     assert "Next: call the method directly on `self`" in p, p
 
 
@@ -308,15 +381,26 @@ def test_a_blocking_ray_get_on_an_async_actors_event_loop_is_named():
     rw.t = m.t
     enter(rw, "score")
     ray_get(rw, [(m, "get_running_stats")])
-    loop = ("RolloutManager.rollout /job/driver.py:77", "wrap_method.<locals>.awrapper /src/hangtrace/hooks/ray_hooks.py:214",
-            "Handle._run /lib/python3.11/asyncio/events.py:80",
-            "BaseEventLoop._run_once /lib/python3.11/asyncio/base_events.py:1922")
-    m.set(stacks=[_thread("MainThread", ("Worker.main_loop /site-packages/ray/_private/worker.py:1069",)),
-                  _thread("AsyncIO Thread: default", RAY_GET + loop)], stack_source="py-spy")
+    loop = (
+        "RolloutManager.rollout /job/driver.py:77",
+        "wrap_method.<locals>.awrapper /src/hangtrace/hooks/ray_hooks.py:214",
+        "Handle._run /lib/python3.11/asyncio/events.py:80",
+        "BaseEventLoop._run_once /lib/python3.11/asyncio/base_events.py:1922",
+    )
+    m.set(
+        stacks=[
+            _thread("MainThread", ("Worker.main_loop /site-packages/ray/_private/worker.py:1069",)),
+            _thread("AsyncIO Thread: default", RAY_GET + loop),
+        ],
+        stack_source="py-spy",
+    )
     d = check(diagnose(snap([m, rw], reason="stall")), "actor-deadlock", [])
     first = d.details["actor_cycle"][0]
-    assert (first["actor"], first["at"], first["blocks_loop"]) == ("RolloutManager", "RolloutManager.rollout (driver.py:77)",
-                                                                   True), first
+    assert (first["actor"], first["at"], first["blocks_loop"]) == (
+        "RolloutManager",
+        "RolloutManager.rollout (driver.py:77)",
+        True,
+    ), first
     assert "a blocking call inside its asyncio event loop" in d.summary
     assert "(RolloutManager is inside rollout, its event loop blocked)" in d.summary, d.summary
     assert "Next: in the async actor named above, `await` the actor call" in d.summary

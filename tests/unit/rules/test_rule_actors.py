@@ -1,5 +1,6 @@
 """Rule actors: Ray actors without a rank (issue 9) - the earliest failure (a method that
 raised, a death) is the root by name (culprit_actors); stuck actors when nothing fails."""
+
 import os
 import sys
 
@@ -105,8 +106,10 @@ def test_rankless_actor_failure_beside_a_ranked_hang_is_in_the_evidence():
     rollout = actor("RolloutWorker", 61, name="rollout-0")
     rollout.phase = "generate_loop"
     rollout.mark("phase_enter")
-    rollout.set(state="killed", signals={"fatal": {"wall_ns": rollout.t + MS, "text": "Fatal Python error: "
-                                                   "Segmentation fault"}})
+    rollout.set(
+        state="killed",
+        signals={"fatal": {"wall_ns": rollout.t + MS, "text": "Fatal Python error: Segmentation fault"}},
+    )
     r0, r1 = R(0, 2), R(1, 2)
     for b in (r0, r1):
         b.t = rollout.t + 5 * S
@@ -132,8 +135,18 @@ def queue_job():
         method(qa, "put", dt=500 * MS)
         method(qa, "get")
     ro.t = qa.t + 500 * MS
-    ro.set(events=[{"event": "task_exception", "coro": "Rollout._produce", "task": "Task-3", "type": "RuntimeError",
-                    "message": "probability tensor contains either `inf`, `nan` or element < 0", "wall_ns": ro.t}])
+    ro.set(
+        events=[
+            {
+                "event": "task_exception",
+                "coro": "Rollout._produce",
+                "task": "Task-3",
+                "type": "RuntimeError",
+                "message": "probability tensor contains either `inf`, `nan` or element < 0",
+                "wall_ns": ro.t,
+            }
+        ]
+    )
     tr.phase = "train"
     tr.mark("phase_enter", dt=MS)
     qa.t = ro.t
@@ -150,8 +163,10 @@ def test_unretrieved_task_exception_of_an_actor_is_the_root_not_the_queues_empty
     assert "RuntimeError: probability tensor" in d.details["cause_text"]
     assert "_produce" in d.details["cause_text"] and not d.cascade
     p = verdict_paragraph(d)
-    assert p.startswith("Failed Ray actor: Rollout 'rollout' (no rank) failed first (cause: exception: asyncio task "
-                        "'Rollout._produce' raised RuntimeError"), p
+    assert p.startswith(
+        "Failed Ray actor: Rollout 'rollout' (no rank) failed first (cause: exception: asyncio task "
+        "'Rollout._produce' raised RuntimeError"
+    ), p
     assert "Empty" not in p and "_QueueActor" not in p
 
 
@@ -171,24 +186,39 @@ def test_a_stuck_actor_says_where_its_method_waits_and_its_threads_lock_order():
     """Blind helper 55: a rollout actor's update_weights and its cache-refresher thread take two
     locks in opposite orders; the verdict named the actor and method only."""
     from synth import stack
-    main = ("RolloutWorker.update_weights /job/driver.py:94", "actor_method_executor /site-packages/ray/x.py:1")
-    refresher = ("RolloutWorker._refresh_loop /job/driver.py:66", "Thread.run threading.py:982",
-                 "Thread._bootstrap threading.py:1002")
+
+    main = (
+        "RolloutWorker.update_weights /job/driver.py:94",
+        "actor_method_executor /site-packages/ray/x.py:1",
+    )
+    refresher = (
+        "RolloutWorker._refresh_loop /job/driver.py:66",
+        "Thread.run threading.py:982",
+        "Thread._bootstrap threading.py:1002",
+    )
     th = stack(*main, active=False, extra_threads=[("kv-cache-refresher", refresher)])
-    for t, code, held in ((th[0], "with self.cache_lock:", [[92, "with self.weights_lock:"]]),
-                          (th[1], "with self.weights_lock:", [[64, "with self.cache_lock:"]])):
+    for t, code, held in (
+        (th[0], "with self.cache_lock:", [[92, "with self.weights_lock:"]]),
+        (th[1], "with self.weights_lock:", [[64, "with self.cache_lock:"]]),
+    ):
         t.update(active=False, kernel={"syscall": "futex", "args": []})
         t["frames"][0].update(code=code, **{"with": held})
     a = actor("RolloutWorker", 43, "rollout", stacks=th, stack_source="py-spy")
     a.phase = "update_weights"
     a.mark("phase_enter")
     d = check(diagnose(snap([a], reason="stall")), "stuck-outside-collective", [])
-    assert d.details["actor_doing"] == ("waiting for a lock at RolloutWorker.update_weights (driver.py:94): "
-                                        "`with self.cache_lock:` (inside `with self.weights_lock:` at driver.py:92)")
-    assert "thread 'kv-cache-refresher' at RolloutWorker._refresh_loop (driver.py:66): `with self.weights_lock:` " \
-           "(inside `with self.cache_lock:` at driver.py:64)" in d.details["lock_wait"], d.details
+    assert d.details["actor_doing"] == (
+        "waiting for a lock at RolloutWorker.update_weights (driver.py:94): "
+        "`with self.cache_lock:` (inside `with self.weights_lock:` at driver.py:92)"
+    )
+    assert (
+        "thread 'kv-cache-refresher' at RolloutWorker._refresh_loop (driver.py:66): `with self.weights_lock:` "
+        "(inside `with self.cache_lock:` at driver.py:64)" in d.details["lock_wait"]
+    ), d.details
     p = verdict_paragraph(d)
-    assert "RolloutWorker 'rollout' in update_weights (waiting for a lock at" in p and "lock-order deadlock" in p, p
+    assert (
+        "RolloutWorker 'rollout' in update_weights (waiting for a lock at" in p and "lock-order deadlock" in p
+    ), p
     assert "Next: make the threads named above take their locks in one order" in p, p
 
 
@@ -196,17 +226,33 @@ def test_a_stuck_actor_in_an_http_call_names_the_actor_at_the_other_end_and_its_
     """Blind helper 60: a Rollout actor POSTs to a RewardServer actor's HTTP handler, which waits
     on an Event nobody sets; the verdict named the Rollout and the server by pid only."""
     from synth import stack
-    roll = stack("SocketIO.readinto /usr/lib/python3.11/socket.py:706", "Rollout._score /job/driver.py:60",
-                 "Rollout.generate /job/driver.py:66", active=False)
-    roll[0]["kernel"] = {"syscall": "recvfrom", "wchan": "wait_woken",
-                         "args": ["fd 54 (TCP 127.0.0.1:5 -> 127.0.0.1:9, ESTABLISHED, peer pid 44 (ray::RewardServer ))"]}
+
+    roll = stack(
+        "SocketIO.readinto /usr/lib/python3.11/socket.py:706",
+        "Rollout._score /job/driver.py:60",
+        "Rollout.generate /job/driver.py:66",
+        active=False,
+    )
+    roll[0]["kernel"] = {
+        "syscall": "recvfrom",
+        "wchan": "wait_woken",
+        "args": ["fd 54 (TCP 127.0.0.1:5 -> 127.0.0.1:9, ESTABLISHED, peer pid 44 (ray::RewardServer ))"],
+    }
     a = actor("Rollout", 43, stacks=roll, stack_source="py-spy")
     a.phase = "generate"
     a.mark("phase_enter")
-    handler = ("Condition.wait threading.py:327", "Event.wait threading.py:629", "RewardServer._score /job/driver.py:37",
-               "Handler.do_POST /job/driver.py:44", "Thread._bootstrap threading.py:1002")
-    srv = stack("main_loop /site-packages/ray/_private/worker.py:900", active=False,
-                extra_threads=[("Thread-5 (process_request_thread)", handler)])
+    handler = (
+        "Condition.wait threading.py:327",
+        "Event.wait threading.py:629",
+        "RewardServer._score /job/driver.py:37",
+        "Handler.do_POST /job/driver.py:44",
+        "Thread._bootstrap threading.py:1002",
+    )
+    srv = stack(
+        "main_loop /site-packages/ray/_private/worker.py:900",
+        active=False,
+        extra_threads=[("Thread-5 (process_request_thread)", handler)],
+    )
     srv[1].update(active=False)
     srv[1]["frames"][2]["code"] = "self.reload_done.wait()"
     b = actor("RewardServer", 44, stacks=srv, stack_source="py-spy")
@@ -215,7 +261,8 @@ def test_a_stuck_actor_in_an_http_call_names_the_actor_at_the_other_end_and_its_
     assert "peer pid 44: RewardServer)" in d.details["actor_doing"], d.details
     assert d.details["peer_wait"].startswith(
         "The other end, RewardServer (pid 44): its thread 'Thread-5 (process_request_thread)' in RewardServer._score "
-        "(driver.py:37): `self.reload_done.wait()`"), d.details["peer_wait"]
+        "(driver.py:37): `self.reload_done.wait()`"
+    ), d.details["peer_wait"]
     assert "Next: the actor waits on a connection to the process named above" in verdict_paragraph(d)
 
 
@@ -223,10 +270,14 @@ def test_several_actors_stuck_alike_are_each_said_to_wait_so():
     """Blind helper 60: two Rollout actors blocked in the same HTTP call; the paragraph's one
     "(...)" read as if it described the last actor listed only."""
     from synth import stack
+
     procs = []
     for pid, name in ((44, "rollout-0"), (45, "rollout-1")):
-        th = stack("Rollout.generate /job/driver.py:51", "actor_method_executor /site-packages/ray/x.py:1",
-                   active=False)
+        th = stack(
+            "Rollout.generate /job/driver.py:51",
+            "actor_method_executor /site-packages/ray/x.py:1",
+            active=False,
+        )
         th[0]["frames"][0]["code"] = "resp = conn.getresponse()"
         th[0].update(kernel={"syscall": "recvfrom", "args": ["fd %d (TCP a -> b, ESTABLISHED)" % pid]})
         a = actor("Rollout", pid, name, stacks=th, stack_source="py-spy")
@@ -236,7 +287,10 @@ def test_several_actors_stuck_alike_are_each_said_to_wait_so():
     d = check(diagnose(snap(procs, reason="stall")), "stuck-outside-collective", [])
     assert d.details.get("actor_doing_all") is True
     p = verdict_paragraph(d)
-    assert "Rollout 'rollout-0' in generate; Rollout 'rollout-1' in generate (each: blocked in the system call" in p, p
+    assert (
+        "Rollout 'rollout-0' in generate; Rollout 'rollout-1' in generate (each: blocked in the system call"
+        in p
+    ), p
 
 
 def test_a_live_actor_whose_task_died_says_where_it_waits_who_waits_on_it_and_the_idle_ranks():
@@ -245,11 +299,19 @@ def test_a_live_actor_whose_task_died_says_where_it_waits_who_waits_on_it_and_th
     driver waits in ray.get on it. The verdict named the actor and the exception only."""
     from test_rule_actor_waits import driver, ray_get
     from hangtrace.tracer.snapshot import LoopTasks, PendingTask
+
     ranks_ = []
     for r in (0, 1):
         b = R(r, 2, pid=70 + r, phase=None)
-        b.set(meta={"ray_actor_id": "%032x" % (70 + r), "ray_actor_class": "Trainer", "ray_actor_name": "trainer-%d" % r,
-                    "ray_job_id": "01000000", "ray_worker_id": "w%d" % r})
+        b.set(
+            meta={
+                "ray_actor_id": "%032x" % (70 + r),
+                "ray_actor_class": "Trainer",
+                "ray_actor_name": "trainer-%d" % r,
+                "ray_job_id": "01000000",
+                "ray_worker_id": "w%d" % r,
+            }
+        )
         b.coll(n=5)
         ranks_.append(b)
     ro = actor("RolloutWorker", 81, name="rollout")
@@ -257,15 +319,38 @@ def test_a_live_actor_whose_task_died_says_where_it_waits_who_waits_on_it_and_th
     method(ro, "start")
     ro.phase = "get_batch"
     ro.mark("phase_enter", dt=MS)
-    ro.set(events=[{"event": "task_exception", "coro": "RolloutWorker._generate_loop", "task": "Task-3",
-                    "type": "KeyError", "message": "'score'", "wall_ns": ro.t + MS,
-                    "traceback": "Traceback (most recent call last):\n  File \"/job/rl.py\", line 30, in _generate_loop\n"
-                                 "    r = reward_fn(s)\n  File \"/job/rl.py\", line 19, in reward_fn\n"
-                                 "    return s[\"score\"]\nKeyError: 'score'\n"}],
-           asyncio_loops=(LoopTasks(thread_id=2, tasks=(PendingTask(
-               "Task-16", "get_batch", (("awrapper", "/x/hangtrace/hooks/ray_hooks.py", 214),
-                                        ("get_batch", "/job/rl.py", 56), ("get", "/lib/python3.11/asyncio/queues.py", 158)),
-               awaits_future="<Future pending>"),)),))
+    ro.set(
+        events=[
+            {
+                "event": "task_exception",
+                "coro": "RolloutWorker._generate_loop",
+                "task": "Task-3",
+                "type": "KeyError",
+                "message": "'score'",
+                "wall_ns": ro.t + MS,
+                "traceback": 'Traceback (most recent call last):\n  File "/job/rl.py", line 30, in _generate_loop\n'
+                '    r = reward_fn(s)\n  File "/job/rl.py", line 19, in reward_fn\n'
+                "    return s[\"score\"]\nKeyError: 'score'\n",
+            }
+        ],
+        asyncio_loops=(
+            LoopTasks(
+                thread_id=2,
+                tasks=(
+                    PendingTask(
+                        "Task-16",
+                        "get_batch",
+                        (
+                            ("awrapper", "/x/hangtrace/hooks/ray_hooks.py", 214),
+                            ("get_batch", "/job/rl.py", 56),
+                            ("get", "/lib/python3.11/asyncio/queues.py", 158),
+                        ),
+                        awaits_future="<Future pending>",
+                    ),
+                ),
+            ),
+        ),
+    )
     drv = driver()
     drv.t = ro.t
     ray_get(drv, [(ro, "get_batch")])
@@ -274,9 +359,13 @@ def test_a_live_actor_whose_task_died_says_where_it_waits_who_waits_on_it_and_th
     d = check(diagnose(snap(ranks_ + [ro, drv], reason="stall")), "dead-rank", [])
     assert d.culprit_actors == ["RolloutWorker 'rollout'"] and d.cause == "exception", d.evidence
     p = verdict_paragraph(d)
-    assert "asyncio task 'RolloutWorker._generate_loop' raised KeyError: 'score' at reward_fn (rl.py:19)" in p, p
-    assert ("It lives on in get_batch: asyncio event loop: task 'Task-16' in get (queues.py:158) <- get_batch (rl.py:56), "
-            "awaiting <Future pending>.") in p, p
+    assert (
+        "asyncio task 'RolloutWorker._generate_loop' raised KeyError: 'score' at reward_fn (rl.py:19)" in p
+    ), p
+    assert (
+        "It lives on in get_batch: asyncio event loop: task 'Task-16' in get (queues.py:158) <- get_batch (rl.py:56), "
+        "awaiting <Future pending>."
+    ) in p, p
     assert "The driver is blocked in ray.get on RolloutWorker 'rollout'.get_batch." in p, p
     assert "Ranks 0-1 (Ray actors) are idle between method calls, in no collective." in p, p
     assert "keep a reference to each task you create and await it" in p, p

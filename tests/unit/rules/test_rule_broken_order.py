@@ -2,6 +2,7 @@
 order in which every rank had interleaved them until then (blind helper 85: an eval on its own
 group every 5 steps; rank 3's eval raised, ``except: continue`` skipped its all_reduce and
 barrier, and it went into the next step's gradient all-reduce on the default group)."""
+
 import os
 import sys
 
@@ -47,10 +48,14 @@ def test_a_minority_that_broke_the_agreed_order_of_two_groups_skipped():
     assert d.cause == "skipped" and d.group == "1" and d.seq == 3 and d.op == "all_reduce", d.summary
     bo = d.details["broken_order"]
     assert (bo["other_group"], bo["other_seq"], bo["agreed"]) == ("0", 10, [1, 2]), bo
-    assert ("it went on without it to step 1 (its last collective on that group: barrier seq 2) into all_reduce seq 10 on "
-            "group '0'") in d.summary, d.summary
-    assert any(e.startswith("not a cross-group deadlock: until then every rank interleaved the two groups alike")
-               for e in d.evidence), d.evidence
+    assert (
+        "it went on without it to step 1 (its last collective on that group: barrier seq 2) into all_reduce seq 10 on "
+        "group '0'"
+    ) in d.summary, d.summary
+    assert any(
+        e.startswith("not a cross-group deadlock: until then every rank interleaved the two groups alike")
+        for e in d.evidence
+    ), d.evidence
     assert "exception swallowed on that rank" in d.summary
 
 
@@ -60,9 +65,11 @@ def test_without_a_later_step_the_broken_order_is_told_in_the_deadlock():
     that says the order every rank had kept until then was broken, and by whom."""
     d = check(diagnose(snap(_eval_job(moved_on=False))), "cross-group-deadlock", [3])
     assert d.details["broken_order"]["side"] == [3], d.details
-    assert ("Until then every rank had issued group '1''s collectives at the same places among group '0''s; rank 3 "
-            "broke that order here: it skipped all_reduce seq 3 on group '1' (ranks 0-2 wait in it) and went on into "
-            "group '0', or entered the groups in another order on this step only.") in d.summary, d.summary
+    assert (
+        "Until then every rank had issued group '1''s collectives at the same places among group '0''s; rank 3 "
+        "broke that order here: it skipped all_reduce seq 3 on group '1' (ranks 0-2 wait in it) and went on into "
+        "group '0', or entered the groups in another order on this step only."
+    ) in d.summary, d.summary
     assert "an exception caught and passed over (`except ...: continue`)" in d.summary
 
 

@@ -6,6 +6,7 @@ actors; its handler set a flag, ``train()`` saved a checkpoint and returned; the
 on (Ray's task loop, epoll_wait) and its peers hung in all_reduce seq 361. The verdict was
 "stuck outside collectives ... blocked in the system call epoll_wait" with advice to look for
 a queue, lock or IO."""
+
 import os
 import sys
 
@@ -20,13 +21,17 @@ from hangtrace.tracer.collect.rings import signal_sender  # noqa: E402
 from hangtrace.tracer.process_model import name_senders  # noqa: E402
 from hangtrace.tracer.report.advice import DEPARTED_NEXT, PREEMPTED_NEXT  # noqa: E402
 
-RAY_IDLE = ("main_loop /usr/lib/python3.11/site-packages/ray/_private/worker.py:1069",
-            "<module> /usr/lib/python3.11/site-packages/ray/_private/workers/default_worker.py:323")
+RAY_IDLE = (
+    "main_loop /usr/lib/python3.11/site-packages/ray/_private/worker.py:1069",
+    "<module> /usr/lib/python3.11/site-packages/ray/_private/workers/default_worker.py:323",
+)
 AGENT = "hangtrace: SIGTERM from pid 5377 uid 0: python (exited)\n"
-IN_TRAIN = ('Current thread 0x00007f39ffbd56c0 (most recent call first):\n'
-            '  File "/usr/lib/python3.11/site-packages/torch/nn/modules/linear.py", line 125 in forward\n'
-            '  File "/job/driver.py", line 48 in train\n'
-            '  File "/usr/lib/python3.11/site-packages/ray/_private/worker.py", line 1069 in main_loop\n')
+IN_TRAIN = (
+    "Current thread 0x00007f39ffbd56c0 (most recent call first):\n"
+    '  File "/usr/lib/python3.11/site-packages/torch/nn/modules/linear.py", line 125 in forward\n'
+    '  File "/job/driver.py", line 48 in train\n'
+    '  File "/usr/lib/python3.11/site-packages/ray/_private/worker.py", line 1069 in main_loop\n'
+)
 
 
 def _job(sigterm=True, returned_ok=True, idle=True):
@@ -49,7 +54,9 @@ def _job(sigterm=True, returned_ok=True, idle=True):
     b[1].phase = None
     b[1].set(stacks=stack(*(RAY_IDLE if idle else ("train /job/driver.py:52",) + RAY_IDLE), active=False))
     if sigterm:
-        b[1].set(signals={"sigterm": {"wall_ns": t_sig, "text": AGENT + IN_TRAIN, "sender": signal_sender(AGENT)}})
+        b[1].set(
+            signals={"sigterm": {"wall_ns": t_sig, "text": AGENT + IN_TRAIN, "sender": signal_sender(AGENT)}}
+        )
     return b
 
 
@@ -60,7 +67,9 @@ def test_an_actor_whose_method_returned_after_a_sigterm_skipped_the_collective()
     assert ret["after"] == "all_reduce seq 5 on group '0'"
     assert "had received SIGTERM from pid 5377 (python (exited))" in ret["sigterm"]
     assert "in train (driver.py:48), and returned 0.1 s later" in ret["sigterm"]
-    assert "its actor method TrainActor.train returned" in d.summary and "idle in Ray's task loop" in d.summary
+    assert (
+        "its actor method TrainActor.train returned" in d.summary and "idle in Ray's task loop" in d.summary
+    )
     assert "Next: " + PREEMPTED_NEXT in d.summary
 
 
@@ -78,12 +87,18 @@ def test_a_method_that_raised_or_an_actor_still_in_the_users_code_is_not_a_retur
 def test_an_exited_sender_is_named_by_its_own_record_when_it_was_traced():
     b = _job()
     agent = R(-1, 3, groups=[], pid=5377, phase=None)
-    agent.set(events=[{"event": "start", "argv": ["/job/node_agent.py", "1001", "10.0"]}],
-              state="exited", exit_code=0, exit_wall_ns=b[1].t)
+    agent.set(
+        events=[{"event": "start", "argv": ["/job/node_agent.py", "1001", "10.0"]}],
+        state="exited",
+        exit_code=0,
+        exit_wall_ns=b[1].t,
+    )
     procs = name_senders([p.build() for p in b] + [agent.build()])
     assert procs[1].signals["sigterm"]["sender"]["cmdline"] == "/job/node_agent.py 1001 10.0 (exited)"
     d = diagnose(snap(procs))
     assert "SIGTERM from pid 5377 (/job/node_agent.py 1001 10.0 (exited))" in d.details["returned"]["sigterm"]
     late = dict(procs[-1].__dict__, pid=5377, start_wall_ns=b[1].t + S)  # (a later process with that pid)
-    assert name_senders([b[1].build(), type(procs[-1])(**late)])[0].signals["sigterm"]["sender"]["cmdline"] \
+    assert (
+        name_senders([b[1].build(), type(procs[-1])(**late)])[0].signals["sigterm"]["sender"]["cmdline"]
         == "python (exited)"
+    )

@@ -4,6 +4,7 @@ the rank gloo aborted only when neither decides. Scenarios from blind jobs of 20
 (an MoE rank padding its expert counts to 10 where its peers have 8; an eval metric
 all-reduced as float64 on one rank where every earlier step used float32): gloo aborted
 the rank that had NOT changed, and the verdict used to name it."""
+
 import os
 import sys
 
@@ -20,8 +21,18 @@ def aborted(b):
 
 
 def reset(b, t):
-    return b.set(state="exited", exit_code=1, events=[{"event": "exception", "type": "RuntimeError",
-                                                        "wall_ns": t, "message": "Connection reset by peer"}])
+    return b.set(
+        state="exited",
+        exit_code=1,
+        events=[
+            {
+                "event": "exception",
+                "type": "RuntimeError",
+                "wall_ns": t,
+                "message": "Connection reset by peer",
+            }
+        ],
+    )
 
 
 def test_gloo_aborted_a_rank_of_the_majority_the_minority_is_named():
@@ -31,7 +42,11 @@ def test_gloo_aborted_a_rank_of_the_majority_the_minority_is_named():
     rs[0].coll(op="all_gather_into_tensor", numel=24, state="issued")
     rs[1].coll(op="all_gather_into_tensor", numel=24, state="failed", error="Connection reset by peer")
     rs[2].coll(op="all_gather_into_tensor", numel=30, state="failed", error="Connection reset by peer")
-    ps = [aborted(rs[0]).build(), reset(rs[1], rs[1].t + 50 * MS).build(), reset(rs[2], rs[2].t + 50 * MS).build()]
+    ps = [
+        aborted(rs[0]).build(),
+        reset(rs[1], rs[1].t + 50 * MS).build(),
+        reset(rs[2], rs[2].t + 50 * MS).build(),
+    ]
     d = diagnose(snap(ps, reason="death"))
     assert (d.kind, d.cause, d.culprit_ranks) == ("collective-mismatch", "mismatch", [2]), d.summary
     assert sorted((s["numel"], s["ranks"]) for s in d.details["signatures"]) == [(24, [0, 1]), (30, [2])]
@@ -93,8 +108,20 @@ def test_an_abort_mismatch_is_placed_at_the_culprits_call_not_its_current_phase(
         b.coll(numel=8, n=2)
         b.coll(numel=8, dtype="float64" if b.rank == 2 else "float32", state="issued")
     rs[2].set(phase="train_step", step=6)
-    ps = [aborted(rs[1]).build()] + [rs[r].set(state="killed", signals={"sigterm": {
-        "wall_ns": rs[r].t + 200 * MS, "text": "Current thread 0x1 (most recent call first):\n"}}).build() for r in (0, 2, 3)]
+    ps = [aborted(rs[1]).build()] + [
+        rs[r]
+        .set(
+            state="killed",
+            signals={
+                "sigterm": {
+                    "wall_ns": rs[r].t + 200 * MS,
+                    "text": "Current thread 0x1 (most recent call first):\n",
+                }
+            },
+        )
+        .build()
+        for r in (0, 2, 3)
+    ]
     d = diagnose(snap(ps, reason="death"))
     assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [2]) and "cause_text" in d.details, d.summary
     assert (d.phase, d.step) == ("metrics", 5) and "train_step" not in d.summary, (d.phase, d.step, d.summary)
@@ -107,18 +134,35 @@ def test_a_culprit_back_in_rays_task_loop_is_said_to_be_idle_there_not_given_its
     says its stack shows it back in Ray's task loop, idle (it may be dead by then: no
     "is now"); a culprit in its own code keeps its frames."""
     from synth import stack
-    idle = ("main_loop /site-packages/ray/_private/worker.py:1069",
-            "<module> /site-packages/ray/_private/workers/default_worker.py:323")
-    for frames, expect in ((idle, "its stack shows it back in Ray's task loop, idle"),
-                           (("step train.py:12", "main train.py:40"), "it is in step (train.py:12)")):
+
+    idle = (
+        "main_loop /site-packages/ray/_private/worker.py:1069",
+        "<module> /site-packages/ray/_private/workers/default_worker.py:323",
+    )
+    for frames, expect in (
+        (idle, "its stack shows it back in Ray's task loop, idle"),
+        (("step train.py:12", "main train.py:40"), "it is in step (train.py:12)"),
+    ):
         rs = [R(r, 4) for r in range(4)]
         for b in rs:
             b.mark(phase="metrics", step=5)
             b.coll(numel=8, n=2)
             b.coll(numel=8, dtype="float64" if b.rank == 2 else "float32", state="issued")
-        ps = [aborted(rs[1]).build()] + [rs[r].set(state="killed", stacks=stack(*frames), signals={"sigterm": {
-            "wall_ns": rs[r].t + 200 * MS, "text": "Current thread 0x1 (most recent call first):\n"}}).build()
-            for r in (0, 2, 3)]
+        ps = [aborted(rs[1]).build()] + [
+            rs[r]
+            .set(
+                state="killed",
+                stacks=stack(*frames),
+                signals={
+                    "sigterm": {
+                        "wall_ns": rs[r].t + 200 * MS,
+                        "text": "Current thread 0x1 (most recent call first):\n",
+                    }
+                },
+            )
+            .build()
+            for r in (0, 2, 3)
+        ]
         d = diagnose(snap(ps, reason="death"))
         assert d.culprit_ranks == [2] and expect in d.summary, d.summary
         assert ("main_loop" in d.summary) is False, d.summary

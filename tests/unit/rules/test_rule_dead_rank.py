@@ -1,4 +1,5 @@
 """Rule dead_rank and the arbiter: the earliest non-victim death, hang-versus-death precedence (dead-rank / its cause)."""
+
 import os
 import sys
 
@@ -18,60 +19,108 @@ def test_sigkilled_rank_whose_last_completion_follows_peer_wait_is_dead():
     SIGKILLed (no record). Its last sign of life is after the wait began, but it issued
     nothing new: dead-rank, not 'moved on'."""
     b = ranks(2)
-    b[0].wait()                                   # seq 4 issued at t
-    b[1].coll(n=1, seq=3)                         # re-records its seq 3, completing after rank 0's issue
+    b[0].wait()  # seq 4 issued at t
+    b[1].coll(n=1, seq=3)  # re-records its seq 3, completing after rank 0's issue
     b[1].records[-1]["t_wall_ns"] = b[0].t - MS // 2
     b[1].records[-1]["t_mono_ns"] = b[1].records[-1]["t_wall_ns"] - T0
     b[1].records[-1]["t_end_mono_ns"] = b[0].t - T0 + MS
-    b[1].t = b[0].t + MS                          # progress stamped at that completion
+    b[1].t = b[0].t + MS  # progress stamped at that completion
     b[1].set(state="killed")
     d = check(diagnose(snap(b)), "dead-rank", [1])
     assert d.cause == "killed-without-record"
 
+
 def test_dead_rank_killed_first_then_connection_closed_cascade():
     b = ranks(4, steps=5)
-    b[2].set(state="killed")                 # SIGKILL: no record of it, last sign of life
+    b[2].set(state="killed")  # SIGKILL: no record of it, last sign of life
     for r in (0, 1, 3):
         b[r].t += 2 * S
-        b[r].coll(state="failed", error="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1234")
-        b[r].set(state="exited", exit_code=1,
-                 events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[r].t + MS,
-                          "message": "Connection closed by peer [10.0.0.2]:1234"}])
+        b[r].coll(
+            state="failed",
+            error="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1234",
+        )
+        b[r].set(
+            state="exited",
+            exit_code=1,
+            events=[
+                {
+                    "event": "exception",
+                    "type": "RuntimeError",
+                    "wall_ns": b[r].t + MS,
+                    "message": "Connection closed by peer [10.0.0.2]:1234",
+                }
+            ],
+        )
     d = check(diagnose(snap(b)), "dead-rank", [2])
     assert d.cause == "killed-without-record"
     assert sorted(c["rank"] for c in d.cascade) == [0, 1, 3]
     assert all(c["victim"] for c in d.cascade)
     assert d.group == "0" and d.seq == 6
 
+
 def test_sigterm_after_a_transport_failure_is_cascade_not_an_external_kill():
     """torchrun: rank 1 dies of an exception (its DataLoader worker was SIGKILLed; a blind
     job); rank 0's all_reduce fails with 'Connection closed by peer', then the agent SIGTERMs
     it. Rank 0 is a victim (cascade), not a SIGTERM from outside to look for."""
     b = ranks(2, steps=5)
-    b[1].set(state="exited", exit_code=1,
-             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS,
-                      "message": "DataLoader worker (pid 4242) is killed by signal: Killed."}])
+    b[1].set(
+        state="exited",
+        exit_code=1,
+        events=[
+            {
+                "event": "exception",
+                "type": "RuntimeError",
+                "wall_ns": b[1].t + MS,
+                "message": "DataLoader worker (pid 4242) is killed by signal: Killed.",
+            }
+        ],
+    )
     b[0].t += 2 * S
-    b[0].coll(state="failed", error="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234")
+    b[0].coll(
+        state="failed", error="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"
+    )
     b[0].set(state="killed", signals={"sigterm": {"wall_ns": b[0].t + S, "text": ""}})
     d = check(diagnose(snap(b)), "dead-rank", [1])
     assert d.cause == "exception"
     assert [(c["rank"], c["victim"]) for c in d.cascade] == [(0, True)], d.cascade
 
 
-@pytest.mark.parametrize("setup,cause", [
-    (dict(state="killed", signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}}), "sigterm"),
-    (dict(state="killed", signals={"fatal": {"wall_ns": T0 + 10 * S,
-                                             "text": "Fatal Python error: Segmentation fault\n"}}), "fatal-signal"),
-    (dict(state="exited", exit_code=1, events=[{"event": "exception", "type": "ValueError",
-                                                "message": "bad batch", "wall_ns": T0 + 10 * S}]), "exception"),
-    (dict(state="exited", exit_code=3), "exit-code 3"),
-    (dict(state="killed", exit_code=-15), "sigterm"),
-])
+@pytest.mark.parametrize(
+    "setup,cause",
+    [
+        (dict(state="killed", signals={"sigterm": {"wall_ns": T0 + 10 * S, "text": ""}}), "sigterm"),
+        (
+            dict(
+                state="killed",
+                signals={
+                    "fatal": {"wall_ns": T0 + 10 * S, "text": "Fatal Python error: Segmentation fault\n"}
+                },
+            ),
+            "fatal-signal",
+        ),
+        (
+            dict(
+                state="exited",
+                exit_code=1,
+                events=[
+                    {
+                        "event": "exception",
+                        "type": "ValueError",
+                        "message": "bad batch",
+                        "wall_ns": T0 + 10 * S,
+                    }
+                ],
+            ),
+            "exception",
+        ),
+        (dict(state="exited", exit_code=3), "exit-code 3"),
+        (dict(state="killed", exit_code=-15), "sigterm"),
+    ],
+)
 def test_dead_rank_causes(setup, cause):
     b = ranks(3)
     for r in (0, 2):
-        b[r].t += 20 * S   # the others reach the next collective after rank 1 died
+        b[r].t += 20 * S  # the others reach the next collective after rank 1 died
         b[r].wait()
     b[1].set(**setup)
     d = check(diagnose(snap(b)), "dead-rank", [1])
@@ -79,14 +128,22 @@ def test_dead_rank_causes(setup, cause):
     if cause == "exception":
         assert d.details["cause_text"] == "ValueError: bad batch"
 
+
 def test_first_death_by_time_is_root():
     b = ranks(4)
-    b[3].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "OSError",
-                                                   "message": "disk full", "wall_ns": T0 + 50 * S}])
-    b[1].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "KeyError",
-                                                   "message": "'x'", "wall_ns": T0 + 20 * S}])
+    b[3].set(
+        state="exited",
+        exit_code=1,
+        events=[{"event": "exception", "type": "OSError", "message": "disk full", "wall_ns": T0 + 50 * S}],
+    )
+    b[1].set(
+        state="exited",
+        exit_code=1,
+        events=[{"event": "exception", "type": "KeyError", "message": "'x'", "wall_ns": T0 + 20 * S}],
+    )
     d = check(diagnose(snap(b)), "dead-rank", [1])
     assert [c["rank"] for c in d.cascade] == [3]
+
 
 def test_hang_then_sigterm_all_keeps_hang_verdict():
     b = ranks(3)
@@ -114,9 +171,19 @@ def _raises_later(exc_type, moved_on=False):
         b[1].mark("step", step=b[1].step + 1)
     b[1].t = start + 5 * S
     b[1].mark("phase_exit")
-    b[1].set(state="exited", exit_code=1, exit_wall_ns=start + 5 * S + MS,
-             events=[{"event": "exception", "type": exc_type, "wall_ns": start + 5 * S,
-                      "message": "DataLoader worker (pid(s) 4242) exited unexpectedly"}])
+    b[1].set(
+        state="exited",
+        exit_code=1,
+        exit_wall_ns=start + 5 * S + MS,
+        events=[
+            {
+                "event": "exception",
+                "type": exc_type,
+                "wall_ns": start + 5 * S,
+                "message": "DataLoader worker (pid(s) 4242) exited unexpectedly",
+            }
+        ],
+    )
     return diagnose(snap(b))
 
 
@@ -146,6 +213,7 @@ def test_sigterm_decides_whatever_the_exit_code():
     import dataclasses
     from synth import MS, R, snap
     from hangtrace.tracer.analyze.diagnose import diagnose
+
     r0, r1 = R(0, 2), R(1, 2)
     for b in (r0, r1):
         b.coll(n=3)
@@ -163,17 +231,28 @@ def _sigterm_in_wait(wait_s, peer_passed):
     """Rank 1 is SIGTERMed ``wait_s`` into an all_reduce; rank 0 either passed it (and then
     died of the closed connection) or never reached it."""
     b = ranks(2)
-    b[1].wait()                                   # rank 1 waits in seq N
+    b[1].wait()  # rank 1 waits in seq N
     start = b[1].records[-1]["t_wall_ns"]
-    b[1].set(state="killed", exit_code=-15, signals={"sigterm": {"wall_ns": start + int(wait_s * S), "text": ""}})
+    b[1].set(
+        state="killed", exit_code=-15, signals={"sigterm": {"wall_ns": start + int(wait_s * S), "text": ""}}
+    )
     if peer_passed:
-        b[0].coll(n=1)                            # rank 0 completes seq N with rank 1's data ...
+        b[0].coll(n=1)  # rank 0 completes seq N with rank 1's data ...
         b[0].t = start + int(wait_s * S) + 50 * MS
-        b[0].wait()                               # ... and fails in seq N+1
+        b[0].wait()  # ... and fails in seq N+1
         b[0].records[-1].update(state="failed", error="Connection closed by peer [127.0.0.1]:1")
-        b[0].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "RuntimeError",
-                                                       "wall_ns": b[0].t + MS,
-                                                       "message": "Connection closed by peer [127.0.0.1]:1"}])
+        b[0].set(
+            state="exited",
+            exit_code=1,
+            events=[
+                {
+                    "event": "exception",
+                    "type": "RuntimeError",
+                    "wall_ns": b[0].t + MS,
+                    "message": "Connection closed by peer [127.0.0.1]:1",
+                }
+            ],
+        )
     else:
         b[0].set(stacks=stack(*QUEUE_GET))
     return snap(b, reason="death")
@@ -210,6 +289,7 @@ def test_sigterm_that_unwound_an_actor_method_is_a_death_at_work():
     ray_trainer_sigterm)."""
     from synth import MS, R, snap
     from hangtrace.tracer.analyze.diagnose import diagnose
+
     r0, r1 = R(0, 2), R(1, 2)
     for b in (r0, r1):
         b.coll(n=3)
@@ -222,7 +302,9 @@ def test_sigterm_that_unwound_an_actor_method_is_a_death_at_work():
     term = {"sigterm": {"wall_ns": x["t_wall_ns"] - MS, "text": "Thread 0x1 (most recent call first):\n"}}
     p1 = r1.set(state="exited", exit_code=0, signals=term, phase=None).build()
     d = diagnose(snap([r0.build(), p1], reason="death"))
-    assert (d.kind, d.culprit_ranks) == ("dead-rank", [1]) and d.cause in ("sigterm", "sigterm-external"), d.summary
+    assert (d.kind, d.culprit_ranks) == ("dead-rank", [1]) and d.cause in ("sigterm", "sigterm-external"), (
+        d.summary
+    )
 
 
 def test_rank_still_exiting_after_its_sigterm_died_before_a_peer_killed_by_the_shutdown():
@@ -230,17 +312,20 @@ def test_rank_still_exiting_after_its_sigterm_died_before_a_peer_killed_by_the_s
     still inside Ray's graceful exit when the snapshot is taken; the driver's shutdown kills
     rank 0 56 ms later. Rank 1 died first (at its SIGTERM), not rank 0."""
     from synth import R
+
     r0, r1 = R(0, 2), R(1, 2)
     for b in (r0, r1):
         b.coll(n=3)
     r0.wait()
     t_term = r1.t + 5 * MS
-    p1 = r1.set(state="alive", signals={"sigterm": {"wall_ns": t_term, "text": "Thread 0x1:\n"}},
-                phase="train_step").build()
-    p0 = r0.set(state="killed", signals={"sigterm": {"wall_ns": t_term + 56 * MS, "text": "Thread 0x2:\n"}}).build()
+    p1 = r1.set(
+        state="alive", signals={"sigterm": {"wall_ns": t_term, "text": "Thread 0x1:\n"}}, phase="train_step"
+    ).build()
+    p0 = r0.set(
+        state="killed", signals={"sigterm": {"wall_ns": t_term + 56 * MS, "text": "Thread 0x2:\n"}}
+    ).build()
     d = diagnose(snap([p0, p1], reason="death"))
     assert (d.kind, d.culprit_ranks, d.cause) == ("dead-rank", [1], "sigterm"), d.summary
-
 
 
 def test_waiters_in_torchs_count_and_a_dead_rank_in_ours_are_not_compared():
@@ -251,9 +336,18 @@ def test_waiters_in_torchs_count_and_a_dead_rank_in_ours_are_not_compared():
     b = ranks(2, steps=12)
     w = b[0].wait(seq=30)
     w["source"] = "flight-recorder"
-    b[1].set(state="exited", exit_code=1,
-             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS,
-                      "message": "DataLoader worker (pid(s) 4242) exited unexpectedly"}])
+    b[1].set(
+        state="exited",
+        exit_code=1,
+        events=[
+            {
+                "event": "exception",
+                "type": "RuntimeError",
+                "wall_ns": b[1].t + MS,
+                "message": "DataLoader worker (pid(s) 4242) exited unexpectedly",
+            }
+        ],
+    )
     d = check(diagnose(snap(b)), "dead-rank", [1])
     assert (d.group, d.seq, d.op) == ("0", 12, "all_reduce"), d.summary
     assert "seq 30" not in d.summary and "during/after all_reduce seq 12" in d.summary, d.summary
@@ -268,33 +362,52 @@ def test_a_rank_with_its_exit_record_still_tearing_down_reads_exiting():
     and raised, and its pid was still tearing down when the snapshot was taken."""
     b = ranks(2, steps=4)
     b[0].wait()
-    b[1].set(state="alive", exit_code=1,
-             events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS, "message": "x"}])
+    b[1].set(
+        state="alive",
+        exit_code=1,
+        events=[{"event": "exception", "type": "RuntimeError", "wall_ns": b[1].t + MS, "message": "x"}],
+    )
     d = check(diagnose(snap(b)), "dead-rank", [1])
-    assert any("exiting (exit code 1 recorded; the process was still tearing down)" in e for e in d.evidence), \
-        d.evidence
+    assert any(
+        "exiting (exit code 1 recorded; the process was still tearing down)" in e for e in d.evidence
+    ), d.evidence
 
 
 def test_a_dead_rank_without_a_stack_says_where_it_raised():
     """No stack of a dead rank: where it raised comes from its exception's traceback (the
     last one: a chained cause's frames come first), innermost first, with the user's own
     line (blind job tr_dl_oom: it died in ``for ... in enumerate(loader)``)."""
-    tb = ('Traceback (most recent call last):\n  File "/usr/lib/python3/site-packages/torch/utils/data/'
-          '_utils/signal_handling.py", line 73, in handler\nRuntimeError: inner\n\nThe above exception was the '
-          'direct cause of the following exception:\n\nTraceback (most recent call last):\n  File "/job/job.py", '
-          'line 142, in <module>\n    main()\n  File "/job/job.py", line 114, in train\n    for step, (x, y) in '
-          'enumerate(loader):\n  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 725, '
-          'in __next__\n  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 1505, in '
-          '_next_data\n  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 1304, in '
-          '_try_get_data\nRuntimeError: outer\n')
+    tb = (
+        'Traceback (most recent call last):\n  File "/usr/lib/python3/site-packages/torch/utils/data/'
+        '_utils/signal_handling.py", line 73, in handler\nRuntimeError: inner\n\nThe above exception was the '
+        'direct cause of the following exception:\n\nTraceback (most recent call last):\n  File "/job/job.py", '
+        'line 142, in <module>\n    main()\n  File "/job/job.py", line 114, in train\n    for step, (x, y) in '
+        'enumerate(loader):\n  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 725, '
+        'in __next__\n  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 1505, in '
+        '_next_data\n  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 1304, in '
+        "_try_get_data\nRuntimeError: outer\n"
+    )
     b = ranks(2, steps=4)
     b[0].wait()
-    b[1].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "RuntimeError",
-                                                  "wall_ns": b[1].t + MS, "message": "outer", "traceback": tb}])
+    b[1].set(
+        state="exited",
+        exit_code=1,
+        events=[
+            {
+                "event": "exception",
+                "type": "RuntimeError",
+                "wall_ns": b[1].t + MS,
+                "message": "outer",
+                "traceback": tb,
+            }
+        ],
+    )
     d = check(diagnose(snap(b)), "dead-rank", [1])
     assert d.frames[:2] == ["_try_get_data (dataloader.py:1304)", "_next_data (dataloader.py:1505)"], d.frames
-    assert "; it raised in _try_get_data (dataloader.py:1304) < _next_data (dataloader.py:1505) < __next__ " \
-           "(dataloader.py:725) < train (job.py:114)" in d.summary, d.summary  # (no frame between: no '...')
+    assert (
+        "; it raised in _try_get_data (dataloader.py:1304) < _next_data (dataloader.py:1505) < __next__ "
+        "(dataloader.py:725) < train (job.py:114)" in d.summary
+    ), d.summary  # (no frame between: no '...')
 
 
 def test_a_breakpoint_left_in_the_code_is_said_to_be_one():
@@ -302,8 +415,11 @@ def test_a_breakpoint_left_in_the_code_is_said_to_be_one():
     BdbQuit (a job of ours, 2026-12-04: the Next said only 'read the exception')."""
     b = ranks(2)
     b[0].wait()
-    b[1].set(state="exited", exit_code=1, events=[{"event": "exception", "type": "BdbQuit", "message": "",
-                                                    "wall_ns": b[0].t + S}])
+    b[1].set(
+        state="exited",
+        exit_code=1,
+        events=[{"event": "exception", "type": "BdbQuit", "message": "", "wall_ns": b[0].t + S}],
+    )
     d = check(diagnose(snap(b, reason="death")), "dead-rank", [1])
     assert "BdbQuit" in d.details["cause_text"]
     assert "Next: the rank stopped in the debugger: a `breakpoint()`" in d.summary, d.summary

@@ -3,6 +3,7 @@
 errors: the rank that left is named ('skipped-collective', cause 'skipped'), not a peer,
 not "no rank is dead ... check the network" (blind helper 92: a graceful-preemption SIGTERM
 handler on one rank)."""
+
 import os
 import sys
 
@@ -19,8 +20,10 @@ from hangtrace.tracer.report.paragraph import verdict_paragraph  # noqa: E402
 
 CLOSED = "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:20363"
 SENDER = "hangtrace: SIGTERM from pid 4242 uid 0: bash -c sleep 6; kill -TERM 1002\n"
-SIGTERM_DUMP = ('Current thread 0x00007facd51bab80 (most recent call first):\n'
-                '  File "/tmp/job.py", line 103 in main\n  File "/tmp/job.py", line 109 in <module>\n')
+SIGTERM_DUMP = (
+    "Current thread 0x00007facd51bab80 (most recent call first):\n"
+    '  File "/tmp/job.py", line 103 in main\n  File "/tmp/job.py", line 109 in <module>\n'
+)
 
 
 def _job(sigterm=True, leaver_exits_at=0.0, peers_fail_in_exit_handler=False):
@@ -29,17 +32,41 @@ def _job(sigterm=True, leaver_exits_at=0.0, peers_fail_in_exit_handler=False):
     backward: no failed record of ours) and exit 1."""
     b = ranks(4, steps=5)
     t_leave = b[2].t + int(leaver_exits_at * S) + 300 * MS
-    events = [{"event": "exiting", "threads": [], "more": 0, "wall_ns": t_leave},
-              {"event": "exit", "wall_ns": t_leave + 20 * MS}]
-    b[2].set(state="exited", exit_code=0, exit_wall_ns=t_leave + 20 * MS, events=events, phase=None,
-             signals={"sigterm": {"wall_ns": t_leave - 100 * MS, "text": SENDER + SIGTERM_DUMP,
-                                  "sender": signal_sender(SENDER)}} if sigterm else {})
+    events = [
+        {"event": "exiting", "threads": [], "more": 0, "wall_ns": t_leave},
+        {"event": "exit", "wall_ns": t_leave + 20 * MS},
+    ]
+    b[2].set(
+        state="exited",
+        exit_code=0,
+        exit_wall_ns=t_leave + 20 * MS,
+        events=events,
+        phase=None,
+        signals={
+            "sigterm": {
+                "wall_ns": t_leave - 100 * MS,
+                "text": SENDER + SIGTERM_DUMP,
+                "sender": signal_sender(SENDER),
+            }
+        }
+        if sigterm
+        else {},
+    )
     t_fail = b[2].t + 300 * MS + 800 * MS
     for r in (0, 1, 3):
         exc = {"event": "exception", "type": "RuntimeError", "message": CLOSED, "wall_ns": t_fail + r * MS}
-        exiting = {"event": "exiting", "threads": [], "more": 0, "wall_ns": t_fail + r * MS + (-S if peers_fail_in_exit_handler else MS)}
-        b[r].set(state="exited", exit_code=1, exit_wall_ns=t_fail + 200 * MS,
-                 events=[exiting, exc] if peers_fail_in_exit_handler else [exc, exiting])
+        exiting = {
+            "event": "exiting",
+            "threads": [],
+            "more": 0,
+            "wall_ns": t_fail + r * MS + (-S if peers_fail_in_exit_handler else MS),
+        }
+        b[r].set(
+            state="exited",
+            exit_code=1,
+            exit_wall_ns=t_fail + 200 * MS,
+            events=[exiting, exc] if peers_fail_in_exit_handler else [exc, exiting],
+        )
     return snap(b, reason="death")
 
 
@@ -81,15 +108,31 @@ def test_peers_that_failed_in_an_exit_handler_did_not_fail_because_of_a_departur
 
 
 def test_the_sender_line_of_a_sigterm_stack_file():
-    assert signal_sender(SENDER + SIGTERM_DUMP) == {"pid": 4242, "uid": 0, "cmdline": "bash -c sleep 6; kill -TERM 1002"}
+    assert signal_sender(SENDER + SIGTERM_DUMP) == {
+        "pid": 4242,
+        "uid": 0,
+        "cmdline": "bash -c sleep 6; kill -TERM 1002",
+    }
     assert signal_sender(SIGTERM_DUMP) is None
-    assert signal_sender("hangtrace: SIGTERM from pid 7 uid 1000: bash (exited)\n")["cmdline"] == "bash (exited)"
+    assert (
+        signal_sender("hangtrace: SIGTERM from pid 7 uid 1000: bash (exited)\n")["cmdline"] == "bash (exited)"
+    )
 
 
 def test_a_sigterm_death_names_its_sender():
     """A rank SIGTERMed at work (in a phase) dies of it: the cause text says who sent it."""
     b = ranks(2, steps=3)
-    b[1].set(state="killed", signals={"sigterm": {"wall_ns": b[1].t + MS, "text": SENDER + SIGTERM_DUMP,
-                                                  "sender": signal_sender(SENDER)}})
+    b[1].set(
+        state="killed",
+        signals={
+            "sigterm": {
+                "wall_ns": b[1].t + MS,
+                "text": SENDER + SIGTERM_DUMP,
+                "sender": signal_sender(SENDER),
+            }
+        },
+    )
     d = check(diagnose(snap(b, reason="death")), "dead-rank", [1])
-    assert d.cause == "sigterm" and "from pid 4242 (bash -c sleep 6; kill -TERM 1002)" in d.details["cause_text"]
+    assert (
+        d.cause == "sigterm" and "from pid 4242 (bash -c sleep 6; kill -TERM 1002)" in d.details["cause_text"]
+    )

@@ -6,6 +6,7 @@ each with DataLoader workers; rank 1's worker segfaults in a ctypes decoder, ran
 actor lives on), the driver's ``ray.get`` fails, it calls ``ray.shutdown()`` and 0.33 s later
 the raylet SIGTERMs both ranks. The verdict named rank 0, "SIGTERM from the raylet", the root.
 Now: rank 1, its exception, its worker's segfault and where; the SIGTERMs are Ray's teardown."""
+
 import os
 import sys
 
@@ -20,16 +21,22 @@ from hangtrace.tracer.analyze.teardown import ray_stopper  # noqa: E402
 from hangtrace.tracer.collect.rings import signal_sender  # noqa: E402
 from hangtrace.tracer.report.advice import HELPER_CRASH_NEXT  # noqa: E402
 
-RAYLET = ("hangtrace: SIGTERM from pid 5400 uid 0: /usr/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet "
-          "--raylet_socket_name=/tmp/ray/session_x/sockets/raylet --node_ip_address=10.0.0.2\n")
+RAYLET = (
+    "hangtrace: SIGTERM from pid 5400 uid 0: /usr/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet "
+    "--raylet_socket_name=/tmp/ray/session_x/sockets/raylet --node_ip_address=10.0.0.2\n"
+)
 AGENT = "hangtrace: SIGTERM from pid 77 uid 0: /usr/bin/python3 /usr/bin/torchrun --nproc-per-node 2 job.py\n"
-IDLE = ('Current thread 0x00007facd51bab80 (most recent call first):\n'
-        '  File "/usr/lib/python3.11/site-packages/ray/_private/worker.py", line 946 in main_loop\n')
+IDLE = (
+    "Current thread 0x00007facd51bab80 (most recent call first):\n"
+    '  File "/usr/lib/python3.11/site-packages/ray/_private/worker.py", line 946 in main_loop\n'
+)
 EXITED = "RuntimeError: DataLoader worker (pid(s) 4242) exited unexpectedly"
-SEGV_DUMP = ("Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f5d1ca3ab80 (most recent call first):\n"
-             '  File "/job/job.py", line 46 in __getitem__\n'
-             '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py", line 54 in fetch\n'
-             '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 374 in _worker_loop\n')
+SEGV_DUMP = (
+    "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f5d1ca3ab80 (most recent call first):\n"
+    '  File "/job/job.py", line 46 in __getitem__\n'
+    '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py", line 54 in fetch\n'
+    '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 374 in _worker_loop\n'
+)
 
 
 def _sigterm(sender, at):
@@ -42,7 +49,14 @@ def _ray_job(sigterm_after_s=0.33, sender=RAYLET, worker=True):
     ``sigterm_after_s`` after the raise. Rank 0 is in DDP's backward (no record of ours)."""
     b = ranks(2, steps=1)
     for r in b:
-        r.set(meta={"rank_source": 1, "ppid": 900, "ray_actor_class": "Trainer", "ray_actor_id": "%032x" % r.rank})
+        r.set(
+            meta={
+                "rank_source": 1,
+                "ppid": 900,
+                "ray_actor_class": "Trainer",
+                "ray_actor_id": "%032x" % r.rank,
+            }
+        )
         r.mark("phase_enter", phase="train")
         r.mark("memory", dt=S)
     b[1].t += 5 * S
@@ -57,8 +71,11 @@ def _ray_job(sigterm_after_s=0.33, sender=RAYLET, worker=True):
     if worker:
         w = R(1, 2, groups=[], pid=4242, phase=None)
         w.mark("memory", dt=S)
-        w.set(state="killed", meta={"ppid": b[1].pid, "rank_source": 0},
-              signals={"fatal": {"wall_ns": t_raise - 13 * MS, "text": SEGV_DUMP}})
+        w.set(
+            state="killed",
+            meta={"ppid": b[1].pid, "rank_source": 0},
+            signals={"fatal": {"wall_ns": t_raise - 13 * MS, "text": SEGV_DUMP}},
+        )
         procs.append(w)
     return procs, t_raise
 
@@ -71,8 +88,10 @@ def test_a_ray_rank_whose_method_raised_before_the_raylet_sigterms_is_the_root()
     assert d.details["fail_wall_ns"] == t_raise
     assert [(c["rank"], c["victim"]) for c in d.cascade] == [(0, True)], d.cascade
     assert d.details["teardown"]["ranks"] == [0]
-    assert ("Rank 0 and rank 1 itself then received SIGTERM from Ray's raylet (pid 5400), 0.33 s later: Ray stopping "
-            "the job's workers (teardown), not a cause.") in d.summary, d.summary
+    assert (
+        "Rank 0 and rank 1 itself then received SIGTERM from Ray's raylet (pid 5400), 0.33 s later: Ray stopping "
+        "the job's workers (teardown), not a cause."
+    ) in d.summary, d.summary
     assert d.summary.startswith("Dead rank: rank 1 failed first (cause: exception: " + EXITED), d.summary
     assert "find who sent SIGTERM" not in d.summary
 
@@ -82,8 +101,10 @@ def test_the_worker_that_exited_unexpectedly_is_named_by_its_own_fatal_dump():
     the segfault and the line, and the advice is about native code."""
     procs, _t = _ray_job()
     d = check(diagnose(snap(procs, reason="death")), "dead-rank", [1])
-    assert "Rank 1: its DataLoader worker (pid 4242) was killed by signal Segmentation fault in __getitem__ " \
-           "(job.py:46)." in d.summary, d.summary
+    assert (
+        "Rank 1: its DataLoader worker (pid 4242) was killed by signal Segmentation fault in __getitem__ "
+        "(job.py:46)." in d.summary
+    ), d.summary
     assert HELPER_CRASH_NEXT in d.summary, d.summary
 
 
@@ -114,12 +135,17 @@ def test_a_launchers_sigterm_after_the_raise_is_no_ray_teardown_but_the_raise_is
     d = check(diagnose(snap(procs, reason="death")), "dead-rank", [1])
     assert d.cause == "exception" and [c["rank"] for c in d.cascade] == [0], d.summary
     assert "Ray stopping" not in d.summary
-    assert d.details["teardown"]["ranks"] == [] and "received SIGTERM from pid 77" in d.details["teardown"]["text"]
+    assert (
+        d.details["teardown"]["ranks"] == []
+        and "received SIGTERM from pid 77" in d.details["teardown"]["text"]
+    )
 
 
 def test_ray_stopper_names_rays_own_processes_only():
     assert ray_stopper({"sender": signal_sender(RAYLET)}) == "Ray's raylet (pid 5400)"
-    assert ray_stopper({"sender": {"pid": 9, "cmdline": "/usr/bin/python3 /usr/local/bin/ray stop --force"}}) \
+    assert (
+        ray_stopper({"sender": {"pid": 9, "cmdline": "/usr/bin/python3 /usr/local/bin/ray stop --force"}})
         == "`ray stop` (pid 9)"
+    )
     assert ray_stopper({"sender": signal_sender(AGENT)}) == ""
     assert ray_stopper({}) == "" and ray_stopper(None) == ""

@@ -1,4 +1,5 @@
 """Rule deadlock: a cycle of waits over two or more groups (cross-group-deadlock / cycle)."""
+
 import os
 import sys
 
@@ -14,11 +15,18 @@ from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 def _ab_groups(n):
     return [world(n), group("A", [0, 1], order=1), group("B", [0, 1], order=2)]
 
+
 def _cp_dp_groups(descs=True):
     """World 4: CP {0,1},{2,3} (cp0, cp1), DP {0,2},{1,3} (dp0, dp1), created in that order."""
     d = (lambda x: x) if descs else (lambda x: "undefined")
-    return [world(4), group("1", [0, 1], desc=d("cp0"), order=1), group("2", [2, 3], desc=d("cp1"), order=2),
-            group("3", [0, 2], desc=d("dp0"), order=3), group("4", [1, 3], desc=d("dp1"), order=4)]
+    return [
+        world(4),
+        group("1", [0, 1], desc=d("cp0"), order=1),
+        group("2", [2, 3], desc=d("cp1"), order=2),
+        group("3", [0, 2], desc=d("dp0"), order=3),
+        group("4", [1, 3], desc=d("dp1"), order=4),
+    ]
+
 
 def test_cross_group_cycle_two_ranks():
     g = _ab_groups(2)
@@ -26,24 +34,26 @@ def test_cross_group_cycle_two_ranks():
     for x in b:
         x.coll("A", n=2)
         x.coll("B", n=2)
-    b[0].wait("A")   # rank 0 enters A first
-    b[1].wait("B")   # rank 1 enters B first
+    b[0].wait("A")  # rank 0 enters A first
+    b[1].wait("B")  # rank 1 enters B first
     d = check(diagnose(snap(b)), "cross-group-deadlock", [0, 1])
     assert d.details["cycle"]["groups"] == ["A", "B"]
     assert d.details["cycle"]["ranks"] == [0, 1]
     assert d.group in ("A", "B") and d.seq == 3
+
 
 def test_cross_group_cycle_minority_named():
     g = [world(4), group("dp", range(4), desc="data_parallel")]
     b = ranks(4, groups=g)
     for x in b:
         x.coll("dp", n=1)
-    b[0].wait("0", op="barrier")          # rank 0 only: checkpoint barrier on world
+    b[0].wait("0", op="barrier")  # rank 0 only: checkpoint barrier on world
     for r in (1, 2, 3):
-        b[r].wait("dp")                   # the rest went on to the next DP all_reduce
+        b[r].wait("dp")  # the rest went on to the next DP all_reduce
     d = check(diagnose(snap(b)), "cross-group-deadlock", [0])
     assert d.details["cycle"]["ranks"] == [0, 1, 2, 3]
     assert d.op == "barrier" and d.group == "0"
+
 
 def test_cp_layout_genuine_cycle_stays_deadlock():
     """Same CP/DP mesh, every rank issues the same number of collectives per group, but
@@ -64,6 +74,7 @@ def test_cp_layout_genuine_cycle_stays_deadlock():
     assert d.details["cycle"]["ranks"] == [0, 1, 2, 3]
     assert "extra_collective" not in d.details
 
+
 def test_two_rank_cycle_same_counts_stays_deadlock_with_role_groups():
     """Two ranks, groups A and B both {0,1} (not a partition: no role), each rank has
     issued the same number on both; they enter A and B in opposite orders."""
@@ -83,6 +94,7 @@ def test_minority_side_counts_every_waiter_of_its_instance():
     alone took the other order (blind job mp_group_cycle)."""
     from synth import R, group, snap, world
     from hangtrace.tracer.analyze.diagnose import diagnose
+
     gs = [world(3), group("A", [0, 1, 2], "gA", 1), group("B", [0, 1], "gB", 2)]
     b = [R(r, 3, groups=gs) for r in range(3)]
     for x in b:

@@ -2,6 +2,7 @@
 collective without it (skipped-collective / skipped), not a cross-group deadlock (blind
 job ray_slow_start_skip: trainer 2's empty micro-batch list skipped its gradient
 all_reduces on 'train'; it waits in the weight broadcast while its peers wait for it)."""
+
 import os
 import sys
 
@@ -51,8 +52,10 @@ def test_the_rank_that_went_through_the_phase_without_the_collective_skipped_it(
     d = check(diagnose(snap(_rl())), "skipped-collective", [2])
     assert d.cause == "skipped" and d.group == "1" and d.seq == 5 and d.op == "all_reduce"
     assert d.details["skipped_in_phase"] == "train_step"
-    assert "it went through phase 'train_step' without it (its last collective on that group: seq 4) and waits " \
-           "in broadcast seq 4 on group '0' at phase 'sync_weights'" in d.summary, d.summary
+    assert (
+        "it went through phase 'train_step' without it (its last collective on that group: seq 4) and waits "
+        "in broadcast seq 4 on group '0' at phase 'sync_weights'" in d.summary
+    ), d.summary
     assert any(e.startswith("not a cross-group deadlock: rank 2 left phase 'train_step'") for e in d.evidence)
 
 

@@ -2,6 +2,7 @@
 for the rank, and its replacement's wait is described (blind helper 73: trainer 1 of 2
 SIGKILLed in step 5, restarted by Ray; the new process hung in ``init_process_group`` in its
 ``__init__`` while trainer 0's all_reduce had failed and it served the driver's calls)."""
+
 import os
 import sys
 
@@ -9,15 +10,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ruleutil import check  # noqa: E402
-from synth import MS, S, T0, R, snap, stack, world  # noqa: E402
+from synth import S, T0, R, snap, stack, world  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 
-GLOO = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
-        "by peer [127.0.0.1]:33515. This is typically caused by ...")
-RENDEZVOUS = ("_new_process_group_helper /site-packages/torch/distributed/distributed_c10d.py:2169",
-              "init_process_group /site-packages/torch/distributed/distributed_c10d.py:1899",
-              "__init__ /job/driver.py:17")
+GLOO = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+    "by peer [127.0.0.1]:33515. This is typically caused by ..."
+)
+RENDEZVOUS = (
+    "_new_process_group_helper /site-packages/torch/distributed/distributed_c10d.py:2169",
+    "init_process_group /site-packages/torch/distributed/distributed_c10d.py:1899",
+    "__init__ /job/driver.py:17",
+)
 
 
 def _job(restart_peer=False, rejoined=False):
@@ -54,9 +59,13 @@ def test_a_rank_restarted_alone_is_its_death_and_the_replacement_is_described():
     assert d.cause == "killed-without-record"
     rep = d.details["replacement"]
     assert rep["pid"] == 2001 and rep["rank"] == 1
-    assert rep["text"] == "pid 2001 is in init_process_group (the rendezvous), called at __init__ (driver.py:17)"
-    assert ("It was restarted alone: its new process pid 2001 is in init_process_group (the rendezvous), called at "
-            "__init__ (driver.py:17); the other ranks kept the process group it died in") in d.summary, d.summary
+    assert (
+        rep["text"] == "pid 2001 is in init_process_group (the rendezvous), called at __init__ (driver.py:17)"
+    )
+    assert (
+        "It was restarted alone: its new process pid 2001 is in init_process_group (the rendezvous), called at "
+        "__init__ (driver.py:17); the other ranks kept the process group it died in"
+    ) in d.summary, d.summary
     assert "restart every rank of the process group together" in d.summary
     assert "It ran in 2 attempts" not in d.summary
     # the cascade: rank 0's all_reduce failed after the death; gloo's source position is not in the paragraph

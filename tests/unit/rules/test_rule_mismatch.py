@@ -1,4 +1,5 @@
 """Rule mismatch: ranks at one seq issued different collectives (collective-mismatch / mismatch)."""
+
 import os
 import sys
 
@@ -22,6 +23,7 @@ def test_four_rank_mismatch_op():
     assert sigs == {"all_reduce": [0, 1, 3], "all_gather": [2]}
     assert any("all_gather" in e and e.startswith("rank 2 at") for e in d.evidence)
 
+
 def test_four_rank_mismatch_numel():
     b = ranks(4)
     for r in range(4):
@@ -29,12 +31,14 @@ def test_four_rank_mismatch_numel():
     d = check(diagnose(snap(b)), "collective-mismatch", [1])
     assert any("numel=2048" in e for e in d.evidence)
 
+
 def test_mismatch_tie_names_all():
     b = ranks(2)
     b[0].wait(op="all_reduce")
     b[1].wait(op="broadcast", peer=0)
     d = check(diagnose(snap(b)), "collective-mismatch", [0, 1])
     assert any("no majority" in e for e in d.evidence)
+
 
 def test_rank0_checkpoint_mismatch_names_both_phases():
     """train_faults --fault rank0-checkpoint: rank 0 alone all_reduces in 'checkpoint' of
@@ -52,12 +56,14 @@ def test_rank0_checkpoint_mismatch_names_both_phases():
     assert "rank 0: all_reduce float32 numel=1 in phase 'checkpoint', step 3" in d.summary, d.summary
     assert "ranks 1-3: all_gather int64 numel=4 in phase 'rollout', step 4" in d.summary, d.summary
 
+
 def test_rank0_extra_barrier_same_seq_is_mismatch():
     b = ranks(8)
     b[0].wait(op="barrier", dtype="", numel=0)
     for r in range(1, 8):
         b[r].wait(op="all_reduce")
     check(diagnose(snap(b)), "collective-mismatch", [0])
+
 
 def test_variable_size_ops_not_mismatched():
     b = ranks(2)
@@ -67,6 +73,7 @@ def test_variable_size_ops_not_mismatched():
     b[1].wait()
     d = diagnose(snap(b, reason="request", taken=b[1].t + MS))
     assert d.kind == "progressing"
+
 
 def test_p2p_both_send_is_mismatch():
     b = ranks(2)
@@ -81,6 +88,7 @@ def test_p2p_both_send_object_list_is_mismatch():
     b[0].p2p("0", 1, "send_object_list", numel=2, dtype="object", state="issued")
     b[1].p2p("0", 0, "send_object_list", numel=2, dtype="object", state="issued")
     check(diagnose(snap(b)), "collective-mismatch", [0, 1])
+
 
 def test_mismatch_where_is_the_culprits_call_not_its_current_phase():
     """A blind Ray job: rank 2 all_reduced float64 metrics inside phase 'metrics' of step 5;

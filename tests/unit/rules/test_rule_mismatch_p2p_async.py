@@ -1,6 +1,7 @@
 """A pipeline whose stage 2 posts its backward irecv from rank 1 instead of rank 3 (blind
 helper 63): every stage waits in ``req.wait()`` on an async irecv (C++: no torch frame on
 the stack), so the index first saw no rank blocked at all ("not in any collective")."""
+
 import os
 import sys
 
@@ -39,17 +40,27 @@ def _pipeline(stage2_recv_from=1):
     b[0].p2p("0", 1, "irecv", async_op=True, state="issued")
     for r in (0, 1, 2):
         _waits_at_req_wait(b[r])
-    b[3].set(stacks=stack("all_reduce /site-packages/torch/distributed/distributed_c10d.py:2500",
-                          "train_step /job/pp_job.py:112", active=False), stack_source="py-spy")
+    b[3].set(
+        stacks=stack(
+            "all_reduce /site-packages/torch/distributed/distributed_c10d.py:2500",
+            "train_step /job/pp_job.py:112",
+            active=False,
+        ),
+        stack_source="py-spy",
+    )
     return b
 
 
 def test_a_rank_in_req_wait_on_its_async_irecv_is_blocked_in_it_and_the_wrong_peer_is_named():
     d = check(diagnose(snap(_pipeline(), reason="stall")), "collective-mismatch", [2])
     assert d.details["p2p_pair"] == [1, 2]
-    assert d.summary.startswith("Collective mismatch (p2p): rank 2 and its peer rank 1 both posted irecv"), d.summary
-    assert ("Rank 3 sends to rank 2 (its isends up to pair seq 8 on group '0'" in d.summary
-            and "rank 2 receives from rank 1 instead, most likely the wrong peer" in d.summary), d.summary
+    assert d.summary.startswith("Collective mismatch (p2p): rank 2 and its peer rank 1 both posted irecv"), (
+        d.summary
+    )
+    assert (
+        "Rank 3 sends to rank 2 (its isends up to pair seq 8 on group '0'" in d.summary
+        and "rank 2 receives from rank 1 instead, most likely the wrong peer" in d.summary
+    ), d.summary
     assert "Next: check the peer of each send and recv of the named rank" in d.summary
 
 

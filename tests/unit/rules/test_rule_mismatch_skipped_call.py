@@ -3,6 +3,7 @@ saw it) while the others wait in a Python call the culprit never made (blind hel
 2's eval raised, ``except: continue`` skipped its ``all_gather_object`` and ``barrier``, and it
 went into the next step's backward, where DDP all-reduces; the verdict blamed "its thread
 'python3'", the autograd thread torch's record named)."""
+
 import os
 import sys
 
@@ -31,11 +32,19 @@ def _job(culprit_called=False):
 
 def test_the_culprit_never_made_the_call_the_others_wait_in():
     d = check(_job(), "collective-mismatch", [2])
-    assert d.details["skipped_call"] == {"rank": 2, "op": "all_gather_object", "call": 4, "last_op": "barrier",
-                                         "last_call": 3, "waiters": [0, 1]}
+    assert d.details["skipped_call"] == {
+        "rank": 2,
+        "op": "all_gather_object",
+        "call": 4,
+        "last_op": "barrier",
+        "last_call": 3,
+        "waiters": [0, 1],
+    }
     assert "group_threads" not in d.details  # torch's C++ thread is no thread of the program
-    assert ("Rank 2 never called all_gather_object: ranks 0-1 wait in it (call 4 on the group by the program's "
-            "own count), while rank 2's last call there was barrier (call 3)") in d.summary, d.summary
+    assert (
+        "Rank 2 never called all_gather_object: ranks 0-1 wait in it (call 4 on the group by the program's "
+        "own count), while rank 2's last call there was barrier (call 3)"
+    ) in d.summary, d.summary
     assert "exception swallowed on that rank" in d.summary
 
 
@@ -62,10 +71,17 @@ def _eval_job(skipper_phase="train"):
 def test_a_culprit_that_issued_the_groups_steady_op_went_on_past_the_others_call():
     d = check(diagnose(snap(_eval_job())), "collective-mismatch", [2])
     sk = d.details["skipped_call"]
-    assert (sk["op"], sk["into"], sk["by_torch"], sk["last_call"]) == ("all_gather_object", "all_reduce", False, 5), sk
-    assert ("Rank 2 never called all_gather_object: ranks 0-1 wait in it, while rank 2 issued all_reduce there, the "
-            "collective ranks 0-1 issued just before it: it went on past all_gather_object (its previous one on this "
-            "group: seq 5, in step with ranks 0-1).") in d.summary, d.summary
+    assert (sk["op"], sk["into"], sk["by_torch"], sk["last_call"]) == (
+        "all_gather_object",
+        "all_reduce",
+        False,
+        5,
+    ), sk
+    assert (
+        "Rank 2 never called all_gather_object: ranks 0-1 wait in it, while rank 2 issued all_reduce there, the "
+        "collective ranks 0-1 issued just before it: it went on past all_gather_object (its previous one on this "
+        "group: seq 5, in step with ranks 0-1)."
+    ) in d.summary, d.summary
     assert "exception swallowed on that rank" in d.summary
 
 

@@ -1,4 +1,5 @@
 """Rule no_record_file: only ranks without a record file are waited for (unknown / no-record-file)."""
+
 import os
 import sys
 

@@ -1,6 +1,7 @@
 """Rule rankless_root: a Ray actor without a rank that failed beside ranked trainers is the
 root when no rank progressed after it and it came before the ranks stalled; the ranks
 waiting afterwards are its cascade (issue 9; blind job ray_rollout_crash_trainer_waits)."""
+
 import os
 import sys
 
@@ -52,7 +53,9 @@ def test_rollout_segfault_while_trainers_wait_is_the_root_and_the_ranks_its_casc
     assert "blocked outside collectives" in d.details["rank_waits"]["0"]
     assert "broadcast" in d.details["rank_waits"]["1"]
     p = verdict_paragraph(d)
-    assert p.startswith("Failed Ray actor: RolloutWorker 'rollout-0' (no rank) failed first (cause: fatal-signal"), p
+    assert p.startswith(
+        "Failed Ray actor: RolloutWorker 'rollout-0' (no rank) failed first (cause: fatal-signal"
+    ), p
     assert "No rank progressed after it; ranks 0-1 wait (cascade)" in p, p
 
 
@@ -108,8 +111,11 @@ def test_actor_failure_before_a_later_rank_death_is_the_root():
     prod.mark("phase_enter", dt=MS)
     rec = prod.mark("phase_exit", dt=S)
     rec["state"], rec["error"] = "failed", "RuntimeError: rollout engine returned malformed batch"
-    r0.set(state="exited", exit_code=1, events=[{"event": "exception", "type": "KeyError", "message": "'batch'",
-                                                 "wall_ns": prod.t + S}])
+    r0.set(
+        state="exited",
+        exit_code=1,
+        events=[{"event": "exception", "type": "KeyError", "message": "'batch'", "wall_ns": prod.t + S}],
+    )
     d = check(diagnose(snap([prod, r0, r1], reason="death")), "dead-rank", [])
     assert d.culprit_actors == ["Producer"] and d.cause == "exception", d.evidence
     assert [c["rank"] for c in d.cascade] == [0]
@@ -139,10 +145,16 @@ def test_processes_that_are_not_ray_actors_are_never_rankless_roots():
     that segfault beside waiting ranks are not rank-less roots: the ranks' verdict stands."""
     r0, r1 = trainers(1_700_000_100 * S)
     helper = R(0, 2, groups=[], pid=71, phase=None)
-    helper.set(state="killed", signals={"fatal": {"wall_ns": r1.t + S, "text": SEGV}},
-               meta={"rank_source": 0, "ppid": r0.pid})
+    helper.set(
+        state="killed",
+        signals={"fatal": {"wall_ns": r1.t + S, "text": SEGV}},
+        meta={"rank_source": 0, "ppid": r0.pid},
+    )
     driver = R(-1, -1, groups=[], pid=72, phase=None)
-    driver.set(state="killed", signals={"fatal": {"wall_ns": r1.t + S, "text": SEGV}},
-               meta={"ray_job_id": "01000000", "ray_pid": 72})
+    driver.set(
+        state="killed",
+        signals={"fatal": {"wall_ns": r1.t + S, "text": SEGV}},
+        meta={"ray_job_id": "01000000", "ray_pid": 72},
+    )
     d = check(diagnose(snap([helper, driver, r0, r1])), "stuck-outside-collective", [0])
     assert d.culprit_actors == []

@@ -2,6 +2,7 @@
 waiting and nobody dead. Blind job of 2026-12-02: one rank's (4, 4) table resized to
 (4, 5) before ``broadcast(src=0)``; gloo wrote the root's 64 bytes into its 80-byte
 buffer, the job exited 0, and the verdict was "progressing"."""
+
 import os
 import sys
 
@@ -20,7 +21,13 @@ def test_a_broadcast_gloo_completed_with_one_rank_resized_is_a_mismatch_naming_i
     for b in rs:
         b.coll(op="broadcast", numel=16, shape="4x4", peer=0, n=4)
     for b in rs:
-        b.coll(op="broadcast", numel=20 if b.rank == 1 else 16, shape="4x5" if b.rank == 1 else "4x4", peer=0, n=4)
+        b.coll(
+            op="broadcast",
+            numel=20 if b.rank == 1 else 16,
+            shape="4x5" if b.rank == 1 else "4x4",
+            peer=0,
+            n=4,
+        )
     d = diagnose(snap([exited(b) for b in rs]))
     assert (d.kind, d.cause, d.culprit_ranks, d.seq) == ("collective-mismatch", "mismatch", [1], 5), d.summary
     assert d.details["silent"] is True
@@ -56,7 +63,9 @@ def test_a_later_hang_names_the_earlier_silent_divergence_as_evidence():
     r1.wait(op="broadcast", numel=32, peer=0, dt=MS)
     d = diagnose(snap([r0.build(), r1.build()]))
     assert d.kind == "collective-mismatch" and d.seq == 6, d.summary
-    assert any(e.startswith("the members already disagreed earlier, at seq 5") for e in d.evidence), d.evidence
+    assert any(e.startswith("the members already disagreed earlier, at seq 5") for e in d.evidence), (
+        d.evidence
+    )
 
 
 def test_a_silent_mismatch_is_placed_at_the_culprits_call():

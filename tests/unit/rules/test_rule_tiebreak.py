@@ -2,6 +2,7 @@
 exception, the loop's per-step collective count), and a gloo size-mismatch abort named
 as the mismatch it is. Scenarios modelled on the blind jobs: torchtitan's teardown
 barrier after an exception, a data-dependent loop that ran once more, verl #6365."""
+
 import os
 import sys
 
@@ -23,15 +24,17 @@ def test_tie_broken_by_the_exception_that_sent_a_rank_to_its_teardown():
         steps(b, 2, 2)
         b.mark(step=3)
         b.coll(n=1)
-    r0.wait(op="all_reduce")                       # training all_reduce of step 3
-    r1.mark("phase_exit")                          # AssertionError unwinds phase 'train'
+    r0.wait(op="all_reduce")  # training all_reduce of step 3
+    r1.mark("phase_exit")  # AssertionError unwinds phase 'train'
     rec = r1.records[-1]
     rec.update(kind="phase_exit", state="failed", error="AssertionError: lr scheduler step 2 != 3")
     r1.mark(phase="teardown", kind="phase_enter")
-    r1.wait(op="barrier")                          # the finally block's barrier
+    r1.wait(op="barrier")  # the finally block's barrier
     d = diagnose(snap([r0, r1]))
     assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [1]), d.summary
-    assert any("tie broken" in e and "AssertionError: lr scheduler step 2 != 3" in e for e in d.evidence), d.evidence
+    assert any("tie broken" in e and "AssertionError: lr scheduler step 2 != 3" in e for e in d.evidence), (
+        d.evidence
+    )
 
 
 def test_tie_broken_by_the_per_step_count():
@@ -48,7 +51,9 @@ def test_tie_broken_by_the_per_step_count():
     r1.wait(op="all_gather")
     d = diagnose(snap([r0, r1]))
     assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0]), d.summary
-    assert any("per-step collective count" in e and "rank 0 issued one more" in e for e in d.evidence), d.evidence
+    assert any("per-step collective count" in e and "rank 0 issued one more" in e for e in d.evidence), (
+        d.evidence
+    )
 
 
 def test_tie_without_facts_names_both():
@@ -67,13 +72,25 @@ def test_gloo_size_mismatch_abort_is_a_mismatch_naming_the_dead_rank():
     r0, r1 = R(0, 2), R(1, 2)
     for b in (r0, r1):
         b.coll(n=2)
-    r0.coll(op="broadcast", numel=4, peer=0, state="failed",
-            error="Connection closed by peer [127.0.0.1]:1234")
+    r0.coll(
+        op="broadcast", numel=4, peer=0, state="failed", error="Connection closed by peer [127.0.0.1]:1234"
+    )
     r1.coll(op="broadcast", numel=1024, peer=0, state="issued")
-    p0 = r0.set(state="exited", exit_code=1,
-                events=[{"event": "exception", "type": "RuntimeError", "wall_ns": r0.t + 50 * MS,
-                         "message": "Connection closed by peer [127.0.0.1]:1234"}]).build()
-    p1 = r1.set(state="killed", signals={"fatal": {"wall_ns": r1.t + MS, "text": "Fatal Python error: Aborted\n"}}).build()
+    p0 = r0.set(
+        state="exited",
+        exit_code=1,
+        events=[
+            {
+                "event": "exception",
+                "type": "RuntimeError",
+                "wall_ns": r0.t + 50 * MS,
+                "message": "Connection closed by peer [127.0.0.1]:1234",
+            }
+        ],
+    ).build()
+    p1 = r1.set(
+        state="killed", signals={"fatal": {"wall_ns": r1.t + MS, "text": "Fatal Python error: Aborted\n"}}
+    ).build()
     d = diagnose(snap([p0, p1], reason="death"))
     assert (d.kind, d.cause, d.culprit_ranks) == ("collective-mismatch", "mismatch", [1]), d.summary
     assert sorted(s["numel"] for s in d.details["signatures"]) == [4, 1024]

@@ -1,4 +1,5 @@
 """Rule transport: failed records, nobody dead, nobody hung (transport-error)."""
+
 import os
 import sys
 
@@ -15,7 +16,7 @@ from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 def test_transport_error_no_dead_rank():
     b = ranks(3)
     for x in b:
-        x.t += (3 - x.rank) * S   # rank 2 fails first
+        x.t += (3 - x.rank) * S  # rank 2 fails first
         x.coll(state="failed", error="Connection reset by peer")
     d = check(diagnose(snap(b)), "transport-error", [2])
     assert sorted(c["rank"] for c in d.cascade) == [0, 1]

@@ -1,6 +1,7 @@
 """Rule unschedulable: a Ray actor that never got a process, waited on, asking for more
 than any node has (issue 9; verl #7656) - named with what it asks for and what the
 cluster offers, from the creating process's own records; Ray's state text beside it."""
+
 import dataclasses
 import os
 import sys
@@ -15,16 +16,34 @@ from test_rule_actor_waits import actor, aid, driver, enter, ray_get  # noqa: E4
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 from hangtrace.tracer.report.paragraph import verdict_paragraph  # noqa: E402
 
-NODE = {"node_id": "ab" * 28, "host": "vm", "resources": {"CPU": 4.0, "memory": 16.0 * (1 << 30),
-                                                          "object_store_memory": 2.0 * (1 << 30),
-                                                          "node:192.0.2.2": 1.0}}
+NODE = {
+    "node_id": "ab" * 28,
+    "host": "vm",
+    "resources": {
+        "CPU": 4.0,
+        "memory": 16.0 * (1 << 30),
+        "object_store_memory": 2.0 * (1 << 30),
+        "node:192.0.2.2": 1.0,
+    },
+}
 
 
 def created(b, target_pid, cls, name="", placement=None, wall=T0):
     """The ray_actor_create event hooks/ray_calls.py writes in the creating process."""
-    ev = {"event": "ray_actor_create", "actor_id": aid(target_pid), "cls": cls, "name": name, "namespace": "",
-          "resources": dict(placement or {}), "placement": dict(placement or {}), "placement_group": None,
-          "bundle_index": None, "wall_ns": wall, "mono_ns": 0, "thread": "MainThread"}
+    ev = {
+        "event": "ray_actor_create",
+        "actor_id": aid(target_pid),
+        "cls": cls,
+        "name": name,
+        "namespace": "",
+        "resources": dict(placement or {}),
+        "placement": dict(placement or {}),
+        "placement_group": None,
+        "bundle_index": None,
+        "wall_ns": wall,
+        "mono_ns": 0,
+        "thread": "MainThread",
+    }
     b.kw.setdefault("events", []).append(ev)
     meta = dict(b.kw["meta"])
     meta.update(ray_cluster_nodes=[NODE], ray_cluster_wall_ns=wall + MS)
@@ -62,10 +81,14 @@ def test_pending_gpu_actor_is_named_with_what_it_asks_for():
     assert d.details["cluster_nodes"][0]["resources"]["CPU"] == 4.0
     assert d.details["actor_waiters"][0]["actor"] == "driver"
     p = verdict_paragraph(d)
-    assert p.startswith("Unschedulable Ray actor: RolloutEngine 'rollout-engine' asks for {CPU: 1, GPU: 1} and no "
-                        "node of the cluster (1) offers GPU; it never got a process."), p
+    assert p.startswith(
+        "Unschedulable Ray actor: RolloutEngine 'rollout-engine' asks for {CPU: 1, GPU: 1} and no "
+        "node of the cluster (1) offers GPU; it never got a process."
+    ), p
     assert "Waiting for it: driver, in ray.get on its get_address." in p
-    assert any("has {CPU: 4, memory: 16.0 GiB, object_store_memory: 2.0 GiB}" in e for e in d.evidence), d.evidence
+    assert any("has {CPU: 4, memory: 16.0 GiB, object_store_memory: 2.0 GiB}" in e for e in d.evidence), (
+        d.evidence
+    )
 
 
 def test_ray_state_text_beside_ours_and_standing_in_for_a_missing_request():
@@ -74,18 +97,35 @@ def test_ray_state_text_beside_ours_and_standing_in_for_a_missing_request():
     totals are used."""
     drv, tr = gpu_job()
     s = snap([drv, tr], reason="stall")
-    state = {"source": "gcs", "actors": [{"actor_id": aid(22), "class_name": "RolloutEngine", "name": "rollout-engine",
-                                          "state": "PENDING_CREATION", "required_resources": {"GPU": 1.0, "CPU": 1.0}}],
-             "cluster_resources": {"CPU": 4.0, "memory": 1e10}}
+    state = {
+        "source": "gcs",
+        "actors": [
+            {
+                "actor_id": aid(22),
+                "class_name": "RolloutEngine",
+                "name": "rollout-engine",
+                "state": "PENDING_CREATION",
+                "required_resources": {"GPU": 1.0, "CPU": 1.0},
+            }
+        ],
+        "cluster_resources": {"CPU": 4.0, "memory": 1e10},
+    }
     d = check(diagnose(dataclasses.replace(s, ray_state=state)), "unschedulable-actor", [])
-    assert "Ray says: actor RolloutEngine 'rollout-engine' is PENDING_CREATION, required resources {CPU: 1, GPU: 1}" \
+    assert (
+        "Ray says: actor RolloutEngine 'rollout-engine' is PENDING_CREATION, required resources {CPU: 1, GPU: 1}"
         in verdict_paragraph(d)
-    bare = [dataclasses.replace(p, events=[], meta={k: v for k, v in p.meta.items() if not k.startswith("ray_cluster")})
-            for p in s.processes]
+    )
+    bare = [
+        dataclasses.replace(
+            p, events=[], meta={k: v for k, v in p.meta.items() if not k.startswith("ray_cluster")}
+        )
+        for p in s.processes
+    ]
     d = check(diagnose(dataclasses.replace(s, processes=bare, ray_state=state)), "unschedulable-actor", [])
     assert d.culprit_actors == ["RolloutEngine 'rollout-engine'"]
-    assert d.details["cluster_nodes"] == [{"node_id": "(all nodes)", "host": None,
-                                           "resources": {"CPU": 4.0, "memory": 1e10}}]
+    assert d.details["cluster_nodes"] == [
+        {"node_id": "(all nodes)", "host": None, "resources": {"CPU": 4.0, "memory": 1e10}}
+    ]
 
 
 def test_actor_that_fits_a_node_is_not_unschedulable():

@@ -11,30 +11,50 @@ Modules: ``samples`` (decoding, helpers), ``ledger`` (ledger, kept-across flags)
 ``trend``, ``attribution`` (a death's memory cause), ``summary`` (``details['memory']``).
 The public API is re-exported here.
 """
+
 from hangtrace.tracer.analyze.memory.attribution import attribute
 from hangtrace.tracer.analyze.memory.ledger import kept_across, ledger
 from hangtrace.tracer.analyze.memory.samples import (
-                                                     LOW,
-                                                     MIB,
-                                                     NEAR,
-                                                     _primary,
-                                                     fmt_bytes,
-                                                     samples,
+    LOW,
+    MIB,
+    NEAR,
+    _primary,
+    fmt_bytes,
+    samples,
 )
 from hangtrace.tracer.analyze.memory.summary import (
-                                                     LEDGER_MAX_RANKS,
-                                                     LEDGER_MAX_STEPS,
-                                                     MEMORY_CAUSES,
-                                                     SIGNIFICANT_BYTES,
-                                                     SIGNIFICANT_FRACTION,
-                                                     analyse_process,
-                                                     significant,
-                                                     significant_bytes,
-                                                     summarize,
-                                                     watch_lines,
+    LEDGER_MAX_RANKS,
+    LEDGER_MAX_STEPS,
+    MEMORY_CAUSES,
+    SIGNIFICANT_BYTES,
+    SIGNIFICANT_FRACTION,
+    analyse_process,
+    significant,
+    significant_bytes,
+    summarize,
+    watch_lines,
 )
 from hangtrace.tracer.analyze.memory.trend import trend
 
-__all__ = ["significant", "significant_bytes", "samples", "ledger", "kept_across", "trend", "attribute", "summarize",
-           "watch_lines", "fmt_bytes", "NEAR", "LOW", "MIB", "LEDGER_MAX_RANKS", "LEDGER_MAX_STEPS", "MEMORY_CAUSES",
-           "SIGNIFICANT_BYTES", "SIGNIFICANT_FRACTION", "analyse_process", "_primary"]
+__all__ = [
+    "significant",
+    "significant_bytes",
+    "samples",
+    "ledger",
+    "kept_across",
+    "trend",
+    "attribute",
+    "summarize",
+    "watch_lines",
+    "fmt_bytes",
+    "NEAR",
+    "LOW",
+    "MIB",
+    "LEDGER_MAX_RANKS",
+    "LEDGER_MAX_STEPS",
+    "MEMORY_CAUSES",
+    "SIGNIFICANT_BYTES",
+    "SIGNIFICANT_FRACTION",
+    "analyse_process",
+    "_primary",
+]

@@ -12,6 +12,7 @@ metric): the phases that ran on the death step, each of which runs on a regular 
 more than one step (``ledger._period`` over every step it ran on, that one included). Two
 or more of them make the sentence, with whether that step is the first on which they all ran.
 """
+
 from typing import Any, Dict, List, Optional, Set
 
 from hangtrace.tracer.analyze.memory.ledger import _period
@@ -40,8 +41,16 @@ def coinciding(rows: List[Dict[str, Any]], step: Any, rank: Any) -> Optional[str
     names = list(dict.fromkeys(in_step))  # (their order in that step: rows are in phase-entry order)
     together = sorted(set.intersection(*(steps_of[p] for p in names)))
     first = together[0] == step
-    return ("step %s is %s step on which %s both ran%s, and rank %s ran out of memory in it: free what '%s' "
-            "holds before '%s' starts, or schedule them on different steps" % (
-                step, "the first" if first else "a", " and ".join("'%s' (every %d steps)" % (p, periodic[p])
-                                                                    for p in names),
-                "" if first else " (as on step %s)" % together[0], rank, names[0], names[-1]))
+    return (
+        "step %s is %s step on which %s both ran%s, and rank %s ran out of memory in it: free what '%s' "
+        "holds before '%s' starts, or schedule them on different steps"
+        % (
+            step,
+            "the first" if first else "a",
+            " and ".join("'%s' (every %d steps)" % (p, periodic[p]) for p in names),
+            "" if first else " (as on step %s)" % together[0],
+            rank,
+            names[0],
+            names[-1],
+        )
+    )

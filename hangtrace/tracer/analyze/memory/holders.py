@@ -15,6 +15,7 @@ job's largest holders at the kill, from
 
 Bytes are ints, times ns since the epoch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,13 @@ class Holder:
     source: str
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"process": self.key or None, "pid": self.pid, "label": self.label, "rss": self.rss,
-                "source": self.source}
+        return {
+            "process": self.key or None,
+            "pid": self.pid,
+            "label": self.label,
+            "rss": self.rss,
+            "source": self.source,
+        }
 
 
 def _rss_at(proc: Any, at_ns: int) -> Optional[int]:
@@ -60,8 +66,13 @@ def _rss_at(proc: Any, at_ns: int) -> Optional[int]:
     return best[1] if best else None
 
 
-def holders(processes: Sequence[Any], at_ns: int, killed_key: str, label: Callable[[Any], str],
-            ray_kill: Optional[Any] = None) -> List[Holder]:
+def holders(
+    processes: Sequence[Any],
+    at_ns: int,
+    killed_key: str,
+    label: Callable[[Any], str],
+    ray_kill: Optional[Any] = None,
+) -> List[Holder]:
     """The largest memory holders at ``at_ns`` other than the killed process, largest
     first (at most MAX_HOLDERS): our samples first, then the processes Ray's record
     (``ray_kill``: a RayOomKill) names that we did not sample. ``label(proc)`` names a
@@ -84,5 +95,7 @@ def holders(processes: Sequence[Any], at_ns: int, killed_key: str, label: Callab
             if pid == killed_pid or pid in out or not mem or (not considered and mem <= ours):
                 continue
             p = by_pid.get(pid)
-            out[pid] = Holder(p.key if p is not None else "", pid, label(p) if p is not None else what, mem, "ray")
+            out[pid] = Holder(
+                p.key if p is not None else "", pid, label(p) if p is not None else what, mem, "ray"
+            )
     return sorted(out.values(), key=lambda h: -h.rss)[:MAX_HOLDERS]

@@ -14,6 +14,7 @@ checkpoint every step): it names the steps, the phase where the memory grew and 
 after it in those steps (the sequence, e.g. ``validation -> checkpoint``), and the bytes
 kept per step.
 """
+
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.memory.samples import MIB, Sample, _thr
@@ -35,9 +36,19 @@ def ledger(ss: List[Sample], rank: Optional[int] = None) -> List[Dict[str, Any]]
             key = (s["thread"], m)
             st = stacks.setdefault(key, [])
             if src == "phase_enter":
-                row = {"rank": rank, "step": s["step"], "phase": s["phase"], "metric": m, "enter": val,
-                       "exit": None, "delta": None, "last": val, "depth": len(st),
-                       "t_enter_ns": s["t_wall_ns"], "limit": s["limits"].get(m)}
+                row = {
+                    "rank": rank,
+                    "step": s["step"],
+                    "phase": s["phase"],
+                    "metric": m,
+                    "enter": val,
+                    "exit": None,
+                    "delta": None,
+                    "last": val,
+                    "depth": len(st),
+                    "t_enter_ns": s["t_wall_ns"],
+                    "limit": s["limits"].get(m),
+                }
                 st.append(row)
                 rows.append(row)
             else:
@@ -79,7 +90,9 @@ def _period(steps: List[int]) -> Optional[int]:
     return diffs.pop() if len(diffs) == 1 else None
 
 
-def _net_per_step(steps: Dict[Any, List[Dict[str, Any]]], metric: str) -> Tuple[Dict[Any, int], Dict[Any, List[Any]]]:
+def _net_per_step(
+    steps: Dict[Any, List[Dict[str, Any]]], metric: str
+) -> Tuple[Dict[Any, int], Dict[Any, List[Any]]]:
     """Per finished step: bytes at its end minus bytes at its start; and its phase sequence."""
     net: Dict[Any, int] = {}
     seqs: Dict[Any, List[Any]] = {}
@@ -136,13 +149,30 @@ def kept_across(rows: List[Dict[str, Any]], rank: Optional[int] = None) -> List[
         i = seq0.index(grown_in) if grown_in in seq0 else 0
         sequence = seq0[i:]
         # the step after a keeping step: the first phase that begins with the memory held
-        carried = [{"step": s + 1, "phase": steps[s + 1][0]["phase"], "enter": steps[s + 1][0]["enter"]}
-                   for s in kept if steps.get(s + 1)]
-        flags.append({
-            "rank": rank, "metric": metric, "kept_steps": kept, "released_steps": released,
-            "bytes_kept": {str(s): net[s] for s in kept}, "bytes_kept_median": sorted(net[s] for s in kept)[len(kept) // 2],
-            "grown_in": grown_in, "sequence": sequence, "held_by": sequence[1:], "only_in_kept_steps": only,
-            "kept_sequence": seq0, "released_sequence": seqs[released[0]], "carried_into": carried[:4],
-            "periods": {ph: _period([s for s, q in seqs.items() if ph in q]) for ph in set(sequence) | set(only)},
-            "threshold": thr})
+        carried = [
+            {"step": s + 1, "phase": steps[s + 1][0]["phase"], "enter": steps[s + 1][0]["enter"]}
+            for s in kept
+            if steps.get(s + 1)
+        ]
+        flags.append(
+            {
+                "rank": rank,
+                "metric": metric,
+                "kept_steps": kept,
+                "released_steps": released,
+                "bytes_kept": {str(s): net[s] for s in kept},
+                "bytes_kept_median": sorted(net[s] for s in kept)[len(kept) // 2],
+                "grown_in": grown_in,
+                "sequence": sequence,
+                "held_by": sequence[1:],
+                "only_in_kept_steps": only,
+                "kept_sequence": seq0,
+                "released_sequence": seqs[released[0]],
+                "carried_into": carried[:4],
+                "periods": {
+                    ph: _period([s for s, q in seqs.items() if ph in q]) for ph in set(sequence) | set(only)
+                },
+                "threshold": thr,
+            }
+        )
     return flags

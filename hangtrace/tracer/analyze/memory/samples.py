@@ -12,6 +12,7 @@ Metrics: ``rss`` and ``cgroup`` (usage, limited by the cgroup limit) from 'host'
 ``cuda:N allocated`` / ``cuda:N reserved`` (limit: device total); ``gauge:<name>``
 (limit: the registered budget). Bytes are ints; times are ns since the Unix epoch.
 """
+
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer.ring import layout as F
@@ -78,9 +79,19 @@ def samples(records: Optional[List[Any]]) -> List[Sample]:
         a = tuple(r.get("a") or (-1, -1, -1, -1, -1))
         what = r.get("what") or r.get("group") or "?"  # MemorySample; older dicts: group/op
         src = _source(r.get("source") or r.get("op"))
-        s = {"t_wall_ns": r.get("t_wall_ns") or 0, "source": src, "what": what,
-             "phase": r.get("phase"), "step": r.get("step"), "thread": r.get("thread"),
-             "values": {}, "limits": {}, "oom_kills": None, "swap": None, "raw": a}
+        s = {
+            "t_wall_ns": r.get("t_wall_ns") or 0,
+            "source": src,
+            "what": what,
+            "phase": r.get("phase"),
+            "step": r.get("step"),
+            "thread": r.get("thread"),
+            "values": {},
+            "limits": {},
+            "oom_kills": None,
+            "swap": None,
+            "raw": a,
+        }
         if what == "host":
             rss, swap, usage, limit, oom = a
             if _v(rss) is not None:

@@ -1,5 +1,6 @@
 """The memory summary of a diagnosis (``details['memory']``): per-process analysis,
 flags and trends worth reporting, advice, and the watcher's memory lines (pure)."""
+
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from hangtrace.tracer.analyze.memory.coincide import coinciding
@@ -42,11 +43,19 @@ def analyse_process(proc: Any, rank: Optional[int] = None) -> Dict[str, Any]:
 def _flag_text(f: Dict[str, Any]) -> str:
     seq = " -> ".join(f["sequence"])
     rel = f["released_steps"]
-    s = ("rank %s: %s kept %s across %s on step%s %s (grown in '%s'%s), released on step%s %s (%s)" % (
-        f["rank"], f["metric"], fmt_bytes(f["bytes_kept_median"]), seq,
-        "s" if len(f["kept_steps"]) > 1 else "", ", ".join(map(str, f["kept_steps"][:8])), f["grown_in"],
+    s = "rank %s: %s kept %s across %s on step%s %s (grown in '%s'%s), released on step%s %s (%s)" % (
+        f["rank"],
+        f["metric"],
+        fmt_bytes(f["bytes_kept_median"]),
+        seq,
+        "s" if len(f["kept_steps"]) > 1 else "",
+        ", ".join(map(str, f["kept_steps"][:8])),
+        f["grown_in"],
         ", not given back by %s" % " / ".join("'%s'" % p for p in f["held_by"]) if f["held_by"] else "",
-        "s" if len(rel) > 1 else "", ", ".join(map(str, rel[:8])), " -> ".join(f["released_sequence"])))
+        "s" if len(rel) > 1 else "",
+        ", ".join(map(str, rel[:8])),
+        " -> ".join(f["released_sequence"]),
+    )
     if f["carried_into"]:
         c = f["carried_into"][0]
         s += "; step %s began '%s' with %s" % (c["step"], c["phase"], fmt_bytes(c["enter"]))
@@ -55,8 +64,14 @@ def _flag_text(f: Dict[str, Any]) -> str:
 
 def _trend_text(who: str, t: Dict[str, Any]) -> str:
     s = "%s: %s grows %s/step over steps %s-%s (%s -> %s)" % (
-        who, t["metric"], fmt_bytes(t["bytes_per_step"]), t["steps"][0], t["steps"][1], fmt_bytes(t["first"]),
-        fmt_bytes(t["last"]))
+        who,
+        t["metric"],
+        fmt_bytes(t["bytes_per_step"]),
+        t["steps"][0],
+        t["steps"][1],
+        fmt_bytes(t["first"]),
+        fmt_bytes(t["last"]),
+    )
     if t.get("growing_phase"):
         s += ", in phase '%s' (%s/step)" % (t["growing_phase"], _sb(t["phase_growth"][t["growing_phase"]]))
     if t.get("limit"):
@@ -66,55 +81,85 @@ def _trend_text(who: str, t: Dict[str, Any]) -> str:
     return s
 
 
-def _advice(att: Optional[Dict[str, Any]], flags: List[Dict[str, Any]], trends: Dict[str, Dict[str, Any]],
-            rank: int, sigterm: bool = True) -> List[str]:
+def _advice(
+    att: Optional[Dict[str, Any]],
+    flags: List[Dict[str, Any]],
+    trends: Dict[str, Dict[str, Any]],
+    rank: int,
+    sigterm: bool = True,
+) -> List[str]:
     out: List[str] = []
     cause = att.get("cause") if att else None
     att = att or {}
     for f in flags[:2]:
         per = f.get("periods") or {}
         only = f["only_in_kept_steps"]
-        txt = ("rank %s, phase '%s': memory grown there is still held after %s on steps %s only; free it before "
-               "the step ends (or have %s give it back)" % (
-                   rank, f["grown_in"], " -> ".join(f["sequence"]), ", ".join(map(str, f["kept_steps"][:6])),
-                   " / ".join("'%s'" % p for p in f["held_by"]) or "'%s'" % f["grown_in"]))
+        txt = (
+            "rank %s, phase '%s': memory grown there is still held after %s on steps %s only; free it before "
+            "the step ends (or have %s give it back)"
+            % (
+                rank,
+                f["grown_in"],
+                " -> ".join(f["sequence"]),
+                ", ".join(map(str, f["kept_steps"][:6])),
+                " / ".join("'%s'" % p for p in f["held_by"]) or "'%s'" % f["grown_in"],
+            )
+        )
         knobs = ["%s every %s steps" % (p, per[p]) for p in f["sequence"] + only if per.get(p)]
         if knobs:
-            txt += "; the pattern follows the periods (%s): schedule them on different steps or align the " \
-                   "periods so the extra memory is freed before the next phase" % ", ".join(dict.fromkeys(knobs))
+            txt += (
+                "; the pattern follows the periods (%s): schedule them on different steps or align the "
+                "periods so the extra memory is freed before the next phase" % ", ".join(dict.fromkeys(knobs))
+            )
         out.append(txt)
     for m, t in trends.items():
         if t["steady"]:
             txt = "rank %s: %s grows steadily (%s/step)" % (rank, m, fmt_bytes(t["bytes_per_step"]))
             if t.get("growing_phase"):
-                txt += "; look at what phase '%s' keeps from step to step (lists of outputs/tensors, caches)" % \
-                       t["growing_phase"]
+                txt += (
+                    "; look at what phase '%s' keeps from step to step (lists of outputs/tensors, caches)"
+                    % t["growing_phase"]
+                )
             if t.get("limit") and t.get("projected_limit_step") is not None:
-                txt += "; at this rate the limit %s is reached at step %s" % (fmt_bytes(t["limit"]),
-                                                                             t["projected_limit_step"])
+                txt += "; at this rate the limit %s is reached at step %s" % (
+                    fmt_bytes(t["limit"]),
+                    t["projected_limit_step"],
+                )
             out.append(txt)
     if cause == "host-oom-kill":
         a = att.get("at_death") or {}
-        out.append("rank %s was OOM-killed in %s: peak %s vs limit %s; raising the limit only postpones the kill "
-                   "if memory grows every step" % (rank, _where(a), fmt_bytes(a.get("peak")), fmt_bytes(a.get("limit"))))
+        out.append(
+            "rank %s was OOM-killed in %s: peak %s vs limit %s; raising the limit only postpones the kill "
+            "if memory grows every step"
+            % (rank, _where(a), fmt_bytes(a.get("peak")), fmt_bytes(a.get("limit")))
+        )
     elif cause == "ray-memory-monitor":
-        out.append("Ray's memory monitor killed rank %s: lower the memory use on its node (fewer workers per node, "
-                   "smaller batches) or adjust RAY_memory_usage_threshold / RAY_memory_monitor_refresh_ms" % rank)
+        out.append(
+            "Ray's memory monitor killed rank %s: lower the memory use on its node (fewer workers per node, "
+            "smaller batches) or adjust RAY_memory_usage_threshold / RAY_memory_monitor_refresh_ms" % rank
+        )
     elif cause == "cuda-oom":
         c = att.get("cuda_oom") or {}
-        out.append("rank %s ran out of device memory in %s; compare the ledger rows before it: memory kept by "
-                   "earlier phases is what the failing phase could not get" % (rank, _where(c)))
+        out.append(
+            "rank %s ran out of device memory in %s; compare the ledger rows before it: memory kept by "
+            "earlier phases is what the failing phase could not get" % (rank, _where(c))
+        )
     elif cause == "sigterm-external" and sigterm:
-        out.append("not an OOM: find who sent SIGTERM to rank %s (scheduler preemption, Ray stopping the actor, "
-                   "a user, a health check)" % rank)
+        out.append(
+            "not an OOM: find who sent SIGTERM to rank %s (scheduler preemption, Ray stopping the actor, "
+            "a user, a health check)" % rank
+        )
     return out
 
 
 def _interesting(per: Dict[int, Dict[str, Any]], focus: List[Any]) -> List[Any]:
     """Ranks in report order: focus first, then ranks with flags or steady growth, then the rest."""
     interesting = [r for r in focus if r in per]
-    interesting += [r for r in sorted(per) if r not in interesting and (per[r]["kept"] or any(
-        t["steady"] for t in per[r]["trends"].values()))]
+    interesting += [
+        r
+        for r in sorted(per)
+        if r not in interesting and (per[r]["kept"] or any(t["steady"] for t in per[r]["trends"].values()))
+    ]
     interesting += [r for r in sorted(per) if r not in interesting]
     return interesting
 
@@ -124,20 +169,38 @@ def _rank_figures(a: Dict[str, Any]) -> Dict[str, Any]:
     h = _last_host(a["samples"])
     metric, val, lim = _level(h)
     pk = _peak(a["samples"], metric) if metric else None
-    return {"metric": metric, "last": val, "limit": lim, "peak": pk[0] if pk else None,
-            "peak_where": _where(pk[1]) if pk else None, "samples": len(a["samples"]), "trends": a["trends"]}
+    return {
+        "metric": metric,
+        "last": val,
+        "limit": lim,
+        "peak": pk[0] if pk else None,
+        "peak_where": _where(pk[1]) if pk else None,
+        "samples": len(a["samples"]),
+        "trends": a["trends"],
+    }
 
 
 def _ledger_of(a: Dict[str, Any], max_steps: int) -> List[Dict[str, Any]]:
     """A rank's ledger rows of its newest ``max_steps`` steps (and open step-less rows)."""
     keep = set(sorted({row["step"] for row in a["rows"] if row["step"] is not None})[-max_steps:])
-    return [{k: row[k] for k in ("rank", "step", "phase", "metric", "enter", "exit", "delta", "last", "depth", "limit")}
-            for row in a["rows"] if row["step"] in keep or (row["step"] is None and row["exit"] is None)]
+    return [
+        {
+            k: row[k]
+            for k in ("rank", "step", "phase", "metric", "enter", "exit", "delta", "last", "depth", "limit")
+        }
+        for row in a["rows"]
+        if row["step"] in keep or (row["step"] is None and row["exit"] is None)
+    ]
 
 
-def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Optional[Dict[int, Any]] = None,
-              max_ranks: int = LEDGER_MAX_RANKS, max_steps: int = LEDGER_MAX_STEPS,
-              sigterm_culprits: Optional[Set[int]] = None) -> Optional[Dict[str, Any]]:
+def summarize(
+    procs_by_rank: Dict[int, Any],
+    focus: List[Any],
+    attributions: Optional[Dict[int, Any]] = None,
+    max_ranks: int = LEDGER_MAX_RANKS,
+    max_steps: int = LEDGER_MAX_STEPS,
+    sigterm_culprits: Optional[Set[int]] = None,
+) -> Optional[Dict[str, Any]]:
     """``details['memory']`` of a diagnosis (dict) or None when nothing was sampled.
 
     ``procs_by_rank``: {rank: ProcessInfo}; ``focus``: ranks to report first (culprits,
@@ -159,9 +222,15 @@ def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Opt
     if not per:
         return None
     interesting = _interesting(per, focus)
-    out: Dict[str, Any] = {"ranks": {str(r): _rank_figures(per[r]) for r in sorted(per)},
-                           "ledger": [], "kept_across": [], "trends": [], "attribution": {}, "advice": [],
-                           "evidence": []}
+    out: Dict[str, Any] = {
+        "ranks": {str(r): _rank_figures(per[r]) for r in sorted(per)},
+        "ledger": [],
+        "kept_across": [],
+        "trends": [],
+        "attribution": {},
+        "advice": [],
+        "evidence": [],
+    }
     for r in interesting[:max_ranks]:
         out["ledger"] += _ledger_of(per[r], max_steps)
     for r in interesting:
@@ -175,18 +244,39 @@ def summarize(procs_by_rank: Dict[int, Any], focus: List[Any], attributions: Opt
     for r in focus:
         att = attributions.get(r)
         if att is not None:
-            out["attribution"][str(r)] = {k: att.get(k) for k in ("cause", "base_cause", "cause_text", "at_death",
-                                                                  "evidence", "cuda_oom", "ray_memory_monitor")}
-            if att.get("helper_text"):  # (a DataLoader worker of the rank OOM-killed, or SIGKILLed by another)
-                out["attribution"][str(r)].update(helper_text=att["helper_text"], helper_kill=att.get("helper_kill"))
+            out["attribution"][str(r)] = {
+                k: att.get(k)
+                for k in (
+                    "cause",
+                    "base_cause",
+                    "cause_text",
+                    "at_death",
+                    "evidence",
+                    "cuda_oom",
+                    "ray_memory_monitor",
+                )
+            }
+            if att.get(
+                "helper_text"
+            ):  # (a DataLoader worker of the rank OOM-killed, or SIGKILLed by another)
+                out["attribution"][str(r)].update(
+                    helper_text=att["helper_text"], helper_kill=att.get("helper_kill")
+                )
     for r in interesting[:4]:
         att = attributions.get(r)
-        if r in per and att is not None and att.get("cause") in MEMORY_CAUSES:  # the schedule first (coincide.py)
+        if (
+            r in per and att is not None and att.get("cause") in MEMORY_CAUSES
+        ):  # the schedule first (coincide.py)
             both = coinciding(per[r]["rows"], (att.get("at_death") or {}).get("step"), r)
             out["advice"] += [both] if both else []
         if r in per:
-            out["advice"] += _advice(attributions.get(r), per[r]["kept"], per[r]["trends"], r,
-                                     sigterm_culprits is None or r in sigterm_culprits)
+            out["advice"] += _advice(
+                attributions.get(r),
+                per[r]["kept"],
+                per[r]["trends"],
+                r,
+                sigterm_culprits is None or r in sigterm_culprits,
+            )
     out["advice"] = list(dict.fromkeys(out["advice"]))[:6]
     out["evidence"] = out["evidence"][:12]
     return out
@@ -213,7 +303,9 @@ def significant_bytes(n: Optional[float], limit: Optional[float] = None) -> bool
     return n >= SIGNIFICANT_BYTES or bool(limit and n >= SIGNIFICANT_FRACTION * limit)
 
 
-def significant(mem: Optional[Dict[str, Any]], cause: Any = None) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+def significant(
+    mem: Optional[Dict[str, Any]], cause: Any = None
+) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """``(flags, trends)`` of a ``summarize`` result worth showing in a verdict: kept
     flags / steady trends whose bytes are significant (:func:`significant_bytes`);
     everything when ``cause`` is memory-related (MEMORY_CAUSES)."""
@@ -226,9 +318,17 @@ def significant(mem: Optional[Dict[str, Any]], cause: Any = None) -> Tuple[List[
 
     def lim(r: Any) -> Optional[int]:
         return (ranks.get(str(r)) or {}).get("limit")
-    return ([f for f in flags if significant_bytes(f.get("bytes_kept_median"), lim(f.get("rank")))],
-            [t for t in trends if significant_bytes((t.get("last") or 0) - (t.get("first") or 0),
-                                                    t.get("limit") or lim(t.get("rank")))])
+
+    return (
+        [f for f in flags if significant_bytes(f.get("bytes_kept_median"), lim(f.get("rank")))],
+        [
+            t
+            for t in trends
+            if significant_bytes(
+                (t.get("last") or 0) - (t.get("first") or 0), t.get("limit") or lim(t.get("rank"))
+            )
+        ],
+    )
 
 
 def watch_lines(records: List[Any], label: str) -> List[Tuple[str, str]]:

@@ -5,6 +5,7 @@ squares bytes/step; *steady* when at least 3 steps, the slope is above the thres
 at least 75 % of step-to-step changes are increases; mean growth per phase from the
 ledger; the step at which the limit is reached at that rate.
 """
+
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -61,10 +62,20 @@ def trend(ss: List[Sample], rows: List[Dict[str, Any]], metric: str) -> Optional
             break
     proj = None
     if steady and limit and slope > 0:
-        proj = last_step + max(0, int(math.ceil((limit - (last_v if headroom_base is None else headroom_base))
-                                                / slope)))
+        proj = last_step + max(
+            0, int(math.ceil((limit - (last_v if headroom_base is None else headroom_base)) / slope))
+        )
     growing = max(phase_growth.items(), key=lambda kv: kv[1])[0] if phase_growth else None
-    return {"metric": metric, "steps": [ser[0][0], last_step], "nsteps": n, "bytes_per_step": int(slope),
-            "steady": bool(steady), "first": int(ys[0]), "last": int(newest), "limit": limit,
-            "projected_limit_step": proj, "phase_growth": phase_growth,
-            "growing_phase": growing if growing is not None and phase_growth.get(growing, 0) > thr else None}
+    return {
+        "metric": metric,
+        "steps": [ser[0][0], last_step],
+        "nsteps": n,
+        "bytes_per_step": int(slope),
+        "steady": bool(steady),
+        "first": int(ys[0]),
+        "last": int(newest),
+        "limit": limit,
+        "projected_limit_step": proj,
+        "phase_growth": phase_growth,
+        "growing_phase": growing if growing is not None and phase_growth.get(growing, 0) > thr else None,
+    }

@@ -27,6 +27,7 @@ Otherwise the rule does not find. Limits: the waits seen are those of ``hooks/ra
 one of several refs counts as a wait on each of them; a node is a process, so a cycle
 through an async actor is judged by its open waits, each of the method call that made it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -68,13 +69,22 @@ def find(ctx: Ctx) -> Optional[Finding]:
     cyc = G.cycles(g)
     if cyc:
         first = min(cyc, key=lambda c: min(w.since_wall_ns for k in c for w in g.waits[k]))
-        return Finding(NAME, (), min(w.since_wall_ns for k in first for w in g.waits[k]), data=("cycle", first, g))
-    ends = {k: v for k, v in G.chain_ends(g).items() if g.procs[k].state in G.LIVE_STATES
-            and (g.procs[k].meta or {}).get("ray_actor_id")}
+        return Finding(
+            NAME, (), min(w.since_wall_ns for k in first for w in g.waits[k]), data=("cycle", first, g)
+        )
+    ends = {
+        k: v
+        for k, v in G.chain_ends(g).items()
+        if g.procs[k].state in G.LIVE_STATES and (g.procs[k].meta or {}).get("ray_actor_id")
+    }
     if ends:
         end = max(ends, key=lambda k: (len(ends[k]), k))
-        return Finding(NAME, (), min(w.since_wall_ns for k in ends[end] for w in g.waits[k]),
-                       data=("incomplete" if unstarted(g, end) else "chain", end, ends[end], g))
+        return Finding(
+            NAME,
+            (),
+            min(w.since_wall_ns for k in ends[end] for w in g.waits[k]),
+            data=("incomplete" if unstarted(g, end) else "chain", end, ends[end], g),
+        )
     return None
 
 
@@ -96,16 +106,31 @@ def _member(ctx: Ctx, g: G.ActorGraph, key: str, nxt: str, asked: Optional[str] 
     method the member before it waits on) made, when there is one."""
     p = g.procs[key]
     e = G.edge(g, key, nxt, asked)
-    item: Dict[str, Any] = {"actor": G.label(p, g.roles), "process": key, "method": None, "api": None,
-                            "waits_on": G.label(g.procs[nxt], g.roles), "target_method": None,
-                            "since_wall_ns": None, "target_started": None, "target_inside": g.procs[nxt].phase}
+    item: Dict[str, Any] = {
+        "actor": G.label(p, g.roles),
+        "process": key,
+        "method": None,
+        "api": None,
+        "waits_on": G.label(g.procs[nxt], g.roles),
+        "target_method": None,
+        "since_wall_ns": None,
+        "target_started": None,
+        "target_inside": g.procs[nxt].phase,
+    }
     if e is not None:
         w, t = e
-        item.update(method=w.method, api=w.api, target_method=t.method, since_wall_ns=w.since_wall_ns,
-                    target_started=G.started_since(g.procs[nxt], t.method, w.called()))
+        item.update(
+            method=w.method,
+            api=w.api,
+            target_method=t.method,
+            since_wall_ns=w.since_wall_ns,
+            target_started=G.started_since(g.procs[nxt], t.method, w.called()),
+        )
         site = G.wait_site(p, w.method)
         if site is not None:  # the line of the wait, and whether it blocks the actor's event loop
-            item.update(at=site["at"], code=site["code"], blocks_loop=site["blocks_loop"] and w.api != "await")
+            item.update(
+                at=site["at"], code=site["code"], blocks_loop=site["blocks_loop"] and w.api != "await"
+            )
     return item
 
 
@@ -119,16 +144,41 @@ def _waiters_into(ctx: Ctx, g: G.ActorGraph, members: List[str]) -> List[Dict[st
         for dst, w, t in g.edges.get(key, ()):
             if dst in inside:
                 who, whom = G.label(g.procs[key], g.roles), G.label(g.procs[dst], g.roles)
-                out.append({"actor": who, "process": key, "method": w.method, "api": w.api, "waits_on": whom,
-                            "target_method": t.method, "since_wall_ns": w.since_wall_ns})
-                ctx.add("%s (%s)%s waits (%s since %s) on %s.%s" % (
-                    who, key, " in %s" % w.method if w.method else "", G.call_text(w.api), ts(w.since_wall_ns),
-                    whom, t.method))
+                out.append(
+                    {
+                        "actor": who,
+                        "process": key,
+                        "method": w.method,
+                        "api": w.api,
+                        "waits_on": whom,
+                        "target_method": t.method,
+                        "since_wall_ns": w.since_wall_ns,
+                    }
+                )
+                ctx.add(
+                    "%s (%s)%s waits (%s since %s) on %s.%s"
+                    % (
+                        who,
+                        key,
+                        " in %s" % w.method if w.method else "",
+                        G.call_text(w.api),
+                        ts(w.since_wall_ns),
+                        whom,
+                        t.method,
+                    )
+                )
                 break
     named = inside | {x["process"] for x in out}
-    for key in sorted(g.procs):  # blocked in ray.get on an object passed to it: the stack says so, no wait record
+    for key in sorted(
+        g.procs
+    ):  # blocked in ray.get on an object passed to it: the stack says so, no wait record
         p = g.procs[key]
-        if key in named or not p.phase or p.state not in G.LIVE_STATES or not (p.meta or {}).get("ray_actor_id"):
+        if (
+            key in named
+            or not p.phase
+            or p.state not in G.LIVE_STATES
+            or not (p.meta or {}).get("ray_actor_id")
+        ):
             continue
         site = G.wait_site(p, p.phase)
         frames, thread = process_frames(p)
@@ -136,10 +186,23 @@ def _waiters_into(ctx: Ctx, g: G.ActorGraph, members: List[str]) -> List[Dict[st
         if site is None or not why or not why.startswith("ray.get/ray.wait"):
             continue
         who = G.label(p, g.roles)
-        out.append({"actor": who, "process": key, "method": p.phase, "api": "get", "waits_on": None,
-                    "target_method": None, "since_wall_ns": None, "at": site["at"], "code": site["code"]})
-        ctx.add("%s (%s) in %s is blocked in ray.get/ray.wait at %s on an object it did not create (no wait "
-                "record to follow)" % (who, key, p.phase, site["at"]))
+        out.append(
+            {
+                "actor": who,
+                "process": key,
+                "method": p.phase,
+                "api": "get",
+                "waits_on": None,
+                "target_method": None,
+                "since_wall_ns": None,
+                "at": site["at"],
+                "code": site["code"],
+            }
+        )
+        ctx.add(
+            "%s (%s) in %s is blocked in ray.get/ray.wait at %s on an object it did not create (no wait "
+            "record to follow)" % (who, key, p.phase, site["at"])
+        )
     return out
 
 
@@ -152,21 +215,35 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         items: List[Dict[str, Any]] = []
         for i, k in enumerate(members):
             prev = G.edge(g, members[i - 1], k) if len(members) > 1 else None
-            items.append(_member(ctx, g, k, members[(i + 1) % len(members)], prev[1].method if prev else None))
+            items.append(
+                _member(ctx, g, k, members[(i + 1) % len(members)], prev[1].method if prev else None)
+            )
         d.kind, d.cause = Kind.ACTOR_DEADLOCK, None
         d.culprit_actors = sorted({it["actor"] for it in items})
         d.phase = items[0]["method"]
         d.details["actor_cycle"] = items
         for it in items:
-            started = {True: "that method started after the wait began",
-                       False: "that method has not started since (%s is inside %s)" % (
-                           it["waits_on"], it["target_inside"] or "no method"),
-                       None: "not known whether that method started"}[it["target_started"]]
-            ctx.add("Ray actor %s (%s)%s is blocked in %s since %s on %s.%s: %s%s%s" % (
-                it["actor"], it["process"], " in method %s" % it["method"] if it["method"] else "",
-                G.call_text(it["api"]), ts(it["since_wall_ns"]) if it["since_wall_ns"] else "?", it["waits_on"],
-                it["target_method"], started, "; at %s" % it["at"] if it.get("at") else "",
-                "; the call blocks the actor's asyncio event loop" if it.get("blocks_loop") else ""))
+            started = {
+                True: "that method started after the wait began",
+                False: "that method has not started since (%s is inside %s)"
+                % (it["waits_on"], it["target_inside"] or "no method"),
+                None: "not known whether that method started",
+            }[it["target_started"]]
+            ctx.add(
+                "Ray actor %s (%s)%s is blocked in %s since %s on %s.%s: %s%s%s"
+                % (
+                    it["actor"],
+                    it["process"],
+                    " in method %s" % it["method"] if it["method"] else "",
+                    G.call_text(it["api"]),
+                    ts(it["since_wall_ns"]) if it["since_wall_ns"] else "?",
+                    it["waits_on"],
+                    it["target_method"],
+                    started,
+                    "; at %s" % it["at"] if it.get("at") else "",
+                    "; the call blocks the actor's asyncio event loop" if it.get("blocks_loop") else "",
+                )
+            )
         d.details["actor_waiters"] = _waiters_into(ctx, g, members)
         if finding.start:
             d.details["hang_start_wall_ns"] = finding.start
@@ -182,8 +259,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.phase = p.phase
     d.details["actor_methods"] = {G.label(p, g.roles): [p.phase] if p.phase else []}
     d.details["actor_chain"] = _chain(ctx, g, end)
-    ctx.add("Ray actor %s (%s) is at the end of a chain of waits on actor calls and waits on no actor: %s" % (
-        G.label(p, g.roles), end, "inside method %s" % p.phase if p.phase else "inside no method"))
+    ctx.add(
+        "Ray actor %s (%s) is at the end of a chain of waits on actor calls and waits on no actor: %s"
+        % (G.label(p, g.roles), end, "inside method %s" % p.phase if p.phase else "inside no method")
+    )
     d.details["culprit_process"] = p.key
     doing = G.doing(p)
     if doing:
@@ -213,10 +292,15 @@ def _incomplete(ctx: Ctx, finding: Finding, d: Diagnosis, end: str, g: G.ActorGr
     d.kind, d.cause = Kind.UNKNOWN, Cause.STALLED_OUTSIDE_COLLECTIVES
     d.culprit_actors = []
     d.details["actor_chain"] = _chain(ctx, g, end)
-    d.details["actor_chain_incomplete"] = {"actor": G.label(p, g.roles), "process": end,
-                                           "methods": sorted({t.method for _, t in unstarted(g, end)})}
-    ctx.add("Ray actor %s (%s) is waited on (%s) but inside no method, and none of those methods started since "
-            "the waits began: a wait that holds the chain is not recorded; not naming it" % (
-                G.label(p, g.roles), end, ", ".join(d.details["actor_chain_incomplete"]["methods"])))
+    d.details["actor_chain_incomplete"] = {
+        "actor": G.label(p, g.roles),
+        "process": end,
+        "methods": sorted({t.method for _, t in unstarted(g, end)}),
+    }
+    ctx.add(
+        "Ray actor %s (%s) is waited on (%s) but inside no method, and none of those methods started since "
+        "the waits began: a wait that holds the chain is not recorded; not naming it"
+        % (G.label(p, g.roles), end, ", ".join(d.details["actor_chain_incomplete"]["methods"]))
+    )
     if finding.start:
         d.details["hang_start_wall_ns"] = finding.start

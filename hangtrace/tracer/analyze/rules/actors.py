@@ -29,6 +29,7 @@ with its method. Otherwise the rule does not find.
 Known limit: a method failure its caller handled (and did not retry with success) is
 still a failure here; a retried method that completed is not (its newest exit completed).
 """
+
 from __future__ import annotations
 
 import re
@@ -77,11 +78,19 @@ def infrastructure(p: ProcessInfo) -> bool:
 
 def _failures(p: ProcessInfo, v: RankView) -> List[Failure]:
     label = actor_label(p)
-    out: List[Failure] = [] if infrastructure(p) else [
-        (t, label, Cause.EXCEPTION.value, "method %s raised %s" % (method, clip(err, 300)), p.key)
-        for t, method, err, _ in raised_phases(p)]
-    out += [(x.wall_ns, label, Cause.EXCEPTION.value, x.line(), p.key)  # the process lived on
-            for x in survived(p) if x.source == "asyncio-task"]
+    out: List[Failure] = (
+        []
+        if infrastructure(p)
+        else [
+            (t, label, Cause.EXCEPTION.value, "method %s raised %s" % (method, clip(err, 300)), p.key)
+            for t, method, err, _ in raised_phases(p)
+        ]
+    )
+    out += [
+        (x.wall_ns, label, Cause.EXCEPTION.value, x.line(), p.key)  # the process lived on
+        for x in survived(p)
+        if x.source == "asyncio-task"
+    ]
     if v.dead and not v.victim:
         out.append((int(v.fail_wall or 0), label, str(v.cause), str(v.cause_text or ""), p.key))
     return out
@@ -131,10 +140,14 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         d.details["cause_text"] = text
         d.details["fail_wall_ns"] = t
         d.details["culprit_process"] = key
-        ctx.add("Ray actor %s (%s, no rank) failed first%s: %s" % (label, key, " at %s" % ts(t) if t else "",
-                                                                   text or cause))
-        d.cascade = [{"rank": -1, "actor": lab, "cause": c, "wall_ns": tw, "text": tx[:300], "victim": False}
-                     for tw, lab, c, tx, _ in later]
+        ctx.add(
+            "Ray actor %s (%s, no rank) failed first%s: %s"
+            % (label, key, " at %s" % ts(t) if t else "", text or cause)
+        )
+        d.cascade = [
+            {"rank": -1, "actor": lab, "cause": c, "wall_ns": tw, "text": tx[:300], "victim": False}
+            for tw, lab, c, tx, _ in later
+        ]
         for c in d.cascade[:6]:
             ctx.add("later: Ray actor %s: %s" % (c["actor"], c["text"] or c["cause"]))
         proc = next((p for p in ctx.snap.processes if p.key == key), None)
@@ -143,8 +156,13 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         meta = proc.meta or {} if proc is not None else {}
         says = meta.get("ray_death")
         if says:  # Ray's own record of the death, beside ours (collect/raystate.py)
-            d.details["ray_says"] = {label: {"text": says, "actor_state": meta.get("ray_actor_state"),
-                                             "exit_type": meta.get("ray_exit_type")}}
+            d.details["ray_says"] = {
+                label: {
+                    "text": says,
+                    "actor_state": meta.get("ray_actor_state"),
+                    "exit_type": meta.get("ray_exit_type"),
+                }
+            }
             ctx.add("Ray actor %s: Ray says: %s" % (label, " ".join(str(says).split())[:400]))
         return
     stuck: List[Tuple[str, str, str]] = rest[0]
@@ -153,7 +171,9 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     methods: Dict[str, Any] = {}
     for lab, method, key in stuck:
         methods.setdefault(lab, []).append(method)
-        ctx.add("Ray actor %s (%s, no rank) is inside method %s and the job made no progress" % (lab, key, method))
+        ctx.add(
+            "Ray actor %s (%s, no rank) is inside method %s and the job made no progress" % (lab, key, method)
+        )
     d.details["actor_methods"] = methods
     procs = {p.key: p for p in ctx.snap.processes}
     doings = [(lab, G.doing(procs[key])) for lab, _m, key in stuck[:6] if key in procs]
@@ -166,7 +186,9 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         if other:
             ctx.add("Ray actor %s: %s" % (lab, other))
     if len(doings) > 1 and doing and all(_alike(x, doing) for _l, x in doings[1:]):
-        d.details["actor_doing_all"] = True  # every stuck actor waits the same way (the paragraph says "each")
+        d.details["actor_doing_all"] = (
+            True  # every stuck actor waits the same way (the paragraph says "each")
+        )
     driver = driver_wait(ctx)
     if driver:
         d.details["driver_wait"] = driver
@@ -194,7 +216,9 @@ def driver_wait(ctx: Ctx) -> Optional[str]:
         why = blocking_reason(frames, thread=thread) if frames else None
         if why and why.startswith("ray.get/ray.wait"):
             user = user_frame(frames or [])
-            return "the driver waits in ray.get/ray.wait%s" % (" at %s" % frame_label(user) if user is not None else "")
+            return "the driver waits in ray.get/ray.wait%s" % (
+                " at %s" % frame_label(user) if user is not None else ""
+            )
     return None
 
 
@@ -206,15 +230,19 @@ def _lives_on(ctx: Ctx, p: ProcessInfo, text: str, d: Diagnosis) -> None:
     advice. Blind helper 84: a rollout actor's generation task died of KeyError; the
     verdict named it, but not that ``get_batch`` waits forever in ``await queue.get()`` and
     the driver in ``ray.get`` on it."""
-    if p.state not in G.LIVE_STATES or not any(x.source == "asyncio-task" and x.line() == text for x in survived(p)):
+    if p.state not in G.LIVE_STATES or not any(
+        x.source == "asyncio-task" and x.line() == text for x in survived(p)
+    ):
         return
     d.details["after_exception_source"] = "asyncio-task"
     doing = G.doing(p)
     d.details["actor_lives_on"] = {"method": p.phase, "doing": doing}
     label = actor_label(p)
     if p.phase or doing:
-        ctx.add("Ray actor %s lives on%s%s" % (label, " in method %s" % p.phase if p.phase else "",
-                                               ": %s" % doing if doing else ""))
+        ctx.add(
+            "Ray actor %s lives on%s%s"
+            % (label, " in method %s" % p.phase if p.phase else "", ": %s" % doing if doing else "")
+        )
     g = ctx.cache.get("actorgraph")
     if g is None:
         g = ctx.cache["actorgraph"] = G.build(ctx.snap.processes)
@@ -224,10 +252,27 @@ def _lives_on(ctx: Ctx, p: ProcessInfo, text: str, d: Diagnosis) -> None:
             if dst != p.key:
                 continue
             who = G.label(g.procs[k], g.roles)
-            waiters.append({"actor": who, "method": w.method, "api": w.api, "waits_on": label,
-                            "target_method": t.method, "since_wall_ns": w.since_wall_ns})
-            ctx.add("%s%s waits (%s since %s) on %s.%s" % (who, " in %s" % w.method if w.method else "",
-                                                          G.call_text(w.api), ts(w.since_wall_ns), label, t.method))
+            waiters.append(
+                {
+                    "actor": who,
+                    "method": w.method,
+                    "api": w.api,
+                    "waits_on": label,
+                    "target_method": t.method,
+                    "since_wall_ns": w.since_wall_ns,
+                }
+            )
+            ctx.add(
+                "%s%s waits (%s since %s) on %s.%s"
+                % (
+                    who,
+                    " in %s" % w.method if w.method else "",
+                    G.call_text(w.api),
+                    ts(w.since_wall_ns),
+                    label,
+                    t.method,
+                )
+            )
     if waiters:
         d.details["actor_waiters"] = waiters
         return

@@ -7,6 +7,7 @@ and returns a :class:`Finding` when its verdict applies, else None; it adds no e
 evidence lines to ``ctx``. A rule may assume that every rule before it in
 ``rules.HANG_RULES`` found nothing (that is what precedence means).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,8 +36,6 @@ class Rule(Protocol):
 
     NAME: str
 
-    def find(self, ctx: Ctx) -> Optional[Finding]:
-        ...
+    def find(self, ctx: Ctx) -> Optional[Finding]: ...
 
-    def explain(self, ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
-        ...
+    def explain(self, ctx: Ctx, finding: Finding, d: Diagnosis) -> None: ...

@@ -13,6 +13,7 @@ for its lock.
 
 A fallback rule (``rules.FALLBACK_RULES``, before *idle*): only when the run is stalled.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
@@ -43,8 +44,9 @@ def find(ctx: Ctx) -> Optional[Finding]:
             inside.append(r)
             continue
         labels, frames, thread = frames_of(ctx, r)
-        outside[r] = (blocking_reason(frames, thread=thread) if frames else None) or \
-            "no known blocking call on its stack (%s)" % (labels[0] if labels else "no frame")
+        outside[r] = (
+            blocking_reason(frames, thread=thread) if frames else None
+        ) or "no known blocking call on its stack (%s)" % (labels[0] if labels else "no frame")
     if not inside or not outside:
         return None
     return Finding(NAME, tuple(outside), data=(inside, outside))
@@ -68,21 +70,31 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.cause = Cause.BLOCKED
     fill_common(ctx, d, list(outside), None)
     d.waiting_ranks = list(inside)
-    d.details["culprit_reasons"] = {str(r): "it never reached init_process_group: %s" % why
-                                    for r, why in outside.items()}
+    d.details["culprit_reasons"] = {
+        str(r): "it never reached init_process_group: %s" % why for r, why in outside.items()
+    }
     d.details["culprit_kinds"] = {str(r): Kind.STUCK_OUTSIDE_COLLECTIVE.value for r in outside}
     d.details["rendezvous_ranks"] = list(inside)
-    ctx.add("no process group was ever created: rank%s %s %s inside init_process_group (the rendezvous), waiting "
-            "for the others; rank%s %s never reached it" % (
-                "s" if len(inside) > 1 else "", format_ranks(inside, 8), "are" if len(inside) > 1 else "is",
-                "s" if len(outside) > 1 else "", format_ranks(list(outside), 8)))
+    ctx.add(
+        "no process group was ever created: rank%s %s %s inside init_process_group (the rendezvous), waiting "
+        "for the others; rank%s %s never reached it"
+        % (
+            "s" if len(inside) > 1 else "",
+            format_ranks(inside, 8),
+            "are" if len(inside) > 1 else "is",
+            "s" if len(outside) > 1 else "",
+            format_ranks(list(outside), 8),
+        )
+    )
     for r, why in list(outside.items())[:6]:
         ctx.add("rank %d: %s" % (r, why))
     holders = _holders(ctx, inside)
     if holders and any("lock" in why for why in outside.values()):
         r, held = holders[0]
-        text = ("rank %d holds a file lock on %s while it waits in the rendezvous for the ranks that wait for a "
-                "file lock (most likely that one): a cycle" % (r, ", ".join(held[:2])))
+        text = (
+            "rank %d holds a file lock on %s while it waits in the rendezvous for the ranks that wait for a "
+            "file lock (most likely that one): a cycle" % (r, ", ".join(held[:2]))
+        )
         d.details["rendezvous_lock"] = text
         ctx.add(text)
     note = stall_note(ctx)

@@ -15,6 +15,7 @@ Found by a blind job (helper 85, 2026-12-04): 4 ranks, DDP on the default group,
 went into the next step's backward (DDP's all-reduce on the default group). The verdict was
 "cross-group deadlock" with the advice to enter the groups in one order.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -58,16 +59,38 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
             "it went on without it to step %s (its last collective on that group: %s seq %s) into %s seq %s on %s%s; "
             "until "
             "then every rank had issued that group's collectives (seq %s) at the same places among those of group "
-            "'%s'" % (
-                ctx.views[r].step, last.get("op") if last else "none", last.get("seq") if last else "-", x.get("op"),
+            "'%s'"
+            % (
+                ctx.views[r].step,
+                last.get("op") if last else "none",
+                last.get("seq") if last else "-",
+                x.get("op"),
                 x.get("seq"),
-                ctx.gdesc(b.other), ", a collective torch issued itself (DDP's gradient all-reduce in backward, or "
-                "another C++ collective)" if torch_own else "", ", ".join(str(j) for j in b.agreed[-4:]), b.other))
+                ctx.gdesc(b.other),
+                ", a collective torch issued itself (DDP's gradient all-reduce in backward, or "
+                "another C++ collective)"
+                if torch_own
+                else "",
+                ", ".join(str(j) for j in b.agreed[-4:]),
+                b.other,
+            )
+        )
         ctx.add("rank %d: %s" % (r, reasons[str(r)]))
-    ctx.add("%s %s in %s (%s%s) for %s" % (
-        rk(inst.waiters, 8), vb(inst.waiters), inst_text(ctx, inst), op,
-        ", call %s by the program's own count" % next(iter(calls)) if len(calls) == 1 and None not in calls else "",
-        rk(b.side, 8)))
-    ctx.add("not a cross-group deadlock: until then every rank interleaved the two groups alike; %s broke that "
-            "order (a branch taken on %s only: an exception caught and passed over, an empty batch)" % (
-                rk(b.side, 8), "it" if len(b.side) == 1 else "them"))
+    ctx.add(
+        "%s %s in %s (%s%s) for %s"
+        % (
+            rk(inst.waiters, 8),
+            vb(inst.waiters),
+            inst_text(ctx, inst),
+            op,
+            ", call %s by the program's own count" % next(iter(calls))
+            if len(calls) == 1 and None not in calls
+            else "",
+            rk(b.side, 8),
+        )
+    )
+    ctx.add(
+        "not a cross-group deadlock: until then every rank interleaved the two groups alike; %s broke that "
+        "order (a branch taken on %s only: an exception caught and passed over, an empty batch)"
+        % (rk(b.side, 8), "it" if len(b.side) == 1 else "them")
+    )

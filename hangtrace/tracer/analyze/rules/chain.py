@@ -10,6 +10,7 @@ to join (earliest wait start; in program order the others block there first), th
 one with the most waiters. Rule *minority* (checked first) turns the verdict around
 when the waiters are the minority that diverged.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -75,14 +76,28 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         if ret is not None:
             d.details["returned"] = ret.details()
     elif d.kind == Kind.STUCK_OUTSIDE_COLLECTIVE:
-        d.cause = Cause.BLOCKED if kinds[lead][1].startswith("blocked") else \
-            Cause.BUSY if kinds[lead][1].startswith("busy") else Cause.NO_PROGRESS
+        d.cause = (
+            Cause.BLOCKED
+            if kinds[lead][1].startswith("blocked")
+            else Cause.BUSY
+            if kinds[lead][1].startswith("busy")
+            else Cause.NO_PROGRESS
+        )
     if main is not None:
         for e in ends[:6]:
-            ctx.add(rank_line(ctx, e, main.group) + "; %s %s at %s (%s)%s" % (
-                rk(main.waiters, 8), vb(main.waiters), "seq %s" % main.seq if not main.p2p else "pair seq %s" % main.seq,
-                ctx.blocked(main.waiters[0]).get("op"), seq_scales(ctx, e, main.group, main.waiters))
-                if main.waiters else rank_line(ctx, e, main.group))
+            ctx.add(
+                rank_line(ctx, e, main.group)
+                + "; %s %s at %s (%s)%s"
+                % (
+                    rk(main.waiters, 8),
+                    vb(main.waiters),
+                    "seq %s" % main.seq if not main.p2p else "pair seq %s" % main.seq,
+                    ctx.blocked(main.waiters[0]).get("op"),
+                    seq_scales(ctx, e, main.group, main.waiters),
+                )
+                if main.waiters
+                else rank_line(ctx, e, main.group)
+            )
     for e in ends[:6]:
         ctx.add("rank %d: %s" % (e, kinds[e][1]))
         labels, _f, _a = frames_of(ctx, e)

@@ -14,6 +14,7 @@ the signal are evidence. Whether the death or a hang is the verdict is the
 arbiter's decision table (``analyze/arbiter.py``). The group/seq shown are those of the
 instance with the most waiters that misses the root, else the root's newest collective.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -22,8 +23,17 @@ from hangtrace.tracer.analyze import sigclasses, teardown
 from hangtrace.tracer.analyze.context import Ctx, RankView
 from hangtrace.tracer.analyze.deaths import failures, roots
 from hangtrace.tracer.analyze.departures import handled_sigterm, sigterm_before
-from hangtrace.tracer.analyze.evidence import (fill_common, frames_from_exception, frames_of, rank_line, rk,
-                                               torch_count, ts, user_frame, vb)
+from hangtrace.tracer.analyze.evidence import (
+    fill_common,
+    frames_from_exception,
+    frames_of,
+    rank_line,
+    rk,
+    torch_count,
+    ts,
+    user_frame,
+    vb,
+)
 from hangtrace.tracer.analyze.exceptions import short_error
 from hangtrace.tracer.analyze.stacktree import frame_label
 from hangtrace.tracer.analyze.rules.base import Finding
@@ -62,13 +72,22 @@ def _abort_mismatch(ctx: Ctx, root: RankView) -> Optional[Dict[str, Any]]:
 
 def _abort_culprits(ctx: Ctx, root: RankView, mm: Dict[str, Any]) -> Tuple[List[int], str]:
     """Who changed (``sigclasses.changed``), else the aborted rank, with the deciding line."""
-    return sigclasses.changed(ctx, mm["group"], mm["rec"]["seq"], mm["recs"], fallback=(
-        [root.rank], "no majority and no earlier record of the group decides which rank changed: "
-                     "the rank gloo aborted is named"))
+    return sigclasses.changed(
+        ctx,
+        mm["group"],
+        mm["rec"]["seq"],
+        mm["recs"],
+        fallback=(
+            [root.rank],
+            "no majority and no earlier record of the group decides which rank changed: "
+            "the rank gloo aborted is named",
+        ),
+    )
 
 
-def _explain_abort_mismatch(ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Diagnosis,
-                            culprits: List[int], how: str) -> None:
+def _explain_abort_mismatch(
+    ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Diagnosis, culprits: List[int], how: str
+) -> None:
     rec = mm["rec"]
     d.kind, d.cause = Kind.COLLECTIVE_MISMATCH, Cause.MISMATCH
     g = rec.get("group")
@@ -82,9 +101,11 @@ def _explain_abort_mismatch(ctx: Ctx, root: RankView, mm: Dict[str, Any], d: Dia
     early = sigclasses.earlier_line(ctx, g, rec.get("seq"))
     if early:
         ctx.add(early)
-    ctx.add("rank %d died of a fatal signal in it (%s): gloo aborts the rank that receives more data than it "
-            "expects (the smaller tensor), which is not always the rank that changed"
-            % (root.rank, (root.cause_text or "")[:160]))
+    ctx.add(
+        "rank %d died of a fatal signal in it (%s): gloo aborts the rank that receives more data than it "
+        "expects (the smaller tensor), which is not always the rank that changed"
+        % (root.rank, (root.cause_text or "")[:160])
+    )
 
 
 def _where_it_stopped(ctx: Ctx, d: Diagnosis, root: RankView) -> Optional[Inst]:
@@ -97,8 +118,11 @@ def _where_it_stopped(ctx: Ctx, d: Diagnosis, root: RankView) -> Optional[Inst]:
     for i in ctx.insts.values():
         if root.rank in i.missing and (inst is None or len(i.waiters) > len(inst.waiters)):
             inst = i
-    other_count = inst is not None and any(torch_count(ctx.blocked(w)) for w in inst.waiters) \
+    other_count = (
+        inst is not None
+        and any(torch_count(ctx.blocked(w)) for w in inst.waiters)
         and not torch_count(root.last.get(inst.group))
+    )
     fill_common(ctx, d, [root.rank], None if other_count else inst)
     if inst is not None:
         d.details["direct_waiters"] = sorted(inst.waiters)
@@ -148,16 +172,33 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         state = "exiting (exit code %s recorded; the process was still tearing down)" % p.exit_code
     ctx.add("rank %d (%s): %s; cause %s: %s" % (root.rank, p.key, state, root.cause, root.cause_text))
     if root.fail_wall:
-        ctx.add("rank %d failed first (at %s%s)" % (
-            root.rank, ts(root.fail_wall), ", its last sign of life" if (root.mem or {}).get("base_cause", root.cause)
-            == "killed-without-record" else ""))
+        ctx.add(
+            "rank %d failed first (at %s%s)"
+            % (
+                root.rank,
+                ts(root.fail_wall),
+                ", its last sign of life"
+                if (root.mem or {}).get("base_cause", root.cause) == "killed-without-record"
+                else "",
+            )
+        )
     if d.group is not None:
         ctx.add(rank_line(ctx, root.rank, d.group))
     if inst is not None:
-        ctx.add("%s %s at %s for it%s" % (rk(inst.waiters), vb(inst.waiters), inst_text(ctx, inst), (
-            " (torch's count, from the Flight Recorder: it counts C++-issued collectives such as DDP's "
-            "gradient all-reduce; rank %d's seq is hangtrace's count of Python calls)" % root.rank)
-            if d.details.get("waiters_seq") == "torch" else ""))
+        ctx.add(
+            "%s %s at %s for it%s"
+            % (
+                rk(inst.waiters),
+                vb(inst.waiters),
+                inst_text(ctx, inst),
+                (
+                    " (torch's count, from the Flight Recorder: it counts C++-issued collectives such as DDP's "
+                    "gradient all-reduce; rank %d's seq is hangtrace's count of Python calls)" % root.rank
+                )
+                if d.details.get("waiters_seq") == "torch"
+                else "",
+            )
+        )
     restarts(ctx, d, root)  # the same failure in every attempt of a restarted rank (blind helper 68)
     d.cascade = [c for c in fails if c["rank"] != root.rank]
     td = teardown.details(ctx, root)  # the SIGTERMs after it failed: Ray stopping the job (teardown.py)
@@ -165,15 +206,25 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         d.details["teardown"] = td
     if d.cascade:
         vict = [c for c in d.cascade if c.get("victim")]
-        ctx.add("%d later failure(s) (cascade)%s: first rank %d (%s)" % (
-            len(d.cascade), ", %d transport error(s)" % len(vict) if vict else "",
-            d.cascade[0]["rank"], (d.cascade[0]["text"] or d.cascade[0]["cause"])[:120]))
+        ctx.add(
+            "%d later failure(s) (cascade)%s: first rank %d (%s)"
+            % (
+                len(d.cascade),
+                ", %d transport error(s)" % len(vict) if vict else "",
+                d.cascade[0]["rank"],
+                (d.cascade[0]["text"] or d.cascade[0]["cause"])[:120],
+            )
+        )
     if len(all_roots) > 1:
-        ctx.add("other non-transport deaths after the root: ranks %s" % format_ranks([v.rank for v in all_roots[1:]], 12))
+        ctx.add(
+            "other non-transport deaths after the root: ranks %s"
+            % format_ranks([v.rank for v in all_roots[1:]], 12)
+        )
 
 
-def _explain_departure(ctx: Ctx, d: Diagnosis, root: RankView, all_roots: List[RankView],
-                       fails: List[Dict[str, Any]]) -> None:
+def _explain_departure(
+    ctx: Ctx, d: Diagnosis, root: RankView, all_roots: List[RankView], fails: List[Dict[str, Any]]
+) -> None:
     """'skipped-collective' / 'skipped' for the rank that left first (``root.departed``);
     ``details['departed']``: {'rank', 'exit_wall_ns', 'text', 'after' (its peers' failures),
     'sigterm' (the SIGTERM before its exit, or absent)}."""
@@ -182,17 +233,27 @@ def _explain_departure(ctx: Ctx, d: Diagnosis, root: RankView, all_roots: List[R
     p = root.proc
     d.cascade = [c for c in fails if c["rank"] != root.rank]
     first = d.cascade[0] if d.cascade else None
-    dep: Dict[str, Any] = {"rank": root.rank, "exit_wall_ns": root.fail_wall,
-                           "text": "its program returned (exit code 0) at %s while its peers still ran the job"
-                                   % ts(root.fail_wall)}
+    dep: Dict[str, Any] = {
+        "rank": root.rank,
+        "exit_wall_ns": root.fail_wall,
+        "text": "its program returned (exit code 0) at %s while its peers still ran the job"
+        % ts(root.fail_wall),
+    }
     ctx.add("rank %d (%s): %s" % (root.rank, p.key, dep["text"]))
     if d.group is not None:
         ctx.add(rank_line(ctx, root.rank, d.group))
     if first is not None:
         later = sorted({c["rank"] for c in d.cascade})
-        dep["after"] = "%.1f s later %s failed (rank %d: %s): their connections to rank %d closing, not the network" % (
-            ((first["wall_ns"] or 0) - root.fail_wall) / 1e9, rk(later, 8), first["rank"],
-            short_error(first.get("text")) or first.get("cause"), root.rank)
+        dep["after"] = (
+            "%.1f s later %s failed (rank %d: %s): their connections to rank %d closing, not the network"
+            % (
+                ((first["wall_ns"] or 0) - root.fail_wall) / 1e9,
+                rk(later, 8),
+                first["rank"],
+                short_error(first.get("text")) or first.get("cause"),
+                root.rank,
+            )
+        )
         ctx.add("after it: " + dep["after"])
     sig = sigterm_before(root)
     if sig is not None:

@@ -4,6 +4,7 @@ No chain end has a process, but ranks are blocked in an instance whose only othe
 members are *ahead* (they already passed that seq): the sequence of collectives on this
 group diverged (an extra or missing collective earlier on it). The blocked ranks are named.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -34,8 +35,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.kind = Kind.COLLECTIVE_MISMATCH
     d.cause = Cause.SEQUENCE_DIVERGED
     fill_common(ctx, d, rs, inst)
-    ctx.add("%s %s at %s (%s), which %s already passed: their sequence numbers diverged "
-            "(an extra or missing collective earlier on this group)"
-            % (rk(rs, 8), vb(rs), inst_text(ctx, inst), ctx.blocked(rs[0]).get("op"), rk(inst.ahead, 8)))
+    ctx.add(
+        "%s %s at %s (%s), which %s already passed: their sequence numbers diverged "
+        "(an extra or missing collective earlier on this group)"
+        % (rk(rs, 8), vb(rs), inst_text(ctx, inst), ctx.blocked(rs[0]).get("op"), rk(inst.ahead, 8))
+    )
     for a in inst.ahead[:3]:
         ctx.add(rank_line(ctx, a, inst.group))

@@ -13,6 +13,7 @@ caught for a moment joining a thread that is finishing is not a verdict. A rank 
 while others wait for it in a collective is a chain end (rule *chain*, which says the
 same of it through ``analyze/chainends.py``).
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
@@ -52,7 +53,9 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.cause = Cause.BLOCKED
     fill_common(ctx, d, list(at_exit), None)
     d.details["exit_wait"] = {str(r): t for r, t in at_exit.items()}
-    d.details["exit_how"] = next(iter(found.values()))[0]  # (the first culprit's: '_shutdown', 'executor', 'handler')
+    d.details["exit_how"] = next(iter(found.values()))[
+        0
+    ]  # (the first culprit's: '_shutdown', 'executor', 'handler')
     d.details["culprit_reasons"] = {str(r): t for r, t in at_exit.items()}
     d.details["culprit_kinds"] = {str(r): Kind.STUCK_OUTSIDE_COLLECTIVE.value for r in at_exit}
     exited = sorted(r for r, v in ctx.views.items() if v.proc.state == "exited" and not v.dead)
@@ -63,8 +66,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         ctx.add("rank%s %s exited cleanly" % ("s" if len(exited) > 1 else "", format_ranks(exited, 8)))
     others = sorted(r for r, v in ctx.views.items() if r not in at_exit and r not in exited)
     if others:
-        ctx.add("rank%s %s neither exited nor at exit, and in no collective" % (
-            "s" if len(others) > 1 else "", format_ranks(others, 8)))
+        ctx.add(
+            "rank%s %s neither exited nor at exit, and in no collective"
+            % ("s" if len(others) > 1 else "", format_ranks(others, 8))
+        )
     note = stall_note(ctx)
     if note:
         ctx.add(note)

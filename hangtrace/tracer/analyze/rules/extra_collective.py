@@ -14,6 +14,7 @@ on cp0 where ranks 0, 2, 3 issued N. A genuine cross-group deadlock (groups ente
 opposite orders) has no such majority: every rank issues the same number of
 collectives per group.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -92,18 +93,41 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     peers = sorted(inst.behind)
     others = sorted(r for r, (h, _n) in counts.items() if h != inst.group)
     d.details["extra_collective"] = {
-        "role": role_name, "groups": [{"name": h, "desc": (ctx.groups.get(h) or {}).get("desc"),
-                                       "ranks": list(ctx.members(h))} for h in role],
-        "counts": {str(r): n for r, (_h, n) in sorted(counts.items())}, "majority_count": base,
-        "culprit_counts": {str(r): counts[r][1] for r in culprits}, "peers": peers,
-        "other_group_ranks": others, "op": op, "group_desc": ctx.gdesc(inst.group)}
-    d.details["cycle"] = {"ranks": cycle_ranks, "groups": sorted({f.inst.group for f in found}),
-                          "explained_by": "extra-collective"}
+        "role": role_name,
+        "groups": [
+            {"name": h, "desc": (ctx.groups.get(h) or {}).get("desc"), "ranks": list(ctx.members(h))}
+            for h in role
+        ],
+        "counts": {str(r): n for r, (_h, n) in sorted(counts.items())},
+        "majority_count": base,
+        "culprit_counts": {str(r): counts[r][1] for r in culprits},
+        "peers": peers,
+        "other_group_ranks": others,
+        "op": op,
+        "group_desc": ctx.gdesc(inst.group),
+    }
+    d.details["cycle"] = {
+        "ranks": cycle_ranks,
+        "groups": sorted({f.inst.group for f in found}),
+        "explained_by": "extra-collective",
+    }
     n_c = counts[culprits[0]][1]
-    ctx.add("%s issued %d collective(s) on %s, %d more than %s on the same group (%d) and than %s "
-            "on the other %s group(s) (%d each): an extra %s the others never issue"
-            % (rk(culprits, 8), n_c, ctx.gdesc(inst.group), n_c - base, rk(peers, 8), base,
-               rk(others, 8) if others else "no rank", role_name, base, op))
+    ctx.add(
+        "%s issued %d collective(s) on %s, %d more than %s on the same group (%d) and than %s "
+        "on the other %s group(s) (%d each): an extra %s the others never issue"
+        % (
+            rk(culprits, 8),
+            n_c,
+            ctx.gdesc(inst.group),
+            n_c - base,
+            rk(peers, 8),
+            base,
+            rk(others, 8) if others else "no rank",
+            role_name,
+            base,
+            op,
+        )
+    )
     for b in peers[:3]:
         ctx.add(rank_line(ctx, b, inst.group))
     # the rest of the apparent cycle is cascade of the extra collective
@@ -111,9 +135,19 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         if r in culprits:
             continue
         i = ctx.inst_of[r]
-        ctx.add("rank %d waits in %s (%s) for %s (cascade)" % (
-            r, inst_text(ctx, i), ctx.blocked(r).get("op"), format_ranks(i.missing, 8) if i.missing else "nobody"))
+        ctx.add(
+            "rank %d waits in %s (%s) for %s (cascade)"
+            % (
+                r,
+                inst_text(ctx, i),
+                ctx.blocked(r).get("op"),
+                format_ranks(i.missing, 8) if i.missing else "nobody",
+            )
+        )
     d.details["direct_waiters"] = sorted(r for r, i in ctx.inst_of.items() if set(i.missing) & set(culprits))
     d.details["culprit_kinds"] = {str(r): Kind.SKIPPED_COLLECTIVE.value for r in culprits}
-    d.details["culprit_reasons"] = {str(r): "issued an extra %s on %s (%d vs %d on its peers and on the other %s groups)"
-                                    % (op, ctx.gdesc(inst.group), counts[r][1], base, role_name) for r in culprits}
+    d.details["culprit_reasons"] = {
+        str(r): "issued an extra %s on %s (%d vs %d on its peers and on the other %s groups)"
+        % (op, ctx.gdesc(inst.group), counts[r][1], base, role_name)
+        for r in culprits
+    }

@@ -17,6 +17,7 @@ Found by a blind job (ray_slow_start_skip, 2026-12-03): trainer 2 got no micro-b
 step 3, skipped its gradient all_reduces on 'train' and waited in the weight broadcast;
 the verdict was 'cross-group deadlock' with the advice to enter the groups in one order.
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -83,13 +84,31 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     for r in side:
         b = ctx.blocked(r)
         last = ctx.views[r].last.get(inst.group)
-        reasons[str(r)] = ("it went through phase '%s' without it (its last collective on that group: seq %s) and "
-                           "waits in %s seq %s on group '%s' at phase '%s'" % (
-                               phase, last.get("seq") if last else "none", b.get("op"), b.get("seq"), b.get("group"),
-                               b.get("phase")))
+        reasons[str(r)] = (
+            "it went through phase '%s' without it (its last collective on that group: seq %s) and "
+            "waits in %s seq %s on group '%s' at phase '%s'"
+            % (
+                phase,
+                last.get("seq") if last else "none",
+                b.get("op"),
+                b.get("seq"),
+                b.get("group"),
+                b.get("phase"),
+            )
+        )
         ctx.add("rank %d: %s" % (r, reasons[str(r)]))
-    ctx.add("%s %s in %s (%s) for %s, issued in phase '%s'" % (
-        rk(inst.waiters, 8), vb(inst.waiters), inst_text(ctx, inst), ctx.blocked(inst.waiters[0]).get("op"),
-        rk(side, 8), phase))
-    ctx.add("not a cross-group deadlock: %s left phase '%s' without the collective the others wait in there, "
-            "so it will not issue it later" % (rk(side, 8), phase))
+    ctx.add(
+        "%s %s in %s (%s) for %s, issued in phase '%s'"
+        % (
+            rk(inst.waiters, 8),
+            vb(inst.waiters),
+            inst_text(ctx, inst),
+            ctx.blocked(inst.waiters[0]).get("op"),
+            rk(side, 8),
+            phase,
+        )
+    )
+    ctx.add(
+        "not a cross-group deadlock: %s left phase '%s' without the collective the others wait in there, "
+        "so it will not issue it later" % (rk(side, 8), phase)
+    )

@@ -9,6 +9,7 @@ what diverged (rank 0 alone in a checkpoint barrier the others never call): it i
 P2P instances never flip. For the arbiter the Finding carries the chain ends as
 ``culprits`` (as rule *chain* would), so hang-versus-death precedence is that of the chain.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional, Sequence
@@ -36,11 +37,11 @@ def find(ctx: Ctx) -> Optional[Finding]:
     if main is None or main.p2p:
         return None
     miss_present = [m for m in main.missing if m in ctx.views]
-    all_moved = bool(miss_present) and all(ce.kinds.get(m, ("", ""))[0] == Kind.SKIPPED_COLLECTIVE.value
-                                           for m in miss_present)
+    all_moved = bool(miss_present) and all(
+        ce.kinds.get(m, ("", ""))[0] == Kind.SKIPPED_COLLECTIVE.value for m in miss_present
+    )
     fewer = len(main.waiters) < len(main.missing) or _at_exit_alone(ctx, main.waiters)
-    if (all_moved and fewer and not (set(main.waiters) & ce.waited)
-            and set(miss_present) <= set(ce.present)):
+    if all_moved and fewer and not (set(main.waiters) & ce.waited) and set(miss_present) <= set(ce.present):
         return Finding(NAME, f.culprits, f.start, end_kinds=f.end_kinds, data=(ce, main))
     return None
 
@@ -60,12 +61,22 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.kind = Kind.SKIPPED_COLLECTIVE
     d.cause = Cause.EXTRA_COLLECTIVE
     fill_common(ctx, d, main.waiters, main)
-    ctx.add("%s alone entered %s (%s); %s never called it and moved on: the minority "
-            "took a different path (e.g. a rank-0-only checkpoint/barrier)" % (
-                rk(main.waiters, 8), inst_text(ctx, main),
-                ctx.blocked(main.waiters[0]).get("op"), rk(main.missing, 8)))
+    ctx.add(
+        "%s alone entered %s (%s); %s never called it and moved on: the minority "
+        "took a different path (e.g. a rank-0-only checkpoint/barrier)"
+        % (
+            rk(main.waiters, 8),
+            inst_text(ctx, main),
+            ctx.blocked(main.waiters[0]).get("op"),
+            rk(main.missing, 8),
+        )
+    )
     for m in main.missing[:3]:
-        ctx.add(rank_line(ctx, m, main.group) + " (%s)" % kinds[m][1] if m in kinds else rank_line(ctx, m, main.group))
+        ctx.add(
+            rank_line(ctx, m, main.group) + " (%s)" % kinds[m][1]
+            if m in kinds
+            else rank_line(ctx, m, main.group)
+        )
     d.details["culprit_kinds"] = {str(r): Kind.SKIPPED_COLLECTIVE.value for r in main.waiters}
     gave_up = failed_and_left(ctx, main.waiters)
     if gave_up:
@@ -86,11 +97,19 @@ def failed_and_left(ctx: Ctx, ranks: Sequence[int]) -> Dict[str, str]:
         if v is None or not v.blocked_failed or v.proc.state not in ("exited", "killed"):
             return {}
         err = short_error((v.blocked or {}).get("error") or "a transport error")
-        left = ("exited cleanly (code %s)" % v.proc.exit_code if v.proc.state == "exited"
-                else "its process is gone")
+        left = (
+            "exited cleanly (code %s)" % v.proc.exit_code
+            if v.proc.state == "exited"
+            else "its process is gone"
+        )
         out[str(r)] = "%sit failed there (%s) and %s" % (
             "it entered it after its program had returned, in an exit handler (atexit, or a thread ending at "
-            "shutdown); " if after_return(v) else "", err, left)
+            "shutdown); "
+            if after_return(v)
+            else "",
+            err,
+            left,
+        )
     return out
 
 
@@ -99,4 +118,6 @@ def after_return(v: RankView) -> bool:
     ``exiting`` event, hooks/lifecycle.py, is older): in an exit handler (blind helper 87: a
     metrics logger's ``atexit`` all_reduce on one rank)?"""
     ex = exiting_event(v.proc)
-    return ex is not None and int((v.blocked or {}).get("t_wall_ns") or 0) >= int(ex.get("wall_ns") or 1 << 62)
+    return ex is not None and int((v.blocked or {}).get("t_wall_ns") or 0) >= int(
+        ex.get("wall_ns") or 1 << 62
+    )

@@ -24,6 +24,7 @@ otherwise every rank is named ("name all"). P2P: both sides posted the pair seq 
 (send/send, recv/recv) or with different sizes -> mismatch on both ranks. Of several
 mismatched instances the one with the most waiters (then the earliest) is shown.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -60,11 +61,15 @@ def _tie_break(ctx: Ctx, inst: Inst, tied: List[List[int]]) -> Optional[Tuple[Li
         exp = [(rs, x) for rs in tied for x in (p2p_expected(ctx, inst, rs[0]),) if x]
         if len(exp) == 1:
             return list(exp[0][0]), "tie broken: " + exp[0][1]
-    aborted = [rs for rs in tied if any(ctx.views[r].dead and ctx.views[r].cause == "fatal-signal" for r in rs)]
+    aborted = [
+        rs for rs in tied if any(ctx.views[r].dead and ctx.views[r].cause == "fatal-signal" for r in rs)
+    ]
     if len(aborted) == 1:
         r = next(r for r in aborted[0] if ctx.views[r].dead)
-        return list(aborted[0]), ("tie broken: rank %d died of a fatal signal in it (%s): gloo aborts the rank "
-                                  "that receives more data than it expects" % (r, (ctx.views[r].cause_text or "")[:120]))
+        return list(aborted[0]), (
+            "tie broken: rank %d died of a fatal signal in it (%s): gloo aborts the rank "
+            "that receives more data than it expects" % (r, (ctx.views[r].cause_text or "")[:120])
+        )
     since_wall = inst.start or 0
     with_exc = []
     for rs in tied:
@@ -82,8 +87,14 @@ def _tie_break(ctx: Ctx, inst: Inst, tied: List[List[int]]) -> Optional[Tuple[Li
     return None
 
 
-_DIRECTION = {"send": "send", "isend": "send", "send_object_list": "send",
-              "recv": "recv", "irecv": "recv", "recv_object_list": "recv"}
+_DIRECTION = {
+    "send": "send",
+    "isend": "send",
+    "send_object_list": "send",
+    "recv": "recv",
+    "irecv": "recv",
+    "recv_object_list": "recv",
+}
 
 
 def p2p_expected(ctx: Ctx, inst: Inst, r: int) -> Optional[str]:
@@ -113,11 +124,25 @@ def p2p_expected(ctx: Ctx, inst: Inst, r: int) -> Optional[str]:
     peer = inst.peer if r in inst.waiters else inst.waiters[0]
     verb = {"send": "sends to", "recv": "receives from"}
     other = _DIRECTION[str(rec.get("op"))]
-    return ("rank %d %s rank %d (its %ss up to pair seq %s on %s, in flight) and rank %d posted no %s for it (its "
-            "newest with rank %d: %s): rank %d %s rank %d instead, most likely the wrong peer" % (
-                q, "sends to" if other == "send" else "waits to receive from", r, rec.get("op"),
-                rec.get("seq"), ctx.gdesc(inst.group), r, "receive" if way == "recv" else "send", q,
-                "%s pair seq %s" % (own.get("op"), own.get("seq")) if own else "none", r, verb[way], peer))
+    return (
+        "rank %d %s rank %d (its %ss up to pair seq %s on %s, in flight) and rank %d posted no %s for it (its "
+        "newest with rank %d: %s): rank %d %s rank %d instead, most likely the wrong peer"
+        % (
+            q,
+            "sends to" if other == "send" else "waits to receive from",
+            r,
+            rec.get("op"),
+            rec.get("seq"),
+            ctx.gdesc(inst.group),
+            r,
+            "receive" if way == "recv" else "send",
+            q,
+            "%s pair seq %s" % (own.get("op"), own.get("seq")) if own else "none",
+            r,
+            verb[way],
+            peer,
+        )
+    )
 
 
 def _culprits(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> Tuple[List[int], Optional[str]]:
@@ -125,8 +150,11 @@ def _culprits(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> Tuple[List[in
     if minority is not None:
         return minority, None
     recs = {r: rec for rs in sigs.values() for r in rs for rec in (_rec_at(ctx, inst, r),) if rec}
-    new = None if inst.p2p or len(recs) < sum(map(len, sigs.values())) else \
-        sigclasses.novelty(ctx, inst.group, inst.seq, sigs, recs)
+    new = (
+        None
+        if inst.p2p or len(recs) < sum(map(len, sigs.values()))
+        else sigclasses.novelty(ctx, inst.group, inst.seq, sigs, recs)
+    )
     if new is not None:
         return new[0], "tie broken: " + new[1]
     top = max(map(len, sigs.values()))
@@ -134,9 +162,11 @@ def _culprits(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> Tuple[List[in
     broken = _tie_break(ctx, inst, tied)
     if broken is not None:
         return broken
-    return ([r for rs in sigs.values() for r in rs],
-            "no majority: %d signatures with %d rank(s) each; naming all%s" % (len(tied), top,
-                                                                         _step_skew(ctx, inst, sigs)))
+    return (
+        [r for rs in sigs.values() for r in rs],
+        "no majority: %d signatures with %d rank(s) each; naming all%s"
+        % (len(tied), top, _step_skew(ctx, inst, sigs)),
+    )
 
 
 def _step_skew(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> str:
@@ -153,9 +183,13 @@ def _step_skew(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> str:
     if len({s for s, _, _ in at}) < 2:
         return ""
     at.sort(reverse=True)
-    return (" - %s: they ran different numbers of steps before this collective (uneven data per rank, "
-            "e.g. a sampler without drop_last or an iterable dataset, or a rank that left its loop early)"
-            % ", ".join("rank %d at step %d%s" % (r, st, " (phase %s)" % ph if ph else "") for st, r, ph in at[:4]))
+    return (
+        " - %s: they ran different numbers of steps before this collective (uneven data per rank, "
+        "e.g. a sampler without drop_last or an iterable dataset, or a rank that left its loop early)"
+        % ", ".join(
+            "rank %d at step %d%s" % (r, st, " (phase %s)" % ph if ph else "") for st, r, ph in at[:4]
+        )
+    )
 
 
 def _rec_at(ctx: Ctx, inst: Inst, r: int) -> Optional[Record]:
@@ -184,28 +218,54 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     for k, rs in sorted(sigs.items(), key=lambda kv: -len(kv[1])):
         rec = _rec_at(ctx, inst, rs[0]) or {}
         where[k] = (rec.get("phase"), rec.get("step"))
-        ctx.add("%s at %s: %s (%s)%s%s" % (rk(rs, 8), inst_text(ctx, inst), desc_rec(rec),
-                                           rec.get("state"), " in " + where_rec(rec) if where_rec(rec) else "",
-                                           " [minority]" if set(rs) & set(culprits) and not tie_note else
-                                           " [diverged]" if set(rs) & set(culprits) and broken else ""))
+        ctx.add(
+            "%s at %s: %s (%s)%s%s"
+            % (
+                rk(rs, 8),
+                inst_text(ctx, inst),
+                desc_rec(rec),
+                rec.get("state"),
+                " in " + where_rec(rec) if where_rec(rec) else "",
+                " [minority]"
+                if set(rs) & set(culprits) and not tie_note
+                else " [diverged]"
+                if set(rs) & set(culprits) and broken
+                else "",
+            )
+        )
     if tie_note:
         ctx.add(tie_note)
         if inst.p2p and broken and "most likely the wrong peer" in tie_note:
-            d.details["p2p_expected"] = tie_note[len("tie broken: "):]
+            d.details["p2p_expected"] = tie_note[len("tie broken: ") :]
     if inst.p2p and inst.waiters:
         d.details["p2p_pair"] = sorted({inst.waiters[0], inst.peer})
-    group_threads(ctx, d, crec)  # two threads of the culprit issue collectives on this group (blind helper 67)
+    group_threads(
+        ctx, d, crec
+    )  # two threads of the culprit issue collectives on this group (blind helper 67)
     if not inst.p2p:  # a C++-issued collective of the culprit against a Python call it never made (helper 82)
         skipped_call(ctx, d, inst.waiters or [r for rs in sigs.values() for r in rs], crec)
     early = None if inst.p2p else sigclasses.earlier_line(ctx, inst.group, inst.seq)
     if early:
         ctx.add(early)
     if inst.behind or inst.nofile:
-        ctx.add("also not at this seq: behind %s; no file %s" % (format_ranks(inst.behind, 8),
-                                                                  format_ranks(inst.nofile, 8)))
-    d.details["signatures"] = [{"op": k[0], "dtype": k[1], "numel": k[2], "peer": k[3],
-                                "ranks": sorted(rs), "phase": where.get(k, (None, None))[0],
-                                "step": where.get(k, (None, None))[1]} for k, rs in sigs.items()]
+        ctx.add(
+            "also not at this seq: behind %s; no file %s"
+            % (format_ranks(inst.behind, 8), format_ranks(inst.nofile, 8))
+        )
+    d.details["signatures"] = [
+        {
+            "op": k[0],
+            "dtype": k[1],
+            "numel": k[2],
+            "peer": k[3],
+            "ranks": sorted(rs),
+            "phase": where.get(k, (None, None))[0],
+            "step": where.get(k, (None, None))[1],
+        }
+        for k, rs in sigs.items()
+    ]
     for i in others[:5]:
-        ctx.add("another mismatch: %s (ranks %s)" % (inst_text(ctx, i), format_ranks(
-            [r for rs in (i.mismatch or {}).values() for r in rs], 8)))
+        ctx.add(
+            "another mismatch: %s (ranks %s)"
+            % (inst_text(ctx, i), format_ranks([r for rs in (i.mismatch or {}).values() for r in rs], 8))
+        )

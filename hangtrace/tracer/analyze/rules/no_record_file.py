@@ -4,6 +4,7 @@ Ranks without a process are chain ends too; they are named only when no rank wit
 process is a chain end and no rank's sequence numbers diverged: the ranks everyone
 waits for left no record file (not traced, or file lost), so their state is unknown.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -33,7 +34,14 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     culprits = set(finding.culprits)
     inst = max((i for i in ctx.insts.values() if set(i.missing) & culprits), key=lambda i: len(i.waiters))
     fill_common(ctx, d, finding.culprits, inst)
-    ctx.add("%s %s at %s (%s) for %s, which left no record file: state unknown "
-            "(not traced, or file lost); check them directly"
-            % (rk(inst.waiters), vb(inst.waiters), inst_text(ctx, inst),
-               ctx.blocked(inst.waiters[0]).get("op"), rk(finding.culprits)))
+    ctx.add(
+        "%s %s at %s (%s) for %s, which left no record file: state unknown "
+        "(not traced, or file lost); check them directly"
+        % (
+            rk(inst.waiters),
+            vb(inst.waiters),
+            inst_text(ctx, inst),
+            ctx.blocked(inst.waiters[0]).get("op"),
+            rk(finding.culprits),
+        )
+    )

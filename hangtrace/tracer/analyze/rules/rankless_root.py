@@ -31,6 +31,7 @@ The earliest candidate is the finding (``data``: (root, later actor failures, sl
 Processes that are not Ray actors (launchers, rank helpers such as DataLoader workers,
 Ray's own processes) are never candidates: their deaths have their own meaning.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -72,7 +73,9 @@ def rank_progress_ns(v: RankView) -> int:
 
 def _stop_like(cause: str, text: str) -> bool:
     t = text.lower()
-    return cause in STOP_CAUSES or (cause == Cause.EXCEPTION.value and (is_transport_error(text) or "timeout" in t))
+    return cause in STOP_CAUSES or (
+        cause == Cause.EXCEPTION.value and (is_transport_error(text) or "timeout" in t)
+    )
 
 
 def _candidates(ctx: Ctx) -> List[Tuple[actors.Failure, int]]:
@@ -83,8 +86,12 @@ def _candidates(ctx: Ctx) -> List[Tuple[actors.Failure, int]]:
         fill_death(v)
         label = actors.actor_label(p)
         for t, method, err, _ in raised_phases(p):
-            out.append(((t, label, Cause.EXCEPTION.value, "method %s raised %s" % (method, err[:300]), p.key),
-                        ACT_SLACK_NS))
+            out.append(
+                (
+                    (t, label, Cause.EXCEPTION.value, "method %s raised %s" % (method, err[:300]), p.key),
+                    ACT_SLACK_NS,
+                )
+            )
         if v.dead and not v.victim:
             base = (v.mem or {}).get("base_cause") or v.cause
             slack = ACT_SLACK_KILLED_NS if base == Cause.KILLED_WITHOUT_RECORD.value else ACT_SLACK_NS
@@ -131,18 +138,23 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     root, later, progress = finding.data
     actors.explain(ctx, Finding(actors.NAME, (), finding.start, data=("failed", root, later)), d)
     from hangtrace.tracer.analyze.deaths import failures
+
     d.cascade = sorted(d.cascade + failures(ctx), key=lambda c: (c.get("wall_ns") or 0, c.get("rank", -1)))
     waits = _rank_waits(ctx)
     d.waiting_ranks = sorted(int(r) for r in waits)
     if waits:
         d.details["rank_waits"] = waits
-    ctx.add("no rank progressed after it: the ranks' newest progress was at %s, %.1f s %s the failure"
-            % (ts(progress), abs(root[0] - progress) / 1e9, "before" if progress <= root[0] else "after"))
+    ctx.add(
+        "no rank progressed after it: the ranks' newest progress was at %s, %.1f s %s the failure"
+        % (ts(progress), abs(root[0] - progress) / 1e9, "before" if progress <= root[0] else "after")
+    )
     for r, what in list(waits.items())[:6]:
         ctx.add("rank %s (cascade): %s" % (r, what))
     if waits:
-        ctx.add("%s %s afterwards: a cascade of Ray actor %s's failure, which no rank outlived at work"
-                % (rk(d.waiting_ranks), vb(d.waiting_ranks), root[1]))
+        ctx.add(
+            "%s %s afterwards: a cascade of Ray actor %s's failure, which no rank outlived at work"
+            % (rk(d.waiting_ranks), vb(d.waiting_ranks), root[1])
+        )
 
 
 def ranks_wait_on_outside(hang: Any) -> bool:
@@ -150,5 +162,9 @@ def ranks_wait_on_outside(hang: Any) -> bool:
     collectives or dead (rule chain): the ranks could be waiting for something outside
     them - a Ray actor's output - not for each other."""
     kinds = getattr(hang, "end_kinds", None) or {}
-    return bool(hang is not None and hang.rule == "chain" and hang.culprits
-                and all(kinds.get(c) in ("stuck-outside-collective", "dead-rank") for c in hang.culprits))
+    return bool(
+        hang is not None
+        and hang.rule == "chain"
+        and hang.culprits
+        and all(kinds.get(c) in ("stuck-outside-collective", "dead-rank") for c in hang.culprits)
+    )

@@ -9,6 +9,7 @@ was called "progressing". The culprits are who changed (``sigclasses.changed``: 
 minority, else the one signature new on the group, else every rank). Tried first among
 the fallback rules: a failure later is more likely its consequence than a root.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -46,5 +47,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["group_desc"] = (ctx.groups.get(g) or {}).get("desc")
     d.details["signatures"] = sigclasses.describe(ctx, g, seq, recs, list(culprits), " (completed)")
     ctx.add(how)
-    ctx.add("the collective completed although the members disagree: gloo checks only that it does not receive "
-            "more bytes than it expects, so the job ran on with wrong data from here")
+    ctx.add(
+        "the collective completed although the members disagree: gloo checks only that it does not receive "
+        "more bytes than it expects, so the job ran on with wrong data from here"
+    )

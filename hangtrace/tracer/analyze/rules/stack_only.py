@@ -17,6 +17,7 @@ variables they set in Python: ``collect/discover.py``), the same view is keyed b
 says "pid"; its culprits and waiters go to ``details['culprit_pids']`` and
 ``details['waiting_pids']``, never into the rank lists.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,7 +33,13 @@ from hangtrace.tracer.analyze.lockwait import lock_wait_text
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
 from hangtrace.tracer.analyze.evidence import user_frame
-from hangtrace.tracer.analyze.stacktree import classes, format_ranks, frame_label, merge_stacks, process_frames
+from hangtrace.tracer.analyze.stacktree import (
+    classes,
+    format_ranks,
+    frame_label,
+    merge_stacks,
+    process_frames,
+)
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
 from hangtrace.tracer.report.advice import CHILD_NEXT, EXIT_NEXT, EXIT_NEXTS, LOCK_NEXT, peer_next
@@ -57,7 +64,9 @@ class StackView:
     unit: str = "rank"  # what the keys are: 'rank', or 'pid' when no process has a rank
     procs: Mapping[int, ProcessInfo] = dataclasses.field(default_factory=dict)  # key -> its process
     at_exit: Mapping[int, str] = dataclasses.field(default_factory=dict)  # key -> what its exit waits for
-    exit_how: Mapping[int, str] = dataclasses.field(default_factory=dict)  # key -> exitwait.main_at_exit's word
+    exit_how: Mapping[int, str] = dataclasses.field(
+        default_factory=dict
+    )  # key -> exitwait.main_at_exit's word
 
 
 def applies(ctx: Ctx) -> bool:
@@ -95,7 +104,9 @@ def find(ctx: Ctx) -> Optional[Finding]:
             ew = exit_wait(p)  # (its program returned: the main thread in threading._shutdown)
             if ew:
                 exit_how[p.rank], at_exit[p.rank] = ew
-            outside[p.rank] = at_exit.get(p.rank) or blocking_reason(frames, thread=thread) or "not in torch.distributed"
+            outside[p.rank] = (
+                at_exit.get(p.rank) or blocking_reason(frames, thread=thread) or "not in torch.distributed"
+            )
     world = max([p.world_size for p in procs if p.world_size and p.world_size <= MAX_WORLD] or [-1])
     have = {p.rank for p in procs}
     missing: List[int] = []
@@ -104,14 +115,27 @@ def find(ctx: Ctx) -> Optional[Finding]:
             missing.append(r)
             if len(missing) >= MAX_MISSING_LISTED:
                 break
-    sv = StackView(inside, outside, tuple(nostack), tuple(missing), world,
-                   tuple(classes(merge_stacks(procs))), frames_of, unit, {p.rank: p for p in procs}, at_exit, exit_how)
+    sv = StackView(
+        inside,
+        outside,
+        tuple(nostack),
+        tuple(missing),
+        world,
+        tuple(classes(merge_stacks(procs))),
+        frames_of,
+        unit,
+        {p.rank: p for p in procs},
+        at_exit,
+        exit_how,
+    )
     return Finding(NAME, data=sv)
 
 
 def _top(sv: StackView, rank: int) -> List[str]:
-    return ["%s (%s:%s)" % (f.get("name"), os.path.basename(f.get("filename") or ""), f.get("line"))
-            for f in sv.frames.get(rank, [])[:8]]
+    return [
+        "%s (%s:%s)" % (f.get("name"), os.path.basename(f.get("filename") or ""), f.get("line"))
+        for f in sv.frames.get(rank, [])[:8]
+    ]
 
 
 def _user_beyond(sv: StackView, key: int) -> Optional[str]:
@@ -154,8 +178,12 @@ def _stuck(ctx: Ctx, sv: StackView, d: Diagnosis) -> None:
     note = child or lock
     why = outside[first]
     keys = {q.pid: k for k, q in sv.procs.items()}
-    pw = peer_wait(why, p.host, list(sv.procs.values()),
-                   lambda q: "rank %d" % keys[q.pid] if sv.unit == "rank" else "a process of this job")
+    pw = peer_wait(
+        why,
+        p.host,
+        list(sv.procs.values()),
+        lambda q: "rank %d" % keys[q.pid] if sv.unit == "rank" else "a process of this job",
+    )
     if pw is not None:  # (the socket's other end is one of the processes attached to)
         why = pw["reason"]
         if pw["peer"] and not note:
@@ -165,17 +193,30 @@ def _stuck(ctx: Ctx, sv: StackView, d: Diagnosis) -> None:
     user = _user_beyond(sv, first)
     if user:
         d.details["user_frame"] = user
-    d.summary = ("Stuck outside collectives: %s %s %s not in any torch.distributed call (%s) while "
-                 "%s %s %s in %s. Its stack: %s.%s Next: %s."
-                 % (_n(sv, outside), format_ranks(outside), "are" if len(outside) > 1 else "is",
-                    why, _n(sv, inside), format_ranks(inside), "wait" if len(inside) > 1 else "waits", "/".join(ops),
-                    _stack_text(d.frames, user), " %s%s." % (note[:1].upper(), note[1:]) if note else "",
-                    CHILD_NEXT.replace("the rank", "the rank" if sv.unit == "rank" else "the process", 1) if child
-                    else LOCK_NEXT if lock else
-                    peer_next(str(d.details.get("peer_role"))).replace("the rank", "it", 1) if d.details.get("peer_wait")
-                    else "find what it waits for outside torch.distributed (the "
-                    "producer of its queue, the holder of its lock, its IO)"))
-
+    d.summary = (
+        "Stuck outside collectives: %s %s %s not in any torch.distributed call (%s) while "
+        "%s %s %s in %s. Its stack: %s.%s Next: %s."
+        % (
+            _n(sv, outside),
+            format_ranks(outside),
+            "are" if len(outside) > 1 else "is",
+            why,
+            _n(sv, inside),
+            format_ranks(inside),
+            "wait" if len(inside) > 1 else "waits",
+            "/".join(ops),
+            _stack_text(d.frames, user),
+            " %s%s." % (note[:1].upper(), note[1:]) if note else "",
+            CHILD_NEXT.replace("the rank", "the rank" if sv.unit == "rank" else "the process", 1)
+            if child
+            else LOCK_NEXT
+            if lock
+            else peer_next(str(d.details.get("peer_role"))).replace("the rank", "it", 1)
+            if d.details.get("peer_wait")
+            else "find what it waits for outside torch.distributed (the "
+            "producer of its queue, the holder of its lock, its IO)",
+        )
+    )
 
 
 def _mismatch(sv: StackView, d: Diagnosis) -> None:
@@ -189,15 +230,24 @@ def _mismatch(sv: StackView, d: Diagnosis) -> None:
     else:
         d.culprit_ranks = sorted(inside)
     d.kind = Kind.COLLECTIVE_MISMATCH
-    d.details["signatures"] = [{"op": op, "dtype": None, "numel": None, "ranks": sorted(rs)}
-                               for op, rs in ranked]
+    d.details["signatures"] = [
+        {"op": op, "dtype": None, "numel": None, "ranks": sorted(rs)} for op, rs in ranked
+    ]
     d.waiting_ranks = sorted(set(inside) - set(d.culprit_ranks))
     d.frames = _top(sv, d.culprit_ranks[0])
-    d.summary = ("Collective mismatch: %ss are blocked in different collectives (%s). The odd one%s: "
-                 "%s %s. Its stack: %s. Next: compare the code paths; a %s took a different branch."
-                 % (sv.unit, "; ".join("%s: %ss %s" % (op, sv.unit, format_ranks(rs)) for op, rs in ranked),
-                    "s" if len(d.culprit_ranks) > 1 else "", _n(sv, d.culprit_ranks),
-                    format_ranks(d.culprit_ranks), " < ".join(d.frames[:4]), sv.unit))
+    d.summary = (
+        "Collective mismatch: %ss are blocked in different collectives (%s). The odd one%s: "
+        "%s %s. Its stack: %s. Next: compare the code paths; a %s took a different branch."
+        % (
+            sv.unit,
+            "; ".join("%s: %ss %s" % (op, sv.unit, format_ranks(rs)) for op, rs in ranked),
+            "s" if len(d.culprit_ranks) > 1 else "",
+            _n(sv, d.culprit_ranks),
+            format_ranks(d.culprit_ranks),
+            " < ".join(d.frames[:4]),
+            sv.unit,
+        )
+    )
 
 
 def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
@@ -211,8 +261,10 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     for c in sv.classes:
         ev.append("%ss %s: %s" % (sv.unit, format_ranks(c["ranks"]), " > ".join(c["frames"][-4:])))
     if missing:
-        ev.append("ranks %s of world size %d were not found on this host (dead, or on another node)"
-                  % (format_ranks(missing), sv.world))
+        ev.append(
+            "ranks %s of world size %d were not found on this host (dead, or on another node)"
+            % (format_ranks(missing), sv.world)
+        )
     if sv.nostack:
         ev.append("%ss %s: no stack (see errors)" % (sv.unit, format_ranks(sv.nostack)))
     if inside and outside:
@@ -222,32 +274,50 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     elif inside and missing:
         d.culprit_ranks = missing
         d.waiting_ranks = sorted(inside)
-        d.summary = ("Ranks %s wait in %s; ranks %s were not found on this host: they died or run on another "
-                     "node. Next: attach on the other nodes, or check those ranks' logs for a crash."
-                     % (format_ranks(inside), "/".join(sorted(set(inside.values()))), format_ranks(missing)))
+        d.summary = (
+            "Ranks %s wait in %s; ranks %s were not found on this host: they died or run on another "
+            "node. Next: attach on the other nodes, or check those ranks' logs for a crash."
+            % (format_ranks(inside), "/".join(sorted(set(inside.values()))), format_ranks(missing))
+        )
     elif inside:
         d.waiting_ranks = sorted(inside)
-        d.summary = ("Unknown: every rank found waits in the same collective (%s) with the same stack; stacks "
-                     "alone cannot tell who is late. Next: run the job with HANGTRACE=1 for sequence numbers, "
-                     "or check the transport (NCCL/gloo logs)." % "/".join(sorted(set(inside.values()))))
+        d.summary = (
+            "Unknown: every rank found waits in the same collective (%s) with the same stack; stacks "
+            "alone cannot tell who is late. Next: run the job with HANGTRACE=1 for sequence numbers, "
+            "or check the transport (NCCL/gloo logs)." % "/".join(sorted(set(inside.values())))
+        )
     elif sv.at_exit:  # the job does not exit at the end (analyze/exitwait.py)
         d.kind, d.culprit_ranks = Kind.STUCK_OUTSIDE_COLLECTIVE, sorted(sv.at_exit)
         d.details["exit_wait"] = {str(k): t for k, t in sv.at_exit.items()}
         d.details["exit_how"] = sv.exit_how.get(d.culprit_ranks[0])
         d.frames = _top(sv, d.culprit_ranks[0])
         d.summary = "Stuck at exit (in no collective): %s.%s Next: %s." % (
-            "; ".join("%s %d's %s" % (sv.unit, k, t[4:] if t.startswith("its ") else t)
-                      for k, t in list(sv.at_exit.items())[:3]),
-            " %s %s %s not found on this host (exited, or on another node)." % (
-                _n(sv, missing).capitalize(), format_ranks(missing), "were" if len(missing) > 1 else "was")
-            if missing else "", EXIT_NEXTS.get(str(sv.exit_how.get(d.culprit_ranks[0])), EXIT_NEXT))
+            "; ".join(
+                "%s %d's %s" % (sv.unit, k, t[4:] if t.startswith("its ") else t)
+                for k, t in list(sv.at_exit.items())[:3]
+            ),
+            " %s %s %s not found on this host (exited, or on another node)."
+            % (_n(sv, missing).capitalize(), format_ranks(missing), "were" if len(missing) > 1 else "was")
+            if missing
+            else "",
+            EXIT_NEXTS.get(str(sv.exit_how.get(d.culprit_ranks[0])), EXIT_NEXT),
+        )
     else:
-        d.summary = ("Unknown: no %s is inside a torch.distributed collective%s. Next: look at the stack "
-                     "classes below; the job may be busy, not hung." % (sv.unit,
-                         " (%ss %s have no stack)" % (sv.unit, format_ranks(sv.nostack)) if sv.nostack else ""))
+        d.summary = (
+            "Unknown: no %s is inside a torch.distributed collective%s. Next: look at the stack "
+            "classes below; the job may be busy, not hung."
+            % (sv.unit, " (%ss %s have no stack)" % (sv.unit, format_ranks(sv.nostack)) if sv.nostack else "")
+        )
     if sv.unit == "pid":  # keys are pids: never in the rank lists
         d.details["culprit_pids"], d.details["waiting_pids"] = d.culprit_ranks, d.waiting_ranks
         d.culprit_ranks, d.waiting_ranks = [], []
-        why = "see errors" if d.errors else ("several claim the same RANK" if any(
-            p.rank >= 0 for p in ctx.snap.processes) else "no RANK in their environment")
+        why = (
+            "see errors"
+            if d.errors
+            else (
+                "several claim the same RANK"
+                if any(p.rank >= 0 for p in ctx.snap.processes)
+                else "no RANK in their environment"
+            )
+        )
         d.summary = "Rank unknown for every process (%s); by pid: %s" % (why, d.summary)

@@ -15,6 +15,7 @@ from a timeout incident, 2026-12-04).
 Fires only when the timeout is the first failure by time (a peer that died first is the
 root: rule dead_rank) and at least one other rank has a stack and is outside collectives.
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -33,8 +34,10 @@ NAME = "timeout_waiter"
 _RUNNING = "no known blocking call on its stack (busy, or in C code it called)"  # (a culprit's reason then)
 #: the same when its only stack is the one dumped as it was stopped (no kernel state with it:
 #: blind helper 89's rank blocked in a socket recv read "busy" after the teardown)
-_RUNNING_DUMPED = ("no blocking call its stack can name (dumped as it was stopped, without its system call): "
-                   "in a C call it made there (a socket or file read, a lock, a native library), or busy")
+_RUNNING_DUMPED = (
+    "no blocking call its stack can name (dumped as it was stopped, without its system call): "
+    "in a C call it made there (a socket or file read, a lock, a native library), or busy"
+)
 
 #: lower-case texts of a collective that gave up waiting: the transport markers that are timeouts
 TIMEOUT_MARKERS = tuple(m for m in TRANSPORT_MARKERS if "time" in m)
@@ -62,8 +65,13 @@ def find(ctx: Ctx) -> Optional[Finding]:
         _labels, frames, thread = frames_of(ctx, r)
         if not frames or collective_frame(frames):
             continue
-        out.append((r, blocking_reason(frames, thread=thread) or (
-            _RUNNING if ctx.views[r].proc.stacks else _RUNNING_DUMPED)))
+        out.append(
+            (
+                r,
+                blocking_reason(frames, thread=thread)
+                or (_RUNNING if ctx.views[r].proc.stacks else _RUNNING_DUMPED),
+            )
+        )
     if not out:
         return None
     return Finding(NAME, tuple(r for r, _ in out), first.fail_wall or 0, data=(first, text, out))
@@ -80,19 +88,42 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     reasons = {str(r): why for r, why in outside}
     d.details["culprit_reasons"] = reasons
     d.details["culprit_kinds"] = {str(r): Kind.STUCK_OUTSIDE_COLLECTIVE.value for r, _ in outside}
-    gave_up = sorted({c["rank"] for c in failures(ctx) if c.get("rank") not in reasons and c.get("rank") is not None
-                      and "timed out" in str(c.get("text") or "").lower()} | {first.rank})
-    d.details["timed_out"] = {"rank": first.rank, "text": short_error(text, 300), "wall_ns": first.fail_wall,
-                              "ranks": gave_up}
-    d.cause = Cause.BLOCKED if any(w not in (_RUNNING, _RUNNING_DUMPED) for w in reasons.values()) else \
-        Cause.NO_PROGRESS
-    ctx.add("rank %d gave up waiting in a collective at %s: %s" % (first.rank, ts(first.fail_wall), text[:300]))
-    dumped = [r for r, _ in outside if not ctx.views[r].proc.stacks]  # (their stacks from a faulthandler dump)
+    gave_up = sorted(
+        {
+            c["rank"]
+            for c in failures(ctx)
+            if c.get("rank") not in reasons
+            and c.get("rank") is not None
+            and "timed out" in str(c.get("text") or "").lower()
+        }
+        | {first.rank}
+    )
+    d.details["timed_out"] = {
+        "rank": first.rank,
+        "text": short_error(text, 300),
+        "wall_ns": first.fail_wall,
+        "ranks": gave_up,
+    }
+    d.cause = (
+        Cause.BLOCKED
+        if any(w not in (_RUNNING, _RUNNING_DUMPED) for w in reasons.values())
+        else Cause.NO_PROGRESS
+    )
+    ctx.add(
+        "rank %d gave up waiting in a collective at %s: %s" % (first.rank, ts(first.fail_wall), text[:300])
+    )
+    dumped = [
+        r for r, _ in outside if not ctx.views[r].proc.stacks
+    ]  # (their stacks from a faulthandler dump)
     for r, why in outside[:6]:
-        ctx.add("rank %d (%s): %s" % (r, "its last stack, dumped as it died" if r in dumped else "its stack", why))
+        ctx.add(
+            "rank %d (%s): %s" % (r, "its last stack, dumped as it died" if r in dumped else "its stack", why)
+        )
     if dumped:
-        ctx.add("the job was torn down after the timeout: a stall threshold (--stall-s) below the collective's "
-                "timeout gets the stacks of every live process, DataLoader workers included, before that")
+        ctx.add(
+            "the job was torn down after the timeout: a stall threshold (--stall-s) below the collective's "
+            "timeout gets the stacks of every live process, DataLoader workers included, before that"
+        )
     if len(outside) > 6:
         ctx.add("... and %s" % format_ranks([r for r, _ in outside[6:]], 8))
     d.cascade = failures(ctx)  # the timeout first, then the teardown

@@ -3,6 +3,7 @@
 Failed collective/p2p records with no dead rank and no hang: the first rank(s) to fail
 (by failure time; ties all named) are the culprits, the rest are cascade.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -38,10 +39,23 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         d.group_ranks = list(ctx.members(d.group)) or None
     d.cause = Cause.TRANSPORT_ERROR
     d.details["cause_text"] = first["text"]
-    ctx.add("rank %d failed first: %s on %s seq %s: %s" % (first["rank"], first.get("op"), ctx.gdesc(first.get("group")),
-                                                         first.get("seq"), (first["text"] or "")[:200]))
+    ctx.add(
+        "rank %d failed first: %s on %s seq %s: %s"
+        % (
+            first["rank"],
+            first.get("op"),
+            ctx.gdesc(first.get("group")),
+            first.get("seq"),
+            (first["text"] or "")[:200],
+        )
+    )
     d.cascade = [c for c in fails if c["rank"] not in culprits]
     if d.cascade:
-        ctx.add("%d more rank(s) failed later: %s" % (len(d.cascade), format_ranks([c["rank"] for c in d.cascade], 12)))
-    ctx.add("no rank is dead: the transport (network, peer socket, timeout) failed; check the hosts' network "
-            "and the peer named in the error")
+        ctx.add(
+            "%d more rank(s) failed later: %s"
+            % (len(d.cascade), format_ranks([c["rank"] for c in d.cascade], 12))
+        )
+    ctx.add(
+        "no rank is dead: the transport (network, peer socket, timeout) failed; check the hosts' network "
+        "and the peer named in the error"
+    )

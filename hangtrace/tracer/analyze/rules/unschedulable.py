@@ -24,6 +24,7 @@ wait: kind ``unschedulable-actor`` (cause None), ``culprit_actors`` = the actor,
 group's bundles fit (an actor in a group is named only when its own request fits no node),
 and an actor that fits a node but waits for resources other actors hold.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -58,11 +59,13 @@ def cluster_nodes(ctx: Ctx) -> Tuple[List[Dict[str, Any]], str]:
     for p in ctx.snap.processes:
         m = p.meta or {}
         if isinstance(m.get("ray_cluster_nodes"), list) and (
-                best is None or (m.get("ray_cluster_wall_ns") or 0) > (best.get("ray_cluster_wall_ns") or 0)):
+            best is None or (m.get("ray_cluster_wall_ns") or 0) > (best.get("ray_cluster_wall_ns") or 0)
+        ):
             best = m
     if best is not None:
         return list(best["ray_cluster_nodes"]), "recorded by the process that created it at %s" % (
-            ts(int(best.get("ray_cluster_wall_ns") or 0)),)
+            ts(int(best.get("ray_cluster_wall_ns") or 0)),
+        )
     total = (ctx.snap.ray_state or {}).get("cluster_resources")
     if isinstance(total, dict) and total:
         return [{"node_id": "(all nodes)", "resources": total}], "Ray's cluster totals"
@@ -113,8 +116,9 @@ def find(ctx: Ctx) -> Optional[Finding]:
         if any(_fits(request, n.get("resources") or {}) for n in nodes):
             continue
         waits = [x for x, y in g.absent if y.actor_id == t.actor_id]
-        return Finding(NAME, (), w.since_wall_ns,
-                       data=(t.actor_id, t, waits, request, ev, creator, nodes, source, row))
+        return Finding(
+            NAME, (), w.since_wall_ns, data=(t.actor_id, t, waits, request, ev, creator, nodes, source, row)
+        )
     return None
 
 
@@ -128,15 +132,30 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.kind, d.cause = Kind.UNSCHEDULABLE_ACTOR, None
     d.culprit_actors = [lab]
     missing = _short_of(request, nodes)
-    d.details["actor_request"] = {"actor": lab, "actor_id": aid, "resources": dict(request),
-                                  "placement_group": ev.get("placement_group"),
-                                  "bundle_index": ev.get("bundle_index"), "created_by": creator or None,
-                                  "created_wall_ns": ev.get("wall_ns"), "short_of": missing}
-    d.details["cluster_nodes"] = [{"node_id": n.get("node_id"), "host": n.get("host"),
-                                   "resources": n.get("resources")} for n in nodes]
-    ctx.add("Ray actor %s (actor id %s) asks for %s%s; no process of it is in the snapshot" % (
-        lab, aid[:12], _short(request), " (created by %s at %s)" % (creator, ts(int(ev["wall_ns"])))
-        if creator and ev.get("wall_ns") else ""))
+    d.details["actor_request"] = {
+        "actor": lab,
+        "actor_id": aid,
+        "resources": dict(request),
+        "placement_group": ev.get("placement_group"),
+        "bundle_index": ev.get("bundle_index"),
+        "created_by": creator or None,
+        "created_wall_ns": ev.get("wall_ns"),
+        "short_of": missing,
+    }
+    d.details["cluster_nodes"] = [
+        {"node_id": n.get("node_id"), "host": n.get("host"), "resources": n.get("resources")} for n in nodes
+    ]
+    ctx.add(
+        "Ray actor %s (actor id %s) asks for %s%s; no process of it is in the snapshot"
+        % (
+            lab,
+            aid[:12],
+            _short(request),
+            " (created by %s at %s)" % (creator, ts(int(ev["wall_ns"])))
+            if creator and ev.get("wall_ns")
+            else "",
+        )
+    )
     for n in nodes[:8]:
         ctx.add(_node_line(n, source))
     ctx.add("no node offers %s" % ", ".join("%s %g" % (k, float(request[k])) for k in missing))
@@ -151,14 +170,24 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
 
 def _short_of(request: Mapping[str, Any], nodes: List[Dict[str, Any]]) -> List[str]:
     """The resources of ``request`` that no node of ``nodes`` has enough of, sorted."""
-    return sorted({k for k, v in request.items() if float(v or 0) > 0
-                   and not any(float((n.get("resources") or {}).get(k) or 0) + 1e-9 >= float(v) for n in nodes)})
+    return sorted(
+        {
+            k
+            for k, v in request.items()
+            if float(v or 0) > 0
+            and not any(float((n.get("resources") or {}).get(k) or 0) + 1e-9 >= float(v) for n in nodes)
+        }
+    )
 
 
 def _node_line(n: Mapping[str, Any], source: str) -> str:
     """The evidence line of one node ``n`` (its id, host, resources; ``source`` said where from)."""
-    return "node %s%s has %s (%s)" % (str(n.get("node_id") or "?")[:12], " (%s)" % n["host"] if n.get("host")
-                                      else "", _short(n.get("resources") or {}), source)
+    return "node %s%s has %s (%s)" % (
+        str(n.get("node_id") or "?")[:12],
+        " (%s)" % n["host"] if n.get("host") else "",
+        _short(n.get("resources") or {}),
+        source,
+    )
 
 
 def _waiters(ctx: Ctx, waits: List[G.Wait], t: G.Target, cls: str) -> List[Dict[str, Any]]:
@@ -169,14 +198,37 @@ def _waiters(ctx: Ctx, waits: List[G.Wait], t: G.Target, cls: str) -> List[Dict[
     for w in waits:
         p = g.procs.get(w.key)
         who = G.label(p, g.roles) if p is not None else w.key
-        waiters.append({"actor": who, "process": w.key, "method": w.method, "api": w.api,
-                        "target_method": t.method, "since_wall_ns": w.since_wall_ns})
-        ctx.add("%s (%s)%s waits (%s since %s) on %s.%s" % (who, w.key, " in %s" % w.method if w.method else "",
-                                                              G.call_text(w.api), ts(w.since_wall_ns), cls, t.method))
+        waiters.append(
+            {
+                "actor": who,
+                "process": w.key,
+                "method": w.method,
+                "api": w.api,
+                "target_method": t.method,
+                "since_wall_ns": w.since_wall_ns,
+            }
+        )
+        ctx.add(
+            "%s (%s)%s waits (%s since %s) on %s.%s"
+            % (
+                who,
+                w.key,
+                " in %s" % w.method if w.method else "",
+                G.call_text(w.api),
+                ts(w.since_wall_ns),
+                cls,
+                t.method,
+            )
+        )
     return waiters
 
 
 def _ray_says(lab: str, row: Mapping[str, Any]) -> str:
     """What Ray's record ``row`` of actor ``lab`` says: its state and required resources."""
-    return "actor %s is %s%s" % (lab, row.get("state") or "?", ", required resources %s" % _short(
-        row["required_resources"]) if isinstance(row.get("required_resources"), dict) else "")
+    return "actor %s is %s%s" % (
+        lab,
+        row.get("state") or "?",
+        ", required resources %s" % _short(row["required_resources"])
+        if isinstance(row.get("required_resources"), dict)
+        else "",
+    )

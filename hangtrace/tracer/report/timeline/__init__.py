@@ -4,6 +4,7 @@
 trace-event JSON dict out); ``load`` reads a run directory or snapshot and writes the
 file. Format and tracks: ``docs/TIMELINE.md``.
 """
+
 from hangtrace.tracer.report.timeline.build import DeepTrace, build_timeline
 from hangtrace.tracer.report.timeline.model import DEFAULT_MAX_EVENTS, TimelineOptions
 

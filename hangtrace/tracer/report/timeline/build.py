@@ -5,12 +5,19 @@ The trace-event format is the one viztracer writes and Perfetto, ``vizviewer`` a
 ``b``/``e`` async slices, ``i`` instants, ``C`` counters, ``s``/``t``/``f`` flows,
 ``M`` metadata). ``ts``/``dur`` are microseconds since ``otherData.t0_wall_ns``.
 """
+
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer.report.timeline.events import Event, FlowRefs, Mark, ProcessEvents, end_wall_ns
-from hangtrace.tracer.report.timeline.model import (Clock, Threads, TimelineOptions, Track, assign_tracks,
-                                                    host_offsets)
+from hangtrace.tracer.report.timeline.model import (
+    Clock,
+    Threads,
+    TimelineOptions,
+    Track,
+    assign_tracks,
+    host_offsets,
+)
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 #: Version of the trace's ``otherData`` block (bumped when its keys change meaning).
@@ -37,16 +44,21 @@ class DeepTrace:
 def _mark(diag: Optional[Dict[str, Any]]) -> Optional[Mark]:
     if not diag or not diag.get("culprit_ranks"):
         return None
-    return Mark(kind=str(diag.get("kind")), ranks=tuple(diag.get("culprit_ranks") or ()),
-                group=diag.get("group"), seq=diag.get("seq"))
+    return Mark(
+        kind=str(diag.get("kind")),
+        ranks=tuple(diag.get("culprit_ranks") or ()),
+        group=diag.get("group"),
+        seq=diag.get("seq"),
+    )
 
 
 def _rec_wall(p: ProcessInfo, r: Dict[str, Any], clock: Clock) -> int:
     return clock.mono_to_wall(p.host, r["t_mono_ns"])
 
 
-def _window(procs: Sequence[ProcessInfo], clock: Clock, opts: TimelineOptions,
-            t_first: int, t_last: int) -> Tuple[int, int]:
+def _window(
+    procs: Sequence[ProcessInfo], clock: Clock, opts: TimelineOptions, t_first: int, t_last: int
+) -> Tuple[int, int]:
     lo, hi = t_first, t_last
     if opts.since_s is not None:
         lo = int((t_first if opts.since_s >= 0 else t_last) + opts.since_s * 1e9)
@@ -55,25 +67,36 @@ def _window(procs: Sequence[ProcessInfo], clock: Clock, opts: TimelineOptions,
     return lo, hi
 
 
-def _select(p: ProcessInfo, clock: Clock, lo: Optional[int], hi: int, quota: Optional[int]) -> Tuple[List[Dict[str, Any]], int]:
+def _select(
+    p: ProcessInfo, clock: Clock, lo: Optional[int], hi: int, quota: Optional[int]
+) -> Tuple[List[Dict[str, Any]], int]:
     """Records of ``p`` in the window; above ``quota`` only the newest (in-flight and failed
     records always kept; memory samples thinned to a quarter of the quota). Returns
     (records, records dropped by the quota)."""
-    recs = p.records if lo is None else [
-        r for r in p.records
-        if lo <= _rec_wall(p, r, clock) <= hi
-            or (r["state"] == "issued" and r["kind"] in ("collective", "p2p") and _rec_wall(p, r, clock) <= hi)]
+    recs = (
+        p.records
+        if lo is None
+        else [
+            r
+            for r in p.records
+            if lo <= _rec_wall(p, r, clock) <= hi
+            or (
+                r["state"] == "issued" and r["kind"] in ("collective", "p2p") and _rec_wall(p, r, clock) <= hi
+            )
+        ]
+    )
     if quota is None or len(recs) <= quota:
         return recs, 0
     mem = [r for r in recs if r["kind"] == "memory"]
     other = [r for r in recs if r["kind"] != "memory"]
-    keep_mem = mem[::max(1, -(-len(mem) // max(1, quota // 4)))] if mem else []
+    keep_mem = mem[:: max(1, -(-len(mem) // max(1, quota // 4)))] if mem else []
     n_other = max(1, quota - len(keep_mem))
     newest = other[-n_other:]
     first = newest[0]["idx"] if newest else 0
     pinned = [r for r in other[:-n_other] if r["state"] in ("issued", "failed") or r["kind"] == "group"]
-    kept = sorted(pinned + newest + [r for r in keep_mem if r["idx"] >= first or not newest],
-                  key=lambda r: r["idx"])
+    kept = sorted(
+        pinned + newest + [r for r in keep_mem if r["idx"] >= first or not newest], key=lambda r: r["idx"]
+    )
     return kept, len(recs) - len(kept)
 
 
@@ -90,8 +113,16 @@ def _flows(refs: FlowRefs, budget: int) -> List[Event]:
         name = "%s %s #%s" % (key[0], key[1], key[-1])
         for i, (ts, pid, tid, rank) in enumerate(lst):
             ph = "s" if i == 0 else ("f" if i == len(lst) - 1 else "t")
-            ev = {"ph": ph, "id": fid, "name": name, "cat": "flow", "ts": ts, "pid": pid, "tid": tid,
-                  "args": {"rank": rank, "arrival": i}}
+            ev = {
+                "ph": ph,
+                "id": fid,
+                "name": name,
+                "cat": "flow",
+                "ts": ts,
+                "pid": pid,
+                "tid": tid,
+                "args": {"rank": rank, "arrival": i},
+            }
             if ph != "s":
                 ev["bp"] = "e"
             out.append(ev)
@@ -131,8 +162,9 @@ def _span(snap: Snapshot, procs: Sequence[ProcessInfo], clock0: Clock) -> Tuple[
     return t_first, t_last, ends
 
 
-def _keep_ranks(tracks: List[Track], by_key: Dict[str, Track],
-                ranks: Optional[FrozenSet[int]]) -> Tuple[List[Track], Dict[str, Track]]:
+def _keep_ranks(
+    tracks: List[Track], by_key: Dict[str, Track], ranks: Optional[FrozenSet[int]]
+) -> Tuple[List[Track], Dict[str, Track]]:
     """Tracks and {key: track} in; only those of ``ranks`` (all when None) out."""
     if ranks is None:
         return tracks, by_key
@@ -141,9 +173,16 @@ def _keep_ranks(tracks: List[Track], by_key: Dict[str, Track],
     return [t for t in tracks if t.pid in keep], {k: t for k, t in by_key.items() if t.pid in keep}
 
 
-def _record_events(procs: Sequence[ProcessInfo], by_key: Dict[str, Track], threads: Dict[int, Threads],
-                   clock: Clock, window: Tuple[Optional[int], int], ends: Dict[str, int],
-                   budget: Optional[int], mark: Optional[Mark]) -> Tuple[List[Event], FlowRefs, int]:
+def _record_events(
+    procs: Sequence[ProcessInfo],
+    by_key: Dict[str, Track],
+    threads: Dict[int, Threads],
+    clock: Clock,
+    window: Tuple[Optional[int], int],
+    ends: Dict[str, int],
+    budget: Optional[int],
+    mark: Optional[Mark],
+) -> Tuple[List[Event], FlowRefs, int]:
     """Processes and their tracks in; (their record events, merged flow refs, records dropped) out.
 
     ``window``: (lo wall ns or None when unwindowed, hi wall ns); ``budget``: records per process.
@@ -165,26 +204,60 @@ def _record_events(procs: Sequence[ProcessInfo], by_key: Dict[str, Track], threa
     return events, refs, dropped
 
 
-def _other_data(snap: Snapshot, diag: Dict[str, Any], opts: TimelineOptions, clock: Clock,
-                counts: Tuple[int, int], sampling: Tuple[Optional[int], int, int], source: str) -> Dict[str, Any]:
+def _other_data(
+    snap: Snapshot,
+    diag: Dict[str, Any],
+    opts: TimelineOptions,
+    clock: Clock,
+    counts: Tuple[int, int],
+    sampling: Tuple[Optional[int], int, int],
+    source: str,
+) -> Dict[str, Any]:
     """The trace's ``otherData`` block; ``counts``: (processes, tracks); ``sampling``:
     (per-process record budget, records dropped, records total)."""
     per_proc_budget, dropped, total = sampling
-    other = {"hangtrace_timeline": TIMELINE_SCHEMA, "t0_wall_ns": clock.t0_ns, "source": source,
-             "snapshot_reason": snap.reason, "clock_offsets_ns": clock.offsets,
-             "clock_alignment": "per host: median(t_wall_ns - t_mono_ns) over its records; hosts by wall clock",
-             "processes": counts[0], "tracks": counts[1],
-             "sampling": {"max_events": opts.max_events, "per_process_records": per_proc_budget,
-                          "records_dropped": dropped, "records_total": total}}
+    other = {
+        "hangtrace_timeline": TIMELINE_SCHEMA,
+        "t0_wall_ns": clock.t0_ns,
+        "source": source,
+        "snapshot_reason": snap.reason,
+        "clock_offsets_ns": clock.offsets,
+        "clock_alignment": "per host: median(t_wall_ns - t_mono_ns) over its records; hosts by wall clock",
+        "processes": counts[0],
+        "tracks": counts[1],
+        "sampling": {
+            "max_events": opts.max_events,
+            "per_process_records": per_proc_budget,
+            "records_dropped": dropped,
+            "records_total": total,
+        },
+    }
     if diag:
-        other["verdict"] = {k: diag.get(k) for k in ("kind", "culprit_ranks", "culprit_actors", "group", "seq",
-                                                     "op", "phase", "step", "summary") if k in diag}
+        other["verdict"] = {
+            k: diag.get(k)
+            for k in (
+                "kind",
+                "culprit_ranks",
+                "culprit_actors",
+                "group",
+                "seq",
+                "op",
+                "phase",
+                "step",
+                "summary",
+            )
+            if k in diag
+        }
     return other
 
 
-def build_timeline(snap: Snapshot, diagnosis: Optional[Dict[str, Any]] = None,
-                   deep: Sequence[DeepTrace] = (), options: TimelineOptions = TimelineOptions(),
-                   source: str = "") -> Dict[str, Any]:
+def build_timeline(
+    snap: Snapshot,
+    diagnosis: Optional[Dict[str, Any]] = None,
+    deep: Sequence[DeepTrace] = (),
+    options: TimelineOptions = TimelineOptions(),
+    source: str = "",
+) -> Dict[str, Any]:
     """The trace of ``snap`` as a JSON-ready dict ``{"traceEvents": [...], "otherData": {...}}``.
 
     ``diagnosis``: the stored ``diagnosis.json`` dict (verdict marks: culprit tracks named
@@ -207,8 +280,9 @@ def build_timeline(snap: Snapshot, diagnosis: Optional[Dict[str, Any]] = None,
     per_proc_budget = opts.max_events // max(1, 2 * len(procs)) if total * 2 > opts.max_events else None
     threads = {t.pid: Threads(t.tid_base) for t in tracks}
     windowed = opts.since_s is not None or opts.until_s is not None
-    events, refs, dropped = _record_events(procs, by_key, threads, clock, (lo if windowed else None, hi),
-                                           ends, per_proc_budget, _mark(diag))
+    events, refs, dropped = _record_events(
+        procs, by_key, threads, clock, (lo if windowed else None, hi), ends, per_proc_budget, _mark(diag)
+    )
     for d in deep:
         dt = by_key.get("%s:%d" % (d.host, d.pid))
         if dt is not None:
@@ -219,7 +293,9 @@ def build_timeline(snap: Snapshot, diagnosis: Optional[Dict[str, Any]] = None,
     if windowed:
         events = _clip(events, clock.wall_us(hi))
     meta = _metadata(tracks, threads)
-    other = _other_data(snap, diag, opts, clock, (len(procs), len(tracks)), (per_proc_budget, dropped, total), source)
+    other = _other_data(
+        snap, diag, opts, clock, (len(procs), len(tracks)), (per_proc_budget, dropped, total), source
+    )
     return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
 
 
@@ -243,17 +319,51 @@ def _clip(events: List[Event], hi_us: float) -> List[Event]:
 def _verdict_instants(snap: Snapshot, diag: Dict[str, Any], clock: Clock) -> List[Event]:
     out: List[Event] = []
     det = diag.get("details") or {}
-    args = {"kind": diag.get("kind"), "culprit_ranks": diag.get("culprit_ranks"), "summary": diag.get("summary")}
+    args = {
+        "kind": diag.get("kind"),
+        "culprit_ranks": diag.get("culprit_ranks"),
+        "summary": diag.get("summary"),
+    }
     if snap.reason in ("stall", "death") and snap.taken_wall_ns:
-        out.append({"ph": "i", "s": "g", "name": "%s detected" % snap.reason, "cat": "verdict",
-                    "ts": clock.wall_us(snap.taken_wall_ns), "pid": 0, "tid": 0, "args": args})
+        out.append(
+            {
+                "ph": "i",
+                "s": "g",
+                "name": "%s detected" % snap.reason,
+                "cat": "verdict",
+                "ts": clock.wall_us(snap.taken_wall_ns),
+                "pid": 0,
+                "tid": 0,
+                "args": args,
+            }
+        )
     elif snap.taken_wall_ns and diag:
-        out.append({"ph": "i", "s": "g", "name": "snapshot (%s)" % snap.reason, "cat": "verdict",
-                    "ts": clock.wall_us(snap.taken_wall_ns), "pid": 0, "tid": 0, "args": args})
+        out.append(
+            {
+                "ph": "i",
+                "s": "g",
+                "name": "snapshot (%s)" % snap.reason,
+                "cat": "verdict",
+                "ts": clock.wall_us(snap.taken_wall_ns),
+                "pid": 0,
+                "tid": 0,
+                "args": args,
+            }
+        )
     t = det.get("hang_start_wall_ns") or det.get("last_progress_wall_ns")
     if isinstance(t, int) and t > 0:
-        out.append({"ph": "i", "s": "g", "name": "last progress", "cat": "verdict", "ts": clock.wall_us(t),
-                    "pid": 0, "tid": 0, "args": {"note": "newest completed collective / phase / step of the run"}})
+        out.append(
+            {
+                "ph": "i",
+                "s": "g",
+                "name": "last progress",
+                "cat": "verdict",
+                "ts": clock.wall_us(t),
+                "pid": 0,
+                "tid": 0,
+                "args": {"note": "newest completed collective / phase / step of the run"},
+            }
+        )
     return out
 
 
@@ -261,13 +371,29 @@ def _metadata(tracks: List[Track], threads: Dict[int, Threads]) -> List[Event]:
     out: List[Event] = []
     for i, t in enumerate(tracks):
         out.append({"ph": "M", "name": "process_name", "pid": t.pid, "tid": 0, "args": {"name": t.name}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": t.pid, "tid": 0, "args": {"sort_index": i}})
+        out.append(
+            {"ph": "M", "name": "process_sort_index", "pid": t.pid, "tid": 0, "args": {"sort_index": i}}
+        )
         if t.labels:
-            out.append({"ph": "M", "name": "process_labels", "pid": t.pid, "tid": 0,
-                        "args": {"labels": ",".join(t.labels)}})
+            out.append(
+                {
+                    "ph": "M",
+                    "name": "process_labels",
+                    "pid": t.pid,
+                    "tid": 0,
+                    "args": {"labels": ",".join(t.labels)},
+                }
+            )
         for tid, name in sorted(threads[t.pid].names.items()):
             out.append({"ph": "M", "name": "thread_name", "pid": t.pid, "tid": tid, "args": {"name": name}})
             order = 0 if name.endswith("steps") else (2 if name.startswith("deep:") else 1)
-            out.append({"ph": "M", "name": "thread_sort_index", "pid": t.pid, "tid": tid,
-                        "args": {"sort_index": order * 1000 + tid % 1000}})
+            out.append(
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": t.pid,
+                    "tid": tid,
+                    "args": {"sort_index": order * 1000 + tid % 1000},
+                }
+            )
     return out

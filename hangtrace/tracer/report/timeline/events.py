@@ -14,6 +14,7 @@ Anything still open (in-flight collective, phase not left) ends at the process's
 its last record when it was killed (nothing after it is known), its exit time when it
 exited, the snapshot time when it was alive; such slices carry ``args.open = true``.
 """
+
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -24,8 +25,11 @@ Event = Dict[str, Any]
 #: flow key -> list of (ts µs, pid, tid, rank)
 FlowRefs = Dict[Tuple[Any, ...], List[Tuple[float, int, int, int]]]
 
-_SIGNAL_NAMES = {"sigterm": "SIGTERM received (stacks written)", "fatal": "fatal signal (stacks written)",
-                 "dump": "stack dump requested"}
+_SIGNAL_NAMES = {
+    "sigterm": "SIGTERM received (stacks written)",
+    "fatal": "fatal signal (stacks written)",
+    "dump": "stack dump requested",
+}
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,16 @@ class ProcessEvents:
     ``helper``: prefix for thread names of a helper process grouped under a rank.
     """
 
-    def __init__(self, p: ProcessInfo, clock: Clock, pid: int, threads: Threads, end_ns: int,
-                 mark: Optional[Mark] = None, helper: str = "") -> None:
+    def __init__(
+        self,
+        p: ProcessInfo,
+        clock: Clock,
+        pid: int,
+        threads: Threads,
+        end_ns: int,
+        mark: Optional[Mark] = None,
+        helper: str = "",
+    ) -> None:
         self.p, self.clock, self.pid, self.threads = p, clock, pid, threads
         self.end_us = clock.wall_us(end_ns)
         self.mark, self.helper = mark, helper
@@ -133,8 +145,12 @@ class ProcessEvents:
                     self._step(step_open, self.us(r["t_mono_ns"]))
                 step_open = r
             elif k == "group":
-                self._instant(r, "%s %s" % (r["op"], self.desc.get(str(r.get("group"))) or r.get("group")),
-                              "group", {"group": r.get("group")})
+                self._instant(
+                    r,
+                    "%s %s" % (r["op"], self.desc.get(str(r.get("group"))) or r.get("group")),
+                    "group",
+                    {"group": r.get("group")},
+                )
             elif k == "heartbeat":
                 self._instant(r, "heartbeat", "progress", {})
             elif k == "memory":
@@ -149,10 +165,26 @@ class ProcessEvents:
         return self.out, self.flows
 
     # -- slices -------------------------------------------------------------------------
-    def _slice(self, name: str, cat: str, ts: float, end: float, tid: int, args: Dict[str, Any],
-               cname: Optional[str] = None) -> Event:
-        ev = {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": round(max(0.0, end - ts), 3),
-              "pid": self.pid, "tid": tid, "args": args}
+    def _slice(
+        self,
+        name: str,
+        cat: str,
+        ts: float,
+        end: float,
+        tid: int,
+        args: Dict[str, Any],
+        cname: Optional[str] = None,
+    ) -> Event:
+        ev = {
+            "ph": "X",
+            "name": name,
+            "cat": cat,
+            "ts": ts,
+            "dur": round(max(0.0, end - ts), 3),
+            "pid": self.pid,
+            "tid": tid,
+            "args": args,
+        }
         if cname:
             ev["cname"] = cname
         self.out.append(ev)
@@ -163,10 +195,20 @@ class ProcessEvents:
         done = r.get("t_end_mono_ns")
         open_ = r["state"] == "issued" or not done
         end = self.end_us if open_ or done is None else self.us(int(done))
-        args = {"group": r.get("group"), "group_desc": self.desc.get(str(r.get("group"))) or None,
-                "seq": r.get("seq"), "op": r["op"], "dtype": r.get("dtype") or None, "numel": r.get("numel"),
-                "shape": r.get("shape"), "state": r["state"], "phase": r.get("phase"), "step": r.get("step"),
-                "rank": self.p.rank, "record": r["idx"]}
+        args = {
+            "group": r.get("group"),
+            "group_desc": self.desc.get(str(r.get("group"))) or None,
+            "seq": r.get("seq"),
+            "op": r["op"],
+            "dtype": r.get("dtype") or None,
+            "numel": r.get("numel"),
+            "shape": r.get("shape"),
+            "state": r["state"],
+            "phase": r.get("phase"),
+            "step": r.get("step"),
+            "rank": self.p.rank,
+            "record": r["idx"],
+        }
         if r["kind"] == "p2p":
             args["peer"] = r.get("peer")
         if r.get("error"):
@@ -181,17 +223,40 @@ class ProcessEvents:
             name += " (failed)"
             cname = "bad"
         m = self.mark
-        if m is not None and self.p.rank in m.ranks and str(r.get("group")) == str(m.group) and r.get("seq") == m.seq:
+        if (
+            m is not None
+            and self.p.rank in m.ranks
+            and str(r.get("group")) == str(m.group)
+            and r.get("seq") == m.seq
+        ):
             args["verdict"] = m.kind
             name = "VERDICT %s: %s" % (m.kind, name)
             cname = "terrible"
         tid = self.tid(r.get("thread"))
         if r.get("async_op"):
             aid = "%d.%d" % (self.pid, r["idx"])
-            b = {"ph": "b", "name": name, "cat": "collective-async", "id": aid, "ts": ts, "pid": self.pid,
-                 "tid": tid, "args": args}
-            self.out += [b, {"ph": "e", "name": name, "cat": "collective-async", "id": aid,
-                             "ts": max(ts, end), "pid": self.pid, "tid": tid}]
+            b = {
+                "ph": "b",
+                "name": name,
+                "cat": "collective-async",
+                "id": aid,
+                "ts": ts,
+                "pid": self.pid,
+                "tid": tid,
+                "args": args,
+            }
+            self.out += [
+                b,
+                {
+                    "ph": "e",
+                    "name": name,
+                    "cat": "collective-async",
+                    "id": aid,
+                    "ts": max(ts, end),
+                    "pid": self.pid,
+                    "tid": tid,
+                },
+            ]
         else:
             self._slice(name, r["kind"], ts, end, tid, args, cname)
             key = _flow_key(self.p, r)
@@ -211,29 +276,60 @@ class ProcessEvents:
             args["open"] = True
         if exit_ is not None and exit_.get("error"):
             args["error"] = exit_["error"]
-        self._slice(str(r.get("phase")), "phase", ts, end, self.tid(r.get("thread")), args,
-                    "bad" if args.get("error") else None)
+        self._slice(
+            str(r.get("phase")),
+            "phase",
+            ts,
+            end,
+            self.tid(r.get("thread")),
+            args,
+            "bad" if args.get("error") else None,
+        )
 
     def _step(self, r: Dict[str, Any], end: float) -> None:
-        self._slice("step %s" % r.get("seq"), "step", self.us(r["t_mono_ns"]), end,
-                    self.threads.tid(self.helper + "steps"), {"step": r.get("seq")})
+        self._slice(
+            "step %s" % r.get("seq"),
+            "step",
+            self.us(r["t_mono_ns"]),
+            end,
+            self.threads.tid(self.helper + "steps"),
+            {"step": r.get("seq")},
+        )
 
     # -- instants and counters ------------------------------------------------------------
     def _instant(self, r: Dict[str, Any], name: str, cat: str, args: Dict[str, Any]) -> None:
-        self.out.append({"ph": "i", "s": "t", "name": name, "cat": cat, "ts": self.us(r["t_mono_ns"]),
-                         "pid": self.pid, "tid": self.tid(r.get("thread")), "args": args})
+        self.out.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "name": name,
+                "cat": cat,
+                "ts": self.us(r["t_mono_ns"]),
+                "pid": self.pid,
+                "tid": self.tid(r.get("thread")),
+                "args": args,
+            }
+        )
 
     def _counters(self, mem: List[Dict[str, Any]]) -> None:
         if not mem:
             return
         from hangtrace.tracer.analyze.memory import samples
+
         for r, s in zip(mem, samples(mem)):
             vals = s.get("values") or {}
             if not vals:
                 continue
             name = "memory [bytes]" if s["what"] == "host" else "%s [bytes]" % s["what"]
-            self.out.append({"ph": "C", "name": self.helper + name, "ts": self.us(r["t_mono_ns"]), "pid": self.pid,
-                             "args": {k.replace(s["what"] + " ", ""): v for k, v in vals.items()}})
+            self.out.append(
+                {
+                    "ph": "C",
+                    "name": self.helper + name,
+                    "ts": self.us(r["t_mono_ns"]),
+                    "pid": self.pid,
+                    "args": {k.replace(s["what"] + " ", ""): v for k, v in vals.items()},
+                }
+            )
 
     def _lifecycle(self) -> None:
         p = self.p
@@ -251,19 +347,55 @@ class ProcessEvents:
                 name = "%s: %s" % (kind, e.get("type"))
             elif kind == "exit":
                 name = "exit %s" % e.get("code")
-            self.out.append({"ph": "i", "s": "p" if kind in ("exit", "start") else "t", "name": self.helper + name,
-                             "cat": "lifecycle", "ts": ts, "pid": self.pid, "tid": self.tid(e.get("thread")),
-                             "args": args})
+            self.out.append(
+                {
+                    "ph": "i",
+                    "s": "p" if kind in ("exit", "start") else "t",
+                    "name": self.helper + name,
+                    "cat": "lifecycle",
+                    "ts": ts,
+                    "pid": self.pid,
+                    "tid": self.tid(e.get("thread")),
+                    "args": args,
+                }
+            )
         for kind, s in sorted((p.signals or {}).items()):
             if isinstance(s.get("wall_ns"), int):
-                self.out.append({"ph": "i", "s": "p", "name": self.helper + _SIGNAL_NAMES.get(kind, kind),
-                                 "cat": "signal", "ts": self.clock.wall_us(s["wall_ns"]), "pid": self.pid,
-                                 "tid": self.tid("MainThread"), "args": {"text": (s.get("text") or "")[:2000]}})
+                self.out.append(
+                    {
+                        "ph": "i",
+                        "s": "p",
+                        "name": self.helper + _SIGNAL_NAMES.get(kind, kind),
+                        "cat": "signal",
+                        "ts": self.clock.wall_us(s["wall_ns"]),
+                        "pid": self.pid,
+                        "tid": self.tid("MainThread"),
+                        "args": {"text": (s.get("text") or "")[:2000]},
+                    }
+                )
         if p.state == "killed":
-            self.out.append({"ph": "i", "s": "p", "name": self.helper + "died: no exit record (killed)",
-                             "cat": "death", "ts": self.end_us, "pid": self.pid, "tid": self.tid("MainThread"),
-                             "args": {"state": p.state, "note": "track ends at the last record"}})
+            self.out.append(
+                {
+                    "ph": "i",
+                    "s": "p",
+                    "name": self.helper + "died: no exit record (killed)",
+                    "cat": "death",
+                    "ts": self.end_us,
+                    "pid": self.pid,
+                    "tid": self.tid("MainThread"),
+                    "args": {"state": p.state, "note": "track ends at the last record"},
+                }
+            )
         elif p.state == "exited" and p.exit_code not in (0, None):
-            self.out.append({"ph": "i", "s": "p", "name": self.helper + "exited with code %s" % p.exit_code,
-                             "cat": "death", "ts": self.end_us, "pid": self.pid, "tid": self.tid("MainThread"),
-                             "args": {"exit_code": p.exit_code}})
+            self.out.append(
+                {
+                    "ph": "i",
+                    "s": "p",
+                    "name": self.helper + "exited with code %s" % p.exit_code,
+                    "cat": "death",
+                    "ts": self.end_us,
+                    "pid": self.pid,
+                    "tid": self.tid("MainThread"),
+                    "args": {"exit_code": p.exit_code},
+                }
+            )

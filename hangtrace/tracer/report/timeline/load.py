@@ -6,6 +6,7 @@ traces ``RUN_DIR/deep/deep-<host>-<pid>.json`` with their clock files
 ``deep-<host>-<pid>.clock.json`` (``hooks/deep.py``). Output: JSON, gzip when the file
 name ends in ``.gz`` (Perfetto and vizviewer open both).
 """
+
 import glob
 import gzip
 import dataclasses
@@ -30,14 +31,22 @@ def read_deep(run_dir: str) -> Tuple[List[DeepTrace], List[str]]:
     for path in sorted(glob.glob(os.path.join(run_dir, "deep", "deep-*.json"))):
         if path.endswith(".clock.json"):
             continue
-        cpath = path[:-len(".json")] + ".clock.json"
+        cpath = path[: -len(".json")] + ".clock.json"
         try:
             with open(cpath, "rb") as f:
                 ck = orjson.loads(f.read())
             with open(path, "rb") as f:
                 data = orjson.loads(f.read())
-            out.append(DeepTrace(host=str(ck["host"]), pid=int(ck["pid"]), viz_us=float(ck["viz_us"]),
-                                 mono_ns=int(ck["mono_ns"]), events=tuple(data.get("traceEvents") or ()), path=path))
+            out.append(
+                DeepTrace(
+                    host=str(ck["host"]),
+                    pid=int(ck["pid"]),
+                    viz_us=float(ck["viz_us"]),
+                    mono_ns=int(ck["mono_ns"]),
+                    events=tuple(data.get("traceEvents") or ()),
+                    path=path,
+                )
+            )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             errors.append("%s: unreadable deep trace (%s); timeline made without it" % (path, e))
     return out, errors
@@ -61,12 +70,15 @@ def load_for_timeline(path: str) -> Tuple[Snapshot, Optional[Dict[str, Any]], st
     Raises RunDirError (exit 4) when ``path`` holds neither rings nor a snapshot.
     """
     from hangtrace.tracer.collect.rings import is_snapshot, load_run, load_snapshot, newest_snapshot
+
     # every record, not the analysis' compact summary: the timeline draws them all
     if is_snapshot(path):
         snap = load_snapshot(path, records=True)
     else:
         newest = newest_snapshot(path) if os.path.isdir(path) else None
-        snap = load_snapshot(newest, records=True) if newest else load_run(path, live_facts=False, records=True)
+        snap = (
+            load_snapshot(newest, records=True) if newest else load_run(path, live_facts=False, records=True)
+        )
     src = snap.path or snap.run_dir
     return snap, read_diagnosis(snap.path), src
 
@@ -101,10 +113,12 @@ def write_incident_timeline(snap: Snapshot, diagnosis: Optional[Dict[str, Any]])
     if not snap.path:
         return None
     from hangtrace.tracer.collect.rings import is_snapshot, load_snapshot
+
     full = snap
     if is_snapshot(snap.path):  # the analysis kept a compact summary: decode every record
-        full = dataclasses.replace(load_snapshot(snap.path, records=True), reason=snap.reason,
-                                   taken_wall_ns=snap.taken_wall_ns)
+        full = dataclasses.replace(
+            load_snapshot(snap.path, records=True), reason=snap.reason, taken_wall_ns=snap.taken_wall_ns
+        )
     deep, errs = read_deep(snap.run_dir)
     trace = build_timeline(full, diagnosis, deep, TimelineOptions(), source=snap.path)
     if errs:

@@ -11,6 +11,7 @@ offset carries each host onto the Unix epoch. Times that exist only as wall time
 Trace times are microseconds (Chrome trace-event format, ``ts``/``dur``) since ``t0_ns``,
 the earliest time in the trace.
 """
+
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
@@ -124,8 +125,9 @@ def parent_pid(p: ProcessInfo) -> Optional[int]:
     return None
 
 
-def assign_tracks(procs: Sequence[ProcessInfo], culprit_ranks: Sequence[int] = (),
-                  culprit_actors: Sequence[str] = ()) -> Tuple[List[Track], Dict[str, Track]]:
+def assign_tracks(
+    procs: Sequence[ProcessInfo], culprit_ranks: Sequence[int] = (), culprit_actors: Sequence[str] = ()
+) -> Tuple[List[Track], Dict[str, Track]]:
     """One track per rank (its helpers grouped under it), one per other process.
 
     A helper is a process without a rank whose parent (``ppid``, same host) is a ranked
@@ -141,7 +143,9 @@ def assign_tracks(procs: Sequence[ProcessInfo], culprit_ranks: Sequence[int] = (
             par = ranked.get((p.host, ppid)) if ppid else None
             if par is not None:
                 owner[p.key] = par
-    order = sorted((p for p in procs if p.key not in owner), key=lambda p: (p.rank < 0, p.rank, p.host, p.pid))
+    order = sorted(
+        (p for p in procs if p.key not in owner), key=lambda p: (p.rank < 0, p.rank, p.host, p.pid)
+    )
     tracks: List[Track] = []
     by_key: Dict[str, Track] = {}
     cr, ca = set(culprit_ranks), set(culprit_actors)
@@ -150,7 +154,8 @@ def assign_tracks(procs: Sequence[ProcessInfo], culprit_ranks: Sequence[int] = (
         name = process_label(p)
         meta = p.meta or {}
         culprit = (p.rank >= 0 and p.rank in cr) or (
-            bool(ca) and (meta.get("ray_actor_name") in ca or meta.get("ray_actor_id") in ca))
+            bool(ca) and (meta.get("ray_actor_name") in ca or meta.get("ray_actor_id") in ca)
+        )
         labels: Tuple[str, ...] = ()
         if culprit:
             name = "CULPRIT " + name

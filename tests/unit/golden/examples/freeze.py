@@ -8,6 +8,7 @@ processes.json), as JSON, with the call the watcher makes (``diagnose(snap)``). 
 ``HANGTRACE_REGEN_GOLDEN=1 python -m pytest tests/unit/test_golden.py`` writes its
 expected output with the current analysis (review the diff).
 """
+
 import gzip
 import json
 import os
@@ -26,8 +27,11 @@ def main(argv: list) -> int:
     snap = load_snapshot(snap_dir)
     snap.path = None  # the folder is not part of the frozen input
     snap.run_dir = "/run/%s" % name
-    data = json.dumps([{"call": {"now_wall_ns": None, "stall_s": None}, "snapshot": snapshot_to_json(snap)}],
-                      sort_keys=True, separators=(",", ":")).encode()
+    data = json.dumps(
+        [{"call": {"now_wall_ns": None, "stall_s": None}, "snapshot": snapshot_to_json(snap)}],
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
     with open(os.path.join(HERE, name + ".in.json.gz"), "wb") as f:
         f.write(gzip.compress(data, mtime=0))
     return 0
