@@ -274,7 +274,7 @@ def child_hangtrace(world, nrec):
 def write_rings(world, nrec, snap_dir):
     """Real ring files (Recorder) for the synthetic hang, as a stored snapshot folder."""
     from unittest import mock
-    from hangtrace.hooks import recorder as R
+    from hangtrace.hooks.record import recorder as R
     from hangtrace.tracer.ring import layout as F
 
     rings = os.path.join(snap_dir, "rings")

@@ -70,7 +70,7 @@ def thread_cpu_ns() -> dict:
 def _count_ticks() -> None:
     """Count the memory sampler's timer ticks (class patched: forked workers inherit it)."""
     try:
-        from hangtrace.hooks import memory
+        from hangtrace.hooks.mem import memory
     except ImportError:
         return
     orig = memory.Sampler.tick
@@ -84,7 +84,7 @@ def _count_ticks() -> None:
 
 def _sampler_facts() -> dict:
     try:
-        from hangtrace.hooks import memory
+        from hangtrace.hooks.mem import memory
     except ImportError:
         return {}
     s = memory.active()
@@ -102,7 +102,7 @@ def _worker_init(results_dir: str) -> Callable[[int], None]:
         from multiprocessing import util
 
         try:  # a forked child may take its parent's sampler over (object and all): count its own ticks
-            from hangtrace.hooks import memory
+            from hangtrace.hooks.mem import memory
 
             s = memory.active()
             if s is not None:

@@ -93,7 +93,7 @@ def child_collective(iters, warmup, batches, ab_pairs):
     path = None
     if wrapped:
         from hangtrace.hooks import bootstrap
-        from hangtrace.hooks.recorder import _fastrec
+        from hangtrace.hooks.record.recorder import _fastrec
 
         rec = bootstrap.active().recorder
         path = "C" if _fastrec is not None and isinstance(ar, _fastrec.Call) else "Python"
@@ -172,8 +172,8 @@ def child_micro(iters, batches):
     a bare Python pass-through layer. Keys ending in ``_py`` are the pure-Python path, ``_c`` the C one."""
     import inspect
 
-    from hangtrace.hooks import recorder as R
-    from hangtrace.hooks import torch_dist as TD
+    from hangtrace.hooks.record import recorder as R
+    from hangtrace.hooks.torchdist import torch_dist as TD
     from hangtrace.tracer import config
     from hangtrace.tracer.ring import layout as F
 

@@ -34,7 +34,8 @@ import time
 def child(a):
     import torch
     from hangtrace import tracer
-    from hangtrace.hooks import bootstrap, memory
+    from hangtrace.hooks import bootstrap
+    from hangtrace.hooks.mem import memory
 
     rt = bootstrap.active()
     assert rt is not None, "tracing is not active in the child"

@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
-from hangtrace.hooks.recorder import Recorder  # noqa: E402
+from hangtrace.hooks.record.recorder import Recorder  # noqa: E402
 from hangtrace.tracer.ring import layout as F  # noqa: E402
 from hangtrace.tracer.ring import reader as R  # noqa: E402
 

@@ -44,7 +44,8 @@ def M(label):
 os.environ["HANGTRACE"] = "1"
 M("start")
 import hangtrace.hooks.bootstrap as b
-from hangtrace.hooks import envrecord, libraries
+from hangtrace.hooks import libraries
+from hangtrace.hooks.env import envrecord
 orig_rec = envrecord.record
 def rec(rt, reason):
     M("(before the record)"); orig_rec(rt, reason); M("environment record (%s)" % reason)

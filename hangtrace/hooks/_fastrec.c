@@ -646,7 +646,7 @@ static PyObject *Ring_release(RingObject *self, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
-/* --- one host memory sample (hooks/memory.py, Sampler.sample) ---------------------
+/* --- one host memory sample (hooks/mem/memory.py, Sampler.sample) ---------------------
  * What the Python sampler does with os.pread and int(), in one call: in a training step,
  * between kernels that evict the caches, the Python path cost about 25 us per sample
  * against 3 us in a loop (benchmarks/README.md, issue 13). Same figures, same record. */

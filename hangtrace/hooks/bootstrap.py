@@ -1,21 +1,21 @@
 """Activation inside a traced process: called by the ``.pth`` line when HANGTRACE is set.
 
 ``activate()`` creates this process's ring in the run directory (small until the process
-joins a process group or becomes a Ray actor: ``hooks/ringsize.py``), then installs the
+joins a process group or becomes a Ray actor: ``hooks/record/ringsize.py``), then installs the
 instrumentors in this order (``INSTRUMENTORS``):
 
 1. lifecycle: start record, exit code, uncaught exceptions, signal stacks (faulthandler);
 2. failures: exceptions that launchers and frameworks swallow (spawn, multiprocessing,
-   unretrieved asyncio tasks), ``hooks/failures.py``;
+   unretrieved asyncio tasks), ``hooks/process/failures.py``;
 3. memory: the sampler (``HANGTRACE_MEM=0``: none);
 4. torch: a post-import hook; torch.distributed is wrapped when the program imports it;
 5. ray: a post-import hook; Ray worker identity and actor-method phases;
 6. env-record: libraries, versions and job environment, written once the process matters
-   (issue 12, ``hooks/envrecord.py``);
+   (issue 12, ``hooks/env/envrecord.py``);
 7. deep: only with ``HANGTRACE_DEEP`` (issue 11, viztracer).
 
 ONE ``os.register_at_fork(before=..., after_in_child=...)`` registration: before a fork,
-the parent imports what its child's handler needs (the sampler's ``hooks/memfork.py``), so no child
+the parent imports what its child's handler needs (the sampler's ``hooks/mem/memfork.py``), so no child
 pays for an import; in the child, it gets its own ring and then every instrumentor's
 ``after_fork_child`` runs in that order; ONE exit handler
 calls every ``at_exit`` in reverse order, so threads stop before lifecycle writes the
@@ -130,7 +130,7 @@ class Runtime:
         13: every line is a file opened and written in every DataLoader worker)."""
         choice, reason = self._choice, None
         if choice is None:
-            from hangtrace.hooks.recorder import choose
+            from hangtrace.hooks.record.recorder import choose
 
             cls, reason = choose()
             full = config.get_int(config.SLOTS)
@@ -191,11 +191,11 @@ class Runtime:
 
 
 def _default_instrumentors() -> List[Instrumentor]:
-    from hangtrace.hooks.envrecord import EnvRecordInstrumentor
-    from hangtrace.hooks.failures import FailuresInstrumentor
+    from hangtrace.hooks.env.envrecord import EnvRecordInstrumentor
+    from hangtrace.hooks.process.failures import FailuresInstrumentor
     from hangtrace.hooks.libraries import RayInstrumentor, TorchDistInstrumentor
-    from hangtrace.hooks.lifecycle import LifecycleInstrumentor
-    from hangtrace.hooks.memory import MemoryInstrumentor
+    from hangtrace.hooks.process.lifecycle import LifecycleInstrumentor
+    from hangtrace.hooks.mem.memory import MemoryInstrumentor
 
     out: List[Instrumentor] = [
         LifecycleInstrumentor(),
@@ -217,9 +217,9 @@ def _before_fork() -> None:
     handler needs is imported once here instead of in every child (issue 13), and not at
     start-up (issue 8)."""
     try:
-        mem = sys.modules.get("hangtrace.hooks.memory")
+        mem = sys.modules.get("hangtrace.hooks.mem.memory")
         if _active is not None and mem is not None and mem.active() is not None:
-            mem._memfork()  # the sampler's take-over (hooks/memfork.py)
+            mem._memfork()  # the sampler's take-over (hooks/mem/memfork.py)
     except Exception:
         pass
     try:
@@ -273,16 +273,16 @@ def _disable_child(e: BaseException) -> None:
     api._set_recorder(None)
     # the parent's ring is still mapped here: no hook may write into it any more
     try:
-        td = sys.modules.get("hangtrace.hooks.torch_dist")
+        td = sys.modules.get("hangtrace.hooks.torchdist.torch_dist")
         if td is not None:
             setattr(td, "_state", None)  # (a module from sys.modules: typed ModuleType)
-        mem = sys.modules.get("hangtrace.hooks.memory")
+        mem = sys.modules.get("hangtrace.hooks.mem.memory")
         if mem is not None:
             mem._after_fork_child()
             s = mem.active()
             if s is not None:  # (the child's own sampler, taken over: it stops ticking)
                 s.abandon()
-        from hangtrace.hooks import lifecycle
+        from hangtrace.hooks.process import lifecycle
 
         lifecycle.detach()
     except Exception:

@@ -18,7 +18,7 @@ from hangtrace.hooks.instrument import Instrumentor
 
 
 class TorchDistInstrumentor(Instrumentor):
-    """torch.distributed collectives, p2p and group creation (``hooks/torch_dist.py``)."""
+    """torch.distributed collectives, p2p and group creation (``hooks/torchdist/torch_dist.py``)."""
 
     name = "torch"
 
@@ -45,7 +45,7 @@ class TorchDistInstrumentor(Instrumentor):
             if not getattr(dist, "is_available", lambda: False)():
                 return
             preload.load("torch")  # (the modules' code from one file: hooks/preload.py)
-            from hangtrace.hooks import torch_dist
+            from hangtrace.hooks.torchdist import torch_dist
 
             rec = rt.recorder
             rec.on_grow.append(self._ring_grown)
@@ -57,31 +57,31 @@ class TorchDistInstrumentor(Instrumentor):
     @staticmethod
     def _ring_grown(recorder: Any) -> None:
         """The recorder replaced its ring: the C wrappers must take its new C Ring."""
-        td = sys.modules.get("hangtrace.hooks.torch_dist")
+        td = sys.modules.get("hangtrace.hooks.torchdist.torch_dist")
         if td is not None:
             td.reset_after_fork(recorder)  # sets State.rec, which re-reads the recorder's Ring
 
     def _uninstall(self) -> None:
-        td = sys.modules.get("hangtrace.hooks.torch_dist")
+        td = sys.modules.get("hangtrace.hooks.torchdist.torch_dist")
         if td is not None:
             td.uninstall()
         self.hooked = False
 
     def _after_fork_child(self) -> None:
-        td = sys.modules.get("hangtrace.hooks.torch_dist")
+        td = sys.modules.get("hangtrace.hooks.torchdist.torch_dist")
         if td is not None and self.runtime is not None:
             rec = self.runtime.recorder
             rec.on_grow.append(self._ring_grown)
             td.reset_after_fork(rec)
 
     def _at_exit(self) -> None:
-        td = sys.modules.get("hangtrace.hooks.torch_dist")
+        td = sys.modules.get("hangtrace.hooks.torchdist.torch_dist")
         if td is not None:
             td.flush()
 
 
 class RayInstrumentor(Instrumentor):
-    """Ray worker identity and actor-method phases (``hooks/ray_hooks.py``)."""
+    """Ray worker identity and actor-method phases (``hooks/rayhooks/ray_hooks.py``)."""
 
     name = "ray"
 
@@ -94,7 +94,7 @@ class RayInstrumentor(Instrumentor):
             return
         try:
             preload.load("ray")
-            from hangtrace.hooks import ray_hooks
+            from hangtrace.hooks.rayhooks import ray_hooks
 
             ray = sys.modules.get("ray", module)
             ray_hooks.install(ray, rt.recorder, rt.log)
@@ -102,21 +102,21 @@ class RayInstrumentor(Instrumentor):
             rt.log("hooking ray failed: %r" % (e,), "hook-ray")
             return
         try:  # actor calls, waits on them, creation requests (issue 9)
-            from hangtrace.hooks import ray_calls
+            from hangtrace.hooks.rayhooks import ray_calls
 
             ray_calls.install(ray, ray_hooks._current, rt.log)
         except Exception as e:
             rt.log("hooking ray actor calls failed: %r" % (e,), "hook-ray-calls")
 
     def _uninstall(self) -> None:
-        rh = sys.modules.get("hangtrace.hooks.ray_hooks")
+        rh = sys.modules.get("hangtrace.hooks.rayhooks.ray_hooks")
         if rh is not None:
             rh.uninstall()
-        rc = sys.modules.get("hangtrace.hooks.ray_calls")
+        rc = sys.modules.get("hangtrace.hooks.rayhooks.ray_calls")
         if rc is not None:
             rc.uninstall()
 
     def _after_fork_child(self) -> None:
-        rh = sys.modules.get("hangtrace.hooks.ray_hooks")
+        rh = sys.modules.get("hangtrace.hooks.rayhooks.ray_hooks")
         if rh is not None and self.runtime is not None:
             setattr(rh, "_rec", self.runtime.recorder)  # (a module from sys.modules: typed ModuleType)

@@ -2,7 +2,7 @@
 ``gauge(name, fn, limit=None)`` (memory the tool cannot see, issue 5).
 
 Phase entry/exit and steps also take a memory sample when memory sampling is on
-(``hooks/memory.py``; ``HANGTRACE_MEM=0`` turns it off). A step's sample is skipped when
+(``hooks/mem/memory.py``; ``HANGTRACE_MEM=0`` turns it off). A step's sample is skipped when
 another was taken less than ``STEP_SAMPLE_GAP_NS`` before (a ``with phase(...)`` just left
 or entered beside ``step(n)``: the same figures, issue 13); the next sample carries the
 new step. On the one-call path below, a phase entered within that gap of the newest host
@@ -83,8 +83,8 @@ def _bind() -> None:
         _report(e)
 
 
-# --- memory (issue 5): the sampler (hooks/memory.py) and the gauges it reads ---
-_sampler: Any = None  # set by hangtrace.hooks.memory when memory sampling is on
+# --- memory (issue 5): the sampler (hooks/mem/memory.py) and the gauges it reads ---
+_sampler: Any = None  # set by hangtrace.hooks.mem.memory when memory sampling is on
 _gauges: Dict[
     str, Tuple[Callable[[], Any], Optional[int]]
 ] = {}  # name -> (fn, limit bytes or None); read by the sampler
@@ -261,7 +261,7 @@ def step(n: int) -> None:
             _report(e)
         s = _sampler
         # MEM_STEP, skipped beside a phase boundary's sample (module doc); not before the
-        # sampler's thread started: this sample starts it (hooks/memclock.py)
+        # sampler's thread started: this sample starts it (hooks/mem/memclock.py)
         if s is not None and (_mono() - s.last_sample_ns() >= STEP_SAMPLE_GAP_NS or s.thread is None):
             s.sample(4)
         _bind()

@@ -26,7 +26,7 @@ SLOTS = "HANGTRACE_SLOTS"
 #: (``HANGTRACE_SLOTS``) when the process joins a process group, becomes a Ray actor or
 #: uses the phase/step API, so helpers (DataLoader workers, resource tracker, compile
 #: workers) cost kilobytes. "0" (or a value >= HANGTRACE_SLOTS): every process gets the
-#: full ring at once. See hooks/ringsize.py.
+#: full ring at once. See hooks/record/ringsize.py.
 HELPER_SLOTS = "HANGTRACE_HELPER_SLOTS"
 #: Seconds without progress anywhere in the run before the watcher reports a stall.
 STALL_S = "HANGTRACE_STALL_S"
@@ -228,7 +228,7 @@ def helper_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     return env
 
 
-#: Flight Recorder capture (issue 10, ``hooks/fr_agent.py``): "0" turns it off. Traced
+#: Flight Recorder capture (issue 10, ``hooks/torchdist/fr_agent.py``): "0" turns it off. Traced
 #: processes turn torch's Flight Recorder on if the user has not configured it
 #: (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE`` unset: 2000 entries, torch's
 #: own default); a process that joins a process group runs a thread that dumps it into
@@ -246,7 +246,7 @@ FR_DEFAULT_ENTRIES = "2000"
 def configure_fr_env(environ: Optional[MutableMapping[str, str]] = None) -> bool:
     """Turn torch's Flight Recorder on (``TORCH_FR_BUFFER_SIZE=2000``) unless the user
     configured it or ``HANGTRACE_FR=0``; call before a process group reads it (bootstrap).
-    True when we set it. Here, not in ``hooks/fr_agent.py``: every traced process calls it
+    True when we set it. Here, not in ``hooks/torchdist/fr_agent.py``: every traced process calls it
     at start-up, few ever start an agent."""
     env = os.environ if environ is None else environ
     if env.get(FR, "1") == "0" or FR_BUFFER_ENV in env or FR_BUFFER_ENV_ALIAS in env:

@@ -121,9 +121,9 @@ class Cause(_StrEnum):
     STALLED_IN_RENDEZVOUS = "stalled-in-rendezvous"
 
 
-#: The prefix of a ``details['culprit_reasons']`` value (analyze/chainends.py) for a rank
+#: The prefix of a ``details['culprit_reasons']`` value (analyze/stuck/chainends.py) for a rank
 #: whose stack is blocked outside collectives; the text after it says on what
-#: (``analyze/blocking.py``: "asleep in time.sleep ...", "waiting on a lock ...").
+#: (``analyze/stuck/blocking.py``: "asleep in time.sleep ...", "waiting on a lock ...").
 BLOCKED_OUTSIDE = "blocked outside collectives: "
 
 

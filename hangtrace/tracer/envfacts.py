@@ -9,7 +9,7 @@ Secrets: the value of every recorded environment variable whose name contains TO
 KEY, SECRET, PASSWORD or CREDENTIAL (case-insensitive) is replaced by :data:`MASK` before
 anything is written (:func:`mask_environ`). The names, the schema number and the masking
 rule live in ``tracer/envformat.py`` (re-exported here), which is all a traced process
-imports: the writer (``hooks/envcollect.py``) builds the JSON without these classes. The
+imports: the writer (``hooks/env/envcollect.py``) builds the JSON without these classes. The
 records are typed, immutable ``NamedTuple``s (``_replace`` gives a changed copy).
 """
 

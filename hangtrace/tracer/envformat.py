@@ -1,6 +1,6 @@
 """The names and masking rule of the environment record (issue 12), for traced processes.
 
-``RUN_DIR/env/<host>-<pid>.json`` is written by ``hooks/envcollect.py`` inside every
+``RUN_DIR/env/<host>-<pid>.json`` is written by ``hooks/env/envcollect.py`` inside every
 traced process and read by ``tracer/collect/forensics.py`` into the typed records of
 ``tracer/envfacts.py`` (which re-exports everything here). This module holds only what
 the writer needs: the schema number, the directory name, the secret-masking rule and the

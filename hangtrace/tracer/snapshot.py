@@ -24,7 +24,7 @@ Record = Mapping[str, Any]
 
 
 #: ``meta`` keys written by collect/raystate.py from Ray's own record (the rest of the
-#: ``ray_*`` keys are the process's own identity, written by hooks/ray_hooks.py)
+#: ``ray_*`` keys are the process's own identity, written by hooks/rayhooks/ray_hooks.py)
 RAY_RECORD_PREFIXES = ("ray_death", "ray_actor_state", "ray_worker_", "ray_exit_", "ray_memory", "ray_state_")
 
 
@@ -60,7 +60,7 @@ def role_of(
 @dataclass(frozen=True)
 class PendingTask:
     """A pending asyncio task of a running event loop at snapshot time
-    (``hooks/asyncio_tasks.py``): ``frames`` its await chain outermost first, each
+    (``hooks/process/asyncio_tasks.py``): ``frames`` its await chain outermost first, each
     ``(func, file, line)``; ``awaits_task`` the task it waits for, else ``awaits_future`` a
     plain future's repr (both None when not known)."""
 
@@ -152,14 +152,14 @@ class ProcessInfo:
     @property
     def exception(self) -> Optional[Dict[str, Any]]:
         """Its first ``exception`` event (type, message, traceback, wall_ns; the one a death
-        is read from, ``analyze/deaths.py``), or None."""
+        is read from, ``analyze/failures/deaths.py``), or None."""
         return next(
             (e for e in self.events or () if isinstance(e, dict) and e.get("event") == "exception"), None
         )
 
     @property
     def exiting(self) -> Optional[Dict[str, Any]]:
-        """Its newest ``exiting`` event (its main program returned: hooks/lifecycle.py), or None."""
+        """Its newest ``exiting`` event (its main program returned: hooks/process/lifecycle.py), or None."""
         return next(
             (e for e in reversed(self.events or ()) if isinstance(e, dict) and e.get("event") == "exiting"),
             None,
@@ -168,7 +168,7 @@ class ProcessInfo:
     @property
     def ray_identity(self) -> Dict[str, Any]:
         """What the process's own ring says of its Ray identity (``meta['ray_*']`` written by
-        hooks/ray_hooks.py: job, node, actor id, class, name ...)."""
+        hooks/rayhooks/ray_hooks.py: job, node, actor id, class, name ...)."""
         return {
             k: v
             for k, v in self.meta.items()

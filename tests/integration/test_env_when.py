@@ -43,7 +43,7 @@ def _run(tmp_path, name: str, code: str, **extra) -> tuple:
         ("clean", "pass", {}, None),
         ("exit3", "import sys; sys.exit(3)", {}, "exit"),
         ("raises", "1/0", {}, "exit"),
-        # the sampler's thread starts at the first collection one interval in (hooks/memclock.py)
+        # the sampler's thread starts at the first collection one interval in (hooks/mem/memclock.py)
         (
             "lived",
             "import gc, time\ntime.sleep(0.4); gc.collect(); time.sleep(0.6)",

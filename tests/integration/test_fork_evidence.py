@@ -84,7 +84,7 @@ def test_crashed_and_stuck_dataloader_workers_keep_their_evidence(tmp_path):
         # the stuck worker: alive, its ring names the dump signal, which dumps its stacks.
         # (A forked helper's ring is written to its file at its memory sampler's first
         # tick, a sampling interval (1 s) after the fork, or sooner when it records
-        # something that matters: hooks/ringsize.py, ``materialize``.)
+        # something that matters: hooks/record/ringsize.py, ``materialize``.)
         def stuck_ring():
             return [x for x in load_rings(str(run))[0] if x.pid == stuck]
 

@@ -154,7 +154,7 @@ def test_sampler_thread_runs_in_forked_child_and_off_switch(tmp_path):
     out = subprocess.run(
         [sys.executable, s], env=base_env(tmp_path / "run"), capture_output=True, text=True, timeout=60
     ).stdout
-    # at bootstrap the timer thread waits (hooks/memclock.py); a forked child starts its own
+    # at bootstrap the timer thread waits (hooks/mem/memclock.py); a forked child starts its own
     # at once, a raw thread (memfork.ChildClock) that threading does not list
     assert "parent ['MainThread']" in out and "child ['MainThread'] 2" in out, out
     assert "parent after step ['MainThread', 'hangtrace-memory']" in out, out

@@ -3,7 +3,7 @@ never be scheduled, run as a user runs them (``hangtrace run --stall-s 8 --stop-
 around a driver that starts its own Ray with ``ray.init(address="local", ...)`` and passes
 tracing to its actors through ``runtime_env`` env_vars). The verdict is the first
 snapshot's ``diagnosis.json``; evidence comes from the processes' own records
-(``hooks/ray_calls.py``), not from Ray's state API (this cluster has no dashboard).
+(``hooks/rayhooks/ray_calls.py``), not from Ray's state API (this cluster has no dashboard).
 
 Every process of a job (Ray's own included) inherits the job's ``HANGTRACE_DIR``; after
 each test none may be left (those found are killed and the test fails).

@@ -123,7 +123,7 @@ def test_sigterm_with_the_programs_own_handler(tmp_path):
 def assert_sender(text, q):
     """The SIGTERM came from this test process: with the C extension its pid and command line
     are the stack file's first line and the record's ``signals.sigterm.sender``."""
-    from hangtrace.hooks.recorder import _fastrec
+    from hangtrace.hooks.record.recorder import _fastrec
 
     if _fastrec is None:
         assert not text.startswith("hangtrace: SIGTERM from")
@@ -263,7 +263,7 @@ print(out)
 
 
 def test_a_dataloader_workers_segfault_in_native_code_leaves_its_stack(tmp_path):
-    """torch's worker signal handlers replace faulthandler's: hooks/workersignals.py puts ours
+    """torch's worker signal handlers replace faulthandler's: hooks/process/workersignals.py puts ours
     back on top, so the crashed worker's stack file names its __getitem__ line; torch's own
     message and the program's behaviour (it catches the error) are unchanged (blind helpers 90, 93)."""
     script = tmp_path / "segv.py"

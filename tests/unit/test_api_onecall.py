@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from hangtrace.hooks import memory as HM
-from hangtrace.hooks import recorder as R
+from hangtrace.hooks.mem import memory as HM
+from hangtrace.hooks.record import recorder as R
 from hangtrace.tracer import api
 from hangtrace.tracer.ring import reader as RD
 

@@ -1,13 +1,13 @@
 """Issue 9 item 2: pending asyncio tasks - gathered from another thread than the loop's
-(hooks/asyncio_tasks.py), and the chain the analysis names (analyze/asynctasks.py)."""
+(hooks/process/asyncio_tasks.py), and the chain the analysis names (analyze/stuck/asynctasks.py)."""
 
 import asyncio
 import json
 import threading
 import time
 
-from hangtrace.hooks import asyncio_tasks, failures
-from hangtrace.tracer.analyze.asynctasks import describe
+from hangtrace.hooks.process import asyncio_tasks, failures
+from hangtrace.tracer.analyze.stuck.asynctasks import describe
 from hangtrace.tracer.collect.asynciotasks import parse
 from hangtrace.tracer.snapshot import LoopTasks, PendingTask, ProcessInfo
 
@@ -85,7 +85,7 @@ def test_the_chain_goes_through_a_cython_coroutine_wrapper():
     Ray 2.60, Cython 3.0.12): the chain stopped at Ray's ``async_func`` and never named the
     user's method. The wrapper's one coroutine referent is followed (a stand-in type with
     the same name and a slot, which ``gc.get_referents`` visits as it does the C field)."""
-    from hangtrace.hooks import asyncio_tasks as at
+    from hangtrace.hooks.process import asyncio_tasks as at
 
     class coroutine_wrapper:  # noqa: N801 (the name is what is recognised)
         __slots__ = ("inner",)

@@ -12,7 +12,7 @@ from ruleutil import check  # noqa: E402
 from synth import R, snap, stack  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
-from hangtrace.tracer.analyze.blocking import blocking_reason  # noqa: E402
+from hangtrace.tracer.analyze.stuck.blocking import blocking_reason  # noqa: E402
 from hangtrace.tracer.report.advice import CHILD_PIPE_NEXT  # noqa: E402
 
 RANK_RUNS = (

@@ -28,7 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from hangtrace.hooks import torch_specs  # noqa: E402
+from hangtrace.hooks.torchdist import torch_specs  # noqa: E402
 from hangtrace.tracer.ring import layout as F  # noqa: E402
 
 c10d = dist.distributed_c10d
@@ -133,7 +133,7 @@ def test_every_collective_and_p2p_function_is_wrapped_or_not_applicable() -> Non
     missing = unhandled()
     assert not missing, (
         "torch %s has collective/p2p functions hangtrace neither wraps nor lists: %s. Add each "
-        "to hangtrace/hooks/torch_specs.py SPECS (and layout.OPS), or to NOT_APPLICABLE with "
+        "to hangtrace/hooks/torchdist/torch_specs.py SPECS (and layout.OPS), or to NOT_APPLICABLE with "
         "the reason." % (torch.__version__, sorted(missing))
     )
 

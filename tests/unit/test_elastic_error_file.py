@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from synth import MS, R, ranks, snap  # noqa: E402
 
-from hangtrace.hooks.elastic_errors import parse  # noqa: E402
+from hangtrace.hooks.process.elastic_errors import parse  # noqa: E402
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 
 ERR = "/tmp/torchelastic_x/run_y/attempt_0/1/error.json"

@@ -255,7 +255,7 @@ class _Rt:
 
 
 def test_in_process_record_never_raises_and_skips_known_libraries(tmp_path) -> None:
-    from hangtrace.hooks import envrecord
+    from hangtrace.hooks.env import envrecord
 
     bad = tmp_path / "a-file"
     bad.write_text("x")

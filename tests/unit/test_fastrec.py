@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hangtrace.hooks import recorder as R
+from hangtrace.hooks.record import recorder as R
 from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as RD
@@ -241,7 +241,7 @@ def pg():
     global torch
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
-    from hangtrace.hooks import torch_dist
+    from hangtrace.hooks.torchdist import torch_dist
     from jobs import free_port
 
     assert not torch_dist._installed, "hooks left installed by another test"
@@ -254,7 +254,7 @@ def pg():
 
 @pytest.fixture
 def hooked(pg, tmp_path, mode):
-    from hangtrace.hooks import torch_dist
+    from hangtrace.hooks.torchdist import torch_dist
 
     rec = new_recorder(tmp_path, mode, nslots=256, name="wrappers")
     orig = pg.all_reduce
@@ -326,7 +326,7 @@ def wrapper_script(dist, rec, g):
 
 
 def test_wrappers_record_the_same_on_both_paths(pg, tmp_path, monkeypatch):
-    from hangtrace.hooks import torch_dist
+    from hangtrace.hooks.torchdist import torch_dist
 
     results = {}
     g = pg.new_group([0])  # before both installs: the same group records on both paths
@@ -397,7 +397,7 @@ def test_wrappers_record_the_same_on_both_paths(pg, tmp_path, monkeypatch):
 
 
 def test_return_values_and_exceptions_are_the_originals(pg, tmp_path, mode):
-    from hangtrace.hooks import torch_dist
+    from hangtrace.hooks.torchdist import torch_dist
 
     c10d = pg.distributed_c10d
     orig = c10d.all_reduce
@@ -435,7 +435,7 @@ def test_return_values_and_exceptions_are_the_originals(pg, tmp_path, mode):
 
 
 def test_recorder_fault_never_reaches_the_user(hooked, pg, mode):
-    from hangtrace.hooks import torch_dist
+    from hangtrace.hooks.torchdist import torch_dist
 
     torch_dist._state.fault = True
     t = torch.ones(2) * 2
@@ -450,7 +450,7 @@ def test_recorder_fault_never_reaches_the_user(hooked, pg, mode):
 
 
 def test_state_none_passes_through(hooked, pg, mode):
-    from hangtrace.hooks import torch_dist
+    from hangtrace.hooks.torchdist import torch_dist
 
     st, torch_dist._state = torch_dist._state, None  # what a failed fork set-up does
     try:
@@ -473,7 +473,7 @@ def test_installed_function_looks_like_the_original(hooked, pg, mode):
     tests/integration/test_hooks_roles.py for a real traced process)."""
     import inspect
     import pickle
-    from hangtrace.hooks import torch_dist
+    from hangtrace.hooks.torchdist import torch_dist
 
     w, orig = pg.all_reduce, torch_dist._installed["all_reduce"]
     assert w is not orig and pg.distributed_c10d.all_reduce is w
@@ -491,7 +491,7 @@ def test_installed_function_looks_like_the_original(hooked, pg, mode):
 
 
 def test_after_fork_recorder_swap_records_into_the_new_ring(hooked, pg, tmp_path, mode):
-    from hangtrace.hooks import torch_dist
+    from hangtrace.hooks.torchdist import torch_dist
 
     new = new_recorder(tmp_path / "child", mode)
     torch_dist.reset_after_fork(new)
@@ -529,14 +529,14 @@ def test_pure_python_path_passes_the_format_and_wrapper_tests():
 
 
 def test_host_memory_sample_in_c_is_the_python_sample(tmp_path, monkeypatch):
-    """``Ring.mem_host`` (the C recorder's host sample, hooks/memory.py) writes the record
+    """``Ring.mem_host`` (the C recorder's host sample, hooks/mem/memory.py) writes the record
     the Python path (``CgroupFiles._sample_host``) writes, from the same descriptors: this
     process's real ``/proc/PID/statm`` and crafted cgroup files (v1 and v2 oom lines, a
     first-line oom_kill, blanks, garbage, an empty file, a directory that cannot be read),
     and none at all."""
     if not HAVE_C:
         pytest.skip(NO_C)
-    from hangtrace.hooks import memory as HM
+    from hangtrace.hooks.mem import memory as HM
 
     def fd_of(name, text):
         p = tmp_path / name

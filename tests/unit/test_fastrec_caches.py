@@ -45,7 +45,7 @@ def test_busy_is_a_mapping_of_thread_idents():
 @pytest.mark.parametrize("mode", ["c"], indirect=True)
 def test_shape_dtype_and_group_caches_follow_their_keys(hooked, pg, mode):
     import torch
-    from hangtrace.hooks import torch_dist
+    from hangtrace.hooks.torchdist import torch_dist
 
     a = torch.ones(4, 2)
     for t in (
@@ -126,7 +126,8 @@ def test_wall_time_of_a_record_is_the_wall_clock(hooked, pg, mode):
 @pytest.mark.parametrize("mode", ["c"], indirect=True)
 def test_sizes_and_dtype_read_from_the_tensorimpl_match_the_getters(hooked, pg, mode):
     import torch
-    from hangtrace.hooks import _fastrec, tensor_layout
+    from hangtrace.hooks import _fastrec
+    from hangtrace.hooks.record import tensor_layout
 
     assert tensor_layout.probe(torch).startswith("{'cdata_off'"), _fastrec.tensor_layout()
     base = torch.ones(6, 10)
@@ -179,7 +180,8 @@ def test_sizes_and_dtype_read_from_the_tensorimpl_match_the_getters(hooked, pg, 
 @pytest.mark.parametrize("mode", ["c"], indirect=True)
 def test_a_probe_that_does_not_fit_leaves_the_getters_in_use(hooked, pg, mode):
     import torch
-    from hangtrace.hooks import _fastrec, tensor_layout
+    from hangtrace.hooks import _fastrec
+    from hangtrace.hooks.record import tensor_layout
 
     ts = [torch.ones(3, 4), torch.ones(5), torch.ones(2, 2, 2), torch.ones(6, dtype=torch.int64)]
     try:
@@ -199,7 +201,8 @@ def test_a_probe_that_does_not_fit_leaves_the_getters_in_use(hooked, pg, mode):
 @pytest.mark.parametrize("mode", ["c"], indirect=True)
 def test_sequence_counters_are_counter_cells_advanced_in_c(hooked, pg, mode):
     import torch
-    from hangtrace.hooks import _fastrec, torch_dist
+    from hangtrace.hooks import _fastrec
+    from hangtrace.hooks.torchdist import torch_dist
 
     c = _fastrec.Counter()
     assert len(c) == 1 and c[0] == 0 and c[-1] == 0

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hangtrace import cli
-from hangtrace.hooks.recorder import Recorder
+from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer import errors as E
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R

@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 
-from hangtrace.hooks.fr_agent import socket_name
+from hangtrace.hooks.torchdist.fr_agent import socket_name
 from hangtrace.tracer.collect.frrequest import _ask
 
 

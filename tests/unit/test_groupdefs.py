@@ -1,4 +1,4 @@
-"""Ranks that created their process groups in another order (analyze/groupdefs.py).
+"""Ranks that created their process groups in another order (analyze/graph/groupdefs.py).
 
 Blind helper 101 (2026-12-04, torchrun, 4 ranks, gloo): rank 3 read a per-node flag and created
 the data-parallel groups ([0,2], [1,3]) before the tensor-parallel ones ([0,1], [2,3]); torch

@@ -14,9 +14,10 @@ import pytest
 
 from jobs import REPO, base_env
 
-from hangtrace.hooks import importhook, ringsize
+from hangtrace.hooks import importhook
+from hangtrace.hooks.record import ringsize
 from hangtrace.hooks.instrument import Instrumentor
-from hangtrace.hooks.recorder import Recorder, choose, fast_available
+from hangtrace.hooks.record.recorder import Recorder, choose, fast_available
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring.reader import read_ring
 
@@ -33,9 +34,11 @@ HOOKS_DIR = os.path.join(REPO, "hangtrace", "hooks")
 
 
 def _hooks_modules():
-    return sorted(
-        "hangtrace.hooks." + f[:-3] for f in os.listdir(HOOKS_DIR) if f.endswith(".py") and f != "__init__.py"
-    )
+    found = []
+    for dirpath, _dirs, files in os.walk(HOOKS_DIR):
+        pkg = "hangtrace." + os.path.relpath(dirpath, os.path.dirname(HOOKS_DIR)).replace(os.sep, ".")
+        found += [pkg + "." + f[:-3] for f in files if f.endswith(".py") and f != "__init__.py"]
+    return sorted(found)
 
 
 @pytest.mark.parametrize("module", _hooks_modules())
@@ -262,7 +265,7 @@ def test_traced_fork_child_keeps_a_small_ring(tmp_path):
 
 
 def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path):
-    """hooks/memfork.py (a forked child's sampler take-over) is not imported at start-up
+    """hooks/mem/memfork.py (a forked child's sampler take-over) is not imported at start-up
     (issue 8) nor by every child (issue 13): the parent imports it just before its first
     fork, and the child takes the parent's sampler over with it, its timer a raw thread
     that has taken no sample yet."""
@@ -270,21 +273,21 @@ def test_sampler_take_over_code_is_imported_before_a_fork_not_at_start(tmp_path)
     script.write_text(
         textwrap.dedent("""
         import os, sys, time
-        from hangtrace.hooks import memory
-        assert "hangtrace.hooks.memfork" not in sys.modules, "imported at start-up"
-        assert "hangtrace.hooks.memcuda" not in sys.modules, "CUDA sampling imported without CUDA"
+        from hangtrace.hooks.mem import memory
+        assert "hangtrace.hooks.mem.memfork" not in sys.modules, "imported at start-up"
+        assert "hangtrace.hooks.mem.memcuda" not in sys.modules, "CUDA sampling imported without CUDA"
         parent = memory.active()
         assert parent is not None
         pid = os.fork()
         if pid == 0:
             s = memory.active()
-            from hangtrace.hooks import memfork
+            from hangtrace.hooks.mem import memfork
             # its timer: a ChildClock whose raw thread waits one interval before any sample
             ok = (s is parent and s.pid == os.getpid() and isinstance(s.thread, memfork.ChildClock)
                   and time.clock_gettime_ns(time.pthread_getcpuclockid(s.thread.ident)) >= 0
                   and len(os.listdir("/proc/self/task")) == 2 and s.nsamples == 0 and not s.dead)
             os._exit(0 if ok else 3)
-        assert "hangtrace.hooks.memfork" in sys.modules, "not imported before the fork"
+        assert "hangtrace.hooks.mem.memfork" in sys.modules, "not imported before the fork"
         _, st = os.waitpid(pid, 0)
         sys.exit(os.waitstatus_to_exitcode(st))
     """)
@@ -404,7 +407,7 @@ def test_forked_helpers_start_record_waits_for_its_file(tmp_path):
 def test_child_stop_flag_is_an_event():
     """``memfork.StopFlag``: Event's is_set / wait / set, across threads."""
     import threading
-    from hangtrace.hooks.memfork import StopFlag
+    from hangtrace.hooks.mem.memfork import StopFlag
 
     f = StopFlag()
     assert not f.is_set() and f.wait(0.01) is False

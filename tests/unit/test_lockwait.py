@@ -11,9 +11,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from hangtrace.tracer.analyze.blocking import blocking_reason  # noqa: E402
-from hangtrace.tracer.analyze.lockwait import lock_wait_text  # noqa: E402
-from hangtrace.tracer.analyze.stacktree import pick_thread  # noqa: E402
+from hangtrace.tracer.analyze.stuck.blocking import blocking_reason  # noqa: E402
+from hangtrace.tracer.analyze.stuck.lockwait import lock_wait_text  # noqa: E402
+from hangtrace.tracer.analyze.stuck.stacktree import pick_thread  # noqa: E402
 from hangtrace.tracer.collect import stacks as S  # noqa: E402
 from hangtrace.tracer.snapshot import ProcessInfo  # noqa: E402
 

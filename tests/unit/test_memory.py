@@ -8,7 +8,7 @@ import json
 import pytest
 
 from synth import MS, S, T0, R, ranks, snap
-from hangtrace.hooks import memory as HM
+from hangtrace.hooks.mem import memory as HM
 from hangtrace.tracer import api
 from hangtrace.tracer.analyze import memory as M
 from hangtrace.tracer.ring import layout as F
@@ -111,7 +111,7 @@ def test_kernel_oom_line_parsing():
 @pytest.fixture
 def recorder(tmp_path):
     from hangtrace.hooks.bootstrap import RunLog
-    from hangtrace.hooks.recorder import Recorder
+    from hangtrace.hooks.record.recorder import Recorder
 
     rec = Recorder(str(tmp_path), "t", 1024, RunLog(str(tmp_path)))
     yield rec
@@ -156,7 +156,7 @@ def test_sampler_records_host_gauges_and_cuda_oom_stand_in(recorder, tmp_path, m
 
 
 def test_cuda_sampling_once_torch_has_initialised_cuda(recorder, tmp_path, monkeypatch):
-    """hooks/memcuda.py is used (and imported) only once ``torch.cuda.is_initialized()``:
+    """hooks/mem/memcuda.py is used (and imported) only once ``torch.cuda.is_initialized()``:
     a stand-in torch with one device gets its figures sampled and the allocator's OOM
     observer attached at the next tick."""
     import sys
@@ -473,7 +473,7 @@ def test_no_memory_no_details():
 
 
 def test_deferred_timer_thread_waits_for_a_free_registry_lock_and_for_torch(recorder, tmp_path, monkeypatch):
-    """hooks/memclock.py: the gc clock starts the thread only past the interval, never while
+    """hooks/mem/memclock.py: the gc clock starts the thread only past the interval, never while
     a module named torch is being imported, and never while ``threading``'s registry lock
     is held (a collection inside ``threading`` on this thread would deadlock on a plain
     Lock; CPython 3.11 has an RLock there, so a held plain Lock stands in for it)."""
@@ -481,7 +481,7 @@ def test_deferred_timer_thread_waits_for_a_free_registry_lock_and_for_torch(reco
     import sys
     import threading
     import types
-    from hangtrace.hooks import memclock
+    from hangtrace.hooks.mem import memclock
 
     s = HM.Sampler(recorder, recorder.log, 0.05, str(tmp_path))
     held = threading.Lock()
@@ -709,7 +709,7 @@ def test_sigterm_advice_only_for_the_rank_whose_sigterm_is_the_cause():
 def test_a_rank_whose_dataloader_worker_crashed_in_native_code_says_where():
     """Blind helpers 90 and 93: a worker segfaults in a ctypes decode call; torch raises
     "DataLoader worker (pid N) is killed by signal: Segmentation fault." in the rank. With
-    the worker's fatal-stack dump (hooks/workersignals.py keeps faulthandler on top of torch's
+    the worker's fatal-stack dump (hooks/process/workersignals.py keeps faulthandler on top of torch's
     handlers) the verdict says where the worker crashed, not its memory, and the rank's
     frames are where it noticed; the advice is about native code."""
     from hangtrace.tracer.report.advice import HELPER_CRASH_NEXT

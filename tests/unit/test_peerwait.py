@@ -13,7 +13,7 @@ from ruleutil import check  # noqa: E402
 from synth import COLL_STACK, ranks, snap, stack  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
-from hangtrace.tracer.analyze.peerwait import name_peers, peer_pids  # noqa: E402
+from hangtrace.tracer.analyze.stuck.peerwait import name_peers, peer_pids  # noqa: E402
 
 SPAWN = "python from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=15, pipe_handle=17)"
 RECV = {

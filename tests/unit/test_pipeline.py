@@ -9,7 +9,7 @@ import os
 import pytest
 
 from hangtrace import cli
-from hangtrace.hooks.recorder import Recorder
+from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer import pipeline
 from hangtrace.tracer.analyze.diagnose import diagnose
 from hangtrace.tracer.collect.rings import load_run

@@ -12,9 +12,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "rul
 from ruleutil import check  # noqa: E402
 from synth import ranks, snap, stack  # noqa: E402
 
-from hangtrace.tracer.analyze.blocking import blocking_reason  # noqa: E402
+from hangtrace.tracer.analyze.stuck.blocking import blocking_reason  # noqa: E402
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
-from hangtrace.tracer.analyze.pollwait import condition_names  # noqa: E402
+from hangtrace.tracer.analyze.stuck.pollwait import condition_names  # noqa: E402
 from hangtrace.tracer.collect.sourcelines import add_source_lines, enclosing_blocks, following_lines  # noqa: E402
 
 JOB = textwrap.dedent("""\

@@ -91,7 +91,7 @@ import sys
 from hangtrace.hooks import preload
 n = preload.load("activate")
 print(n, preload.status()["activate"])
-import hangtrace.hooks.memory as m
+import hangtrace.hooks.mem.memory as m
 print(getattr(m.__spec__, "loader_state", None) == preload.MARK)
 """
 
@@ -117,11 +117,11 @@ print(t.__path__ == [%r], t.api is sys.modules["hangtrace.tracer.api"])
 
 def test_a_changed_source_makes_the_whole_group_import_as_usual(copy_root):
     root, env = copy_root
-    src = root / "hangtrace" / "hooks" / "cgroup.py"
+    src = root / "hangtrace" / "hooks" / "mem" / "cgroup.py"
     src.write_text(src.read_text() + "\nCHANGED = 1\n")
-    out = _python(CHECK + "import hangtrace.hooks.cgroup as c; print(c.CHANGED)", env, cwd=str(root)).split(
-        "\n"
-    )
+    out = _python(
+        CHECK + "import hangtrace.hooks.mem.cgroup as c; print(c.CHANGED)", env, cwd=str(root)
+    ).split("\n")
     assert out[0] == "0 stale: %s changed" % src
     assert out[1:3] == ["False", "1"]
     assert (
@@ -137,17 +137,17 @@ def test_a_changed_source_makes_the_whole_group_import_as_usual(copy_root):
 
 def test_a_module_that_raises_is_left_to_its_import_which_raises_the_same(copy_root):
     root, env = copy_root
-    src = root / "hangtrace" / "hooks" / "cgroup.py"
+    src = root / "hangtrace" / "hooks" / "mem" / "cgroup.py"
     src.write_text(src.read_text() + "\nraise RuntimeError('broken on purpose')\n")
     _python("from hangtrace.hooks import preload; preload.build(['activate'])", env, cwd=str(root))
     out = _python(
         """
         import sys
         from hangtrace.hooks import preload
-        print(preload.load("activate"), "hangtrace.hooks.cgroup" in sys.modules, "hangtrace.hooks.memory" in sys.modules)
+        print(preload.load("activate"), "hangtrace.hooks.mem.cgroup" in sys.modules, "hangtrace.hooks.mem.memory" in sys.modules)
         print(preload.status()["activate"])
         try:
-            import hangtrace.hooks.memory
+            import hangtrace.hooks.mem.memory
         except RuntimeError as e:
             print("raised", e)
     """,

@@ -1,4 +1,4 @@
-"""hooks/ray_calls.py without a cluster: what an actor creation reserves (Ray 2.60's
+"""hooks/rayhooks/ray_calls.py without a cluster: what an actor creation reserves (Ray 2.60's
 defaults), waits recorded only for actor-call refs and passing results and exceptions
 through unchanged, and install/uninstall on the real ray module restoring every attribute."""
 
@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from hangtrace.hooks import ray_calls
-from hangtrace.hooks.recorder import Recorder
+from hangtrace.hooks.rayhooks import ray_calls
+from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer.ring import reader as R
 
 

@@ -1,4 +1,4 @@
-"""hooks/ray_infra.py: methods of Ray's own infrastructure actors (the actor behind
+"""hooks/rayhooks/ray_infra.py: methods of Ray's own infrastructure actors (the actor behind
 ray.util.queue.Queue) record no phase - a consumer's timed polls are no progress and the
 Empty of a timed get no failed method - while a user's actor methods still do."""
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from hangtrace.hooks import ray_hooks
+from hangtrace.hooks.rayhooks import ray_hooks
 from hangtrace.tracer import config
 
 

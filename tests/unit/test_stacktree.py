@@ -8,8 +8,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from synth import COLL_STACK, R, stack  # noqa: E402
 
-from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame  # noqa: E402
-from hangtrace.tracer.analyze.stacktree import (
+from hangtrace.tracer.analyze.stuck.blocking import blocking_reason, collective_frame  # noqa: E402
+from hangtrace.tracer.analyze.stuck.stacktree import (
     NO_STACK,
     classes,
     format_ranks,

@@ -4,7 +4,7 @@ memory samples, an in-flight record), and match what a full decode shows."""
 
 import pytest
 
-from hangtrace.hooks.recorder import Recorder
+from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer.ring.summary import TAIL
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
@@ -183,11 +183,11 @@ class _Ref:
 
 
 def test_waits_newest_per_thread_on_both_paths(tmp_path):
-    """Ray wait records (hooks/ray_calls.py): per thread the newest, completed or still
+    """Ray wait records (hooks/rayhooks/ray_calls.py): per thread the newest, completed or still
     issued, equal on the numpy and the Python path, kept in records() - also after the
     ring wrapped (64 slots, 150 rounds)."""
     import threading
-    from hangtrace.hooks import ray_calls
+    from hangtrace.hooks.rayhooks import ray_calls
 
     pytest.importorskip("numpy")
     rec = Recorder(str(tmp_path), "run-w", 64, _log)

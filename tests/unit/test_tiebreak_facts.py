@@ -1,8 +1,8 @@
 """Facts that break a tie between ranks (issue 9): per-step collective counts and the
 exceptions a rank survived."""
 
-from hangtrace.tracer.analyze.exceptions import survived
-from hangtrace.tracer.analyze.stepcounts import deviations, tie_breaker
+from hangtrace.tracer.analyze.failures.exceptions import survived
+from hangtrace.tracer.analyze.graph.stepcounts import deviations, tie_breaker
 from hangtrace.tracer.snapshot import ProcessInfo
 
 

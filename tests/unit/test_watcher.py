@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hangtrace.hooks.recorder import Recorder
+from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer import config
 from hangtrace.tracer.watch.watcher import Watcher
 from hangtrace.tracer.watch.helpergrace import HELPER_GRACE_S
@@ -132,7 +132,7 @@ def test_deaths_after_stall_are_not_a_new_incident(tmp_path, how):
     code = (
         "import signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
-        "from hangtrace.hooks import lifecycle\n"
+        "from hangtrace.hooks.process import lifecycle\n"
         "print('ready', flush=True); time.sleep(60)\n"
     )
     p = subprocess.Popen(
@@ -266,7 +266,7 @@ def test_a_gone_process_ring_is_final_and_not_read_again(tmp_path):
 def test_fr_counters_asked_only_of_ranks_whose_ring_did_not_move(tmp_path, rec, monkeypatch):
     """Issue 13: torch's counters (one request per rank and poll) are asked only of a rank
     whose own ring shows no progress in this poll; a moving ring is progress already."""
-    from hangtrace.hooks.fr_agent import fr_dir
+    from hangtrace.hooks.torchdist.fr_agent import fr_dir
     from hangtrace.tracer.collect import frrequest
 
     os.makedirs(fr_dir(str(tmp_path)))
@@ -301,7 +301,7 @@ def test_a_hang_is_dated_from_the_rings_last_move_and_an_enqueue_is_no_progress(
     """torch's counters given before the ring last moved are no baseline (they made the
     stall one poll late: the bench_verdict_latency job read threshold + 2 s); and the
     collective a hung rank waits in is enqueued, never completed: no progress."""
-    from hangtrace.hooks.fr_agent import fr_dir
+    from hangtrace.hooks.torchdist.fr_agent import fr_dir
     from hangtrace.tracer.collect import frrequest
 
     os.makedirs(fr_dir(str(tmp_path)))

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from hangtrace.hooks.recorder import Recorder
+from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.watch.busy import BusyClock, cpu_demand_s
 from hangtrace.tracer.watch.watcher import Watcher

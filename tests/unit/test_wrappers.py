@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from jobs import free_port  # noqa: E402
-from hangtrace.hooks import torch_dist  # noqa: E402
-from hangtrace.hooks.recorder import Recorder  # noqa: E402
+from hangtrace.hooks.torchdist import torch_dist  # noqa: E402
+from hangtrace.hooks.record.recorder import Recorder  # noqa: E402
 from hangtrace.tracer.ring import reader as R
 
 c10d = dist.distributed_c10d

@@ -45,7 +45,7 @@ from enum import Enum
 from typing import Callable, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.deaths import death_after, died_soon_after
+from hangtrace.tracer.analyze.failures.deaths import death_after, died_soon_after
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.rules.rankless_root import ranks_wait_on_outside
 from hangtrace.tracer.diagnosis import Kind

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hangtrace.tracer.analyze import elastic, teardown
-from hangtrace.tracer.analyze.lonerestart import lone_restarts
-from hangtrace.tracer.analyze.workwait import async_wait
-from hangtrace.tracer.analyze.deaths import (
+from hangtrace.tracer.analyze.failures import elastic, teardown
+from hangtrace.tracer.analyze.failures.lonerestart import lone_restarts
+from hangtrace.tracer.analyze.stuck.workwait import async_wait
+from hangtrace.tracer.analyze.failures.deaths import (
     fill_death,
     is_transport_error,
     rec_fail_wall,
@@ -34,7 +34,7 @@ from hangtrace.tracer.envfacts import ProcessEnv
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 if TYPE_CHECKING:
-    from hangtrace.tracer.analyze.waitgraph import Inst
+    from hangtrace.tracer.analyze.graph.waitgraph import Inst
 
 #: One flight record (keys: ``tracer.ring.reader.decode_slots``). The one place to point
 #: at the typed record of ``tracer/ring/records.py`` once it exists.
@@ -83,10 +83,8 @@ class RankView:
     cause: Optional[str] = None
     cause_text: Optional[str] = None
     victim: bool = False
-    departed: bool = False  # exited cleanly first, its peers then failed (analyze/departures.py)
-    teardown: str = (
-        ""  # the SIGTERM after its failure, or the Ray teardown it is a victim of (analyze/teardown.py)
-    )
+    departed: bool = False  # exited cleanly first, its peers then failed (analyze/failures/departures.py)
+    teardown: str = ""  # the SIGTERM after its failure, or the Ray teardown it is a victim of (analyze/failures/teardown.py)
     fail_wall: int = 0
     phase: Optional[str] = None
     step: Optional[int] = None
@@ -272,7 +270,7 @@ class Ctx:
         for c in self.roles.claims:
             self.dups.append((c.rank, c.kind, c.kept, c.others))
         ranks = dict(self.roles.ranks)
-        # a rank restarted alone: the process that died stands for it (analyze/lonerestart.py)
+        # a rank restarted alone: the process that died stands for it (analyze/failures/lonerestart.py)
         self.replaced: Dict[int, Tuple[ProcessInfo, ProcessInfo]] = lone_restarts(ranks, self.dups, valid)
         for r, (prev, _new) in self.replaced.items():
             ranks[r] = prev

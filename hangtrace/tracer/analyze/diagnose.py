@@ -18,7 +18,7 @@ from hangtrace.tracer.analyze import enrich
 from hangtrace.tracer.analyze.arbiter import Outcome, Situation, decide
 from hangtrace.tracer.analyze.context import DEFAULT_STALL_S, Ctx
 from hangtrace.tracer.process_model import process_argv
-from hangtrace.tracer.analyze.deaths import (
+from hangtrace.tracer.analyze.failures.deaths import (
     first_rankless_death,
     TRANSPORT_MARKERS,
     failures,
@@ -26,14 +26,14 @@ from hangtrace.tracer.analyze.deaths import (
     stopped_after_stall,
 )
 from hangtrace.tracer.analyze.evidence import rk, stall_note
-from hangtrace.tracer.analyze.actorgraph import open_waits
-from hangtrace.tracer.analyze.childwait import child_process
-from hangtrace.tracer.analyze.groupdefs import explain_split
-from hangtrace.tracer.analyze.peerwait import peer_waits
-from hangtrace.tracer.analyze.lockwait import lock_waits
-from hangtrace.tracer.analyze.pollwait import poll_waits
-from hangtrace.tracer.analyze.replacement import replacement
-from hangtrace.tracer.analyze.loaderwait import loader_workers
+from hangtrace.tracer.analyze.actors.actorgraph import open_waits
+from hangtrace.tracer.analyze.stuck.childwait import child_process
+from hangtrace.tracer.analyze.graph.groupdefs import explain_split
+from hangtrace.tracer.analyze.stuck.peerwait import peer_waits
+from hangtrace.tracer.analyze.stuck.lockwait import lock_waits
+from hangtrace.tracer.analyze.stuck.pollwait import poll_waits
+from hangtrace.tracer.analyze.failures.replacement import replacement
+from hangtrace.tracer.analyze.stuck.loaderwait import loader_workers
 from hangtrace.tracer.analyze.rules import (
     ACTOR_RULES,
     ACTORS,
@@ -46,9 +46,9 @@ from hangtrace.tracer.analyze.rules import (
     TIMEOUT_WAITER,
     Finding,
 )
-from hangtrace.tracer.analyze.stacktree import classes as stack_classes_of
-from hangtrace.tracer.analyze.stacktree import format_ranks, merge_stacks, missing_from_common_frame
-from hangtrace.tracer.analyze.waitgraph import build_instances
+from hangtrace.tracer.analyze.stuck.stacktree import classes as stack_classes_of
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks, merge_stacks, missing_from_common_frame
+from hangtrace.tracer.analyze.graph.waitgraph import build_instances
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.envfacts import ProcessEnv
 from hangtrace.tracer.snapshot import Snapshot
@@ -107,7 +107,7 @@ def _preamble(ctx: Ctx, d: Diagnosis) -> None:
             )
         )
     for r, kind, kept, others in ctx.dups[:5]:
-        if kind == "restart" and r in ctx.replaced:  # analyze/lonerestart.py
+        if kind == "restart" and r in ctx.replaced:  # analyze/failures/lonerestart.py
             ctx.add(
                 "rank %d: restarted alone (earlier process %s, newest %s) while the other ranks kept their "
                 "processes: %s, the one that died, is analysed"

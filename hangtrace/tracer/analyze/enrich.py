@@ -1,5 +1,5 @@
 """Enrichment after the verdict: Ray identity and Ray's own death record (issue 4; meta
-from hooks/ray_hooks.py and collect/raystate.join), memory ledger, trends and
+from hooks/rayhooks/ray_hooks.py and collect/raystate.join), memory ledger, trends and
 attribution (issue 5), dead helper threads, ranks outside the common stack frame (pure;
 never raises on odd data). Ray's text is reported as Ray's, beside the cause found."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional
 
-from hangtrace.tracer.analyze.exceptions import RECENT_NS, survived, swallowed_since
+from hangtrace.tracer.analyze.failures.exceptions import RECENT_NS, survived, swallowed_since
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.deaths import raised_phases
-from hangtrace.tracer.analyze.stacktree import format_ranks
+from hangtrace.tracer.analyze.failures.deaths import raised_phases
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
 from hangtrace.tracer.analyze.memory.samples import fmt_bytes
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.snapshot import ProcessInfo
@@ -263,7 +263,7 @@ def _stopped_after_exception(d: Diagnosis, r: int, proc: Any) -> None:
 
 def thread_and_stack_notes(ctx: Ctx, d: Diagnosis) -> None:
     """Evidence: helper threads of the culprits that died earlier, asyncio tasks whose
-    exception nobody retrieved (issue 9, ``hooks/failures.py``), phases an exception
+    exception nobody retrieved (issue 9, ``hooks/process/failures.py``), phases an exception
     left (not repeated when a tie-break line already names it); ranks outside the frame
     most ranks share."""
     for r in d.culprit_ranks[:4]:

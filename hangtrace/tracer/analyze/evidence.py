@@ -9,8 +9,8 @@ import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, Record
-from hangtrace.tracer.analyze.stacktree import format_ranks, frame_label, process_frames, python_frames
-from hangtrace.tracer.analyze.waitgraph import Inst
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks, frame_label, process_frames, python_frames
+from hangtrace.tracer.analyze.graph.waitgraph import Inst
 from hangtrace.tracer.diagnosis import Diagnosis
 from hangtrace.tracer.snapshot import ProcessInfo
 

@@ -1,4 +1,4 @@
-"""The pending asyncio tasks the Flight Recorder agents wrote (``hooks/asyncio_tasks.py``,
+"""The pending asyncio tasks the Flight Recorder agents wrote (``hooks/process/asyncio_tasks.py``,
 ``fr/<host>-<pid>.tasks.json``; docs/FORMAT.md), joined into a snapshot's processes as
 ``ProcessInfo.asyncio_loops`` (issue 9, item 2). Impure (reads files); never raises:
 an unreadable file adds a line to ``errors``.

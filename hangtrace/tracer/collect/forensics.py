@@ -2,7 +2,7 @@
 
 Two halves, both impure:
 
-- **in the traced process** (``hooks/envcollect.py``, called by ``hooks/envrecord.py`` at
+- **in the traced process** (``hooks/env/envcollect.py``, called by ``hooks/env/envrecord.py`` at
   bootstrap, at torch import, after fork and when ctypes loads a new library): read
   ``/proc/self/maps``, keep the executable file mappings (for naming a crashing frame
   after death) and the libraries that matter, stat them, read their GNU build-id with a
@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer import envfacts as E
 
-from hangtrace.hooks.envcollect import (  # noqa: F401 (the in-process half, re-exported)
+from hangtrace.hooks.env.envcollect import (  # noqa: F401 (the in-process half, re-exported)
     _build_id_in_notes,
     _library,
     _module_version,

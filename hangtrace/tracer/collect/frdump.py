@@ -8,7 +8,7 @@ Files recognised in a directory:
 * ``comm_lib_trace_rank_<r>`` and the older ``nccl_trace_rank_<r>``: torch's own names
   (``TORCH_FR_DUMP_TEMP_FILE`` + global rank). The rank comes from the name (torch's
   ``flight_recorder/components/loader.py`` does the same: the dump holds no global rank).
-* ``<host>-<pid>.pkl`` / ``.json`` written by our agent (``hooks/fr_agent.py``) under
+* ``<host>-<pid>.pkl`` / ``.json`` written by our agent (``hooks/torchdist/fr_agent.py``) under
   ``RUN_DIR/fr/``, each with a sidecar ``<host>-<pid>.meta.json`` giving rank, world size,
   host and pid.
 

@@ -1,4 +1,4 @@
-"""Collector side of the Flight Recorder agents (``hangtrace.hooks.fr_agent``). Impure.
+"""Collector side of the Flight Recorder agents (``hangtrace.hooks.torchdist.fr_agent``). Impure.
 
 ``request_fr_dumps`` connects to each process's agent (an abstract Unix socket,
 ``fr_agent.socket_name``), sends a request token, and waits until the agent answers
@@ -17,7 +17,7 @@ import time
 from typing import Dict, Iterable, List, Optional
 
 from hangtrace.tracer import config
-from hangtrace.hooks.fr_agent import FR_SUBDIR, PROGRESS, dump_path, meta_path, socket_name
+from hangtrace.hooks.torchdist.fr_agent import FR_SUBDIR, PROGRESS, dump_path, meta_path, socket_name
 
 
 def _token_of(path: str) -> Optional[str]:

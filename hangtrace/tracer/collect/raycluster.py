@@ -240,8 +240,8 @@ def _connect(address: Optional[str]) -> bool:
             log_to_driver=False,
             runtime_env={"env_vars": env},
             namespace="hangtrace",
-            logging_level="ERROR",
-        )  # type: ignore[arg-type]  # Ray annotates int; it takes level names too
+            logging_level="ERROR",  # type: ignore[arg-type]  # Ray annotates int; it takes level names too
+        )
     except (ConnectionError, RuntimeError, ray.exceptions.RayError) as e:
         from hangtrace.tracer.collect.rayjob import gcs_unreachable
 

@@ -452,7 +452,7 @@ def take_snapshot(
 def _fr_dumps(run_dir: str, sdir: str) -> List[str]:
     """The Flight Recorder dumps of this host's live traced processes, copied into
     ``sdir/fr`` (issue 10; ``collect/frrequest.py``). Never raises."""
-    from hangtrace.hooks.fr_agent import fr_dir
+    from hangtrace.hooks.torchdist.fr_agent import fr_dir
 
     if not os.path.isdir(fr_dir(run_dir)):
         return []

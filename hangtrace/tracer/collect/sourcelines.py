@@ -50,7 +50,7 @@ def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                     fr["with"] = held
                 if loop and i < 2:  # a polling loop: around the wait, or around the call that waits
                     fr["loop"] = loop
-                if i == 0:  # what this thread does once its wait returns (analyze/pollwait.py)
+                if i == 0:  # what this thread does once its wait returns (analyze/stuck/pollwait.py)
                     after = following_lines(path, line)
                     if after:
                         fr["next"] = after

@@ -113,14 +113,14 @@ ACTOR_STUCK_NEXT = (
 )
 
 
-#: a rank stuck outside collectives waits for a lock, and other threads of it do too (analyze/lockwait.py)
+#: a rank stuck outside collectives waits for a lock, and other threads of it do too (analyze/stuck/lockwait.py)
 LOCK_NEXT = (
     "make the threads named above take their locks in one order (or never hold one while taking "
     "another): each holds the locks of the `with` blocks it is inside and waits at the line named"
 )
 
 
-#: a rank stuck outside collectives waits for a child process (analyze/childwait.py)
+#: a rank stuck outside collectives waits for a child process (analyze/stuck/childwait.py)
 EXIT_NEXT = (
     "stop the thread named above before the program returns (a sentinel on its queue or an Event, "
     "then `join(timeout=...)`), or start it with `daemon=True` if its work may be lost; an exit "
@@ -176,7 +176,7 @@ PEER_NEXT = (
     "timeout (`settimeout`, `create_connection(..., timeout=...)`) so that a silent peer fails the step "
     "instead of the job"
 )
-#: by how the process is at exit (analyze/exitwait.py ``main_at_exit``)
+#: by how the process is at exit (analyze/stuck/exitwait.py ``main_at_exit``)
 EXIT_NEXTS = {
     "executor": (
         "give the work submitted to the ThreadPoolExecutor a timeout (its client or socket call): "
@@ -257,7 +257,7 @@ CHILD_NEXT = (
 
 def peer_next(role: str, actor: bool = False) -> str:
     """The advice for a culprit whose socket peer or file lock's holder is named
-    (``details['peer_role']``, analyze/peerwait.py); ``actor``: the culprit is a Ray actor
+    (``details['peer_role']``, analyze/stuck/peerwait.py); ``actor``: the culprit is a Ray actor
     without a rank."""
     if role == "lock-holder":
         return HOLDER_NEXT
@@ -340,8 +340,8 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
         Kind.CROSS_GROUP_DEADLOCK,
         lambda g, d: d.get("broken_order"),
         BROKEN_ORDER_NEXT,
-    ),  # analyze/grouporder.py
-    (_MISMATCH, lambda g, d: d.get("group_order"), GROUP_ORDER_NEXT),  # analyze/groupdefs.py
+    ),  # analyze/graph/grouporder.py
+    (_MISMATCH, lambda g, d: d.get("group_order"), GROUP_ORDER_NEXT),  # analyze/graph/groupdefs.py
     (
         Kind.SKIPPED_COLLECTIVE,
         lambda g, d: d.get("minority_at_exit"),
@@ -349,12 +349,12 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     ),  # rules/minority.py
     (
         Kind.SKIPPED_COLLECTIVE,
-        lambda g, d: d.get("departed"),  # analyze/departures.py
+        lambda g, d: d.get("departed"),  # analyze/failures/departures.py
         lambda g, d: PREEMPTED_NEXT if (d.get("departed") or {}).get("sigterm") else DEPARTED_NEXT,
     ),
     (
         Kind.SKIPPED_COLLECTIVE,
-        lambda g, d: d.get("returned"),  # analyze/actorreturn.py: an actor method returned
+        lambda g, d: d.get("returned"),  # analyze/actors/actorreturn.py: an actor method returned
         lambda g, d: PREEMPTED_NEXT if (d.get("returned") or {}).get("sigterm") else DEPARTED_NEXT,
     ),
     (
@@ -377,7 +377,7 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
         _STUCK,
         lambda g, d: d.get("child_pipe_full"),
         CHILD_PIPE_NEXT,
-    ),  # analyze/childwait.py: the pipe deadlock
+    ),  # analyze/stuck/childwait.py: the pipe deadlock
     (_STUCK, lambda g, d: d.get("child_wait"), CHILD_NEXT),
     (
         _STUCK,
@@ -411,7 +411,7 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
         SLEEP_NEXT,
     ),
     (_STUCK, lambda g, d: g.culprit_actors and not g.culprit_ranks, ACTOR_STUCK_NEXT),
-    (_UNKNOWN, lambda g, d: d.get("loader_wait"), LOADER_WAIT_NEXT),  # analyze/loaderwait.py
+    (_UNKNOWN, lambda g, d: d.get("loader_wait"), LOADER_WAIT_NEXT),  # analyze/stuck/loaderwait.py
     (
         _UNKNOWN,
         lambda g, d: g.stack_classes and str(g.cause) == Cause.STALLED_OUTSIDE_COLLECTIVES.value,
@@ -449,7 +449,7 @@ def next_step(diag: Diagnosis) -> Optional[str]:
         nxt = PDB_NEXT
     if nxt is None and cause.startswith("exit-code"):
         nxt = EXIT_CODE_NEXT
-    if (diag.details or {}).get("replacement"):  # analyze/lonerestart.py
+    if (diag.details or {}).get("replacement"):  # analyze/failures/lonerestart.py
         nxt = "%s; then %s" % (nxt, RESTART_ALONE_NEXT) if nxt else RESTART_ALONE_NEXT
     if nxt is not None and diag.culprit_actors and not diag.culprit_ranks:
         # a Ray actor without a rank is the culprit: the advice speaks of it, not of a rank

@@ -3,11 +3,11 @@ seq/op, phase, step, what the culprit does (top frames), why the others wait, wh
 
 from typing import Any, Callable, Dict, List, Optional
 
-from hangtrace.tracer.analyze.stacktree import format_ranks
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import LOOP_IDLE, Cause, Diagnosis, Kind, blocked_on
 from hangtrace.tracer.report.advice import next_step
-from hangtrace.tracer.analyze.attempts import last_line
-from hangtrace.tracer.analyze.exceptions import short_error
+from hangtrace.tracer.analyze.failures.attempts import last_line
+from hangtrace.tracer.analyze.failures.exceptions import short_error
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.memorytext import holders_text as _holders_text, memory_text as _memory_text
 from hangtrace.tracer.report.rayparagraph import (
@@ -34,7 +34,7 @@ def _waiters_text(diag: Diagnosis, coll: str) -> str:
         it,
         coll,
         ", at %s" % d["waiter_at"] if d.get("waiter_at") else "",
-    )  # analyze/pollwait.py
+    )  # analyze/stuck/pollwait.py
     extra = [r for r in diag.waiting_ranks if r not in set(direct)]
     if extra:
         s += " (%s %s for %s through a chain of collectives)" % (_ranks(extra), _verb(extra), it)
@@ -126,7 +126,7 @@ def _what_differs(sigs: List[Dict[str, Any]]) -> str:
 
 
 def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
-    if d.get("group_order"):  # ranks that created their groups in another order (analyze/groupdefs.py)
+    if d.get("group_order"):  # ranks that created their groups in another order (analyze/graph/groupdefs.py)
         return "Collective mismatch: %s." % d["group_order"]["text"]
     if diag.cause == Cause.SEQUENCE_DIVERGED:
         return (
@@ -173,8 +173,10 @@ def _mismatch(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         )
     threads = d.get(
         "group_threads_text"
-    )  # analyze/threadgroups.py: the culprit's record came from another thread
-    sk = d.get("skipped_call")  # analyze/skippedcall.py: a C++-issued collective against a call it never made
+    )  # analyze/graph/threadgroups.py: the culprit's record came from another thread
+    sk = d.get(
+        "skipped_call"
+    )  # analyze/graph/skippedcall.py: a C++-issued collective against a call it never made
     if sk and not threads and sk.get("by_torch") is False:  # its own call: the op the group's stream runs
         threads = (
             "rank %s never called %s: %s %s in it, while rank %s issued %s there, the collective %s issued "
@@ -268,7 +270,7 @@ def _extra(diag: Diagnosis, who: str, coll: str, ex: Dict[str, Any]) -> str:
 
 
 def _left(diag: Diagnosis, who: str, coll: str, dep: Dict[str, Any]) -> str:
-    """A rank that left first (analyze/departures.py)."""
+    """A rank that left first (analyze/failures/departures.py)."""
     waiting = _waiting(diag).strip()
     return "Skipped collective: %s left: %s%s%s.%s%s" % (
         who,
@@ -321,7 +323,7 @@ def _skipped(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
 def _deadlock(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     cyc = d.get("cycle") or {}
     groups = ", ".join("'%s'" % g for g in cyc.get("groups", []))
-    bo = d.get("broken_order")  # analyze/grouporder.py: a minority broke the order all ranks had kept
+    bo = d.get("broken_order")  # analyze/graph/grouporder.py: a minority broke the order all ranks had kept
     if bo:
         side = bo.get("side") or []
         return (
@@ -377,7 +379,7 @@ def _exit_wait(diag: Diagnosis, d: Dict[str, Any]) -> str:
 
 
 def _child_reason(d: Dict[str, Any]) -> str:
-    """The details of analyze/childwait.py in; the reason 'it waits for its child process (…)' out."""
+    """The details of analyze/stuck/childwait.py in; the reason 'it waits for its child process (…)' out."""
     # the child's sentence says what the wait is about: the parent's own pipes or wait4
     # and the subprocess module's frames only repeat it; where the user's code called it stays
     user, rest = d.get("child_wait_at"), str(d.get("child_wait_children") or "")
@@ -436,7 +438,7 @@ def _stuck(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     reason = blocked_on(reason) or reason  # (the sentence says "not in any collective" already)
     if reason.startswith(LOOP_IDLE):  # (its stack is the loop's own frames: the await chain said where)
         doing = ""
-    child = len(diag.culprit_ranks) == 1 and d.get("child_wait_how") is not None  # analyze/childwait.py
+    child = len(diag.culprit_ranks) == 1 and d.get("child_wait_how") is not None  # analyze/stuck/childwait.py
     if child:
         reason, doing = _child_reason(d), ""
     after = _stuck_after(d, child)
@@ -472,7 +474,7 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     ):  # an exception re-raised from a DataLoader worker: its own last line says it
         head = text.split("Original Traceback", 1)[0].strip().rstrip(".").split(": ", 1)[-1]
         text = "%s (%s)" % (last_line(text), head[:1].lower() + head[1:]) if last_line(text) else text
-    td = d.get("teardown") or {}  # (it raised; SIGTERMs came after: analyze/teardown.py)
+    td = d.get("teardown") or {}  # (it raised; SIGTERMs came after: analyze/failures/teardown.py)
     s = "Dead rank: %s %s first (cause: %s%s)%s%s%s." % (
         who,
         "failed" if td else "died",
@@ -483,7 +485,7 @@ def _dead(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         _doing(diag),
     )
     att = d.get("attempts") or {}
-    if att.get("count", 0) > 1:  # analyze/attempts.py: a restarted rank
+    if att.get("count", 0) > 1:  # analyze/failures/attempts.py: a restarted rank
         same = att.get("same", 1)
         s += " It ran in %d attempts (restarts); %s." % (
             att["count"],
@@ -560,7 +562,7 @@ def _unknown(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     )
     if diag.culprit_ranks:
         s += "; suspects: %s" % who
-    if d.get("loader_wait"):  # analyze/loaderwait.py: every rank waits for its DataLoader
+    if d.get("loader_wait"):  # analyze/stuck/loaderwait.py: every rank waits for its DataLoader
         s += "; %s" % d["loader_wait"]
     return s + (" (%s)" % coll if coll else "") + "."
 
@@ -601,7 +603,7 @@ def verdict_paragraph(diag: Diagnosis) -> str:
         diag, _ranks(diag.culprit_ranks), _coll(diag), diag.details or {}
     )
     rep = (diag.details or {}).get("replacement")
-    if rep:  # analyze/lonerestart.py: the rank was restarted alone
+    if rep:  # analyze/failures/lonerestart.py: the rank was restarted alone
         s += (
             " It was restarted alone: its new process %s; the other ranks kept the process group it died in, "
             "which a new process cannot join." % rep.get("text")

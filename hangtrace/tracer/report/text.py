@@ -9,7 +9,7 @@ import os
 import textwrap
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from hangtrace.tracer.analyze.stacktree import NO_STACK, format_ranks
+from hangtrace.tracer.analyze.stuck.stacktree import NO_STACK, format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles, process_argv
 from hangtrace.tracer.report.clip import clip

@@ -2,7 +2,7 @@
 
 from typing import Any, Iterable, List, Optional
 
-from hangtrace.tracer.analyze.stacktree import format_ranks
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
 
 
 def ranks_text(rs: Optional[Iterable[int]]) -> str:

@@ -1,6 +1,6 @@
 """The ring file: THE contract between traced processes and everything else.
 
-In: a ring file ``ring-<host>-<pid>.htr`` (written by ``hooks/recorder.py``).
+In: a ring file ``ring-<host>-<pid>.htr`` (written by ``hooks/record/recorder.py``).
 Out: ``reader.RingData`` (header dict, group definitions, events, meta) with a
 ``summary.RingSummary`` and, on request, every record (``records.py`` types).
 

@@ -98,12 +98,12 @@ KIND_NAMES = {
     K_MEM: "memory",
     K_WAIT: "ray_wait",
 }
-# Ray waits (kind K_WAIT, issue 9; writer hooks/ray_calls.py): a ray.get / ray.wait on the
+# Ray waits (kind K_WAIT, issue 9; writer hooks/rayhooks/ray_calls.py): a ray.get / ray.wait on the
 # result of Ray actor method calls. group = string id of a JSON text {"api": "get"|"wait",
 # "n": refs, "targets": [{"actor_id", "class", "method"}], "more": targets left out}; seq =
 # number of refs; state issued while waiting, completed / failed (err: the exception
 # type) when the call returned. Not progress.
-# Memory records (kind K_MEM, issue 5; writer: hooks/memory.py via Recorder.memory,
+# Memory records (kind K_MEM, issue 5; writer: hooks/mem/memory.py via Recorder.memory,
 # reader: tracer/analyze/memory.py). The generic slot fields are reused, no layout change:
 #   op     = sample source: MEM_TIMER 1, MEM_ENTER 2 (just after a phase was entered),
 #            MEM_EXIT 3 (just before it is left), MEM_STEP 4 (tracer.step), MEM_OOM 5 (an

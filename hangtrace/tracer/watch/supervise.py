@@ -219,7 +219,7 @@ CLEAN_EXIT_FINDINGS = (
     (
         "group_order",
         "group-order",
-    ),  # analyze/groupdefs.py: groups created in another order (their sums were wrong)
+    ),  # analyze/graph/groupdefs.py: groups created in another order (their sums were wrong)
 )
 
 

@@ -265,7 +265,7 @@ class Watcher:
         baseline, so the hang is dated from the ring's last move, not one poll later).
         Ranks whose counters moved at all (enqueued or completed) no longer hold the
         start-up threshold (``fr_started``). Never raises."""
-        from hangtrace.hooks.fr_agent import fr_dir
+        from hangtrace.hooks.torchdist.fr_agent import fr_dir
 
         if not ranks or not os.path.isdir(fr_dir(self.run_dir)):
             return False

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ruleutil import check  # noqa: E402
 from synth import MS, S, R, snap  # noqa: E402
 
-from hangtrace.tracer.analyze import actorgraph  # noqa: E402
+from hangtrace.tracer.analyze.actors import actorgraph  # noqa: E402
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 from hangtrace.tracer.report.paragraph import verdict_paragraph  # noqa: E402
 
@@ -48,7 +48,7 @@ def enter(b, method_name, dt=MS):
 
 
 def ray_get(b, targets, state="issued", api="get", error=None, dt=MS):
-    """A K_WAIT record of hooks/ray_calls.py: ``targets`` = [(target builder, method)]."""
+    """A K_WAIT record of hooks/rayhooks/ray_calls.py: ``targets`` = [(target builder, method)]."""
     text = json.dumps(
         {
             "api": api,
@@ -184,7 +184,7 @@ def test_graph_cycles_are_linear_and_separate():
 
 
 def await_ref(b, targets, n, state="issued", dt=MS, thread="AsyncIO Thread: default"):
-    """An await record of hooks/ray_calls.py (api 'await', await number ``n``) made on
+    """An await record of hooks/rayhooks/ray_calls.py (api 'await', await number ``n``) made on
     Ray's event-loop thread of an async actor."""
     r = ray_get(b, targets, state=state, api="await", dt=dt)
     r["numel"], r["thread"] = n, thread
@@ -306,7 +306,7 @@ def test_callee_that_started_before_the_caller_reached_its_await_has_started():
 RAY_GET = (
     "Worker.get_objects /site-packages/ray/_private/worker.py:1007",
     "get /site-packages/ray/_private/worker.py:3009",
-    "_wrap_waiting.<locals>.waiting /src/hangtrace/hooks/ray_calls.py:175",
+    "_wrap_waiting.<locals>.waiting /src/hangtrace/hooks/rayhooks/ray_calls.py:175",
 )
 
 
@@ -383,7 +383,7 @@ def test_a_blocking_ray_get_on_an_async_actors_event_loop_is_named():
     ray_get(rw, [(m, "get_running_stats")])
     loop = (
         "RolloutManager.rollout /job/driver.py:77",
-        "wrap_method.<locals>.awrapper /src/hangtrace/hooks/ray_hooks.py:214",
+        "wrap_method.<locals>.awrapper /src/hangtrace/hooks/rayhooks/ray_hooks.py:214",
         "Handle._run /lib/python3.11/asyncio/events.py:80",
         "BaseEventLoop._run_once /lib/python3.11/asyncio/base_events.py:1922",
     )

@@ -341,7 +341,7 @@ def test_a_live_actor_whose_task_died_says_where_it_waits_who_waits_on_it_and_th
                         "Task-16",
                         "get_batch",
                         (
-                            ("awrapper", "/x/hangtrace/hooks/ray_hooks.py", 214),
+                            ("awrapper", "/x/hangtrace/hooks/rayhooks/ray_hooks.py", 214),
                             ("get_batch", "/job/rl.py", 56),
                             ("get", "/lib/python3.11/asyncio/queues.py", 158),
                         ),

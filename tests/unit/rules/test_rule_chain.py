@@ -68,7 +68,7 @@ def test_wrapper_frames_hidden_from_displayed_frames():
         stacks=stack(
             "all_reduce /site-packages/torch/distributed/distributed_c10d.py:3252",
             "wrapper /site-packages/torch/distributed/c10d_logger.py:83",
-            "_make_wrapper.<locals>.wrapper /opt/site-packages/hangtrace/hooks/torch_dist.py:177",
+            "_make_wrapper.<locals>.wrapper /opt/site-packages/hangtrace/hooks/torchdist/torch_dist.py:177",
             "train_step train.py:40",
             "main train.py:90",
             active=False,
@@ -80,7 +80,7 @@ def test_wrapper_frames_hidden_from_displayed_frames():
     from hangtrace.tracer.analyze.evidence import wrapper_frame as _wrapper_frame
 
     assert _wrapper_frame(
-        {"name": "_make_wrapper.<locals>.wrapper", "filename": "/x/hangtrace/hooks/torch_dist.py"}
+        {"name": "_make_wrapper.<locals>.wrapper", "filename": "/x/hangtrace/hooks/torchdist/torch_dist.py"}
     )
     assert _wrapper_frame(
         {"name": "_exception_logger.<locals>.wrapper", "filename": "/s/torch/distributed/c10d_logger.py"}

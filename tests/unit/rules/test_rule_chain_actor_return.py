@@ -1,5 +1,5 @@
 """Rule chain: a Ray actor rank whose method returned after its last collective, idle in Ray's
-task loop, while its peers wait in the next one (analyze/actorreturn.py).
+task loop, while its peers wait in the next one (analyze/actors/actorreturn.py).
 
 Blind helper 95 (2026-12-04, verl-style trainers): a node agent SIGTERMed one of three trainer
 actors; its handler set a flag, ``train()`` saved a checkpoint and returned; the actor lived

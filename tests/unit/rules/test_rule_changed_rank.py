@@ -1,5 +1,5 @@
 """Which rank changed, when ranks posted different signatures at one collective
-(``analyze/sigclasses.py``): the minority, else the one signature new on the group, and
+(``analyze/graph/sigclasses.py``): the minority, else the one signature new on the group, and
 the rank gloo aborted only when neither decides. Scenarios from blind jobs of 2026-12-02
 (an MoE rank padding its expert counts to 10 where its peers have 8; an eval metric
 all-reduced as float64 on one rank where every earlier step used float32): gloo aborted

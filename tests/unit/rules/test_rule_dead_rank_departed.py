@@ -1,4 +1,4 @@
-"""Rule dead_rank, a departure (analyze/departures.py): a rank's program returned (exit code
+"""Rule dead_rank, a departure (analyze/failures/departures.py): a rank's program returned (exit code
 0) while its peers still ran the job, and their collectives then failed with transport
 errors: the rank that left is named ('skipped-collective', cause 'skipped'), not a peer,
 not "no rank is dead ... check the network" (blind helper 92: a graceful-preemption SIGTERM

@@ -1,4 +1,4 @@
-"""Rule dead_rank and the SIGTERMs that end a job after it failed (analyze/teardown.py).
+"""Rule dead_rank and the SIGTERMs that end a job after it failed (analyze/failures/teardown.py).
 
 Blind job ray_dl_worker_segv (2026-12-04): two Ray trainer actors (ranks 0-1, gloo, DDP),
 each with DataLoader workers; rank 1's worker segfaults in a ctypes decoder, rank 1's
@@ -17,7 +17,7 @@ from ruleutil import check  # noqa: E402
 from synth import MS, S, R, ranks, snap  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
-from hangtrace.tracer.analyze.teardown import ray_stopper  # noqa: E402
+from hangtrace.tracer.analyze.failures.teardown import ray_stopper  # noqa: E402
 from hangtrace.tracer.collect.rings import signal_sender  # noqa: E402
 from hangtrace.tracer.report.advice import HELPER_CRASH_NEXT  # noqa: E402
 

@@ -63,7 +63,7 @@ def test_a_rank_still_inside_the_phase_or_that_ran_the_phases_in_another_order_s
     """Rank 2 waits in the broadcast from inside train_step (it never left it), or went to
     sync_weights without entering train_step at step 3: nothing says it will not issue
     the all_reduce later, so the rule stays silent; the deadlock says rank 2 broke the order
-    every rank had kept until then (analyze/grouporder.py)."""
+    every rank had kept until then (analyze/graph/grouporder.py)."""
     for mode in ("inside", "reorder"):
         d = diagnose(snap(_rl(mode)))
         assert d.kind == "cross-group-deadlock" and d.culprit_ranks == [2], (mode, d.summary)

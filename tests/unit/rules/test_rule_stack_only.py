@@ -142,7 +142,7 @@ CHECK_CALL = (
 def test_stack_only_names_the_child_a_stuck_process_waits_for():
     """attach on a job whose rank 2 runs `cp` of a FIFO with `check_call` (a job written
     from an incident, 2026-12-04): the stuck process is named, and so is its untraced child
-    and the call it is blocked in, as the flight-record verdict does (analyze/childwait.py)."""
+    and the call it is blocked in, as the flight-record verdict does (analyze/stuck/childwait.py)."""
 
     def procs(rank_of):
         out = []

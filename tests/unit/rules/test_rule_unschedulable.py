@@ -29,7 +29,7 @@ NODE = {
 
 
 def created(b, target_pid, cls, name="", placement=None, wall=T0):
-    """The ray_actor_create event hooks/ray_calls.py writes in the creating process."""
+    """The ray_actor_create event hooks/rayhooks/ray_calls.py writes in the creating process."""
     ev = {
         "event": "ray_actor_create",
         "actor_id": aid(target_pid),

@@ -1,7 +1,7 @@
 """Attribution of a death to memory (pure).
 
 Attribution (:func:`attribute`) refines the dead-rank cause found by the analysis from
-its signals/exit code/events (see ``analyze/deaths.py``), from evidence only:
+its signals/exit code/events (see ``analyze/failures/deaths.py``), from evidence only:
 
 * ``ray-memory-monitor``: Ray's own record says so (worker ``exit_type``
   NODE_OUT_OF_MEMORY, an ``oom_context`` death cause, or the memory monitor's text "killed
@@ -351,9 +351,9 @@ _KIND_RANK = {"": 0, "fatal": 1, "not-oom": 2, "oom": 3}
 def crash_site(h: Any) -> str:
     """``"__getitem__ (job.py:57): `return lib.decode(ptr, n)`"``: the innermost frame of the
     user's code in process ``h``'s last stacks (a fatal-signal dump), '' when none."""
-    from hangtrace.tracer.analyze.blocking import code_text
+    from hangtrace.tracer.analyze.stuck.blocking import code_text
     from hangtrace.tracer.analyze.evidence import user_frame
-    from hangtrace.tracer.analyze.stacktree import frame_label, process_frames
+    from hangtrace.tracer.analyze.stuck.stacktree import frame_label, process_frames
 
     f = user_frame(process_frames(h)[0] or [])
     return frame_label(f) + code_text(f) if f is not None else ""
@@ -395,7 +395,7 @@ def _one_worker(
         )
     elif sig is None or sig.lower() == "killed":
         found = _worker_sigkill(who, how, sig, wlv if wlv is not None and wlv.now_ctr is not None else lv, ev)
-    else:  # a fatal signal: where the worker crashed (its fatal-stack dump, hooks/workersignals.py)
+    else:  # a fatal signal: where the worker crashed (its fatal-stack dump, hooks/process/workersignals.py)
         at = crash_site(h) if h is not None else ""
         ev.append("%s %s (a helper of this rank)%s" % (who, how, ", in " + at if at else ""))
         found = ("%s %s in %s" % (who, how, at), "fatal") if at else found

@@ -1,6 +1,6 @@
 """Rule *actor_waits* -> ``actor-deadlock``, or the actor a chain of actor calls ends at
-(issue 9): the wait-for graph across Ray actor calls (``analyze/actorgraph.py``, from the
-``K_WAIT`` records of ``hooks/ray_calls.py``: which process is inside ``ray.get`` /
+(issue 9): the wait-for graph across Ray actor calls (``analyze/actors/actorgraph.py``, from the
+``K_WAIT`` records of ``hooks/rayhooks/ray_calls.py``: which process is inside ``ray.get`` /
 ``ray.wait`` on which actor's method).
 
 Used for snapshots without ranks (after rule ``actors`` found no failure), when the job
@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze import actorgraph as G
-from hangtrace.tracer.analyze.blocking import blocking_reason
+from hangtrace.tracer.analyze.actors import actorgraph as G
+from hangtrace.tracer.analyze.stuck.blocking import blocking_reason
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.stacktree import process_frames
+from hangtrace.tracer.analyze.stuck.stacktree import process_frames
 from hangtrace.tracer.analyze.evidence import ts
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind

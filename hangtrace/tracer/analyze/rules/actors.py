@@ -7,7 +7,7 @@ were "Unknown: no traced process with a rank".
 Failures of each rank-less actor (``Role.RAY_ACTOR``, rank -1), by time:
 
 * a method that raised and has not completed since (``deaths.raised_phases``: the
-  actor-method phases of ``hooks/ray_hooks.py`` end 'failed' with ``Type: message``;
+  actor-method phases of ``hooks/rayhooks/ray_hooks.py`` end 'failed' with ``Type: message``;
   a queue's ``Empty`` / ``Full`` is control flow, and methods of Ray's own
   infrastructure actors - ``config.RAY_INFRA_ACTORS``, the actor behind
   ``ray.util.queue.Queue`` - are their callers' work: neither is a failure). A
@@ -15,7 +15,7 @@ Failures of each rank-less actor (``Role.RAY_ACTOR``, rank -1), by time:
   worker it stops (SIGTERM, ``ray.shutdown``, ``ray.kill``): that is the death below,
   not a failure of the method;
 * an asyncio task of the actor whose exception nobody retrieved (event
-  ``task_exception`` of ``hooks/failures.py``: a fire-and-forget producer task that
+  ``task_exception`` of ``hooks/process/failures.py``: a fire-and-forget producer task that
   died while the actor lives on);
 * a death (``deaths.fill_death``: killed, non-zero exit, fatal signal, SIGTERM while in a
   method, with the memory refinements: Ray's memory monitor, host OOM kill).
@@ -35,14 +35,14 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze import actorgraph as G
-from hangtrace.tracer.analyze.blocking import blocking_reason
+from hangtrace.tracer.analyze.actors import actorgraph as G
+from hangtrace.tracer.analyze.stuck.blocking import blocking_reason
 from hangtrace.tracer.analyze.context import Ctx, RankView, index_process
-from hangtrace.tracer.analyze.deaths import fill_death, raised_phases
+from hangtrace.tracer.analyze.failures.deaths import fill_death, raised_phases
 from hangtrace.tracer.analyze.evidence import ts, user_frame
-from hangtrace.tracer.analyze.exceptions import survived
+from hangtrace.tracer.analyze.failures.exceptions import survived
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.stacktree import frame_label, process_frames
+from hangtrace.tracer.analyze.stuck.stacktree import frame_label, process_frames
 from hangtrace.tracer.config import ray_infra_actor
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 from hangtrace.tracer.process_model import assign_roles
@@ -57,7 +57,7 @@ Failure = Tuple[int, str, str, str, str]
 
 def actor_label(p: ProcessInfo) -> str:
     """``Producer`` / ``Engine 'engine-1'`` for a Ray actor process (class and name from
-    its own ring, ``hooks/ray_hooks.py``)."""
+    its own ring, ``hooks/rayhooks/ray_hooks.py``)."""
     m = p.meta or {}
     cls = str(m.get("ray_actor_class") or "actor")
     return "%s '%s'" % (cls, m["ray_actor_name"]) if m.get("ray_actor_name") else cls

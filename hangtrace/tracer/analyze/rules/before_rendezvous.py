@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.blocking import blocking_reason, in_rendezvous_stack
+from hangtrace.tracer.analyze.stuck.blocking import blocking_reason, in_rendezvous_stack
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, frames_of, stall_note
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.stacktree import format_ranks, pick_thread
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks, pick_thread
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "before_rendezvous"

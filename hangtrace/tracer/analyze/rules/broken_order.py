@@ -2,7 +2,7 @@
 by a minority that broke the order in which every rank had interleaved two groups, and then
 went on to a later step; checked after *left_phase*, before *deadlock*).
 
-``analyze/grouporder.py`` finds the broken order: until the hang every rank issued one group's
+``analyze/graph/grouporder.py`` finds the broken order: until the hang every rank issued one group's
 collectives at the same places among another group's, and a minority went from the other
 group's stream on without the collective its peers wait in. When that minority records a
 later step than its waiters (``grouporder.moved_on``), it skipped that collective: this rule.
@@ -22,10 +22,10 @@ from typing import Optional
 
 from hangtrace.tracer.analyze.context import FR_SOURCE, Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, rk, vb
-from hangtrace.tracer.analyze.grouporder import Broken, find_broken, moved_on, to_details
+from hangtrace.tracer.analyze.graph.grouporder import Broken, find_broken, moved_on, to_details
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.skippedcall import own_call
-from hangtrace.tracer.analyze.waitgraph import inst_text
+from hangtrace.tracer.analyze.graph.skippedcall import own_call
+from hangtrace.tracer.analyze.graph.waitgraph import inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "broken_order"

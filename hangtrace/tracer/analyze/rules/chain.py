@@ -3,7 +3,7 @@
 or 'no-progress').
 
 Following edges from every waiting rank, the ranks reached that are not waiting
-themselves are the culprits, each classified as ``analyze/chainends.py`` describes
+themselves are the culprits, each classified as ``analyze/stuck/chainends.py`` describes
 (dead, exited cleanly, inside an untraced collective, blocked outside collectives,
 moved on, or no progress). The main instance is the first collective a chain end failed
 to join (earliest wait start; in program order the others block there first), then the
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-from hangtrace.tracer.analyze.actorreturn import returned_method
-from hangtrace.tracer.analyze.chainends import ChainEnds, chain_ends
+from hangtrace.tracer.analyze.actors.actorreturn import returned_method
+from hangtrace.tracer.analyze.stuck.chainends import ChainEnds, chain_ends
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, frames_of, rank_line, rk, seq_scales, vb
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.stacktree import format_ranks
-from hangtrace.tracer.analyze.waitgraph import Inst, chain, chain_text
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
+from hangtrace.tracer.analyze.graph.waitgraph import Inst, chain, chain_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "chain"
@@ -72,7 +72,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     d.details["culprit_reasons"] = {str(e): kinds[e][1] for e in ends}
     if d.kind == Kind.SKIPPED_COLLECTIVE and d.cause is None:
         d.cause = Cause.SKIPPED
-        ret = returned_method(ctx, lead)  # an actor method that returned (analyze/actorreturn.py)
+        ret = returned_method(ctx, lead)  # an actor method that returned (analyze/actors/actorreturn.py)
         if ret is not None:
             d.details["returned"] = ret.details()
     elif d.kind == Kind.STUCK_OUTSIDE_COLLECTIVE:

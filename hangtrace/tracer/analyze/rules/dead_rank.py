@@ -1,4 +1,4 @@
-"""Rule *dead_rank* -> 'dead-rank' with the death's cause (``analyze/deaths.py``).
+"""Rule *dead_rank* -> 'dead-rank' with the death's cause (``analyze/failures/deaths.py``).
 
 The root is the earliest non-victim death; every other failure (dead ranks, failed
 records) goes to ``cascade``.
@@ -8,7 +8,7 @@ it expects (SIGABRT, "Received data size doesn't match expected size", DESIGN.md
 peers then fail with a connection error. When the root died of a fatal signal and the
 members' records at its newest collective's (group, seq) carry two or more signatures
 (op, dtype, numel, root), the verdict is 'collective-mismatch' (cause 'mismatch') naming
-the rank that changed (``analyze/sigclasses.py``: the minority, else the one class whose
+the rank that changed (``analyze/graph/sigclasses.py``: the minority, else the one class whose
 signature is new on the group), else the dead rank; every signature with its ranks and
 the signal are evidence. Whether the death or a hang is the verdict is the
 arbiter's decision table (``analyze/arbiter.py``). The group/seq shown are those of the
@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze import sigclasses, teardown
+from hangtrace.tracer.analyze.graph import sigclasses
+from hangtrace.tracer.analyze.failures import teardown
 from hangtrace.tracer.analyze.context import Ctx, RankView
-from hangtrace.tracer.analyze.deaths import failures, roots
-from hangtrace.tracer.analyze.departures import handled_sigterm, sigterm_before
+from hangtrace.tracer.analyze.failures.deaths import failures, roots
+from hangtrace.tracer.analyze.failures.departures import handled_sigterm, sigterm_before
 from hangtrace.tracer.analyze.evidence import (
     fill_common,
     frames_from_exception,
@@ -34,13 +35,13 @@ from hangtrace.tracer.analyze.evidence import (
     user_frame,
     vb,
 )
-from hangtrace.tracer.analyze.exceptions import short_error
-from hangtrace.tracer.analyze.stacktree import frame_label
+from hangtrace.tracer.analyze.failures.exceptions import short_error
+from hangtrace.tracer.analyze.stuck.stacktree import frame_label
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.threadgroups import group_threads
-from hangtrace.tracer.analyze.attempts import restarts
-from hangtrace.tracer.analyze.stacktree import format_ranks
-from hangtrace.tracer.analyze.waitgraph import Inst, inst_text
+from hangtrace.tracer.analyze.graph.threadgroups import group_threads
+from hangtrace.tracer.analyze.failures.attempts import restarts
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
+from hangtrace.tracer.analyze.graph.waitgraph import Inst, inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "dead_rank"
@@ -149,7 +150,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     all_roots: List[RankView]
     fails: List[Dict[str, Any]]
     root, all_roots, fails = finding.data
-    if root.departed:  # it left first: no death (analyze/departures.py)
+    if root.departed:  # it left first: no death (analyze/failures/departures.py)
         _explain_departure(ctx, d, root, all_roots, fails)
         return
     mm = _abort_mismatch(ctx, root)

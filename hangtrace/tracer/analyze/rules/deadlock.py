@@ -15,11 +15,11 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.grouporder import find_broken, to_details
+from hangtrace.tracer.analyze.graph.grouporder import find_broken, to_details
 from hangtrace.tracer.analyze.evidence import fill_common, rk, vb
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.stacktree import format_ranks
-from hangtrace.tracer.analyze.waitgraph import cycles, inst_text
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
+from hangtrace.tracer.analyze.graph.waitgraph import cycles, inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "deadlock"
@@ -91,7 +91,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         )
     if ncycles > 1:
         ctx.add("%d separate cycles; the largest is shown" % ncycles)
-    b = find_broken(ctx)  # analyze/grouporder.py: until now every rank interleaved the groups alike
+    b = find_broken(ctx)  # analyze/graph/grouporder.py: until now every rank interleaved the groups alike
     if b is not None:
         d.details["broken_order"] = dict(to_details(b), op=ctx.blocked(b.inst.waiters[0]).get("op"))
         ctx.add(

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from hangtrace.tracer.analyze.chainends import chain_ends
+from hangtrace.tracer.analyze.stuck.chainends import chain_ends
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk, vb
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.waitgraph import inst_text
+from hangtrace.tracer.analyze.graph.waitgraph import inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "diverged"

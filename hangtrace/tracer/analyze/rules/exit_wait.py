@@ -2,7 +2,7 @@
 
 Nothing progressed, no rank waits in a collective, nobody died, and a live rank's
 program has returned while its process does not exit: the interpreter joins a
-non-daemon thread that never ends, or an exit handler blocks (``analyze/exitwait.py``
+non-daemon thread that never ends, or an exit handler blocks (``analyze/stuck/exitwait.py``
 says which, and what that thread waits for). Without this rule the verdict was
 "Unknown: nothing progressed but no rank is in a collective" (a job of ours written
 from the incident "the job does not exit after training", 2026-12-04).
@@ -11,7 +11,7 @@ A fallback rule (``rules.FALLBACK_RULES``, before *idle*): tried only when no ha
 no death were found; fires only when the run is stalled (``ctx.stalled``), so a rank
 caught for a moment joining a thread that is finishing is not a verdict. A rank at exit
 while others wait for it in a collective is a chain end (rule *chain*, which says the
-same of it through ``analyze/chainends.py``).
+same of it through ``analyze/stuck/chainends.py``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Dict, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, stall_note
-from hangtrace.tracer.analyze.exitwait import exit_wait
+from hangtrace.tracer.analyze.stuck.exitwait import exit_wait
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.stacktree import format_ranks
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "exit_wait"

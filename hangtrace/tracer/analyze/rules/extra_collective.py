@@ -22,10 +22,10 @@ from typing import Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk
-from hangtrace.tracer.analyze.role_groups import role_counts, role_groups, role_stem
+from hangtrace.tracer.analyze.graph.role_groups import role_counts, role_groups, role_stem
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.stacktree import format_ranks
-from hangtrace.tracer.analyze.waitgraph import Inst, cycles, inst_text
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
+from hangtrace.tracer.analyze.graph.waitgraph import Inst, cycles, inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "extra_collective"

@@ -15,14 +15,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.blocking import in_rendezvous_stack
+from hangtrace.tracer.analyze.stuck.blocking import in_rendezvous_stack
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.actorgraph import label
+from hangtrace.tracer.analyze.actors.actorgraph import label
 from hangtrace.tracer.analyze.evidence import fill_common, stall_note
-from hangtrace.tracer.analyze.importing import importing, importing_line
+from hangtrace.tracer.analyze.stuck.importing import importing, importing_line
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.stacktree import format_ranks
-from hangtrace.tracer.analyze.waitgraph import inst_text
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
+from hangtrace.tracer.analyze.graph.waitgraph import inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "idle"

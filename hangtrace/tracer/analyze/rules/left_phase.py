@@ -25,7 +25,7 @@ from typing import List, Optional, Tuple
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common, rk, vb
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.waitgraph import Inst, cycles, inst_text
+from hangtrace.tracer.analyze.graph.waitgraph import Inst, cycles, inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "left_phase"

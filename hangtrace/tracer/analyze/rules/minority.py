@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Sequence
 
-from hangtrace.tracer.analyze.chainends import ChainEnds
-from hangtrace.tracer.analyze.exitwait import exiting_event
+from hangtrace.tracer.analyze.stuck.chainends import ChainEnds
+from hangtrace.tracer.analyze.stuck.exitwait import exiting_event
 from hangtrace.tracer.analyze.context import Ctx, RankView
 from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk
-from hangtrace.tracer.analyze.exceptions import short_error
+from hangtrace.tracer.analyze.failures.exceptions import short_error
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.rules.chain import chain_finding, main_instance
-from hangtrace.tracer.analyze.waitgraph import inst_text
+from hangtrace.tracer.analyze.graph.waitgraph import inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "minority"
@@ -115,7 +115,7 @@ def failed_and_left(ctx: Ctx, ranks: Sequence[int]) -> Dict[str, str]:
 
 def after_return(v: RankView) -> bool:
     """Did rank ``v`` enter its blocked collective after its main program had returned (its
-    ``exiting`` event, hooks/lifecycle.py, is older): in an exit handler (blind helper 87: a
+    ``exiting`` event, hooks/process/lifecycle.py, is older): in an exit handler (blind helper 87: a
     metrics logger's ``atexit`` all_reduce on one rank)?"""
     ex = exiting_event(v.proc)
     return ex is not None and int((v.blocked or {}).get("t_wall_ns") or 0) >= int(

@@ -7,7 +7,7 @@ the ranks outside the largest signature class. When the largest classes tie (two
 one each), facts of the flight record break the tie (issue 9), in this order:
 
 00. all classes are one op and exactly one class's signature is new on the group at this
-   seq (``analyze/sigclasses.py``: a metric all-reduced as float32 at every earlier step,
+   seq (``analyze/graph/sigclasses.py``: a metric all-reduced as float32 at every earlier step,
    now float64 on one rank);
 0. exactly one tied class holds a rank that died of a fatal signal in it (gloo aborts the
    rank that receives more data than it expects: SIGABRT, DESIGN.md; the smaller tensor,
@@ -16,7 +16,7 @@ one each), facts of the flight record break the tie (issue 9), in this order:
    to wait (a failed phase, a dead thread, an asyncio task nobody awaited: it took
    another path because of it, e.g. torchtitan's teardown barrier after an exception);
 2. exactly one tied rank deviates from the loop's per-step collective count on the group
-   (``analyze/stepcounts.py``: it issued one more, or one fewer, than in every earlier
+   (``analyze/graph/stepcounts.py``: it issued one more, or one fewer, than in every earlier
    step; "one more" counts only collectives of the phases the loop's steps used, so a
    rank that left its loop into eval's barrier without a new step did not issue one more);
 
@@ -29,18 +29,18 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze import sigclasses
+from hangtrace.tracer.analyze.graph import sigclasses
 from hangtrace.tracer.analyze.context import Ctx, Record
 from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rk, where_rec
-from hangtrace.tracer.analyze.exceptions import RECENT_NS
-from hangtrace.tracer.analyze.exceptions import since as exc_since
-from hangtrace.tracer.analyze.exceptions import survived
-from hangtrace.tracer.analyze.stepcounts import tie_breaker
-from hangtrace.tracer.analyze.skippedcall import skipped_call
-from hangtrace.tracer.analyze.threadgroups import group_threads
+from hangtrace.tracer.analyze.failures.exceptions import RECENT_NS
+from hangtrace.tracer.analyze.failures.exceptions import since as exc_since
+from hangtrace.tracer.analyze.failures.exceptions import survived
+from hangtrace.tracer.analyze.graph.stepcounts import tie_breaker
+from hangtrace.tracer.analyze.graph.skippedcall import skipped_call
+from hangtrace.tracer.analyze.graph.threadgroups import group_threads
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.stacktree import format_ranks
-from hangtrace.tracer.analyze.waitgraph import Inst, Sig, inst_text
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
+from hangtrace.tracer.analyze.graph.waitgraph import Inst, Sig, inst_text
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "mismatch"

@@ -36,9 +36,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.chainends import chain_ends
+from hangtrace.tracer.analyze.stuck.chainends import chain_ends
 from hangtrace.tracer.analyze.context import Ctx, RankView, history, index_process
-from hangtrace.tracer.analyze.deaths import STOPPED_WAIT_NS, fill_death, is_transport_error, raised_phases
+from hangtrace.tracer.analyze.failures.deaths import (
+    STOPPED_WAIT_NS,
+    fill_death,
+    is_transport_error,
+    raised_phases,
+)
 from hangtrace.tracer.analyze.evidence import desc_rec, rk, ts, vb
 from hangtrace.tracer.analyze.rules import actors
 from hangtrace.tracer.analyze.rules.base import Finding
@@ -137,7 +142,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     {str(rank): what it does}, their failures in ``cascade`` by time."""
     root, later, progress = finding.data
     actors.explain(ctx, Finding(actors.NAME, (), finding.start, data=("failed", root, later)), d)
-    from hangtrace.tracer.analyze.deaths import failures
+    from hangtrace.tracer.analyze.failures.deaths import failures
 
     d.cascade = sorted(d.cascade + failures(ctx), key=lambda c: (c.get("wall_ns") or 0, c.get("rank", -1)))
     waits = _rank_waits(ctx)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from hangtrace.tracer.analyze import sigclasses
+from hangtrace.tracer.analyze.graph import sigclasses
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import fill_common
 from hangtrace.tracer.analyze.rules.base import Finding

@@ -25,15 +25,15 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from hangtrace.tracer.analyze.childwait import child_wait_text
-from hangtrace.tracer.analyze.exitwait import exit_wait
-from hangtrace.tracer.analyze.peerwait import peer_wait
+from hangtrace.tracer.analyze.stuck.childwait import child_wait_text
+from hangtrace.tracer.analyze.stuck.exitwait import exit_wait
+from hangtrace.tracer.analyze.stuck.peerwait import peer_wait
 from hangtrace.tracer.analyze.context import MAX_MISSING_LISTED, MAX_WORLD, Ctx
-from hangtrace.tracer.analyze.lockwait import lock_wait_text
+from hangtrace.tracer.analyze.stuck.lockwait import lock_wait_text
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
+from hangtrace.tracer.analyze.stuck.blocking import blocking_reason, collective_frame
 from hangtrace.tracer.analyze.evidence import user_frame
-from hangtrace.tracer.analyze.stacktree import (
+from hangtrace.tracer.analyze.stuck.stacktree import (
     classes,
     format_ranks,
     frame_label,
@@ -286,7 +286,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
             "alone cannot tell who is late. Next: run the job with HANGTRACE=1 for sequence numbers, "
             "or check the transport (NCCL/gloo logs)." % "/".join(sorted(set(inside.values())))
         )
-    elif sv.at_exit:  # the job does not exit at the end (analyze/exitwait.py)
+    elif sv.at_exit:  # the job does not exit at the end (analyze/stuck/exitwait.py)
         d.kind, d.culprit_ranks = Kind.STUCK_OUTSIDE_COLLECTIVE, sorted(sv.at_exit)
         d.details["exit_wait"] = {str(k): t for k, t in sv.at_exit.items()}
         d.details["exit_how"] = sv.exit_how.get(d.culprit_ranks[0])

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from hangtrace.tracer.analyze.blocking import blocking_reason, collective_frame
+from hangtrace.tracer.analyze.stuck.blocking import blocking_reason, collective_frame
 from hangtrace.tracer.analyze.context import Ctx, RankView
-from hangtrace.tracer.analyze.deaths import TRANSPORT_MARKERS, failures
+from hangtrace.tracer.analyze.failures.deaths import TRANSPORT_MARKERS, failures
 from hangtrace.tracer.analyze.evidence import fill_common, frames_of, ts
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.exceptions import short_error
-from hangtrace.tracer.analyze.stacktree import format_ranks
+from hangtrace.tracer.analyze.failures.exceptions import short_error
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "timeout_waiter"

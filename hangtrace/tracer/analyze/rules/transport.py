@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Optional
 
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.deaths import failures
+from hangtrace.tracer.analyze.failures.deaths import failures
 from hangtrace.tracer.analyze.evidence import fill_common
 from hangtrace.tracer.analyze.rules.base import Finding
-from hangtrace.tracer.analyze.stacktree import format_ranks
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
 
 NAME = "transport"

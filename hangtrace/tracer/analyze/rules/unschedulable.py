@@ -5,10 +5,10 @@ the driver blocked in ``ray.get`` on its address forever).
 
 Evidence, from the processes' own records first (they survive the cluster):
 
-* the wait: an open ``K_WAIT`` record on the actor (``analyze/actorgraph.py``: its
+* the wait: an open ``K_WAIT`` record on the actor (``analyze/actors/actorgraph.py``: its
   ``absent`` targets, no process in the snapshot carries the actor id);
 * the request: the ``ray_actor_create`` event the creating process wrote
-  (``hooks/ray_calls.py``: class, name, resources to place it, placement group);
+  (``hooks/rayhooks/ray_calls.py``: class, name, resources to place it, placement group);
 * what the cluster offers: ``meta['ray_cluster_nodes']`` (each alive node's total
   resources, read by the creating process) - else Ray's ``cluster_resources`` from
   ``Snapshot.ray_state`` (totals over all nodes: a request beyond them fits no node).
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from hangtrace.tracer.analyze import actorgraph as G
+from hangtrace.tracer.analyze.actors import actorgraph as G
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.evidence import ts
 from hangtrace.tracer.analyze.rules.actor_waits import graph, stale

@@ -1,0 +1,4 @@
+"""The Ray instrumentor: a traced Ray worker's identity and actor-method phases
+(``ray_hooks``), actor calls and waits on their results (``ray_calls``), and Ray's own
+infrastructure actors (``ray_infra``). Out: records and the ring header's Ray identity.
+"""

@@ -1,0 +1,22 @@
+"""Incident: none. A plain 40-step transformers.Trainer run of a tiny random GPT-2 (2 CPU
+ranks, gloo, DataLoader with 2 workers, a loss log every 5 steps), which must end cleanly
+with NO verdict from hangtrace. Run under torchrun and under `accelerate launch`.
+"""
+LAUNCH = "torchrun"
+LAUNCHERS = ["torchrun", "accelerate"]
+NPROC = 2
+EXPECT = {"kind": None, "culprit_ranks": []}
+
+import os
+
+from _hf_common import make_trainer
+
+
+def main():
+    trainer = make_trainer("hf_clean")
+    trainer.train()
+    print(f"rank {trainer.args.process_index} pid {os.getpid()} finished at step {trainer.state.global_step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
