@@ -13,7 +13,10 @@
   agent calls ``torch._C._distributed_c10d._dump_fr_trace(True, False, False)`` (and the NCCL dump
   where present) and writes ``<host>-<pid>.pkl`` atomically (tmp + rename), then
   ``<host>-<pid>.meta.json`` with rank, world size, host, pid and the token, and answers
-  ``done`` on the connection. Abstract sockets are per network namespace: the collector
+  ``done`` on the connection. An abstract socket has no file permissions, so the agent
+  answers only a peer of this process's user or root (``SO_PEERCRED``; others get
+  ``refused``), and writes at most one dump a second (a request within a second of the
+  last dump is answered by that dump). Abstract sockets are per network namespace: the collector
   must run in the job's (the node watcher, started by the job, does). The main thread
   is not needed: torch's dump functions read the recorder's own buffer under its own lock,
   and the main thread blocked inside a gloo collective has released the GIL (checked here:
@@ -31,7 +34,7 @@ Nothing here raises into the user's program; failures are logged once through ``
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from hangtrace.tracer import config
 
@@ -98,6 +101,8 @@ class _Agent:
         self.sock.bind(socket_name(run_dir, self.pid))  # OSError EADDRINUSE: another agent has it
         self.sock.listen(16)
         self.thread = threading.Thread(target=self.run, name="hangtrace-fr-agent", daemon=True)
+        self.last_dump_s = float("-inf")  # time.monotonic() of the last dump written
+        self.last_path: Optional[str] = None
 
     def run(self) -> None:
         while not self.stopping:
@@ -109,6 +114,10 @@ class _Agent:
                 return
             try:
                 conn.settimeout(2.0)
+                if not _peer_is_owner(conn):
+                    self.log("flight recorder agent refused a request from another user", "fr-refused")
+                    conn.sendall(b"refused\n")
+                    continue
                 token = conn.recv(256).decode("ascii", "replace").strip()
                 if token == PROGRESS and not self.stopping:
                     conn.sendall(("%s %s\n" % (PROGRESS, progress_line())).encode())
@@ -121,12 +130,23 @@ class _Agent:
                 conn.close()
 
     def dump(self, reason: str, token: str = "") -> Optional[str]:
+        import time
+
         with self.lock:
             try:
+                now = time.monotonic()
+                if (
+                    token
+                    and now - self.last_dump_s < MIN_DUMP_INTERVAL_S
+                    and _retoken(self.run_dir, self.host, self.pid, token)
+                ):
+                    return self.last_path  # answered by the dump of less than a second ago
                 from hangtrace.hooks.process import asyncio_tasks
 
                 asyncio_tasks.write(tasks_path(self.run_dir, self.host, self.pid))  # before the sidecar
-                return _write_dump(self.run_dir, self.host, self.pid, reason, token)
+                self.last_path = _write_dump(self.run_dir, self.host, self.pid, reason, token)
+                self.last_dump_s = time.monotonic()
+                return self.last_path
             except Exception as e:
                 self.log("flight recorder dump failed: %r" % (e,), "fr-dump")
                 return None
@@ -143,6 +163,45 @@ class _Agent:
 
 
 _agent: Optional[_Agent] = None
+
+#: A request within this many seconds of the last dump is answered by that dump (its meta
+#: file takes the new token): a flood of requests costs the training process one dump a second.
+MIN_DUMP_INTERVAL_S = 1.0
+
+
+def _peer_is_owner(conn: Any) -> bool:
+    """True when the process at the other end of ``conn`` runs as this process's effective
+    user or as root. An abstract Unix socket has no file permissions: any local user can
+    connect, so the agent asks the kernel who connected (``SO_PEERCRED``: the peer's pid,
+    uid and gid at ``connect`` time, socket(7) and unix(7)). False when the kernel does not
+    say."""
+    import socket
+    import struct
+
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", raw)
+    except (OSError, AttributeError, struct.error):
+        return False
+    return uid == 0 or uid == os.geteuid()
+
+
+def _retoken(run_dir: str, host: str, pid: int, token: str) -> bool:
+    """Give the newest dump's meta file the requester's ``token`` (atomically), so that a
+    request answered by that dump is seen as answered. False when there is no meta file to
+    take it (then the caller dumps)."""
+    import json
+
+    path = meta_path(run_dir, host, pid)
+    try:
+        with open(path, "rb") as f:
+            meta = json.loads(f.read())
+        meta["token"] = token
+        _atomic_write(path, json.dumps(meta).encode())
+        return True
+    except (OSError, ValueError, TypeError):
+        return False
+
 
 #: The request the node watcher sends every poll: the answer is ``progress_line()``, no
 #: file is written.
