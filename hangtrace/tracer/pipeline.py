@@ -94,8 +94,7 @@ def load_path(path: str) -> Snapshot:
     they are now joined with the torch Flight Recorder dumps found in it (or those dumps
     alone: a directory of ``comm_lib_trace_rank_<r>`` files, issue 10). Raises RunDirError
     when ``path`` is none of these."""
-    from hangtrace.tracer.collect.frdump import load_run_or_fr
-    from hangtrace.tracer.collect.rings import is_snapshot, newest_snapshot
+    from hangtrace.tracer.collect.rings import is_snapshot, load_run_or_fr, newest_snapshot
 
     check_dir(path)
     if is_snapshot(path):

@@ -144,6 +144,7 @@ def collect_node(
     Never raises for missing or unreadable files (they become ``errors`` lines).
     """
     from hangtrace.tracer.collect import rings as C
+    from hangtrace.tracer.collect.ringprocs import load_rings
     from hangtrace.tracer.ring import reader as R
 
     t0 = time.time()
@@ -171,7 +172,7 @@ def collect_node(
     if not os.path.isdir(run_dir):
         out["errors"].append("node %s (%s): run directory %s does not exist there" % (node_id, host, run_dir))
         return out
-    procs, errors = C.load_rings(run_dir)
+    procs, errors = load_rings(run_dir)
     out["errors"].extend("node %s: %s" % ((node_id or "?")[:12], e) for e in errors)
     mine = [p for p in procs if _on_node(p, node_id, raylet_pid, host)]
     tmp = tempfile.mkdtemp(prefix="hangtrace-raycollect-")

@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Callable, Optional, Tuple, Union
 
 from hangtrace.tracer import config
-from hangtrace.tracer.collect.rings import RING_GLOB
+from hangtrace.tracer.collect.ringprocs import RING_GLOB
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.snapshot import Snapshot
 
