@@ -37,7 +37,7 @@ from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 if TYPE_CHECKING:
     from hangtrace.tracer.analyze.graph.waitgraph import Inst
 
-#: One flight record (keys: ``tracer.ring.reader.decode_slots``). The one place to point
+#: One flight record (keys: ``tracer.ring.records.decode_slots``). The one place to point
 #: at the typed record of ``tracer/ring/records.py`` once it exists.
 Record = Mapping[str, Any]
 #: A group definition: ``{'name', 'desc', 'backend', 'ranks', 'inferred', 'order'}``.
