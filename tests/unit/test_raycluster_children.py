@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hangtrace.tracer.collect import kernelwait as K
-from hangtrace.tracer.collect import raycluster as RC
+from hangtrace.tracer.collect.ray import raycluster as RC
 from hangtrace.tracer.collect import stacks as S
 
 pytestmark = [

@@ -2,7 +2,7 @@
 
 In: ``ring-<host>-<pid>.htr`` files (``ring/reader.py``), the faulthandler files
 ``stacks/{sigterm,fatal,dump}-<host>-<pid>.txt`` beside them, /proc of this host (is the
-pid still the rank?), memory facts (``memfacts.py``) and Ray's session logs (``raylogs.py``).
+pid still the rank?), memory facts (``memfacts.py``) and Ray's session logs (``ray/raylogs.py``).
 Out: ``load_rings`` -> ``(processes, errors)``; ``process_from_ring`` for one ring;
 ``live_state`` and ``read_signal_files`` for the watcher. Unreadable files become one
 ``errors`` line each (``error_line``: the file and the remedy).
@@ -23,7 +23,7 @@ from hangtrace.tracer.errors import HangtraceError
 from hangtrace.tracer.snapshot import ProcessInfo
 from hangtrace.tracer.process_model import name_senders
 from hangtrace.tracer.collect.memfacts import memory_facts
-from hangtrace.tracer.collect.raylogs import ray_log_facts
+from hangtrace.tracer.collect.ray.raylogs import ray_log_facts
 
 RING_GLOB = "ring-*.htr"
 HOST = socket.gethostname()
@@ -212,7 +212,7 @@ def load_rings(
         if facts:
             procs[i] = dataclasses.replace(procs[i], memory_facts=facts)
     # Ray's record of dead workers from its session logs: they outlive the cluster, so read
-    # them live or later, for stored snapshots too when the snapshot lacks them (raylogs.py)
+    # them live or later, for stored snapshots too when the snapshot lacks them (ray/raylogs.py)
     rfacts = ray_log_facts(
         p for p in procs if not {"ray_worker_exit", "ray_oom_kill"} & set(p.memory_facts or {})
     )

@@ -227,7 +227,7 @@ def _connect(address: Optional[str]) -> bool:
     ``apply``: Ray sends its token by itself only for ``address='auto'``.
     """
     import ray
-    from hangtrace.tracer.collect import rayauth
+    from hangtrace.tracer.collect.ray import rayauth
 
     if ray.is_initialized():
         return False
@@ -244,7 +244,7 @@ def _connect(address: Optional[str]) -> bool:
             logging_level="ERROR",  # type: ignore[arg-type]  # Ray annotates int; it takes level names too
         )
     except (ConnectionError, RuntimeError, ray.exceptions.RayError) as e:
-        from hangtrace.tracer.collect.rayjob import gcs_unreachable
+        from hangtrace.tracer.collect.ray.raygcs import gcs_unreachable
 
         tcp_ok = None if address == "auto" or "://" in address else gcs_unreachable(address, 3.0) is None
         raise HangtraceError(
@@ -354,7 +354,7 @@ def dump_cluster(
             collect_node, nodes, lambda nid: (run_dir, nid, native, with_stacks), timeout_s
         )
         errors += errs
-        from hangtrace.tracer.collect import raystate
+        from hangtrace.tracer.collect.ray import raystate
 
         state = raystate.fetch(source=state_source, address=ray.get_runtime_context().gcs_address)
     finally:
@@ -454,7 +454,7 @@ def write_ray_snapshot(
 
 def load_ray_snapshot(sdir: str) -> Snapshot:
     """``collect.load_snapshot`` plus Ray's records (``ray_state.json``) joined into meta."""
-    from hangtrace.tracer.collect import raystate
+    from hangtrace.tracer.collect.ray import raystate
     from hangtrace.tracer.collect.rings import load_snapshot
 
     snap = load_snapshot(sdir)
