@@ -1,5 +1,5 @@
 """Enrichment after the verdict: Ray identity and Ray's own death record (issue 4; meta
-from hooks/rayhooks/ray_hooks.py and collect/ray/raystate.join), memory ledger, trends and
+from hooks/rayhooks/ray_hooks.py and collect/ray/rayjoin.joined), memory ledger, trends and
 attribution (issue 5), dead helper threads, ranks outside the common stack frame (pure;
 never raises on odd data). Ray's text is reported as Ray's, beside the cause found."""
 

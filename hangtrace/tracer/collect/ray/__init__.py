@@ -9,7 +9,8 @@ workers as ``memory_facts``.
 
 ``rayjob``: the watcher's collection in a child process (``ray_collect``), ``is_ray_run``;
 ``raycluster``: ``dump_cluster`` (one pinned task per node) and ``load_ray_snapshot``;
-``raystate``: Ray's actors/workers/tasks (``fetch``) and their join (``joined``);
+``raystate``: Ray's actors/workers/tasks (``fetch``), ``rayjoin``: their join into the
+processes (``joined``);
 ``raylogs``: worker exits and OOM kills from the session logs; ``rayauth``: token
 authentication before connecting; ``raygcs``: the GCS reachability check.
 """
