@@ -83,7 +83,7 @@ def load_stored(path: str) -> Snapshot:
     from hangtrace.tracer.collect.rings import load_snapshot
 
     if os.path.exists(os.path.join(path, "ray_state.json")):
-        from hangtrace.tracer.collect.raycluster import load_ray_snapshot
+        from hangtrace.tracer.collect.ray.raycluster import load_ray_snapshot
 
         return load_ray_snapshot(path)
     return load_snapshot(path)
@@ -94,8 +94,7 @@ def load_path(path: str) -> Snapshot:
     they are now joined with the torch Flight Recorder dumps found in it (or those dumps
     alone: a directory of ``comm_lib_trace_rank_<r>`` files, issue 10). Raises RunDirError
     when ``path`` is none of these."""
-    from hangtrace.tracer.collect.frdump import load_run_or_fr
-    from hangtrace.tracer.collect.rings import is_snapshot, newest_snapshot
+    from hangtrace.tracer.collect.rings import is_snapshot, load_run_or_fr, newest_snapshot
 
     check_dir(path)
     if is_snapshot(path):
@@ -220,12 +219,12 @@ def dump_live(
     """Snapshot a live run (stacks of the alive processes), analyse it, store
     diagnosis.json/report.txt (``hangtrace dump``, the watcher, ``hangtrace run``).
 
-    For a Ray run (``collect.rayjob.is_ray_run``) the snapshot comes from every alive node
+    For a Ray run (``collect.ray.rayjob.is_ray_run``) the snapshot comes from every alive node
     (``ray_collect``, unless ``HANGTRACE_RAY_COLLECT=0``); when Ray cannot be reached it is
     this node's only, and ``log`` (default stderr) says why. ``stall_s``: as in
     ``diagnose_snapshot``. Raises RunDirError.
     """
-    from hangtrace.tracer.collect.rayjob import is_ray_run, ray_collect
+    from hangtrace.tracer.collect.ray.rayjob import is_ray_run, ray_collect
     from hangtrace.tracer.collect.rings import take_snapshot
 
     log = log or _stderr_log
@@ -249,8 +248,9 @@ def dump_ray(
     cluster of this host, and there may be several), else ``auto``. ``stall_s``: as in
     ``dump_live``. Raises
     HangtraceError when the GCS at the address does not answer within 3 s."""
-    from hangtrace.tracer.collect.raycluster import dump_cluster
-    from hangtrace.tracer.collect.rayjob import gcs_unreachable, ray_address_of_run
+    from hangtrace.tracer.collect.ray.raycluster import dump_cluster
+    from hangtrace.tracer.collect.ray.raygcs import gcs_unreachable
+    from hangtrace.tracer.collect.ray.rayjob import ray_address_of_run
 
     run_dir = run_dir or os.environ.get(config.DIR)
     addr = address or os.environ.get("RAY_ADDRESS")

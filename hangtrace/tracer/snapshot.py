@@ -23,7 +23,7 @@ from hangtrace.tracer.ring.summary import RingSummary, summarize_records
 Record = Mapping[str, Any]
 
 
-#: ``meta`` keys written by collect/raystate.py from Ray's own record (the rest of the
+#: ``meta`` keys written by collect/ray/rayjoin.py from Ray's own record (the rest of the
 #: ``ray_*`` keys are the process's own identity, written by hooks/rayhooks/ray_hooks.py)
 RAY_RECORD_PREFIXES = ("ray_death", "ray_actor_state", "ray_worker_", "ray_exit_", "ray_memory", "ray_state_")
 
@@ -177,7 +177,7 @@ class ProcessInfo:
 
     @property
     def ray_record(self) -> Dict[str, Any]:
-        """Ray's own record of the process joined by collect/raystate.py (actor state, death
+        """Ray's own record of the process joined by collect/ray/rayjoin.py (actor state, death
         cause text ...): the ``meta`` keys it writes (``ray_actor_state``, ``ray_death*``)."""
         return {k: v for k, v in self.meta.items() if k.startswith(RAY_RECORD_PREFIXES)}
 
@@ -189,7 +189,7 @@ class Snapshot:
     ``reason``: 'stall' | 'death' | 'request' | 'offline' | 'attach'; ``path``: the stored
     snapshot folder (None when not stored); ``ray_nodes``: Ray nodes collected by
     ``dump --ray`` (list of dicts, ``ray_nodes.json``); ``ray_state``: Ray's own tables
-    when they were reachable (``collect/raystate.fetch``, ``ray_state.json``: ``actors``
+    when they were reachable (``collect/ray/raystate.fetch``, ``ray_state.json``: ``actors``
     - pending ones too, which have no process -, ``placement_groups``,
     ``cluster_resources``), else empty.
     """

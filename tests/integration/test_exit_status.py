@@ -13,7 +13,7 @@ import pytest
 
 from jobs import REPO, base_env
 
-from hangtrace.tracer.collect.rings import load_rings
+from hangtrace.tracer.collect.ringprocs import load_rings
 
 fastrec = pytest.importorskip("hangtrace.hooks._fastrec")
 

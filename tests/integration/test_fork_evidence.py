@@ -56,7 +56,7 @@ except RuntimeError as e:
 
 
 def test_crashed_and_stuck_dataloader_workers_keep_their_evidence(tmp_path):
-    from hangtrace.tracer.collect.rings import load_rings
+    from hangtrace.tracer.collect.ringprocs import load_rings
     from hangtrace.tracer.process_model import assign_roles
     from hangtrace.tracer.snapshot import Role
 

@@ -14,9 +14,10 @@ from jobs import REPO, base_env, kill_all, start_ranks, wait_line, wait_until
 
 from hangtrace.tracer import pipeline
 from hangtrace.tracer.analyze.diagnose import diagnose
-from hangtrace.tracer.analyze.frmerge import fr_processes
-from hangtrace.tracer.collect.frdump import load_fr_dir, load_run_or_fr
+from hangtrace.tracer.collect.frdump import load_fr_dir
+from hangtrace.tracer.collect.rings import load_run_or_fr
 from hangtrace.tracer.collect.frrequest import request_fr_dumps
+from hangtrace.tracer.ring.frjoin import fr_processes
 from hangtrace.tracer.snapshot import Snapshot
 
 SCRIPT = os.path.join(REPO, "tests", "integration", "scripts", "fr_ddp_extra.py")

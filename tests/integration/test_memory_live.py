@@ -158,7 +158,7 @@ def test_sampler_thread_runs_in_forked_child_and_off_switch(tmp_path):
     # at once, a raw thread (memfork.ChildClock) that threading does not list
     assert "parent ['MainThread']" in out and "child ['MainThread'] 2" in out, out
     assert "parent after step ['MainThread', 'hangtrace-memory']" in out, out
-    from hangtrace.tracer.collect.rings import load_rings
+    from hangtrace.tracer.collect.ringprocs import load_rings
 
     procs, _ = load_rings(str(tmp_path / "run"))
     assert len(procs) == 2 and all(p.memory for p in procs)
@@ -319,7 +319,7 @@ def test_sampler_thread_waits_past_the_start_and_torch_import(tmp_path):
     assert "early ['MainThread']" in out.stdout and "later " + both in out.stdout, (out.stdout, out.stderr)
     out = subprocess.run([sys.executable, s, "step"], env=env, capture_output=True, text=True, timeout=60)
     assert "at step " + both in out.stdout, (out.stdout, out.stderr)
-    from hangtrace.tracer.collect.rings import load_rings
+    from hangtrace.tracer.collect.ringprocs import load_rings
 
     procs, _ = load_rings(str(tmp_path / "run"))
     assert len(procs) == 3 and all(len(p.memory) >= 2 for p in procs), [len(p.memory) for p in procs]

@@ -475,7 +475,7 @@ def test_node_watcher_stall_collects_on_every_node(cluster, tmp_path):
 
 def test_raystate_join_by_actor_id_then_pid_and_death_text():
     from hangtrace.tracer.snapshot import ProcessInfo
-    from hangtrace.tracer.collect.raystate import death_text, joined
+    from hangtrace.tracer.collect.ray.rayjoin import death_text, joined
 
     cause = {
         "actor_died_error_context": {

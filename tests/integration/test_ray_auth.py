@@ -162,7 +162,7 @@ def test_dump_ray_without_address_uses_the_runs_own_cluster(job):
 
 
 def test_watcher_collection_path_on_token_auth_cluster(job, monkeypatch):
-    from hangtrace.tracer.collect.rayjob import ray_collect
+    from hangtrace.tracer.collect.ray.rayjob import ray_collect
 
     run_dir, gcs, _ = job
     for k in AUTH_VARS:

@@ -7,7 +7,6 @@ import pickle
 import pytest
 
 from hangtrace.tracer.analyze.diagnose import diagnose
-from hangtrace.tracer.analyze.frmerge import fr_records, fr_state, merge_records
 from hangtrace.tracer.collect.frdump import (
     FlightRecordError,
     UnsafePickleError,
@@ -15,9 +14,10 @@ from hangtrace.tracer.collect.frdump import (
     load_fr_dir,
     parse_fr_bytes,
     read_fr_file,
-    snapshot_with_fr,
     split_profiling_name,
 )
+from hangtrace.tracer.collect.rings import snapshot_with_fr
+from hangtrace.tracer.ring.frrecords import fr_records, fr_state, merge_records
 
 T0 = 1_700_000_000_000_000_000
 
@@ -237,7 +237,7 @@ def test_join_renumbers_the_in_flight_record_too():
     """A rank waits in broadcast_object_list (our seq 2; torch launched 2 broadcasts for the
     first one: its seq 3) while its peer's last collective is torch's seq 2: the in-flight
     record takes torch's number (3) like every other record, no false mismatch at seq 2."""
-    from hangtrace.tracer.analyze.frmerge import join_fr
+    from hangtrace.tracer.ring.frjoin import join_fr
     from hangtrace.tracer.snapshot import ProcessInfo
 
     es = [

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from hangtrace.tracer.collect import kernelwait as K
+from hangtrace.tracer.collect import syscalls as SC
 from hangtrace.tracer.collect import stacks as S
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
@@ -106,7 +107,7 @@ def test_decode_odd_lines_and_unknown_numbers():
     k = K.decode(os.getpid(), "999 0x0 0x0 0x0 0x0 0x0 0x0 0x0 0x0", table={})
     assert k == {"syscall": "syscall 999", "nr": 999, "args": []}
     # aarch64's numbers: read(fd) is 63; fd 0 of this process names something
-    k = K.decode(os.getpid(), "63 0x0 0x0 0x0 0x0 0x0 0x0 0x0 0x0", table=K.syscall_table("aarch64"))
+    k = K.decode(os.getpid(), "63 0x0 0x0 0x0 0x0 0x0 0x0 0x0 0x0", table=SC.syscall_table("aarch64"))
     assert k["syscall"] == "read" and k["args"][0].startswith("fd 0"), k
     # a process that is gone: nothing, no exception
     assert K.thread_wait(2**22 + 1, 2**22 + 1) is None
@@ -133,7 +134,7 @@ def test_a_poll_interrupted_by_py_spy_keeps_its_call_and_files():
         assert main and main[0]["kernel"]["syscall"] == k["syscall"], r
         assert "pipe:[" in main[0]["kernel"]["args"][0], main[0]["kernel"]
         now = K.thread_wait(p.pid, p.pid)
-        assert now is not None and now["syscall"] in (K.RESTART, k["syscall"]), (
+        assert now is not None and now["syscall"] in (SC.RESTART, k["syscall"]), (
             now
         )  # named, not 'syscall 219'
     finally:

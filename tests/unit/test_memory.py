@@ -85,7 +85,7 @@ def test_cgroup_paths_v1_v2_and_namespaces():
 
 
 def test_kernel_oom_line_parsing():
-    from hangtrace.tracer.collect.rings import parse_kernel_oom
+    from hangtrace.tracer.collect.memfacts import parse_kernel_oom
 
     k = parse_kernel_oom(
         [
@@ -148,7 +148,7 @@ def test_sampler_records_host_gauges_and_cuda_oom_stand_in(recorder, tmp_path, m
         assert hs[0]["values"]["cgroup"] > 0 and hs[0]["oom_kills"] is not None
     assert ring.meta.get("mem_cgroup") == s.cg_dir
     # the OOM attributed from these records alone
-    from hangtrace.tracer.collect.rings import process_from_ring
+    from hangtrace.tracer.collect.ringprocs import process_from_ring
 
     p = process_from_ring(ring, state="killed")
     a = M.attribute(p, "killed-without-record", "x")

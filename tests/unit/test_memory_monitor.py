@@ -1,6 +1,6 @@
 """Ray's memory monitor as a cause (issue 9; OpenRLHF #936, blind job ray_openrlhf_memmon):
 the worker Ray killed is named with cause 'ray-memory-monitor' from Ray's session logs
-(collect/raylogs.py facts in memory_facts; they outlive the cluster) with Ray's own text,
+(collect/ray/raylogs.py facts in memory_facts; they outlive the cluster) with Ray's own text,
 and beside it the process(es) that held the memory (our samples, Ray's record). Without
 Ray's word a SIGTERM at low memory stays 'sigterm-external' ("not an OOM")."""
 
@@ -15,7 +15,7 @@ from test_raylogs import _text  # noqa: E402
 from test_rule_actors import actor  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
-from hangtrace.tracer.collect import raylogs as L  # noqa: E402
+from hangtrace.tracer.collect.ray import raylogs as L  # noqa: E402
 
 MIB = 1 << 20
 GIB = 1 << 30

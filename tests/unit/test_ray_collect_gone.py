@@ -10,7 +10,7 @@ real TCP listener stands in for the GCS port and a real child process for the co
 import socket
 import time
 
-from hangtrace.tracer.collect import rayjob
+from hangtrace.tracer.collect.ray import rayjob
 
 
 def test_collection_gives_up_when_the_gcs_stops_answering(monkeypatch, tmp_path):

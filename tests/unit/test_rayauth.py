@@ -1,8 +1,8 @@
-"""collect/rayauth.py: the token-auth decision before connecting to a Ray cluster (no Ray needed)."""
+"""collect/ray/rayauth.py: the token-auth decision before connecting to a Ray cluster (no Ray needed)."""
 
 import os
 
-from hangtrace.tracer.collect import rayauth as A
+from hangtrace.tracer.collect.ray import rayauth as A
 
 
 def test_explicit_mode_is_respected(tmp_path):

@@ -1,6 +1,6 @@
 """A node's part of a Ray snapshot (``hangtrace dump --ray``) keeps each stacked process's
 live children and what the kernel says they wait in, as the local snapshot does: a real
-traced process waiting for ``cat`` on a pipe, collected by ``raycluster.collect_node`` (what
+traced process waiting for ``cat`` on a pipe, collected by ``raynode.collect_node`` (what
 the pinned task runs on each node), written and read back as a snapshot."""
 
 import glob
@@ -12,7 +12,8 @@ import time
 import pytest
 
 from hangtrace.tracer.collect import kernelwait as K
-from hangtrace.tracer.collect import raycluster as RC
+from hangtrace.tracer.collect.ray import raycluster as RC
+from hangtrace.tracer.collect.ray import raynode as RN
 from hangtrace.tracer.collect import stacks as S
 
 pytestmark = [
@@ -36,7 +37,7 @@ def test_a_node_payload_keeps_the_children_of_a_stacked_process(tmp_path):
             time.sleep(0.05)
         else:
             raise AssertionError("the traced process never waited for its child")
-        r = RC.collect_node(str(run), node_id="n1", raylet_pid=os.getpid())
+        r = RN.collect_node(str(run), node_id="n1", raylet_pid=os.getpid())
         mine = [name for name in r["stacks"] if name.endswith("-%d.json" % p.pid)]
         assert mine, r
         sdir = RC.write_ray_snapshot(str(tmp_path / "snap"), str(run), {"n1": r}, [], None)

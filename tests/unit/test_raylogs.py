@@ -1,4 +1,4 @@
-"""Ray's record of a worker's death from its session logs on disk (collect/raylogs.py,
+"""Ray's record of a worker's death from its session logs on disk (collect/ray/raylogs.py,
 issue 9): the memory monitor's decision (raylet.out) and the worker's exit type
 (gcs_server.out), read after the cluster is gone. The data files are an excerpt of the
 real Ray 2.60 logs of the blind job ray_openrlhf_memmon on this machine (other jobs'
@@ -7,7 +7,7 @@ processes in the top list renamed)."""
 import os
 import shutil
 
-from hangtrace.tracer.collect import raylogs as L
+from hangtrace.tracer.collect.ray import raylogs as L
 from hangtrace.tracer.snapshot import ProcessInfo
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")

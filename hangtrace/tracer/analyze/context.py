@@ -31,21 +31,18 @@ from hangtrace.tracer.analyze.failures.deaths import (
 )
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
 from hangtrace.tracer.envfacts import ProcessEnv
+from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 if TYPE_CHECKING:
     from hangtrace.tracer.analyze.graph.waitgraph import Inst
 
-#: One flight record (keys: ``tracer.ring.reader.decode_slots``). The one place to point
+#: One flight record (keys: ``tracer.ring.records.decode_slots``). The one place to point
 #: at the typed record of ``tracer/ring/records.py`` once it exists.
 Record = Mapping[str, Any]
 #: A group definition: ``{'name', 'desc', 'backend', 'ranks', 'inferred', 'order'}``.
 GroupDef = Dict[str, Any]
 
-#: ``source`` of a record from torch's Flight Recorder alone, and of our record joined with
-#: its Flight Recorder entry (``analyze/frmerge.py``); our ring records have none.
-FR_SOURCE = "flight-recorder"
-FR_JOINED_SOURCE = "hangtrace+flight-recorder"
 
 DEFAULT_STALL_S = 300.0
 #: progress stamped within this many ns after the end of a rank's last record is that

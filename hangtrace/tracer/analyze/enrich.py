@@ -1,5 +1,5 @@
 """Enrichment after the verdict: Ray identity and Ray's own death record (issue 4; meta
-from hooks/rayhooks/ray_hooks.py and collect/raystate.join), memory ledger, trends and
+from hooks/rayhooks/ray_hooks.py and collect/ray/rayjoin.joined), memory ledger, trends and
 attribution (issue 5), dead helper threads, ranks outside the common stack frame (pure;
 never raises on odd data). Ray's text is reported as Ray's, beside the cause found."""
 
@@ -142,7 +142,7 @@ def memory_monitor_holders(ctx: Ctx, d: Diagnosis) -> None:
     if proc is None:
         return
     from hangtrace.tracer.analyze.memory.holders import _rss_at, holders
-    from hangtrace.tracer.collect.raylogs import RayOomKill
+    from hangtrace.tracer.collect.ray.raylogs import RayOomKill
 
     at = int(d.details.get("fail_wall_ns") or 0)
     rk_ = (proc.memory_facts or {}).get("ray_oom_kill")

@@ -8,7 +8,8 @@ import os
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, Record
+from hangtrace.tracer.analyze.context import Ctx, Record
+from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
 from hangtrace.tracer.analyze.stuck.stacktree import format_ranks, frame_label, process_frames, python_frames
 from hangtrace.tracer.analyze.graph.waitgraph import Inst
 from hangtrace.tracer.diagnosis import Diagnosis
@@ -140,7 +141,7 @@ def frames_of(ctx: Ctx, r: int) -> Tuple[List[str], Optional[List[Any]], Optiona
 
 def torch_count(rec: Optional[Mapping[str, Any]]) -> bool:
     """The record's seq is torch's count (a Flight Recorder entry, or ours joined with one):
-    C++-issued collectives such as DDP's gradient all-reduce included (analyze/frmerge.py)."""
+    C++-issued collectives such as DDP's gradient all-reduce included (ring/frrecords.py)."""
     return (rec or {}).get("source") in (FR_SOURCE, FR_JOINED_SOURCE)
 
 

@@ -177,7 +177,7 @@ def kernel_fault_text(pid: int, read_log: Optional[Callable[[], Tuple[list, str]
     the kernel when ``/proc/sys/debug/exception-trace`` is 1, rate-limited) as
     ``(text, status)``; status is 'read' or why the log could not be read."""
     if read_log is None:
-        from hangtrace.tracer.collect.rings import read_kernel_log
+        from hangtrace.tracer.collect.memfacts import read_kernel_log
 
         read_log = read_kernel_log
     lines, status = read_log()

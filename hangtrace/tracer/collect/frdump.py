@@ -1,7 +1,8 @@
 """Read torch Flight Recorder dumps (issue 10, item 3): files in, typed ``FrDump`` out.
 
-Impure: ``find_fr_files``, ``read_fr_file``, ``load_fr_dir``, ``load_run_or_fr``. Pure:
-``parse_fr_bytes``. Format: torch's ``FlightRecorder.hpp``, checked on torch 2.13 CPU.
+Impure: ``find_fr_files``, ``read_fr_file``, ``load_fr_dir``. Pure:
+``parse_fr_bytes``. Types: ``ring/frentries.py``. Format: torch's ``FlightRecorder.hpp``,
+checked on torch 2.13 CPU.
 
 Files recognised in a directory:
 
@@ -24,15 +25,14 @@ from __future__ import annotations
 
 import glob
 import io
-import dataclasses
 import json
 import os
 import pickle
 import re
-from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.errors import HangtraceError, RunDirError
+from hangtrace.tracer.errors import HangtraceError
+from hangtrace.tracer.ring.frentries import FrDump, FrEntry, FrFrame, FrGroup, FrPgStatus
 
 TORCH_NAME_RE = re.compile(r"^(?:comm_lib_trace_rank_|nccl_trace_rank_)(\d+)$")
 AGENT_NAME_RE = re.compile(r"^(.+)-(\d+)\.(pkl|json)$")
@@ -72,89 +72,6 @@ class UnsupportedFrVersionError(FlightRecordError):
         "version that wrote it (python -m torch.distributed.flight_recorder.fr_trace), or "
         "upgrade hangtrace"
     )
-
-
-class FrFrame(NamedTuple):
-    """One Python/C++ frame of an entry's stack (innermost first, as torch stores it)."""
-
-    name: str
-    filename: str
-    line: int
-
-
-class FrGroup(NamedTuple):
-    """A process group from ``pg_config``: ``ranks`` global, None when not given (gloo)."""
-
-    name: str
-    desc: str
-    ranks: Optional[Tuple[int, ...]]
-
-
-class FrPgStatus(NamedTuple):
-    """``pg_status`` of one process group (torch's collective sequence ids, -1 = none)."""
-
-    last_enqueued: int
-    last_started: int
-    last_completed: int
-
-
-@dataclass(frozen=True)
-class FrEntry:
-    """One Flight Recorder entry: one collective or p2p launch on a process group.
-
-    ``op`` is ``profiling_name`` without its backend prefix (``backend``); for p2p names
-    like ``send 1->2`` / ``recv 3<-0``, ``op`` is ``send``/``recv``, ``self_local`` the
-    issuing rank and ``peer_local`` the other one (group-local ranks). Sizes are element
-    counts per dimension, one tuple per tensor; dtypes torch's scalar names (``Float``).
-    Times are ns since the Unix epoch; discovery times None when unknown (0 in JSON).
-    ``state`` is torch's (``scheduled``|``started``|``completed``); gloo entries stay
-    ``scheduled`` and get ``retired`` when the work finishes (torch 2.13, checked here).
-    """
-
-    record_id: int
-    pg_id: int
-    group: str
-    group_desc: str
-    collective_seq_id: int
-    p2p_seq_id: int
-    op_id: int
-    profiling_name: str
-    backend: str
-    op: str
-    self_local: Optional[int]
-    peer_local: Optional[int]
-    is_p2p: bool
-    input_sizes: Tuple[Tuple[int, ...], ...]
-    input_dtypes: Tuple[str, ...]
-    output_sizes: Tuple[Tuple[int, ...], ...]
-    output_dtypes: Tuple[str, ...]
-    state: str
-    retired: bool
-    timeout_ms: int
-    time_created_ns: int
-    time_discovered_started_ns: Optional[int]
-    time_discovered_completed_ns: Optional[int]
-    duration_ms: Optional[float]
-    thread_name: str
-    thread_id: str
-    frames: Tuple[FrFrame, ...]
-
-
-@dataclass(frozen=True)
-class FrDump:
-    """One rank's dump. ``rank`` is global (-1 unknown); ``pid`` 0 when unknown."""
-
-    path: str
-    rank: int
-    version: str
-    comm_lib_version: str
-    pg_config: Dict[str, FrGroup]
-    pg_status: Dict[int, FrPgStatus]
-    entries: Tuple[FrEntry, ...]
-    host: str = ""
-    pid: int = 0
-    world_size: int = -1
-    written_wall_ns: int = 0
 
 
 class _SafeUnpickler(pickle.Unpickler):
@@ -426,44 +343,3 @@ def load_fr_dir(directory: str, errors: Optional[List[str]] = None) -> List[FrDu
                 errors.append("%s (remedy: %s)" % (e, e.remedy))
     dumps.sort(key=lambda d: (d.rank < 0, d.rank, d.path))
     return dumps
-
-
-def snapshot_with_fr(path: str, snap: Any = None) -> Any:
-    """``snap`` (a ``Snapshot`` or None) with the Flight Recorder dumps of ``path`` joined.
-
-    None and dumps present -> a Snapshot of the dumps alone (``taken_wall_ns`` = newest
-    dump's mtime). No dumps -> ``snap`` unchanged. Unreadable dumps add lines to ``errors``.
-    """
-    if not find_fr_files(path):
-        return snap
-    from hangtrace.tracer.analyze.frmerge import fr_processes, join_fr
-    from hangtrace.tracer.snapshot import Snapshot
-
-    errors: List[str] = []
-    dumps = load_fr_dir(path, errors)
-    if snap is None:
-        return Snapshot(
-            run_dir=os.path.abspath(path),
-            reason="offline",
-            processes=fr_processes(dumps),
-            taken_wall_ns=max([d.written_wall_ns for d in dumps] or [0]),
-            errors=errors,
-        )
-    return dataclasses.replace(
-        snap, processes=join_fr(list(snap.processes), dumps), errors=list(snap.errors) + errors
-    )
-
-
-def load_run_or_fr(path: str) -> Any:
-    """``rings.load_run(path)`` joined with the dumps in ``path``; the dumps alone when the
-    directory has no ring file. Raises what ``load_run`` raises when it has neither."""
-    from hangtrace.tracer.collect.rings import load_run
-
-    has_dumps = bool(find_fr_files(path))
-    try:  # with dumps to join, every record (they are aligned with torch's entries by time)
-        snap = load_run(path, records=has_dumps)
-    except RunDirError:
-        if not has_dumps:
-            raise
-        snap = None
-    return snapshot_with_fr(path, snap)

@@ -159,7 +159,7 @@ def fr_into_snapshot(
 
 def fr_files(run_dir: str, pids: List[int]) -> Dict[str, bytes]:
     """:func:`answered_files` as ``{file name: bytes}``, for a snapshot's ``fr/`` assembled
-    elsewhere (``raycluster.collect_node``: a Ray actor's tasks carry the await chains of
+    elsewhere (``ray/raynode.collect_node``: a Ray actor's tasks carry the await chains of
     its event loop). Never raises ({} when no agent answers)."""
     out: Dict[str, bytes] = {}
     for path in answered_files(run_dir, pids) if pids else ():

@@ -14,7 +14,7 @@ ptrace (the same permission py-spy needs):
 
 :func:`annotate` adds ``'kernel'`` to each py-spy thread that is not running::
 
-    {'syscall': 'openat',               # name (this module's table), or 'syscall 435'
+    {'syscall': 'openat',               # name (syscalls.py's table), or 'syscall 435'
      'nr': 257,                         # the number as the kernel printed it
      'args': ["'/ckpt/shard1.pt'"],     # what the arguments name, at most 4
      'wchan': 'wait_for_partner'}       # absent when the kernel hides it
@@ -27,134 +27,14 @@ value leaves that thread without ``'kernel'``. Cost: three small reads per idle 
 from __future__ import annotations
 
 import os
-import platform
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.collect.filelocks import held_locks, lock_holders
-
-#: A blocking call (poll, nanosleep, ...) interrupted by a signal or a debugger's stop - py-spy's
-#: ptrace attach is one - resumes as ``restart_syscall``: its own arguments are gone
-#: (restart_syscall(2)). :func:`read_syscalls` reads the calls before py-spy stops the process.
-RESTART = "restart_syscall"
-
-#: syscall number -> (name, what its arguments are: 'f' fd, 'p' path pointer, 'd' dirfd,
-#: 'P' a pollfd array (with the count next), 'w' a pid to wait for, '-' anything else).
-#: Numbers from the kernel's tables: arch/x86/entry/syscalls/syscall_64.tbl and
-#: include/uapi/asm-generic/unistd.h (aarch64); only calls a hung thread is seen in.
-_X86_64: Mapping[int, Tuple[str, str]] = {
-    0: ("read", "f"),
-    1: ("write", "f"),
-    2: ("open", "p"),
-    3: ("close", "f"),
-    4: ("stat", "p"),
-    5: ("fstat", "f"),
-    6: ("lstat", "p"),
-    7: ("poll", "P"),
-    16: ("ioctl", "f"),
-    17: ("pread64", "f"),
-    18: ("pwrite64", "f"),
-    19: ("readv", "f"),
-    20: ("writev", "f"),
-    21: ("access", "p"),
-    23: ("select", "-"),
-    35: ("nanosleep", "-"),
-    40: ("sendfile", "ff"),
-    42: ("connect", "f"),
-    43: ("accept", "f"),
-    44: ("sendto", "f"),
-    45: ("recvfrom", "f"),
-    46: ("sendmsg", "f"),
-    47: ("recvmsg", "f"),
-    61: ("wait4", "w"),
-    72: ("fcntl", "f"),
-    73: ("flock", "f"),
-    74: ("fsync", "f"),
-    75: ("fdatasync", "f"),
-    76: ("truncate", "p"),
-    77: ("ftruncate", "f"),
-    82: ("rename", "pp"),
-    83: ("mkdir", "p"),
-    84: ("rmdir", "p"),
-    87: ("unlink", "p"),
-    89: ("readlink", "p"),
-    202: ("futex", "-"),
-    230: ("clock_nanosleep", "-"),
-    232: ("epoll_wait", "f"),
-    247: ("waitid", "-w"),
-    257: ("openat", "dp"),
-    258: ("mkdirat", "dp"),
-    262: ("newfstatat", "dp"),
-    263: ("unlinkat", "dp"),
-    264: ("renameat", "dpdp"),
-    270: ("pselect6", "-"),
-    271: ("ppoll", "P"),
-    281: ("epoll_pwait", "f"),
-    285: ("fallocate", "f"),
-    288: ("accept4", "f"),
-    299: ("recvmmsg", "f"),
-    307: ("sendmmsg", "f"),
-    316: ("renameat2", "dpdp"),
-    332: ("statx", "dp"),
-    437: ("openat2", "dp"),
-    441: ("epoll_pwait2", "f"),
-    219: (RESTART, "-"),
-}
-_AARCH64: Mapping[int, Tuple[str, str]] = {
-    22: ("epoll_pwait", "f"),
-    25: ("fcntl", "f"),
-    29: ("ioctl", "f"),
-    32: ("flock", "f"),
-    34: ("mkdirat", "dp"),
-    35: ("unlinkat", "dp"),
-    38: ("renameat", "dpdp"),
-    46: ("ftruncate", "f"),
-    47: ("fallocate", "f"),
-    56: ("openat", "dp"),
-    57: ("close", "f"),
-    63: ("read", "f"),
-    64: ("write", "f"),
-    65: ("readv", "f"),
-    66: ("writev", "f"),
-    67: ("pread64", "f"),
-    68: ("pwrite64", "f"),
-    71: ("sendfile", "ff"),
-    72: ("pselect6", "-"),
-    73: ("ppoll", "P"),
-    79: ("newfstatat", "dp"),
-    80: ("fstat", "f"),
-    82: ("fsync", "f"),
-    83: ("fdatasync", "f"),
-    95: ("waitid", "-w"),
-    98: ("futex", "-"),
-    101: ("nanosleep", "-"),
-    115: ("clock_nanosleep", "-"),
-    202: ("accept", "f"),
-    203: ("connect", "f"),
-    206: ("sendto", "f"),
-    207: ("recvfrom", "f"),
-    211: ("sendmsg", "f"),
-    212: ("recvmsg", "f"),
-    242: ("accept4", "f"),
-    243: ("recvmmsg", "f"),
-    260: ("wait4", "w"),
-    269: ("sendmmsg", "f"),
-    276: ("renameat2", "dpdp"),
-    291: ("statx", "dp"),
-    437: ("openat2", "dp"),
-    441: ("epoll_pwait2", "f"),
-    128: (RESTART, "-"),
-}
-_TABLES = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
+from hangtrace.tracer.collect.syscalls import RESTART, syscall_table
 
 _MAX_PATH = 4096  # PATH_MAX
 _MAX_POLL = 8  # pollfd entries described
 _AT_FDCWD = -100
-
-
-def syscall_table(machine: Optional[str] = None) -> Mapping[int, Tuple[str, str]]:
-    """This machine's (or ``machine``'s, ``platform.machine()`` spelling) table; empty
-    for an architecture not listed (its calls read as ``syscall N``)."""
-    return _TABLES.get((machine or platform.machine()).lower(), {})
 
 
 def _read(path: str) -> Optional[str]:

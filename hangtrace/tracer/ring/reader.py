@@ -33,7 +33,6 @@ from hangtrace.tracer.ring.layout import (
     RANK_SOURCE_OFF,
     RUNID_LEN,
     RUNID_OFF,
-    SLOT,
     SLOT_SIZE,
     STRUSED,
     STRUSED_OFF,
@@ -44,8 +43,9 @@ from hangtrace.tracer.ring.layout import (
     T_STR,
     VERSION,
 )
-from hangtrace.tracer.ring.records import Record, decode
-from hangtrace.tracer.ring.summary import RingSummary, summarize_records, summarize_slots
+from hangtrace.tracer.ring.records import Record, decode_slots
+from hangtrace.tracer.ring.slotsummary import summarize_slots
+from hangtrace.tracer.ring.summary import RingSummary, summarize_records
 
 
 # --- reading ----------------------------------------------------------------------
@@ -199,28 +199,6 @@ def _parse_strtab(data: bytes, used: int, ring: RingData) -> None:
                 else:
                     ring.meta.update(obj)
         off += STR_ENTRY.size + n
-
-
-def decode_slots(slots: bytes, nslots: int, strings: Dict[int, str]) -> List[Record]:
-    """Decode the valid slots of ``slots`` (bytes) into record dicts ordered by index
-    (``ring/records.py``: a SlotRecord, or a MemorySample for memory records).
-
-    A slot is valid when its stored index maps to its own position; of the valid ones,
-    only the newest ``nslots`` window is kept (older leftovers of a torn write are dropped).
-    """
-    out = []
-    # First only the 8-byte index of every slot (one C-level pass), then unpack just the
-    # valid ones: an unfilled ring costs almost nothing.
-    idxs = memoryview(slots).cast("B").cast("Q")[:: SLOT_SIZE // 8].tolist()
-    unpack = SLOT.unpack_from
-    for pos, idx in enumerate(idxs):
-        if idx and (idx - 1) % nslots == pos:
-            out.append(unpack(slots, pos * SLOT_SIZE))
-    out.sort(key=lambda r: r[0])
-    if out:
-        newest = out[-1][0]
-        out = [r for r in out if r[0] > newest - nslots]
-    return [decode(t, strings) for t in out]
 
 
 def read_ring(path: Any, records: bool = True, use_numpy: Optional[bool] = None) -> RingData:

@@ -1,5 +1,8 @@
 """Record types of the ring file, as the reader decodes them (one dict per slot).
 
+In: slot bytes (``layout.SLOT``) and the ring's string table. Out: record dicts
+(:func:`decode` one slot, :func:`decode_slots` a slot array's valid window).
+
 Every slot kind but memory decodes to a :class:`SlotRecord` (the keys the analysis has
 always read); the kind aliases below only say which ``kind`` value a record carries. A
 memory sample (kind ``'memory'``) reuses the generic slot fields on disk (see
@@ -12,7 +15,7 @@ epoch). Sizes are elements (``numel``); memory values are bytes. Format: docs/FO
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Tuple, TypedDict, Union
+from typing import Dict, List, Mapping, Optional, Tuple, TypedDict, Union
 
 from hangtrace.tracer.ring.layout import (
     DTYPES,
@@ -22,6 +25,8 @@ from hangtrace.tracer.ring.layout import (
     KIND_NAMES,
     MEM_SOURCES,
     OPS,
+    SLOT,
+    SLOT_SIZE,
     STATE_NAMES,
 )
 
@@ -180,3 +185,25 @@ def decode(t: SlotTuple, strings: Mapping[int, str]) -> Record:
         error=S(err) if err else None,
         a=(a0, a1, a2, a3, a4),
     )
+
+
+def decode_slots(slots: bytes, nslots: int, strings: Dict[int, str]) -> List[Record]:
+    """Decode the valid slots of ``slots`` (bytes) into record dicts ordered by index
+    (``ring/records.py``: a SlotRecord, or a MemorySample for memory records).
+
+    A slot is valid when its stored index maps to its own position; of the valid ones,
+    only the newest ``nslots`` window is kept (older leftovers of a torn write are dropped).
+    """
+    out = []
+    # First only the 8-byte index of every slot (one C-level pass), then unpack just the
+    # valid ones: an unfilled ring costs almost nothing.
+    idxs = memoryview(slots).cast("B").cast("Q")[:: SLOT_SIZE // 8].tolist()
+    unpack = SLOT.unpack_from
+    for pos, idx in enumerate(idxs):
+        if idx and (idx - 1) % nslots == pos:
+            out.append(unpack(slots, pos * SLOT_SIZE))
+    out.sort(key=lambda r: r[0])
+    if out:
+        newest = out[-1][0]
+        out = [r for r in out if r[0] > newest - nslots]
+    return [decode(t, strings) for t in out]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Tuple
 
-from hangtrace.tracer.collect.rings import live_state
+from hangtrace.tracer.collect.ringprocs import live_state
 from hangtrace.tracer.watch.headers import Header, is_rank
 from hangtrace.tracer.watch.notes import Death
 

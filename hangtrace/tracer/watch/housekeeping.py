@@ -14,7 +14,7 @@ Which directories are candidates:
   file, ``hangtrace.log`` or ``snapshots/``), owned by this user.
 
 Which processes keep a run alive: every ``ring-*.htr`` whose header names a process on this
-host that still runs (pid + start ticks, ``collect.rings.live_state``), and every
+host that still runs (pid + start ticks, ``collect.ringprocs.live_state``), and every
 ``<role>-<host>.pid`` file (``watcher-<host>.pid`` from ``hooks/autowatch``,
 ``run-<host>.pid`` from ``hangtrace run``) whose pid runs and started before the file was
 written (a reused pid started later).
@@ -155,7 +155,7 @@ def _pid_started_before(pid: int, when_s: float) -> bool:
 
 def liveness(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(live, unknown)`` descriptions of the processes of the run at ``path`` (see module)."""
-    from hangtrace.tracer.collect.rings import live_state
+    from hangtrace.tracer.collect.ringprocs import live_state
     from hangtrace.tracer.ring.layout import HEADER_SIZE
     from hangtrace.tracer.ring.reader import read_header
 

@@ -231,7 +231,7 @@ def _clean_exit_check(run_dir: str) -> None:
     failure (blind helper 87: an ``atexit`` all_reduce on one rank; the metrics it gathered
     were never written). Analysed once, without stacks; a verdict block and a snapshot only
     when that is what it finds (``CLEAN_EXIT_FINDINGS``)."""
-    from hangtrace.tracer.collect.frdump import load_run_or_fr
+    from hangtrace.tracer.collect.rings import load_run_or_fr
     from hangtrace.tracer.pipeline import diagnose_snapshot, dump_live, readable
 
     try:  # the rings as they are now (an earlier snapshot of this run is not what ended)

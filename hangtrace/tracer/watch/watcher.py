@@ -29,7 +29,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
-from hangtrace.tracer.collect.rings import RING_GLOB, live_state, read_signal_files
+from hangtrace.tracer.collect.ringprocs import RING_GLOB, live_state, read_signal_files
 from hangtrace.tracer.watch.busy import BusyClock
 from hangtrace.tracer.watch.frprogress import completed, in_flight
 from hangtrace.tracer.watch.headers import Header, never_worked, starting

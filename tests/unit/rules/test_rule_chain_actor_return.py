@@ -17,7 +17,7 @@ from ruleutil import check  # noqa: E402
 from synth import COLL_STACK, MS, R, S, snap, stack  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
-from hangtrace.tracer.collect.rings import signal_sender  # noqa: E402
+from hangtrace.tracer.collect.ringprocs import signal_sender  # noqa: E402
 from hangtrace.tracer.process_model import name_senders  # noqa: E402
 from hangtrace.tracer.report.advice import DEPARTED_NEXT, PREEMPTED_NEXT  # noqa: E402
 

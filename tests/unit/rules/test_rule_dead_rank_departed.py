@@ -14,7 +14,7 @@ from ruleutil import check  # noqa: E402
 from synth import MS, S, ranks, snap  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
-from hangtrace.tracer.collect.rings import signal_sender  # noqa: E402
+from hangtrace.tracer.collect.ringprocs import signal_sender  # noqa: E402
 from hangtrace.tracer.report.advice import DEPARTED_NEXT, PREEMPTED_NEXT  # noqa: E402
 from hangtrace.tracer.report.paragraph import verdict_paragraph  # noqa: E402
 

@@ -18,7 +18,7 @@ from synth import MS, S, R, ranks, snap  # noqa: E402
 
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 from hangtrace.tracer.analyze.failures.teardown import ray_stopper  # noqa: E402
-from hangtrace.tracer.collect.rings import signal_sender  # noqa: E402
+from hangtrace.tracer.collect.ringprocs import signal_sender  # noqa: E402
 from hangtrace.tracer.report.advice import HELPER_CRASH_NEXT  # noqa: E402
 
 RAYLET = (

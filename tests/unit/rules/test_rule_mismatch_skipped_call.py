@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ruleutil import check  # noqa: E402
 from synth import ranks, snap  # noqa: E402
 
-from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE  # noqa: E402
+from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE  # noqa: E402
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 
 

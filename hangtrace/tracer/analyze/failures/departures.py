@@ -92,7 +92,7 @@ def departure_root(
 def sent_by(sig: Optional[Mapping[str, Any]]) -> str:
     """``" from pid 4242 (bash -c sleep 6; kill -TERM 17)"``: who sent the SIGTERM of a
     stack dump ``sig`` (``{'sender': {'pid', 'uid', 'cmdline'}}``, the line the C extension
-    writes, ``collect.rings.signal_sender``), or '' when it is not recorded."""
+    writes, ``collect.ringprocs.signal_sender``), or '' when it is not recorded."""
     snd = (sig or {}).get("sender") or {}
     if not snd.get("pid"):
         return ""

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, Record, history
+from hangtrace.tracer.analyze.context import Ctx, Record, history
+from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
 from hangtrace.tracer.analyze.evidence import desc_rec, rk
 from hangtrace.tracer.analyze.graph.waitgraph import Sig, signature
 from hangtrace.tracer.diagnosis import Diagnosis
@@ -116,7 +117,7 @@ def first_divergence(
     these (a broadcast into a larger buffer, an all_reduce of float32 against int32 of the
     same byte size): the job runs on with wrong data, and a later collective may fail."""
     # torch's numbering (Flight Recorder entries, joined or not) and ours are compared apart:
-    # a rank without a Flight Recorder dump counts Python calls, not launches (frmerge.py)
+    # a rank without a Flight Recorder dump counts Python calls, not launches (ring/frrecords.py)
     at: Dict[Tuple[object, int, bool], Dict[int, Record]] = {}
     for r, p in ctx.procs.items():
         for rec in history(p):

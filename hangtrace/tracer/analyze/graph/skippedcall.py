@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, history
+from hangtrace.tracer.analyze.context import Ctx, history
+from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
 from hangtrace.tracer.analyze.evidence import rk
 from hangtrace.tracer.diagnosis import Diagnosis
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional
 
-from hangtrace.tracer.analyze.context import FR_SOURCE, Ctx, history
+from hangtrace.tracer.analyze.context import Ctx, history
+from hangtrace.tracer.ring.frrecords import FR_SOURCE
 from hangtrace.tracer.analyze.stuck.stacktree import frame_label, python_frames, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis
 

@@ -6,7 +6,7 @@ its signals/exit code/events (see ``analyze/failures/deaths.py``), from evidence
 * ``ray-memory-monitor``: Ray's own record says so (worker ``exit_type``
   NODE_OUT_OF_MEMORY, an ``oom_context`` death cause, or the memory monitor's text "killed
   due to ... low on memory"), from its state joined live or from its session logs on disk
-  (``collect/raylogs.py``: the monitor's kill decision in raylet.out, the exit type in
+  (``collect/ray/raylogs.py``: the monitor's kill decision in raylet.out, the exit type in
   gcs_server.out), which outlive the cluster. Ray's generic "may have exceeded K8s pod memory limits" is
   never taken as evidence: Ray prints it for any SIGKILL/SIGTERM (Ray 2.60).
 * ``cuda-oom``: torch's ``OutOfMemoryError`` (the exception type, "CUDA out of memory"),
@@ -42,10 +42,10 @@ from hangtrace.tracer.collect.memfacts import dataloader_kills, exception_text, 
 
 
 def _ray_logs(facts: Optional[Dict[str, Any]]) -> Tuple[bool, Optional[str]]:
-    """Ray's session logs (``collect/raylogs.py``, in ``memory_facts``) say its memory
+    """Ray's session logs (``collect/ray/raylogs.py``, in ``memory_facts``) say its memory
     monitor killed the worker: its decision in raylet.out, else the worker's exit type
     NODE_OUT_OF_MEMORY in gcs_server.out. (True, Ray's text) or (False, None)."""
-    from hangtrace.tracer.collect.raylogs import NODE_OUT_OF_MEMORY, RayOomKill, RayWorkerExit
+    from hangtrace.tracer.collect.ray.raylogs import NODE_OUT_OF_MEMORY, RayOomKill, RayWorkerExit
 
     f = facts or {}
     if f.get("ray_oom_kill"):

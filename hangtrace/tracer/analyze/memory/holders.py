@@ -8,7 +8,7 @@ job's largest holders at the kill, from
 * our memory samples: each traced process's last host sample (RSS, bytes) at or before
   the kill plus ``SAMPLE_SLACK_NS`` and not older than ``MAX_AGE_NS`` (processes sample
   once a second);
-* Ray's record of the decision (``collect/raylogs.RayOomKill`` in the killed process's
+* Ray's record of the decision (``collect/ray/raylogs.RayOomKill`` in the killed process's
   ``memory_facts['ray_oom_kill']``): the workers it considered with their memory, and of
   the node's top memory users those larger than every process of the job we sampled;
   matched to our processes by pid.

@@ -155,7 +155,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
             _lives_on(ctx, proc, text, d)
         meta = proc.meta or {} if proc is not None else {}
         says = meta.get("ray_death")
-        if says:  # Ray's own record of the death, beside ours (collect/raystate.py)
+        if says:  # Ray's own record of the death, beside ours (collect/ray/raystate.py)
             d.details["ray_says"] = {
                 label: {
                     "text": says,

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from hangtrace.tracer.analyze.context import FR_SOURCE, Ctx
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.ring.frrecords import FR_SOURCE
 from hangtrace.tracer.analyze.evidence import fill_common, rk, vb
 from hangtrace.tracer.analyze.graph.grouporder import Broken, find_broken, moved_on, to_details
 from hangtrace.tracer.analyze.rules.base import Finding

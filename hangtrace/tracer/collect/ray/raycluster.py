@@ -4,7 +4,7 @@
 connects to the cluster as a driver (tracing stripped: ``HANGTRACE_HELPER=1`` in the
 job's runtime env), and starts :func:`collect_node` once per alive node with
 ``NodeAffinitySchedulingStrategy(node_id, soft=False)`` and ``num_cpus=0`` (so it runs
-even when the job holds every CPU). Each task, on its node:
+even when the job holds every CPU). Each task, on its node (``raynode.py``):
 
 * selects the traced processes of **its node**: ring files in ``RUN_DIR`` whose ring
   meta ``ray_node_id`` is the node's id, or, without a node id (a worker that never ran
@@ -24,7 +24,7 @@ The caller writes every node's payload into one local snapshot folder
 ``./hangtrace-ray-<UTC time>/``) in the layout ``collect.load_snapshot`` reads, adds
 ``ray_nodes.json`` (per node: id, host, files, errors, seconds) and ``ray_state.json``
 (``raystate.fetch``), joins Ray's actor/worker records into the processes
-(``raystate.joined``) and returns the Snapshot for the analysis.
+(``rayjoin.joined``) and returns the Snapshot for the analysis.
 
 Without RUN_DIR (and no ``HANGTRACE_DIR``), each node task first looks for the run
 directories of its Ray workers (``HANGTRACE_DIR`` in ``/proc/PID/environ`` of the
@@ -35,11 +35,7 @@ directory across the cluster is used, several are an error listing them.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
-import shutil
-import socket
-import tempfile
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -47,176 +43,16 @@ import orjson
 
 from hangtrace.tracer import config
 from hangtrace.tracer.errors import HangtraceError, RunDirError
-from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
+from hangtrace.tracer.collect.ray.raynode import NodeResult, collect_node, discover_node
+from hangtrace.tracer.snapshot import Snapshot
 
-__all__ = ["collect_node", "discover_node", "dump_cluster", "load_ray_snapshot"]
+__all__ = ["dump_cluster", "load_ray_snapshot"]
 
-#: What one node's collector task returns (see ``collect_node``), and a node of ``ray.nodes()``.
-NodeResult = Dict[str, Any]
+#: A node of ``ray.nodes()``.
 RayNode = Dict[str, Any]
 
 #: Seconds to wait for the node tasks (all of them together).
 DEFAULT_TIMEOUT_S = 120.0
-
-
-def _raylet_children(raylet_pid: int) -> List[int]:
-    out: List[int] = []
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(d + "/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == raylet_pid:
-            out.append(int(d[6:]))
-    return out
-
-
-def discover_node(raylet_pid: Optional[int] = None) -> Dict[str, Any]:
-    """Run directories (``HANGTRACE_DIR``) of the traced Ray workers of this node.
-
-    Returns ``{'host', 'dirs': [str]}``. Runs inside a Ray task (``raylet_pid`` defaults
-    to the task's parent).
-    """
-    raylet_pid = raylet_pid or os.getppid()
-    dirs: set[str] = set()
-    key = (config.DIR + "=").encode()
-    for pid in _raylet_children(raylet_pid):
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        for item in env:
-            if item.startswith(key):
-                dirs.add(item[len(key) :].decode("utf-8", "replace"))
-    return {"host": socket.gethostname(), "dirs": sorted(d for d in dirs if os.path.isdir(d))}
-
-
-def _on_node(p: ProcessInfo, node_id: Optional[str], raylet_pid: int, host: str) -> bool:
-    m = p.meta or {}
-    nid = m.get("ray_node_id")
-    if nid:
-        return nid == node_id
-    if p.host != host:
-        return False
-    ppid = _ring_ppid(p.ring_path)
-    if ppid == raylet_pid:
-        return True
-    # a worker of another raylet of this host belongs to that node; anything else (the
-    # driver, a launcher) is reported by every node of this host, the caller keeps one copy
-    return not (ppid and _is_raylet(ppid))
-
-
-def _is_raylet(pid: int) -> bool:
-    try:
-        with open("/proc/%d/comm" % pid, "rb") as f:
-            return f.read().strip() == b"raylet"
-    except OSError:
-        return False
-
-
-def _ring_ppid(path: Optional[str]) -> Optional[int]:
-    if path is None:
-        return None
-    try:
-        from hangtrace.tracer.ring import layout as F
-        from hangtrace.tracer.ring import reader as R
-
-        with open(path, "rb") as f:
-            return R.read_header(f.read(F.HEADER_SIZE), path).get("ppid")
-    except Exception:
-        return None
-
-
-def collect_node(
-    run_dir: str,
-    node_id: Optional[str] = None,
-    native: bool = False,
-    with_stacks: bool = True,
-    raylet_pid: Optional[int] = None,
-) -> NodeResult:
-    """Collect this node's part of the run in ``run_dir`` (runs inside a pinned Ray task).
-
-    Returns a dict: ``node_id, host, raylet_pid, run_dir, took_s, errors: [str],
-    rings: {file name: bytes}, stacks: {file name: bytes (JSON)}, signals: {file name:
-    [wall_ns, text]}, processes: {"host:pid": {state, exit_code, rank, stack_error}}``.
-    Never raises for missing or unreadable files (they become ``errors`` lines).
-    """
-    from hangtrace.tracer.collect import rings as C
-    from hangtrace.tracer.ring import reader as R
-
-    t0 = time.time()
-    host = socket.gethostname()
-    raylet_pid = raylet_pid or os.getppid()
-    if node_id is None:
-        try:
-            import ray
-
-            node_id = ray.get_runtime_context().get_node_id()
-        except Exception:
-            node_id = None
-    out: NodeResult = {
-        "node_id": node_id,
-        "host": host,
-        "raylet_pid": raylet_pid,
-        "run_dir": run_dir,
-        "errors": [],
-        "rings": {},
-        "stacks": {},
-        "signals": {},
-        "processes": {},
-        "took_s": 0.0,
-    }
-    if not os.path.isdir(run_dir):
-        out["errors"].append("node %s (%s): run directory %s does not exist there" % (node_id, host, run_dir))
-        return out
-    procs, errors = C.load_rings(run_dir)
-    out["errors"].extend("node %s: %s" % ((node_id or "?")[:12], e) for e in errors)
-    mine = [p for p in procs if _on_node(p, node_id, raylet_pid, host)]
-    tmp = tempfile.mkdtemp(prefix="hangtrace-raycollect-")
-    try:
-        for p in mine:
-            assert p.ring_path is not None  # load_rings reads every process from its ring
-            name = os.path.basename(p.ring_path)
-            dst = os.path.join(tmp, name)
-            try:
-                R.compact_copy(p.ring_path, dst)
-                with open(dst, "rb") as f:
-                    out["rings"][name] = f.read()
-            except (HangtraceError, OSError) as e:
-                out["errors"].append("%s: %s" % (p.ring_path, e))
-            for kind, s in (p.signals or {}).items():
-                out["signals"][os.path.basename(s["path"])] = [s["wall_ns"], s["text"]]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if with_stacks:
-        try:
-            mine = C._stacks_for(mine, native, run_dir)
-        except Exception as e:
-            out["errors"].append("node %s: stacks failed: %s" % ((node_id or "?")[:12], e))
-        from hangtrace.tracer.collect.frrequest import fr_files
-
-        out["fr"] = fr_files(run_dir, [p.pid for p in mine if p.state == "alive" and p.host == host])
-    for p in mine:
-        if p.stacks is not None:
-            out["stacks"]["%s-%d.json" % (p.host, p.pid)] = orjson.dumps(
-                {
-                    "threads": p.stacks,
-                    "source": p.stack_source,
-                    "error": p.stack_error,
-                    "children": list(p.children),
-                }
-            )
-        out["processes"][p.key] = {
-            "state": p.state,
-            "exit_code": p.exit_code,
-            "rank": p.rank,
-            "stack_error": p.stack_error,
-            "node_id": node_id,
-        }
-    out["took_s"] = time.time() - t0
-    return out
 
 
 def _connect(address: Optional[str]) -> bool:
@@ -226,7 +62,7 @@ def _connect(address: Optional[str]) -> bool:
     ``apply``: Ray sends its token by itself only for ``address='auto'``.
     """
     import ray
-    from hangtrace.tracer.collect import rayauth
+    from hangtrace.tracer.collect.ray import rayauth
 
     if ray.is_initialized():
         return False
@@ -243,7 +79,7 @@ def _connect(address: Optional[str]) -> bool:
             logging_level="ERROR",  # type: ignore[arg-type]  # Ray annotates int; it takes level names too
         )
     except (ConnectionError, RuntimeError, ray.exceptions.RayError) as e:
-        from hangtrace.tracer.collect.rayjob import gcs_unreachable
+        from hangtrace.tracer.collect.ray.raygcs import gcs_unreachable
 
         tcp_ok = None if address == "auto" or "://" in address else gcs_unreachable(address, 3.0) is None
         raise HangtraceError(
@@ -353,7 +189,7 @@ def dump_cluster(
             collect_node, nodes, lambda nid: (run_dir, nid, native, with_stacks), timeout_s
         )
         errors += errs
-        from hangtrace.tracer.collect import raystate
+        from hangtrace.tracer.collect.ray import raystate
 
         state = raystate.fetch(source=state_source, address=ray.get_runtime_context().gcs_address)
     finally:
@@ -453,7 +289,7 @@ def write_ray_snapshot(
 
 def load_ray_snapshot(sdir: str) -> Snapshot:
     """``collect.load_snapshot`` plus Ray's records (``ray_state.json``) joined into meta."""
-    from hangtrace.tracer.collect import raystate
+    from hangtrace.tracer.collect.ray import rayjoin
     from hangtrace.tracer.collect.rings import load_snapshot
 
     snap = load_snapshot(sdir)
@@ -465,7 +301,7 @@ def load_ray_snapshot(sdir: str) -> Snapshot:
     errors = list(snap.errors)
     procs = snap.processes
     if state:
-        procs, _ = raystate.joined(procs, state)
+        procs, _ = rayjoin.joined(procs, state)
         errors.extend(state.get("errors") or () if not state.get("source") else ())
     try:
         with open(os.path.join(sdir, "ray_nodes.json"), "rb") as f:

@@ -1,9 +1,10 @@
 """Flight Recorder entries as our records, and joined with our ring records. Pure.
 
-``fr_records(dump)`` turns each ``FrEntry`` into a record dict of the shape
-``snapshot.ProcessInfo.records`` has (``tracer.ring.reader.decode_slots``), with
-``source='flight-recorder'``. ``merge_records(ours, fr)`` joins both streams of one process;
-``fr_processes(dumps)`` builds one ``ProcessInfo`` per rank from dumps alone.
+In: ``ring/frentries.py`` types (a parsed dump) and our ring record dicts. Out: record
+dicts. ``fr_records(dump)`` turns each ``FrEntry`` into a record dict of the shape
+``snapshot.ProcessInfo.records`` has (``tracer.ring.records.decode_slots``), with
+``source='flight-recorder'`` (``FR_SOURCE``). ``merge_records(ours, fr)`` joins both
+streams of one process (``FR_JOINED_SOURCE``); ``ring/frjoin.py`` builds processes from them.
 
 How the two numberings align (checked on torch 2.13 gloo, tests/integration/test_fr_live.py):
 both name a group by torch's process-group name (``_get_process_group_name``: ``'0'`` for the
@@ -25,13 +26,14 @@ completing (timed out, aborted) -> 'failed'; else 'issued'.
 
 from __future__ import annotations
 
-import dataclasses
+from typing import Any, Dict, List, Optional, Set, Tuple
 
-from typing import Tuple, Any, Dict, Iterable, List, Optional, Set
+from hangtrace.tracer.ring.frentries import FrDump, FrEntry
 
-from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE
-from hangtrace.tracer.collect.frdump import FrDump, FrEntry
-from hangtrace.tracer.snapshot import ProcessInfo
+#: ``source`` of a record from torch's Flight Recorder alone, and of our record joined with
+#: its Flight Recorder entry (``ring/frrecords.py``); our ring records have none.
+FR_SOURCE = "flight-recorder"
+FR_JOINED_SOURCE = "hangtrace+flight-recorder"
 
 #: torch scalar-type names (FR ``input_dtypes``) -> our dtype names (ring layout DTYPES)
 DTYPE_NAMES = {
@@ -258,125 +260,3 @@ def _with_phase(out: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             phase, step = r.get("phase"), r.get("step")
         res.append(r)
     return res
-
-
-def fr_groups(dump: FrDump) -> List[Dict[str, Any]]:
-    """Group definitions (``ProcessInfo.groups`` shape) from pg_config and the entries."""
-    out: Dict[str, Dict[str, Any]] = {}
-    for name, g in dump.pg_config.items():
-        if name:
-            out[name] = {
-                "name": name,
-                "desc": g.desc or None,
-                "ranks": list(g.ranks) if g.ranks else None,
-                "member": True,
-                "op": "flight-recorder",
-            }
-    for e in dump.entries:
-        if e.group and e.group not in out:
-            out[e.group] = {
-                "name": e.group,
-                "desc": e.group_desc or None,
-                "ranks": None,
-                "member": True,
-                "op": "flight-recorder",
-            }
-    return list(out.values())
-
-
-def _world_size(dumps: List[FrDump]) -> int:
-    for d in dumps:
-        if d.world_size > 0:
-            return d.world_size
-        for g in d.pg_config.values():
-            if (g.name == "0" or g.desc == "default_pg") and g.ranks:
-                return len(g.ranks)
-    ranks = [d.rank for d in dumps if d.rank >= 0]
-    return max(ranks) + 1 if ranks else -1
-
-
-def fr_processes(dumps: Iterable[FrDump]) -> List[ProcessInfo]:
-    """One ``ProcessInfo`` per rank from dumps alone (several dumps of one rank merged).
-
-    ``pid`` is the dump's (our agent's files) or 0; ``state`` 'unknown' (a dump says
-    nothing about liveness); ``world_size`` from the dumps' metadata or default group,
-    else the highest rank + 1 (an undercount when the last ranks' files are missing).
-    """
-    dumps = list(dumps)
-    world = _world_size(dumps)
-    by_rank: Dict[int, List[FrDump]] = {}
-    for d in dumps:
-        by_rank.setdefault(d.rank, []).append(d)
-    procs = []
-    for rank in sorted(by_rank):
-        ds = by_rank[rank]
-        recs: List[Dict[str, Any]] = []
-        groups: Dict[str, Dict[str, Any]] = {}
-        for d in ds:
-            recs.extend(fr_records(d))
-            for g in fr_groups(d):
-                if g["name"] not in groups or (g["ranks"] and not groups[g["name"]]["ranks"]):
-                    groups[g["name"]] = g
-        recs.sort(key=lambda r: (r["t_wall_ns"], r["idx"]))
-        host = ds[0].host or "rank%d" % rank
-        procs.append(
-            ProcessInfo(
-                host=host,
-                pid=ds[0].pid,
-                rank=rank,
-                world_size=world,
-                records=recs,
-                groups=list(groups.values()),
-                progress_wall_ns=max([r["t_wall_ns"] for r in recs if r["state"] == "completed"] or [0]),
-                meta={"flight_recorder": [d.path for d in ds]},
-            )
-        )
-    return procs
-
-
-def _joined_inflight(
-    inflight: Optional[Dict[str, Any]], merged: List[Dict[str, Any]]
-) -> Optional[Dict[str, Any]]:
-    """The ring's in-flight record as joined with the Flight Recorder (same ``idx``, our
-    record): it takes torch's numbering like the rest of the stream. Left as ours, an
-    in-flight ``broadcast_object_list`` (our seq 4, torch's 5 and 6) stood at a seq its
-    peer had passed in torch's numbering: a false mismatch (blind Ray job
-    ray_rollout_crash_trainer_waits)."""
-    if not inflight or inflight.get("idx") is None:
-        return inflight
-    for r in merged:
-        if r.get("idx") == inflight.get("idx") and r.get("source") != FR_SOURCE:
-            return r
-    return inflight
-
-
-def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessInfo]:
-    """Join dumps into ring-backed processes (by host+pid, else by rank); dumps of ranks
-    without a ring become FR-only processes. Returns the new list of processes (new
-    ProcessInfo values for the joined ones; their summary is recomputed from the merged
-    records)."""
-    dumps = list(dumps)
-    out = list(procs)
-    by_pid = {(p.host, p.pid): i for i, p in enumerate(out)}
-    by_rank = {p.rank: i for i, p in enumerate(out) if p.rank >= 0}
-    alone = []
-    for d in dumps:
-        i = by_pid.get((d.host, d.pid)) if d.pid else None
-        i = i if i is not None else (by_rank.get(d.rank) if d.rank >= 0 else None)
-        if i is None:
-            alone.append(d)
-            continue
-        p = out[i]
-        known = {g.get("name") for g in p.groups}
-        meta = dict(p.meta)
-        meta["flight_recorder"] = list(meta.get("flight_recorder") or []) + [d.path]
-        merged = merge_records(p.records, fr_records(d))
-        out[i] = dataclasses.replace(
-            p,
-            records=merged,
-            summary=None,
-            meta=meta,
-            inflight=_joined_inflight(p.inflight, merged),
-            groups=list(p.groups) + [g for g in fr_groups(d) if g["name"] not in known],
-        )
-    return out + fr_processes(alone)

@@ -2,8 +2,8 @@
 
 ``ray_collect`` runs ``raycluster.dump_cluster`` in a child process so the watcher never
 becomes a Ray driver itself; ``is_ray_run`` tells a Ray run by its rings' metadata;
-``gcs_unreachable`` checks the Ray GCS address by TCP first (``ray.init`` to an address
-nobody listens on retries for minutes). Moved here from watch/watcher.py (issue 8).
+``raygcs.gcs_unreachable`` checks the Ray GCS address by TCP first (``ray.init`` to an
+address nobody listens on retries for minutes). Moved here from watch/watcher.py (issue 8).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import sys
 from typing import TYPE_CHECKING, Callable, Optional, Tuple, Union
 
 from hangtrace.tracer import config
-from hangtrace.tracer.collect.rings import RING_GLOB
+from hangtrace.tracer.collect.ray.raygcs import gcs_unreachable
+from hangtrace.tracer.collect.ringprocs import RING_GLOB
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.snapshot import Snapshot
 
@@ -65,32 +66,12 @@ RAY_COLLECT_TIMEOUT_S = 100.0
 
 _RAY_COLLECT_CODE = (
     "import sys\n"
-    "from hangtrace.tracer.collect.raycluster import dump_cluster\n"
+    "from hangtrace.tracer.collect.ray.raycluster import dump_cluster\n"
     "run_dir, address, reason, native, timeout_s = sys.argv[1:6]\n"
     "snap = dump_cluster(run_dir, address=address or None, native=native == '1', timeout_s=float(timeout_s),\n"
     "                    reason=reason)\n"
     "print('SNAPSHOT ' + snap.path, flush=True)\n"
 )
-
-
-def gcs_unreachable(address: str, timeout_s: float = 3.0) -> Optional[str]:
-    """Why the Ray GCS at ``address`` (HOST:PORT) cannot be reached by TCP, or None.
-
-    ``ray.init`` to an address nobody listens on retries for minutes (measured here: more
-    than 200 s), so the watcher checks first.
-    """
-    import socket
-
-    if address.startswith("ray://"):
-        address = address[len("ray://") :]  # Ray client: its server port is checked the same way
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or "/" in host:
-        return None  # 'auto', 'ray://…' or a form we do not parse: let Ray decide
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-        return None
-    except OSError as e:
-        return "%s: %s" % (address, e)
 
 
 #: While the collector runs, the GCS is checked this often (s); two failed checks in a
@@ -188,7 +169,7 @@ def ray_collect(
             % (address or "auto", p.returncode, lines[-1][-500:] if lines else "no output")
         )
         return None
-    from hangtrace.tracer.collect.raycluster import load_ray_snapshot
+    from hangtrace.tracer.collect.ray.raycluster import load_ray_snapshot
 
     snap = dataclasses.replace(load_ray_snapshot(path), reason=reason, path=path)
     log(

@@ -1,0 +1,137 @@
+"""Flight Recorder dumps joined into processes: ring-backed ones, or one per rank alone. Pure.
+
+In: ``snapshot.ProcessInfo`` values read from rings and ``ring/frentries.FrDump`` dumps.
+Out: a new list of ``ProcessInfo`` whose records are merged with the dumps' entries
+(``ring/frrecords.merge_records``); ranks with a dump and no ring become FR-only processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Iterable, List, Optional
+
+from hangtrace.tracer.ring.frentries import FrDump
+from hangtrace.tracer.ring.frrecords import FR_SOURCE, fr_records, merge_records
+from hangtrace.tracer.snapshot import ProcessInfo
+
+
+def fr_groups(dump: FrDump) -> List[Dict[str, Any]]:
+    """Group definitions (``ProcessInfo.groups`` shape) from pg_config and the entries."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, g in dump.pg_config.items():
+        if name:
+            out[name] = {
+                "name": name,
+                "desc": g.desc or None,
+                "ranks": list(g.ranks) if g.ranks else None,
+                "member": True,
+                "op": "flight-recorder",
+            }
+    for e in dump.entries:
+        if e.group and e.group not in out:
+            out[e.group] = {
+                "name": e.group,
+                "desc": e.group_desc or None,
+                "ranks": None,
+                "member": True,
+                "op": "flight-recorder",
+            }
+    return list(out.values())
+
+
+def _world_size(dumps: List[FrDump]) -> int:
+    for d in dumps:
+        if d.world_size > 0:
+            return d.world_size
+        for g in d.pg_config.values():
+            if (g.name == "0" or g.desc == "default_pg") and g.ranks:
+                return len(g.ranks)
+    ranks = [d.rank for d in dumps if d.rank >= 0]
+    return max(ranks) + 1 if ranks else -1
+
+
+def fr_processes(dumps: Iterable[FrDump]) -> List[ProcessInfo]:
+    """One ``ProcessInfo`` per rank from dumps alone (several dumps of one rank merged).
+
+    ``pid`` is the dump's (our agent's files) or 0; ``state`` 'unknown' (a dump says
+    nothing about liveness); ``world_size`` from the dumps' metadata or default group,
+    else the highest rank + 1 (an undercount when the last ranks' files are missing).
+    """
+    dumps = list(dumps)
+    world = _world_size(dumps)
+    by_rank: Dict[int, List[FrDump]] = {}
+    for d in dumps:
+        by_rank.setdefault(d.rank, []).append(d)
+    procs = []
+    for rank in sorted(by_rank):
+        ds = by_rank[rank]
+        recs: List[Dict[str, Any]] = []
+        groups: Dict[str, Dict[str, Any]] = {}
+        for d in ds:
+            recs.extend(fr_records(d))
+            for g in fr_groups(d):
+                if g["name"] not in groups or (g["ranks"] and not groups[g["name"]]["ranks"]):
+                    groups[g["name"]] = g
+        recs.sort(key=lambda r: (r["t_wall_ns"], r["idx"]))
+        host = ds[0].host or "rank%d" % rank
+        procs.append(
+            ProcessInfo(
+                host=host,
+                pid=ds[0].pid,
+                rank=rank,
+                world_size=world,
+                records=recs,
+                groups=list(groups.values()),
+                progress_wall_ns=max([r["t_wall_ns"] for r in recs if r["state"] == "completed"] or [0]),
+                meta={"flight_recorder": [d.path for d in ds]},
+            )
+        )
+    return procs
+
+
+def _joined_inflight(
+    inflight: Optional[Dict[str, Any]], merged: List[Dict[str, Any]]
+) -> Optional[Dict[str, Any]]:
+    """The ring's in-flight record as joined with the Flight Recorder (same ``idx``, our
+    record): it takes torch's numbering like the rest of the stream. Left as ours, an
+    in-flight ``broadcast_object_list`` (our seq 4, torch's 5 and 6) stood at a seq its
+    peer had passed in torch's numbering: a false mismatch (blind Ray job
+    ray_rollout_crash_trainer_waits)."""
+    if not inflight or inflight.get("idx") is None:
+        return inflight
+    for r in merged:
+        if r.get("idx") == inflight.get("idx") and r.get("source") != FR_SOURCE:
+            return r
+    return inflight
+
+
+def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessInfo]:
+    """Join dumps into ring-backed processes (by host+pid, else by rank); dumps of ranks
+    without a ring become FR-only processes. Returns the new list of processes (new
+    ProcessInfo values for the joined ones; their summary is recomputed from the merged
+    records)."""
+    dumps = list(dumps)
+    out = list(procs)
+    by_pid = {(p.host, p.pid): i for i, p in enumerate(out)}
+    by_rank = {p.rank: i for i, p in enumerate(out) if p.rank >= 0}
+    alone = []
+    for d in dumps:
+        i = by_pid.get((d.host, d.pid)) if d.pid else None
+        i = i if i is not None else (by_rank.get(d.rank) if d.rank >= 0 else None)
+        if i is None:
+            alone.append(d)
+            continue
+        p = out[i]
+        known = {g.get("name") for g in p.groups}
+        meta = dict(p.meta)
+        meta["flight_recorder"] = list(meta.get("flight_recorder") or []) + [d.path]
+        merged = merge_records(p.records, fr_records(d))
+        out[i] = dataclasses.replace(
+            p,
+            records=merged,
+            summary=None,
+            meta=meta,
+            inflight=_joined_inflight(p.inflight, merged),
+            groups=list(p.groups) + [g for g in fr_groups(d) if g["name"] not in known],
+        )
+    return out + fr_processes(alone)
