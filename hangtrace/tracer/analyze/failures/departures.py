@@ -103,27 +103,6 @@ def sent_by(sig: Optional[Mapping[str, Any]]) -> str:
     )
 
 
-def handled_sigterm(sig: Mapping[str, Any], at: str, returned_ns: int) -> str:
-    """``"had received SIGTERM from pid N (...) at <time>, in train (job.py:48), and returned 0.1 s
-    later: a SIGTERM handler ended its loop on this rank alone"``: the words for a rank (a
-    program, or a Ray actor's method) that returned ``returned_ns`` after the SIGTERM dump
-    ``sig``; ``at`` the user's line it interrupted ('' when unknown)."""
-    from hangtrace.tracer.analyze.evidence import ts
-
-    t = int(sig.get("wall_ns") or 0)
-    who = sent_by(sig)
-    return (
-        "had received SIGTERM%s%s%s, and returned %s: a SIGTERM handler ended its loop on this rank alone%s"
-        % (
-            who,
-            " at %s" % ts(t) if t else "",
-            ", in %s" % at if at else "",
-            "%.1f s later" % ((returned_ns - t) / 1e9) if t else "after it",
-            "" if who else " (its sender is not recorded)",
-        )
-    )
-
-
 def sigterm_before(v: RankView) -> Optional[Dict[str, Any]]:
     """The SIGTERM dump rank ``v`` wrote before its program returned (a handler that
     ended its loop: graceful preemption), or None: ``{'wall_ns', 'text', ...}``."""

@@ -352,7 +352,7 @@ def crash_site(h: Any) -> str:
     """``"__getitem__ (job.py:57): `return lib.decode(ptr, n)`"``: the innermost frame of the
     user's code in process ``h``'s last stacks (a fatal-signal dump), '' when none."""
     from hangtrace.tracer.analyze.stuck.blocking import code_text
-    from hangtrace.tracer.analyze.evidence import user_frame
+    from hangtrace.tracer.stackmodel.usercode import user_frame
     from hangtrace.tracer.analyze.stuck.stacktree import frame_label, process_frames
 
     f = user_frame(process_frames(h)[0] or [])

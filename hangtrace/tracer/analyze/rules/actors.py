@@ -39,7 +39,8 @@ from hangtrace.tracer.analyze.actors import actorgraph as G
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason
 from hangtrace.tracer.analyze.context import Ctx, RankView, index_process
 from hangtrace.tracer.analyze.failures.deaths import fill_death, raised_phases
-from hangtrace.tracer.analyze.evidence import ts, user_frame
+from hangtrace.tracer.analyze.evidence import ts
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.failures.exceptions import survived
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stuck.stacktree import frame_label, process_frames
