@@ -12,7 +12,8 @@ import os
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx, Record
+from hangtrace.tracer.analyze.context import FR_JOINED_SOURCE, FR_SOURCE, Ctx
+from hangtrace.tracer.analyze.rankview import Record
 from hangtrace.tracer.analyze.failures.departures import sent_by
 from hangtrace.tracer.analyze.stuck.stacktree import format_ranks, frame_label, process_frames, python_frames
 from hangtrace.tracer.analyze.graph.waitgraph import Inst

@@ -12,7 +12,7 @@ verdict named a peer, or "no rank is dead ... check the network").
 
 * its exit time is known (its exit record), and no failure of any rank (death or failed
   record) came before it;
-* the first failure after it is a transport victim (``deaths.is_transport_error``),
+* the first failure after it is a transport victim (``causes.is_transport_error``),
   within :data:`DEPART_WINDOW_NS`, raised in its rank's program, not after that program had
   returned (an exit handler's collective after the others left is the minority's own
   divergence: ``rules/minority.after_return``);
@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
 from hangtrace.tracer.diagnosis import Cause
 
 if TYPE_CHECKING:
-    from hangtrace.tracer.analyze.context import Ctx, RankView
+    from hangtrace.tracer.analyze.context import Ctx
+    from hangtrace.tracer.analyze.rankview import RankView
 
 #: The first transport failure must come within this many ns of the departure (a peer
 #: computing a long step meets the closed connection at its next collective).

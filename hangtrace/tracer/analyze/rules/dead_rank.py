@@ -21,7 +21,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.graph import sigclasses
 from hangtrace.tracer.analyze.failures import teardown
-from hangtrace.tracer.analyze.context import Ctx, RankView
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.rankview import RankView
 from hangtrace.tracer.analyze.failures.deaths import failures, roots
 from hangtrace.tracer.analyze.failures.departures import sigterm_before
 from hangtrace.tracer.analyze.evidence import (

@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Mapping, Set, Tuple
 from hangtrace.tracer.analyze.actors.actorreturn import returned_method
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.stuck.asynctasks import await_chain, describe as describe_loop
-from hangtrace.tracer.analyze.failures.deaths import death_after
+from hangtrace.tracer.analyze.failures.afterhang import death_after
 from hangtrace.tracer.analyze.evidence import frames_of
 from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.stuck.exitwait import exit_wait_text
