@@ -13,6 +13,9 @@ import pytest
 from hangtrace.tracer import config
 from hangtrace.tracer.collect import discover
 from hangtrace.tracer.collect import stacks
+from hangtrace.tracer.collect import faulthandler
+from hangtrace.tracer.stackmodel import faulthandler_text
+from hangtrace.tracer.stackmodel import threads as stackthreads
 
 ok, why = stacks.pyspy_available()
 needs_pyspy = pytest.mark.skipif(not ok, reason=why)
@@ -103,9 +106,9 @@ def test_dump_stacks_parallel(tmp_path):
             assert r["error"] is None, r
             assert r["source"] == "py-spy"
         assert ("Queue.get", "queue.py") in names(res[q.pid]["threads"])
-        assert stacks.top_frames(res[s.pid]["threads"])[0].startswith("napping (")
+        assert stackthreads.top_frames(res[s.pid]["threads"])[0].startswith("napping (")
         assert ("wait_for_lock", "<string>") in names(res[fh.pid]["threads"])
-        main = stacks.main_thread(res[q.pid]["threads"])
+        main = stackthreads.main_thread(res[q.pid]["threads"])
         assert main["thread_name"] == "MainThread" and main["os_thread_id"] == q.pid
     finally:
         stop(procs)
@@ -120,7 +123,7 @@ def test_dump_stacks_native(tmp_path):
         procs.append(s)
         r = stacks.dump_stacks([s.pid], native=True, timeout_s=30)[s.pid]
         assert r["error"] is None, r
-        frames = stacks.main_thread(r["threads"])["frames"]
+        frames = stackthreads.main_thread(r["threads"])["frames"]
         assert any(f["native"] for f in frames)
         assert any(f["name"] == "napping" and not f["native"] for f in frames)
     finally:
@@ -167,22 +170,27 @@ def test_faulthandler_round_trip(tmp_path):
         fh = start(FH_CHILD, str(dump))
         procs.append(fh)
         _blocked(fh.pid)  # "ready" comes just before the blocking call: wait until it sleeps
-        assert stacks.signal_caught(fh.pid, signal.SIGUSR2)
-        assert not stacks.signal_caught(fh.pid, signal.SIGUSR1)
+        assert faulthandler.signal_caught(fh.pid, signal.SIGUSR2)
+        assert not faulthandler.signal_caught(fh.pid, signal.SIGUSR1)
         # refuses when the caller does not vouch for the handler: no signal sent
-        assert stacks.request_faulthandler_dump(fh.pid, signal.SIGUSR2, str(dump), registered=False) is None
+        assert (
+            faulthandler.request_faulthandler_dump(fh.pid, signal.SIGUSR2, str(dump), registered=False)
+            is None
+        )
         assert not dump.exists() or dump.stat().st_size == 0
         # refuses when /proc says no handler (SIGUSR1 at SIG_DFL would kill it)
-        assert stacks.request_faulthandler_dump(fh.pid, signal.SIGUSR1, str(dump), registered=True) is None
+        assert (
+            faulthandler.request_faulthandler_dump(fh.pid, signal.SIGUSR1, str(dump), registered=True) is None
+        )
         assert fh.poll() is None
         for _ in range(2):  # twice: the second call must return only the new dump
-            threads = stacks.request_faulthandler_dump(
+            threads = faulthandler.request_faulthandler_dump(
                 fh.pid, signal.SIGUSR2, str(dump), timeout_s=10, registered=True
             )
             assert threads, dump.read_text()
-            assert stacks.top_frames(threads, n=1) == ["wait_for_lock (<string>:8)"]
+            assert stackthreads.top_frames(threads, n=1) == ["wait_for_lock (<string>:8)"]
             assert fh.poll() is None
-        assert len(stacks.parse_faulthandler_dumps(dump.read_text())) == 2
+        assert len(faulthandler_text.parse_faulthandler_dumps(dump.read_text())) == 2
     finally:
         stop(procs)
 
@@ -193,7 +201,9 @@ def test_faulthandler_request_on_plain_process(tmp_path):
         p = start(PLAIN_CHILD)
         procs.append(p)
         assert (
-            stacks.request_faulthandler_dump(p.pid, signal.SIGUSR2, str(tmp_path / "x"), registered=True)
+            faulthandler.request_faulthandler_dump(
+                p.pid, signal.SIGUSR2, str(tmp_path / "x"), registered=True
+            )
             is None
         )
         assert p.poll() is None  # still alive: nothing was sent

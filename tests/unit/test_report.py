@@ -157,7 +157,7 @@ def test_docs_describe_every_field():
 def test_paragraph_reaches_the_users_line_below_torch_frames():
     """A collective issued inside torch (DTensor redistribute, FSDP hooks, DDP's reducer):
     the three innermost frames are torch's; the paragraph adds the user's innermost line."""
-    from hangtrace.tracer.analyze.evidence import user_frame
+    from hangtrace.tracer.stackmodel.usercode import user_frame
     from hangtrace.tracer.diagnosis import Diagnosis, Kind
     from hangtrace.tracer.report.paragraph import verdict_paragraph
 

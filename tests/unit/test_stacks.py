@@ -7,6 +7,8 @@ import sys
 import textwrap
 
 from hangtrace.tracer.collect import stacks
+from hangtrace.tracer.stackmodel import faulthandler_text
+from hangtrace.tracer.stackmodel import threads as stackthreads
 
 # A trimmed sample of `py-spy dump --pid P --json` (py-spy 0.4.3, Python 3.11), captured from
 # a process whose main thread waits in queue.Queue.get and a thread in time.sleep; the
@@ -45,7 +47,7 @@ PYSPY_SAMPLE = r"""
 
 
 def test_normalize_pyspy_sample():
-    threads = stacks.normalize_pyspy(PYSPY_SAMPLE)
+    threads = stackthreads.normalize_pyspy(PYSPY_SAMPLE)
     assert [t["thread_name"] for t in threads] == ["sleeper", "MainThread"]
     main = threads[1]
     assert main["thread_id"] == 140084057553792 and main["os_thread_id"] == 3599
@@ -57,15 +59,15 @@ def test_normalize_pyspy_sample():
         "native": False,
     }
     assert threads[0]["frames"][0]["native"] is True and threads[0]["frames"][0]["line"] == 0
-    assert stacks.top_frames(threads, n=2) == [
+    assert stackthreads.top_frames(threads, n=2) == [
         "Condition.wait (threading.py:327)",
         "Queue.get (queue.py:171)",
     ]
     # parsed list accepted too; garbage refused
-    assert stacks.normalize_pyspy(json.loads(PYSPY_SAMPLE)) == threads
+    assert stackthreads.normalize_pyspy(json.loads(PYSPY_SAMPLE)) == threads
     for bad in ('{"a": 1}', "[1, 2]"):
         try:
-            stacks.normalize_pyspy(bad)
+            stackthreads.normalize_pyspy(bad)
         except ValueError:
             pass
         else:
@@ -107,11 +109,11 @@ def _make_dumps(tmp_path):
 
 def test_parse_faulthandler_real_output(tmp_path):
     script, text = _make_dumps(tmp_path)
-    dumps = stacks.parse_faulthandler_dumps(text)
+    dumps = faulthandler_text.parse_faulthandler_dumps(text)
     assert len(dumps) == 3, text
     d1 = dumps[0]["threads"]
     assert len(d1) == 2
-    main = stacks.main_thread(d1)
+    main = stackthreads.main_thread(d1)
     assert main["thread_name"] == "MainThread" and main["current"] is True
     assert [f["name"] for f in main["frames"]] == ["inner", "outer", "<module>"]
     assert main["frames"][0]["filename"] == str(script)
@@ -127,10 +129,10 @@ def test_parse_faulthandler_real_output(tmp_path):
     assert dumps[1]["threads"][0]["frames"][0]["name"] == "<module>"
     # dump 3: after an unrelated line, 100 frames and "..."
     assert dumps[2]["truncated"] is True
-    last = stacks.parse_faulthandler_text(text)
+    last = faulthandler_text.parse_faulthandler_text(text)
     assert last == dumps[2]["threads"]
-    assert len(stacks.main_thread(last)["frames"]) == 100
-    assert stacks.top_frames(last, n=2) == ["deep (child.py:20)", "deep (child.py:19)"]
+    assert len(stackthreads.main_thread(last)["frames"]) == 100
+    assert stackthreads.top_frames(last, n=2) == ["deep (child.py:20)", "deep (child.py:19)"]
 
 
 def test_parse_faulthandler_fatal_and_edge_cases():
@@ -148,12 +150,12 @@ def test_parse_faulthandler_fatal_and_edge_cases():
         "Current thread 0x00007f10a9a7fb80 (most recent call first):\n"
         '  File "???", line ??? in ???\n'
     )
-    dumps = stacks.parse_faulthandler_dumps(text)
+    dumps = faulthandler_text.parse_faulthandler_dumps(text)
     assert len(dumps) == 2
     assert dumps[0]["header"] == "Fatal Python error: Segmentation fault"
     cur = [t for t in dumps[0]["threads"] if t["current"]][0]
     assert cur["thread_id"] == 0x00007F10A9A7FB80
-    assert stacks.frame_str(cur["frames"][0]) == "string_at (__init__.py:519)"
+    assert stackthreads.frame_str(cur["frames"][0]) == "string_at (__init__.py:519)"
     assert len(dumps[0]["threads"]) == 2 and dumps[0]["threads"][0]["frames"][0]["line"] == 1002
     assert dumps[1]["header"] is None
     assert dumps[1]["threads"][0]["thread_name"] == "worker"
@@ -164,22 +166,22 @@ def test_parse_faulthandler_fatal_and_edge_cases():
         'Thread 0x1 (most recent call first):\n  File "a.py", line 1 in f\n\n'
         'Current thread 0x2 (most recent call first):\n  File "a.py", line 2 in <module>\n'
     )
-    assert len(stacks.parse_faulthandler_dumps(one + one)) == 2
-    assert stacks.parse_faulthandler_text("") == []
-    assert stacks.parse_faulthandler_text(b"garbage\n") == []
+    assert len(faulthandler_text.parse_faulthandler_dumps(one + one)) == 2
+    assert faulthandler_text.parse_faulthandler_text("") == []
+    assert faulthandler_text.parse_faulthandler_text(b"garbage\n") == []
 
 
 def test_frame_helpers():
     f = {"name": "Queue.get", "filename": "/usr/lib/python3.11/queue.py", "line": 171}
-    assert stacks.frame_str(f) == "Queue.get (queue.py:171)"
-    assert stacks.frame_str(f, full_path=True) == "Queue.get (/usr/lib/python3.11/queue.py:171)"
+    assert stackthreads.frame_str(f) == "Queue.get (queue.py:171)"
+    assert stackthreads.frame_str(f, full_path=True) == "Queue.get (/usr/lib/python3.11/queue.py:171)"
     assert (
-        stacks.frame_str({"name": "nanosleep", "filename": "/l/libc.so.6", "line": 0})
+        stackthreads.frame_str({"name": "nanosleep", "filename": "/l/libc.so.6", "line": 0})
         == "nanosleep (libc.so.6)"
     )
     g = {"name": "get", "filename": "/other/prefix/queue.py", "line": 171}
-    assert stacks.frame_key(f) == stacks.frame_key(g)
-    assert stacks.top_frames([]) == [] and stacks.main_thread([]) is None
+    assert stackthreads.frame_key(f) == stackthreads.frame_key(g)
+    assert stackthreads.top_frames([]) == [] and stackthreads.main_thread([]) is None
 
 
 def test_ptrace_problem_remedy(monkeypatch):

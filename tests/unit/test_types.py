@@ -16,6 +16,8 @@ STRICT = [
     "-p",
     "hangtrace.tracer.analyze",
     "-p",
+    "hangtrace.tracer.stackmodel",
+    "-p",
     "hangtrace.tracer.report",
     "-p",
     "hangtrace.tracer.ring",

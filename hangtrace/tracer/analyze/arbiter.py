@@ -20,7 +20,7 @@ row   condition                                                    outcome
       rank is itself classified dead
 3     root death; the hang's start time is unknown                 DEATH
 4     root death; the root did not provably live on after the     DEATH
-      hang began (``deaths.death_after``: an exception of its
+      hang began (``afterhang.death_after``: an exception of its
       own raised later, with no step of its own since, counts
       as not living on - it died on its way to the collective)
 5     root death; the root is a hang culprit and died within      DEATH
@@ -45,7 +45,7 @@ from enum import Enum
 from typing import Callable, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.failures.deaths import death_after, died_soon_after
+from hangtrace.tracer.analyze.failures.afterhang import death_after, died_soon_after
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.rules.rankless_root import ranks_wait_on_outside
 from hangtrace.tracer.diagnosis import Kind

@@ -18,13 +18,8 @@ from hangtrace.tracer.analyze import enrich
 from hangtrace.tracer.analyze.arbiter import Outcome, Situation, decide
 from hangtrace.tracer.analyze.context import DEFAULT_STALL_S, Ctx
 from hangtrace.tracer.process_model import process_argv
-from hangtrace.tracer.analyze.failures.deaths import (
-    first_rankless_death,
-    TRANSPORT_MARKERS,
-    failures,
-    is_transport_error,
-    stopped_after_stall,
-)
+from hangtrace.tracer.analyze.failures.deaths import first_rankless_death, failures, stopped_after_stall
+from hangtrace.tracer.analyze.failures.causes import TRANSPORT_MARKERS, is_transport_error
 from hangtrace.tracer.analyze.evidence import rk, stall_note
 from hangtrace.tracer.analyze.actors.actorgraph import open_waits
 from hangtrace.tracer.analyze.stuck.childwait import child_process

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from hangtrace.tracer.analyze.failures.exceptions import RECENT_NS, survived, swallowed_since
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.failures.deaths import raised_phases
+from hangtrace.tracer.analyze.failures.causes import raised_phases
 from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
 from hangtrace.tracer.analyze.memory.samples import fmt_bytes
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
@@ -234,7 +234,7 @@ def _memory_lines(
 
 def _stopped_after_exception(d: Diagnosis, r: int, proc: Any) -> None:
     """A culprit stuck outside collectives whose phase or actor method raised and has
-    not completed since (``deaths.raised_phases``): ``details['after_exception']`` names it, for the paragraph -
+    not completed since (``causes.raised_phases``): ``details['after_exception']`` names it, for the paragraph -
     e.g. a Ray trainer whose ``train_step`` raised lives on, idle, while its peers wait."""
     if d.kind != Kind.STUCK_OUTSIDE_COLLECTIVE or "after_exception" in d.details:
         return

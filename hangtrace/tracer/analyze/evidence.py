@@ -1,5 +1,9 @@
 """Wording shared by the rules: rank lists, record descriptions, per-rank lines, the
-culprit's frames, and the common fields of a verdict (pure)."""
+culprit's frames, a SIGTERM a rank handled, and the common fields of a verdict (pure).
+
+In: the analysis context (``context.Ctx``), records, frames (which are the user's:
+``stackmodel/usercode.py``), wait-for instances. Out: evidence text, and the frames,
+group, seq and phase of a ``Diagnosis``."""
 
 from __future__ import annotations
 
@@ -8,12 +12,15 @@ import os
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from hangtrace.tracer.analyze.context import Ctx, Record
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.rankview import Record
+from hangtrace.tracer.analyze.failures.departures import sent_by
 from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
 from hangtrace.tracer.analyze.stuck.stacktree import format_ranks, frame_label, process_frames, python_frames
 from hangtrace.tracer.analyze.graph.waitgraph import Inst
 from hangtrace.tracer.diagnosis import Diagnosis
 from hangtrace.tracer.snapshot import ProcessInfo
+from hangtrace.tracer.stackmodel.usercode import user_frame, wrapper_frame
 
 MAX_FRAMES = 8
 
@@ -61,41 +68,29 @@ def where_rec(rec: Record) -> str:
     return ", ".join(parts)
 
 
-def wrapper_frame(f: Mapping[str, Any]) -> bool:
-    """True for call-forwarding wrappers that say nothing about the program: hangtrace's
-    own hooks (``hangtrace/hooks/*.py``) and torch's c10d logging decorators
-    (``torch/distributed/c10d_logger.py``: ``_exception_logger``/``_time_logger``)."""
-    fn = (f.get("filename") or "").replace("\\", "/")
-    if "/hangtrace/hooks/" in fn:
-        return True
-    if fn.endswith("ray/util/tracing/tracing_helper.py"):  # Ray's actor-method span wrapper (issue 4)
-        return True
-    return fn.endswith("torch/distributed/c10d_logger.py") and "wrapper" in (f.get("name") or "")
+def handled_sigterm(sig: Mapping[str, Any], at: str, returned_ns: int) -> str:
+    """``"had received SIGTERM from pid N (...) at <time>, in train (job.py:48), and returned 0.1 s
+    later: a SIGTERM handler ended its loop on this rank alone"``: the words for a rank (a
+    program, or a Ray actor's method) that returned ``returned_ns`` after the SIGTERM dump
+    ``sig``; ``at`` the user's line it interrupted ('' when unknown)."""
+    t = int(sig.get("wall_ns") or 0)
+    who = sent_by(sig)
+    return (
+        "had received SIGTERM%s%s%s, and returned %s: a SIGTERM handler ended its loop on this rank alone%s"
+        % (
+            who,
+            " at %s" % ts(t) if t else "",
+            ", in %s" % at if at else "",
+            "%.1f s later" % ((returned_ns - t) / 1e9) if t else "after it",
+            "" if who else " (its sender is not recorded)",
+        )
+    )
 
 
 def program_frames(thread: Optional[Dict[str, Any]]) -> List[Any]:
     """A thread's Python frames (innermost first) without our own hooks' wrappers
     (:func:`wrapper_frame`: ``threading._shutdown`` and torch's calls are wrapped)."""
     return [f for f in python_frames(thread) if not wrapper_frame(f)]
-
-
-#: Path fragments of frames that are not the user's code: installed packages (torch,
-#: Ray, numpy), the standard library, frozen importlib.
-LIBRARY_PATHS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
-
-
-def user_code(f: Any) -> bool:
-    """Is frame ``f`` the user's own code (not a library's: ``LIBRARY_PATHS``, not one of
-    our hooks' wrappers)?"""
-    fn = str((f or {}).get("filename") or "")
-    return bool(fn) and not any(x in fn for x in LIBRARY_PATHS) and not wrapper_frame(f)
-
-
-def user_frame(frames: List[Any]) -> Optional[Any]:
-    """The innermost frame of the user's own code (not a library's: ``LIBRARY_PATHS``),
-    or None. For a collective issued from inside torch (DDP's reducer in backward, FSDP's
-    hooks, DTensor) the innermost frames are torch's; this is the line that led there."""
-    return next((f for f in frames if user_code(f)), None)
 
 
 def traceback_frames(text: Any) -> List[Any]:

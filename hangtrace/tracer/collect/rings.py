@@ -143,6 +143,7 @@ def load_snapshot(snap_dir: str, records: bool = False) -> Snapshot:
 def _stacks_for(procs: List[ProcessInfo], native: bool, run_dir: str) -> List[ProcessInfo]:
     """``procs`` with stacks of the alive ones: py-spy in parallel, faulthandler fallback."""
     from hangtrace.tracer.collect import stacks as S
+    from hangtrace.tracer.collect.faulthandler import request_faulthandler_dump
 
     alive = [p for p in procs if p.state == "alive"]
     if not alive:
@@ -173,7 +174,7 @@ def _stacks_for(procs: List[ProcessInfo], native: bool, run_dir: str) -> List[Pr
         if sig:
             dump = os.path.join(run_dir, "stacks", "dump-%s-%d.txt" % (p.host, p.pid))
             try:
-                threads = S.request_faulthandler_dump(p.pid, sig, dump)
+                threads = request_faulthandler_dump(p.pid, sig, dump)
             except Exception as e:
                 threads = None
                 err += "; faulthandler fallback failed: %s" % e

@@ -18,7 +18,7 @@ _CODE_CHARS = 160
 
 def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Each thread gets ``'code'`` on its innermost Python frame, and on
-    the innermost frame of the user's own code (not a library's: ``evidence.LIBRARY_PATHS``): that
+    the innermost frame of the user's own code (not a library's: ``stackmodel/usercode.LIBRARY_PATHS``): that
     line of its source file, stripped (at most 160 characters), when the file is readable
     here. Why: a thread blocked in C code called from that line (``with lock:``, a C-level
     ``Lock.acquire``) has that line as its innermost frame and nothing else to say what it
@@ -27,7 +27,7 @@ def add_source_lines(threads: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     the innermost, ``'next'`` (the lines after it in its function). The same list, changed
     in place. Never raises."""
     import linecache
-    from hangtrace.tracer.analyze.evidence import (
+    from hangtrace.tracer.stackmodel.usercode import (
         user_code as mine,
     )  # (not a library's, not our hooks' wrappers)
 

@@ -77,7 +77,7 @@ def test_wrapper_frames_hidden_from_displayed_frames():
     b[1].set(stacks=stack(*QUEUE_GET, active=False))
     d = check(diagnose(snap(b)), "stuck-outside-collective", [1])
     assert d.frames[:3] == ["get (queue.py:171)", "next_batch (loader.py:22)", "train_step (train.py:38)"]
-    from hangtrace.tracer.analyze.evidence import wrapper_frame as _wrapper_frame
+    from hangtrace.tracer.stackmodel.usercode import wrapper_frame as _wrapper_frame
 
     assert _wrapper_frame(
         {"name": "_make_wrapper.<locals>.wrapper", "filename": "/x/hangtrace/hooks/torchdist/torch_dist.py"}

@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ruleutil import check  # noqa: E402
 from synth import S, ranks, snap  # noqa: E402
 
-from hangtrace.tracer.analyze.failures.deaths import is_transport_error  # noqa: E402
+from hangtrace.tracer.analyze.failures.causes import is_transport_error
 from hangtrace.tracer.analyze.diagnose import diagnose  # noqa: E402
 
 

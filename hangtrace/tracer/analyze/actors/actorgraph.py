@@ -21,8 +21,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze.stuck.asynctasks import describe as describe_loop
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason
-from hangtrace.tracer.analyze.failures.deaths import STOP_ERRORS
-from hangtrace.tracer.analyze.evidence import user_code
+from hangtrace.tracer.analyze.failures.causes import STOP_ERRORS
+from hangtrace.tracer.stackmodel.usercode import user_code
 from hangtrace.tracer.analyze.stuck.stacktree import (
     _short,
     frame_label,

@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from hangtrace.tracer.analyze.failures.departures import handled_sigterm
-from hangtrace.tracer.analyze.evidence import frames_of, ts, user_frame
+from hangtrace.tracer.analyze.evidence import frames_of, handled_sigterm, ts
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.stuck.stacktree import frame_label
-from hangtrace.tracer.collect.faulthandler import parse_faulthandler_dumps
+from hangtrace.tracer.stackmodel.faulthandler_text import parse_faulthandler_dumps
 
 if TYPE_CHECKING:
     from hangtrace.tracer.analyze.context import Ctx

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from hangtrace.tracer.analyze.context import Ctx, RankView, index_process
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.rankview import RankView, index_process
 from hangtrace.tracer.analyze.failures.deaths import fill_death
 from hangtrace.tracer.diagnosis import Diagnosis
 

@@ -1,5 +1,12 @@
 """Deaths: which ranks died, of what, when, and which deaths are victims (pure).
 
+In: a rank's view (``rankview.RankView``: its process's state, exit code, events, signal
+dumps, failed record), torchelastic's error file for it, its helper processes; for the
+job-level answers the context (``context.Ctx``). Out: the view's death fields filled
+(:func:`fill_death`), every failure by time (:func:`failures`), the root deaths
+(:func:`roots`), a job stopped after a stall (:func:`stopped_after_stall`). What error
+texts and phases mean is ``causes``; a death against a hang's start is ``afterhang``.
+
 A rank is dead when ``state == 'killed'``, or 'exited' with a non-zero exit code, or it
 has an 'exception' event (or torchelastic's error file stands for one: ``analyze/failures/elastic.py``). Cause (a :class:`~hangtrace.tracer.diagnosis.Cause` value):
 'sigterm' (a SIGTERM dump or exit code -15), 'fatal-signal' (a fatal-error dump, or exit
@@ -17,37 +24,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from hangtrace.tracer.analyze.failures.causes import (
+    KILLED,
+    STOPPED_WAIT_NS,
+    base_cause,
+    interrupted_at_work,
+    is_transport_error,
+    rec_fail_wall,
+)
 from hangtrace.tracer.analyze.failures.departures import departure_root, sent_by
 from hangtrace.tracer.analyze.failures.teardown import raised_before_sigterm
-from hangtrace.tracer.config import CONTROL_FLOW_ERRORS
+from hangtrace.tracer.analyze.rankview import RankView, index_process
 from hangtrace.tracer.diagnosis import Cause, exit_code_cause
 from hangtrace.tracer.snapshot import ProcessInfo, Role
 
 if TYPE_CHECKING:
-    from hangtrace.tracer.analyze.context import Ctx, RankView
+    from hangtrace.tracer.analyze.context import Ctx
     from hangtrace.tracer.analyze.failures.elastic import ElasticError
 
-#: Lower-case substrings of error texts that mean "the transport (peer, socket) failed".
-#: gloo: "Connection closed by peer" (peer SIGKILLed), "Timed out waiting ...ms for recv
-#: operation to complete" (timeout); NCCL: "NCCL communicator was aborted", watchdog.
-TRANSPORT_MARKERS = (
-    "connection closed by peer",
-    "timed out waiting",
-    "connection reset",
-    "broken pipe",
-    "connection refused",
-    "socket timeout",
-    "nccl communicator was aborted",
-    "watchdog caught collective operation timeout",
-    "ncclremoteerror",
-    "ncclsystemerror",
-    "read error",
-    "write error",
-    "no route to host",
-    "peer closed",
-    "ecconnreset",
-    "econnreset",
-)
 
 _SIGNAL_CAUSES = {
     -15: Cause.SIGTERM.value,
@@ -57,101 +51,11 @@ _SIGNAL_CAUSES = {
     -4: Cause.FATAL_SIGNAL.value,
     -8: Cause.FATAL_SIGNAL.value,
 }
-KILLED = Cause.KILLED_WITHOUT_RECORD.value
 
-#: A culprit that died within this many ns of the moment the others began waiting for it
-#: died *into* the hang (killed mid-step just after issuing its collective): the death is
-#: the root. Later deaths of a hung culprit (a user's kill of a stuck job) leave the hang
-#: verdict standing.
-DIED_INTO_HANG_NS = 2_000_000_000
-#: A rank SIGTERMed after waiting at least this long (ns) in a collective is taken for a
-#: stopped hung job (a victim); a SIGTERM earlier in a wait is an ordinary root death.
-STOPPED_WAIT_NS = 10_000_000_000
 #: "Stopped after a stall": every rank dead within this window (s) ...
 STOPPED_WINDOW_S = 30.0
 #: ... and each at least this long (s) after its last progress.
 STOPPED_GAP_S = 60.0
-
-
-def is_transport_error(text: Any) -> bool:
-    """True when ``text`` (an error message) names a transport failure (``TRANSPORT_MARKERS``)."""
-    if not text:
-        return False
-    t = str(text).lower()
-    return any(m in t for m in TRANSPORT_MARKERS)
-
-
-def rec_fail_wall(rec: Optional[Mapping[str, Any]]) -> int:
-    """End time (ns since the epoch) of record ``rec``: its wall start plus its monotonic
-    duration; its start when the end is unknown; 0 for no record."""
-    if not rec:
-        return 0
-    w = int(rec.get("t_wall_ns") or 0)
-    end, start = rec.get("t_end_mono_ns"), rec.get("t_mono_ns")
-    if w and end and start and end >= start:
-        return w + int(end - start)
-    return w
-
-
-def base_cause(v: RankView) -> Optional[str]:
-    """The cause before memory evidence refined it."""
-    b: Optional[str] = (v.mem or {}).get("base_cause") or v.cause
-    return b
-
-
-def death_after(v: RankView, start: int) -> bool:
-    """True when dead rank ``v`` provably lived on after ``start`` (ns): its death time
-    is exact (signal dump, exception, exit record) and later, or - for a death without a
-    record, whose time is only a lower bound - it issued something after ``start``
-    (the completion of its last collective does not count).
-
-    A rank that raised an exception of its own (not a stop - ``STOP_ERRORS`` - and not a
-    transport victim) after ``start`` without having moved on first
-    (:func:`moved_on_after`) did not live on past the wait: it was on its way to the
-    collective (a DataLoader waiting for a worker the kernel OOM-killed, a slow rank-only
-    step that then crashed) and the exception is why it never came (CI 2026-12-04, blind
-    job tr_dl_oom: rank 1 raised 3 s after rank 0 began waiting and was called
-    'skipped-collective: moved on' for its dying records)."""
-    if v.cause == KILLED or (v.mem or {}).get("base_cause") == KILLED:
-        return bool(v.activity_wall and v.activity_wall > start)
-    if not (v.fail_wall and v.fail_wall > start):
-        return False
-    if base_cause(v) == Cause.EXCEPTION.value and not v.victim and not is_stop_error(v.cause_text):
-        return moved_on_after(v, start)
-    return True
-
-
-def _t_wall(rec: Optional[Mapping[str, Any]]) -> int:
-    return int((rec or {}).get("t_wall_ns") or 0)
-
-
-def moved_on_after(v: RankView, start: int) -> bool:
-    """True when ``v`` recorded a step of its own after ``start`` (ns): a collective or
-    p2p issued, a phase entered, a step or group record. Its dying records (exception,
-    exit, ``destroy_process_group``, the phase exits the exception unwound) are not;
-    neither are memory samples."""
-    sm = v.proc.summary
-    if sm is None:
-        return bool(v.activity_wall and v.activity_wall > start)
-    t = _t_wall
-    if t(sm.last_comm) > start or any(t(enter) > start for enter, _exit in sm.phase_visits.values()):
-        return True
-    for rec in reversed(sm.tail):  # newest first; the tail holds the newest TAIL records
-        if t(rec) <= start:
-            break
-        if rec.get("kind") in _MOVE_KINDS:
-            return True
-    return False
-
-
-#: record kinds that are a step of the rank's own (``moved_on_after``)
-_MOVE_KINDS = ("collective", "p2p", "step", "phase_enter", "group")
-
-
-def died_soon_after(v: RankView, start: int) -> bool:
-    """True when ``v``'s last sign of life is within DIED_INTO_HANG_NS of ``start`` (ns)."""
-    last = max(v.activity_wall or 0, v.fail_wall or 0)
-    return bool(last) and last - start < DIED_INTO_HANG_NS
 
 
 def _signal_cause(v: RankView, sig: Mapping[str, Any], code: Optional[int], times: List[int]) -> bool:
@@ -277,44 +181,6 @@ def _set_cause(
     else:
         v.cause = KILLED
         v.cause_text = _killed_text(v, code)
-
-
-#: A phase or Ray actor method that ended with one of these was stopped, not failed: Ray's
-#: SIGTERM handler raises SystemExit in the worker, Ctrl-C raises KeyboardInterrupt.
-STOP_ERRORS = ("SystemExit", "KeyboardInterrupt")
-
-
-def is_stop_error(error: Any) -> bool:
-    """True for a phase-exit error text ``Type: message`` whose type is in STOP_ERRORS."""
-    return str(error or "").split(":", 1)[0].strip() in STOP_ERRORS
-
-
-def raised_phases(p: Any) -> List[Tuple[int, str, str, Optional[int]]]:
-    """The phases (Ray actor methods included) of ``p`` that raised and have not completed
-    since (``RingSummary.failed_phases``), stops and control flow (``config.
-    CONTROL_FLOW_ERRORS``: a queue's ``Empty`` / ``Full``) excepted: ``(wall ns, name,
-    'Type: message', step)``, oldest first."""
-    sm = getattr(p, "summary", None)
-    out = [
-        (int(rec.get("t_wall_ns") or 0), name, str(rec.get("error") or "").strip(), rec.get("step"))
-        for name, rec in (sm.failed_phases.items() if sm is not None else ())
-    ]
-    return sorted(
-        f
-        for f in out
-        if f[2]
-        and not is_stop_error(f[2])
-        and f[2].split(":")[0].strip().rsplit(".", 1)[-1] not in CONTROL_FLOW_ERRORS
-    )
-
-
-def interrupted_at_work(p: Any) -> bool:
-    """True when a phase of ``p`` ended with a stop (STOP_ERRORS) and has not completed
-    since (``RingSummary.failed_phases``): the process was at work when it was stopped -
-    Ray's SIGTERM handler raises SystemExit in the worker, which unwinds the actor
-    method's phase, so at exit no phase is open any more."""
-    sm = getattr(p, "summary", None)
-    return any(is_stop_error(r.get("error")) for r in (sm.failed_phases.values() if sm is not None else ()))
 
 
 def sigterm_in_long_wait(v: RankView) -> bool:
@@ -453,7 +319,6 @@ def first_rankless_death(processes: Any) -> Optional[Tuple[Any, RankView]]:
     a launcher script that failed before starting its ranks (a missing WORLD_SIZE, a bad
     argument). ``(process, its view)`` or None. Ray actors and task workers are left to the
     actor rules (a Ray driver is a launcher: named here)."""
-    from hangtrace.tracer.analyze.context import index_process
     from hangtrace.tracer.process_model import ray_role
 
     best: Optional[Tuple[Any, RankView]] = None

@@ -12,7 +12,7 @@ verdict named a peer, or "no rank is dead ... check the network").
 
 * its exit time is known (its exit record), and no failure of any rank (death or failed
   record) came before it;
-* the first failure after it is a transport victim (``deaths.is_transport_error``),
+* the first failure after it is a transport victim (``causes.is_transport_error``),
   within :data:`DEPART_WINDOW_NS`, raised in its rank's program, not after that program had
   returned (an exit handler's collective after the others left is the minority's own
   divergence: ``rules/minority.after_return``);
@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
 from hangtrace.tracer.diagnosis import Cause
 
 if TYPE_CHECKING:
-    from hangtrace.tracer.analyze.context import Ctx, RankView
+    from hangtrace.tracer.analyze.context import Ctx
+    from hangtrace.tracer.analyze.rankview import RankView
 
 #: The first transport failure must come within this many ns of the departure (a peer
 #: computing a long step meets the closed connection at its next collective).
@@ -100,27 +101,6 @@ def sent_by(sig: Optional[Mapping[str, Any]]) -> str:
     return " from pid %s%s" % (
         snd["pid"],
         " (%s)" % (cmd[:160] + ("..." if len(cmd) > 160 else "")) if cmd else "",
-    )
-
-
-def handled_sigterm(sig: Mapping[str, Any], at: str, returned_ns: int) -> str:
-    """``"had received SIGTERM from pid N (...) at <time>, in train (job.py:48), and returned 0.1 s
-    later: a SIGTERM handler ended its loop on this rank alone"``: the words for a rank (a
-    program, or a Ray actor's method) that returned ``returned_ns`` after the SIGTERM dump
-    ``sig``; ``at`` the user's line it interrupted ('' when unknown)."""
-    from hangtrace.tracer.analyze.evidence import ts
-
-    t = int(sig.get("wall_ns") or 0)
-    who = sent_by(sig)
-    return (
-        "had received SIGTERM%s%s%s, and returned %s: a SIGTERM handler ended its loop on this rank alone%s"
-        % (
-            who,
-            " at %s" % ts(t) if t else "",
-            ", in %s" % at if at else "",
-            "%.1f s later" % ((returned_ns - t) / 1e9) if t else "after it",
-            "" if who else " (its sender is not recorded)",
-        )
     )
 
 

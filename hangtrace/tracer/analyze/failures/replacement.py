@@ -11,7 +11,7 @@ from typing import Any, Dict
 
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason, collective_frame, in_rendezvous_stack
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.evidence import user_frame
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.stuck.stacktree import frame_label, pick_thread, python_frames
 from hangtrace.tracer.diagnosis import Diagnosis
 from hangtrace.tracer.snapshot import ProcessInfo

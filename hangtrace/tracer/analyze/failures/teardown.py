@@ -10,8 +10,8 @@ DataLoader worker segfaulted in the dataset's C decoder, rank 1's ``train()`` ra
 raylet SIGTERMed both ranks; the verdict named rank 0, "SIGTERM from the raylet", the root.
 
 * :func:`raised_before_sigterm` (from ``deaths.fill_death``): a rank SIGTERMed at most
-  ``deaths.STOPPED_WAIT_NS`` after one of its phases (a Ray actor method included:
-  ``deaths.raised_phases``) raised, or after its exception event, failed there: its cause is
+  ``causes.STOPPED_WAIT_NS`` after one of its phases (a Ray actor method included:
+  ``causes.raised_phases``) raised, or after its exception event, failed there: its cause is
   that exception (a transport error: a victim, as ever) and its failure time the raise; the
   SIGTERM, whoever sent it, is kept in ``RankView.teardown``. A SIGTERM later than that is
   the stop of a stalled job: the exception stays what the hang rules make of it
@@ -30,10 +30,20 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
+from hangtrace.tracer.analyze.failures.causes import (
+    STOPPED_WAIT_NS,
+    base_cause,
+    is_stop_error,
+    is_transport_error,
+    raised_phases,
+)
+from hangtrace.tracer.analyze.failures.departures import sent_by
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Cause
 
 if TYPE_CHECKING:
-    from hangtrace.tracer.analyze.context import Ctx, RankView
+    from hangtrace.tracer.analyze.context import Ctx
+    from hangtrace.tracer.analyze.rankview import RankView
 
 #: Executables (basename of argv[0]) of Ray's own processes that stop workers.
 RAY_STOPPERS = ("raylet", "gcs_server")
@@ -63,8 +73,6 @@ def ray_stopper(sig: Optional[Mapping[str, Any]]) -> str:
 
 def _first_raise(v: RankView, start: int, end: int) -> Optional[Tuple[int, str]]:
     """The earliest exception of ``v`` raised in ``[start, end]``: ``(wall ns, 'Type: message')``."""
-    from hangtrace.tracer.analyze.failures.deaths import is_stop_error, raised_phases
-
     out: List[Tuple[int, str]] = [(t, text) for t, _name, text, _step in raised_phases(v.proc)]
     exc = v.proc.exception
     if exc is not None:
@@ -77,9 +85,6 @@ def raised_before_sigterm(v: RankView, times: List[int]) -> None:
     """When SIGTERMed rank ``v`` (cause ``sigterm``) had raised at most ``STOPPED_WAIT_NS``
     before its SIGTERM, make that exception its cause and add its time to ``times`` (the
     failure times ``fill_death`` takes the earliest of); ``v.teardown`` keeps the SIGTERM."""
-    from hangtrace.tracer.analyze.failures.deaths import STOPPED_WAIT_NS, is_transport_error
-    from hangtrace.tracer.analyze.failures.departures import sent_by
-
     t_sig = sigterm_wall(v)
     if v.cause != Cause.SIGTERM.value or not t_sig:
         return
@@ -100,8 +105,6 @@ def raised_before_sigterm(v: RankView, times: List[int]) -> None:
 def mark(ctx: Ctx) -> None:
     """Mark as victims the ranks Ray itself SIGTERMed after another rank's earlier failure
     (a death that is no victim), with ``teardown``: what happened (module docstring)."""
-    from hangtrace.tracer.analyze.failures.deaths import base_cause
-
     stopped: List[Tuple[RankView, str, int]] = []
     for v in ctx.views.values():
         who = ray_stopper((v.proc.signals or {}).get("sigterm"))
@@ -133,8 +136,6 @@ def details(ctx: Ctx, root: RankView) -> Dict[str, Any]:
     (``mark``), e.g. "Rank 0 and rank 1 itself then received SIGTERM from Ray's raylet (pid
     5400), 0.32 s later: Ray stopping the job's workers (teardown), not a cause"; {} when
     neither. Adds an evidence line for each."""
-    from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
-
     others = sorted(r for r, v in ctx.views.items() if r != root.rank and v.victim and v.teardown)
     for r in [root.rank] + others:
         if ctx.views[r].teardown:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.context import Ctx, Record, history
+from hangtrace.tracer.analyze.context import Ctx, history
+from hangtrace.tracer.analyze.rankview import Record
 from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
 from hangtrace.tracer.analyze.evidence import desc_rec, rk
 from hangtrace.tracer.analyze.graph.waitgraph import Sig, signature

@@ -19,7 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from hangtrace.tracer.analyze.context import Record, history
+from hangtrace.tracer.analyze.rankview import Record
+from hangtrace.tracer.analyze.context import history
 from hangtrace.tracer.snapshot import ProcessInfo
 
 

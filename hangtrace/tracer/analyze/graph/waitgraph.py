@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from hangtrace.tracer.analyze.context import Ctx, Record
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.rankview import Record
 
 _SEND = {
     "send": "send",

@@ -8,7 +8,10 @@ Samples (:func:`samples`, from the K_MEM ring records, layout in ``tracer/ring/l
 the ledger, kept-across flags, trends and attribution are described in their modules.
 
 Modules: ``samples`` (decoding, helpers), ``ledger`` (ledger, kept-across flags),
-``trend``, ``attribution`` (a death's memory cause), ``summary`` (``details['memory']``).
+``trend``, ``attribution`` (a death's memory cause; a process's level at death in
+``deathlevel``, its DataLoader workers' deaths in ``helperdeaths``), ``summary``
+(``details['memory']``). In: ProcessInfo objects and a rank's cause from
+``failures/deaths``; out: plain dicts (an attribution, ``details['memory']``).
 The public API is re-exported here.
 """
 

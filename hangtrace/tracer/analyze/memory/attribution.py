@@ -20,25 +20,26 @@ its signals/exit code/events (see ``analyze/failures/deaths.py``), from evidence
   evictions send SIGTERM).
 * anything else keeps its cause (exception, fatal signal, exit code, killed without
   record) and gets the memory figures at death as evidence, or the reasons it was not an
-  OOM kill (counter unchanged, no kernel line, memory low).
+  OOM kill (counter unchanged, no kernel line, memory low); an exception over dead
+  DataLoader workers gets the sentence on them of ``helperdeaths``.
+
+The process's memory level at death is ``deathlevel``'s.
 """
 
 import re
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze.memory.samples import (
     LOW,
     NEAR,
     Sample,
-    _last_host,
-    _level,
-    _peak,
     _where,
     fmt_bytes,
     samples,
 )
-from hangtrace.tracer.collect.memfacts import dataloader_kills, exception_text, fatal_signal_name
+from hangtrace.tracer.analyze.memory.deathlevel import _Level, _level_of, _pct
+from hangtrace.tracer.analyze.memory.helperdeaths import _worker_case
+from hangtrace.tracer.collect.memfacts import dataloader_kills, exception_text
 
 
 def _ray_logs(facts: Optional[Dict[str, Any]]) -> Tuple[bool, Optional[str]]:
@@ -137,91 +138,6 @@ def _cuda_oom(proc: Any, ss: List[Sample]) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _pct(v: Optional[float], lim: Optional[float]) -> str:
-    return "%d%%" % round(100.0 * v / lim) if v is not None and lim else "?"
-
-
-@dataclass(frozen=True)
-class _Level:
-    """A dead process's memory at its last host sample and the OOM facts gathered at
-    collection (bytes; ``frac``: value / limit)."""
-
-    h: Optional[Dict[str, Any]]
-    metric: Optional[str]
-    val: Optional[int]
-    lim: Optional[int]
-    frac: Optional[float]
-    facts: Dict[str, Any]
-    kern: Optional[Dict[str, Any]]
-    now_ctr: Optional[int]
-    last_ctr: Optional[int]
-    mem_line: Optional[str]
-
-    @property
-    def ctr_up(self) -> bool:
-        """The cgroup's oom_kill counter rose after the last sample."""
-        return self.now_ctr is not None and self.last_ctr is not None and self.now_ctr > self.last_ctr
-
-    @property
-    def ctr_same(self) -> bool:
-        """The cgroup's oom_kill counter is unchanged since the last sample."""
-        return self.now_ctr is not None and self.last_ctr is not None and self.now_ctr == self.last_ctr
-
-
-def _level_of(proc: Any, ss: List[Dict[str, Any]]) -> Tuple[_Level, Dict[str, Any]]:
-    """The memory level at death and the ``at_death`` dict."""
-    facts = getattr(proc, "memory_facts", None) or {}
-    h = _last_host(ss)
-    metric, val, lim = _level(h)
-    frac = (float(val) / lim) if val is not None and lim else None
-    at: Dict[str, Any] = {}
-    mem_line = None
-    if h is not None:
-        at = {
-            "t_wall_ns": h["t_wall_ns"],
-            "phase": h["phase"],
-            "step": h["step"],
-            "rss": h["values"].get("rss"),
-            "cgroup_usage": h["values"].get("cgroup"),
-            "limit": lim,
-            "oom_kills": h.get("oom_kills"),
-            "swap": h.get("swap"),
-            "fraction_of_limit": round(frac, 3) if frac is not None else None,
-        }
-        pk = _peak(ss, metric) if metric else None
-        if pk:
-            at["peak"] = pk[0]
-            at["peak_where"] = _where(pk[1])
-        if lim:
-            mem_line = "%s %s of limit %s (%s) at its last sample (%s)" % (
-                "cgroup usage" if metric == "cgroup" else "RSS",
-                fmt_bytes(val),
-                fmt_bytes(lim),
-                _pct(val, lim),
-                _where(h),
-            )
-        else:
-            total = facts.get("host_mem_total")
-            mem_line = "RSS %s at its last sample (%s); no memory limit on its cgroup%s" % (
-                fmt_bytes(h["values"].get("rss")),
-                _where(h),
-                ", host memory %s" % fmt_bytes(total) if total else "",
-            )
-    lv = _Level(
-        h,
-        metric,
-        val,
-        lim,
-        frac,
-        facts,
-        facts.get("kernel_oom"),
-        facts.get("cgroup_oom_kill_now"),
-        h.get("oom_kills") if h else None,
-        mem_line,
-    )
-    return lv, at
-
-
 def _ray_case(proc: Any, lv: _Level, ray_why: Optional[str], ev: List[str]) -> Tuple[str, str]:
     ev.append("rank killed by Ray's memory monitor: %s" % ray_why)
     if lv.mem_line:
@@ -318,133 +234,6 @@ def _killed_case(proc: Any, lv: _Level, cause: str, cause_text: str, ev: List[st
     if lv.mem_line:
         ev.append(lv.mem_line)
     return cause, cause_text
-
-
-def _worker_case(
-    lv: _Level, workers: List[Tuple[int, Optional[str]]], helpers: Sequence[Any], ev: List[str]
-) -> Tuple[str, str]:
-    """The rank raised because torch saw DataLoader worker(s) ``(pid, signal name or None)``
-    die (``memfacts.dataloader_kills``): for each (at most 3), whether the kernel's OOM killer
-    killed it (its kernel line: the worker's own facts when it kept a ring, else the rank's
-    ``helper_kernel_oom``) or what its cgroup's counter says, and what its own memory did (its
-    samples, among ``helpers``: the rank's helper processes). The cause stays the rank's
-    exception; the rank's own memory comes last, as the rank's. Returns the verdict's sentence
-    and its kind: ('...', 'oom') for the first worker the kernel's OOM killer killed, else
-    ('...', 'not-oom') for the first SIGKILLed with the kernel log read, no line for it and
-    its cgroup's oom_kill counter not risen, else ('...', 'fatal') for the first killed by a
-    fatal signal whose stack names the user's line, else ('', '')."""
-    by_pid = {getattr(h, "pid", None): h for h in helpers}
-    hk = lv.facts.get("helper_kernel_oom") or {}
-    text, kind = "", ""
-    for pid, sig in workers[:3]:
-        found = _one_worker(lv, pid, sig, by_pid.get(pid), hk, ev)
-        if _KIND_RANK[found[1]] > _KIND_RANK[kind]:  # the first 'oom' wins, else the first 'not-oom'
-            text, kind = found
-    if lv.mem_line:
-        ev.append("the rank's own memory at death: " + lv.mem_line)
-    return text, kind
-
-
-_KIND_RANK = {"": 0, "fatal": 1, "not-oom": 2, "oom": 3}
-
-
-def crash_site(h: Any) -> str:
-    """``"__getitem__ (job.py:57): `return lib.decode(ptr, n)`"``: the innermost frame of the
-    user's code in process ``h``'s last stacks (a fatal-signal dump), '' when none."""
-    from hangtrace.tracer.analyze.stuck.blocking import code_text
-    from hangtrace.tracer.analyze.evidence import user_frame
-    from hangtrace.tracer.analyze.stuck.stacktree import frame_label, process_frames
-
-    f = user_frame(process_frames(h)[0] or [])
-    return frame_label(f) + code_text(f) if f is not None else ""
-
-
-def _one_worker(
-    lv: _Level, pid: int, sig: Optional[str], h: Any, hk: Dict[str, Any], ev: List[str]
-) -> Tuple[str, str]:
-    """One dead DataLoader worker (its ProcessInfo ``h`` or None; ``hk`` the rank's
-    ``helper_kernel_oom``): its evidence lines added to ``ev``; returns (sentence, kind) or ('', '')."""
-    who = "its DataLoader worker (pid %d)" % pid
-    sig = sig or (
-        fatal_signal_name(h) if h is not None else None
-    )  # ("exited unexpectedly": its own dump says)
-    wss = (getattr(h, "memory", None) or samples(h.records)) if h is not None else []
-    wlv = _level_of(h, wss)[0] if h is not None else None
-    k = (wlv.kern if wlv is not None else None) or (hk if hk.get("pid") == pid else None)
-    how = (
-        ("was killed by SIGKILL" if sig.lower() == "killed" else "was killed by signal %s" % sig)
-        if sig
-        else "exited unexpectedly"
-        + (" (no exit record: killed)" if h is not None and h.state == "killed" else "")
-    )
-    grew = _growth(wss)
-    found = ("", "")
-    if k:
-        ev.append("%s was killed by the kernel's OOM killer: %s" % (who, str(k.get("line") or "")[:200]))
-        m = re.search(r"anon-rss:(\d+)kB", str(k.get("line") or ""))
-        found = (
-            "%s was killed by the kernel's OOM killer (kernel log%s)%s"
-            % (
-                who,
-                ": anon-rss %s at the kill" % fmt_bytes(int(m.group(1)) << 10) if m else "",
-                ("; the worker's memory: %s%s" % (grew + ", " if grew else "", wlv.mem_line))
-                if wlv is not None and wlv.mem_line
-                else "",
-            ),
-            "oom",
-        )
-    elif sig is None or sig.lower() == "killed":
-        found = _worker_sigkill(who, how, sig, wlv if wlv is not None and wlv.now_ctr is not None else lv, ev)
-    else:  # a fatal signal: where the worker crashed (its fatal-stack dump, hooks/process/workersignals.py)
-        at = crash_site(h) if h is not None else ""
-        ev.append("%s %s (a helper of this rank)%s" % (who, how, ", in " + at if at else ""))
-        found = ("%s %s in %s" % (who, how, at), "fatal") if at else found
-        wlv = None if at else wlv  # (its memory says nothing of a crash in native code)
-    if wlv is not None and wlv.mem_line:
-        ev.append("the worker's memory: %s%s" % (grew + "; " if grew else "", wlv.mem_line))
-    return found
-
-
-def _worker_sigkill(who: str, how: str, sig: Optional[str], c: _Level, ev: List[str]) -> Tuple[str, str]:
-    """A worker SIGKILLed or gone without a signal, judged by the OOM facts ``c`` (its own, else the
-    rank's): its evidence line added to ``ev``; ('...', 'not-oom') when proven not the OOM killer, else ('', '')."""
-    why = []
-    if c.ctr_up:
-        why.append(
-            "its cgroup's oom_kill counter rose (%s -> %s): an OOM kill in its cgroup is likely"
-            % (c.last_ctr, c.now_ctr)
-        )
-    elif c.ctr_same:
-        why.append("its cgroup's oom_kill counter is unchanged (%s)" % c.now_ctr)
-    no_line = c.facts.get("kernel_log") == "read" and not c.ctr_up  # (the log read, nothing for it)
-    if no_line:
-        why.append("the kernel log has no OOM-killer line for it")
-    ev.append(
-        "%s %s (a helper of this rank)%s"
-        % (
-            who,
-            how,
-            (": " + "; ".join(why))
-            if why
-            else "; whether by the OOM killer is unknown here (no kernel log, no cgroup counter)",
-        )
-    )
-    if no_line and sig:
-        return "%s %s, not by the kernel's OOM killer (%s)" % (who, how, "; ".join(why)), "not-oom"
-    return "", ""
-
-
-def _growth(ss: List[Dict[str, Any]]) -> str:
-    """'RSS 235.0 MiB -> 415.0 MiB in 2.1 s' between a process's first and last host samples
-    when it grew by 16 MiB or more, else ''."""
-    hs = [x for x in ss if "rss" in (x.get("values") or {})]
-    if len(hs) < 2:
-        return ""
-    a, b = hs[0]["values"]["rss"], hs[-1]["values"]["rss"]
-    if a is None or b is None or b - a < 16 << 20:
-        return ""
-    dt = ((hs[-1].get("t_wall_ns") or 0) - (hs[0].get("t_wall_ns") or 0)) / 1e9
-    return "RSS %s -> %s in %.1f s" % (fmt_bytes(a), fmt_bytes(b), dt)
 
 
 def _sigterm_case(lv: _Level, cause: str, cause_text: str, ev: List[str]) -> Tuple[str, str]:

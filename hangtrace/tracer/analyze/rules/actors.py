@@ -6,12 +6,12 @@ were "Unknown: no traced process with a rank".
 
 Failures of each rank-less actor (``Role.RAY_ACTOR``, rank -1), by time:
 
-* a method that raised and has not completed since (``deaths.raised_phases``: the
+* a method that raised and has not completed since (``causes.raised_phases``: the
   actor-method phases of ``hooks/rayhooks/ray_hooks.py`` end 'failed' with ``Type: message``;
   a queue's ``Empty`` / ``Full`` is control flow, and methods of Ray's own
   infrastructure actors - ``config.RAY_INFRA_ACTORS``, the actor behind
   ``ray.util.queue.Queue`` - are their callers' work: neither is a failure). A
-  ``SystemExit`` / ``KeyboardInterrupt`` (``deaths.STOP_ERRORS``) is how Ray ends a
+  ``SystemExit`` / ``KeyboardInterrupt`` (``causes.STOP_ERRORS``) is how Ray ends a
   worker it stops (SIGTERM, ``ray.shutdown``, ``ray.kill``): that is the death below,
   not a failure of the method;
 * an asyncio task of the actor whose exception nobody retrieved (event
@@ -37,9 +37,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.actors import actorgraph as G
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason
-from hangtrace.tracer.analyze.context import Ctx, RankView, index_process
-from hangtrace.tracer.analyze.failures.deaths import fill_death, raised_phases
-from hangtrace.tracer.analyze.evidence import ts, user_frame
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.rankview import RankView, index_process
+from hangtrace.tracer.analyze.failures.deaths import fill_death
+from hangtrace.tracer.analyze.failures.causes import raised_phases
+from hangtrace.tracer.analyze.evidence import ts
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.failures.exceptions import survived
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stuck.stacktree import frame_label, process_frames

@@ -21,20 +21,22 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.graph import sigclasses
 from hangtrace.tracer.analyze.failures import teardown
-from hangtrace.tracer.analyze.context import Ctx, RankView
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.rankview import RankView
 from hangtrace.tracer.analyze.failures.deaths import failures, roots
-from hangtrace.tracer.analyze.failures.departures import handled_sigterm, sigterm_before
+from hangtrace.tracer.analyze.failures.departures import sigterm_before
 from hangtrace.tracer.analyze.evidence import (
     fill_common,
     frames_from_exception,
     frames_of,
+    handled_sigterm,
     rank_line,
     rk,
     torch_count,
     ts,
-    user_frame,
     vb,
 )
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.failures.exceptions import short_error
 from hangtrace.tracer.analyze.stuck.stacktree import frame_label
 from hangtrace.tracer.analyze.rules.base import Finding

@@ -16,7 +16,8 @@ from typing import Dict, Optional, Sequence
 
 from hangtrace.tracer.analyze.stuck.chainends import ChainEnds
 from hangtrace.tracer.analyze.stuck.exitwait import exiting_event
-from hangtrace.tracer.analyze.context import Ctx, RankView
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.rankview import RankView
 from hangtrace.tracer.analyze.evidence import fill_common, rank_line, rk
 from hangtrace.tracer.analyze.failures.exceptions import short_error
 from hangtrace.tracer.analyze.rules.base import Finding

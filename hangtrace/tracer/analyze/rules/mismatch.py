@@ -30,7 +30,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.graph import sigclasses
-from hangtrace.tracer.analyze.context import Ctx, Record
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.rankview import Record
 from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rk, where_rec
 from hangtrace.tracer.analyze.failures.exceptions import RECENT_NS
 from hangtrace.tracer.analyze.failures.exceptions import since as exc_since

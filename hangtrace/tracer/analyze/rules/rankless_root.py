@@ -24,7 +24,7 @@ has not completed since, or its death: ``rules/actors.py``) is a candidate when
    threshold, s) of the ranks' newest progress, and - for a SIGTERM, an external SIGTERM
    or a death without a record (``STOP_CAUSES``: how stopping a hung job ends an actor),
    or an exception that names a timeout (a ``ray.get`` that gave up waiting) - within
-   ``deaths.STOPPED_WAIT_NS`` (10 s, the rule that makes a long-waiting rank's SIGTERM a
+   ``causes.STOPPED_WAIT_NS`` (10 s, the rule that makes a long-waiting rank's SIGTERM a
    victim).
 
 The earliest candidate is the finding (``data``: (root, later actor failures, slack)).
@@ -37,13 +37,10 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.stuck.chainends import chain_ends
-from hangtrace.tracer.analyze.context import Ctx, RankView, history, index_process
-from hangtrace.tracer.analyze.failures.deaths import (
-    STOPPED_WAIT_NS,
-    fill_death,
-    is_transport_error,
-    raised_phases,
-)
+from hangtrace.tracer.analyze.context import Ctx, history
+from hangtrace.tracer.analyze.rankview import RankView, index_process
+from hangtrace.tracer.analyze.failures.causes import STOPPED_WAIT_NS, is_transport_error, raised_phases
+from hangtrace.tracer.analyze.failures.deaths import fill_death
 from hangtrace.tracer.analyze.evidence import desc_rec, rk, ts, vb
 from hangtrace.tracer.analyze.rules import actors
 from hangtrace.tracer.analyze.rules.base import Finding

@@ -32,7 +32,7 @@ from hangtrace.tracer.analyze.context import MAX_MISSING_LISTED, MAX_WORLD, Ctx
 from hangtrace.tracer.analyze.stuck.lockwait import lock_wait_text
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason, collective_frame
-from hangtrace.tracer.analyze.evidence import user_frame
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.stuck.stacktree import (
     classes,
     format_ranks,

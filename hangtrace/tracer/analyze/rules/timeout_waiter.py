@@ -21,8 +21,10 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason, collective_frame
-from hangtrace.tracer.analyze.context import Ctx, RankView
-from hangtrace.tracer.analyze.failures.deaths import TRANSPORT_MARKERS, failures
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.rankview import RankView
+from hangtrace.tracer.analyze.failures.causes import TRANSPORT_MARKERS
+from hangtrace.tracer.analyze.failures.deaths import failures
 from hangtrace.tracer.analyze.evidence import fill_common, frames_of, ts
 from hangtrace.tracer.analyze.rules.base import Finding
 from hangtrace.tracer.analyze.failures.exceptions import short_error

@@ -38,8 +38,8 @@ def longest_chain(loop: LoopTasks) -> List[PendingTask]:
 
 def _where(t: PendingTask) -> str:
     """Where task ``t`` awaits, innermost first (4 frames), without call-forwarding
-    wrappers (``evidence.wrapper_frame``: our Ray method wrapper, Ray's tracing span)."""
-    from hangtrace.tracer.analyze.evidence import wrapper_frame
+    wrappers (``usercode.wrapper_frame``: our Ray method wrapper, Ray's tracing span)."""
+    from hangtrace.tracer.stackmodel.usercode import wrapper_frame
 
     frames = [f for f in t.frames if not wrapper_frame({"filename": f[1], "name": f[0]})]
     if not frames:

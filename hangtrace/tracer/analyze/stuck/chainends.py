@@ -36,8 +36,9 @@ from typing import Any, Dict, List, Mapping, Set, Tuple
 from hangtrace.tracer.analyze.actors.actorreturn import returned_method
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.stuck.asynctasks import await_chain, describe as describe_loop
-from hangtrace.tracer.analyze.failures.deaths import death_after
-from hangtrace.tracer.analyze.evidence import frames_of, user_frame
+from hangtrace.tracer.analyze.failures.afterhang import death_after
+from hangtrace.tracer.analyze.evidence import frames_of
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.stuck.exitwait import exit_wait_text
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason, code_text, collective_frame
 from hangtrace.tracer.analyze.stuck.stacktree import Frame, _short, format_ranks, frame_label

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hangtrace.tracer.analyze.stuck import peerwait
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason, kernel_text, subprocess_wait
-from hangtrace.tracer.analyze.evidence import user_frame
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.stuck.stacktree import (
     frame_label,
     pick_thread,

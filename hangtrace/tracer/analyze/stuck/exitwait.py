@@ -34,7 +34,8 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason
-from hangtrace.tracer.analyze.evidence import program_frames, user_frame
+from hangtrace.tracer.analyze.evidence import program_frames
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.stuck.stacktree import frame_label, pick_thread, threads_of
 from hangtrace.tracer.snapshot import ProcessInfo
 

@@ -23,7 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from hangtrace.tracer.analyze.actors.actorgraph import label
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason, c_lock_frame, code_text, collective_frame
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.evidence import program_frames, user_frame
+from hangtrace.tracer.analyze.evidence import program_frames
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.stuck.stacktree import frame_label, threads_of
 from hangtrace.tracer.diagnosis import Diagnosis
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles, process_argv

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from hangtrace.tracer.analyze.stuck.blocking import poll_loop, sleeping
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.evidence import user_frame
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.stuck.stacktree import format_ranks, frame_label, process_frames
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 

@@ -8,7 +8,7 @@ py-spy's JSON shape::
 
 with frames **innermost first**. When ``stacks`` is empty, the faulthandler text of
 ``signals['dump' | 'sigterm' | 'fatal']['text']`` is parsed instead (see
-``tracer.stacks.parse_faulthandler_text``).
+``stackmodel/faulthandler_text.parse_faulthandler_text``).
 
 Per process one thread is used: the main thread (``thread_name == 'MainThread'``, else
 the first active thread, else the first thread), never one of hangtrace's own threads
@@ -123,9 +123,9 @@ def threads_of(proc: ProcessInfo) -> Optional[List[Any]]:
         text = (sig.get(name) or {}).get("text")
         if text:
             try:
-                from hangtrace.tracer.collect.stacks import parse_faulthandler_text
+                from hangtrace.tracer.stackmodel.faulthandler_text import parse_faulthandler_text
 
-                parse: Callable[[str], List[Any]] = parse_faulthandler_text  # untyped (collect/)
+                parse: Callable[[str], List[Any]] = parse_faulthandler_text
                 threads = parse(text)
             except Exception:  # parser unavailable or confused: no stack, not a crash
                 threads = []

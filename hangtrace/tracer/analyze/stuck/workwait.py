@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from hangtrace.tracer.analyze.stuck.stacktree import process_frames
 
 if TYPE_CHECKING:
-    from hangtrace.tracer.analyze.context import RankView
+    from hangtrace.tracer.analyze.rankview import RankView
 
 #: a source line that waits for a torch ``Work`` (or a list of them) in C++
 _WAIT_LINE = re.compile(r"\.wait\(|\bwait_all\(")
