@@ -273,7 +273,7 @@ class Excl:
 
 def watch_copy(run_dir: str, stop: threading.Event, poll_s: float, out: dict, profile: str = "") -> None:
     """``watcher.main``'s loop (poll + any_alive) with every part timed in CPU."""
-    from hangtrace.tracer.watch import watcher as W
+    from hangtrace.tracer.watch import detector as W
 
     while not os.path.isdir(run_dir) and not stop.is_set():
         time.sleep(0.05)

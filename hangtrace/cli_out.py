@@ -1,4 +1,4 @@
-"""Output helpers shared by the ``hangtrace`` subcommands (``cli.py``, ``cli_records.py``)."""
+"""Output helpers shared by the ``hangtrace`` subcommands (``cli.py`` and its ``cli_*.py`` siblings)."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def test_cpp_only_collectives_are_progress_for_the_watcher(tmp_path):
     init: before the Flight Recorder counters, the watcher held the 60 s start-up
     threshold and then called a healthy job stalled. Now torch's own counters are progress:
     no stall while it trains (12 s > the 3 s threshold), a stall soon after it hangs."""
-    from hangtrace.tracer.watch.watcher import Watcher
+    from hangtrace.tracer.watch.detector import Watcher
 
     script = os.path.join(REPO, "tests", "integration", "scripts", "ddp_slow_extra.py")
     run_dir = tmp_path / "run"

@@ -173,7 +173,7 @@ def test_sampler_thread_runs_in_forked_child_and_off_switch(tmp_path):
 
 
 def test_watcher_warns_before_the_limit(tmp_path):
-    from hangtrace.tracer.watch.watcher import Watcher
+    from hangtrace.tracer.watch.detector import Watcher
 
     s = _script(
         tmp_path,

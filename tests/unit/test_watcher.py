@@ -9,7 +9,7 @@ import pytest
 
 from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer import config
-from hangtrace.tracer.watch.watcher import Watcher
+from hangtrace.tracer.watch.detector import Watcher
 from hangtrace.tracer.watch.helpergrace import HELPER_GRACE_S
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -197,7 +197,7 @@ def test_helpers_never_hold_the_startup_grace_and_a_launcher_alone_is_starting()
     must not stretch --stall-s to the start-up grace once its rank has joined; a run with
     only a launcher that has not progressed yet (torchrun importing torch) is starting."""
     from hangtrace.tracer.ring import layout as F
-    from hangtrace.tracer.watch.watcher import Watcher
+    from hangtrace.tracer.watch.detector import Watcher
 
     def hdr(rank, source, count=5, phase=0):
         return {
@@ -225,7 +225,7 @@ def test_a_second_process_joining_a_working_ranks_rank_holds_no_startup_grace(mo
     """Blind helper 66: rank 0's eval subprocess inherited RANK=0 and joined the job's group
     as rank 0; while the job's rank 0 (alive, progressed) waits for it, --stall-s applies."""
     from hangtrace.tracer.ring import layout as F
-    from hangtrace.tracer.watch import watcher as W
+    from hangtrace.tracer.watch import detector as W
 
     def hdr(rank, count):
         return {
@@ -403,7 +403,8 @@ def test_torchs_counters_say_a_rank_waits_in_a_collective_its_ring_never_saw():
     not in their rings); the watcher held the stall off for ever ("no rank waits in a
     collective") while the spinning rank was busy on the CPU."""
     from hangtrace.tracer.ring import layout as F
-    from hangtrace.tracer.watch.watcher import Watcher, in_flight
+    from hangtrace.tracer.watch.detector import Watcher
+    from hangtrace.tracer.watch.frprogress import in_flight
 
     assert in_flight("0:86:85") and in_flight("1:3:3;0:86:85")
     assert not in_flight("0:85:85") and not in_flight("") and not in_flight("0:None:None")

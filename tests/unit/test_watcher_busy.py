@@ -12,7 +12,7 @@ import time
 from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.watch.busy import BusyClock, cpu_demand_s
-from hangtrace.tracer.watch.watcher import Watcher
+from hangtrace.tracer.watch.detector import Watcher
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from jobs import base_env, wait_until  # noqa: E402

@@ -5,7 +5,7 @@ chains and unschedulable actors. Split from ``paragraph.py``, which composes the
 from typing import Any, Dict, Optional
 
 from hangtrace.tracer.diagnosis import Diagnosis
-from hangtrace.tracer.report.advice import self_call
+from hangtrace.tracer.report.nextstep import self_call
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.words import ranks_text as _ranks, verb as _verb
 

@@ -15,7 +15,9 @@ from hangtrace.tracer.process_model import ProcessRoles, assign_roles, process_a
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.json import SCHEMA_VERSION, diagnosis_json
 from hangtrace.tracer.report.memorytext import fb
-from hangtrace.tracer.report.paragraph import _ranks, ray_actor_label, verdict_paragraph
+from hangtrace.tracer.report.paragraph import verdict_paragraph
+from hangtrace.tracer.report.rayparagraph import ray_actor_label
+from hangtrace.tracer.report.words import ranks_text as _ranks
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 __all__ = ["verdict_paragraph", "text_report", "diagnosis_json", "SCHEMA_VERSION"]

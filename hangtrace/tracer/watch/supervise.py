@@ -106,7 +106,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     """
     from hangtrace.hooks.bootstrap import default_run_id
     from hangtrace.tracer.pipeline import dump_live
-    from hangtrace.tracer.watch.watcher import Watcher
+    from hangtrace.tracer.watch.detector import Watcher
 
     cmd = opts.cmd[1:] if opts.cmd and opts.cmd[0] == "--" else opts.cmd
     if not cmd:

@@ -9,15 +9,9 @@ The trace-event format is the one viztracer writes and Perfetto, ``vizviewer`` a
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-from hangtrace.tracer.report.timeline.events import Event, FlowRefs, Mark, ProcessEvents, end_wall_ns
-from hangtrace.tracer.report.timeline.model import (
-    Clock,
-    Threads,
-    TimelineOptions,
-    Track,
-    assign_tracks,
-    host_offsets,
-)
+from hangtrace.tracer.report.timeline.events import ProcessEvents
+from hangtrace.tracer.report.timeline.model import Clock, Event, FlowRefs, Mark, Threads, TimelineOptions
+from hangtrace.tracer.report.timeline.model import Track, assign_tracks, end_wall_ns, host_offsets
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 #: Version of the trace's ``otherData`` block (bumped when its keys change meaning).

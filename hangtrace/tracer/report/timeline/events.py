@@ -15,52 +15,17 @@ its last record when it was killed (nothing after it is known), its exit time wh
 exited, the snapshot time when it was alive; such slices carry ``args.open = true``.
 """
 
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.report.timeline.model import Clock, Threads
+from hangtrace.tracer.report.timeline.model import Clock, Event, FlowRefs, Mark, Threads
 from hangtrace.tracer.snapshot import ProcessInfo
 
-Event = Dict[str, Any]
-#: flow key -> list of (ts µs, pid, tid, rank)
-FlowRefs = Dict[Tuple[Any, ...], List[Tuple[float, int, int, int]]]
 
 _SIGNAL_NAMES = {
     "sigterm": "SIGTERM received (stacks written)",
     "fatal": "fatal signal (stacks written)",
     "dump": "stack dump requested",
 }
-
-
-@dataclass(frozen=True)
-class Mark:
-    """The collective a verdict is about: ``(group, seq)`` on ``ranks``, and the verdict kind."""
-
-    kind: str
-    ranks: Tuple[int, ...]
-    group: Optional[str]
-    seq: Optional[int]
-
-
-def last_record_mono(p: ProcessInfo) -> Optional[int]:
-    """Newest monotonic ns in the process's records (issue or completion), or None."""
-    best = None
-    for r in p.records:
-        for t in (r.get("t_mono_ns"), r.get("t_end_mono_ns")):
-            if t and (best is None or t > best):
-                best = t
-    return best
-
-
-def end_wall_ns(p: ProcessInfo, clock: Clock, taken_wall_ns: int) -> int:
-    """Wall ns at which this process's track ends (see module doc)."""
-    last = last_record_mono(p)
-    last_wall = clock.mono_to_wall(p.host, last) if last else p.start_wall_ns
-    if p.state == "killed":
-        return last_wall
-    if p.state == "exited":
-        return max(last_wall, p.exit_wall_ns or 0)
-    return max(last_wall, taken_wall_ns or 0)
 
 
 def _group_desc(p: ProcessInfo) -> Dict[str, str]:

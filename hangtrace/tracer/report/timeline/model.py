@@ -1,4 +1,5 @@
-"""Timeline building blocks: options, the aligned clock, track identities (pure).
+"""Timeline building blocks: options, the aligned clock, track identities, the event types,
+the verdict's mark and where a process's track ends (pure).
 
 Times in the ring are per-process pairs ``(t_mono_ns, t_wall_ns)`` taken together by the
 recorder. ``CLOCK_MONOTONIC`` is one clock per host (shared by every process there, never
@@ -14,7 +15,7 @@ the earliest time in the trace.
 
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer.snapshot import ProcessInfo
 
@@ -185,3 +186,42 @@ class Threads:
             self._ids[name] = t
             self.names[t] = name
         return t
+
+
+# --- a process's events: their types, the verdict's mark, where its track ends ---
+Event = Dict[str, Any]
+
+#: flow key -> list of (ts µs, pid, tid, rank)
+FlowRefs = Dict[Tuple[Any, ...], List[Tuple[float, int, int, int]]]
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The collective a verdict is about: ``(group, seq)`` on ``ranks``, and the verdict kind."""
+
+    kind: str
+    ranks: Tuple[int, ...]
+    group: Optional[str]
+    seq: Optional[int]
+
+
+def last_record_mono(p: ProcessInfo) -> Optional[int]:
+    """Newest monotonic ns in the process's records (issue or completion), or None."""
+    best = None
+    for r in p.records:
+        for t in (r.get("t_mono_ns"), r.get("t_end_mono_ns")):
+            if t and (best is None or t > best):
+                best = t
+    return best
+
+
+def end_wall_ns(p: ProcessInfo, clock: Clock, taken_wall_ns: int) -> int:
+    """Wall ns at which this process's track ends: its last record when it was killed, its
+    exit time when it exited, the snapshot time (``taken_wall_ns``) when alive (``events``)."""
+    last = last_record_mono(p)
+    last_wall = clock.mono_to_wall(p.host, last) if last else p.start_wall_ns
+    if p.state == "killed":
+        return last_wall
+    if p.state == "exited":
+        return max(last_wall, p.exit_wall_ns or 0)
+    return max(last_wall, taken_wall_ns or 0)

@@ -1,0 +1,46 @@
+"""Argument types shared by the ``hangtrace`` subcommands' parsers (argparse ``type=``):
+the text of one command-line argument in, its value out, or ``argparse.ArgumentTypeError``
+(argparse prints it as a usage error, exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable, FrozenSet, Set
+
+
+def ranks_arg(text: str) -> FrozenSet[int]:
+    """``0,2,5-7`` -> frozenset of ints (argparse type)."""
+    out: Set[int] = set()
+    try:
+        for part in text.split(","):
+            a, _, b = part.strip().partition("-")
+            out.update(range(int(a), int(b) + 1) if b else (int(a),))
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a rank list like 0,2,5-7" % text) from None
+    return frozenset(out)
+
+
+def non_negative(kind: type) -> Callable[[str], Any]:
+    """An argparse type: the text as ``kind`` (int, float), refused when below 0."""
+
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not a number" % text) from None
+        if v < 0:
+            raise argparse.ArgumentTypeError("must be >= 0, got %r" % text)
+        return v
+
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: seconds as a float, refused unless finite and > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % text) from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError("must be > 0 seconds, got %r" % text)
+    return v

