@@ -224,7 +224,7 @@ def child_breakdown(rounds, tmp):
             snap = take_snapshot(run_dir, reason="request", with_stacks=True)
             t = time.perf_counter()
             from hangtrace.tracer.analyze.diagnose import diagnose
-            from hangtrace.tracer.report.text import text_report, verdict_paragraph
+            from hangtrace.tracer.report.text import diagnosis_json, text_report, verdict_paragraph
 
             r["import_analysis_report_s"] = time.perf_counter() - t
             t = time.perf_counter()
@@ -235,7 +235,7 @@ def child_breakdown(rounds, tmp):
             verdict_paragraph(diag)
             r["report_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            write_diagnosis(snap, diag, text)
+            write_diagnosis(snap, diagnosis_json(diag), text)
             r["write_diagnosis_s"] = time.perf_counter() - t
             from hangtrace.tracer.pipeline import dump_live
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Set, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
 
 from hangtrace.tracer import config
 from hangtrace.tracer.diagnosis import Diagnosis
@@ -134,9 +134,10 @@ def diagnose_snapshot(snap: Snapshot, store: bool = False, stall_s: Optional[flo
     env_section = _environment(snap, diag, envs)
     if store:
         from hangtrace.tracer.collect.rings import write_diagnosis
+        from hangtrace.tracer.report.text import diagnosis_json
 
         text = text_report(diag, snap)
-        write_diagnosis(snap, diag, text + ("\n" + env_section + "\n" if env_section else ""))
+        write_diagnosis(snap, diagnosis_json(diag), text + ("\n" + env_section + "\n" if env_section else ""))
         write_timeline(snap, diag)
     return Result(snap, diag, verdict_paragraph(diag))
 
@@ -163,7 +164,6 @@ def _environment(snap: Snapshot, diag: Diagnosis, envs: List[ProcessEnv]) -> str
     differs or the run has no environment records). Never raises."""
     try:
         from hangtrace.tracer.analyze.envdiff import diff_env
-        from hangtrace.tracer.collect.forensics import verdict_evidence
         from hangtrace.tracer.report.envdiff import environment_section
 
         if not envs:
@@ -174,6 +174,49 @@ def _environment(snap: Snapshot, diag: Diagnosis, envs: List[ProcessEnv]) -> str
         return environment_section(diff_env(envs))
     except Exception:
         return ""
+
+
+def crash_frame(
+    run_dir: str, host: str, pid: int, read_log: Optional[Callable[[], Tuple[List[Tuple[float, str]], str]]] = None
+) -> Optional[str]:
+    """Library and symbol of the native frame where process ``host:pid`` of ``run_dir``
+    took its fatal signal (``analyze.envdiff.fatal_frame_library`` over what
+    ``collect.forensics.kernel_fault`` reads: the kernel's log line and the recorded
+    mappings); None when that is not known (another host, no kernel line, no log)."""
+    from hangtrace.tracer.analyze.envdiff import fatal_frame_library
+    from hangtrace.tracer.collect.forensics import kernel_fault, symbolize
+
+    got = kernel_fault(run_dir, host, pid, read_log)
+    return None if got is None else fatal_frame_library(got[0], got[1], symbolize, pid=pid)
+
+
+def verdict_evidence(
+    run_dir: str,
+    processes: Sequence[Any],
+    culprit_ranks: Sequence[int],
+    envs: Optional[List[ProcessEnv]] = None,
+) -> List[str]:
+    """The evidence lines issue 12 adds to a verdict: the culprits' environment differences
+    (``analyze.envdiff.envdiff_evidence``) and, for a culprit that died with a fatal-signal
+    dump, the crashing native frame ("rank 1 died in libX.so, sym+0x9 (segfault; path
+    +0xOFF)"). ``processes``: the snapshot's ProcessInfo list (host, pid, rank, state,
+    signals); ``envs``: the records when the caller read them already. Never raises."""
+    from hangtrace.tracer.analyze.envdiff import envdiff_evidence
+    from hangtrace.tracer.collect.forensics import run_env
+
+    out: List[str] = []
+    try:
+        if envs is None:
+            envs, _ = run_env(run_dir, enrich_local=False)
+        out += envdiff_evidence(envs, culprit_ranks)
+        for p in processes:
+            if p.rank in culprit_ranks and p.state != "alive" and "fatal" in (p.signals or {}):
+                frame = crash_frame(run_dir, p.host, p.pid)
+                if frame:
+                    out.append("rank %d died in %s" % (p.rank, frame))
+    except Exception:
+        pass
+    return out
 
 
 def write_timeline(snap: Snapshot, diag: Any, log: Log = _stderr_log) -> Optional[str]:
@@ -281,11 +324,11 @@ def attach(
     from hangtrace.tracer.analyze.diagnose import diagnose
     from hangtrace.tracer.collect.attach import collect
     from hangtrace.tracer.collect.rings import write_diagnosis
-    from hangtrace.tracer.report.text import text_report, verdict_paragraph
+    from hangtrace.tracer.report.text import diagnosis_json, text_report, verdict_paragraph
 
     snap = collect(pids, native=native, out_dir=out_dir, log=log)
     diag = diagnose(snap)  # reason 'attach': the stack_only rule
-    write_diagnosis(snap, diag, text_report(diag, snap))
+    write_diagnosis(snap, diagnosis_json(diag), text_report(diag, snap))
     # the stack_only rule writes its own summary (stacks-only wording, as report.txt shows
     # it); the paragraph renderer knows flight records and would say "not enough data"
     return Result(snap, diag, diag.summary or verdict_paragraph(diag))

@@ -179,7 +179,9 @@ def test_segfault_in_c_library_named_with_symbol(tmp_path) -> None:
         from hangtrace.tracer.collect.rings import load_run
 
         snap = load_run(str(run_dir))
-        lines = F.verdict_evidence(str(run_dir), snap.processes, [1])
+        from hangtrace.tracer.pipeline import verdict_evidence
+
+        lines = verdict_evidence(str(run_dir), snap.processes, [1])
         assert any(ln.startswith("rank 1 died in libcrashy.so, crash_here+0x") for ln in lines), lines
     finally:
         kill_all(procs)

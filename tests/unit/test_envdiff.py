@@ -231,13 +231,15 @@ def test_fatal_frame_from_recorded_maps_and_symbol_table(tmp_path) -> None:
 
 
 def test_crash_frame_reads_the_record_and_the_kernel_log(tmp_path) -> None:
+    from hangtrace.tracer.pipeline import crash_frame
+
     lib, sym, maps, line = crash_lib(tmp_path)
     run = str(tmp_path / "run")
     F.write(run, E.ProcessEnv(host=socket.gethostname(), pid=9, mappings=tuple(maps)))
     log = lambda: ([(1.0, "python[8]: segfault at 0 ip 0000000000000001 sp 0 error 4"), (2.0, line)], "read")
-    assert F.crash_frame(run, socket.gethostname(), 9, log).startswith("libcrash.so, crash_here+0x5")
-    assert F.crash_frame(run, socket.gethostname(), 9, lambda: ([], "/dev/kmsg: denied")) is None
-    assert F.crash_frame(run, "another-host", 9, log) is None
+    assert crash_frame(run, socket.gethostname(), 9, log).startswith("libcrash.so, crash_here+0x5")
+    assert crash_frame(run, socket.gethostname(), 9, lambda: ([], "/dev/kmsg: denied")) is None
+    assert crash_frame(run, "another-host", 9, log) is None
 
 
 class _Rt:

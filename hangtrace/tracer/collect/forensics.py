@@ -220,15 +220,13 @@ def run_env(path: str, enrich_local: bool = True) -> Tuple[List[E.ProcessEnv], L
     return envs, errors
 
 
-def crash_frame(
+def kernel_fault(
     run_dir: str, host: str, pid: int, read_log: Optional[Callable[[], Tuple[list, str]]] = None
-) -> Optional[str]:
-    """Library and symbol of the native frame where process ``host:pid`` of ``run_dir``
-    took its fatal signal (see ``analyze.envdiff.fatal_frame_library``), from its
-    recorded mappings and this host's kernel log; None for another host, no record, no
+) -> Optional[Tuple[str, Sequence[E.Mapping]]]:
+    """What names the native frame where process ``host:pid`` of ``run_dir`` took its fatal
+    signal: ``(this host's kernel log line for it, the process's recorded executable
+    mappings)``, for ``analyze.envdiff.fatal_frame_library``. None for another host, no
     kernel line (SIGABRT, rate limit, exception-trace off) or an unreadable log."""
-    from hangtrace.tracer.analyze.envdiff import fatal_frame_library
-
     if host != socket.gethostname():
         return None
     envs, _ = load_env(run_dir)
@@ -236,30 +234,4 @@ def crash_frame(
     text, status = kernel_fault_text(pid, read_log)
     if status != "read" or not text:
         return None
-    return fatal_frame_library(text, maps, symbolize, pid=pid)
-
-
-def verdict_evidence(
-    run_dir: str, processes: Sequence, culprit_ranks: Sequence[int], envs: Optional[List[E.ProcessEnv]] = None
-) -> List[str]:
-    """The evidence lines issue 12 adds to a verdict, for the one call site after
-    ``diagnose``: the culprits' environment differences (``envdiff_evidence``) and, for a
-    culprit that died with a fatal-signal dump, the crashing native frame
-    ("rank 1 died in libX.so, sym+0x9 (segfault; path +0xOFF)"). ``processes``: the
-    snapshot's ProcessInfo list (host, pid, rank, state, signals); ``envs``: the records
-    when the caller read them already (``run_env``). Never raises."""
-    from hangtrace.tracer.analyze.envdiff import envdiff_evidence
-
-    out: List[str] = []
-    try:
-        if envs is None:
-            envs, _ = run_env(run_dir, enrich_local=False)
-        out += envdiff_evidence(envs, culprit_ranks)
-        for p in processes:
-            if p.rank in culprit_ranks and p.state != "alive" and "fatal" in (p.signals or {}):
-                frame = crash_frame(run_dir, p.host, p.pid)
-                if frame:
-                    out.append("rank %d died in %s" % (p.rank, frame))
-    except Exception:
-        pass
-    return out
+    return text, maps

@@ -147,7 +147,7 @@ def process_from_ring(ring: R.RingData, state: Optional[str] = None, **fields: A
 # --- memory (issue 5): samples from the ring; OOM evidence in collect/memfacts.py ---
 def _mem_samples(records: Any) -> List[Dict[str, Any]]:
     try:
-        from hangtrace.tracer.analyze.memory import samples
+        from hangtrace.tracer.ring.memsamples import samples
 
         return samples(records)
     except Exception:

@@ -22,7 +22,7 @@ import glob
 import os
 import re
 import time
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import orjson
 
@@ -282,14 +282,14 @@ def _with_fr(sdir: str, snap: Snapshot) -> Snapshot:
     return with_tasks(sdir, snapshot_with_fr(sdir, snap))
 
 
-def write_diagnosis(snap: Snapshot, diag: Any, text: str) -> None:
-    """Store ``diagnosis.json`` and ``report.txt`` in the snapshot folder (if any)."""
-    from hangtrace.tracer.report.text import diagnosis_json
-
+def write_diagnosis(snap: Snapshot, doc: Dict[str, Any], text: str) -> None:
+    """Store ``diagnosis.json`` (``doc``: the diagnosis as JSON-able data,
+    ``report.text.diagnosis_json``) and ``report.txt`` (``text``) in the snapshot folder
+    (if any)."""
     if not snap.path:
         return
     with open(os.path.join(snap.path, "diagnosis.json"), "wb") as f:
-        f.write(orjson.dumps(diagnosis_json(diag), option=orjson.OPT_INDENT_2))
+        f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     with open(os.path.join(snap.path, "report.txt"), "w") as f:
         f.write(text)
 

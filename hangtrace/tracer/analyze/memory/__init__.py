@@ -23,8 +23,8 @@ from hangtrace.tracer.analyze.memory.samples import (
     NEAR,
     _primary,
     fmt_bytes,
-    samples,
 )
+from hangtrace.tracer.ring.memsamples import samples
 from hangtrace.tracer.analyze.memory.summary import (
     LEDGER_MAX_RANKS,
     LEDGER_MAX_STEPS,

@@ -32,11 +32,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hangtrace.tracer.analyze.memory.samples import (
     LOW,
     NEAR,
-    Sample,
     _where,
     fmt_bytes,
-    samples,
 )
+from hangtrace.tracer.ring.memsamples import Sample, samples
 from hangtrace.tracer.analyze.memory.deathlevel import _Level, _level_of, _pct
 from hangtrace.tracer.analyze.memory.helperdeaths import _worker_case
 from hangtrace.tracer.collect.memfacts import dataloader_kills, exception_text

@@ -13,7 +13,8 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze.memory.deathlevel import _Level, _level_of
-from hangtrace.tracer.analyze.memory.samples import fmt_bytes, samples
+from hangtrace.tracer.analyze.memory.samples import fmt_bytes
+from hangtrace.tracer.ring.memsamples import samples
 from hangtrace.tracer.collect.memfacts import fatal_signal_name
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hangtrace.tracer.analyze.memory.samples import samples
+from hangtrace.tracer.ring.memsamples import samples
 
 #: a sample taken up to this long after the kill time still counts (the kill time is a
 #: lower bound for a death without a record; samples come once a second)

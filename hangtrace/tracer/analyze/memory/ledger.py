@@ -17,7 +17,8 @@ kept per step.
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.memory.samples import MIB, Sample, _thr
+from hangtrace.tracer.analyze.memory.samples import MIB, _thr
+from hangtrace.tracer.ring.memsamples import Sample
 
 
 def ledger(ss: List[Sample], rank: Optional[int] = None) -> List[Dict[str, Any]]:

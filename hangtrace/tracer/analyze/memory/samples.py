@@ -1,5 +1,6 @@
-"""Memory samples (from the K_MEM ring records) and the small helpers over them: bytes
-formatting, the host sample, peaks, levels against the limit, thresholds (pure).
+"""Small helpers over memory samples (``tracer/ring/memsamples.py`` decodes them from the
+ring; the dict layout is documented there): bytes formatting, the host sample, peaks,
+levels against the limit, thresholds (pure).
 
 Sample dicts::
 
@@ -15,10 +16,7 @@ Metrics: ``rss`` and ``cgroup`` (usage, limited by the cgroup limit) from 'host'
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hangtrace.tracer.ring import layout as F
-
-#: one memory sample (see the module docstring)
-Sample = Dict[str, Any]
+from hangtrace.tracer.ring.memsamples import Sample
 
 
 #: memory at or above this fraction of the limit is "near the limit"
@@ -30,9 +28,6 @@ LOW = 0.75
 
 
 MIB = 1 << 20
-
-
-_SRC = {i: n for i, n in enumerate(F.MEM_SOURCES)}
 
 
 def fmt_bytes(n: Optional[float]) -> str:
@@ -52,74 +47,6 @@ def _sb(n: Optional[float]) -> str:
     if n is None:
         return "?"
     return ("+" if n >= 0 else "-") + fmt_bytes(abs(n))
-
-
-def _v(x: Optional[float]) -> Optional[int]:
-    return None if x is None or x < 0 else int(x)
-
-
-def _source(op: Any) -> str:
-    if isinstance(op, int):
-        return _SRC.get(op, str(op))
-    i = F.OP_IDS.get(op)
-    if i is None:
-        try:
-            i = int(op)
-        except (TypeError, ValueError):
-            return str(op)
-    return _SRC.get(i, str(op))
-
-
-def samples(records: Optional[List[Any]]) -> List[Sample]:
-    """Memory samples (dicts, see module doc) of a record list, in record order."""
-    out = []
-    for r in records or ():
-        if r.get("kind") != "memory":
-            continue
-        a = tuple(r.get("a") or (-1, -1, -1, -1, -1))
-        what = r.get("what") or r.get("group") or "?"  # MemorySample; older dicts: group/op
-        src = _source(r.get("source") or r.get("op"))
-        s = {
-            "t_wall_ns": r.get("t_wall_ns") or 0,
-            "source": src,
-            "what": what,
-            "phase": r.get("phase"),
-            "step": r.get("step"),
-            "thread": r.get("thread"),
-            "values": {},
-            "limits": {},
-            "oom_kills": None,
-            "swap": None,
-            "raw": a,
-        }
-        if what == "host":
-            rss, swap, usage, limit, oom = a
-            if _v(rss) is not None:
-                s["values"]["rss"] = rss
-            if _v(usage) is not None:
-                s["values"]["cgroup"] = usage
-                if limit and limit > 0:
-                    s["limits"]["cgroup"] = limit
-            s["swap"], s["oom_kills"] = _v(swap), _v(oom)
-            s["limit"] = limit if limit and limit > 0 else (0 if limit == 0 else None)
-        elif what.startswith("cuda:"):
-            if src == "oom":
-                s["requested"], s["device_allocated"], s["device_free"] = _v(a[0]), _v(a[1]), _v(a[3])
-                s["device_total"] = _v(a[4])
-            else:
-                for name, x in (("allocated", a[0]), ("reserved", a[1])):
-                    if _v(x) is not None:
-                        s["values"]["%s %s" % (what, name)] = x
-                        if a[4] and a[4] > 0:
-                            s["limits"]["%s %s" % (what, name)] = a[4]
-                s["peak"], s["device_free"], s["device_total"] = _v(a[2]), _v(a[3]), _v(a[4])
-        elif what.startswith("gauge:"):
-            if _v(a[0]) is not None:
-                s["values"][what] = a[0]
-                if a[1] and a[1] > 0:
-                    s["limits"][what] = a[1]
-        out.append(s)
-    return out
 
 
 def _host(ss: List[Sample]) -> List[Sample]:

@@ -15,9 +15,9 @@ from hangtrace.tracer.analyze.memory.samples import (
     _sb,
     _where,
     fmt_bytes,
-    samples,
 )
 from hangtrace.tracer.analyze.memory.trend import trend
+from hangtrace.tracer.ring.memsamples import samples
 
 LEDGER_MAX_STEPS = 16
 

@@ -9,7 +9,8 @@ ledger; the step at which the limit is reached at that rate.
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.memory.samples import Sample, _thr
+from hangtrace.tracer.analyze.memory.samples import _thr
+from hangtrace.tracer.ring.memsamples import Sample
 
 
 def _series(ss: List[Sample], metric: str) -> List[Tuple[int, int, Optional[int]]]:

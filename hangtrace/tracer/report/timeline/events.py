@@ -279,7 +279,7 @@ class ProcessEvents:
     def _counters(self, mem: List[Dict[str, Any]]) -> None:
         if not mem:
             return
-        from hangtrace.tracer.analyze.memory import samples
+        from hangtrace.tracer.ring.memsamples import samples
 
         for r, s in zip(mem, samples(mem)):
             vals = s.get("values") or {}

@@ -2,7 +2,9 @@
 from a config with random weights (nothing is downloaded), synthetic token ids, and the
 TrainingArguments a CPU user writes: ``use_cpu=True, ddp_backend="gloo"``, 2 DataLoader
 workers, 40 steps, a log line every 5 steps. Started by ``torchrun --nproc-per-node 2 job.py``
-or ``accelerate launch --num_processes 2 --cpu job.py``."""
+or ``accelerate launch --multi_gpu --num_processes 2 job.py`` (accelerate 1.16:
+``--cpu --num_processes 2`` starts a single process, so the CPU job needs ``--multi_gpu``;
+``use_cpu=True`` keeps it on the CPU)."""
 
 import os
 import tempfile

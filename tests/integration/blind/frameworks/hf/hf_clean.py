@@ -1,6 +1,8 @@
 """Incident: none. A plain 40-step transformers.Trainer run of a tiny random GPT-2 (2 CPU
 ranks, gloo, DataLoader with 2 workers, a loss log every 5 steps), which must end cleanly
-with NO verdict from hangtrace. Run under torchrun and under `accelerate launch`.
+with NO verdict from hangtrace. Run under torchrun and under
+`accelerate launch --multi_gpu --num_processes 2` (in accelerate 1.16 `--cpu` with 2
+processes starts ONE process; `use_cpu=True` keeps the job on the CPU).
 """
 LAUNCH = "torchrun"
 LAUNCHERS = ["torchrun", "accelerate"]

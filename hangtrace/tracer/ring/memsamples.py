@@ -1,0 +1,98 @@
+"""Memory samples decoded from the ring's memory records (``K_MEM``, ``hooks/mem/memory.py``
+writes them; docs/MEMORY.md): one dict per sample, in record order. Pure; part of the file
+contract, so that collection (``collect/ringprocs``) and analysis (``analyze/memory``) both
+read samples from here.
+
+Sample dicts::
+
+    {"t_wall_ns", "source": 'timer'|'phase_enter'|'phase_exit'|'step'|'oom',
+     "what": 'host'|'cuda:N'|'gauge:<name>', "phase", "step", "thread",
+     "values": {metric: bytes}, "limits": {metric: bytes}, "oom_kills": int|None,
+     "swap": int|None, "raw": the record's five integers}
+
+Metrics: ``rss`` and ``cgroup`` (usage, limited by the cgroup limit) from 'host';
+``cuda:N allocated`` / ``cuda:N reserved`` (limit: device total); ``gauge:<name>``
+(limit: the registered budget). Bytes are ints; times are ns since the Unix epoch.
+"""
+
+from typing import Any, Dict, List, Optional
+
+from hangtrace.tracer.ring import layout as F
+
+#: one memory sample (see the module docstring)
+Sample = Dict[str, Any]
+
+_SRC = {i: n for i, n in enumerate(F.MEM_SOURCES)}
+
+
+def known(x: Optional[float]) -> Optional[int]:
+    """A recorded figure, or None for the ring's "not known" (a negative value)."""
+    return None if x is None or x < 0 else int(x)
+
+
+def _source(op: Any) -> str:
+    if isinstance(op, int):
+        return _SRC.get(op, str(op))
+    i = F.OP_IDS.get(op)
+    if i is None:
+        try:
+            i = int(op)
+        except (TypeError, ValueError):
+            return str(op)
+    return _SRC.get(i, str(op))
+
+
+def samples(records: Optional[List[Any]]) -> List[Sample]:
+    """Memory samples (dicts, see module doc) of a record list, in record order."""
+    out = []
+    for r in records or ():
+        if r.get("kind") != "memory":
+            continue
+        a = tuple(r.get("a") or (-1, -1, -1, -1, -1))
+        what = r.get("what") or r.get("group") or "?"  # MemorySample; older dicts: group/op
+        src = _source(r.get("source") or r.get("op"))
+        s = {
+            "t_wall_ns": r.get("t_wall_ns") or 0,
+            "source": src,
+            "what": what,
+            "phase": r.get("phase"),
+            "step": r.get("step"),
+            "thread": r.get("thread"),
+            "values": {},
+            "limits": {},
+            "oom_kills": None,
+            "swap": None,
+            "raw": a,
+        }
+        if what == "host":
+            rss, swap, usage, limit, oom = a
+            if known(rss) is not None:
+                s["values"]["rss"] = rss
+            if known(usage) is not None:
+                s["values"]["cgroup"] = usage
+                if limit and limit > 0:
+                    s["limits"]["cgroup"] = limit
+            s["swap"], s["oom_kills"] = known(swap), known(oom)
+            s["limit"] = limit if limit and limit > 0 else (0 if limit == 0 else None)
+        elif what.startswith("cuda:"):
+            if src == "oom":
+                s["requested"], s["device_allocated"], s["device_free"] = (
+                    known(a[0]),
+                    known(a[1]),
+                    known(a[3]),
+                )
+                s["device_total"] = known(a[4])
+            else:
+                for name, x in (("allocated", a[0]), ("reserved", a[1])):
+                    if known(x) is not None:
+                        s["values"]["%s %s" % (what, name)] = x
+                        if a[4] and a[4] > 0:
+                            s["limits"]["%s %s" % (what, name)] = a[4]
+                s["peak"], s["device_free"], s["device_total"] = known(a[2]), known(a[3]), known(a[4])
+        elif what.startswith("gauge:"):
+            if known(a[0]) is not None:
+                s["values"][what] = a[0]
+                if a[1] and a[1] > 0:
+                    s["limits"][what] = a[1]
+        out.append(s)
+    return out
