@@ -177,7 +177,10 @@ def _environment(snap: Snapshot, diag: Diagnosis, envs: List[ProcessEnv]) -> str
 
 
 def crash_frame(
-    run_dir: str, host: str, pid: int, read_log: Optional[Callable[[], Tuple[List[Tuple[float, str]], str]]] = None
+    run_dir: str,
+    host: str,
+    pid: int,
+    read_log: Optional[Callable[[], Tuple[List[Tuple[float, str]], str]]] = None,
 ) -> Optional[str]:
     """Library and symbol of the native frame where process ``host:pid`` of ``run_dir``
     took its fatal signal (``analyze.envdiff.fatal_frame_library`` over what
