@@ -1,7 +1,7 @@
 """Collection-time OOM evidence of dead processes (issue 5): kernel log, cgroup counters.
 
 Moved from collect/rings.py (issue 8: modules under 400 lines). ``memory_facts(p)`` is
-what ``ProcessInfo.memory_facts`` holds; the analysis reads it in analyze/memory.py.
+what ``ProcessInfo.memory_facts`` holds; the analysis reads it in analyze/memory/.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ KIND_NAMES = {
 # number of refs; state issued while waiting, completed / failed (err: the exception
 # type) when the call returned. Not progress.
 # Memory records (kind K_MEM, issue 5; writer: hooks/mem/memory.py via Recorder.memory,
-# reader: tracer/analyze/memory.py). The generic slot fields are reused, no layout change:
+# reader: tracer/analyze/memory/). The generic slot fields are reused, no layout change:
 #   op     = sample source: MEM_TIMER 1, MEM_ENTER 2 (just after a phase was entered),
 #            MEM_EXIT 3 (just before it is left), MEM_STEP 4 (tracer.step), MEM_OOM 5 (an
 #            out-of-memory error: CUDA allocator observer, or an OOM exception leaving a
@@ -118,7 +118,7 @@ KIND_NAMES = {
 #                    allocator's device figure, a3 = device free)
 #            gauge:  a0 = value bytes, a1 = limit bytes (0 = none)
 #   -1 = unknown / unreadable. decode_slots reports ``op`` through OPS (1 -> 'all_reduce'
-#   ...); tracer/analyze/memory.py maps it back with OP_IDS.
+#   ...); tracer/analyze/memory/ maps it back with OP_IDS.
 MEM_TIMER, MEM_ENTER, MEM_EXIT, MEM_STEP, MEM_OOM = 1, 2, 3, 4, 5
 MEM_SOURCES = ("", "timer", "phase_enter", "phase_exit", "step", "oom")
 
