@@ -136,7 +136,7 @@ def _fork_breakdown(n: int) -> dict:
     """Rank 0, traced: fork ``n`` bare children; each reports its CPU until its own code
     runs and the part of it spent in each piece of the after-fork handler."""
     bootstrap = sys.modules.get("hangtrace.hooks.bootstrap")  # imported only when traced
-    rt = bootstrap.active() if bootstrap is not None else None
+    rt = sys.modules["hangtrace.hooks.state"].active() if bootstrap is not None else None
     parts: dict = {}
     undo = []
     if rt is not None:

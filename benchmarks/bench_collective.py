@@ -92,10 +92,10 @@ def child_collective(iters, warmup, batches, ab_pairs):
     rec = None
     path = None
     if wrapped:
-        from hangtrace.hooks import bootstrap
+        from hangtrace.hooks import state
         from hangtrace.hooks.record.recorder import _fastrec
 
-        rec = bootstrap.active().recorder
+        rec = state.active().recorder
         path = "C" if _fastrec is not None and isinstance(ar, _fastrec.Call) else "Python"
     for _ in range(warmup):
         ar(t)

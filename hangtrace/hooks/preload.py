@@ -51,6 +51,7 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
         "hangtrace.tracer.config",
         "hangtrace.tracer.api",
         "hangtrace.tracer",
+        "hangtrace.hooks.state",
         "hangtrace.hooks.instrument",
         "hangtrace.tracer.ring",
         "hangtrace.tracer.ring.layout",
