@@ -1,7 +1,7 @@
 """Instrumentors of the libraries a traced program may import: torch.distributed and Ray.
 
 Each is a light façade: ``install`` only registers a post-import hook
-(``hooks/importhook.py``); the wrapping code (``torch_dist``, which imports wrapt, and
+(``hooks/importhook.py``); the wrapping code (``torchdist.torch_install`` and
 ``ray_hooks``) is imported when the program imports the library, so a process that never
 imports torch or Ray pays nothing for them. A library already imported at install time
 is hooked at once.
@@ -18,7 +18,7 @@ from hangtrace.hooks.instrument import Instrumentor
 
 
 class TorchDistInstrumentor(Instrumentor):
-    """torch.distributed collectives, p2p and group creation (``hooks/torchdist/torch_dist.py``)."""
+    """torch.distributed collectives, p2p and group creation (``hooks/torchdist/torch_install.py``)."""
 
     name = "torch"
 
@@ -45,11 +45,11 @@ class TorchDistInstrumentor(Instrumentor):
             if not getattr(dist, "is_available", lambda: False)():
                 return
             preload.load("torch")  # (the modules' code from one file: hooks/preload.py)
-            from hangtrace.hooks.torchdist import torch_dist
+            from hangtrace.hooks.torchdist import torch_install
 
             rec = rt.recorder
             rec.on_grow.append(self._ring_grown)
-            torch_dist.install(dist, rec, rt.log)
+            torch_install.install(dist, rec, rt.log)
             self.hooked = True
         except Exception as e:
             rt.log("hooking torch.distributed failed: %r" % (e,), "hook-torch")
@@ -62,9 +62,9 @@ class TorchDistInstrumentor(Instrumentor):
             td.reset_after_fork(recorder)  # sets State.rec, which re-reads the recorder's Ring
 
     def _uninstall(self) -> None:
-        td = sys.modules.get("hangtrace.hooks.torchdist.torch_dist")
-        if td is not None:
-            td.uninstall()
+        ti = sys.modules.get("hangtrace.hooks.torchdist.torch_install")
+        if ti is not None:
+            ti.uninstall()
         self.hooked = False
 
     def _after_fork_child(self) -> None:
@@ -75,9 +75,9 @@ class TorchDistInstrumentor(Instrumentor):
             td.reset_after_fork(rec)
 
     def _at_exit(self) -> None:
-        td = sys.modules.get("hangtrace.hooks.torchdist.torch_dist")
-        if td is not None:
-            td.flush()
+        tc = sys.modules.get("hangtrace.hooks.torchdist.torch_completion")
+        if tc is not None:
+            tc.flush()
 
 
 class RayInstrumentor(Instrumentor):

@@ -17,8 +17,7 @@ when all match, runs the modules not yet imported in the listed order: a module 
 with the ``__spec__``, ``__loader__`` (a ``SourceFileLoader`` of its source: ``reload``,
 ``inspect`` and tracebacks work as usual), ``__file__`` and ``__path__`` an import gives
 it, put in ``sys.modules`` before its code runs, as an import does. A bundled module
-that another one imports before its turn (an import cycle, such as ``torch_dist`` and
-``torch_completion``) is served from the bundle by a finder at the front of
+that another one imports before its turn (an import cycle, or a group out of order) is served from the bundle by a finder at the front of
 ``sys.meta_path`` while ``load`` runs, and only then.
 
 Never wrong, at worst slower: a missing, stale (any source changed), foreign
@@ -76,9 +75,11 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
         "hangtrace.hooks.torchdist",
         "hangtrace.hooks.torchdist.torch_specs",
         "hangtrace.hooks.torchdist.torch_state",
-        "hangtrace.hooks.torchdist.torch_dist",
         "hangtrace.hooks.torchdist.torch_completion",
+        "hangtrace.hooks.torchdist.torch_dist",
         "hangtrace.hooks.torchdist.torch_groups",
+        "hangtrace.hooks.torchdist.torch_batch",
+        "hangtrace.hooks.torchdist.torch_install",
         "hangtrace.hooks.process.workersignals",
     ),
     "ray": (
