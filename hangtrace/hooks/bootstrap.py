@@ -216,7 +216,7 @@ def _before_fork() -> None:
     try:
         mem = sys.modules.get("hangtrace.hooks.mem.memory")
         if state.active() is not None and mem is not None and mem.active() is not None:
-            mem._memfork()  # the sampler's take-over (hooks/mem/memfork.py)
+            from hangtrace.hooks.mem import memfork  # noqa: F401  # the sampler's take-over, imported once here
     except Exception:
         pass
     try:

@@ -66,6 +66,8 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
         "hangtrace.hooks.process.lifecycle",
         "hangtrace.hooks.mem",
         "hangtrace.hooks.mem.cgroup",
+        "hangtrace.hooks.mem.torchcuda",
+        "hangtrace.hooks.mem.sampler",
         "hangtrace.hooks.mem.memory",
         "hangtrace.hooks.mem.memclock",
     ),

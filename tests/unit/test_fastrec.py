@@ -536,7 +536,7 @@ def test_host_memory_sample_in_c_is_the_python_sample(tmp_path, monkeypatch):
     and none at all."""
     if not HAVE_C:
         pytest.skip(NO_C)
-    from hangtrace.hooks.mem import memory as HM
+    from hangtrace.hooks.mem import sampler as HS
 
     def fd_of(name, text):
         p = tmp_path / name
@@ -560,7 +560,7 @@ def test_host_memory_sample_in_c_is_the_python_sample(tmp_path, monkeypatch):
     for m in MODES:
         use_mode(monkeypatch, m)
         rec = new_recorder(tmp_path / m, m)
-        s = HM.Sampler(rec, rec.log, 1.0, str(tmp_path))
+        s = HS.Sampler(rec, rec.log, 1.0, str(tmp_path))
         assert (getattr(getattr(rec, "_fast", None), "mem_host", None) is not None) == (m == "c")
         for st, us, oo in cases:
             s._statm, s._usage, s._oom = st, us, oo
