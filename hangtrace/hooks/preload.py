@@ -42,8 +42,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 # Each group in the order its modules run: a module after those it imports at its top.
 # A group holds only what its trigger always imports. "activate": what bootstrap.activate()
 # imports (the .pth imports hangtrace, hangtrace.hooks, bootstrap and this module the usual
-# way); "fastrec": the C recorder's class, when the C extension is built and chosen
-# (recorder.choose); "torch" and "ray": what their post-import hooks import
+# way); "fastrec": the C recorder's methods, imported by hooks/record/recorder.py when the
+# C extension is built; "torch" and "ray": what their post-import hooks import
 # (hooks/libraries.py); "autowatch": hooks/autowatch.py, when the node watcher is on.
 GROUPS: Dict[str, Tuple[str, ...]] = {
     "activate": (
@@ -56,6 +56,7 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
         "hangtrace.tracer.ring.layout",
         "hangtrace.hooks.record",
         "hangtrace.hooks.record.ringsize",
+        "hangtrace.hooks.record.entries",
         "hangtrace.hooks.record.recorder",
         "hangtrace.hooks.importhook",
         "hangtrace.hooks.process",
