@@ -64,6 +64,8 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
         "hangtrace.hooks.env",
         "hangtrace.hooks.env.envrecord",
         "hangtrace.hooks.libraries",
+        "hangtrace.hooks.process.faultline",
+        "hangtrace.hooks.process.patching",
         "hangtrace.hooks.process.lifecycle",
         "hangtrace.hooks.mem",
         "hangtrace.hooks.mem.cgroup",
