@@ -81,7 +81,8 @@ class TorchDistInstrumentor(Instrumentor):
 
 
 class RayInstrumentor(Instrumentor):
-    """Ray worker identity and actor-method phases (``hooks/rayhooks/ray_hooks.py``)."""
+    """Ray worker identity and actor-method phases, actor calls and creations
+    (``hooks/rayhooks/ray_install.py``)."""
 
     name = "ray"
 
@@ -94,27 +95,23 @@ class RayInstrumentor(Instrumentor):
             return
         try:
             preload.load("ray")
-            from hangtrace.hooks.rayhooks import ray_hooks
+            from hangtrace.hooks.rayhooks import ray_hooks, ray_install
 
             ray = sys.modules.get("ray", module)
-            ray_hooks.install(ray, rt.recorder, rt.log)
+            ray_install.install(ray, rt.recorder, rt.log)
         except Exception as e:
             rt.log("hooking ray failed: %r" % (e,), "hook-ray")
             return
         try:  # actor calls, waits on them, creation requests (issue 9)
-            from hangtrace.hooks.rayhooks import ray_calls
-
-            ray_calls.install(ray, ray_hooks._current, rt.log)
+            ray_install.install_calls(ray, ray_hooks._current, rt.log)
         except Exception as e:
             rt.log("hooking ray actor calls failed: %r" % (e,), "hook-ray-calls")
 
     def _uninstall(self) -> None:
-        rh = sys.modules.get("hangtrace.hooks.rayhooks.ray_hooks")
-        if rh is not None:
-            rh.uninstall()
-        rc = sys.modules.get("hangtrace.hooks.rayhooks.ray_calls")
-        if rc is not None:
-            rc.uninstall()
+        ri = sys.modules.get("hangtrace.hooks.rayhooks.ray_install")
+        if ri is not None:
+            ri.uninstall()
+            ri.uninstall_calls()
 
     def _after_fork_child(self) -> None:
         rh = sys.modules.get("hangtrace.hooks.rayhooks.ray_hooks")

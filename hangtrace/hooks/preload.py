@@ -91,6 +91,8 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
         "hangtrace.hooks.rayhooks",
         "hangtrace.hooks.rayhooks.ray_hooks",
         "hangtrace.hooks.rayhooks.ray_calls",
+        "hangtrace.hooks.rayhooks.ray_create",
+        "hangtrace.hooks.rayhooks.ray_install",
     ),
 }
 MARK = "hangtrace-startup-bundle"  # the ``__spec__.loader_state`` of a module run from a bundle
