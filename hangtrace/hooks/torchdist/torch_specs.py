@@ -6,7 +6,7 @@ collective/p2p functions of torch.distributed we do not wrap as such, with the r
 installed torch from torch itself and fails on one that is in neither table.
 :func:`plan_call` resolves once per wrapper where a function's arguments are (a ``CallPlan``:
 in, its name and parameter names; out, positions and record fields; ``torch_dist._make_wrapper``).
-:func:`param_names` gives a wrapped function's parameter names (``torch_dist.install``);
+:func:`param_names` gives a wrapped function's parameter names (``torch_install.install``);
 :func:`take_identity` and :func:`wrapped_original` give an installed wrapper its torch
 function's identity and read it back (here, not in a module of their own: every module
 imported when torch.distributed is costs each traced process ~0.3M instructions, issue 8).
