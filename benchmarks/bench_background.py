@@ -70,16 +70,16 @@ def thread_cpu_ns() -> dict:
 def _count_ticks() -> None:
     """Count the memory sampler's timer ticks (class patched: forked workers inherit it)."""
     try:
-        from hangtrace.hooks.mem import memory
+        from hangtrace.hooks.mem import sampler
     except ImportError:
         return
-    orig = memory.Sampler.tick
+    orig = sampler.Sampler.tick
 
     def tick(self: Any) -> None:
         self.bench_ticks = getattr(self, "bench_ticks", 0) + 1
         orig(self)
 
-    memory.Sampler.tick = tick
+    sampler.Sampler.tick = tick
 
 
 def _sampler_facts() -> dict:
@@ -136,7 +136,7 @@ def _fork_breakdown(n: int) -> dict:
     """Rank 0, traced: fork ``n`` bare children; each reports its CPU until its own code
     runs and the part of it spent in each piece of the after-fork handler."""
     bootstrap = sys.modules.get("hangtrace.hooks.bootstrap")  # imported only when traced
-    rt = bootstrap.active() if bootstrap is not None else None
+    rt = sys.modules["hangtrace.hooks.state"].active() if bootstrap is not None else None
     parts: dict = {}
     undo = []
     if rt is not None:

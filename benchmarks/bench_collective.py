@@ -92,10 +92,10 @@ def child_collective(iters, warmup, batches, ab_pairs):
     rec = None
     path = None
     if wrapped:
-        from hangtrace.hooks import bootstrap
+        from hangtrace.hooks import state
         from hangtrace.hooks.record.recorder import _fastrec
 
-        rec = bootstrap.active().recorder
+        rec = state.active().recorder
         path = "C" if _fastrec is not None and isinstance(ar, _fastrec.Call) else "Python"
     for _ in range(warmup):
         ar(t)
@@ -174,6 +174,7 @@ def child_micro(iters, batches):
 
     from hangtrace.hooks.record import recorder as R
     from hangtrace.hooks.torchdist import torch_dist as TD
+    from hangtrace.hooks.torchdist import torch_install as TI
     from hangtrace.tracer import config
     from hangtrace.tracer.ring import layout as F
 
@@ -255,7 +256,7 @@ def child_micro(iters, batches):
 
             TD._state = TD._new_state(rec, lambda msg, key=None: None)  # what install() makes
             TD._state.dist = FakeDist
-            ht_w = TD._wrap("all_reduce", noop_all_reduce, params)  # what install() installs
+            ht_w = TI._wrap("all_reduce", noop_all_reduce, params)  # what install() installs
             res["path_" + mode] = (
                 "C" if R._fastrec is not None and isinstance(ht_w, R._fastrec.Call) else "Python"
             )

@@ -34,10 +34,10 @@ import time
 def child(a):
     import torch
     from hangtrace import tracer
-    from hangtrace.hooks import bootstrap
+    from hangtrace.hooks import state
     from hangtrace.hooks.mem import memory
 
-    rt = bootstrap.active()
+    rt = state.active()
     assert rt is not None, "tracing is not active in the child"
     s = memory.active()
     assert s is not None, "memory sampling is not active"

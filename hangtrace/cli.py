@@ -79,7 +79,7 @@ def cmd_env_diff(args: argparse.Namespace) -> int:
 # --- env -----------------------------------------------------------------------------------
 def cmd_env(args: argparse.Namespace) -> int:
     """Print the environment that turns tracing on (shell lines, or Ray runtime_env JSON)."""
-    from .hooks.bootstrap import default_run_id
+    from .hooks.state import default_run_id
 
     run_id = default_run_id()
     run_dir = (

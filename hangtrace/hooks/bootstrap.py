@@ -39,11 +39,12 @@ from hangtrace.hooks import preload
 
 preload.load("activate")  # the modules activate() imports, from one file (hooks/preload.py)
 
+from hangtrace.hooks import state
 from hangtrace.hooks.instrument import Instrumentor
+from hangtrace.hooks.state import default_run_id
 from hangtrace.tracer import api
 from hangtrace.tracer import config
 
-_active: Optional["Runtime"] = None  # the Runtime of this process, or None
 _lock = threading.Lock()
 _failed_pid: Optional[int] = None  # pid in which activation failed (and warned) already
 INSTRUMENTORS: List[Instrumentor] = []  # in install order (filled by activate)
@@ -70,10 +71,6 @@ class RunLog:
                 os.close(fd)
         except Exception:
             pass
-
-
-def default_run_id() -> str:
-    return "%s-%d" % (time.strftime("%Y%m%d-%H%M%S", time.gmtime()), os.getpid())
 
 
 def _tempdir(env: Mapping[str, str]) -> str:
@@ -218,21 +215,21 @@ def _before_fork() -> None:
     start-up (issue 8)."""
     try:
         mem = sys.modules.get("hangtrace.hooks.mem.memory")
-        if _active is not None and mem is not None and mem.active() is not None:
-            mem._memfork()  # the sampler's take-over (hooks/mem/memfork.py)
+        if state.active() is not None and mem is not None and mem.active() is not None:
+            from hangtrace.hooks.mem import memfork  # noqa: F401  # the sampler's take-over, imported once here
     except Exception:
         pass
     try:
-        if _active is not None:
-            _active.prepare_child()
+        rt = state.active()
+        if rt is not None:
+            rt.prepare_child()
     except Exception:
         pass
 
 
 def _after_fork_child() -> None:
     """The ONE fork handler: the child's own ring, then every instrumentor in order."""
-    global _active
-    rt = _active
+    rt = state.active()
     if rt is None:
         return
     _freeze_inherited()
@@ -268,8 +265,7 @@ def _freeze_inherited() -> None:
 def _disable_child(e: BaseException) -> None:
     """A forked child whose own ring could not be created (at fork, or when its lazy ring
     was to be written): tracing off in it, one line on stderr. Takes no recorder lock."""
-    global _active
-    _active = None
+    state.set_active(None)
     api._set_recorder(None)
     # the parent's ring is still mapped here: no hook may write into it any more
     try:
@@ -305,10 +301,11 @@ def _warn(msg: str) -> None:
 
 def activate() -> Optional[Runtime]:
     """Turn tracing on in this process (idempotent). Returns the Runtime or None."""
-    global _active, _failed_pid
+    global _failed_pid
     with _lock:
-        if _active is not None:
-            return _active
+        current = state.active()
+        if current is not None:
+            return current
         if not config.enabled() or _failed_pid == os.getpid():
             return None  # (a .pth can be processed twice, e.g. in some venvs: warn once)
         try:
@@ -322,7 +319,7 @@ def activate() -> Optional[Runtime]:
                 % (os.getpid(), os.environ.get(config.DIR), e)
             )
             return None
-        _active = rt
+        state.set_active(rt)
         api._set_recorder(rt.recorder)
         try:
             if not INSTRUMENTORS:
@@ -344,8 +341,3 @@ def activate() -> Optional[Runtime]:
         except Exception as e:
             rt.log("starting the node watcher failed: %r" % (e,), "autowatch")
         return rt
-
-
-def active() -> Optional[Runtime]:
-    """The Runtime of this process, or None when tracing is off."""
-    return _active

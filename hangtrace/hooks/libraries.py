@@ -1,7 +1,7 @@
 """Instrumentors of the libraries a traced program may import: torch.distributed and Ray.
 
 Each is a light façade: ``install`` only registers a post-import hook
-(``hooks/importhook.py``); the wrapping code (``torch_dist``, which imports wrapt, and
+(``hooks/importhook.py``); the wrapping code (``torchdist.torch_install`` and
 ``ray_hooks``) is imported when the program imports the library, so a process that never
 imports torch or Ray pays nothing for them. A library already imported at install time
 is hooked at once.
@@ -18,7 +18,7 @@ from hangtrace.hooks.instrument import Instrumentor
 
 
 class TorchDistInstrumentor(Instrumentor):
-    """torch.distributed collectives, p2p and group creation (``hooks/torchdist/torch_dist.py``)."""
+    """torch.distributed collectives, p2p and group creation (``hooks/torchdist/torch_install.py``)."""
 
     name = "torch"
 
@@ -45,11 +45,11 @@ class TorchDistInstrumentor(Instrumentor):
             if not getattr(dist, "is_available", lambda: False)():
                 return
             preload.load("torch")  # (the modules' code from one file: hooks/preload.py)
-            from hangtrace.hooks.torchdist import torch_dist
+            from hangtrace.hooks.torchdist import torch_install
 
             rec = rt.recorder
             rec.on_grow.append(self._ring_grown)
-            torch_dist.install(dist, rec, rt.log)
+            torch_install.install(dist, rec, rt.log)
             self.hooked = True
         except Exception as e:
             rt.log("hooking torch.distributed failed: %r" % (e,), "hook-torch")
@@ -62,9 +62,9 @@ class TorchDistInstrumentor(Instrumentor):
             td.reset_after_fork(recorder)  # sets State.rec, which re-reads the recorder's Ring
 
     def _uninstall(self) -> None:
-        td = sys.modules.get("hangtrace.hooks.torchdist.torch_dist")
-        if td is not None:
-            td.uninstall()
+        ti = sys.modules.get("hangtrace.hooks.torchdist.torch_install")
+        if ti is not None:
+            ti.uninstall()
         self.hooked = False
 
     def _after_fork_child(self) -> None:
@@ -75,13 +75,14 @@ class TorchDistInstrumentor(Instrumentor):
             td.reset_after_fork(rec)
 
     def _at_exit(self) -> None:
-        td = sys.modules.get("hangtrace.hooks.torchdist.torch_dist")
-        if td is not None:
-            td.flush()
+        tc = sys.modules.get("hangtrace.hooks.torchdist.torch_completion")
+        if tc is not None:
+            tc.flush()
 
 
 class RayInstrumentor(Instrumentor):
-    """Ray worker identity and actor-method phases (``hooks/rayhooks/ray_hooks.py``)."""
+    """Ray worker identity and actor-method phases, actor calls and creations
+    (``hooks/rayhooks/ray_install.py``)."""
 
     name = "ray"
 
@@ -94,27 +95,23 @@ class RayInstrumentor(Instrumentor):
             return
         try:
             preload.load("ray")
-            from hangtrace.hooks.rayhooks import ray_hooks
+            from hangtrace.hooks.rayhooks import ray_hooks, ray_install
 
             ray = sys.modules.get("ray", module)
-            ray_hooks.install(ray, rt.recorder, rt.log)
+            ray_install.install(ray, rt.recorder, rt.log)
         except Exception as e:
             rt.log("hooking ray failed: %r" % (e,), "hook-ray")
             return
         try:  # actor calls, waits on them, creation requests (issue 9)
-            from hangtrace.hooks.rayhooks import ray_calls
-
-            ray_calls.install(ray, ray_hooks._current, rt.log)
+            ray_install.install_calls(ray, ray_hooks._current, rt.log)
         except Exception as e:
             rt.log("hooking ray actor calls failed: %r" % (e,), "hook-ray-calls")
 
     def _uninstall(self) -> None:
-        rh = sys.modules.get("hangtrace.hooks.rayhooks.ray_hooks")
-        if rh is not None:
-            rh.uninstall()
-        rc = sys.modules.get("hangtrace.hooks.rayhooks.ray_calls")
-        if rc is not None:
-            rc.uninstall()
+        ri = sys.modules.get("hangtrace.hooks.rayhooks.ray_install")
+        if ri is not None:
+            ri.uninstall()
+            ri.uninstall_calls()
 
     def _after_fork_child(self) -> None:
         rh = sys.modules.get("hangtrace.hooks.rayhooks.ray_hooks")

@@ -17,8 +17,7 @@ when all match, runs the modules not yet imported in the listed order: a module 
 with the ``__spec__``, ``__loader__`` (a ``SourceFileLoader`` of its source: ``reload``,
 ``inspect`` and tracebacks work as usual), ``__file__`` and ``__path__`` an import gives
 it, put in ``sys.modules`` before its code runs, as an import does. A bundled module
-that another one imports before its turn (an import cycle, such as ``torch_dist`` and
-``torch_completion``) is served from the bundle by a finder at the front of
+that another one imports before its turn (an import cycle, or a group out of order) is served from the bundle by a finder at the front of
 ``sys.meta_path`` while ``load`` runs, and only then.
 
 Never wrong, at worst slower: a missing, stale (any source changed), foreign
@@ -43,19 +42,21 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 # Each group in the order its modules run: a module after those it imports at its top.
 # A group holds only what its trigger always imports. "activate": what bootstrap.activate()
 # imports (the .pth imports hangtrace, hangtrace.hooks, bootstrap and this module the usual
-# way); "fastrec": the C recorder's class, when the C extension is built and chosen
-# (recorder.choose); "torch" and "ray": what their post-import hooks import
+# way); "fastrec": the C recorder's methods, imported by hooks/record/recorder.py when the
+# C extension is built; "torch" and "ray": what their post-import hooks import
 # (hooks/libraries.py); "autowatch": hooks/autowatch.py, when the node watcher is on.
 GROUPS: Dict[str, Tuple[str, ...]] = {
     "activate": (
         "hangtrace.tracer.config",
         "hangtrace.tracer.api",
         "hangtrace.tracer",
+        "hangtrace.hooks.state",
         "hangtrace.hooks.instrument",
         "hangtrace.tracer.ring",
         "hangtrace.tracer.ring.layout",
         "hangtrace.hooks.record",
         "hangtrace.hooks.record.ringsize",
+        "hangtrace.hooks.record.entries",
         "hangtrace.hooks.record.recorder",
         "hangtrace.hooks.importhook",
         "hangtrace.hooks.process",
@@ -63,9 +64,13 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
         "hangtrace.hooks.env",
         "hangtrace.hooks.env.envrecord",
         "hangtrace.hooks.libraries",
+        "hangtrace.hooks.process.faultline",
+        "hangtrace.hooks.process.patching",
         "hangtrace.hooks.process.lifecycle",
         "hangtrace.hooks.mem",
         "hangtrace.hooks.mem.cgroup",
+        "hangtrace.hooks.mem.torchcuda",
+        "hangtrace.hooks.mem.sampler",
         "hangtrace.hooks.mem.memory",
         "hangtrace.hooks.mem.memclock",
     ),
@@ -75,15 +80,19 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
         "hangtrace.hooks.torchdist",
         "hangtrace.hooks.torchdist.torch_specs",
         "hangtrace.hooks.torchdist.torch_state",
-        "hangtrace.hooks.torchdist.torch_dist",
         "hangtrace.hooks.torchdist.torch_completion",
+        "hangtrace.hooks.torchdist.torch_dist",
         "hangtrace.hooks.torchdist.torch_groups",
+        "hangtrace.hooks.torchdist.torch_batch",
+        "hangtrace.hooks.torchdist.torch_install",
         "hangtrace.hooks.process.workersignals",
     ),
     "ray": (
         "hangtrace.hooks.rayhooks",
         "hangtrace.hooks.rayhooks.ray_hooks",
         "hangtrace.hooks.rayhooks.ray_calls",
+        "hangtrace.hooks.rayhooks.ray_create",
+        "hangtrace.hooks.rayhooks.ray_install",
     ),
 }
 MARK = "hangtrace-startup-bundle"  # the ``__spec__.loader_state`` of a module run from a bundle

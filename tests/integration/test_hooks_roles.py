@@ -45,8 +45,8 @@ def test_traced_rank_loads_no_collection_analysis_report_or_watcher_code(tmp_pat
         t = torch.ones(4)
         dist.all_reduce(t)
         dist.barrier()
-        from hangtrace.hooks import bootstrap
-        print("traced", bootstrap.active() is not None, dist.all_reduce.__hangtrace_wrapped__.__name__,
+        from hangtrace.hooks import state
+        print("traced", state.active() is not None, dist.all_reduce.__hangtrace_wrapped__.__name__,
               "wrapt" in sys.modules)
         print("loaded", sorted(m for m in sys.modules if m.startswith(%r)))
         dist.destroy_process_group()

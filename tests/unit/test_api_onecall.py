@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hangtrace.hooks.mem import memory as HM
+from hangtrace.hooks.mem import sampler as HS
 from hangtrace.hooks.record import recorder as R
 from hangtrace.tracer import api
 from hangtrace.tracer.ring import reader as RD
@@ -27,13 +27,13 @@ def traced(tmp_path, monkeypatch):
     monkeypatch.setenv("HANGTRACE_PURE_PYTHON", "0")
     rec = R.Recorder(str(tmp_path), "run", 256, Log())
     assert isinstance(rec, R._FastRecorder) and not rec.full_slots
-    s = HM.Sampler(rec, rec.log, 1000.0, str(tmp_path))
+    s = HS.Sampler(rec, rec.log, 1000.0, str(tmp_path))
     saved = (api._recorder, api._sampler, api._deep, dict(api._gauges))
     api._gauges.clear()
     api._set_deep(None)
     api._set_recorder(rec)
     api._set_sampler(s)
-    assert HM._memclock().start_thread(s) and s.thread is not None
+    assert HS._memclock().start_thread(s) and s.thread is not None
     yield rec, s
     s.stop()
     api._set_recorder(saved[0])

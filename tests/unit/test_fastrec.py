@@ -241,10 +241,10 @@ def pg():
     global torch
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
-    from hangtrace.hooks.torchdist import torch_dist
+    from hangtrace.hooks.torchdist import torch_install
     from jobs import free_port
 
-    assert not torch_dist._installed, "hooks left installed by another test"
+    assert not torch_install._installed, "hooks left installed by another test"
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % free_port(), rank=0, world_size=1)
     try:
         yield dist
@@ -254,18 +254,18 @@ def pg():
 
 @pytest.fixture
 def hooked(pg, tmp_path, mode):
-    from hangtrace.hooks.torchdist import torch_dist
+    from hangtrace.hooks.torchdist import torch_install
 
     rec = new_recorder(tmp_path, mode, nslots=256, name="wrappers")
     orig = pg.all_reduce
-    torch_dist.install(pg, rec, rec.log)
+    torch_install.install(pg, rec, rec.log)
     call = pg.all_reduce  # the installed function itself: the C Call or the Python closure
     assert (HAVE_C and isinstance(call, R._fastrec.Call)) == (mode == "c"), call
     assert call.__hangtrace_wrapped__ is orig and call.__wrapped__ is orig
     try:
         yield rec
     finally:
-        torch_dist.uninstall()
+        torch_install.uninstall()
         assert pg.all_reduce is orig
         rec.close()
 
@@ -326,7 +326,7 @@ def wrapper_script(dist, rec, g):
 
 
 def test_wrappers_record_the_same_on_both_paths(pg, tmp_path, monkeypatch):
-    from hangtrace.hooks.torchdist import torch_dist
+    from hangtrace.hooks.torchdist import torch_install
 
     results = {}
     g = pg.new_group([0])  # before both installs: the same group records on both paths
@@ -335,11 +335,11 @@ def test_wrappers_record_the_same_on_both_paths(pg, tmp_path, monkeypatch):
             continue
         use_mode(monkeypatch, m)
         rec = new_recorder(tmp_path / m, m, nslots=256)
-        torch_dist.install(pg, rec, rec.log)
+        torch_install.install(pg, rec, rec.log)
         try:
             seen = wrapper_script(pg, rec, g)
         finally:
-            torch_dist.uninstall()
+            torch_install.uninstall()
         recs = wait_completed(rec)
         results[m] = (seen, recs, rec)
     seen, recs, rec = results["py"]
@@ -397,7 +397,7 @@ def test_wrappers_record_the_same_on_both_paths(pg, tmp_path, monkeypatch):
 
 
 def test_return_values_and_exceptions_are_the_originals(pg, tmp_path, mode):
-    from hangtrace.hooks.torchdist import torch_dist
+    from hangtrace.hooks.torchdist import torch_install
 
     c10d = pg.distributed_c10d
     orig = c10d.all_reduce
@@ -414,7 +414,7 @@ def test_return_values_and_exceptions_are_the_originals(pg, tmp_path, mode):
     c10d.all_reduce = pg.all_reduce = fake
     rec = new_recorder(tmp_path, mode)
     try:
-        torch_dist.install(pg, rec, rec.log)
+        torch_install.install(pg, rec, rec.log)
         t = torch.ones(2)
         assert pg.all_reduce(t) is sentinel
         assert calls[-1][0] is t
@@ -423,7 +423,7 @@ def test_return_values_and_exceptions_are_the_originals(pg, tmp_path, mode):
         assert ei.value is boom
         assert pg.all_reduce(t, None, None, False) is sentinel
     finally:
-        torch_dist.uninstall()
+        torch_install.uninstall()
         c10d.all_reduce = pg.all_reduce = orig
     recs = [r for r in RD.read_ring(rec.path).records if r["kind"] == "collective"]
     assert [(r["state"], r["error"]) for r in recs] == [
@@ -473,9 +473,9 @@ def test_installed_function_looks_like_the_original(hooked, pg, mode):
     tests/integration/test_hooks_roles.py for a real traced process)."""
     import inspect
     import pickle
-    from hangtrace.hooks.torchdist import torch_dist
+    from hangtrace.hooks.torchdist import torch_install
 
-    w, orig = pg.all_reduce, torch_dist._installed["all_reduce"]
+    w, orig = pg.all_reduce, torch_install._installed["all_reduce"]
     assert w is not orig and pg.distributed_c10d.all_reduce is w
     for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
         assert getattr(w, attr) == getattr(orig, attr), attr
@@ -536,7 +536,7 @@ def test_host_memory_sample_in_c_is_the_python_sample(tmp_path, monkeypatch):
     and none at all."""
     if not HAVE_C:
         pytest.skip(NO_C)
-    from hangtrace.hooks.mem import memory as HM
+    from hangtrace.hooks.mem import sampler as HS
 
     def fd_of(name, text):
         p = tmp_path / name
@@ -560,7 +560,7 @@ def test_host_memory_sample_in_c_is_the_python_sample(tmp_path, monkeypatch):
     for m in MODES:
         use_mode(monkeypatch, m)
         rec = new_recorder(tmp_path / m, m)
-        s = HM.Sampler(rec, rec.log, 1.0, str(tmp_path))
+        s = HS.Sampler(rec, rec.log, 1.0, str(tmp_path))
         assert (getattr(getattr(rec, "_fast", None), "mem_host", None) is not None) == (m == "c")
         for st, us, oo in cases:
             s._statm, s._usage, s._oom = st, us, oo

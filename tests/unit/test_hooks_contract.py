@@ -311,19 +311,19 @@ def test_forked_child_starts_in_the_parents_step_from_the_prepared_recorder(tmp_
         textwrap.dedent("""
         import os, sys
         from hangtrace import tracer
-        from hangtrace.hooks import bootstrap
+        from hangtrace.hooks import state
         kids = []
         for step in (7, 12):
             tracer.step(step)
             pid = os.fork()
             if pid == 0:
-                rec = bootstrap.active().recorder
+                rec = state.active().recorder
                 assert rec.pid == os.getpid() and rec.lazy, (rec.pid, rec.lazy)
                 rec.event("child-mark", step_seen=rec._step)  # (an event: the ring goes to its file)
                 os._exit(0)
             kids.append(pid)
             assert os.waitpid(pid, 0)[1] == 0
-        ready = bootstrap.active()._child_recorder
+        ready = state.active()._child_recorder
         assert ready is not None and ready[0] == os.getpid() and ready[1].lazy  # (kept, unused)
         print("kids", *kids)
     """)
@@ -356,13 +356,13 @@ def test_forked_helpers_start_record_waits_for_its_file(tmp_path):
     script.write_text(
         textwrap.dedent("""
         import os, sys, time
-        from hangtrace.hooks import bootstrap
+        from hangtrace.hooks import state
         kids = []
         for how in ("event", "grow", "none"):
             t0 = time.time_ns()
             pid = os.fork()
             if pid == 0:
-                rec = bootstrap.active().recorder
+                rec = state.active().recorder
                 assert rec.lazy and rec._pending_start is not None, rec._pending_start
                 time.sleep(0.05)
                 if how == "event":

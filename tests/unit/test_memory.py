@@ -8,7 +8,8 @@ import json
 import pytest
 
 from synth import MS, S, T0, R, ranks, snap
-from hangtrace.hooks.mem import memory as HM
+from hangtrace.hooks.mem import cgroup as HC
+from hangtrace.hooks.mem import sampler as HS
 from hangtrace.tracer import api
 from hangtrace.tracer.analyze import memory as M
 from hangtrace.tracer.ring import layout as F
@@ -71,17 +72,17 @@ def test_cgroup_paths_v1_v2_and_namespaces():
         "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
         "30 25 0:26 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
     )
-    assert HM.parse_proc_cgroup(cg) == ("/process_api/abc", "/")
-    c = HM.cgroup_candidates(cg, mi)
+    assert HC.parse_proc_cgroup(cg) == ("/process_api/abc", "/")
+    c = HC.cgroup_candidates(cg, mi)
     assert c[0] == (1, "/sys/fs/cgroup/memory/process_api/abc") and (2, "/sys/fs/cgroup/unified") in c
     # v2 only, inside a cgroup namespace whose mount root is the job's cgroup
-    c = HM.cgroup_candidates("0::/job/x\n", "40 1 0:40 /job /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+    c = HC.cgroup_candidates("0::/job/x\n", "40 1 0:40 /job /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
     assert c[0] == (2, "/sys/fs/cgroup/x")
-    assert HM.parse_limit(b"9223372036854771712\n") == 0 and HM.parse_limit(b"max\n") == 0
-    assert HM.parse_limit(b"471859200\n") == 471859200
-    assert HM.parse_oom_kill(b"oom_kill_disable 0\nunder_oom 0\noom_kill 2\n") == 2
-    assert HM.parse_oom_kill(b"low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n") == 1
-    assert HM.parse_oom_kill("oom_kill 5") == 5 and HM.parse_oom_kill(b"nothing 1") == -1
+    assert HC.parse_limit(b"9223372036854771712\n") == 0 and HC.parse_limit(b"max\n") == 0
+    assert HC.parse_limit(b"471859200\n") == 471859200
+    assert HC.parse_oom_kill(b"oom_kill_disable 0\nunder_oom 0\noom_kill 2\n") == 2
+    assert HC.parse_oom_kill(b"low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n") == 1
+    assert HC.parse_oom_kill("oom_kill 5") == 5 and HC.parse_oom_kill(b"nothing 1") == -1
 
 
 def test_kernel_oom_line_parsing():
@@ -119,7 +120,7 @@ def recorder(tmp_path):
 
 
 def test_sampler_records_host_gauges_and_cuda_oom_stand_in(recorder, tmp_path, monkeypatch):
-    s = HM.Sampler(recorder, recorder.log, 1.0, str(tmp_path))
+    s = HS.Sampler(recorder, recorder.log, 1.0, str(tmp_path))
     monkeypatch.setattr(api, "_gauges", {})
     api._gauges["pool"] = (lambda: 5 * MIB, 8 * MIB)
     api._gauges["bad"] = (lambda: 1 / 0, None)  # raising gauges are skipped, never raised
@@ -175,7 +176,7 @@ def test_cuda_sampling_once_torch_has_initialised_cuda(recorder, tmp_path, monke
         cuda=cuda, _C=types.SimpleNamespace(_cuda_attach_out_of_memory_observer=observers.append)
     )
     monkeypatch.setitem(sys.modules, "torch", torch)
-    s = HM.Sampler(recorder, recorder.log, 1.0, str(tmp_path))
+    s = HS.Sampler(recorder, recorder.log, 1.0, str(tmp_path))
     assert not s._cuda and not observers  # CUDA not initialised: nothing
     cuda.is_initialized = lambda: True
     s.tick()
@@ -189,7 +190,7 @@ def test_cuda_sampling_once_torch_has_initialised_cuda(recorder, tmp_path, monke
 
 
 def test_oom_exception_leaving_a_phase_is_sampled_once(recorder, monkeypatch):
-    s = HM.Sampler(recorder, recorder.log, 1.0)
+    s = HS.Sampler(recorder, recorder.log, 1.0)
     monkeypatch.setattr(api, "_recorder", recorder)
     monkeypatch.setattr(api, "_sampler", s)
     with pytest.raises(MemoryError):
@@ -483,7 +484,7 @@ def test_deferred_timer_thread_waits_for_a_free_registry_lock_and_for_torch(reco
     import types
     from hangtrace.hooks.mem import memclock
 
-    s = HM.Sampler(recorder, recorder.log, 0.05, str(tmp_path))
+    s = HS.Sampler(recorder, recorder.log, 0.05, str(tmp_path))
     held = threading.Lock()
     held.acquire()
     monkeypatch.setattr(threading, "_active_limbo_lock", held)

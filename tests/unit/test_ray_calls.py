@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from hangtrace.hooks.rayhooks import ray_calls
+from hangtrace.hooks.rayhooks import ray_calls, ray_create, ray_install
 from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer.ring import reader as R
 
@@ -28,7 +28,7 @@ def _log(msg, key=None):
     ],
 )
 def test_actor_request_follows_rays_defaults(options, resources, placement):
-    assert ray_calls.actor_request(options) == {"resources": resources, "placement": placement}
+    assert ray_create.actor_request(options) == {"resources": resources, "placement": placement}
 
 
 class _Id:
@@ -179,15 +179,15 @@ def test_install_and_uninstall_on_the_real_ray_module():
         actor.ActorClass._remote,
         asyncio.wrap_future,
     )
-    assert ray_calls.install(ray, lambda: None, _log) == 7
+    assert ray_install.install_calls(ray, lambda: None, _log) == 7
     try:
-        assert ray_calls.install(ray, lambda: None, _log) == 0  # idempotent
+        assert ray_install.install_calls(ray, lambda: None, _log) == 0  # idempotent
         assert all(
             getattr(f, "__hangtrace_ray__", False) for f in (ray.get, ray.wait, worker.get, worker.wait)
         )
         assert ray.get.__wrapped__ is before[0] and worker.get.__wrapped__ is before[2]
     finally:
-        ray_calls.uninstall()
+        ray_install.uninstall_calls()
     assert (
         ray.get,
         ray.wait,

@@ -1,7 +1,7 @@
 """torch.distributed wrappers on a real world-size-1 gloo group in this process.
 
 No HANGTRACE environment: the hooks are installed directly with
-``torch_dist.install(dist, recorder, log)`` on a Recorder in tmp_path, and uninstalled
+``torch_install.install(dist, recorder, log)`` on a Recorder in tmp_path, and uninstalled
 after each test.
 """
 
@@ -16,15 +16,15 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from jobs import free_port  # noqa: E402
-from hangtrace.hooks.torchdist import torch_dist  # noqa: E402
+from hangtrace.hooks.torchdist import torch_install, torch_specs  # noqa: E402
 from hangtrace.hooks.record.recorder import Recorder  # noqa: E402
 from hangtrace.tracer.ring import reader as R
 
 c10d = dist.distributed_c10d
 NAMES = [
     n
-    for n in list(torch_dist.SPECS)
-    + [torch_dist.BATCH_OP, "init_process_group", "new_group", "destroy_process_group"]
+    for n in list(torch_specs.SPECS)
+    + [torch_specs.BATCH_OP, "init_process_group", "new_group", "destroy_process_group"]
     if hasattr(c10d, n)
 ]
 
@@ -39,7 +39,7 @@ class Log:
 
 @pytest.fixture(scope="module")
 def pg():
-    assert not torch_dist._installed, "hooks left installed by another test"
+    assert not torch_install._installed, "hooks left installed by another test"
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % free_port(), rank=0, world_size=1)
     try:
         yield dist.group.WORLD
@@ -53,7 +53,7 @@ def originals(pg):
     orig = {n: getattr(c10d, n) for n in NAMES}
     orig_dist = {n: getattr(dist, n) for n in NAMES if hasattr(dist, n)}
     yield orig
-    torch_dist.uninstall()
+    torch_install.uninstall()
     for n in NAMES:
         assert getattr(c10d, n) is orig[n], n
     for n, f in orig_dist.items():
@@ -63,9 +63,9 @@ def originals(pg):
 @pytest.fixture
 def hooked(tmp_path, originals):
     rec = Recorder(str(tmp_path), "wrappers", 256, Log())
-    assert torch_dist.install(dist, rec, rec.log) == len(NAMES)
+    assert torch_install.install(dist, rec, rec.log) == len(NAMES)
     yield rec
-    torch_dist.uninstall()
+    torch_install.uninstall()
     rec.close()
 
 
@@ -89,7 +89,7 @@ def test_wrappers_look_like_the_originals(hooked, originals):
 
 
 def test_install_twice_does_not_stack(hooked, originals):
-    assert torch_dist.install(dist, hooked, hooked.log) == 0
+    assert torch_install.install(dist, hooked, hooked.log) == 0
     for n in NAMES:
         assert getattr(c10d, n).__wrapped__ is originals[n], n
     dist.all_reduce(torch.ones(2))
@@ -99,17 +99,17 @@ def test_install_twice_does_not_stack(hooked, originals):
 def test_uninstall_restores_and_reinstall_records_into_the_new_recorder(tmp_path, originals):
     (tmp_path / "a").mkdir()
     a = Recorder(str(tmp_path / "a"), "a", 64, Log())
-    torch_dist.install(dist, a, a.log)
+    torch_install.install(dist, a, a.log)
     dist.all_reduce(torch.ones(1))
-    torch_dist.uninstall()
+    torch_install.uninstall()
     for n in NAMES:
         assert getattr(c10d, n) is originals[n], n
     dist.all_reduce(torch.ones(1))  # not recorded anywhere
     (tmp_path / "b").mkdir()
     b = Recorder(str(tmp_path / "b"), "b", 64, Log())
-    torch_dist.install(dist, b, b.log)
+    torch_install.install(dist, b, b.log)
     dist.all_reduce(torch.ones(3))
-    torch_dist.uninstall()
+    torch_install.uninstall()
     assert [r["numel"] for r in records(a)] == [1]
     assert [r["numel"] for r in records(b)] == [3]
     a.close()
@@ -146,7 +146,7 @@ def test_async_call_returns_the_exact_work_and_args(tmp_path, originals):
     c10d.all_reduce = dist.all_reduce = spy
     rec = Recorder(str(tmp_path), "spy", 64, Log())
     try:
-        torch_dist.install(dist, rec, rec.log)
+        torch_install.install(dist, rec, rec.log)
         t = torch.ones(2, 3)
         op = dist.ReduceOp.SUM
         w = dist.all_reduce(t, op=op, async_op=True)
@@ -157,7 +157,7 @@ def test_async_call_returns_the_exact_work_and_args(tmp_path, originals):
         r = dist.all_reduce(t)
         assert r is None and seen[-1][2] is None
     finally:
-        torch_dist.uninstall()
+        torch_install.uninstall()
         c10d.all_reduce = dist.all_reduce = orig
         rec.close()
     recs = [r for r in R.read_ring(rec.path).records if r["kind"] == "collective"]

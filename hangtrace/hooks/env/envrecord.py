@@ -31,6 +31,8 @@ import os
 import threading
 from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
+from hangtrace.hooks import state
+
 _lock = threading.Lock()
 _patched = [False]
 #: the record waits until the process matters (module docstring): "start" (a process
@@ -99,9 +101,7 @@ def _claim(kinds: Tuple[str, ...]) -> bool:
 
 def _record_active(reason: str) -> None:
     try:
-        from hangtrace.hooks import bootstrap
-
-        rt = bootstrap.active()
+        rt = state.active()
         if rt is not None:
             record(rt, reason)
     except Exception:
@@ -169,9 +169,7 @@ def install_ctypes_hook(rt: Any) -> None:
                 try:
                     # (pending since the start: the record, when written, maps it)
                     if _pending[0] != "start" and _loaded_new(args[0] if args else kwargs.get("name")):
-                        from hangtrace.hooks import bootstrap
-
-                        cur = bootstrap.active()
+                        cur = state.active()
                         if cur is not None:
                             record(cur, "ctypes")
                 except Exception:

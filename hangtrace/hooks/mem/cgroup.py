@@ -133,7 +133,7 @@ def parse_oom_kill(raw: Union[str, bytes]) -> int:
 
 
 class CgroupFiles:
-    """Mixin of ``memory.Sampler``: its descriptors of ``/proc`` and memory cgroup files
+    """Mixin of ``sampler.Sampler``: its descriptors of ``/proc`` and memory cgroup files
     (usage, oom counter, the limits of the cgroup and its ancestors), reopened when the
     process moves to another cgroup. Uses the sampler's ``pid``, ``log``, ``rec``, ``page``."""
 

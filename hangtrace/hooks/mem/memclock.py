@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+THREAD_NAME = "hangtrace-memory"  # the sampler's timer thread
 _mono = time.monotonic_ns
 
 
@@ -62,8 +63,6 @@ def start_thread(s: Any) -> bool:
     """Start sampler ``s``'s timer thread (once). False when it cannot start now:
     ``threading``'s registry lock is held, maybe by this thread (a gc callback inside
     ``threading``), where it is not reentrant (an RLock in CPython 3.11: no check needed)."""
-    from hangtrace.hooks.mem.memory import THREAD_NAME
-
     if s.thread is not None or s.dead or s._stop.is_set():
         return True
     held = getattr(getattr(threading, "_active_limbo_lock", None), "locked", None)

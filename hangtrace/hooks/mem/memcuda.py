@@ -20,15 +20,14 @@ import os
 import sys
 from typing import Any, Optional
 
+from hangtrace.hooks.mem.torchcuda import torch_cuda
 from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
 
 
 def cuda_slow(s: Any) -> None:
     """Refresh free/total of every device (timer thread); attach the OOM observer once."""
-    from hangtrace.hooks.mem.memory import _torch_cuda
-
-    cuda = _torch_cuda()
+    cuda = torch_cuda()
     if cuda is None:
         return
     try:
@@ -118,9 +117,7 @@ def _dump_cuda_snapshot(s: Any, run_dir: str) -> Optional[str]:
 
 def sample_cuda(s: Any, source: int) -> None:
     """One sample per known device (phase/step/timer)."""
-    from hangtrace.hooks.mem.memory import _torch_cuda
-
-    cuda = _torch_cuda()
+    cuda = torch_cuda()
     if cuda is None:
         return
     for d, (sid, free, total) in list(s._cuda.items()):

@@ -23,17 +23,18 @@
 from __future__ import annotations
 
 import faulthandler
-import functools
 import os
 import _signal
 import signal
 import sys
 import threading
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, List, Optional
 
 from hangtrace.hooks.instrument import Instrumentor
 
 from hangtrace.hooks.process import failures
+from hangtrace.hooks.process.faultline import fault_line_disposition, restore_default
+from hangtrace.hooks.process.patching import patch, unpatch
 from hangtrace.hooks import importhook
 
 DUMP_SIGNAL = signal.SIGUSR2
@@ -42,9 +43,6 @@ _rt: Any = None  # the Runtime (hooks/bootstrap.py), or None when detached
 _exit_code: List[Optional[int]] = [None]
 _files: List[int] = []  # descriptors of our stack files
 _stacks_dir: List[Optional[str]] = [None]
-_patched: List[Tuple[Any, str, Any]] = []
-
-Wrapper = Callable[[Any, Any, tuple, dict], Any]
 
 
 def _format_exception(etype: Any, evalue: Any, tb: Any) -> str:
@@ -232,33 +230,6 @@ _own_fatal = [False]  # True when the fatal-signal faulthandler is ours (not the
 _fatal_fd: List[int] = []  # its file's descriptor (hooks/process/workersignals.py)
 
 
-def _patch(module: Any, name: str, wrapper: Wrapper) -> None:
-    """Replace ``module.name`` by a pass-through function that calls
-    ``wrapper(original, None, args, kwargs)``; once (a marked function is left alone).
-
-    Plain closures, not ``wrapt``: importing wrapt at start-up costs tens of ms here.
-    """
-    cur = getattr(module, name)
-    if getattr(cur, "__hangtrace_wrapped__", None) is not None:
-        return
-
-    @functools.wraps(cur)
-    def patched(*args: Any, **kwargs: Any) -> Any:
-        return wrapper(cur, None, args, kwargs)
-
-    patched.__hangtrace_wrapped__ = cur  # type: ignore[attr-defined]
-    setattr(module, name, patched)
-    _patched.append((module, name, cur))
-
-
-def _unpatch() -> None:
-    """Put back every function ``_patch`` replaced (only where ours is still in place)."""
-    for module, name, orig in reversed(_patched):
-        if getattr(getattr(module, name, None), "__hangtrace_wrapped__", None) is orig:
-            setattr(module, name, orig)
-    del _patched[:]
-
-
 def detach() -> None:
     """Stop recording lifecycle events and signal stacks (a forked child whose own ring
     could not be created: the parent's ring and stack files must stay the parent's).
@@ -290,52 +261,6 @@ def _close_files() -> None:
     del _files[:]
 
 
-# --- issue 12: keep the kernel's fault line (library + offset of the crashing native frame) ---
-_FAULT_SIGNALS = tuple(
-    getattr(signal, n) for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL") if hasattr(signal, n)
-)
-
-
-def _fault_line_disposition() -> List[int]:
-    """Make SIG_IGN the disposition faulthandler saves as "previous" for hardware-fault
-    signals that are at SIG_DFL; returns the signals changed.
-
-    Why: faulthandler (CPython 3.11 ``faulthandler_fatal_error``) dumps, restores the
-    previous disposition and ``raise()``s the signal again. With SIG_DFL that kills at once
-    and the kernel prints no ``segfault at ... ip ... in libX.so[off,base+size]`` line (it
-    prints only for faults with no handler, arch/x86/mm/fault.c ``show_signal_msg``). With
-    SIG_IGN the re-raise is dropped, the handler returns, the faulting instruction runs
-    again, and the kernel, finding the signal ignored, resets it to SIG_DFL, prints the
-    line (``/proc/sys/debug/exception-trace``) and kills: same status (-11), same core
-    behaviour (measured). The one difference: a SIGSEGV/SIGBUS/SIGFPE/SIGILL *sent* with
-    kill(2) to a traced process is then dumped and ignored; ``HANGTRACE_FAULT_LINE=0``
-    turns this off."""
-    from hangtrace.tracer import config
-
-    changed: List[int] = []  # signal numbers
-    if not config.fault_line():
-        return changed
-    for sig in _FAULT_SIGNALS:
-        try:
-            if signal.getsignal(sig) == signal.SIG_DFL:
-                signal.signal(sig, signal.SIG_IGN)
-                changed.append(sig)
-        except Exception:
-            pass
-    return changed
-
-
-def _restore_default(sigs: list) -> None:
-    for sig in sigs:
-        try:
-            signal.signal(sig, signal.SIG_DFL)
-        except Exception:
-            pass
-
-
-# --- end issue 12 ---
-
-
 def install(rt: Any, forked_from: Optional[int] = None) -> None:
     """Install lifecycle hooks for Runtime ``rt`` (again in a forked child, with the
     parent's pid as ``forked_from``: start record, own faulthandler files)."""
@@ -349,25 +274,25 @@ def install(rt: Any, forked_from: Optional[int] = None) -> None:
     _close_files()
     del _sigterm_file[:]
     if forked_from is None:
-        _patch(sys, "exit", _sys_exit_wrapper)
-        _patch(os, "_exit", _os_exit_wrapper)
-        _patch(sys, "excepthook", _excepthook_wrapper)
-        _patch(threading, "excepthook", _thread_excepthook_wrapper)
-        _patch(signal, "signal", _signal_wrapper)
+        patch(sys, "exit", _sys_exit_wrapper)
+        patch(os, "_exit", _os_exit_wrapper)
+        patch(sys, "excepthook", _excepthook_wrapper)
+        patch(threading, "excepthook", _thread_excepthook_wrapper)
+        patch(signal, "signal", _signal_wrapper)
         if callable(getattr(threading, "_shutdown", None)):  # (CPython 3.8-3.13 call it by name at exit)
-            _patch(threading, "_shutdown", _shutdown_wrapper)
+            patch(threading, "_shutdown", _shutdown_wrapper)
     else:
         _exit_code[0] = None
     try:
         if (forked_from is not None and _own_fatal[0]) or not faulthandler.is_enabled():
             # issue 12; a forked child inherits the dispositions (and faulthandler keeps its
             # saved ones: enable() on an enabled handler only takes the new file)
-            ign = _fault_line_disposition() if forked_from is None else []
+            ign = fault_line_disposition() if forked_from is None else []
             try:
                 _fatal_fd[:] = [_open("fatal")]
                 faulthandler.enable(file=_fatal_fd[0], all_threads=True)
             except Exception:
-                _restore_default(ign)
+                restore_default(ign)
                 raise
             _own_fatal[0] = True
     except Exception as e:
@@ -403,7 +328,7 @@ class LifecycleInstrumentor(Instrumentor):
 
     def _uninstall(self) -> None:
         detach()
-        _unpatch()
+        unpatch()
 
     def _after_fork_child(self) -> None:
         rt = self.runtime

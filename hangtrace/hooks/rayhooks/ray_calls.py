@@ -12,13 +12,7 @@ survives the cluster (Ray's state API may be unreachable, or gone when the analy
   string (written once per distinct text), state 'issued' while it waits, 'completed' or
   'failed' (the exception type) when it returns. A ring slot, not a string-table entry:
   a loop of ``ray.get`` calls costs one 128-byte slot each and never fills the string table.
-* **actor creation requests** (rule ``unschedulable``): ``ActorClass._remote`` writes one
-  durable ``ray_actor_create`` event per actor created (class, name, actor id, the
-  resources Ray reserves - :func:`actor_request`, the same defaults as Ray 2.60's
-  ``ActorClass._remote`` - and the placement group), at most :data:`MAX_CREATES` per
-  process; and, at the first one, what the cluster offers: ``ray.nodes()`` (each alive
-  node's total resources) into the meta key ``ray_cluster_nodes`` (again, at most every
-  :data:`NODES_REFRESH_S` s, when a request fits none of the nodes known).
+* **actor creation requests** (rule ``unschedulable``): ``ray_create.py``.
 
 * **awaits on actor calls** (async actors, asyncio drivers): ``await ref``,
   ``asyncio.gather(ref, ...)`` and ``asyncio.wrap_future(ref.future())`` all go through
@@ -32,6 +26,9 @@ survives the cluster (Ray's state API may be unreachable, or gone when the analy
   asyncio future. ``numel`` holds a per-process await number (0 for ``ray.get`` /
   ``ray.wait``): concurrent awaits of one thread are separate waits
   (``RingSummary.waits``).
+
+Installed by ``ray_install.install_calls``, which sets the recorder function and run log
+here (``_rec_fn``, ``_log``; ``ray_create`` writes through them too).
 
 Not seen: refs made in another process and passed in,
 ``ray.get`` on a task's (not an actor method's) result. Every hook swallows its own
@@ -58,10 +55,6 @@ MAX_REFS = 8192
 MAX_TARGETS = 8
 #: refs of one ray.get / ray.wait looked at
 MAX_SCAN = 1024
-#: ray_actor_create events written per process
-MAX_CREATES = 1000
-#: seconds between two reads of ray.nodes() in one process
-NODES_REFRESH_S = 30.0
 
 #: ObjectRef id (bytes) -> (actor id hex, class name, method name)
 Target = Tuple[str, str, str]
@@ -69,10 +62,6 @@ _refs: "OrderedDict[bytes, Target]" = OrderedDict()
 _lock = threading.Lock()
 _log: Optional[Callable[..., None]] = None
 _rec_fn: Optional[Callable[[], Any]] = None
-_installed: List[Tuple[Any, str, Any]] = []
-_creates = 0
-_nodes: Optional[List[Dict[str, Any]]] = None
-_nodes_at = 0.0
 _await_no = itertools.count(1)
 
 
@@ -255,164 +244,3 @@ def _wrap_future(orig: Any) -> Any:
 
     setattr(wrap_future, "__hangtrace_ray__", True)
     return wrap_future
-
-
-# --- creation requests --------------------------------------------------------------------
-def actor_request(options: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
-    """What Ray reserves for an actor created with ``options`` (``ActorClass._remote``'s
-    merged options): ``{'resources': for its lifetime, 'placement': to place it}``, resource
-    name -> amount (memory in bytes). The defaults of Ray 2.60 (``actor.py``): no resource
-    given -> 0 CPU for its lifetime, 1 CPU to place it; any given -> 1 CPU unless set."""
-    res: Dict[str, float] = {str(k): float(v) for k, v in (options.get("resources") or {}).items()}
-    for key, name in (
-        ("num_cpus", "CPU"),
-        ("num_gpus", "GPU"),
-        ("memory", "memory"),
-        ("object_store_memory", "object_store_memory"),
-    ):
-        if options.get(key) is not None:
-            res[name] = float(options[key])
-    if options.get("accelerator_type"):
-        res["accelerator_type:%s" % options["accelerator_type"]] = 0.001
-    if not set(res) - {"memory", "object_store_memory"}:
-        res.setdefault("CPU", 0.0)
-        place = dict(res, CPU=res["CPU"] + 1.0)
-    else:
-        res.setdefault("CPU", 1.0)
-        place = dict(res)
-    return {"resources": res, "placement": place}
-
-
-def _placement_group(options: Dict[str, Any]) -> Tuple[Optional[str], Optional[int]]:
-    strat = options.get("scheduling_strategy")
-    pg = getattr(strat, "placement_group", None) or options.get("placement_group")
-    idx = getattr(strat, "placement_group_bundle_index", options.get("placement_group_bundle_index"))
-    pid = getattr(pg, "id", None)
-    if pid is None or pg == "default":
-        return None, None
-    try:
-        return pid.hex(), (int(idx) if idx is not None else None)
-    except Exception:
-        return None, None
-
-
-def fits(request: Dict[str, float], node: Dict[str, float]) -> bool:
-    """True when ``node`` (resource -> total) has every amount ``request`` asks."""
-    return all(node.get(k, 0.0) + 1e-9 >= v for k, v in request.items() if v > 0)
-
-
-def _cluster_nodes(ray: Any, request: Dict[str, float]) -> None:
-    """Record ``ray.nodes()`` (alive nodes, total resources) once, and again (at most every
-    NODES_REFRESH_S) when ``request`` fits none of the nodes known."""
-    global _nodes, _nodes_at
-    now = time.monotonic()
-    if _nodes is not None and (
-        any(fits(request, n["resources"]) for n in _nodes) or now - _nodes_at < NODES_REFRESH_S
-    ):
-        return
-    _nodes_at = now
-    nodes = [
-        {
-            "node_id": n.get("NodeID"),
-            "host": n.get("NodeManagerHostname"),
-            "resources": {str(k): float(v) for k, v in (n.get("Resources") or {}).items()},
-        }
-        for n in ray.nodes()
-        if n.get("Alive")
-    ]
-    _nodes = nodes
-    rec = _recorder()
-    if rec is not None:
-        rec.set_meta(ray_cluster_nodes=nodes, ray_cluster_wall_ns=time.time_ns())
-
-
-def note_create(ray: Any, actor_class: Any, handle: Any, options: Dict[str, Any]) -> None:
-    """Write the ``ray_actor_create`` event of a new actor (and the cluster's nodes once)."""
-    global _creates
-    try:
-        rec = _recorder()
-        if rec is None or _creates >= MAX_CREATES:
-            return
-        _creates += 1
-        if rec.full_slots:
-            rec.grow("creates Ray actors")
-        meta = getattr(actor_class, "__ray_metadata__", None)
-        req = actor_request(options)
-        pg, bundle = _placement_group(options)
-        rec.event(
-            "ray_actor_create",
-            actor_id=handle._ray_actor_id.hex(),
-            cls=str(getattr(meta, "class_name", "") or ""),
-            name=options.get("name") or "",
-            namespace=options.get("namespace") or "",
-            resources=req["resources"],
-            placement=req["placement"],
-            placement_group=pg,
-            bundle_index=bundle,
-        )
-        _cluster_nodes(ray, req["placement"])
-    except Exception as e:
-        _say("ray: recording an actor creation failed: %r" % (e,), "ray-create")
-
-
-# --- install --------------------------------------------------------------------------------
-def _patch(owner: Any, attr: str, make: Callable[[Any], Any]) -> bool:
-    orig = getattr(owner, attr, None)
-    if orig is None or getattr(orig, "__hangtrace_ray__", False):
-        return False
-    setattr(owner, attr, make(orig))
-    _installed.append((owner, attr, orig))
-    return True
-
-
-def install(ray: Any, recorder_fn: Callable[[], Any], log: Callable[..., None]) -> int:
-    """Hook actor calls, ``ray.get`` / ``ray.wait``, ``asyncio.wrap_future`` (awaits) and actor creation in this process
-    (``ray``: the imported module; ``recorder_fn``: returns the current recorder). Returns
-    the number of attributes hooked (0 when already installed or nothing matched)."""
-    global _log, _rec_fn
-    if _installed:
-        return 0
-    _log, _rec_fn = log, recorder_fn
-    from ray import actor as ray_actor
-    from ray._private import worker as ray_worker
-
-    def make_call(orig: Any) -> Any:
-        @functools.wraps(orig)
-        def _actor_method_call(self: Any, method_name: str, *args: Any, **kwargs: Any) -> Any:
-            refs = orig(self, method_name, *args, **kwargs)
-            note_call(self, method_name, refs)
-            return refs
-
-        setattr(_actor_method_call, "__hangtrace_ray__", True)
-        return _actor_method_call
-
-    def make_create(orig: Any) -> Any:
-        @functools.wraps(orig)
-        def _remote(self: Any, args: Any = None, kwargs: Any = None, **actor_options: Any) -> Any:
-            handle = orig(self, args, kwargs, **actor_options)
-            note_create(ray, self, handle, actor_options)
-            return handle
-
-        setattr(_remote, "__hangtrace_ray__", True)
-        return _remote
-
-    n = int(_patch(ray_actor.ActorHandle, "_actor_method_call", make_call))
-    n += int(_patch(ray_actor.ActorClass, "_remote", make_create))
-    for api in ("get", "wait"):
-        # ray.get is Ray's auto-init wrapper around ray._private.worker.get (a closure
-        # over the original): each is wrapped on its own, a call goes through one of them
-        for owner in (ray, ray_worker):
-            n += int(_patch(owner, api, functools.partial(_wrap_waiting, api)))
-    # await ref: Cython's ObjectRef.as_future looks asyncio.wrap_future up at each call
-    n += int(_patch(asyncio, "wrap_future", _wrap_future))
-    return n
-
-
-def uninstall() -> None:
-    """Restore every patched attribute and forget the remembered refs (tests)."""
-    global _creates, _nodes
-    for owner, attr, orig in reversed(_installed):
-        setattr(owner, attr, orig)
-    _installed.clear()
-    _refs.clear()
-    _creates, _nodes = 0, None

@@ -1,6 +1,6 @@
 """Ray worker-side hooks: identity of the traced Ray worker and actor-method phases.
 
-Installed by the post-import hook on ``ray`` (``bootstrap._hook_ray``) in every traced process
+Installed (``ray_install.install``) by the post-import hook on ``ray`` (``libraries.RayInstrumentor``) in every traced process
 that imports Ray: Ray workers started with ``HANGTRACE=1`` in their ``runtime_env`` env_vars run
 the ``.pth`` at interpreter start (checked on Ray 2.60: ``default_worker.py`` imports ray, our
 hook runs, then the worker connects), the driver too when it is traced.
@@ -45,37 +45,17 @@ import functools
 import inspect
 import os
 import threading
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from hangtrace.tracer import api, config
 
-HOOK_ENV = config.RAY_HOOK
-#: Ray versions whose internals the 'executor' and 'class' paths were written against
-#: (lower bound inclusive, upper exclusive). Checked on 2.60.0.
-RAY_RANGE = ((2, 0), (3, 0))
-
 _rec: Any = None
 _log: Any = None
-_path: Optional[str] = None
 _identity_done: Set[str] = set()  # levels recorded: 'worker', 'actor', 'name'
 _id_lock = threading.Lock()
-_installed: Dict[Tuple[int, str], Tuple[Any, str, Any]] = {}  # (owner, attribute) -> original
 _task_stack: contextvars.ContextVar[Optional[List[Tuple[int, str]]]] = contextvars.ContextVar(
     "hangtrace_ray_phase_stack", default=None
 )
-
-
-def _version_tuple(v: Any) -> Tuple[int, ...]:
-    """(major, minor, patch) of a version string; digits before any suffix ('2.60.0rc1')."""
-    import re
-
-    nums = [int(m.group(0)) if m else 0 for m in (re.match(r"\d+", p) for p in str(v).split(".")[:3])]
-    return tuple(nums + [0] * (3 - len(nums)))
-
-
-def _in_range(version: Any) -> bool:
-    v = _version_tuple(version)[:2]
-    return RAY_RANGE[0] <= v < RAY_RANGE[1]
 
 
 # --- identity ------------------------------------------------------------------------------
@@ -288,148 +268,3 @@ def instrument_class(cls: type) -> int:
         except (AttributeError, TypeError):
             pass
     return n
-
-
-# --- install -----------------------------------------------------------------------------------
-def _patch(owner: Any, attr: str, make: Callable[[Any], Any]) -> bool:
-    key = (id(owner), attr)
-    if key in _installed:
-        return True
-    orig = getattr(owner, attr, None)
-    if orig is None:
-        return False
-    setattr(owner, attr, make(orig))
-    _installed[key] = (owner, attr, orig)
-    return True
-
-
-def _install_executor(fm: Any) -> bool:
-    cls = fm.FunctionActorManager
-    orig = getattr(cls, "_make_actor_method_executor", None)
-    if orig is None:
-        return False
-    params = list(inspect.signature(orig).parameters)
-    if params[:3] != ["self", "method_name", "method"]:
-        _log("ray: _make_actor_method_executor has parameters %r; not hooked" % (params,), "ray-sig")
-        return False
-
-    def make(orig: Any) -> Any:
-        @functools.wraps(orig)
-        def _make_actor_method_executor(
-            self: Any, method_name: str, method: Any, *args: Any, **kwargs: Any
-        ) -> Any:
-            return orig(self, method_name, wrap_method(method_name, method), *args, **kwargs)
-
-        return _make_actor_method_executor
-
-    return _patch(cls, "_make_actor_method_executor", make)
-
-
-def _install_class(fm: Any) -> bool:
-    cls = fm.FunctionActorManager
-    names = [n for n in ("_load_actor_class_from_gcs", "_load_actor_class_from_local") if hasattr(cls, n)]
-    if not names:
-        return False
-
-    def make(orig: Any) -> Any:
-        @functools.wraps(orig)
-        def loader(self: Any, *args: Any, **kwargs: Any) -> Any:
-            klass = orig(self, *args, **kwargs)
-            if klass is not None:
-                try:
-                    instrument_class(klass)
-                except Exception as e:
-                    _log("ray: instrumenting actor class failed: %r" % (e,), "ray-class")
-            return klass
-
-        return loader
-
-    for n in names:
-        _patch(cls, n, make)
-    return True
-
-
-def _identity_thread() -> None:
-    """Poll (every 0.1 s, up to 60 s) until this process is connected to Ray, then record
-    the worker-level identity (task workers, idle workers, actors before their first
-    method, the identity-only path)."""
-    import time
-
-    def run() -> None:
-        for _ in range(600):
-            time.sleep(0.1)
-            try:
-                import ray
-
-                if "actor" in _identity_done or "name" in _identity_done:
-                    return
-                if not ray.is_initialized():
-                    continue
-                if "worker" not in _identity_done:
-                    record_identity()
-                if "worker" in _identity_done and _self_handle_registered():
-                    # an actor whose methods are not hooked (identity-only): its name
-                    if record_identity(force=True, with_name=True) is not None:
-                        _identity_done.add("name")
-                    return
-            except Exception:
-                pass
-
-    threading.Thread(target=run, name="hangtrace-ray-identity", daemon=True).start()
-
-
-def install(ray: Any, recorder: Any, log: Callable[..., None]) -> str:
-    """Hook Ray in this process (``ray`` is the imported module). Idempotent.
-
-    Returns the hook path taken: 'executor', 'class' or 'identity-only'.
-    """
-    global _rec, _log, _path
-    if _path is not None:
-        return _path
-    _rec, _log = recorder, log
-    version, want, path = (
-        getattr(ray, "__version__", "0"),
-        os.environ.get(HOOK_ENV, "").strip().lower(),
-        "identity-only",
-    )
-    fm: Any  # Ray's private function_manager module, or None
-    try:
-        from ray._private import function_manager as fm
-    except Exception as e:
-        fm = None
-        log("ray: function_manager not importable (%r): no actor method phases" % (e,), "ray-fm")
-    if fm is not None and want != "off":
-        if not _in_range(version):
-            log(
-                "ray %s is outside the tested range %s-%s: no actor method phases" % (version, *RAY_RANGE),
-                "ray-version",
-            )
-        else:
-            try:
-                if want != "class" and _install_executor(fm):
-                    path = "executor"
-                elif _install_class(fm):
-                    path = "class"
-            except Exception as e:
-                log("ray: hooking actor methods failed: %r" % (e,), "ray-hook")
-    _path = path
-    try:
-        recorder.set_meta(ray_pid=os.getpid(), ray_version=version, ray_hook_path=path)
-    except Exception as e:
-        log("ray: meta not recorded: %r" % (e,), "ray-meta")
-    _identity_thread()
-    return path
-
-
-def uninstall() -> None:
-    """Restore every patched attribute (tests)."""
-    global _path
-    for owner, attr, orig in list(_installed.values()):
-        setattr(owner, attr, orig)
-    _installed.clear()
-    _path = None
-
-
-def hook_path() -> Optional[str]:
-    """The path taken by ``install`` in this process, or None before it ran."""
-    return _path

@@ -1,16 +1,24 @@
-"""The recorder with the C hot path (``_fastrec.Ring``); chosen by ``recorder.choose()``.
+"""The C hot path of the recorder (``_fastrec.Ring``): ``FastRing``, the methods that
+``recorder._FastRecorder`` (``FastRing`` + ``Recorder``, chosen by ``recorder.choose()``)
+takes from the C Ring instead of Recorder's Python. In: the recorder's mapping, dicts and
+counters; out: the same records, written in C.
 
-Imported only when the C extension is built and not switched off.
+Imported by ``recorder`` only when the C extension is built; it imports nothing of the
+recorder at run time (its base is ``Recorder`` for the type checker only).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from hangtrace.hooks import _fastrec
-from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer import api
 from hangtrace.tracer.ring import layout as F
+
+if TYPE_CHECKING:
+    from hangtrace.hooks.record.recorder import Recorder as _Base
+else:
+    _Base = object
 
 
 def _ring_field(name: str, doc: str) -> property:
@@ -23,9 +31,10 @@ def _ring_field(name: str, doc: str) -> property:
     return property(get, set, doc=doc)
 
 
-class _FastRecorder(Recorder):
-    """A Recorder whose hot path is the C ``_fastrec.Ring``; records are byte-for-byte
-    those of the Python methods (times aside), see tests/unit/test_fastrec.py.
+class FastRing(_Base):
+    """Mixin of ``recorder._FastRecorder`` (before ``Recorder``): its hot path is the C
+    ``_fastrec.Ring``; records are byte-for-byte those of the Python methods (times aside),
+    see tests/unit/test_fastrec.py.
 
     The record counter and ``_last``, ``_progress``, ``_step``, ``_cur_phase`` live in the
     Ring (properties below) so that the Python methods (phases, steps, events, memory)
@@ -44,7 +53,7 @@ class _FastRecorder(Recorder):
         (the old Ring keeps its buffer export of the old mapping, so a writer that still
         holds it writes there harmlessly)."""
         old = self.__dict__.get("_fast")
-        Recorder._remap(self, fd, mm, nslots, strtab_off, reserved)
+        super()._remap(fd, mm, nslots, strtab_off, reserved)
         r = _fastrec.Ring(mm, nslots, self._threads, self._phase, self.thread_id, self.intern)
         r.strings = self._strings
         if old is not None:

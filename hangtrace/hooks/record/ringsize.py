@@ -155,7 +155,7 @@ def open_ring(
 
 
 class Growable:
-    """Mixin of ``recorder.Recorder``: replacing a small ring by the full one in place.
+    """Mixin of ``recorder.Recorder`` (base of ``entries.Entries``): replacing a small ring by the full one in place.
 
     Uses the recorder's ``path``, ``mm``, ``fd``, ``nslots``, ``strtab_*``, ``full_slots``
     (0 = full-size already), ``_lock``, ``log`` and ``on_grow`` (callables run with the

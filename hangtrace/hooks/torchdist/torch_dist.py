@@ -1,7 +1,10 @@
-"""Wrappers around the public torch.distributed API that record into the ring.
+"""Wrappers around the public torch.distributed API that record into the ring: the
+per-process State (``_state``, None = not recording) and the recording call of each wrapped
+function (``_make_wrapper``), with the per-call helpers the C call also calls back.
+In: the program's calls; out: records in the ring. Installed by ``torch_install``.
 
 Installed by a post-import hook on ``torch.distributed`` (or at once if it is already imported).
-Each wrapped function is replaced, by the same function-like object (``_wrap``; no wrapt: it
+Each wrapped function is replaced, by the same function-like object (``torch_install._wrap``; no wrapt: it
 is the hot path, and importing wrapt cost ~17 ms of every rank's start-up), both in
 ``torch.distributed`` and in ``torch.distributed.distributed_c10d``; calls made *inside* a wrapped
 call on the same thread (``all_gather_object`` calling ``all_gather``, ...) are not recorded again.
@@ -14,7 +17,7 @@ Sequence numbers are ours, counted per group name: collectives on one counter, p
 per (group, peer). Every rank that calls the same Python API in the same order gets the same
 numbers, which is what the cross-rank alignment needs.
 
-Per-call work: with the optional C extension (``_fastrec``, see ``_wrap``) the installed
+Per-call work: with the optional C extension (``_fastrec``, see ``torch_install._wrap``) the installed
 function is a ``_fastrec.Call`` that does what ``_make_wrapper``'s ``call`` does and calls back
 into Python only on cache misses and rare cases; ``HANGTRACE_PURE_PYTHON=1`` or a build without a
 compiler gives the Python ``call``, with the same records. Annotations only: nothing from
@@ -23,23 +26,14 @@ compiler gives the Python ``call``, with the same records. Annotations only: not
 
 from __future__ import annotations
 
-import inspect
-import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.ring import layout as F
 from hangtrace.hooks.record.recorder import _fastrec
 
-from hangtrace.hooks.torchdist.torch_specs import (
-    BATCH_OP,
-    GROUP_OPS,
-    SPECS,
-    param_names,
-    plain_wrapper,  # noqa: E402
-    take_identity,
-    wrapped_original,
-)
+from hangtrace.hooks.torchdist.torch_completion import _poller
+from hangtrace.hooks.torchdist.torch_specs import CallPlan, plan_call
 from hangtrace.hooks.torchdist.torch_state import GroupEntry, Log, State
 
 if TYPE_CHECKING:
@@ -72,7 +66,6 @@ def _new_state(recorder: Recorder, log: Log) -> State:
 
 # The current State (None = not recording), read at every call by the C and Python wrappers.
 _state: Optional[State] = None
-_installed: Dict[str, Callable[..., Any]] = {}  # attribute name -> original function
 
 # Per-call helpers read ``_state`` unchecked (callers checked; a check would cost every call):
 # those lines carry "type: ignore[union-attr]".
@@ -148,9 +141,6 @@ def _payload_tt(kind: Optional[str], obj: Any) -> Tuple[int, int, int]:
     return _payload("tt", obj)
 
 
-_ABSENT = 1 << 30  # parameter position of a parameter the function does not have
-
-
 def _find_peer(
     st: State,
     group: Any,
@@ -170,6 +160,41 @@ def _find_peer(
     return -1
 
 
+# Per call (a failed or an async op): ``_state`` is read unchecked (see above).
+def _finish_error(idx: int, e: BaseException) -> None:
+    """The record ``idx`` completes as failed with ``e``."""
+    try:
+        _state.rec.complete(idx, err="%s: %s" % (type(e).__name__, e))  # type: ignore[union-attr]
+    except Exception as e2:
+        _state.log("recording a failure failed: %r" % (e2,), "fail-rec")  # type: ignore[union-attr]
+
+
+def _on_work_done(idx: int, work: Any) -> None:
+    """Record completion of an async op when its Work finishes (the Work itself is untouched),
+    seen by our poller thread (``torch_completion``: why not a future callback)."""
+    _poller().add(idx, work, _state.rec)  # type: ignore[union-attr]
+
+
+def _probe_tensor_layout(st: State) -> None:
+    """The C path records: find its tensors' layout (``tensor_layout``) once per process, when
+    it joins its process group or else at its first collective (its first group entry, made
+    however the group was made), and say in the run log what it found. Never raises."""
+    global _layout_probed
+    if _layout_probed or not getattr(st, "fast", False):  # only the C State has .fast
+        return
+    _layout_probed = True
+    try:
+        from hangtrace.hooks.record import tensor_layout
+        import torch
+
+        st.log("tensor layout: %s" % (tensor_layout.probe(torch),), "tensor-layout")
+    except Exception as e:
+        st.log("tensor layout not probed (torch's getters are used): %r" % (e,), "tensor-layout")
+
+
+_layout_probed = False
+
+
 def _failed(idx: int, e: BaseException) -> None:
     """The wrapped call raised ``e``: its record ``idx`` (0 = none was issued) completes as failed."""
     if idx:
@@ -180,35 +205,15 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
     """The recording call of ``name`` (parameter names ``params``, in order) around ``wrapped``.
 
     Returns ``call(*args, **kwargs)``: the installed function itself on the pure-Python path,
-    the C call's fallback otherwise (see ``_wrap``).
+    the C call's fallback otherwise (``torch_install._wrap``).
 
-    Hot path: one call per collective. Positions and flags are resolved here, once; the
-    common case (tensor payload, cached group/shape/dtype) makes no Python-level calls
-    besides ``Recorder.issue``/``complete`` and the tensor's ``numel``/``shape``/``dtype``.
+    Hot path: one call per collective. Positions and flags are resolved here, once
+    (``torch_specs.plan_call``); the common case (tensor payload, cached group/shape/dtype)
+    makes no Python-level calls besides ``issue`` (``_issuer``: the record of its start),
+    ``Recorder.issue``/``complete`` and the tensor's ``numel``/``shape``/``dtype``.
     """
-    tparam, peer_params, is_p2p, pkind = SPECS[name]
-    op_id = F.OP_IDS[name]
-    kind = F.K_P2P if is_p2p else F.K_COLL
-    tpos = params.index(tparam) if tparam in params else _ABSENT
-    tkey = tparam or ""  # = tparam wherever a payload is read (every spec with one names it)
-    gpos = params.index("group") if "group" in params else _ABSENT
-    apos = params.index("async_op") if "async_op" in params else _ABSENT
-    peers = tuple(
-        (params.index(p) if p in params else _ABSENT, p, p.startswith("group_")) for p in peer_params
-    )
-    # read inline: the first peer parameter when it is a plain rank (src/dst, as in every spec);
-    # the others (group_src/group_dst) only when it is None, by _find_peer
-    ppos, pname = peers[0][:2] if peers and not peers[0][2] else (_ABSENT, "")
-    find_peer = _find_peer
+    issue = _issuer(name, plan_call(name, params))
     failed = _failed
-    always_async = name in ("isend", "irecv")
-    has_payload = pkind is not None
-    tensor_payload = pkind == "t"
-    f_async = F.F_ASYNC
-    group_entry = _group_entry
-    shape_id = _shape_id
-    dtype_id = _dtype_id
-    payload = _payload
     busy = _busy
     get_ident = _get_ident
 
@@ -217,8 +222,46 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
         ident = get_ident()
         if st is None or ident in busy:
             return wrapped(*args, **kwargs)
-        idx = 0
-        flags = 0  # the record's flags: F_ASYNC for an async op (its Work completes it)
+        idx, flags = issue(st, args, kwargs)
+        busy[ident] = 1
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as e:
+            del busy[ident]
+            failed(idx, e)
+            raise
+        del busy[ident]
+        if idx:
+            try:
+                if flags and result is not None:
+                    _on_work_done(idx, result)
+                else:
+                    st.rec.complete(idx)
+            except Exception as e:
+                st.log("completing %s failed: %r" % (name, e), "done-" + name)
+        return result
+
+    return call
+
+
+def _issuer(name: str, plan: CallPlan) -> Callable[[State, Tuple[Any, ...], Dict[str, Any]], Tuple[int, int]]:
+    """The step of ``name``'s call that records its start: ``issue(st, args, kwargs)``
+    reads the group, peer, payload and async flag where ``plan`` says they are, advances the
+    sequence counter and issues the record; returns (its index, its flags: F_ASYNC for an
+    async op, which its Work completes). A failure is logged once per op and gives index 0
+    (no record). A payload not of its kind (torch raises that to the user) records 0, 0, 0."""
+    op_id, kind, is_p2p, pkind, tpos, tkey, gpos, apos, peers, ppos, pname, always_async = plan
+    find_peer = _find_peer
+    has_payload = pkind is not None
+    tensor_payload = pkind == "t"
+    f_async = F.F_ASYNC
+    group_entry = _group_entry
+    shape_id = _shape_id
+    dtype_id = _dtype_id
+    payload = _payload
+
+    def issue(st: State, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[int, int]:
+        flags = 0
         try:
             if st.fault:
                 raise RuntimeError("hangtrace test fault: recorder failure")
@@ -258,164 +301,19 @@ def _make_wrapper(name: str, params: List[str], wrapped: Callable[..., Any]) -> 
             cell = st.seq_cell((g[1], peer)) if is_p2p else g[3]
             cell[0] += 1
             seq = cell[0]
-            idx = st.rec.issue(kind, op_id, g[0], seq, numel, shape, dtype, peer, flags)
+            return st.rec.issue(kind, op_id, g[0], seq, numel, shape, dtype, peer, flags), flags
         except Exception as e:
             st.log("recording %s failed: %r" % (name, e), "rec-" + name)
-        busy[ident] = 1
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException as e:
-            del busy[ident]
-            failed(idx, e)
-            raise
-        del busy[ident]
-        if idx:
-            try:
-                if flags and result is not None:
-                    _on_work_done(idx, result)
-                else:
-                    st.rec.complete(idx)
-            except Exception as e:
-                st.log("completing %s failed: %r" % (name, e), "done-" + name)
-        return result
+            return 0, flags
 
-    return call
-
-
-def _wrap(name: str, orig: Callable[..., Any], params: List[str]) -> Callable[..., Any]:
-    """The function installed in place of ``orig``: no proxy object around it, so a call
-    costs one call (our own code: the per-collective hot path).
-
-    The C ``_fastrec.Call`` when the current State is C readable (extension built,
-    recorder with a C Ring), else the Python ``call``; the C call does what ``call`` does
-    and falls back to ``call`` itself when ``_state`` is a plain-Python State or fault
-    injection is on. Either one binds like a function, pickles by reference (module and
-    qualified name), has ``__wrapped__`` (so ``inspect.signature`` gives the original's)
-    and ``__hangtrace_wrapped__`` = ``orig``.
-    """
-    call = _make_wrapper(name, params, orig)
-    if _fastrec is not None and isinstance(_state, _FastState):
-        try:
-            return take_identity(_fast_call(name, orig, params, call), orig)
-        except Exception as e:  # the Python call records the same
-            _state.log("C wrapper of %s unavailable, Python used: %r" % (name, e), "fastcall-" + name)
-    return take_identity(call, orig)
+    return issue
 
 
 def _global_rank(group: Any, rank: int) -> int:
     return _state.dist.get_global_rank(group, rank)  # type: ignore[union-attr]  # per call (see above)
 
 
-def _fast_call(name: str, orig: Callable[..., Any], params: List[str], call: Callable[..., Any]) -> Any:
-    """The C recording call of ``name`` (``_fastrec.Call``), same arguments as ``call``."""
-    assert _fastrec is not None  # at install, by _wrap, which checked
-    tparam, peer_params, is_p2p, pkind = SPECS[name]
-    payload = _payload
-    if pkind == "tt":  # C knows t, tl, o, ol; any kind but "t" calls back ``payload``
-        pkind, payload = "tl", _payload_tt
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        _fastrec.set_tensor_type(torch.Tensor)
-    pos = {p: i for i, p in enumerate(params)}
-    peers = tuple((pos.get(p, _ABSENT), p, p.startswith("group_")) for p in peer_params)
-    return _fastrec.Call(
-        orig,
-        call,
-        name,
-        F.OP_IDS[name],
-        F.K_P2P if is_p2p else F.K_COLL,
-        is_p2p,
-        pkind,
-        tparam,
-        pos.get(tparam, _ABSENT) if tparam else _ABSENT,
-        pos.get("group", _ABSENT),
-        pos.get("async_op", _ABSENT),
-        peers,
-        name in ("isend", "irecv"),
-        globals(),
-        _busy,
-        (_group_entry, _shape_id, _dtype_id, payload, _on_work_done, _finish_error, _global_rank),
-    )
-
-
-def install(dist: Any, recorder: Recorder, log: Log) -> int:
-    """Wrap torch.distributed's API (``dist`` is the imported module). Idempotent.
-
-    Returns the number of functions wrapped.
-    """
-    global _state
-    import os
-    from hangtrace.tracer import config
-
-    if _state is None:
-        _state = _new_state(recorder, log)
-        _state.dist = dist
-        _state.fault = os.environ.get(config.FAULT) == "recorder"
-    c10d = dist.distributed_c10d
-    count = 0
-    for name in list(SPECS) + [BATCH_OP] + list(GROUP_OPS):
-        if name in _installed:
-            continue
-        orig = getattr(c10d, name, None)
-        if orig is None or wrapped_original(orig) is not None:
-            continue
-        if name in SPECS:
-            try:
-                params = param_names(orig) or list(inspect.signature(orig).parameters)
-            except (TypeError, ValueError):
-                continue
-            w = _wrap(name, orig, params)
-        elif name == BATCH_OP:
-            w = plain_wrapper(orig, _batch_wrapper)
-        elif name == "new_subgroups":
-            continue  # recorded through the new_group calls it makes
-        else:
-            w = plain_wrapper(orig, _group_op_wrapper)
-        _installed[name] = orig
-        setattr(c10d, name, w)
-        if getattr(dist, name, None) is orig:
-            setattr(dist, name, w)
-        count += 1
-    try:
-        record_existing_groups()
-    except Exception as e:
-        log("recording existing groups failed: %r" % (e,), "existing-groups")
-    return count
-
-
-def uninstall() -> None:
-    """Restore the original functions in both modules and forget the recorder.
-
-    A later ``install()`` starts afresh (new recorder, sequence numbers from 1).
-    """
-    global _state
-    import sys
-
-    _state = None
-    dist = sys.modules.get("torch.distributed")
-    if dist is None:
-        _installed.clear()
-        return
-    c10d = dist.distributed_c10d
-    for name, orig in list(_installed.items()):
-        cur = getattr(c10d, name, None)
-        if wrapped_original(cur) is orig:
-            setattr(c10d, name, orig)
-        if wrapped_original(getattr(dist, name, None)) is orig:
-            setattr(dist, name, orig)
-        del _installed[name]
-
-
 def reset_after_fork(recorder: Recorder) -> None:
     """A forked child keeps the wrappers but records into its own ring."""
     if _state is not None:
         _state.rec = recorder
-
-
-# split out (module size); imported last: they read this module's ``_state`` at call time
-from hangtrace.hooks.torchdist.torch_completion import _batch_wrapper, _finish_error, _on_work_done, flush  # noqa: E402,F401
-from hangtrace.hooks.torchdist.torch_groups import (
-    _group_op_wrapper,
-    _probe_tensor_layout,
-    record_existing_groups,
-)  # noqa: E402

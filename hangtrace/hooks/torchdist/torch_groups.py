@@ -1,12 +1,15 @@
 """Process-group operations (``init_process_group``, ``new_group``,
 ``destroy_process_group``) and the groups that exist when tracing begins: durable group
 definitions in the ring, and the rank this process joined as (``Recorder.set_rank``).
-Split out of ``torch_dist.py``, whose state (``torch_dist._state``) it uses.
+In: the program's group calls (wrapped by ``torch_install``); out: group records in the
+ring (``torch_dist._state``'s recorder) and the start of the Flight Recorder agent.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Dict, Tuple
+
+from hangtrace.hooks.torchdist import torch_dist as _td
 
 if TYPE_CHECKING:
     from hangtrace.hooks.torchdist.torch_state import State
@@ -56,7 +59,7 @@ def _group_op_wrapper(
             st.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
             st.rec.group_created(_describe(dist.distributed_c10d._get_default_group(), name))
             _start_fr_agent(st)
-            _probe_tensor_layout(st)
+            _td._probe_tensor_layout(st)
         elif name == "new_group":
             info = _describe(result, name)
             if info.get("member") is False:
@@ -138,26 +141,6 @@ def _join_request(
         st.log("recording the join request failed: %r" % (e,), "join-request")
 
 
-def _probe_tensor_layout(st: State) -> None:
-    """The C path records: find its tensors' layout (``tensor_layout``) once per process, when
-    it joins its process group or else at its first collective (its first group entry, made
-    however the group was made), and say in the run log what it found. Never raises."""
-    global _layout_probed
-    if _layout_probed or not getattr(st, "fast", False):  # only the C State has .fast
-        return
-    _layout_probed = True
-    try:
-        from hangtrace.hooks.record import tensor_layout
-        import torch
-
-        st.log("tensor layout: %s" % (tensor_layout.probe(torch),), "tensor-layout")
-    except Exception as e:
-        st.log("tensor layout not probed (torch's getters are used): %r" % (e,), "tensor-layout")
-
-
-_layout_probed = False
-
-
 def _joining(st: State) -> None:
     """This process is joining a group (it is becoming a rank): its pending environment
     record is written (``envrecord.joined``; before the rendezvous, so a rank that hangs
@@ -210,7 +193,3 @@ def record_existing_groups() -> None:
         st.rec.group_created(_describe(pg, "existing"))
     _joining(st)
     _start_fr_agent(st)
-
-
-# last: torch_dist imports this module at its end (either may be imported first)
-from hangtrace.hooks.torchdist import torch_dist as _td  # noqa: E402

@@ -4,7 +4,9 @@ collective/p2p functions of torch.distributed we do not wrap as such, with the r
 
 ``tests/unit/test_coverage_torch.py`` derives the collective and p2p functions of the
 installed torch from torch itself and fails on one that is in neither table.
-:func:`param_names` gives a wrapped function's parameter names (``torch_dist.install``);
+:func:`plan_call` resolves once per wrapper where a function's arguments are (a ``CallPlan``:
+in, its name and parameter names; out, positions and record fields; ``torch_dist._make_wrapper``).
+:func:`param_names` gives a wrapped function's parameter names (``torch_install.install``);
 :func:`take_identity` and :func:`wrapped_original` give an installed wrapper its torch
 function's identity and read it back (here, not in a module of their own: every module
 imported when torch.distributed is costs each traced process ~0.3M instructions, issue 8).
@@ -14,7 +16,9 @@ from __future__ import annotations  # the annotations below are not evaluated (~
 
 import functools
 from types import FunctionType
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from hangtrace.tracer.ring import layout as F
 
 # name -> (input tensor parameter or None, peer parameter names, is_p2p, payload kind)
 # payload kind: "t" tensor, "tl" list of tensors, "tt" one tensor or a list of tensors,
@@ -65,6 +69,66 @@ NOT_APPLICABLE: Dict[str, str] = {
     "new_subgroups_by_enumeration": "creates groups through new_group, recorded there",
     "breakpoint": "debugging aid (pdb on one rank); its barrier() is recorded as barrier",
 }
+
+
+_ABSENT = 1 << 30  # parameter position of a parameter the function does not have
+
+
+class CallPlan(NamedTuple):
+    """Where one wrapped function's arguments are and what its records say, resolved once
+    per wrapper at install (:func:`plan_call`) and read as constants by its call."""
+
+    op_id: int  # the record's op (layout.OP_IDS)
+    kind: int  # the record's kind: layout.K_P2P or layout.K_COLL
+    is_p2p: bool  # sequence numbers per (group, peer) rather than per group
+    pkind: Optional[str]  # payload kind (SPECS); None: the call has no payload
+    tpos: int  # position of the payload parameter (_ABSENT: none)
+    tkey: str  # its name, for a keyword argument ("" when the spec names none)
+    gpos: int  # position of ``group`` (_ABSENT: none)
+    apos: int  # position of ``async_op`` (_ABSENT: none)
+    peers: Tuple[Tuple[int, str, bool], ...]  # (position, name, is a group rank) per peer parameter
+    ppos: int  # position of the peer parameter read inline (_ABSENT: none)
+    pname: str  # its name ("": none)
+    always_async: bool  # isend/irecv: async whatever the arguments
+
+
+def position(params: Sequence[str], name: Optional[str]) -> int:
+    """Position of parameter ``name`` in ``params``; _ABSENT when the function has none."""
+    return params.index(name) if name in params else _ABSENT
+
+
+def peer_positions(params: Sequence[str], peer_params: Tuple[str, ...]) -> Tuple[Tuple[int, str, bool], ...]:
+    """(position, name, is a group rank) of each peer parameter, in the spec's order."""
+    return tuple((position(params, p), p, p.startswith("group_")) for p in peer_params)
+
+
+def inline_peer(peers: Tuple[Tuple[int, str, bool], ...]) -> Tuple[int, str]:
+    """The peer parameter read inline per call: the first when it is a plain rank (src/dst,
+    as in every spec); the others (group_src/group_dst) are read only when it is None, by
+    ``torch_dist._find_peer``. (_ABSENT, "") when none is."""
+    return peers[0][:2] if peers and not peers[0][2] else (_ABSENT, "")
+
+
+def plan_call(name: str, params: Sequence[str]) -> CallPlan:
+    """The CallPlan of the wrapped function ``name`` (a key of SPECS) whose parameter names
+    are ``params``, in order."""
+    tparam, peer_params, is_p2p, pkind = SPECS[name]
+    peers = peer_positions(params, peer_params)
+    ppos, pname = inline_peer(peers)
+    return CallPlan(
+        F.OP_IDS[name],
+        F.K_P2P if is_p2p else F.K_COLL,
+        is_p2p,
+        pkind,
+        position(params, tparam),
+        tparam or "",  # = tparam wherever a payload is read (every spec with one names it)
+        position(params, "group"),
+        position(params, "async_op"),
+        peers,
+        ppos,
+        pname,
+        name in ("isend", "irecv"),
+    )
 
 
 _CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08  # code flags (CPython Include/cpython/code.h; inspect.CO_*)

@@ -1,6 +1,6 @@
 """The per-process state of the torch.distributed hooks (``torch_dist._state``), split out of
-``torch_dist.py`` (module size). Imported by ``torch_dist`` only: ``typing`` and nothing else at
-run time.
+``torch_dist.py`` (module size). Imported by the torchdist modules for the type: ``typing``
+and nothing else at run time.
 """
 
 from __future__ import annotations

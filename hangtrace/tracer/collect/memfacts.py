@@ -196,7 +196,7 @@ def memory_facts(p: ProcessInfo, cache: Optional[Dict[str, Any]] = None) -> Dict
     if p.host != _HOST or not (p.state == "killed" or p.exit_code not in (0, None)):
         return facts
     try:
-        from hangtrace.hooks.mem.memory import parse_oom_kill
+        from hangtrace.hooks.mem.cgroup import parse_oom_kill
 
         d = (p.meta or {}).get("mem_cgroup")
         ver = (p.meta or {}).get("mem_cgroup_version")

@@ -104,7 +104,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     Raises HangtraceError when no command is given, the run directory is unusable or the
     command cannot be started (exit 127/126).
     """
-    from hangtrace.hooks.bootstrap import default_run_id
+    from hangtrace.hooks.state import default_run_id
     from hangtrace.tracer.pipeline import dump_live
     from hangtrace.tracer.watch.detector import Watcher
 
