@@ -646,7 +646,7 @@ static PyObject *Ring_release(RingObject *self, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
-/* --- one host memory sample (hooks/mem/memory.py, Sampler.sample) ---------------------
+/* --- one host memory sample (hooks/mem/sampler.py, Sampler.sample) ---------------------
  * What the Python sampler does with os.pread and int(), in one call: in a training step,
  * between kernels that evict the caches, the Python path cost about 25 us per sample
  * against 3 us in a loop (benchmarks/README.md, issue 13). Same figures, same record. */
@@ -683,7 +683,7 @@ static int mem_int(const char *s, const char *end, long long *out) {
 
 PyDoc_STRVAR(Ring_mem_host_doc,
              "mem_host(source, what, statm_fd, page, usage_fd, oom_fd, swap, limit) -> idx\n\n"
-             "One host memory sample, as hooks/memory.Sampler.sample takes it: RSS = field 2 of\n"
+             "One host memory sample, as hooks/mem/sampler.Sampler.sample takes it: RSS = field 2 of\n"
              "/proc/PID/statm x page (bytes), the cgroup's usage (bytes) and its oom_kill count\n"
              "(the 'oom_kill N' line of memory.oom_control or memory.events), each read with\n"
              "pread from an open descriptor (-1: none); a figure that cannot be read or parsed is -1.\n"
@@ -2257,7 +2257,7 @@ static PyTypeObject CallType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hangtrace.hooks._fastrec.Call",
     .tp_basicsize = sizeof(CallObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "The C recording call of one wrapped torch.distributed function, installed in its place (see torch_dist._wrap).",
+    .tp_doc = "The C recording call of one wrapped torch.distributed function, installed in its place (see torchdist/torch_install._wrap).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Call_init,
     .tp_dealloc = (destructor)Call_dealloc,

@@ -2,7 +2,7 @@
 ``gauge(name, fn, limit=None)`` (memory the tool cannot see, issue 5).
 
 Phase entry/exit and steps also take a memory sample when memory sampling is on
-(``hooks/mem/memory.py``; ``HANGTRACE_MEM=0`` turns it off). A step's sample is skipped when
+(``hooks/mem/sampler.py``; ``HANGTRACE_MEM=0`` turns it off). A step's sample is skipped when
 another was taken less than ``STEP_SAMPLE_GAP_NS`` before (a ``with phase(...)`` just left
 or entered beside ``step(n)``: the same figures, issue 13); the next sample carries the
 new step. On the one-call path below, a phase entered within that gap of the newest host
@@ -83,7 +83,7 @@ def _bind() -> None:
         _report(e)
 
 
-# --- memory (issue 5): the sampler (hooks/mem/memory.py) and the gauges it reads ---
+# --- memory (issue 5): the sampler (hooks/mem/sampler.py) and the gauges it reads ---
 _sampler: Any = None  # set by hangtrace.hooks.mem.memory when memory sampling is on
 _gauges: Dict[
     str, Tuple[Callable[[], Any], Optional[int]]

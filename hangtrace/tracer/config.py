@@ -69,7 +69,7 @@ RAY_COLLECT = "HANGTRACE_RAY_COLLECT"
 #: SIGFPE/SIGILL, so that after the Python stacks are dumped the fault recurs and the kernel
 #: logs the crashing library and offset (issue 12). Off by default: it changes the traced
 #: program (a kill(2)-sent SIGSEGV is then ignored, and SIG_IGN is inherited across exec by
-#: every child the program starts) - see ``hooks/lifecycle._fault_line_disposition``.
+#: every child the program starts) - see ``hooks/process/faultline.fault_line_disposition``.
 FAULT_LINE = "HANGTRACE_FAULT_LINE"
 #: "0": the watcher and ``hangtrace run`` do not write ``timeline.json`` (a Perfetto trace
 #: of every rank, issue 11) next to ``report.txt`` at each incident. Default "1".

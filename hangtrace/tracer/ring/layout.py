@@ -103,7 +103,7 @@ KIND_NAMES = {
 # "n": refs, "targets": [{"actor_id", "class", "method"}], "more": targets left out}; seq =
 # number of refs; state issued while waiting, completed / failed (err: the exception
 # type) when the call returned. Not progress.
-# Memory records (kind K_MEM, issue 5; writer: hooks/mem/memory.py via Recorder.memory,
+# Memory records (kind K_MEM, issue 5; writer: hooks/mem/sampler.py via Recorder.memory,
 # reader: tracer/analyze/memory/). The generic slot fields are reused, no layout change:
 #   op     = sample source: MEM_TIMER 1, MEM_ENTER 2 (just after a phase was entered),
 #            MEM_EXIT 3 (just before it is left), MEM_STEP 4 (tracer.step), MEM_OOM 5 (an

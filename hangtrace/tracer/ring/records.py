@@ -100,7 +100,7 @@ EventRecord = SlotRecord
 
 
 class MemorySample(TypedDict):
-    """A memory sample (kind 'memory', writer ``hooks/mem/memory.py``).
+    """A memory sample (kind 'memory', writer ``hooks/mem/sampler.py``).
 
     ``source``: 'timer' | 'phase_enter' | 'phase_exit' | 'step' | 'oom';
     ``what``: 'host' | 'cuda:N' | 'gauge:<name>'; ``a``: five values, bytes or counts,

@@ -7,7 +7,7 @@ Which directories are candidates:
 
 - default location (``tempfile.gettempdir()``, i.e. ``$TMPDIR`` or ``/tmp``): only
   directories named exactly as hangtrace names a run it placed there itself,
-  ``hangtrace-<UTC yyyymmdd-HHMMSS>-<pid>`` (``hooks/bootstrap.default_run_id``), owned by
+  ``hangtrace-<UTC yyyymmdd-HHMMSS>-<pid>`` (``hooks/state.default_run_id``), owned by
   this user. A directory the user named (``HANGTRACE_DIR``, ``--dir``, or a run id of
   their own in ``HANGTRACE_RUN_ID``) does not match and is never touched;
 - ``--dir BASE`` given explicitly: every subdirectory of BASE that holds a run (a ring
