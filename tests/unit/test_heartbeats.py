@@ -2,11 +2,15 @@
 ``poll_status`` every ~2 s - is no progress; work, long calls, irregular or back-to-back calls
 are. And the watcher (``watch/beattail.py``): a rank whose ring moves only by such calls stalls."""
 
+import os
+import sys
 import time
 
 from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer.ring.heartbeats import MIN_CALLS, HeartbeatBook
 from hangtrace.tracer.watch.detector import Watcher
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -83,3 +87,31 @@ def test_watcher_a_rank_moving_only_by_heartbeats_stalls(tmp_path):
         assert w.poll() is None and w.reported_stall is False  # real progress again
     finally:
         rec.close()
+
+
+def test_analysis_last_progress_skips_heartbeats():
+    """A rank whose newest progress records are Ray Train's poll_status calls: its last
+    progress (``rankview.progress_wall``) is its last collective, not the newest poll."""
+    import dataclasses
+
+    from hangtrace.tracer.analyze.rankview import index_process
+    from synth import R
+
+    b = R(1, 2, phase=None)
+    last = b.coll(n=3)
+    for _ in range(6):
+        b.mark("phase_enter", phase="poll_status", dt=2 * S)
+        b.mark("phase_exit", phase="poll_status", dt=MS // 10)
+        b.phase = None
+    p = b.build()
+    v = index_process(1, dataclasses.replace(p, progress_wall_ns=b.t))
+    assert v.progress_wall == last["t_wall_ns"], (v.progress_wall - last["t_wall_ns"]) / 1e9
+    # the same calls 10 ms apart, back to back, are work: the newest one is the progress
+    w = R(1, 2, phase=None)
+    w.coll(n=3)
+    for _ in range(6):
+        w.mark("phase_enter", phase="get_batch", dt=10 * MS)
+        w.mark("phase_exit", phase="get_batch", dt=MS // 10)
+        w.phase = None
+    v2 = index_process(1, w.build())
+    assert v2.progress_wall == w.t

@@ -101,20 +101,25 @@ PROGRESS_KINDS = frozenset({"collective", "p2p", "step", "heartbeat", "phase_ent
 def newest_work_wall(records: Iterable[Mapping[str, Any]]) -> Tuple[int, bool]:
     """Over one process's records (in index order): ``(wall ns of its newest progress record
     that is no heartbeat's (0: none), whether a heartbeat's record came after it)``. The
-    analysis's "last progress" of a rank whose newest progress record is a phase's."""
+    analysis's "last progress" of a rank whose newest progress record is a phase's; with
+    every record known, a name found to be a heartbeat is one for all its calls."""
+    recs = [r for r in records if str(r.get("kind") or "") in PROGRESS_KINDS | NEUTRAL_KINDS | {"event"}]
     book = HeartbeatBook()
-    newest, beat_after = 0, False
-    for r in records:
-        kind = str(r.get("kind") or "")
-        if kind not in PROGRESS_KINDS and kind not in NEUTRAL_KINDS and kind != "event":
-            continue
-        work = book.feed(
-            kind, r.get("phase"), r.get("thread"), int(r.get("t_mono_ns") or 0), r.get("state") == "failed"
+    for r in recs:
+        book.feed(
+            str(r.get("kind")),
+            r.get("phase"),
+            r.get("thread"),
+            int(r.get("t_mono_ns") or 0),
+            r.get("state") == "failed",
         )
+    newest, beat_after = 0, False
+    for r in recs:
+        kind = str(r.get("kind"))
         if kind not in PROGRESS_KINDS:
             continue
-        if work:
-            newest, beat_after = int(r.get("t_wall_ns") or 0), False
-        else:
+        if kind in ("phase_enter", "phase_exit") and book.is_beat(r.get("phase")):
             beat_after = True
+        else:
+            newest, beat_after = int(r.get("t_wall_ns") or 0), False
     return newest, beat_after
