@@ -26,9 +26,10 @@ from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.watch.headers import Header
 from hangtrace.tracer.watch.notes import Death
 
-#: seconds a quiet death waits for the root to exit (the driver's ``ray.shutdown()`` took
-#: 1.7 s after Ray Train's last worker died on the 2-core machine; twice that and a poll)
-SHUTDOWN_GRACE_S = 5.0
+#: seconds a quiet death waits for the root to exit: the driver exited 1.7 s after Ray Train's
+#: first worker died on the 2-core machine, 2.9 s under a load average of 10 (2026-12-07);
+#: a margin for heavier load
+SHUTDOWN_GRACE_S = 10.0
 
 
 def root_of(headers: Mapping[str, Header]) -> Optional[Header]:
