@@ -115,3 +115,17 @@ def test_analysis_last_progress_skips_heartbeats():
         w.phase = None
     v2 = index_process(1, w.build())
     assert v2.progress_wall == w.t
+
+
+def test_a_heartbeat_is_no_phase_of_the_rank():
+    """Ray Train's poll_status is not the rank's phase in a verdict ("at phase 'poll_status'")."""
+    from hangtrace.tracer.analyze.rankview import index_process
+    from synth import R
+
+    b = R(1, 2, phase="train")
+    b.coll(n=3)
+    for _ in range(6):
+        b.mark("phase_enter", phase="poll_status", dt=2 * S)
+        b.mark("phase_exit", phase="poll_status", dt=MS // 10)
+    v = index_process(1, b.build())
+    assert v.phase is None, v.phase

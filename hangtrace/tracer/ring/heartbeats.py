@@ -24,7 +24,7 @@ analysis names. Times are ns (monotonic).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 
 #: longest call of a heartbeat (ns): Ray Train's poll_status takes 0.1-0.2 ms; 250 ms leaves
 #: room for a loaded 2-core machine
@@ -96,6 +96,22 @@ class HeartbeatBook:
 
 #: record kinds that are progress (``ring/summary.py``'s ``last_progress``)
 PROGRESS_KINDS = frozenset({"collective", "p2p", "step", "heartbeat", "phase_enter", "phase_exit", "group"})
+
+
+def heartbeat_names(records: Iterable[Mapping[str, Any]]) -> FrozenSet[Any]:
+    """The phase names that are heartbeats over one process's records (in index order)."""
+    book = HeartbeatBook()
+    for r in records:
+        kind = str(r.get("kind") or "")
+        if kind in PROGRESS_KINDS or kind in NEUTRAL_KINDS or kind == "event":
+            book.feed(
+                kind,
+                r.get("phase"),
+                r.get("thread"),
+                int(r.get("t_mono_ns") or 0),
+                r.get("state") == "failed",
+            )
+    return frozenset(n for n in book.starts if book.is_beat(n))
 
 
 def newest_work_wall(records: Iterable[Mapping[str, Any]]) -> Tuple[int, bool]:
