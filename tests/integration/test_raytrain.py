@@ -58,6 +58,10 @@ def _run(mode, tmp_path, timeout_s=480):
         except OSError:
             pass
         p.wait()
+    if "timed out during startup" in out:  # Ray's own start-up on an overloaded machine
+        pytest.skip(
+            "Ray could not start its node here (ray.init timed out during startup): machine overloaded"
+        )
     diags = [
         json.load(open(f))
         for f in sorted(glob.glob(os.path.join(run_dir, "snapshots", "*", "diagnosis.json")))
