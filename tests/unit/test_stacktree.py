@@ -132,3 +132,40 @@ def test_blocking_and_collective_frames():
     assert blocking_reason(frames(*COLL_STACK[2:]), active=False).startswith("idle")
     assert "lock" in blocking_reason(frames("acquire threading.py:300", "f x.py:1"))
     assert blocking_reason(frames("sleep x.py:5"))
+
+
+def test_pick_thread_prefers_the_thread_running_user_code_over_an_idle_framework_main():
+    """Ray Train V2: the actor's main thread idles in Ray's loop (``epoll_wait in
+    Worker.main_loop``) while ``train_func`` runs in a ``TrainingThread``: the rank's verdict
+    describes the training thread (``process_frames`` of a Ray actor). A main thread with the
+    user's frames stays the one."""
+    ray_loop = [
+        {
+            "name": "main_loop",
+            "filename": "/usr/lib/python3.11/site-packages/ray/_private/worker.py",
+            "line": 946,
+        },
+        {
+            "name": "<module>",
+            "filename": "/usr/lib/python3.11/site-packages/ray/_private/workers/default_worker.py",
+            "line": 3,
+        },
+    ]
+    train = [
+        {"name": "get", "filename": "/usr/lib/python3.11/queue.py", "line": 171},
+        {"name": "train_loop_per_worker", "filename": "/home/u/rt_stuck_queue.py", "line": 88},
+        {
+            "name": "_run_target",
+            "filename": "/usr/lib/python3.11/site-packages/ray/train/v2/x/thread_runner.py",
+            "line": 40,
+        },
+    ]
+    threads = [
+        {"thread_name": "MainThread", "active": False, "frames": ray_loop},
+        {"thread_name": "MonitoringThread(f)", "active": False, "frames": ray_loop[:1]},
+        {"thread_name": "TrainingThread(f)", "active": False, "frames": train},
+    ]
+    assert pick_thread(threads, prefer_user=True)["thread_name"] == "TrainingThread(f)"
+    assert pick_thread(threads)["thread_name"] == "MainThread"  # not a Ray actor: as before
+    threads[0] = {"thread_name": "MainThread", "active": False, "frames": train[1:]}
+    assert pick_thread(threads, prefer_user=True)["thread_name"] == "MainThread"

@@ -22,6 +22,10 @@ source                   how it is seen
 ``torchelastic``         torchelastic's error file (``TORCHELASTIC_ERROR_FILE``), when a
                          ``@record``-decorated main writes it or the agent reads a failed
                          worker's: ``hooks/process/elastic_errors.py``. Event ``elastic_error``.
+``ray-train``            a framework that catches the user's exception in the thread that
+                         raised it (:data:`FRAMEWORK_CATCHES`: Ray Train V2's training
+                         thread); recorded there, before the framework wraps it. Event
+                         ``exception``.
 ``asyncio-task``         an exception in an asyncio task nobody awaits is never printed
                          while the task object lives. Every task created through
                          ``BaseEventLoop.create_task`` gets a done callback; one loop
@@ -41,11 +45,12 @@ unchanged and swallows its own errors (reported once to the run log).
 from __future__ import annotations
 
 import functools
+import threading
 import sys
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 #: Where a failure was caught (the ``caught_by`` field of the event).
-SOURCES = ("exit-while-handling", "multiprocessing", "torchelastic", "asyncio-task")
+SOURCES = ("exit-while-handling", "multiprocessing", "torchelastic", "ray-train", "asyncio-task")
 
 _MESSAGE_MAX = 4000  # characters kept of an exception message
 _TRACEBACK_MAX = 16000  # characters kept of a formatted traceback (the innermost part)
@@ -239,11 +244,48 @@ def hook_elastic(module: Any) -> None:
     elastic_errors.hook_errors(module, _patch_method)
 
 
+# --- frameworks that catch the user's exception in the thread that raised it --------------
+#: (module, function, caught_by): a function a framework calls with the user's exception,
+#: in the thread that raised it, right after catching it. Ray Train V2 (ray 2.60,
+#: ``ray/train/v2/_internal/execution/worker_group/thread_runner.py``): ``ThreadRunner.run``
+#: runs ``train_func`` in a ``TrainingThread`` whose ``except BaseException as e`` calls
+#: ``construct_user_exception_with_traceback(e, ...)``; the controller later re-raises it
+#: in the driver as a worker-group error, and the worker's own message was in no record.
+FRAMEWORK_CATCHES = (
+    (
+        "ray.train.v2._internal.execution.worker_group.thread_runner",
+        "construct_user_exception_with_traceback",
+        "ray-train",
+    ),
+)
+
+
+def _make_catch(orig: Callable[..., Any], caught_by: str) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def caught(exc: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(exc, BaseException) and not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            record_exception(exc, caught_by, thread=threading.current_thread().name)  # (never raises)
+        return orig(exc, *args, **kwargs)
+
+    setattr(caught, "__hangtrace_wrapped__", True)
+    return caught
+
+
+def _hook_catch(name: str, caught_by: str) -> Callable[[Any], None]:
+    def hook(module: Any) -> None:
+        orig = getattr(module, name, None)
+        if callable(orig) and not getattr(orig, "__hangtrace_wrapped__", False):
+            setattr(module, name, _make_catch(orig, caught_by))
+
+    return hook
+
+
 #: Post-import hooks: module name -> installer (applied once, when the module is imported).
 IMPORT_HOOKS: dict[str, Callable[[Any], None]] = {
     "multiprocessing.process": hook_multiprocessing,
     "asyncio.base_events": hook_asyncio,
     "torch.distributed.elastic.multiprocessing.errors": hook_elastic,
+    **{mod: _hook_catch(fn, by) for mod, fn, by in FRAMEWORK_CATCHES},
 }
 
 

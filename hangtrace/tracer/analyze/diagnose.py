@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from hangtrace.tracer.analyze.failures.shutdown import cleaned
 from hangtrace.tracer.analyze import enrich
 from hangtrace.tracer.analyze.arbiter import Outcome, Situation, decide
 from hangtrace.tracer.analyze.context import DEFAULT_STALL_S, Ctx
@@ -147,7 +148,10 @@ def diagnose(
     records (``collect.forensics.run_env``; rules that compare ranks' environments read
     them). Pure: no I/O; never raises on odd records (missing keys read as None).
     """
+    snapshot, shut = cleaned(snapshot)  # a clean shutdown is no death (failures/shutdown.py)
     ctx = Ctx(snapshot, now_wall_ns, stall_s, envs)
+    for line in shut[:12]:
+        ctx.add(line)
     d = Diagnosis(kind=Kind.UNKNOWN)
     d.errors = list(snapshot.errors or [])
     stacks_only = STACK_ONLY.find(ctx)

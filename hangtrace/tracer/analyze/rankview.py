@@ -12,8 +12,9 @@ last sign of life, last activity and progress (ns since the epoch). The death fi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from hangtrace.tracer.ring.heartbeats import heartbeat_names, newest_work_wall
 from hangtrace.tracer.analyze.failures.causes import is_transport_error, rec_fail_wall
 from hangtrace.tracer.analyze.stuck.workwait import async_wait
 from hangtrace.tracer.snapshot import ProcessInfo
@@ -90,6 +91,8 @@ def index_process(rank: int, proc: ProcessInfo) -> RankView:
     v.last_wall = max(last_wall, prog)
     lp = sm.last_progress
     v.progress_wall = max((lp.get("t_wall_ns") or 0) if lp is not None else 0, prog)
+    if lp is not None and lp.get("kind") in _PHASE_KINDS:
+        v.progress_wall = _past_heartbeats(sm.tail, v.progress_wall)
     v.activity_wall = activity
     v.failed = sm.first_failed
     inf = proc.inflight
@@ -109,5 +112,29 @@ def index_process(rank: int, proc: ProcessInfo) -> RankView:
     if v.blocked is None:  # an async op waited for in Work.wait() (C++: no torch frame on the stack)
         v.blocked = async_wait(v)
     v.phase = proc.phase if proc.phase is not None else (v.last_rec or {}).get("phase")
+    if (
+        v.phase is not None
+        and lp is not None
+        and lp.get("phase") == v.phase
+        and lp.get("kind") in _PHASE_KINDS
+    ):
+        if v.phase in heartbeat_names(sorted(sm.tail, key=lambda r: int(r.get("idx") or 0))):
+            v.phase = None  # a framework's heartbeat (Ray Train's poll_status) is no phase of the job
     v.step = proc.step if proc.step is not None else (v.last_rec or {}).get("step")
     return v
+
+
+_PHASE_KINDS = ("phase_enter", "phase_exit")
+
+
+def _past_heartbeats(tail: Sequence[Record], progress_wall: int) -> int:
+    """The newest progress of a process whose newest progress record is a phase's, not
+    counting a framework's heartbeats (``ring/heartbeats.py``: Ray Train's ``poll_status``)
+    among its newest records ``tail`` (oldest first); ``progress_wall`` when the newest
+    progress is no heartbeat. When the tail holds heartbeats only, the work is older than
+    the tail: its oldest record's time."""
+    recs = sorted(tail, key=lambda r: int(r.get("idx") or 0))
+    work, beat_after = newest_work_wall(recs)
+    if not beat_after:
+        return progress_wall
+    return work or int((recs[0].get("t_wall_ns") if recs else 0) or 0) or progress_wall

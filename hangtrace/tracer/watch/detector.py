@@ -2,9 +2,10 @@
 headers polled in, an ``Incident`` (stall or death) out, and notes and memory early
 warnings in the watcher log. Split from ``watcher.py``, which runs it as a process.
 
-Progress is judged from the ring headers alone (4 KiB each per poll): a process made
+Progress is judged from the ring headers (4 KiB each per poll): a process made
 progress when its progress counter moved (a collective completed, a phase or step
-changed, ``tracer.heartbeat()``). A ring whose process exited or was killed, and is gone, is final:
+changed, ``tracer.heartbeat()``), unless every record since its last move is a framework's
+heartbeat (``beattail.py``, ``ring/heartbeats.py``: Ray Train's ``poll_status``). A ring whose process exited or was killed, and is gone, is final:
 its header is kept and the file not read again (a job that re-creates DataLoader workers
 every epoch leaves hundreds of them). torch's own collective counters (``_fr_moved``) are
 asked only of ranks whose ring did not move in this poll: a moving ring is progress already. A stall is *no progress anywhere in the run* for the
@@ -13,7 +14,8 @@ threshold: ``HANGTRACE_STALL_S``, or the largest per-phase threshold
 whose counters move is progressing and is never reported.
 
 A dead rank — a process that vanished without a clean-exit record, or exited with a
-non-zero code — is reported at the next poll (a rank helper's: ``helpergrace.py``).
+non-zero code — is reported at the next poll (a rank helper's: ``helpergrace.py``; a quiet
+death while the job's root lives waits for a clean shutdown: ``shutdown.py``).
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.collect.ringprocs import RING_GLOB, live_state, read_signal_files
+from hangtrace.tracer.watch.beattail import BeatTail
 from hangtrace.tracer.watch.busy import BusyClock
 from hangtrace.tracer.watch.frprogress import completed, in_flight
 from hangtrace.tracer.watch.headers import Header, never_worked, starting
 from hangtrace.tracer.watch.helpergrace import HelperGrace
 from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
+from hangtrace.tracer.watch.shutdown import ShutdownGrace
 
 #: seconds between two memory-trend checks of the live rings (each reads every ring once)
 MEM_CHECK_S = 5.0
@@ -94,6 +98,8 @@ class Watcher:
         self.busy: List[int] = []  # pids busy on CPU outside collectives at the last poll (watch/busy.py)
         self.busy_noted = False  # the grace was logged in this spell without progress
         self.grace = HelperGrace()  # helpers' deaths held for their rank (watch/helpergrace.py)
+        self.beats = BeatTail()  # which ring moves were only heartbeats (watch/beattail.py)
+        self.shutdown = ShutdownGrace(run_dir)  # quiet deaths held for the job's end (watch/shutdown.py)
 
     def _read_headers(self) -> Dict[str, Header]:
         out: Dict[str, Header] = {}
@@ -188,6 +194,7 @@ class Watcher:
             self.mem_next = now + MEM_CHECK_S
             self.memory_warnings()
         deaths = self.grace.deaths(scan.deaths, self.headers, now)  # (a helper's waits for its rank)
+        deaths = self.shutdown.deaths(deaths, self.headers, now, self._log)  # (a clean shutdown is none)
         if deaths:
             return self._death_incident(deaths)
         if scan.alive_any and not self.reported_stall and now - self.last_progress >= self.threshold():
@@ -203,15 +210,21 @@ class Watcher:
         """One ring header of ``poll`` not final yet: records its move, finality and death in
         the watcher's state and in ``scan``."""
         sig = (h["progress_count"], h["phase_strid"], h["step"], h["state"])
-        changed = self.seen.get(path) != sig
+        old = self.seen.get(path)
+        changed = old != sig
         idle = never_worked(h)
         if changed:
-            scan.progressed = scan.progressed or not idle
             self.seen[path] = sig
-            # torch's counters given before this move are stale: compared with the
-            # ring's own progress they would read as progress once more when the ring
-            # stops (one poll of detection latency); the next ask is a fresh baseline
-            self.fr_seen.pop(path, None)
+            if old is not None and self.beats.heartbeat_only(path, h, old, sig):
+                # only a framework's periodic call (Ray Train's poll_status): alive, not
+                # progress (ring/heartbeats.py); torch's counters still tell (ranks_still)
+                changed = False
+            else:
+                scan.progressed = scan.progressed or not idle
+                # torch's counters given before this move are stale: compared with the
+                # ring's own progress they would read as progress once more when the ring
+                # stops (one poll of detection latency); the next ask is a fresh baseline
+                self.fr_seen.pop(path, None)
         st = live_state(h)
         if (st == "exited" and h["state"] == F.ST_EXITED) or st == "killed":
             self.final[path] = h  # the process is gone: its ring never changes again

@@ -10,8 +10,11 @@ with frames **innermost first**. When ``stacks`` is empty, the faulthandler text
 ``signals['dump' | 'sigterm' | 'fatal']['text']`` is parsed instead (see
 ``stackmodel/faulthandler_text.parse_faulthandler_text``).
 
-Per process one thread is used: the main thread (``thread_name == 'MainThread'``, else
-the first active thread, else the first thread), never one of hangtrace's own threads
+Per process one thread is used: the main thread (``thread_name == 'MainThread'``; of a Ray
+actor, unless it holds no frame of the user's while another thread does - its main thread
+idles in Ray's task loop while Ray Train V2's ``TrainingThread`` runs ``train_func`` -, then
+that thread - the one its records show at work first, ``working_threads`` -), else the first
+active thread, else the first thread, never one of hangtrace's own threads
 (names starting with ``'hangtrace'``). Native frames (``'native': True``) are dropped.
 
 The tree is keyed outer -> inner. Two frames are the same node when their *function*
@@ -26,8 +29,9 @@ Everything here is pure (no I/O) and linear in ranks x stack depth.
 """
 
 import os
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.snapshot import ProcessInfo
 
 #: one py-spy frame: {'name', 'filename', 'line', 'native'?}
@@ -96,14 +100,30 @@ def _own_thread(t: Thread) -> bool:
     return str(t.get("thread_name") or "").startswith("hangtrace")
 
 
-def pick_thread(threads: Optional[List[Any]]) -> Optional[Thread]:
-    """The thread to analyse from a thread list (see module doc), or None."""
+def pick_thread(
+    threads: Optional[List[Any]], prefer_user: bool = False, workers: Sequence[str] = ()
+) -> Optional[Thread]:
+    """The thread to analyse from a thread list (see module doc), or None. ``prefer_user``
+    (a Ray actor's threads: its main thread is Ray's task loop): a thread running the
+    user's code wins over a main thread that runs none; of several, the first named in
+    ``workers`` (the threads the process's records show at work, newest first)."""
     cands = [t for t in threads or () if isinstance(t, dict) and not _own_thread(t)]
     if not cands:
         return None
-    for t in cands:
-        if t.get("thread_name") == "MainThread":
-            return t
+    main = next((t for t in cands if t.get("thread_name") == "MainThread"), None)
+    if prefer_user and main is not None and user_frame(python_frames(main)) is None:
+        # a main thread without a frame of the user's idles in a framework's loop (a Ray
+        # actor's ``Worker.main_loop``) while another thread runs the user's code (Ray
+        # Train V2's ``TrainingThread``): that thread is the rank's (blind job rt_stuck_queue)
+        working = [t for t in cands if t is not main and user_frame(python_frames(t)) is not None]
+        for name in workers:
+            for t in working:
+                if t.get("thread_name") == name:
+                    return t
+        if working:
+            return next((t for t in working if t.get("active")), working[0])
+    if main is not None:
+        return main
     for t in cands:
         if t.get("active") and t.get("frames"):
             return t
@@ -111,6 +131,22 @@ def pick_thread(threads: Optional[List[Any]]) -> Optional[Thread]:
         if t.get("frames"):
             return t
     return cands[0]
+
+
+def working_threads(proc: ProcessInfo) -> List[str]:
+    """Names of the threads ``proc``'s records show at work, newest first: the thread of its
+    newest collective or p2p, then those of its Ray waits (Ray Train's ``ray.train.report``
+    waits in the training thread), then of its newest record."""
+    sm = proc.summary
+    if sm is None:
+        return []
+    recs = [sm.last_comm] + sorted(sm.waits.values(), key=lambda r: -(r.get("t_wall_ns") or 0)) + [sm.last]
+    out: List[str] = []
+    for r in recs:
+        name = str((r or {}).get("thread") or "")
+        if name and name != "MainThread" and name not in out:
+            out.append(name)
+    return out
 
 
 def threads_of(proc: ProcessInfo) -> Optional[List[Any]]:
@@ -145,7 +181,11 @@ def process_frames(proc: ProcessInfo) -> Tuple[Optional[List[Frame]], Optional[T
 
     Returns ``(frames, thread)``; ``frames`` excludes native frames.
     """
-    t = pick_thread(threads_of(proc))
+    t = pick_thread(
+        threads_of(proc),
+        prefer_user=bool((proc.meta or {}).get("ray_actor_id")),
+        workers=working_threads(proc),
+    )
     if t is None:
         return None, None
     return python_frames(t), t
