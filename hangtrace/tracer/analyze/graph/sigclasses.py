@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx, history
+from hangtrace.tracer.analyze.graph import history as history_facts
 from hangtrace.tracer.analyze.rankview import Record
 from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
 from hangtrace.tracer.analyze.evidence import desc_rec, rk
@@ -148,8 +149,9 @@ def changed(
     recs: Dict[int, Record],
     fallback: Optional[Tuple[List[int], str]] = None,
 ) -> Tuple[List[int], str]:
-    """Who changed at ``(group, seq)`` by majority, then novelty; else ``fallback``, else
-    every rank (the line says which fact decided)."""
+    """Who changed at ``(group, seq)`` by majority, then novelty, then each rank's own
+    history (``graph/history.py``); else ``fallback``, else every rank (the line says which
+    fact decided, or why history could not)."""
     sigs = classes(recs)
     minority = majority(sigs)
     if minority is not None:
@@ -157,10 +159,12 @@ def changed(
     new = novelty(ctx, group, seq, sigs, recs)
     if new is not None:
         return new
-    return fallback or (
-        sorted(recs),
-        "no majority and no earlier record of the group says which rank changed: naming all",
-    )
+    hist = history_facts.decide(ctx, group, recs, list(sigs.values()))
+    if hist.decided:
+        return hist.culprits, history_facts.HISTORY_PREFIX + hist.text
+    if fallback is not None:
+        return fallback[0], fallback[1] + " (" + hist.text + ")"
+    return sorted(recs), "no majority: " + hist.text
 
 
 def earlier_line(ctx: Ctx, group: object, seq: Optional[int]) -> Optional[str]:
