@@ -104,3 +104,58 @@ def test_a_history_too_short_decides_nothing():
     r1.wait(op="broadcast", dtype="int64", numel=1, peer=0)
     d = check(diagnose(snap([r0, r1])), "collective-mismatch", [0, 1])
     assert any("a rank's history shows no loop to compare with" in e for e in d.evidence), d.evidence
+
+
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/job/train.py", line 54, in <module>\n'
+    "    model(x).sum().backward()\n"
+    '  File "/usr/lib/python3.11/site-packages/torch/_tensor.py", line 623, in backward\n'
+    "    torch.autograd.backward(\n"
+    "RuntimeError: Connection reset by peer\n"
+)
+
+
+def _abort_at_a_call_rank_1_never_made(metric_every_step):
+    """Rank 0 alone all-reduces a one-float metric; rank 1 is in DDP's bucket all-reduce (C++:
+    no record of ours, no Flight Recorder dump once it is dead). gloo aborts rank 0 (it
+    receives 36 floats), rank 1 fails in backward with "Connection reset by peer"."""
+    r0, r1 = plain(0), plain(1)
+    if metric_every_step:
+        for b in (r0, r1):
+            b.coll(op="all_reduce", numel=1, n=4)
+    r0.wait(op="all_reduce", numel=1)
+    p0 = r0.set(
+        state="killed", signals={"fatal": {"wall_ns": r0.t + 1000, "text": "Fatal Python error: Aborted\n"}}
+    )
+    exc = {
+        "event": "exception",
+        "type": "RuntimeError",
+        "wall_ns": r0.t + 50_000_000,
+        "message": "Connection reset by peer",
+        "traceback": TRACEBACK,
+    }
+    p1 = r1.set(state="exited", exit_code=1, events=[exc])
+    return diagnose(snap([p0.build(), p1.build()], reason="death"))
+
+
+def test_gloos_size_check_abort_at_a_call_the_peer_never_made_names_the_rank_that_made_it():
+    d = check(_abort_at_a_call_rank_1_never_made(False), "collective-mismatch", [0])
+    ab = d.details["size_abort"]
+    assert (ab["rank"], ab["peers"], ab["call"]) == (0, [1], 1), ab
+    assert "no member issued one on the group before; rank 1 never made that call" in ab["how"], ab
+    assert "Received data size doesn't match expected size" in d.summary and "Dead rank" not in d.summary
+    assert any(
+        e.startswith("rank 1 failed in backward (_tensor.py:623) < <module> (train.py:54)")
+        for e in d.evidence
+    )
+    assert [c["rank"] for c in d.cascade] == [1] and "faulthandler" not in d.summary, (d.cascade, d.summary)
+
+
+def test_gloos_size_check_abort_at_a_call_routine_in_the_loop_names_the_peer_that_skipped_it():
+    d = check(_abort_at_a_call_rank_1_never_made(True), "collective-mismatch", [1])
+    assert (
+        "is routine in its loop" in d.details["size_abort"]["how"]
+        and "rank 1 skipped it" in d.details["size_abort"]["how"]
+    )
+    assert "which is not the rank that changed" in d.summary, d.summary

@@ -12,6 +12,9 @@ that seq, and this module holds the two that need no job knowledge:
   one that changed, whichever of the two gloo aborted. Different ops are left alone: a
   rank's first barrier after its loop is new too, and legitimately so.
 
+Then each rank's own history (``graph/history.py``): the rank whose collective its loop
+never issued at that place, against a rank waiting in the one every earlier step issued.
+
 gloo aborts the rank that receives more data than it expects (SIGABRT), which is the one
 with the *smaller* tensor: the rank that changed only when it shrank (blind jobs of
 2026-12-02: 8 against 10 elements, float32 against float64, aborted the rank that had not

@@ -9,8 +9,12 @@ peers then fail with a connection error. When the root died of a fatal signal an
 members' records at its newest collective's (group, seq) carry two or more signatures
 (op, dtype, numel, root), the verdict is 'collective-mismatch' (cause 'mismatch') naming
 the rank that changed (``analyze/graph/sigclasses.py``: the minority, else the one class whose
-signature is new on the group), else the dead rank; every signature with its ranks and
-the signal are evidence. Whether the death or a hang is the verdict is the
+signature is new on the group, else each rank's own history, ``analyze/graph/history.py``),
+else the dead rank; every signature with its ranks and the signal are evidence. A rank
+SIGABRTed in a collective its peers never made (they failed with a transport error in a
+collective torch issued itself, DDP's bucket all-reduce) is that mismatch too
+(``analyze/graph/sizeabort.py``, ``details['size_abort']``): gloo's sentence is evidence,
+the abort and the peers' connection errors its consequence, never a 'fatal-signal' death. Whether the death or a hang is the verdict is the
 arbiter's decision table (``analyze/arbiter.py``). The group/seq shown are those of the
 instance with the most waiters that misses the root, else the root's newest collective.
 """
