@@ -209,11 +209,13 @@ def _history_text(h: Dict[str, Any]) -> str:
     ranks, victims = h.get("ranks") or [], h.get("victims") or []
     ops, steps = h.get("ops") or {}, h.get("steps") or {}
     first = str(ranks[0]) if ranks else ""
-    theirs = "%s %s in %s, the collective %s every earlier step issued at this place" % (
+    every = all((h.get("status") or {}).get(str(v), "routine") == "routine" for v in victims)
+    theirs = "%s %s in %s, the collective %s" % (
         _ranks(victims),
         _verb(victims, "waits", "wait"),
         "/".join(sorted({str(ops.get(str(v))) for v in victims})),
-        "its" if len(victims) == 1 else "their",
+        ("%s every earlier step issued at this place" if every else "%s loop issued before")
+        % ("its" if len(victims) == 1 else "their"),
     )
     if h.get("left_loop"):
         return (

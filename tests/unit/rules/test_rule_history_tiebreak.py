@@ -25,7 +25,7 @@ def plain(rank):
 
 def bucket(b, **kw):
     """DDP's bucket all-reduce: C++-issued, from torch's Flight Recorder only."""
-    r = b.coll(op="all_reduce", dtype="float32", numel=2177, **kw)
+    r = b.coll(**dict(dict(op="all_reduce", dtype="float32", numel=2177), **kw))
     r["source"] = FR
     return r
 
@@ -64,7 +64,27 @@ def test_a_metric_all_reduce_on_rank_0_against_ddps_bucket_all_reduce_names_rank
     d = check(diagnose(snap([r0, r1])), "collective-mismatch", [0])
     line = next(e for e in d.evidence if e.startswith("tie broken by each rank's own history"))
     assert "rank 0's all_reduce float32 numel=1" in line and "numel=2177" in line, line
-    assert "rank 1 waits in what its loop issues every step, its victim" in line, line
+    assert "rank 1 waits in what its loop issues, its victim" in line, line
+
+
+def test_a_callbacks_barrier_against_the_trainers_logging_gather_of_every_few_steps_names_rank_0():
+    """HF Trainer (measured 2026-12-07): per step a token-count all_gather and DDP's two
+    bucket all-reduces; every 5 steps two more all_gathers of the logged loss. At step 10
+    rank 0's callback barrier meets rank 1's logging gather: not every step issues that
+    gather, but its loop did (step 5); the barrier no step ever issued."""
+    r0, r1 = plain(0), plain(1)
+    for b in (r0, r1):
+        for step in range(1, 10):
+            b.coll(op="all_gather", dtype="int64", numel=1)
+            bucket(b)
+            bucket(b, dtype="int32", numel=28)
+            if step == 5:
+                b.coll(op="all_gather", dtype="float32", numel=1, n=2)
+    r0.wait(op="barrier", numel=0)
+    r1.wait(op="all_gather", dtype="float32", numel=1)
+    d = check(diagnose(snap([r0, r1])), "collective-mismatch", [0])
+    assert d.details["changed_by_history"]["status"] == {"0": "new", "1": "recurring"}, d.details
+    assert "rank 1 waits in all_gather, the collective its loop issued before" in d.summary, d.summary
 
 
 def test_a_rank_that_left_its_loop_early_is_named_as_such():

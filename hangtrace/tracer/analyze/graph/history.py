@@ -24,13 +24,15 @@ torch. Its status for the rank:
 
 * ``routine``: every earlier step (two or more by the records' step, ``MIN_PERIODS`` or more
   by the period) issued it at this place;
+* ``recurring``: not every step issues it, but its loop did before, at this place of a step
+  or between two steps (HF Trainer gathers its logged loss every ``logging_steps``);
 * ``new``: no earlier step of its loop issued it (it may have come before the loop: the
   set-up barriers);
 * ``out-of-place``: the loop issues it, but not at this place (a collective skipped);
 * ``unknown``: fewer than two earlier steps, or no repeating stream.
 
 The rank whose collective is new or out of place is the one that changed when every other
-rank's is routine: the one waiting in a collective its every step issued is its victim. A
+rank's is routine or recurring: the one waiting in a collective its every step issued is its victim. A
 changed rank whose collective is outside the phases its loop's collectives ran in (its
 phase ended) *left its loop early* (uneven inputs: its peers still issue the per-step
 collective). Both new, both routine, or a history too short: undecidable, and the line says
@@ -50,7 +52,9 @@ from hangtrace.tracer.analyze.evidence import desc_rec, rk
 from hangtrace.tracer.analyze.graph.waitgraph import signature
 from hangtrace.tracer.analyze.rankview import Record
 
-ROUTINE, NEW, OUT_OF_PLACE, UNKNOWN = "routine", "new", "out-of-place", "unknown"
+ROUTINE, RECURRING, NEW, OUT_OF_PLACE, UNKNOWN = "routine", "recurring", "new", "out-of-place", "unknown"
+#: statuses of a collective its loop issues (the victim's side) and of one it does not
+BENIGN, CHANGED = (ROUTINE, RECURRING), (NEW, OUT_OF_PLACE)
 #: longest step (collectives on one group) the period search tries
 MAX_PERIOD = 32
 #: a repeating stream is a loop once it repeats this many times (records' steps: 2 suffice):
@@ -157,7 +161,9 @@ def _by_step(before: List[Record], rec: Record, key: Any) -> Tuple[List[List[Key
 
 
 def _by_period(before: List[Record], key: Any) -> Optional[Tuple[List[List[Key]], int, int]]:
-    """(the loop's steps' keys, this place, first seq of the loop) by the stream's period."""
+    """(the loop's steps' keys, this place, first seq of the loop) by the stream's period: the
+    loop begins where the step's block first occurs (steps with extras between them, such as
+    a logging gather every few steps, are in it); its trailing repetition is its steps."""
     ks = [key(x) for x in before]
     n = len(ks)
     for p in range(1, min(MAX_PERIOD, n // 2) + 1):
@@ -168,7 +174,8 @@ def _by_period(before: List[Record], key: Any) -> Optional[Tuple[List[List[Key]]
             if reps < MIN_PERIODS:
                 continue
             blocks = [ks[n - (j + 1) * p : n - j * p] for j in range(reps)][::-1]
-            return blocks, 0, int(before[n - reps * p].get("seq") or 0)
+            start = next(i for i in range(n - p + 1) if ks[i : i + p] == blocks[-1])
+            return blocks, 0, int(before[start].get("seq") or 0)
     return None
 
 
@@ -189,18 +196,23 @@ def habit(ctx: Ctx, r: int, group: Any, rec: Record) -> Habit:
     steps, place, first = found
     k = key(rec)
     loop = [x for x in before if int(x.get("seq") or 0) >= first]
-    if all(len(s) > place and s[place] == k for s in steps):
-        status = ROUTINE
-    elif not any(k in s for s in steps):
-        status = NEW
-    else:
-        status = OUT_OF_PLACE
+    status = _status(steps, place, k, {key(x) for x in loop})
     prior = [int(x.get("seq") or 0) for x in before if key(x) == k and int(x.get("seq") or 0) < first]
     phases = {x.get("phase") for x in loop}
     left = status != ROUTINE and rec.get("phase") not in phases and any(ph is not None for ph in phases)
     per = len(steps[-1])
     h = Habit(r, group, seq, rec.get("op"), status, len(steps), per, by, left, max(prior, default=None), "")
     return replace(h, text=_text(h, rec, loop))
+
+
+def _status(steps: List[List[Key]], place: int, k: Key, in_loop: Any) -> str:
+    """The status of key ``k`` at ``place`` against the loop's ``steps`` (module doc)."""
+    at_place = [len(s) > place and s[place] == k for s in steps]
+    if all(at_place):
+        return ROUTINE
+    if any(at_place) or (k in in_loop and not any(k in s for s in steps)):
+        return RECURRING
+    return OUT_OF_PLACE if any(k in s for s in steps) else NEW
 
 
 def _unknown_text(r: int, rec: Record, before: List[Record]) -> str:
@@ -223,6 +235,16 @@ def _text(h: Habit, rec: Record, loop: List[Record]) -> str:
             desc_rec(rec),
             h.steps,
             how,
+        )
+    if h.status == RECURRING:
+        return (
+            "rank %d's %s is one its loop issued before, though not in every step (%s, its loop from seq %s)"
+            % (
+                h.rank,
+                desc_rec(rec),
+                how,
+                loop[0].get("seq") if loop else "?",
+            )
         )
     if h.status == OUT_OF_PLACE:
         return "rank %d's %s comes at another place in its step than in its %d earlier steps (%s)" % (
@@ -251,14 +273,14 @@ def _text(h: Habit, rec: Record, loop: List[Record]) -> str:
 def decide(ctx: Ctx, group: Any, recs: Mapping[int, Record], classes: Sequence[Sequence[int]]) -> Decision:
     """Which of the signature ``classes`` (lists of ranks, the tie) changed, by history."""
     habits = {r: habit(ctx, r, group, recs[r]) for rs in classes for r in rs if r in recs}
-    changed = [rs for rs in classes if rs and all(habits[r].status in (NEW, OUT_OF_PLACE) for r in rs)]
-    routine = [rs for rs in classes if rs and all(habits[r].status == ROUTINE for r in rs)]
+    changed = [rs for rs in classes if rs and all(habits[r].status in CHANGED for r in rs)]
+    routine = [rs for rs in classes if rs and all(habits[r].status in BENIGN for r in rs)]
     every = sorted(habits)
     hs = tuple(habits[r] for r in every)
     if len(changed) == 1 and len(routine) == len(classes) - 1 and len(habits) == sum(map(len, classes)):
         culprits = sorted(changed[0])
         left = [r for r in culprits if habits[r].left_loop]
-        text = "%s; %s: %s waits in what its loop issues every step, its victim" % (
+        text = "%s; %s: %s waits in what its loop issues, its victim" % (
             "; ".join(habits[r].text for r in culprits),
             "; ".join(habits[r].text for rs in routine for r in rs),
             rk([r for rs in routine for r in rs], 8),
@@ -274,10 +296,10 @@ def decide(ctx: Ctx, group: Any, recs: Mapping[int, Record], classes: Sequence[S
 
 def _undecided(habits: Mapping[int, Habit]) -> str:
     st = {h.status for h in habits.values()}
-    if st <= {NEW, OUT_OF_PLACE} and st:
+    if st <= set(CHANGED) and st:
         why = "each rank's collective is new to its own loop: both changed path"
-    elif st == {ROUTINE}:
-        why = "each rank's collective is one its own loop issued every step: their loops differ"
+    elif st <= set(BENIGN):
+        why = "each rank's collective is one its own loop issues: their loops differ"
     elif UNKNOWN in st:
         why = "a rank's history shows no loop to compare with"
     else:
@@ -295,12 +317,13 @@ HISTORY_PREFIX = "tie broken by each rank's own history: "
 def details(dec: Decision) -> Dict[str, Any]:
     """``details['changed_by_history']`` of a verdict a decided ``dec`` gave: {'ranks',
     'left_loop', 'victims', 'ops' (str(rank) -> op), 'steps' (str(rank) -> earlier steps
-    seen), 'text'}."""
+    seen), 'status' (str(rank) -> routine | recurring | new | out-of-place), 'text'}."""
     return {
         "ranks": list(dec.culprits),
         "left_loop": list(dec.left_loop),
         "victims": [h.rank for h in dec.habits if h.rank not in dec.culprits],
         "ops": {str(h.rank): h.op for h in dec.habits},
         "steps": {str(h.rank): h.steps for h in dec.habits},
+        "status": {str(h.rank): h.status for h in dec.habits},
         "text": dec.text,
     }
