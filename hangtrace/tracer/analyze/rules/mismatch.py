@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.graph import history, sigclasses
+from hangtrace.tracer.analyze.graph import history, sigclasses, sizeabort
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.rankview import Record
 from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rk, where_rec
@@ -225,6 +225,23 @@ def _tie_details(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]], tie_note: str
         d.details["p2p_expected"] = tie_note[len("tie broken: ") :]
 
 
+def _size_abort(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]], how: Optional[str], d: Diagnosis) -> None:
+    """A member SIGABRTed in it (gloo's size check, ``graph/sizeabort.py``) after the hang
+    began: ``details['size_abort']`` and the line saying the abort is a consequence."""
+    for r in sorted(r for rs in sigs.values() for r in rs):
+        v = ctx.views.get(r)
+        if v is not None and v.dead and sizeabort.aborted(v):
+            peers = sizeabort.failed_peers(ctx, v, inst.group)
+            d.details["size_abort"] = {
+                "rank": r,
+                "peers": peers,
+                "text": sizeabort.GLOO_SIZE_CHECK,
+                "how": how or "",
+            }
+            ctx.add(sizeabort.consequence_line(ctx, v, inst.group, peers))
+            return
+
+
 def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     """Signatures per rank class, the minority marked; ``details['signatures']``."""
     inst, others = finding.data
@@ -258,6 +275,7 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         )
     if tie_note:
         _tie_details(ctx, inst, sigs, tie_note, d)
+    _size_abort(ctx, inst, sigs, tie_note, d)
     if inst.p2p and inst.waiters:
         d.details["p2p_pair"] = sorted({inst.waiters[0], inst.peer})
     group_threads(
