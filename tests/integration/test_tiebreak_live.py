@@ -61,11 +61,16 @@ def test_gloos_size_check_abort_at_a_call_the_peer_never_made_is_the_mismatch(tm
     d, out = _run(tmp_path, "metric")
     assert (d["kind"], d["culprit_ranks"]) == ("collective-mismatch", [0]), out[-3000:]
     ab = d["details"]["size_abort"]
-    assert ab["rank"] == 0 and ab["peers"] == [1] and ab["call"] == 1, ab
+    assert ab["rank"] == 0 and ab["peers"] == [1], ab
     assert "Received data size doesn't match expected size" in d["summary"], d["summary"]
     assert "Dead rank" not in d["summary"] and "faulthandler" not in d["summary"], d["summary"]
-    assert any("rank 1 failed in backward" in e for e in d["evidence"]), d["evidence"]
-    assert [c["rank"] for c in d["cascade"]] == [1] and d["cascade"][0]["victim"], d["cascade"]
+    # rank 1's bucket all-reduce is in the snapshot when its Flight Recorder was dumped before
+    # it died (then the signatures are compared); else the call it never made decides
+    if "call" in ab:
+        assert ab["call"] == 1 and any("rank 1 failed in backward" in e for e in d["evidence"]), d["evidence"]
+    else:
+        assert {s["numel"]: s["ranks"] for s in d["details"]["signatures"]}[1] == [0], d["details"]
+    assert any(c["rank"] == 1 and c["victim"] for c in d["cascade"]), d["cascade"]
 
 
 def test_gloos_size_check_aborts_the_rank_that_did_not_change_and_the_other_is_named(tmp_path):
