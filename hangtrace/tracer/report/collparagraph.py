@@ -43,8 +43,8 @@ def _what_differs(sigs: List[Dict[str, Any]]) -> str:
     )
 
 
-def mismatch_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
-    """The sentences of a collective mismatch (rules/mismatch.py, analyze/graph/)."""
+def _special(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    """The mismatches told apart from the signature comparison, or ''."""
     if d.get("group_order"):  # ranks that created their groups in another order (analyze/graph/groupdefs.py)
         return "Collective mismatch: %s." % d["group_order"]["text"]
     if diag.cause == Cause.SEQUENCE_DIVERGED:
@@ -53,6 +53,17 @@ def mismatch_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> st
             "sequence of collectives on this group diverged%s%s."
             % (who, _verb(diag.culprit_ranks), coll, _where(diag), _doing(diag))
         )
+    ab = d.get("size_abort")  # analyze/graph/sizeabort.py: gloo's size check aborted a rank
+    if ab and not d.get("signatures") and coll:
+        return _unmatched_text(diag, who, coll, ab)
+    return ""
+
+
+def mismatch_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
+    """The sentences of a collective mismatch (rules/mismatch.py, analyze/graph/)."""
+    special = _special(diag, who, coll, d)
+    if special:
+        return special
     sigs = d.get("signatures") or []
     # each side's phase/step only when they differ (rank 0 in 'checkpoint' of step 3, the others in step 4)
     differ = len({(x.get("phase"), x.get("step")) for x in sigs}) > 1
@@ -131,6 +142,7 @@ def mismatch_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> st
                 sk.get("last_call"),
             )
         )
+    threads = threads or _changed_text(diag, d)
     if coll:
         return "Collective mismatch: %s %s at %s%s%s%s; %s.%s" % (
             who,
@@ -152,6 +164,80 @@ def mismatch_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> st
             " (%s)" % sig_txt if sig_txt else "",
             _where(diag),
             _doing(diag),
+        )
+    )
+
+
+def _unmatched_text(diag: Diagnosis, who: str, coll: str, ab: Dict[str, Any]) -> str:
+    """A size-check abort at a call the peers never made (no signatures to compare)."""
+    return "Collective mismatch: %s issued %s at %s, a call %s never made%s%s. %s" % (
+        who,
+        diag.op,
+        coll,
+        _ranks(ab.get("peers")),
+        _where(diag),
+        _doing(diag),
+        _abort_text(diag, ab),
+    )
+
+
+def _changed_text(diag: Diagnosis, d: Dict[str, Any]) -> str:
+    """Which side changed by its own loop (``changed_by_history``), else the size-check abort's
+    sentence (without its period), else ''."""
+    if d.get("changed_by_history"):
+        return _history_text(d["changed_by_history"])
+    if d.get("size_abort"):
+        return _abort_text(diag, d["size_abort"])[:-1]
+    return ""
+
+
+def _abort_text(diag: Diagnosis, ab: Dict[str, Any]) -> str:
+    """The sentence of ``details['size_abort']``: the abort and the peers' errors are consequences."""
+    r = ab.get("rank")
+    peers = ab.get("peers") or []
+    return 'gloo\'s size check aborted %s (SIGABRT: "%s")%s%s: consequences of the mismatch, not causes.' % (
+        "it" if diag.culprit_ranks == [r] else "rank %s" % r,
+        ab.get("text"),
+        ", which is not the rank that changed" if r not in (diag.culprit_ranks or []) else "",
+        " and %s then failed with a connection error" % _ranks(peers) if peers else "",
+    )
+
+
+def _history_text(h: Dict[str, Any]) -> str:
+    """The sentence of ``details['changed_by_history']``: who left its loop early, or whose
+    collective is new to its loop, against the victims' per-step one."""
+    ranks, victims = h.get("ranks") or [], h.get("victims") or []
+    ops, steps = h.get("ops") or {}, h.get("steps") or {}
+    first = str(ranks[0]) if ranks else ""
+    every = all((h.get("status") or {}).get(str(v), "routine") == "routine" for v in victims)
+    theirs = "%s %s in %s, the collective %s" % (
+        _ranks(victims),
+        _verb(victims, "waits", "wait"),
+        "/".join(sorted({str(ops.get(str(v))) for v in victims})),
+        ("%s every earlier step issued at this place" if every else "%s loop issued before")
+        % ("its" if len(victims) == 1 else "their"),
+    )
+    if h.get("left_loop"):
+        return (
+            "%s left %s loop early (its %s comes after its loop, in another phase) while %s: uneven "
+            "inputs per rank, or a loop that ended on one rank"
+            % (
+                _ranks(h["left_loop"]),
+                "its" if len(h["left_loop"]) == 1 else "their",
+                ops.get(first),
+                theirs,
+            )
+        )
+    return (
+        "%s's %s is new to %s loop (none of its %s earlier steps issued it) while %s: %s took another "
+        "path in its loop (rank-specific code such as a rank-0-only callback)"
+        % (
+            _ranks(ranks),
+            ops.get(first),
+            "its" if len(ranks) == 1 else "their",
+            steps.get(first),
+            theirs,
+            _ranks(ranks),
         )
     )
 

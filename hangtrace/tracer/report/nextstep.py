@@ -116,6 +116,20 @@ _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
     (_MISMATCH, lambda g, d: len((d.get("group_threads") or {}).get("threads") or ()) > 1, THREADS_NEXT),
     (_MISMATCH, lambda g, d: d.get("p2p_pair"), P2P_PEER_NEXT),
     (_MISMATCH, lambda g, d: d.get("skipped_call"), lambda g, d: NEXT[Kind.SKIPPED_COLLECTIVE]),
+    (
+        _MISMATCH,
+        lambda g, d: (d.get("size_abort") or {}).get("call") is not None,  # analyze/graph/sizeabort.py
+        lambda g, d: NEXT[Kind.SKIPPED_COLLECTIVE],
+    ),
+    (
+        _MISMATCH,
+        lambda g, d: d.get("changed_by_history"),  # analyze/graph/history.py
+        lambda g, d: (
+            DEPARTED_NEXT
+            if (d.get("changed_by_history") or {}).get("left_loop")
+            else NEXT[Kind.SKIPPED_COLLECTIVE]
+        ),
+    ),
     (_ACTORS, lambda g, d: self_call(d), SELF_CALL_NEXT),
     (
         _ACTORS,

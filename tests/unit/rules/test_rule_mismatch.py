@@ -33,11 +33,21 @@ def test_four_rank_mismatch_numel():
 
 
 def test_mismatch_tie_names_all():
-    b = ranks(2)
+    # two all_reduces are a start, not yet a loop: no history decides (analyze/graph/history.py)
+    b = ranks(2, steps=2)
     b[0].wait(op="all_reduce")
     b[1].wait(op="broadcast", peer=0)
     d = check(diagnose(snap(b)), "collective-mismatch", [0, 1])
-    assert any("no majority" in e for e in d.evidence)
+    assert any("no majority" in e and "history cannot decide" in e for e in d.evidence), d.evidence
+
+
+def test_mismatch_tie_broken_by_the_loop_each_rank_ran():
+    # three all_reduces are a loop: rank 1's broadcast is new to it (issue 37)
+    b = ranks(2)
+    b[0].wait(op="all_reduce")
+    b[1].wait(op="broadcast", peer=0)
+    d = check(diagnose(snap(b)), "collective-mismatch", [1])
+    assert d.details["changed_by_history"]["victims"] == [0], d.details
 
 
 def test_rank0_checkpoint_mismatch_names_both_phases():

@@ -128,20 +128,23 @@ def _extra_batch_against_eval(first_step_collectives):
     return diagnose(snap([r0, r1]))
 
 
-def test_two_ranks_at_different_steps_are_both_named_with_the_step_skew():
-    """Blind job ddp_extra_batch (2 ranks). No per-step baseline decides (the first step
-    also broadcast DDP's buffers: 3 collectives): both are named, and the evidence says
-    they ran different numbers of steps."""
+def test_two_ranks_at_different_steps_the_one_that_left_its_loop_is_named():
+    """Blind job ddp_extra_batch (2 ranks): rank 0's data ran out first and it went into
+    eval's barrier while rank 1 trains one batch more. No per-step count decides (the first
+    step also broadcast DDP's buffers: 3 collectives); each rank's own history does (issue
+    37): rank 0's barrier is new to its loop and outside its loop's phase, rank 1's
+    all_reduce is the one every step issued: rank 0 left its loop early."""
     d = _extra_batch_against_eval(3)
-    assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0, 1]), d.summary
-    skew = [e for e in d.evidence if "different numbers of steps" in e]
-    assert skew and "rank 1 at step 4" in skew[0] and "rank 0 at step 3 (phase eval)" in skew[0], d.evidence
+    assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0]), d.summary
+    assert d.details["changed_by_history"]["left_loop"] == [0], d.details
+    assert "Rank 0 left its loop early" in d.summary and "Next: find what ended" in d.summary, d.summary
 
 
 def test_a_rank_that_left_its_loop_into_another_phase_did_not_issue_one_more():
     """Clean per-step baseline (one all_reduce per step): rank 0's eval barrier is not
-    'one more collective in step 3' (another phase than the loop's): the tie stands, both
-    named."""
+    'one more collective in step 3' (another phase than the loop's, stepcounts.py): it left
+    its loop early, and history names it so, not the per-step count."""
     d = _extra_batch_against_eval(1)
-    assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0, 1]), d.summary
-    assert not any("tie broken" in e for e in d.evidence), d.evidence
+    assert (d.kind, d.culprit_ranks) == ("collective-mismatch", [0]), d.summary
+    assert not any("per-step collective count" in e for e in d.evidence), d.evidence
+    assert any("left its loop early" in e for e in d.evidence), d.evidence

@@ -12,6 +12,9 @@ that seq, and this module holds the two that need no job knowledge:
   one that changed, whichever of the two gloo aborted. Different ops are left alone: a
   rank's first barrier after its loop is new too, and legitimately so.
 
+Then each rank's own history (``graph/history.py``): the rank whose collective its loop
+never issued at that place, against a rank waiting in the one every earlier step issued.
+
 gloo aborts the rank that receives more data than it expects (SIGABRT), which is the one
 with the *smaller* tensor: the rank that changed only when it shrank (blind jobs of
 2026-12-02: 8 against 10 elements, float32 against float64, aborted the rank that had not
@@ -23,6 +26,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx, history
+from hangtrace.tracer.analyze.graph import history as history_facts
 from hangtrace.tracer.analyze.rankview import Record
 from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
 from hangtrace.tracer.analyze.evidence import desc_rec, rk
@@ -148,8 +152,9 @@ def changed(
     recs: Dict[int, Record],
     fallback: Optional[Tuple[List[int], str]] = None,
 ) -> Tuple[List[int], str]:
-    """Who changed at ``(group, seq)`` by majority, then novelty; else ``fallback``, else
-    every rank (the line says which fact decided)."""
+    """Who changed at ``(group, seq)`` by majority, then novelty, then each rank's own
+    history (``graph/history.py``); else ``fallback``, else every rank (the line says which
+    fact decided, or why history could not)."""
     sigs = classes(recs)
     minority = majority(sigs)
     if minority is not None:
@@ -157,10 +162,12 @@ def changed(
     new = novelty(ctx, group, seq, sigs, recs)
     if new is not None:
         return new
-    return fallback or (
-        sorted(recs),
-        "no majority and no earlier record of the group says which rank changed: naming all",
-    )
+    hist = history_facts.decide(ctx, group, recs, list(sigs.values()))
+    if hist.decided:
+        return hist.culprits, history_facts.HISTORY_PREFIX + hist.text
+    if fallback is not None:
+        return fallback[0], fallback[1] + " (" + hist.text + ")"
+    return sorted(recs), "no majority: " + hist.text
 
 
 def earlier_line(ctx: Ctx, group: object, seq: Optional[int]) -> Optional[str]:

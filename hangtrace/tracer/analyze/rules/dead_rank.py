@@ -9,8 +9,12 @@ peers then fail with a connection error. When the root died of a fatal signal an
 members' records at its newest collective's (group, seq) carry two or more signatures
 (op, dtype, numel, root), the verdict is 'collective-mismatch' (cause 'mismatch') naming
 the rank that changed (``analyze/graph/sigclasses.py``: the minority, else the one class whose
-signature is new on the group), else the dead rank; every signature with its ranks and
-the signal are evidence. Whether the death or a hang is the verdict is the
+signature is new on the group, else each rank's own history, ``analyze/graph/history.py``),
+else the dead rank; every signature with its ranks and the signal are evidence. A rank
+SIGABRTed in a collective its peers never made (they failed with a transport error in a
+collective torch issued itself, DDP's bucket all-reduce) is that mismatch too
+(``analyze/graph/sizeabort.py``, ``details['size_abort']``): gloo's sentence is evidence,
+the abort and the peers' connection errors its consequence, never a 'fatal-signal' death. Whether the death or a hang is the verdict is the
 arbiter's decision table (``analyze/arbiter.py``). The group/seq shown are those of the
 instance with the most waiters that misses the root, else the root's newest collective.
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.graph import sigclasses
+from hangtrace.tracer.analyze.graph import sigclasses, sizeabort
 from hangtrace.tracer.analyze.failures import teardown
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.rankview import RankView
@@ -104,11 +108,48 @@ def _explain_abort_mismatch(
     early = sigclasses.earlier_line(ctx, g, rec.get("seq"))
     if early:
         ctx.add(early)
-    ctx.add(
-        "rank %d died of a fatal signal in it (%s): gloo aborts the rank that receives more data than it "
-        "expects (the smaller tensor), which is not always the rank that changed"
-        % (root.rank, (root.cause_text or "")[:160])
+    if sizeabort.aborted(root):
+        peers = sizeabort.failed_peers(ctx, root, g)
+        d.details["size_abort"] = {
+            "rank": root.rank,
+            "peers": peers,
+            "text": sizeabort.GLOO_SIZE_CHECK,
+            "how": how,
+        }
+        ctx.add(sizeabort.consequence_line(ctx, root, g, peers))
+    else:
+        ctx.add(
+            "rank %d died of a fatal signal in it (%s): gloo aborts the rank that receives more data than it "
+            "expects (the smaller tensor), which is not always the rank that changed"
+            % (root.rank, (root.cause_text or "")[:160])
+        )
+
+
+def _explain_unmatched(ctx: Ctx, root: RankView, uc: sizeabort.Unmatched, d: Diagnosis) -> None:
+    """A size-check abort at a call the peers never made (``graph/sizeabort.py``)."""
+    rec = uc.rec
+    fill_common(ctx, d, list(uc.culprits), None)
+    d.kind, d.cause = Kind.COLLECTIVE_MISMATCH, Cause.MISMATCH
+    d.group, d.group_ranks, d.seq, d.op = (
+        uc.group,
+        list(ctx.members(uc.group)) or None,
+        rec.get("seq"),
+        rec.get("op"),
     )
+    d.details["cause_text"] = root.cause_text
+    d.details["group_desc"] = (ctx.groups.get(uc.group) or {}).get("desc")
+    d.details["size_abort"] = {
+        "rank": root.rank,
+        "call": uc.call,
+        "peers": list(uc.peers),
+        "text": sizeabort.GLOO_SIZE_CHECK,
+        "how": uc.line,
+    }
+    sigclasses.at_call(d, rec)
+    ctx.add(uc.line)
+    for line in uc.peer_lines:
+        ctx.add(line)
+    ctx.add(sizeabort.consequence_line(ctx, root, uc.group, list(uc.peers)))
 
 
 def _where_it_stopped(ctx: Ctx, d: Diagnosis, root: RankView) -> Optional[Inst]:
@@ -156,6 +197,11 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         _explain_departure(ctx, d, root, all_roots, fails)
         return
     mm = _abort_mismatch(ctx, root)
+    uc = sizeabort.unmatched(ctx, root) if mm is None else None
+    if uc is not None:  # gloo's size check aborted it at a call its peers never made
+        _explain_unmatched(ctx, root, uc, d)
+        d.cascade = [c for c in fails if c["rank"] not in uc.culprits]
+        return
     if mm is not None:
         culprits, how = _abort_culprits(ctx, root, mm)
         fill_common(ctx, d, culprits, None)

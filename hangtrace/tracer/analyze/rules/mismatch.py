@@ -9,18 +9,22 @@ one each), facts of the flight record break the tie (issue 9), in this order:
 00. all classes are one op and exactly one class's signature is new on the group at this
    seq (``analyze/graph/sigclasses.py``: a metric all-reduced as float32 at every earlier step,
    now float64 on one rank);
-0. exactly one tied class holds a rank that died of a fatal signal in it (gloo aborts the
-   rank that receives more data than it expects: SIGABRT, DESIGN.md; the smaller tensor,
-   so this is the weakest fact);
-1. exactly one tied class holds ranks that survived an exception since the others began
+0. exactly one tied class holds ranks that survived an exception since the others began
    to wait (a failed phase, a dead thread, an asyncio task nobody awaited: it took
    another path because of it, e.g. torchtitan's teardown barrier after an exception);
-2. exactly one tied rank deviates from the loop's per-step collective count on the group
+1. each rank's own history (``analyze/graph/history.py``, issue 37): one class's collective
+   is new to its loop (or out of its place in the step) while every other class's is the
+   one their loops issued at this place in every earlier step; a changed rank outside its
+   loop's phases left its loop early (``details['changed_by_history']``);
+2. exactly one tied class holds a rank that died of a fatal signal in it (gloo aborts the
+   rank that receives more data than it expects: SIGABRT, DESIGN.md; the smaller tensor,
+   so this is the weakest fact);
+3. exactly one tied rank deviates from the loop's per-step collective count on the group
    (``analyze/graph/stepcounts.py``: it issued one more, or one fewer, than in every earlier
    step; "one more" counts only collectives of the phases the loop's steps used, so a
    rank that left its loop into eval's barrier without a new step did not issue one more);
 
-otherwise every rank is named ("name all"). P2P: both sides posted the pair seq in the same direction
+otherwise every rank is named ("name all", with why history could not decide). P2P: both sides posted the pair seq in the same direction
 (send/send, recv/recv) or with different sizes -> mismatch on both ranks. Of several
 mismatched instances the one with the most waiters (then the earliest) is shown.
 """
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from hangtrace.tracer.analyze.graph import sigclasses
+from hangtrace.tracer.analyze.graph import history, sigclasses, sizeabort
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.rankview import Record
 from hangtrace.tracer.analyze.evidence import desc_rec, fill_common, rk, where_rec
@@ -56,21 +60,14 @@ def find(ctx: Ctx) -> Optional[Finding]:
     return Finding(NAME, (), main.start, data=(main, [i for i in mism if i is not main]))
 
 
-def _tie_break(ctx: Ctx, inst: Inst, tied: List[List[int]]) -> Optional[Tuple[List[int], str]]:
+def _tie_break(
+    ctx: Ctx, inst: Inst, tied: List[List[int]], hist: Optional[history.Decision]
+) -> Optional[Tuple[List[int], str]]:
     """The tied class that diverged (see the module doc), with the evidence line, or None."""
     if inst.p2p:
         exp = [(rs, x) for rs in tied for x in (p2p_expected(ctx, inst, rs[0]),) if x]
         if len(exp) == 1:
             return list(exp[0][0]), "tie broken: " + exp[0][1]
-    aborted = [
-        rs for rs in tied if any(ctx.views[r].dead and ctx.views[r].cause == "fatal-signal" for r in rs)
-    ]
-    if len(aborted) == 1:
-        r = next(r for r in aborted[0] if ctx.views[r].dead)
-        return list(aborted[0]), (
-            "tie broken: rank %d died of a fatal signal in it (%s): gloo aborts the rank "
-            "that receives more data than it expects" % (r, (ctx.views[r].cause_text or "")[:120])
-        )
     since_wall = inst.start or 0
     with_exc = []
     for rs in tied:
@@ -81,6 +78,17 @@ def _tie_break(ctx: Ctx, inst: Inst, tied: List[List[int]]) -> Optional[Tuple[Li
         rs, hits = with_exc[0]
         r, x = hits[-1]
         return list(rs), "tie broken: rank %d survived an exception that changed its path: %s" % (r, x.line())
+    if hist is not None and hist.decided:
+        return hist.culprits, history.HISTORY_PREFIX + hist.text
+    aborted = [
+        rs for rs in tied if any(ctx.views[r].dead and ctx.views[r].cause == "fatal-signal" for r in rs)
+    ]
+    if len(aborted) == 1:
+        r = next(r for r in aborted[0] if ctx.views[r].dead)
+        return list(aborted[0]), (
+            "tie broken: rank %d died of a fatal signal in it (%s): gloo aborts the rank "
+            "that receives more data than it expects" % (r, (ctx.views[r].cause_text or "")[:120])
+        )
     if all(len(rs) == 1 for rs in tied):
         dev = tie_breaker(ctx.procs, inst.group, [rs[0] for rs in tied])
         if dev is not None:
@@ -160,13 +168,16 @@ def _culprits(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]]) -> Tuple[List[in
         return new[0], "tie broken: " + new[1]
     top = max(map(len, sigs.values()))
     tied = [sorted(rs) for rs in sigs.values() if len(rs) == top]
-    broken = _tie_break(ctx, inst, tied)
+    hist = None
+    if not inst.p2p and len(recs) == sum(map(len, sigs.values())):
+        hist = history.decide(ctx, inst.group, recs, [sorted(rs) for rs in sigs.values()])
+    broken = _tie_break(ctx, inst, tied, hist)
     if broken is not None:
         return broken
     return (
         [r for rs in sigs.values() for r in rs],
-        "no majority: %d signatures with %d rank(s) each; naming all%s"
-        % (len(tied), top, _step_skew(ctx, inst, sigs)),
+        "no majority: %d signatures with %d rank(s) each; %s%s"
+        % (len(tied), top, hist.text if hist is not None else "naming all", _step_skew(ctx, inst, sigs)),
     )
 
 
@@ -203,6 +214,34 @@ def _rec_at(ctx: Ctx, inst: Inst, r: int) -> Optional[Record]:
     return v.last.get(inst.group)
 
 
+def _tie_details(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]], tie_note: str, d: Diagnosis) -> None:
+    """The tie's evidence line and its details: ``changed_by_history`` (issue 37), ``p2p_expected``."""
+    ctx.add(tie_note)
+    if tie_note.startswith(history.HISTORY_PREFIX):
+        recs = {r: rec for rs in sigs.values() for r in rs for rec in (_rec_at(ctx, inst, r),) if rec}
+        dec = history.decide(ctx, inst.group, recs, [sorted(rs) for rs in sigs.values()])
+        d.details["changed_by_history"] = history.details(dec)
+    if inst.p2p and tie_note.startswith("tie broken") and "most likely the wrong peer" in tie_note:
+        d.details["p2p_expected"] = tie_note[len("tie broken: ") :]
+
+
+def _size_abort(ctx: Ctx, inst: Inst, sigs: Dict[Sig, List[int]], how: Optional[str], d: Diagnosis) -> None:
+    """A member SIGABRTed in it (gloo's size check, ``graph/sizeabort.py``) after the hang
+    began: ``details['size_abort']`` and the line saying the abort is a consequence."""
+    for r in sorted(r for rs in sigs.values() for r in rs):
+        v = ctx.views.get(r)
+        if v is not None and v.dead and sizeabort.aborted(v):
+            peers = sizeabort.failed_peers(ctx, v, inst.group)
+            d.details["size_abort"] = {
+                "rank": r,
+                "peers": peers,
+                "text": sizeabort.GLOO_SIZE_CHECK,
+                "how": how or "",
+            }
+            ctx.add(sizeabort.consequence_line(ctx, v, inst.group, peers))
+            return
+
+
 def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     """Signatures per rank class, the minority marked; ``details['signatures']``."""
     inst, others = finding.data
@@ -235,9 +274,8 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
             )
         )
     if tie_note:
-        ctx.add(tie_note)
-        if inst.p2p and broken and "most likely the wrong peer" in tie_note:
-            d.details["p2p_expected"] = tie_note[len("tie broken: ") :]
+        _tie_details(ctx, inst, sigs, tie_note, d)
+    _size_abort(ctx, inst, sigs, tie_note, d)
     if inst.p2p and inst.waiters:
         d.details["p2p_pair"] = sorted({inst.waiters[0], inst.peer})
     group_threads(
