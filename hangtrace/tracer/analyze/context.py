@@ -72,7 +72,7 @@ def judged_window(
     snapshot is judged hung only when no process advanced between the two readings of the
     ring headers and torch's counters (``watch/progress.py``, the watcher's definition of
     progress; measured 2026-12-07: 1 of 25 and 4 of 37 point-in-time ``dump``s of a healthy
-    DDP job gave a hang verdict)."""
+    DDP job gave a hang verdict). When nothing advanced, the hang rules may judge it."""
     w = snapshot.window
     if w is None or w.source != "rings" or snapshot.reason in ("stall", "death"):
         return None, ()
@@ -157,19 +157,22 @@ class Ctx:
             self.age_s is not None and self.age_s >= self.stall_s
         )
         self.window, self.advanced = judged_window(snapshot, self.views)
+        self.advanced_in_window = bool(self.window is not None and self.window.advanced)
         self._judge_window()
         self.insts: Dict[Any, Inst] = {}
         self.inst_of: Dict[int, Inst] = {}
         self.cache: Dict[str, Any] = {}
 
     def _judge_window(self) -> None:
-        """A live snapshot judged over a window (issue 38): stalled when nothing advanced in
-        it, else not, with its last progress within the window (torch's counters may have
-        moved while the ring did not: C++ collectives)."""
-        if self.window is None:
+        """A live snapshot judged over a window (issue 38) in which a process advanced: not
+        stalled (``diagnose`` then runs no hang rule), its last progress within the window
+        (torch's counters may have moved while the ring did not: C++ collectives). When
+        nothing advanced, the hang rules judge the snapshot and staleness stays the stall
+        threshold's: two seconds without progress make no stall (a step of long compute)."""
+        if self.window is None or not self.window.advanced:
             return
-        self.stalled = not self.window.advanced
-        if self.window.advanced and (self.age_s is None or self.age_s > self.window.window_s):
+        self.stalled = False
+        if self.age_s is None or self.age_s > self.window.window_s:
             self.age_s = self.window.window_s
 
     def _choose(self, snapshot: Snapshot) -> Dict[int, ProcessInfo]:

@@ -57,7 +57,7 @@ def _graph(ctx: Ctx) -> Optional[Finding]:
     """(Re)build the wait-for graph; the first hang rule that finds, or None."""
     ctx.insts, ctx.inst_of = build_instances(ctx)
     ctx.cache.clear()
-    if not ctx.insts or (ctx.window is not None and not ctx.stalled):
+    if not ctx.insts or ctx.advanced_in_window:
         return None  # (a process advanced in the snapshot's window: whatever waits, it is not hung)
     return next((f for f in (rule.find(ctx) for rule in HANG_RULES) if f is not None), None)
 
