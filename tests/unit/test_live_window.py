@@ -103,3 +103,13 @@ def test_the_window_takes_the_snapshot_between_two_readings(tmp_path, monkeypatc
     )
     assert got == "snap" and reads == [100.0, 101.0]  # at least MIN_WINDOW_S apart
     assert w == ProgressWindow(window_s=1.0, source="rings", advanced=())
+
+
+def test_a_stored_snapshot_keeps_its_window(tmp_path):
+    """``analyze`` of a snapshot folder ``dump`` wrote judges it as ``dump`` did."""
+    from hangtrace.tracer.collect import rings
+
+    w = ProgressWindow(window_s=2.1, advanced=("h0:1001", "h0:1002"))
+    rings.write_window(dataclasses.replace(caught_apart(), path=str(tmp_path), window=w))
+    assert rings._read_window(str(tmp_path)) == w
+    assert rings._read_window(str(tmp_path / "none")) is None
