@@ -62,15 +62,42 @@ def wait_file(job, path, timeout=180, pred=lambda p: p.exists()):
     raise AssertionError("timeout waiting for %s" % path)
 
 
+def descendants(pid):
+    """pids of every live descendant of ``pid`` (torchrun starts each rank in a process group
+    of its own, so killing torchrun's group leaves the ranks and their DataLoader workers)."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d, "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def stop(*procs):
-    """SIGKILL each process group (the jobs and burners run in their own sessions)."""
+    """SIGKILL each process, its process group and every descendant (the jobs and burners
+    run in their own sessions; torchrun's ranks in groups of their own)."""
     for p in procs:
         if p is None:
             continue
+        tree = descendants(p.pid)
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except OSError:
             pass
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         try:
             p.wait(timeout=20)
         except Exception:
