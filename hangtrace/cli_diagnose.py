@@ -62,7 +62,11 @@ def cmd_dump(args: argparse.Namespace) -> int:
     if not run_dir:
         raise RunDirError("no run directory given", "pass RUN_DIR, or set HANGTRACE_DIR")
     pipeline.require_dir(run_dir)  # (a mistyped path: no snapshot folder made there)
-    _print_diag(pipeline.dump_live(run_dir, "request", native=args.native, stall_s=stall_s), args.json)
+    from .tracer.watch.progress import DEFAULT_WINDOW_S
+
+    window_s = DEFAULT_WINDOW_S if args.window is None else args.window
+    res = pipeline.dump_live(run_dir, "request", native=args.native, stall_s=stall_s, window_s=window_s)
+    _print_diag(res, args.json)
     return 0
 
 
@@ -76,7 +80,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         return 0 if jobs else 5
     from .tracer.pipeline import attach
 
-    _print_diag(attach(args.pid or None, native=args.native, log=_err), args.json)
+    _print_diag(attach(args.pid or None, native=args.native, log=_err, window_s=args.window), args.json)
     return 0
 
 
@@ -93,6 +97,16 @@ def add_parsers(sub: Any) -> None:
         default=None,
         help="seconds without progress after which the run counts as stalled (default "
         "HANGTRACE_STALL_S, else 300); pass the run's own --stall-s",
+    )
+    d.add_argument(
+        "--window",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="judge the job over this many seconds (at least 1; default 2): the ring "
+        "headers are read before and after the snapshot, and the job counts as hung only when no "
+        "process made progress between the two readings (one instant catches healthy ranks "
+        "milliseconds apart)",
     )
     d.add_argument(
         "--ray",
@@ -146,6 +160,14 @@ def add_parsers(sub: Any) -> None:
         "torch.distributed job you started most recently (named on stderr, with the reason)",
     )
     t.add_argument("--json", action="store_true")
+    t.add_argument(
+        "--window",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds between the two stack samples (default 1; 0: one sample): stacks that "
+        "change between them are a working job, not a hung one",
+    )
     t.add_argument("--native", action="store_true")
     t.add_argument(
         "--list",

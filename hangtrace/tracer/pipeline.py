@@ -14,6 +14,7 @@ in the snapshot folder.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -261,6 +262,7 @@ def dump_live(
     with_stacks: bool = True,
     log: Optional[Log] = None,
     stall_s: Optional[float] = None,
+    window_s: Optional[float] = None,
 ) -> Result:
     """Snapshot a live run (stacks of the alive processes), analyse it, store
     diagnosis.json/report.txt (``hangtrace dump``, the watcher, ``hangtrace run``).
@@ -268,21 +270,43 @@ def dump_live(
     For a Ray run (``collect.ray.rayjob.is_ray_run``) the snapshot comes from every alive node
     (``ray_collect``, unless ``HANGTRACE_RAY_COLLECT=0``); when Ray cannot be reached it is
     this node's only, and ``log`` (default stderr) says why. ``stall_s``: as in
-    ``diagnose_snapshot``. Raises RunDirError.
+    ``diagnose_snapshot``. ``window_s`` (``hangtrace dump``; not for a snapshot taken at a
+    detected stall or death): the snapshot is taken between two readings of the ring headers
+    and torch's counters at least that many seconds apart (``watch/progress.window``), and
+    judged hung only when nothing advanced between them (``analyze/context.judged_window``).
+    Raises RunDirError.
     """
+    log = log or _stderr_log
+
+    def take() -> Snapshot:
+        return _live_snapshot(run_dir, reason, native, with_stacks, log)
+
+    if window_s is None or reason in ("stall", "death"):
+        snap = take()
+    else:
+        from hangtrace.tracer.collect.rings import write_window
+        from hangtrace.tracer.watch.progress import window
+
+        w, got = window(run_dir, window_s, during=take)
+        assert got is not None
+        snap = dataclasses.replace(got, window=w)
+        write_window(snap)
+    return diagnose_snapshot(snap, store=True, stall_s=stall_s)
+
+
+def _live_snapshot(run_dir: str, reason: str, native: bool, with_stacks: bool, log: Log) -> Snapshot:
+    """The snapshot of :func:`dump_live`: every alive Ray node's, else this node's."""
     from hangtrace.tracer.collect.ray.rayjob import is_ray_run, ray_collect
     from hangtrace.tracer.collect.rings import take_snapshot
 
-    log = log or _stderr_log
-    snap = None
     if with_stacks and is_ray_run(run_dir) and os.environ.get(config.RAY_COLLECT, "1") != "0":
         try:
             snap = ray_collect(run_dir, reason, native=native, log=log)
+            if snap is not None:
+                return snap
         except Exception as e:  # any failure of the cluster-wide path: this node's snapshot
             log("cluster-wide collection failed (%r); this node only" % (e,))
-    if snap is None:
-        snap = take_snapshot(run_dir, reason=reason, native=native, with_stacks=with_stacks)
-    return diagnose_snapshot(snap, store=True, stall_s=stall_s)
+    return take_snapshot(run_dir, reason=reason, native=native, with_stacks=with_stacks)
 
 
 def dump_ray(
@@ -320,8 +344,10 @@ def attach(
     native: bool = False,
     out_dir: Optional[str] = None,
     log: Log = _stderr_log,
+    window_s: Optional[float] = None,
 ) -> Result:
-    """``hangtrace attach``: stacks of a job not started with hangtrace, the stack-only
+    """``hangtrace attach``: stacks of a job not started with hangtrace (two samples
+    ``window_s`` seconds apart, default ``collect.attach.WINDOW_S``), the stack-only
     verdict, stored with the snapshot. Without ``pids``: the job this user started most
     recently, named on ``log`` with the reason. Raises NoProcessesError."""
     from hangtrace.tracer.analyze.diagnose import diagnose
@@ -329,7 +355,11 @@ def attach(
     from hangtrace.tracer.collect.rings import write_diagnosis
     from hangtrace.tracer.report.text import diagnosis_json, text_report, verdict_paragraph
 
-    snap = collect(pids, native=native, out_dir=out_dir, log=log)
+    from hangtrace.tracer.collect.attach import WINDOW_S
+
+    snap = collect(
+        pids, native=native, out_dir=out_dir, log=log, window_s=WINDOW_S if window_s is None else window_s
+    )
     diag = diagnose(snap)  # reason 'attach': the stack_only rule
     write_diagnosis(snap, diagnosis_json(diag), text_report(diag, snap))
     # the stack_only rule writes its own summary (stacks-only wording, as report.txt shows

@@ -81,6 +81,28 @@ class LoopTasks:
 
 
 @dataclass(frozen=True)
+class ProgressWindow:
+    """Two readings of a live job taken ``window_s`` seconds apart (issue 38): a point in
+    time catches healthy ranks a few milliseconds apart, so a live snapshot not taken at a
+    detected stall is judged over a window.
+
+    ``source`` 'rings': the ring headers and torch's collective counters were read twice
+    (``watch/progress.py``, the watcher's definition of progress); ``advanced``: keys
+    (``host:pid``) of the processes that made progress between the readings. ``source``
+    'stacks' (``hangtrace attach``: no rings): each process's stacks were taken twice, the
+    earlier ones in ``ProcessInfo.earlier_stacks``; ``advanced`` is empty (the analysis
+    compares the stacks); ``cpu_share``: (key, CPU demand - run plus run-queue wait,
+    ``watch/busy.cpu_demand_s`` - in seconds per second between the samples) per process,
+    where it could be read.
+    """
+
+    window_s: float
+    source: str = "rings"
+    advanced: Tuple[str, ...] = ()
+    cpu_share: Tuple[Tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class ProcessInfo:
     """One traced process as seen at snapshot time.
 
@@ -132,6 +154,8 @@ class ProcessInfo:
     # its live child processes, traced or not, when its stacks were taken
     # (collect/kernelwait.children): [{'pid', 'argv', 'state', 'kernel'?}]
     children: Tuple[Dict[str, Any], ...] = ()
+    # its stacks taken ``Snapshot.window.window_s`` before ``stacks`` (attach's two samples)
+    earlier_stacks: Optional[List[Dict[str, Any]]] = None
 
     def __post_init__(self) -> None:
         if self.summary is None:
@@ -202,3 +226,5 @@ class Snapshot:
     path: Optional[str] = None
     ray_nodes: List[Dict[str, Any]] = field(default_factory=list)
     ray_state: Dict[str, Any] = field(default_factory=dict)
+    # a live snapshot judged over a window (``dump``, ``attach``), else None
+    window: Optional[ProgressWindow] = None

@@ -4,7 +4,8 @@
 In: a ``Snapshot`` (and the run's environment records). Out: a :class:`Ctx`: per rank a
 ``rankview.RankView`` (built by ``rankview.index_process``, deaths filled by
 ``failures/deaths.fill_death``, teardown marked by ``failures/teardown.mark``), the groups,
-the ranks without a record file, staleness.
+the ranks without a record file, staleness (for a live snapshot judged over a window, the
+window: :func:`judged_window`).
 
 Index (``rankview``; one pass over each process's records, O(records)): per group the record with the
 highest ``seq`` of kind 'collective' (the ring may have wrapped: only the per-group
@@ -30,7 +31,7 @@ from hangtrace.tracer.analyze.rankview import Record, RankView, index_process
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
 from hangtrace.tracer.envfacts import ProcessEnv
 from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
-from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
+from hangtrace.tracer.snapshot import ProcessInfo, ProgressWindow, Snapshot
 
 if TYPE_CHECKING:
     from hangtrace.tracer.analyze.graph.waitgraph import Inst
@@ -60,6 +61,23 @@ def history(proc: ProcessInfo) -> List[Record]:
     if any(r.get("source") in (FR_SOURCE, FR_JOINED_SOURCE) for r in seen.values()):  # joined: by time
         return sorted(seen.values(), key=lambda r: (r.get("t_wall_ns") or 0, r.get("idx") or 0))
     return sorted(seen.values(), key=lambda r: r.get("idx") or 0)
+
+
+def judged_window(
+    snapshot: Snapshot, views: Dict[int, RankView]
+) -> Tuple[Optional[ProgressWindow], Tuple[int, ...]]:
+    """The ring window of a live snapshot not taken at a detected stall or death, and the
+    ranks that advanced in it (``(None, ())`` otherwise). A point in time catches healthy
+    ranks a few milliseconds apart - one in a collective, its peer not there yet - so such a
+    snapshot is judged hung only when no process advanced between the two readings of the
+    ring headers and torch's counters (``watch/progress.py``, the watcher's definition of
+    progress; measured 2026-12-07: 1 of 25 and 4 of 37 point-in-time ``dump``s of a healthy
+    DDP job gave a hang verdict). When nothing advanced, the hang rules may judge it."""
+    w = snapshot.window
+    if w is None or w.source != "rings" or snapshot.reason in ("stall", "death"):
+        return None, ()
+    moved = set(w.advanced)
+    return w, tuple(sorted(r for r, v in views.items() if v.proc.key in moved))
 
 
 def plausible_world(ws: Any) -> int:
@@ -138,9 +156,24 @@ class Ctx:
         self.stalled = snapshot.reason in ("stall",) or (
             self.age_s is not None and self.age_s >= self.stall_s
         )
+        self.window, self.advanced = judged_window(snapshot, self.views)
+        self.advanced_in_window = bool(self.window is not None and self.window.advanced)
+        self._judge_window()
         self.insts: Dict[Any, Inst] = {}
         self.inst_of: Dict[int, Inst] = {}
         self.cache: Dict[str, Any] = {}
+
+    def _judge_window(self) -> None:
+        """A live snapshot judged over a window (issue 38) in which a process advanced: not
+        stalled (``diagnose`` then runs no hang rule), its last progress within the window
+        (torch's counters may have moved while the ring did not: C++ collectives). When
+        nothing advanced, the hang rules judge the snapshot and staleness stays the stall
+        threshold's: two seconds without progress make no stall (a step of long compute)."""
+        if self.window is None or not self.window.advanced:
+            return
+        self.stalled = False
+        if self.age_s is None or self.age_s > self.window.window_s:
+            self.age_s = self.window.window_s
 
     def _choose(self, snapshot: Snapshot) -> Dict[int, ProcessInfo]:
         """The process analysed per rank, by the process model (``tracer.process_model``:

@@ -58,8 +58,8 @@ def _graph(ctx: Ctx) -> Optional[Finding]:
     """(Re)build the wait-for graph; the first hang rule that finds, or None."""
     ctx.insts, ctx.inst_of = build_instances(ctx)
     ctx.cache.clear()
-    if not ctx.insts:
-        return None
+    if not ctx.insts or ctx.advanced_in_window:
+        return None  # (a process advanced in the snapshot's window: whatever waits, it is not hung)
     return next((f for f in (rule.find(ctx) for rule in HANG_RULES) if f is not None), None)
 
 
@@ -166,6 +166,8 @@ def diagnose(
         last_progress_age_s=ctx.age_s,
         stalled=ctx.stalled,
     )
+    if ctx.window is not None:
+        _window_evidence(ctx, d)
     if not ctx.views:
         found = _rankless(ctx)  # Ray actors without a rank (issue 9)
         if found is not None:
@@ -229,6 +231,42 @@ def diagnose(
         if found is not None:  # (the ranks are Ray actors waiting for their next call: not the cause)
             d.details["ranks_idle"] = sorted(ctx.views)
     return _finish(ctx, d)
+
+
+def _window_evidence(ctx: Ctx, d: Diagnosis) -> None:
+    """``details['window']`` and one evidence line: what moved in the live snapshot's window."""
+    w = ctx.window
+    assert w is not None
+    d.details["window"] = {
+        "window_s": w.window_s,
+        "advanced_ranks": list(ctx.advanced),
+        "advanced_processes": len(w.advanced),
+    }
+    if w.advanced:
+        others = len(w.advanced) - len(ctx.advanced)
+        ctx.add(
+            "in the %.1f s between two readings of the ring headers and torch's collective counters, %s "
+            "made progress: the job is not hung, whatever one instant shows"
+            % (
+                w.window_s,
+                ", ".join(
+                    x
+                    for x in (
+                        "rank%s %s"
+                        % ("s" if len(ctx.advanced) > 1 else "", format_ranks(list(ctx.advanced), 8))
+                        if ctx.advanced
+                        else "",
+                        "%d other process%s" % (others, "es" if others > 1 else "") if others else "",
+                    )
+                    if x
+                ),
+            )
+        )
+    else:
+        ctx.add(
+            "no traced process made progress in the %.1f s between two readings of the ring headers and "
+            "torch's collective counters" % w.window_s
+        )
 
 
 def _ranks_idle_actor(ctx: Ctx) -> Optional[Finding]:

@@ -23,7 +23,13 @@ import orjson
 
 from hangtrace.tracer.collect.discover import find_torch_processes
 from hangtrace.tracer.errors import NoProcessesError
-from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
+from hangtrace.tracer.snapshot import ProcessInfo, ProgressWindow, Snapshot
+
+#: seconds between the two stack samples of ``attach`` (py-spy takes ~10-20 ms per process)
+WINDOW_S = 1.0
+
+#: the least seconds between the CPU readings of the two samples
+MIN_QUIET_S = 0.5
 
 #: world sizes above this (from a process environment) are implausible and ignored
 _MAX_WORLD = 1 << 20
@@ -39,8 +45,12 @@ def collect(
     native: bool = False,
     out_dir: Optional[str] = None,
     log: Optional[Callable[[str], None]] = None,
+    window_s: float = WINDOW_S,
 ) -> Snapshot:
-    """Find the job's processes (``pids`` or a scan) and take their stacks.
+    """Find the job's processes (``pids`` or a scan) and take their stacks twice,
+    ``window_s`` seconds apart (0: once): the earlier ones in ``earlier_stacks``, the
+    interval in ``Snapshot.window`` (one instant cannot tell a hung job from a training
+    one; the analysis compares the two, ``analyze/stuck/twosamples.py``).
 
     Without ``pids``, the job started most recently by this user (``choose_job``); ``log``
     (default stderr) gets one line naming it and why.
@@ -50,8 +60,6 @@ def collect(
     (``tracer.pipeline.attach``) diagnoses it. Raises NoProcessesError when no
     torch.distributed process is found (with the reasons of skipped ones).
     """
-    from hangtrace.tracer.collect import stacks as S
-
     found = find_torch_processes(pids)
     notes: List[str] = []
     if pids is None and found:
@@ -65,7 +73,7 @@ def collect(
             "pass --pid PID for each rank, or run as the job's user/root; processes are "
             "recognised by RANK/LOCAL_RANK/WORLD_SIZE/TORCHELASTIC_RUN_ID in their environment",
         )
-    res = S.dump_stacks([d["pid"] for d in found], native=native)
+    first, res, window = _two_samples([d["pid"] for d in found], d0=found, native=native, window_s=window_s)
     procs = []
     for d in found:
         r = res.get(d["pid"]) or {}
@@ -83,6 +91,7 @@ def collect(
             and "%s%s" % (r["error"], (" (remedy: %s)" % r["remedy"]) if r.get("remedy") else ""),
             meta={"cmdline": d["cmdline"], "attached": True},
             children=tuple(r.get("children") or ()),
+            earlier_stacks=(first.get(d["pid"]) or {}).get("threads"),
         )
         procs.append(p)
     errors = notes + ["pid %s skipped: %s" % (s["pid"], s["reason"]) for s in found.skipped]
@@ -101,7 +110,13 @@ def collect(
     sdir = out_dir or os.path.join(tempfile.gettempdir(), "hangtrace-attach-%s-%d" % (stamp, os.getpid()))
     os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
     snap = Snapshot(
-        run_dir=sdir, taken_wall_ns=time.time_ns(), reason="attach", processes=procs, errors=errors, path=sdir
+        run_dir=sdir,
+        taken_wall_ns=time.time_ns(),
+        reason="attach",
+        processes=procs,
+        errors=errors,
+        path=sdir,
+        window=window,
     )
     for p in procs:
         if p.stacks is not None:
@@ -121,6 +136,38 @@ def collect(
 
 
 Found = Dict[str, Any]
+
+
+def _two_samples(
+    pids: List[int], d0: List[Found], native: bool, window_s: float
+) -> Tuple[Dict[int, Any], Dict[int, Any], Optional[ProgressWindow]]:
+    """``(first stacks, second stacks, window)``: ``stacks.dump_stacks`` of ``pids`` twice,
+    ``window_s`` seconds apart, and each process's CPU demand per second between the two
+    (``watch/busy.cpu_demand_s``, read after the first sample and before the second: the
+    samples' own ptrace stops are not counted; at least :data:`MIN_QUIET_S` apart); with
+    ``window_s`` 0, one sample and no window."""
+    from hangtrace.tracer.collect import stacks as S
+    from hangtrace.tracer.watch.busy import cpu_demand_s
+
+    if window_s <= 0:
+        return {}, S.dump_stacks(pids, native=native), None
+    t0 = time.monotonic()
+    first = S.dump_stacks(pids, native=native)
+    c0, tc0 = {pid: cpu_demand_s(pid) for pid in pids}, time.monotonic()
+    time.sleep(max(MIN_QUIET_S, window_s - (tc0 - t0)))
+    c1, tc1 = {pid: cpu_demand_s(pid) for pid in pids}, time.monotonic()
+    res = S.dump_stacks(pids, native=native)
+    host = {d["pid"]: d["host"] for d in d0}
+    share = tuple(
+        ("%s:%d" % (host[pid], pid), round((float(c1[pid] or 0) - float(c0[pid] or 0)) / (tc1 - tc0), 3))
+        for pid in pids
+        if c0[pid] is not None and c1[pid] is not None
+    )
+    return (
+        first,
+        res,
+        ProgressWindow(window_s=round(time.monotonic() - t0, 3), source="stacks", cpu_share=share),
+    )
 
 
 def _job_key(d: Found) -> Tuple[Any, ...]:

@@ -28,7 +28,7 @@ import orjson
 
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.errors import HangtraceError, RunDirError
-from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
+from hangtrace.tracer.snapshot import ProcessInfo, ProgressWindow, Snapshot
 from hangtrace.tracer.process_model import assign_roles
 from hangtrace.tracer.collect.frdump import find_fr_files, load_fr_dir
 from hangtrace.tracer.collect.ringprocs import HOST, error_line, load_rings
@@ -136,8 +136,39 @@ def load_snapshot(snap_dir: str, records: bool = False) -> Snapshot:
         processes=procs,
         errors=errors + meta.get("errors", []),
         path=snap_dir,
+        window=_read_window(snap_dir),
     )
     return _with_fr(snap_dir, snap) if has_fr else snap
+
+
+#: the snapshot folder's file of its window (``dump``'s two readings, issue 38)
+WINDOW_FILE = "window.json"
+
+
+def write_window(snap: Snapshot) -> None:
+    """Store ``snap.window`` in its folder (``window.json``) so that ``analyze`` of the
+    stored snapshot judges it as ``dump`` did. Never raises."""
+    if snap.window is None or not snap.path:
+        return
+    try:
+        with open(os.path.join(snap.path, WINDOW_FILE), "wb") as f:
+            f.write(orjson.dumps(dataclasses.asdict(snap.window)))
+    except OSError:
+        pass
+
+
+def _read_window(snap_dir: str) -> Optional[ProgressWindow]:
+    """The stored window of a snapshot folder, or None (none, or unreadable)."""
+    try:
+        with open(os.path.join(snap_dir, WINDOW_FILE), "rb") as f:
+            d = orjson.loads(f.read())
+        return ProgressWindow(
+            window_s=float(d["window_s"]),
+            source=str(d.get("source", "rings")),
+            advanced=tuple(str(k) for k in d.get("advanced", ())),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _stacks_for(procs: List[ProcessInfo], native: bool, run_dir: str) -> List[ProcessInfo]:

@@ -2,7 +2,8 @@
 headers polled in, an ``Incident`` (stall or death) out, and notes and memory early
 warnings in the watcher log. Split from ``watcher.py``, which runs it as a process.
 
-Progress is judged from the ring headers (4 KiB each per poll): a process made
+Progress is judged from the ring headers alone (4 KiB each per poll; its definition is
+``progress.py``, shared with ``hangtrace dump``'s window): a process made
 progress when its progress counter moved (a collective completed, a phase or step
 changed, ``tracer.heartbeat()``), unless every record since its last move is a framework's
 heartbeat (``beattail.py``, ``ring/heartbeats.py``: Ray Train's ``poll_status``). A ring whose process exited or was killed, and is gone, is final:
@@ -20,7 +21,6 @@ death while the job's root lives waits for a clean shutdown: ``shutdown.py``).
 
 from __future__ import annotations
 
-import glob
 import os
 import time
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
@@ -28,10 +28,11 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 from hangtrace.tracer import config
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
-from hangtrace.tracer.collect.ringprocs import RING_GLOB, live_state, read_signal_files
+from hangtrace.tracer.collect.ringprocs import live_state, read_signal_files
 from hangtrace.tracer.watch.beattail import BeatTail
 from hangtrace.tracer.watch.busy import BusyClock
-from hangtrace.tracer.watch.frprogress import completed, in_flight
+from hangtrace.tracer.watch.frprogress import in_flight
+from hangtrace.tracer.watch.progress import counters_advanced, read_headers, signature, Signature
 from hangtrace.tracer.watch.headers import Header, never_worked, starting
 from hangtrace.tracer.watch.helpergrace import HelperGrace
 from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
@@ -80,7 +81,7 @@ class Watcher:
         self.phase_stall = config.phase_stall_s() if phase_stall is None else dict(phase_stall)
         self.startup_stall_s = config.get_float(config.STARTUP_STALL_S)
         self.clock = clock
-        self.seen: Dict[str, Tuple[int, int, int, int]] = {}  # path -> (progress_count, phase, step, state)
+        self.seen: Dict[str, Signature] = {}  # path -> (progress_count, phase, step, state)
         self.dead: Set[str] = set()
         self.last_progress = clock()
         self.reported_stall = False
@@ -102,27 +103,7 @@ class Watcher:
         self.shutdown = ShutdownGrace(run_dir)  # quiet deaths held for the job's end (watch/shutdown.py)
 
     def _read_headers(self) -> Dict[str, Header]:
-        out: Dict[str, Header] = {}
-        for path in glob.glob(os.path.join(self.run_dir, RING_GLOB)):
-            done = self.final.get(path)
-            if done is not None:
-                out[path] = done
-                continue
-            try:
-                with open(path, "rb") as f:
-                    head = f.read(F.HEADER_SIZE)
-                h = R.read_header(head, path)
-                if h["phase_strid"]:
-                    with open(path, "rb") as f:
-                        f.seek(h["strtab_off"] + h["phase_strid"])
-                        tag, n = F.STR_ENTRY.unpack(f.read(F.STR_ENTRY.size))
-                        h["phase"] = f.read(min(n, 4096)).decode("utf-8", "replace")
-                else:
-                    h["phase"] = None
-                out[path] = h
-            except Exception:
-                continue  # a file being created or a foreign file: the collector reports it
-        return out
+        return read_headers(self.run_dir, self.final)
 
     def threshold(self) -> float:
         """Stall threshold in seconds for the phases live processes are in now."""
@@ -209,7 +190,7 @@ class Watcher:
     def _scan_one(self, path: str, h: Header, scan: "_Scan") -> None:
         """One ring header of ``poll`` not final yet: records its move, finality and death in
         the watcher's state and in ``scan``."""
-        sig = (h["progress_count"], h["phase_strid"], h["step"], h["state"])
+        sig = signature(h)
         old = self.seen.get(path)
         changed = old != sig
         idle = never_worked(h)
@@ -295,7 +276,7 @@ class Watcher:
             self.fr_seen[path] = line
             if old is not None and old != line:
                 self.fr_started.add(path)
-                moved = moved or completed(old) != completed(line)
+                moved = moved or counters_advanced(old, line)
         return moved
 
     def memory_warnings(self) -> List[str]:

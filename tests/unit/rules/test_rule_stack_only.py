@@ -244,3 +244,83 @@ def test_a_rank_whose_program_returned_and_whose_exit_waits_is_stuck_at_exit():
     assert "Rank 1 was not found on this host" in d.summary and "Next: stop the thread" in d.summary, (
         d.summary
     )
+
+
+# --- two samples a short interval apart (issue 38) -------------------------------------------
+BACKWARD = (
+    "_engine_run_backward /site-packages/torch/autograd/graph.py:979",
+    "backward /site-packages/torch/autograd/__init__.py:395",
+    "Tensor.backward /site-packages/torch/_tensor.py:623",
+    "main /home/u/train.py:70",
+    "<module> /home/u/train.py:100",
+)
+MP_QUEUE_GET = (
+    "Connection._recv /usr/lib/python3.11/multiprocessing/connection.py:395",
+    "Queue.get /usr/lib/python3.11/multiprocessing/queues.py:103",
+    "main /home/u/train.py:67",
+    "<module> /home/u/train.py:100",
+)
+FORWARD = (
+    "forward /site-packages/torch/nn/modules/linear.py:125",
+    "main /home/u/train.py:69",
+    "<module> /home/u/train.py:100",
+)
+LOADER = (
+    "_poll /usr/lib/python3.11/multiprocessing/connection.py:440",
+    "main /home/u/train.py:64",
+    "<module> /home/u/train.py:100",
+)
+
+
+def sampled(now, before, world, cpu=None, window_s=1.0):
+    """``attached(now)`` with the earlier stacks ``before`` and the window of two samples."""
+    import dataclasses
+
+    from hangtrace.tracer.snapshot import ProgressWindow
+
+    s = attached(now, world)
+    procs = [
+        dataclasses.replace(p, earlier_stacks=stack(*before[p.rank]) if before.get(p.rank) else None)
+        for p in s.processes
+    ]
+    share = tuple(("h0:%d" % (2000 + r), c) for r, c in (cpu or {}).items())
+    return dataclasses.replace(
+        s, processes=procs, window=ProgressWindow(window_s=window_s, source="stacks", cpu_share=share)
+    )
+
+
+def test_two_still_samples_name_the_odd_one_out_with_its_library_call_in_the_headline():
+    stacks = {0: BACKWARD, 1: BACKWARD, 2: MP_QUEUE_GET}
+    d = check(sampled(stacks, stacks, 3), Kind.STUCK_OUTSIDE_COLLECTIVE, [2], waiting=[0, 1])
+    head = d.summary.split(". ")[0]
+    assert "rank 2" in head and "Queue.get (queues.py:103), called from main (train.py:67)" in head
+    assert "ranks 0-1 wait in Tensor.backward (_tensor.py:623)" in head
+    assert d.op is None and d.details["still_for_s"] == 1.0
+    # one sample (the old attach): nobody in a collective, no verdict
+    check(attached(stacks, 3), Kind.UNKNOWN, [])
+
+
+def test_stacks_that_move_between_the_samples_are_a_working_job():
+    now = {0: BACKWARD, 1: LOADER, 2: MP_QUEUE_GET}
+    before = {0: FORWARD, 1: BACKWARD, 2: FORWARD}
+    d = check(sampled(now, before, 3), Kind.PROGRESSING, [])
+    assert "not hung" in d.summary and d.details["moved"] == [0, 1, 2]
+
+
+def test_cpu_between_the_samples_is_work_even_at_the_same_line():
+    stacks = {0: BACKWARD, 1: BACKWARD, 2: MP_QUEUE_GET}
+    d = check(sampled(stacks, stacks, 3, cpu={0: 0.6, 1: 0.05, 2: 0.4}), Kind.PROGRESSING, [])
+    assert d.details["moved"] == [0, 2]
+    # below the working share: waiting, the odd one out stands
+    check(sampled(stacks, stacks, 3, cpu={0: 0.05, 1: 0.05, 2: 0.02}), Kind.STUCK_OUTSIDE_COLLECTIVE, [2])
+
+
+def test_one_rank_moving_while_its_peers_wait_in_a_collective_is_not_progress():
+    now = {0: COLL_STACK, 1: COLL_STACK, 2: FORWARD}
+    before = {0: COLL_STACK, 1: COLL_STACK, 2: LOADER}
+    check(sampled(now, before, 3), Kind.STUCK_OUTSIDE_COLLECTIVE, [2], waiting=[0, 1])
+
+
+def test_no_majority_among_still_stacks_names_nobody():
+    stacks = {0: BACKWARD, 1: LOADER, 2: MP_QUEUE_GET}
+    check(sampled(stacks, stacks, 3), Kind.UNKNOWN, [])

@@ -9,7 +9,13 @@ wait in collectives -> 'stuck-outside-collective'; all in collectives but in dif
 ops -> 'collective-mismatch' naming the minority (every rank on a tie); ranks missing
 (world size larger than the ranks found) while the others wait -> 'unknown' naming the
 missing ranks; otherwise 'unknown' (all ranks in the same collective: the transport, or
-a rank outside this host; or nobody in a collective). The summary is written here
+a rank outside this host; or nobody in a collective). With two samples of each stack
+taken a short interval apart (``Snapshot.window``, source 'stacks'; ``stuck/twosamples.py``):
+a job whose stacks moved is 'progressing' (a single sample catches a training rank in a
+queue while its peers are in backward), and when nobody is in a collective and nothing
+moved, the rank whose stack differs from the majority's (waiting in ``Queue.get`` while
+the others wait in backward) is 'stuck-outside-collective', with the library call it
+waits in and its user frame in the headline. The summary is written here
 (stacks-only wording), not by ``report.paragraph``.
 
 When no process has a rank (attach found them through a child that inherited torch
@@ -28,6 +34,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from hangtrace.tracer.analyze.stuck.childwait import child_wait_text
 from hangtrace.tracer.analyze.stuck.exitwait import exit_wait
 from hangtrace.tracer.analyze.stuck.peerwait import peer_wait
+from hangtrace.tracer.analyze.stuck.twosamples import labels, moved, odd_one_out, progressing, waits_in
 from hangtrace.tracer.analyze.context import MAX_MISSING_LISTED, MAX_WORLD, Ctx
 from hangtrace.tracer.analyze.stuck.lockwait import lock_wait_text
 from hangtrace.tracer.analyze.rules.base import Finding
@@ -67,6 +74,9 @@ class StackView:
     exit_how: Mapping[int, str] = dataclasses.field(
         default_factory=dict
     )  # key -> exitwait.main_at_exit's word
+    window_s: float = 0.0  # seconds between the two stack samples (0: one sample)
+    compared: Tuple[int, ...] = ()  # keys with both samples
+    moving: Tuple[int, ...] = ()  # keys whose stack moved between them (stuck/twosamples.py)
 
 
 def applies(ctx: Ctx) -> bool:
@@ -115,6 +125,10 @@ def find(ctx: Ctx) -> Optional[Finding]:
             missing.append(r)
             if len(missing) >= MAX_MISSING_LISTED:
                 break
+    w = ctx.snap.window
+    compared, moving = (
+        moved({p.rank: p for p in procs}, w) if w is not None and w.source == "stacks" else ([], [])
+    )
     sv = StackView(
         inside,
         outside,
@@ -127,6 +141,9 @@ def find(ctx: Ctx) -> Optional[Finding]:
         {p.rank: p for p in procs},
         at_exit,
         exit_how,
+        w.window_s if w is not None and compared else 0.0,
+        tuple(compared),
+        tuple(moving),
     )
     return Finding(NAME, data=sv)
 
@@ -155,6 +172,12 @@ def _stack_text(frames: List[str], user: Optional[str]) -> str:
 def _n(sv: StackView, keys: Any) -> str:
     """``'rank'``/``'ranks'`` (or pid) for ``keys``."""
     return sv.unit + ("s" if len(keys) > 1 else "")
+
+
+def still_text(sv: StackView) -> str:
+    """``' (rank 1 did not)'``: the compared keys that did not move, or ''."""
+    still = [k for k in sv.compared if k not in sv.moving]
+    return " (%s %s did not)" % (_n(sv, still), format_ranks(still)) if still else ""
 
 
 def _stuck(ctx: Ctx, sv: StackView, d: Diagnosis) -> None:
@@ -250,6 +273,28 @@ def _mismatch(sv: StackView, d: Diagnosis) -> None:
     )
 
 
+def _progressing(sv: StackView, d: Diagnosis) -> None:
+    """Most processes moved between the two samples: a working job."""
+    d.kind = Kind.PROGRESSING
+    d.details["moved"] = list(sv.moving)
+    d.summary = (
+        "Progressing: %s %s moved (other frames, or working on a CPU) in the %.1f s between two stack "
+        "samples%s: the job is working, not hung. Next: nothing to fix yet; attach again later if it "
+        "still seems stuck." % (_n(sv, sv.moving), format_ranks(sv.moving), sv.window_s, still_text(sv))
+    )
+
+
+def _odd_one(ctx: Ctx, sv: StackView, odd: List[int], d: Diagnosis) -> None:
+    """Nothing moved, nobody in a collective, ``odd`` differ from the majority: stuck, with
+    the library call each waits in (the others' in place of a collective)."""
+    others = [k for k in sv.compared if k not in odd]
+    why = {k: "it waits in %s; %s" % (waits_in(sv.frames[k]), sv.outside.get(k, "?")) for k in odd}
+    _stuck(ctx, dataclasses.replace(sv, inside=labels(sv.frames, others), outside=why), d)
+    d.op = None
+    d.details["still_for_s"] = sv.window_s
+    d.evidence.append("no %s's stack moved in the %.1f s between two samples" % (sv.unit, sv.window_s))
+
+
 def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     """The whole stacks-only Diagnosis, summary included (``details['source']``)."""
     sv: StackView = finding.data
@@ -267,8 +312,13 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         )
     if sv.nostack:
         ev.append("%ss %s: no stack (see errors)" % (sv.unit, format_ranks(sv.nostack)))
-    if inside and outside:
+    odd = odd_one_out(sv.procs, [k for k in sv.compared if k not in sv.moving]) if sv.window_s else None
+    if sv.window_s and progressing(sv.compared, sv.moving):
+        _progressing(sv, d)
+    elif inside and outside:
         _stuck(ctx, sv, d)
+    elif not inside and odd:  # nobody in a collective: the one whose stack differs (issue 38)
+        _odd_one(ctx, sv, odd, d)
     elif inside and len(set(inside.values())) > 1:
         _mismatch(sv, d)
     elif inside and missing:
