@@ -30,6 +30,7 @@ from hangtrace.tracer.analyze.failures.causes import (
     base_cause,
     interrupted_at_work,
     is_transport_error,
+    is_transport_exception,
     rec_fail_wall,
 )
 from hangtrace.tracer.analyze.failures.departures import departure_root, sent_by
@@ -172,7 +173,7 @@ def _set_cause(
         v.cause_text = "%s: %s" % (exc.get("type") or "Exception", (exc.get("message") or "").strip())
         if errfile is not None:
             v.cause_text = errfile.text()
-        v.victim = is_transport_error(exc.get("message"))
+        v.victim = is_transport_exception(exc.get("type"), exc.get("message"), exc.get("traceback"))
         times.append(exc.get("wall_ns") or 0)
     elif p.state == "exited" and code is not None:
         v.cause = exit_code_cause(code)

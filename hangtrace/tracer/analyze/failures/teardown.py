@@ -34,7 +34,7 @@ from hangtrace.tracer.analyze.failures.causes import (
     STOPPED_WAIT_NS,
     base_cause,
     is_stop_error,
-    is_transport_error,
+    is_transport_raise,
     raised_phases,
 )
 from hangtrace.tracer.analyze.failures.departures import sent_by
@@ -98,7 +98,7 @@ def raised_before_sigterm(v: RankView, times: List[int]) -> None:
         (t_sig - t) / 1e9,
     )
     v.cause, v.cause_text = Cause.EXCEPTION.value, text
-    v.victim = is_transport_error(text)
+    v.victim = is_transport_raise(text)
     times.append(t)
 
 

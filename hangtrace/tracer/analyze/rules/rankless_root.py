@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from hangtrace.tracer.analyze.stuck.chainends import chain_ends
 from hangtrace.tracer.analyze.context import Ctx, history
 from hangtrace.tracer.analyze.rankview import RankView, index_process
-from hangtrace.tracer.analyze.failures.causes import STOPPED_WAIT_NS, is_transport_error, raised_phases
+from hangtrace.tracer.analyze.failures.causes import STOPPED_WAIT_NS, is_transport_raise, raised_phases
 from hangtrace.tracer.analyze.failures.deaths import fill_death
 from hangtrace.tracer.analyze.evidence import desc_rec, rk, ts, vb
 from hangtrace.tracer.analyze.rules import actors
@@ -76,7 +76,7 @@ def rank_progress_ns(v: RankView) -> int:
 def _stop_like(cause: str, text: str) -> bool:
     t = text.lower()
     return cause in STOP_CAUSES or (
-        cause == Cause.EXCEPTION.value and (is_transport_error(text) or "timeout" in t)
+        cause == Cause.EXCEPTION.value and (is_transport_raise(text) or "timeout" in t)
     )
 
 
