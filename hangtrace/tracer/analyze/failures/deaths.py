@@ -96,15 +96,19 @@ def _killed_text(v: RankView, code: Optional[int]) -> str:
 
 
 def fill_death(
-    v: RankView, errfile: Optional[ElasticError] = None, helpers: Sequence[ProcessInfo] = ()
+    v: RankView,
+    errfile: Optional[ElasticError] = None,
+    helpers: Sequence[ProcessInfo] = (),
+    stopped: bool = False,
 ) -> None:
     """Fill v.dead / cause / cause_text / victim / fail_wall from state, events, signals
     (see the module docstring), then refine the cause from memory evidence. ``errfile``:
     torchelastic's error file recorded for this rank (``analyze/failures/elastic.py``), the
     exception where our own records hold none and the process died (or wrote it itself);
-    ``helpers``: the rank's helper processes (its DataLoader workers, for memory evidence)."""
+    ``helpers``: the rank's helper processes (its DataLoader workers, for memory evidence);
+    ``stopped``: its SIGTERM killed it although it was idle (``teardown.stopped_idle_actors``)."""
     p = v.proc
-    dead, exc, from_file = _death(v, errfile)
+    dead, exc, from_file = _death(v, errfile, stopped)
     if not dead:
         return
     v.dead = True
@@ -125,7 +129,9 @@ def fill_death(
     _memory_cause(v, helpers)  # issue 5: host OOM-kill, Ray memory monitor, CUDA OOM, external SIGTERM
 
 
-def _death(v: RankView, errfile: Optional[ElasticError]) -> Tuple[bool, Optional[Dict[str, Any]], bool]:
+def _death(
+    v: RankView, errfile: Optional[ElasticError], stopped: bool = False
+) -> Tuple[bool, Optional[Dict[str, Any]], bool]:
     """Whether ``v``'s process died (state, exit code, exception, signal dumps, ``errfile``):
     ``(dead, the exception event or None, whether that exception is the error file's)``."""
     p = v.proc
@@ -145,7 +151,7 @@ def _death(v: RankView, errfile: Optional[ElasticError]) -> Tuple[bool, Optional
     stopping = p.state == "alive" and "sigterm" in sigs
     signalled = (
         (p.state in ("exited", "killed") and ("sigterm" in sigs or "fatal" in sigs)) or stopping
-    ) and (v.blocked is not None or p.phase is not None or interrupted_at_work(p))
+    ) and (stopped or v.blocked is not None or p.phase is not None or interrupted_at_work(p))
     dead = (
         p.state == "killed" or (p.state == "exited" and code not in (0, None)) or exc is not None or signalled
     )

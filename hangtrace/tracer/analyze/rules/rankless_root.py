@@ -41,6 +41,7 @@ from hangtrace.tracer.analyze.context import Ctx, history
 from hangtrace.tracer.analyze.rankview import RankView, index_process
 from hangtrace.tracer.analyze.failures.causes import STOPPED_WAIT_NS, is_transport_raise, raised_phases
 from hangtrace.tracer.analyze.failures.deaths import fill_death
+from hangtrace.tracer.analyze.failures.teardown import rankless_teardown
 from hangtrace.tracer.analyze.evidence import desc_rec, rk, ts, vb
 from hangtrace.tracer.analyze.rules import actors
 from hangtrace.tracer.analyze.rules.base import Finding
@@ -94,7 +95,7 @@ def _candidates(ctx: Ctx) -> List[Tuple[actors.Failure, int]]:
                     ACT_SLACK_NS,
                 )
             )
-        if v.dead and not v.victim:
+        if v.dead and not v.victim and not rankless_teardown(ctx, v):
             base = (v.mem or {}).get("base_cause") or v.cause
             slack = ACT_SLACK_KILLED_NS if base == Cause.KILLED_WITHOUT_RECORD.value else ACT_SLACK_NS
             out.append(((int(v.fail_wall or 0), label, str(v.cause), str(v.cause_text or ""), p.key), slack))
