@@ -205,6 +205,15 @@ def test_an_idle_trainer_sigtermed_from_outside_is_the_root_not_rays_teardown_of
     assert "Rollout" not in d.summary.split(".")[0], d.summary
 
 
+def test_an_idle_trainer_that_lives_on_after_an_external_sigterm_is_no_death():
+    """A graceful-shutdown handler ended its method and the actor idles, alive (blind job
+    ray_preempted_actor_returns): not dead - the chain rule names it (its method returned)."""
+    procs, _t = _idle_sigterm_job(rollout=False)
+    procs[1].set(state="alive", exit_code=None, exit_wall_ns=None)
+    d = diagnose(snap(procs, reason="stall"))
+    assert not (d.kind == "dead-rank" and d.culprit_ranks == [1]), d.summary
+
+
 def test_an_idle_trainer_sigtermed_at_a_clean_end_or_by_hangtrace_is_no_death():
     """Nothing went on after the SIGTERM (a clean end's teardown by a scheduler), or the
     sender is `hangtrace run` stopping the job: rank 1's SIGTERM while idle is no death."""
