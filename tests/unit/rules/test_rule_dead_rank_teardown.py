@@ -198,6 +198,8 @@ def test_an_idle_trainer_sigtermed_from_outside_is_the_root_not_rays_teardown_of
     from the raylet)', culprits []: rank 1, idle and exited 0, was not taken for dead."""
     procs, t1 = _idle_sigterm_job()
     d = check(diagnose(snap(procs, reason="death")), "dead-rank", [1])
+    procs[1].set(state="alive")  # measured: its exit record written, its pid still there at the snapshot
+    assert check(diagnose(snap(procs, reason="death")), "dead-rank", [1]).culprit_actors == d.culprit_actors
     assert d.culprit_actors == [] or all("Rollout" not in a for a in d.culprit_actors), d.culprit_actors
     assert d.cause in ("sigterm", "sigterm-external") and "pid 900" in d.details["cause_text"], d.summary
     assert d.details["fail_wall_ns"] == t1

@@ -127,7 +127,8 @@ def external_sender(sig: Optional[Mapping[str, Any]]) -> bool:
 
 def stopped_idle_actors(ctx: Ctx) -> List[RankView]:
     """Ray actor ranks that ``fill_death`` left alive although an external sender
-    (:func:`external_sender`) SIGTERMed and whose process then ended, while the job
+    (:func:`external_sender`) SIGTERMed and whose process then ended (or wrote its exit record:
+    a Ray worker's native teardown outlives it, so the pid may still be alive), while the job
     went on: another rank progressed or entered a collective after that SIGTERM. Ray's
     SIGTERM handler exits an actor idle between methods with code 0, yet Ray reports it dead
     (``ActorDiedError``, "The process receives a SIGTERM") and its peers and callers fail:
@@ -139,8 +140,9 @@ def stopped_idle_actors(ctx: Ctx) -> List[RankView]:
     out: List[RankView] = []
     for v in ctx.views.values():
         sig = (v.proc.signals or {}).get("sigterm")
-        if v.dead or v.proc.state not in ("exited", "killed") or not external_sender(sig):
-            continue  # (alive: its own handler ended its method and it idles - actors/actorreturn.py)
+        ended = v.proc.state in ("exited", "killed") or v.proc.exit_code is not None
+        if v.dead or not ended or not external_sender(sig):
+            continue  # (alive, no exit record: its own handler ended its method and it idles - actorreturn)
         if ray_role(v.proc) != Role.RAY_ACTOR:
             continue
         t = sigterm_wall(v)
