@@ -77,8 +77,16 @@ def cmd_env_diff(args: argparse.Namespace) -> int:
 
 
 # --- env -----------------------------------------------------------------------------------
+EXPORT_WARNING = (
+    "# every later Python command of this shell now joins the run (traced into %s); `unset HANGTRACE` to stop"
+)
+
+
 def cmd_env(args: argparse.Namespace) -> int:
-    """Print the environment that turns tracing on (shell lines, or Ray runtime_env JSON)."""
+    """Print the environment that turns tracing on: by default one ``env K=V ...`` prefix for
+    ONE command (``$(hangtrace env) torchrun ...``); ``--export``: shell lines, after a comment
+    that every later Python command of the shell then joins the run; ``--ray``: a Ray
+    runtime_env JSON fragment."""
     from .hooks.state import default_run_id
 
     run_id = default_run_id()
@@ -92,9 +100,21 @@ def cmd_env(args: argparse.Namespace) -> int:
         env[config.STALL_S] = str(args.stall_s)
     if args.ray:
         print(_dumps({"env_vars": env}))
-    else:
+    elif args.export:
+        print(EXPORT_WARNING % run_dir)
         for k, v in env.items():
             print("export %s=%s" % (k, shlex.quote(v)))
+    else:
+        words = ["%s=%s" % (k, v) for k, v in env.items()]
+        if any(shlex.quote(w) != w for w in words):
+            print(
+                "hangtrace: a value holds a space or a shell character, which `$(hangtrace env)` "
+                "splits: use a --dir without them, or --export in a subshell",
+                file=sys.stderr,
+            )
+        print("env " + " ".join(words))
+        if sys.stdout.isatty():
+            print("usage: $(hangtrace env) torchrun ... (prefixes one command)", file=sys.stderr)
     return 0
 
 
@@ -196,8 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_timeline_parser(sub)
 
-    e = sub.add_parser("env", help="print the environment that turns tracing on")
+    e = sub.add_parser(
+        "env",
+        help="print the environment that turns tracing on, as a prefix of one command: "
+        "$(hangtrace env) torchrun ...",
+        description="Prints `env HANGTRACE=1 HANGTRACE_DIR=... HANGTRACE_RUN_ID=...`, a prefix "
+        "that traces ONE command: $(hangtrace env) torchrun --nproc-per-node 2 train.py",
+    )
     e.add_argument("--ray", action="store_true", help="as a Ray runtime_env JSON fragment")
+    e.add_argument(
+        "--export",
+        action="store_true",
+        help="as `export` lines for eval: every later Python command of that shell then joins the run",
+    )
     e.add_argument("--dir", default=None)
     e.add_argument("--stall-s", type=positive_float, default=None)
     e.set_defaults(fn=cmd_env)

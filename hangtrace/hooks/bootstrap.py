@@ -308,6 +308,8 @@ def activate() -> Optional[Runtime]:
             return current
         if not config.enabled() or _failed_pid == os.getpid():
             return None  # (a .pth can be processed twice, e.g. in some venvs: warn once)
+        if state.is_own_cli(getattr(sys, "orig_argv", ())):
+            return None  # `hangtrace dump` etc. in a shell that exported HANGTRACE=1
         try:
             run_dir, run_id = resolve_run_dir()
             rt = Runtime(run_dir, run_id)

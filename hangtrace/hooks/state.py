@@ -34,3 +34,25 @@ def set_active(runtime: Optional["Runtime"]) -> None:
 def default_run_id() -> str:
     """``<UTC yyyymmdd-HHMMSS>-<pid>``: the run id when HANGTRACE_RUN_ID is not set."""
     return "%s-%d" % (time.strftime("%Y%m%d-%H%M%S", time.gmtime()), os.getpid())
+
+
+_OPTS_WITH_ARG = ("-W", "-X", "-Q")  # interpreter options that take the next word
+
+
+def is_own_cli(orig_argv: "tuple[str, ...] | list[str]") -> bool:
+    """True when this interpreter runs hangtrace's own command line (``hangtrace ...``, the
+    console script, or ``python -m hangtrace ...``): the CLI of a shell that exported
+    ``HANGTRACE=1`` is a tool looking at the run, not a process of the job, so it records
+    nothing (issue 38). ``orig_argv``: ``sys.orig_argv`` (Python 3.10+; the interpreter's
+    own argv, set before the ``.pth`` line runs, while ``sys.argv`` still says ``-m``)."""
+    words = list(orig_argv[1:])
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w == "-m" or (w.startswith("-m") and len(w) > 2):
+            mod = words[i + 1] if w == "-m" and i + 1 < len(words) else w[2:]
+            return mod in ("hangtrace", "hangtrace.cli")
+        if w in ("-c", "-") or not w.startswith("-"):
+            return w not in ("-c", "-") and os.path.basename(w) == "hangtrace"
+        i += 2 if w in _OPTS_WITH_ARG else 1
+    return False

@@ -131,7 +131,7 @@ def test_first_sigint_forwarded_no_postmortem(tmp_path):
 
 def test_env_is_shell_quoted(tmp_path):
     for d in ["a b", "x;echo PWNED", "it's"]:
-        out = ht("env", "--dir", d, cwd=tmp_path)
+        out = ht("env", "--export", "--dir", d, cwd=tmp_path)
         assert out.returncode == 0
         script = out.stdout + 'printf "%s" "$HANGTRACE_DIR"\n'
         res = subprocess.run(["sh", "-c", script], capture_output=True, text=True)

@@ -130,6 +130,8 @@ class Ctx:
         for v in self.views.values():
             if v.victim and sigterm_in_long_wait(v) and sigterm_wait_completed(self, v):
                 v.victim = False  # the others completed the collective it waited in: not hung
+        for v in teardown.stopped_idle_actors(self):  # an idle Ray actor SIGTERMed from outside died
+            fill_death(v, stopped=True)
         teardown.mark(self)  # SIGTERMed by Ray after another rank failed: Ray stopping the job
         # ranks of range(world) without a record file; at most MAX_MISSING_LISTED listed
         # (self.nmissing counts them all) - never a set of range(world)

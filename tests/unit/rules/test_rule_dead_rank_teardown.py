@@ -149,3 +149,98 @@ def test_ray_stopper_names_rays_own_processes_only():
     )
     assert ray_stopper({"sender": signal_sender(AGENT)}) == ""
     assert ray_stopper({}) == "" and ray_stopper(None) == ""
+
+
+DRIVER = "hangtrace: SIGTERM from pid 900 uid 0: python3 driver.py\n"
+OURS = "hangtrace: SIGTERM from pid 901 uid 0: /usr/bin/python3 -m hangtrace run --stop-on-stall -- python3 d.py\n"
+
+
+def _idle_sigterm_job(sender=DRIVER, went_on=True, rollout=True):
+    """Issue 38, measured: trainer actors (ranks 0-1, method 'train') and a rank-less Rollout
+    actor. Rank 1 is SIGTERMed by ``sender`` between two 'train' calls (Ray's handler exits
+    it with code 0); the driver starts the next step (``went_on``: rank 0 enters 'train' and
+    an all_reduce), its ``ray.get`` fails, ``ray.shutdown()`` makes the raylet SIGTERM the
+    Rollout (0.4 s later) and rank 0 (0.5 s later)."""
+    b = ranks(2, steps=3)
+    for r in b:
+        r.set(
+            meta={
+                "rank_source": 1,
+                "ppid": 900,
+                "ray_actor_class": "Trainer",
+                "ray_actor_id": "%032x" % r.rank,
+            }
+        )
+        r.mark("phase_exit")
+    b[1].phase = b[0].phase = None
+    t1 = b[1].t + 10 * MS
+    b[1].set(state="exited", exit_code=0, signals=_sigterm(sender, t1), exit_wall_ns=t1 + 100 * MS)
+    if went_on:
+        b[0].t = t1 + 300 * MS
+        b[0].mark("phase_enter", phase="train")
+        b[0].wait()
+    b[0].set(state="killed", signals=_sigterm(RAYLET, t1 + 500 * MS))
+    procs = list(b)
+    if rollout:
+        ro = R(-1, -1, groups=[], pid=61, phase=None)
+        ro.set(meta={"ray_actor_id": "%032x" % 61, "ray_actor_class": "Rollout", "ray_actor_name": "rollout"})
+        ro.t = t1 - S
+        ro.mark("phase_enter", phase="generate")
+        ro.mark("phase_exit", dt=300 * MS)
+        ro.phase = None
+        ro.set(state="killed", signals=_sigterm(RAYLET, t1 + 400 * MS))
+        procs.append(ro)
+    return procs, t1
+
+
+def test_an_idle_trainer_sigtermed_from_outside_is_the_root_not_rays_teardown_of_the_rollout():
+    """Before: 'Failed Ray actor: Rollout (no rank) failed first (cause: sigterm-external ...
+    from the raylet)', culprits []: rank 1, idle and exited 0, was not taken for dead."""
+    procs, t1 = _idle_sigterm_job()
+    d = check(diagnose(snap(procs, reason="death")), "dead-rank", [1])
+    procs[1].set(state="alive")  # measured: its exit record written, its pid still there at the snapshot
+    assert check(diagnose(snap(procs, reason="death")), "dead-rank", [1]).culprit_actors == d.culprit_actors
+    assert d.culprit_actors == [] or all("Rollout" not in a for a in d.culprit_actors), d.culprit_actors
+    assert d.cause in ("sigterm", "sigterm-external") and "pid 900" in d.details["cause_text"], d.summary
+    assert d.details["fail_wall_ns"] == t1
+    assert [(c["rank"], c["victim"]) for c in d.cascade if c.get("rank", -1) >= 0] == [(0, True)], d.cascade
+    assert "Rollout" not in d.summary.split(".")[0], d.summary
+
+
+def test_an_idle_trainer_that_lives_on_after_an_external_sigterm_is_no_death():
+    """A graceful-shutdown handler ended its method and the actor idles, alive (blind job
+    ray_preempted_actor_returns): not dead - the chain rule names it (its method returned)."""
+    procs, _t = _idle_sigterm_job(rollout=False)
+    procs[1].set(state="alive", exit_code=None, exit_wall_ns=None)
+    d = diagnose(snap(procs, reason="stall"))
+    assert not (d.kind == "dead-rank" and d.culprit_ranks == [1]), d.summary
+
+
+def test_an_idle_trainer_sigtermed_at_a_clean_end_or_by_hangtrace_is_no_death():
+    """Nothing went on after the SIGTERM (a clean end's teardown by a scheduler), or the
+    sender is `hangtrace run` stopping the job: rank 1's SIGTERM while idle is no death."""
+    for sender, went_on in ((DRIVER, False), (OURS, True)):
+        procs, _t = _idle_sigterm_job(sender, went_on=went_on, rollout=False)
+        d = diagnose(snap(procs, reason="death"))
+        assert 1 not in d.culprit_ranks, (sender, d.summary)
+
+
+def test_a_rankless_actors_raylet_sigterm_after_a_rank_failed_is_never_a_candidate_root():
+    """Whatever Ray's worker exit type says: the raylet's SIGTERM of a rank-less actor after
+    rank 1's failure is Ray tearing the job down (``teardown.rankless_teardown``)."""
+    from hangtrace.tracer.analyze.context import Ctx
+    from hangtrace.tracer.analyze.failures.deaths import fill_death
+    from hangtrace.tracer.analyze.failures.teardown import rankless_teardown
+    from hangtrace.tracer.analyze.rankview import index_process
+
+    procs, _t = _idle_sigterm_job()
+    s = snap(procs, reason="death")
+    ctx = Ctx(s, s.taken_wall_ns, 300.0)
+    ro = index_process(-1, [p for p in s.processes if p.rank == -1][0])
+    fill_death(ro)
+    assert ro.dead and rankless_teardown(ctx, ro)
+    procs, _t = _idle_sigterm_job(went_on=False)  # no rank failed before: it keeps its meaning
+    s = snap(procs, reason="death")
+    ro = index_process(-1, [p for p in s.processes if p.rank == -1][0])
+    fill_death(ro)
+    assert not rankless_teardown(Ctx(s, s.taken_wall_ns, 300.0), ro)

@@ -3,7 +3,8 @@
 In: error texts (an exception's message, a failed record's ``error``, a phase exit's
 ``'Type: message'``), a process's ``RingSummary`` (``failed_phases``), a record's times,
 a rank view. Out: whether an error is a transport failure (:func:`is_transport_error`,
-``TRANSPORT_MARKERS``) or a stop (:func:`is_stop_error`, ``STOP_ERRORS``), the phases that
+``TRANSPORT_MARKERS``; for an exception, also where it came from: :func:`is_transport_exception`,
+:func:`is_transport_raise`) or a stop (:func:`is_stop_error`, ``STOP_ERRORS``), the phases that
 raised (:func:`raised_phases`) or were stopped at work (:func:`interrupted_at_work`), a
 record's end time (:func:`rec_fail_wall`, ns since the epoch), a death's cause before
 memory evidence refined it (:func:`base_cause`), and ``STOPPED_WAIT_NS``. Shared by
@@ -54,6 +55,67 @@ def is_transport_error(text: Any) -> bool:
         return False
     t = str(text).lower()
     return any(m in t for m in TRANSPORT_MARKERS)
+
+
+#: Python's own OSError family (type names): raised by the program's own I/O - ``print`` into
+#: a pipe whose reader left (``job | head``: BrokenPipeError), its own sockets and files. Such
+#: an exception is the rank's own failure unless torch.distributed raised it (issue 38).
+OS_ERRORS = frozenset(
+    {
+        "OSError",
+        "IOError",
+        "EnvironmentError",
+        "BrokenPipeError",
+        "ConnectionError",
+        "ConnectionResetError",
+        "ConnectionAbortedError",
+        "ConnectionRefusedError",
+        "TimeoutError",
+        "timeout",
+        "InterruptedError",
+    }
+)
+#: Path parts of the files whose code talks to the job's peers: torch.distributed (gloo,
+#: NCCL and the store are reached through it), and the backends' own Python files if any.
+COMM_FILES = ("/torch/distributed/", "gloo", "nccl")
+
+
+def _innermost_file(traceback: Any) -> str:
+    """The file of the innermost frame of the last traceback in ``traceback`` (Python's
+    format), '' when there is none."""
+    block = str(traceback or "").rsplit("Traceback (most recent call last):", 1)[-1]
+    files = [
+        ln.split('"')[1]
+        for ln in block.splitlines()
+        if ln.lstrip().startswith('File "') and ln.count('"') >= 2
+    ]
+    return files[-1] if files else ""
+
+
+def is_transport_exception(exc_type: Any, message: Any, traceback: Any = "") -> bool:
+    """True when an exception (its type name, message and traceback text, as the ``exception``
+    event holds them) is a failure of the job's communication: its message names a
+    transport failure (``TRANSPORT_MARKERS``) and it is not one of Python's own OSErrors
+    (``OS_ERRORS``) raised outside torch.distributed (``COMM_FILES``, the traceback's
+    innermost frame; no traceback: not raised there). ``print`` into a closed stdout raises
+    ``BrokenPipeError: [Errno 32] Broken pipe``: the rank's own exception, not the network's
+    (issue 38, measured under ``hangtrace run ... | head -3``)."""
+    if not is_transport_error(message):
+        return False
+    name = str(exc_type or "").strip().rsplit(".", 1)[-1]
+    if name not in OS_ERRORS:
+        return True
+    inner = _innermost_file(traceback).replace("\\", "/")
+    return any(m in inner for m in COMM_FILES)
+
+
+def is_transport_raise(text: Any) -> bool:
+    """:func:`is_transport_exception` for a ``'Type: message'`` text without a traceback (a
+    phase's or a Ray actor method's error; also ``'method m raised Type: message'``: the
+    type is the word before the first ``': '``)."""
+    t = str(text or "").strip()
+    words = t.split(": ", 1)[0].split() if ": " in t else []
+    return is_transport_exception(words[-1] if words else "", t)
 
 
 def rec_fail_wall(rec: Optional[Mapping[str, Any]]) -> int:

@@ -30,6 +30,7 @@ from hangtrace.tracer.analyze.failures.causes import (
     base_cause,
     interrupted_at_work,
     is_transport_error,
+    is_transport_exception,
     rec_fail_wall,
 )
 from hangtrace.tracer.analyze.failures.departures import departure_root, sent_by
@@ -95,15 +96,19 @@ def _killed_text(v: RankView, code: Optional[int]) -> str:
 
 
 def fill_death(
-    v: RankView, errfile: Optional[ElasticError] = None, helpers: Sequence[ProcessInfo] = ()
+    v: RankView,
+    errfile: Optional[ElasticError] = None,
+    helpers: Sequence[ProcessInfo] = (),
+    stopped: bool = False,
 ) -> None:
     """Fill v.dead / cause / cause_text / victim / fail_wall from state, events, signals
     (see the module docstring), then refine the cause from memory evidence. ``errfile``:
     torchelastic's error file recorded for this rank (``analyze/failures/elastic.py``), the
     exception where our own records hold none and the process died (or wrote it itself);
-    ``helpers``: the rank's helper processes (its DataLoader workers, for memory evidence)."""
+    ``helpers``: the rank's helper processes (its DataLoader workers, for memory evidence);
+    ``stopped``: its SIGTERM killed it although it was idle (``teardown.stopped_idle_actors``)."""
     p = v.proc
-    dead, exc, from_file = _death(v, errfile)
+    dead, exc, from_file = _death(v, errfile, stopped)
     if not dead:
         return
     v.dead = True
@@ -124,7 +129,9 @@ def fill_death(
     _memory_cause(v, helpers)  # issue 5: host OOM-kill, Ray memory monitor, CUDA OOM, external SIGTERM
 
 
-def _death(v: RankView, errfile: Optional[ElasticError]) -> Tuple[bool, Optional[Dict[str, Any]], bool]:
+def _death(
+    v: RankView, errfile: Optional[ElasticError], stopped: bool = False
+) -> Tuple[bool, Optional[Dict[str, Any]], bool]:
     """Whether ``v``'s process died (state, exit code, exception, signal dumps, ``errfile``):
     ``(dead, the exception event or None, whether that exception is the error file's)``."""
     p = v.proc
@@ -144,7 +151,7 @@ def _death(v: RankView, errfile: Optional[ElasticError]) -> Tuple[bool, Optional
     stopping = p.state == "alive" and "sigterm" in sigs
     signalled = (
         (p.state in ("exited", "killed") and ("sigterm" in sigs or "fatal" in sigs)) or stopping
-    ) and (v.blocked is not None or p.phase is not None or interrupted_at_work(p))
+    ) and (stopped or v.blocked is not None or p.phase is not None or interrupted_at_work(p))
     dead = (
         p.state == "killed" or (p.state == "exited" and code not in (0, None)) or exc is not None or signalled
     )
@@ -172,7 +179,7 @@ def _set_cause(
         v.cause_text = "%s: %s" % (exc.get("type") or "Exception", (exc.get("message") or "").strip())
         if errfile is not None:
             v.cause_text = errfile.text()
-        v.victim = is_transport_error(exc.get("message"))
+        v.victim = is_transport_exception(exc.get("type"), exc.get("message"), exc.get("traceback"))
         times.append(exc.get("wall_ns") or 0)
     elif p.state == "exited" and code is not None:
         v.cause = exit_code_cause(code)

@@ -20,7 +20,12 @@ raylet SIGTERMed both ranks; the verdict named rank 0, "SIGTERM from the raylet"
   raylet, the GCS server, ``ray stop``) after another rank's earlier failure (a death that is
   no victim) is a victim: Ray tearing the job down, never the root; ``RankView.teardown``
   says so. A SIGTERM from Ray with no earlier failure (the memory monitor, ``ray.kill``) keeps
-  its meaning.
+  its meaning. :func:`rankless_teardown`: the same for a Ray actor without a rank (a Rollout
+  SIGTERMed by the raylet at ``ray.shutdown()`` after a rank failed is no candidate root).
+* :func:`stopped_idle_actors` (from ``Ctx``): a Ray actor rank SIGTERMed by someone else
+  (:func:`external_sender`: not Ray, not hangtrace) while idle between methods exits with code
+  0 by Ray's handler; when the job went on after that SIGTERM (another rank progressed), it
+  died there (Ray reports it dead; issue 38).
 
 Times are ns since the epoch.
 """
@@ -34,7 +39,7 @@ from hangtrace.tracer.analyze.failures.causes import (
     STOPPED_WAIT_NS,
     base_cause,
     is_stop_error,
-    is_transport_error,
+    is_transport_raise,
     raised_phases,
 )
 from hangtrace.tracer.analyze.failures.departures import sent_by
@@ -98,8 +103,57 @@ def raised_before_sigterm(v: RankView, times: List[int]) -> None:
         (t_sig - t) / 1e9,
     )
     v.cause, v.cause_text = Cause.EXCEPTION.value, text
-    v.victim = is_transport_error(text)
+    v.victim = is_transport_raise(text)
     times.append(t)
+
+
+def _own_tool(argv: List[str]) -> bool:
+    """True when ``argv`` (a sender's command line) is hangtrace's own CLI (``hangtrace run``
+    stopping a job), by the console script's name or ``-m hangtrace``."""
+    if any(os.path.basename(a) == "hangtrace" for a in argv[:2]):
+        return True
+    return any(a == "-m" and b.split(".")[0] == "hangtrace" for a, b in zip(argv, argv[1:]))
+
+
+def external_sender(sig: Optional[Mapping[str, Any]]) -> bool:
+    """True when the SIGTERM dump ``sig`` names its sender (pid) and that is neither one of
+    Ray's own processes (:func:`ray_stopper`) nor hangtrace's own CLI: a user, a driver's
+    ``os.kill``, a scheduler's preemption."""
+    snd = (sig or {}).get("sender") or {}
+    return (
+        bool(snd.get("pid")) and not ray_stopper(sig) and not _own_tool(str(snd.get("cmdline") or "").split())
+    )
+
+
+def stopped_idle_actors(ctx: Ctx) -> List[RankView]:
+    """Ray actor ranks that ``fill_death`` left alive although an external sender
+    (:func:`external_sender`) SIGTERMed and whose process then ended (or wrote its exit record:
+    a Ray worker's native teardown outlives it, so the pid may still be alive), while the job
+    went on: another rank progressed or entered a collective after that SIGTERM. Ray's
+    SIGTERM handler exits an actor idle between methods with code 0, yet Ray reports it dead
+    (``ActorDiedError``, "The process receives a SIGTERM") and its peers and callers fail:
+    its death, at its SIGTERM (issue 38: trainer rank 1 SIGTERMed from outside between two
+    ``train`` calls was left alive and Ray's teardown SIGTERMs after it were called the root)."""
+    from hangtrace.tracer.process_model import ray_role
+    from hangtrace.tracer.snapshot import Role
+
+    out: List[RankView] = []
+    for v in ctx.views.values():
+        sig = (v.proc.signals or {}).get("sigterm")
+        ended = v.proc.state in ("exited", "killed") or v.proc.exit_code is not None
+        if v.dead or not ended or not external_sender(sig):
+            continue  # (alive, no exit record: its own handler ended its method and it idles - actorreturn)
+        if ray_role(v.proc) != Role.RAY_ACTOR:
+            continue
+        t = sigterm_wall(v)
+        went_on = any(
+            max(u.progress_wall, int((u.blocked or {}).get("t_wall_ns") or 0)) > t
+            for u in ctx.views.values()
+            if u is not v
+        )
+        if t and went_on:
+            out.append(v)
+    return out
 
 
 def mark(ctx: Ctx) -> None:
@@ -128,6 +182,27 @@ def mark(ctx: Ctx) -> None:
             "SIGTERM from %s %.2f s after rank %d failed: Ray stopping the job's workers (teardown)"
             % (who, (t - first.fail_wall) / 1e9, first.rank)
         )
+
+
+def rankless_teardown(ctx: Ctx, v: RankView) -> bool:
+    """True when ``v`` (a process without a rank, ``fill_death`` filled) died of a SIGTERM
+    from Ray itself (:func:`ray_stopper`) after a rank's failure (a death that is no victim
+    and not itself Ray's teardown): Ray stopping the job's workers, a cascade of that failure
+    whatever Ray's worker exit type says, never a root (issue 38: a Rollout actor SIGTERMed by
+    the raylet at ``ray.shutdown()`` after trainer rank 1's external SIGTERM was named the root)."""
+    sig = (v.proc.signals or {}).get("sigterm")
+    if not v.dead or base_cause(v) not in _SIGTERMS or not ray_stopper(sig):
+        return False
+    t = sigterm_wall(v)
+    return any(
+        u.dead and not u.victim and u.fail_wall and u.fail_wall < t and not _ray_stopped(u)
+        for u in ctx.views.values()
+    )
+
+
+def _ray_stopped(u: RankView) -> bool:
+    """True when ``u`` died of a SIGTERM Ray itself sent (no earlier failure of its own)."""
+    return base_cause(u) in _SIGTERMS and bool(ray_stopper((u.proc.signals or {}).get("sigterm")))
 
 
 def details(ctx: Ctx, root: RankView) -> Dict[str, Any]:

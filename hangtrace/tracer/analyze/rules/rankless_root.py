@@ -39,8 +39,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from hangtrace.tracer.analyze.stuck.chainends import chain_ends
 from hangtrace.tracer.analyze.context import Ctx, history
 from hangtrace.tracer.analyze.rankview import RankView, index_process
-from hangtrace.tracer.analyze.failures.causes import STOPPED_WAIT_NS, is_transport_error, raised_phases
+from hangtrace.tracer.analyze.failures.causes import STOPPED_WAIT_NS, is_transport_raise, raised_phases
 from hangtrace.tracer.analyze.failures.deaths import fill_death
+from hangtrace.tracer.analyze.failures.teardown import rankless_teardown
 from hangtrace.tracer.analyze.evidence import desc_rec, rk, ts, vb
 from hangtrace.tracer.analyze.rules import actors
 from hangtrace.tracer.analyze.rules.base import Finding
@@ -76,7 +77,7 @@ def rank_progress_ns(v: RankView) -> int:
 def _stop_like(cause: str, text: str) -> bool:
     t = text.lower()
     return cause in STOP_CAUSES or (
-        cause == Cause.EXCEPTION.value and (is_transport_error(text) or "timeout" in t)
+        cause == Cause.EXCEPTION.value and (is_transport_raise(text) or "timeout" in t)
     )
 
 
@@ -94,7 +95,7 @@ def _candidates(ctx: Ctx) -> List[Tuple[actors.Failure, int]]:
                     ACT_SLACK_NS,
                 )
             )
-        if v.dead and not v.victim:
+        if v.dead and not v.victim and not rankless_teardown(ctx, v):
             base = (v.mem or {}).get("base_cause") or v.cause
             slack = ACT_SLACK_KILLED_NS if base == Cause.KILLED_WITHOUT_RECORD.value else ACT_SLACK_NS
             out.append(((int(v.fail_wall or 0), label, str(v.cause), str(v.cause_text or ""), p.key), slack))

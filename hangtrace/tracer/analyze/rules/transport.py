@@ -34,21 +34,18 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
     culprits = list(finding.culprits)
     d.kind = Kind.TRANSPORT_ERROR
     fill_common(ctx, d, culprits, None)
-    d.group, d.seq, d.op = first.get("group"), first.get("seq"), first.get("op")
+    rec = first if first.get("op") else (ctx.views[first["rank"]].failed or {})
+    d.group, d.seq, d.op = rec.get("group"), rec.get("seq"), rec.get("op")
     if d.group is not None:
         d.group_ranks = list(ctx.members(d.group)) or None
     d.cause = Cause.TRANSPORT_ERROR
     d.details["cause_text"] = first["text"]
-    ctx.add(
-        "rank %d failed first: %s on %s seq %s: %s"
-        % (
-            first["rank"],
-            first.get("op"),
-            ctx.gdesc(first.get("group")),
-            first.get("seq"),
-            (first["text"] or "")[:200],
-        )
+    where = (
+        "%s on %s seq %s" % (d.op, ctx.gdesc(d.group), d.seq)
+        if d.op
+        else "its %s (no failed collective recorded)" % (first.get("cause") or "failure")
     )
+    ctx.add("rank %d failed first: %s: %s" % (first["rank"], where, (first["text"] or "")[:200]))
     d.cascade = [c for c in fails if c["rank"] not in culprits]
     if d.cascade:
         ctx.add(

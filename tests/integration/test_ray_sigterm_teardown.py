@@ -1,0 +1,36 @@
+"""Ray's own teardown is never a root (issue 38, item 5), on a real local Ray cluster.
+
+``scripts/ray_sigterm_trainer.py`` under ``hangtrace run``: trainer rank 1 is SIGTERMed from
+outside (between two ``train`` calls, or during one); the driver's ``ray.get`` fails and its
+``ray.shutdown()`` makes the raylet SIGTERM the rank-less Rollout actor and rank 0. The
+verdict names rank 1 (dead-rank, SIGTERM from the driver's pid), never the Rollout. Other
+sessions' Ray clusters are never touched (no ``ray stop``): the job's session is killed and
+its processes reaped (``jobs.run_under_hangtrace``).
+"""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from jobs import run_under_hangtrace  # noqa: E402
+
+pytest.importorskip("ray")
+pytest.importorskip("torch")
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ray_sigterm_trainer.py")
+
+
+@pytest.mark.parametrize("when", ["idle", "train"])
+def test_a_trainer_sigtermed_from_outside_is_the_root_not_rays_teardown(tmp_path, when):
+    diags, why = run_under_hangtrace(
+        [sys.executable, SCRIPT, when], tmp_path / "run", tmp_path, stall_s=60, timeout_s=420, reap_s=60
+    )
+    assert "[driver] SIGTERM to rank 1" in why and "[driver] failed: ActorDiedError" in why, why
+    assert diags, why
+    d = diags[0]
+    assert (d["kind"], d["culprit_ranks"]) == ("dead-rank", [1]), (d["summary"], why)
+    assert d["cause"] in ("sigterm", "sigterm-external"), d["summary"]
+    assert not any("Rollout" in a for a in d["culprit_actors"]), d["summary"]
+    assert "Rollout" not in d["summary"].split(".")[0], d["summary"]
