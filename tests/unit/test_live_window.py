@@ -113,3 +113,34 @@ def test_a_stored_snapshot_keeps_its_window(tmp_path):
     rings.write_window(dataclasses.replace(caught_apart(), path=str(tmp_path), window=w))
     assert rings._read_window(str(tmp_path)) == w
     assert rings._read_window(str(tmp_path / "none")) is None
+
+
+def _stuck_beside_heartbeats(work):
+    """Rank 0 waits in all_reduce seq 4; rank 1 completed seqs 1-3, then its ring moved only
+    by Ray Train's poll_status calls every 2 s for 12 s (``work``: by back-to-back work
+    instead, up to the snapshot). The window saw rank 1 move."""
+    from synth import MS, R
+
+    b0, b1 = R(0, 2, phase=None), R(1, 2, phase=None)
+    for b in (b0, b1):
+        b.coll(n=3)
+    b0.wait()
+    for _ in range(6 if not work else 1200):
+        name, gap = ("poll_status", 2 * S) if not work else ("get_batch", 10 * MS)
+        b1.mark("phase_enter", phase=name, dt=gap)
+        b1.mark("phase_exit", phase=name, dt=MS // 10)
+        b1.phase = None
+    s = snap([b0, b1], reason="request", taken=b1.t + S // 10)
+    return dataclasses.replace(s, window=ProgressWindow(window_s=2.0, advanced=("h0:1001",)))
+
+
+def test_a_ring_moved_only_by_heartbeats_in_the_window_is_no_progress():
+    """Ray Train's controller polls every worker every ~2 s: a window that sees a stuck
+    worker's ring move by those calls alone must not call the job progressing (its newest
+    work, past the heartbeats, is older than the window)."""
+    d = diagnose(_stuck_beside_heartbeats(work=False), stall_s=5)
+    assert d.kind != Kind.PROGRESSING, d.summary
+    assert d.details["window"]["advanced_ranks"] == []
+    # the same move made by work up to the snapshot is progress
+    d = diagnose(_stuck_beside_heartbeats(work=True), stall_s=5)
+    assert d.kind == Kind.PROGRESSING, d.summary

@@ -41,6 +41,9 @@ GroupDef = Dict[str, Any]
 
 
 DEFAULT_STALL_S = 300.0
+#: seconds beyond a live snapshot's window within which a moved rank's newest work must lie
+#: for the move to count as work (``_beats_only``)
+WINDOW_SLACK_S = 1.0
 #: Larger world sizes (and ranks) in a ring header are corrupt/implausible: ignored, so
 #: that one bad header cannot make the analysis allocate per-rank structures unboundedly.
 MAX_WORLD = 1 << 20
@@ -65,9 +68,10 @@ def history(proc: ProcessInfo) -> List[Record]:
 
 def judged_window(
     snapshot: Snapshot, views: Dict[int, RankView]
-) -> Tuple[Optional[ProgressWindow], Tuple[int, ...]]:
-    """The ring window of a live snapshot not taken at a detected stall or death, and the
-    ranks that advanced in it (``(None, ())`` otherwise). A point in time catches healthy
+) -> Tuple[Optional[ProgressWindow], Tuple[int, ...], int]:
+    """The ring window of a live snapshot not taken at a detected stall or death, the ranks
+    that advanced in it and how many processes did (``(None, (), 0)`` otherwise; a rank
+    whose ring moved by a framework's heartbeats alone did not advance, ``_beats_only``). A point in time catches healthy
     ranks a few milliseconds apart - one in a collective, its peer not there yet - so such a
     snapshot is judged hung only when no process advanced between the two readings of the
     ring headers and torch's counters (``watch/progress.py``, the watcher's definition of
@@ -75,9 +79,23 @@ def judged_window(
     DDP job gave a hang verdict). When nothing advanced, the hang rules may judge it."""
     w = snapshot.window
     if w is None or w.source != "rings" or snapshot.reason in ("stall", "death"):
-        return None, ()
-    moved = set(w.advanced)
-    return w, tuple(sorted(r for r, v in views.items() if v.proc.key in moved))
+        return None, (), 0
+    beats = {v.proc.key for v in views.values() if v.proc.key in w.advanced and _beats_only(v, w, snapshot)}
+    moved = set(w.advanced) - beats
+    return w, tuple(sorted(r for r, v in views.items() if v.proc.key in moved)), len(moved)
+
+
+def _beats_only(v: RankView, w: ProgressWindow, snapshot: Snapshot) -> bool:
+    """The ring of ``v`` moved in the window ``w`` but its newest work (``progress_wall``,
+    which passes over a framework's heartbeats such as Ray Train's ``poll_status``:
+    ``ring/heartbeats.py``) is older than the window before the snapshot: the move was
+    heartbeats, which prove the process alive, not that it worked. A move whose records came
+    after the snapshot was read is discounted too; the hang rules then judge it, and
+    staleness is still the stall threshold's, so that costs no false hang."""
+    taken = snapshot.taken_wall_ns or 0
+    if not taken or not v.progress_wall:
+        return False
+    return v.progress_wall < taken - int((w.window_s + WINDOW_SLACK_S) * 1e9)
 
 
 def plausible_world(ws: Any) -> int:
@@ -158,8 +176,8 @@ class Ctx:
         self.stalled = snapshot.reason in ("stall",) or (
             self.age_s is not None and self.age_s >= self.stall_s
         )
-        self.window, self.advanced = judged_window(snapshot, self.views)
-        self.advanced_in_window = bool(self.window is not None and self.window.advanced)
+        self.window, self.advanced, self.advanced_processes = judged_window(snapshot, self.views)
+        self.advanced_in_window = self.advanced_processes > 0
         self._judge_window()
         self.insts: Dict[Any, Inst] = {}
         self.inst_of: Dict[int, Inst] = {}
@@ -171,7 +189,7 @@ class Ctx:
         (torch's counters may have moved while the ring did not: C++ collectives). When
         nothing advanced, the hang rules judge the snapshot and staleness stays the stall
         threshold's: two seconds without progress make no stall (a step of long compute)."""
-        if self.window is None or not self.window.advanced:
+        if self.window is None or not self.advanced_in_window:
             return
         self.stalled = False
         if self.age_s is None or self.age_s > self.window.window_s:

@@ -240,10 +240,10 @@ def _window_evidence(ctx: Ctx, d: Diagnosis) -> None:
     d.details["window"] = {
         "window_s": w.window_s,
         "advanced_ranks": list(ctx.advanced),
-        "advanced_processes": len(w.advanced),
+        "advanced_processes": ctx.advanced_processes,
     }
-    if w.advanced:
-        others = len(w.advanced) - len(ctx.advanced)
+    if ctx.advanced_in_window:
+        others = ctx.advanced_processes - len(ctx.advanced)
         ctx.add(
             "in the %.1f s between two readings of the ring headers and torch's collective counters, %s "
             "made progress: the job is not hung, whatever one instant shows"
