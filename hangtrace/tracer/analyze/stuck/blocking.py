@@ -15,6 +15,7 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, Optional
 
+from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.analyze.stuck.stacktree import Frame, Thread, _short, frame_label
 from hangtrace.tracer.snapshot import ProcessInfo
 
@@ -51,41 +52,11 @@ _BLOCKING = (
 #: the modules of ``_BLOCKING``: their waits are read by name, never as a C-level lock
 _BLOCKING_FILES = frozenset(fbase for fbase, _n, _r in _BLOCKING if fbase)
 
-_COLLECTIVE_NAMES = frozenset(
-    (
-        "all_reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "all_gather_object",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "all_to_all",
-        "all_to_all_single",
-        "broadcast",
-        "broadcast_object_list",
-        "reduce",
-        "gather",
-        "gather_object",
-        "scatter",
-        "scatter_object_list",
-        "barrier",
-        "monitored_barrier",
-        "send",
-        "recv",
-        "isend",
-        "irecv",
-        "batch_isend_irecv",
-        "wait",
-        "_allgather_base",
-        "_reduce_scatter_base",
-        "all_gather_single",
-        "reduce_scatter_single",
-        "all_gather_coalesced",
-        "all_reduce_coalesced",
-        "send_object_list",
-        "recv_object_list",
-    )
-)
+#: the collectives and p2p ops of the ring format (``ring/layout.OPS``, less the group
+#: management calls) and ``Work.wait``: a frame of one of them is a wait inside a collective
+_COLLECTIVE_NAMES = (
+    frozenset(F.OPS) - {"", "init_process_group", "new_group", "new_subgroups", "destroy_process_group"}
+) | {"wait"}
 
 
 def collective_frame(frames: Optional[Iterable[Frame]]) -> Optional[str]:
