@@ -271,3 +271,14 @@ def run_under_hangtrace(
         with open(f) as fh:
             diags.append(json.load(fh))
     return diags, why
+
+
+def blocked(pids, interval_s=0.5):
+    """Every process of ``pids`` wanted under 5 % of a CPU over ``interval_s``: blocked."""
+    import time
+
+    from hangtrace.tracer.watch.busy import cpu_demand_s
+
+    before = [cpu_demand_s(p) or 0.0 for p in pids]
+    time.sleep(interval_s)
+    return all((cpu_demand_s(p) or 0.0) - b < 0.05 * interval_s for p, b in zip(pids, before))

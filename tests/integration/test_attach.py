@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from jobs import REPO, base_env, free_port, wait_line, wait_until
+from jobs import REPO, base_env, blocked, free_port, wait_line, wait_until
 
 
 def test_attach_names_stuck_rank_of_uninstrumented_job(tmp_path):
@@ -68,17 +68,6 @@ def test_attach_names_stuck_rank_of_uninstrumented_job(tmp_path):
         except OSError:
             pass
         job.wait(timeout=10)
-
-
-def blocked(pids, interval_s=0.5):
-    """Every process of ``pids`` wanted under 5 % of a CPU over ``interval_s``: blocked."""
-    import time
-
-    from hangtrace.tracer.watch.busy import cpu_demand_s
-
-    before = [cpu_demand_s(p) or 0.0 for p in pids]
-    time.sleep(interval_s)
-    return all((cpu_demand_s(p) or 0.0) - b < 0.05 * interval_s for p, b in zip(pids, before))
 
 
 def _start_time(pid):

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from ddp_jobs import TORCHRUN, burner, rank_pids, start_job, step_of, stop, wait_file
-from jobs import base_env
+from jobs import base_env, blocked, wait_until
 
 N = 100 if os.environ.get("HANGTRACE_LONG") == "1" else 15
 HANG_KINDS = {
@@ -108,6 +108,9 @@ def test_attach_to_an_untraced_job_hung_in_a_queue_names_the_rank_in_the_headlin
         wait_file(job, out / "hanging")
         pids = rank_pids(job)
         assert len(pids) == 3
+        # ranks 0-1 reach DDP's all-reduce after rank 2 stopped; under load that takes a while,
+        # and samples taken while they still work rightly say the job is progressing
+        wait_until(lambda: blocked(pids), timeout=120, period=0.2)
         d = attach(pids, tmp_path)
         assert d["kind"] == "stuck-outside-collective", d["summary"]
         assert d["culprit_ranks"] == [2], d["summary"]
