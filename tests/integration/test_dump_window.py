@@ -78,6 +78,9 @@ def test_dump_of_the_hung_variant_names_the_rank_in_the_queue(tmp_path):
     hot = burner()
     try:
         wait_file(job, out / "hanging")
+        # hung means every rank blocked: ranks 0-1 reach DDP's all-reduce after rank 2
+        # stopped, and a window that sees them still working rightly says progressing
+        wait_until(lambda: blocked(rank_pids(job)), timeout=120, period=0.2)
         d = dump(run, tmp_path, "--window", "2")
         assert d["kind"] == "stuck-outside-collective", d["summary"]
         assert d["culprit_ranks"] == [2], d["summary"]
