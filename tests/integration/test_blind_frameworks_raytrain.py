@@ -52,23 +52,15 @@ INCIDENT_KINDS = (
 #: per-job timeout: a clean run takes 90-100 s on 2 shared cores; a hang the watcher never
 #: reports (below) ends here, so keep it short
 TIMEOUT_S = 240
-#: wrong verdicts on the current tree, 2026-12-07 (job -> what the tool said vs expected; RESULTS.md)
+#: wrong verdicts on the current tree, 2026-12-07 (job -> what the tool said vs expected; RESULTS.md).
+#: rt_clean, rt_stuck_queue and rt_raise were wrong at first and are right since the clean-shutdown,
+#: heartbeat, caught-exception and training-thread mechanisms (helper 11's runs, RESULTS.md)
 WRONG = {
-    "rt_clean": "a false verdict on a clean run: dead-rank, no rank, 'Failed Ray actor: SynchronizationActor "
-    "(or PreemptionWatcher) (no rank) failed first (cause: killed-without-record ...)': Ray Train's own "
-    "end-of-run teardown of its helper actors",
-    "rt_stuck_queue": "no verdict in 240 s (Ray Train's controller calls poll_status on every worker every "
-    "2 s: each call is a phase, i.e. progress); `hangtrace dump` says stuck-outside-collective [1] but names "
-    "Worker.main_loop (epoll_wait), not the TrainingThread's remap_q.get()",
-    "rt_rank0_barrier": "no verdict in 240 s (controller polls are progress); `hangtrace dump` names rank 1 "
-    "(stuck-outside-collective, or skipped-collective 'rank 1 never reached barrier seq 16'), not rank 0's "
-    "extra dist.barrier()",
-    "rt_raise": "dead-rank with no culprit rank: 'Failed Ray actor: PreemptionWatcher (no rank) failed first "
-    "(cause: killed-without-record ...)' (Ray Train's teardown after the error); rank 1's RuntimeError "
-    "(caught by Ray Train's ThreadRunner) is never named",
-    "rt_skip_step": "no verdict in 240 s (controller polls are progress); `hangtrace dump` says "
-    "stuck-outside-collective [1] in Worker.main_loop (epoll_wait), not that rank 1 issued fewer all-reduces "
-    "and returned",
+    "rt_rank0_barrier": "stuck-outside-collective naming rank 1, not rank 0's extra dist.barrier(): rank 1 "
+    "waits in ray.get on Ray Train's SynchronizationActor (ray.train.report), which waits for rank 0; that "
+    "actor-mediated wait is not in the wait-for graph",
+    "rt_skip_step": "stuck-outside-collective [1]: the right rank, but rank 1 issued fewer all-reduces and "
+    "its training function returned (skipped-collective expected)",
 }
 
 

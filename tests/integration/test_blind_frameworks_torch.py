@@ -48,8 +48,6 @@ CI_SET = {"lt_raise[python]", "hf_sigkill[torchrun]", "acc_raise[accelerate]"}
 #: wrong verdicts on the current tree, 2026-12-07 (job id -> what the tool said; RESULTS.md)
 _BOTH = "collective-mismatch naming ranks 0-1 ('no majority'): rank 1 waits in the collective %s"
 WRONG = {
-    "lt_rank0_barrier[python]": _BOTH % "Lightning broadcasts every step",
-    "hf_rank0_barrier[torchrun]": _BOTH % "the Trainer issues every step",
     "acc_rank0_barrier[accelerate]": _BOTH % "the loop issues every step",
     "acc_skip_step[accelerate]": "collective-mismatch naming ranks 0-1, not rank 1",
 }
