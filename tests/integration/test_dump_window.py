@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ddp_jobs import TORCHRUN, burner, rank_pids, start_job, step_of, stop, wait_file
+from ddp_jobs import TORCHRUN, burner, descendants, rank_pids, start_job, step_of, stop, wait_file
 from jobs import base_env, blocked, wait_until
 
 N = 100 if os.environ.get("HANGTRACE_LONG") == "1" else 15
@@ -78,9 +78,10 @@ def test_dump_of_the_hung_variant_names_the_rank_in_the_queue(tmp_path):
     hot = burner()
     try:
         wait_file(job, out / "hanging")
-        # hung means every rank blocked: ranks 0-1 reach DDP's all-reduce after rank 2
-        # stopped, and a window that sees them still working rightly says progressing
-        wait_until(lambda: blocked(rank_pids(job)), timeout=120, period=0.2)
+        # hung means every process of the job still: ranks 0-1 reach DDP's all-reduce after
+        # rank 2 stopped and the DataLoader workers fill their prefetch queues; a window that
+        # sees any of them still working rightly says progressing (the CI mimic caught both)
+        wait_until(lambda: blocked(descendants(job.pid)), timeout=120, period=0.2)
         d = dump(run, tmp_path, "--window", "2")
         assert d["kind"] == "stuck-outside-collective", d["summary"]
         assert d["culprit_ranks"] == [2], d["summary"]
