@@ -182,3 +182,17 @@ def test_watcher_quiet_death_reported_when_the_root_lives_on(tmp_path):
     incs, _ = _watch_end(tmp_path, None)
     assert incs[0] is None and incs[1] is None
     assert incs[2] is not None and incs[2].kind == "death", incs
+
+
+def test_a_process_sigtermed_by_someone_outside_is_never_a_quiet_death():
+    """A driver that SIGTERMs a trainer, catches its death and exits 0 ended no clean run:
+    the SIGTERM's recorded sender is neither Ray's own processes nor hangtrace."""
+    from hangtrace.tracer.watch.shutdown import quiet
+
+    h = {"inflight_idx": 0, "phase_strid": 0}
+    by_driver = {"sigterm": {"sender": {"pid": 4242, "uid": 0, "cmdline": "python3 driver.py"}}}
+    by_raylet = {"sigterm": {"sender": {"pid": 77, "uid": 0, "cmdline": "/x/ray/core/src/ray/raylet/raylet"}}}
+    assert not quiet(h, "exited", lambda _h: by_driver)
+    assert not quiet(h, "killed", lambda _h: by_driver)
+    assert quiet(h, "exited", lambda _h: by_raylet)  # Ray's own teardown: may be a shutdown
+    assert quiet(h, "killed", lambda _h: {})

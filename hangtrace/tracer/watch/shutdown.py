@@ -46,11 +46,20 @@ def clean_exit(h: Header) -> bool:
 
 def quiet(h: Header, st: str, signals: Callable[[Header], Mapping[str, object]]) -> bool:
     """A death that may be a shutdown: killed (no exit record) or exited after a SIGTERM,
-    idle (no phase open, nothing in flight), no fatal-signal dump (``signals``: the signal files of a header)."""
+    idle (no phase open, nothing in flight), no fatal-signal dump (``signals``: the signal
+    files of a header), and not SIGTERMed by someone outside the framework
+    (``teardown.external_sender``: a user, a driver's ``os.kill``, a scheduler): a driver
+    that catches the death of the process it SIGTERMed and exits 0 ended no clean run
+    (blind-written Ray job of 2026-12-07, ``test_ray_sigterm_teardown``)."""
+    from hangtrace.tracer.analyze.failures.teardown import external_sender
+
     if h.get("inflight_idx") or h.get("phase_strid"):
         return False
     sig = signals(h)
     if "fatal" in sig:
+        return False
+    term = sig.get("sigterm")
+    if isinstance(term, Mapping) and external_sender(term):
         return False
     return st == "killed" or (st == "exited" and "sigterm" in sig)
 

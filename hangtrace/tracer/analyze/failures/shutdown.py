@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional, Tuple
 
+from hangtrace.tracer.analyze.failures.teardown import external_sender
 from hangtrace.tracer.analyze.failures.causes import raised_phases
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
@@ -42,6 +43,7 @@ def ended_quietly(p: ProcessInfo) -> bool:
         return False
     return (
         "fatal" not in sigs
+        and not external_sender(sigs.get("sigterm"))
         and p.exception is None
         and p.phase is None
         and not p.inflight
