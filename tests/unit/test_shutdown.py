@@ -189,10 +189,13 @@ def test_a_process_sigtermed_by_someone_outside_is_never_a_quiet_death():
     the SIGTERM's recorded sender is neither Ray's own processes nor hangtrace."""
     from hangtrace.tracer.watch.shutdown import quiet
 
-    h = {"inflight_idx": 0, "phase_strid": 0}
+    h = {"inflight_idx": 0, "phase_strid": 0, "rank": 1}
     by_driver = {"sigterm": {"sender": {"pid": 4242, "uid": 0, "cmdline": "python3 driver.py"}}}
     by_raylet = {"sigterm": {"sender": {"pid": 77, "uid": 0, "cmdline": "/x/ray/core/src/ray/raylet/raylet"}}}
     assert not quiet(h, "exited", lambda _h: by_driver)
     assert not quiet(h, "killed", lambda _h: by_driver)
     assert quiet(h, "exited", lambda _h: by_raylet)  # Ray's own teardown: may be a shutdown
     assert quiet(h, "killed", lambda _h: {})
+    # a rank-less helper the driver SIGTERMs itself in ray.shutdown() (Ray's dashboard, log
+    # monitor) may be a clean shutdown
+    assert quiet(dict(h, rank=-1), "exited", lambda _h: by_driver)

@@ -47,7 +47,7 @@ def clean_exit(h: Header) -> bool:
 def quiet(h: Header, st: str, signals: Callable[[Header], Mapping[str, object]]) -> bool:
     """A death that may be a shutdown: killed (no exit record) or exited after a SIGTERM,
     idle (no phase open, nothing in flight), no fatal-signal dump (``signals``: the signal
-    files of a header), and not SIGTERMed by someone outside the framework
+    files of a header), and not a rank SIGTERMed by someone outside the framework
     (``teardown.external_sender``: a user, a driver's ``os.kill``, a scheduler): a driver
     that catches the death of the process it SIGTERMed and exits 0 ended no clean run
     (blind-written Ray job of 2026-12-07, ``test_ray_sigterm_teardown``)."""
@@ -59,8 +59,8 @@ def quiet(h: Header, st: str, signals: Callable[[Header], Mapping[str, object]])
     if "fatal" in sig:
         return False
     term = sig.get("sigterm")
-    if isinstance(term, Mapping) and external_sender(term):
-        return False
+    if (h.get("rank", -1) or 0) >= 0 and isinstance(term, Mapping) and external_sender(term):
+        return False  # (a driver's ray.shutdown() SIGTERMs Ray's rank-less helpers itself: quiet)
     return st == "killed" or (st == "exited" and "sigterm" in sig)
 
 

@@ -43,7 +43,7 @@ def ended_quietly(p: ProcessInfo) -> bool:
         return False
     return (
         "fatal" not in sigs
-        and not external_sender(sigs.get("sigterm"))
+        and not (p.rank >= 0 and external_sender(sigs.get("sigterm")))
         and p.exception is None
         and p.phase is None
         and not p.inflight
