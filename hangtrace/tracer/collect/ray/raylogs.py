@@ -241,15 +241,15 @@ def worker_identity(p: Any) -> Tuple[Optional[str], Optional[str]]:
 
 
 def ray_log_facts(procs: Iterable[Any], cache: Optional[Dict[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
-    """{process key: {'ray_worker_exit': ..., 'ray_oom_kill': ...}} for the dead traced Ray
-    workers of ``procs`` whose session logs name them (module docstring). ``cache`` (a dict
+    """{process key: {'ray_worker_exit': ..., 'ray_oom_kill': ...}} for the traced Ray
+    workers of ``procs`` whose session logs record their end (module docstring). ``cache`` (a dict
     shared over one load) keeps each session's logs parsed once. Never raises."""
     cache = {} if cache is None else cache
     out: Dict[str, Dict[str, Any]] = {}
     for p in procs:
         try:
-            if p.state not in ("killed", "exited"):
-                continue
+            # any state: a stored snapshot may hold a worker as alive that was dying when it
+            # was taken; Ray's exit line for its (unique) worker id says it ended
             logs, wid = worker_identity(p)
             if not logs or not wid:
                 continue
