@@ -235,4 +235,4 @@ def _cap(text: str) -> str:
 def _quoted(diag: Diagnosis, x: Dict[str, Any]) -> bool:
     """True when the cause text already quotes Ray's detail (the memory monitor's kill)."""
     det = " ".join(str(x.get("exit_detail") or "").split())[:60]
-    return bool(det) and det in " ".join((diag.summary or "").split())
+    return bool(det) and det in " ".join(str((diag.details or {}).get("cause_text") or "").split())
