@@ -272,3 +272,32 @@ def test_join_renumbers_the_in_flight_record_too():
     p = ProcessInfo(host="h", pid=7, rank=1, world_size=2, records=[first, bol], inflight=bol)
     (q,) = join_fr([p], [d])
     assert q.inflight is not None and q.inflight["seq"] == 3 and q.inflight["seq_ours"] == 2
+
+
+def test_our_calls_after_the_end_of_torchs_dump_go_on_one_seq_per_call():
+    """A dump's FR file ends at torch's seq 2 while the ring read later holds two more calls:
+    they are seq 3 and 4, not both 2 (seen on a healthy 4-rank job: every rank's later calls
+    at one seq, read as a collective that completed with mismatched sizes)."""
+    es = [entry(1, "gloo:all_reduce", t=T0 + 100), entry(2, "gloo:all_reduce", t=T0 + 200)]
+    d = parse_fr_bytes(pickle.dumps(dump(es)), "x", rank=0, host="h", pid=7)
+
+    def ours(seq, t, numel):
+        return {
+            "idx": seq,
+            "kind": "collective",
+            "op": "all_reduce",
+            "group": "0",
+            "seq": seq,
+            "numel": numel,
+            "state": "completed",
+            "t_wall_ns": t,
+            "t_mono_ns": seq,
+            "t_end_mono_ns": seq + 1,
+        }
+
+    m = merge_records(
+        [ours(1, T0 + 90, 8), ours(2, T0 + 190, 1), ours(3, T0 + 50_000_000, 8), ours(4, T0 + 60_000_000, 1)],
+        fr_records(d),
+    )
+    got = [(r["seq"], r["seq_ours"], r["numel"]) for r in m if r["kind"] == "collective"]
+    assert got == [(1, 1, 8), (2, 2, 1), (3, 3, 8), (4, 4, 1)]

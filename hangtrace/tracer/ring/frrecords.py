@@ -171,7 +171,8 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
     the ``fr_*`` fields and ``source='hangtrace+flight-recorder'``. Further FR entries of the
     same call are kept with ``within_op`` = our op. FR-only entries (C++-issued) are kept
     as they are. Our unpaired collectives of such a group are numbered after the FR launch
-    before them (``seq_ours`` keeps ours). Other records (p2p when FR has none on that group,
+    before them (``seq_ours`` keeps ours): torch's seq there, or, past the end of torch's
+    dump, one more per call. Other records (p2p when FR has none on that group,
     phases, steps, events) pass unchanged. Result ordered by wall time (ties: ours first).
     """
     fr_coll: Dict[str, List[Dict[str, Any]]] = {}
@@ -179,6 +180,7 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
         if r["kind"] == "collective":
             fr_coll.setdefault(r["group"], []).append(r)
     used: Set[int] = set()
+    after: Dict[Tuple[str, int], int] = {}
     out: List[Dict[str, Any]] = []
     ours_p2p_groups = {r.get("group") for r in ours if r.get("kind") == "p2p"}
     for r in ours:
@@ -186,7 +188,7 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
         if not cands:
             out.append(r)
             continue
-        out.extend(_merge_one(r, cands, used))
+        out.extend(_merge_one(r, cands, used, after))
     for g, cands in fr_coll.items():
         out.extend(e for e in cands if id(e) not in used)
     for r in fr:
@@ -196,9 +198,13 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
     return _with_phase(out)
 
 
-def _merge_one(r: Dict[str, Any], cands: List[Dict[str, Any]], used: Set[int]) -> List[Dict[str, Any]]:
+def _merge_one(
+    r: Dict[str, Any], cands: List[Dict[str, Any]], used: Set[int], after: Dict[Tuple[str, int], int]
+) -> List[Dict[str, Any]]:
     """Our collective ``r`` against its group's FR collectives ``cands`` (``used``: ids of those
-    already paired, updated): the records it becomes (further FR launches of its call, then it)."""
+    already paired, updated; ``after``: (group, torch's last seq) -> our calls numbered past
+    the end of torch's dump so far, updated): the records it becomes (further FR launches of
+    its call, then it)."""
     t0, t1 = r.get("t_wall_ns") or 0, _end_wall(r)
     w0 = t0 - _SLACK_NS
     near = [e for e in cands if w0 <= e["t_wall_ns"] <= t1 + _SLACK_NS and id(e) not in used]
@@ -210,6 +216,14 @@ def _merge_one(r: Dict[str, Any], cands: List[Dict[str, Any]], used: Set[int]) -
         if before:
             m["seq"] = max(before)
             m["fr_unmatched"] = True
+            if not any(e["t_wall_ns"] > t1 + _SLACK_NS for e in cands):
+                # past the end of torch's dump (taken before our ring was read): torch's
+                # numbering goes on one per call; one number for all of them made the
+                # ranks' later calls look like different collectives at one seq (a false
+                # "completed with mismatched sizes" on a healthy job, seen in a dump)
+                key = (str(r.get("group")), m["seq"])
+                after[key] = after.get(key, 0) + 1
+                m["seq"] += after[key]
         return [m]
     out: List[Dict[str, Any]] = []
     # further launches of the same Python call (all_gather_object: two all_gathers)
