@@ -221,6 +221,38 @@ def test_helpers_never_hold_the_startup_grace_and_a_launcher_alone_is_starting()
     assert w.threshold() == 10
 
 
+def test_the_end_of_a_run_gets_the_startup_threshold_once_every_rank_recorded_its_exit():
+    """Seen at load 130 on 2 cores: a 3-rank DDP job's ranks all exited 0, torchrun's agent
+    took 17 s to notice, and a 5 s threshold called it a stall. Once every rank has recorded
+    its exit, what lives on is the job's end (launchers reaping, interpreters finalizing)."""
+    from hangtrace.tracer.ring import layout as F
+    from hangtrace.tracer.watch.detector import Watcher
+
+    def hdr(rank, source, state=F.ST_RUNNING):
+        return {
+            "rank": rank,
+            "rank_source": source,
+            "progress_count": 9,
+            "phase_strid": 0,
+            "state": state,
+            "phase": None,
+        }
+
+    w = Watcher("/nonexistent", stall_s=5, phase_stall={})
+    w.startup_stall_s = 60
+    agent = hdr(-1, F.RANK_FROM_ENV)
+    w.headers = {
+        "agent": agent,
+        "r0": hdr(0, F.RANK_FROM_GROUP, F.ST_EXITED),
+        "r1": hdr(1, F.RANK_FROM_GROUP),
+    }
+    assert w.threshold() == 5  # rank 1 still runs: a hang of rank 1 is reported on time
+    w.headers["r1"] = hdr(1, F.RANK_FROM_GROUP, F.ST_EXITED)
+    assert w.threshold() == 60
+    w.headers = {"agent": agent}  # no rank ever: not an end (the start-up rules decide)
+    assert w.threshold() == 5
+
+
 def test_a_second_process_joining_a_working_ranks_rank_holds_no_startup_grace(monkeypatch):
     """Blind helper 66: rank 0's eval subprocess inherited RANK=0 and joined the job's group
     as rank 0; while the job's rank 0 (alive, progressed) waits for it, --stall-s applies."""

@@ -53,8 +53,11 @@ def test_busy_clock_tells_a_spinning_process_from_a_sleeping_one_also_when_cores
         subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))
     ]
     spin = spinners[0]
-    sleep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sleep = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('go', flush=True); time.sleep(60)"], stdout=subprocess.PIPE
+    )
     try:
+        assert sleep.stdout.readline() == b"go\n"  # past its start-up (1+ s on a loaded machine)
         clock = BusyClock()
         heads = {"spin%d" % i: _header(s.pid) for i, s in enumerate(spinners)}
         heads["sleep"] = _header(sleep.pid)
@@ -115,3 +118,43 @@ def test_a_busy_actor_holds_a_short_stall_off_and_its_wait_is_reported_at_once(t
         p.wait()
         if rec is not None:
             rec.close()
+
+
+def test_a_process_past_its_exit_record_counts_while_it_finalizes_and_not_once_idle():
+    """The header says exited, the pid lives: the interpreter is finalizing (torch's teardown
+    took 5+ s at load 30). Busy while it burns CPU; idle past its exit (a destructor that
+    never returns) it holds nothing."""
+    spin = subprocess.Popen(
+        [sys.executable, "-c", "print('go', flush=True)\nwhile True: pass"], stdout=subprocess.PIPE
+    )
+    idle = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('go', flush=True); time.sleep(60)"], stdout=subprocess.PIPE
+    )
+    try:
+        assert (
+            spin.stdout.readline() == idle.stdout.readline() == b"go\n"
+        )  # (started: on a loaded machine, 1+ s)
+        clock = BusyClock()
+        heads = {
+            "spin": dict(_header(spin.pid, rank=0, source=F.RANK_FROM_GROUP), state=F.ST_EXITED),
+            "idle": dict(_header(idle.pid, rank=1, source=F.RANK_FROM_GROUP), state=F.ST_EXITED),
+        }
+        assert clock.busy(heads) == []
+        time.sleep(1.5)
+        assert clock.busy(heads) == [spin.pid]
+    finally:
+        for p in (spin, idle):
+            p.kill()
+            p.wait()
+
+
+def test_demand_growth_ignores_a_thread_that_ended_between_two_readings():
+    """A sum over the live threads falls when one ends (a rank's exit: gloo's threads end
+    while the interpreter finalizes): per thread, the survivors' growth is what counts."""
+    from hangtrace.tracer.watch.busy import demand_growth
+
+    before = {"10": 5.0, "11": 20.0, "12": 3.0}
+    now = {"10": 5.9, "13": 0.2}  # 11 and 12 ended, 13 started
+    assert abs(demand_growth(before, now) - 1.1) < 1e-9
+    assert demand_growth(before, now) > 0 > sum(now.values()) - sum(before.values())
+    assert demand_growth(2.0, 3.5) == 1.5  # totals (an injected clock of tests)

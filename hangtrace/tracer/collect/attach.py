@@ -143,25 +143,26 @@ def _two_samples(
 ) -> Tuple[Dict[int, Any], Dict[int, Any], Optional[ProgressWindow]]:
     """``(first stacks, second stacks, window)``: ``stacks.dump_stacks`` of ``pids`` twice,
     ``window_s`` seconds apart, and each process's CPU demand per second between the two
-    (``watch/busy.cpu_demand_s``, read after the first sample and before the second: the
+    (``watch/busy.thread_demand_s`` and ``demand_growth``, read after the first sample and before the second: the
     samples' own ptrace stops are not counted; at least :data:`MIN_QUIET_S` apart); with
     ``window_s`` 0, one sample and no window."""
     from hangtrace.tracer.collect import stacks as S
-    from hangtrace.tracer.watch.busy import cpu_demand_s
+    from hangtrace.tracer.watch.busy import demand_growth, thread_demand_s
 
     if window_s <= 0:
         return {}, S.dump_stacks(pids, native=native), None
     t0 = time.monotonic()
     first = S.dump_stacks(pids, native=native)
-    c0, tc0 = {pid: cpu_demand_s(pid) for pid in pids}, time.monotonic()
+    c0, tc0 = {pid: thread_demand_s(pid) for pid in pids}, time.monotonic()
     time.sleep(max(MIN_QUIET_S, window_s - (tc0 - t0)))
-    c1, tc1 = {pid: cpu_demand_s(pid) for pid in pids}, time.monotonic()
+    c1, tc1 = {pid: thread_demand_s(pid) for pid in pids}, time.monotonic()
     res = S.dump_stacks(pids, native=native)
     host = {d["pid"]: d["host"] for d in d0}
     share = tuple(
-        ("%s:%d" % (host[pid], pid), round((float(c1[pid] or 0) - float(c0[pid] or 0)) / (tc1 - tc0), 3))
+        ("%s:%d" % (host[pid], pid), round(demand_growth(a, b) / (tc1 - tc0), 3))
         for pid in pids
-        if c0[pid] is not None and c1[pid] is not None
+        for a, b in [(c0[pid], c1[pid])]
+        if a is not None and b is not None
     )
     return (
         first,

@@ -9,7 +9,10 @@ start: seen, the node watcher with a 6 s threshold called Ray actors importing t
 torch beside two CPU burners); while some rank does wait in one, the busy process is a
 straggler and the stall needs ``HANGTRACE_STARTUP_STALL_S``. Either way the grace ends
 at the first poll where nothing is busy: a run whose ranks then wait is reported at
-once. Not reported, by design: every process spinning outside collectives for ever with
+once. The end, too: a process that recorded its exit and whose interpreter is still
+finalizing (torch's teardown: seen 5+ s at load 30, a 3-rank DDP job called "stuck at exit"
+with a 5 s threshold) is busy while it burns CPU; one that sits idle past its exit (an
+NCCL communicator's destructor that never returns) is not, and is reported. Not reported, by design: every process spinning outside collectives for ever with
 nobody waiting (no distributed wait to explain).
 
 Not counted: a process with a collective in flight (an NCCL rank spins a CPU while it
@@ -22,7 +25,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.watch.headers import never_worked
@@ -34,41 +37,68 @@ _HOST = socket.gethostname()
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_demand_s(pid: int) -> Optional[float]:
-    """Seconds the threads of ``pid`` ran on a CPU or waited on a run queue for one
-    (``/proc/PID/task/TID/schedstat`` fields 1 and 2, ns; the kernel's sched-stats.rst),
-    summed; or, without schedstat, user + system CPU time (``/proc/PID/stat`` fields 14
-    and 15, proc(5)). None when the process is gone or unreadable. Never raises.
+def thread_demand_s(pid: int) -> Optional[Dict[str, float]]:
+    """{thread id: seconds it ran on a CPU or waited on a run queue for one} of ``pid``
+    (``/proc/PID/task/TID/schedstat`` fields 1 and 2, ns; the kernel's sched-stats.rst); or,
+    without schedstat, {'': user + system CPU time of the process} (``/proc/PID/stat``
+    fields 14 and 15, proc(5)). None when the process is gone or unreadable. Never raises.
+
+    Per thread, because a thread that ends takes its figures with it: a sum over the
+    threads alive now falls when one ends (seen at a DDP rank's exit, where gloo's and
+    our own threads end while the interpreter finalizes), which read as "idle".
 
     A run-queue wait counts because it is demand: on a loaded machine a process importing
     torch gets a fraction of a core (5 CPU-bound processes on 2 cores: 0.4 each), yet
     wants a whole one; a process that waits on a socket or a lock wants none."""
     try:
-        total = 0
+        out: Dict[str, float] = {}
         for tid in os.listdir("/proc/%d/task" % pid):
             try:
                 with open("/proc/%d/task/%s/schedstat" % (pid, tid), "rb") as f:
                     run_ns, wait_ns = f.read().split()[:2]
-                total += int(run_ns) + int(wait_ns)
+                out[tid] = (int(run_ns) + int(wait_ns)) / 1e9
             except FileNotFoundError:
                 continue  # a thread that ended meanwhile
-        return total / 1e9
+        return out
     except (OSError, ValueError):
         pass
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * _TICK_S
+        return {"": (int(fields[11]) + int(fields[12])) * _TICK_S}
     except (OSError, ValueError, IndexError):
         return None
 
 
+def cpu_demand_s(pid: int) -> Optional[float]:
+    """The sum of ``thread_demand_s(pid)`` over the threads alive now (seconds), or None.
+    Between two readings prefer ``demand_growth``: this sum falls when a thread ends."""
+    d = thread_demand_s(pid)
+    return None if d is None else sum(d.values())
+
+
+Demand = Union[float, Mapping[str, float]]
+
+
+def demand_growth(before: Demand, now: Demand) -> float:
+    """Seconds of CPU demand between two readings of one process: per thread when they are
+    ``thread_demand_s`` maps (a thread that ended since adds nothing, one that started adds
+    its whole demand), else the difference of two totals."""
+    if isinstance(before, Mapping) and isinstance(now, Mapping):
+        return sum(max(0.0, v - before.get(t, 0.0)) for t, v in now.items())
+    total = lambda d: sum(d.values()) if isinstance(d, Mapping) else float(d)  # noqa: E731
+    return total(now) - total(before)
+
+
 def counts(h: Mapping[str, Any], joined_ranks: FrozenSet[int]) -> bool:
-    """Whether the header's process may hold the grace: alive-looking, of this host, no
-    collective in flight, past "never worked" (a rank, a phase or progress), and not a
+    """Whether the header's process may hold the grace: of this host (alive, or past its exit
+    record and still finalizing), no collective in flight, past "never worked" (a rank, a phase or progress), and not a
     helper of a rank (its rank hint from the environment is held by a process that
     joined a group as that rank)."""
-    if h.get("host") != _HOST or h["state"] == F.ST_EXITED or h.get("inflight_idx"):
+    # (a header that says exited while its pid lives counts: the interpreter is finalizing,
+    # torch's and its libraries' teardown, 5-25 s at load 20-30 on 2 cores; a gone or zombie
+    # process has no CPU demand to read)
+    if h.get("host") != _HOST or h.get("inflight_idx"):
         return False
     if never_worked(h):
         return False
@@ -80,7 +110,7 @@ def counts(h: Mapping[str, Any], joined_ranks: FrozenSet[int]) -> bool:
 class BusyClock:
     """CPU time of the watched processes across polls.
 
-    ``busy(headers)`` returns the pids (this host) whose CPU demand (``cpu_demand_s``)
+    ``busy(headers)`` returns the pids (this host) whose CPU demand (``thread_demand_s``)
     grew by at least ``BUSY_FRACTION`` of the wall time over the last ``INTERVAL_S`` or more (measured on
     ``wall``, a monotonic clock in seconds: CPU per real second, whatever clock the
     watcher judges stalls by; shorter intervals are noise, as /proc/PID/stat counts
@@ -89,10 +119,12 @@ class BusyClock:
     INTERVAL_S = 1.0
 
     def __init__(
-        self, cpu: Callable[[int], Optional[float]] = cpu_demand_s, wall: Callable[[], float] = time.monotonic
+        self,
+        cpu: Callable[[int], Optional[Demand]] = thread_demand_s,
+        wall: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cpu, self.wall = cpu, wall
-        self.ref: Dict[int, Tuple[float, float]] = {}  # pid -> (wall s, demand s) at the last verdict
+        self.ref: Dict[int, Tuple[float, Demand]] = {}  # pid -> (wall s, demand) at the last verdict
         self.verdict: Dict[int, bool] = {}
 
     def busy(self, headers: Mapping[str, Mapping[str, Any]]) -> List[int]:
@@ -100,7 +132,7 @@ class BusyClock:
             h["rank"] for h in headers.values() if h.get("rank_source", 0) == F.RANK_FROM_GROUP
         )
         now = self.wall()
-        ref: Dict[int, Tuple[float, float]] = {}
+        ref: Dict[int, Tuple[float, Demand]] = {}
         verdict: Dict[int, bool] = {}
         for h in headers.values():
             if not counts(h, joined):
@@ -114,6 +146,8 @@ class BusyClock:
             if c is None:
                 continue
             ref[pid] = (now, c)
-            verdict[pid] = before is not None and c - before[1] >= BUSY_FRACTION * (now - before[0])
+            verdict[pid] = before is not None and demand_growth(before[1], c) >= BUSY_FRACTION * (
+                now - before[0]
+            )
         self.ref, self.verdict = ref, verdict
         return sorted(p for p, b in verdict.items() if b)

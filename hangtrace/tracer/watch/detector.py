@@ -33,7 +33,7 @@ from hangtrace.tracer.watch.beattail import BeatTail
 from hangtrace.tracer.watch.busy import BusyClock
 from hangtrace.tracer.watch.frprogress import in_flight
 from hangtrace.tracer.watch.progress import counters_advanced, read_headers, signature, Signature
-from hangtrace.tracer.watch.headers import Header, never_worked, starting
+from hangtrace.tracer.watch.headers import Header, never_worked, ranks_ended, starting
 from hangtrace.tracer.watch.helpergrace import HelperGrace
 from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
 from hangtrace.tracer.watch.shutdown import ShutdownGrace
@@ -125,6 +125,8 @@ class Watcher:
         ):
             # only launchers so far, none has made progress (torchrun's agent importing
             # torch and spawning the ranks on a loaded machine): the run is starting
+            t = max(t, self.startup_stall_s)
+        if ranks_ended(self.headers):  # the ranks ended: launchers reaping, interpreters finalizing
             t = max(t, self.startup_stall_s)
         for path, h in self.headers.items():
             if h["state"] == F.ST_EXITED:
