@@ -8,7 +8,9 @@ sessions' Ray clusters are never touched (no ``ray stop``): the job's session is
 its processes reaped (``jobs.run_under_hangtrace``).
 """
 
+import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -34,3 +36,18 @@ def test_a_trainer_sigtermed_from_outside_is_the_root_not_rays_teardown(tmp_path
     assert d["cause"] in ("sigterm", "sigterm-external"), d["summary"]
     assert not any("Rollout" in a for a in d["culprit_actors"]), d["summary"]
     assert "Rollout" not in d["summary"].split(".")[0], d["summary"]
+    # the cluster is gone now: Ray's own account of the death still comes from its session
+    # logs, which outlive it (analyze/actors/raysays.py), quoted beside our cause
+    out = subprocess.run(
+        [sys.executable, "-m", "hangtrace.cli", "analyze", "--json", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    a = json.loads(out.stdout)
+    says = (a["details"].get("ray_says") or {}).get("1") or {}
+    assert "session log" in str(says.get("source")) and "SIGTERM" in str(says.get("text")), (
+        a["summary"],
+        out.stderr,
+    )
+    assert 'Ray says (rank 1, its session log): "worker exit' in a["summary"], a["summary"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional
 
 from hangtrace.tracer.analyze.failures.exceptions import RECENT_NS, survived, swallowed_since
+from hangtrace.tracer.analyze.actors.raysays import ray_says
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.failures.causes import raised_phases
 from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
@@ -90,26 +91,23 @@ def ray_details(ctx: Ctx, d: Diagnosis) -> None:
     says: Dict[str, Dict[str, Any]] = {}
     focus: List[Any] = list(d.culprit_ranks) + [c.get("rank") for c in d.cascade or ()]
     for r in focus:
-        proc = ctx.procs.get(r) if r is not None else None
-        m = (proc.meta or {}) if proc is not None else {}
-        if m.get("ray_death") and str(r) not in says:
-            says[str(r)] = {
-                "text": m["ray_death"],
-                "actor_state": m.get("ray_actor_state"),
-                "exit_type": m.get("ray_exit_type"),
-                "exit_detail": m.get("ray_exit_detail"),
-            }
+        x = ray_says(ctx.procs.get(r) if r is not None else None)
+        if x and str(r) not in says:
+            says[str(r)] = x
     if says:
         d.details["ray_says"] = says
         for r in d.culprit_ranks[:4]:
             x = says.get(str(r))
             if x:
                 ctx.add(
-                    "rank %d: Ray says: %s%s"
+                    "rank %d: Ray says%s: %s%s"
                     % (
                         r,
+                        "" if x.get("source") == "state-api" else " (%s)" % x.get("source"),
                         " ".join(str(x["text"]).split())[:400],
-                        " [worker exit %s]" % x["exit_type"] if x.get("exit_type") else "",
+                        " [worker exit %s]" % x["exit_type"]
+                        if x.get("exit_type") and x.get("source") == "state-api"
+                        else "",
                     )
                 )
                 if d.kind == Kind.DEAD_RANK:

@@ -27,8 +27,10 @@ def ray_text(diag: Diagnosis) -> str:
     says = d.get("ray_says") or {}
     for r in diag.culprit_ranks[:2]:
         x = says.get(str(r))
-        if x:
-            out += ' Ray says (rank %s): "%s".' % (r, clip(str(x.get("text")), 240))
+        if x and not _quoted(diag, x):
+            src = x.get("source")
+            where = ", its session log" if src and src != "state-api" else ""
+            out += ' Ray says (rank %s%s): "%s".' % (r, where, clip(str(x.get("text")), 240))
     return out
 
 
@@ -228,3 +230,9 @@ def actor_dead(diag: Diagnosis, d: Dict[str, Any]) -> str:
 def _cap(text: str) -> str:
     """``text`` as the start of a sentence ("driver ..." reads "The driver ...")."""
     return "The " + text if text.startswith("driver ") else text[:1].upper() + text[1:]
+
+
+def _quoted(diag: Diagnosis, x: Dict[str, Any]) -> bool:
+    """True when the cause text already quotes Ray's detail (the memory monitor's kill)."""
+    det = " ".join(str(x.get("exit_detail") or "").split())[:60]
+    return bool(det) and det in " ".join((diag.summary or "").split())

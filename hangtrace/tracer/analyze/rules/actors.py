@@ -36,6 +36,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.analyze.actors import actorgraph as G
+from hangtrace.tracer.analyze.actors.raysays import ray_says
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.rankview import RankView, index_process
@@ -156,17 +157,11 @@ def explain(ctx: Ctx, finding: Finding, d: Diagnosis) -> None:
         proc = next((p for p in ctx.snap.processes if p.key == key), None)
         if proc is not None:
             _lives_on(ctx, proc, text, d)
-        meta = proc.meta or {} if proc is not None else {}
-        says = meta.get("ray_death")
-        if says:  # Ray's own record of the death, beside ours (collect/ray/raystate.py)
-            d.details["ray_says"] = {
-                label: {
-                    "text": says,
-                    "actor_state": meta.get("ray_actor_state"),
-                    "exit_type": meta.get("ray_exit_type"),
-                }
-            }
-            ctx.add("Ray actor %s: Ray says: %s" % (label, " ".join(str(says).split())[:400]))
+        says = ray_says(proc)
+        if says:  # Ray's own record of the death, beside ours (analyze/actors/raysays.py)
+            d.details["ray_says"] = {label: says}
+            src = "" if says["source"] == "state-api" else " (%s)" % says["source"]
+            ctx.add("Ray actor %s: Ray says%s: %s" % (label, src, " ".join(str(says["text"]).split())[:400]))
         return
     stuck: List[Tuple[str, str, str]] = rest[0]
     d.kind, d.cause = Kind.STUCK_OUTSIDE_COLLECTIVE, Cause.BLOCKED

@@ -240,15 +240,24 @@ def worker_identity(p: Any) -> Tuple[Optional[str], Optional[str]]:
     return logs, (str(wid) if wid else None)
 
 
+def _ending(p: Any) -> bool:
+    """The process's own records say it was ending (an exit event, a signal received)."""
+    return any(
+        isinstance(e, dict) and e.get("event") in ("exit", "exiting", "signal") for e in p.events or ()
+    )
+
+
 def ray_log_facts(procs: Iterable[Any], cache: Optional[Dict[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
-    """{process key: {'ray_worker_exit': ..., 'ray_oom_kill': ...}} for the dead traced Ray
-    workers of ``procs`` whose session logs name them (module docstring). ``cache`` (a dict
+    """{process key: {'ray_worker_exit': ..., 'ray_oom_kill': ...}} for the dead (or, by
+    their own records, dying) traced Ray workers of ``procs`` whose session logs name them (module docstring). ``cache`` (a dict
     shared over one load) keeps each session's logs parsed once. Never raises."""
     cache = {} if cache is None else cache
     out: Dict[str, Dict[str, Any]] = {}
     for p in procs:
         try:
-            if p.state not in ("killed", "exited"):
+            # a stored snapshot may hold a worker as alive that was dying when it was taken
+            # (its ring already says 'exit'): Ray's line for its worker id tells how it ended
+            if p.state not in ("killed", "exited") and not _ending(p):
                 continue
             logs, wid = worker_identity(p)
             if not logs or not wid:
