@@ -43,9 +43,8 @@ def _block(name: str, width: int) -> str:
     snap = _snapshot(name)
     diag = diagnose(snap)
     snap_dir = "/run/%s/snapshots/20261207T120000.000" % name
-    return verdict_block(
-        verdict_paragraph(diag), snap_dir, "/run/" + name, width, snap_dir + "/timeline.json"
-    )
+    para = diag.summary or verdict_paragraph(diag)  # (what pipeline.dump_live hands the console)
+    return verdict_block(para, snap_dir, "/run/" + name, width, snap_dir + "/timeline.json")
 
 
 @pytest.mark.parametrize("width", [80, 120])
