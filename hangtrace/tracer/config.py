@@ -97,6 +97,9 @@ GC_MAX_MB = "HANGTRACE_GC_MAX_MB"
 #: Cyclic garbage inherited from the parent is then not collected in the child (it is shared
 #: with the parent until the child exits); what the child creates is collected as usual.
 FORK_GC_FREEZE = "HANGTRACE_FORK_GC_FREEZE"
+#: Width in columns of what ``hangtrace run`` writes to the console (the verdict, the
+#: incident lines); unset: the terminal's width, 80 when stderr is not a terminal (issue 41).
+COLUMNS = "HANGTRACE_COLUMNS"
 #: Test-only fault injection: "recorder" makes the collective recorder raise on
 #: every call (the traced program must not notice).
 FAULT = "HANGTRACE_FAULT_INJECT"

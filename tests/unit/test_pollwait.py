@@ -123,7 +123,10 @@ def test_pollers_and_a_waiter_that_writes_what_they_poll_for_right_after_its_col
         [1, 2, 3],
     )
     assert "polling in a loop: `while not os.path.exists(marker):` (job.py:15)" in d.summary, d.summary
-    assert "Rank 0 waits for them in barrier" in d.summary and "at save_checkpoint (job.py:7)." in d.summary
+    assert "Rank 0 waits for them in barrier" in d.summary and (
+        "at save_checkpoint (job.py:7) > barrier (distributed_c10d.py:5356)."
+        in d.summary  # issue 41: user-first
+    ), d.summary
     assert d.details["poll_cycle"] == (
         'rank 0 uses `marker` right after that collective (job.py:8: `with open(marker, "w") as f:`): if that is '
         "what ranks 1-3 poll for, this is a cycle: they wait for a step rank 0 takes only after they join its "

@@ -178,10 +178,19 @@ def test_paragraph_reaches_the_users_line_below_torch_frames():
         frames=["redispatch (_ops.py:882)"],
         details={"user_frame": "log_metrics (train.py:54)"},
     )
-    assert "redispatch (_ops.py:882) < ... < log_metrics (train.py:54)" in verdict_paragraph(d)
+    # (a verdict stored without details['place'], re-rendered: user-first too, issue 41)
+    assert "log_metrics (train.py:54) > ... > redispatch (_ops.py:882)" in verdict_paragraph(d)
     # the user frame right after the three shown: nothing left out, no '...' (blind helper 49)
     d.frames = ["a (x.py:1)", "b (x.py:2)", "save (serialization.py:1002)", "log_metrics (train.py:54)"]
     assert (
-        "a (x.py:1) < b (x.py:2) < save (serialization.py:1002) < log_metrics (train.py:54)"
+        "log_metrics (train.py:54) > save (serialization.py:1002) > b (x.py:2) > a (x.py:1)"
         in verdict_paragraph(d)
+    ), verdict_paragraph(d)
+    # analysed now: its place, the user's line and the call it made first, internals folded
+    from hangtrace.tracer.analyze.stuck.place import place_of
+
+    d.details["place"] = place_of(frames)
+    assert (
+        "it is in log_metrics (train.py:54) > <lambda> (<frozen importlib._bootstrap>:1) > (2 more) > "
+        "redispatch (_ops.py:882)" in verdict_paragraph(d)
     ), verdict_paragraph(d)

@@ -16,6 +16,7 @@ from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.rankview import Record
 from hangtrace.tracer.analyze.failures.departures import sent_by
 from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
+from hangtrace.tracer.analyze.stuck.place import place_of
 from hangtrace.tracer.analyze.stuck.stacktree import format_ranks, frame_label, process_frames, python_frames
 from hangtrace.tracer.analyze.graph.waitgraph import Inst
 from hangtrace.tracer.diagnosis import Diagnosis
@@ -119,6 +120,17 @@ def frames_from_exception(d: Diagnosis, p: ProcessInfo) -> None:
     user = user_frame(frames)
     if user is not None and frame_label(user) not in d.frames[:3]:
         d.details["user_frame"] = frame_label(user)
+    _set_place(d, frames)
+
+
+def _set_place(d: Diagnosis, frames: Optional[List[Any]]) -> None:
+    """``details['place']``: the culprit's innermost frame of its own code and the library
+    call it made there (``analyze/stuck/place.py``; issue 41), or no key without one."""
+    place = place_of(frames)
+    if place is None:
+        d.details.pop("place", None)
+    else:
+        d.details["place"] = place
 
 
 def frames_of(ctx: Ctx, r: int) -> Tuple[List[str], Optional[List[Any]], Optional[Dict[str, Any]]]:
@@ -211,6 +223,7 @@ def fill_common(ctx: Ctx, d: Diagnosis, culprits: Iterable[int], inst: Optional[
             user = user_frame(raw or [])
             if user is not None and frame_label(user) not in labels[:3]:
                 d.details["user_frame"] = frame_label(user)
+            _set_place(d, raw)
             if (
                 raw
                 and user is None

@@ -4,6 +4,7 @@ culprit does (its top frames), its reason, who waits for it. Split from ``paragr
 
 from typing import Optional
 
+from hangtrace.tracer.analyze.stuck.place import place_text
 from hangtrace.tracer.analyze.stuck.stacktree import format_ranks
 from hangtrace.tracer.diagnosis import Diagnosis
 from hangtrace.tracer.report.words import ranks_text as _ranks, verb as _verb
@@ -34,23 +35,35 @@ def where(diag: Diagnosis) -> str:
 
 
 def doing(diag: Diagnosis) -> str:
-    """'; it is in f < g < h < ... < user frame': what the culprit does (its top frames; '' without)."""
+    """'; it is in user frame > its call > (N more) > innermost': where the culprit is
+    (:func:`frames_text`; '' without)."""
     if not diag.frames:
         return ""
     d, r = diag.details or {}, "rank %d" % diag.culprit_ranks[0] if len(diag.culprit_ranks) > 1 else None
     if d.get("culprit_idle_in"):  # (its call returned: the frames of that loop say nothing; alive or not)
         return "; %s stack shows it back in %s, idle" % (r + "'s" if r else "its", d["culprit_idle_in"])
-    user, verb = (
-        d.get("user_frame"),
-        "raised" if d.get("frames_from") == "traceback" else "is",
-    )  # (dead: traceback)
+    verb = "raised" if d.get("frames_from") == "traceback" else "is"  # (dead: traceback)
     att = ((d.get("memory") or {}).get("attribution") or {}).get(str(diag.culprit_ranks[0]), {})
     if verb == "raised" and att.get(
         "helper_text"
     ):  # (the worker's death is the news: where the rank noticed it)
         verb = "noticed it and raised"
-    gap = " < " if diag.frames[3:4] == [user] else " < ... < "  # (no frame left out: no '...')
-    return "; %s %s in %s%s" % (r or "it", verb, " < ".join(diag.frames[:3]), gap + user if user else "")
+    return "; %s %s in %s" % (r or "it", verb, frames_text(diag))
+
+
+def frames_text(diag: Diagnosis) -> str:
+    """Where the culprit is, outer > inner: user-first when a frame is the user's own code
+    (``details['place']``: its frame and the library call it made, the internals folded;
+    ``analyze/stuck/place.py``), else its three innermost frames ('... > ' when more)."""
+    d = diag.details or {}
+    if d.get("place"):
+        return place_text(d["place"])
+    shown = list(reversed(diag.frames[:3]))
+    user = d.get("user_frame")
+    if user:  # (no place: a verdict of before issue 41, re-rendered)
+        gap = " > " if diag.frames[3:4] == [user] else " > ... > "  # (no frame left out: no '...')
+        return str(user) + gap + " > ".join(shown)
+    return ("... > " if len(diag.frames) > 3 else "") + " > ".join(shown)
 
 
 def coll_text(diag: Diagnosis) -> str:

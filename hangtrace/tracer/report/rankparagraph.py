@@ -4,6 +4,7 @@ transport error, progressing, unknown. A ``Diagnosis``, the culprit ranks' text 
 the collective's text ``coll`` and ``diag.details`` in; the sentences out. Split from
 ``paragraph.py``, which composes them."""
 
+import re
 from typing import Any, Dict
 
 from hangtrace.tracer.analyze.failures.attempts import last_line
@@ -105,6 +106,15 @@ def _stuck_waiters(diag: Diagnosis, coll: str, d: Dict[str, Any]) -> str:
     )
 
 
+def _said(reason: str, place: Dict[str, Any]) -> str:
+    """``reason`` without its ' in FRAME' where the place said first names that frame and
+    nothing of the reason's follows it (' in f (x.py:1): `code`' stays)."""
+    for label in (place.get("inner"), place.get("call"), place.get("user")):
+        if label:
+            reason = re.sub(r" in %s(?=$|;| \()" % re.escape(str(label)), "", reason, count=1)
+    return reason
+
+
 def stuck_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     """The sentences of a rank (or Ray actor) stuck outside collectives."""
     if not diag.culprit_ranks and diag.culprit_actors:  # rules/actors.py, actor_waits.py
@@ -113,6 +123,8 @@ def stuck_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         return _exit_wait(diag, d)
     reason, doing = _reason(diag), _doing(diag)
     reason = blocked_on(reason) or reason  # (the sentence says "not in any collective" already)
+    if doing:  # (the place, said first, names these frames already)
+        reason = _said(reason, d.get("place") or {})
     if reason.startswith(LOOP_IDLE):  # (its stack is the loop's own frames: the await chain said where)
         doing = ""
     child = len(diag.culprit_ranks) == 1 and d.get("child_wait_how") is not None  # analyze/stuck/childwait.py
@@ -120,12 +132,13 @@ def stuck_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
         reason, doing = _child_reason(d), ""
     after = _stuck_after(d, child)
     waiters = _stuck_waiters(diag, coll, d)
-    return "Stuck outside collectives: %s %s not in any collective%s: %s%s.%s %s" % (
+    # (issue 41: where it is, user-first, before why: its own line and the call it made)
+    return "Stuck outside collectives: %s %s not in any collective%s%s: %s.%s %s" % (
         who,
         "are" if len(diag.culprit_ranks) > 1 else "is",
         _where(diag),
-        reason or "it made no progress",
         doing,
+        reason or "it made no progress",
         after,
         waiters[:1].upper() + waiters[1:],
     )

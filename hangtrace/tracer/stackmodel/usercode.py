@@ -11,7 +11,7 @@ and by the analysis (the culprit's line).
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Tuple
 
 
 def wrapper_frame(f: Mapping[str, Any]) -> bool:
@@ -43,3 +43,16 @@ def user_frame(frames: List[Any]) -> Optional[Any]:
     or None. For a collective issued from inside torch (DDP's reducer in backward, FSDP's
     hooks, DTensor) the innermost frames are torch's; this is the line that led there."""
     return next((f for f in frames if user_code(f)), None)
+
+
+def user_call(frames: List[Any]) -> Optional[Tuple[int, Optional[int]]]:
+    """Where the user's code is in a stack (``frames`` innermost first, wrappers included
+    or not): ``(i, j)`` with ``i`` the index of the innermost frame of the user's own code
+    and ``j`` the index of the frame it called (the library call it made: ``Queue.get``,
+    ``all_reduce``, ``Trainer.fit``; call-forwarding wrappers skipped), or ``j`` None when
+    the user's frame is the innermost one. None when no frame is the user's (issue 41)."""
+    i = next((k for k, f in enumerate(frames) if user_code(f)), None)
+    if i is None:
+        return None
+    j = next((k for k in range(i - 1, -1, -1) if not wrapper_frame(frames[k])), None)
+    return i, j

@@ -43,10 +43,12 @@ MEM_CHECK_S = 5.0
 
 
 class Incident:
-    """What the watcher saw: ``kind`` 'stall' or 'death'; ``detail`` a human line."""
+    """What the watcher saw: ``kind`` 'stall' or 'death'; ``detail`` a human line (of a
+    death: its ``lines``, one per process that died, joined by '; ')."""
 
-    def __init__(self, kind: str, detail: str, keys: Iterable[str] = ()) -> None:
+    def __init__(self, kind: str, detail: str, keys: Iterable[str] = (), lines: Iterable[str] = ()) -> None:
         self.kind, self.detail, self.keys = kind, detail, list(keys)
+        self.lines: List[str] = list(lines) or [detail]
 
 
 class _Scan:
@@ -91,6 +93,8 @@ class Watcher:
         self.mem_next = clock() + MEM_CHECK_S
         self.mem_log: Optional[Callable[[str], None]] = None  # default: append to RUN_DIR/watcher-<host>.log
         self.log: Optional[Callable[[str], None]] = None  # other notes; default: the same log file
+        # the note of a quiet spell while processes work on CPU (why no stall yet); default: self.log
+        self.say: Optional[Callable[[str], None]] = None
         self.fr_seen: Dict[str, str] = {}  # ring path -> torch's collective counters (issue 10)
         self.fr_started: Set[str] = set()  # ring paths whose counters moved: past start-up
         self.final: Dict[str, Header] = {}  # exited or killed, process gone: the header never changes
@@ -166,7 +170,9 @@ class Watcher:
             and now - self.last_progress >= self.stall_s
         ):
             self.busy_noted = True  # once per quiet spell
-            self._log(busy_note(self.headers, self.busy, now - self.last_progress, self.threshold))
+            (self.say or self._log)(
+                busy_note(self.headers, self.busy, now - self.last_progress, self.threshold)
+            )
         if scan.progressed:
             self.last_progress = now
         if scan.alive_progressed:
@@ -245,7 +251,7 @@ class Watcher:
             for line in lines:
                 self._log("%s: stopped after the stall" % line)
             return None
-        return Incident("death", "; ".join(lines), [p for p, _, _ in deaths])
+        return Incident("death", "; ".join(lines), [p for p, _, _ in deaths], lines)
 
     def _fr_moved(self, ranks: Mapping[str, Header]) -> bool:
         """True when torch's own count of completed collectives (``fr_agent.progress_line``:
@@ -323,6 +329,10 @@ class Watcher:
 
     def _mem_log(self, line: str) -> None:
         (self.mem_log or self._write_log)(line)
+
+    def note(self, line: str) -> None:
+        """One line appended to the watcher log file, ``RUN_DIR/watcher-<host>.log`` (never raises)."""
+        self._write_log(line)
 
     def _write_log(self, line: str) -> None:
         import socket

@@ -106,6 +106,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     """
     from hangtrace.hooks.state import default_run_id
     from hangtrace.tracer.pipeline import dump_live
+    from hangtrace.tracer.report.console import console_width, incident_line
     from hangtrace.tracer.watch.detector import Watcher
 
     cmd = opts.cmd[1:] if opts.cmd and opts.cmd[0] == "--" else opts.cmd
@@ -144,7 +145,10 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
 
     old: Dict[int, Any] = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     w = Watcher(run_dir, stall_s=opts.stall_s, clock=time.monotonic)
-    w.log = log
+    # issue 41: the watcher's notes on the job's life (a pooled Ray worker retired, a clean
+    # shutdown held, deaths after the stall) go to the watcher log, not the console; why no
+    # stall is called yet (processes busy on CPU) stays on the console
+    w.say = log
     poll = (
         opts.poll_s
         if opts.poll_s is not None
@@ -163,7 +167,10 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             inc = w.poll()
             if inc is None:
                 continue
-            log("%s detected: %s; collecting stacks and records ..." % (inc.kind, inc.detail))
+            for line in inc.lines:
+                w.note("%s: %s" % (inc.kind, line))
+            sys.stderr.write(incident_line(inc.kind, inc.lines, console_width(sys.stderr)) + "\n")
+            sys.stderr.flush()
             reported = True  # one verdict per incident, even when the diagnosis failed
             try:
                 res = dump_live(run_dir, inc.kind, native=opts.native, stall_s=w.stall_s)
@@ -259,15 +266,20 @@ def _write_run_pidfile(run_dir: str) -> Optional[str]:
 
 
 def report(snap_path: str, run_dir: str, paragraph: str) -> None:
-    """The verdict block ``hangtrace run`` writes to stderr."""
-    sys.stderr.write("\n==== hangtrace verdict ====\n%s\n" % paragraph)
-    sys.stderr.write("report:  %s\n" % os.path.join(snap_path, "report.txt"))
-    if os.path.exists(os.path.join(snap_path, "timeline.json")):  # issue 11
-        sys.stderr.write(
-            "timeline: %s      (hangtrace timeline --open)\n" % os.path.join(snap_path, "timeline.json")
+    """The verdict block ``hangtrace run`` writes to stderr, wrapped to its width
+    (``report/console.py``)."""
+    from hangtrace.tracer.report.console import console_width, verdict_block
+
+    tl = os.path.join(snap_path, "timeline.json")
+    sys.stderr.write(
+        verdict_block(
+            paragraph,
+            snap_path,
+            run_dir,
+            console_width(sys.stderr),
+            tl if os.path.exists(tl) else None,  # issue 11
         )
-    sys.stderr.write("next:    hangtrace analyze %s      (or --json)\n" % snap_path)
-    sys.stderr.write("         hangtrace records %s --last 20\n\n" % run_dir)
+    )
     sys.stderr.flush()
 
 

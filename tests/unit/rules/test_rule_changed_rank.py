@@ -143,7 +143,7 @@ def test_a_culprit_back_in_rays_task_loop_is_said_to_be_idle_there_not_given_its
     )
     for frames, expect in (
         (idle, "its stack shows it back in Ray's task loop, idle"),
-        (("step train.py:12", "main train.py:40"), "it is in step (train.py:12)"),
+        (("step train.py:12", "main train.py:40"), "it is in main (train.py:40) > step (train.py:12)"),
     ):
         rs = [R(r, 4) for r in range(4)]
         for b in rs:

@@ -404,10 +404,10 @@ def test_a_dead_rank_without_a_stack_says_where_it_raised():
     )
     d = check(diagnose(snap(b)), "dead-rank", [1])
     assert d.frames[:2] == ["_try_get_data (dataloader.py:1304)", "_next_data (dataloader.py:1505)"], d.frames
-    assert (
-        "; it raised in _try_get_data (dataloader.py:1304) < _next_data (dataloader.py:1505) < __next__ "
-        "(dataloader.py:725) < train (job.py:114)" in d.summary
-    ), d.summary  # (no frame between: no '...')
+    assert (  # (issue 41: user-first - its own line, the call it made there, the internals folded)
+        "; it raised in train (job.py:114) > __next__ (dataloader.py:725) > (1 more) > _try_get_data "
+        "(dataloader.py:1304)" in d.summary
+    ), d.summary
 
 
 def test_a_breakpoint_left_in_the_code_is_said_to_be_one():

@@ -24,6 +24,7 @@ from typing import Any, List, Mapping, Optional
 from hangtrace.tracer.analyze.context import Ctx, history
 from hangtrace.tracer.ring.frrecords import FR_SOURCE
 from hangtrace.tracer.analyze.stuck.stacktree import frame_label, python_frames, threads_of
+from hangtrace.tracer.analyze.stuck.place import place_of
 from hangtrace.tracer.diagnosis import Diagnosis
 
 _MAIN = "MainThread"
@@ -100,6 +101,12 @@ def _group_threads(ctx: Ctx, d: Diagnosis, crec: Optional[Mapping[str, Any]]) ->
             fs = python_frames(t)
             if fs:  # the culprit's frames are the thread that issued the record, not the main thread
                 d.frames = [frame_label(f) for f in fs[:8]]
+                place = place_of(fs)
+                if place is not None:
+                    d.details["place"] = place
+                else:
+                    d.details.pop("place", None)
                 return
     d.frames = []  # (no stack of that thread, e.g. it ended: another thread's frames would point elsewhere)
     d.details.pop("user_frame", None)
+    d.details.pop("place", None)

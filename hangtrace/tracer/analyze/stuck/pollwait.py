@@ -10,7 +10,7 @@ marker file ranks 1-3 poll for).
 
 In: the diagnosis and the context (each rank's main-thread frames with the source facts of
 ``collect/sourcelines.py``: ``'loop'``, ``'next'``). Out: ``details['waiter_at']`` (where
-the ranks waiting for the culprits are in their own code), ``details['poll_wait']`` (the
+the ranks waiting for the culprits are, user-first: ``analyze/stuck/place.py``), ``details['poll_wait']`` (the
 polling loop's condition) and ``details['poll_cycle']`` (the sentence), each also an
 evidence line. Never raises on odd data.
 """
@@ -22,9 +22,10 @@ import re
 from typing import Any, Dict, List, Optional
 
 from hangtrace.tracer.analyze.stuck.blocking import poll_loop, sleeping
+from hangtrace.tracer.analyze.stuck.place import place_of, place_text
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.stackmodel.usercode import user_frame
-from hangtrace.tracer.analyze.stuck.stacktree import format_ranks, frame_label, process_frames
+from hangtrace.tracer.analyze.stuck.stacktree import format_ranks, process_frames
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 
 _KEYWORDS = frozenset(
@@ -84,7 +85,9 @@ def _poll_waits(ctx: Ctx, d: Diagnosis) -> None:
         uf = user_frame(frames or [])
         if uf is not None:
             at[w] = uf
-    labels = {frame_label(f) for f in at.values()}
+    # where they wait, user-first (issue 41: a Lightning rank waits in DDP's backward, far
+    # below its only own frame, `main`'s `trainer.fit` line)
+    labels = {place_text(place_of(_frames(ctx, w)[0])) for w in at}
     if at and len(labels) == 1 and len(at) == len(waiters[:16]):
         d.details["waiter_at"] = labels.pop()
     polls = {}
