@@ -256,3 +256,24 @@ def test_dash_o_writes_the_trace_to_stdout(tmp_path, capsys):
     assert "timeline: stdout (%d events" % len(t["traceEvents"]) in cap.err
     assert not (tmp_path / "-").exists()
     assert cli.main(["timeline", str(tmp_path), "-o", "-", "--until", "-0.5", "--open"]) != 0
+
+
+def test_further_launches_of_a_python_call_are_named_after_it():
+    """all_gather_object launches two all_gathers: the first is joined with our record (our
+    times), the second is torch's alone, drawn at its launch and named after the call."""
+    p0, p1 = two_ranks()
+    p0.add("collective", 100 * MS, op="all_gather_object", group="0", seq=1, end_rel=150 * MS)
+    es = []
+    for i, t in enumerate((101 * MS, 120 * MS)):
+        e = entry(i, i + 1, WALL0 + t)
+        es.append(FrEntry(**dict(e.__dict__, op="all_gather", profiling_name="gloo:all_gather")))
+    t = trace(join_fr([p0.build(), p1.build()], [dump(0, p0.pid, p0.host, es)]), diag=None)
+    (ours,) = [e for e in by(t, ph="X") if e["args"].get("op") == "all_gather_object"]
+    assert (ours["ts"], ours["dur"], ours["args"]["source"]) == (
+        100_000.0,
+        50_000.0,
+        "hangtrace+flight-recorder",
+    )
+    (inner,) = cpp(t)
+    assert inner["name"] == "all_gather default_pg #2 [in all_gather_object]" and inner["ts"] == 120_000.0
+    assert inner["args"]["issued_by"].startswith("inside all_gather_object")

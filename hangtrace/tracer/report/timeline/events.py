@@ -36,7 +36,9 @@ def _group_desc(p: ProcessInfo) -> Dict[str, str]:
 def _coll_name(r: Dict[str, Any], desc: Dict[str, str]) -> str:
     g = r.get("group")
     gname = desc.get(str(g)) or "group %s" % g
-    cpp = " [C++]" if r.get("source") == FR_SOURCE else ""
+    cpp = ""
+    if r.get("source") == FR_SOURCE:  # seen by torch's Flight Recorder alone
+        cpp = " [in %s]" % r["within_op"] if r.get("within_op") else " [C++]"
     if r["kind"] == "p2p":
         return "%s peer %d %s #%d%s" % (r["op"], r.get("peer", -1), gname, r.get("seq") or 0, cpp)
     return "%s %s #%d%s" % (r["op"], gname, r.get("seq") or 0, cpp)

@@ -96,7 +96,10 @@ def _aligned(r: Dict[str, Any], offset: Optional[int], wall_ref: Optional[int]) 
     start = to_mono(int(r.get("t_wall_ns") or 0), offset, wall_ref)
     if start is None:
         return None
-    out = dict(r, t_mono_ns=start, t_end_mono_ns=None, issued_by="C++ (torch's Flight Recorder only)")
+    by = "C++ (torch's Flight Recorder only)"
+    if r.get("within_op"):  # a further launch of one Python call (all_gather_object: two all_gathers)
+        by = "inside %s (torch's Flight Recorder only)" % r["within_op"]
+    out = dict(r, t_mono_ns=start, t_end_mono_ns=None, issued_by=by)
     out["thread"] = "C++ collectives (%s)" % (r.get("thread") or "thread ?")
     if r.get("state") != "issued":
         end = _end(r, start, offset, wall_ref)
