@@ -5,6 +5,7 @@ helpers never culprits, ``-o -`` on stdout.
 Entries go through the real path: ``FrEntry`` -> ``ring.frjoin.join_fr`` (what a snapshot
 with dumps holds) -> ``build_timeline``."""
 
+import dataclasses
 import json
 
 import pytest
@@ -277,3 +278,17 @@ def test_further_launches_of_a_python_call_are_named_after_it():
     (inner,) = cpp(t)
     assert inner["name"] == "all_gather default_pg #2 [in all_gather_object]" and inner["ts"] == 120_000.0
     assert inner["args"]["issued_by"].startswith("inside all_gather_object")
+
+
+def test_earlier_generation_of_a_restarted_rank_is_no_culprit():
+    p0, p1 = two_ranks()
+    old = Proc(1, host="b", pid=900, offset=p1.offset, state="killed", meta={"rank_source": RANK_FROM_GROUP})
+    old.add("collective", 1 * MS, op="all_reduce", group="1", seq=2, state="issued")
+    t = trace([p0.build(), p1.build(), dataclasses.replace(old.build(), start_wall_ns=WALL0 - 5 * S)])
+    n = sorted(names(t).values())
+    assert n == [
+        "CULPRIT rank 1 · b:1001 · trainer-1",
+        "rank 0 · a:1000",
+        "rank 1 (another process holds it) · b:900",
+    ]
+    assert len([e for e in by(t, ph="X") if "verdict" in e["args"]]) == 1  # the holder's only

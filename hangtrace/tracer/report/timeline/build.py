@@ -88,7 +88,7 @@ def _keep_ranks(
     if ranks is None:
         return tracks, by_key
     # helpers of other ranks went with their rank
-    keep = {t.pid for t in tracks if t.rank in ranks}
+    keep = {t.pid for t in tracks if t.holds_rank and t.rank in ranks}
     return [t for t in tracks if t.pid in keep], {k: t for k, t in by_key.items() if t.pid in keep}
 
 
@@ -142,7 +142,8 @@ def _other_data(
         "source": source,
         "snapshot_reason": snap.reason,
         "clock_offsets_ns": clock.offsets,
-        "clock_alignment": "per host: median(t_wall_ns - t_mono_ns) over its records; hosts by wall clock",
+        "clock_alignment": "per host: median(t_wall_ns - t_mono_ns) over its records; hosts by wall clock; "
+        "torch Flight Recorder times per process by its own pairs, else their own wall time",
         "processes": counts[0],
         "tracks": counts[1],
         "sampling": {

@@ -113,13 +113,16 @@ class Track:
 def process_label(p: ProcessInfo, role: Optional[Role] = None, helper_of: Optional[int] = None) -> str:
     """``rank 1 · vm:22375 · trainer-1`` (rank, host:pid, Ray actor name or class); a process
     that holds no rank is named by its role: ``helper of rank 1 · vm:22380``,
-    ``launcher · vm:22300``, ``no rank · vm:22301``."""
+    ``launcher · vm:22300``, ``rank 1 (another process holds it) · vm:22310``, ``no rank ·
+    vm:22301``."""
     if role in (None, Role.RANK, Role.RAY_ACTOR) and p.rank >= 0:
         who = "rank %d" % p.rank
     elif role == Role.RANK_HELPER and helper_of is not None:
         who = "helper of rank %d" % helper_of
     elif role in (Role.LAUNCHER, Role.RAY_TASK_WORKER):
         who = role.value
+    elif p.rank >= 0:  # an earlier generation of a restarted rank, a leftover with its RANK
+        who = "rank %d (another process holds it)" % p.rank
     else:
         who = "no rank"
     parts = [who, "%s:%d" % (p.host, p.pid)]
