@@ -168,8 +168,12 @@ def assign_tracks(
     tracks: List[Track] = []
     by_key: Dict[str, Track] = {}
     cr, ca = set(culprit_ranks), set(culprit_actors)
+    helpers_of: Dict[str, List[str]] = {}
+    for h in procs:
+        if h.key in owner:
+            helpers_of.setdefault(owner[h.key].key, []).append(h.key)
     for i, p in enumerate(order):
-        helpers = tuple(h.key for h in procs if owner.get(h.key) is p)
+        helpers = tuple(helpers_of.get(p.key, ()))
         role = roles.role(p)
         name = process_label(p, role, roles.helper_of.get(p.key))
         meta = p.meta or {}
