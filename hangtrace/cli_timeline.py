@@ -16,7 +16,7 @@ from .tracer.errors import HangtraceError
 def cmd_timeline(args: argparse.Namespace) -> int:
     """Write a Perfetto/vizviewer trace (Chrome trace-event JSON) of a run or snapshot."""
     from .tracer.pipeline import check_dir, readable
-    from .tracer.report.timeline.load import timeline_of, write_trace
+    from .tracer.report.timeline.load import timeline_of, write_stdout, write_trace
     from .tracer.report.timeline.model import TimelineOptions
 
     check_dir(args.path)
@@ -27,25 +27,32 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         max_events=args.max_events,
         flows=not args.no_flows,
     )
+    to_stdout = args.output == "-"
+    if to_stdout and args.open:
+        raise HangtraceError(
+            "--open serves a file: -o - writes the trace to stdout", "pass -o FILE with --open"
+        )
     trace, snap = timeline_of(args.path, opts)
     readable(snap, log=_err)
     out = args.output or os.path.join(snap.path or snap.run_dir, "timeline.json")
     try:
-        size = write_trace(trace, out)
+        size = write_stdout(trace) if to_stdout else write_trace(trace, out)
     except OSError as e:
         raise HangtraceError("cannot write %s: %s" % (out, e.strerror or e), "pass -o with a writable path")
     samp = trace["otherData"]["sampling"]
-    print(
+    # with -o - stdout holds the trace alone: the summary and the notes go to stderr
+    say = _err if to_stdout else print
+    say(
         "timeline: %s (%d events, %d bytes%s)"
         % (
-            out,
+            "stdout" if to_stdout else out,
             len(trace["traceEvents"]),
             size,
             ", %d records sampled out" % samp["records_dropped"] if samp["records_dropped"] else "",
         )
     )
     for note in trace["otherData"].get("errors", ()):
-        print("note: %s" % note)
+        say("note: %s" % note)
     if args.open:
         from .tracer.report.timeline.serve import serve_forever
 
@@ -63,7 +70,8 @@ def add_parser(sub: Any) -> None:
         "-o",
         "--output",
         default=None,
-        help="output file (.json or .json.gz); default timeline.json in the snapshot or run directory",
+        help="output file (.json or .json.gz; - for stdout, JSON); default timeline.json in the snapshot "
+        "or run directory",
     )
     tl.add_argument("--ranks", type=ranks_arg, default=None, help="only these ranks, e.g. 0,2,5-7")
     tl.add_argument(

@@ -338,8 +338,16 @@ def test_env_ray_prints_runtime_env_fragment(tmp_path):
 # --- rl_loop faults, collected on both nodes ------------------------------------------------------
 
 
-def test_cp_extra_microbatch(cluster, tmp_path):
-    d, log, run_dir = run_fault(cluster, tmp_path, "cp-extra-microbatch", "step 2: actor_train start")
+@pytest.fixture(scope="module")
+def cp_extra(cluster, tmp_path_factory):
+    """(verdict, driver log, run dir) of rl_loop's cp-extra-microbatch fault (run once: two tests)."""
+    return run_fault(
+        cluster, tmp_path_factory.mktemp("cp"), "cp-extra-microbatch", "step 2: actor_train start"
+    )
+
+
+def test_cp_extra_microbatch(cp_extra):
+    d, log, run_dir = cp_extra
     check_verdict(d, "skipped-collective", 1, "trainer-1")
     assert d["phase"] == "train_step" and d["step"] == 2
     # actor method phases in the records of the culprit
@@ -361,6 +369,21 @@ def test_cp_extra_microbatch(cluster, tmp_path):
         ]
     assert any(t.startswith("CULPRIT rank 1 ") and t.endswith("trainer-1") for t in tracks), tracks
     assert any(t.startswith("rank 0 ") and t.endswith("trainer-0") for t in tracks), tracks
+    assert sum(t.startswith("CULPRIT") for t in tracks) == 1, tracks
+
+
+def test_cp_extra_microbatch_timeline_in_the_browser(cp_extra):
+    """issue 41: the Perfetto UI the docs document imports every event of the incident's
+    timeline (slices, counters, flow arrows; no import error)."""
+    from viewer import check_in_browser
+
+    _d, _log, run_dir = cp_extra
+    tls = sorted(glob.glob(os.path.join(str(run_dir), "snapshots", "*", "timeline.json")))
+    assert tls, os.listdir(os.path.join(str(run_dir), "snapshots"))
+    r = check_in_browser(tls[-1])[tls[-1]]
+    assert r["ok"], json.dumps(r, indent=1)
+    assert r["viewer"]["slice"] > 0 and r["viewer"]["flow"] > 0 and r["viewer"]["counter"] > 0
+    assert any(n.startswith("CULPRIT rank 1 ") for n in r["process_names"]), r["process_names"]
 
 
 def test_sync_order_is_cross_group_deadlock(cluster, tmp_path):

@@ -57,9 +57,19 @@ def rec(
 class Proc:
     """Records of one process on a host whose CLOCK_MONOTONIC is ``wall - offset``."""
 
-    def __init__(self, rank, host="h0", pid=None, offset=WALL0 - 100 * S, state="alive", meta=None, ppid=1):
+    def __init__(
+        self, rank, host="h0", pid=None, offset=WALL0 - 100 * S, state="alive", meta=None, ppid=1, groups=None
+    ):
         self.rank, self.host, self.pid, self.offset = rank, host, pid or 1000 + rank, offset
         self.records, self.idx, self.state, self.meta, self.ppid = [], 0, state, dict(meta or {}), ppid
+        self.groups = (
+            groups
+            if groups is not None
+            else [
+                {"name": "0", "desc": "default_pg", "ranks": [0, 1]},
+                {"name": "1", "desc": "cp0", "ranks": [0, 1]},
+            ]
+        )
 
     def mono(self, wall_rel_ns):
         return WALL0 + wall_rel_ns - self.offset
@@ -69,7 +79,10 @@ class Proc:
         if "end_rel" in kw:
             e = kw.pop("end_rel")
             kw["end"] = self.mono(e) if e is not None else None
-        self.records.append(rec(self.idx, kind, self.mono(t_rel), wall_offset=self.offset, **kw))
+        r = rec(self.idx, kind, self.mono(t_rel), wall_offset=self.offset, **kw)
+        if kind == "memory":  # as the ring decoder gives them (tracer/ring/records.py): no state
+            del r["state"]
+        self.records.append(r)
         return self
 
     def build(self):
@@ -81,10 +94,7 @@ class Proc:
             state=self.state,
             start_wall_ns=WALL0,
             records=self.records,
-            groups=[
-                {"name": "0", "desc": "default_pg", "ranks": [0, 1]},
-                {"name": "1", "desc": "cp0", "ranks": [0, 1]},
-            ],
+            groups=self.groups,
             events=[
                 {
                     "event": "start",
@@ -230,8 +240,16 @@ def test_ranks_and_window_filters():
     t = trace_of(two_ranks(), options=TimelineOptions(ranks=frozenset({0})))
     assert list(names(t).values()) == ["rank 0 · a:1000"]
     t = trace_of(two_ranks(), options=TimelineOptions(since_s=0.015))
-    assert not by(t, ph="X", cat="step")  # step 1 began at +10 ms, before the window
+    # step 1 began at +10 ms, before the window, and goes on: shown from the window's start
+    assert {(e["ts"], e["name"]) for e in by(t, ph="X", cat="step")} == {(0.0, "step 1")}
     assert all(e["ts"] >= 0 for e in t["traceEvents"] if e["ph"] != "M")
+    assert not by(t, ph="C", args={"rss": 100 << 20, "cgroup": 300 << 20})  # the +12 ms sample: before
+    # negative: counted back from the run's end (+2 s, the snapshot); until: cut there
+    t = trace_of(two_ranks(), options=TimelineOptions(since_s=-1.99, until_s=-1.96))
+    evs = [e for e in t["traceEvents"] if e["ph"] != "M"]
+    assert evs and all(0 <= e["ts"] and e["ts"] + e.get("dur", 0) <= 30_000.0 + 0.01 for e in evs)
+    assert [e["args"]["rss"] for e in by(t, ph="C")] == [100 << 20] * 2  # +12 ms in, +50 ms out
+    assert t["otherData"]["window_wall_ns"] == [WALL0 + 10 * MS, WALL0 + 40 * MS]
 
 
 def test_deep_events_merged_into_rank_track():

@@ -140,6 +140,7 @@ def fr_record(e: FrEntry, dump: Optional[FrDump] = None) -> Dict[str, Any]:
         "group_desc": e.group_desc,
         "fr_started_ns": e.time_discovered_started_ns,
         "fr_completed_ns": e.time_discovered_completed_ns,
+        "fr_duration_ms": e.duration_ms,
         "frames": [{"name": f.name, "filename": f.filename, "line": f.line} for f in e.frames],
     }
 

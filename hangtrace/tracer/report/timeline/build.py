@@ -9,7 +9,9 @@ The trace-event format is the one viztracer writes and Perfetto, ``vizviewer`` a
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
+from hangtrace.tracer.report.timeline import window as win
 from hangtrace.tracer.report.timeline.events import ProcessEvents
+from hangtrace.tracer.report.timeline.frclock import align_fr
 from hangtrace.tracer.report.timeline.model import Clock, Event, FlowRefs, Mark, Threads, TimelineOptions
 from hangtrace.tracer.report.timeline.model import Track, assign_tracks, end_wall_ns, host_offsets
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
@@ -46,83 +48,6 @@ def _mark(diag: Optional[Dict[str, Any]]) -> Optional[Mark]:
     )
 
 
-def _rec_wall(p: ProcessInfo, r: Dict[str, Any], clock: Clock) -> int:
-    return clock.mono_to_wall(p.host, r["t_mono_ns"])
-
-
-def _window(
-    procs: Sequence[ProcessInfo], clock: Clock, opts: TimelineOptions, t_first: int, t_last: int
-) -> Tuple[int, int]:
-    lo, hi = t_first, t_last
-    if opts.since_s is not None:
-        lo = int((t_first if opts.since_s >= 0 else t_last) + opts.since_s * 1e9)
-    if opts.until_s is not None:
-        hi = int((t_first if opts.until_s >= 0 else t_last) + opts.until_s * 1e9)
-    return lo, hi
-
-
-def _select(
-    p: ProcessInfo, clock: Clock, lo: Optional[int], hi: int, quota: Optional[int]
-) -> Tuple[List[Dict[str, Any]], int]:
-    """Records of ``p`` in the window; above ``quota`` only the newest (in-flight and failed
-    records always kept; memory samples thinned to a quarter of the quota). Returns
-    (records, records dropped by the quota)."""
-    recs = (
-        p.records
-        if lo is None
-        else [
-            r
-            for r in p.records
-            if lo <= _rec_wall(p, r, clock) <= hi
-            or (
-                r["state"] == "issued" and r["kind"] in ("collective", "p2p") and _rec_wall(p, r, clock) <= hi
-            )
-        ]
-    )
-    if quota is None or len(recs) <= quota:
-        return recs, 0
-    mem = [r for r in recs if r["kind"] == "memory"]
-    other = [r for r in recs if r["kind"] != "memory"]
-    keep_mem = mem[:: max(1, -(-len(mem) // max(1, quota // 4)))] if mem else []
-    n_other = max(1, quota - len(keep_mem))
-    newest = other[-n_other:]
-    first = newest[0]["idx"] if newest else 0
-    pinned = [r for r in other[:-n_other] if r["state"] in ("issued", "failed") or r["kind"] == "group"]
-    kept = sorted(
-        pinned + newest + [r for r in keep_mem if r["idx"] >= first or not newest], key=lambda r: r["idx"]
-    )
-    return kept, len(recs) - len(kept)
-
-
-def _flows(refs: FlowRefs, budget: int) -> List[Event]:
-    out: List[Event] = []
-    fid = 0
-    for key, lst in refs.items():
-        if len(lst) < 2:
-            continue
-        if len(out) + len(lst) > budget:
-            break
-        fid += 1
-        lst.sort()
-        name = "%s %s #%s" % (key[0], key[1], key[-1])
-        for i, (ts, pid, tid, rank) in enumerate(lst):
-            ph = "s" if i == 0 else ("f" if i == len(lst) - 1 else "t")
-            ev = {
-                "ph": ph,
-                "id": fid,
-                "name": name,
-                "cat": "flow",
-                "ts": ts,
-                "pid": pid,
-                "tid": tid,
-                "args": {"rank": rank, "arrival": i},
-            }
-            if ph != "s":
-                ev["bp"] = "e"
-            out.append(ev)
-    return out
-
-
 def _deep_events(d: DeepTrace, track: Track, threads: Threads, clock: Clock, host: str) -> List[Event]:
     """viztracer events moved onto ``track``, clock-aligned, threads named ``deep: …``."""
     names: Dict[Any, str] = {}
@@ -148,7 +73,7 @@ def _deep_events(d: DeepTrace, track: Track, threads: Threads, clock: Clock, hos
 
 def _span(snap: Snapshot, procs: Sequence[ProcessInfo], clock0: Clock) -> Tuple[int, int, Dict[str, int]]:
     """Processes (on the unshifted clock) in; (first wall ns, last wall ns, {key: track end ns}) out."""
-    walls = [_rec_wall(p, r, clock0) for p in procs for r in p.records[:1]]
+    walls = [clock0.mono_to_wall(p.host, int(r["t_mono_ns"])) for p in procs for r in p.records[:1]]
     walls += [e["wall_ns"] for p in procs for e in p.events or () if isinstance(e.get("wall_ns"), int)]
     t_first = min(walls) if walls else (snap.taken_wall_ns or 0)
     ends = {p.key: end_wall_ns(p, clock0, snap.taken_wall_ns) for p in procs}
@@ -163,7 +88,7 @@ def _keep_ranks(
     if ranks is None:
         return tracks, by_key
     # helpers of other ranks went with their rank
-    keep = {t.pid for t in tracks if t.rank in ranks}
+    keep = {t.pid for t in tracks if t.holds_rank and t.rank in ranks}
     return [t for t in tracks if t.pid in keep], {k: t for k, t in by_key.items() if t.pid in keep}
 
 
@@ -172,25 +97,26 @@ def _record_events(
     by_key: Dict[str, Track],
     threads: Dict[int, Threads],
     clock: Clock,
-    window: Tuple[Optional[int], int],
+    window: Tuple[bool, int],
     ends: Dict[str, int],
     budget: Optional[int],
     mark: Optional[Mark],
 ) -> Tuple[List[Event], FlowRefs, int]:
     """Processes and their tracks in; (their record events, merged flow refs, records dropped) out.
 
-    ``window``: (lo wall ns or None when unwindowed, hi wall ns); ``budget``: records per process.
+    ``window``: (windowed, hi wall ns); ``budget``: records per process.
     """
-    lo, hi = window
+    windowed, hi = window
     events: List[Event] = []
     refs: FlowRefs = {}
     dropped = 0
     for p in procs:
         t = by_key[p.key]
         helper = "" if t.members[0] == p.key else "helper %d: " % p.pid
-        recs, n = _select(p, clock, lo, hi, budget)
+        recs, n = win.select(p, clock, hi if windowed else None, budget)
         dropped += n
-        pe = ProcessEvents(p, clock, t.pid, threads[t.pid], min(ends[p.key], hi), mark, helper)
+        rank = t.rank if not helper and t.holds_rank else -1
+        pe = ProcessEvents(p, clock, t.pid, threads[t.pid], min(ends[p.key], hi), mark, helper, rank)
         ev, fl = pe.build(recs)
         events += ev
         for k, v in fl.items():
@@ -216,7 +142,8 @@ def _other_data(
         "source": source,
         "snapshot_reason": snap.reason,
         "clock_offsets_ns": clock.offsets,
-        "clock_alignment": "per host: median(t_wall_ns - t_mono_ns) over its records; hosts by wall clock",
+        "clock_alignment": "per host: median(t_wall_ns - t_mono_ns) over its records; hosts by wall clock; "
+        "torch Flight Recorder times per process by its own pairs, else their own wall time",
         "processes": counts[0],
         "tracks": counts[1],
         "sampling": {
@@ -260,12 +187,12 @@ def build_timeline(
     tracks of their processes. Never raises on odd records; raises nothing of its own.
     """
     opts = options
-    procs = list(snap.processes)
-    offsets = host_offsets(procs)
+    offsets = host_offsets(snap.processes)
+    procs, notes = align_fr(snap.processes, offsets)
     clock0 = Clock(offsets, 0)
     t_first, t_last, ends = _span(snap, procs, clock0)
-    lo, hi = _window(procs, clock0, opts, t_first, t_last)
-    clock = Clock(offsets, max(t_first, lo))
+    lo, hi = win.bounds(opts, t_first, t_last)
+    clock = Clock(offsets, lo)
     diag = diagnosis or {}
     tracks, by_key = assign_tracks(procs, diag.get("culprit_ranks") or (), diag.get("culprit_actors") or ())
     tracks, by_key = _keep_ranks(tracks, by_key, opts.ranks)
@@ -275,39 +202,27 @@ def build_timeline(
     threads = {t.pid: Threads(t.tid_base) for t in tracks}
     windowed = opts.since_s is not None or opts.until_s is not None
     events, refs, dropped = _record_events(
-        procs, by_key, threads, clock, (lo if windowed else None, hi), ends, per_proc_budget, _mark(diag)
+        procs, by_key, threads, clock, (windowed, hi), ends, per_proc_budget, _mark(diag)
     )
     for d in deep:
         dt = by_key.get("%s:%d" % (d.host, d.pid))
         if dt is not None:
             events += _deep_events(d, dt, threads[dt.pid], clock, d.host)
-    if opts.flows:
-        events += _flows(refs, max(0, opts.max_events - len(events)))
     events += _verdict_instants(snap, diag, clock)
+    hi_us = clock.wall_us(hi)
     if windowed:
-        events = _clip(events, clock.wall_us(hi))
+        events = win.clip(events, hi_us)
+    if opts.flows:
+        events += win.flows(refs, max(0, opts.max_events - len(events)), hi_us if windowed else None)
     meta = _metadata(tracks, threads)
     other = _other_data(
         snap, diag, opts, clock, (len(procs), len(tracks)), (per_proc_budget, dropped, total), source
     )
+    if windowed:
+        other["window_wall_ns"] = [lo, hi]
+    if notes:
+        other["errors"] = notes
     return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
-
-
-def _clip(events: List[Event], hi_us: float) -> List[Event]:
-    """Events inside [0, hi_us] (trace µs); slices crossing an edge are cut at it."""
-    out: List[Event] = []
-    for e in events:
-        ts = e.get("ts", 0.0)
-        if e["ph"] == "X":
-            end = ts + e.get("dur", 0.0)
-            if end < 0 or ts > hi_us:
-                continue
-            if ts < 0 or end > hi_us:
-                e = dict(e, ts=max(ts, 0.0), dur=round(min(end, hi_us) - max(ts, 0.0), 3))
-        elif ts < 0 or ts > hi_us:
-            continue
-        out.append(e)
-    return out
 
 
 def _verdict_instants(snap: Snapshot, diag: Dict[str, Any], clock: Clock) -> List[Event]:

@@ -18,6 +18,7 @@ exited, the snapshot time when it was alive; such slices carry ``args.open = tru
 from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.report.timeline.model import Clock, Event, FlowRefs, Mark, Threads
+from hangtrace.tracer.ring.frrecords import FR_SOURCE
 from hangtrace.tracer.snapshot import ProcessInfo
 
 
@@ -35,27 +36,66 @@ def _group_desc(p: ProcessInfo) -> Dict[str, str]:
 def _coll_name(r: Dict[str, Any], desc: Dict[str, str]) -> str:
     g = r.get("group")
     gname = desc.get(str(g)) or "group %s" % g
+    cpp = ""
+    if r.get("source") == FR_SOURCE:  # seen by torch's Flight Recorder alone
+        cpp = " [in %s]" % r["within_op"] if r.get("within_op") else " [C++]"
     if r["kind"] == "p2p":
-        return "%s peer %d %s #%d" % (r["op"], r.get("peer", -1), gname, r.get("seq") or 0)
-    return "%s %s #%d" % (r["op"], gname, r.get("seq") or 0)
+        return "%s peer %d %s #%d%s" % (r["op"], r.get("peer", -1), gname, r.get("seq") or 0, cpp)
+    return "%s %s #%d%s" % (r["op"], gname, r.get("seq") or 0, cpp)
 
 
-def _flow_key(p: ProcessInfo, r: Dict[str, Any]) -> Optional[Tuple[Any, ...]]:
-    if r.get("group") is None:
+def _flow_key(rank: int, r: Dict[str, Any]) -> Optional[Tuple[Any, ...]]:
+    if r.get("group") is None or rank < 0:
         return None
     if r["kind"] == "p2p":
         peer = r.get("peer", -1)
-        if peer < 0 or p.rank < 0:
+        if peer < 0:
             return None
-        return ("p2p", r["group"], min(p.rank, peer), max(p.rank, peer), r.get("seq"))
+        return ("p2p", r["group"], min(rank, peer), max(rank, peer), r.get("seq"))
     return ("coll", r["group"], r.get("seq"))
+
+
+def _coll_args(r: Dict[str, Any], desc: Dict[str, str], rank: int) -> Dict[str, Any]:
+    """The ``args`` of a collective's or p2p's slice (record fields; Flight Recorder ones
+    when the record came from torch: its entry id, torch's state, how it was issued)."""
+    args = {
+        "group": r.get("group"),
+        "group_desc": desc.get(str(r.get("group"))) or r.get("group_desc") or None,
+        "seq": r.get("seq"),
+        "op": r["op"],
+        "dtype": r.get("dtype") or None,
+        "numel": r.get("numel"),
+        "shape": r.get("shape"),
+        "state": r.get("state"),
+        "phase": r.get("phase"),
+        "step": r.get("step"),
+        "rank": rank,
+        "record": r.get("idx"),
+    }
+    if r["kind"] == "p2p":
+        args["peer"] = r.get("peer")
+    if r.get("error"):
+        args["error"] = r["error"]
+    if r.get("source"):
+        args["source"] = r["source"]
+    if r.get("fr_op"):
+        args.update(fr_op=r["fr_op"], fr_state=r.get("fr_state"), fr_retired=r.get("fr_retired"))
+        args["fr_record_id"] = r.get("fr_record_id")
+    for k in ("issued_by", "within_op", "end_unknown", "phase_from"):
+        if r.get(k):
+            args[k] = r[k]
+    if r.get("source") == FR_SOURCE:
+        args["record"] = None  # torch's entry, not a record of our ring (fr_record_id)
+    return args
 
 
 class ProcessEvents:
     """Builds the events of one process onto its track (``pid``, ``threads``).
 
     ``end_ns``: wall ns where open slices end; ``mark``: the verdict's collective or None;
-    ``helper``: prefix for thread names of a helper process grouped under a rank.
+    ``helper``: prefix for thread names of a helper process grouped under a rank;
+    ``rank``: the rank this process holds (-1: none, e.g. a helper that inherited RANK):
+    only a rank's collectives carry the verdict's mark and the flow arrows.
     """
 
     def __init__(
@@ -67,8 +107,10 @@ class ProcessEvents:
         end_ns: int,
         mark: Optional[Mark] = None,
         helper: str = "",
+        rank: Optional[int] = None,
     ) -> None:
         self.p, self.clock, self.pid, self.threads = p, clock, pid, threads
+        self.rank = p.rank if rank is None else rank
         self.end_us = clock.wall_us(end_ns)
         self.mark, self.helper = mark, helper
         self.desc = _group_desc(p)
@@ -88,7 +130,7 @@ class ProcessEvents:
         step_open: Optional[Dict[str, Any]] = None
         mem: List[Dict[str, Any]] = []
         if records:
-            self.first_us = self.us(records[0]["t_mono_ns"])
+            self.first_us = min(self.us(r["t_mono_ns"]) for r in records)
         for r in records:
             k = r["kind"]
             if k in ("collective", "p2p"):
@@ -158,26 +200,9 @@ class ProcessEvents:
     def _collective(self, r: Dict[str, Any]) -> None:
         ts = self.us(r["t_mono_ns"])
         done = r.get("t_end_mono_ns")
-        open_ = r["state"] == "issued" or not done
-        end = self.end_us if open_ or done is None else self.us(int(done))
-        args = {
-            "group": r.get("group"),
-            "group_desc": self.desc.get(str(r.get("group"))) or None,
-            "seq": r.get("seq"),
-            "op": r["op"],
-            "dtype": r.get("dtype") or None,
-            "numel": r.get("numel"),
-            "shape": r.get("shape"),
-            "state": r["state"],
-            "phase": r.get("phase"),
-            "step": r.get("step"),
-            "rank": self.p.rank,
-            "record": r["idx"],
-        }
-        if r["kind"] == "p2p":
-            args["peer"] = r.get("peer")
-        if r.get("error"):
-            args["error"] = r["error"]
+        open_ = r.get("state") == "issued" or (not done and not r.get("end_unknown"))
+        end = self.end_us if open_ else (self.us(int(done)) if done else ts)
+        args = _coll_args(r, self.desc, self.rank)
         name = _coll_name(r, self.desc)
         cname = None
         if open_:
@@ -190,7 +215,7 @@ class ProcessEvents:
         m = self.mark
         if (
             m is not None
-            and self.p.rank in m.ranks
+            and self.rank in m.ranks
             and str(r.get("group")) == str(m.group)
             and r.get("seq") == m.seq
         ):
@@ -224,9 +249,9 @@ class ProcessEvents:
             ]
         else:
             self._slice(name, r["kind"], ts, end, tid, args, cname)
-            key = _flow_key(self.p, r)
+            key = _flow_key(self.rank, r)
             if key is not None:
-                self.flows.setdefault(key, []).append((ts, self.pid, tid, self.p.rank))
+                self.flows.setdefault(key, []).append((ts, self.pid, tid, self.rank))
 
     def _phase(self, enter: Optional[Dict[str, Any]], exit_: Optional[Dict[str, Any]]) -> None:
         if enter is None and exit_ is None:

@@ -96,13 +96,37 @@ def write_trace(trace: Dict[str, Any], path: str) -> int:
     return len(data)
 
 
+def write_stdout(trace: Dict[str, Any]) -> int:
+    """Write ``trace`` as JSON to standard output (``-o -``). Returns bytes written. Raises OSError."""
+    import sys
+
+    data = orjson.dumps(trace)
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return len(data)
+
+
+def read_trace(path: str) -> Dict[str, Any]:
+    """A trace file written by ``write_trace`` (gzip when ``path`` ends in ``.gz``), as a dict.
+    Raises OSError, ValueError (not JSON)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".gz"):
+        data = gzip.decompress(data)
+    out = orjson.loads(data)
+    if not isinstance(out, dict):
+        raise ValueError("%s: not a trace-event JSON object" % path)
+    return out
+
+
 def timeline_of(path: str, options: TimelineOptions = TimelineOptions()) -> Tuple[Dict[str, Any], Snapshot]:
     """Build the trace of a RUN_DIR or SNAPSHOT (with its verdict and deep traces)."""
     snap, diag, src = load_for_timeline(path)
     deep, errs = read_deep(snap.run_dir)
     trace = build_timeline(snap, diag, deep, options, source=src)
     if errs or snap.errors:
-        trace["otherData"]["errors"] = list(snap.errors) + errs
+        trace["otherData"]["errors"] = list(snap.errors) + errs + trace["otherData"].get("errors", [])
     return trace, snap
 
 
@@ -122,7 +146,7 @@ def write_incident_timeline(snap: Snapshot, diagnosis: Optional[Dict[str, Any]])
     deep, errs = read_deep(snap.run_dir)
     trace = build_timeline(full, diagnosis, deep, TimelineOptions(), source=snap.path)
     if errs:
-        trace["otherData"]["errors"] = errs
+        trace["otherData"]["errors"] = errs + trace["otherData"].get("errors", [])
     out = os.path.join(snap.path, INCIDENT_FILE)
     write_trace(trace, out)
     return out

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
-from hangtrace.tracer.snapshot import ProcessInfo
+from hangtrace.tracer.process_model import ProcessRoles, assign_roles
+from hangtrace.tracer.snapshot import ProcessInfo, Role
 
 #: Default event budget: a trace of about this many events (≈ 210 bytes each in JSON,
 #: so ≈ 33 MB; 1.4 MB gzipped) still opens in the Perfetto UI in a browser tab.
@@ -70,7 +71,8 @@ class Clock:
 
 def host_offsets(procs: Iterable[ProcessInfo], per_proc: int = 64) -> Dict[str, int]:
     """{host: median(t_wall_ns - t_mono_ns)} over up to ``per_proc`` records per process
-    (evenly spread), plus each durable event's own pair. Hosts without records get none."""
+    (evenly spread), plus each durable event's own pair. Hosts without records get none
+    (records from torch's Flight Recorder alone have no monotonic reading: ``frclock``)."""
     pairs: Dict[str, List[int]] = {}
     for p in procs:
         recs = p.records
@@ -91,7 +93,9 @@ class Track:
 
     ``tid_base``: thread ids of this track are ``tid_base + k`` (globally unique).
     ``members``: the traced processes shown on it (``"host:pid"``), the rank's own
-    process first, then its helper processes (DataLoader workers, ...).
+    process first, then its helper processes (DataLoader workers, ...). ``rank``: the
+    first member's rank (or rank hint); ``holds_rank``: that process IS the rank
+    (``process_model``), not a helper, launcher or leftover that inherited RANK.
     """
 
     pid: int
@@ -99,15 +103,29 @@ class Track:
     rank: int
     members: Tuple[str, ...]
     labels: Tuple[str, ...] = ()
+    holds_rank: bool = True
 
     @property
     def tid_base(self) -> int:
         return self.pid * 1000
 
 
-def process_label(p: ProcessInfo) -> str:
-    """``rank 1 · vm:22375 · trainer-1`` (rank, host:pid, Ray actor name or class)."""
-    parts = ["rank %d" % p.rank if p.rank >= 0 else "no rank", "%s:%d" % (p.host, p.pid)]
+def process_label(p: ProcessInfo, role: Optional[Role] = None, helper_of: Optional[int] = None) -> str:
+    """``rank 1 · vm:22375 · trainer-1`` (rank, host:pid, Ray actor name or class); a process
+    that holds no rank is named by its role: ``helper of rank 1 · vm:22380``,
+    ``launcher · vm:22300``, ``rank 1 (another process holds it) · vm:22310``, ``no rank ·
+    vm:22301``."""
+    if role in (None, Role.RANK, Role.RAY_ACTOR) and p.rank >= 0:
+        who = "rank %d" % p.rank
+    elif role == Role.RANK_HELPER and helper_of is not None:
+        who = "helper of rank %d" % helper_of
+    elif role in (Role.LAUNCHER, Role.RAY_TASK_WORKER):
+        who = role.value
+    elif p.rank >= 0:  # an earlier generation of a restarted rank, a leftover with its RANK
+        who = "rank %d (another process holds it)" % p.rank
+    else:
+        who = "no rank"
+    parts = [who, "%s:%d" % (p.host, p.pid)]
     meta = p.meta or {}
     actor = meta.get("ray_actor_name") or meta.get("ray_actor_class")
     if actor:
@@ -115,15 +133,18 @@ def process_label(p: ProcessInfo) -> str:
     return " · ".join(parts)
 
 
-def parent_pid(p: ProcessInfo) -> Optional[int]:
-    """The parent pid recorded by the process's ``start`` event (or its meta), else None."""
-    ppid = (p.meta or {}).get("ppid")
-    if isinstance(ppid, int):
-        return ppid
-    for e in p.events or ():
-        if e.get("event") == "start" and isinstance(e.get("ppid"), int):
-            return int(e["ppid"])
-    return None
+def _owners(procs: Sequence[ProcessInfo], roles: ProcessRoles) -> Dict[str, ProcessInfo]:
+    """{helper key: the rank process whose track shows it}: a rank helper (DataLoader worker,
+    any child of a rank, with or without the RANK it inherited) goes under the process that
+    holds its rank, when that process is in ``procs``."""
+    keys = {p.key for p in procs}
+    owner: Dict[str, ProcessInfo] = {}
+    for p in procs:
+        of = roles.helper_of.get(p.key)
+        holder = roles.ranks.get(of) if of is not None and roles.role(p) == Role.RANK_HELPER else None
+        if holder is not None and holder.key in keys and holder.key != p.key:
+            owner[p.key] = holder
+    return owner
 
 
 def assign_tracks(
@@ -131,31 +152,35 @@ def assign_tracks(
 ) -> Tuple[List[Track], Dict[str, Track]]:
     """One track per rank (its helpers grouped under it), one per other process.
 
-    A helper is a process without a rank whose parent (``ppid``, same host) is a ranked
-    process: torch DataLoader workers and other children inherit RANK without joining a
-    group (DESIGN.md "a rank is a process that joined a group"). Returns the tracks in
-    display order and {"host:pid": track}. Culprit tracks are named ``CULPRIT …``.
+    Which process IS rank r, and which are its helpers, is the process model's
+    (``process_model.assign_roles``): torch DataLoader workers and other children inherit
+    RANK without joining a group (DESIGN.md "a rank is a process that joined a group").
+    Returns the tracks in display order and {"host:pid": track}. Only a process that holds
+    a culprit rank, or a culprit Ray actor, has its track named ``CULPRIT …``: a helper never.
     """
-    ranked = {(p.host, p.pid): p for p in procs if p.rank >= 0}
-    owner: Dict[str, ProcessInfo] = {}
-    for p in procs:
-        if p.rank < 0:
-            ppid = parent_pid(p)
-            par = ranked.get((p.host, ppid)) if ppid else None
-            if par is not None:
-                owner[p.key] = par
+    roles = assign_roles(procs)
+    holders = {p.key for p in roles.ranks.values()}
+    owner = _owners(procs, roles)
     order = sorted(
-        (p for p in procs if p.key not in owner), key=lambda p: (p.rank < 0, p.rank, p.host, p.pid)
+        (p for p in procs if p.key not in owner),
+        key=lambda p: (p.key not in holders, p.rank < 0, p.rank, p.host, p.pid),
     )
     tracks: List[Track] = []
     by_key: Dict[str, Track] = {}
     cr, ca = set(culprit_ranks), set(culprit_actors)
+    helpers_of: Dict[str, List[str]] = {}
+    for h in procs:
+        if h.key in owner:
+            helpers_of.setdefault(owner[h.key].key, []).append(h.key)
     for i, p in enumerate(order):
-        helpers = tuple(h.key for h in procs if owner.get(h.key) is p)
-        name = process_label(p)
+        helpers = tuple(helpers_of.get(p.key, ()))
+        role = roles.role(p)
+        name = process_label(p, role, roles.helper_of.get(p.key))
         meta = p.meta or {}
-        culprit = (p.rank >= 0 and p.rank in cr) or (
-            bool(ca) and (meta.get("ray_actor_name") in ca or meta.get("ray_actor_id") in ca)
+        culprit = (p.key in holders and p.rank in cr) or (
+            role == Role.RAY_ACTOR
+            and bool(ca)
+            and (meta.get("ray_actor_name") in ca or meta.get("ray_actor_id") in ca)
         )
         labels: Tuple[str, ...] = ()
         if culprit:
@@ -163,7 +188,14 @@ def assign_tracks(
             labels = ("culprit",)
         if helpers:
             name += " (+%d helper process%s)" % (len(helpers), "" if len(helpers) == 1 else "es")
-        t = Track(pid=i + 1, name=name, rank=p.rank, members=(p.key,) + helpers, labels=labels)
+        t = Track(
+            pid=i + 1,
+            name=name,
+            rank=p.rank,
+            members=(p.key,) + helpers,
+            labels=labels,
+            holds_rank=p.key in holders,
+        )
         tracks.append(t)
         for k in t.members:
             by_key[k] = t
