@@ -45,3 +45,29 @@ def mask_environ(environ: Mapping[str, str]) -> Tuple[Tuple[str, str], ...]:
 def env_path(run_dir: str, host: str, pid: int) -> str:
     """``RUN_DIR/env/<host>-<pid>.json``: the record of process ``pid`` on ``host``."""
     return os.path.join(run_dir, ENV_DIR, "%s-%d.json" % (host, pid))
+
+
+#: Library names that matter (issue 12), matched at the start of the lower-cased file name;
+#: any name that mentions nccl or cuda matters too.
+_MATTER_PREFIXES = (
+    "libtorch",
+    "libc10",
+    "libnccl",
+    "libgloo",
+    "libcuda",
+    "libcudart",
+    "libnvidia-ml",
+    "libibverbs",
+    "libmpi",
+    "libpython",
+    "libc.so",
+    "libc-",
+)
+
+
+def matters(path: str) -> bool:
+    """True for libraries named in issue 12: torch, c10, NCCL, gloo, CUDA, NVML, ibverbs,
+    MPI, the Python runtime, libc, and any library whose name mentions nccl or cuda
+    (case-insensitive, on the file name)."""
+    n = os.path.basename(path).lower()
+    return n.startswith(_MATTER_PREFIXES) or "nccl" in n or "cuda" in n

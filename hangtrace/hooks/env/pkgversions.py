@@ -1,0 +1,159 @@
+"""The installed versions of the Python packages this traced process has imported (issue 41),
+for the environment record (``"packages"`` of ``RUN_DIR/env/<host>-<pid>.json``).
+
+What. Every public top-level module in ``sys.modules`` (no leading ``_``) that is not part of
+the standard library (``sys.stdlib_module_names``) and was imported from a directory holding installed
+distributions (``site-packages``, a ``PYTHONPATH`` entry, a venv) gives one
+``{distribution name: version}`` item. The distribution is the ``<name>-<version>.dist-info``
+(or ``.egg-info``) directory beside the module whose normalized name (PEP 503: lower case,
+runs of ``-_.`` as ``_``) is the module's; when none is, the ``top_level.txt`` files of that
+directory's distributions name their modules (``yaml`` -> ``PyYAML``). The version is the
+one in the directory's name, which installers write from the wheel's own ``Version``
+(PEP 427 / the binary distribution format: ``{distribution}-{version}.dist-info``), the
+value ``importlib.metadata.version`` reads from its ``METADATA``; a directory whose name
+states no version (``foo.egg-info``) is read for its ``Version:`` line. Modules without
+installed metadata (a script's own modules, an editable install's source tree) are left out.
+
+Cost. ``importlib.metadata`` is not used: importing it and searching ``sys.path`` for each
+name costs tens of ms in a process with torch (its ``distributions()`` reads every
+distribution's metadata). Here each directory is listed once per process (forks inherit
+the caches) and each module is resolved once, so a repeated record costs a dict lookup per
+loaded module (``benchmarks/bench_forensics.py``: ``packages-first``, ``packages-again``).
+Standard library only; never raises (a failure leaves the module out).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Dict, Optional, Tuple
+
+#: directory -> {normalized distribution name: (name, version)} from its *-info names
+_dists: Dict[str, Dict[str, Tuple[str, Optional[str], str]]] = {}
+#: directory -> {top-level module: normalized distribution name} from top_level.txt files
+_tops: Dict[str, Dict[str, str]] = {}
+#: module name -> (distribution name, version) or None (no installed metadata)
+_resolved: Dict[str, Optional[Tuple[str, str]]] = {}
+_STD = frozenset(getattr(sys, "stdlib_module_names", ())) | frozenset(sys.builtin_module_names)
+
+
+def normalize(name: str) -> str:
+    """PEP 503 normalization (lower case, runs of ``-``, ``_``, ``.`` as one ``_``)."""
+    out, prev = [], False
+    for c in name.lower():
+        sep = c in "-_."
+        if not (sep and prev):
+            out.append("_" if sep else c)
+        prev = sep
+    return "".join(out)
+
+
+def _index(d: str) -> Dict[str, Tuple[str, Optional[str], str]]:
+    """``{normalized name: (name, version or None, info directory)}`` of directory ``d``."""
+    got = _dists.get(d)
+    if got is not None:
+        return got
+    got = {}
+    try:
+        names = os.listdir(d)
+    except OSError:
+        names = []
+    for n in names:
+        if n.endswith(".dist-info"):
+            stem = n[: -len(".dist-info")]
+        elif n.endswith(".egg-info"):
+            stem = n[: -len(".egg-info")]
+        else:
+            continue
+        name, _, version = stem.partition("-")
+        if n.endswith(".egg-info") and "-py" in version:  # name-1.0-py3.11.egg-info
+            version = version[: version.index("-py")]
+        got[normalize(name)] = (name, version or None, os.path.join(d, n))
+    _dists[d] = got
+    return got
+
+
+def _top_levels(d: str) -> Dict[str, str]:
+    """``{module: normalized distribution}`` from the ``top_level.txt`` files in ``d``."""
+    got = _tops.get(d)
+    if got is not None:
+        return got
+    got = {}
+    for key, (_, _, info) in _index(d).items():
+        try:
+            with open(os.path.join(info, "top_level.txt"), encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        got.setdefault(line.strip(), key)
+        except OSError:
+            continue
+    _tops[d] = got
+    return got
+
+
+def _metadata_version(info: str) -> Optional[str]:
+    """The ``Version:`` header of ``info``'s METADATA (dist-info) or PKG-INFO (egg-info)."""
+    for fname in ("METADATA", "PKG-INFO"):
+        try:
+            with open(os.path.join(info, fname), encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if line.startswith("Version:"):
+                        return line[len("Version:") :].strip() or None
+                    if not line.strip():
+                        break  # the headers end at the first blank line
+        except OSError:
+            continue
+    return None
+
+
+def _home(module: object) -> Optional[str]:
+    """The directory ``module`` was imported from (the parent of a package's folder)."""
+    f = getattr(module, "__file__", None)
+    if isinstance(f, str):
+        d = os.path.dirname(f)
+        return os.path.dirname(d) if os.path.basename(f).startswith("__init__.") else d
+    path = getattr(module, "__path__", None)  # a namespace package
+    try:
+        first = next(iter(path)) if path is not None else None
+    except Exception:
+        return None
+    return os.path.dirname(first) if isinstance(first, str) else None
+
+
+def resolve(name: str, module: object) -> Optional[Tuple[str, str]]:
+    """``(distribution name, version)`` of top-level module ``name``, or None."""
+    d = _home(module)
+    if not d:
+        return None
+    dists = _index(d)
+    hit = dists.get(normalize(name))
+    if hit is None:
+        key = _top_levels(d).get(name)
+        hit = dists.get(key) if key is not None else None
+    if hit is None:
+        return None
+    version = hit[1] or _metadata_version(hit[2])
+    return (hit[0], version) if version else None
+
+
+def loaded_packages() -> Dict[str, str]:
+    """``{distribution name: version}`` of the imported top-level modules (module
+    docstring). Each module is resolved once per process; never raises."""
+    out: Dict[str, str] = {}
+    try:
+        for name, mod in list(sys.modules.items()):
+            if "." in name or name in _STD or name[:1] == "_" or mod is None:
+                continue  # (private modules: ``_yaml``, ``__main__``, editable finders)
+            if name in _resolved:
+                hit = _resolved[name]
+            else:
+                try:
+                    hit = resolve(name, mod)
+                except Exception:
+                    hit = None
+                _resolved[name] = hit
+            if hit is not None:
+                out[hit[0]] = hit[1]
+    except Exception:
+        pass
+    return out
