@@ -141,6 +141,13 @@ def test_unreadable_files_are_named_and_the_rest_compared(tmp_path) -> None:
     assert set(values) == {a, b, gone, noid, str(text), str(folder), a + " (deleted)"}
 
 
+def test_one_path_on_two_hosts_is_not_read() -> None:
+    envs = [rank(0, ["/usr/lib/libz.so.1"]), rank(1, ["/usr/lib/libz.so.1"], host="other")]
+    envs[1] = envs[1]._replace(files=(("/usr/lib/libz.so.1", 99999),))  # another file system
+    got, notes = X.every_library(envs, host=HOST, read=lambda p, i: pytest.fail("read %s" % p))
+    assert notes == [] and diff_env(got).differences == ()
+
+
 def test_replaced_file_is_not_read(tmp_path) -> None:
     a, b = cc_lib(tmp_path / "a", 1), cc_lib(tmp_path / "b", 2)
     envs = [rank(0, [a]), rank(1, [b])]
