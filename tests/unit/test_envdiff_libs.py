@@ -210,7 +210,7 @@ def test_package_versions_from_installed_metadata(tmp_path, monkeypatch) -> None
         "Metadata-Version: 1.0\nName: oldegg\nVersion: 0.9\n\nbody\n"
     )
     (site / "mine.py").write_text("")  # no metadata: left out
-    for cache in ("_dists", "_tops", "_resolved"):
+    for cache in ("_dists", "_tops", "_read", "_resolved"):
         monkeypatch.setattr(P, cache, {})
     assert P.resolve("ht_pkg", _module(str(site / "ht_pkg" / "__init__.py"))) == ("Ht.Pkg", "1.2.3")
     assert P.resolve("yamlish", _module(str(site / "yamlish.py"))) == ("PyYamlish", "6.0")
