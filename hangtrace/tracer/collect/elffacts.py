@@ -6,8 +6,8 @@ other executable mapping it has the path and the inode (``files``). Here, at ana
 time and off the traced processes, each record's ``libraries`` become every mapped shared
 object, and the GNU build-id of a library is read with pyelftools (``NT_GNU_BUILD_ID``
 note of a ``PT_NOTE`` segment) where it tells something: for the libraries whose name
-(``Library.key``: the file name without its version suffix) the processes map from more
-than one file (another path, or the same path with another inode on one host). A library every
+(``Library.key``: the file name without its version suffix) the processes map from
+different files (other paths, or one path with another inode on one host). A library every
 process maps from one file is not read (reading all of a torch process's ~65 mapped
 files with pyelftools takes about a second; the few that differ, milliseconds).
 
@@ -108,15 +108,19 @@ def mapped_libraries(pe: E.ProcessEnv) -> Tuple[E.Library, ...]:
 
 
 def _ambiguous(envs: Sequence[E.ProcessEnv]) -> Set[str]:
-    """The library keys mapped from more than one file across ``envs``: from two paths, or
-    from one path with two inodes on one host (the same path on two hosts is one file as
-    far as can be told here: its inodes are of two file systems)."""
-    paths: Dict[str, Set[str]] = {}
+    """The library keys that the processes mapping them map from different files: another
+    set of paths (a process mapping two files of one name, ``_C.cpython-311-*.so`` of two
+    packages, is one set), or one path with two inodes on one host (the same path on two
+    hosts is one file as far as can be told here: its inodes are of two file systems)."""
+    paths: Dict[str, Set[frozenset]] = {}
     inodes: Dict[Tuple[str, str, str], Set[int]] = {}
     for pe in envs:
+        mine: Dict[str, Set[str]] = {}
         for lb in pe.libraries:
-            paths.setdefault(lb.key, set()).add(lb.path)
+            mine.setdefault(lb.key, set()).add(lb.path)
             inodes.setdefault((lb.key, pe.host, lb.path), set()).add(lb.inode)
+        for k, v in mine.items():
+            paths.setdefault(k, set()).add(frozenset(v))
     out = {k for k, v in paths.items() if len(v) > 1}
     return out | {k for (k, _, _), v in inodes.items() if len(v) > 1}
 

@@ -141,6 +141,21 @@ def test_unreadable_files_are_named_and_the_rest_compared(tmp_path) -> None:
     assert set(values) == {a, b, gone, noid, str(text), str(folder), a + " (deleted)"}
 
 
+def test_two_files_of_one_name_in_every_rank_are_not_read() -> None:
+    both = ["/site/torch/_C.cpython-311-x86_64-linux-gnu.so", "/site/myop/_C.cpython-311-x86_64-linux-gnu.so"]
+    envs = [rank(0, both), rank(1, both)]
+    got, notes = X.every_library(envs, host=HOST, read=lambda p, i: pytest.fail("read %s" % p))
+    assert notes == [] and diff_env(got).differences == ()
+    envs.append(rank(2, both[:1]))  # rank 2 lacks the custom op: the ranks differ, both read
+    seen = []
+    got, _ = X.every_library(
+        envs, host=HOST, read=lambda p, i: seen.append(p) or (None, "vanished since the run")
+    )
+    assert sorted(set(seen)) == sorted(both)
+    [d] = diff_env(got).differences
+    assert [g.ranks for g in d.groups] == [(2,), (0, 1)] and d.groups[0].value == both[0]
+
+
 def test_one_path_on_two_hosts_is_not_read() -> None:
     envs = [rank(0, ["/usr/lib/libz.so.1"]), rank(1, ["/usr/lib/libz.so.1"], host="other")]
     envs[1] = envs[1]._replace(files=(("/usr/lib/libz.so.1", 99999),))  # another file system
