@@ -22,9 +22,13 @@ and, in a fresh child each round, ``import elftools.elf.elffile`` (the import al
 Each figure is the median over the rounds, in ms (wall, and the thread's CPU time: the
 machine is shared); the ratio column is against ``record-first``. The child's own ``import torch.distributed`` time is printed for scale.
 
+``--callgrind``: the instructions of one record without the packages, with them (a
+process's first record) and with them again, under callgrind (independent of the load).
+
 Usage::
 
     python3 benchmarks/bench_forensics.py [--rounds 15] [--out results.json]
+    python3 benchmarks/bench_forensics.py --callgrind
 """
 
 import argparse
@@ -91,11 +95,78 @@ print(json.dumps({"samples": out, "cpu": cpu, "torch_import_ms": t_torch * 1e3, 
 """
 
 
+CG_CHILD = r"""
+import os, sys, tempfile
+import torch.distributed
+from hangtrace.hooks.env import envcollect as C, pkgversions as P
+run_dir = tempfile.mkdtemp(prefix="bench-forensics-cg-")
+with_packages = P.loaded_packages
+P.loaded_packages = dict
+C.write_record(run_dir, C.snapshot("warm", "h", {}))  # maps parsed, env dir made: not counted
+mark = os.getloadavg  # each call: callgrind writes the instructions since the last one
+mark()
+C.write_record(run_dir, C.snapshot("before", "h", {}))  # without the packages (the libraries read again)
+mark()
+P.loaded_packages = with_packages
+C.write_record(run_dir, C.snapshot("first", "h", {}))  # with them: this process's first
+mark()
+C.write_record(run_dir, C.snapshot("again", "h", {}))  # with them, cached
+mark()
+sys.stderr.write("PACKAGES %d\n" % len(P.loaded_packages()))
+"""
+
+
+def callgrind() -> int:
+    """``--callgrind``: instructions of one record without the packages' versions, with them
+    (a process's first record), and with them again, in one child under callgrind
+    (instruction counts do not depend on the machine's load)."""
+    import glob
+    import shutil
+    import tempfile
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("needs valgrind (apt-get install valgrind)")
+    work = tempfile.mkdtemp(prefix="bench-forensics-cg-")
+    try:
+        script = os.path.join(work, "child.py")
+        with open(script, "w") as f:
+            f.write(CG_CHILD)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
+        env.update(PYTHONPATH=REPO, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        out = os.path.join(work, "cg.out")
+        cmd = ["valgrind", "--tool=callgrind", "--dump-before=*getloadavg*", "--callgrind-out-file=" + out]
+        p = subprocess.run(cmd + [sys.executable, script], env=env, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit("callgrind run failed (%d):\n%s" % (p.returncode, p.stderr[-2000:]))
+        files = sorted(glob.glob(out + ".*"), key=lambda x: int(x.rsplit(".", 1)[1]))
+        counts = []
+        for path in files:
+            with open(path) as f:
+                counts.append(next(int(ln.split()[1]) for ln in f if ln.startswith("summary:")))
+        print("dumps (instructions): %s" % counts)
+        # each mark dumps twice (os.getloadavg, then libc's getloadavg: a few hundred
+        # instructions between): the segments are the large ones after the import's
+        counts = [n for n in counts if n > 20000][1:4]
+        pk = [ln for ln in p.stderr.splitlines() if ln.startswith("PACKAGES ")]
+        print("imported packages with installed metadata: %s" % (pk[0].split()[1] if pk else "?"))
+        print("\n| record | instructions (M) | × without packages |\n|---|---|---|")
+        for name, n in zip(("without packages", "with packages, first", "with packages, again"), counts):
+            print("| %s | %.2f | %.2f |" % (name, n / 1e6, n / counts[0]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--callgrind", action="store_true", help="instructions of the record with and without packages"
+    )
     args = ap.parse_args()
+    if args.callgrind:
+        return callgrind()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANGTRACE")}
     env["PYTHONPATH"] = REPO
     p = subprocess.run(

@@ -62,6 +62,9 @@ class Library(NamedTuple):
     #: why ``build_id`` is None when the analysis could not read the file (issue 41:
     #: "vanished since the run", "not an ELF file", ...); None when read or never tried
     note: Optional[str] = None
+    #: the ``DT_SONAME`` when the analysis compares the library under it (issue 41:
+    #: ``collect/elffacts.py``), else None; not part of the record
+    soname: Optional[str] = None
 
     @property
     def name(self) -> str:
@@ -69,10 +72,16 @@ class Library(NamedTuple):
 
     @property
     def key(self) -> str:
-        """The name without version suffix: ``libnccl.so.2.21.5`` -> ``libnccl.so``."""
-        n = self.name
-        i = n.find(".so")
-        return n[: i + 3] if i >= 0 else n
+        """The name (the soname when set) without version suffix: ``libnccl.so.2.21.5`` ->
+        ``libnccl.so``."""
+        return key_of(self.soname or self.name)
+
+
+def key_of(name: str) -> str:
+    """A library file name or soname without its version suffix: ``libnccl.so.2`` ->
+    ``libnccl.so``."""
+    i = name.find(".so")
+    return name[: i + 3] if i >= 0 else name
 
 
 class ProcessEnv(NamedTuple):

@@ -19,7 +19,9 @@ HOST = "h"
 PROBE_C = "int htprobe_build(void) { return BUILD; }\n"
 
 
-def cc_lib(directory, build: int, name: str = "libhtprobe.so", build_id: bool = True) -> str:
+def cc_lib(
+    directory, build: int, name: str = "libhtprobe.so", build_id: bool = True, soname: str = ""
+) -> str:
     """A small shared library built by ``cc`` (``BUILD`` changes its content, hence its
     GNU build-id); returns its path."""
     cc = shutil.which("cc")
@@ -30,8 +32,9 @@ def cc_lib(directory, build: int, name: str = "libhtprobe.so", build_id: bool = 
     with open(src, "w") as f:
         f.write(PROBE_C)
     out = os.path.join(str(directory), name)
-    flag = "-Wl,--build-id" if build_id else "-Wl,--build-id=none"
-    subprocess.run([cc, "-shared", "-fPIC", "-DBUILD=%d" % build, flag, "-o", out, src], check=True)
+    flags = ["-Wl,--build-id" if build_id else "-Wl,--build-id=none"]
+    flags += ["-Wl,-soname," + soname] if soname else []
+    subprocess.run([cc, "-shared", "-fPIC", "-DBUILD=%d" % build] + flags + ["-o", out, src], check=True)
     return out
 
 
@@ -86,6 +89,25 @@ def test_two_builds_read_and_named_in_diff_and_evidence(tmp_path) -> None:
         "rank 1 loaded libhtprobe.so from %s (build-id %s…) where ranks 0, 3 loaded it from %s (build-id %s…)"
         % (os.path.dirname(b), idb[:12], os.path.dirname(a), ida[:12])
     ]
+
+
+def test_a_renamed_copy_is_compared_under_its_soname(tmp_path) -> None:
+    a = cc_lib(tmp_path / "a", 1, soname="libhtprobe.so")
+    b = cc_lib(tmp_path / "b", 2, name="libhtprobe_v2.so", soname="libhtprobe.so")
+    nameless = cc_lib(tmp_path / "c", 3, name="libother.so")  # only rank 0 maps it; no soname
+    envs = [rank(0, [a, nameless]), rank(1, [b]), rank(2, [a])]
+    got, notes = X.every_library(envs, host=HOST)
+    assert notes == [] and X.elf_soname(b) == "libhtprobe.so" and X.elf_soname(nameless) is None
+    [d] = diff_env(got).differences
+    assert (d.name, [g.ranks for g in d.groups]) == ("libhtprobe.so", [(1,), (0, 2)])
+    [line] = envdiff_evidence(got, [1])
+    assert line.startswith("rank 1 loaded libhtprobe_v2.so from %s (build-id " % os.path.dirname(b)), line
+    assert line.endswith(
+        "where ranks 0, 2 loaded it from %s (build-id %s…)" % (os.path.dirname(a), X.elf_build_id(a)[0][:12])
+    )
+    # without the sonames they are two libraries, each loaded by some ranks only: no difference
+    got, _ = X.every_library(envs, host=HOST, soname=lambda p, i: None)
+    assert diff_env(got).differences == ()
 
 
 def test_same_build_at_two_paths_is_a_path_difference(tmp_path) -> None:

@@ -11,6 +11,11 @@ different files (other paths, or one path with another inode on one host). A lib
 process maps from one file is not read (reading all of a torch process's ~65 mapped
 files with pyelftools takes about a second; the few that differ, milliseconds).
 
+Names: a library is compared under its file name without the version suffix, or, when
+only some ranks map a file of that name, under its ``DT_SONAME`` (pyelftools, the
+``PT_DYNAMIC`` segment) if that names it otherwise: a copy renamed on disk is compared
+with the library it replaces.
+
 A file is read only on the host that recorded it, and only when it is still the file that
 was mapped (the recorded inode); otherwise ``Library.note`` says why its build-id is
 unknown ("vanished since the run", "replaced since the run", "not an ELF file",
@@ -125,26 +130,88 @@ def _ambiguous(envs: Sequence[E.ProcessEnv]) -> Set[str]:
     return out | {k for (k, _, _), v in inodes.items() if len(v) > 1}
 
 
+def elf_soname(path: str) -> Optional[str]:
+    """The ``DT_SONAME`` of ELF file ``path`` (its ``PT_DYNAMIC`` segment, through
+    pyelftools), or None: none, not ELF, unreadable."""
+    try:
+        from elftools.elf.elffile import ELFFile
+
+        with open(path, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return None
+            f.seek(0)
+            for seg in ELFFile(f).iter_segments():
+                if seg["p_type"] == "PT_DYNAMIC":
+                    for tag in seg.iter_tags():
+                        if tag.entry.d_tag == "DT_SONAME":
+                            return str(tag.soname)
+    except Exception:  # (OSError, pyelftools' own errors on damaged files)
+        return None
+    return None
+
+
+def read_soname(path: str, inode: int) -> Optional[str]:
+    """:func:`elf_soname` of ``path`` while it is still the file mapped with ``inode``."""
+    try:
+        if path.endswith(_DELETED) or (inode and os.stat(path).st_ino != inode):
+            return None
+    except OSError:
+        return None
+    return elf_soname(path)
+
+
+def _partial(envs: Sequence[E.ProcessEnv]) -> Set[str]:
+    """The library keys that some of ``envs`` map and others do not."""
+    keys = [{lb.key for lb in pe.libraries} for pe in envs]
+    every = set.intersection(*keys) if keys else set()
+    return set().union(*keys) - every
+
+
+def _by_soname(
+    full: List[E.ProcessEnv], compared: Set[int], here: str, soname: Callable[[str, int], Optional[str]]
+) -> List[E.ProcessEnv]:
+    """``full`` with ``Library.soname`` set where a library some compared processes map and
+    others do not has a ``DT_SONAME`` naming it otherwise (``libhtprobe_v2.so`` built as
+    ``libhtprobe.so``): it is then compared under that name. Read on this host only."""
+    partial = _partial([full[i] for i in sorted(compared)])
+    out = []
+    for i, pe in enumerate(full):
+        if i in compared and pe.host == here and any(lb.key in partial for lb in pe.libraries):
+            libs = []
+            for lb in pe.libraries:
+                name = soname(lb.path, lb.inode) if lb.key in partial else None
+                libs.append(lb._replace(soname=name) if name and E.key_of(name) != lb.key else lb)
+            pe = pe._replace(libraries=tuple(libs))
+        out.append(pe)
+    return out
+
+
 def every_library(
     envs: Sequence[E.ProcessEnv],
     host: Optional[str] = None,
     read: Callable[[str, int], Tuple[Optional[str], Optional[str]]] = read_library,
+    soname: Callable[[str, int], Optional[str]] = read_soname,
 ) -> Tuple[List[E.ProcessEnv], List[str]]:
-    """``envs`` with ``libraries`` = every mapped shared object, the build-ids of the
-    libraries mapped from more than one file by the compared processes (the ranks when
-    any are known, else all, as ``analyze.envdiff.diff_env``) read on this host (``host``: this machine's
-    name by default; ``read``: :func:`read_library`). Returns ``(records, notes)``: one
-    note per file whose build-id stays unknown, naming it, why and who mapped it."""
+    """``envs`` with ``libraries`` = every mapped shared object, compared by name: the file
+    name without its version suffix, or the ``DT_SONAME`` of a library that only some of the
+    compared processes map by its file name (``soname``: :func:`read_soname`); the
+    build-ids of the libraries the compared processes (the ranks when any are known, else
+    all, as ``analyze.envdiff.diff_env``) map from different files read on this host
+    (``host``: this machine's name by default; ``read``: :func:`read_library`). Returns
+    ``(records, notes)``: one note per file whose build-id stays unknown, naming it, why
+    and who mapped it."""
     here = host or socket.gethostname()
     full = [pe._replace(libraries=mapped_libraries(pe)) for pe in envs]
-    compared = {id(pe) for pe in ([pe for pe in full if pe.rank >= 0] or full)}  # as diff_env
-    todo = _ambiguous([pe for pe in full if id(pe) in compared])
+    ranked = {i for i, pe in enumerate(full) if pe.rank >= 0}
+    compared = ranked or set(range(len(full)))  # as diff_env
+    full = _by_soname(full, compared, here, soname)
+    todo = _ambiguous([full[i] for i in sorted(compared)])
     out: List[E.ProcessEnv] = []
     unread: Dict[Tuple[str, str], List[E.ProcessEnv]] = {}
-    for pe in full:
+    for i, pe in enumerate(full):
         libs = []
         for lb in pe.libraries:
-            if lb.key in todo and lb.build_id is None and id(pe) in compared:
+            if lb.key in todo and lb.build_id is None and i in compared:
                 if pe.host == here:
                     bid, note = read(lb.path, lb.inode)
                 else:
