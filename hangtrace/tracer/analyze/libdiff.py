@@ -1,8 +1,8 @@
 """What one process maps under one library name, as env-diff compares it (issue 41). Pure.
 
 Every mapped shared object of a rank is compared with the same library name
-(``Library.key``: the file name without its version suffix) of the other ranks by path
-and GNU build-id. A build-id is compared only when it is known for every compared process
+(``Library.key``: the file name, or the soname ``collect/elffacts.py`` set, without its
+version suffix) of the other ranks by path and GNU build-id. A build-id is compared only when it is known for every compared process
 mapping that name (read in the process for the libraries that matter, at analysis time by
 ``collect/elffacts.py`` for the others); otherwise the paths alone are compared, and the
 reason is one of env-diff's notes. ``no GNU build-id`` is known, and compared.
