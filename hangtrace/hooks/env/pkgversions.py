@@ -41,18 +41,17 @@ _STD = frozenset(getattr(sys, "stdlib_module_names", ())) | frozenset(sys.builti
 
 
 def normalize(name: str) -> str:
-    """PEP 503 normalization (lower case, runs of ``-``, ``_``, ``.`` as one ``_``)."""
-    out, prev = [], False
-    for c in name.lower():
-        sep = c in "-_."
-        if not (sep and prev):
-            out.append("_" if sep else c)
-        prev = sep
-    return "".join(out)
+    """PEP 503 normalization (lower case, runs of ``-``, ``_``, ``.`` as one ``_``); string
+    methods only (they run in C: a site-packages of 180 distributions is normalized at
+    each process's first record)."""
+    out = name.lower().replace("-", "_").replace(".", "_")
+    while "__" in out:
+        out = out.replace("__", "_")
+    return out
 
 
 def _index(d: str) -> Dict[str, Tuple[str, Optional[str], str]]:
-    """``{normalized name: (name, version or None, info directory)}`` of directory ``d``."""
+    """``{normalized name: (name, version or None, info directory's name)}`` of directory ``d``."""
     got = _dists.get(d)
     if got is not None:
         return got
@@ -71,7 +70,7 @@ def _index(d: str) -> Dict[str, Tuple[str, Optional[str], str]]:
         name, _, version = stem.partition("-")
         if n.endswith(".egg-info") and "-py" in version:  # name-1.0-py3.11.egg-info
             version = version[: version.index("-py")]
-        got[normalize(name)] = (name, version or None, os.path.join(d, n))
+        got[normalize(name)] = (name, version or None, n)  # (joined with d when read)
     _dists[d] = got
     return got
 
@@ -94,7 +93,7 @@ def _top_level(d: str, name: str) -> Optional[str]:
             continue
         done.add(key)
         try:
-            with open(os.path.join(_index(d)[key][2], "top_level.txt"), encoding="utf-8") as f:
+            with open(os.path.join(d, _index(d)[key][2], "top_level.txt"), encoding="utf-8") as f:
                 for line in f:
                     if line.strip():
                         got.setdefault(line.strip(), key)
@@ -146,7 +145,7 @@ def resolve(name: str, module: object) -> Optional[Tuple[str, str]]:
         hit = dists.get(key) if key is not None else None
     if hit is None:
         return None
-    version = hit[1] or _metadata_version(hit[2])
+    version = hit[1] or _metadata_version(os.path.join(d, hit[2]))
     return (hit[0], version) if version else None
 
 
