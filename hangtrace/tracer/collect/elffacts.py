@@ -134,6 +134,7 @@ def elf_soname(path: str) -> Optional[str]:
     """The ``DT_SONAME`` of ELF file ``path`` (its ``PT_DYNAMIC`` segment, through
     pyelftools), or None: none, not ELF, unreadable."""
     try:
+        from elftools.elf.dynamic import DynamicSegment
         from elftools.elf.elffile import ELFFile
 
         with open(path, "rb") as f:
@@ -141,7 +142,7 @@ def elf_soname(path: str) -> Optional[str]:
                 return None
             f.seek(0)
             for seg in ELFFile(f).iter_segments():
-                if seg["p_type"] == "PT_DYNAMIC":
+                if isinstance(seg, DynamicSegment):  # (what pyelftools makes of PT_DYNAMIC)
                     for tag in seg.iter_tags():
                         if tag.entry.d_tag == "DT_SONAME":
                             return str(tag.soname)
