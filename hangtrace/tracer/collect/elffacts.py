@@ -144,8 +144,9 @@ def elf_soname(path: str) -> Optional[str]:
             for seg in ELFFile(f).iter_segments():
                 if isinstance(seg, DynamicSegment):  # (what pyelftools makes of PT_DYNAMIC)
                     for tag in seg.iter_tags():
-                        if tag.entry.d_tag == "DT_SONAME":
-                            return str(tag.soname)
+                        if tag.entry.d_tag == "DT_SONAME":  # (pyelftools sets .soname on these)
+                            name = getattr(tag, "soname", None)
+                            return str(name) if name else None
     except Exception:  # (OSError, pyelftools' own errors on damaged files)
         return None
     return None
