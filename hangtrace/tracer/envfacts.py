@@ -43,7 +43,9 @@ class Mapping(NamedTuple):
 
 
 class Library(NamedTuple):
-    """A shared library that matters for distributed jobs, as mapped by the process.
+    """A shared library mapped by the process: in the record, the ones that matter for
+    distributed jobs (``hooks/env/envcollect.matters``); after the analysis reads the
+    record (``collect/elffacts.py``), every mapped shared object (issue 41).
 
     ``size``/``mtime_ns``/``inode`` identify the file as it was when recorded (bytes,
     ns since the epoch); ``build_id``: GNU build-id (hex) from the ELF note
@@ -57,6 +59,12 @@ class Library(NamedTuple):
     build_id: Optional[str] = None
     version: Optional[str] = None
     version_source: Optional[str] = None
+    #: why ``build_id`` is None when the analysis could not read the file (issue 41:
+    #: "vanished since the run", "not an ELF file", ...); None when read or never tried
+    note: Optional[str] = None
+    #: the ``DT_SONAME`` when the analysis compares the library under it (issue 41:
+    #: ``collect/elffacts.py``), else None; not part of the record
+    soname: Optional[str] = None
 
     @property
     def name(self) -> str:
@@ -64,17 +72,24 @@ class Library(NamedTuple):
 
     @property
     def key(self) -> str:
-        """The name without version suffix: ``libnccl.so.2.21.5`` -> ``libnccl.so``."""
-        n = self.name
-        i = n.find(".so")
-        return n[: i + 3] if i >= 0 else n
+        """The name (the soname when set) without version suffix: ``libnccl.so.2.21.5`` ->
+        ``libnccl.so``."""
+        return key_of(self.soname or self.name)
+
+
+def key_of(name: str) -> str:
+    """A library file name or soname without its version suffix: ``libnccl.so.2`` ->
+    ``libnccl.so``."""
+    i = name.find(".so")
+    return name[: i + 3] if i >= 0 else name
 
 
 class ProcessEnv(NamedTuple):
     """What one traced process was running. ``rank`` is -1 until joined with the ring
     (the loader fills it from the ring header: a rank is a process that joined a group).
     ``environ``: (name, value) pairs, secret-looking values already masked.
-    ``wall_ns``: when recorded (ns since the epoch); ``reason``: what triggered it."""
+    ``wall_ns``: when recorded (ns since the epoch); ``reason``: what triggered it;
+    ``files``/``packages``: see below (issue 41)."""
 
     host: str
     pid: int
@@ -89,6 +104,11 @@ class ProcessEnv(NamedTuple):
     wall_ns: int = 0
     reason: str = ""
     path: Optional[str] = None  # where it was read from (not part of the record)
+    #: (path, inode) of every mapped file, as /proc/PID/maps named them (issue 41; empty in
+    #: records of older versions)
+    files: Tuple[Tuple[str, int], ...] = ()
+    #: (distribution, version) of the imported Python packages (``hooks/env/pkgversions``)
+    packages: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -121,6 +141,8 @@ def to_json(pe: ProcessEnv) -> Dict[str, Any]:
             for lb in pe.libraries
         ],
         "mappings": [[m.start, m.end, m.offset, m.path] for m in pe.mappings],
+        "files": {p: str(i) for p, i in pe.files},
+        "packages": dict(pe.packages),
     }
 
 
@@ -165,6 +187,8 @@ def from_json(d: Dict[str, Any], path: Optional[str] = None) -> ProcessEnv:
         wall_ns=int(d.get("wall_ns", 0)),
         reason=str(d.get("reason", "")),
         path=path,
+        files=tuple(sorted((str(p), int(i)) for p, i in dict(d.get("files", {})).items())),
+        packages=tuple(sorted((str(k), str(v)) for k, v in dict(d.get("packages", {})).items())),
     )
 
 

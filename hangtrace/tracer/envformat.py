@@ -3,8 +3,8 @@
 ``RUN_DIR/env/<host>-<pid>.json`` is written by ``hooks/env/envcollect.py`` inside every
 traced process and read by ``tracer/collect/forensics.py`` into the typed records of
 ``tracer/envfacts.py`` (which re-exports everything here). This module holds only what
-the writer needs: the schema number, the directory name, the secret-masking rule and the
-job-relevant variable names. It imports nothing but ``os``: creating the typed records'
+the writer needs: the schema number, the directory name, the secret-masking rule, the
+job-relevant variable names and the names of the libraries that matter. It imports nothing but ``os``: creating the typed records'
 classes (``NamedTuple``) costs about 1 ms, which a traced process never needs to pay.
 """
 
@@ -45,3 +45,31 @@ def mask_environ(environ: Mapping[str, str]) -> Tuple[Tuple[str, str], ...]:
 def env_path(run_dir: str, host: str, pid: int) -> str:
     """``RUN_DIR/env/<host>-<pid>.json``: the record of process ``pid`` on ``host``."""
     return os.path.join(run_dir, ENV_DIR, "%s-%d.json" % (host, pid))
+
+
+#: Library names that matter (issue 12), matched at the start of the lower-cased file name;
+#: any name that mentions nccl or cuda matters too.
+_MATTER_PREFIXES = (
+    "libtorch",
+    "libc10",
+    "libnccl",
+    "libgloo",
+    "libcuda",
+    "libcudart",
+    "libnvidia-ml",
+    "libibverbs",
+    "libmpi",
+    "libpython",
+    "libc.so",
+    "libc-",
+)
+
+
+def matters(path: str) -> bool:
+    """True for libraries named in issue 12: torch, c10, NCCL, gloo, CUDA, NVML, ibverbs,
+    MPI, the Python runtime, libc, and any library whose name mentions nccl or cuda
+    (case-insensitive, on the file name). These get their build-id read in the traced
+    process and count as "(not loaded)" in env-diff where a rank lacks them; every other
+    mapped library is compared too (issue 41: ``tracer/collect/elffacts.py``)."""
+    n = os.path.basename(path).lower()
+    return n.startswith(_MATTER_PREFIXES) or "nccl" in n or "cuda" in n

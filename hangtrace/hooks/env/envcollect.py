@@ -1,8 +1,10 @@
 """The in-process half of issue 12's environment record: what this traced process is
-running - the executable file mappings (for naming a crashing frame after death), the
+running - the executable file mappings and their inodes (for naming a crashing frame after
+death; for any library's build-id, read at analysis time: issue 41), the
 libraries that matter with their GNU build-id (a few ``struct`` reads of the ELF program
 headers; pyelftools is *not* used here: importing it alone costs more than the whole
-record, ``benchmarks/bench_forensics.py``), versions and the masked job environment -
+record, ``benchmarks/bench_forensics.py``), versions, the installed versions of the
+imported Python packages (``pkgversions``) and the masked job environment -
 written to ``RUN_DIR/env/<host>-<pid>.json`` (contract: ``tracer/envfacts.py``).
 
 Called by ``hooks/env/envrecord.py`` at start-up and when torch is imported, so it is built
@@ -26,7 +28,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from hangtrace.hooks.env import pkgversions
 from hangtrace.tracer import envformat as EF
+from hangtrace.tracer.envformat import matters  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:  # pragma: no cover
     from hangtrace.tracer import envfacts as E
@@ -36,35 +40,11 @@ MapTuple = Tuple[int, int, int, str]
 #: A library as written in the record (the "libraries" items of the JSON, docs/FORMAT.md).
 LibDict = Dict[str, Any]
 
-#: Library names that matter (issue 12), matched at the start of the lower-cased file name;
-#: any name that mentions nccl or cuda matters too.
-_MATTER_PREFIXES = (
-    "libtorch",
-    "libc10",
-    "libnccl",
-    "libgloo",
-    "libcuda",
-    "libcudart",
-    "libnvidia-ml",
-    "libibverbs",
-    "libmpi",
-    "libpython",
-    "libc.so",
-    "libc-",
-)
 _matters: Dict[str, bool] = {}  # path -> matters(path), for every path seen by this process
 #: the candidate lines of the maps text read last by this process (or its parent before a
 #: fork): their parse, None for a line that is not an executable file mapping
 _exec: Dict[str, Optional[Tuple[MapTuple, str]]] = {}
 _dirs_made: set = set()  # env directories made by this process (or its parent before a fork)
-
-
-def matters(path: str) -> bool:
-    """True for libraries named in issue 12: torch, c10, NCCL, gloo, CUDA, NVML, ibverbs,
-    MPI, the Python runtime, libc, and any library whose name mentions nccl or cuda
-    (case-insensitive, on the file name)."""
-    n = os.path.basename(path).lower()
-    return n.startswith(_MATTER_PREFIXES) or "nccl" in n or "cuda" in n
 
 
 def name_version(name: str) -> Optional[str]:
@@ -290,6 +270,10 @@ def snapshot(
         "environ": dict(EF.mask_environ(os.environ)),
         "libraries": libs,
         "mappings": [m for m, _ in maps],
+        # every mapped file's inode as the maps name it: the analysis reads the build-id of
+        # any library later and must know the file is still the one mapped (issue 41)
+        "files": {m[3]: inode for m, inode in maps},
+        "packages": pkgversions.loaded_packages(),
     }  # (JSON arrays: tuples serialize as lists)
 
 

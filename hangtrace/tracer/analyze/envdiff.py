@@ -4,10 +4,12 @@ Input: :class:`hangtrace.tracer.envfacts.ProcessEnv` records (rank joined from t
 Output: typed frozen results; nothing here reads files or processes (symbol lookup is
 passed in as a function by the caller).
 
-- :func:`diff_env` groups processes by each fact (library build-id and stated version,
-  job environment variable, Python/torch/ray version) and keeps the facts on which they
-  disagree: "ranks 4–7 on host B: libnccl.so build-id 9f…, 2.21.5; the others: 2.23.4".
-- :func:`envdiff_evidence` gives the verdict's evidence line when the culprit differs
+- :func:`diff_env` groups processes by each fact (every mapped shared object by name:
+  path, build-id, stated version, ``analyze/libdiff.py``; the installed versions of the
+  imported Python packages; job environment variable; Python/torch/ray version) and keeps
+  the facts on which they disagree: "ranks 4–7 on host B: libnccl.so build-id 9f…, 2.21.5;
+  the others: 2.23.4".
+- :func:`envdiff_evidence` gives the verdict's evidence lines when the culprit differs
   from its peers.
 - :func:`fatal_frame_library` names library and symbol of the frame that took a fatal
   signal, from the kernel's fault line and the mappings recorded while the process lived.
@@ -15,9 +17,11 @@ passed in as a function by the caller).
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
+from hangtrace.tracer.analyze.libdiff import LibFile, build_id_known, files_of, files_text, library_line
 from hangtrace.tracer.envfacts import Mapping, ProcessEnv
+from hangtrace.tracer.envformat import matters
 
 NOT_LOADED = "(not loaded)"
 UNSET = "(unset)"
@@ -32,10 +36,12 @@ class Member:
 
 @dataclass(frozen=True)
 class Group:
-    """Processes sharing one ``value`` of a fact."""
+    """Processes sharing one ``value`` of a fact; for a library, ``files`` are what they map
+    under its name (None: not loaded; see ``analyze/libdiff.py``)."""
 
     value: str
     members: Tuple[Member, ...]
+    files: Optional[Tuple[LibFile, ...]] = None
 
     @property
     def ranks(self) -> Tuple[int, ...]:
@@ -48,9 +54,9 @@ class Group:
 
 @dataclass(frozen=True)
 class Difference:
-    """One fact on which processes disagree. ``kind``: 'library' | 'environment' |
-    'version'; ``name``: library key (``libnccl.so``), variable or package name;
-    ``groups``: largest group last (the majority, rendered as "the others")."""
+    """One fact on which processes disagree. ``kind``: 'library' | 'package' | 'version' |
+    'environment'; ``name``: library key (``libnccl.so``), distribution, variable or
+    version name; ``groups``: largest group last (the majority, rendered as "the others")."""
 
     kind: str
     name: str
@@ -61,45 +67,64 @@ class Difference:
 class EnvDiff:
     """``processes``: how many were compared (ranks when any are known, else all);
     ``facts``: how many facts were compared; ``differences`` in report order
-    (libraries, versions, environment)."""
+    (libraries, packages, versions, environment)."""
 
     processes: int
     facts: int
     differences: Tuple[Difference, ...]
 
 
-def _lib_value(libs: List[Any]) -> str:
-    parts = []
-    for lb in sorted(libs, key=lambda x: x.path):
-        v = "build-id %s" % lb.build_id if lb.build_id else "no build-id, %s (%d bytes)" % (lb.path, lb.size)
-        if lb.version:
-            v += ", %s" % lb.version
-        parts.append(v)
-    return "; ".join(parts)
+#: a fact's value in one process: a string, a library's files, or None (left out)
+Value = Union[str, Tuple[LibFile, ...], None]
+#: packages whose version is a fact of its own ("version" kind: the module's __version__)
+_VERSIONED = ("torch", "ray")
 
 
 def facts_of(pe: ProcessEnv) -> Dict[Tuple[str, str], str]:
-    """``{(kind, name): value}`` for one process (kinds as in :class:`Difference`)."""
+    """``{(kind, name): value}`` for one process: versions, imported packages and job
+    environment (kinds as in :class:`Difference`; libraries: :func:`library_facts`)."""
     out: Dict[Tuple[str, str], str] = {
         ("version", "python"): pe.python or UNSET,
         ("version", "torch"): pe.torch or "(not imported)",
         ("version", "ray"): pe.ray or "(not imported)",
     }
-    libs: Dict[str, List[Any]] = {}
-    for lb in pe.libraries:
-        libs.setdefault(lb.key, []).append(lb)
-    for k, group in libs.items():
-        out[("library", k)] = _lib_value(group)
+    for name, version in pe.packages:
+        if name.lower() not in _VERSIONED:
+            out[("package", name)] = version
     for k, val in pe.environ:
         out[("environment", k)] = val
     return out
 
 
-def _missing(kind: str) -> str:
-    return NOT_LOADED if kind == "library" else UNSET
+def library_facts(procs: Sequence[ProcessEnv]) -> Dict[Tuple[str, str], List[Value]]:
+    """``{("library", key): [files of each process]}``: what each of ``procs`` maps under
+    each library key, build-ids compared only where known for every process mapping it;
+    a process that does not map it is ``()`` ("(not loaded)") for the libraries that matter
+    (``envformat.matters``) and None (left out of that comparison) for any other (ranks
+    load plugins and extensions at different moments: presence alone is no difference)."""
+    per: List[Dict[str, List[Any]]] = []
+    for pe in procs:
+        d: Dict[str, List[Any]] = {}
+        for lb in pe.libraries:
+            d.setdefault(lb.key, []).append(lb)
+        per.append(d)
+    out: Dict[Tuple[str, str], List[Value]] = {}
+    for key in sorted({k for d in per for k in d}):
+        ids = all(build_id_known(lb) for d in per for lb in d.get(key, ()))
+        empty: Value = () if matters(key) else None
+        out[("library", key)] = [files_of(d[key], ids) if key in d else empty for d in per]
+    return out
 
 
-_ORDER = {"library": 0, "version": 1, "environment": 2}
+def _text(kind: str, v: Value) -> str:
+    if isinstance(v, tuple):
+        return files_text(v) if v else NOT_LOADED
+    return UNSET if v is None else v
+
+
+_ORDER = {"library": 0, "package": 1, "version": 2, "environment": 3}
+#: what a process without the fact is compared as (None: left out of that comparison)
+_MISSING = {"environment": UNSET, "version": UNSET}
 
 
 def _compared(envs: Sequence[ProcessEnv]) -> List[ProcessEnv]:
@@ -109,23 +134,30 @@ def _compared(envs: Sequence[ProcessEnv]) -> List[ProcessEnv]:
 
 def diff_env(envs: Sequence[ProcessEnv]) -> EnvDiff:
     """Differences across the ranks (helpers with rank -1 are left out when ranks are
-    known). A fact missing from a process counts as '(not loaded)' / '(unset)'."""
+    known). An environment variable missing from a process counts as '(unset)', a library
+    that matters as '(not loaded)'; other libraries and packages are compared among the
+    processes that loaded them."""
     procs = _compared(envs)
     facts = [facts_of(pe) for pe in procs]
-    keys = sorted({k for f in facts for k in f}, key=lambda k: (_ORDER.get(k[0], 9), k[1]))
+    table: Dict[Tuple[str, str], List[Value]] = library_facts(procs)
+    for key in {k for f in facts for k in f}:
+        table[key] = [f.get(key, _MISSING.get(key[0])) for f in facts]
     diffs = []
-    for key in keys:
-        by_value: Dict[str, List[Member]] = {}
-        for pe, f in zip(procs, facts):
-            by_value.setdefault(f.get(key, _missing(key[0])), []).append(Member(pe.rank, pe.host, pe.pid))
+    for key in sorted(table, key=lambda k: (_ORDER.get(k[0], 9), k[1])):
+        by_value: Dict[str, Tuple[Value, List[Member]]] = {}
+        for pe, v in zip(procs, table[key]):
+            if v is None and key[0] in ("library", "package"):
+                continue
+            got = by_value.setdefault(_text(key[0], v), (v, []))
+            got[1].append(Member(pe.rank, pe.host, pe.pid))
         if len(by_value) < 2:
             continue
         groups = sorted(
-            (Group(v, tuple(m)) for v, m in by_value.items()),
+            (Group(text, tuple(m), v if isinstance(v, tuple) else None) for text, (v, m) in by_value.items()),
             key=lambda g: (len(g.members), -min(x.rank for x in g.members)),
         )
         diffs.append(Difference(key[0], key[1], tuple(groups)))
-    return EnvDiff(processes=len(procs), facts=len(keys), differences=tuple(diffs))
+    return EnvDiff(processes=len(procs), facts=len(table), differences=tuple(diffs))
 
 
 def rank_ranges(ranks: Sequence[int]) -> str:
@@ -160,46 +192,82 @@ def short(value: str, width: int = 12) -> str:
     return re.sub(r"build-id ([0-9a-f]{%d})[0-9a-f]+" % width, r"build-id \1…", value)
 
 
+def _who_ranks(ranks: Sequence[int]) -> str:
+    return ("rank %d" % ranks[0]) if len(ranks) == 1 else "ranks %s" % rank_ranges(ranks)
+
+
+def _alike(g: Group, culprits: Set[int]) -> str:
+    """`` (as did ranks 4–6)``: the other ranks of a culprit's group, or ""."""
+    others = sorted(set(g.ranks) - culprits)
+    return " (as did %s)" % _who_ranks(others) if others else ""
+
+
+def _against_peers(d: Difference, culprits: Set[int]) -> Optional[Tuple[List[Group], Group]]:
+    """(the culprits' groups whose value differs from the peers', the peers' group: the one
+    with most other ranks), or None when the culprits do not differ on ``d``."""
+    peers = [(len(set(g.ranks) - culprits), g) for g in d.groups if set(g.ranks) - culprits]
+    if not peers:
+        return None
+    peer = max(peers, key=lambda t: t[0])[1]
+    mine = [g for g in d.groups if culprits & set(g.ranks) and g.value != peer.value]
+    return (mine, peer) if mine else None
+
+
 def envdiff_evidence(
     facts: Union[Sequence[ProcessEnv], EnvDiff], culprit_ranks: Sequence[int], limit: int = 4
 ) -> List[str]:
-    """One evidence line when the culprit ranks' libraries, versions or job environment
-    differ from their peers' (the majority value of the other ranks), else [].
+    """The evidence lines when the culprit ranks differ from their peers (the other ranks'
+    majority value), else []: one line per library (issue 41: "rank 1 loaded libhtprobe.so
+    from /a/lib (build-id 3f2a…) where ranks 0, 2–3 loaded it from /b/lib (build-id
+    9c1e…)"), then one line for packages, versions and environment ("rank 1 runs
+    differently from its peers: numpy 2.0.1 (peers: 1.26.4); NCCL_P2P_DISABLE=1 (peers:
+    0)").
 
-    ``facts``: the run's env records (rank joined) or a ready :class:`EnvDiff`;
-    ``culprit_ranks``: global ranks from the verdict. At most ``limit`` differences are
-    named, libraries first."""
+    ``facts``: the run's env records (rank joined, libraries as ``collect.elffacts``
+    gives them) or a ready :class:`EnvDiff`; ``culprit_ranks``: global ranks from the
+    verdict. At most ``limit`` library lines and ``limit`` differences in the last line;
+    the rest are counted ("hangtrace env-diff" shows them)."""
     diff = facts if isinstance(facts, EnvDiff) else diff_env(facts)
     culprits = set(culprit_ranks)
     if not culprits:
         return []
-    parts = []
+    libs, parts = [], []
     for d in diff.differences:
-        mine = [g for g in d.groups if culprits & set(g.ranks)]
-        peers = [(len(set(g.ranks) - culprits), g) for g in d.groups if set(g.ranks) - culprits]
-        if not mine or not peers:
+        got = _against_peers(d, culprits)
+        if got is None:
             continue
-        peer = max(peers, key=lambda t: t[0])[1]
-        values = [g.value for g in mine if g.value != peer.value]
-        if not values:
+        mine, peer = got
+        others = sorted(set(peer.ranks) - culprits)
+        if d.kind == "library":
+            who_files = [
+                (_who_ranks(sorted(culprits & set(g.ranks))) + _alike(g, culprits), g.files) for g in mine
+            ]
+            libs.append(library_line(d.name, who_files, _who_ranks(others), peer.files))
             continue
+        values = " / ".join(g.value for g in mine)
         label = d.name if d.kind != "environment" else "%s=" % d.name
         sep = "" if d.kind == "environment" else " "
-        parts.append("%s%s%s (peers: %s)" % (label, sep, short(" / ".join(values)), short(peer.value)))
-    if not parts:
-        return []
-    more = "; and %d more (hangtrace env-diff)" % (len(parts) - limit) if len(parts) > limit else ""
-    return [
-        "rank%s %s run%s differently from %s peers: %s%s"
-        % (
-            "s" if len(culprits) > 1 else "",
-            rank_ranges(sorted(culprits)),
-            "" if len(culprits) > 1 else "s",
-            "their" if len(culprits) > 1 else "its",
-            "; ".join(parts[:limit]),
-            more,
+        parts.append("%s%s%s (peers: %s)" % (label, sep, short(values), short(peer.value)))
+    out = libs[:limit]
+    if len(libs) > limit:
+        out.append(
+            "and %d more librar%s differ (hangtrace env-diff)"
+            % (len(libs) - limit, "ies" if len(libs) - limit > 1 else "y")
         )
-    ]
+    if parts:
+        more = "; and %d more (hangtrace env-diff)" % (len(parts) - limit) if len(parts) > limit else ""
+        out.append(
+            "rank%s %s run%s differently from %s peers: %s%s"
+            % (
+                "s" if len(culprits) > 1 else "",
+                rank_ranges(sorted(culprits)),
+                "" if len(culprits) > 1 else "s",
+                "their" if len(culprits) > 1 else "its",
+                "; ".join(parts[:limit]),
+                more,
+            )
+        )
+    return out
 
 
 @dataclass(frozen=True)

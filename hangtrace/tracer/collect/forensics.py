@@ -10,9 +10,10 @@ Two halves, both impure:
   ``RUN_DIR/env/<host>-<pid>.json``. About 1–5 ms per call (``benchmarks/
   bench_forensics.py``); never raises. pyelftools is *not* used here: importing it alone
   costs more than the whole record (measured in the same benchmark).
-- **out of process** (``load_env``, ``enrich``, ``symbolize``): pyelftools reads what a
-  library states about itself (NCCL's "NCCL version" string), build-ids the fast reader
-  missed, and the symbol table entry that holds a code offset.
+- **out of process** (``load_env``, ``enrich``, ``symbolize``; ``elffacts``): pyelftools
+  reads what a library states about itself (NCCL's "NCCL version" string), build-ids the
+  fast reader missed, the build-ids of any other mapped library that the ranks map from
+  different files (issue 41), and the symbol table entry that holds a code offset.
 
 Module import is light (stdlib only); pyelftools is imported inside the functions that need it.
 """
@@ -24,6 +25,7 @@ import socket
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer import envfacts as E
+from hangtrace.tracer.collect.elffacts import every_library
 
 from hangtrace.hooks.env.envcollect import (  # noqa: F401 (the in-process half, re-exported)
     _build_id_in_notes,
@@ -192,7 +194,10 @@ def kernel_fault_text(pid: int, read_log: Optional[Callable[[], Tuple[list, str]
 
 def run_env(path: str, enrich_local: bool = True) -> Tuple[List[E.ProcessEnv], List[str]]:
     """The env records of a run directory or stored snapshot (a snapshot without its own
-    ``env/`` reads its run directory's), ranks joined from the ring headers and, with
+    ``env/`` reads its run directory's), ranks joined from the ring headers, ``libraries``
+    made every mapped shared object (``elffacts.every_library``: the build-ids of the
+    libraries mapped from more than one file read here; a note per file it could not
+    read, in the error lines) and, with
     ``enrich_local``, pyelftools facts added for this host's libraries (:func:`enrich`).
     Returns ``(records, error lines)``; never raises for unreadable files."""
     from hangtrace.tracer.collect import rings
@@ -214,7 +219,8 @@ def run_env(path: str, enrich_local: bool = True) -> Tuple[List[E.ProcessEnv], L
         ranks = {(p.host, p.pid): (p.rank if model.ranks.get(p.rank) is p else -1) for p in snap.processes}
     except Exception as e:  # no ring: compare without ranks
         errors.append("ranks unknown (%s): processes are named by pid" % e)
-    envs = with_ranks(envs, ranks)
+    envs, notes = every_library(with_ranks(envs, ranks))
+    errors += notes
     if enrich_local:
         envs = [enrich(pe) for pe in envs]
     return envs, errors
