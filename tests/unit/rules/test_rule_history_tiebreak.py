@@ -179,3 +179,58 @@ def test_gloos_size_check_abort_at_a_call_routine_in_the_loop_names_the_peer_tha
         and "rank 1 skipped it" in d.details["size_abort"]["how"]
     )
     assert "which is not the rank that changed" in d.summary, d.summary
+
+
+def accelerate(b):
+    """Accelerate + DDP as recorded (2026-12-07, acc_rank0_barrier): set-up barrier, gather,
+    broadcasts; DDP's bucket all-reduce per step and `accelerator.gather` of the loss every 5
+    steps; the first step's bucket rebuild breaks the rhythm, so the stream repeats its step
+    only once before step 10 (no repeating step for the period search)."""
+    b.coll(op="barrier", numel=0)
+    b.coll(op="all_gather", dtype="float32", numel=1)
+    b.coll(op="broadcast", dtype="int64", numel=12, peer=0)
+    b.coll(op="broadcast", dtype="float32", numel=4740, peer=0)
+    b.coll(op="broadcast", dtype="float32", numel=5056, peer=0)
+    bucket(b, numel=4740)
+    b.coll(op="broadcast", dtype="int64", numel=5, peer=0)
+    b.coll(op="broadcast", dtype="int64", numel=1, peer=0)
+    for _ in range(4):
+        bucket(b, numel=4740)
+    b.coll(op="all_gather", dtype="float32", numel=1)
+    for _ in range(5):
+        bucket(b, numel=4740)
+    b.coll(op="all_gather", dtype="float32", numel=1)
+
+
+def test_without_a_repeating_step_a_barrier_never_issued_since_the_loop_began_names_rank_0():
+    """acc_rank0_barrier: `accelerator.wait_for_everyone()` under `if is_main_process` at step
+    10 against rank 1's next bucket all-reduce; the loop's own collective (10 of its 14 since
+    it began) against one issued only before the loop (the set-up barrier)."""
+    r0, r1 = plain(0), plain(1)
+    for b in (r0, r1):
+        accelerate(b)
+    r0.wait(op="barrier", numel=0)
+    bucket(r1, numel=4740, state="issued")
+    d = check(diagnose(snap([r0, r1])), "collective-mismatch", [0])
+    line = next(e for e in d.evidence if e.startswith("tie broken by each rank's own history"))
+    assert "rank 0's barrier" in line and "since its loop began" in line, line
+    assert "its last one was seq 1, before that loop" in line, line
+    assert "rank 1's all_reduce" in line and "its loop's own collective" in line, line
+
+
+def test_without_a_repeating_step_a_skipped_step_stays_undecided():
+    """acc_skip_step: rank 1 skipped step 10 (its bucket and the gather); at the gather's seq
+    rank 0 gathers and rank 1 all-reduces step 11's bucket. Both are collectives their loops
+    issue; without steps nothing tells the place: both named, and the line says why."""
+    r0, r1 = plain(0), plain(1)
+    for b in (r0, r1):
+        accelerate(b)
+        for _ in range(4):
+            bucket(b, numel=4740)
+    bucket(r0, numel=4740)
+    r0.wait(op="all_gather", dtype="float32", numel=1)
+    bucket(r1, numel=4740)
+    bucket(r1, numel=4740, state="issued")
+    d = diagnose(snap([r0, r1]))
+    assert d.kind == "collective-mismatch" and d.culprit_ranks == [0, 1], d.summary
+    assert any("history cannot decide" in e for e in d.evidence), d.evidence

@@ -31,6 +31,12 @@ torch. Its status for the rank:
 * ``out-of-place``: the loop issues it, but not at this place (a collective skipped);
 * ``unknown``: fewer than two earlier steps, or no repeating stream.
 
+Without a repeating stream (an extra collective every few steps, cut before it repeated),
+a loop is still seen where one collective is at least half of the stream from its first
+issue on (``_by_frequency``): a collective never issued since is *new*, the loop's own one
+*recurring* (Accelerate's rank-0-only ``wait_for_everyone`` at step 10 against DDP's bucket
+all-reduce, measured 2026-12-07); a skipped step it cannot tell without steps.
+
 The rank whose collective is new or out of place is the one that changed when every other
 rank's is routine or recurring: the one waiting in a collective its every step issued is its victim. A
 changed rank whose collective is outside the phases its loop's collectives ran in (its
@@ -61,6 +67,9 @@ MAX_PERIOD = 32
 #: a run's first collectives are set-up (DDP's parameter broadcasts, barriers), and two
 #: equal ones are a start, not yet a loop
 MIN_PERIODS = 3
+#: without a repeating step, a loop is one collective issued this many times or more, at
+#: least half of the stream from its first issue on (``_by_frequency``)
+MIN_LOOP_ISSUES = 4
 _TORCH_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3")
 
 Key = Tuple[Any, ...]
@@ -190,6 +199,9 @@ def habit(ctx: Ctx, r: int, group: Any, rec: Record) -> Habit:
     else:
         found = _by_period(before, key)
     if found is None or not found[0]:
+        freq = _by_frequency(r, group, rec, before, key) if by == "period" else None
+        if freq is not None:  # (records with steps but too few of them: unknown, as before)
+            return freq
         return Habit(
             r, group, seq, rec.get("op"), UNKNOWN, 0, 0, "", False, None, _unknown_text(r, rec, before)
         )
@@ -203,6 +215,52 @@ def habit(ctx: Ctx, r: int, group: Any, rec: Record) -> Habit:
     per = len(steps[-1])
     h = Habit(r, group, seq, rec.get("op"), status, len(steps), per, by, left, max(prior, default=None), "")
     return replace(h, text=_text(h, rec, loop))
+
+
+def _by_frequency(r: int, group: Any, rec: Record, before: List[Record], key: Any) -> Optional[Habit]:
+    """No repeating step (a loop with an extra collective every few steps, cut before it
+    repeated ``MIN_PERIODS`` times: Accelerate's gather every 5 steps, a job that went wrong
+    at step 10), yet a loop: one collective (DDP's bucket all-reduce) is at least half of
+    the stream from its first issue on, ``MIN_LOOP_ISSUES`` times or more. Then a collective
+    never issued since that start is *new* (a rank-0-only barrier; the set-up barriers came
+    before), the loop's own collective or one issued twice or more since is *recurring*;
+    anything else stays unknown (None). Never *out-of-place*: without a step, a place is
+    not known."""
+    ks = [key(x) for x in before]
+    if not ks:
+        return None
+    main = max(set(ks), key=ks.count)
+    start = ks.index(main)
+    loop = ks[start:]
+    n_main = loop.count(main)
+    if n_main < MIN_LOOP_ISSUES or 2 * n_main < len(loop):
+        return None
+    k = key(rec)
+    seq = int(rec.get("seq") or 0)
+    first = int(before[start].get("seq") or 0)
+    main_desc = desc_rec(before[start])
+    if k not in loop:
+        prior = [int(x.get("seq") or 0) for x in before[:start] if key(x) == k]
+        text = (
+            "rank %d's %s was issued by none of its %d collective(s) since its loop began "
+            "(no repeating step; its loop's collective, %s, from seq %d, %d times)"
+            % (r, desc_rec(rec), len(loop), main_desc, first, n_main)
+        )
+        if prior:
+            text += "; its last one was seq %d, before that loop" % max(prior)
+        return Habit(
+            r, group, seq, rec.get("op"), NEW, n_main, 0, "frequency", False, max(prior, default=None), text
+        )
+    if k == main or loop.count(k) >= 2:
+        text = "rank %d's %s is one its loop issued %d time(s) since seq %d (no repeating step; %s)" % (
+            r,
+            desc_rec(rec),
+            loop.count(k),
+            first,
+            "its loop's own collective" if k == main else "its loop's collective is %s" % main_desc,
+        )
+        return Habit(r, group, seq, rec.get("op"), RECURRING, n_main, 0, "frequency", False, None, text)
+    return None
 
 
 def _status(steps: List[List[Key]], place: int, k: Key, in_loop: Any) -> str:
