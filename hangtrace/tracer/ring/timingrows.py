@@ -3,7 +3,9 @@ analysis reads, without a dict per record. Pure.
 
 In: ``RingSummary.history`` - raw slots (``slotsummary.LazyRecords``, read field by field
 here, only the slots asked for) or record dicts (synthetic snapshots, rings joined with
-torch's Flight Recorder). Out: :class:`Row` tuples. Times are ns: ``t_wall_ns`` the Unix
+torch's Flight Recorder; our collectives newer than the dump, ``fr_unmatched``, are left
+out: ``ring/frrecords.merge_records`` numbers them all after the last entry, so their seq
+is no instance any other rank shares). Out: :class:`Row` tuples. Times are ns: ``t_wall_ns`` the Unix
 epoch, ``t_mono_ns`` the writer host's CLOCK_MONOTONIC (0 when unknown: a Flight Recorder
 entry), ``dur_ns`` issue to completion on one clock (-1 when unknown: still issued, async,
 or a Flight Recorder entry).
@@ -97,6 +99,8 @@ def rows(history: Sequence[Any], kinds: Sequence[str] = (), newest: int = 0) -> 
                     break
         return out
     for r in reversed(history):
+        if r.get("fr_unmatched"):
+            continue  # ours, newer than the rank's Flight Recorder dump: its seq is not torch's
         if not kinds or r.get("kind") in kinds:
             out.append(_row_of_dict(r))
             if newest and len(out) >= newest:

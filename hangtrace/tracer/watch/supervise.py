@@ -145,6 +145,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     old: Dict[int, Any] = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     w = Watcher(run_dir, stall_s=opts.stall_s, clock=time.monotonic)
     w.log = log
+    w.straggler_echo = log  # issue 43: the straggler lines go to the watcher log file and here
     poll = (
         opts.poll_s
         if opts.poll_s is not None
@@ -155,6 +156,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
         while True:
             try:
                 rc = child.wait(timeout=poll)
+                w.stragglers.close("the job ended")
                 break
             except subprocess.TimeoutExpired:
                 pass

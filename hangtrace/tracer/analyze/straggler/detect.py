@@ -87,14 +87,15 @@ def mad(xs: Sequence[float]) -> float:
 def units(inst: Instances, newest: int) -> List[List[int]]:
     """The newest ``newest`` steps of ``inst`` as lists of instance indices (a step's
     collectives are judged together: the first one after the slow work absorbs the wait);
-    each instance is its own unit when a record has no step number."""
+    instances without a step number (before the job's first ``tracer.step``) are left out,
+    and each instance is its own unit when none has one."""
     steps = [rs[0].step for rs in inst.by_rank]
-    if any(s is None for s in steps):
+    if all(s is None for s in steps):
         return [[i] for i in range(len(steps))][-newest:]
     out: Dict[int, List[int]] = {}
     for i, s in enumerate(steps):
-        assert s is not None
-        out.setdefault(s, []).append(i)
+        if s is not None:
+            out.setdefault(s, []).append(i)
     return [out[k] for k in sorted(out)][-newest:]
 
 
@@ -138,7 +139,7 @@ def candidate(inst: Instances) -> Optional[Candidate]:
     gaps = sum(max(0.0, inst.arrival[i][col] - max(_others(inst.arrival[i], col))) for i in idx)
     margin = _median(margins) / 1e6
     noise = MAD_SD * mad(spread) / 1e6 if n > 2 else 0.0
-    st, steps = step_ms(inst, idx, col)
+    st, steps = step_ms(inst, idx)
     threshold = max(Z * noise, FLOOR_MS, FLOOR_PCT / 100.0 * st if st else 0.0)
     if margin <= threshold:
         return None

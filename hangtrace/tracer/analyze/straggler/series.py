@@ -85,12 +85,12 @@ def instances(
     return Instances(group, ranks, seqs, tuple(arrival), tuple(wall), tuple(by_rank))
 
 
-def step_ms(inst: Instances, idx: Sequence[int], col: int) -> Tuple[Optional[float], int]:
+def step_ms(inst: Instances, idx: Sequence[int]) -> Tuple[Optional[float], int]:
     """``(the step time in ms, steps)`` over instances ``idx`` (indices into ``inst.seqs``) as
-    the rank of column ``col`` numbered them: the median wall time between the first
+    the first member numbered them (as ``detect.units`` does): the median wall time between the first
     instances of consecutive steps, per step; without step numbers, between consecutive
     instances (a "step" is then one collective). ``steps``: distinct steps (or instances)."""
-    steps = [inst.by_rank[i][col].step for i in idx]
+    steps = [inst.by_rank[i][0].step for i in idx]
     if steps and all(s is not None for s in steps):
         first: Dict[int, int] = {}
         for i, s in zip(idx, steps):

@@ -12,6 +12,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 from hangtrace.tracer.report.timeline.events import ProcessEvents
 from hangtrace.tracer.report.timeline.model import Clock, Event, FlowRefs, Mark, Threads, TimelineOptions
 from hangtrace.tracer.report.timeline.model import Track, assign_tracks, end_wall_ns, host_offsets
+from hangtrace.tracer.report.timeline.model import straggler_of
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 #: Version of the trace's ``otherData`` block (bumped when its keys change meaning).
@@ -267,7 +268,9 @@ def build_timeline(
     lo, hi = _window(procs, clock0, opts, t_first, t_last)
     clock = Clock(offsets, max(t_first, lo))
     diag = diagnosis or {}
-    tracks, by_key = assign_tracks(procs, diag.get("culprit_ranks") or (), diag.get("culprit_actors") or ())
+    slow = straggler_of(procs, diagnosis) or {}  # issue 43: its track is marked
+    cr, ca = diag.get("culprit_ranks") or (), diag.get("culprit_actors") or ()
+    tracks, by_key = assign_tracks(procs, cr, ca, slow.get("rank"))
     tracks, by_key = _keep_ranks(tracks, by_key, opts.ranks)
     procs = [p for p in procs if p.key in by_key]
     total = sum(len(p.records) for p in procs)
@@ -290,6 +293,8 @@ def build_timeline(
     other = _other_data(
         snap, diag, opts, clock, (len(procs), len(tracks)), (per_proc_budget, dropped, total), source
     )
+    if slow:
+        other["straggler"] = slow
     return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
 
 
