@@ -3,9 +3,10 @@ analysis reads, without a dict per record. Pure.
 
 In: ``RingSummary.history`` - raw slots (``slotsummary.LazyRecords``, read field by field
 here, only the slots asked for) or record dicts (synthetic snapshots, rings joined with
-torch's Flight Recorder; our collectives newer than the dump, ``fr_unmatched``, are left
-out: ``ring/frrecords.merge_records`` numbers them all after the last entry, so their seq
-is no instance any other rank shares). Out: :class:`Row` tuples. Times are ns: ``t_wall_ns`` the Unix
+torch's Flight Recorder). Out: :class:`Row` tuples. Our collectives newer than a rank's
+dump (``fr_unmatched``: ``ring/frrecords.merge_records`` gives them all the seq of the last
+entry) keep our own seq, plus :data:`OURS`: every rank counts its Python calls alike, and
+they sort after torch's numbers (a job analysed long after its dump has no other). Times are ns: ``t_wall_ns`` the Unix
 epoch, ``t_mono_ns`` the writer host's CLOCK_MONOTONIC (0 when unknown: a Flight Recorder
 entry), ``dur_ns`` issue to completion on one clock (-1 when unknown: still issued, async,
 or a Flight Recorder entry).
@@ -13,6 +14,7 @@ or a Flight Recorder entry).
 
 from __future__ import annotations
 
+import struct
 from typing import Any, List, NamedTuple, Optional, Sequence
 
 from hangtrace.tracer.ring.layout import (
@@ -25,6 +27,9 @@ from hangtrace.tracer.ring.layout import (
     SLOT_SIZE,
 )
 from hangtrace.tracer.ring.layout import F_ASYNC
+
+#: added to our own seq of a collective newer than the Flight Recorder dump (module docstring)
+OURS = 1 << 40
 
 _KIND = {K_COLL: "collective", K_PHASE_ENTER: "phase_enter", K_PHASE_EXIT: "phase_exit", K_STEP: "step"}
 
@@ -42,19 +47,13 @@ class Row(NamedTuple):
     dur_ns: int
 
 
-def _row_of_slot(t: Any, strings: Any) -> Row:
-    kind, flags, group, seq, phase, step, t_mono, t_wall, state, t_end = (
-        t[1],
-        t[2],
-        t[5],
-        t[6],
-        t[11],
-        t[12],
-        t[13],
-        t[14],
-        t[15],
-        t[17],
-    )
+#: the slot fields a row needs, from offset 8 (``layout.SLOT``): kind, flags, group, seq,
+#: phase, step, t_mono, t_wall, state, t_end - one unpack, no dict
+_FIELDS = struct.Struct("<BB2xIq8x4x4x4xIqQQB3x4xQ")
+
+
+def _row_of_slot(raw: bytes, off: int, strings: Any) -> Row:
+    kind, flags, group, seq, phase, step, t_mono, t_wall, state, t_end = _FIELDS.unpack_from(raw, off + 8)
     done = state == S_COMPLETED and t_end and t_end >= t_mono and not flags & F_ASYNC
     return Row(
         _KIND.get(kind, str(kind)),
@@ -69,12 +68,15 @@ def _row_of_slot(t: Any, strings: Any) -> Row:
 
 
 def _row_of_dict(r: Any) -> Row:
+    seq = int(r.get("seq") or 0)
+    if r.get("fr_unmatched"):  # ours, newer than the Flight Recorder dump: our own numbering, after torch's
+        seq = OURS + int(r.get("seq_ours") or 0)
     t_mono, t_end = r.get("t_mono_ns") or 0, r.get("t_end_mono_ns") or 0
     done = r.get("state") == "completed" and t_end and t_mono and t_end >= t_mono and not r.get("async_op")
     return Row(
         str(r.get("kind")),
         r.get("group"),
-        int(r.get("seq") or 0),
+        seq,
         r.get("step"),
         r.get("phase"),
         int(r.get("t_wall_ns") or 0),
@@ -94,13 +96,11 @@ def rows(history: Sequence[Any], kinds: Sequence[str] = (), newest: int = 0) -> 
         kbytes = raw[8::SLOT_SIZE]
         for i in range(len(kbytes) - 1, -1, -1):
             if kbytes[i] in want:
-                out.append(_row_of_slot(SLOT.unpack_from(raw, i * SLOT_SIZE), strings))
+                out.append(_row_of_slot(raw, i * SLOT_SIZE, strings))
                 if newest and len(out) >= newest:
                     break
         return out
     for r in reversed(history):
-        if r.get("fr_unmatched"):
-            continue  # ours, newer than the rank's Flight Recorder dump: its seq is not torch's
         if not kinds or r.get("kind") in kinds:
             out.append(_row_of_dict(r))
             if newest and len(out) >= newest:

@@ -6,11 +6,13 @@ point in its own history) and a phase name.
 
 *Since when*: over the longest stretch its history shares with the reference members, the
 series of its arrival minus their median arrival per step (``detect.units``); each step is
-slow when that exceeds half the candidate's margin. The change point is the instance that splits the series into a
+slow when that exceeds the threshold the decision used (``detect``: 3 x the others' noise, the
+floors). The change point is the instance that splits the series into a
 mostly-not-slow part before and a mostly-slow part after (it maximises the count of slow
-minus not-slow steps from it on: a sign-based change point, robust to outliers). No
-change point (slow from its oldest recorded step on): unknown (None), unless that step
-holds the group's first collective.
+minus not-slow steps from it on: a sign-based change point, robust to outliers), with at
+least :data:`MIN_BEFORE` steps before it of which at most a third are slow. No such change
+point (slow from its oldest recorded steps on): unknown (None; the report says "since before
+step N", the oldest compared), unless the oldest step holds the group's first collective.
 
 *Phase*: per phase, its own time in the phase per slow step (phase exit minus enter on its
 own clock, minus its time inside collectives recorded in that phase: the waiting) against
@@ -31,6 +33,8 @@ from hangtrace.tracer.ring.timingrows import Row, rows
 
 #: other members read for the change point and the phase comparison
 MAX_REF = 16
+#: steps before a change point, at most a third of them slow (fewer: not told from noise)
+MIN_BEFORE = 4
 
 
 def reference(cand: Candidate) -> List[int]:
@@ -51,7 +55,7 @@ def since(cand: Candidate, histories: Mapping[int, Sequence[Any]]) -> Tuple[Opti
     if inst is None or cand.rank not in inst.ranks:
         return None, None
     col = inst.ranks.index(cand.rank)
-    mid = cand.margin_ms * 1e6 / 2.0
+    mid = cand.threshold_ms * 1e6
     us = units(inst, HISTORY)
     slow = []
     for row in unit_arrivals(inst, us):
@@ -64,7 +68,7 @@ def since(cand: Candidate, histories: Mapping[int, Sequence[Any]]) -> Tuple[Opti
             best, k = acc, i
     steps = [inst.by_rank[u[0]][col].step for u in us]
     oldest = steps[0] if steps else None
-    if k >= 2 and k < len(slow):
+    if MIN_BEFORE <= k < len(slow) and 3 * sum(slow[:k]) <= k:
         return steps[k], oldest
     if k == 0 and inst.seqs and inst.seqs[0] <= 1:
         return steps[0], oldest
