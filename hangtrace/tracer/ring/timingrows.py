@@ -23,7 +23,6 @@ from hangtrace.tracer.ring.layout import (
     K_PHASE_EXIT,
     K_STEP,
     S_COMPLETED,
-    SLOT,
     SLOT_SIZE,
 )
 from hangtrace.tracer.ring.layout import F_ASYNC
