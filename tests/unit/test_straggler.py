@@ -212,3 +212,28 @@ def test_timeline_marks_the_straggler_track():
     tracks, _ = assign_tracks(procs, (), (), straggler=1)
     assert [t.name.endswith(" · straggler") for t in tracks] == [False, True, False]
     assert tracks[1].labels == ("straggler",)
+
+
+def test_no_step_numbers_two_collectives_per_iteration_by_the_stream_period():
+    """A loop with no tracer.step that issues a training all_reduce (the straggler is late to
+    it) then a flag all_reduce (nobody waits): judged per iteration, the stream's period."""
+    out = {}
+    for r, rs in job(4, 60, slow_from(1, 0, 30), with_steps=False).items():
+        recs = []
+        for x in rs:
+            recs.append(dict(x, numel=64) if x["kind"] == "collective" else x)
+            if x["kind"] == "collective":
+                k = x["seq"]
+                t = T0 + (k - 1) * 100 * MS + 60 * MS + r * 10_000  # all at once, after the slow one
+                recs.append(dict(x, seq=0, numel=1, t_wall_ns=t, t_mono_ns=t - T0 + 1, t_end_mono_ns=None))
+        seq = 0
+        for i, x in enumerate(recs):
+            x["idx"] = i + 1
+            if x["kind"] == "collective":
+                seq += 1
+                x["seq"] = seq
+        out[r] = tuple(recs)
+    assert detect.period([("all_reduce", 64), ("all_reduce", 1)] * 10) == 2
+    st = find(out)
+    assert st is not None and st.rank == 1 and st.last_steps == st.window_steps == 32
+    assert 95 < st.step_ms < 105 and 25 < st.added_pct < 35  # per iteration, not per collective

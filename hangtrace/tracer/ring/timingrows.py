@@ -22,6 +22,7 @@ from hangtrace.tracer.ring.layout import (
     K_PHASE_ENTER,
     K_PHASE_EXIT,
     K_STEP,
+    OPS,
     S_COMPLETED,
     SLOT_SIZE,
 )
@@ -44,15 +45,19 @@ class Row(NamedTuple):
     t_wall_ns: int
     t_mono_ns: int
     dur_ns: int
+    op: str = ""
+    numel: int = 0
 
 
-#: the slot fields a row needs, from offset 8 (``layout.SLOT``): kind, flags, group, seq,
-#: phase, step, t_mono, t_wall, state, t_end - one unpack, no dict
-_FIELDS = struct.Struct("<BB2xIq8x4x4x4xIqQQB3x4xQ")
+#: the slot fields a row needs, from offset 8 (``layout.SLOT``): kind, flags, op, group,
+#: seq, numel, phase, step, t_mono, t_wall, state, t_end - one unpack, no dict
+_FIELDS = struct.Struct("<BBxBIqq4x4x4xIqQQB3x4xQ")
 
 
 def _row_of_slot(raw: bytes, off: int, strings: Any) -> Row:
-    kind, flags, group, seq, phase, step, t_mono, t_wall, state, t_end = _FIELDS.unpack_from(raw, off + 8)
+    kind, flags, op, group, seq, numel, phase, step, t_mono, t_wall, state, t_end = _FIELDS.unpack_from(
+        raw, off + 8
+    )
     done = state == S_COMPLETED and t_end and t_end >= t_mono and not flags & F_ASYNC
     return Row(
         _KIND.get(kind, str(kind)),
@@ -63,6 +68,8 @@ def _row_of_slot(raw: bytes, off: int, strings: Any) -> Row:
         t_wall,
         t_mono,
         t_end - t_mono if done else -1,
+        OPS[op] if op < len(OPS) else str(op),
+        numel,
     )
 
 
@@ -81,6 +88,8 @@ def _row_of_dict(r: Any) -> Row:
         int(r.get("t_wall_ns") or 0),
         int(t_mono),
         int(t_end - t_mono) if done else -1,
+        str(r.get("op") or ""),
+        int(r.get("numel") or 0),
     )
 
 

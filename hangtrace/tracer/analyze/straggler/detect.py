@@ -41,6 +41,8 @@ ALPHA = 1e-3
 WINDOW_STEPS = 32
 #: fewest steps a decision is made on
 MIN_STEPS = 8
+#: longest step (collectives of one group) the period of a stream without step numbers may have
+MAX_PERIOD = 8
 #: MAD -> standard deviation of a normal distribution
 MAD_SD = 1.4826
 
@@ -86,17 +88,35 @@ def mad(xs: Sequence[float]) -> float:
 
 def units(inst: Instances, newest: int) -> List[List[int]]:
     """The newest ``newest`` steps of ``inst`` as lists of instance indices (a step's
-    collectives are judged together: the first one after the slow work absorbs the wait);
-    instances without a step number (before the job's first ``tracer.step``) are left out,
-    and each instance is its own unit when none has one."""
+    collectives are judged together: the first one after the slow work absorbs the wait).
+    By the records' step numbers (instances without one, before the job's first
+    ``tracer.step``, left out); without any, by the period of the group's collective stream
+    (:func:`period`: a loop that issues a training all-reduce and a flag all-reduce each
+    iteration has period 2), each instance its own unit when it has none."""
     steps = [rs[0].step for rs in inst.by_rank]
     if all(s is None for s in steps):
-        return [[i] for i in range(len(steps))][-newest:]
+        p = period([(rs[0].op, rs[0].numel) for rs in inst.by_rank])
+        n = len(steps)
+        return [list(range(i, i + p)) for i in range(n % p, n, p)][-newest:]
     out: Dict[int, List[int]] = {}
     for i, s in enumerate(steps):
         if s is not None:
             out.setdefault(s, []).append(i)
     return [out[k] for k in sorted(out)][-newest:]
+
+
+def period(keys: Sequence[Tuple[str, int]]) -> int:
+    """The shortest p (at most :data:`MAX_PERIOD`) whose blocks repeat over the newest
+    ``MIN_STEPS`` x p keys (op, numel), else 1."""
+    n = len(keys)
+    for p in range(2, MAX_PERIOD + 1):
+        span = MIN_STEPS * p
+        if span > n:
+            break
+        tail = keys[n - span :]
+        if all(tail[i] == tail[i % p] for i in range(span)) and len(set(tail[:p])) > 1:
+            return p
+    return 1
 
 
 def unit_arrivals(inst: Instances, us: Sequence[Sequence[int]]) -> List[List[float]]:
@@ -139,7 +159,7 @@ def candidate(inst: Instances) -> Optional[Candidate]:
     gaps = sum(max(0.0, inst.arrival[i][col] - max(_others(inst.arrival[i], col))) for i in idx)
     margin = _median(margins) / 1e6
     noise = MAD_SD * mad(spread) / 1e6 if n > 2 else 0.0
-    st, steps = step_ms(inst, idx)
+    st, steps = step_ms(inst, us), k_all
     threshold = max(Z * noise, FLOOR_MS, FLOOR_PCT / 100.0 * st if st else 0.0)
     if margin <= threshold:
         return None

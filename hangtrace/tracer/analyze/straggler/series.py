@@ -85,22 +85,16 @@ def instances(
     return Instances(group, ranks, seqs, tuple(arrival), tuple(wall), tuple(by_rank))
 
 
-def step_ms(inst: Instances, idx: Sequence[int]) -> Tuple[Optional[float], int]:
-    """``(the step time in ms, steps)`` over instances ``idx`` (indices into ``inst.seqs``) as
-    the first member numbered them (as ``detect.units`` does): the median wall time between the first
-    instances of consecutive steps, per step; without step numbers, between consecutive
-    instances (a "step" is then one collective). ``steps``: distinct steps (or instances)."""
-    steps = [inst.by_rank[i][0].step for i in idx]
-    if steps and all(s is not None for s in steps):
-        first: Dict[int, int] = {}
-        for i, s in zip(idx, steps):
-            assert s is not None
-            first.setdefault(s, inst.wall[i])
-        ks = sorted(first)
-        gaps = [(first[b] - first[a]) / (b - a) for a, b in zip(ks, ks[1:]) if b > a]
-        return (_median(gaps) / 1e6 if gaps else None), len(ks)
-    gaps = [float(inst.wall[b] - inst.wall[a]) for a, b in zip(idx, idx[1:])]
-    return (_median(gaps) / 1e6 if gaps else None), len(idx)
+def step_ms(inst: Instances, units: Sequence[Sequence[int]]) -> Optional[float]:
+    """The step time in ms over ``units`` (``detect.units``: lists of indices into
+    ``inst.seqs``): the median wall time between the first instances of consecutive units,
+    per step number when the records have them; None with fewer than two units."""
+    gaps = []
+    for a, b in zip(units, units[1:]):
+        sa, sb = inst.by_rank[a[0]][0].step, inst.by_rank[b[0]][0].step
+        per = (sb - sa) if sa is not None and sb is not None and sb > sa else 1
+        gaps.append((inst.wall[b[0]] - inst.wall[a[0]]) / per)
+    return _median(gaps) / 1e6 if gaps else None
 
 
 def _median(xs: Sequence[float]) -> float:
