@@ -17,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.straggler.detect import Candidate, candidate
 from hangtrace.tracer.analyze.straggler.series import by_group, collective_rows, instances
 from hangtrace.tracer.analyze.straggler.when import phase, since
+from hangtrace.tracer.diagnosis import Diagnosis
 
 __all__ = ["Straggler", "find", "of_processes"]
 
@@ -114,7 +116,7 @@ def of_processes(procs: Mapping[int, Any]) -> Optional[Straggler]:
     return find({r: p.summary.history for r, p in procs.items() if p.summary is not None})
 
 
-def straggler_details(ctx: Any, d: Any) -> None:
+def straggler_details(ctx: Ctx, d: Diagnosis) -> None:
     """``d.details['straggler']`` (``Straggler.details``) and one evidence line when a rank of
     ``ctx.views`` is slow; nothing otherwise. The verdict is not changed: a progressing one
     names it in its paragraph (``report/rankparagraph.py``), any other keeps it as a fact seen

@@ -149,7 +149,8 @@ def candidate(inst: Instances) -> Optional[Candidate]:
     col, k = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
     if 2 * k < k_all or binom_tail(k_all, k, 1.0 / n) > ALPHA:
         return None
-    margins, spread = [], []
+    margins: List[float] = []
+    spread: List[float] = []
     for row in arr:
         oth = _others(row, col)
         mo = _median(oth)

@@ -7,7 +7,8 @@ point in its own history) and a phase name.
 *Since when*: over the longest stretch its history shares with the reference members, the
 series of its arrival minus their median arrival per step (``detect.units``); each step is
 slow when that exceeds the threshold the decision used (``detect``: 3 x the others' noise, the
-floors). The change point is the instance that splits the series into a
+floors) or half its margin, whichever is lower (a rank slowed by CPU contention is late by
+less than 3 x the others' noise in some of its slow steps). The change point is the instance that splits the series into a
 mostly-not-slow part before and a mostly-slow part after (it maximises the count of slow
 minus not-slow steps from it on: a sign-based change point, robust to outliers), with at
 least :data:`MIN_BEFORE` steps before it of which at most a third are slow. No such change
@@ -55,7 +56,7 @@ def since(cand: Candidate, histories: Mapping[int, Sequence[Any]]) -> Tuple[Opti
     if inst is None or cand.rank not in inst.ranks:
         return None, None
     col = inst.ranks.index(cand.rank)
-    mid = cand.threshold_ms * 1e6
+    mid = min(cand.threshold_ms, cand.margin_ms / 2.0) * 1e6
     us = units(inst, HISTORY)
     slow = []
     for row in unit_arrivals(inst, us):
