@@ -237,3 +237,10 @@ def test_no_step_numbers_two_collectives_per_iteration_by_the_stream_period():
     st = find(out)
     assert st is not None and st.rank == 1 and st.last_steps == st.window_steps == 32
     assert 95 < st.step_ms < 105 and 25 < st.added_pct < 35  # per iteration, not per collective
+
+
+def test_a_rank_slow_for_the_newest_ten_steps_only_is_named_and_heavy_tailed_noise_is_not():
+    st = find(job(4, 60, slow_from(2, 50, 30)))
+    assert st is not None and (st.rank, st.since_step, st.window_steps) == (2, 50, 16)
+    for seed in range(30):  # exponential arrivals (mean 10 ms): a heavy tail, nobody slow
+        assert find(job(8, 60, lambda r, k, rng: rng.expovariate(0.1), seed=seed)) is None
