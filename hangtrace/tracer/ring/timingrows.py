@@ -55,22 +55,27 @@ _FIELDS = struct.Struct("<BBxBIqq4x4x4xIqQQB3x4xQ")
 
 
 def _row_of_slot(raw: bytes, off: int, strings: Any) -> Row:
-    kind, flags, op, group, seq, numel, phase, step, t_mono, t_wall, state, t_end = _FIELDS.unpack_from(
-        raw, off + 8
+    kind, flags, op, group, seq, numel, phase, step, t_mono, t_wall, state, t_end = _unpack(raw, off + 8)
+    return _new(
+        Row,
+        (
+            _KIND[kind] if kind in _KIND else str(kind),
+            strings.get(group, "") if group else None,
+            seq,
+            step if step >= 0 else None,
+            strings.get(phase) if phase else None,
+            t_wall,
+            t_mono,
+            t_end - t_mono if state == S_COMPLETED and t_end >= t_mono > 0 and not flags & F_ASYNC else -1,
+            OPS[op] if op < _NOPS else str(op),
+            numel,
+        ),
     )
-    done = state == S_COMPLETED and t_end and t_end >= t_mono and not flags & F_ASYNC
-    return Row(
-        _KIND.get(kind, str(kind)),
-        strings.get(group, "") if group else None,
-        seq,
-        step if step >= 0 else None,
-        strings.get(phase) if phase else None,
-        t_wall,
-        t_mono,
-        t_end - t_mono if done else -1,
-        OPS[op] if op < len(OPS) else str(op),
-        numel,
-    )
+
+
+_unpack = _FIELDS.unpack_from
+_new = tuple.__new__
+_NOPS = len(OPS)
 
 
 def _row_of_dict(r: Any) -> Row:
@@ -102,12 +107,8 @@ def rows(history: Sequence[Any], kinds: Sequence[str] = (), newest: int = 0) -> 
         strings = getattr(history, "_strings")
         want = {k for k, v in _KIND.items() if not kinds or v in kinds}
         kbytes = raw[8::SLOT_SIZE]
-        for i in range(len(kbytes) - 1, -1, -1):
-            if kbytes[i] in want:
-                out.append(_row_of_slot(raw, i * SLOT_SIZE, strings))
-                if newest and len(out) >= newest:
-                    break
-        return out
+        pos = [i for i in range(len(kbytes) - 1, -1, -1) if kbytes[i] in want]
+        return [_row_of_slot(raw, i * SLOT_SIZE, strings) for i in (pos[:newest] if newest else pos)]
     for r in reversed(history):
         if not kinds or r.get("kind") in kinds:
             out.append(_row_of_dict(r))
