@@ -7,7 +7,8 @@ all-reduce torch issues from C++). Rank ``--slow-rank`` from step ``--slow-from`
 
 * ``--mode compute``: does ``--factor`` times the work (its compute becomes that much slower);
 * ``--mode contention``: pins itself to CPU 0 (``os.sched_setaffinity``) beside a CPU burner
-  it starts pinned to the same core (not a sleep: it gets about half the core);
+  pinned to the same core (not a sleep: it gets about half the core); the burner is started
+  at start-up and stopped (SIGSTOP) until then, so the contention begins at that step;
 * ``--mode noise``: no slow rank; every rank sleeps a random 0..``--noise-ms`` each step.
 
 Rank 0 writes ``--out DIR/step`` (the last finished step). The loop ends after ``--steps``
@@ -19,6 +20,7 @@ import argparse
 import datetime
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -60,16 +62,27 @@ def main() -> None:
         model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)))
         opt = torch.optim.SGD(model.parameters(), lr=0.001)
     burner = None
+    if a.mode == "contention" and rank == a.slow_rank:
+        # started now, stopped once it runs: at the slow step it burns at once (a Python start-up
+        # on a loaded machine takes seconds, which would move the onset by several steps)
+        burner = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import os; os.sched_setaffinity(0, {0}); print('ready', flush=True)\nwhile True: pass",
+            ],
+            stdout=subprocess.PIPE,
+        )
+        burner.stdout.readline()
+        os.kill(burner.pid, signal.SIGSTOP)
     slow = False
     step = 0
     try:
         for step in range(a.steps):
             slow = a.mode != "noise" and rank == a.slow_rank and step >= a.slow_from
-            if slow and a.mode == "contention" and burner is None:
+            if slow and burner is not None and step == a.slow_from:
                 os.sched_setaffinity(0, {0})
-                burner = subprocess.Popen(
-                    [sys.executable, "-c", "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"]
-                )
+                os.kill(burner.pid, signal.SIGCONT)
             tracer.step(step)
             with tracer.phase("data"):
                 x = work(2, x0)

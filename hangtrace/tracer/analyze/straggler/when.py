@@ -11,7 +11,8 @@ floors) or half its margin, whichever is lower (a rank slowed by CPU contention 
 less than 3 x the others' noise in some of its slow steps). The change point is the instance that splits the series into a
 mostly-not-slow part before and a mostly-slow part after (it maximises the count of slow
 minus not-slow steps from it on: a sign-based change point, robust to outliers), with at
-least :data:`MIN_BEFORE` steps before it of which at most a third are slow. No such change
+least :data:`MIN_BEFORE` steps before it of which at most a third are slow and whose median
+is at most half the cut (before it, the rank was one of the others, not merely less slow). No such change
 point (slow from its oldest recorded steps on): unknown (None; the report says "since before
 step N", the oldest compared), unless the oldest step holds the group's first collective.
 
@@ -58,10 +59,11 @@ def since(cand: Candidate, histories: Mapping[int, Sequence[Any]]) -> Tuple[Opti
     col = inst.ranks.index(cand.rank)
     mid = min(cand.threshold_ms, cand.margin_ms / 2.0) * 1e6
     us = units(inst, HISTORY)
-    slow = []
+    late = []
     for row in unit_arrivals(inst, us):
         oth = [a for j, a in enumerate(row) if j != col]
-        slow.append(row[col] - _median(oth) > mid)
+        late.append(row[col] - _median(oth))
+    slow = [x > mid for x in late]
     best, acc, k = 0, 0, len(slow)
     for i in range(len(slow) - 1, -1, -1):
         acc += 1 if slow[i] else -1
@@ -69,7 +71,7 @@ def since(cand: Candidate, histories: Mapping[int, Sequence[Any]]) -> Tuple[Opti
             best, k = acc, i
     steps = [inst.by_rank[u[0]][col].step for u in us]
     oldest = steps[0] if steps else None
-    if MIN_BEFORE <= k < len(slow) and 3 * sum(slow[:k]) <= k:
+    if MIN_BEFORE <= k < len(slow) and 3 * sum(slow[:k]) <= k and _median(late[:k]) <= mid / 2:
         return steps[k], oldest
     if k == 0 and inst.seqs and inst.seqs[0] <= 1:
         return steps[0], oldest
