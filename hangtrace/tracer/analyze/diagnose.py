@@ -29,6 +29,7 @@ from hangtrace.tracer.analyze.stuck.peerwait import peer_waits
 from hangtrace.tracer.analyze.stuck.lockwait import lock_waits
 from hangtrace.tracer.analyze.stuck.pollwait import poll_waits
 from hangtrace.tracer.analyze.failures.replacement import replacement
+from hangtrace.tracer.analyze.straggler import straggler_details
 from hangtrace.tracer.analyze.stuck.loaderwait import loader_workers
 from hangtrace.tracer.analyze.rules import (
     ACTOR_RULES,
@@ -302,6 +303,7 @@ def _rankless(ctx: Ctx) -> Optional[Finding]:
 
 
 def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
+    straggler_details(ctx, d)  # issue 43: a rank every recent step waits for (never the verdict)
     explain_split(ctx, d)  # ranks that created their process groups in another order (groupdefs.py)
     enrich.ray_details(ctx, d)  # issue 4
     enrich.rankless_actor_failures(ctx, d)  # issue 9: actors without a rank beside the ranks

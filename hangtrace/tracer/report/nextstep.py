@@ -62,7 +62,17 @@ def self_call(d: Dict[str, Any]) -> bool:
 
 #: The advice of a diagnosis by what its analysis found, first match wins: (kind, test of
 #: (diagnosis, details), advice text or a function of (diagnosis, details) giving it).
+def _straggler_next(g: Diagnosis, d: Dict[str, Any]) -> str:
+    st = d.get("straggler") or {}
+    return (
+        "look at what rank %s does%s that the others do not: its host's load and CPU throttling, its data "
+        "loader, its GPU clocks (`hangtrace timeline RUN_DIR` marks its track)"
+        % (st.get("rank"), " in phase '%s'" % st["phase"] if st.get("phase") else "")
+    )
+
+
 _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
+    (Kind.PROGRESSING, lambda g, d: d.get("straggler"), _straggler_next),  # analyze/straggler/
     (_UNKNOWN, lambda g, d: d.get("rankless_death"), RANKLESS_DEATH_NEXT),
     (
         Kind.CROSS_GROUP_DEADLOCK,

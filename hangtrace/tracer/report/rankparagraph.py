@@ -9,6 +9,7 @@ from typing import Any, Dict
 
 from hangtrace.tracer.analyze.failures.attempts import last_line
 from hangtrace.tracer.analyze.failures.exceptions import short_error
+from hangtrace.tracer.report.stragglertext import straggler_phrase, straggler_sentence
 from hangtrace.tracer.diagnosis import LOOP_IDLE, Cause, Diagnosis, blocked_on
 from hangtrace.tracer.report.clip import clip
 from hangtrace.tracer.report.phrases import (
@@ -213,8 +214,12 @@ def transport_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> s
 
 
 def progressing_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
-    """The sentence of a run that is progressing (no verdict)."""
+    """The sentence of a run that is progressing (no verdict); with a straggler (issue 43):
+    ``Progressing; rank 2 is slow: +30 ms per step (+75 %), in phase 'train', since step 20.``"""
     age = d.get("last_progress_age_s")
+    st = d.get("straggler")
+    if st:
+        return "Progressing; %s. %s" % (straggler_phrase(st), straggler_sentence(st))
     return "Progressing: no rank waits for a missing or diverged rank%s." % (
         "; last progress %.1f s before the snapshot" % age if age is not None else ""
     )

@@ -27,6 +27,7 @@ from hangtrace.tracer.ring.layout import (
 )
 from hangtrace.tracer.ring.records import Record, decode, decode_slots
 from hangtrace.tracer.ring.summary import (
+    HISTORY,
     TAIL,
     AnyRecord,
     RingSummary,
@@ -38,6 +39,7 @@ from hangtrace.tracer.ring.summary import (
 )
 
 _PROGRESS_IDS = (K_COLL, K_P2P, K_STEP, K_PHASE_ENTER, K_PHASE_EXIT, K_GROUP)
+_HISTORY_IDS = (K_COLL, K_PHASE_ENTER, K_PHASE_EXIT, K_STEP)
 
 
 class LazyRecords(Sequence[AnyRecord]):
@@ -256,7 +258,14 @@ def _summarize_np(
         failed_phases=failed_phases_of(exits),
         waits=waits,
         phase_visits=phase_visits_of(enters, exits),
+        history=_raw(np, slots, nslots, pos[np.isin(kind, _HISTORY_IDS)][-HISTORY:], strings),
     )
+
+
+def _raw(np: Any, slots: bytes, nslots: int, keep: Any, strings: Dict[int, str]) -> "LazyRecords":
+    """The slots at positions ``keep`` as :class:`LazyRecords` (raw bytes, decoded on access)."""
+    rows = np.frombuffer(slots, dtype=np.uint8, count=nslots * SLOT_SIZE).reshape(nslots, SLOT_SIZE)
+    return LazyRecords(rows[keep].tobytes(), strings)
 
 
 def _keep_max(d: Dict[Any, Record], key: Any, r: Record) -> None:

@@ -31,7 +31,10 @@ Selection rules (the ones the analysis has always applied to the full record lis
   ``'<thread>#<number>'`` (one event-loop thread awaits many calls at once), kept unless
   it completed (:func:`wait_key`);
 * ``tail``: the newest :data:`TAIL` records (numpy path: kept as raw slots, decoded on
-  access, :class:`LazyRecords`); ``memory``: every memory sample.
+  access, :class:`LazyRecords`); ``memory``: every memory sample;
+* ``history``: the newest :data:`HISTORY` collective, phase-enter/exit and step records
+  (index order; numpy path: raw slots like ``tail``): each collective's issue time, group
+  and seq and the phase timings the straggler analysis reads (``analyze/straggler/``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 #: records kept in ``RingSummary.tail`` (newest first out)
 TAIL = 256
+#: records kept in ``RingSummary.history`` (collective, phase and step records only)
+HISTORY = 512
+#: record kinds kept in ``RingSummary.history``
+HISTORY_KINDS = ("collective", "phase_enter", "phase_exit", "step")
 #: record kinds that are progress (the analysis' "last progress" of a rank)
 PROGRESS_KINDS = ("collective", "p2p", "step", "phase_enter", "phase_exit", "group")
 
@@ -69,6 +76,7 @@ class RingSummary:
     failed_phases: Mapping[str, AnyRecord] = field(default_factory=dict)
     phase_visits: Mapping[str, Tuple[Optional[AnyRecord], Optional[AnyRecord]]] = field(default_factory=dict)
     waits: Mapping[Optional[str], AnyRecord] = field(default_factory=dict)
+    history: Sequence[AnyRecord] = ()
 
     def records(self) -> List[AnyRecord]:
         """The records the analysis reads, once each, in index order: the singles above,
@@ -105,9 +113,12 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
     exits: Dict[str, AnyRecord] = {}
     enters: Dict[str, AnyRecord] = {}
     waits: Dict[Optional[str], AnyRecord] = {}
+    history: List[AnyRecord] = []
     for r in records:
         kind = r.get("kind")
         _note_phase_or_wait(r, kind, exits, enters, waits)
+        if kind in HISTORY_KINDS:
+            history.append(r)
         if kind == "collective":
             _keep_newest_seq(by_group, r.get("group"), r)
         elif kind == "p2p":
@@ -137,6 +148,7 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
         failed_phases=failed_phases_of(exits),
         phase_visits=phase_visits_of(enters, exits),
         waits=waits,
+        history=tuple(history[-HISTORY:]),
     )
 
 

@@ -37,6 +37,7 @@ from hangtrace.tracer.watch.headers import Header, never_worked, ranks_ended, st
 from hangtrace.tracer.watch.helpergrace import HelperGrace
 from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
 from hangtrace.tracer.watch.shutdown import ShutdownGrace
+from hangtrace.tracer.watch.stragglerwatch import StragglerWatch
 
 #: seconds between two memory-trend checks of the live rings (each reads every ring once)
 MEM_CHECK_S = 5.0
@@ -105,6 +106,9 @@ class Watcher:
         self.grace = HelperGrace()  # helpers' deaths held for their rank (watch/helpergrace.py)
         self.beats = BeatTail()  # which ring moves were only heartbeats (watch/beattail.py)
         self.shutdown = ShutdownGrace(run_dir)  # quiet deaths held for the job's end (watch/shutdown.py)
+        # issue 43: a line in the watcher log file when a straggler starts, one when it ends
+        self.straggler_echo: Optional[Callable[[str], None]] = None  # also there (hangtrace run: stderr)
+        self.stragglers = StragglerWatch(self._straggler_log, clock)
 
     def _read_headers(self) -> Dict[str, Header]:
         return read_headers(self.run_dir, self.final)
@@ -182,6 +186,9 @@ class Watcher:
         if now >= self.mem_next:
             self.mem_next = now + MEM_CHECK_S
             self.memory_warnings()
+        self.stragglers.check(
+            {p: h for p, h in self.headers.items() if p not in self.final}, lambda p, h: _alive(h)
+        )
         deaths = self.grace.deaths(scan.deaths, self.headers, now)  # (a helper's waits for its rank)
         deaths = self.shutdown.deaths(deaths, self.headers, now, self._log)  # (a clean shutdown is none)
         if deaths:
@@ -326,6 +333,12 @@ class Watcher:
     def _log(self, line: str) -> None:
         """Watcher log line: ``self.log`` (callable) if set, else the watcher log file."""
         (self.log or self._write_log)(line)
+
+    def _straggler_log(self, line: str) -> None:
+        """A straggler line: always the watcher log file, and ``straggler_echo`` if set."""
+        self._write_log(line)
+        if self.straggler_echo is not None:
+            self.straggler_echo(line)
 
     def _mem_log(self, line: str) -> None:
         (self.mem_log or self._write_log)(line)

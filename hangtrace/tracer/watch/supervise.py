@@ -149,6 +149,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     # shutdown held, deaths after the stall) go to the watcher log, not the console; why no
     # stall is called yet (processes busy on CPU) stays on the console
     w.say = log
+    w.straggler_echo = log  # issue 43: the straggler lines go to the watcher log file and here
     poll = (
         opts.poll_s
         if opts.poll_s is not None
@@ -159,6 +160,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
         while True:
             try:
                 rc = child.wait(timeout=poll)
+                w.stragglers.close("the job ended")
                 break
             except subprocess.TimeoutExpired:
                 pass

@@ -91,6 +91,7 @@ def main(argv: "list[str] | None" = None) -> int:
         else:
             idle += 1
             if idle >= 2:
+                w.stragglers.close("no traced process alive on this node")
                 log("no traced process alive on this node; watcher exits")
                 return 0
         time.sleep(poll)

@@ -14,6 +14,7 @@ from hangtrace.tracer.report.timeline.events import ProcessEvents
 from hangtrace.tracer.report.timeline.frclock import align_fr
 from hangtrace.tracer.report.timeline.model import Clock, Event, FlowRefs, Mark, Threads, TimelineOptions
 from hangtrace.tracer.report.timeline.model import Track, assign_tracks, end_wall_ns, host_offsets
+from hangtrace.tracer.report.timeline.model import straggler_of
 from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
 
 #: Version of the trace's ``otherData`` block (bumped when its keys change meaning).
@@ -194,7 +195,9 @@ def build_timeline(
     lo, hi = win.bounds(opts, t_first, t_last)
     clock = Clock(offsets, lo)
     diag = diagnosis or {}
-    tracks, by_key = assign_tracks(procs, diag.get("culprit_ranks") or (), diag.get("culprit_actors") or ())
+    slow = straggler_of(procs, diagnosis) or {}  # issue 43: its track is marked
+    cr, ca = diag.get("culprit_ranks") or (), diag.get("culprit_actors") or ()
+    tracks, by_key = assign_tracks(procs, cr, ca, slow.get("rank"))
     tracks, by_key = _keep_ranks(tracks, by_key, opts.ranks)
     procs = [p for p in procs if p.key in by_key]
     total = sum(len(p.records) for p in procs)
@@ -222,6 +225,8 @@ def build_timeline(
         other["window_wall_ns"] = [lo, hi]
     if notes:
         other["errors"] = notes
+    if slow:
+        other["straggler"] = slow
     return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
 
 

@@ -148,7 +148,10 @@ def _owners(procs: Sequence[ProcessInfo], roles: ProcessRoles) -> Dict[str, Proc
 
 
 def assign_tracks(
-    procs: Sequence[ProcessInfo], culprit_ranks: Sequence[int] = (), culprit_actors: Sequence[str] = ()
+    procs: Sequence[ProcessInfo],
+    culprit_ranks: Sequence[int] = (),
+    culprit_actors: Sequence[str] = (),
+    straggler: Optional[int] = None,
 ) -> Tuple[List[Track], Dict[str, Track]]:
     """One track per rank (its helpers grouped under it), one per other process.
 
@@ -156,7 +159,9 @@ def assign_tracks(
     (``process_model.assign_roles``): torch DataLoader workers and other children inherit
     RANK without joining a group (DESIGN.md "a rank is a process that joined a group").
     Returns the tracks in display order and {"host:pid": track}. Only a process that holds
-    a culprit rank, or a culprit Ray actor, has its track named ``CULPRIT …``: a helper never.
+    a culprit rank, or a culprit Ray actor, has its track named ``CULPRIT …``: a helper never. The track of rank
+    ``straggler`` (issue 43: the rank every recent step waits for) gets `` · straggler`` after
+    its label and the label ``straggler``.
     """
     roles = assign_roles(procs)
     holders = {p.key for p in roles.ranks.values()}
@@ -186,6 +191,9 @@ def assign_tracks(
         if culprit:
             name = "CULPRIT " + name
             labels = ("culprit",)
+        if straggler is not None and p.rank == straggler:
+            name += " · straggler"
+            labels += ("straggler",)
         if helpers:
             name += " (+%d helper process%s)" % (len(helpers), "" if len(helpers) == 1 else "es")
         t = Track(
@@ -200,6 +208,24 @@ def assign_tracks(
         for k in t.members:
             by_key[k] = t
     return tracks, by_key
+
+
+def straggler_of(
+    procs: Sequence[ProcessInfo], diagnosis: Optional[Dict[str, Any]]
+) -> Optional[Dict[str, Any]]:
+    """The straggler (``details['straggler']``) of the stored verdict; without a stored verdict,
+    the straggler analysis of the processes' records (``analyze/straggler``); None when nobody
+    is slow or it cannot be told."""
+    if diagnosis is not None:
+        st = (diagnosis.get("details") or {}).get("straggler")
+        return st if isinstance(st, dict) and isinstance(st.get("rank"), int) else None
+    try:
+        from hangtrace.tracer.analyze.straggler import of_processes
+
+        found = of_processes({p.rank: p for p in sorted(procs, key=lambda p: p.start_wall_ns) if p.rank >= 0})
+    except Exception:
+        return None
+    return found.details() if found is not None else None
 
 
 @dataclass

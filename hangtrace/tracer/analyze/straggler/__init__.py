@@ -1,0 +1,146 @@
+"""Stragglers (issue 43): the rank that every recent step waits for while the job still
+progresses - who, by how much, in which phase, since which step. Pure.
+
+In: each rank's ``RingSummary.history`` (the compact summary's newest collective, phase and
+step records; Flight Recorder entries of C++-issued collectives when the snapshot joined
+them). Out: a :class:`Straggler` or None. ``series`` builds each group's recent instances
+and arrivals, ``detect`` decides (robust statistics, thresholds), ``when`` finds the first
+slow step and the phase. How it decides and why the thresholds: docs/STRAGGLERS.md.
+
+Read by ``diagnose`` (``details['straggler']``, every verdict; the wording of a progressing
+one), the watcher (``watch/stragglerwatch.py``: a log line when it starts, one when it
+ends) and the timeline (the straggler's track).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from hangtrace.tracer.analyze.context import Ctx
+from hangtrace.tracer.analyze.straggler.detect import Candidate, candidate
+from hangtrace.tracer.analyze.straggler.series import by_group, collective_rows, instances
+from hangtrace.tracer.analyze.straggler.when import phase, since
+from hangtrace.tracer.diagnosis import Diagnosis
+
+__all__ = ["Straggler", "find", "of_processes"]
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The slow rank of one group. ``rank``: global; ``added_ms_per_step``: what the group
+    waited for it alone per step over the window; ``added_pct``: that in % of the step time
+    (None when the step time is unknown); ``since_step``: its first slow step (None: slow from
+    before ``oldest_step``, the oldest step compared); ``collectives``: of the window's
+    ``window_collectives``, in how many it issued last; ``window_steps``: steps in the window
+    (collectives when the job records no steps), ``last_steps`` of which it was last in; ``margin_ms``/``noise_ms``/``threshold_ms``:
+    the decision's figures (``detect``)."""
+
+    rank: int
+    group: str
+    added_ms_per_step: float
+    added_pct: Optional[float]
+    phase: Optional[str]
+    since_step: Optional[int]
+    collectives: int
+    window_steps: int
+    window_collectives: int
+    margin_ms: float
+    noise_ms: float
+    threshold_ms: float
+    step_ms: Optional[float]
+    oldest_step: Optional[int]
+    members: int
+    last_steps: int
+
+    def details(self) -> Dict[str, Any]:
+        """``Diagnosis.details['straggler']`` (docs/DIAGNOSIS.md)."""
+        return {
+            "rank": self.rank,
+            "group": self.group,
+            "added_ms_per_step": round(self.added_ms_per_step, 3),
+            "added_pct": None if self.added_pct is None else round(self.added_pct, 1),
+            "phase": self.phase,
+            "since_step": self.since_step,
+            "collectives": self.collectives,
+            "window_steps": self.window_steps,
+            "window_collectives": self.window_collectives,
+            "margin_ms": round(self.margin_ms, 3),
+            "noise_ms": round(self.noise_ms, 3),
+            "threshold_ms": round(self.threshold_ms, 3),
+            "step_ms": None if self.step_ms is None else round(self.step_ms, 3),
+            "oldest_step": self.oldest_step,
+            "group_size": self.members,
+            "last_steps": self.last_steps,
+        }
+
+
+def _straggler(c: Candidate, histories: Mapping[int, Sequence[Any]]) -> Straggler:
+    first, oldest = since(c, histories)
+    return Straggler(
+        rank=c.rank,
+        group=c.inst.group,
+        added_ms_per_step=c.added_ms,
+        added_pct=100.0 * c.added_ms / c.step_ms if c.step_ms else None,
+        phase=phase(c, histories),
+        since_step=first,
+        collectives=len(c.last),
+        window_steps=c.steps,
+        window_collectives=len(c.inst.seqs),
+        margin_ms=c.margin_ms,
+        noise_ms=c.noise_ms,
+        threshold_ms=c.threshold_ms,
+        step_ms=c.step_ms,
+        oldest_step=oldest,
+        members=len(c.inst.ranks),
+        last_steps=c.last_steps,
+    )
+
+
+def find(histories: Mapping[int, Sequence[Any]]) -> Optional[Straggler]:
+    """The straggler of ``{global rank: RingSummary.history}``: of the groups with one, the
+    one the group waits longest for per step; None when nobody is slow."""
+    found: List[Candidate] = []
+    for group, members in sorted(by_group(collective_rows(histories)).items()):
+        inst = instances(group, members)
+        c = candidate(inst) if inst is not None else None
+        if c is not None:
+            found.append(c)
+    if not found:
+        return None
+    return _straggler(max(found, key=lambda c: c.added_ms), histories)
+
+
+def of_processes(procs: Mapping[int, Any]) -> Optional[Straggler]:
+    """:func:`find` over ``{global rank: ProcessInfo}`` (their summaries' histories)."""
+    return find({r: p.summary.history for r, p in procs.items() if p.summary is not None})
+
+
+def straggler_details(ctx: Ctx, d: Diagnosis) -> None:
+    """``d.details['straggler']`` (``Straggler.details``) and one evidence line when a rank of
+    ``ctx.views`` is slow; nothing otherwise. The verdict is not changed: a progressing one
+    names it in its paragraph (``report/rankparagraph.py``), any other keeps it as a fact seen
+    before. Never raises (odd records: no straggler)."""
+    try:
+        st = of_processes({r: v.proc for r, v in ctx.views.items()})
+    except Exception:
+        return
+    if st is None:
+        return
+    d.details["straggler"] = st.details()
+    ctx.add(
+        "rank %d issued last in %d of the newest %d steps (%d of %d collectives) of group '%s': a median "
+        "%.1f ms after the other ranks, above %.1f ms (the largest of the others' noise %.1f ms x 3, 5 ms "
+        "and 5 %% of the step)"
+        % (
+            st.rank,
+            st.last_steps,
+            st.window_steps,
+            st.collectives,
+            st.window_collectives,
+            st.group,
+            st.margin_ms,
+            st.threshold_ms,
+            st.noise_ms,
+        )
+    )

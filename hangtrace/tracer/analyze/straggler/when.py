@@ -1,0 +1,128 @@
+"""Since when a straggler is slow, and in which of its phases its extra time goes. Pure.
+
+In: a :class:`detect.Candidate` and the histories (``RingSummary.history``) of its rank and
+of up to :data:`MAX_REF` other members of its group. Out: the first slow step (a change
+point in its own history) and a phase name.
+
+*Since when*: over the longest stretch its history shares with the reference members, the
+series of its arrival minus their median arrival per step (``detect.units``); each step is
+slow when that exceeds the threshold the decision used (``detect``: 3 x the others' noise, the
+floors) or half its margin, whichever is lower (a rank slowed by CPU contention is late by
+less than 3 x the others' noise in some of its slow steps). The change point is the instance that splits the series into a
+mostly-not-slow part before and a mostly-slow part after (it maximises the count of slow
+minus not-slow steps from it on: a sign-based change point, robust to outliers), with at
+least :data:`MIN_BEFORE` steps before it of which at most a third are slow and whose median
+is at most half the cut (before it, the rank was one of the others, not merely less slow). No such change
+point (slow from its oldest recorded steps on): unknown (None; the report says "since before
+step N", the oldest compared), unless the oldest step holds the group's first collective.
+
+*Phase*: per phase, its own time in the phase per slow step (phase exit minus enter on its
+own clock, minus its time inside collectives recorded in that phase: the waiting) against
+the median of the reference members'; the innermost phase whose excess is at least half the
+added wait (and :data:`detect.FLOOR_MS`). Without phase timings that tell (DDP's C++
+all-reduce waits inside the phase of backward, unrecorded): the phase it most often issued
+its late collectives in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from hangtrace.tracer.analyze.straggler.detect import FLOOR_MS, Candidate, unit_arrivals, units
+from hangtrace.tracer.analyze.straggler.series import _median, by_group, collective_rows, instances
+from hangtrace.tracer.ring.summary import HISTORY
+from hangtrace.tracer.ring.timingrows import Row, rows
+
+#: other members read for the change point and the phase comparison
+MAX_REF = 16
+#: steps before a change point, at most a third of them slow (fewer: not told from noise)
+MIN_BEFORE = 4
+
+
+def reference(cand: Candidate) -> List[int]:
+    """Up to :data:`MAX_REF` other members of the candidate's group, spread over its ranks."""
+    others = [r for r in cand.inst.ranks if r != cand.rank]
+    if len(others) <= MAX_REF:
+        return others
+    step = len(others) / float(MAX_REF)
+    return [others[int(i * step)] for i in range(MAX_REF)]
+
+
+def since(cand: Candidate, histories: Mapping[int, Sequence[Any]]) -> Tuple[Optional[int], Optional[int]]:
+    """``(first slow step, oldest step compared)`` (module docstring); either may be None."""
+    ranks = [cand.rank] + reference(cand)
+    coll = collective_rows({r: histories[r] for r in ranks if r in histories}, HISTORY)
+    members = by_group(coll).get(cand.inst.group, {})
+    inst = instances(cand.inst.group, members, window=HISTORY)
+    if inst is None or cand.rank not in inst.ranks:
+        return None, None
+    col = inst.ranks.index(cand.rank)
+    mid = min(cand.threshold_ms, cand.margin_ms / 2.0) * 1e6
+    us = units(inst, HISTORY)
+    late = []
+    for row in unit_arrivals(inst, us):
+        oth = [a for j, a in enumerate(row) if j != col]
+        late.append(row[col] - _median(oth))
+    slow = [x > mid for x in late]
+    best, acc, k = 0, 0, len(slow)
+    for i in range(len(slow) - 1, -1, -1):
+        acc += 1 if slow[i] else -1
+        if acc >= best:
+            best, k = acc, i
+    steps = [inst.by_rank[u[0]][col].step for u in us]
+    oldest = steps[0] if steps else None
+    if MIN_BEFORE <= k < len(slow) and 3 * sum(slow[:k]) <= k and _median(late[:k]) <= mid / 2:
+        return steps[k], oldest
+    if k == 0 and inst.seqs and inst.seqs[0] <= 1:
+        return steps[0], oldest
+    return None, oldest
+
+
+def _busy(hist: Sequence[Any]) -> Dict[Tuple[str, Optional[int]], int]:
+    """``{(phase, step): ns in the phase outside recorded collectives}`` of one history."""
+    spans = rows(hist, ("phase_enter", "phase_exit"))
+    spans.reverse()  # oldest first
+    open_: Dict[str, Row] = {}
+    out: Dict[Tuple[str, Optional[int]], int] = {}
+    for r in spans:
+        if r.phase is None:
+            continue
+        if r.kind == "phase_enter":
+            open_[r.phase] = r
+        elif r.phase in open_:
+            e = open_.pop(r.phase)
+            if r.t_mono_ns >= e.t_mono_ns > 0:
+                key = (r.phase, e.step)
+                out[key] = out.get(key, 0) + r.t_mono_ns - e.t_mono_ns
+    for c in rows(hist, ("collective",)):
+        key = (str(c.phase), c.step)
+        if c.phase is not None and c.dur_ns > 0 and key in out:
+            out[key] -= c.dur_ns
+    return out
+
+
+def _own(
+    busy: Mapping[Tuple[str, Optional[int]], int], phase: str, steps: Set[Optional[int]]
+) -> Optional[float]:
+    vals = [float(v) for (p, s), v in busy.items() if p == phase and s in steps]
+    return _median(vals) / 1e6 if vals else None
+
+
+def phase(cand: Candidate, histories: Mapping[int, Sequence[Any]]) -> Optional[str]:
+    """The phase its extra time goes in (module docstring), or None."""
+    steps = {cand.inst.by_rank[i][cand.col].step for i in cand.last}
+    mine = _busy(histories.get(cand.rank) or ())
+    refs = [_busy(histories.get(r) or ()) for r in reference(cand)]
+    found: List[Tuple[float, str]] = []
+    for p in sorted({p for p, _ in mine}):
+        own = _own(mine, p, steps)
+        theirs = [x for x in (_own(b, p, steps) for b in refs) if x is not None]
+        if own is None or not theirs:
+            continue
+        if own - _median(theirs) >= max(FLOOR_MS, cand.added_ms / 2.0):
+            found.append((own, p))
+    if found:
+        return min(found)[1]
+    late = [cand.inst.by_rank[i][cand.col].phase for i in cand.last]
+    named = [p for p in late if p]
+    return max(sorted(set(named)), key=named.count) if named else None
