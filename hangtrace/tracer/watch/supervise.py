@@ -149,6 +149,17 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     # shutdown held, deaths after the stall) go to the watcher log, not the console; why no
     # stall is called yet (processes busy on CPU) stays on the console
     w.say = log
+    from hangtrace.tracer.watch.jobwatch import JobWatch, answer_all, local_incident
+
+    jw = JobWatch(run_dir, log, w.stall_s).start()  # issue 39: the other nodes of the job
+
+    def dump(kind: str) -> Any:
+        return dump_live(run_dir, kind, native=opts.native, stall_s=w.stall_s)
+
+    def shown(res: Any) -> None:
+        if res is not None:
+            report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
+
     poll = (
         opts.poll_s
         if opts.poll_s is not None
@@ -164,6 +175,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
                 pass
             if interrupts:
                 continue  # the user is stopping the job: its deaths are no incident
+            answer_all(jw, dump, shown)
             inc = w.poll()
             if inc is None:
                 continue
@@ -173,8 +185,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             sys.stderr.flush()
             reported = True  # one verdict per incident, even when the diagnosis failed
             try:
-                res = dump_live(run_dir, inc.kind, native=opts.native, stall_s=w.stall_s)
-                report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
+                shown(local_incident(jw, inc.kind, inc.detail, dump))
             except HangtraceError as e:
                 sys.stderr.write(e.render() + "\n")
             if opts.stop_on_stall and inc.kind == "stall":
@@ -204,6 +215,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             log("command finished with status 0; records in %s" % run_dir)
             _clean_exit_check(run_dir)
     finally:
+        jw.stop()
         for s, h in old.items():
             signal.signal(s, h)
         if child.poll() is None:

@@ -1,0 +1,210 @@
+"""The node watchers' meeting over the job's store (issue 39): keys, values, checks.
+
+Every key lives under ``hangtrace/<job>/`` (``NodeIdentity.job``: the launcher's run id and
+restart count), so nothing collides with torch's own keys and a restarted job meets anew:
+
+* ``node/<r>``: node r's registration, JSON ``{version, node_rank, node_count, host,
+  run_dir, pid, ranks, beat_wall_ns}``, rewritten at every beat (a few seconds);
+* ``incidents``: a counter (``add``) numbering the incidents;
+* ``incident/<n>``: its trigger, JSON ``{kind, detail, node_rank, host, wall_ns}``;
+* ``incident/<n>/part/<r>``: node r's summary for it (``summaryformat``);
+* ``incident/<n>/verdict``: the assembler's verdict, JSON ``{paragraph, kind,
+  culprit_ranks, assembled_by, nodes}``.
+
+:class:`Meeting` does one operation per call over a link (``storelink``) and raises
+``StoreGone``; :meth:`Meeting.gather` waits for the parts until a deadline and names each
+part it could not use (garbage, another version, another node's or incident's: stale or
+foreign) and each node that never answered, with its last sign of life.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import orjson
+
+from hangtrace.tracer.collect.nodes.identity import NodeIdentity
+from hangtrace.tracer.collect.nodes.summaryformat import VERSION, NodePart, SummaryError, decode
+
+PROTOCOL = 1
+
+
+@dataclass
+class Gathered:
+    """What :meth:`Meeting.gather` got: ``parts`` (node rank -> NodePart) and their raw
+    bytes, ``nodes`` (``Snapshot.nodes`` entries, one per node of the job), ``errors``
+    (one line per unusable part), seconds waited."""
+
+    parts: Dict[int, NodePart] = field(default_factory=dict)
+    raw: Dict[int, bytes] = field(default_factory=dict)
+    nodes: List[Dict[str, Any]] = field(default_factory=list)
+    errors: List[str] = field(default_factory=list)
+    waited_s: float = 0.0
+    bad: "set[int]" = field(default_factory=set)
+
+
+class Meeting:
+    """The meeting of ``me`` over ``link`` (a StoreLink or DirLink)."""
+
+    def __init__(self, link: Any, me: NodeIdentity, run_dir: str) -> None:
+        self.link, self.me, self.run_dir = link, me, run_dir
+        self.prefix = "hangtrace/%s/" % me.job
+
+    def _k(self, key: str) -> str:
+        return self.prefix + key
+
+    def register(self, ranks: List[int]) -> None:
+        """Write (or renew: the beat) this node's registration."""
+        doc = {
+            "version": PROTOCOL,
+            "summary_version": VERSION,
+            "node_rank": self.me.node_rank,
+            "node_count": self.me.node_count,
+            "host": self.me.host,
+            "run_dir": self.run_dir,
+            "pid": os.getpid(),
+            "ranks": sorted(ranks),
+            "beat_wall_ns": time.time_ns(),
+        }
+        self.link.set(self._k("node/%d" % self.me.node_rank), orjson.dumps(doc))
+
+    def registration(self, r: int) -> Optional[Dict[str, Any]]:
+        """Node r's registration, None when absent or unreadable."""
+        v = self.link.get(self._k("node/%d" % r))
+        try:
+            d = orjson.loads(v) if v is not None else None
+        except ValueError:
+            return None
+        return d if isinstance(d, dict) else None
+
+    def incidents(self) -> int:
+        """How many incidents were opened in the job so far."""
+        return self.link.add(self._k("incidents"), 0)
+
+    def open_incident(self, kind: str, detail: str) -> int:
+        """A new incident (this node detected ``kind``); its number."""
+        n = self.link.add(self._k("incidents"), 1)
+        doc = {
+            "kind": kind,
+            "detail": detail,
+            "node_rank": self.me.node_rank,
+            "host": self.me.host,
+            "wall_ns": time.time_ns(),
+        }
+        self.link.set(self._k("incident/%d" % n), orjson.dumps(doc))
+        return n
+
+    def trigger(self, n: int) -> Optional[Dict[str, Any]]:
+        v = self.link.get(self._k("incident/%d" % n))
+        try:
+            d = orjson.loads(v) if v is not None else None
+        except ValueError:
+            return {"kind": "unknown", "detail": "unreadable trigger (%d bytes)" % len(v or b"")}
+        return d if isinstance(d, dict) else None
+
+    def publish_part(self, n: int, data: bytes) -> None:
+        self.link.set(self._k("incident/%d/part/%d" % (n, self.me.node_rank)), data)
+
+    def publish_verdict(self, n: int, doc: Dict[str, Any]) -> None:
+        self.link.set(self._k("incident/%d/verdict" % n), orjson.dumps(doc, default=str))
+
+    def verdict(self, n: int) -> Optional[Dict[str, Any]]:
+        v = self.link.get(self._k("incident/%d/verdict" % n))
+        try:
+            d = orjson.loads(v) if v is not None else None
+        except ValueError:
+            return None
+        return d if isinstance(d, dict) else None
+
+    def _check_part(self, n: int, r: int, data: bytes) -> NodePart:
+        part = decode(data)
+        if part.node_rank != r:
+            raise SummaryError("foreign part: it says it is node %s's" % part.node_rank)
+        if part.incident != n:
+            raise SummaryError("stale part: it answers incident %d, not %d" % (part.incident, n))
+        if str(part.node.get("job")) != self.me.job:
+            raise SummaryError("stale part: of job %s, not %s" % (part.node.get("job"), self.me.job))
+        return part
+
+    def gather(
+        self,
+        n: int,
+        deadline_s: float,
+        own: Optional[NodePart] = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Gathered:
+        """Every other node's part of incident ``n``, waiting until each node answered (or
+        its part proved unusable) or ``deadline_s`` seconds passed. Raises StoreGone."""
+        g = Gathered()
+        t0 = clock()
+        pending = set(range(self.me.node_count)) - {self.me.node_rank}
+        while True:
+            for r in sorted(pending):
+                data = self.link.get(self._k("incident/%d/part/%d" % (n, r)))
+                if data is None:
+                    continue
+                pending.discard(r)
+                try:
+                    g.parts[r] = self._check_part(n, r, data)
+                    g.raw[r] = data
+                except SummaryError as e:
+                    g.bad.add(r)
+                    g.errors.append("node %d's summary of incident %d: %s" % (r, n, e))
+            if not pending or clock() - t0 >= deadline_s:
+                break
+            sleep(min(0.2, max(0.0, deadline_s - (clock() - t0))))
+        g.waited_s = clock() - t0
+        g.nodes = self._nodes(n, g, pending, own)
+        return g
+
+    def _nodes(
+        self, n: int, g: Gathered, pending: "set[int]", own: Optional[NodePart]
+    ) -> List[Dict[str, Any]]:
+        out = [
+            {
+                "node_rank": self.me.node_rank,
+                "host": self.me.host,
+                "ranks": list(self.me.ranks),
+                "seen": True,
+                "why": "",
+            }
+        ]
+        for r in range(self.me.node_count):
+            if r == self.me.node_rank:
+                continue
+            reg = None
+            try:
+                reg = self.registration(r)
+            except Exception:
+                pass
+            host = reg.get("host") if reg else None
+            ranks = list(reg.get("ranks") or ()) if reg else []
+            if r in g.parts:
+                p = g.parts[r]
+                ranks = sorted({q.rank for q in p.processes if q.rank >= 0}) or ranks
+                out.append(
+                    {
+                        "node_rank": r,
+                        "host": p.node.get("host") or host,
+                        "ranks": ranks,
+                        "seen": True,
+                        "why": "",
+                    }
+                )
+                continue
+            if r in g.bad:
+                why = "its summary could not be used (see the errors)"
+            elif reg is None:
+                why = "its watcher never registered in the job's store (no hangtrace on it, or it never reached the store)"
+            else:
+                age = (time.time_ns() - int(reg.get("beat_wall_ns") or 0)) / 1e9
+                why = "no summary within %.0f s; its watcher's last sign of life %.0f s ago" % (
+                    g.waited_s,
+                    age,
+                )
+            out.append({"node_rank": r, "host": host, "ranks": ranks, "seen": False, "why": why})
+        return out
