@@ -46,6 +46,7 @@ class JobWatch:
         self.timeout_s = config.get_float(config.STORE_TIMEOUT_S)
         self.me: Any = None  # NodeIdentity once found
         self.meeting: Any = None
+        self.last_meeting: Any = None  # the meeting before the store went away (its parts read)
         self.gone: Optional[str] = None  # why the store cannot be used now
         self.seen_n = 0
         self.answered: Dict[int, float] = {}  # incident -> monotonic time answered
@@ -114,7 +115,7 @@ class JobWatch:
                 return
             link = DirLink(os.path.join(shared, "hangtrace-" + self.me.job))
             self.log("node meeting: %s; meeting in %s instead" % (e, link.where))
-        self.meeting = Meeting(link, self.me, self.run_dir)
+        self.meeting = self.last_meeting = Meeting(link, self.me, self.run_dir)
         self.meeting.register(list(self.me.ranks))
         self.seen_n = self.meeting.incidents()  # earlier incidents are not ours to answer
         self.gone = None
@@ -133,6 +134,9 @@ class JobWatch:
                 if trig is not None and trig.get("node_rank") != self.me.node_rank:
                     new.append((i, trig))
             self.seen_n = max(self.seen_n, n)
+            if self.me.node_count <= FETCH_ALL_MAX:  # the store dies with its host: read early
+                for i in range(max(1, n - 2), n + 1):
+                    m.prefetch(i)
         except StoreGone as e:
             self.gone = str(e)
             self.meeting = None
@@ -180,12 +184,11 @@ class JobWatch:
         """The job-wide Result of incident ``n`` (``-1``: the store is gone) from this node's
         ``res`` (``pipeline.Result`` of its own snapshot): published, gathered, assembled,
         stored in the snapshot folder. Never raises for the store; bounded in time."""
-        from hangtrace.tracer.watch.jobverdict import assemble, unseen_nodes
+        from hangtrace.tracer.watch.jobverdict import assemble
 
         self.answered[n] = time.monotonic()
         if n < 0 or self.meeting is None:
-            nodes = unseen_nodes(self.me, res.snapshot, self.gone or "the job's store could not be reached")
-            return assemble(self.run_dir, res, self.me, None, nodes, self.log)
+            return self._without_store(res)
         from hangtrace.tracer.collect.nodes.storelink import StoreGone
         from hangtrace.tracer.watch.jobverdict import publish_and_gather
 
@@ -193,11 +196,26 @@ class JobWatch:
             g = publish_and_gather(self.meeting, n, res, self.wait_s, fetch_all=self._fetch_all())
         except StoreGone as e:
             self.gone, self.meeting = str(e), None
-            nodes = unseen_nodes(self.me, res.snapshot, str(e))
-            return assemble(self.run_dir, res, self.me, None, nodes, self.log)
+            return self._without_store(res)
         job = assemble(self.run_dir, res, self.me, g, g.nodes if g else [], self.log)
         self._share_verdict(n, job)
         return job
+
+    def _without_store(self, res: Any) -> Any:
+        """The verdict when the store cannot be reached: with the parts of the newest
+        incident read before it went away, else node-local, naming what it could not see."""
+        from hangtrace.tracer.watch.jobverdict import assemble, unseen_nodes
+
+        why = self.gone or "the job's store could not be reached"
+        m = self.last_meeting
+        if m is not None and m.cache:
+            n = max(i for i, _ in m.cache)
+            g = m.gather(n, 0.0)
+            g.errors.append(
+                "the job's store went away (%s): the parts of incident %d read before are used" % (why, n)
+            )
+            return assemble(self.run_dir, res, self.me, g, g.nodes, self.log)
+        return assemble(self.run_dir, res, self.me, None, unseen_nodes(self.me, res.snapshot, why), self.log)
 
     def _fetch_all(self) -> bool:
         return self.me.node_rank == 0 or self.me.node_count <= FETCH_ALL_MAX

@@ -207,8 +207,14 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             # a crash the watcher did not catch in time (or a fast failure): analyse what is left
             try:
                 w.poll()
-                res = dump_live(run_dir, "death", with_stacks=False, stall_s=w.stall_s)
-                report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
+                shown(
+                    local_incident(
+                        jw,
+                        "death",
+                        "the job exited with status %d" % exit_status(rc),
+                        lambda kind: dump_live(run_dir, kind, with_stacks=False, stall_s=w.stall_s),
+                    )
+                )
             except HangtraceError as e:
                 sys.stderr.write(e.render() + "\n")
         elif rc == 0:

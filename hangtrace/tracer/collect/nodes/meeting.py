@@ -52,6 +52,7 @@ class Meeting:
     def __init__(self, link: Any, me: NodeIdentity, run_dir: str) -> None:
         self.link, self.me, self.run_dir = link, me, run_dir
         self.prefix = "hangtrace/%s/" % me.job
+        self.cache: Dict[Any, bytes] = {}  # (incident, node rank) -> part bytes already read
 
     def _k(self, key: str) -> str:
         return self.prefix + key
@@ -119,6 +120,22 @@ class Meeting:
             return None
         return d if isinstance(d, dict) else None
 
+    def part(self, n: int, r: int) -> Optional[bytes]:
+        """Node r's part of incident ``n`` (kept once read: the store may go away later,
+        with the process that hosts it). Raises StoreGone."""
+        if (n, r) not in self.cache:
+            v = self.link.get(self._k("incident/%d/part/%d" % (n, r)))
+            if v is None:
+                return None
+            self.cache[(n, r)] = v
+        return self.cache[(n, r)]
+
+    def prefetch(self, n: int) -> None:
+        """Read every part of incident ``n`` present now (:meth:`part`). Raises StoreGone."""
+        for r in range(self.me.node_count):
+            if r != self.me.node_rank:
+                self.part(n, r)
+
     def _check_part(self, n: int, r: int, data: bytes) -> NodePart:
         part = decode(data)
         if part.node_rank != r:
@@ -133,7 +150,6 @@ class Meeting:
         self,
         n: int,
         deadline_s: float,
-        own: Optional[NodePart] = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> Gathered:
@@ -142,9 +158,13 @@ class Meeting:
         g = Gathered()
         t0 = clock()
         pending = set(range(self.me.node_count)) - {self.me.node_rank}
+        gone = None
         while True:
             for r in sorted(pending):
-                data = self.link.get(self._k("incident/%d/part/%d" % (n, r)))
+                try:
+                    data = self.part(n, r) if gone is None else self.cache.get((n, r))
+                except Exception as e:  # StoreGone: keep what was read, name what was not
+                    gone, data = str(e), self.cache.get((n, r))
                 if data is None:
                     continue
                 pending.discard(r)
@@ -154,16 +174,14 @@ class Meeting:
                 except SummaryError as e:
                     g.bad.add(r)
                     g.errors.append("node %d's summary of incident %d: %s" % (r, n, e))
-            if not pending or clock() - t0 >= deadline_s:
+            if not pending or clock() - t0 >= deadline_s or gone is not None:
                 break
             sleep(min(0.2, max(0.0, deadline_s - (clock() - t0))))
         g.waited_s = clock() - t0
-        g.nodes = self._nodes(n, g, pending, own)
+        g.nodes = self._nodes(n, g, gone)
         return g
 
-    def _nodes(
-        self, n: int, g: Gathered, pending: "set[int]", own: Optional[NodePart]
-    ) -> List[Dict[str, Any]]:
+    def _nodes(self, n: int, g: Gathered, gone: Optional[str]) -> List[Dict[str, Any]]:
         out = [
             {
                 "node_rank": self.me.node_rank,
@@ -178,9 +196,9 @@ class Meeting:
                 continue
             reg = None
             try:
-                reg = self.registration(r)
-            except Exception:
-                pass
+                reg = self.registration(r) if gone is None else None
+            except Exception as e:
+                gone = gone or str(e)
             host = reg.get("host") if reg else None
             ranks = list(reg.get("ranks") or ()) if reg else []
             if r in g.parts:
@@ -198,6 +216,8 @@ class Meeting:
                 continue
             if r in g.bad:
                 why = "its summary could not be used (see the errors)"
+            elif gone is not None:
+                why = "its summary was not read before the store went away (%s)" % gone
             elif reg is None:
                 why = "its watcher never registered in the job's store (no hangtrace on it, or it never reached the store)"
             else:
