@@ -33,9 +33,9 @@ class StoreLink:
 
         self.where = "the job's store at %s:%d" % (host, port)
         self.bytes_out = self.bytes_in = 0
-        # torch's C++ log prints a stack trace at WARNING for every operation on a store that
+        # torch's C++ log prints a stack trace (WARNING, ERROR) for every failed operation on a store that
         # went away (measured: "sendBytes failed ... Broken pipe"); we say it in one line
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
         try:
             import torch.distributed as dist
 
