@@ -123,8 +123,10 @@ def one(n, snap_dir, procs, poll):
     me = NodeIdentity(0, n, "node0", ("127.0.0.1", port), "bench.0", tuple(range(RANKS_PER_NODE)))
     m = Meeting(link, me, "/r")
     m.register(list(range(RANKS_PER_NODE)))
+    mine = encoded(snap, 0, n, 1)
     t0, c0 = time.monotonic(), time.process_time()
     inc = m.open_incident("stall", "bench")
+    m.publish_part(inc, mine)  # as a watcher does, before it gathers
     g = m.gather(inc, 600.0)
     t_gather = time.monotonic() - t0
     joined = jobsnap.combine(

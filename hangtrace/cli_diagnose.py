@@ -68,7 +68,16 @@ def cmd_dump(args: argparse.Namespace) -> int:
     from .tracer.watch.progress import DEFAULT_WINDOW_S
 
     window_s = DEFAULT_WINDOW_S if args.window is None else args.window
-    res = pipeline.dump_live(run_dir, "request", native=args.native, stall_s=stall_s, window_s=window_s)
+    from .tracer.watch.jobwatch import dump_job
+
+    res = dump_job(  # issue 39: on one node of several, every node's summary, one job-wide verdict
+        run_dir,
+        lambda kind: pipeline.dump_live(
+            run_dir, kind, native=args.native, stall_s=stall_s, window_s=window_s
+        ),
+        log=_err,
+        stall_s=stall_s,
+    )
     _print_diag(res, args.json)
     return 0
 

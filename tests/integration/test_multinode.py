@@ -129,9 +129,21 @@ def test_sleeping_rank_on_node1_under_auto_watch(tmp_path):
             240,
             why=lambda: logs(tmp_path),
         )
+        # `hangtrace dump` on node 1 while the job still hangs: node 0's watcher answers
+        r = subprocess.run(
+            [sys.executable, "-m", "hangtrace", "dump", "--json", str(dirs[1])],
+            env=base_env(traced=False),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert r.returncode == 0, r.stderr
+        dumped = json.loads(r.stdout)
     finally:
         stop(*procs)
     why = logs(tmp_path)
+    check_sleeper(dumped, why + r.stderr)
+    assert dumped["details"]["nodes"]["unseen"] == [], dumped["details"]
     for run in dirs:
         check_sleeper(analyze(run), why)
 

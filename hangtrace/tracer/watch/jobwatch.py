@@ -270,3 +270,24 @@ def local_incident(jw: Optional[JobWatch], kind: str, detail: str, dump: Callabl
         return res
     assert jw is not None
     return jw.answer(n, res)
+
+
+def dump_job(run_dir: str, dump: Callable[[str], Any], log: Log, stall_s: float = 300.0) -> Any:
+    """``hangtrace dump`` on one node of a multi-node job: opens an incident ('request') in
+    the job's store so that every node's watcher sends its summary, and returns the
+    job-wide Result assembled here (``dump('request')``: this node's snapshot). A run that
+    is one node, or ``HANGTRACE_MULTINODE_MEET=0``: ``dump('request')`` alone. Bounded in
+    time like the watcher's meeting."""
+    jw = JobWatch(run_dir, log, stall_s)
+    if os.environ.get(config.MULTINODE, config.DEFAULTS[config.MULTINODE]) != "0":
+        jw._refresh_identity()
+    if jw.me is None:
+        return dump("request")
+    jw._connect()
+    jw._tried.set()
+    n = (
+        GONE
+        if jw.meeting is None
+        else jw.meeting.open_incident("request", "hangtrace dump on %s" % jw.me.label)
+    )
+    return jw.answer(n, dump("request"))

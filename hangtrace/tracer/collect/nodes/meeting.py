@@ -107,7 +107,9 @@ class Meeting:
         return d if isinstance(d, dict) else None
 
     def publish_part(self, n: int, data: bytes) -> None:
+        """Publish this node's part of incident ``n`` and count it (``incident/<n>/parts``)."""
         self.link.set(self._k("incident/%d/part/%d" % (n, self.me.node_rank)), data)
+        self.link.add(self._k("incident/%d/parts" % n), 1)
 
     def publish_verdict(self, n: int, doc: Dict[str, Any]) -> None:
         self.link.set(self._k("incident/%d/verdict" % n), orjson.dumps(doc, default=str))
@@ -154,32 +156,67 @@ class Meeting:
         clock: Callable[[], float] = time.monotonic,
     ) -> Gathered:
         """Every other node's part of incident ``n``, waiting until each node answered (or
-        its part proved unusable) or ``deadline_s`` seconds passed. Raises StoreGone."""
+        its part proved unusable) or ``deadline_s`` seconds passed. One read of the parts
+        counter per round, one ``multi_get`` once every node published (a check per node
+        only when the count moved, or each second); a store that goes away ends the wait with
+        the parts read until then (and those read before, :meth:`part`). Never raises."""
         g = Gathered()
         t0 = clock()
         pending = set(range(self.me.node_count)) - {self.me.node_rank}
-        gone = None
+        gone: Optional[str] = None
+        seen_count, last_pass = -1, -1.0
         while True:
-            for r in sorted(pending):
-                try:
-                    data = self.part(n, r) if gone is None else self.cache.get((n, r))
-                except Exception as e:  # StoreGone: keep what was read, name what was not
-                    gone, data = str(e), self.cache.get((n, r))
-                if data is None:
-                    continue
-                pending.discard(r)
-                try:
-                    g.parts[r] = self._check_part(n, r, data)
-                    g.raw[r] = data
-                except SummaryError as e:
-                    g.bad.add(r)
-                    g.errors.append("node %d's summary of incident %d: %s" % (r, n, e))
+            try:
+                count = self.link.add(self._k("incident/%d/parts" % n), 0) if gone is None else -1
+            except Exception as e:  # StoreGone: keep what was read, name what was not
+                gone, count = str(e), -1
+            if gone is None and count >= self.me.node_count and pending:  # all published: one read
+                gone = self._read_all(n, sorted(pending), g, pending)
+            elif count != seen_count or clock() - last_pass >= 1.0 or gone is not None:
+                gone = self._read_each(n, sorted(pending), g, pending, gone)
+                last_pass = clock()
+            seen_count = count
             if not pending or clock() - t0 >= deadline_s or gone is not None:
                 break
             sleep(min(0.2, max(0.0, deadline_s - (clock() - t0))))
         g.waited_s = clock() - t0
         g.nodes = self._nodes(n, g, gone)
         return g
+
+    def _take(self, n: int, r: int, data: bytes, g: Gathered, pending: "set[int]") -> None:
+        pending.discard(r)
+        try:
+            g.parts[r] = self._check_part(n, r, data)
+            g.raw[r] = data
+        except SummaryError as e:
+            g.bad.add(r)
+            g.errors.append("node %d's summary of incident %d: %s" % (r, n, e))
+
+    def _read_all(self, n: int, rs: List[int], g: Gathered, pending: "set[int]") -> Optional[str]:
+        """Every part of ``rs`` (all published) in one read; the reason when the store is gone."""
+        todo = [r for r in rs if (n, r) not in self.cache]
+        try:
+            vs = self.link.multi_get([self._k("incident/%d/part/%d" % (n, r)) for r in todo]) if todo else []
+        except Exception as e:
+            return self._read_each(n, rs, g, pending, str(e))
+        self.cache.update({(n, r): v for r, v in zip(todo, vs)})
+        for r in rs:
+            self._take(n, r, self.cache[(n, r)], g, pending)
+        return None
+
+    def _read_each(
+        self, n: int, rs: List[int], g: Gathered, pending: "set[int]", gone: Optional[str]
+    ) -> Optional[str]:
+        """The parts of ``rs`` present now, one check each (only the cache once the store is
+        gone); the reason when the store is (or went) away."""
+        for r in rs:
+            try:
+                data = self.part(n, r) if gone is None else self.cache.get((n, r))
+            except Exception as e:
+                gone, data = str(e), self.cache.get((n, r))
+            if data is not None:
+                self._take(n, r, data, g, pending)
+        return gone
 
     def _nodes(self, n: int, g: Gathered, gone: Optional[str]) -> List[Dict[str, Any]]:
         out = [
@@ -194,26 +231,26 @@ class Meeting:
         for r in range(self.me.node_count):
             if r == self.me.node_rank:
                 continue
+            if r in g.parts:
+                p = g.parts[r]
+                ranks = sorted(
+                    {
+                        q.rank
+                        for q in p.processes
+                        if q.rank >= 0 and q.role is not None and q.role.value == "rank"
+                    }
+                )
+                out.append(
+                    {"node_rank": r, "host": p.node.get("host"), "ranks": ranks, "seen": True, "why": ""}
+                )
+                continue
             reg = None
             try:
-                reg = self.registration(r) if gone is None else None
+                reg = self.registration(r) if gone is None else None  # a node not seen only
             except Exception as e:
                 gone = gone or str(e)
             host = reg.get("host") if reg else None
             ranks = list(reg.get("ranks") or ()) if reg else []
-            if r in g.parts:
-                p = g.parts[r]
-                ranks = sorted({q.rank for q in p.processes if q.rank >= 0}) or ranks
-                out.append(
-                    {
-                        "node_rank": r,
-                        "host": p.node.get("host") or host,
-                        "ranks": ranks,
-                        "seen": True,
-                        "why": "",
-                    }
-                )
-                continue
             if r in g.bad:
                 why = "its summary could not be used (see the errors)"
             elif gone is not None:

@@ -73,6 +73,12 @@ class StoreLink:
     def add(self, key: str, n: int) -> int:
         return int(self._op("add", self._s.add, key, n))
 
+    def multi_get(self, keys: "list[str]") -> "list[bytes]":
+        """The values of ``keys``, every one of which is set (one round trip)."""
+        vs = [bytes(v) for v in self._op("multi_get", self._s.multi_get, keys)]
+        self.bytes_in += sum(len(v) for v in vs) + sum(len(k) for k in keys)
+        return vs
+
 
 class DirLink:
     """:class:`StoreLink`'s operations over files under ``root`` (a shared directory)."""
@@ -114,6 +120,9 @@ class DirLink:
             raise StoreGone("cannot read %s: %s" % (self._path(key), e.strerror or e)) from None
         self.bytes_in += len(v)
         return v
+
+    def multi_get(self, keys: "list[str]") -> "list[bytes]":
+        return [self.get(k) or b"" for k in keys]
 
     def add(self, key: str, n: int) -> int:
         import fcntl
