@@ -33,6 +33,9 @@ BEAT_S = 2.0
 RETRY_S = 3.0
 #: :meth:`JobWatch.incident`: the store cannot be reached; this incident was answered already
 GONE, ANSWERED = -1, -2
+#: seconds within which an incident another node opened is the one this node detects too (a
+#: job-wide stall is seen by every node within a poll or two; a death's cascade within seconds)
+JOIN_S = 15.0
 #: above this many nodes, a node other than node 0 fetches the job's verdict, not every part
 FETCH_ALL_MAX = 32
 
@@ -154,8 +157,8 @@ class JobWatch:
         return out
 
     def incident(self, kind: str, detail: str) -> Optional[int]:
-        """This node detected ``kind``: the incident it belongs to (a fresh one another node
-        opened within the stall threshold is joined, else a new one is opened); :data:`GONE`
+        """This node detected ``kind``: the incident it belongs to (one opened within
+        ``max(JOIN_S, HANGTRACE_NODE_WAIT_S)`` seconds is joined, else a new one is opened); :data:`GONE`
         when the store cannot be reached (the verdict is node-local, naming what it could not
         see); :data:`ANSWERED` when this node answered that incident already (its verdict
         was given); None when this run is not one node of several."""
@@ -173,7 +176,7 @@ class JobWatch:
             if n >= 1:
                 trig = m.trigger(n) or {}
                 age = (time.time_ns() - int(trig.get("wall_ns") or 0)) / 1e9
-                if age <= max(self.stall_s, 2 * self.wait_s):
+                if age <= max(JOIN_S, self.wait_s):  # the same incident seen from another node
                     return ANSWERED if n in self.answered else n
             return m.open_incident(kind, detail)
         except StoreGone as e:
