@@ -43,7 +43,7 @@ class Gathered:
     nodes: List[Dict[str, Any]] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
     waited_s: float = 0.0
-    bad: "set[int]" = field(default_factory=set)
+    bad: Dict[int, str] = field(default_factory=dict)  # node rank -> why its part is unusable
 
 
 class Meeting:
@@ -189,7 +189,7 @@ class Meeting:
             g.parts[r] = self._check_part(n, r, data)
             g.raw[r] = data
         except SummaryError as e:
-            g.bad.add(r)
+            g.bad[r] = str(e)
             g.errors.append("node %d's summary of incident %d: %s" % (r, n, e))
 
     def _read_all(self, n: int, rs: List[int], g: Gathered, pending: "set[int]") -> Optional[str]:
@@ -252,7 +252,7 @@ class Meeting:
             host = reg.get("host") if reg else None
             ranks = list(reg.get("ranks") or ()) if reg else []
             if r in g.bad:
-                why = "its summary could not be used (see the errors)"
+                why = "its summary could not be used: %s" % g.bad[r]
             elif gone is not None:
                 why = "its summary was not read before the store went away (%s)" % gone
             elif reg is None:
