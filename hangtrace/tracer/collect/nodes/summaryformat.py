@@ -18,7 +18,7 @@ raises :class:`SummaryError` naming what is wrong: not ours, another version, ga
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import orjson
@@ -218,4 +218,4 @@ def node_envs(run_dir: str, processes: Sequence[ProcessInfo]) -> List[Dict[str, 
     return out
 
 
-__all__ = ["encode", "decode", "NodePart", "SummaryError", "field"]
+__all__ = ["encode", "decode", "NodePart", "SummaryError"]
