@@ -245,7 +245,9 @@ def diagnose_path(path: str, log: Log = _stderr_log, stall_s: Optional[float] = 
     """``hangtrace analyze``: offline analysis of a run directory or snapshot (nothing
     written); ``stall_s`` as in :func:`diagnose_snapshot`. Raises RunDirError (exit 4),
     UnreadableRunError (exit 3)."""
-    return diagnose_snapshot(readable(load_path(path), log), stall_s=stall_s)
+    from hangtrace.tracer.collect.nodes.jobsnap import as_job  # issue 39: one node of several
+
+    return diagnose_snapshot(as_job(readable(load_path(path), log)), stall_s=stall_s)
 
 
 def diagnose_paths(paths: Sequence[str], log: Log = _stderr_log, stall_s: Optional[float] = None) -> Result:

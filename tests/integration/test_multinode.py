@@ -63,9 +63,9 @@ def cmd_of(n, port, out, args):
     return cmd + list(args)
 
 
-def analyze(run_dir):
+def analyze(*run_dirs):
     r = subprocess.run(
-        [sys.executable, "-m", "hangtrace", "analyze", "--json", str(run_dir)],
+        [sys.executable, "-m", "hangtrace", "analyze", "--json"] + [str(d) for d in run_dirs],
         env=base_env(traced=False),
         capture_output=True,
         text=True,
@@ -115,6 +115,13 @@ def test_sleeping_rank_on_node1_under_hangtrace_run(tmp_path):
         check_sleeper(analyze(run), why)
     assert "Rank 3 is on node 1" in (tmp_path / "node0.log").read_text(), why
     assert list(dirs[1].glob("snapshots/*/nodes/job_verdict.json")), why  # node 0's word, on node 1
+    # node-local run directories copied from both nodes (their own snapshots, without the
+    # other node's parts) analysed as one job: `hangtrace analyze DIR1 DIR2`
+    copies = []
+    for n, run in enumerate(dirs):
+        copies.append(tmp_path / ("copy%d" % n))
+        shutil.copytree(run, copies[-1], ignore=shutil.ignore_patterns("nodes"))
+    assert check_sleeper(analyze(*copies), why) is None
 
 
 @need_all

@@ -153,5 +153,25 @@ def combine(snaps: Sequence[Snapshot]) -> Snapshot:
         errors=errors,
         taken_wall_ns=max(s.taken_wall_ns for s in snaps),
         nodes=[nodes[k] for k in sorted(nodes)],
-        path=None,
+        path=first.path if len(snaps) == 1 else None,
     )
+
+
+def as_job(snap: Snapshot) -> Snapshot:
+    """``snap``, or when it is one node's of several (:func:`one_of_several`) ``combine([snap])``:
+    the verdict then names the nodes it lacks."""
+    return combine([snap]) if one_of_several(snap) else snap
+
+
+def one_of_several(snap: Snapshot) -> bool:
+    """True when ``snap`` is one node's of a multi-node job (its ranks recorded a node count
+    above 1) and says nothing of the other nodes yet (``Snapshot.nodes`` empty)."""
+    if snap.nodes:
+        return False
+    for p in snap.processes:
+        try:
+            if int((p.meta or {}).get("launch_node_count") or 0) > 1:
+                return True
+        except (TypeError, ValueError):
+            continue
+    return False
