@@ -38,9 +38,12 @@ def _print_diag(res: "Result", as_json: bool) -> None:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Offline analysis of a run directory (newest snapshot, else the rings) or a snapshot."""
-    from .tracer.pipeline import diagnose_path
+    from .tracer.pipeline import diagnose_path, diagnose_paths
 
-    _print_diag(diagnose_path(args.path, log=_err, stall_s=args.stall_s), args.json)
+    if len(args.path) > 1:  # issue 39: node-local run directories of several nodes of one job
+        _print_diag(diagnose_paths(args.path, log=_err, stall_s=args.stall_s), args.json)
+        return 0
+    _print_diag(diagnose_path(args.path[0], log=_err, stall_s=args.stall_s), args.json)
     return 0
 
 
@@ -65,7 +68,16 @@ def cmd_dump(args: argparse.Namespace) -> int:
     from .tracer.watch.progress import DEFAULT_WINDOW_S
 
     window_s = DEFAULT_WINDOW_S if args.window is None else args.window
-    res = pipeline.dump_live(run_dir, "request", native=args.native, stall_s=stall_s, window_s=window_s)
+    from .tracer.watch.jobwatch import dump_job
+
+    res = dump_job(  # issue 39: on one node of several, every node's summary, one job-wide verdict
+        run_dir,
+        lambda kind: pipeline.dump_live(
+            run_dir, kind, native=args.native, stall_s=stall_s, window_s=window_s
+        ),
+        log=_err,
+        stall_s=stall_s,
+    )
     _print_diag(res, args.json)
     return 0
 
@@ -127,13 +139,16 @@ def add_parsers(sub: Any) -> None:
         help="diagnose a run directory or snapshot offline",
         description="Diagnose offline: the newest snapshot of RUN_DIR, "
         "a snapshot folder RUN_DIR/snapshots/<time>, the rings as they are, "
-        "or a directory of torch Flight Recorder dumps. Prints the verdict paragraph; writes nothing.",
+        "or a directory of torch Flight Recorder dumps. Prints the verdict paragraph; writes nothing. "
+        "Several directories: the node-local run directories of one job's nodes, copied from "
+        "them, analysed as one job (docs/MULTINODE.md).",
     )
     a.add_argument(
         "path",
+        nargs="+",
         metavar="RUN_DIR|SNAPSHOT",
         help="the run directory `hangtrace run` printed (HANGTRACE_DIR of the job), one of its "
-        "snapshots, or a directory of comm_lib_trace_rank_<r> dumps",
+        "snapshots, or a directory of comm_lib_trace_rank_<r> dumps; several: one per node of a job",
     )
     a.add_argument(
         "--stall-s",

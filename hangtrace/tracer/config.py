@@ -104,7 +104,25 @@ COLUMNS = "HANGTRACE_COLUMNS"
 #: every call (the traced program must not notice).
 FAULT = "HANGTRACE_FAULT_INJECT"
 
+#: Multi-node torchrun jobs (issue 39): "0" keeps each node watcher to its own node; else
+#: (default "1") node watchers of a job whose ranks' launcher says it spans several nodes
+#: (``GROUP_WORLD_SIZE`` > 1) meet through the job's torch.distributed store
+#: (``MASTER_ADDR:MASTER_PORT``) and give one job-wide verdict (docs/MULTINODE.md).
+MULTINODE = "HANGTRACE_MULTINODE_MEET"
+#: Seconds a node watcher waits for the other nodes' summaries (the assembler) or for the
+#: job-wide verdict (the others) after an incident. Default 30.
+NODE_WAIT_S = "HANGTRACE_NODE_WAIT_S"
+#: Seconds one operation on the job's store may take before it is given up (connect, set,
+#: get); no watcher ever blocks longer on the store. Default 5.
+STORE_TIMEOUT_S = "HANGTRACE_STORE_TIMEOUT_S"
+#: A directory every node can write (a shared file system), used when the job's store
+#: cannot be reached: node summaries are written there as files (never mmapped).
+SHARED_DIR = "HANGTRACE_SHARED_DIR"
+
 DEFAULTS = {
+    MULTINODE: "1",
+    NODE_WAIT_S: 30.0,
+    STORE_TIMEOUT_S: 5.0,
     SLOTS: 16384,
     HELPER_SLOTS: 256,
     STALL_S: 300.0,

@@ -81,13 +81,15 @@ def readable(snap: Snapshot, log: Log = _stderr_log) -> Snapshot:
 
 def load_stored(path: str) -> Snapshot:
     """A stored snapshot folder; one taken by ``dump --ray`` gets Ray's records joined."""
+    from hangtrace.tracer.collect.nodes.jobsnap import has_parts, with_parts
     from hangtrace.tracer.collect.rings import load_snapshot
 
     if os.path.exists(os.path.join(path, "ray_state.json")):
         from hangtrace.tracer.collect.ray.raycluster import load_ray_snapshot
 
         return load_ray_snapshot(path)
-    return load_snapshot(path)
+    snap = load_snapshot(path)
+    return with_parts(snap, path) if has_parts(path) else snap  # issue 39: other nodes' parts
 
 
 def load_path(path: str) -> Snapshot:
@@ -243,7 +245,19 @@ def diagnose_path(path: str, log: Log = _stderr_log, stall_s: Optional[float] = 
     """``hangtrace analyze``: offline analysis of a run directory or snapshot (nothing
     written); ``stall_s`` as in :func:`diagnose_snapshot`. Raises RunDirError (exit 4),
     UnreadableRunError (exit 3)."""
-    return diagnose_snapshot(readable(load_path(path), log), stall_s=stall_s)
+    from hangtrace.tracer.collect.nodes.jobsnap import as_job  # issue 39: one node of several
+
+    return diagnose_snapshot(as_job(readable(load_path(path), log)), stall_s=stall_s)
+
+
+def diagnose_paths(paths: Sequence[str], log: Log = _stderr_log, stall_s: Optional[float] = None) -> Result:
+    """``hangtrace analyze DIR1 DIR2 ...``: node-local run directories (or snapshots) copied
+    from several nodes of one job, combined (``collect/nodes/jobsnap.combine``) and
+    analysed as one job. Raises what :func:`diagnose_path` raises, naming the path."""
+    from hangtrace.tracer.collect.nodes.jobsnap import combine
+
+    snaps = [readable(load_path(p), log) for p in paths]
+    return diagnose_snapshot(combine(snaps), stall_s=stall_s)
 
 
 def records(run_dir: str, log: Log = _stderr_log) -> Snapshot:

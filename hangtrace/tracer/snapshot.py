@@ -228,3 +228,7 @@ class Snapshot:
     ray_state: Dict[str, Any] = field(default_factory=dict)
     # a live snapshot judged over a window (``dump``, ``attach``), else None
     window: Optional[ProgressWindow] = None
+    # the nodes of a multi-node job joined into this snapshot (issue 39, collect/nodes/):
+    # one dict per node, {'node_rank': int, 'host': str, 'ranks': [int], 'seen': bool,
+    # 'why': str (what was not seen of it and why, '' when seen)}; empty for one node
+    nodes: List[Dict[str, Any]] = field(default_factory=list)

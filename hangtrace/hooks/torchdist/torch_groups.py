@@ -57,6 +57,7 @@ def _group_op_wrapper(
             dist = st.dist
             st.clear_groups()
             st.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
+            _record_launch(st)
             st.rec.group_created(_describe(dist.distributed_c10d._get_default_group(), name))
             _start_fr_agent(st)
             _td._probe_tensor_layout(st)
@@ -176,6 +177,34 @@ def _local_rank() -> int:
         return -1
 
 
+#: (ring meta key, environment variables read in order): the launcher's word on this rank's
+#: node and the job's store (issue 39; torchelastic sets GROUP_RANK/GROUP_WORLD_SIZE and
+#: TORCHELASTIC_RUN_ID, Slurm SLURM_NODEID/SLURM_NNODES, other launchers NODE_RANK/NNODES)
+LAUNCH_VARS = (
+    ("node_rank", ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID")),
+    ("node_count", ("GROUP_WORLD_SIZE", "NNODES", "SLURM_NNODES")),
+    ("store_addr", ("MASTER_ADDR",)),
+    ("store_port", ("MASTER_PORT",)),
+    ("elastic_run_id", ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")),
+    ("elastic_restart", ("TORCHELASTIC_RESTART_COUNT",)),
+)
+
+
+def _record_launch(st: Any) -> None:
+    """Ring meta ``launch_*``: the launcher's node identity and the job's store of this rank
+    (:data:`LAUNCH_VARS`), read by the node watcher to meet the other nodes (issue 39).
+    Nothing when none is set."""
+    import os
+
+    facts = {}
+    for key, names in LAUNCH_VARS:
+        v = next((os.environ[n] for n in names if os.environ.get(n)), None)
+        if v is not None:
+            facts["launch_" + key] = v
+    if facts:
+        st.rec.set_meta(**facts)
+
+
 def record_existing_groups() -> None:
     """Record the process groups that exist already (tracing began after init)."""
     st = _td._state
@@ -185,6 +214,7 @@ def record_existing_groups() -> None:
         return
     c10d = dist.distributed_c10d
     st.rec.set_rank(dist.get_rank(), _local_rank(), dist.get_world_size())
+    _record_launch(st)
     pgs = list(getattr(c10d._world, "pg_names", {}).keys())
     default = c10d._get_default_group()
     if default in pgs:

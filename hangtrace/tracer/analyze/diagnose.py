@@ -304,6 +304,8 @@ def _rankless(ctx: Ctx) -> Optional[Finding]:
 
 def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
     straggler_details(ctx, d)  # issue 43: a rank every recent step waits for (never the verdict)
+    from hangtrace.tracer.analyze.nodes import node_details
+
     explain_split(ctx, d)  # ranks that created their process groups in another order (groupdefs.py)
     enrich.ray_details(ctx, d)  # issue 4
     enrich.rankless_actor_failures(ctx, d)  # issue 9: actors without a rank beside the ranks
@@ -316,6 +318,7 @@ def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
     peer_waits(ctx, d)  # a culprit blocked on a local socket: the process at the other end, doing what
     poll_waits(ctx, d)  # culprits polling for a condition: where their waiters are, and a cycle
     replacement(ctx, d)  # a culprit rank restarted alone: what its new process does
+    node_details(ctx, d)  # issue 39: the culprits' nodes, the nodes not seen
     if d.culprit_ranks and d.waiting_ranks:
         cs = set(d.culprit_ranks)
         d.waiting_ranks = [r for r in d.waiting_ranks if r not in cs]

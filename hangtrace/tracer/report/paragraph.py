@@ -5,7 +5,7 @@ The opening sentences per verdict kind are in ``collparagraph`` (about a collect
 ``rankparagraph`` (a rank's own state, no culprit) and ``rayparagraph`` (Ray actors), over
 the shared phrases of ``phrases``; the advice in ``nextstep``."""
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List
 
 from hangtrace.tracer.diagnosis import Diagnosis, Kind
 from hangtrace.tracer.report.collparagraph import deadlock_text, mismatch_text, skipped_text
@@ -58,7 +58,24 @@ def verdict_paragraph(diag: Diagnosis) -> str:
     s += _ray_text(diag)  # issue 4
     s += _memory_text(diag)  # issue 5
     s += _holders_text(diag)  # issue 9
+    s += _nodes_text(diag)  # issue 39
     nxt = next_step(diag)
     if nxt:
         s += " Next: %s." % nxt
     return " ".join(s.split())
+
+
+def _nodes_text(diag: Diagnosis) -> str:
+    """Issue 39: where the culprits run in a multi-node job, and the nodes not seen
+    (``analyze/nodes.py``, ``details['nodes']``)."""
+    nodes = (diag.details or {}).get("nodes") or {}
+    out = ""
+    by_node: Dict[str, List[int]] = {}
+    for r, w in (nodes.get("culprits") or {}).items():
+        by_node.setdefault(str(w), []).append(int(r))
+    for w, rs in sorted(by_node.items()):
+        out += " %s %s on %s." % (_ranks(sorted(rs)).capitalize(), "is" if len(rs) == 1 else "are", w)
+    unseen = nodes.get("unseen") or []
+    if unseen:
+        out += " Not seen (the verdict is without them): %s." % "; ".join(unseen)
+    return out

@@ -150,6 +150,17 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     # stall is called yet (processes busy on CPU) stays on the console
     w.say = log
     w.straggler_echo = log  # issue 43: the straggler lines go to the watcher log file and here
+    from hangtrace.tracer.watch.jobwatch import JobWatch, answer_all, local_incident
+
+    jw = JobWatch(run_dir, log, w.stall_s).start()  # issue 39: the other nodes of the job
+
+    def dump(kind: str) -> Any:
+        return dump_live(run_dir, kind, native=opts.native, stall_s=w.stall_s)
+
+    def shown(res: Any) -> None:
+        if res is not None:
+            report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
+
     poll = (
         opts.poll_s
         if opts.poll_s is not None
@@ -166,6 +177,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
                 pass
             if interrupts:
                 continue  # the user is stopping the job: its deaths are no incident
+            answer_all(jw, dump, shown)
             inc = w.poll()
             if inc is None:
                 continue
@@ -175,8 +187,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             sys.stderr.flush()
             reported = True  # one verdict per incident, even when the diagnosis failed
             try:
-                res = dump_live(run_dir, inc.kind, native=opts.native, stall_s=w.stall_s)
-                report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
+                shown(local_incident(jw, inc.kind, inc.detail, dump))
             except HangtraceError as e:
                 sys.stderr.write(e.render() + "\n")
             if opts.stop_on_stall and inc.kind == "stall":
@@ -198,14 +209,21 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             # a crash the watcher did not catch in time (or a fast failure): analyse what is left
             try:
                 w.poll()
-                res = dump_live(run_dir, "death", with_stacks=False, stall_s=w.stall_s)
-                report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
+                shown(
+                    local_incident(
+                        jw,
+                        "death",
+                        "the job exited with status %d" % exit_status(rc),
+                        lambda kind: dump_live(run_dir, kind, with_stacks=False, stall_s=w.stall_s),
+                    )
+                )
             except HangtraceError as e:
                 sys.stderr.write(e.render() + "\n")
         elif rc == 0:
             log("command finished with status 0; records in %s" % run_dir)
             _clean_exit_check(run_dir)
     finally:
+        jw.stop()
         for s, h in old.items():
             signal.signal(s, h)
         if child.poll() is None:

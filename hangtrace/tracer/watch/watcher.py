@@ -41,6 +41,7 @@ def main(argv: "list[str] | None" = None) -> int:
     """
     import socket
     from hangtrace.tracer.pipeline import dump_live
+    from hangtrace.tracer.watch.jobwatch import JobWatch, answer_all, local_incident
 
     argv = sys.argv[1:] if argv is None else argv
     run_dir = argv[0]
@@ -68,6 +69,16 @@ def main(argv: "list[str] | None" = None) -> int:
         return 4
     ino = (st.st_dev, st.st_ino)
     log("watcher started, pid %d, stall threshold %.1f s" % (os.getpid(), w.stall_s))
+    jw = JobWatch(run_dir, log, w.stall_s).start()  # issue 39: the other nodes of the job
+
+    def dump(kind: str) -> "object":
+        return dump_live(run_dir, kind, log=log, stall_s=w.stall_s)
+
+    def report(res: "object") -> None:
+        if res is not None:
+            log("verdict: %s" % res.paragraph)  # type: ignore[attr-defined]
+            log("snapshot: %s" % res.snapshot.path)  # type: ignore[attr-defined]
+
     last_ring = time.monotonic()
     while True:
         if run_dir_gone(run_dir, ino):
@@ -76,11 +87,10 @@ def main(argv: "list[str] | None" = None) -> int:
         if inc is not None:
             log("%s: %s" % (inc.kind, inc.detail))
             try:
-                res = dump_live(run_dir, inc.kind, log=log, stall_s=w.stall_s)
-                log("verdict: %s" % res.paragraph)
-                log("snapshot: %s" % res.snapshot.path)
+                report(local_incident(jw, inc.kind, inc.detail, dump))
             except Exception as e:
                 log("diagnosis failed: %r" % (e,))
+        answer_all(jw, dump, report)
         if w.headers:
             last_ring = time.monotonic()
         elif time.monotonic() - last_ring >= max(w.startup_stall_s, 2 * poll):

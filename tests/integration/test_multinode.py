@@ -1,0 +1,216 @@
+"""Issue 39: one job-wide verdict across the nodes of a torchrun job without Ray.
+
+Two nodes are simulated on this machine as two torchrun agents (``--nnodes 2 --node-rank
+0/1``, one free master port: node 0's agent hosts the job's TCPStore), 2 ranks each, each
+node with its own run directory and its own watcher, as on a real cluster. The default run
+holds one case (the sleeping rank under ``hangtrace run``, about 50 s); the others run with
+``HANGTRACE_MULTINODE=all`` (docs/MULTINODE.md gives the command).
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddp_jobs import descendants, stop
+from jobs import REPO, base_env, free_port
+
+SCRIPT = os.path.join(REPO, "tests", "integration", "scripts", "mn_ddp.py")
+TORCHRUN = shutil.which("torchrun")
+ALL = os.environ.get("HANGTRACE_MULTINODE") == "all"
+need_all = pytest.mark.skipif(
+    not ALL, reason="multi-node case beyond the default one: HANGTRACE_MULTINODE=all"
+)
+STALL_S = 8
+
+
+def start_nodes(tmp_path, mode, args=(), env_extra=None):
+    """Two torchrun agents as nodes 0 and 1 (``mode`` 'run': each under ``hangtrace run``;
+    'auto': HANGTRACE=1 with the auto-started watcher). Returns (procs, run dirs, out dir)."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun not on PATH")
+    port, out = free_port(), tmp_path / "out"
+    out.mkdir()
+    procs, dirs = [], []
+    for n in (0, 1):
+        run = tmp_path / ("node%d" % n)
+        dirs.append(run)
+        cmd = cmd_of(n, port, out, args)
+        extra = dict(HANGTRACE_STARTUP_STALL_S=90, OMP_NUM_THREADS=1, **(env_extra or {}))
+        if mode == "run":
+            env = base_env(traced=False, **extra)
+            cmd = [sys.executable, "-m", "hangtrace", "run", "--stall-s", str(STALL_S), "--stop-on-stall"]
+            cmd += ["--dir", str(run), "--"] + cmd_of(n, port, out, args)
+        else:
+            run.mkdir()
+            env = base_env(run, HANGTRACE_AUTO_WATCH=1, HANGTRACE_STALL_S=STALL_S, **extra)
+        log = open(tmp_path / ("node%d.log" % n), "w")
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
+        log.close()
+    return procs, dirs, out
+
+
+def cmd_of(n, port, out, args):
+    cmd = [TORCHRUN, "--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "2"]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port), SCRIPT, "--out", str(out)]
+    return cmd + list(args)
+
+
+def analyze(*run_dirs):
+    r = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "analyze", "--json"] + [str(d) for d in run_dirs],
+        env=base_env(traced=False),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def logs(tmp_path):
+    return "\n".join(
+        "---- %s\n%s" % (p.name, p.read_text()[-4000:]) for p in sorted(tmp_path.glob("node*.log"))
+    ) + "".join(
+        "\n---- %s\n%s" % (w, w.read_text()[-3000:]) for w in sorted(tmp_path.glob("node*/watcher-*.log"))
+    )
+
+
+def wait_for(pred, timeout, procs=(), why=lambda: ""):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.5)
+    raise AssertionError("timed out\n%s" % why())
+
+
+def check_sleeper(d, why):
+    assert (d["kind"], d["culprit_ranks"]) == ("stuck-outside-collective", [3]), "%s\n%s" % (
+        d["summary"],
+        why,
+    )
+    assert d["details"]["nodes"]["culprits"] == {"3": "node 1 (%s)" % os.uname().nodename}, d["details"]
+    assert any("mn_ddp.py:26" in f for f in d["frames"][:2]), d["frames"]
+    assert "Rank 3 is on node 1" in d["summary"], d["summary"]
+
+
+def test_sleeping_rank_on_node1_under_hangtrace_run(tmp_path):
+    """Rank 3 (node 1) asleep outside collectives: both nodes' analyze name it, its node, its line."""
+    procs, dirs, _ = start_nodes(tmp_path, "run", ["--sleep-rank", "3", "--sleep-step", "15"])
+    try:
+        for p in procs:
+            p.wait(timeout=240)
+    finally:
+        stop(*procs)
+    why = logs(tmp_path)
+    for run in dirs:
+        check_sleeper(analyze(run), why)
+    assert "Rank 3 is on node 1" in " ".join((tmp_path / "node0.log").read_text().split()), why
+    assert list(dirs[1].glob("snapshots/*/nodes/job_verdict.json")), why  # node 0's word, on node 1
+    # node-local run directories copied from both nodes (their own snapshots, without the
+    # other node's parts) analysed as one job: `hangtrace analyze DIR1 DIR2`
+    copies = []
+    for n, run in enumerate(dirs):
+        copies.append(tmp_path / ("copy%d" % n))
+        shutil.copytree(run, copies[-1], ignore=shutil.ignore_patterns("nodes"))
+    assert check_sleeper(analyze(*copies), why) is None
+
+
+@need_all
+def test_sleeping_rank_on_node1_under_auto_watch(tmp_path):
+    procs, dirs, _ = start_nodes(tmp_path, "auto", ["--sleep-rank", "3", "--sleep-step", "15"])
+    try:
+        wait_for(
+            lambda: (
+                all(list(d.glob("snapshots/*/nodes/nodes.json")) for d in dirs)
+                and all("verdict:" in "".join(w.read_text() for w in d.glob("watcher-*.log")) for d in dirs)
+            ),
+            240,
+            why=lambda: logs(tmp_path),
+        )
+        # `hangtrace dump` on node 1 while the job still hangs: node 0's watcher answers
+        r = subprocess.run(
+            [sys.executable, "-m", "hangtrace", "dump", "--json", str(dirs[1])],
+            env=base_env(traced=False),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert r.returncode == 0, r.stderr
+        dumped = json.loads(r.stdout)
+    finally:
+        stop(*procs)
+    why = logs(tmp_path)
+    check_sleeper(dumped, why + r.stderr)
+    assert dumped["details"]["nodes"]["unseen"] == [], dumped["details"]
+    for run in dirs:
+        check_sleeper(analyze(run), why)
+
+
+@need_all
+def test_node1_killed(tmp_path):
+    """Node 1's ranks and agent SIGKILLed: node 0 names the dead ranks and their node."""
+    procs, dirs, out = start_nodes(tmp_path, "run")
+    try:
+        wait_for(
+            lambda: (out / "step").exists() and int((out / "step").read_text() or 0) >= 20,
+            180,
+            why=lambda: logs(tmp_path),
+        )
+        time.sleep(2 * 2.5)  # two beats of the meeting: every node registered
+        for pid in descendants(procs[1].pid):  # node 1's torchrun agent and its ranks, not its watcher
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for p in procs:
+            p.wait(timeout=180)
+    finally:
+        stop(*procs)
+    why = logs(tmp_path)
+    d = analyze(dirs[0])
+    assert d["kind"] == "dead-rank" and sorted(d["culprit_ranks"]) in ([2], [3], [2, 3]), "%s\n%s" % (
+        d["summary"],
+        why,
+    )
+    assert set(d["details"]["nodes"]["culprits"].values()) == {"node 1 (%s)" % os.uname().nodename}, d[
+        "details"
+    ]
+
+
+@need_all
+def test_store_gone(tmp_path):
+    """Node 0 (the store's host) killed whole: node 1's node-local verdict names what it could not see."""
+    procs, dirs, out = start_nodes(tmp_path, "run")
+    try:
+        wait_for(
+            lambda: (out / "step").exists() and int((out / "step").read_text() or 0) >= 20,
+            180,
+            why=lambda: logs(tmp_path),
+        )
+        tree = descendants(procs[0].pid)
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        procs[1].wait(timeout=180)
+    finally:
+        stop(*procs)
+    why = logs(tmp_path)
+    d = analyze(dirs[1])
+    unseen = d["details"]["nodes"]["unseen"]
+    assert unseen and unseen[0].startswith("node 0 (") and "ranks 0-1" in unseen[0], "%s\n%s" % (
+        d["summary"],
+        why,
+    )
+    assert "Not seen" in d["summary"], d["summary"]
