@@ -26,6 +26,7 @@ completing (timed out, aborted) -> 'failed'; else 'issued'.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from hangtrace.tracer.ring.frentries import FrDump, FrEntry
@@ -181,9 +182,10 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
     used: Set[int] = set()
     out: List[Dict[str, Any]] = []
     ours_p2p_groups = {r.get("group") for r in ours if r.get("kind") == "p2p"}
+    index = {g: _Cands(c) for g, c in fr_coll.items()}
     for r in ours:
-        cands = fr_coll.get(str(r.get("group"))) if r.get("kind") == "collective" else None
-        if not cands:
+        cands = index.get(str(r.get("group"))) if r.get("kind") == "collective" else None
+        if cands is None:
             out.append(r)
             continue
         out.extend(_merge_one(r, cands, used))
@@ -196,19 +198,48 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
     return _with_phase(out)
 
 
-def _merge_one(r: Dict[str, Any], cands: List[Dict[str, Any]], used: Set[int]) -> List[Dict[str, Any]]:
+class _Cands:
+    """One group's FR collectives (launch order) indexed by start time: the ones within a
+    call's time window, and the highest seq before a time, in O(log n) plus what is found
+    (a linear scan per record made the join of 4,096 ranks' rings quadratic: issue 40)."""
+
+    __slots__ = ("items", "order", "ts", "maxseq")
+
+    def __init__(self, items: List[Dict[str, Any]]) -> None:
+        self.items = items
+        self.order = sorted(range(len(items)), key=lambda i: items[i]["t_wall_ns"])
+        self.ts = [items[i]["t_wall_ns"] for i in self.order]
+        best: Any = None
+        self.maxseq: List[Any] = []
+        for i in self.order:
+            q = items[i]["seq"]
+            best = q if best is None or (q is not None and q > best) else best
+            self.maxseq.append(best)
+
+    def within(self, lo_ns: float, hi_ns: float) -> List[Dict[str, Any]]:
+        """The entries with ``lo_ns <= t_wall_ns <= hi_ns``, in launch order."""
+        a, b = bisect.bisect_left(self.ts, lo_ns), bisect.bisect_right(self.ts, hi_ns)
+        return [self.items[i] for i in sorted(self.order[a:b])]
+
+    def max_seq_before(self, t_ns: float) -> Any:
+        """The highest seq of the entries started before ``t_ns``, None when none did."""
+        a = bisect.bisect_left(self.ts, t_ns)
+        return self.maxseq[a - 1] if a else None
+
+
+def _merge_one(r: Dict[str, Any], cands: _Cands, used: Set[int]) -> List[Dict[str, Any]]:
     """Our collective ``r`` against its group's FR collectives ``cands`` (``used``: ids of those
     already paired, updated): the records it becomes (further FR launches of its call, then it)."""
     t0, t1 = r.get("t_wall_ns") or 0, _end_wall(r)
     w0 = t0 - _SLACK_NS
-    near = [e for e in cands if w0 <= e["t_wall_ns"] <= t1 + _SLACK_NS and id(e) not in used]
+    near = [e for e in cands.within(w0, t1 + _SLACK_NS) if id(e) not in used]
     match = next((e for e in near if _compatible(str(r.get("op")), e["op"])), near[0] if near else None)
     m = dict(r)
     m["seq_ours"] = r.get("seq")
     if match is None:
-        before = [e["seq"] for e in cands if e["t_wall_ns"] < w0]
-        if before:
-            m["seq"] = max(before)
+        before = cands.max_seq_before(w0)
+        if before is not None:
+            m["seq"] = before
             m["fr_unmatched"] = True
         return [m]
     out: List[Dict[str, Any]] = []
