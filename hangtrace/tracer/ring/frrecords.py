@@ -93,8 +93,13 @@ def _global(ranks: Optional[Tuple[int, ...]], local: Optional[int], group: str, 
     return -1
 
 
-def fr_record(e: FrEntry, dump: Optional[FrDump] = None) -> Dict[str, Any]:
-    """One entry as a record dict (``snapshot`` module docstring keys, plus ``fr_*``)."""
+def fr_record(
+    e: FrEntry, dump: Optional[FrDump] = None, frames: Optional[Dict[int, List[Dict[str, Any]]]] = None
+) -> Dict[str, Any]:
+    """One entry as a record dict (``snapshot`` module docstring keys, plus ``fr_*``).
+    ``frames``: a cache of the ``frames`` lists by their FrFrame tuple's id (the entries of
+    one dump share their stacks' tuples, ``collect/frdump.py``): the records then share the
+    list too; readers must not modify it."""
     sizes = e.input_sizes or e.output_sizes
     numel = 0
     for s in sizes:
@@ -141,13 +146,25 @@ def fr_record(e: FrEntry, dump: Optional[FrDump] = None) -> Dict[str, Any]:
         "group_desc": e.group_desc,
         "fr_started_ns": e.time_discovered_started_ns,
         "fr_completed_ns": e.time_discovered_completed_ns,
-        "frames": [{"name": f.name, "filename": f.filename, "line": f.line} for f in e.frames],
+        "frames": _frame_dicts(e.frames, frames),
     }
+
+
+def _frame_dicts(
+    fs: Tuple[Any, ...], cache: Optional[Dict[int, List[Dict[str, Any]]]]
+) -> List[Dict[str, Any]]:
+    got = cache.get(id(fs)) if cache is not None else None
+    if got is None:
+        got = [{"name": f.name, "filename": f.filename, "line": f.line} for f in fs]
+        if cache is not None:
+            cache[id(fs)] = got
+    return got
 
 
 def fr_records(dump: FrDump) -> List[Dict[str, Any]]:
     """Every entry of ``dump`` as a record dict, in launch order (``record_id``)."""
-    return [fr_record(e, dump) for e in sorted(dump.entries, key=lambda e: e.record_id)]
+    frames: Dict[int, List[Dict[str, Any]]] = {}
+    return [fr_record(e, dump, frames) for e in sorted(dump.entries, key=lambda e: e.record_id)]
 
 
 def _end_wall(r: Dict[str, Any]) -> float:
@@ -163,8 +180,16 @@ def _compatible(ours: str, fr_op: str) -> bool:
     return ours == fr_op or fr_op in OP_ALIASES.get(ours, ())
 
 
-def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def merge_records(
+    ours: List[Dict[str, Any]], fr: List[Dict[str, Any]], since_ns: Optional[float] = None
+) -> List[Dict[str, Any]]:
     """One record stream of a process from our ring records and its FR records.
+
+    ``since_ns``: when ``ours`` is a window (the ring summary's records and its newest
+    records, issue 40) rather than every record, the wall time (ns) the window of newest
+    records starts at: FR entries launched before it pair with our records as always, but
+    unpaired ones are kept only when they are their group's newest or failed (the ones a
+    summary selects); the others belong with our records left out of the window.
 
     Collectives of a group FR saw: our record paired with the FR entry of that group created
     within its call (module docstring) becomes one event: our dict with ``seq`` = FR's,
@@ -190,10 +215,15 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
             continue
         out.extend(_merge_one(r, cands, used))
     for g, cands in fr_coll.items():
-        out.extend(e for e in cands if id(e) not in used)
+        out.extend(e for e in cands if id(e) not in used and _in_window(e, since_ns, e is cands[-1]))
+    newest_p2p: Dict[Any, Dict[str, Any]] = {}
+    for r in fr:
+        if r["kind"] != "collective":
+            newest_p2p[(r["group"], r.get("peer"))] = r
     for r in fr:
         if r["kind"] != "collective" and r["group"] not in ours_p2p_groups:
-            out.append(r)
+            if _in_window(r, since_ns, newest_p2p.get((r["group"], r.get("peer"))) is r):
+                out.append(r)
     out.sort(key=lambda r: (r.get("t_wall_ns") or 0, 0 if r.get("source") != FR_SOURCE else 1))
     return _with_phase(out)
 
@@ -225,6 +255,12 @@ class _Cands:
         """The highest seq of the entries started before ``t_ns``, None when none did."""
         a = bisect.bisect_left(self.ts, t_ns)
         return self.maxseq[a - 1] if a else None
+
+
+def _in_window(e: Dict[str, Any], since_ns: Optional[float], newest: bool) -> bool:
+    """Whether unpaired FR record ``e`` stays in a merged window starting at ``since_ns``
+    (None: every record is kept): launched in it, its group's (peer's) newest, or failed."""
+    return since_ns is None or newest or e["t_wall_ns"] >= since_ns or e.get("state") == "failed"
 
 
 def _merge_one(r: Dict[str, Any], cands: _Cands, used: Set[int]) -> List[Dict[str, Any]]:
