@@ -149,3 +149,24 @@ def test_gc_takes_attach_folders_and_tidies_kept_runs(tmp_path):
     assert housekeeping.tidy(str(run)) == 4  # one empty file, three empty folders
     assert sorted(os.listdir(run)) == ["stacks"]
     assert os.listdir(run / "stacks") == ["sigterm-h-2.txt"]
+
+
+def test_snapshot_copy_links_a_finished_ring_and_leaves_unwritten_slots_a_hole(tmp_path):
+    from hangtrace.hooks.record.recorder import Recorder
+    from hangtrace.tracer.ring import layout as F
+    from hangtrace.tracer.ring.reader import read_ring, snapshot_copy
+
+    rec = Recorder(str(tmp_path), "t", 4096, lambda *a: None)
+    rec.set_rank(0, 0, 2)
+    for n in range(5):
+        rec.step(n)
+    rec.close()
+    src = rec.path
+    copy, link = str(tmp_path / "copy.htr"), str(tmp_path / "link.htr")
+    written = snapshot_copy(src, copy)
+    assert written < F.HEADER_SIZE + 16 * F.SLOT_SIZE + 4096 + 64 * 1024  # not the 512 KiB of slots
+    assert os.stat(copy).st_blocks * 512 < 64 * 1024
+    a, b = read_ring(src), read_ring(copy)
+    assert a.records == b.records and len(a.records) >= 5 and a.header == dict(b.header, **{})
+    assert snapshot_copy(src, link, frozen=True) == 0
+    assert os.stat(link).st_ino == os.stat(src).st_ino

@@ -224,7 +224,8 @@ def take_snapshot(
 ) -> Snapshot:
     """Collect a snapshot of a live run into ``RUN_DIR/snapshots/<UTC time>/``.
 
-    Copies the used part of every ring, records process states, takes stacks of every
+    Stores every ring (``ring.reader.snapshot_copy``: a hard link for a process that is
+    gone, else its recorded part), records process states, takes stacks of every
     alive traced process (py-spy, in parallel; faulthandler fallback). Returns the
     Snapshot (with ``path`` set). Raises RunDirError if ``run_dir`` has no rings.
     The traced processes keep running.
@@ -239,7 +240,11 @@ def take_snapshot(
     for p in snap.processes:
         assert p.ring_path is not None  # load_run reads processes from their rings
         try:
-            R.compact_copy(p.ring_path, os.path.join(sdir, "rings", os.path.basename(p.ring_path)))
+            R.snapshot_copy(
+                p.ring_path,
+                os.path.join(sdir, "rings", os.path.basename(p.ring_path)),
+                frozen=p.state in ("exited", "killed"),
+            )
         except (HangtraceError, OSError) as e:
             snap.errors.append(error_line(p.ring_path, e))
         for kind, s in p.signals.items():
