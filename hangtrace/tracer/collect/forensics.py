@@ -207,19 +207,22 @@ def run_env(
     envs, errors = load_env(env_root)
     ranks: Dict[Tuple[str, int], int] = {}
     try:
+        procs: Sequence[Any] = processes if processes is not None else ()
         if processes is None:
             snap = (
                 rings.load_snapshot(path)
                 if rings.is_snapshot(path)
                 else rings.load_run(path, live_facts=False)
             )
-            processes = snap.processes
+            procs = snap.processes
         # the process model: only the process that IS rank r compares as rank r (helpers
         # that inherited RANK - resource trackers, DataLoader workers - do not)
         from hangtrace.tracer.process_model import assign_roles
 
-        model = assign_roles(processes)
-        ranks = {(p.host, p.pid): (p.rank if model.ranks.get(p.rank) is p else -1) for p in processes}
+        model = assign_roles(list(procs))
+        for q in procs:
+            r: int = q.rank
+            ranks[(q.host, q.pid)] = r if model.ranks.get(r) is q else -1
     except Exception as e:  # no ring: compare without ranks
         errors.append("ranks unknown (%s): processes are named by pid" % e)
     envs = with_ranks(envs, ranks)

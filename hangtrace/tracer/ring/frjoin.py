@@ -116,7 +116,7 @@ def _ours_window(p: ProcessInfo) -> "tuple[List[Dict[str, Any]], Optional[float]
     if s is None or not s.tail or len(recs) >= s.count:
         return recs, None
     tail = list(s.tail)
-    by_idx: Dict[Any, Dict[str, Any]] = {r.get("idx"): r for r in recs}
+    by_idx: Dict[Any, Any] = {r.get("idx"): r for r in recs}
     for r in tail:
         by_idx.setdefault(r.get("idx"), r)
     merged = sorted(by_idx.values(), key=lambda r: r.get("idx") or 0)

@@ -209,11 +209,11 @@ def merge_records(
     ours_p2p_groups = {r.get("group") for r in ours if r.get("kind") == "p2p"}
     index = {g: _Cands(c) for g, c in fr_coll.items()}
     for r in ours:
-        cands = index.get(str(r.get("group"))) if r.get("kind") == "collective" else None
-        if cands is None:
+        ix = index.get(str(r.get("group"))) if r.get("kind") == "collective" else None
+        if ix is None:
             out.append(r)
             continue
-        out.extend(_merge_one(r, cands, used))
+        out.extend(_merge_one(r, ix, used))
     for g, cands in fr_coll.items():
         out.extend(e for e in cands if id(e) not in used and _in_window(e, since_ns, e is cands[-1]))
     newest_p2p: Dict[Any, Dict[str, Any]] = {}
