@@ -156,7 +156,8 @@ def _run_envs(snap: Snapshot) -> List[ProcessEnv]:
             os.path.isdir(os.path.join(snap.run_dir or "", "env")) or os.path.isdir(os.path.join(root, "env"))
         ):
             return []
-        return list(run_env(root, enrich_local=False)[0])
+        procs = [p for p in snap.processes if p.ring_path] or None  # (read already: not again)
+        return list(run_env(root, enrich_local=False, processes=procs)[0])
     except Exception:
         return []
 

@@ -42,6 +42,7 @@ DUMP_SIGNAL = signal.SIGUSR2
 _rt: Any = None  # the Runtime (hooks/bootstrap.py), or None when detached
 _exit_code: List[Optional[int]] = [None]
 _files: List[int] = []  # descriptors of our stack files
+_empty_at_exit: List["tuple[int, str]"] = []  # (fd, path) of our stack files: removed when empty
 _stacks_dir: List[Optional[str]] = [None]
 
 
@@ -64,11 +65,26 @@ def _open(kind: str) -> int:
     if _stacks_dir[0] != d:  # made once per run directory; a forked child finds it made
         os.makedirs(d, mode=0o700, exist_ok=True)
         _stacks_dir[0] = d
-    fd = os.open(
-        stack_file(_rt.run_dir, kind, rec.host, rec.pid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666
-    )
+    path = stack_file(_rt.run_dir, kind, rec.host, rec.pid)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     _files.append(fd)
+    _empty_at_exit.append((fd, path))
     return fd
+
+
+def _drop_empty_stack_files() -> None:
+    """Remove this process's stack files that stayed empty (issue 40: every process left
+    them, up to 3 empty files each). Called at a clean exit, after the exit record: the
+    watcher and the analysis read a missing file as an empty one. (A fatal signal while
+    the interpreter finalises after this point writes to the unlinked file: the exit
+    record is written and the launcher sees the signal in the exit status.)"""
+    for fd, path in _empty_at_exit:
+        try:
+            if os.fstat(fd).st_size == 0 and os.stat(path).st_ino == os.fstat(fd).st_ino:
+                os.unlink(path)
+        except OSError:
+            pass
+    del _empty_at_exit[:]
 
 
 def _on_exit() -> None:
@@ -87,6 +103,7 @@ def _on_exit() -> None:
         rt.recorder.event("exit", code=code)
         rt.recorder.mark_exit(code)
         rt.recorder.close()
+        _drop_empty_stack_files()
     except Exception as e:
         rt.log("exit record failed: %r" % (e,), "exit")
 
@@ -253,6 +270,7 @@ def detach() -> None:
 
 
 def _close_files() -> None:
+    del _empty_at_exit[:]
     for fd in _files:
         try:
             os.close(fd)

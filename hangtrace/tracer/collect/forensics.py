@@ -22,7 +22,7 @@ import json
 import os
 import re
 import socket
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer import envfacts as E
 from hangtrace.tracer.collect.elffacts import every_library
@@ -192,13 +192,17 @@ def kernel_fault_text(pid: int, read_log: Optional[Callable[[], Tuple[list, str]
     return "\n".join(keep), status
 
 
-def run_env(path: str, enrich_local: bool = True) -> Tuple[List[E.ProcessEnv], List[str]]:
+def run_env(
+    path: str, enrich_local: bool = True, processes: Optional[Sequence[Any]] = None
+) -> Tuple[List[E.ProcessEnv], List[str]]:
     """The env records of a run directory or stored snapshot (a snapshot without its own
     ``env/`` reads its run directory's), ranks joined from the ring headers, ``libraries``
     made every mapped shared object (``elffacts.every_library``: the build-ids of the
     libraries mapped from more than one file read here; a note per file it could not
     read, in the error lines) and, with
     ``enrich_local``, pyelftools facts added for this host's libraries (:func:`enrich`).
+    ``processes``: the run's ``ProcessInfo`` list when the caller loaded it already (the
+    rings are then not read a second time: at 4,096 ranks that was a whole second load).
     Returns ``(records, error lines)``; never raises for unreadable files."""
     from hangtrace.tracer.collect import rings
 
@@ -208,15 +212,22 @@ def run_env(path: str, enrich_local: bool = True) -> Tuple[List[E.ProcessEnv], L
     envs, errors = load_env(env_root)
     ranks: Dict[Tuple[str, int], int] = {}
     try:
-        snap = (
-            rings.load_snapshot(path) if rings.is_snapshot(path) else rings.load_run(path, live_facts=False)
-        )
+        procs: Sequence[Any] = processes if processes is not None else ()
+        if processes is None:
+            snap = (
+                rings.load_snapshot(path)
+                if rings.is_snapshot(path)
+                else rings.load_run(path, live_facts=False)
+            )
+            procs = snap.processes
         # the process model: only the process that IS rank r compares as rank r (helpers
         # that inherited RANK - resource trackers, DataLoader workers - do not)
         from hangtrace.tracer.process_model import assign_roles
 
-        model = assign_roles(snap.processes)
-        ranks = {(p.host, p.pid): (p.rank if model.ranks.get(p.rank) is p else -1) for p in snap.processes}
+        model = assign_roles(list(procs))
+        for q in procs:
+            r: int = q.rank
+            ranks[(q.host, q.pid)] = r if model.ranks.get(r) is q else -1
     except Exception as e:  # no ring: compare without ranks
         errors.append("ranks unknown (%s): processes are named by pid" % e)
     envs, notes = every_library(with_ranks(envs, ranks))

@@ -29,7 +29,7 @@ import json
 import os
 import pickle
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.errors import HangtraceError
 from hangtrace.tracer.ring.frentries import FrDump, FrEntry, FrFrame, FrGroup, FrPgStatus
@@ -133,15 +133,30 @@ def split_profiling_name(name: str) -> Tuple[str, str, Optional[int], Optional[i
     return backend, rest.strip(), None, None
 
 
-def _entry(d: Dict[str, Any]) -> FrEntry:
-    pg = d.get("process_group") or ("", "")
-    pg = list(pg) + ["", ""]
-    backend, op, me, peer = split_profiling_name(str(d.get("profiling_name") or ""))
-    frames = tuple(
+def _frames(v: Any) -> Tuple[FrFrame, ...]:
+    return tuple(
         FrFrame(str(f.get("name", "")), str(f.get("filename", "")), _int(f.get("line")))
-        for f in (d.get("frames") or ())
+        for f in (v or ())
         if isinstance(f, dict)
     )
+
+
+def _memo(cache: Dict[Any, Any], fn: Callable[[Any], Any], v: Any) -> Any:
+    """``fn(v)`` through ``cache``, keyed by ``v``'s repr (one dump repeats the same stacks,
+    sizes, dtypes and names entry after entry: every step's collectives)."""
+    k = (fn, repr(v))
+    got = cache.get(k)
+    if got is None:
+        got = cache[k] = fn(v)
+    return got
+
+
+def _entry(d: Dict[str, Any], cache: Optional[Dict[Any, Any]] = None) -> FrEntry:
+    c: Dict[Any, Any] = {} if cache is None else cache
+    pg = d.get("process_group") or ("", "")
+    pg = list(pg) + ["", ""]
+    backend, op, me, peer = _memo(c, split_profiling_name, str(d.get("profiling_name") or ""))
+    frames = _memo(c, _frames, d.get("frames"))
     dur = d.get("duration_ms")
     return FrEntry(
         record_id=_int(d.get("record_id")),
@@ -157,10 +172,10 @@ def _entry(d: Dict[str, Any]) -> FrEntry:
         self_local=me,
         peer_local=peer,
         is_p2p=bool(d.get("is_p2p", peer is not None)),
-        input_sizes=_sizes(d.get("input_sizes")),
-        input_dtypes=_strs(d.get("input_dtypes")),
-        output_sizes=_sizes(d.get("output_sizes")),
-        output_dtypes=_strs(d.get("output_dtypes")),
+        input_sizes=_memo(c, _sizes, d.get("input_sizes")),
+        input_dtypes=_memo(c, _strs, d.get("input_dtypes")),
+        output_sizes=_memo(c, _sizes, d.get("output_sizes")),
+        output_dtypes=_memo(c, _strs, d.get("output_dtypes")),
         state=str(d.get("state") or ""),
         retired=bool(d.get("retired", False)),
         timeout_ms=_int(d.get("timeout_ms")),
@@ -249,7 +264,8 @@ def parse_fr_bytes(
     raw_entries = obj.get("entries") or []
     if not isinstance(raw_entries, list):
         raise FlightRecordError(path, "'entries' is not a list")
-    entries = tuple(_entry(e) for e in raw_entries if isinstance(e, dict))
+    cache: Dict[Any, Any] = {}
+    entries = tuple(_entry(e, cache) for e in raw_entries if isinstance(e, dict))
     cfg: Dict[str, FrGroup] = {}
     for key, g in (obj.get("pg_config") or {}).items():
         if isinstance(g, dict) and (g.get("name") or key):

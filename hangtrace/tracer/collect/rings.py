@@ -100,13 +100,15 @@ def load_snapshot(snap_dir: str, records: bool = False) -> Snapshot:
         meta["errors"] = []
     states = {k: v for k, v in meta.get("processes", {}).items() if isinstance(v, dict)}
     # memory facts: only the stored ones (never today's cgroup/kernel state)
-    has_fr = os.path.isdir(os.path.join(snap_dir, "fr"))  # Flight Recorder dumps: join every record
+    has_fr = os.path.isdir(os.path.join(snap_dir, "fr"))
+    # Flight Recorder dumps join the summary's records and its window of newest records
+    # (ring/frjoin.py), not every record (issue 40)
     procs, errs = load_rings(
         os.path.join(snap_dir, "rings"),
         run_dir=snap_dir,
         states=states,
         live_facts=False,
-        records=records or has_fr,
+        records=records,
     )
     errors += errs
     for i, p in enumerate(procs):
@@ -222,7 +224,8 @@ def take_snapshot(
 ) -> Snapshot:
     """Collect a snapshot of a live run into ``RUN_DIR/snapshots/<UTC time>/``.
 
-    Copies the used part of every ring, records process states, takes stacks of every
+    Stores every ring (``ring.reader.snapshot_copy``: a hard link for a process that is
+    gone, else its recorded part), records process states, takes stacks of every
     alive traced process (py-spy, in parallel; faulthandler fallback). Returns the
     Snapshot (with ``path`` set). Raises RunDirError if ``run_dir`` has no rings.
     The traced processes keep running.
@@ -231,13 +234,17 @@ def take_snapshot(
     sdir = os.path.join(run_dir, "snapshots", stamp)
     os.makedirs(os.path.join(sdir, "rings"), mode=0o700, exist_ok=True)
     fr = _fr_dumps(run_dir, sdir) if with_stacks else []  # before the rings: FR is never newer
-    snap = load_run(run_dir, live_facts=True, records=bool(fr))  # memory facts now, in processes.json
+    snap = load_run(run_dir, live_facts=True)  # memory facts now, in processes.json
     os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
     snap = dataclasses.replace(snap, reason=reason, path=sdir)
     for p in snap.processes:
         assert p.ring_path is not None  # load_run reads processes from their rings
         try:
-            R.compact_copy(p.ring_path, os.path.join(sdir, "rings", os.path.basename(p.ring_path)))
+            R.snapshot_copy(
+                p.ring_path,
+                os.path.join(sdir, "rings", os.path.basename(p.ring_path)),
+                frozen=p.state in ("exited", "killed"),
+            )
         except (HangtraceError, OSError) as e:
             snap.errors.append(error_line(p.ring_path, e))
         for kind, s in p.signals.items():
@@ -355,8 +362,8 @@ def load_run_or_fr(path: str) -> Any:
     directory has no ring file. Raises what ``load_run`` raises when it has neither."""
 
     has_dumps = bool(find_fr_files(path))
-    try:  # with dumps to join, every record (they are aligned with torch's entries by time)
-        snap = load_run(path, records=has_dumps)
+    try:  # dumps join the summaries' records and newest records (ring/frjoin.py, issue 40)
+        snap = load_run(path)
     except RunDirError:
         if not has_dumps:
             raise

@@ -105,6 +105,26 @@ def _joined_inflight(
     return inflight
 
 
+def _ours_window(p: ProcessInfo) -> "tuple[List[Dict[str, Any]], Optional[float]]":
+    """The records of ``p`` to join with its dump and where their window of newest records
+    starts (wall ns; None: they are every record). A process read from its ring summary
+    (``records`` = the summary's subset) joins that subset and the summary's tail (its
+    newest records, decoded here only): what the analysis reads of it, instead of every
+    record of every rank (issue 40: 4,096 ranks with dumps decoded ~8 M records)."""
+    s = p.summary
+    recs = list(p.records or ())
+    if s is None or not s.tail or len(recs) >= s.count:
+        return recs, None
+    tail = list(s.tail)
+    by_idx: Dict[Any, Any] = {r.get("idx"): r for r in recs}
+    for r in tail:
+        by_idx.setdefault(r.get("idx"), r)
+    merged = sorted(by_idx.values(), key=lambda r: r.get("idx") or 0)
+    if len(merged) >= s.count:
+        return merged, None
+    return merged, float(min((r.get("t_wall_ns") or 0) for r in tail))
+
+
 def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessInfo]:
     """Join dumps into ring-backed processes (by host+pid, else by rank); dumps of ranks
     without a ring become FR-only processes. Returns the new list of processes (new
@@ -125,7 +145,8 @@ def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessIn
         known = {g.get("name") for g in p.groups}
         meta = dict(p.meta)
         meta["flight_recorder"] = list(meta.get("flight_recorder") or []) + [d.path]
-        merged = merge_records(p.records, fr_records(d))
+        ours, since = _ours_window(p)
+        merged = merge_records(ours, fr_records(d), since_ns=since)
         out[i] = dataclasses.replace(
             p,
             records=merged,

@@ -26,6 +26,7 @@ completing (timed out, aborted) -> 'failed'; else 'issued'.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from hangtrace.tracer.ring.frentries import FrDump, FrEntry
@@ -92,8 +93,13 @@ def _global(ranks: Optional[Tuple[int, ...]], local: Optional[int], group: str, 
     return -1
 
 
-def fr_record(e: FrEntry, dump: Optional[FrDump] = None) -> Dict[str, Any]:
-    """One entry as a record dict (``snapshot`` module docstring keys, plus ``fr_*``)."""
+def fr_record(
+    e: FrEntry, dump: Optional[FrDump] = None, frames: Optional[Dict[int, List[Dict[str, Any]]]] = None
+) -> Dict[str, Any]:
+    """One entry as a record dict (``snapshot`` module docstring keys, plus ``fr_*``).
+    ``frames``: a cache of the ``frames`` lists by their FrFrame tuple's id (the entries of
+    one dump share their stacks' tuples, ``collect/frdump.py``): the records then share the
+    list too; readers must not modify it."""
     sizes = e.input_sizes or e.output_sizes
     numel = 0
     for s in sizes:
@@ -141,13 +147,25 @@ def fr_record(e: FrEntry, dump: Optional[FrDump] = None) -> Dict[str, Any]:
         "fr_started_ns": e.time_discovered_started_ns,
         "fr_completed_ns": e.time_discovered_completed_ns,
         "fr_duration_ms": e.duration_ms,
-        "frames": [{"name": f.name, "filename": f.filename, "line": f.line} for f in e.frames],
+        "frames": _frame_dicts(e.frames, frames),
     }
+
+
+def _frame_dicts(
+    fs: Tuple[Any, ...], cache: Optional[Dict[int, List[Dict[str, Any]]]]
+) -> List[Dict[str, Any]]:
+    got = cache.get(id(fs)) if cache is not None else None
+    if got is None:
+        got = [{"name": f.name, "filename": f.filename, "line": f.line} for f in fs]
+        if cache is not None:
+            cache[id(fs)] = got
+    return got
 
 
 def fr_records(dump: FrDump) -> List[Dict[str, Any]]:
     """Every entry of ``dump`` as a record dict, in launch order (``record_id``)."""
-    return [fr_record(e, dump) for e in sorted(dump.entries, key=lambda e: e.record_id)]
+    frames: Dict[int, List[Dict[str, Any]]] = {}
+    return [fr_record(e, dump, frames) for e in sorted(dump.entries, key=lambda e: e.record_id)]
 
 
 def _end_wall(r: Dict[str, Any]) -> float:
@@ -163,8 +181,16 @@ def _compatible(ours: str, fr_op: str) -> bool:
     return ours == fr_op or fr_op in OP_ALIASES.get(ours, ())
 
 
-def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def merge_records(
+    ours: List[Dict[str, Any]], fr: List[Dict[str, Any]], since_ns: Optional[float] = None
+) -> List[Dict[str, Any]]:
     """One record stream of a process from our ring records and its FR records.
+
+    ``since_ns``: when ``ours`` is a window (the ring summary's records and its newest
+    records, issue 40) rather than every record, the wall time (ns) the window of newest
+    records starts at: FR entries launched before it pair with our records as always, but
+    unpaired ones are kept only when they are their group's newest or failed (the ones a
+    summary selects); the others belong with our records left out of the window.
 
     Collectives of a group FR saw: our record paired with the FR entry of that group created
     within its call (module docstring) becomes one event: our dict with ``seq`` = FR's,
@@ -184,23 +210,64 @@ def merge_records(ours: List[Dict[str, Any]], fr: List[Dict[str, Any]]) -> List[
     after: Dict[Tuple[str, int], int] = {}
     out: List[Dict[str, Any]] = []
     ours_p2p_groups = {r.get("group") for r in ours if r.get("kind") == "p2p"}
+    index = {g: _Cands(c) for g, c in fr_coll.items()}
     for r in ours:
-        cands = fr_coll.get(str(r.get("group"))) if r.get("kind") == "collective" else None
-        if not cands:
+        ix = index.get(str(r.get("group"))) if r.get("kind") == "collective" else None
+        if ix is None:
             out.append(r)
             continue
-        out.extend(_merge_one(r, cands, used, after))
+        out.extend(_merge_one(r, ix, used, after))
     for g, cands in fr_coll.items():
-        out.extend(e for e in cands if id(e) not in used)
+        out.extend(e for e in cands if id(e) not in used and _in_window(e, since_ns, e is cands[-1]))
+    newest_p2p: Dict[Any, Dict[str, Any]] = {}
+    for r in fr:
+        if r["kind"] != "collective":
+            newest_p2p[(r["group"], r.get("peer"))] = r
     for r in fr:
         if r["kind"] != "collective" and r["group"] not in ours_p2p_groups:
-            out.append(r)
+            if _in_window(r, since_ns, newest_p2p.get((r["group"], r.get("peer"))) is r):
+                out.append(r)
     out.sort(key=lambda r: (r.get("t_wall_ns") or 0, 0 if r.get("source") != FR_SOURCE else 1))
     return _with_phase(out)
 
 
+class _Cands:
+    """One group's FR collectives (launch order) indexed by start time: the ones within a
+    call's time window, and the highest seq before a time, in O(log n) plus what is found
+    (a linear scan per record made the join of 4,096 ranks' rings quadratic: issue 40)."""
+
+    __slots__ = ("items", "order", "ts", "maxseq")
+
+    def __init__(self, items: List[Dict[str, Any]]) -> None:
+        self.items = items
+        self.order = sorted(range(len(items)), key=lambda i: items[i]["t_wall_ns"])
+        self.ts = [items[i]["t_wall_ns"] for i in self.order]
+        best: Any = None
+        self.maxseq: List[Any] = []
+        for i in self.order:
+            q = items[i]["seq"]
+            best = q if best is None or (q is not None and q > best) else best
+            self.maxseq.append(best)
+
+    def within(self, lo_ns: float, hi_ns: float) -> List[Dict[str, Any]]:
+        """The entries with ``lo_ns <= t_wall_ns <= hi_ns``, in launch order."""
+        a, b = bisect.bisect_left(self.ts, lo_ns), bisect.bisect_right(self.ts, hi_ns)
+        return [self.items[i] for i in sorted(self.order[a:b])]
+
+    def max_seq_before(self, t_ns: float) -> Any:
+        """The highest seq of the entries started before ``t_ns``, None when none did."""
+        a = bisect.bisect_left(self.ts, t_ns)
+        return self.maxseq[a - 1] if a else None
+
+
+def _in_window(e: Dict[str, Any], since_ns: Optional[float], newest: bool) -> bool:
+    """Whether unpaired FR record ``e`` stays in a merged window starting at ``since_ns``
+    (None: every record is kept): launched in it, its group's (peer's) newest, or failed."""
+    return since_ns is None or newest or e["t_wall_ns"] >= since_ns or e.get("state") == "failed"
+
+
 def _merge_one(
-    r: Dict[str, Any], cands: List[Dict[str, Any]], used: Set[int], after: Dict[Tuple[str, int], int]
+    r: Dict[str, Any], cands: _Cands, used: Set[int], after: Dict[Tuple[str, int], int]
 ) -> List[Dict[str, Any]]:
     """Our collective ``r`` against its group's FR collectives ``cands`` (``used``: ids of those
     already paired, updated; ``after``: (group, torch's last seq) -> our calls numbered past
@@ -208,16 +275,16 @@ def _merge_one(
     its call, then it)."""
     t0, t1 = r.get("t_wall_ns") or 0, _end_wall(r)
     w0 = t0 - _SLACK_NS
-    near = [e for e in cands if w0 <= e["t_wall_ns"] <= t1 + _SLACK_NS and id(e) not in used]
+    near = [e for e in cands.within(w0, t1 + _SLACK_NS) if id(e) not in used]
     match = next((e for e in near if _compatible(str(r.get("op")), e["op"])), near[0] if near else None)
     m = dict(r)
     m["seq_ours"] = r.get("seq")
     if match is None:
-        before = [e["seq"] for e in cands if e["t_wall_ns"] < w0]
-        if before:
-            m["seq"] = max(before)
+        before = cands.max_seq_before(w0)
+        if before is not None:
+            m["seq"] = before
             m["fr_unmatched"] = True
-            if not any(e["t_wall_ns"] > t1 + _SLACK_NS for e in cands):
+            if not cands.ts or cands.ts[-1] <= t1 + _SLACK_NS:
                 # past the end of torch's dump (taken before our ring was read): torch's
                 # numbering goes on one per call; one number for all of them made the
                 # ranks' later calls look like different collectives at one seq (a false

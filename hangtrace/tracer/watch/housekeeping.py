@@ -7,8 +7,9 @@ Which directories are candidates:
 
 - default location (``tempfile.gettempdir()``, i.e. ``$TMPDIR`` or ``/tmp``): only
   directories named exactly as hangtrace names a run it placed there itself,
-  ``hangtrace-<UTC yyyymmdd-HHMMSS>-<pid>`` (``hooks/state.default_run_id``), owned by
-  this user. A directory the user named (``HANGTRACE_DIR``, ``--dir``, or a run id of
+  ``hangtrace-<UTC yyyymmdd-HHMMSS>-<pid>`` (``hooks/state.default_run_id``), and the
+  folders ``hangtrace attach`` wrote there, ``hangtrace-attach-<UTC yyyymmddTHHMMSS>-<pid>``,
+  owned by this user. A directory the user named (``HANGTRACE_DIR``, ``--dir``, or a run id of
   their own in ``HANGTRACE_RUN_ID``) does not match and is never touched;
 - ``--dir BASE`` given explicitly: every subdirectory of BASE that holds a run (a ring
   file, ``hangtrace.log`` or ``snapshots/``), owned by this user.
@@ -37,6 +38,8 @@ from hangtrace.tracer.watch.retention import MIB, Plan, Policy, RunFacts, plan, 
 
 #: Name of a run directory hangtrace placed in the default location itself.
 DEFAULT_NAME_RE = re.compile(r"^hangtrace-\d{8}-\d{6}-\d+$")
+#: Name of the snapshot folder ``hangtrace attach`` placed there (``collect/attach.py``).
+ATTACH_NAME_RE = re.compile(r"^hangtrace-attach-\d{8}T\d{6}-\d+$")
 _HOST = socket.gethostname()
 
 
@@ -66,11 +69,13 @@ def policy_from_env(
 
 
 def is_run_dir(path: str) -> bool:
-    """True when ``path`` holds a hangtrace run (a ring file, ``hangtrace.log`` or ``snapshots/``)."""
+    """True when ``path`` holds a hangtrace run (a ring file, ``hangtrace.log`` or ``snapshots/``)
+    or is a folder ``hangtrace attach`` wrote (``processes.json``)."""
     return (
         os.path.exists(os.path.join(path, "hangtrace.log"))
         or os.path.isdir(os.path.join(path, "snapshots"))
         or bool(glob.glob(os.path.join(path, "ring-*.htr")))
+        or os.path.exists(os.path.join(path, "processes.json"))  # a `hangtrace attach` folder
     )
 
 
@@ -91,7 +96,7 @@ def find_runs(base: str, explicit: bool) -> list[str]:
         if explicit:
             if is_run_dir(e.path):
                 out.append(os.path.abspath(e.path))
-        elif DEFAULT_NAME_RE.match(e.name):
+        elif DEFAULT_NAME_RE.match(e.name) or ATTACH_NAME_RE.match(e.name):
             out.append(os.path.abspath(e.path))
     return sorted(out)
 
@@ -232,7 +237,34 @@ def execute(p: Plan) -> GcResult:
         else:
             deleted.append(path)
             freed += now.disk_bytes
+    for d in p.kept:
+        if not d.run.live and not d.run.unknown:
+            tidy(d.run.path)
     return GcResult(tuple(deleted), freed, tuple(spared), tuple(errors))
+
+
+def tidy(path: str) -> int:
+    """In a run kept whose processes are all gone: remove the empty stack files (a process
+    killed before its clean exit leaves them) and the folders left empty, the run's own
+    folder aside. Returns the number of entries removed; never raises."""
+    n = 0
+    for root, dirs, files in os.walk(path, topdown=False):
+        if os.path.basename(root) == "stacks":
+            for f in files:
+                fp = os.path.join(root, f)
+                try:
+                    if os.lstat(fp).st_size == 0:
+                        os.unlink(fp)
+                        n += 1
+                except OSError:
+                    pass
+        if root != path:
+            try:
+                os.rmdir(root)  # only when empty
+                n += 1
+            except OSError:
+                pass
+    return n
 
 
 def auto_prune(log: Callable[[str], None], environ: dict | None = None) -> GcResult | None:

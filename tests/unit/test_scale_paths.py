@@ -1,0 +1,172 @@
+"""Issue 40: the Flight Recorder join over a window of newest records equals the full join
+where the analysis reads it; the indexed pairing equals the linear scan it replaced; gc
+takes `hangtrace attach` folders and tidies what runs leave behind."""
+
+import os
+import pickle
+import random
+
+from hangtrace.tracer.collect.frdump import parse_fr_bytes
+from hangtrace.tracer.ring import frrecords
+from hangtrace.tracer.ring.frrecords import fr_records, merge_records
+from hangtrace.tracer.ring.summary import summarize_records
+from hangtrace.tracer.watch import housekeeping
+
+T0 = 1_700_000_000_000_000_000
+MS = 1_000_000
+
+
+def _entry(seq, t, name="gloo:all_reduce", retired=True):
+    return {
+        "record_id": seq - 1,
+        "pg_id": 0,
+        "process_group": ("0", "default_pg"),
+        "thread_name": "python",
+        "thread_id": "1",
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": seq,
+        "profiling_name": name,
+        "time_created_ns": t,
+        "input_sizes": [[4]],
+        "input_dtypes": ["Float"],
+        "output_sizes": [[4]],
+        "output_dtypes": ["Float"],
+        "state": "scheduled",
+        "retired": retired,
+        "timeout_ms": 600000,
+        "is_p2p": False,
+        "frames": [{"name": "step", "filename": "train.py", "line": 7}],
+    }
+
+
+def _job(steps, seed=0):
+    """Our records (a Python all_reduce per step, a step record) and the FR dump of the same
+    run (a C++-issued all_reduce before each of ours: DDP's), last call still in flight."""
+    rnd = random.Random(seed)
+    ours, es, idx, seq = [], [], 0, 0
+    t = T0
+    for s in range(steps):
+        t += 10 * MS + rnd.randrange(MS)
+        seq += 1
+        es.append(_entry(seq, t))  # C++-issued: FR only
+        t += 2 * MS
+        seq += 1
+        last = s == steps - 1
+        es.append(_entry(seq, t + 1000, retired=not last))
+        idx += 1
+        ours.append(
+            {
+                "idx": idx,
+                "kind": "collective",
+                "op": "all_reduce",
+                "group": "0",
+                "seq": s + 1,
+                "state": "issued" if last else "completed",
+                "t_wall_ns": t,
+                "t_mono_ns": t,
+                "t_end_mono_ns": None if last else t + MS,
+                "async_op": False,
+                "phase": "train",
+                "step": s,
+            }
+        )
+        if not last:
+            idx += 1
+            ours.append(
+                {"idx": idx, "kind": "step", "step": s + 1, "t_wall_ns": t + MS, "state": "completed"}
+            )
+    d = parse_fr_bytes(pickle.dumps({"version": "2.10", "entries": es}), "x", rank=0, host="h", pid=1)
+    return ours, fr_records(d)
+
+
+def test_window_join_equals_full_join_where_the_analysis_reads():
+    ours, fr = _job(200)
+    full = summarize_records(merge_records(ours, fr))
+    tail = ours[-40:]
+    window = [ours[0]] + tail  # a summary subset (an old single) and the newest records
+    part = summarize_records(merge_records(window, fr, since_ns=float(tail[0]["t_wall_ns"])))
+    for k in ("last", "last_comm", "inflight", "last_progress"):
+        assert getattr(part, k) == getattr(full, k), k
+    assert part.by_group == full.by_group
+    assert part.tail[-30:] == full.tail[-30:]
+    assert part.inflight["seq"] == 400 and part.inflight["seq_ours"] == 200
+    # FR entries older than the window that nothing pairs with are left out
+    assert len(merge_records(window, fr, since_ns=float(tail[0]["t_wall_ns"]))) < len(merge_records(ours, fr))
+
+
+def _linear_merge_one(r, cands, used):
+    """The pairing as it was before issue 40 (a linear scan per record): the reference."""
+    t0, t1 = r.get("t_wall_ns") or 0, frrecords._end_wall(r)
+    w0 = t0 - frrecords._SLACK_NS
+    near = [e for e in cands if w0 <= e["t_wall_ns"] <= t1 + frrecords._SLACK_NS and id(e) not in used]
+    match = next(
+        (e for e in near if frrecords._compatible(str(r.get("op")), e["op"])), near[0] if near else None
+    )
+    if match is None:
+        before = [e["seq"] for e in cands if e["t_wall_ns"] < w0]
+        return ("unmatched", max(before) if before else None)
+    return ("match", match["seq"], len(near))
+
+
+def test_indexed_pairing_equals_the_linear_scan():
+    for seed in range(5):
+        ours, fr = _job(60, seed)
+        rnd = random.Random(seed)
+        rnd.shuffle(fr)  # launch order and time order need not agree
+        cands = [e for e in fr if e["kind"] == "collective"]
+        idx = frrecords._Cands(cands)
+        for r in ours:
+            if r["kind"] != "collective":
+                continue
+            t0, t1 = r["t_wall_ns"], frrecords._end_wall(r)
+            w0 = t0 - frrecords._SLACK_NS
+            near = idx.within(w0, t1 + frrecords._SLACK_NS)
+            ref = _linear_merge_one(r, cands, set())
+            if ref[0] == "match":
+                assert len(near) == ref[2]
+                assert [e["seq"] for e in near] == [
+                    e["seq"] for e in cands if w0 <= e["t_wall_ns"] <= t1 + frrecords._SLACK_NS
+                ]
+            else:
+                assert not near and idx.max_seq_before(w0) == ref[1]
+
+
+def test_gc_takes_attach_folders_and_tidies_kept_runs(tmp_path):
+    att = tmp_path / "hangtrace-attach-20261207T101500-42"
+    (att / "stacks").mkdir(parents=True)
+    (att / "processes.json").write_text("{}")
+    other = tmp_path / "hangtrace-attachments"
+    other.mkdir()
+    assert housekeeping.find_runs(str(tmp_path), explicit=False) == [str(att)]
+    assert housekeeping.is_run_dir(str(att))
+    run = tmp_path / "run"
+    (run / "stacks").mkdir(parents=True)
+    (run / "stacks" / "dump-h-1.txt").write_text("")
+    (run / "stacks" / "sigterm-h-2.txt").write_text("Thread 0x1 ...\n")
+    (run / "env").mkdir()
+    (run / "snapshots" / "x").mkdir(parents=True)
+    assert housekeeping.tidy(str(run)) == 4  # one empty file, three empty folders
+    assert sorted(os.listdir(run)) == ["stacks"]
+    assert os.listdir(run / "stacks") == ["sigterm-h-2.txt"]
+
+
+def test_snapshot_copy_links_a_finished_ring_and_leaves_unwritten_slots_a_hole(tmp_path):
+    from hangtrace.hooks.record.recorder import Recorder
+    from hangtrace.tracer.ring import layout as F
+    from hangtrace.tracer.ring.reader import read_ring, snapshot_copy
+
+    rec = Recorder(str(tmp_path), "t", 4096, lambda *a: None)
+    rec.set_rank(0, 0, 2)
+    for n in range(5):
+        rec.step(n)
+    rec.close()
+    src = rec.path
+    copy, link = str(tmp_path / "copy.htr"), str(tmp_path / "link.htr")
+    written = snapshot_copy(src, copy)
+    assert written < F.HEADER_SIZE + 16 * F.SLOT_SIZE + 4096 + 64 * 1024  # not the 512 KiB of slots
+    assert os.stat(copy).st_blocks * 512 < 64 * 1024
+    a, b = read_ring(src), read_ring(copy)
+    assert a.records == b.records and len(a.records) >= 5 and a.header == dict(b.header, **{})
+    assert snapshot_copy(src, link, frozen=True) == 0
+    assert os.stat(link).st_ino == os.stat(src).st_ino
