@@ -25,3 +25,11 @@ fi
 # The start-up bundle (hangtrace/hooks/preload.py): our in-process modules in one file per
 # group, rebuilt when a source changed; without it traced processes import them as usual.
 (cd / && "$PY" -c "from hangtrace.hooks import preload; preload.refresh()")
+# Debian's Chromium for the timeline's browser check (scripts/timeline_screenshot.py --check:
+# the written trace loaded in the Perfetto UI, every event counted; ~30 s, 112 MB, once).
+# Where it cannot be installed (not root, no apt) those tests skip and say so.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get install -y -q chromium >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }) \
+    || echo "setup: chromium not installed: the timeline's browser checks will skip" >&2
+fi
