@@ -65,7 +65,9 @@ WRONG = {
 
 
 #: the representative slice run by default (so in .ci/run): a job the tool gets right today
-CI_SET = {"rt_sigkill"}
+#: none by default (CI's 25-minute budget, 2026-12-07 13:45): Ray Train's slice in CI is
+#: tests/integration/test_raytrain.py (a clean run, a worker stuck outside collectives)
+CI_SET: set = set()
 
 
 def _selected():

@@ -40,10 +40,9 @@ JOBS = sorted(glob.glob(os.path.join(HERE, "*.py"))) + sorted(glob.glob(os.path.
 #: rankless_root (a rank-less actor's segfault beside ranked trainers, which wait as its cascade,
 #: 72 s); ray_producer_dies (rule actors) takes 130 s: its consumer polls until the driver gives up
 CI_SET = {
-    "ray_actor_cycle",
     "ray_rollout_crash_trainer_waits",
-    "ray2_rdzv_port",
-}  # trainer actors stuck in the rendezvous, one at another port (25 s)
+}  # (ray_actor_cycle and ray2_rdzv_port left the default slice for CI's 25-minute budget,
+#    2026-12-07 13:45; test_ray_actor_waits.py runs an actor cycle in CI)
 #: deliberate differences from the author's EXPECT, documented in RESULTS.md (job -> verdict)
 AGREED = {
     # the actor is alive and idle after its train_step raised, on purpose not dead

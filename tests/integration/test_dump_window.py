@@ -46,7 +46,20 @@ def _load():
 
 
 @pytest.mark.timeout(300 + 40 * N)
-@pytest.mark.parametrize("loaded", [False, True], ids=["quiet", "cpu-burner"])
+@pytest.mark.parametrize(
+    "loaded",
+    [
+        pytest.param(
+            False,
+            marks=pytest.mark.skipif(
+                os.environ.get("HANGTRACE_LONG") != "1",
+                reason="the quiet variant with HANGTRACE_LONG=1 (CI's 25-minute budget; the loaded one runs)",
+            ),
+        ),
+        True,
+    ],
+    ids=["quiet", "cpu-burner"],
+)
 def test_dumps_of_a_healthy_training_job_are_never_hung(tmp_path, loaded):
     job, out, run = start_job(tmp_path, traced=True)
     hot = None
@@ -126,7 +139,20 @@ def test_attach_to_an_untraced_job_hung_in_a_queue_names_the_rank_in_the_headlin
 
 
 @pytest.mark.timeout(300 + 20 * N)
-@pytest.mark.parametrize("loaded", [False, True], ids=["quiet", "cpu-burner"])
+@pytest.mark.parametrize(
+    "loaded",
+    [
+        pytest.param(
+            False,
+            marks=pytest.mark.skipif(
+                os.environ.get("HANGTRACE_LONG") != "1",
+                reason="the quiet variant with HANGTRACE_LONG=1 (CI's 25-minute budget; the loaded one runs)",
+            ),
+        ),
+        True,
+    ],
+    ids=["quiet", "cpu-burner"],
+)
 def test_attach_to_a_healthy_untraced_job_says_progressing(tmp_path, loaded):
     job, out, _run = start_job(tmp_path, traced=False)
     hot = None

@@ -22,7 +22,7 @@ import sys
 import time
 
 
-from jobs import REPO, base_env
+from jobs import REPO, base_env, long_only
 
 EXAMPLE = os.path.join(REPO, "examples", "train_faults.py")
 STALL_S = 8  # import torch in 4 ranks on 2 busy cores can take ~6 s before step 1
@@ -168,6 +168,7 @@ def test_rank0_checkpoint(tmp_path):
     )
 
 
+@long_only("the demo's fault: test_launch_matrix and test_ray run it")
 def test_cp_extra_microbatch(tmp_path):
     r = run_example(tmp_path, "cp-extra-microbatch", 4)
     d = check_hang(r, "skipped-collective", [1])
@@ -186,6 +187,7 @@ def test_cp_extra_microbatch(tmp_path):
     ), d["summary"]
 
 
+@long_only("the unit goldens hold its verdict")
 def test_decode_loop(tmp_path):
     r = run_example(tmp_path, "decode-loop", 4)
     d = check_hang(r, "collective-mismatch", [3])
@@ -195,6 +197,7 @@ def test_decode_loop(tmp_path):
     assert sigs == {"all_reduce": [0, 1, 2], "all_gather": [3]}
 
 
+@long_only("the blind mismatch jobs (mp_broadcast_resized) run by default")
 def test_mismatch(tmp_path):
     r = run_example(tmp_path, "mismatch", 4)
     d = check_hang(r, "collective-mismatch", [1])

@@ -13,6 +13,7 @@ import shutil
 import pytest
 
 from test_examples import EXAMPLE, run_example
+from jobs import long_only
 
 LOADER = ("--loader-workers", "2")
 #: DataLoader workers import torch before the first batch: more than 8 s on two busy cores
@@ -88,6 +89,7 @@ def test_spawn_kill_rank(tmp_path):
     check(r, "dead-rank", [1], "killed-without-record")
 
 
+@long_only("test_examples.test_rank0_checkpoint runs the fault under torchrun")
 def test_spawn_rank0_checkpoint(tmp_path):
     # world size 4: with 2 ranks, one all_reduce against one all_gather is a tie (both named)
     r = run_example(tmp_path, "rank0-checkpoint", 4, extra=("--launcher", "spawn"))
@@ -103,6 +105,7 @@ def test_mp_raise(tmp_path):
     assert "ValueError: bad batch shape" in d["details"]["cause_text"]
 
 
+@long_only("test_torchrun_loader_stuck_queue runs the fault with DataLoader workers")
 def test_mp_loader_stuck_queue(tmp_path):
     r = run_example(tmp_path, "stuck-queue", extra=("--launcher", "mp") + LOADER, stall_s=LOADER_STALL_S)
     check(r, "stuck-outside-collective", [1])

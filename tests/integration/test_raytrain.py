@@ -116,6 +116,12 @@ def test_ray_train_worker_stuck_outside_collectives_is_reported(tmp_path):
     assert "poll_status" not in d["summary"] and "main_loop" not in d["summary"], d["summary"]
 
 
+@pytest.mark.skipif(
+    os.environ.get("HANGTRACE_BLIND") not in ("frameworks", "all")
+    and os.environ.get("HANGTRACE_LONG") != "1",
+    reason="with HANGTRACE_BLIND=frameworks or HANGTRACE_LONG=1 (CI's 25-minute budget; rt_raise of the "
+    "framework corpus is the same fault)",
+)
 def test_ray_train_worker_exception_is_the_root_with_its_own_message(tmp_path):
     """Ray Train catches train_func's RuntimeError in the training thread; the verdict is
     the worker's own exception (recorded where Ray Train caught it), not an internal actor."""
