@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from ddp_jobs import TORCHRUN, burner, descendants, rank_pids, start_job, step_of, stop, wait_file
-from jobs import base_env, blocked, wait_until
+from jobs import base_env, blocked, long_only, wait_until
 
 N = 100 if os.environ.get("HANGTRACE_LONG") == "1" else 15
 HANG_KINDS = {
@@ -41,25 +41,20 @@ def dump(run, tmp_path, *extra):
     return json.loads(out.stdout)
 
 
+#: quiet (only with HANGTRACE_LONG=1: CI's 25-minute budget) and beside a CPU burner
+LOADED = pytest.mark.parametrize(
+    "loaded",
+    [pytest.param(False, marks=long_only("the loaded variant runs by default")), True],
+    ids=["quiet", "cpu-burner"],
+)
+
+
 def _load():
     return os.getloadavg()[0]
 
 
 @pytest.mark.timeout(300 + 40 * N)
-@pytest.mark.parametrize(
-    "loaded",
-    [
-        pytest.param(
-            False,
-            marks=pytest.mark.skipif(
-                os.environ.get("HANGTRACE_LONG") != "1",
-                reason="the quiet variant with HANGTRACE_LONG=1 (CI's 25-minute budget; the loaded one runs)",
-            ),
-        ),
-        True,
-    ],
-    ids=["quiet", "cpu-burner"],
-)
+@LOADED
 def test_dumps_of_a_healthy_training_job_are_never_hung(tmp_path, loaded):
     job, out, run = start_job(tmp_path, traced=True)
     hot = None
@@ -139,20 +134,7 @@ def test_attach_to_an_untraced_job_hung_in_a_queue_names_the_rank_in_the_headlin
 
 
 @pytest.mark.timeout(300 + 20 * N)
-@pytest.mark.parametrize(
-    "loaded",
-    [
-        pytest.param(
-            False,
-            marks=pytest.mark.skipif(
-                os.environ.get("HANGTRACE_LONG") != "1",
-                reason="the quiet variant with HANGTRACE_LONG=1 (CI's 25-minute budget; the loaded one runs)",
-            ),
-        ),
-        True,
-    ],
-    ids=["quiet", "cpu-burner"],
-)
+@LOADED
 def test_attach_to_a_healthy_untraced_job_says_progressing(tmp_path, loaded):
     job, out, _run = start_job(tmp_path, traced=False)
     hot = None
