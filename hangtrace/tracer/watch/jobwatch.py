@@ -204,6 +204,21 @@ class JobWatch:
         self._share_verdict(n, job)
         return job
 
+    def await_takers(self, timeout_s: float = 10.0) -> None:
+        """On node 0 of a job of several nodes, before ``--stop-on-stall`` stops its job (and
+        the store its agent hosts, torchrun's static rendezvous): wait until every other node
+        stored the job's verdict of the newest incident, at most ``timeout_s``. Never raises."""
+        m = self.meeting
+        if m is None or self.me is None or self.me.node_rank != 0 or not self.answered:
+            return
+        n = max(self.answered)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline and m.verdict_takers(n) < self.me.node_count - 1:
+                time.sleep(0.2)
+        except Exception:
+            return
+
     def _without_store(self, res: Any) -> Any:
         """The verdict when the store cannot be reached: with the parts of the newest
         incident read before it went away, else node-local, naming what it could not see."""
@@ -237,6 +252,7 @@ class JobWatch:
                 v = self.meeting.verdict(n)
                 if v is not None:
                     store_verdict(job.snapshot.path, v)
+                    self.meeting.verdict_taken(n)
                     return
                 time.sleep(0.2)
         except StoreGone as e:

@@ -194,6 +194,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
                 # a death is not a stall: let the job end by itself (and exit with its own
                 # status); if the survivors hang, the stall that follows stops it
                 log("stopping the job (--stop-on-stall)")
+                jw.await_takers()  # (node 0: its job hosts the store the other nodes read)
                 stop(child)
                 stopped = True
         if stopped:

@@ -114,6 +114,15 @@ class Meeting:
     def publish_verdict(self, n: int, doc: Dict[str, Any]) -> None:
         self.link.set(self._k("incident/%d/verdict" % n), orjson.dumps(doc, default=str))
 
+    def verdict_taken(self, n: int) -> int:
+        """A node stored node 0's verdict of incident ``n``: counts it; returns the count.
+        Raises StoreGone."""
+        return self.link.add(self._k("incident/%d/verdict_taken" % n), 1)
+
+    def verdict_takers(self, n: int) -> int:
+        """How many other nodes stored node 0's verdict of incident ``n``. Raises StoreGone."""
+        return self.link.add(self._k("incident/%d/verdict_taken" % n), 0)
+
     def verdict(self, n: int) -> Optional[Dict[str, Any]]:
         v = self.link.get(self._k("incident/%d/verdict" % n))
         try:
