@@ -20,8 +20,8 @@ own per-rank step times (its ``TIMING`` lines), which prove the slowdown is real
 ``dump``, ``analyze``): the tool under test can be another checkout. ``--out FILE`` writes
 every result (verdict JSON included) as JSON.
 
-    python run_blind.py --tree /work/main                 # every job
-    python run_blind.py --tree /work/main tr_ddp_throttled mp_slow_from_start
+    python run_blind.py --tree .                          # every job
+    python run_blind.py --tree .          tr_ddp_throttled mp_slow_from_start
 """
 
 import argparse
