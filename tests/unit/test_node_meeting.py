@@ -104,6 +104,37 @@ def test_summary_roundtrip_gives_the_whole_job_verdict():
     )
 
 
+def _as_joined(p):
+    """``p`` as a rank whose collectives came from torch's Flight Recorder (DDP's C++
+    all-reduce: ``source='flight-recorder'``, ``idx`` = torch's record id + 1) beside our
+    own ring records (timer samples) of the same numbers: the two numberings overlap."""
+    fr = [dict(r, source="flight-recorder") for r in p.records if r["kind"] == "collective"]
+    ours = [  # a memory sample after each collective, numbered like it: the newest record is ours
+        dict(r, t_wall_ns=r["t_wall_ns"] + 1, kind="memory", source="timer", op=None, group=None, seq=None)
+        for r in fr
+    ]
+    recs = sorted(ours + fr, key=lambda r: (r["t_wall_ns"], r["source"] == "flight-recorder"))
+    return dataclasses.replace(p, records=recs, summary=None)
+
+
+def test_summary_keeps_flight_recorder_collectives_beside_ring_records_of_the_same_index():
+    """A node summary keeps a joined rank's Flight Recorder collectives although their ids
+    are the numbers of its ring records too (CI 2026-12-07: node 1's summary kept DDP's
+    startup broadcast and dropped the all-reduce its ranks waited in; the job-wide verdict
+    named ranks 0, 1 and 3)."""
+    whole = job_snapshot()
+    whole = dataclasses.replace(whole, processes=[_as_joined(p) for p in whole.processes])
+    part = decode(node_part(whole, 1))
+    got = {
+        p.rank: [(r["op"], r["seq"], r["state"]) for r in p.records if r["kind"] == "collective"]
+        for p in part.processes
+    }
+    assert got[2][-1] == ("all_reduce", 6, "issued") and got[3][-1] == ("all_reduce", 5, "completed"), got
+    local = dataclasses.replace(whole, processes=[p for p in whole.processes if p.rank < 2])
+    d = diagnose(jobsnap.combine([local, dataclasses.replace(whole, processes=list(part.processes))]))
+    assert (d.kind.value, d.culprit_ranks) == ("stuck-outside-collective", [3]), d.summary
+
+
 def test_summary_is_kilobytes_per_rank():
     whole = job_snapshot()
     assert len(node_part(whole, 1)) < 4096 * 2

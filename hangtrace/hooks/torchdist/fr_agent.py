@@ -116,6 +116,7 @@ class _Agent:
                 conn.settimeout(2.0)
                 if not _peer_is_owner(conn):
                     self.log("flight recorder agent refused a request from another user", "fr-refused")
+                    conn.recv(256)  # take the request first: a peer still writing gets an answer, not EPIPE
                     conn.sendall(b"refused\n")
                     continue
                 token = conn.recv(256).decode("ascii", "replace").strip()

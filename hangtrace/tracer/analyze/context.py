@@ -30,7 +30,7 @@ from hangtrace.tracer.analyze.failures.deaths import fill_death, sigterm_in_long
 from hangtrace.tracer.analyze.rankview import Record, RankView, index_process
 from hangtrace.tracer.process_model import ProcessRoles, assign_roles
 from hangtrace.tracer.envfacts import ProcessEnv
-from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
+from hangtrace.tracer.ring.summary import in_stream_order, record_key
 from hangtrace.tracer.snapshot import ProcessInfo, ProgressWindow, Snapshot
 
 if TYPE_CHECKING:
@@ -58,12 +58,8 @@ def history(proc: ProcessInfo) -> List[Record]:
     seen: Dict[Any, Record] = {}
     tail = proc.summary.tail if proc.summary is not None else ()
     for r in (*(proc.records or ()), *tail):
-        # a Flight Recorder entry's idx is torch's record id: its own numbering, not the ring's
-        key = (r.get("source") == FR_SOURCE, r.get("idx")) if r.get("idx") is not None else id(r)
-        seen.setdefault(key, r)
-    if any(r.get("source") in (FR_SOURCE, FR_JOINED_SOURCE) for r in seen.values()):  # joined: by time
-        return sorted(seen.values(), key=lambda r: (r.get("t_wall_ns") or 0, r.get("idx") or 0))
-    return sorted(seen.values(), key=lambda r: r.get("idx") or 0)
+        seen.setdefault(record_key(r), r)
+    return in_stream_order(seen.values())
 
 
 def judged_window(

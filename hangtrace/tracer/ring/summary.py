@@ -42,6 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from hangtrace.tracer.ring.frrecords import FR_JOINED_SOURCE, FR_SOURCE
+
 
 #: records kept in ``RingSummary.tail`` (newest first out)
 TAIL = 256
@@ -95,8 +97,30 @@ class RingSummary:
             *(r for pair in self.phase_visits.values() for r in pair),
         ):
             if r is not None:
-                seen.setdefault(r.get("idx", id(r)), r)
-        return sorted(seen.values(), key=lambda r: r.get("idx") or 0)
+                seen.setdefault(record_key(r), r)
+        return in_stream_order(seen.values())
+
+
+def record_key(r: AnyRecord) -> Any:
+    """One record's identity within its process's stream: its ring index (``idx``), kept
+    apart from a Flight Recorder entry's, which is torch's record id (``frrecords``: its own
+    numbering, the same small numbers as ours), else the dict itself. Keyed by ``idx``
+    alone, a joined stream lost collectives to ring records of the same number: a node
+    summary kept DDP's startup broadcast and dropped the all-reduce its ranks waited in."""
+    idx = r.get("idx")
+    return (r.get("source") == FR_SOURCE, idx) if idx is not None else id(r)
+
+
+def in_stream_order(records: Any) -> List[AnyRecord]:
+    """``records`` (an iterable of dicts) oldest first: by ring index, or, once any
+    Flight Recorder entry is among them (a joined stream, ``frrecords.merge_records``), by
+    wall time with ours first on ties, as the join orders them."""
+    recs = list(records)
+    if any(r.get("source") in (FR_SOURCE, FR_JOINED_SOURCE) or r.get("idx") is None for r in recs):
+        return sorted(
+            recs, key=lambda r: (r.get("t_wall_ns") or 0, r.get("source") == FR_SOURCE, r.get("idx") or 0)
+        )
+    return sorted(recs, key=lambda r: r.get("idx") or 0)
 
 
 def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail: int = TAIL) -> RingSummary:

@@ -18,6 +18,7 @@ import re
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from hangtrace.tracer.analyze.stuck.stacktree import process_frames
+from hangtrace.tracer.ring.summary import record_key
 
 if TYPE_CHECKING:
     from hangtrace.tracer.analyze.rankview import RankView
@@ -51,7 +52,7 @@ def async_wait(v: "RankView") -> Optional[Dict[str, Any]]:
             and r.get("async_op")
             and r.get("kind") in ("p2p", "collective")
         ):
-            seen.setdefault(r.get("idx", id(r)), r)
+            seen.setdefault(record_key(r), r)
     pend: List[Dict[str, Any]] = list(seen.values())
     if not pend:
         return None

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import orjson
 
-from hangtrace.tracer.ring.summary import summarize_records
+from hangtrace.tracer.ring.summary import in_stream_order, record_key, summarize_records
 from hangtrace.tracer.snapshot import ProcessInfo, Role, Snapshot
 
 FORMAT = "hangtrace-node-summary"
@@ -95,9 +95,9 @@ def _records(p: ProcessInfo) -> Tuple[List[Any], int]:
     keep: Dict[Any, Any] = {}
     for r in list(s.records()) + list(s.tail[-TAIL:]):
         if id(r) not in memory:
-            keep.setdefault(r.get("idx", id(r)), dict(r))
+            keep.setdefault(record_key(r), dict(r))
     inflight = s.inflight.get("idx", 0) if s.inflight is not None else 0
-    return sorted(keep.values(), key=lambda r: r.get("idx") or 0), int(inflight or 0)
+    return in_stream_order(keep.values()), int(inflight or 0)
 
 
 def _stacks(threads: Optional[Sequence[Mapping[str, Any]]]) -> Optional[List[Dict[str, Any]]]:
