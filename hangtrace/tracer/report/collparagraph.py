@@ -310,10 +310,24 @@ def skipped_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str
                     ": the program caught the error" if all("code 0" in t for t in texts) else "",
                 )
             )
+        rz = d.get("rendezvous")  # analyze/actors/rendezvous.py: the others wait at an actor
         return (
             "Skipped collective: %s alone entered %s%s%s; the other members never call it and "
-            "went on, so %s %s forever."
-            % (who, coll, _where(diag), _doing(diag), who, _verb(diag.culprit_ranks))
+            "went on, so %s %s forever.%s"
+            % (
+                who,
+                coll,
+                _where(diag),
+                _doing(diag),
+                who,
+                _verb(diag.culprit_ranks),
+                (
+                    " Rank %s went on to %s, a Ray actor's method every rank calls in turn, and waits "
+                    "there for %s (cascade)." % (rz.get("rank"), rz.get("method"), _ranks(rz.get("behind")))
+                )
+                if rz
+                else "",
+            )
         )
     waiting = _waiting(diag).strip()
     return "Skipped collective: %s never reached %s%s: %s%s.%s" % (

@@ -106,6 +106,29 @@ def label(p: ProcessInfo, roles: Optional[ProcessRoles] = None) -> str:
     return "driver" if role == Role.LAUNCHER else "process %s" % p.key
 
 
+def _doc(rec: Mapping[str, Any]) -> Dict[str, Any]:
+    """The JSON text of a ``ray_wait`` record's ``group`` (``hooks/rayhooks/ray_calls.py``), {} when unreadable."""
+    try:
+        d = json.loads(rec.get("group") or "{}")
+    except (ValueError, TypeError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _targets(d: Mapping[str, Any]) -> Tuple[Target, ...]:
+    ts = d.get("targets")
+    return tuple(
+        Target(str(t.get("actor_id") or ""), str(t.get("class") or ""), str(t.get("method") or "?"))
+        for t in (ts if isinstance(ts, list) else ())
+        if isinstance(t, dict) and t.get("actor_id")
+    )
+
+
+def targets_of(rec: Mapping[str, Any]) -> Tuple[Target, ...]:
+    """The actor methods a ``ray_wait`` record waits on; () when unreadable."""
+    return _targets(_doc(rec))
+
+
 def open_waits(p: ProcessInfo) -> List[Wait]:
     """The open waits of ``p`` (module docstring), oldest first."""
     sm = p.summary
@@ -115,15 +138,8 @@ def open_waits(p: ProcessInfo) -> List[Wait]:
         stopped = r.get("state") == "failed" and err in STOP_ERRORS
         if r.get("state") != "issued" and not stopped:
             continue
-        try:
-            d = json.loads(r.get("group") or "{}")
-            targets = tuple(
-                Target(str(t.get("actor_id") or ""), str(t.get("class") or ""), str(t.get("method") or "?"))
-                for t in d.get("targets") or ()
-                if t.get("actor_id")
-            )
-        except (ValueError, TypeError, AttributeError):
-            continue
+        d = _doc(r)
+        targets = _targets(d)
         if targets:
             out.append(
                 Wait(

@@ -32,6 +32,7 @@ from hangtrace.tracer.analyze.rules import (
     mismatch,
     no_record_file,
     rankless_root,
+    rendezvous,
     silent_mismatch,
     stack_only,
     timeout_waiter,
@@ -49,6 +50,7 @@ HANG_RULES: Tuple[Rule, ...] = (
     no_record_file,  # 'unknown' / no-record-file: only ranks without a file are waited for
     diverged,  # 'collective-mismatch' / sequence-diverged
     minority,  # 'skipped-collective' / extra-collective: the waiting minority diverged
+    rendezvous,  # 'skipped-collective' / extra-collective: a new collective against a Ray actor rendezvous
     chain,  # dead-rank / skipped-collective / stuck-outside-collective: the chain ends
 )
 DEATH_RULE: Rule = dead_rank  # 'dead-rank': the earliest non-victim death
