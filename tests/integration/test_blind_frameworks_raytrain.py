@@ -55,13 +55,7 @@ TIMEOUT_S = 240
 #: wrong verdicts on the current tree, 2026-12-07 (job -> what the tool said vs expected; RESULTS.md).
 #: rt_clean, rt_stuck_queue and rt_raise were wrong at first and are right since the clean-shutdown,
 #: heartbeat, caught-exception and training-thread mechanisms (helper 11's runs, RESULTS.md)
-WRONG = {
-    "rt_rank0_barrier": "stuck-outside-collective naming rank 1, not rank 0's extra dist.barrier(): rank 1 "
-    "waits in ray.get on Ray Train's SynchronizationActor (ray.train.report), which waits for rank 0; that "
-    "actor-mediated wait is not in the wait-for graph",
-    "rt_skip_step": "stuck-outside-collective [1]: the right rank, but rank 1 issued fewer all-reduces and "
-    "its training function returned (skipped-collective expected)",
-}
+WRONG: dict = {}  # rt_rank0_barrier and rt_skip_step right since 88dd258 and the thread-end check (RESULTS.md)
 
 
 #: the representative slice run by default (so in .ci/run): a job the tool gets right today

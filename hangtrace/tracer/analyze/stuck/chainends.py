@@ -9,6 +9,8 @@ waits in H for C, C is in no collective -> C). Each end with a process is classi
 * exited cleanly (code 0) -> 'skipped-collective' (it left the loop without it);
 * a Ray actor whose method returned after its last collective and which is idle in Ray's
   task loop -> 'skipped-collective' (``actorreturn.py``);
+* the thread that issued its collectives has ended while the process lives on (Ray Train's
+  ``TrainingThread``; ``threadend.py``) -> 'skipped-collective';
 * its stack is inside a torch.distributed call that was not recorded -> skipped (it is
   in some other, untraced collective);
 * its main-thread stack top is a blocking non-collective call (queue.get, lock,
@@ -40,6 +42,7 @@ from hangtrace.tracer.analyze.failures.afterhang import death_after
 from hangtrace.tracer.analyze.evidence import frames_of
 from hangtrace.tracer.stackmodel.usercode import user_frame
 from hangtrace.tracer.analyze.stuck.exitwait import exit_wait_text
+from hangtrace.tracer.analyze.stuck.threadend import ended_thread
 from hangtrace.tracer.analyze.stuck.blocking import blocking_reason, code_text, collective_frame
 from hangtrace.tracer.analyze.stuck.stacktree import Frame, _short, format_ranks, frame_label
 from hangtrace.tracer.analyze.graph.waitgraph import Inst
@@ -181,6 +184,9 @@ def _classify_alive(ctx: Ctx, r: int, insts_for: List[Inst], start: int) -> EndK
     ret = returned_method(ctx, r)  # a Ray actor's method returned: the actor lives on, idle (actorreturn.py)
     if ret is not None:
         return skipped, ret.text()
+    gone = ended_thread(p, v.last)  # its loop ran in a thread that ended (analyze/stuck/threadend.py)
+    if gone:
+        return skipped, "the thread its loop ran in (%s) has ended without entering it" % gone
     labels, frames, thread = frames_of(ctx, r)
     ew = exit_wait_text(p)
     if ew:  # its program returned (analyze/stuck/exitwait.py): it went on without the collective, and hangs at exit
