@@ -13,9 +13,11 @@ from hangtrace.tracer import config
 class _Rec:
     def __init__(self):
         self.calls = []
+        self.grows = []
 
-    def phase_enter(self, name):
+    def phase_enter(self, name, step=None, grow=True):
         self.calls.append(("enter", name))
+        self.grows.append(grow)
 
     def phase_exit(self, name, error=None):
         self.calls.append(("exit", name, error))
@@ -66,3 +68,22 @@ def test_a_users_method_still_records_its_phase(rec):
     score = ray_hooks.wrap_method("score", _method("jobs.rl", "RewardModel.score"))
     assert score(object()) == "ok"
     assert rec.calls == [("enter", "score"), ("exit", "score", None)]
+
+
+def _instance_of(module):
+    return type("Actor", (), {"__module__": module})()
+
+
+def test_methods_of_rays_library_actors_keep_a_small_ring_small(rec):
+    """Ray Train's SynchronizationActor (module ray.train...) records its calls without
+    growing its ring; a user's actor grows it (hooks/record/ringsize.grows_as_actor)."""
+    from hangtrace.hooks.record.ringsize import grows_as_actor
+
+    m = ray_hooks.wrap_method("broadcast", _method("x", "SynchronizationActor.broadcast"))
+    assert m(_instance_of("ray.train.v2._internal.execution.checkpoint.sync_actor")) == "ok"
+    assert m(_instance_of("verl.workers.fsdp_workers")) == "ok"
+    assert rec.grows == [False, True] and [c[0] for c in rec.calls] == ["enter", "exit", "enter", "exit"]
+    aid = {"ray_actor_id": "ab" * 16}
+    assert not grows_as_actor(aid)  # the worker-level identity: the class comes with the first method
+    assert not grows_as_actor(dict(aid, ray_actor_module="ray.train.v2._internal.execution.controller"))
+    assert grows_as_actor(dict(aid, ray_actor_module="__main__"))

@@ -156,9 +156,17 @@ def _enter(name: str, instance: Any) -> None:
             )  # an actor answers snapshot requests as a rank does
 
             fr_agent.start(rec.run_dir, _log)  # (its asyncio tasks; never raises)
-        rec.phase_enter(name)
+        rec.phase_enter(name, grow=not _library_actor(instance))
     except Exception as e:
         _log("recording actor method start failed: %r" % (e,), "ray-enter")
+
+
+def _library_actor(instance: Any) -> bool:
+    """An actor of Ray's own library (``ringsize.ray_library_actor``): its method calls keep
+    a small ring small."""
+    from hangtrace.hooks.record.ringsize import ray_library_actor
+
+    return instance is not None and ray_library_actor(getattr(type(instance), "__module__", None))
 
 
 def _exit(name: str, exc: Optional[BaseException]) -> None:

@@ -63,8 +63,9 @@ class Entries(ringsize.Growable):
 
     def set_meta(self, **meta: Any) -> None:
         """Merge identity fields (Ray actor class/name/id, ...) into the ring's metadata.
-        A Ray actor id makes this process an actor: a small ring is grown first."""
-        if self.full_slots and meta.get("ray_actor_id"):
+        A Ray actor of the user's own class makes this process an actor: a small ring is
+        grown first (``ringsize.grows_as_actor``)."""
+        if self.full_slots and ringsize.grows_as_actor(meta):
             self.grow("Ray actor")
         self._append(F.T_META, _dumps(meta))
 
@@ -158,8 +159,10 @@ class Entries(ringsize.Growable):
         )
 
     # --- phases, steps, heartbeats -----------------------------------------------------
-    def phase_enter(self, name: str, step: Optional[int] = None) -> None:
-        if self.full_slots:
+    def phase_enter(self, name: str, step: Optional[int] = None, grow: bool = True) -> None:
+        """Enter phase ``name``. ``grow=False``: keep a small ring small (a method call of an
+        actor of Ray's own library, ``ringsize.grows_as_actor``)."""
+        if self.full_slots and grow:
             self.grow("phase API")
         if step is not None:
             self._step = int(step)

@@ -118,8 +118,8 @@ class FastRing(_Base):
     # kernels that evict the caches, come back cold; benchmarks/README.md, issue 13).
     # ``tracer/api.py`` calls the Ring's methods itself, with the memory sample, once the
     # ring is full-size (``api._bind``).
-    def phase_enter(self, name: str, step: Optional[int] = None) -> None:
-        if self.full_slots:
+    def phase_enter(self, name: str, step: Optional[int] = None, grow: bool = True) -> None:
+        if self.full_slots and grow:
             self.grow("phase API")
         (self.__dict__.get("_fast") or self._ring()).phase_in(str(name), step, None)
 

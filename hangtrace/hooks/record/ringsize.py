@@ -64,6 +64,30 @@ SMALL_STRTAB_SIZE = 256 << 10
 SMALL_STRTAB_RESERVE = 16 << 10
 
 
+def ray_library_actor(module: Any) -> bool:
+    """Is an actor class of module ``module`` one of Ray's own library's (``ray``,
+    ``ray.train...``, ``ray.data...``, ``ray.serve...``): Ray Train's controller,
+    SynchronizationActor, PreemptionWatcher, DatasetManager and placement-group cleaner?"""
+    m = str(module or "")
+    return m == "ray" or m.startswith("ray.")
+
+
+def grows_as_actor(meta: Dict[str, Any]) -> bool:
+    """Does identity ``meta`` (``Recorder.set_meta``) make this process an actor that needs
+    the full ring? An actor of the user's own class (``ray_actor_module`` known and not
+    Ray's library's) does. Ray's own library actors keep a helper's ring (issue 40: seven of
+    them in a Ray Train run held 15 MiB of 39) unless they join a process group
+    (``RayTrainWorker``) or use the phase/step API themselves; their events (start, exit,
+    exceptions, signal stacks) live in the string table like a helper's. The worker-level
+    identity (actor id, no class yet) waits for the class, recorded at the actor's first
+    method call."""
+    return (
+        bool(meta.get("ray_actor_id"))
+        and bool(meta.get("ray_actor_module"))
+        and not ray_library_actor(meta.get("ray_actor_module"))
+    )
+
+
 def grow_file(
     path: str, old: Any, old_nslots: int, old_strtab_off: int, strtab_used: int, nslots: int
 ) -> Tuple[int, mmap.mmap, int, int]:
