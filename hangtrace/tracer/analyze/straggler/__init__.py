@@ -14,16 +14,19 @@ ends) and the timeline (the straggler's track).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.straggler.detect import Candidate, candidate
 from hangtrace.tracer.analyze.straggler.series import by_group, collective_rows, instances
+from hangtrace.tracer.analyze.straggler.seen import resolve
 from hangtrace.tracer.analyze.straggler.when import phase, since
 from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.stragglerseen import SeenStraggler
 
-__all__ = ["Straggler", "find", "of_processes"]
+__all__ = ["Straggler", "find", "of_processes", "with_seen"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ class Straggler:
     oldest_step: Optional[int]
     members: int
     last_steps: int
+    since_source: Optional[str] = None
+    before_step: Optional[int] = None
+    first_seen_wall_ns: Optional[int] = None
+    first_seen_step: Optional[int] = None
+    newest_step: Optional[int] = None
 
     def details(self) -> Dict[str, Any]:
         """``Diagnosis.details['straggler']`` (docs/DIAGNOSIS.md)."""
@@ -72,11 +80,17 @@ class Straggler:
             "oldest_step": self.oldest_step,
             "group_size": self.members,
             "last_steps": self.last_steps,
+            "since_source": self.since_source,
+            "before_step": self.before_step,
+            "first_seen_wall_ns": self.first_seen_wall_ns,
+            "first_seen_step": self.first_seen_step,
+            "newest_step": self.newest_step,
         }
 
 
 def _straggler(c: Candidate, histories: Mapping[int, Sequence[Any]]) -> Straggler:
     first, oldest = since(c, histories)
+    newest = c.inst.by_rank[-1][c.col].step if c.inst.by_rank else None
     return Straggler(
         rank=c.rank,
         group=c.inst.group,
@@ -94,6 +108,9 @@ def _straggler(c: Candidate, histories: Mapping[int, Sequence[Any]]) -> Straggle
         oldest_step=oldest,
         members=len(c.inst.ranks),
         last_steps=c.last_steps,
+        since_source="rings" if first is not None else None,
+        before_step=oldest if first is None else None,
+        newest_step=newest,
     )
 
 
@@ -116,6 +133,24 @@ def of_processes(procs: Mapping[int, Any]) -> Optional[Straggler]:
     return find({r: p.summary.history for r, p in procs.items() if p.summary is not None})
 
 
+def with_seen(st: Straggler, seen: Sequence[SeenStraggler], at_wall_ns: int) -> Straggler:
+    """``st`` with its start completed from the watcher's episodes (``seen.resolve``: when the
+    rings cannot see the start; ``at_wall_ns``: the newest record's wall time, 0 unknown)."""
+    got = resolve(st.rank, st.group, st.since_step, st.oldest_step, seen, at_wall_ns)
+    return dataclasses.replace(
+        st,
+        since_step=got.since_step,
+        since_source=got.source,
+        before_step=got.before_step,
+        first_seen_wall_ns=got.first_seen_wall_ns,
+        first_seen_step=got.first_seen_step,
+    )
+
+
+def _newest_wall_ns(procs: Sequence[Any]) -> int:
+    return max([int(getattr(p, "progress_wall_ns", 0) or 0) for p in procs] or [0])
+
+
 def straggler_details(ctx: Ctx, d: Diagnosis) -> None:
     """``d.details['straggler']`` (``Straggler.details``) and one evidence line when a rank of
     ``ctx.views`` is slow; nothing otherwise. The verdict is not changed: a progressing one
@@ -123,6 +158,10 @@ def straggler_details(ctx: Ctx, d: Diagnosis) -> None:
     before. Never raises (odd records: no straggler)."""
     try:
         st = of_processes({r: v.proc for r, v in ctx.views.items()})
+        if st is not None:
+            snap = ctx.snap
+            at = _newest_wall_ns(snap.processes) or snap.taken_wall_ns
+            st = with_seen(st, snap.stragglers_seen, at)
     except Exception:
         return
     if st is None:
