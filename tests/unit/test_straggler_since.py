@@ -21,6 +21,7 @@ from hangtrace.tracer.analyze.straggler.seen import resolve
 from hangtrace.tracer.collect.rings import load_run
 from hangtrace.tracer.report.stragglertext import straggler_phrase
 from hangtrace.tracer.stragglerseen import SeenStraggler, read_seen, seen_path, write_seen
+from hangtrace.tracer.watch import stragglerfr as SF
 from hangtrace.tracer.watch import stragglerwatch as SW
 from hangtrace.tracer.watch.progress import read_headers
 
@@ -199,3 +200,106 @@ def test_unreadable_watcher_file_is_named_and_the_rest_analysed(tmp_path):
     assert len(bad) == 2 and "stragglers-a.json: unreadable" in bad[0] and "entry 1 unreadable" in bad[1], bad
     assert "from the rings alone" in bad[0]
     assert verdict(snap).details["straggler"]["rank"] == 2
+
+
+# --- the watcher's Flight Recorder rounds (watch/stragglerfr.py) ------------------------------
+class Ring:
+    """What the watcher holds of a rank's ring: its header and summary history."""
+
+    def __init__(self, rank, history):
+        self.header = {"pid": 100 + rank, "rank": rank}
+        self.summary = type("S", (), {"history": history})()
+
+
+def ddp_rounds(tmp_path, joined_by_round, clock):
+    """A FrLook over a run directory with agents whose rounds answer ``joined_by_round`` in turn."""
+    (tmp_path / "fr").mkdir(exist_ok=True)
+    answers = iter(joined_by_round)
+
+    class Look(SF.FrLook):
+        def _round(self, rings):
+            got = next(answers)
+            self.entries = 0 if got is None else 2000
+            return got
+
+    return Look(str(tmp_path), lambda: clock[0])
+
+
+def fr_job(slow=True):
+    """4 ranks, rank 2 late by 30 ms from step 20 (when ``slow``) in collectives only the
+    Flight Recorder has; the rings' own histories hold phases and steps only."""
+    late = slow_from_rank2 if slow else (lambda r, k, rng: 10 + rng.uniform(0, 1))
+    joined = fr_history(late)
+    rings = {r: Ring(r, tuple(x for x in h if x["kind"] != "collective")) for r, h in joined.items()}
+    return joined, rings
+
+
+def slow_from_rank2(r, k, rng):
+    return 10 + rng.uniform(0, 1) + (30 if r == 2 and k >= 20 else 0)
+
+
+def fr_history(late):
+    from tests.unit.test_straggler import job
+
+    return job(4, 60, late, fr=True)
+
+
+def test_flight_recorder_rounds_are_rare_back_off_when_they_add_nothing_and_wait_for_the_start(tmp_path):
+    clock = [0.0]
+    joined, rings = fr_job()
+    python_only = {
+        r: tuple(dict(x, source="hangtrace+flight-recorder") for x in h) for r, h in joined.items()
+    }
+    look = ddp_rounds(tmp_path, [joined, python_only, python_only, joined], clock)
+    assert look.histories(rings) is None and look.rounds == 0  # the ranks start: no round yet
+    clock[0] = SF.FR_FIRST_S
+    assert look.histories(rings) == joined and look.every == SF.FR_EVERY_S
+    clock[0] += SF.FR_EVERY_S - 1
+    assert look.histories(rings) is None and look.rounds == 1  # not due
+    clock[0] += 1
+    assert look.histories(rings) is None and look.every == 2 * SF.FR_EVERY_S  # nothing the rings lack
+    clock[0] += look.every
+    assert look.histories(rings) is None and look.every == 4 * SF.FR_EVERY_S
+    clock[0] += look.every
+    assert look.histories(rings) == joined and look.every == SF.FR_EVERY_S  # C++ collectives again
+    assert SF.fr_only(joined[0]) == 60 and SF.fr_only(python_only[0]) == 0
+
+
+def test_no_agents_no_round(tmp_path):
+    clock = [1e6]
+    look = SF.FrLook(str(tmp_path), lambda: clock[0])
+    assert not look.due() and look.histories(fr_job()[1]) is None and look.rounds == 0
+
+
+def test_watcher_names_a_straggler_only_the_flight_recorder_sees_and_ends_it_only_by_a_round(tmp_path):
+    clock = [0.0]
+    joined, rings = fr_job()
+    healthy, _ = fr_job(slow=False)
+    look = ddp_rounds(tmp_path, [joined, healthy, healthy], clock)
+    clock[0] = SF.FR_FIRST_S
+    lines = []
+    w = SW.StragglerWatch(lines.append, clock=lambda: clock[0], fr=look)
+    rings_only = {r: ring.summary.history for r, ring in rings.items()}
+    w._judge(rings_only, rings)
+    assert w.via_fr and len(lines) == 1 and lines[0].startswith("straggler: rank 2 is slow"), lines
+    assert w.episodes[-1].since_step == 20
+    for _ in range(5):  # checks of the rings alone between rounds: no word on it
+        clock[0] += 1
+        w._judge(rings_only, rings)
+    assert len(lines) == 1 and w.current is not None
+    clock[0] += SF.FR_EVERY_S
+    w._judge(rings_only, rings)  # a round: nobody (one miss)
+    clock[0] += SF.FR_EVERY_S
+    w._judge(rings_only, rings)  # another: ended
+    assert len(lines) == 2 and lines[1].startswith("straggler ended: rank 2"), lines
+
+
+def test_a_dump_retokened_by_the_watcher_still_answers_the_dump_that_asked(tmp_path):
+    from hangtrace.tracer.collect.frrequest import _answers
+
+    meta = tmp_path / "vm-1.meta.json"
+    asked = 5_000_000_000
+    for token, wall, ok in (("mine", 0, True), ("watcher", asked - 500_000_000, True), ("watcher", 1, False)):
+        meta.write_text(json.dumps({"token": token, "wall_ns": wall}))
+        assert _answers(str(meta), "mine", asked) is ok
+    assert _answers(str(tmp_path / "absent.json"), "mine", asked) is False

@@ -39,6 +39,7 @@ from hangtrace.tracer.watch.helpergrace import HelperGrace
 from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
 from hangtrace.tracer.watch.shutdown import ShutdownGrace
 from hangtrace.tracer.watch.stragglerwatch import StragglerWatch
+from hangtrace.tracer.watch.stragglerfr import FrLook
 from hangtrace.tracer.stragglerseen import seen_path
 
 #: seconds between two memory-trend checks of the live rings (each reads every ring once)
@@ -111,7 +112,9 @@ class Watcher:
         # issue 43: a line in the watcher log file when a straggler starts, one when it ends
         self.straggler_echo: Optional[Callable[[str], None]] = None  # also there (hangtrace run: stderr)
         host = socket.gethostname()  # its episodes, for dump/analyze's "since when" (stragglerseen.py)
-        self.stragglers = StragglerWatch(self._straggler_log, clock, seen_path(run_dir, host), host=host)
+        self.stragglers = StragglerWatch(
+            self._straggler_log, clock, seen_path(run_dir, host), host=host, fr=FrLook(run_dir, clock)
+        )
 
     def _read_headers(self) -> Dict[str, Header]:
         return read_headers(self.run_dir, self.final)

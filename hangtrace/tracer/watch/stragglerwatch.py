@@ -17,8 +17,8 @@ check whose window still holds the start finds it again - more slow steps after 
 better -, at its end). ``dump``/``analyze`` read it (``analyze/straggler/seen.py``).
 
 A node watcher sees only its node's ranks: on a job of several nodes each compares the ranks
-it has (docs/STRAGGLERS.md). The Flight Recorder is not asked here (a DDP job's C++-issued
-all-reduces reach the analysis only through ``hangtrace dump``).
+it has (docs/STRAGGLERS.md). When the rings name nobody, the ranks' Flight Recorder is asked
+at a low rate (``stragglerfr.py``: a DDP job's C++-issued all-reduces exist only there).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from hangtrace.tracer.ring import reader as R
+from hangtrace.tracer.watch.stragglerfr import FrLook
 from hangtrace.tracer.stragglerseen import MAX_ENTRIES, SeenStraggler, read_file, write_seen
 
 #: longest time between two straggler checks, s (each reads the rings of this node's live ranks)
@@ -56,6 +57,7 @@ class StragglerWatch:
         seen_file: Optional[str] = None,
         wall_ns: Callable[[], int] = time.time_ns,
         host: str = "",
+        fr: Optional[FrLook] = None,
     ) -> None:
         self.log = log
         self.clock = clock
@@ -65,6 +67,8 @@ class StragglerWatch:
         self.seen_file = seen_file
         self.wall_ns = wall_ns
         self.host = host
+        self.fr = fr  # Flight Recorder rounds (stragglerfr.py); None: the rings alone
+        self.via_fr = False  # the straggler seen was named by a Flight Recorder round
         self.episodes: List[SeenStraggler] = []  # this watcher's, oldest first (the file's content)
         if seen_file is not None:  # a restarted watcher keeps the episodes of its run
             self.episodes = [e for e in read_file(seen_file)[0] if e.host == host]
@@ -78,21 +82,39 @@ class StragglerWatch:
         self.next = now + CHECK_S
         cpu = time.thread_time()
         try:
-            procs = self._ranks(headers, live)
-            if not procs:
+            rings = self._ranks(headers, live)
+            if not rings:
                 self.next = now + 2 * MIN_CHECK_S  # (the ranks start: their rings are new)
                 self.close("no rank of this node is alive")
                 return
-            from hangtrace.tracer.analyze.straggler import find
-
-            st = find(procs)
-            self._note(st.details() if st is not None else None)
+            procs = {r: ring.summary.history for r, ring in rings.items()}
+            self._judge(procs, rings)
             self.next = now + interval(span_s(procs), time.thread_time() - cpu)
         except Exception:
             pass
 
+    def _judge(self, procs: Mapping[int, Any], rings: Mapping[int, Any]) -> None:
+        """Who is slow in the rings' histories ``procs``; when nobody, in them joined with the
+        Flight Recorder (``stragglerfr``: DDP's C++-issued all-reduces) when a round is due. A
+        straggler seen only through the Flight Recorder is judged again only by a round (the
+        rings alone never name it: no word on it in between)."""
+        from hangtrace.tracer.analyze.straggler import find
+
+        st = find(procs)
+        if st is None and self.fr is not None:
+            rounds = self.fr.rounds
+            joined = self.fr.histories(rings)
+            if joined is not None:
+                st = find(joined)
+            if self.fr.rounds == rounds and self.via_fr and self.current is not None:
+                return  # no round now: no word on the straggler the last round named
+            self.via_fr = st is not None and joined is not None
+        elif st is not None:
+            self.via_fr = False
+        self._note(st.details() if st is not None else None)
+
     def _ranks(self, headers: Mapping[str, Any], live: Callable[[str, Any], bool]) -> Dict[int, Any]:
-        """{rank: its ring's history} of the live ranks (newest process per rank)."""
+        """{rank: its ring (``RingData``, the summary only)} of the live ranks (newest process per rank)."""
         out: Dict[int, Any] = {}
         started: Dict[int, int] = {}
         for path, h in headers.items():
@@ -107,7 +129,7 @@ class StragglerWatch:
             except Exception:
                 continue
             if ring.summary is not None:
-                out[rank], started[rank] = ring.summary.history, t
+                out[rank], started[rank] = ring, t
         return out
 
     def _note(self, st: Optional[Dict[str, Any]]) -> None:
