@@ -51,7 +51,8 @@ class SeenStraggler:
     it (it was slow from before); ``first_seen_step``: the newest step at the first check that
     named it; ``first_seen_wall_ns``/``ended_wall_ns``: wall clock (ns since the epoch) of that
     check and of the check that ended it (None: not ended when written); ``host``: the
-    watcher's host."""
+    watcher's host; ``last``: its newest figures (``details['straggler']`` of the watcher's
+    analysis, kept at the start and the end of the episode; None in older files)."""
 
     rank: int
     group: str
@@ -61,6 +62,7 @@ class SeenStraggler:
     first_seen_wall_ns: int
     ended_wall_ns: Optional[int] = None
     host: str = ""
+    last: Optional[Dict[str, Any]] = None
 
     @staticmethod
     def from_dict(d: Dict[str, Any]) -> "SeenStraggler":
@@ -84,6 +86,7 @@ class SeenStraggler:
             first_seen_wall_ns=wall,
             ended_wall_ns=opt_int("ended_wall_ns"),
             host=str(d.get("host", "")),
+            last=d.get("last") if isinstance(d.get("last"), dict) else None,
         )
 
 

@@ -283,3 +283,23 @@ def test_an_overwhelming_order_needs_one_standard_deviation_of_the_others_noise(
         for n in (3, 4, 8):
             assert find(job(n, 60, lambda r, k, rng: rng.uniform(0, 70), seed=seed)) is None
             assert find(job(n, 60, lambda r, k, rng: rng.expovariate(0.05), seed=seed)) is None
+
+
+def test_an_all_reduce_per_parameter_is_judged_over_32_steps_not_16():
+    """Blind job mp_slow_from_start: 6 all-reduces per step (one per parameter, no step
+    numbers); the newest 96 seqs were 16 steps, where a 2-rank group needs 15 of 16."""
+    sizes = [12288, 384, 147456, 384, 384, 1]
+    out = {}
+    for r, rs in job(2, 60, slow_from(1, 0, 30), with_steps=False).items():
+        recs, seq = [], 0
+        for x in rs:
+            if x["kind"] != "collective":
+                recs.append(x)
+                continue
+            for i, n in enumerate(sizes):  # the first waits for the slow rank, the rest at once
+                seq += 1
+                t = x["t_wall_ns"] if i == 0 else T0 + (x["seq"] - 1) * 100 * MS + 50 * MS + i * MS + r * 1000
+                recs.append(dict(x, seq=seq, numel=n, t_wall_ns=t, t_mono_ns=t - T0 + 1))
+        out[r] = tuple(dict(x, idx=i + 1) for i, x in enumerate(recs))
+    st = find(out)
+    assert st is not None and st.rank == 1 and st.window_steps == 32 and st.window_collectives >= 192

@@ -9,6 +9,7 @@ history holds steps 66-139 only; ``stragglers-vm.json`` is what its watcher wrot
 step ~45 (the start inside the history).
 """
 
+import dataclasses
 import glob
 import gzip
 import json
@@ -303,3 +304,39 @@ def test_a_dump_retokened_by_the_watcher_still_answers_the_dump_that_asked(tmp_p
         meta.write_text(json.dumps({"token": token, "wall_ns": wall}))
         assert _answers(str(meta), "mine", asked) is ok
     assert _answers(str(tmp_path / "absent.json"), "mine", asked) is False
+
+
+def test_records_too_few_to_judge_take_the_watchers_figures_while_its_episode_was_under_way():
+    """A DDP job's snapshot taken after its ranks exited (no Flight Recorder dump: the rings
+    hold a barrier): the watcher's episode, under way until the job ended, is its word."""
+    from hangtrace.tracer.snapshot import ProcessInfo, Snapshot
+    from tests.unit.test_straggler import job
+
+    recs = job(4, 3, slow_from_rank2)  # 3 steps: too few to judge
+    newest = max(r["t_wall_ns"] for rs in recs.values() for r in rs)
+    procs = [
+        ProcessInfo(
+            host="h",
+            pid=r + 1,
+            rank=r,
+            world_size=4,
+            state="exited",
+            exit_code=0,
+            records=list(rs),
+            progress_wall_ns=newest,
+        )
+        for r, rs in recs.items()
+    ]
+    figures = {"rank": 2, "group": "0", "added_ms_per_step": 41.0, "added_pct": 48.0, "since_step": None}
+    e = SeenStraggler(2, "0", 20, None, 35, first_seen_wall_ns=newest - 10_000 * MS, last=figures)
+    for ended, named in ((newest + MS, True), (newest - MS, False)):
+        snap = Snapshot(
+            run_dir="/x", processes=procs, stragglers_seen=(dataclasses.replace(e, ended_wall_ns=ended),)
+        )
+        d = diagnose(snap, now_wall_ns=newest + 1_000 * MS)
+        st = d.details.get("straggler")
+        if not named:  # it ended before these records: another time
+            assert st is None
+            continue
+        assert st["rank"] == 2 and st["judged_by"] == "watcher" and st["since_step"] == 20, st
+        assert any("the node watcher saw rank 2 slow" in line for line in d.evidence), d.evidence

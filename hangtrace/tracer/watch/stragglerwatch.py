@@ -67,6 +67,7 @@ class StragglerWatch:
         self.seen_file = seen_file
         self.wall_ns = wall_ns
         self.host = host
+        self.latest: Optional[Dict[str, Any]] = None  # its newest figures (kept at its end)
         self.fr = fr  # Flight Recorder rounds (stragglerfr.py); None: the rings alone
         self.via_fr = False  # the straggler seen was named by a Flight Recorder round
         self.episodes: List[SeenStraggler] = []  # this watcher's, oldest first (the file's content)
@@ -138,6 +139,7 @@ class StragglerWatch:
         cur = self.current
         if st is not None and cur is not None and st["rank"] == cur["rank"] and st["group"] == cur["group"]:
             self.misses = 0
+            self.latest = st
             self._refine(st)
             return
         if cur is not None:
@@ -150,7 +152,7 @@ class StragglerWatch:
                 else "rank %s is slower" % st["rank"]
             )
         if st is not None:
-            self.current, self.misses = st, 0
+            self.current, self.misses, self.latest = st, 0, st
             self._begin(st)
             self.log(
                 "straggler: %s (group '%s', last in %s of the newest %s steps)"
@@ -164,7 +166,9 @@ class StragglerWatch:
             return
         self.current, self.misses = None, 0
         if self.episodes and self.episodes[-1].ended_wall_ns is None:
-            self._keep(dataclasses.replace(self.episodes.pop(), ended_wall_ns=self.wall_ns()))
+            e = self.episodes.pop()
+            self._keep(dataclasses.replace(e, ended_wall_ns=self.wall_ns(), last=self.latest or e.last))
+        self.latest = None
         self.log("straggler ended: rank %s is no longer slow (%s)" % (cur["rank"], why))
 
     def _begin(self, st: Mapping[str, Any]) -> None:
@@ -179,6 +183,7 @@ class StragglerWatch:
                 first_seen_step=st.get("newest_step"),
                 first_seen_wall_ns=self.wall_ns(),
                 host=self.host,
+                last=dict(st),
             )
         )
 

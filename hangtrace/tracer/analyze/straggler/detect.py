@@ -77,6 +77,7 @@ class Candidate:
     steps: int
     threshold_ms: float
     last_steps: int = 0
+    z: float = Z
 
     @property
     def rank(self) -> int:
@@ -214,4 +215,5 @@ def _judge(inst: Instances, us: List[List[int]], share: float) -> Optional[Candi
         steps=steps,
         threshold_ms=threshold,
         last_steps=k,
+        z=z,
     )

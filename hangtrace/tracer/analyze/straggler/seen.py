@@ -75,3 +75,13 @@ def resolve(
             return Since(e.since_step, "watcher", None, *first)
     bounds = [s for s in (oldest_step, e.before_step if e is not None else None) if s is not None]
     return Since(None, None, min(bounds) if bounds else None, *first)
+
+
+def episode_at(seen: Sequence[SeenStraggler], at_wall_ns: int) -> Optional[SeenStraggler]:
+    """The newest watcher episode of any rank under way at ``at_wall_ns`` (rule 2's times), or None."""
+    found = [
+        e
+        for e in seen
+        if e.first_seen_wall_ns <= at_wall_ns and (e.ended_wall_ns is None or e.ended_wall_ns >= at_wall_ns)
+    ]
+    return max(found, key=lambda e: e.first_seen_wall_ns) if found else None
