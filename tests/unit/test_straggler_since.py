@@ -251,12 +251,14 @@ def test_flight_recorder_rounds_are_rare_back_off_when_they_add_nothing_and_wait
     python_only = {
         r: tuple(dict(x, source="hangtrace+flight-recorder") for x in h) for r, h in joined.items()
     }
-    look = ddp_rounds(tmp_path, [joined, python_only, python_only, joined], clock)
+    look = ddp_rounds(tmp_path, [None, joined, python_only, python_only, joined], clock)
     assert look.histories(rings) is None and look.rounds == 0  # the ranks start: no round yet
     clock[0] = SF.FR_FIRST_S
+    assert look.histories(rings) is None and look.rounds == 1  # no entry yet: again after FR_FIRST_S
+    clock[0] += SF.FR_FIRST_S
     assert look.histories(rings) == joined and look.every == SF.FR_EVERY_S
     clock[0] += SF.FR_EVERY_S - 1
-    assert look.histories(rings) is None and look.rounds == 1  # not due
+    assert look.histories(rings) is None and look.rounds == 2  # not due
     clock[0] += 1
     assert look.histories(rings) is None and look.every == 2 * SF.FR_EVERY_S  # nothing the rings lack
     clock[0] += look.every

@@ -92,7 +92,8 @@ class FrLook:
         idle = not added and self.entries > 0  # dumps with entries, none the rings lack
         self.every = min(FR_IDLE_S, 2 * self.every) if idle else FR_EVERY_S
         self.every = max(self.every, COST_SHARE * cpu)  # at most 2 % of a core (many ranks per node)
-        self.next = self.clock() + self.every
+        # no entry yet (the ranks still start): the next round as soon as the first one
+        self.next = self.clock() + (self.every if self.entries else max(FR_FIRST_S, COST_SHARE * cpu))
         return joined if added else None
 
     def _round(self, rings: Mapping[int, Any]) -> Optional[Dict[int, Any]]:
