@@ -12,10 +12,16 @@ what one round costs, on each side.
    for a dump, read them, join them with the rings, find the straggler): CPU time of the
    round (``time.thread_time``) and its wall time (the watcher's poll waits for it).
 
+3. **The rings-only check** (``--check RUN_DIR``, any run directory: its ranks taken as
+   live): ``StragglerWatch`` reading each rank's ring summary and judging it, ``--checks``
+   times: CPU per check and the interval to the next one it chose (``stragglerwatch.interval``:
+   a quarter of the history's span, 0.5-5 s, at least 50 x the check's CPU).
+
 The share of a core the rounds take is the cost per round over ``stragglerfr.FR_EVERY_S``.
 
     PYTHONPATH=. python benchmarks/bench_straggler_fr.py [--dumps 30]
     PYTHONPATH=. python benchmarks/bench_straggler_fr.py --live RUN_DIR [--rounds 5]
+    PYTHONPATH=. python benchmarks/bench_straggler_fr.py --check RUN_DIR [--checks 20]
 """
 
 from __future__ import annotations
@@ -97,13 +103,47 @@ def live(run_dir: str, rounds: int) -> None:
     )
 
 
+def check(run_dir: str, checks: int) -> None:
+    from hangtrace.tracer.watch import stragglerwatch as SW
+    from hangtrace.tracer.watch.progress import read_headers
+
+    clock = [0.0]
+    w = SW.StragglerWatch(lambda line: None, lambda: clock[0])
+    headers = read_headers(run_dir, {})
+    cpu, gaps = [], []
+    for _ in range(checks):
+        clock[0] = w.next
+        c0 = time.thread_time()
+        w.check(headers, lambda p, h: True)
+        cpu.append(time.thread_time() - c0)
+        gaps.append(w.next - clock[0])
+    ranks = len({h.get("rank") for h in headers.values() if h.get("rank", -1) >= 0})
+    print(
+        "watcher: rings-only check over %d ranks: %.1f ms CPU median (max %.1f); next check after %.2f s "
+        "(median): %.2f %% of a core; named %s"
+        % (
+            ranks,
+            statistics.median(cpu) * 1e3,
+            max(cpu) * 1e3,
+            statistics.median(gaps),
+            100 * statistics.median(cpu) / statistics.median(gaps),
+            None if w.current is None else w.current["rank"],
+        )
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dumps", type=int, default=30)
     ap.add_argument("--live", help="a live run directory: rounds of the watcher against it")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--check", help="a run directory: the rings-only check over its ranks")
+    ap.add_argument("--checks", type=int, default=20)
     a = ap.parse_args()
     print("load average %.1f" % os.getloadavg()[0])
+    if a.check:
+        check(a.check, a.checks)
+        return
     in_process(a.dumps)
     if a.live:
         live(a.live, a.rounds)

@@ -179,6 +179,7 @@ def test_check_interval_follows_the_history_span_and_its_cost():
     assert SW.interval(600.0, 0.001) == SW.CHECK_S
     assert SW.interval(3.6, 0.05) == 2.5  # a check of 50 ms CPU: at most 2 % of a core
     assert SW.interval(0.0, 0.0) == SW.CHECK_S
+    assert SW.interval(600.0, 0.2) == 10.0  # many ranks: the CPU bound wins over CHECK_S
     hist = {
         0: ({"t_wall_ns": 1_000_000_000}, {"t_wall_ns": 4_000_000_000}),
         1: ({"t_wall_ns": 2_000_000_000},),
