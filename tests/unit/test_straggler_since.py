@@ -343,3 +343,17 @@ def test_records_too_few_to_judge_take_the_watchers_figures_while_its_episode_wa
             continue
         assert st["rank"] == 2 and st["judged_by"] == "watcher" and st["since_step"] == 20, st
         assert any("the node watcher saw rank 2 slow" in line for line in d.evidence), d.evidence
+
+
+def test_watcher_reads_the_rank_that_joined_a_group_not_its_newer_dataloader_worker(tmp_path):
+    run = unpack(tmp_path, "long", with_seen_file=False)
+    headers = read_headers(str(run), {})
+    (launcher,) = [p for p, h in headers.items() if h["rank"] < 0]
+    rank2 = [h for h in headers.values() if h["rank"] == 2][0]
+    # a DataLoader worker of rank 2: RANK inherited, started later, joined no group
+    headers[launcher] = dict(
+        headers[launcher], rank=2, rank_source=0, start_wall_ns=rank2["start_wall_ns"] + 1
+    )
+    w = SW.StragglerWatch(lambda line: None, clock=lambda: 0.0)
+    rings = w._ranks(headers, lambda p, h: True)
+    assert sorted(rings) == [0, 1, 2, 3] and rings[2].header["pid"] == rank2["pid"]

@@ -27,6 +27,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.watch.stragglerfr import FrLook
 from hangtrace.tracer.stragglerseen import MAX_ENTRIES, SeenStraggler, read_file, write_seen
@@ -115,22 +116,26 @@ class StragglerWatch:
         self._note(st.details() if st is not None else None)
 
     def _ranks(self, headers: Mapping[str, Any], live: Callable[[str, Any], bool]) -> Dict[int, Any]:
-        """{rank: its ring (``RingData``, the summary only)} of the live ranks (newest process per rank)."""
-        out: Dict[int, Any] = {}
-        started: Dict[int, int] = {}
+        """{rank: its ring (``RingData``, the summary only)} of the live ranks: per rank the
+        process that joined a process group (a DataLoader worker inherits its rank's RANK but
+        joins none: the blind job tr_ddp_cpu_contention's watcher read its workers' empty
+        rings and never saw rank 2), the newest of them."""
+        best: Dict[int, Any] = {}
         for path, h in headers.items():
             rank = h.get("rank", -1)
             if rank < 0 or not live(path, h):
                 continue
-            t = int(h.get("start_wall_ns") or 0)
-            if rank in started and started[rank] > t:
-                continue
+            key = (h.get("rank_source", 0) == F.RANK_FROM_GROUP, int(h.get("start_wall_ns") or 0))
+            if rank not in best or key > best[rank][0]:
+                best[rank] = (key, path)
+        out: Dict[int, Any] = {}
+        for rank, (_, path) in best.items():
             try:
                 ring = R.read_ring(path, records=False)
             except Exception:
                 continue
             if ring.summary is not None:
-                out[rank], started[rank] = ring, t
+                out[rank] = ring
         return out
 
     def _note(self, st: Optional[Dict[str, Any]]) -> None:
