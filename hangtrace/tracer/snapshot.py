@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.ring.summary import RingSummary, summarize_records
+from hangtrace.tracer.stragglerseen import SeenStraggler
 
 Record = Mapping[str, Any]
 
@@ -232,3 +233,6 @@ class Snapshot:
     # one dict per node, {'node_rank': int, 'host': str, 'ranks': [int], 'seen': bool,
     # 'why': str (what was not seen of it and why, '' when seen)}; empty for one node
     nodes: List[Dict[str, Any]] = field(default_factory=list)
+    # the stragglers the run's node watchers saw, oldest first (issue 43, tracer/stragglerseen.py):
+    # the start of a slowdown older than the rings' history
+    stragglers_seen: Tuple[SeenStraggler, ...] = ()

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -103,12 +104,21 @@ def assert_rank2_since_20(d, slack=0):
     assert st is not None, d["summary"]
     assert (st["rank"], st["group"], st["phase"]) == (2, "0", "train"), st
     if st["oldest_step"] is not None and st["oldest_step"] > 16:
-        assert st["since_step"] is None and "since before step %d" % st["oldest_step"] in d["summary"]
+        if st["since_source"] == "watcher":  # what the watcher saw while the rings still held it
+            assert abs(st["since_step"] - 20) <= max(slack, WATCHER_SLACK), st
+            assert "since step %d (first seen by the watcher at " % st["since_step"] in d["summary"]
+            return
+        assert st["since_step"] is None and "since before step %d" % st["before_step"] in d["summary"]
         return
     assert st["since_step"] is not None and abs(st["since_step"] - 20) <= slack, st
     assert st["added_ms_per_step"] > 5 and st["added_pct"] > 5 and st["collectives"] > 0, st
     assert d["summary"].startswith("Progressing; %s." % straggler_phrase(st)), d["summary"]
     assert "since step 20" in d["summary"]
+
+
+#: steps the watcher's first slow step may be off: it judges windows that end a few steps
+#: after the start (measured: first seen as step 18, then refined to 20 by later checks)
+WATCHER_SLACK = 2
 
 
 def watcher_lines(run):
@@ -130,13 +140,16 @@ def rings_alone(run, tmp_path):
         shutil.move(str(run / "fr"), str(tmp_path / "fr"))
 
 
-def slow_job(tmp_path, *extra):
-    """The compute (or ``extra``) job: dump at step >= 40, stop, analyse; returns (run, dump)."""
+def slow_job(tmp_path, *extra, until=0):
+    """The compute (or ``extra``) job: dump at step >= 40, (run on to step ``until``), stop,
+    analyse; returns (run, dump)."""
     job, run, out = start(tmp_path, *extra)
     try:
         wait_step(job, out, 40)
         dumped = verdict("dump", run)
         assert dumped["details"]["window"]["advanced_ranks"] == [0, 1, 2, 3]
+        if until:
+            wait_step(job, out, until)
     finally:
         finish(job, out)
     return run, dumped
@@ -144,11 +157,18 @@ def slow_job(tmp_path, *extra):
 
 @pytest.mark.timeout(400)
 def test_compute_straggler_named_by_dump_analyze_watcher_and_timeline(tmp_path):
-    run, dumped = slow_job(tmp_path)
+    run, dumped = slow_job(tmp_path, until=150)  # (the rings' history: ~73 steps)
     assert_rank2_since_20(dumped)
     assert_rank2_since_20(verdict("analyze", run))  # after: the newest snapshot (the dump's)
     rings_alone(run, tmp_path)
-    assert_rank2_since_20(verdict("analyze", run))  # after: the rings alone, as the job left them
+    d = verdict("analyze", run)  # after: the rings alone, which lost step 20; the watcher's file
+    assert d["details"]["straggler"]["since_source"] == "watcher", d["details"]["straggler"]
+    assert_rank2_since_20(d)
+    (run / ("stragglers-%s.json" % socket.gethostname())).unlink()
+    d = verdict("analyze", run)  # a copy of the rings without the watcher's file
+    assert (
+        d["details"]["straggler"]["since_step"] is None and "(the oldest step still recorded)" in d["summary"]
+    )
     lines = watcher_lines(run)
     assert len(lines) == 2, lines
     assert "straggler: rank 2 is slow" in lines[0] and "straggler ended: rank 2" in lines[1], lines
@@ -174,7 +194,9 @@ def test_uniform_noise_names_nobody(tmp_path):
 @pytest.mark.skipif(not LONG, reason="HANGTRACE_LONG=1: one more 4-rank DDP job (~60 s)")
 @pytest.mark.timeout(400)
 def test_ddp_straggler_named_through_flight_recorder_entries(tmp_path):
-    run, dumped = slow_job(tmp_path, "--ddp")
+    run, dumped = slow_job(tmp_path, "--ddp", until=200)  # (the watcher's first round after 15 s)
+    lines = watcher_lines(run)  # the watcher saw it through the Flight Recorder (stragglerfr.py)
+    assert lines and "straggler: rank 2 is slow" in lines[0], lines
     assert_rank2_since_20(dumped, slack=1)  # (at load 20: once step 19)
     assert glob.glob(os.path.join(dumped["snapshot"], "fr", "*.pkl"))
     assert_rank2_since_20(verdict("analyze", run), slack=1)  # after: the newest snapshot (the dump's)

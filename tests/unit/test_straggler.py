@@ -214,11 +214,11 @@ def test_timeline_marks_the_straggler_track():
     assert tracks[1].labels == ("straggler",)
 
 
-def test_no_step_numbers_two_collectives_per_iteration_by_the_stream_period():
-    """A loop with no tracer.step that issues a training all_reduce (the straggler is late to
-    it) then a flag all_reduce (nobody waits): judged per iteration, the stream's period."""
+def two_per_iteration(n, steps, late_ms):
+    """:func:`job` without step numbers, each iteration's all_reduce (64 values) followed by a
+    flag all_reduce (1 value) all ranks issue at once, after the slow one."""
     out = {}
-    for r, rs in job(4, 60, slow_from(1, 0, 30), with_steps=False).items():
+    for r, rs in job(n, steps, late_ms, with_steps=False).items():
         recs = []
         for x in rs:
             recs.append(dict(x, numel=64) if x["kind"] == "collective" else x)
@@ -233,8 +233,14 @@ def test_no_step_numbers_two_collectives_per_iteration_by_the_stream_period():
                 seq += 1
                 x["seq"] = seq
         out[r] = tuple(recs)
+    return out
+
+
+def test_no_step_numbers_two_collectives_per_iteration_by_the_stream_period():
+    """A loop with no tracer.step that issues a training all_reduce (the straggler is late to
+    it) then a flag all_reduce (nobody waits): judged per iteration, the stream's period."""
     assert detect.period([("all_reduce", 64), ("all_reduce", 1)] * 10) == 2
-    st = find(out)
+    st = find(two_per_iteration(4, 60, slow_from(1, 0, 30)))
     assert st is not None and st.rank == 1 and st.last_steps == st.window_steps == 32
     assert 95 < st.step_ms < 105 and 25 < st.added_pct < 35  # per iteration, not per collective
 
@@ -244,3 +250,56 @@ def test_a_rank_slow_for_the_newest_ten_steps_only_is_named_and_heavy_tailed_noi
     assert st is not None and (st.rank, st.since_step, st.window_steps) == (2, 50, 16)
     for seed in range(30):  # exponential arrivals (mean 10 ms): a heavy tail, nobody slow
         assert find(job(8, 60, lambda r, k, rng: rng.expovariate(0.1), seed=seed)) is None
+
+
+def test_a_finished_runs_teardown_barrier_keeps_the_stream_period():
+    # blind job mp_slow_from_start: 6 all-reduces per step (no step numbers), then a barrier
+    # before destroy_process_group; the barrier broke the period and nobody was named
+    sizes = [12288, 384, 147456, 384, 384, 1]
+    keys = [("all_reduce", n) for n in sizes] * 12
+    assert detect.period_tail(keys + [("barrier", 0)]) == (6, 1)
+    assert detect.period_tail(keys) == (6, 0)
+    assert detect.period_tail([("all_reduce", 1)] * 40 + [("barrier", 0)]) == (1, 0)
+    recs = two_per_iteration(4, 60, slow_from(1, 0, 30))
+    ended = {}
+    for r, rs in recs.items():
+        t = rs[-1]["t_wall_ns"] + MS
+        bar = dict(rs[-1], op="barrier", numel=0, seq=rs[-1]["seq"] + 1, idx=rs[-1]["idx"] + 1, t_wall_ns=t)
+        ended[r] = rs + (bar,)
+    st = find(ended)
+    assert st is not None and st.rank == 1 and st.last_steps == st.window_steps == 32
+    assert 95 < st.step_ms < 105 and 25 < st.added_pct < 35  # per iteration, as without the barrier
+
+
+def test_an_overwhelming_order_needs_one_standard_deviation_of_the_others_noise():
+    """Blind job tr_rank0_histograms: the two other ranks' DDP buckets arrive up to 70 ms apart
+    (their noise ~37 ms) while rank 0 is last in 17 of 18 steps, a median 45 ms after them:
+    3 x the noise named nobody. Last in 3/4 of the steps beyond a 1e-6 chance level: 1 x."""
+    late = lambda r, k, rng: rng.uniform(0, 70) + (45 if r == 0 and k >= 20 else 0)  # noqa: E731
+    for seed in range(10):
+        st = find(job(3, 60, late, seed=seed))
+        assert st is not None and st.rank == 0 and st.threshold_ms < 3 * st.noise_ms, seed
+    for seed in range(50):  # the same noise with nobody late: nobody, however noisy
+        for n in (3, 4, 8):
+            assert find(job(n, 60, lambda r, k, rng: rng.uniform(0, 70), seed=seed)) is None
+            assert find(job(n, 60, lambda r, k, rng: rng.expovariate(0.05), seed=seed)) is None
+
+
+def test_an_all_reduce_per_parameter_is_judged_over_32_steps_not_16():
+    """Blind job mp_slow_from_start: 6 all-reduces per step (one per parameter, no step
+    numbers); the newest 96 seqs were 16 steps, where a 2-rank group needs 15 of 16."""
+    sizes = [12288, 384, 147456, 384, 384, 1]
+    out = {}
+    for r, rs in job(2, 60, slow_from(1, 0, 30), with_steps=False).items():
+        recs, seq = [], 0
+        for x in rs:
+            if x["kind"] != "collective":
+                recs.append(x)
+                continue
+            for i, n in enumerate(sizes):  # the first waits for the slow rank, the rest at once
+                seq += 1
+                t = x["t_wall_ns"] if i == 0 else T0 + (x["seq"] - 1) * 100 * MS + 50 * MS + i * MS + r * 1000
+                recs.append(dict(x, seq=seq, numel=n, t_wall_ns=t, t_mono_ns=t - T0 + 1))
+        out[r] = tuple(dict(x, idx=i + 1) for i, x in enumerate(recs))
+    st = find(out)
+    assert st is not None and st.rank == 1 and st.window_steps == 32 and st.window_collectives >= 192

@@ -17,15 +17,30 @@ import time
 from typing import Dict, Iterable, List, Optional
 
 from hangtrace.tracer import config
-from hangtrace.hooks.torchdist.fr_agent import FR_SUBDIR, PROGRESS, dump_path, meta_path, socket_name
+from hangtrace.hooks.torchdist.fr_agent import (
+    FR_SUBDIR,
+    MIN_DUMP_INTERVAL_S,
+    PROGRESS,
+    dump_path,
+    meta_path,
+    socket_name,
+)
 
 
-def _token_of(path: str) -> Optional[str]:
+def _answers(path: str, token: str, asked_wall_ns: int) -> bool:
+    """Does the sidecar ``path`` answer the request ``token`` sent at ``asked_wall_ns``? Its
+    token is ours, or another requester's whose dump is no older than our request less the
+    agent's coalescing interval (the node watcher asks too, issue 43: a request of its that
+    lands between our answer and our reading of the sidecar retokens it; the dump is as
+    new as the one that answered us)."""
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read()).get("token")
-    except (OSError, ValueError, AttributeError):
-        return None
+            meta = json.loads(f.read())
+        if meta.get("token") == token:
+            return True
+        return int(meta.get("wall_ns") or 0) >= asked_wall_ns - int(MIN_DUMP_INTERVAL_S * 1e9)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
 
 
 def _ask(
@@ -93,12 +108,13 @@ def request_fr_dumps(
     for a single process.
     """
     host = host or socket.gethostname()
-    token = "%d-%d" % (os.getpid(), time.time_ns())
+    asked = time.time_ns()
+    token = "%d-%d" % (os.getpid(), asked)
     answers = _ask(run_dir, pids, token, timeout_s, settle_s=settle_s)
     return [
         dump_path(run_dir, host, pid)
         for pid, a in sorted(answers.items())
-        if a.startswith("done") and _token_of(meta_path(run_dir, host, pid)) == token
+        if a.startswith("done") and _answers(meta_path(run_dir, host, pid), token, asked)
     ]
 
 

@@ -29,6 +29,7 @@ import orjson
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.errors import HangtraceError, RunDirError
 from hangtrace.tracer.snapshot import ProcessInfo, ProgressWindow, Snapshot
+from hangtrace.tracer.stragglerseen import copy_seen, read_seen
 from hangtrace.tracer.process_model import assign_roles
 from hangtrace.tracer.collect.frdump import find_fr_files, load_fr_dir
 from hangtrace.tracer.collect.ringprocs import HOST, error_line, load_rings
@@ -64,12 +65,14 @@ def load_run(run_dir: str, live_facts: Optional[bool] = None, records: bool = Fa
             "no ring files (ring-*.htr) in %s" % run_dir,
             "was the job started with HANGTRACE=1 and this HANGTRACE_DIR?",
         )
+    seen, seen_errors = read_seen(run_dir)  # what the watcher saw (issue 43)
     return Snapshot(
         run_dir=os.path.abspath(run_dir),
         taken_wall_ns=time.time_ns(),
         reason="offline",
         processes=procs,
-        errors=errors,
+        errors=errors + seen_errors,
+        stragglers_seen=seen,
     )
 
 
@@ -131,14 +134,17 @@ def load_snapshot(snap_dir: str, records: bool = False) -> Snapshot:
         else:
             st = states.get(p.key, {})
             procs[i] = dataclasses.replace(p, stack_error=st.get("stack_error"))
+    run_dir = meta.get("run_dir", os.path.dirname(os.path.dirname(snap_dir)))
+    seen, seen_errors = read_seen(snap_dir, run_dir if isinstance(run_dir, str) else "")
     snap = Snapshot(
-        run_dir=meta.get("run_dir", os.path.dirname(os.path.dirname(snap_dir))),
+        run_dir=run_dir,
         taken_wall_ns=meta.get("taken_wall_ns", 0),
         reason=meta.get("reason", "offline"),
         processes=procs,
-        errors=errors + meta.get("errors", []),
+        errors=errors + meta.get("errors", []) + seen_errors,
         path=snap_dir,
         window=_read_window(snap_dir),
+        stragglers_seen=seen,
     )
     return _with_fr(snap_dir, snap) if has_fr else snap
 
@@ -235,6 +241,7 @@ def take_snapshot(
     os.makedirs(os.path.join(sdir, "rings"), mode=0o700, exist_ok=True)
     fr = _fr_dumps(run_dir, sdir) if with_stacks else []  # before the rings: FR is never newer
     snap = load_run(run_dir, live_facts=True)  # memory facts now, in processes.json
+    copy_seen(run_dir, sdir)  # the watcher's stragglers until now (issue 43)
     os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
     snap = dataclasses.replace(snap, reason=reason, path=sdir)
     for p in snap.processes:

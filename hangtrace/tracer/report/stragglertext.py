@@ -4,6 +4,7 @@ Used by the paragraph of a progressing verdict (``rankparagraph.progressing_text
 watcher's log (``watch/stragglerwatch.py``) and the timeline's track name.
 """
 
+import time
 from typing import Any, Mapping
 
 
@@ -20,11 +21,31 @@ def straggler_phrase(st: Mapping[str, Any]) -> str:
         s += " (+%.0f %%)" % float(st["added_pct"])
     if st.get("phase"):
         s += ", in phase '%s'" % st["phase"]
+    return s + _since(st)
+
+
+def _clock(wall_ns: Any) -> str:
+    """``14:02:11 UTC`` of a wall time in ns since the epoch."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(int(wall_ns) / 1e9))
+
+
+def _since(st: Mapping[str, Any]) -> str:
+    """``, since step 20`` / ``, since step 20 (first seen by the watcher at 14:02:11 UTC)`` /
+    ``, since before step 41 (the oldest step still recorded)`` / nothing (docs/STRAGGLERS.md)."""
+    seen = st.get("first_seen_wall_ns")
     if st.get("since_step") is not None:
-        s += ", since step %s" % st["since_step"]
-    elif st.get("oldest_step") is not None:
-        s += ", since before step %s (the oldest recorded)" % st["oldest_step"]
-    return s
+        if st.get("since_source") == "watcher" and seen:
+            return ", since step %s (first seen by the watcher at %s)" % (st["since_step"], _clock(seen))
+        return ", since step %s" % st["since_step"]
+    before = st.get("before_step", st.get("oldest_step"))
+    if before is None:
+        return ""
+    if seen and st.get("oldest_step") is not None and before < st["oldest_step"]:
+        return ", since before step %s (the oldest step the watcher had when it first saw it at %s)" % (
+            before,
+            _clock(seen),
+        )
+    return ", since before step %s (the oldest step still recorded)" % before
 
 
 def straggler_sentence(st: Mapping[str, Any]) -> str:

@@ -22,6 +22,7 @@ death while the job's root lives waits for a clean shutdown: ``shutdown.py``).
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
@@ -38,6 +39,8 @@ from hangtrace.tracer.watch.helpergrace import HelperGrace
 from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
 from hangtrace.tracer.watch.shutdown import ShutdownGrace
 from hangtrace.tracer.watch.stragglerwatch import StragglerWatch
+from hangtrace.tracer.watch.stragglerfr import FrLook
+from hangtrace.tracer.stragglerseen import seen_path
 
 #: seconds between two memory-trend checks of the live rings (each reads every ring once)
 MEM_CHECK_S = 5.0
@@ -108,7 +111,10 @@ class Watcher:
         self.shutdown = ShutdownGrace(run_dir)  # quiet deaths held for the job's end (watch/shutdown.py)
         # issue 43: a line in the watcher log file when a straggler starts, one when it ends
         self.straggler_echo: Optional[Callable[[str], None]] = None  # also there (hangtrace run: stderr)
-        self.stragglers = StragglerWatch(self._straggler_log, clock)
+        host = socket.gethostname()  # its episodes, for dump/analyze's "since when" (stragglerseen.py)
+        self.stragglers = StragglerWatch(
+            self._straggler_log, clock, seen_path(run_dir, host), host=host, fr=FrLook(run_dir, clock)
+        )
 
     def _read_headers(self) -> Dict[str, Header]:
         return read_headers(self.run_dir, self.final)

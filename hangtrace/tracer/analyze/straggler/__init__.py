@@ -14,16 +14,28 @@ ends) and the timeline (the straggler's track).
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from hangtrace.tracer.analyze.context import Ctx
-from hangtrace.tracer.analyze.straggler.detect import Candidate, candidate
-from hangtrace.tracer.analyze.straggler.series import by_group, collective_rows, instances
+from hangtrace.tracer.analyze.straggler.detect import (
+    MAX_PERIOD,
+    MIN_STEPS,
+    WINDOW_STEPS,
+    Candidate,
+    candidate,
+    units,
+)
+from hangtrace.tracer.analyze.straggler.series import WINDOW, by_group, collective_rows, instances
+from hangtrace.tracer.analyze.straggler.seen import episode_at, resolve
 from hangtrace.tracer.analyze.straggler.when import phase, since
 from hangtrace.tracer.diagnosis import Diagnosis
+from hangtrace.tracer.ring.summary import HISTORY
+from hangtrace.tracer.stragglerseen import SeenStraggler
 
-__all__ = ["Straggler", "find", "of_processes"]
+__all__ = ["Straggler", "find", "of_processes", "with_seen"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,12 @@ class Straggler:
     oldest_step: Optional[int]
     members: int
     last_steps: int
+    since_source: Optional[str] = None
+    before_step: Optional[int] = None
+    first_seen_wall_ns: Optional[int] = None
+    first_seen_step: Optional[int] = None
+    newest_step: Optional[int] = None
+    z: float = 3.0
 
     def details(self) -> Dict[str, Any]:
         """``Diagnosis.details['straggler']`` (docs/DIAGNOSIS.md)."""
@@ -72,11 +90,18 @@ class Straggler:
             "oldest_step": self.oldest_step,
             "group_size": self.members,
             "last_steps": self.last_steps,
+            "since_source": self.since_source,
+            "before_step": self.before_step,
+            "first_seen_wall_ns": self.first_seen_wall_ns,
+            "first_seen_step": self.first_seen_step,
+            "newest_step": self.newest_step,
+            "judged_by": "rings",
         }
 
 
 def _straggler(c: Candidate, histories: Mapping[int, Sequence[Any]]) -> Straggler:
     first, oldest = since(c, histories)
+    newest = c.inst.by_rank[-1][c.col].step if c.inst.by_rank else None
     return Straggler(
         rank=c.rank,
         group=c.inst.group,
@@ -94,6 +119,10 @@ def _straggler(c: Candidate, histories: Mapping[int, Sequence[Any]]) -> Straggle
         oldest_step=oldest,
         members=len(c.inst.ranks),
         last_steps=c.last_steps,
+        since_source="rings" if first is not None else None,
+        before_step=oldest if first is None else None,
+        newest_step=newest,
+        z=c.z,
     )
 
 
@@ -101,8 +130,14 @@ def find(histories: Mapping[int, Sequence[Any]]) -> Optional[Straggler]:
     """The straggler of ``{global rank: RingSummary.history}``: of the groups with one, the
     one the group waits longest for per step; None when nobody is slow."""
     found: List[Candidate] = []
+    wide: Optional[Dict[str, Dict[int, Any]]] = None
     for group, members in sorted(by_group(collective_rows(histories)).items()):
         inst = instances(group, members)
+        if inst is not None and len(units(inst, WINDOW_STEPS)) < WINDOW_STEPS and len(inst.seqs) >= WINDOW:
+            # many collectives per step (an all-reduce per parameter): WINDOW seqs are
+            # fewer than WINDOW_STEPS steps; the whole history's, at most MAX_PERIOD per step
+            wide = wide if wide is not None else by_group(collective_rows(histories, HISTORY))
+            inst = instances(group, wide.get(group, members), window=WINDOW_STEPS * MAX_PERIOD)
         c = candidate(inst) if inst is not None else None
         if c is not None:
             found.append(c)
@@ -116,21 +151,46 @@ def of_processes(procs: Mapping[int, Any]) -> Optional[Straggler]:
     return find({r: p.summary.history for r, p in procs.items() if p.summary is not None})
 
 
+def with_seen(st: Straggler, seen: Sequence[SeenStraggler], at_wall_ns: int) -> Straggler:
+    """``st`` with its start completed from the watcher's episodes (``seen.resolve``: when the
+    rings cannot see the start; ``at_wall_ns``: the newest record's wall time, 0 unknown)."""
+    got = resolve(st.rank, st.group, st.since_step, st.oldest_step, seen, at_wall_ns)
+    return dataclasses.replace(
+        st,
+        since_step=got.since_step,
+        since_source=got.source,
+        before_step=got.before_step,
+        first_seen_wall_ns=got.first_seen_wall_ns,
+        first_seen_step=got.first_seen_step,
+    )
+
+
+def _newest_wall_ns(procs: Sequence[Any]) -> int:
+    return max([int(getattr(p, "progress_wall_ns", 0) or 0) for p in procs] or [0])
+
+
 def straggler_details(ctx: Ctx, d: Diagnosis) -> None:
     """``d.details['straggler']`` (``Straggler.details``) and one evidence line when a rank of
-    ``ctx.views`` is slow; nothing otherwise. The verdict is not changed: a progressing one
+    ``ctx.views`` is slow; else, when the records hold too few collectives to judge and a
+    node watcher's episode was under way at their newest record, the watcher's word
+    (:func:`watchers_word`); nothing otherwise. The verdict is not changed: a progressing one
     names it in its paragraph (``report/rankparagraph.py``), any other keeps it as a fact seen
     before. Never raises (odd records: no straggler)."""
     try:
-        st = of_processes({r: v.proc for r, v in ctx.views.items()})
+        procs = {r: v.proc for r, v in ctx.views.items()}
+        st = of_processes(procs)
+        snap = ctx.snap
+        at = _newest_wall_ns(snap.processes) or snap.taken_wall_ns
+        if st is None:
+            watchers_word(ctx, d, procs, at)
+            return
+        st = with_seen(st, snap.stragglers_seen, at)
     except Exception:
-        return
-    if st is None:
         return
     d.details["straggler"] = st.details()
     ctx.add(
         "rank %d issued last in %d of the newest %d steps (%d of %d collectives) of group '%s': a median "
-        "%.1f ms after the other ranks, above %.1f ms (the largest of the others' noise %.1f ms x 3, 5 ms "
+        "%.1f ms after the other ranks, above %.1f ms (the largest of the others' noise %.1f ms x %g, 5 ms "
         "and 5 %% of the step)"
         % (
             st.rank,
@@ -142,5 +202,49 @@ def straggler_details(ctx: Ctx, d: Diagnosis) -> None:
             st.margin_ms,
             st.threshold_ms,
             st.noise_ms,
+            st.z,
         )
     )
+
+
+def judgeable(histories: Mapping[int, Sequence[Any]]) -> bool:
+    """Do the histories hold a group with :data:`detect.MIN_STEPS` steps every member shared
+    (enough to name a straggler or to say nobody is one)?"""
+    for group, members in by_group(collective_rows(histories)).items():
+        inst = instances(group, members)
+        if inst is not None and len(units(inst, WINDOW_STEPS)) >= MIN_STEPS:
+            return True
+    return False
+
+
+def watchers_word(ctx: Ctx, d: Diagnosis, procs: Mapping[int, Any], at: int) -> None:
+    """When ``procs`` hold too few shared collectives to judge (a DDP job's rings without
+    Flight Recorder dumps: a snapshot taken after its ranks exited) and a watcher episode
+    with the watcher's own figures was under way at ``at`` (``seen.episode``): those figures
+    as ``details['straggler']`` (``judged_by`` 'watcher') and an evidence line."""
+    hist = {r: p.summary.history for r, p in procs.items() if p.summary is not None}
+    if judgeable(hist):
+        return
+    e = episode_at(ctx.snap.stragglers_seen, at)
+    if e is None or not e.last:
+        return
+    st = dict(e.last, judged_by="watcher", first_seen_wall_ns=e.first_seen_wall_ns)
+    st["first_seen_step"] = e.first_seen_step
+    if st.get("since_step") is None and e.since_step is not None:
+        st.update(since_step=e.since_step, since_source="watcher", before_step=None)
+    d.details["straggler"] = st
+    ctx.add(
+        "the node watcher saw rank %s slow in group '%s' from %s until %s (its figures); these records "
+        "hold too few collectives to judge (C++-issued ones, as DDP's, are only in torch's Flight "
+        "Recorder, which was not dumped here)"
+        % (
+            e.rank,
+            e.group,
+            _clock(e.first_seen_wall_ns),
+            _clock(e.ended_wall_ns) if e.ended_wall_ns else "now",
+        )
+    )
+
+
+def _clock(wall_ns: int) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(wall_ns / 1e9))
