@@ -2,7 +2,9 @@
 ``prepare_model`` / ``prepare_data_loader`` with ``DataLoader(num_workers=2)``,
 ``ray.train.report`` every step), written from the README and the public docs alone by someone
 who had not read the analysis code (``tests/integration/blind/frameworks/raytrain/``; each
-file tells its incident and holds ``LAUNCH = "ray-train"`` and ``EXPECT``).
+file tells its incident and holds ``LAUNCH = "ray-train"`` and ``EXPECT``); and the blind Ray
+actor jobs of ``tests/integration/blind/ray_threads/`` (a user's coordinator actor as a
+barrier, a training loop in a thread of the actor), run the same way.
 
 Each job runs as a user runs it: ``cd blind/frameworks/raytrain && hangtrace run --stall-s 15
 --stop-on-stall -- python FILE`` (with a timeout, in a fresh run directory). The verdict of
@@ -34,8 +36,16 @@ import pytest
 
 from jobs import REPO, base_env, blind_consts, run_under_hangtrace
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind", "frameworks", "raytrain")
-JOBS = sorted(p for p in glob.glob(os.path.join(HERE, "*.py")) if not os.path.basename(p).startswith("_"))
+BLIND = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind")
+HERE = os.path.join(BLIND, "frameworks", "raytrain")
+#: and the blind Ray actor jobs of the same shape (``blind/ray_threads``: trainer actors that
+#: meet at a user's coordinator actor, or run their loop in a thread of their own)
+JOBS = sorted(
+    p
+    for d in (HERE, os.path.join(BLIND, "ray_threads"))
+    for p in glob.glob(os.path.join(d, "*.py"))
+    if not os.path.basename(p).startswith("_")
+)
 STALL_S = 15
 #: the README's verdict kinds that are incidents (not "progressing" or "unknown")
 INCIDENT_KINDS = (
