@@ -214,3 +214,43 @@ def test_store_gone(tmp_path):
         why,
     )
     assert "Not seen" in d["summary"], d["summary"]
+
+
+def kill_node(proc):
+    """SIGKILL a node whole: its `hangtrace run` (its watcher), the torchrun agent and the ranks."""
+    tree = [proc.pid] + descendants(proc.pid)
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@need_all
+def test_node1_dies_whole_with_its_watcher(tmp_path):
+    """Node 1's watcher, agent and ranks SIGKILLed together: node 0 names node 1 as gone, its
+    watcher's last sign of life, and ranks 2-3 lost with it."""
+    procs, dirs, out = start_nodes(tmp_path, "run")
+    try:
+        wait_for(
+            lambda: (out / "step").exists() and int((out / "step").read_text() or 0) >= 20,
+            180,
+            why=lambda: logs(tmp_path),
+        )
+        time.sleep(2 * 2.5)  # two beats of the meeting: every node registered
+        kill_node(procs[1])
+        procs[0].wait(timeout=180)
+    finally:
+        stop(*procs)
+    why = logs(tmp_path)
+    d = analyze(dirs[0])
+    msg = "%s\n%s" % (d["summary"], why)
+    assert (d["kind"], d["cause"], d["culprit_ranks"]) == ("dead-rank", "killed-without-record", [2, 3]), msg
+    host = os.uname().nodename
+    assert [n["node_rank"] for n in d["details"]["nodes"]["lost"]] == [1], msg
+    assert "node 1 (%s; ranks 2-3) went away whole" % host in d["summary"], msg
+    unseen = d["details"]["nodes"]["unseen"]
+    assert len(unseen) == 1 and unseen[0].startswith("node 1 (%s; ranks 2-3)" % host), msg
+    assert "last sign of life" in unseen[0], msg
+    assert "Next: look at node 1 (%s) itself" % host in " ".join(d["summary"].split()), msg
+    assert "no rank is dead" not in d["summary"], msg
