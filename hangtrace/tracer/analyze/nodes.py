@@ -101,8 +101,8 @@ def lost_nodes(ctx: Ctx, d: Diagnosis) -> List[Dict[str, Any]]:
                 n.get("host") or "host unknown",
                 _span(ranks),
                 _hms(beat),
-                ", the ranks seen here last progressed at %s" % _hms(ctx.last_progress)
-                if ctx.last_progress
+                ", %.0f s before this snapshot" % ((ctx.snap.taken_wall_ns - beat) / 1e9)
+                if ctx.snap.taken_wall_ns > beat
                 else "",
             )
         )

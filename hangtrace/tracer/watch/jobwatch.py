@@ -58,6 +58,8 @@ class JobWatch:
         self.answered: Dict[int, float] = {}  # incident -> monotonic time answered
         self._pending: List[Tuple[int, Dict[str, Any]]] = []
         self._lock = threading.Lock()
+        self._connecting = threading.Lock()
+        self._retry_s = RETRY_S  # grows while the store cannot be reached (a hung connection keeps a thread)
         self._stop = threading.Event()
         self._tried = threading.Event()  # set after the first attempt to reach the store
         self._thread: Optional[threading.Thread] = None
@@ -91,7 +93,11 @@ class JobWatch:
                     self._beat()
             except Exception as e:  # never let the thread die silently
                 self.log("node meeting: %r" % (e,))
-            self._stop.wait(BEAT_S if self.meeting is not None or self.me is None else RETRY_S)
+            if self.meeting is not None or self.me is None:
+                self._retry_s = RETRY_S
+            else:
+                self._retry_s = min(60.0, self._retry_s * 2)
+            self._stop.wait(BEAT_S if self.meeting is not None or self.me is None else self._retry_s)
 
     def _refresh_identity(self) -> None:
         from hangtrace.tracer.collect.nodes.identity import find_identity
@@ -106,26 +112,43 @@ class JobWatch:
             if self.meeting is not None:
                 self.meeting.me = me
 
-    def _connect(self) -> None:
+    def _connect(self, why_not_store: Optional[str] = None) -> None:
         """Meet in the job's store; when it cannot be reached (no connection, or an operation
-        that fails: its host stopped or cut off) in ``HANGTRACE_SHARED_DIR`` if given."""
+        that fails or hangs: its host stopped or cut off), or ``why_not_store`` says it cannot,
+        in ``HANGTRACE_SHARED_DIR`` if given. Raises StoreGone for the shared directory only."""
         from hangtrace.tracer.collect.nodes.storelink import DirLink, StoreGone, StoreLink
 
-        try:
-            m, seen = self._meet(StoreLink(self.me.store[0], self.me.store[1], self.timeout_s))
-        except StoreGone as e:
-            shared = os.environ.get(config.SHARED_DIR)
-            if not shared:
-                if self.gone != str(e):
-                    self.log("node meeting: %s" % e)
-                self.gone = str(e)
+        with self._connecting:
+            if self.meeting is not None:  # (the other thread met meanwhile)
                 return
-            self.log("node meeting: %s; meeting in the shared directory %s instead" % (e, shared))
-            m, seen = self._meet(DirLink(os.path.join(shared, "hangtrace-" + self.me.job)))
-        self.meeting = self.last_meeting = m
-        self.seen_n = seen  # earlier incidents are not ours to answer
-        self.gone = None
-        self.log("node meeting: registered %s in %s" % (self.me.label, m.link.where))
+            try:
+                if why_not_store:
+                    raise StoreGone(why_not_store)
+                m, seen = self._meet(StoreLink(self.me.store[0], self.me.store[1], self.timeout_s))
+            except StoreGone as e:
+                shared = os.environ.get(config.SHARED_DIR)
+                if not shared:
+                    if self.gone != str(e):
+                        self.log("node meeting: %s" % e)
+                    self.gone = str(e)
+                    return
+                self.log("node meeting: %s; meeting in the shared directory %s instead" % (e, shared))
+                m, seen = self._meet(DirLink(os.path.join(shared, "hangtrace-" + self.me.job)))
+            self.meeting = self.last_meeting = m
+            self.seen_n = seen  # earlier incidents are not ours to answer
+            self.gone = None
+            self.log("node meeting: registered %s in %s" % (self.me.label, m.link.where))
+
+    def _to_shared_dir(self) -> Any:
+        """The meeting in ``HANGTRACE_SHARED_DIR`` once the store failed (:attr:`gone`), or None
+        (no shared directory given, or it cannot be used either). Never raises."""
+        if self.me is None or not os.environ.get(config.SHARED_DIR):
+            return None
+        try:
+            self._connect(self.gone or "the job's store could not be reached")
+        except Exception as e:
+            self.log("node meeting: %s" % (e,))
+        return self.meeting
 
     def _meet(self, link: Any) -> Tuple[Any, int]:
         """A Meeting over ``link`` with this node registered, and the incidents opened so far.
@@ -192,20 +215,25 @@ class JobWatch:
 
         if not self._tried.is_set():  # still importing torch or connecting: wait, bounded
             self._tried.wait(self.wait_s)
-        m = self.meeting
-        if m is None:
-            return GONE
-        try:
-            n = m.incidents()
-            if n >= 1:
-                trig = m.trigger(n) or {}
-                age = (time.time_ns() - int(trig.get("wall_ns") or 0)) / 1e9
-                if age <= max(JOIN_S, self.wait_s):  # the same incident seen from another node
-                    return ANSWERED if n in self.answered else n
-            return m.open_incident(kind, detail)
-        except StoreGone as e:
-            self.gone, self.meeting = str(e), None
-            return GONE
+        for _ in range(2):  # the store, then (when it fails now) the shared directory
+            m = self.meeting or self._to_shared_dir()
+            if m is None:
+                return GONE
+            try:
+                return self._join_or_open(m, kind, detail)
+            except StoreGone as e:
+                self.gone, self.meeting = str(e), None
+        return GONE
+
+    def _join_or_open(self, m: Any, kind: str, detail: str) -> int:
+        """The incident of ``m`` this detection belongs to (:meth:`incident`). Raises StoreGone."""
+        n = m.incidents()
+        if n >= 1:
+            trig = m.trigger(n) or {}
+            age = (time.time_ns() - int(trig.get("wall_ns") or 0)) / 1e9
+            if age <= max(JOIN_S, self.wait_s):  # the same incident seen from another node
+                return ANSWERED if n in self.answered else n
+        return int(m.open_incident(kind, detail))
 
     def answer(self, n: int, res: Any) -> Any:
         """The job-wide Result of incident ``n`` (``-1``: the store is gone) from this node's
