@@ -157,7 +157,10 @@ class JobWatch:
 
         m = Meeting(link, self.me, self.run_dir)
         m.register(list(self.me.ranks))
-        return m, m.incidents()
+        seen = m.incidents()
+        if self.me.node_count <= FETCH_ALL_MAX:
+            self._read_peers(m)  # (the nodes registered before this one: alive now)
+        return m, seen
 
     def _beat(self) -> None:
         from hangtrace.tracer.collect.nodes.storelink import StoreGone
