@@ -218,6 +218,9 @@ def test_store_gone(tmp_path):
         why,
     )
     assert "Not seen" in d["summary"], d["summary"]
+    # node 0 died whole: its ranks are the root, lost with their node (never "no rank is dead")
+    assert (d["kind"], d["culprit_ranks"]) == ("dead-rank", [0, 1]), "%s\n%s" % (d["summary"], why)
+    assert [n["node_rank"] for n in d["details"]["nodes"]["lost"]] == [0], d["details"]["nodes"]
 
 
 def kill_node(proc):

@@ -233,6 +233,20 @@ def test_a_node_lost_whole_is_the_root_not_a_transport_error_without_a_dead_rank
     assert "Next: look at node 1 (h1) itself" in text
     assert "its watcher's last sign of life" in d.details["nodes"]["unseen"][0]
     assert sorted(c["rank"] for c in d.cascade) == [0, 1]
-    # never seen alive (no beat: its watcher never registered here): not called lost
+    # its watcher never seen alive here (no beat): the ranks are lost with their node, said hedged
     plain = diagnose(dataclasses.replace(s, nodes=[dict(n, last_beat_wall_ns=None) for n in s.nodes]))
-    assert plain.kind == "transport-error" and "lost" not in plain.details["nodes"]
+    text = verdict_paragraph(plain)
+    assert (plain.kind, plain.culprit_ranks) == ("dead-rank", [2, 3]) and "no rank is dead" not in text
+    assert "node 1 (h1; ranks 2-3) is gone from this node's view, perhaps whole" in text, text
+    assert "its watcher was never seen here (add failed on the job's store" in text, text
+    assert plain.details["nodes"]["lost"][0]["seen_alive"] is False
+    # the ranks seen wait in their collective (no transport failure): no node is called lost
+    waiting = []
+    for r in (0, 1):
+        b = R(r, 4, host="h0", pid=100 + r)
+        b.coll(n=5)
+        b.wait()
+        waiting.append(b.set(meta={"launch_node_rank": "0", "launch_node_count": "2"}).build())
+    hung = diagnose(dataclasses.replace(snap(waiting), nodes=s.nodes))
+    assert hung.kind != "dead-rank" and "lost" not in hung.details["nodes"], verdict_paragraph(hung)
+    assert "its watcher's last sign of life" in hung.details["nodes"]["unseen"][0]

@@ -7,9 +7,10 @@ node summaries, or ``hangtrace analyze DIR1 DIR2``; ``collect/nodes/``) and its
 line per culprit's node and per node not seen (the report's paragraph names them:
 ``report/paragraph.py``). Nothing for a single-node snapshot.
 
-A node lost whole (:func:`lost_nodes`: not seen, its watcher seen alive before - a
-``last_beat_wall_ns`` in its ``Snapshot.nodes`` entry -, none of its ranks with a record here,
-and the ranks seen failed with transport errors: their peers' sockets closed) is the root:
+A node lost (:func:`lost_nodes`: not seen, none of its ranks with a record here, and the ranks
+seen failed with transport errors: their peers' sockets closed) is the root; "went away
+whole" when its watcher had been seen alive before (a ``last_beat_wall_ns`` in its
+``Snapshot.nodes`` entry: its last sign of life), else "perhaps whole":
 the verdict becomes a dead-rank one naming its ranks (``details['nodes']['lost']``, cause
 ``killed-without-record`` as seen from here), the ranks seen that failed after it its
 cascade; never "no rank is dead" nor the OOM killer of one rank without saying the whole
@@ -91,27 +92,34 @@ def lost_nodes(ctx: Ctx, d: Diagnosis) -> List[Dict[str, Any]]:
     for n in ctx.snap.nodes or ():
         ranks = sorted(int(r) for r in n.get("ranks") or ())
         beat = int(n.get("last_beat_wall_ns") or 0)
-        if n.get("seen") or not ranks or not beat or not set(ranks) <= nofile:
+        if n.get("seen") or not ranks or not set(ranks) <= nofile:
             continue
-        text = (
-            "node %s (%s; %s) went away whole: its ranks left no record here and its watcher no "
-            "summary; its watcher's last sign of life at %s%s"
-            % (
-                n.get("node_rank"),
-                n.get("host") or "host unknown",
-                _span(ranks),
-                _hms(beat),
-                ", %.0f s before this snapshot" % ((ctx.snap.taken_wall_ns - beat) / 1e9)
-                if ctx.snap.taken_wall_ns > beat
-                else "",
+        who = "node %s (%s; %s)" % (n.get("node_rank"), n.get("host") or "host unknown", _span(ranks))
+        if beat:
+            text = (
+                "%s went away whole: its ranks left no record here and its watcher no summary; its "
+                "watcher's last sign of life at %s%s"
+                % (
+                    who,
+                    _hms(beat),
+                    ", %.0f s before this snapshot" % ((ctx.snap.taken_wall_ns - beat) / 1e9)
+                    if ctx.snap.taken_wall_ns > beat
+                    else "",
+                )
             )
-        )
+        else:  # its watcher never seen alive here: the ranks' closed sockets are the evidence
+            text = (
+                "%s is gone from this node's view, perhaps whole: its ranks closed their connections "
+                "and left no record here, and its watcher was never seen here (%s)"
+                % (who, n.get("why") or "not seen")
+            )
         out.append(
             {
                 "node_rank": n.get("node_rank"),
                 "host": n.get("host"),
                 "ranks": ranks,
-                "last_beat_wall_ns": beat,
+                "last_beat_wall_ns": beat or None,
+                "seen_alive": bool(beat),
                 "why": n.get("why") or "",
                 "text": text,
             }
