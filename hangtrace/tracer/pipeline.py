@@ -2,9 +2,8 @@
 
 Every entry point goes through here: ``hangtrace analyze`` (:func:`diagnose_path`),
 ``hangtrace dump`` and the watcher (:func:`dump_live`), ``hangtrace dump --ray``
-(:func:`dump_ray`), ``hangtrace attach`` (:func:`attach`), ``hangtrace records``
-(:func:`records`), ``hangtrace env-diff`` (:func:`env_diff`). Each returns a typed :class:`Result` (or a Snapshot); nothing here
-prints. Stage modules are imported lazily: the CLI's start-up stays light.
+(:func:`dump_ray`), ``attach``, ``records``, ``env-diff`` (:func:`env_diff`). Each returns a
+typed :class:`Result` (or a Snapshot); nothing prints. Stage modules are imported lazily.
 
 Stages (``tracer/``): ``collect`` (impure: run directory, processes, stacks, Ray) ->
 ``snapshot.Snapshot`` -> ``analyze`` (pure) -> ``diagnosis.Diagnosis`` -> ``report``
@@ -107,9 +106,8 @@ def load_path(path: str) -> Snapshot:
 
 
 def recorded_stall_s(envs: List[ProcessEnv]) -> Optional[float]:
-    """The stall threshold (s) the run's processes were started with
-    (``HANGTRACE_STALL_S`` in their environment records: ``hangtrace run --stall-s`` sets it),
-    when they all agree on one valid value; else None."""
+    """The stall threshold (s) the run's processes were started with (``HANGTRACE_STALL_S`` in
+    their environment records, set by ``hangtrace run --stall-s``) when all agree; else None."""
     seen: Set[str] = set()
     for pe in envs:
         seen.update(v for k, v in pe.environ if k == config.STALL_S)
@@ -247,8 +245,12 @@ def diagnose_path(path: str, log: Log = _stderr_log, stall_s: Optional[float] = 
     written); ``stall_s`` as in :func:`diagnose_snapshot`. Raises RunDirError (exit 4),
     UnreadableRunError (exit 3)."""
     from hangtrace.tracer.collect.nodes.jobsnap import as_job  # issue 39: one node of several
+    from hangtrace.tracer.collect.nodes.jobverdictfile import stored_job_verdict
 
-    return diagnose_snapshot(as_job(readable(load_path(path), log)), stall_s=stall_s)
+    snap, jv = stored_job_verdict(readable(load_path(path), log))  # node 0's, on a node that saw less
+    if jv is not None:
+        return Result(snap, jv.diagnosis, jv.paragraph)
+    return diagnose_snapshot(as_job(snap), stall_s=stall_s)
 
 
 def diagnose_paths(paths: Sequence[str], log: Log = _stderr_log, stall_s: Optional[float] = None) -> Result:
@@ -279,8 +281,8 @@ def dump_live(
     stall_s: Optional[float] = None,
     window_s: Optional[float] = None,
 ) -> Result:
-    """Snapshot a live run (stacks of the alive processes), analyse it, store
-    diagnosis.json/report.txt (``hangtrace dump``, the watcher, ``hangtrace run``).
+    """Snapshot a live run (stacks of alive processes), analyse it, store diagnosis.json and
+    report.txt (``hangtrace dump``, the watcher, ``hangtrace run``).
 
     For a Ray run (``collect.ray.rayjob.is_ray_run``) the snapshot comes from every alive node
     (``ray_collect``, unless ``HANGTRACE_RAY_COLLECT=0``); when Ray cannot be reached it is
@@ -331,8 +333,7 @@ def dump_ray(
     snapshot, diagnosed and stored. ``address``: default RAY_ADDRESS, else the run's own
     cluster (the ``--gcs-address`` its Ray workers were started with: ``auto`` picks any
     cluster of this host, and there may be several), else ``auto``. ``stall_s``: as in
-    ``dump_live``. Raises
-    HangtraceError when the GCS at the address does not answer within 3 s."""
+    ``dump_live``. Raises HangtraceError when the GCS at the address does not answer within 3 s."""
     from hangtrace.tracer.collect.ray.raycluster import dump_cluster
     from hangtrace.tracer.collect.ray.raygcs import gcs_unreachable
     from hangtrace.tracer.collect.ray.rayjob import ray_address_of_run
@@ -368,9 +369,8 @@ def attach(
     from hangtrace.tracer.analyze.diagnose import diagnose
     from hangtrace.tracer.collect.attach import collect
     from hangtrace.tracer.collect.rings import write_diagnosis
-    from hangtrace.tracer.report.text import diagnosis_json, text_report, verdict_paragraph
-
     from hangtrace.tracer.collect.attach import WINDOW_S
+    from hangtrace.tracer.report.text import diagnosis_json, text_report, verdict_paragraph
 
     snap = collect(
         pids, native=native, out_dir=out_dir, log=log, window_s=WINDOW_S if window_s is None else window_s

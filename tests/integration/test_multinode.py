@@ -115,6 +115,10 @@ def test_sleeping_rank_on_node1_under_hangtrace_run(tmp_path):
         check_sleeper(analyze(run), why)
     assert "Rank 3 is on node 1" in " ".join((tmp_path / "node0.log").read_text().split()), why
     assert list(dirs[1].glob("snapshots/*/nodes/job_verdict.json")), why  # node 0's word, on node 1
+    for n, run in enumerate(dirs):  # the meeting's notes: in the watcher log, not on the console
+        console = (tmp_path / ("node%d.log" % n)).read_text()
+        assert "node meeting" not in console and "incident " not in console, why
+        assert "node meeting: registered node %d" % n in watcher_log(run), why
     # node-local run directories copied from both nodes (their own snapshots, without the
     # other node's parts) analysed as one job: `hangtrace analyze DIR1 DIR2`
     copies = []
@@ -214,3 +218,98 @@ def test_store_gone(tmp_path):
         why,
     )
     assert "Not seen" in d["summary"], d["summary"]
+    # node 0 died whole: its ranks are the root, lost with their node (never "no rank is dead")
+    assert (d["kind"], d["culprit_ranks"]) == ("dead-rank", [0, 1]), "%s\n%s" % (d["summary"], why)
+    assert [n["node_rank"] for n in d["details"]["nodes"]["lost"]] == [0], d["details"]["nodes"]
+
+
+def kill_node(proc):
+    """SIGKILL a node whole: its `hangtrace run` (its watcher), the torchrun agent and the ranks."""
+    tree = [proc.pid] + descendants(proc.pid)
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@need_all
+def test_node1_dies_whole_with_its_watcher(tmp_path):
+    """Node 1's watcher, agent and ranks SIGKILLed together: node 0 names node 1 as gone, its
+    watcher's last sign of life, and ranks 2-3 lost with it."""
+    procs, dirs, out = start_nodes(tmp_path, "run")
+    try:
+        wait_for(
+            lambda: (out / "step").exists() and int((out / "step").read_text() or 0) >= 20,
+            180,
+            why=lambda: logs(tmp_path),
+        )
+        time.sleep(2 * 2.5)  # two beats of the meeting: every node registered
+        kill_node(procs[1])
+        procs[0].wait(timeout=180)
+    finally:
+        stop(*procs)
+    why = logs(tmp_path)
+    d = analyze(dirs[0])
+    msg = "%s\n%s" % (d["summary"], why)
+    assert (d["kind"], d["cause"], d["culprit_ranks"]) == ("dead-rank", "killed-without-record", [2, 3]), msg
+    host = os.uname().nodename
+    assert [n["node_rank"] for n in d["details"]["nodes"]["lost"]] == [1], msg
+    assert "node 1 (%s; ranks 2-3) went away whole" % host in d["summary"], msg
+    unseen = d["details"]["nodes"]["unseen"]
+    assert len(unseen) == 1 and unseen[0].startswith("node 1 (%s; ranks 2-3)" % host), msg
+    assert "last sign of life" in unseen[0], msg
+    assert "Next: look at node 1 (%s) itself" % host in " ".join(d["summary"].split()), msg
+    assert "no rank is dead" not in d["summary"], msg
+
+
+def watcher_log(run):
+    return "".join(w.read_text() for w in run.glob("watcher-*.log"))
+
+
+@need_all
+def test_store_unreachable_meets_in_the_shared_directory(tmp_path):
+    """The job's store stops answering (node 0's agent, its host, SIGSTOPped: the ranks no longer
+    need it, the watchers' operations time out) and HANGTRACE_SHARED_DIR is given: the watchers
+    meet there and both nodes' verdicts are job-wide, naming rank 3, its node and its line."""
+    shared, go = tmp_path / "shared", tmp_path / "go"
+    procs, dirs, out = start_nodes(
+        tmp_path,
+        "run",
+        ["--sleep-rank", "3", "--sleep-step", "5", "--sleep-when", str(go)],
+        env_extra={"HANGTRACE_SHARED_DIR": str(shared)},
+    )
+    tree = []
+    try:
+        wait_for(
+            lambda: (out / "step").exists() and all("in the job's store" in watcher_log(d) for d in dirs),
+            180,
+            why=lambda: logs(tmp_path),
+        )
+        tree = descendants(procs[0].pid) + descendants(procs[1].pid)  # (node 0's ranks outlive its agent)
+        # node 0's torchrun agent: it hosts the job's store
+        agent = next(p for p in tree if b"torchrun" in open("/proc/%d/cmdline" % p, "rb").read())
+        os.kill(agent, signal.SIGSTOP)
+        wait_for(
+            lambda: all("meeting in the shared directory" in watcher_log(d) for d in dirs),
+            120,
+            why=lambda: logs(tmp_path),
+        )
+        go.write_text("1")  # now rank 3 sleeps: the stall comes with the store unreachable
+        for p in procs:
+            p.wait(timeout=240)
+    finally:
+        stop(*procs)
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    why = logs(tmp_path)
+    for run in dirs:
+        d = analyze(run)
+        check_sleeper(d, why)
+        assert d["details"]["nodes"]["unseen"] == [], "%s\n%s" % (d["details"]["nodes"], why)
+        assert "the shared directory" in watcher_log(run), why
+    assert list(shared.glob("hangtrace-*/*_part_1")), sorted(p.name for p in shared.rglob("*"))
+    assert list(dirs[1].glob("snapshots/*/nodes/job_verdict.json")), why  # node 0's word, on node 1

@@ -291,3 +291,36 @@ def test_job_snapshot_folder_is_read_back(tmp_path):
     assert "e1" in got.errors and any("node-7.summary: not a node summary" in e for e in got.errors)
     assert diagnose(got).culprit_ranks == [3]
     assert T0 and S
+
+
+def test_a_store_whose_host_stopped_answering_is_bounded_too():
+    """torch's timeout does not bound an operation on a store's server that is stopped (SIGSTOP:
+    a hung or cut-off host keeps the connection open and never answers; measured: check, add
+    and a new client's connection still blocked after 15 s). Every operation gives up after
+    the timeout; the link is broken for good; a new connection is bounded likewise."""
+    import os
+    import signal
+
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True, env=base_env(traced=False)
+    )
+    try:
+        port = int(server.stdout.readline())
+        link = StoreLink("127.0.0.1", port, 1.0)
+        assert link.add("k", 1) == 1
+        os.kill(server.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(StoreGone, match="add failed on the job.s store at .*its host stopped answering"):
+            link.add("k", 0)
+        assert 1.0 <= time.monotonic() - t0 < 4.0
+        t0 = time.monotonic()
+        with pytest.raises(StoreGone, match="its host stopped answering"):
+            link.check("k")  # at once: the link is broken
+        assert time.monotonic() - t0 < 0.5
+        t0 = time.monotonic()
+        with pytest.raises(StoreGone, match="cannot connect to the job's store"):
+            StoreLink("127.0.0.1", port, 1.0)
+        assert time.monotonic() - t0 < 4.0
+    finally:
+        server.kill()
+        server.wait()

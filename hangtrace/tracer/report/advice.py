@@ -73,6 +73,13 @@ DEAD_NEXT: Dict[str, str] = {
     ),
 }
 
+#: a whole node of a multi-node job went away (analyze/nodes.py ``lost``, issue 39); %s: the node(s)
+NODE_LOST_NEXT = (
+    "look at %s itself, not at the ranks that failed after it: whether the machine went down or "
+    "rebooted, the scheduler's record of the node (Slurm, Kubernetes events), its kernel log for "
+    "the OOM killer or a panic, its network; the ranks seen here failed because their peers there were gone"
+)
+
 #: advice for 'unknown' / stalled-in-rendezvous
 RENDEZVOUS_NEXT = (
     "compare what each rank's init_process_group asked for (the evidence: rank, world size, the "

@@ -26,6 +26,7 @@ from hangtrace.tracer.report.advice import (
     HELPER_OOM_NEXT,
     LOADER_WAIT_NEXT,
     LOCK_NEXT,
+    NODE_LOST_NEXT,
     NEXT,
     P2P_PEER_NEXT,
     PDB_NEXT,
@@ -71,7 +72,15 @@ def _straggler_next(g: Diagnosis, d: Dict[str, Any]) -> str:
     )
 
 
+def _node_lost_next(diag: Diagnosis, d: Dict[str, Any]) -> str:
+    lost = ((d.get("nodes") or {}).get("lost")) or [{}]
+    return NODE_LOST_NEXT % ", ".join(
+        "node %s (%s)" % (n.get("node_rank"), n.get("host") or "host unknown") for n in lost
+    )
+
+
 _CASES: List[Tuple[Kind, Callable[[Diagnosis, Dict[str, Any]], Any], Any]] = [
+    (Kind.DEAD_RANK, lambda g, d: (d.get("nodes") or {}).get("lost"), _node_lost_next),  # issue 39
     (Kind.PROGRESSING, lambda g, d: d.get("straggler"), _straggler_next),  # analyze/straggler/
     (_UNKNOWN, lambda g, d: d.get("rankless_death"), RANKLESS_DEATH_NEXT),
     (

@@ -66,6 +66,25 @@ def unseen_nodes(me: Any, snap: Any, why: str) -> List[Dict[str, Any]]:
     return out
 
 
+def with_peers(nodes: List[Dict[str, Any]], peers: Dict[int, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """``nodes`` (``Snapshot.nodes``) with what this node's watcher read of each node not seen
+    (``peers``: node rank -> its last registration): its host and ranks when unknown, and
+    ``last_beat_wall_ns`` (ns since the epoch), its watcher's last sign of life seen here."""
+    out = []
+    for n in nodes:
+        reg = peers.get(int(n.get("node_rank", -1)))
+        if n.get("seen") or not reg:
+            out.append(n)
+            continue
+        n = dict(n)
+        n["host"] = n.get("host") or reg.get("host")
+        n["ranks"] = n.get("ranks") or sorted(int(r) for r in reg.get("ranks") or ())
+        beat = max(int(n.get("last_beat_wall_ns") or 0), int(reg.get("beat_wall_ns") or 0))
+        n["last_beat_wall_ns"] = beat or None
+        out.append(n)
+    return out
+
+
 def assemble(run_dir: str, res: Any, me: Any, gathered: Any, nodes: List[Dict[str, Any]], log: Log) -> Any:
     """The job-wide Result (module docstring); ``res`` unchanged when it has no snapshot
     folder. Never raises: a failure is logged and ``res`` returned."""
@@ -90,8 +109,11 @@ def assemble(run_dir: str, res: Any, me: Any, gathered: Any, nodes: List[Dict[st
         return res
 
 
-def verdict_doc(job: Any, me: Any) -> Dict[str, Any]:
-    """What node 0 publishes as the job's verdict."""
+def verdict_doc(job: Any, me: Any, n: Optional[int] = None) -> Dict[str, Any]:
+    """What node 0 publishes as the job's verdict of incident ``n``
+    (``collect/nodes/jobverdictfile`` reads it back; ``diagnosis``: JSON schema 1)."""
+    from hangtrace.tracer.report.json import diagnosis_json
+
     d = job.diagnosis
     return {
         "paragraph": job.paragraph,
@@ -101,7 +123,23 @@ def verdict_doc(job: Any, me: Any) -> Dict[str, Any]:
         "host": me.host,
         "nodes": job.snapshot.nodes,
         "snapshot": job.snapshot.path,
+        "incident": n,
+        "diagnosis": diagnosis_json(d),
     }
+
+
+def node0_result(job: Any) -> Any:
+    """``job`` (this node's Result of an incident, its snapshot folder holding node 0's verdict
+    now), or node 0's verdict as a Result when node 0 saw more nodes (what ``hangtrace
+    analyze`` of the folder gives). Never raises."""
+    from hangtrace.tracer.collect.nodes.jobverdictfile import stored_job_verdict
+    from hangtrace.tracer.pipeline import Result
+
+    try:
+        snap, jv = stored_job_verdict(job.snapshot)
+    except Exception:
+        return job
+    return Result(snap, jv.diagnosis, jv.paragraph) if jv is not None else job
 
 
 def store_verdict(sdir: Optional[str], doc: Dict[str, Any]) -> None:

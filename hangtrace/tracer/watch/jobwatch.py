@@ -52,9 +52,14 @@ class JobWatch:
         self.last_meeting: Any = None  # the meeting before the store went away (its parts read)
         self.gone: Optional[str] = None  # why the store cannot be used now
         self.seen_n = 0
+        #: node rank -> its registration as last read by the beat (``beat_wall_ns``: that node's
+        #: watcher's last sign of life seen here; host, ranks), for jobs of up to FETCH_ALL_MAX nodes
+        self.peers: Dict[int, Dict[str, Any]] = {}
         self.answered: Dict[int, float] = {}  # incident -> monotonic time answered
         self._pending: List[Tuple[int, Dict[str, Any]]] = []
         self._lock = threading.Lock()
+        self._connecting = threading.Lock()
+        self._retry_s = RETRY_S  # grows while the store cannot be reached (a hung connection keeps a thread)
         self._stop = threading.Event()
         self._tried = threading.Event()  # set after the first attempt to reach the store
         self._thread: Optional[threading.Thread] = None
@@ -88,7 +93,11 @@ class JobWatch:
                     self._beat()
             except Exception as e:  # never let the thread die silently
                 self.log("node meeting: %r" % (e,))
-            self._stop.wait(BEAT_S if self.meeting is not None or self.me is None else RETRY_S)
+            if self.meeting is not None or self.me is None:
+                self._retry_s = RETRY_S
+            else:
+                self._retry_s = min(60.0, self._retry_s * 2)
+            self._stop.wait(BEAT_S if self.meeting is not None or self.me is None else self._retry_s)
 
     def _refresh_identity(self) -> None:
         from hangtrace.tracer.collect.nodes.identity import find_identity
@@ -103,26 +112,55 @@ class JobWatch:
             if self.meeting is not None:
                 self.meeting.me = me
 
-    def _connect(self) -> None:
-        from hangtrace.tracer.collect.nodes.meeting import Meeting
+    def _connect(self, why_not_store: Optional[str] = None) -> None:
+        """Meet in the job's store; when it cannot be reached (no connection, or an operation
+        that fails or hangs: its host stopped or cut off), or ``why_not_store`` says it cannot,
+        in ``HANGTRACE_SHARED_DIR`` if given. Raises StoreGone for the shared directory only."""
         from hangtrace.tracer.collect.nodes.storelink import DirLink, StoreGone, StoreLink
 
-        try:
-            link: Any = StoreLink(self.me.store[0], self.me.store[1], self.timeout_s)
-        except StoreGone as e:
-            shared = os.environ.get(config.SHARED_DIR)
-            if not shared:
-                if self.gone != str(e):
-                    self.log("node meeting: %s" % e)
-                self.gone = str(e)
+        with self._connecting:
+            if self.meeting is not None:  # (the other thread met meanwhile)
                 return
-            link = DirLink(os.path.join(shared, "hangtrace-" + self.me.job))
-            self.log("node meeting: %s; meeting in %s instead" % (e, link.where))
-        self.meeting = self.last_meeting = Meeting(link, self.me, self.run_dir)
-        self.meeting.register(list(self.me.ranks))
-        self.seen_n = self.meeting.incidents()  # earlier incidents are not ours to answer
-        self.gone = None
-        self.log("node meeting: registered %s in %s" % (self.me.label, link.where))
+            try:
+                if why_not_store:
+                    raise StoreGone(why_not_store)
+                m, seen = self._meet(StoreLink(self.me.store[0], self.me.store[1], self.timeout_s))
+            except StoreGone as e:
+                shared = os.environ.get(config.SHARED_DIR)
+                if not shared:
+                    if self.gone != str(e):
+                        self.log("node meeting: %s" % e)
+                    self.gone = str(e)
+                    return
+                self.log("node meeting: %s; meeting in the shared directory %s instead" % (e, shared))
+                m, seen = self._meet(DirLink(os.path.join(shared, "hangtrace-" + self.me.job)))
+            self.meeting = self.last_meeting = m
+            self.seen_n = seen  # earlier incidents are not ours to answer
+            self.gone = None
+            self.log("node meeting: registered %s in %s" % (self.me.label, m.link.where))
+
+    def _to_shared_dir(self) -> Any:
+        """The meeting in ``HANGTRACE_SHARED_DIR`` once the store failed (:attr:`gone`), or None
+        (no shared directory given, or it cannot be used either). Never raises."""
+        if self.me is None or not os.environ.get(config.SHARED_DIR):
+            return None
+        try:
+            self._connect(self.gone or "the job's store could not be reached")
+        except Exception as e:
+            self.log("node meeting: %s" % (e,))
+        return self.meeting
+
+    def _meet(self, link: Any) -> Tuple[Any, int]:
+        """A Meeting over ``link`` with this node registered, and the incidents opened so far.
+        Raises StoreGone."""
+        from hangtrace.tracer.collect.nodes.meeting import Meeting
+
+        m = Meeting(link, self.me, self.run_dir)
+        m.register(list(self.me.ranks))
+        seen = m.incidents()
+        if self.me.node_count <= FETCH_ALL_MAX:
+            self._read_peers(m)  # (the nodes registered before this one: alive now)
+        return m, seen
 
     def _beat(self) -> None:
         from hangtrace.tracer.collect.nodes.storelink import StoreGone
@@ -140,6 +178,7 @@ class JobWatch:
             if self.me.node_count <= FETCH_ALL_MAX:  # the store dies with its host: read early
                 for i in range(max(1, n - 2), n + 1):
                     m.prefetch(i)
+                self._read_peers(m)
         except StoreGone as e:
             self.gone = str(e)
             self.meeting = None
@@ -147,6 +186,17 @@ class JobWatch:
             return
         with self._lock:
             self._pending.extend(new)
+
+    def _read_peers(self, m: Any) -> None:
+        """The other nodes' registrations (their watchers' beats), kept when they are newer."""
+        for r in range(self.me.node_count):
+            if r == self.me.node_rank:
+                continue
+            reg = m.registration(r)
+            if reg is not None and int(reg.get("beat_wall_ns") or 0) >= int(
+                self.peers.get(r, {}).get("beat_wall_ns") or 0
+            ):
+                self.peers[r] = reg
 
     # --- the watcher's loop ----------------------------------------------------------
     def requests(self) -> List[Tuple[int, Dict[str, Any]]]:
@@ -168,20 +218,25 @@ class JobWatch:
 
         if not self._tried.is_set():  # still importing torch or connecting: wait, bounded
             self._tried.wait(self.wait_s)
-        m = self.meeting
-        if m is None:
-            return GONE
-        try:
-            n = m.incidents()
-            if n >= 1:
-                trig = m.trigger(n) or {}
-                age = (time.time_ns() - int(trig.get("wall_ns") or 0)) / 1e9
-                if age <= max(JOIN_S, self.wait_s):  # the same incident seen from another node
-                    return ANSWERED if n in self.answered else n
-            return m.open_incident(kind, detail)
-        except StoreGone as e:
-            self.gone, self.meeting = str(e), None
-            return GONE
+        for _ in range(2):  # the store, then (when it fails now) the shared directory
+            m = self.meeting or self._to_shared_dir()
+            if m is None:
+                return GONE
+            try:
+                return self._join_or_open(m, kind, detail)
+            except StoreGone as e:
+                self.gone, self.meeting = str(e), None
+        return GONE
+
+    def _join_or_open(self, m: Any, kind: str, detail: str) -> int:
+        """The incident of ``m`` this detection belongs to (:meth:`incident`). Raises StoreGone."""
+        n = m.incidents()
+        if n >= 1:
+            trig = m.trigger(n) or {}
+            age = (time.time_ns() - int(trig.get("wall_ns") or 0)) / 1e9
+            if age <= max(JOIN_S, self.wait_s):  # the same incident seen from another node
+                return ANSWERED if n in self.answered else n
+        return int(m.open_incident(kind, detail))
 
     def answer(self, n: int, res: Any) -> Any:
         """The job-wide Result of incident ``n`` (``-1``: the store is gone) from this node's
@@ -193,16 +248,15 @@ class JobWatch:
         if n < 0 or self.meeting is None:
             return self._without_store(res)
         from hangtrace.tracer.collect.nodes.storelink import StoreGone
-        from hangtrace.tracer.watch.jobverdict import publish_and_gather
+        from hangtrace.tracer.watch.jobverdict import publish_and_gather, with_peers
 
         try:
             g = publish_and_gather(self.meeting, n, res, self.wait_s, fetch_all=self._fetch_all())
         except StoreGone as e:
             self.gone, self.meeting = str(e), None
             return self._without_store(res)
-        job = assemble(self.run_dir, res, self.me, g, g.nodes if g else [], self.log)
-        self._share_verdict(n, job)
-        return job
+        job = assemble(self.run_dir, res, self.me, g, with_peers(g.nodes, self.peers) if g else [], self.log)
+        return self._share_verdict(n, job)
 
     def await_takers(self, timeout_s: float = 10.0) -> None:
         """On node 0 of a job of several nodes, before ``--stop-on-stall`` stops its job (and
@@ -222,7 +276,7 @@ class JobWatch:
     def _without_store(self, res: Any) -> Any:
         """The verdict when the store cannot be reached: with the parts of the newest
         incident read before it went away, else node-local, naming what it could not see."""
-        from hangtrace.tracer.watch.jobverdict import assemble, unseen_nodes
+        from hangtrace.tracer.watch.jobverdict import assemble, unseen_nodes, with_peers
 
         why = self.gone or "the job's store could not be reached"
         m = self.last_meeting
@@ -232,31 +286,35 @@ class JobWatch:
             g.errors.append(
                 "the job's store went away (%s): the parts of incident %d read before are used" % (why, n)
             )
-            return assemble(self.run_dir, res, self.me, g, g.nodes, self.log)
-        return assemble(self.run_dir, res, self.me, None, unseen_nodes(self.me, res.snapshot, why), self.log)
+            return assemble(self.run_dir, res, self.me, g, with_peers(g.nodes, self.peers), self.log)
+        nodes = with_peers(unseen_nodes(self.me, res.snapshot, why), self.peers)
+        return assemble(self.run_dir, res, self.me, None, nodes, self.log)
 
     def _fetch_all(self) -> bool:
         return self.me.node_rank == 0 or self.me.node_count <= FETCH_ALL_MAX
 
-    def _share_verdict(self, n: int, job: Any) -> None:
-        """Node 0 publishes the job's verdict; the others store node 0's beside theirs."""
+    def _share_verdict(self, n: int, job: Any) -> Any:
+        """Node 0 publishes the job's verdict; the others store node 0's beside theirs. Returns
+        the job's Result: ``job``, or node 0's verdict when it saw more nodes than this node
+        did (above FETCH_ALL_MAX nodes: ``collect/nodes/jobverdictfile``)."""
         from hangtrace.tracer.collect.nodes.storelink import StoreGone
-        from hangtrace.tracer.watch.jobverdict import store_verdict, verdict_doc
+        from hangtrace.tracer.watch.jobverdict import node0_result, store_verdict, verdict_doc
 
         try:
             if self.me.node_rank == 0:
-                self.meeting.publish_verdict(n, verdict_doc(job, self.me))
-                return
+                self.meeting.publish_verdict(n, verdict_doc(job, self.me, n))
+                return job
             deadline = time.monotonic() + (self.wait_s if not self._fetch_all() else min(5.0, self.wait_s))
             while time.monotonic() < deadline:
                 v = self.meeting.verdict(n)
                 if v is not None:
                     store_verdict(job.snapshot.path, v)
                     self.meeting.verdict_taken(n)
-                    return
+                    return node0_result(job)
                 time.sleep(0.2)
         except StoreGone as e:
             self.log("node meeting: the job's verdict was not shared: %s" % e)
+        return job
 
 
 def answer_all(jw: JobWatch, dump: Callable[[str], Any], report: Callable[[Any], None]) -> None:

@@ -152,7 +152,9 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     w.straggler_echo = log  # issue 43: the straggler lines go to the watcher log file and here
     from hangtrace.tracer.watch.jobwatch import JobWatch, answer_all, local_incident
 
-    jw = JobWatch(run_dir, log, w.stall_s).start()  # issue 39: the other nodes of the job
+    # issue 39: the other nodes of the job; the meeting's notes (registered, incidents of other
+    # nodes, the store gone) go to the watcher log: the console shows the verdict
+    jw = JobWatch(run_dir, w.note, w.stall_s).start()
 
     def dump(kind: str) -> Any:
         return dump_live(run_dir, kind, native=opts.native, stall_s=w.stall_s)

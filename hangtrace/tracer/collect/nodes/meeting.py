@@ -272,5 +272,8 @@ class Meeting:
                     g.waited_s,
                     age,
                 )
-            out.append({"node_rank": r, "host": host, "ranks": ranks, "seen": False, "why": why})
+            node = {"node_rank": r, "host": host, "ranks": ranks, "seen": False, "why": why}
+            if reg and reg.get("beat_wall_ns"):
+                node["last_beat_wall_ns"] = int(reg["beat_wall_ns"])  # its watcher's last sign of life
+            out.append(node)
         return out

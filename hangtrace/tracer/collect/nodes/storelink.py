@@ -3,9 +3,14 @@
 :class:`StoreLink`: a client of the job's own torch.distributed ``TCPStore`` (the store
 behind ``MASTER_ADDR:MASTER_PORT`` or the c10d rendezvous endpoint; its server thread keeps
 answering while the ranks' Python is stuck), connected with
-``TCPStore(host, port, is_master=False, timeout=..., wait_for_workers=False)``: every
-operation is bounded by that timeout (``HANGTRACE_STORE_TIMEOUT_S``), and a ``get`` is asked
-only after ``check`` found the key (a missing key would block until the timeout).
+``TCPStore(host, port, is_master=False, timeout=..., wait_for_workers=False)``; a ``get`` is
+asked only after ``check`` found the key (a missing key would block until the timeout). torch's
+timeout does not bound an operation on a store whose host stopped answering without closing
+the connection (measured with torch 2.13: ``check``, ``add`` and a new client's connection to
+a SIGSTOPped store's server still blocked after 15 s): every operation, the connection
+included, runs in the link's own daemon thread and is given up after the timeout
+(``HANGTRACE_STORE_TIMEOUT_S``, plus 1 s); the link is then broken for good (its client is in
+an unknown state) and every later operation raises at once.
 :class:`DirLink`: the same four operations over files in a shared directory
 (``HANGTRACE_SHARED_DIR``; written whole and renamed into place, never memory-mapped; the
 counter under ``fcntl.lockf``). Both raise :class:`StoreGone` when the other side cannot be
@@ -18,11 +23,42 @@ paid in the meeting's own thread: the stall and death detection never waits for 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+import queue
+import threading
+from typing import Any, Callable, Optional, Tuple
 
 
 class StoreGone(Exception):
     """The store (or shared directory) cannot be reached; the message says why."""
+
+
+class _Worker:
+    """One daemon thread running calls for a link; :meth:`call` waits at most ``timeout_s``."""
+
+    def __init__(self) -> None:
+        self._q: "queue.Queue[Tuple[Callable[[], Any], list, threading.Event]]" = queue.Queue()
+        threading.Thread(target=self._run, name="hangtrace-storelink", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            fn, out, done = self._q.get()
+            try:
+                out.append((True, fn()))
+            except BaseException as e:  # handed to the caller
+                out.append((False, e))
+            done.set()
+
+    def call(self, fn: Callable[[], Any], timeout_s: float) -> Any:
+        """``fn()``'s value; raises what it raised, or TimeoutError after ``timeout_s`` s."""
+        out: list = []
+        done = threading.Event()
+        self._q.put((fn, out, done))
+        if not done.wait(timeout_s):
+            raise TimeoutError("no answer within %.0f s" % timeout_s)
+        ok, v = out[0]
+        if not ok:
+            raise v
+        return v
 
 
 class StoreLink:
@@ -33,25 +69,41 @@ class StoreLink:
 
         self.where = "the job's store at %s:%d" % (host, port)
         self.bytes_out = self.bytes_in = 0
+        self.timeout_s = timeout_s
+        self.broken: Optional[str] = None
+        self._w = _Worker()
         # torch's C++ log prints a stack trace (WARNING, ERROR) for every failed operation on a store that
         # went away (measured: "sendBytes failed ... Broken pipe"); we say it in one line
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-        try:
-            import torch.distributed as dist
 
-            self._s: Any = dist.TCPStore(
+        try:  # (seconds of import on a loaded machine: not counted against the store's timeout)
+            import torch.distributed as dist
+        except Exception as e:
+            raise StoreGone("cannot connect to %s: %s" % (self.where, _first_line(e))) from None
+
+        def connect() -> Any:
+            return dist.TCPStore(
                 host,
                 int(port),
                 is_master=False,
                 timeout=datetime.timedelta(seconds=timeout_s),
                 wait_for_workers=False,
             )
+
+        try:
+            self._s: Any = self._w.call(connect, timeout_s + 1.0)
         except Exception as e:
-            raise StoreGone("cannot connect to %s: %s" % (self.where, _first_line(e))) from None
+            self.broken = "cannot connect to %s: %s" % (self.where, _first_line(e))
+            raise StoreGone(self.broken) from None
 
     def _op(self, what: str, fn: Any, *args: Any) -> Any:
+        if self.broken:
+            raise StoreGone(self.broken)
         try:
-            return fn(*args)
+            return self._w.call(lambda: fn(*args), self.timeout_s + 1.0)
+        except TimeoutError as e:
+            self.broken = "%s failed on %s: %s (its host stopped answering)" % (what, self.where, e)
+            raise StoreGone(self.broken) from None
         except Exception as e:
             raise StoreGone("%s failed on %s: %s" % (what, self.where, _first_line(e))) from None
 
