@@ -2,7 +2,9 @@
 
 The job runs in its own session with tracing turned on; an embedded :class:`Watcher`
 polls its rings. On a stall or a death the pipeline (``tracer.pipeline.dump_live``)
-snapshots and diagnoses the run and the verdict goes to stderr. The first SIGINT/SIGTERM
+snapshots and diagnoses the run and the verdict goes to stderr: one per incident, a later
+part of it (``Incident.follows``) printed only when its verdict differs, as replacing the
+one before (``watch/verdictbook.py``). The first SIGINT/SIGTERM
 from the user is passed on to the job's process group, a second one SIGKILLs it; deaths
 while the user stops the job are no incident. ``--stop-on-stall`` stops the job after a
 stall verdict (SIGTERM, then SIGKILL after 5 s).
@@ -108,6 +110,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     from hangtrace.tracer.pipeline import dump_live
     from hangtrace.tracer.report.console import console_width, incident_line
     from hangtrace.tracer.watch.detector import Watcher
+    from hangtrace.tracer.watch.verdictbook import NEW, SAME, VerdictBook
 
     cmd = opts.cmd[1:] if opts.cmd and opts.cmd[0] == "--" else opts.cmd
     if not cmd:
@@ -157,9 +160,18 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     def dump(kind: str) -> Any:
         return dump_live(run_dir, kind, native=opts.native, stall_s=w.stall_s)
 
-    def shown(res: Any) -> None:
-        if res is not None:
-            report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
+    book = VerdictBook()
+
+    def shown(res: Any, follows: bool = False) -> None:
+        # issue 38: one verdict per incident; a later, different one replaces it
+        if res is None:
+            return
+        how = book.judge(res, follows)
+        if how == SAME:
+            w.note("verdict unchanged (the same incident): %s" % book.snapshot)
+            return
+        title = "hangtrace verdict" + ("" if how == NEW else ", replacing the one above (the same incident)")
+        report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph, title)
 
     poll = (
         opts.poll_s
@@ -182,12 +194,13 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             if inc is None:
                 continue
             for line in inc.lines:
-                w.note("%s: %s" % (inc.kind, line))
-            sys.stderr.write(incident_line(inc.kind, inc.lines, console_width(sys.stderr)) + "\n")
-            sys.stderr.flush()
+                w.note("%s: %s%s" % (inc.kind, line, " (the same incident)" if inc.follows else ""))
+            if not inc.follows:  # (a later part of the incident: its verdict only if it differs)
+                sys.stderr.write(incident_line(inc.kind, inc.lines, console_width(sys.stderr)) + "\n")
+                sys.stderr.flush()
             reported = True  # one verdict per incident, even when the diagnosis failed
             try:
-                shown(local_incident(jw, inc.kind, inc.detail, dump))
+                shown(local_incident(jw, inc.kind, inc.detail, dump), inc.follows)
             except HangtraceError as e:
                 sys.stderr.write(e.render() + "\n")
             if opts.stop_on_stall and inc.kind == "stall":
@@ -286,9 +299,9 @@ def _write_run_pidfile(run_dir: str) -> Optional[str]:
         return None
 
 
-def report(snap_path: str, run_dir: str, paragraph: str) -> None:
+def report(snap_path: str, run_dir: str, paragraph: str, title: str = "hangtrace verdict") -> None:
     """The verdict block ``hangtrace run`` writes to stderr, wrapped to its width
-    (``report/console.py``)."""
+    (``report/console.py``); ``title``: its heading."""
     from hangtrace.tracer.report.console import console_width, verdict_block
 
     tl = os.path.join(snap_path, "timeline.json")
@@ -299,6 +312,7 @@ def report(snap_path: str, run_dir: str, paragraph: str) -> None:
             run_dir,
             console_width(sys.stderr),
             tl if os.path.exists(tl) else None,  # issue 11
+            title=title,
         )
     )
     sys.stderr.flush()
