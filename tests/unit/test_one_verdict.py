@@ -18,7 +18,7 @@ from hangtrace.tracer.report.rankparagraph import cascade_example
 from hangtrace.tracer.snapshot import Snapshot
 from hangtrace.tracer.watch.detector import Watcher
 from hangtrace.tracer.watch.terminal import tell_terminal
-from hangtrace.tracer.watch.verdictbook import NEW, REVISED, SAME, VerdictBook, mask
+from hangtrace.tracer.watch.verdictbook import NEW, REVISED, SAME, VerdictBook, drop_repeat, mask
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from jobs import base_env  # noqa: E402
@@ -174,6 +174,19 @@ def test_the_same_incident_is_one_verdict_and_a_different_later_one_replaces_it(
     # what a verdict says is never masked: the rank, the seq, the frame's line
     assert mask("rank 2 in all_reduce seq 20 at train.py:71") == "rank 2 in all_reduce seq 20 at train.py:71"
     assert mask("5 other rank(s) sleep") == "5 other rank(s) sleep"
+
+
+def test_a_repeated_verdicts_snapshot_is_removed_and_nothing_outside_snapshots(tmp_path):
+    snaps = tmp_path / "snapshots"
+    (snaps / "2").mkdir(parents=True)
+    (snaps / "2" / "diagnosis.json").write_text("{}")
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    res = Result(Snapshot(run_dir=str(tmp_path), path=str(snaps / "2")), Diagnosis(kind=Kind.UNKNOWN), "x")
+    assert drop_repeat(res) and not (snaps / "2").exists() and snaps.exists()
+    assert not drop_repeat(Result(Snapshot(run_dir=str(tmp_path), path=str(other)), res.diagnosis, "x"))
+    assert other.exists()
+    assert not drop_repeat(Result(Snapshot(run_dir=str(tmp_path), path=None), res.diagnosis, "x"))
 
 
 def test_the_cascade_example_is_the_lowest_rank_of_one_event():

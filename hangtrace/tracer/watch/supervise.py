@@ -110,7 +110,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     from hangtrace.tracer.pipeline import dump_live
     from hangtrace.tracer.report.console import console_width, incident_line
     from hangtrace.tracer.watch.detector import Watcher
-    from hangtrace.tracer.watch.verdictbook import NEW, SAME, VerdictBook
+    from hangtrace.tracer.watch.verdictbook import NEW, SAME, VerdictBook, drop_repeat
 
     cmd = opts.cmd[1:] if opts.cmd and opts.cmd[0] == "--" else opts.cmd
     if not cmd:
@@ -168,6 +168,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             return
         how = book.judge(res, follows)
         if how == SAME:
+            drop_repeat(res)
             w.note("verdict unchanged (the same incident): %s" % book.snapshot)
             return
         title = "hangtrace verdict" + ("" if how == NEW else ", replacing the one above (the same incident)")

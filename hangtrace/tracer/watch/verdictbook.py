@@ -10,12 +10,15 @@ keep quiet (one line in the watcher log) or give it as replacing the one before.
 Two verdicts are the same when their kind, cause, culprit ranks and paragraph agree once
 what changes from one snapshot of the same incident to the next is masked
 (:func:`verdict_key`): durations and ages, pids, paths, pipe and socket inodes, addresses,
-timestamps. Pure: no I/O.
+timestamps. Pure but for :func:`drop_repeat`, which removes the snapshot folder of a verdict
+found again (one snapshot per verdict).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
@@ -85,3 +88,18 @@ class VerdictBook:
             return SAME  # the verdict in force keeps its snapshot
         self.snapshot = res.snapshot.path or ""
         return REVISED
+
+
+def drop_repeat(res: Any) -> bool:
+    """Remove the snapshot folder of ``res`` (a ``pipeline.Result`` judged :data:`SAME`): the
+    verdict in force keeps its own, and the incident keeps one snapshot per verdict. Only a
+    folder of its run's ``snapshots/``; True when removed. Never raises."""
+    path = res.snapshot.path or ""
+    try:
+        parent = os.path.realpath(os.path.join(res.snapshot.run_dir, "snapshots"))
+        if not path or os.path.dirname(os.path.realpath(path)) != parent:
+            return False
+        shutil.rmtree(path)
+        return True
+    except (OSError, TypeError, AttributeError):
+        return False

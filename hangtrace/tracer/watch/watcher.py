@@ -16,7 +16,7 @@ import time
 from hangtrace.tracer import config
 from hangtrace.tracer.watch.detector import Watcher
 from hangtrace.tracer.watch.terminal import launching_tty, tell_terminal
-from hangtrace.tracer.watch.verdictbook import NEW, SAME, VerdictBook
+from hangtrace.tracer.watch.verdictbook import NEW, SAME, VerdictBook, drop_repeat
 
 
 def run_dir_gone(run_dir: str, ino: "tuple[int, int]") -> "str | None":
@@ -86,6 +86,7 @@ def main(argv: "list[str] | None" = None) -> int:
             return
         how = book.judge(res, follows)
         if how == SAME:
+            drop_repeat(res)
             log("verdict unchanged (the same incident): %s" % book.snapshot)
             return
         head = "verdict" if how == NEW else "verdict (replaces the one above: the same incident)"
