@@ -92,7 +92,9 @@ def main(argv: "list[str] | None" = None) -> int:
         head = "verdict" if how == NEW else "verdict (replaces the one above: the same incident)"
         log("%s: %s" % (head, res.paragraph))  # type: ignore[attr-defined]
         log("snapshot: %s" % res.snapshot.path)  # type: ignore[attr-defined]
-        tell_terminal(tty, res, "hangtrace verdict" + ("" if how == NEW else ", replacing the one above"))
+        tell_terminal(
+            tty, res, "hangtrace verdict (node watcher)" + ("" if how == NEW else ", replacing the one above")
+        )
 
     last_ring = time.monotonic()
     while True:
