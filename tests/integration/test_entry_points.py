@@ -133,11 +133,12 @@ class Terminal:
 
 
 def watcher_verdicts(run):
-    """(verdicts given, their snapshots, the log's text) of the node watcher's log: new and
-    replacing verdicts (a verdict found again is one 'verdict unchanged' line, not counted)."""
+    """(verdicts given, the snapshots of the verdicts and their replacements, the log's text)
+    of the node watcher's log: one verdict per incident; a later, different one of the same
+    incident is 'verdict (replaces ...)' (not counted), the same one 'verdict unchanged'."""
     logs = [run / f for f in os.listdir(run) if f.startswith("watcher-") and f.endswith(".log")]
     text = "".join(p.read_text() for p in logs)
-    verdicts = re.findall(r"^\S+ verdict(?: \(replaces[^)]*\))?: (.*)$", text, re.M)
+    verdicts = re.findall(r"^\S+ verdict: (.*)$", text, re.M)
     snaps = re.findall(r"^\S+ snapshot: (\S+)$", text, re.M)
     return verdicts, snaps, text
 
@@ -221,7 +222,7 @@ def via_run(tmp_path, fault):
         cwd=REPO,
     )
     snaps = sorted((sub / "run" / "snapshots").iterdir())
-    blocks = len(re.findall(r"^==== hangtrace verdict.*====$", p.stderr, re.M))
+    blocks = p.stderr.count("==== hangtrace verdict ====")  # (a replacing one says so: not counted)
     return stored(str(snaps[-1])), blocks, p.stderr, str(snaps[-1])
 
 

@@ -211,6 +211,8 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
                 jw.await_takers()  # (node 0: its job hosts the store the other nodes read)
                 stop(child)
                 stopped = True
+        if reported and not stopped and not interrupts:
+            _last_part(w, lambda inc: shown(local_incident(jw, inc.kind, inc.detail, dump), True))
         if stopped:
             # (blind helpers 53, 56, 57, 60: a script could not tell this status from a crash)
             log(
@@ -249,6 +251,21 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             except OSError:
                 pass
     return exit_status(rc)
+
+
+def _last_part(w: Any, give: Callable[[Any], None]) -> None:
+    """After the job ended: one more poll of ``w`` (the detector); a part of the incident
+    reported before that the job's end left unpolled (the last ranks SIGTERMed by the
+    launcher as it exits) is diagnosed and given to ``give`` (issue 38: the snapshot taken at
+    the first death may predate them; its verdict is replaced if the later one differs)."""
+    try:
+        inc = w.poll()
+        if inc is not None and inc.follows:
+            for line in inc.lines:
+                w.note("%s: %s (the same incident)" % (inc.kind, line))
+            give(inc)
+    except HangtraceError as e:
+        sys.stderr.write(e.render() + "\n")
 
 
 #: what a run that exited 0 is still reported for: (``details`` key, snapshot reason)
