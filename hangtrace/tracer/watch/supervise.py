@@ -108,7 +108,6 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     """
     from hangtrace.hooks.state import default_run_id
     from hangtrace.tracer.pipeline import dump_live
-    from hangtrace.tracer.report.console import console_width, incident_line
     from hangtrace.tracer.watch.detector import Watcher
     from hangtrace.tracer.watch.verdictbook import NEW, SAME, VerdictBook, drop_repeat
 
@@ -196,9 +195,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
                 continue
             for line in inc.lines:
                 w.note("%s: %s%s" % (inc.kind, line, " (the same incident)" if inc.follows else ""))
-            if not inc.follows:  # (a later part of the incident: its verdict only if it differs)
-                sys.stderr.write(incident_line(inc.kind, inc.lines, console_width(sys.stderr)) + "\n")
-                sys.stderr.flush()
+            _say_incident(inc)
             reported = True  # one verdict per incident, even when the diagnosis failed
             try:
                 shown(local_incident(jw, inc.kind, inc.detail, dump), inc.follows)
@@ -211,8 +208,13 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
                 jw.await_takers()  # (node 0: its job hosts the store the other nodes read)
                 stop(child)
                 stopped = True
-        if reported and not stopped and not interrupts:
-            _last_part(w, lambda inc: shown(local_incident(jw, inc.kind, inc.detail, dump), True))
+        _last_part(
+            w,
+            lambda inc: shown(local_incident(jw, inc.kind, inc.detail, dump), True),
+            reported,
+            stopped,
+            interrupts,
+        )
         if stopped:
             # (blind helpers 53, 56, 57, 60: a script could not tell this status from a crash)
             log(
@@ -253,11 +255,26 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     return exit_status(rc)
 
 
-def _last_part(w: Any, give: Callable[[Any], None]) -> None:
-    """After the job ended: one more poll of ``w`` (the detector); a part of the incident
+def _say_incident(inc: Any) -> None:
+    """The console line of a new incident (a later part of one: its verdict only if it
+    differs, ``watch/verdictbook.py``)."""
+    from hangtrace.tracer.report.console import console_width, incident_line
+
+    if not inc.follows:
+        sys.stderr.write(incident_line(inc.kind, inc.lines, console_width(sys.stderr)) + "\n")
+        sys.stderr.flush()
+
+
+def _last_part(
+    w: Any, give: Callable[[Any], None], reported: bool, stopped: bool, interrupts: List[int]
+) -> None:
+    """After the job ended by itself (``reported``: an incident was; not ``stopped`` by
+    ``--stop-on-stall``, nor by the user's ``interrupts``): one more poll of ``w`` (the detector); a part of the incident
     reported before that the job's end left unpolled (the last ranks SIGTERMed by the
     launcher as it exits) is diagnosed and given to ``give`` (issue 38: the snapshot taken at
     the first death may predate them; its verdict is replaced if the later one differs)."""
+    if not reported or stopped or interrupts:
+        return
     try:
         inc = w.poll()
         if inc is not None and inc.follows:
