@@ -13,7 +13,9 @@ reads every ring of the host. When the starting process is a Ray worker, the wat
 argument, set by the raylet that started it), so its cluster-wide collection reaches the
 right cluster even when several run on the host (``auto`` may pick another one), and Ray's
 internal per-worker flags (``RAY_JOB_ID``, ``RAY_RAYLET_PID``; ``ray_constants.
-RAY_INTERNAL_FLAGS``) are dropped from its environment.
+RAY_INTERNAL_FLAGS``) are dropped from its environment. Where the starting process's stderr
+is a terminal (a user's shell running ``HANGTRACE=1 torchrun ...``), the watcher is told its
+device and writes each verdict there as well as to its log (issue 38).
 """
 
 from __future__ import annotations
@@ -61,10 +63,25 @@ def ray_gcs_address(argv: Optional[List[str]] = None) -> Optional[str]:
     return None
 
 
+def stderr_tty() -> Optional[str]:
+    """The terminal device of this process's stderr (``/dev/pts/N``), or None when stderr is
+    not a terminal (a file, a pipe, Ray's worker log). Never raises."""
+    try:
+        return os.ttyname(2) if os.isatty(2) else None
+    except OSError:
+        return None
+
+
 def watcher_env() -> dict:
     """Environment of the detached watcher: tracing stripped (``config.helper_env``), Ray's
-    per-worker flags dropped, ``RAY_ADDRESS`` set to this Ray worker's cluster."""
+    per-worker flags dropped, ``RAY_ADDRESS`` set to this Ray worker's cluster,
+    ``HANGTRACE_WATCH_TTY`` set to this process's terminal where its stderr is one (the
+    watcher writes its verdicts there too, issue 38)."""
     env = config.helper_env()
+    env.pop(config.WATCH_TTY, None)
+    tty = stderr_tty()
+    if tty:
+        env[config.WATCH_TTY] = tty
     gcs = ray_gcs_address()
     if gcs:
         for k in _RAY_WORKER_ONLY:

@@ -42,6 +42,10 @@ POLL_S = "HANGTRACE_POLL_S"
 #: "1": the first traced process on a node starts a node watcher when none runs.
 #: "0": never (``hangtrace run`` starts its own and sets this to 0 for the job).
 AUTO_WATCH = "HANGTRACE_AUTO_WATCH"
+#: Set by ``hooks/autowatch`` in the auto-started node watcher's environment only: the
+#: terminal (``/dev/pts/N``) of the stderr of the traced process that started it, where it had
+#: one; the watcher writes each verdict there as well as to its log (issue 38).
+WATCH_TTY = "HANGTRACE_WATCH_TTY"
 #: Set by hangtrace in the environment of its own helper processes (watcher,
 #: py-spy): such processes never trace themselves.
 HELPER = "HANGTRACE_HELPER"

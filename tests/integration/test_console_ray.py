@@ -53,7 +53,10 @@ def test_a_ray_actor_death_is_one_console_line_and_a_verdict_the_chatter_in_the_
     snaps = sorted(glob.glob(str(run_dir / "snapshots" / "*")))
     incidents = [ln for ln in err.splitlines() if ln.startswith("hangtrace: ") and " detected: " in ln]
     blocks = err.count("==== hangtrace verdict ====")
-    assert incidents and len(incidents) == blocks == len(snaps), why  # one line, one verdict per incident
+    # one line, one verdict per incident; a later part of it whose verdict differs replaces it
+    # (issue 38: its own block, no line; the same verdict found again: neither, no snapshot)
+    replaced = err.count("==== hangtrace verdict, replacing the one above")
+    assert incidents and len(incidents) == blocks and blocks + replaced == len(snaps), why
     verdict = " ".join(err.split("==== hangtrace verdict ====", 1)[1].split())
     assert verdict.startswith("Dead rank") or "worker-0" in verdict, why
     for ln in err.splitlines():  # the console: no chatter, and lines that fit (paths aside)

@@ -1,5 +1,6 @@
 """Flight Recorder import: restricted unpickler, formats, versions, records, merge (issue 10)."""
 
+import dataclasses
 import json
 import os
 import pickle
@@ -301,3 +302,41 @@ def test_our_calls_after_the_end_of_torchs_dump_go_on_one_seq_per_call():
     )
     got = [(r["seq"], r["seq_ours"], r["numel"]) for r in m if r["kind"] == "collective"]
     assert got == [(1, 1, 8), (2, 2, 1), (3, 3, 8), (4, 4, 1)]
+
+
+def test_a_dead_ranks_count_and_its_peers_torch_count_are_not_joined_in_one_group():
+    """Issue 38: rank 0 alone all-reduces a metric (our seq 1; torch's 4) and gloo aborts it;
+    ranks 1-2 answer with dumps whose entries are DDP's C++ launches (torch's 1..4), rank 0
+    is dead and has none. Joined, rank 0's seq 1 met its peers' all_gather seq 1: a false
+    mismatch in the one snapshot that caught the dumps. The group keeps our records alone."""
+    from hangtrace.tracer.ring.frjoin import join_fr, unalignable_groups
+    from hangtrace.tracer.snapshot import ProcessInfo
+
+    es = [entry(1, "gloo:all_gather", ((1,),)), entry(2, "gloo:broadcast"), entry(3), entry(4, retired=False)]
+    dumps = [parse_fr_bytes(pickle.dumps(dump(es)), "x", rank=r, host="h", pid=10 + r) for r in (1, 2)]
+    metric = {
+        "idx": 1,
+        "kind": "collective",
+        "op": "all_reduce",
+        "group": "0",
+        "seq": 1,
+        "state": "issued",
+        "numel": 1,
+        "t_wall_ns": T0 + 5000,
+        "t_mono_ns": 5,
+        "t_end_mono_ns": None,
+    }
+    dead = ProcessInfo(host="h", pid=10, rank=0, world_size=3, records=[metric], state="killed")
+    peers = [ProcessInfo(host="h", pid=10 + r, rank=r, world_size=3, records=[]) for r in (1, 2)]
+    procs = [dead] + peers
+    assert unalignable_groups(procs, [(1, dumps[0]), (2, dumps[1])]) == {"0"}
+    joined = join_fr(procs, dumps)
+    assert [r["seq"] for r in joined[0].records] == [1]
+    assert all(not any(r.get("group") == "0" for r in p.records) for p in joined[1:])
+    # every rank answered (a hang): the counts align through the dumps, joined as before
+    alive = [dataclasses.replace(dead, state="alive")]
+    d0 = parse_fr_bytes(
+        pickle.dumps(dump(es[:3] + [entry(4, sizes=((1,),), retired=False)])), "x", rank=0, host="h", pid=10
+    )
+    assert unalignable_groups(alive + peers, [(0, d0), (1, dumps[0]), (2, dumps[1])]) == set()
+    assert len(join_fr(alive + peers, [d0] + dumps)[1].records) == 4

@@ -87,10 +87,16 @@ def _path_line(label: str, path: str, note: str, width: int) -> List[str]:
 
 
 def verdict_block(
-    paragraph: str, snap_path: str, run_dir: str, width: int, timeline: Optional[str] = None
+    paragraph: str,
+    snap_path: str,
+    run_dir: str,
+    width: int,
+    timeline: Optional[str] = None,
+    title: str = "hangtrace verdict",
 ) -> str:
-    """The whole console block (module docstring): a str with a blank line before and after."""
-    out = ["", "==== hangtrace verdict ===="]
+    """The whole console block (module docstring): a str with a blank line before and after;
+    ``title`` between the '====' (a revised verdict, the node watcher's)."""
+    out = ["", "==== %s ====" % title]
     out += verdict_lines(paragraph, width)
     out += _path_line("report:", os.path.join(snap_path, "report.txt"), "", width)
     if timeline:

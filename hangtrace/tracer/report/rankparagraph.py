@@ -5,7 +5,7 @@ the collective's text ``coll`` and ``diag.details`` in; the sentences out. Split
 ``paragraph.py``, which composes them."""
 
 import re
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from hangtrace.tracer.analyze.failures.attempts import last_line
 from hangtrace.tracer.analyze.failures.exceptions import short_error
@@ -190,14 +190,34 @@ def dead_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:
     s += " %s." % td["text"] if td else ""
     rest = [c for c in casc if c["rank"] not in td.get("ranks", ())]
     if rest:
+        eg = cascade_example(rest)
         s += " %d other rank(s) failed after it (cascade, e.g. rank %d: %s)." % (
             len(rest),
-            rest[0]["rank"],
-            clip(short_error(rest[0].get("text")) or rest[0].get("cause") or "", 100),
+            eg["rank"],
+            clip(short_error(eg.get("text")) or eg.get("cause") or "", 100),
         )
     elif diag.waiting_ranks and not casc:
         s += " %s %s for it." % (_ranks(diag.waiting_ranks), _verb(diag.waiting_ranks))
     return s
+
+
+#: cascade failures this close to the first one (ns) are one event (a launcher's SIGTERM to
+#: every rank lands in the order the kernel schedules them)
+CASCADE_TIE_NS = 1_000_000_000
+
+
+def cascade_example(rest: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The cascade entry a verdict names (``Diagnosis.cascade``, in time order): the lowest
+    rank among those with the first one's cause within :data:`CASCADE_TIE_NS` of it, so that
+    two snapshots of one incident name the same rank (issue 38)."""
+    first = rest[0]
+    t0 = first.get("wall_ns") or 0
+    ties = [
+        c
+        for c in rest
+        if c.get("cause") == first.get("cause") and abs((c.get("wall_ns") or 0) - t0) <= CASCADE_TIE_NS
+    ]
+    return min(ties, key=lambda c: c["rank"])
 
 
 def transport_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) -> str:

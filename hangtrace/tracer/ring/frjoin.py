@@ -8,7 +8,7 @@ Out: a new list of ``ProcessInfo`` whose records are merged with the dumps' entr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from hangtrace.tracer.ring.frentries import FrDump
 from hangtrace.tracer.ring.frrecords import FR_SOURCE, fr_records, merge_records
@@ -125,28 +125,68 @@ def _ours_window(p: ProcessInfo) -> "tuple[List[Dict[str, Any]], Optional[float]
     return merged, float(min((r.get("t_wall_ns") or 0) for r in tail))
 
 
+def _ring_collective_groups(p: ProcessInfo) -> Set[str]:
+    """Groups in which ``p``'s own ring records number collectives (our Python-call count)."""
+    return {
+        str(r.get("group"))
+        for r in p.records or ()
+        if r.get("kind") == "collective" and r.get("seq") is not None and r.get("source") is None
+    }
+
+
+def unalignable_groups(procs: List[ProcessInfo], pairs: List[Tuple[int, FrDump]]) -> Set[str]:
+    """Groups whose collectives cannot be numbered one way across ranks: some rank's dump
+    has entries no call of ours launched there (torch's count runs ahead of ours: DDP's C++
+    all-reduce, issue 38), while a rank with no dump (dead before it could answer) has
+    records there in our count only. Joined, the two counts meet at numbers that are not the
+    same collective: a rank-0-only metric all_reduce (ours: seq 1; torch's: 14) stood
+    against its peers' first DDP all_gather (torch's 1), a false mismatch in the snapshot
+    that caught the peers' dumps and none in those that did not. ``pairs``: (index in
+    ``procs``, its dump)."""
+    dumped = {i for i, _ in pairs}
+    ours: Set[str] = set()
+    for i, p in enumerate(procs):
+        if i not in dumped and p.rank >= 0:
+            ours |= _ring_collective_groups(p)
+    out: Set[str] = set()
+    for i, d in pairs if ours else ():
+        recs, since = _ours_window(procs[i])
+        fr = [r for r in fr_records(d) if str(r.get("group")) in ours - out]
+        if fr:
+            merged = merge_records(recs, fr, since_ns=since)
+            out |= {str(r.get("group")) for r in merged if r.get("source") == FR_SOURCE}
+    return out
+
+
 def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessInfo]:
     """Join dumps into ring-backed processes (by host+pid, else by rank); dumps of ranks
     without a ring become FR-only processes. Returns the new list of processes (new
     ProcessInfo values for the joined ones; their summary is recomputed from the merged
-    records)."""
+    records). A group the counts cannot align in (:func:`unalignable_groups`) keeps our
+    records alone: its dumps' entries are left out."""
     dumps = list(dumps)
     out = list(procs)
     by_pid = {(p.host, p.pid): i for i, p in enumerate(out)}
     by_rank = {p.rank: i for i, p in enumerate(out) if p.rank >= 0}
     alone = []
+    pairs: List[Tuple[int, FrDump]] = []
     for d in dumps:
         i = by_pid.get((d.host, d.pid)) if d.pid else None
         i = i if i is not None else (by_rank.get(d.rank) if d.rank >= 0 else None)
         if i is None:
             alone.append(d)
-            continue
+        else:
+            pairs.append((i, d))
+    skip = unalignable_groups(out, pairs)
+    for i, d in pairs:
         p = out[i]
         known = {g.get("name") for g in p.groups}
         meta = dict(p.meta)
         meta["flight_recorder"] = list(meta.get("flight_recorder") or []) + [d.path]
         ours, since = _ours_window(p)
-        merged = merge_records(ours, fr_records(d), since_ns=since)
+        merged = merge_records(
+            ours, [r for r in fr_records(d) if str(r.get("group")) not in skip], since_ns=since
+        )
         out[i] = dataclasses.replace(
             p,
             records=merged,

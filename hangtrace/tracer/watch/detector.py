@@ -34,7 +34,7 @@ from hangtrace.tracer.watch.beattail import BeatTail
 from hangtrace.tracer.watch.busy import BusyClock
 from hangtrace.tracer.watch.frprogress import in_flight
 from hangtrace.tracer.watch.progress import counters_advanced, read_headers, signature, Signature
-from hangtrace.tracer.watch.headers import Header, never_worked, ranks_ended, starting
+from hangtrace.tracer.watch.headers import Header, is_rank, never_worked, ranks_ended, starting
 from hangtrace.tracer.watch.helpergrace import HelperGrace
 from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
 from hangtrace.tracer.watch.shutdown import ShutdownGrace
@@ -48,21 +48,34 @@ MEM_CHECK_S = 5.0
 
 class Incident:
     """What the watcher saw: ``kind`` 'stall' or 'death'; ``detail`` a human line (of a
-    death: its ``lines``, one per process that died, joined by '; ')."""
+    death: its ``lines``, one per process that died, joined by '; '). ``follows``: True when
+    it belongs to the incident reported before it (issue 38: no live rank progressed since -
+    in a job without ranks, no live process; a launcher exiting after its ranks died, the
+    survivors of a death hanging): its
+    verdict replaces that incident's when it differs (``watch/verdictbook.py``), never adds."""
 
-    def __init__(self, kind: str, detail: str, keys: Iterable[str] = (), lines: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        kind: str,
+        detail: str,
+        keys: Iterable[str] = (),
+        lines: Iterable[str] = (),
+        follows: bool = False,
+    ) -> None:
         self.kind, self.detail, self.keys = kind, detail, list(keys)
         self.lines: List[str] = list(lines) or [detail]
+        self.follows = follows
 
 
 class _Scan:
     """What one poll's scan of the ring headers found (``Watcher._scan_one`` fills it)."""
 
-    __slots__ = ("progressed", "alive_progressed", "alive_any", "deaths", "ranks_still")
+    __slots__ = ("progressed", "alive_progressed", "rank_progressed", "alive_any", "deaths", "ranks_still")
 
     def __init__(self) -> None:
         self.progressed = False
         self.alive_progressed = False
+        self.rank_progressed = False  # a live process that joined a group as a rank moved
         self.alive_any = False
         self.deaths: List[Death] = []
         self.ranks_still: Dict[str, Header] = {}  # live processes that joined a group, ring unchanged
@@ -91,6 +104,7 @@ class Watcher:
         self.dead: Set[str] = set()
         self.last_progress = clock()
         self.reported_stall = False
+        self.in_incident = False  # an incident was reported and no live process progressed since
         self.headers: Dict[str, Header] = {}
         # memory early warnings (issue 5): checked every MEM_CHECK_S, once per process and metric
         self.mem_warned: Set[Tuple[str, str]] = set()  # (ring path, metric key)
@@ -169,7 +183,7 @@ class Watcher:
                 continue  # seen at an earlier poll: exited, gone, its death (if any) reported
             self._scan_one(path, h, scan)
         if self._fr_moved(scan.ranks_still):
-            scan.progressed = scan.alive_progressed = True
+            scan.progressed = scan.alive_progressed = scan.rank_progressed = True
         self.busy = self.busy_clock.busy({p: h for p, h in self.headers.items() if p not in self.final})
         if scan.progressed:
             self.busy_noted = False
@@ -189,6 +203,10 @@ class Watcher:
             # only a process that is still alive and moved is progress after a stall: the
             # state change of a process dying (stopped by the user or the launcher) is not
             self.reported_stall = False
+        if scan.rank_progressed or (scan.alive_progressed and not any(map(is_rank, self.headers.values()))):
+            # a launcher or a helper reacting to a death (torchrun's agent recording its
+            # workers' failure) is not the job moving on; in a job without ranks, anything is
+            self.in_incident = False
         if now >= self.mem_next:
             self.mem_next = now + MEM_CHECK_S
             self.memory_warnings()
@@ -201,12 +219,20 @@ class Watcher:
             return self._death_incident(deaths)
         if scan.alive_any and not self.reported_stall and now - self.last_progress >= self.threshold():
             self.reported_stall = True
-            return Incident(
-                "stall",
-                "no progress in any traced process for %.1f s (threshold %.1f s)"
-                % (now - self.last_progress, self.threshold()),
+            return self._opened(
+                Incident(
+                    "stall",
+                    "no progress in any traced process for %.1f s (threshold %.1f s)"
+                    % (now - self.last_progress, self.threshold()),
+                )
             )
         return None
+
+    def _opened(self, inc: Incident) -> Incident:
+        """``inc``, marked as following the incident reported before when no live process
+        progressed since (``Incident.follows``)."""
+        inc.follows, self.in_incident = self.in_incident, True
+        return inc
 
     def _scan_one(self, path: str, h: Header, scan: "_Scan") -> None:
         """One ring header of ``poll`` not final yet: records its move, finality and death in
@@ -236,6 +262,7 @@ class Watcher:
             scan.alive_any = True
             if changed and not idle:
                 scan.alive_progressed = True
+                scan.rank_progressed = scan.rank_progressed or is_rank(h)
             elif h.get("rank", -1) >= 0 and h.get("rank_source", 0) == F.RANK_FROM_GROUP:
                 scan.ranks_still[path] = h
         elif st == "killed" or (st == "exited" and h["exit_code"] != 0):
@@ -264,7 +291,7 @@ class Watcher:
             for line in lines:
                 self._log("%s: stopped after the stall" % line)
             return None
-        return Incident("death", "; ".join(lines), [p for p, _, _ in deaths], lines)
+        return self._opened(Incident("death", "; ".join(lines), [p for p, _, _ in deaths], lines))
 
     def _fr_moved(self, ranks: Mapping[str, Header]) -> bool:
         """True when torch's own count of completed collectives (``fr_agent.progress_line``:

@@ -2,7 +2,9 @@
 
 The job runs in its own session with tracing turned on; an embedded :class:`Watcher`
 polls its rings. On a stall or a death the pipeline (``tracer.pipeline.dump_live``)
-snapshots and diagnoses the run and the verdict goes to stderr. The first SIGINT/SIGTERM
+snapshots and diagnoses the run and the verdict goes to stderr: one per incident, a later
+part of it (``Incident.follows``) printed only when its verdict differs, as replacing the
+one before (``watch/verdictbook.py``). The first SIGINT/SIGTERM
 from the user is passed on to the job's process group, a second one SIGKILLs it; deaths
 while the user stops the job are no incident. ``--stop-on-stall`` stops the job after a
 stall verdict (SIGTERM, then SIGKILL after 5 s).
@@ -106,8 +108,8 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     """
     from hangtrace.hooks.state import default_run_id
     from hangtrace.tracer.pipeline import dump_live
-    from hangtrace.tracer.report.console import console_width, incident_line
     from hangtrace.tracer.watch.detector import Watcher
+    from hangtrace.tracer.watch.verdictbook import NEW, SAME, VerdictBook, drop_repeat
 
     cmd = opts.cmd[1:] if opts.cmd and opts.cmd[0] == "--" else opts.cmd
     if not cmd:
@@ -159,9 +161,19 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     def dump(kind: str) -> Any:
         return dump_live(run_dir, kind, native=opts.native, stall_s=w.stall_s)
 
-    def shown(res: Any) -> None:
-        if res is not None:
-            report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph)
+    book = VerdictBook()
+
+    def shown(res: Any, follows: bool = False) -> None:
+        # issue 38: one verdict per incident; a later, different one replaces it
+        if res is None:
+            return
+        how = book.judge(res, follows)
+        if how == SAME:
+            drop_repeat(res)
+            w.note("verdict unchanged (the same incident): %s" % book.snapshot)
+            return
+        title = "hangtrace verdict" + ("" if how == NEW else ", replacing the one above (the same incident)")
+        report(res.snapshot.path or run_dir, res.snapshot.run_dir, res.paragraph, title)
 
     poll = (
         opts.poll_s
@@ -184,12 +196,11 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             if inc is None:
                 continue
             for line in inc.lines:
-                w.note("%s: %s" % (inc.kind, line))
-            sys.stderr.write(incident_line(inc.kind, inc.lines, console_width(sys.stderr)) + "\n")
-            sys.stderr.flush()
+                w.note("%s: %s%s" % (inc.kind, line, " (the same incident)" if inc.follows else ""))
+            _say_incident(inc)
             reported = True  # one verdict per incident, even when the diagnosis failed
             try:
-                shown(local_incident(jw, inc.kind, inc.detail, dump))
+                shown(local_incident(jw, inc.kind, inc.detail, dump), inc.follows)
             except HangtraceError as e:
                 sys.stderr.write(e.render() + "\n")
             if opts.stop_on_stall and inc.kind == "stall":
@@ -199,6 +210,13 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
                 jw.await_takers()  # (node 0: its job hosts the store the other nodes read)
                 stop(child)
                 stopped = True
+        _last_part(
+            w,
+            lambda inc: shown(local_incident(jw, inc.kind, inc.detail, dump), True),
+            reported,
+            stopped,
+            interrupts,
+        )
         if stopped:
             # (blind helpers 53, 56, 57, 60: a script could not tell this status from a crash)
             log(
@@ -237,6 +255,36 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             except OSError:
                 pass
     return exit_status(rc)
+
+
+def _say_incident(inc: Any) -> None:
+    """The console line of a new incident (a later part of one: its verdict only if it
+    differs, ``watch/verdictbook.py``)."""
+    from hangtrace.tracer.report.console import console_width, incident_line
+
+    if not inc.follows:
+        sys.stderr.write(incident_line(inc.kind, inc.lines, console_width(sys.stderr)) + "\n")
+        sys.stderr.flush()
+
+
+def _last_part(
+    w: Any, give: Callable[[Any], None], reported: bool, stopped: bool, interrupts: List[int]
+) -> None:
+    """After the job ended by itself (``reported``: an incident was; not ``stopped`` by
+    ``--stop-on-stall``, nor by the user's ``interrupts``): one more poll of ``w`` (the detector); a part of the incident
+    reported before that the job's end left unpolled (the last ranks SIGTERMed by the
+    launcher as it exits) is diagnosed and given to ``give`` (issue 38: the snapshot taken at
+    the first death may predate them; its verdict is replaced if the later one differs)."""
+    if not reported or stopped or interrupts:
+        return
+    try:
+        inc = w.poll()
+        if inc is not None and inc.follows:
+            for line in inc.lines:
+                w.note("%s: %s (the same incident)" % (inc.kind, line))
+            give(inc)
+    except HangtraceError as e:
+        sys.stderr.write(e.render() + "\n")
 
 
 #: what a run that exited 0 is still reported for: (``details`` key, snapshot reason)
@@ -288,9 +336,9 @@ def _write_run_pidfile(run_dir: str) -> Optional[str]:
         return None
 
 
-def report(snap_path: str, run_dir: str, paragraph: str) -> None:
+def report(snap_path: str, run_dir: str, paragraph: str, title: str = "hangtrace verdict") -> None:
     """The verdict block ``hangtrace run`` writes to stderr, wrapped to its width
-    (``report/console.py``)."""
+    (``report/console.py``); ``title``: its heading."""
     from hangtrace.tracer.report.console import console_width, verdict_block
 
     tl = os.path.join(snap_path, "timeline.json")
@@ -301,6 +349,7 @@ def report(snap_path: str, run_dir: str, paragraph: str) -> None:
             run_dir,
             console_width(sys.stderr),
             tl if os.path.exists(tl) else None,  # issue 11
+            title=title,
         )
     )
     sys.stderr.flush()

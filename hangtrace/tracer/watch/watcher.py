@@ -1,7 +1,9 @@
 """The node watcher as a process: ``python -m hangtrace.tracer.watch.watcher RUN_DIR`` (what a
 traced process starts when no watcher runs on its node). RUN_DIR in; its ``detector.Watcher``
 polled until nothing is left to watch, each incident handed to ``tracer.pipeline.dump_live``
-and logged (verdict, snapshot) in RUN_DIR/watcher-<host>.log; exit status out. ``hangtrace
+and logged (verdict, snapshot) in RUN_DIR/watcher-<host>.log, and written to the launching
+terminal (``watch/terminal.py``); one verdict per incident (``watch/verdictbook.py``); exit
+status out. ``hangtrace
 run`` embeds the same ``Watcher`` instead (``watch/supervise.py``).
 """
 
@@ -13,6 +15,8 @@ import time
 
 from hangtrace.tracer import config
 from hangtrace.tracer.watch.detector import Watcher
+from hangtrace.tracer.watch.terminal import launching_tty, tell_terminal
+from hangtrace.tracer.watch.verdictbook import NEW, SAME, VerdictBook, drop_repeat
 
 
 def run_dir_gone(run_dir: str, ino: "tuple[int, int]") -> "str | None":
@@ -74,10 +78,23 @@ def main(argv: "list[str] | None" = None) -> int:
     def dump(kind: str) -> "object":
         return dump_live(run_dir, kind, log=log, stall_s=w.stall_s)
 
-    def report(res: "object") -> None:
-        if res is not None:
-            log("verdict: %s" % res.paragraph)  # type: ignore[attr-defined]
-            log("snapshot: %s" % res.snapshot.path)  # type: ignore[attr-defined]
+    book, tty = VerdictBook(), launching_tty()
+
+    def report(res: "object", follows: bool = False) -> None:
+        # issue 38: one verdict per incident; a later, different one replaces it
+        if res is None:
+            return
+        how = book.judge(res, follows)
+        if how == SAME:
+            drop_repeat(res)
+            log("verdict unchanged (the same incident): %s" % book.snapshot)
+            return
+        head = "verdict" if how == NEW else "verdict (replaces the one above: the same incident)"
+        log("%s: %s" % (head, res.paragraph))  # type: ignore[attr-defined]
+        log("snapshot: %s" % res.snapshot.path)  # type: ignore[attr-defined]
+        tell_terminal(
+            tty, res, "hangtrace verdict (node watcher)" + ("" if how == NEW else ", replacing the one above")
+        )
 
     last_ring = time.monotonic()
     while True:
@@ -85,9 +102,9 @@ def main(argv: "list[str] | None" = None) -> int:
             return 0  # no log line: the log was deleted, or is another run's now
         inc = w.poll()
         if inc is not None:
-            log("%s: %s" % (inc.kind, inc.detail))
+            log("%s: %s%s" % (inc.kind, inc.detail, " (the same incident)" if inc.follows else ""))
             try:
-                report(local_incident(jw, inc.kind, inc.detail, dump))
+                report(local_incident(jw, inc.kind, inc.detail, dump), inc.follows)
             except Exception as e:
                 log("diagnosis failed: %r" % (e,))
         answer_all(jw, dump, report)

@@ -9,7 +9,10 @@ finished step, rewritten each step) so a test can wait for training without read
 stdout; ``--steps N`` (default: train until killed); ``--hang-rank R --hang-step S``: at
 step S rank R waits in ``multiprocessing.Queue.get()`` on a queue nobody fills (a
 producer process that died, say) while the other ranks go on into backward and wait in
-DDP's gradient all-reduce; rank R then writes ``DIR/hanging``.
+DDP's gradient all-reduce; rank R then writes ``DIR/hanging``. ``--metric-step S``: after step
+S rank 0 alone all-reduces a metric (a logging branch under ``if rank == 0``) while the others
+go on into the next step's backward and DDP's gradient all-reduce; rank 0 writes
+``DIR/hanging`` first.
 """
 
 import argparse
@@ -49,6 +52,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--hang-rank", type=int, default=-1)
     ap.add_argument("--hang-step", type=int, default=20)
+    ap.add_argument("--metric-step", type=int, default=-1)
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
@@ -71,6 +75,9 @@ def main() -> None:
             opt.step()
             if rank == 0:
                 _write(os.path.join(a.out, "step"), str(step))
+            if rank == 0 and step == a.metric_step:
+                _write(os.path.join(a.out, "hanging"), str(step))
+                dist.all_reduce(loss.detach().reshape(1))  # rank 0 only: the others never call it
             if a.steps > 0 and step >= a.steps:
                 break
     dist.destroy_process_group()
