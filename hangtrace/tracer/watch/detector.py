@@ -48,11 +48,10 @@ MEM_CHECK_S = 5.0
 
 class Incident:
     """What the watcher saw: ``kind`` 'stall' or 'death'; ``detail`` a human line (of a
-    death: its ``lines``, one per process that died, joined by '; '). ``follows``: True when
-    it belongs to the incident reported before it (issue 38: no live rank progressed since -
-    in a job without ranks, no live process; a launcher exiting after its ranks died, the
-    survivors of a death hanging): its
-    verdict replaces that incident's when it differs (``watch/verdictbook.py``), never adds."""
+    death: its ``lines``, one per process that died, joined by '; '). ``follows``: it belongs to
+    the incident reported before (issue 38: no live rank progressed since - in a job without
+    ranks, no live process; a launcher exiting after its ranks died, the survivors of a death
+    hanging): its verdict replaces that incident's when it differs (``watch/verdictbook.py``)."""
 
     def __init__(
         self,
