@@ -162,7 +162,7 @@ def test_compute_straggler_named_by_dump_analyze_watcher_and_timeline(tmp_path):
     assert_rank2_since_20(verdict("analyze", run))  # after: the newest snapshot (the dump's)
     rings_alone(run, tmp_path)
     d = verdict("analyze", run)  # after: the rings alone, which lost step 20; the watcher's file
-    assert d["details"]["straggler"]["since_source"] == "watcher", d["details"]["straggler"]
+    assert d["details"]["straggler"]["since_source"] == "watcher", (d["details"]["straggler"], d["summary"])
     assert_rank2_since_20(d)
     (run / ("stragglers-%s.json" % socket.gethostname())).unlink()
     d = verdict("analyze", run)  # a copy of the rings without the watcher's file
