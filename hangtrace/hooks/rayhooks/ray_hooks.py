@@ -47,6 +47,7 @@ import os
 import threading
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from hangtrace.hooks.record.ringsize import ray_library_actor
 from hangtrace.tracer import api, config
 
 _rec: Any = None
@@ -164,8 +165,6 @@ def _enter(name: str, instance: Any) -> None:
 def _library_actor(instance: Any) -> bool:
     """An actor of Ray's own library (``ringsize.ray_library_actor``): its method calls keep
     a small ring small."""
-    from hangtrace.hooks.record.ringsize import ray_library_actor
-
     return instance is not None and ray_library_actor(getattr(type(instance), "__module__", None))
 
 

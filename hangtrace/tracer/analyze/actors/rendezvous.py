@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.analyze.actors.actorgraph import Target, open_waits, targets_of
 from hangtrace.tracer.analyze.context import Ctx, history
+from hangtrace.tracer.ring.summary import record_key
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,10 @@ def _calls(ctx: Ctx, r: int, target: Target) -> List[Mapping[str, Any]]:
     if v is None:
         return []
     recs = list(history(v.proc)) + list(v.proc.summary.waits.values() if v.proc.summary else ())
-    seen: Dict[Tuple[Any, Any], Mapping[str, Any]] = {}
+    seen: Dict[Any, Mapping[str, Any]] = {}
     for x in recs:
         if x.get("kind") == "ray_wait" and target in targets_of(x):
-            seen.setdefault((x.get("idx"), x.get("t_wall_ns")), x)
+            seen.setdefault(record_key(x), x)
     return sorted(seen.values(), key=lambda x: int(x.get("t_wall_ns") or 0))
 
 
