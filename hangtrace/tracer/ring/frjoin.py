@@ -134,7 +134,11 @@ def _ring_collective_groups(p: ProcessInfo) -> Set[str]:
     }
 
 
-def unalignable_groups(procs: List[ProcessInfo], pairs: List[Tuple[int, FrDump]]) -> Set[str]:
+def unalignable_groups(
+    procs: List[ProcessInfo],
+    pairs: List[Tuple[int, FrDump]],
+    fr_of: Optional[List[List[Dict[str, Any]]]] = None,
+) -> Set[str]:
     """Groups whose collectives cannot be numbered one way across ranks: some rank's dump
     has entries no call of ours launched there (torch's count runs ahead of ours: DDP's C++
     all-reduce, issue 38), while a rank with no dump (dead before it could answer) has
@@ -142,16 +146,18 @@ def unalignable_groups(procs: List[ProcessInfo], pairs: List[Tuple[int, FrDump]]
     same collective: a rank-0-only metric all_reduce (ours: seq 1; torch's: 14) stood
     against its peers' first DDP all_gather (torch's 1), a false mismatch in the snapshot
     that caught the peers' dumps and none in those that did not. ``pairs``: (index in
-    ``procs``, its dump)."""
+    ``procs``, its dump); ``fr_of``: ``fr_records`` of each pair's dump, in the order of ``pairs``, when the caller has them."""
     dumped = {i for i, _ in pairs}
     ours: Set[str] = set()
     for i, p in enumerate(procs):
         if i not in dumped and p.rank >= 0:
             ours |= _ring_collective_groups(p)
     out: Set[str] = set()
-    for i, d in pairs if ours else ():
+    for k, (i, d) in enumerate(pairs if ours else ()):
         recs, since = _ours_window(procs[i])
-        fr = [r for r in fr_records(d) if str(r.get("group")) in ours - out]
+        fr = [
+            r for r in (fr_of[k] if fr_of is not None else fr_records(d)) if str(r.get("group")) in ours - out
+        ]
         if fr:
             merged = merge_records(recs, fr, since_ns=since)
             out |= {str(r.get("group")) for r in merged if r.get("source") == FR_SOURCE}
@@ -177,16 +183,15 @@ def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessIn
             alone.append(d)
         else:
             pairs.append((i, d))
-    skip = unalignable_groups(out, pairs)
-    for i, d in pairs:
+    fr_of = [fr_records(d) for _, d in pairs]  # each dump's entries as records, once
+    skip = unalignable_groups(out, pairs, fr_of)
+    for (i, d), fr in zip(pairs, fr_of):
         p = out[i]
         known = {g.get("name") for g in p.groups}
         meta = dict(p.meta)
         meta["flight_recorder"] = list(meta.get("flight_recorder") or []) + [d.path]
         ours, since = _ours_window(p)
-        merged = merge_records(
-            ours, [r for r in fr_records(d) if str(r.get("group")) not in skip], since_ns=since
-        )
+        merged = merge_records(ours, [r for r in fr if str(r.get("group")) not in skip], since_ns=since)
         out[i] = dataclasses.replace(
             p,
             records=merged,
