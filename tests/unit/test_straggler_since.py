@@ -151,20 +151,22 @@ def test_watcher_on_recorded_rings_writes_one_episode_and_its_end(tmp_path):
     assert w2.episodes == [e2]
 
 
-def test_watcher_refines_the_start_only_while_its_window_holds_it():
+def test_watcher_refines_the_start_only_earlier_and_while_its_window_holds_it():
     w = SW.StragglerWatch(lambda line: None, clock=lambda: 0.0)
     st = {
         "rank": 2,
         "group": "0",
         "added_ms_per_step": 30.0,
-        "since_step": 18,
+        "since_step": 22,
         "oldest_step": 5,
         "newest_step": 30,
     }
     w._note(dict(st))
-    w._note(dict(st, since_step=20, newest_step=40))  # more slow steps after it: placed better
+    w._note(dict(st, since_step=20, newest_step=40))  # more slow steps after it: placed earlier
     assert w.episodes[-1].since_step == 20 and len(w.episodes) == 1
-    w._note(dict(st, since_step=60, oldest_step=25, newest_step=100))  # the window moved past step 20
+    w._note(dict(st, since_step=28, oldest_step=12, newest_step=84))  # its level rose at 28: not the start
+    assert w.episodes[-1].since_step == 20
+    w._note(dict(st, since_step=14, oldest_step=25, newest_step=100))  # the window moved past step 20
     assert w.episodes[-1].since_step == 20
     w2 = SW.StragglerWatch(lambda line: None, clock=lambda: 0.0)
     w2._note(dict(st, since_step=None, oldest_step=30))  # first seen slow from its window's start
@@ -178,7 +180,7 @@ def test_check_interval_follows_the_history_span_and_its_cost():
     assert SW.interval(0.4, 0.001) == SW.MIN_CHECK_S
     assert SW.interval(600.0, 0.001) == SW.CHECK_S
     assert SW.interval(3.6, 0.05) == 2.5  # a check of 50 ms CPU: at most 2 % of a core
-    assert SW.interval(0.0, 0.0) == SW.CHECK_S
+    assert SW.interval(0.0, 0.0) == 2 * SW.MIN_CHECK_S  # nothing timed yet: the ranks start
     assert SW.interval(600.0, 0.2) == 10.0  # many ranks: the CPU bound wins over CHECK_S
     hist = {
         0: ({"t_wall_ns": 1_000_000_000}, {"t_wall_ns": 4_000_000_000}),

@@ -198,15 +198,22 @@ class StragglerWatch:
         )
 
     def _refine(self, st: Mapping[str, Any]) -> None:
-        """A later check of the same episode: while its window still holds the start (its
-        oldest step at or before the start kept), its first slow step replaces the one kept."""
+        """A later check of the same episode: its first slow step replaces the one kept when it
+        is earlier and the window still holds the start kept (its oldest step at or before
+        it); when no start was kept, when it is at or before the step the episode was first
+        seen at (the rank was slow then: a change point after it is a change within the
+        episode)."""
         e = self.episodes[-1] if self.episodes else None
         since, oldest = st.get("since_step"), st.get("oldest_step")
         if e is None or e.ended_wall_ns is not None or since is None or since == e.since_step:
             return
-        start = e.since_step if e.since_step is not None else e.before_step
-        if oldest is not None and start is not None and oldest > start:
-            return  # the window has moved past the start: what it finds now is noise or later
+        if e.first_seen_step is not None and since > e.first_seen_step:
+            return
+        if e.since_step is not None and (since > e.since_step or (oldest is not None and oldest > e.since_step)):
+            # later than the start kept: a change of its level inside the episode (measured:
+            # +9 ms from step 20, +28 ms later: a window of steps 12-84 put the start at 28);
+            # or the window has moved past the start: what it finds now is noise or later
+            return
         self.episodes.pop()
         self._keep(dataclasses.replace(e, since_step=since, before_step=None))
 
@@ -238,5 +245,8 @@ def interval(span: float, cost_s: float) -> float:
     slowdown's start is checked while it is still recorded), at least :data:`MIN_CHECK_S`,
     at most :data:`CHECK_S` - and at least :data:`COST_SHARE` times the check's CPU time
     (measured: 28 ms per check of 4 ranks at load 13; a node of 64 ranks checks less often)."""
-    want = span / CHECKS_PER_SPAN if span > 0 else CHECK_S
+    # no span yet (the ranks' histories hold no timed record: they are starting): soon again,
+    # the check of empty rings is cheap (at CHECK_S, a job's first slow steps were first
+    # seen 26-36 steps late beside a CPU burner and the start was no longer in the window)
+    want = span / CHECKS_PER_SPAN if span > 0 else 2 * MIN_CHECK_S
     return max(COST_SHARE * cost_s, min(CHECK_S, max(MIN_CHECK_S, want)))

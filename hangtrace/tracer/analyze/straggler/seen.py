@@ -8,7 +8,9 @@ was slow before.
 
 The rules:
 
-1. the rings' own change point wins (``since_source`` 'rings');
+1. the rings' own change point wins (``since_source`` 'rings') - unless the episode of rule 2
+   was first seen at an earlier step (the rank was slow then: a change point after it, as
+   a noisy stretch inside the window, is not the start);
 2. else the newest watcher episode of the same rank and group that had begun at the time of
    the snapshot's newest record and had not ended before it (the watcher ends an episode
    only after two checks without it: one that ended earlier is another episode) gives its
@@ -68,7 +70,7 @@ def resolve(
     (0: unknown, every episode matches)."""
     e = episode(seen, rank, group, at_wall_ns)
     first = (e.first_seen_wall_ns, e.first_seen_step) if e is not None else (None, None)
-    if since_step is not None:
+    if since_step is not None and (first[1] is None or since_step <= first[1]):
         return Since(since_step, "rings", None, *first)
     if e is not None and e.since_step is not None:
         if oldest_step is None or e.since_step < oldest_step + MIN_BEFORE:

@@ -5,16 +5,19 @@ of up to :data:`MAX_REF` other members of its group. Out: the first slow step (a
 point in its own history) and a phase name.
 
 *Since when*: over the longest stretch its history shares with the reference members, the
-series of its arrival minus their median arrival per step (``detect.units``); each step is
-slow when that exceeds the threshold the decision used (``detect``: 3 x the others' noise, the
-floors) or half its margin, whichever is lower (a rank slowed by CPU contention is late by
-less than 3 x the others' noise in some of its slow steps). The change point is the instance that splits the series into a
-mostly-not-slow part before and a mostly-slow part after (it maximises the count of slow
-minus not-slow steps from it on: a sign-based change point, robust to outliers), with at
-least :data:`MIN_BEFORE` steps before it of which at most a third are slow and whose median
-is at most half the cut (before it, the rank was one of the others, not merely less slow). No such change
-point (slow from its oldest recorded steps on): unknown (None; the report says "since before
-step N", the oldest compared), unless the oldest step holds the group's first collective.
+series of its arrival minus their median arrival per step (``detect.units``). The change point
+is the split of that series into two levels - before and after - that fits it best with each
+part's median (the least sum of absolute deviations: a robust two-level fit; a step late by a
+few ms of noise before the slowdown stays with "before", a step only a little late after it
+stays with "after"). It is taken when: at least :data:`MIN_BEFORE` steps lie before it; after
+it the median is above the cut the decision used (``detect``: 3 x the others' noise, the floors,
+or half its margin, whichever is lower); before it the median is at most a third of the median
+after (the rank was one of the others, not merely less slow) and at most a third of the steps
+are nearer the level after than the level before. No such split (slow from its oldest
+recorded steps on): unknown (None; the report says "since before step N", the oldest
+compared), unless the oldest step holds the group's first collective. (Measured: the cut
+alone - every step late by more than it counted slow - put the start of a step-20 slowdown at
+step 11 beside a CPU burner on 2 cores, where any rank is late by 5-10 ms in some steps.)
 
 *Phase*: per phase, its own time in the phase per slow step (phase exit minus enter on its
 own clock, minus its time inside collectives recorded in that phase: the waiting) against
@@ -26,6 +29,7 @@ its late collectives in.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from hangtrace.tracer.analyze.straggler.detect import FLOOR_MS, Candidate, unit_arrivals, units
@@ -63,19 +67,48 @@ def since(cand: Candidate, histories: Mapping[int, Sequence[Any]]) -> Tuple[Opti
     for row in unit_arrivals(inst, us):
         oth = [a for j, a in enumerate(row) if j != col]
         late.append(row[col] - _median(oth))
-    slow = [x > mid for x in late]
-    best, acc, k = 0, 0, len(slow)
-    for i in range(len(slow) - 1, -1, -1):
-        acc += 1 if slow[i] else -1
-        if acc >= best:
-            best, k = acc, i
     steps = [inst.by_rank[u[0]][col].step for u in us]
     oldest = steps[0] if steps else None
-    if MIN_BEFORE <= k < len(slow) and 3 * sum(slow[:k]) <= k and _median(late[:k]) <= mid / 2:
+    k = split(late, mid)
+    if k is not None:
         return steps[k], oldest
-    if k == 0 and inst.seqs and inst.seqs[0] <= 1:
-        return steps[0], oldest
+    if late and inst.seqs and inst.seqs[0] <= 1 and 3 * sum(x <= mid for x in late) <= len(late):
+        return steps[0], oldest  # slow from the group's first collective on
     return None, oldest
+
+
+def _deviations(xs: Sequence[float]) -> List[float]:
+    """``out[i]``: the sum of absolute deviations of ``xs[:i]`` from their median (i >= 1;
+    ``out[0]`` 0): a sorted prefix grows by insertion, and the deviations are the upper half's
+    sum minus the lower half's. O(n^2) element moves, in C."""
+    s: List[float] = []
+    out = [0.0]
+    for x in xs:
+        bisect.insort(s, x)
+        h = len(s) // 2
+        out.append(sum(s[len(s) - h :]) - sum(s[:h]))
+    return out
+
+
+def split(late: Sequence[float], cut: float) -> Optional[int]:
+    """The index of the first slow step of the series ``late`` (ns per step, oldest first) by
+    the two-level fit of the module docstring, or None when no split passes its tests
+    (``cut``: ns, the decision's). O(n^2) for n steps, in C (n <= ~170: a ring's history)."""
+    pre, post = _deviations(late), _deviations(late[::-1])
+    n = len(late)
+    best: Optional[Tuple[float, int]] = None
+    for k in range(MIN_BEFORE, n):
+        cost = pre[k] + post[n - k]
+        if best is None or cost < best[0]:
+            best = (cost, k)
+    if best is None:
+        return None
+    k = best[1]
+    before, after = _median(late[:k]), _median(late[k:])
+    level = (before + after) / 2.0
+    if after <= cut or before > after / 3.0 or 3 * sum(x > level for x in late[:k]) > k:
+        return None
+    return k
 
 
 def _busy(hist: Sequence[Any]) -> Dict[Tuple[str, Optional[int]], int]:
