@@ -209,7 +209,9 @@ class StragglerWatch:
             return
         if e.first_seen_step is not None and since > e.first_seen_step:
             return
-        if e.since_step is not None and (since > e.since_step or (oldest is not None and oldest > e.since_step)):
+        if e.since_step is not None and (
+            since > e.since_step or (oldest is not None and oldest > e.since_step)
+        ):
             # later than the start kept: a change of its level inside the episode (measured:
             # +9 ms from step 20, +28 ms later: a window of steps 12-84 put the start at 28);
             # or the window has moved past the start: what it finds now is noise or later
