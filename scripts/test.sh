@@ -8,4 +8,4 @@ bash scripts/setup.sh
 PY=${PYTHON:-python3}
 TESTS=tests
 if [ "${1:-}" = unit ]; then TESTS=tests/unit; shift; fi
-exec "$PY" -m pytest -q -p no:cacheprovider --durations=25 "$TESTS" "$@"
+exec "$PY" -m pytest -q -p no:cacheprovider --durations=60 "$TESTS" "$@"
