@@ -33,3 +33,26 @@ def test_clean_exit_leaves_no_empty_stack_files_and_gc_tidies_a_killed_one(tmp_p
     p.wait()
     housekeeping.tidy(str(run))
     assert not [f for f in stacks.iterdir() if f.stat().st_size == 0] if stacks.exists() else True
+
+
+def test_hangtrace_run_ends_without_the_empty_stack_files_of_its_killed_processes(tmp_path):
+    """A traced child SIGKILLed inside `hangtrace run` leaves an empty stack file while it runs;
+    the run's end removes it (the folder too, when nothing else is in it)."""
+    run = tmp_path / "run"
+    code = (
+        "import os, signal, subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "time.sleep(1.5)\n"
+        "assert any(n.endswith('-%d.txt' % c.pid) for n in os.listdir(os.environ['HANGTRACE_DIR'] + '/stacks'))\n"
+        "c.kill(); c.wait()\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "hangtrace", "run", "--dir", str(run), "--", sys.executable, "-c", code],
+        env=base_env(traced=False, PYTHONPATH=REPO),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    stacks = run / "stacks"
+    assert not [f.name for f in stacks.iterdir() if f.stat().st_size == 0] if stacks.exists() else True

@@ -267,6 +267,51 @@ def tidy(path: str) -> int:
     return n
 
 
+#: a stack file's name: ``<kind>-<host>-<pid>.txt`` (``hooks/process/lifecycle.py``)
+_STACK_FILE = re.compile(r"^[a-z]+-(?P<host>.+)-(?P<pid>\d+)\.txt$")
+
+
+def tidy_gone(path: str, host: str = "") -> int:
+    """At the end of ``hangtrace run``: remove the empty stack files in ``path/stacks`` of
+    processes of this host (``host``; default this machine's name) that are gone (a process
+    killed before its clean exit leaves its empty file; a live one keeps its file, which its
+    faulthandler may still write), and the folder when it is left empty. Returns the number
+    of files removed; never raises."""
+    host = host or socket.gethostname()
+    d = os.path.join(path, "stacks")
+    n = 0
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return 0
+    for f in names:
+        m = _STACK_FILE.match(f)
+        if m is None or m.group("host") != host or _alive(int(m.group("pid"))):
+            continue
+        fp = os.path.join(d, f)
+        try:
+            if os.lstat(fp).st_size == 0:
+                os.unlink(fp)
+                n += 1
+        except OSError:
+            pass
+    try:
+        os.rmdir(d)  # only when empty
+    except OSError:
+        pass
+    return n
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # (another user's process of that pid: not ours to judge)
+    return True
+
+
 def auto_prune(log: Callable[[str], None], environ: dict | None = None) -> GcResult | None:
     """What ``hangtrace run`` calls when it starts a run in the default location: the default
     policy (``HANGTRACE_GC_KEEP``, ``HANGTRACE_GC_MAX_MB``) over the default location. Logs one

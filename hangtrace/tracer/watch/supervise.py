@@ -109,6 +109,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
     from hangtrace.hooks.state import default_run_id
     from hangtrace.tracer.pipeline import dump_live
     from hangtrace.tracer.watch.detector import Watcher
+    from hangtrace.tracer.watch.housekeeping import tidy_gone
     from hangtrace.tracer.watch.verdictbook import NEW, SAME, VerdictBook, drop_repeat
 
     cmd = opts.cmd[1:] if opts.cmd and opts.cmd[0] == "--" else opts.cmd
@@ -249,6 +250,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             signal.signal(s, h)
         if child.poll() is None:
             stop(child)
+        tidy_gone(run_dir)  # the empty stack files of the processes that are gone
         if pidfile:
             try:
                 os.unlink(pidfile)
