@@ -87,3 +87,29 @@ def test_methods_of_rays_library_actors_keep_a_small_ring_small(rec):
     assert not grows_as_actor(aid)  # the worker-level identity: the class comes with the first method
     assert not grows_as_actor(dict(aid, ray_actor_module="ray.train.v2._internal.execution.controller"))
     assert grows_as_actor(dict(aid, ray_actor_module="__main__"))
+
+
+def test_a_library_actor_that_creates_actors_keeps_its_small_ring(tmp_path, monkeypatch):
+    """Ray Train's TrainController creates the worker actors and waits on them (issue 40: its
+    ring was one of the four full ones, 2 MiB on disk of a 10.2 MiB run directory); a driver
+    doing the same grows its ring (a user's actor has the full ring from its first method)."""
+    from types import SimpleNamespace
+
+    from hangtrace.hooks.rayhooks import ray_calls as RC
+    from hangtrace.hooks.rayhooks import ray_create
+    from hangtrace.hooks.record import recorder as R
+
+    handle = SimpleNamespace(_ray_actor_id=SimpleNamespace(hex=lambda: "cd" * 16))
+    actor_class = type("Worker", (), {})
+    monkeypatch.setattr(ray_create, "_cluster_nodes", lambda ray, placement: None)
+    for module, grows in (("ray.train.v2._internal.execution.controller.controller", False), (None, True)):
+        d = tmp_path / ("library" if module else "driver")
+        d.mkdir()
+        rec = R.Recorder(str(d), "run", 256, lambda *a, **k: None, full_slots=4096)
+        if module:
+            rec.set_meta(ray_actor_id="ab" * 16, ray_actor_module=module)
+        assert rec.nslots == 256
+        monkeypatch.setattr(RC, "_recorder", lambda: rec)
+        monkeypatch.setattr(ray_create, "_creates", 0)
+        ray_create.note_create(None, actor_class, handle, {})
+        assert rec.nslots == (4096 if grows else 256), module

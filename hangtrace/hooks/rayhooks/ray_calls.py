@@ -140,8 +140,8 @@ def _wait_begin(api: str, refs: Any) -> Tuple[Any, int]:
         targets, n = targets_of(refs)
         if not targets:
             return None, 0
-        if rec.full_slots:  # a driver waiting on actors is part of the job: the full ring
-            rec.grow("waits on Ray actor calls")
+        if rec.full_slots and not getattr(rec, "library_actor", False):  # a driver waiting on actors
+            rec.grow("waits on Ray actor calls")  # is part of the job: the full ring
         sid = rec.intern(wait_text(api, targets, n))
         return rec, rec._slot(F.K_WAIT, 0, sid, n, 0, 0, 0, -1, F.S_ISSUED)
     except Exception as e:
@@ -209,7 +209,7 @@ def _await_begin(fut: Any) -> Tuple[Any, int]:
         targets, n = targets_of(ref)
         if not targets:
             return None, 0
-        if rec.full_slots:
+        if rec.full_slots and not getattr(rec, "library_actor", False):
             rec.grow("waits on Ray actor calls")
         _task_phase()
         sid = rec.intern(wait_text("await", targets, n))

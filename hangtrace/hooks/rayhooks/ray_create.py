@@ -103,7 +103,7 @@ def note_create(ray: Any, actor_class: Any, handle: Any, options: Dict[str, Any]
         if rec is None or _creates >= MAX_CREATES:
             return
         _creates += 1
-        if rec.full_slots:
+        if rec.full_slots and not getattr(rec, "library_actor", False):  # (Ray Train's controller: small)
             rec.grow("creates Ray actors")
         meta = getattr(actor_class, "__ray_metadata__", None)
         req = actor_request(options)

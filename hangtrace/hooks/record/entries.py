@@ -64,7 +64,10 @@ class Entries(ringsize.Growable):
     def set_meta(self, **meta: Any) -> None:
         """Merge identity fields (Ray actor class/name/id, ...) into the ring's metadata.
         A Ray actor of the user's own class makes this process an actor: a small ring is
-        grown first (``ringsize.grows_as_actor``)."""
+        grown first (``ringsize.grows_as_actor``); one of Ray's own library's is marked
+        ``library_actor`` (its actor creations and waits keep its small ring)."""
+        if meta.get("ray_actor_module"):
+            self.library_actor = ringsize.ray_library_actor(meta.get("ray_actor_module"))
         if self.full_slots and ringsize.grows_as_actor(meta):
             self.grow("Ray actor")
         self._append(F.T_META, _dumps(meta))

@@ -87,6 +87,7 @@ class Recorder(Entries):
         self.nslots = nslots
         self.full_slots = full_slots if full_slots > nslots else 0
         self.on_grow: List[Callable[["Recorder"], None]] = []  # called after grow() replaced the ring
+        self.library_actor = False  # an actor of Ray's own library (set_meta): keeps a small ring
         self._old_maps: List[Any] = []  # mappings of replaced rings (a writer may still hold one)
         if self.full_slots:
             strtab = (ringsize.SMALL_STRTAB_SIZE, ringsize.SMALL_STRTAB_RESERVE)
