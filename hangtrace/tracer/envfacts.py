@@ -109,6 +109,9 @@ class ProcessEnv(NamedTuple):
     files: Tuple[Tuple[str, int], ...] = ()
     #: (distribution, version) of the imported Python packages (``hooks/env/pkgversions``)
     packages: Tuple[Tuple[str, str], ...] = ()
+    #: the framework modules (``envformat.FRAMEWORK_MODULES``) loaded when recorded (issue 37;
+    #: empty in records of older versions)
+    frameworks: Tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -143,6 +146,7 @@ def to_json(pe: ProcessEnv) -> Dict[str, Any]:
         "mappings": [[m.start, m.end, m.offset, m.path] for m in pe.mappings],
         "files": {p: str(i) for p, i in pe.files},
         "packages": dict(pe.packages),
+        "frameworks": list(pe.frameworks),
     }
 
 
@@ -189,6 +193,7 @@ def from_json(d: Dict[str, Any], path: Optional[str] = None) -> ProcessEnv:
         path=path,
         files=tuple(sorted((str(p), int(i)) for p, i in dict(d.get("files", {})).items())),
         packages=tuple(sorted((str(k), str(v)) for k, v in dict(d.get("packages", {})).items())),
+        frameworks=tuple(str(m) for m in d.get("frameworks") or () if isinstance(m, str)),
     )
 
 

@@ -16,6 +16,17 @@ from typing import Mapping, Tuple
 SCHEMA = 1
 ENV_DIR = "env"
 MASK = "<masked>"
+#: Modules whose presence in ``sys.modules`` at a record says which training framework runs the
+#: process (``"frameworks"`` of the record; issue 37): a dict lookup each, no per-collective cost.
+#: Their versions are the ``"packages"`` of the same record; ``tracer/analyze/frameworks.py``
+#: names the framework and compares them with the versions hangtrace was tested with.
+FRAMEWORK_MODULES = (
+    "ray.train",
+    "pytorch_lightning",
+    "lightning.pytorch",
+    "transformers.trainer",
+    "accelerate.accelerator",
+)
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
 #: Job-relevant environment: every variable with one of these prefixes, plus ENV_NAMES
 #: (WORLD_SIZE: the same on every rank, read by env:// rendezvous; RANK and LOCAL_RANK

@@ -114,6 +114,8 @@ def test_ray_train_worker_stuck_outside_collectives_is_reported(tmp_path):
     assert d["culprit_ranks"] == [1], (d["kind"], d["culprit_ranks"], d["summary"], tail)
     assert d["kind"] == "stuck-outside-collective", (d["kind"], d["summary"])
     assert "poll_status" not in d["summary"] and "main_loop" not in d["summary"], d["summary"]
+    # issue 37: the verdict names the framework and its version (from the ranks' env records)
+    assert "Ray Train" in [f["name"] for f in d["details"].get("frameworks", [])], d["evidence"]
 
 
 @pytest.mark.skipif(

@@ -158,3 +158,79 @@ def test_demand_growth_ignores_a_thread_that_ended_between_two_readings():
     assert abs(demand_growth(before, now) - 1.1) < 1e-9
     assert demand_growth(before, now) > 0 > sum(now.values()) - sum(before.values())
     assert demand_growth(2.0, 3.5) == 1.5  # totals (an injected clock of tests)
+
+
+def test_at_the_start_a_peer_busy_importing_holds_the_grace_whatever_its_length_and_an_idle_one_does_not(
+    monkeypatch,
+):
+    """Issue 37, Lightning at load 12-20: ``python job.py`` (rank 0 and the launcher) imports
+    for 60+ s with no rank and no record, then waits in init_process_group while the rank 1
+    it spawned imports for 60+ s. Neither has worked yet (``never_worked``), yet both are the
+    start going on: no stall while one is busy, however long; once the peer sits idle (it
+    sleeps instead of reaching init_process_group) the stall comes after the start-up
+    threshold, counted from its last busy poll. After the start a pooled worker that never
+    worked holds nothing, as before. Headers constructed, CPU demand and clocks injected; the
+    pids are real sleeping children (the watcher checks they live)."""
+    import socket
+
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]) for _ in range(2)]
+    try:
+        launcher, child = (k.pid for k in kids)
+        clk = [1000.0]
+        demand = {launcher: 0.0, child: 0.0}
+        w = Watcher("/nonexistent-run", stall_s=15, phase_stall={}, clock=lambda: clk[0])
+        w.startup_stall_s = 60
+        w.busy_clock = BusyClock(cpu=lambda pid: demand.get(pid), wall=lambda: clk[0])
+        w.log = w.say = lambda line: None
+        host = socket.gethostname()
+
+        def head(pid, rank=-1, source=F.RANK_FROM_ENV, count=1):
+            return dict(
+                _header(pid, rank=rank, source=source, count=count, phase=0),
+                host=host,
+                ppid=1,
+                proc_start_ticks=0,
+                step=0,
+                phase=None,
+                next_idx=count,
+            )
+
+        heads = {"l": head(launcher)}
+        monkeypatch.setattr(w, "_read_headers", lambda: dict(heads))
+
+        def run(seconds, busy_pids):
+            for _ in range(int(seconds / 5)):
+                clk[0] += 5
+                for pid in busy_pids:
+                    demand[pid] += 4.0  # 0.8 s of CPU demand per wall second: importing
+                inc = w.poll()
+                if inc is not None:
+                    return inc
+            return None
+
+        assert run(120, [launcher]) is None  # the launcher imports for 2 minutes: no stall
+        heads["l"] = head(launcher, rank=0, source=F.RANK_FROM_JOIN)  # in init_process_group
+        heads["c"] = head(child)  # rank 1, spawned by it, importing
+        assert run(120, [child]) is None and w.threshold() == float("inf")
+        # rank 1 now sleeps instead of reaching init_process_group: idle, recording nothing
+        assert run(55, []) is None
+        inc = run(15, [])
+        assert inc is not None and inc.kind == "stall" and "threshold 60.0 s" in inc.detail, (
+            inc and inc.detail
+        )
+        # past the start (a rank joined a group), a busy process that never worked holds nothing
+        w2 = Watcher("/nonexistent-run", stall_s=15, phase_stall={}, clock=lambda: clk[0])
+        w2.startup_stall_s = 60
+        w2.busy_clock = BusyClock(cpu=lambda pid: demand.get(pid), wall=lambda: clk[0])
+        heads.clear()
+        heads.update(l=head(launcher, rank=0, source=F.RANK_FROM_GROUP, count=50), c=head(child))
+        monkeypatch.setattr(w2, "_read_headers", lambda: dict(heads))
+        w = w2
+        inc = run(20, [child])
+        assert inc is not None and inc.kind == "stall" and "threshold 15.0 s" in inc.detail, (
+            inc and inc.detail
+        )
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()

@@ -274,6 +274,8 @@ def snapshot(
         # any library later and must know the file is still the one mapped (issue 41)
         "files": {m[3]: inode for m, inode in maps},
         "packages": pkgversions.loaded_packages(),
+        # the training frameworks loaded (issue 37): their versions are in "packages"
+        "frameworks": [m for m in EF.FRAMEWORK_MODULES if m in sys.modules],
     }  # (JSON arrays: tuples serialize as lists)
 
 

@@ -44,6 +44,7 @@ from hangtrace.tracer.analyze.rules import (
     Finding,
 )
 from hangtrace.tracer.analyze.stuck.stacktree import classes as stack_classes_of
+from hangtrace.tracer.analyze.frameworks import framework_line, frameworks_seen
 from hangtrace.tracer.analyze.stuck.stacktree import format_ranks, merge_stacks, missing_from_common_frame
 from hangtrace.tracer.analyze.graph.waitgraph import build_instances
 from hangtrace.tracer.diagnosis import Cause, Diagnosis, Kind
@@ -322,6 +323,10 @@ def _finish(ctx: Ctx, d: Diagnosis) -> Diagnosis:
     if d.culprit_ranks and d.waiting_ranks:
         cs = set(d.culprit_ranks)
         d.waiting_ranks = [r for r in d.waiting_ranks if r not in cs]
+    seen = frameworks_seen(ctx.envs)  # issue 37: which framework and version, tested or not
+    if seen:
+        d.details["frameworks"] = seen
+        ctx.evidence.insert(min(len(ctx.evidence), MAX_EVIDENCE - 2), framework_line(seen))
     ev = ctx.evidence
     if len(ev) > MAX_EVIDENCE:
         ev = ev[: MAX_EVIDENCE - 1] + ["... %d more evidence lines" % (len(ev) - MAX_EVIDENCE + 1)]

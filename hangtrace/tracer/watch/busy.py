@@ -15,9 +15,18 @@ with a 5 s threshold) is busy while it burns CPU; one that sits idle past its ex
 NCCL communicator's destructor that never returns) is not, and is reported. Not reported, by design: every process spinning outside collectives for ever with
 nobody waiting (no distributed wait to explain).
 
+The start (``headers.at_startup``: no process has joined a group yet) is different: there a
+process that has not worked yet counts too (the script Lightning re-runs for rank 1, still
+importing), and its being busy is the start going on: the watcher dates the quiet spell from
+the last poll where a process was busy (``Watcher.poll``), so a rank waiting in the rendezvous
+for a peer that imports for minutes at load 20 is not stalled, and the start-up threshold
+counts from the moment nothing is busy any more. A peer that sleeps, blocks or waits for a
+lock before the rendezvous is idle and reported after the start-up threshold, as before
+(issue 37: 3 of 7 blind Lightning jobs were stopped at start-up at load 12-20).
+
 Not counted: a process with a collective in flight (an NCCL rank spins a CPU while it
-waits), a pooled worker that never did any work (Ray's idle workers churn on start-up),
-a helper of a rank (a DataLoader worker prefetching), and processes of other hosts.
+waits), after the start a pooled worker that never did any work (Ray's idle workers churn on
+start-up), a helper of a rank (a DataLoader worker prefetching), and processes of other hosts.
 """
 
 from __future__ import annotations
@@ -90,17 +99,18 @@ def demand_growth(before: Demand, now: Demand) -> float:
     return total(now) - total(before)
 
 
-def counts(h: Mapping[str, Any], joined_ranks: FrozenSet[int]) -> bool:
+def counts(h: Mapping[str, Any], joined_ranks: FrozenSet[int], startup: bool = False) -> bool:
     """Whether the header's process may hold the grace: of this host (alive, or past its exit
-    record and still finalizing), no collective in flight, past "never worked" (a rank, a phase or progress), and not a
-    helper of a rank (its rank hint from the environment is held by a process that
-    joined a group as that rank)."""
+    record and still finalizing), no collective in flight, past "never worked" (a rank, a phase
+    or progress) unless the run is ``startup`` (``headers.at_startup``), and not a helper of a
+    rank (its rank hint from the environment is held by a process that joined a group as that
+    rank)."""
     # (a header that says exited while its pid lives counts: the interpreter is finalizing,
     # torch's and its libraries' teardown, 5-25 s at load 20-30 on 2 cores; a gone or zombie
     # process has no CPU demand to read)
     if h.get("host") != _HOST or h.get("inflight_idx"):
         return False
-    if never_worked(h):
+    if never_worked(h) and not startup:
         return False
     rank = h.get("rank", -1)
     helper = rank >= 0 and h.get("rank_source", 0) == F.RANK_FROM_ENV and rank in joined_ranks
@@ -114,7 +124,8 @@ class BusyClock:
     grew by at least ``BUSY_FRACTION`` of the wall time over the last ``INTERVAL_S`` or more (measured on
     ``wall``, a monotonic clock in seconds: CPU per real second, whatever clock the
     watcher judges stalls by; shorter intervals are noise, as /proc/PID/stat counts
-    CPU in 10 ms ticks, and keep the last verdict). ``cpu`` and ``wall`` are injectable for tests."""
+    CPU in 10 ms ticks, and keep the last verdict); ``startup``: the run is starting
+    (``counts``). ``cpu`` and ``wall`` are injectable for tests."""
 
     INTERVAL_S = 1.0
 
@@ -127,7 +138,7 @@ class BusyClock:
         self.ref: Dict[int, Tuple[float, Demand]] = {}  # pid -> (wall s, demand) at the last verdict
         self.verdict: Dict[int, bool] = {}
 
-    def busy(self, headers: Mapping[str, Mapping[str, Any]]) -> List[int]:
+    def busy(self, headers: Mapping[str, Mapping[str, Any]], startup: bool = False) -> List[int]:
         joined = frozenset(
             h["rank"] for h in headers.values() if h.get("rank_source", 0) == F.RANK_FROM_GROUP
         )
@@ -135,7 +146,7 @@ class BusyClock:
         ref: Dict[int, Tuple[float, Demand]] = {}
         verdict: Dict[int, bool] = {}
         for h in headers.values():
-            if not counts(h, joined):
+            if not counts(h, joined, startup):
                 continue
             pid = h["pid"]
             before = self.ref.get(pid)

@@ -34,7 +34,7 @@ from hangtrace.tracer.watch.beattail import BeatTail
 from hangtrace.tracer.watch.busy import BusyClock
 from hangtrace.tracer.watch.frprogress import in_flight
 from hangtrace.tracer.watch.progress import counters_advanced, read_headers, signature, Signature
-from hangtrace.tracer.watch.headers import Header, is_rank, never_worked, ranks_ended, starting
+from hangtrace.tracer.watch.headers import Header, at_startup, is_rank, never_worked, ranks_ended, starting
 from hangtrace.tracer.watch.helpergrace import HelperGrace
 from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
 from hangtrace.tracer.watch.shutdown import ShutdownGrace
@@ -102,6 +102,7 @@ class Watcher:
         self.seen: Dict[str, Signature] = {}  # path -> (progress_count, phase, step, state)
         self.dead: Set[str] = set()
         self.last_progress = clock()
+        self.startup_busy_at = float("-inf")  # the last poll where a process was busy at the start
         self.reported_stall = False
         self.in_incident = False  # an incident was reported and no live process progressed since
         self.headers: Dict[str, Header] = {}
@@ -183,21 +184,20 @@ class Watcher:
             self._scan_one(path, h, scan)
         if self._fr_moved(scan.ranks_still):
             scan.progressed = scan.alive_progressed = scan.rank_progressed = True
-        self.busy = self.busy_clock.busy({p: h for p, h in self.headers.items() if p not in self.final})
+        startup, live = (
+            at_startup(self.headers),
+            {p: h for p, h in self.headers.items() if p not in self.final},
+        )
+        self.busy, quiet = self.busy_clock.busy(live, startup), now - self.last_progress
         if scan.progressed:
             self.busy_noted = False
-        elif (
-            self.busy
-            and not self.busy_noted
-            and not self.reported_stall
-            and now - self.last_progress >= self.stall_s
-        ):
+        elif self.busy and not self.busy_noted and not self.reported_stall and quiet >= self.stall_s:
             self.busy_noted = True  # once per quiet spell
-            (self.say or self._log)(
-                busy_note(self.headers, self.busy, now - self.last_progress, self.threshold)
-            )
+            (self.say or self._log)(busy_note(self.headers, self.busy, quiet, self.threshold))
         if scan.progressed:
             self.last_progress = now
+        if startup and self.busy:  # the start going on (busy.py): the quiet spell begins after it
+            self.startup_busy_at = now
         if scan.alive_progressed:
             # only a process that is still alive and moved is progress after a stall: the
             # state change of a process dying (stopped by the user or the launcher) is not
@@ -216,16 +216,16 @@ class Watcher:
         deaths = self.shutdown.deaths(deaths, self.headers, now, self._log)  # (a clean shutdown is none)
         if deaths:
             return self._death_incident(deaths)
-        if scan.alive_any and not self.reported_stall and now - self.last_progress >= self.threshold():
+        if scan.alive_any and not self.reported_stall and self.quiet(now) >= self.threshold():
             self.reported_stall = True
-            return self._opened(
-                Incident(
-                    "stall",
-                    "no progress in any traced process for %.1f s (threshold %.1f s)"
-                    % (now - self.last_progress, self.threshold()),
-                )
-            )
+            what = "no progress in any traced process for %.1f s (threshold %.1f s)"
+            return self._opened(Incident("stall", what % (self.quiet(now), self.threshold())))
         return None
+
+    def quiet(self, now: float) -> float:
+        """Seconds of the quiet spell at ``now``: since the last progress, or since the last
+        poll where a process was busy at the run's start (``busy.py``), the later."""
+        return now - max(self.last_progress, self.startup_busy_at)
 
     def _opened(self, inc: Incident) -> Incident:
         """``inc``, marked as following the incident reported before when no live process

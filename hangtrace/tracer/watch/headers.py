@@ -44,6 +44,19 @@ def never_worked(h: Mapping[str, Any]) -> bool:
     return h.get("rank", -1) < 0 and h["progress_count"] <= 1 and not h["phase_strid"]
 
 
+def at_startup(headers: Mapping[str, Mapping[str, Any]]) -> bool:
+    """The run is starting: no process of ``headers`` (those gone included) has joined a
+    process group yet, and one names a rank (from its environment, or asking for one in
+    init_process_group) or none has worked (``never_worked``: only launchers, still
+    importing). Then a process that has not worked yet, busy on CPU, is the start going on
+    (``busy.py``): Lightning's ``python job.py`` importing for 60 s at load 15-25 before it
+    spawns rank 1, rank 1 importing while rank 0 waits in the rendezvous (issue 37)."""
+    if not headers or any(h.get("rank_source", 0) == F.RANK_FROM_GROUP for h in headers.values()):
+        return False
+    named = any(h.get("rank") is not None and h.get("rank", -1) >= 0 for h in headers.values())
+    return named or all(map(never_worked, headers.values()))
+
+
 def is_rank(h: Mapping[str, Any]) -> bool:
     return (
         h.get("rank", -1) is not None
