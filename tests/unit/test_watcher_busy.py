@@ -11,7 +11,7 @@ import time
 
 from hangtrace.hooks.record.recorder import Recorder
 from hangtrace.tracer.ring import layout as F
-from hangtrace.tracer.watch.busy import BusyClock, cpu_demand_s
+from hangtrace.tracer.watch.busy import STARTUP_BUSY_MAX, BusyClock, cpu_demand_s
 from hangtrace.tracer.watch.detector import Watcher
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -228,6 +228,22 @@ def test_at_the_start_a_peer_busy_importing_holds_the_grace_whatever_its_length_
         w = w2
         inc = run(20, [child])
         assert inc is not None and inc.kind == "stall" and "threshold 15.0 s" in inc.detail, (
+            inc and inc.detail
+        )
+        # a peer that spins for ever before init_process_group while rank 0 waits in the
+        # rendezvous: the start's grace ends STARTUP_BUSY_MAX start-up thresholds after the start
+        w3 = Watcher("/nonexistent-run", stall_s=15, phase_stall={}, clock=lambda: clk[0])
+        w3.startup_stall_s = 20
+        w3.busy_clock = BusyClock(cpu=lambda pid: demand.get(pid), wall=lambda: clk[0])
+        w3.log = w3.say = lambda line: None
+        heads.clear()
+        heads.update(l=head(launcher, rank=0, source=F.RANK_FROM_JOIN), c=head(child))
+        monkeypatch.setattr(w3, "_read_headers", lambda: dict(heads))
+        w = w3
+        cap = STARTUP_BUSY_MAX * 20
+        assert run(cap, [child]) is None  # still the start
+        inc = run(30, [child])
+        assert inc is not None and inc.kind == "stall" and "threshold 20.0 s" in inc.detail, (
             inc and inc.detail
         )
     finally:

@@ -20,7 +20,8 @@ process that has not worked yet counts too (the script Lightning re-runs for ran
 importing), and its being busy is the start going on: the watcher dates the quiet spell from
 the last poll where a process was busy (``Watcher.poll``), so a rank waiting in the rendezvous
 for a peer that imports for minutes at load 20 is not stalled, and the start-up threshold
-counts from the moment nothing is busy any more. A peer that sleeps, blocks or waits for a
+counts from the moment nothing is busy any more (at most :data:`STARTUP_BUSY_MAX` start-up
+thresholds after the watcher began: then it counts as before). A peer that sleeps, blocks or waits for a
 lock before the rendezvous is idle and reported after the start-up threshold, as before
 (issue 37: 3 of 7 blind Lightning jobs were stopped at start-up at load 12-20).
 
@@ -38,6 +39,12 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tupl
 
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.watch.headers import never_worked
+
+#: The start's busy grace holds for at most this many start-up thresholds
+#: (``HANGTRACE_STARTUP_STALL_S``) from the watcher's start: a process spinning for ever
+#: before ``init_process_group`` while its peers wait in the rendezvous is still reported
+#: (after 10 min by default; Lightning's imports took 49-74 s at load 7-9, 60+ s at 12-20).
+STARTUP_BUSY_MAX = 10.0
 
 #: Seconds of CPU demand (run + run-queue wait) per wall second from which a process is busy.
 BUSY_FRACTION = 0.5

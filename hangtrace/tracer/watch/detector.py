@@ -31,7 +31,7 @@ from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.collect.ringprocs import live_state, read_signal_files
 from hangtrace.tracer.watch.beattail import BeatTail
-from hangtrace.tracer.watch.busy import BusyClock
+from hangtrace.tracer.watch.busy import STARTUP_BUSY_MAX, BusyClock
 from hangtrace.tracer.watch.frprogress import in_flight
 from hangtrace.tracer.watch.progress import counters_advanced, read_headers, signature, Signature
 from hangtrace.tracer.watch.headers import Header, at_startup, is_rank, never_worked, ranks_ended, starting
@@ -101,7 +101,7 @@ class Watcher:
         self.clock = clock
         self.seen: Dict[str, Signature] = {}  # path -> (progress_count, phase, step, state)
         self.dead: Set[str] = set()
-        self.last_progress = clock()
+        self.created = self.last_progress = clock()
         self.startup_busy_at = float("-inf")  # the last poll where a process was busy at the start
         self.reported_stall = False
         self.in_incident = False  # an incident was reported and no live process progressed since
@@ -184,8 +184,8 @@ class Watcher:
             self._scan_one(path, h, scan)
         if self._fr_moved(scan.ranks_still):
             scan.progressed = scan.alive_progressed = scan.rank_progressed = True
-        startup, live = (
-            at_startup(self.headers),
+        startup, live = (  # (the start's grace ends STARTUP_BUSY_MAX start-up thresholds in)
+            at_startup(self.headers) and now - self.created < STARTUP_BUSY_MAX * self.startup_stall_s,
             {p: h for p, h in self.headers.items() if p not in self.final},
         )
         self.busy, quiet = self.busy_clock.busy(live, startup), now - self.last_progress
