@@ -250,14 +250,7 @@ def tidy(path: str) -> int:
     n = 0
     for root, dirs, files in os.walk(path, topdown=False):
         if os.path.basename(root) == "stacks":
-            for f in files:
-                fp = os.path.join(root, f)
-                try:
-                    if os.lstat(fp).st_size == 0:
-                        os.unlink(fp)
-                        n += 1
-                except OSError:
-                    pass
+            n += sum(_unlink_if_empty(os.path.join(root, f)) for f in files)
         if root != path:
             try:
                 os.rmdir(root)  # only when empty
@@ -265,6 +258,17 @@ def tidy(path: str) -> int:
             except OSError:
                 pass
     return n
+
+
+def _unlink_if_empty(path: str) -> int:
+    """Remove ``path`` when it is an empty file: 1 when removed, else 0; never raises."""
+    try:
+        if os.lstat(path).st_size == 0:
+            os.unlink(path)
+            return 1
+    except OSError:
+        pass
+    return 0
 
 
 #: a stack file's name: ``<kind>-<host>-<pid>.txt`` (``hooks/process/lifecycle.py``)
@@ -288,13 +292,7 @@ def tidy_gone(path: str, host: str = "") -> int:
         m = _STACK_FILE.match(f)
         if m is None or m.group("host") != host or _alive(int(m.group("pid"))):
             continue
-        fp = os.path.join(d, f)
-        try:
-            if os.lstat(fp).st_size == 0:
-                os.unlink(fp)
-                n += 1
-        except OSError:
-            pass
+        n += _unlink_if_empty(os.path.join(d, f))
     try:
         os.rmdir(d)  # only when empty
     except OSError:
