@@ -87,6 +87,11 @@ _SHAPE_KEYS = (
 )
 
 
+#: the fields of an entry that vary within a shape: ints, and times that may be unknown
+_VARYING_INTS = ("record_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created_ns")
+_VARYING_OPT_INTS = ("time_discovered_started_ns", "time_discovered_completed_ns")
+
+
 def parse_entries(raw: List[Any]) -> Tuple[FrEntry, ...]:
     """``_entry`` of each dict of ``raw`` (others skipped), each distinct shape
     (``_SHAPE_KEYS``, keyed by repr) parsed once: a later entry of that shape is the first
@@ -99,26 +104,25 @@ def parse_entries(raw: List[Any]) -> Tuple[FrEntry, ...]:
     for d in raw:
         if not isinstance(d, dict):
             continue
-        k = repr([d.get(f) for f in _SHAPE_KEYS])
+        g = d.get
+        k = repr(list(map(g, _SHAPE_KEYS)))
         t = shapes.get(k)
         if t is None:
             t = shapes[k] = _entry(d, cache)
             out.append(t)
             continue
+        f = t.__dict__.copy()
+        for n in _VARYING_INTS:
+            v = g(n)
+            f[n] = v if type(v) is int else as_int(v)
+        for n in _VARYING_OPT_INTS:
+            v = g(n)
+            f[n] = (v or None) if type(v) is int else _opt_int(v)
+        dur = g("duration_ms")
+        f["duration_ms"] = float(dur) if isinstance(dur, (int, float)) else None
+        # a frozen dataclass: its fields set as its own __init__ sets them (object.__setattr__)
         e = new(FrEntry)
-        dur = d.get("duration_ms")
-        # a frozen dataclass: its fields are set as its own __init__ does (object.__setattr__)
-        e.__dict__.update(
-            t.__dict__,
-            record_id=as_int(d.get("record_id")),
-            collective_seq_id=as_int(d.get("collective_seq_id")),
-            p2p_seq_id=as_int(d.get("p2p_seq_id")),
-            op_id=as_int(d.get("op_id")),
-            time_created_ns=as_int(d.get("time_created_ns")),
-            time_discovered_started_ns=_opt_int(d.get("time_discovered_started_ns")),
-            time_discovered_completed_ns=_opt_int(d.get("time_discovered_completed_ns")),
-            duration_ms=float(dur) if isinstance(dur, (int, float)) else None,
-        )
+        object.__setattr__(e, "__dict__", f)
         out.append(e)
     return tuple(out)
 
