@@ -1,8 +1,9 @@
 """Read torch Flight Recorder dumps (issue 10, item 3): files in, typed ``FrDump`` out.
 
 Impure: ``find_fr_files``, ``read_fr_file``, ``load_fr_dir``. Pure:
-``parse_fr_bytes``. Types: ``ring/frentries.py``. Format: torch's ``FlightRecorder.hpp``,
-checked on torch 2.13 CPU.
+``parse_fr_bytes`` (its entries: ``collect/frentryparse.py``, each distinct shape parsed
+once). Types: ``ring/frentries.py``. Format: torch's ``FlightRecorder.hpp``, checked on
+torch 2.13 CPU.
 
 Files recognised in a directory:
 
