@@ -6,6 +6,7 @@ exit code out."""
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -40,11 +41,20 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     """Offline analysis of a run directory (newest snapshot, else the rings) or a snapshot."""
     from .tracer.pipeline import diagnose_path, diagnose_paths
 
-    if len(args.path) > 1:  # issue 39: node-local run directories of several nodes of one job
-        _print_diag(diagnose_paths(args.path, log=_err, stall_s=args.stall_s), args.json)
+    # The analysis allocates millions of objects (records, samples, Flight Recorder entries)
+    # that live until it ends, and makes little cyclic garbage: CPython's cycle collector
+    # walked all of them again at each of its full passes, a cost that grows with the heap
+    # (issue 40, 512 ranks of real rings: 19.3 s user + 16.5 s system CPU with it, 10.9 +
+    # 1.6 without, the same peak RSS). This command is a process of its own, which exits.
+    gc.disable()
+    try:
+        if len(args.path) > 1:  # issue 39: node-local run directories of several nodes of one job
+            _print_diag(diagnose_paths(args.path, log=_err, stall_s=args.stall_s), args.json)
+            return 0
+        _print_diag(diagnose_path(args.path[0], log=_err, stall_s=args.stall_s), args.json)
         return 0
-    _print_diag(diagnose_path(args.path[0], log=_err, stall_s=args.stall_s), args.json)
-    return 0
+    finally:
+        gc.enable()
 
 
 def cmd_dump(args: argparse.Namespace) -> int:

@@ -1,8 +1,9 @@
 """Read torch Flight Recorder dumps (issue 10, item 3): files in, typed ``FrDump`` out.
 
 Impure: ``find_fr_files``, ``read_fr_file``, ``load_fr_dir``. Pure:
-``parse_fr_bytes``. Types: ``ring/frentries.py``. Format: torch's ``FlightRecorder.hpp``,
-checked on torch 2.13 CPU.
+``parse_fr_bytes`` (its entries: ``collect/frentryparse.py``, each distinct shape parsed
+once). Types: ``ring/frentries.py``. Format: torch's ``FlightRecorder.hpp``, checked on
+torch 2.13 CPU.
 
 Files recognised in a directory:
 
@@ -29,16 +30,17 @@ import json
 import os
 import pickle
 import re
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.errors import HangtraceError
-from hangtrace.tracer.ring.frentries import FrDump, FrEntry, FrFrame, FrGroup, FrPgStatus
+from hangtrace.tracer.collect.frentryparse import as_int, parse_entries
+from hangtrace.tracer.collect.frentryparse import split_profiling_name as split_profiling_name
+from hangtrace.tracer.ring.frentries import FrDump, FrGroup, FrPgStatus
 
 TORCH_NAME_RE = re.compile(r"^(?:comm_lib_trace_rank_|nccl_trace_rank_)(\d+)$")
 AGENT_NAME_RE = re.compile(r"^(.+)-(\d+)\.(pkl|json)$")
 #: backends seen in ``profiling_name`` prefixes (torch 2.13 sources and hook backends)
 BACKEND_PREFIXES = ("nccl", "gloo", "ncclx", "xccl", "nccl2", "ucc", "mpi", "custom")
-_P2P_RE = re.compile(r"^(\w+) (\d+)(->|<-)(\d+)$")
 _LIST_BUILDERS = {"build_intlist", "build_doublelist", "build_boollist", "build_tensorlist"}
 MAX_FILE_BYTES = 1 << 30
 
@@ -78,7 +80,9 @@ class _SafeUnpickler(pickle.Unpickler):
     """Admits only torch's list-building helpers; refuses every other global."""
 
     def __init__(self, data: bytes, path: str) -> None:
-        super().__init__(io.BytesIO(data))
+        # buffered: the C unpickler then peeks ahead instead of calling read() per opcode
+        # (torch's protocol-2 pickles have no frames): 2-3 times faster (issue 40)
+        super().__init__(io.BufferedReader(io.BytesIO(data), 1 << 16))
         self._path = path
 
     def find_class(self, module: str, name: str) -> Any:
@@ -92,101 +96,6 @@ class _SafeUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         raise UnsafePickleError(self._path, "pickle uses persistent ids; refused")
-
-
-def _int(v: Any, default: int = 0) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return default
-
-
-def _opt_int(v: Any) -> Optional[int]:
-    """None for None and for 0 (JSON writes 0 for 'not discovered')."""
-    i = _int(v, 0)
-    return i or None
-
-
-def _sizes(v: Any) -> Tuple[Tuple[int, ...], ...]:
-    if not isinstance(v, (list, tuple)):
-        return ()
-    return tuple(tuple(_int(d) for d in s) if isinstance(s, (list, tuple)) else (_int(s),) for s in v)
-
-
-def _strs(v: Any) -> Tuple[str, ...]:
-    return tuple(str(x) for x in v) if isinstance(v, (list, tuple)) else ()
-
-
-def split_profiling_name(name: str) -> Tuple[str, str, Optional[int], Optional[int]]:
-    """``(backend, op, self_local, peer_local)`` of a ``profiling_name``.
-
-    ``gloo:all_reduce`` -> ('gloo', 'all_reduce', None, None); ``nccl:send 1->2`` ->
-    ('nccl', 'send', 1, 2); ``nccl:recv 3<-0`` -> ('nccl', 'recv', 3, 0). A name without a
-    ``backend:`` prefix gets backend ''.
-    """
-    backend, sep, rest = name.partition(":")
-    if not sep:
-        backend, rest = "", name
-    m = _P2P_RE.match(rest.strip())
-    if m:
-        return backend, m.group(1), int(m.group(2)), int(m.group(4))
-    return backend, rest.strip(), None, None
-
-
-def _frames(v: Any) -> Tuple[FrFrame, ...]:
-    return tuple(
-        FrFrame(str(f.get("name", "")), str(f.get("filename", "")), _int(f.get("line")))
-        for f in (v or ())
-        if isinstance(f, dict)
-    )
-
-
-def _memo(cache: Dict[Any, Any], fn: Callable[[Any], Any], v: Any) -> Any:
-    """``fn(v)`` through ``cache``, keyed by ``v``'s repr (one dump repeats the same stacks,
-    sizes, dtypes and names entry after entry: every step's collectives)."""
-    k = (fn, repr(v))
-    got = cache.get(k)
-    if got is None:
-        got = cache[k] = fn(v)
-    return got
-
-
-def _entry(d: Dict[str, Any], cache: Optional[Dict[Any, Any]] = None) -> FrEntry:
-    c: Dict[Any, Any] = {} if cache is None else cache
-    pg = d.get("process_group") or ("", "")
-    pg = list(pg) + ["", ""]
-    backend, op, me, peer = _memo(c, split_profiling_name, str(d.get("profiling_name") or ""))
-    frames = _memo(c, _frames, d.get("frames"))
-    dur = d.get("duration_ms")
-    return FrEntry(
-        record_id=_int(d.get("record_id")),
-        pg_id=_int(d.get("pg_id"), -1),
-        group=str(pg[0]),
-        group_desc=str(pg[1]),
-        collective_seq_id=_int(d.get("collective_seq_id")),
-        p2p_seq_id=_int(d.get("p2p_seq_id")),
-        op_id=_int(d.get("op_id")),
-        profiling_name=str(d.get("profiling_name") or ""),
-        backend=backend,
-        op=op,
-        self_local=me,
-        peer_local=peer,
-        is_p2p=bool(d.get("is_p2p", peer is not None)),
-        input_sizes=_memo(c, _sizes, d.get("input_sizes")),
-        input_dtypes=_memo(c, _strs, d.get("input_dtypes")),
-        output_sizes=_memo(c, _sizes, d.get("output_sizes")),
-        output_dtypes=_memo(c, _strs, d.get("output_dtypes")),
-        state=str(d.get("state") or ""),
-        retired=bool(d.get("retired", False)),
-        timeout_ms=_int(d.get("timeout_ms")),
-        time_created_ns=_int(d.get("time_created_ns")),
-        time_discovered_started_ns=_opt_int(d.get("time_discovered_started_ns")),
-        time_discovered_completed_ns=_opt_int(d.get("time_discovered_completed_ns")),
-        duration_ms=float(dur) if isinstance(dur, (int, float)) else None,
-        thread_name=str(d.get("thread_name") or ""),
-        thread_id=str(d.get("thread_id") or ""),
-        frames=frames,
-    )
 
 
 def _ranks(v: Any) -> Optional[Tuple[int, ...]]:
@@ -264,8 +173,7 @@ def parse_fr_bytes(
     raw_entries = obj.get("entries") or []
     if not isinstance(raw_entries, list):
         raise FlightRecordError(path, "'entries' is not a list")
-    cache: Dict[Any, Any] = {}
-    entries = tuple(_entry(e, cache) for e in raw_entries if isinstance(e, dict))
+    entries = parse_entries(raw_entries)
     cfg: Dict[str, FrGroup] = {}
     for key, g in (obj.get("pg_config") or {}).items():
         if isinstance(g, dict) and (g.get("name") or key):
@@ -275,10 +183,10 @@ def parse_fr_bytes(
     status: Dict[int, FrPgStatus] = {}
     for key, s in (obj.get("pg_status") or {}).items():
         if isinstance(s, dict):
-            status[_int(key, -1)] = FrPgStatus(
-                _int(s.get("last_enqueued_collective"), -1),
-                _int(s.get("last_started_collective"), -1),
-                _int(s.get("last_completed_collective"), -1),
+            status[as_int(key, -1)] = FrPgStatus(
+                as_int(s.get("last_enqueued_collective"), -1),
+                as_int(s.get("last_started_collective"), -1),
+                as_int(s.get("last_completed_collective"), -1),
             )
     lib = obj.get("comm_lib_version", obj.get("nccl_version", ""))
     return FrDump(
@@ -336,7 +244,7 @@ def read_fr_file(path: str) -> FrDump:
             try:
                 with open(os.path.join(os.path.dirname(path), "%s-%d.meta.json" % (host, pid)), "rb") as f:
                     meta = json.loads(f.read())
-                rank, world = _int(meta.get("rank"), -1), _int(meta.get("world_size"), -1)
+                rank, world = as_int(meta.get("rank"), -1), as_int(meta.get("world_size"), -1)
             except (OSError, ValueError, AttributeError):
                 pass
     return parse_fr_bytes(

@@ -134,6 +134,17 @@ def _ring_collective_groups(p: ProcessInfo) -> Set[str]:
     }
 
 
+def _dumpless_groups(procs: List[ProcessInfo], pairs: List[Tuple[int, FrDump]]) -> Set[str]:
+    """Groups in which a rank-holding process with no dump (``pairs``: (index in ``procs``,
+    its dump)) numbers collectives in our count."""
+    dumped = {i for i, _ in pairs}
+    ours: Set[str] = set()
+    for i, p in enumerate(procs):
+        if i not in dumped and p.rank >= 0:
+            ours |= _ring_collective_groups(p)
+    return ours
+
+
 def unalignable_groups(
     procs: List[ProcessInfo],
     pairs: List[Tuple[int, FrDump]],
@@ -147,11 +158,7 @@ def unalignable_groups(
     against its peers' first DDP all_gather (torch's 1), a false mismatch in the snapshot
     that caught the peers' dumps and none in those that did not. ``pairs``: (index in
     ``procs``, its dump); ``fr_of``: ``fr_records`` of each pair's dump, in the order of ``pairs``, when the caller has them."""
-    dumped = {i for i, _ in pairs}
-    ours: Set[str] = set()
-    for i, p in enumerate(procs):
-        if i not in dumped and p.rank >= 0:
-            ours |= _ring_collective_groups(p)
+    ours = _dumpless_groups(procs, pairs)
     out: Set[str] = set()
     for k, (i, d) in enumerate(pairs if ours else ()):
         recs, since = _ours_window(procs[i])
@@ -170,7 +177,6 @@ def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessIn
     ProcessInfo values for the joined ones; their summary is recomputed from the merged
     records). A group the counts cannot align in (:func:`unalignable_groups`) keeps our
     records alone: its dumps' entries are left out."""
-    dumps = list(dumps)
     out = list(procs)
     by_pid = {(p.host, p.pid): i for i, p in enumerate(out)}
     by_rank = {p.rank: i for i, p in enumerate(out) if p.rank >= 0}
@@ -183,9 +189,17 @@ def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessIn
             alone.append(d)
         else:
             pairs.append((i, d))
-    fr_of = [fr_records(d) for _, d in pairs]  # each dump's entries as records, once
-    skip = unalignable_groups(out, pairs, fr_of)
-    for (i, d), fr in zip(pairs, fr_of):
+    # each dump's entries as records once; all at once only when the alignment check needs
+    # them, else one dump at a time, each dropped once joined (issue 40: every rank's records
+    # alive together were most of the peak memory)
+    fr_of = [fr_records(d) for _, d in pairs] if _dumpless_groups(out, pairs) else None
+    skip = unalignable_groups(out, pairs, fr_of) if fr_of is not None else set()
+    pairs.reverse()
+    if fr_of is not None:
+        fr_of.reverse()
+    while pairs:
+        i, d = pairs.pop()
+        fr = fr_of.pop() if fr_of is not None else fr_records(d)
         p = out[i]
         known = {g.get("name") for g in p.groups}
         meta = dict(p.meta)

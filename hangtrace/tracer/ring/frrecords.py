@@ -162,10 +162,57 @@ def _frame_dicts(
     return got
 
 
+def _shape(e: FrEntry) -> Tuple[Any, ...]:
+    """What ``fr_record`` reads of ``e`` besides its ids, seq numbers and times; its tuples
+    by identity (the entries of one shape share them: ``collect/frdump.py``), so valid only
+    while the entries compared are alive."""
+    return (
+        id(e.input_sizes),
+        id(e.output_sizes),
+        id(e.input_dtypes),
+        id(e.output_dtypes),
+        id(e.frames),
+        e.profiling_name,
+        e.op,
+        e.backend,
+        e.group,
+        e.group_desc,
+        e.state,
+        e.retired,
+        e.timeout_ms,
+        e.thread_name,
+        e.thread_id,
+        e.is_p2p,
+        e.peer_local,
+    )
+
+
 def fr_records(dump: FrDump) -> List[Dict[str, Any]]:
-    """Every entry of ``dump`` as a record dict, in launch order (``record_id``)."""
+    """Every entry of ``dump`` as a record dict, in launch order (``record_id``). Entries of
+    one shape (``_shape``) are converted once: the others copy that record and set their
+    own ids, seq numbers and times (issue 40)."""
     frames: Dict[int, List[Dict[str, Any]]] = {}
-    return [fr_record(e, dump, frames) for e in sorted(dump.entries, key=lambda e: e.record_id)]
+    done: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+    out = []
+    for e in sorted(dump.entries, key=lambda e: e.record_id):
+        k = _shape(e)
+        t = done.get(k)
+        if t is None:
+            t = done[k] = fr_record(e, dump, frames)
+            out.append(t)
+            continue
+        r = dict(t)
+        r["idx"] = e.record_id + 1
+        r["seq"] = e.p2p_seq_id if r["kind"] == "p2p" else e.collective_seq_id
+        r["t_wall_ns"] = e.time_created_ns
+        r["fr_record_id"] = e.record_id
+        r["fr_seq"] = e.collective_seq_id
+        r["fr_p2p_seq"] = e.p2p_seq_id
+        r["fr_started_ns"] = e.time_discovered_started_ns
+        r["fr_completed_ns"] = e.time_discovered_completed_ns
+        r["fr_duration_ms"] = e.duration_ms
+        out.append(r)
+    return out
 
 
 def _end_wall(r: Dict[str, Any]) -> float:

@@ -15,7 +15,7 @@ Metrics: ``rss`` and ``cgroup`` (usage, limited by the cgroup limit) from 'host'
 (limit: the registered budget). Bytes are ints; times are ns since the Unix epoch.
 """
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.ring import layout as F
 
@@ -30,7 +30,27 @@ def known(x: Optional[float]) -> Optional[int]:
     return None if x is None or x < 0 else int(x)
 
 
+_SOURCE_OF: Dict[Tuple[type, Any], str] = {}
+
+
 def _source(op: Any) -> str:
+    """The source name of a memory record's ``source``/``op`` value, remembered per value
+    (the names fail ``int()``: an exception per sample was a twentieth of the analysis)."""
+    k = (type(op), op)
+    try:
+        return _SOURCE_OF[k]
+    except (KeyError, TypeError):
+        pass
+    got = _source_of(op)
+    if len(_SOURCE_OF) < 1024:
+        try:
+            _SOURCE_OF[k] = got
+        except TypeError:
+            pass
+    return got
+
+
+def _source_of(op: Any) -> str:
     if isinstance(op, int):
         return _SRC.get(op, str(op))
     i = F.OP_IDS.get(op)

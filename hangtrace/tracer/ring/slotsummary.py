@@ -10,7 +10,7 @@ every slot (``records.decode_slots``) and uses ``summarize_records``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.ring.layout import (
     K_COLL,
@@ -65,6 +65,11 @@ class LazyRecords(Sequence[AnyRecord]):
         if not 0 <= i < n:
             raise IndexError(i)
         return decode(SLOT.unpack_from(self._raw, i * SLOT_SIZE), self._strings)
+
+    def __iter__(self) -> Iterator[AnyRecord]:
+        strings = self._strings
+        for t in SLOT.iter_unpack(memoryview(self._raw)[: len(self) * SLOT_SIZE]):
+            yield decode(t, strings)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
