@@ -34,7 +34,7 @@ import sys
 
 import pytest
 
-from jobs import REPO, base_env, blind_consts, run_under_hangtrace
+from jobs import REPO, base_env, blind_consts, run_blind_entry
 
 BLIND = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind")
 HERE = os.path.join(BLIND, "frameworks", "raytrain")
@@ -111,7 +111,7 @@ def run_job(path, tmp_path, timeout_s=TIMEOUT_S):
     diagnosis, ``analyze RUN_DIR --json`` afterwards or None, console text)."""
     c = blind_consts(path, ("LAUNCH", "EXPECT"))
     run_dir = str(tmp_path / "run")
-    diags, why = run_under_hangtrace(
+    diags, why = run_blind_entry(
         [sys.executable, path],
         run_dir,
         os.path.dirname(path),

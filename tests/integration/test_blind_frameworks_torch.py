@@ -31,7 +31,7 @@ import sys
 
 import pytest
 
-from jobs import blind_consts, run_under_hangtrace
+from jobs import blind_consts, run_blind_entry
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blind", "frameworks")
 #: this harness's folders only (other folders of blind/frameworks have their own harness)
@@ -114,7 +114,7 @@ def test_framework_job(path, launcher, tmp_path):
         pytest.skip(why_not)
     c = blind_consts(path, ("LAUNCH", "NPROC", "EXPECT"))
     want = c["EXPECT"]
-    diags, why = run_under_hangtrace(
+    diags, why = run_blind_entry(
         command(path, launcher, c.get("NPROC", 2)),
         str(tmp_path / "run"),
         os.path.dirname(path),
