@@ -3,7 +3,7 @@
 Measured 2026-12-07 before the window: a point-in-time `dump` of this healthy 3-rank
 torchrun + DDP + DataLoader job gave a hang verdict in 1 of 25 snapshots on a quiet
 machine and 4 of 37 at load 6-8 (and 4 of 8 on 2026-12-07 09:05 in this worktree).
-N dumps per test: 6 (CI time), or 100 with HANGTRACE_LONG=1. The counts are printed (-s).
+N dumps per test: 4 (CI time), or 100 with HANGTRACE_LONG=1. The counts are printed (-s).
 """
 
 import json
@@ -16,7 +16,7 @@ import pytest
 from ddp_jobs import TORCHRUN, burner, descendants, rank_pids, start_job, step_of, stop, wait_file
 from jobs import base_env, blocked, long_only, wait_until
 
-N = 100 if os.environ.get("HANGTRACE_LONG") == "1" else 6
+N = 100 if os.environ.get("HANGTRACE_LONG") == "1" else 4
 HANG_KINDS = {
     "collective-mismatch",
     "skipped-collective",

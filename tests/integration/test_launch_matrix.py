@@ -58,6 +58,10 @@ def run_torchrun(tmp_path, fault, nproc, extra=()):
 # --- torchrun + DataLoader workers ------------------------------------------------------------
 
 
+@long_only(
+    "CI time: test_entry_points' default case runs the queue hang under torchrun with DDP and DataLoader "
+    "workers (HANGTRACE=1, dump, analyze), test_examples.test_stuck_queue under hangtrace run"
+)
 def test_torchrun_loader_stuck_queue(tmp_path):
     r = run_torchrun(tmp_path, "stuck-queue", 2, LOADER)
     d = check(r, "stuck-outside-collective", [1])
@@ -105,7 +109,7 @@ def test_mp_raise(tmp_path):
     assert "ValueError: bad batch shape" in d["details"]["cause_text"]
 
 
-@long_only("test_torchrun_loader_stuck_queue runs the fault with DataLoader workers")
+@long_only("test_entry_points' default case runs the fault with DataLoader workers")
 def test_mp_loader_stuck_queue(tmp_path):
     r = run_example(tmp_path, "stuck-queue", extra=("--launcher", "mp") + LOADER, stall_s=LOADER_STALL_S)
     check(r, "stuck-outside-collective", [1])

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from jobs import run_under_hangtrace
+from jobs import long_only, run_under_hangtrace
 
 pytest.importorskip("ray")
 
@@ -125,6 +125,10 @@ def test_three_actor_call_cycle_is_an_actor_deadlock(tmp_path):
     assert "==== hangtrace verdict ====\nActor deadlock:" in out
 
 
+@long_only(
+    "CI time: tests/unit/rules/test_rule_unschedulable.py and the golden "
+    "test_pending_gpu_actor_is_named_with_what_it_asks_for judge recorded snapshots of it"
+)
 def test_actor_pending_on_a_resource_no_node_has_is_named_with_its_request(tmp_path):
     """An actor created by another actor asks {accel: 2}; the creator waits on its ping:
     unschedulable-actor naming Judge 'judge' and what it asks for, from our records."""
