@@ -98,3 +98,23 @@ def test_the_environment_record_lists_the_framework_modules_loaded_at_its_time()
         else:
             sys.modules[name] = had
     assert name not in envcollect.collect_self("test").frameworks or had is not None
+
+
+def test_the_tested_versions_are_the_pins_of_setup_cfgs_frameworks_extra():
+    """analyze/frameworks.FRAMEWORKS copies the pins the blind corpus ran with: a pin moved in
+    setup.cfg without the table would call the tested version untested."""
+    import configparser
+    import os
+    import re
+
+    from hangtrace.tracer.analyze.frameworks import FRAMEWORKS, _norm
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(os.path.dirname(__file__), "..", "..", "setup.cfg"))
+    pins = {}
+    for line in cfg["options.extras_require"]["frameworks"].split():
+        m = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==(\S+)$", line)
+        assert m, line
+        pins[_norm(m.group(1))] = m.group(2)
+    table = {fw.distribution: fw.tested for fw in FRAMEWORKS if fw.tested}
+    assert {d: (v,) for d, v in pins.items()} == table
