@@ -28,3 +28,25 @@ def test_the_end_of_a_run_removes_empty_stack_files_of_gone_processes_only(tmp_p
         p.unlink()
     assert tidy_gone(str(tmp_path), host="h1") == 0 and not st.exists()
     assert tidy_gone(str(tmp_path / "nowhere")) == 0
+
+
+def test_a_zombie_is_gone_and_an_owner_that_exits_within_the_wait_is_waited_for(tmp_path):
+    import subprocess
+    import sys
+
+    from hangtrace.tracer.watch.housekeeping import tidy_gone
+
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    st = tmp_path / "stacks"
+    st.mkdir()
+    (st / ("dump-h1-%d.txt" % zombie.pid)).write_text("")
+    (st / ("dump-h1-%d.txt" % late.pid)).write_text("")
+    import time
+
+    time.sleep(0.3)  # the first has exited, unreaped: a zombie
+    try:
+        assert tidy_gone(str(tmp_path), host="h1", wait_s=10.0) == 2
+    finally:
+        zombie.wait()
+        late.wait()

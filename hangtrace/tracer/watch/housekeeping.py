@@ -275,24 +275,29 @@ def _unlink_if_empty(path: str) -> int:
 _STACK_FILE = re.compile(r"^[a-z]+-(?P<host>.+)-(?P<pid>\d+)\.txt$")
 
 
-def tidy_gone(path: str, host: str = "") -> int:
+def tidy_gone(path: str, host: str = "", wait_s: float = 0.0) -> int:
     """At the end of ``hangtrace run``: remove the empty stack files in ``path/stacks`` of
     processes of this host (``host``; default this machine's name) that are gone (a process
     killed before its clean exit leaves its empty file; a live one keeps its file, which its
-    faulthandler may still write), and the folder when it is left empty. Returns the number
-    of files removed; never raises."""
+    faulthandler may still write), and the folder when it is left empty. ``wait_s``: how long
+    to wait for the owners of empty files to be gone (the ranks of a job stopped with
+    ``--stop-on-stall`` still exit after their launcher: seen, 8 empty files left by the demo).
+    A zombie is gone. Returns the number of files removed; never raises."""
     host = host or socket.gethostname()
     d = os.path.join(path, "stacks")
-    n = 0
     try:
         names = os.listdir(d)
     except OSError:
         return 0
+    owners = {}
     for f in names:
         m = _STACK_FILE.match(f)
-        if m is None or m.group("host") != host or _alive(int(m.group("pid"))):
-            continue
-        n += _unlink_if_empty(os.path.join(d, f))
+        if m is not None and m.group("host") == host and _empty(os.path.join(d, f)):
+            owners[f] = int(m.group("pid"))
+    deadline = time.monotonic() + wait_s
+    while any(map(_alive, owners.values())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    n = sum(_unlink_if_empty(os.path.join(d, f)) for f, pid in owners.items() if not _alive(pid))
     try:
         os.rmdir(d)  # only when empty
     except OSError:
@@ -300,14 +305,26 @@ def tidy_gone(path: str, host: str = "") -> int:
     return n
 
 
+def _empty(path: str) -> bool:
+    try:
+        return os.lstat(path).st_size == 0
+    except OSError:
+        return False
+
+
 def _alive(pid: int) -> bool:
+    """Does ``pid`` run (a zombie does not; another user's process counts as running)?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:
         return True  # (another user's process of that pid: not ours to judge)
-    return True
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def auto_prune(log: Callable[[str], None], environ: dict | None = None) -> GcResult | None:

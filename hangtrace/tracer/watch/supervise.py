@@ -250,7 +250,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             signal.signal(s, h)
         if child.poll() is None:
             stop(child)
-        tidy_gone(run_dir)  # the empty stack files of the processes that are gone
+        tidy_gone(run_dir, wait_s=2.0)  # the empty stack files of the processes gone (within 2 s)
         if pidfile:
             try:
                 os.unlink(pidfile)
