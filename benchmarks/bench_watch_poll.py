@@ -62,6 +62,17 @@ def measure(run_dir: str, polls: int) -> Dict[str, Any]:
     from hangtrace.tracer.ring import layout as F
     from hangtrace.tracer.watch.detector import Watcher
 
+    try:  # as the watcher's entry points do (collect/pidwatch.py; absent in older trees)
+        from hangtrace.tracer.collect import pidwatch
+
+        pidwatch.enable(F.proc_start_ticks)
+    except ImportError:
+        pass
+    # imported once by the watcher's first straggler and memory checks: not a poll's cost
+    import hangtrace.tracer.analyze.memory  # noqa: F401
+    import hangtrace.tracer.analyze.straggler  # noqa: F401
+    import hangtrace.tracer.report.stragglertext  # noqa: F401
+
     w = Watcher(run_dir, stall_s=3600.0)
     w.log = w.mem_log = lambda s: None
     w.poll()

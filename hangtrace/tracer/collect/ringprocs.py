@@ -22,6 +22,7 @@ from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.errors import HangtraceError
 from hangtrace.tracer.snapshot import ProcessInfo
 from hangtrace.tracer.process_model import name_senders
+from hangtrace.tracer.collect import pidwatch
 from hangtrace.tracer.collect.memfacts import memory_facts
 from hangtrace.tracer.collect.ray.raylogs import ray_log_facts
 
@@ -45,17 +46,22 @@ def live_state(header: Dict[str, Any]) -> str:
     """'alive' | 'exited' | 'killed' | 'unknown' for a ring header, checked on this host.
 
     A pid counts as the same process only if its start time (/proc/PID/stat field 22)
-    equals the one recorded at start, so a reused pid is not mistaken for the rank.
+    equals the one recorded at start, so a reused pid is not mistaken for the rank. In the
+    node watcher's process (``pidwatch.enable``) a process seen alive is then watched
+    through a pidfd: no /proc read per question.
     """
     exited = header["state"] == F.ST_EXITED
     if header["host"] != HOST:
         return "exited" if exited else "unknown"
-    ticks = _proc_ticks(header["pid"])
-    alive = (
-        ticks is not None
-        and (not header["proc_start_ticks"] or ticks == header["proc_start_ticks"])
-        and not _zombie(header["pid"])
-    )
+    pid, recorded = header["pid"], header["proc_start_ticks"]
+    known = pids.answer(pid, recorded) if (pids := pidwatch.registry()) is not None else None
+    if known is not None:  # (a pidfd held since it was seen alive: no /proc read)
+        alive = known
+    else:
+        ticks = _proc_ticks(pid)
+        alive = ticks is not None and (not recorded or ticks == recorded) and not _zombie(pid)
+        if alive and pids is not None:
+            pids.seen_alive(pid, recorded)
     if alive:
         return "alive"
     return "exited" if exited else "killed"

@@ -33,7 +33,7 @@ from hangtrace.tracer.collect.ringprocs import live_state, read_signal_files
 from hangtrace.tracer.watch.beattail import BeatTail
 from hangtrace.tracer.watch.busy import STARTUP_BUSY_MAX, BusyClock
 from hangtrace.tracer.watch.frprogress import in_flight
-from hangtrace.tracer.watch.progress import counters_advanced, read_headers, signature, Signature
+from hangtrace.tracer.watch.progress import HeaderCache, counters_advanced, signature, Signature
 from hangtrace.tracer.watch.headers import Header, at_startup, is_rank, never_worked, ranks_ended, starting
 from hangtrace.tracer.watch.helpergrace import HelperGrace
 from hangtrace.tracer.watch.notes import Death, busy_note, death_lines
@@ -106,6 +106,7 @@ class Watcher:
         self.reported_stall = False
         self.in_incident = False  # an incident was reported and no live process progressed since
         self.headers: Dict[str, Header] = {}
+        self.header_cache = HeaderCache()
         # memory early warnings (issue 5): checked every MEM_CHECK_S, once per process and metric
         self.mem_warned: Set[Tuple[str, str]] = set()  # (ring path, metric key)
         self.mem_next = clock() + MEM_CHECK_S
@@ -131,7 +132,7 @@ class Watcher:
         )
 
     def _read_headers(self) -> Dict[str, Header]:
-        return read_headers(self.run_dir, self.final)
+        return self.header_cache.read(self.run_dir, self.final)  # (only changed headers decoded)
 
     def threshold(self) -> float:
         """Stall threshold in seconds for the phases live processes are in now."""
@@ -380,8 +381,6 @@ class Watcher:
         self._write_log(line)
 
     def _write_log(self, line: str) -> None:
-        import socket
-
         try:
             with open(os.path.join(self.run_dir, "watcher-%s.log" % socket.gethostname()), "a") as f:
                 f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), line))

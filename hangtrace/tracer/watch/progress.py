@@ -12,6 +12,7 @@ over their sockets (``collect/frrequest.fr_progress``, at most 0.5 s).
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import socket
@@ -67,6 +68,77 @@ def read_header(path: str) -> Header:
         else:
             h["phase"] = None
     return h
+
+
+class HeaderCache:
+    """``read_headers`` for a caller that reads the same run directory again and again (the
+    node watcher's poll, issue 40 item 4): each ring file stays open, its header is one
+    ``pread``, and decoded again only when its bytes changed (an unchanged header is the dict
+    decoded before: do not modify it); a file replaced under its name (a new inode) is opened
+    again. So a poll's work grows with the rings that changed, not with every ring. Holds at
+    most :data:`MAX_OPEN` descriptors (the rest are read as ``read_header`` does)."""
+
+    MAX_OPEN = 1024
+
+    def __init__(self) -> None:
+        self.open: Dict[str, Tuple[int, int, bytes, Header]] = {}  # path -> (inode, fd, bytes, header)
+
+    def read(self, run_dir: str, final: Optional[Mapping[str, Header]] = None) -> Dict[str, Header]:
+        """As ``read_headers(run_dir, final)``; files of gone processes (``final``) are closed."""
+        out: Dict[str, Header] = {}
+        try:
+            with os.scandir(run_dir) as it:
+                entries = [(e.name, e.inode()) for e in it if fnmatch.fnmatchcase(e.name, RING_GLOB)]
+        except OSError:
+            entries = []
+        for name, ino in entries:
+            path = os.path.join(run_dir, name)
+            done = (final or {}).get(path)
+            h = done if done is not None else self._one(path, ino)
+            if h is not None:
+                out[path] = h
+        for path in [p for p in self.open if p not in out or (final or {}).get(p) is not None]:
+            os.close(self.open.pop(path)[1])
+        return out
+
+    def _one(self, path: str, ino: int) -> Optional[Header]:
+        """The header of ``path`` (inode ``ino``), or None when unreadable now (a file being
+        created, a foreign file: as ``read_headers``)."""
+        held = self.open.get(path)
+        if held is not None and held[0] != ino:
+            os.close(self.open.pop(path)[1])
+            held = None
+        if held is None and len(self.open) >= self.MAX_OPEN:
+            try:
+                return read_header(path)
+            except Exception:
+                return None
+        try:
+            fd = held[1] if held is not None else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            raw = os.pread(fd, F.HEADER_SIZE, 0)
+            if held is not None and raw == held[2]:
+                return held[3]
+            h = R.read_header(raw, path)
+            same = held is not None and held[3]["phase_strid"] == h["phase_strid"]
+            h["phase"] = held[3]["phase"] if held is not None and same else _phase_name(fd, h)
+        except Exception:
+            if held is None:
+                os.close(fd)
+            return None
+        self.open[path] = (ino, fd, raw, h)
+        return h
+
+
+def _phase_name(fd: int, h: Header) -> Optional[str]:
+    """The name of ``h``'s phase (its string table entry), or None when it has none."""
+    if not h["phase_strid"]:
+        return None
+    off = h["strtab_off"] + h["phase_strid"]
+    _tag, n = F.STR_ENTRY.unpack(os.pread(fd, F.STR_ENTRY.size, off))
+    return os.pread(fd, min(n, 4096), off + F.STR_ENTRY.size).decode("utf-8", "replace")
 
 
 def read_headers(run_dir: str, final: Optional[Mapping[str, Header]] = None) -> Dict[str, Header]:

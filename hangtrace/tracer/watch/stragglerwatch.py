@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
@@ -73,6 +73,7 @@ class StragglerWatch:
         self.via_fr = False  # the straggler seen was named by a Flight Recorder round
         self.episodes: List[SeenStraggler] = []  # this watcher's, oldest first (the file's content)
         self.judged = False  # a check judged rings: the analysis' modules are imported
+        self.rings: Dict[str, Tuple[Any, Any]] = {}  # path -> (header, its ring) at the last check
         if seen_file is not None:  # a restarted watcher keeps the episodes of its run
             self.episodes = [e for e in read_file(seen_file)[0] if e.host == host]
 
@@ -134,13 +135,21 @@ class StragglerWatch:
             if rank not in best or key > best[rank][0]:
                 best[rank] = (key, path)
         out: Dict[int, Any] = {}
+        cache: Dict[str, Tuple[Any, Any]] = {}
         for rank, (_, path) in best.items():
-            try:
-                ring = R.read_ring(path, records=False)
-            except Exception:
-                continue
+            h = headers[path]
+            held = self.rings.get(path)
+            if held is not None and held[0] is h:  # (the same header: progress.HeaderCache)
+                ring = held[1]
+            else:
+                try:
+                    ring = R.read_ring(path, records=False)
+                except Exception:
+                    continue
+            cache[path] = (h, ring)
             if ring.summary is not None:
                 out[rank] = ring
+        self.rings = cache  # a ring whose header did not change since is not read again
         return out
 
     def _note(self, st: Optional[Dict[str, Any]]) -> None:

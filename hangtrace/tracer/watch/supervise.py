@@ -22,6 +22,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from hangtrace.tracer import config
 from hangtrace.tracer.errors import HangtraceError
+from hangtrace.tracer.collect import pidwatch
+from hangtrace.tracer.ring import layout as F
 
 Log = Callable[[str], None]
 
@@ -147,6 +149,7 @@ def supervise(opts: RunOptions, log: Log = _err) -> int:
             log("second interrupt: killing the job (SIGKILL)")
 
     old: Dict[int, Any] = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    pidwatch.enable(F.proc_start_ticks)  # liveness from pidfds in this process (issue 40)
     w = Watcher(run_dir, stall_s=opts.stall_s, clock=time.monotonic)
     # issue 41: the watcher's notes on the job's life (a pooled Ray worker retired, a clean
     # shutdown held, deaths after the stall) go to the watcher log, not the console; why no

@@ -14,6 +14,8 @@ import sys
 import time
 
 from hangtrace.tracer import config
+from hangtrace.tracer.collect import pidwatch
+from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.watch.detector import Watcher
 from hangtrace.tracer.watch.terminal import launching_tty, tell_terminal
 from hangtrace.tracer.watch.verdictbook import NEW, SAME, VerdictBook, drop_repeat
@@ -51,6 +53,7 @@ def main(argv: "list[str] | None" = None) -> int:
     run_dir = argv[0]
     poll = config.get_float(config.POLL_S)
     log_path = os.path.join(run_dir, "watcher-%s.log" % socket.gethostname())
+    pidwatch.enable(F.proc_start_ticks)  # liveness from pidfds in this process (issue 40)
     w = Watcher(run_dir)
     idle = 0
     w.mem_log = lambda line: log(line)  # issue 5: memory early warnings
