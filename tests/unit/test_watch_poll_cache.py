@@ -110,8 +110,26 @@ def test_live_state_answers_the_same_with_the_pidfd_registry(tmp_path, monkeypat
         assert pidwatch.registry().answer(p.pid, h["proc_start_ticks"]) is True
         p.kill()
         p.wait()
+        time.sleep(2 * pidwatch.DRAIN_S)  # (the epoll set is read at most every DRAIN_S)
         assert ringprocs.live_state(h) == "killed"
         assert ringprocs.live_state(dict(h, state=F.ST_EXITED)) == "exited"
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_forked_child_reads_proc_not_its_parents_registry(monkeypatch):
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("no os.pidfd_open on this Python")
+    monkeypatch.setattr(pidwatch, "_WATCH", None)
+    pidwatch.enable(F.proc_start_ticks)
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.write(w, b"none" if pidwatch.registry() is None else b"kept")
+        os._exit(0)
+    os.close(w)
+    assert os.read(r, 16) == b"none"
+    os.waitpid(child, 0)
+    os.close(r)
+    assert pidwatch.registry() is not None

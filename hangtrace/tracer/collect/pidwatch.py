@@ -14,18 +14,22 @@ it is first asked about.
 
 Where pidfds are not available (an older kernel, a seccomp filter, the descriptor limit
 reached: at most :data:`MAX_PIDFDS` are held) or the ring recorded no start time, the
-answer is ``None``: the caller reads /proc as before. A forked child starts a registry of
-its own (the descriptors are close-on-exec; the epoll set is not shared).
+answer is ``None``: the caller reads /proc as before. A forked child drops the registry (the
+descriptors are close-on-exec; the epoll set would be shared) and reads /proc.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import time
 from typing import Callable, Dict, Optional, Set, Tuple
 
 #: At most this many pidfds are held (the rest of the processes are checked through /proc).
 MAX_PIDFDS = 4096
+
+#: Seconds between two readings of the epoll set (the watcher polls every 0.1 s or more).
+DRAIN_S = 0.01
 
 Key = Tuple[int, int]  # (pid, start time in clock ticks since boot)
 
@@ -37,7 +41,7 @@ class PidWatch:
 
     def __init__(self, ticks_of: Callable[[int], Optional[int]]) -> None:
         self.ticks_of = ticks_of
-        self.owner = os.getpid()
+        self.drained = float("-inf")  # monotonic time of the last drain
         self.ep: Optional[select.epoll] = None
         self.fds: Dict[int, Key] = {}  # pidfd -> the process it refers to
         self.alive: Dict[Key, int] = {}  # process -> its pidfd
@@ -81,13 +85,14 @@ class PidWatch:
             os.close(fd)
 
     def _drain(self) -> None:
-        """Move the processes whose pidfd became readable (exited) to ``gone``."""
-        if os.getpid() != self.owner:  # a forked child: the epoll set is the parent's
-            for fd in [*self.fds, *([self.ep.fileno()] if self.ep is not None else [])]:
-                os.close(fd)  # (its copies: the parent's registrations stay)
-            self.__init__(self.ticks_of)  # type: ignore[misc]
+        """Move the processes whose pidfd became readable (exited) to ``gone`` (at most every
+        :data:`DRAIN_S`: the answers of one watcher poll are one reading)."""
         if self.ep is None or not self.fds:
             return
+        now = time.monotonic()
+        if now - self.drained < DRAIN_S:
+            return
+        self.drained = now
         for fd, _ev in self.ep.poll(0):
             key = self.fds.pop(fd, None)
             try:
@@ -107,6 +112,19 @@ def enable(ticks_of: Callable[[int], Optional[int]]) -> None:
     global _WATCH
     if _WATCH is None:
         _WATCH = PidWatch(ticks_of)
+        os.register_at_fork(after_in_child=_forget)
+
+
+def _forget() -> None:
+    """In a forked child: the registry is the parent's (its epoll set is shared): closed here."""
+    global _WATCH
+    w, _WATCH = _WATCH, None
+    if w is not None:
+        for fd in [*w.fds, *([w.ep.fileno()] if w.ep is not None else [])]:
+            try:
+                os.close(fd)  # (the child's copies: the parent's registrations stay)
+            except OSError:
+                pass
 
 
 def registry() -> Optional[PidWatch]:
