@@ -95,11 +95,69 @@ def test_window_join_equals_full_join_where_the_analysis_reads():
     assert len(merge_records(window, fr, since_ns=float(tail[0]["t_wall_ns"]))) < len(merge_records(ours, fr))
 
 
+def _mixed_dump_entries(steps, seed):
+    """The entries of ``_job`` plus what a real dump also holds: NCCL entries, some failed
+    (retired before completion), p2p sends, and a group seen only in the oldest entries."""
+    rnd = random.Random(seed)
+    _ours, fr = _job(steps, seed)
+    es = []
+    for r in fr:
+        e = _entry(r["fr_seq"], r["t_wall_ns"], retired=r["fr_retired"])
+        e["record_id"] = r["fr_record_id"]
+        es.append(e)
+    rid = len(es)
+    for i in range(0, len(es), 7):  # NCCL entries on another group, some failed
+        e = _entry(
+            1000 + i, es[i]["time_created_ns"] + 500, name="nccl:all_gather", retired=rnd.random() < 0.3
+        )
+        e.update(record_id=rid, process_group=("1", "tp"), state=rnd.choice(["scheduled", "completed"]))
+        es.append(e)
+        rid += 1
+    for i in range(3, len(es) // 2, 11):  # p2p sends to two peers
+        e = _entry(0, es[i]["time_created_ns"] + 700, name="nccl:send 0->%d" % (1 + i % 2))
+        e.update(record_id=rid, p2p_seq_id=i, is_p2p=True, process_group=("2", "pp"), state="completed")
+        es.append(e)
+        rid += 1
+    old = _entry(1, T0 - 10**9, name="gloo:barrier")
+    old.update(record_id=rid, process_group=("9", "only_old"), state="completed")
+    es.append(old)
+    es.sort(key=lambda e: e["record_id"])
+    return es
+
+
+def test_a_dump_parsed_from_the_windows_cutoff_joins_as_the_whole_dump():
+    from types import SimpleNamespace
+
+    from hangtrace.tracer.ring.frjoin import fr_groups, window_cutoff
+
+    for seed in range(6):
+        ours, _fr = _job(120, seed)
+        tail = ours[-30:]
+        old = next(r for r in ours[-80:] if r["kind"] == "collective")  # (one of the summary)
+        window = [old] + tail
+        # its FR partner missing: it is numbered after the highest seq before it (torch's)
+        es = [e for e in _mixed_dump_entries(120, seed) if e["time_created_ns"] != old["t_wall_ns"] + 1000]
+        data = pickle.dumps({"version": "2.10", "entries": es})
+        p = SimpleNamespace(records=window, summary=SimpleNamespace(tail=tail, count=len(ours)))
+        cutoff = window_cutoff(p)
+        assert cutoff is not None and cutoff <= old["t_wall_ns"] - 2 * frrecords.SLACK_NS
+        since = float(min(r["t_wall_ns"] for r in tail))
+        whole = parse_fr_bytes(data, "x", rank=0, host="h", pid=1)
+        part = parse_fr_bytes(data, "x", rank=0, host="h", pid=1, cutoff_ns=cutoff)
+        assert len(part.entries) < len(whole.entries) / 2
+        assert merge_records(window, fr_records(part), since) == merge_records(
+            window, fr_records(whole), since
+        )
+        assert fr_groups(part) == fr_groups(whole)  # (every group keeps its newest entry)
+    every = SimpleNamespace(records=ours, summary=SimpleNamespace(tail=ours[-30:], count=len(ours)))
+    assert window_cutoff(every) is None  # every record there: every entry may join
+
+
 def _linear_merge_one(r, cands, used):
     """The pairing as it was before issue 40 (a linear scan per record): the reference."""
     t0, t1 = r.get("t_wall_ns") or 0, frrecords._end_wall(r)
-    w0 = t0 - frrecords._SLACK_NS
-    near = [e for e in cands if w0 <= e["t_wall_ns"] <= t1 + frrecords._SLACK_NS and id(e) not in used]
+    w0 = t0 - frrecords.SLACK_NS
+    near = [e for e in cands if w0 <= e["t_wall_ns"] <= t1 + frrecords.SLACK_NS and id(e) not in used]
     match = next(
         (e for e in near if frrecords._compatible(str(r.get("op")), e["op"])), near[0] if near else None
     )
@@ -120,13 +178,13 @@ def test_indexed_pairing_equals_the_linear_scan():
             if r["kind"] != "collective":
                 continue
             t0, t1 = r["t_wall_ns"], frrecords._end_wall(r)
-            w0 = t0 - frrecords._SLACK_NS
-            near = idx.within(w0, t1 + frrecords._SLACK_NS)
+            w0 = t0 - frrecords.SLACK_NS
+            near = idx.within(w0, t1 + frrecords.SLACK_NS)
             ref = _linear_merge_one(r, cands, set())
             if ref[0] == "match":
                 assert len(near) == ref[2]
                 assert [e["seq"] for e in near] == [
-                    e["seq"] for e in cands if w0 <= e["t_wall_ns"] <= t1 + frrecords._SLACK_NS
+                    e["seq"] for e in cands if w0 <= e["t_wall_ns"] <= t1 + frrecords.SLACK_NS
                 ]
             else:
                 assert not near and idx.max_seq_before(w0) == ref[1]

@@ -30,10 +30,10 @@ import json
 import os
 import pickle
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hangtrace.tracer.errors import HangtraceError
-from hangtrace.tracer.collect.frentryparse import as_int, parse_entries
+from hangtrace.tracer.collect.frentryparse import as_int, parse_entries, select_raw
 from hangtrace.tracer.collect.frentryparse import split_profiling_name as split_profiling_name
 from hangtrace.tracer.ring.frentries import FrDump, FrGroup, FrPgStatus
 
@@ -151,8 +151,10 @@ def parse_fr_bytes(
     pid: int = 0,
     world_size: int = -1,
     written_wall_ns: int = 0,
+    cutoff_ns: Optional[int] = None,
 ) -> FrDump:
-    """Parse one dump (pickle or JSON bytes) into a ``FrDump``. Pure.
+    """Parse one dump (pickle or JSON bytes) into a ``FrDump``. Pure. ``cutoff_ns``: parse
+    only the entries a join with a ring window starting then can use (``select_raw``).
 
     Raises ``UnsafePickleError`` (a global other than torch's list builders),
     ``UnsupportedFrVersionError`` (version not 2.x), ``FlightRecordError`` (truncated,
@@ -173,6 +175,8 @@ def parse_fr_bytes(
     raw_entries = obj.get("entries") or []
     if not isinstance(raw_entries, list):
         raise FlightRecordError(path, "'entries' is not a list")
+    if cutoff_ns is not None:
+        raw_entries = select_raw(raw_entries, cutoff_ns)
     entries = parse_entries(raw_entries)
     cfg: Dict[str, FrGroup] = {}
     for key, g in (obj.get("pg_config") or {}).items():
@@ -201,6 +205,7 @@ def parse_fr_bytes(
         pid=pid,
         world_size=world_size,
         written_wall_ns=written_wall_ns,
+        entries_from_ns=cutoff_ns,
     )
 
 
@@ -217,9 +222,15 @@ def find_fr_files(directory: str) -> List[str]:
     return out
 
 
-def read_fr_file(path: str) -> FrDump:
+#: (host, pid, rank) of a dump -> the wall time (ns) its entries are needed from, or None: all
+CutoffFor = Callable[[str, int, int], Optional[int]]
+
+
+def read_fr_file(path: str, cutoff_for: Optional[CutoffFor] = None) -> FrDump:
     """Read one dump file. Identity: rank from a torch file name, else from our sidecar
-    ``<host>-<pid>.meta.json``. Raises ``FlightRecordError`` (and subclasses), naming it."""
+    ``<host>-<pid>.meta.json``. ``cutoff_for``: which of its entries to parse
+    (``parse_fr_bytes``' ``cutoff_ns``), by its identity. Raises ``FlightRecordError`` (and
+    subclasses), naming it."""
     try:
         st = os.stat(path)
         if st.st_size > MAX_FILE_BYTES:
@@ -248,12 +259,22 @@ def read_fr_file(path: str) -> FrDump:
             except (OSError, ValueError, AttributeError):
                 pass
     return parse_fr_bytes(
-        data, path, rank=rank, host=host, pid=pid, world_size=world, written_wall_ns=st.st_mtime_ns
+        data,
+        path,
+        rank=rank,
+        host=host,
+        pid=pid,
+        world_size=world,
+        written_wall_ns=st.st_mtime_ns,
+        cutoff_ns=cutoff_for(host, pid, rank) if cutoff_for is not None else None,
     )
 
 
-def load_fr_dir(directory: str, errors: Optional[List[str]] = None) -> List[FrDump]:
-    """Every readable dump of ``directory`` (see ``find_fr_files``), ordered by rank.
+def load_fr_dir(
+    directory: str, errors: Optional[List[str]] = None, cutoff_for: Optional[CutoffFor] = None
+) -> List[FrDump]:
+    """Every readable dump of ``directory`` (see ``find_fr_files``), ordered by rank
+    (``cutoff_for``: see ``read_fr_file``).
 
     A file that cannot be read adds one line (problem and remedy) to ``errors`` and the
     other files are still read. Never raises for a bad file.
@@ -261,7 +282,7 @@ def load_fr_dir(directory: str, errors: Optional[List[str]] = None) -> List[FrDu
     dumps = []
     for p in find_fr_files(directory):
         try:
-            dumps.append(read_fr_file(p))
+            dumps.append(read_fr_file(p, cutoff_for))
         except FlightRecordError as e:
             if errors is not None:
                 errors.append("%s (remedy: %s)" % (e, e.remedy))

@@ -127,6 +127,41 @@ def parse_entries(raw: List[Any]) -> Tuple[FrEntry, ...]:
     return tuple(out)
 
 
+def select_raw(raw: List[Any], cutoff_ns: int) -> List[Dict[str, Any]]:
+    """The entry dicts of ``raw`` (torch's, unparsed) that a join with a ring window starting
+    at ``cutoff_ns`` (wall ns, ``ring/frjoin.window_cutoff``) can use, in their order. Kept: every entry launched at or
+    after the cutoff; before it, per group and ``profiling_name``, the newest entry and the
+    one with the highest ``collective_seq_id`` (what ``frrecords.merge_records`` reads of
+    the entries before a window: a group's newest, the seq before a call), and every failed
+    entry (``frrecords.fr_state``: retired before completion, not gloo). Parsing only these
+    is issue 40's saving: of a real DDP rank's 612 entries, 84 reached its merged records.
+    Every group of the dump keeps an entry (its newest)."""
+    keep: List[bool] = []
+    newest: Dict[Tuple[Any, Any], int] = {}
+    top: Dict[Tuple[Any, Any], Tuple[int, int]] = {}
+    for i, d in enumerate(raw):
+        if not isinstance(d, dict):
+            keep.append(False)
+            continue
+        g = d.get
+        pg = g("process_group") or ("", "")
+        name = str(g("profiling_name") or "")
+        if as_int(g("time_created_ns")) >= cutoff_ns:
+            keep.append(True)
+            continue
+        state = str(g("state") or "")
+        backend = name.partition(":")[0] if ":" in name else ""
+        keep.append(state != "completed" and backend != "gloo" and bool(g("retired", False)))
+        key = (str(pg[0]) if pg else "", name)
+        newest[key] = i
+        seq = as_int(g("collective_seq_id"))
+        if key not in top or seq > top[key][0]:
+            top[key] = (seq, i)
+    for i in [*newest.values(), *(i for _, i in top.values())]:
+        keep[i] = True
+    return [d for d, k in zip(raw, keep) if k]
+
+
 def _memo(cache: Dict[Any, Any], fn: Callable[[Any], Any], v: Any) -> Any:
     """``fn(v)`` through ``cache``, keyed by ``v``'s repr (one dump repeats the same stacks,
     sizes, dtypes and names entry after entry: every step's collectives)."""

@@ -347,10 +347,11 @@ def snapshot_with_fr(path: str, snap: Any = None) -> Any:
     """
     if not find_fr_files(path):
         return snap
-    from hangtrace.tracer.ring.frjoin import fr_processes, join_fr
+    from hangtrace.tracer.ring.frjoin import cutoffs, fr_processes, join_fr
 
     errors: List[str] = []
-    dumps = load_fr_dir(path, errors)
+    # of each dump only the entries its process's window can join are parsed (issue 40)
+    dumps = load_fr_dir(path, errors, cutoffs(list(snap.processes)) if snap is not None else None)
     if snap is None:
         return Snapshot(
             run_dir=os.path.abspath(path),

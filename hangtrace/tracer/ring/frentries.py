@@ -80,7 +80,11 @@ class FrEntry:
 
 @dataclass(frozen=True)
 class FrDump:
-    """One rank's dump. ``rank`` is global (-1 unknown); ``pid`` 0 when unknown."""
+    """One rank's dump. ``rank`` is global (-1 unknown); ``pid`` 0 when unknown.
+
+    ``entries_from_ns`` not None: ``entries`` are only those a join with the process's ring
+    window can use (``collect/frentryparse.select_raw``: launched at or after that wall time
+    (ns), plus the newest and highest-numbered ones before it and the failed ones)."""
 
     path: str
     rank: int
@@ -93,3 +97,4 @@ class FrDump:
     pid: int = 0
     world_size: int = -1
     written_wall_ns: int = 0
+    entries_from_ns: Optional[int] = None

@@ -8,10 +8,10 @@ Out: a new list of ``ProcessInfo`` whose records are merged with the dumps' entr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from hangtrace.tracer.ring.frentries import FrDump
-from hangtrace.tracer.ring.frrecords import FR_SOURCE, fr_records, merge_records
+from hangtrace.tracer.ring.frrecords import FR_SOURCE, SLACK_NS, fr_records, merge_records
 from hangtrace.tracer.snapshot import ProcessInfo
 
 
@@ -105,7 +105,21 @@ def _joined_inflight(
     return inflight
 
 
-def _ours_window(p: ProcessInfo) -> "tuple[List[Dict[str, Any]], Optional[float]]":
+Window = Tuple[List[Dict[str, Any]], Optional[float]]
+
+#: the last ``_ours_window`` results, by process identity: ``cutoffs`` computes them before
+#: the dumps are read, ``join_fr`` again after (the process values are the same objects)
+_WINDOWS: Dict[int, Tuple[ProcessInfo, Window]] = {}
+
+
+def _ours_window(p: ProcessInfo) -> Window:
+    got = _WINDOWS.get(id(p))
+    if got is not None and got[0] is p:
+        return got[1]
+    return _window(p)
+
+
+def _window(p: ProcessInfo) -> Window:
     """The records of ``p`` to join with its dump and where their window of newest records
     starts (wall ns; None: they are every record). A process read from its ring summary
     (``records`` = the summary's subset) joins that subset and the summary's tail (its
@@ -123,6 +137,39 @@ def _ours_window(p: ProcessInfo) -> "tuple[List[Dict[str, Any]], Optional[float]
     if len(merged) >= s.count:
         return merged, None
     return merged, float(min((r.get("t_wall_ns") or 0) for r in tail))
+
+
+def window_cutoff(p: ProcessInfo) -> Optional[int]:
+    """The wall time (ns) from which ``p``'s dump entries can join its window of records
+    (``_ours_window``): its window's start and its earliest collective record, less the
+    pairing tolerance; None when every entry may be needed (its records are all there, or
+    one has no wall time). Entries before it join only as a group's newest, its highest seq
+    or a failure (``collect/frentryparse.select_raw``)."""
+    ours, since = _ours_window(p)
+    if since is None:
+        return None
+    times = [r.get("t_wall_ns") for r in ours if r.get("kind") == "collective"]
+    if not all(times):
+        return None
+    return int(min([since, *times])) - 2 * SLACK_NS
+
+
+def cutoffs(procs: List[ProcessInfo]) -> Callable[[str, int, int], Optional[int]]:
+    """``window_cutoff`` of the process a dump of (host, pid, rank) joins (``join_fr``'s
+    pairing: by host and pid, else by rank); None for a dump that joins none."""
+    by_pid = {(p.host, p.pid): p for p in procs}
+    by_rank = {p.rank: p for p in reversed(procs) if p.rank >= 0}
+    _WINDOWS.clear()
+
+    def cutoff_for(host: str, pid: int, rank: int) -> Optional[int]:
+        p = by_pid.get((host, pid)) if pid else None
+        p = p if p is not None else (by_rank.get(rank) if rank >= 0 else None)
+        if p is None:
+            return None
+        _WINDOWS[id(p)] = (p, _window(p))  # (kept for join_fr: the same process objects)
+        return window_cutoff(p)
+
+    return cutoff_for
 
 
 def _ring_collective_groups(p: ProcessInfo) -> Set[str]:
@@ -214,4 +261,5 @@ def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessIn
             inflight=_joined_inflight(p.inflight, merged),
             groups=list(p.groups) + [g for g in fr_groups(d) if g["name"] not in known],
         )
+    _WINDOWS.clear()
     return out + fr_processes(alone)

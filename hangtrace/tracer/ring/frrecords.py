@@ -71,7 +71,7 @@ OP_ALIASES = {
     "all_gather_single": ("_allgather_base", "allgather_into_tensor_coalesced"),
     "reduce_scatter_single": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced"),
 }
-_SLACK_NS = 200_000  # both sides read CLOCK_REALTIME around one call: 0.2 ms of tolerance
+SLACK_NS = 200_000  # both sides read CLOCK_REALTIME around one call: 0.2 ms of tolerance
 
 
 def fr_state(e: FrEntry) -> str:
@@ -321,8 +321,8 @@ def _merge_one(
     the end of torch's dump so far, updated): the records it becomes (further FR launches of
     its call, then it)."""
     t0, t1 = r.get("t_wall_ns") or 0, _end_wall(r)
-    w0 = t0 - _SLACK_NS
-    near = [e for e in cands.within(w0, t1 + _SLACK_NS) if id(e) not in used]
+    w0 = t0 - SLACK_NS
+    near = [e for e in cands.within(w0, t1 + SLACK_NS) if id(e) not in used]
     match = next((e for e in near if _compatible(str(r.get("op")), e["op"])), near[0] if near else None)
     m = dict(r)
     m["seq_ours"] = r.get("seq")
@@ -331,7 +331,7 @@ def _merge_one(
         if before is not None:
             m["seq"] = before
             m["fr_unmatched"] = True
-            if not cands.ts or cands.ts[-1] <= t1 + _SLACK_NS:
+            if not cands.ts or cands.ts[-1] <= t1 + SLACK_NS:
                 # past the end of torch's dump (taken before our ring was read): torch's
                 # numbering goes on one per call; one number for all of them made the
                 # ranks' later calls look like different collectives at one seq (a false
