@@ -5,6 +5,7 @@ the text of one command-line argument in, its value out, or ``argparse.ArgumentT
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any, Callable, FrozenSet, Set
 
 
@@ -43,4 +44,15 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError("%r is not a number" % text) from None
     if not v > 0 or v == float("inf"):
         raise argparse.ArgumentTypeError("must be > 0 seconds, got %r" % text)
+    return v
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: seconds as a float, refused unless finite (negative allowed)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % text) from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError("must be a finite number of seconds, got %r" % text)
     return v

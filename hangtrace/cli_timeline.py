@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any
 
-from .cli_args import ranks_arg
+from .cli_args import finite_float, ranks_arg
 from .cli_out import err as _err
 from .tracer.errors import HangtraceError
 
@@ -34,6 +34,12 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         )
     trace, snap = timeline_of(args.path, opts)
     readable(snap, log=_err)
+    if trace["otherData"].get("window_empty"):
+        raise HangtraceError(
+            trace["otherData"]["window_empty"],
+            "pass --since/--until inside the run, in seconds from its first reading "
+            "(negative: back from its last, e.g. --since -30)",
+        )
     out = args.output or os.path.join(snap.path or snap.run_dir, "timeline.json")
     try:
         size = write_stdout(trace) if to_stdout else write_trace(trace, out)
@@ -53,6 +59,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     )
     for note in trace["otherData"].get("errors", ()):
         say("note: %s" % note)
+    if trace["otherData"].get("window_note"):
+        say("note: %s" % trace["otherData"]["window_note"])
     if args.open:
         from .tracer.report.timeline.serve import serve_forever
 
@@ -75,10 +83,16 @@ def add_parser(sub: Any) -> None:
     )
     tl.add_argument("--ranks", type=ranks_arg, default=None, help="only these ranks, e.g. 0,2,5-7")
     tl.add_argument(
-        "--since", type=float, default=None, help="seconds from the first record (negative: from the last)"
+        "--since",
+        type=finite_float,
+        default=None,
+        help="seconds from the first record (negative: from the last)",
     )
     tl.add_argument(
-        "--until", type=float, default=None, help="seconds from the first record (negative: from the last)"
+        "--until",
+        type=finite_float,
+        default=None,
+        help="seconds from the first record (negative: from the last)",
     )
     tl.add_argument(
         "--max-events",

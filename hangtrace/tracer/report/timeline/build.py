@@ -223,6 +223,14 @@ def build_timeline(
     )
     if windowed:
         other["window_wall_ns"] = [lo, hi]
+        other["run_wall_ns"] = [t_first, t_last]
+        empty = win.empty_window(opts, lo, hi, t_first, t_last)
+        if empty:
+            other["window_empty"] = empty
+        elif not events:
+            other["window_note"] = "no event in this window (%.3f-%.3f s of the run's %.3f s)" % tuple(
+                (t - t_first) / 1e9 for t in (lo, hi, t_last)
+            )
     if notes:
         other["errors"] = notes
     if slow:
