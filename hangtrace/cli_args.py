@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Callable, FrozenSet, Set
+from typing import Any, Callable, FrozenSet, Iterable, Set
 
 
 def ranks_arg(text: str) -> FrozenSet[int]:
@@ -19,6 +19,17 @@ def ranks_arg(text: str) -> FrozenSet[int]:
     except ValueError:
         raise argparse.ArgumentTypeError("%r is not a rank list like 0,2,5-7" % text) from None
     return frozenset(out)
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """The inverse of :func:`ranks_arg`: ``[0, 1, 2, 5]`` -> ``'0-2,5'`` (``'none'`` when empty)."""
+    rs, out = sorted(set(ranks)), []
+    for r in rs:
+        if out and out[-1][1] == r - 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in out) or "none"
 
 
 def non_negative(kind: type) -> Callable[[str], Any]:

@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any
 
-from .cli_args import finite_float, ranks_arg
+from .cli_args import finite_float, ranks_arg, ranks_text
 from .cli_out import err as _err
 from .tracer.errors import HangtraceError
 
@@ -34,12 +34,19 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         )
     trace, snap = timeline_of(args.path, opts)
     readable(snap, log=_err)
-    if trace["otherData"].get("window_empty"):
+    other = trace["otherData"]
+    if other.get("window_empty"):
         raise HangtraceError(
-            trace["otherData"]["window_empty"],
+            other["window_empty"],
             "pass --since/--until inside the run, in seconds from its first reading "
             "(negative: back from its last, e.g. --since -30)",
         )
+    missing = "rank(s) %s: no process of the run holds them (its ranks: %s)" % (
+        ranks_text(other.get("ranks_missing") or ()),
+        ranks_text(other.get("ranks_held") or ()),
+    )
+    if other.get("ranks_missing") and set(other["ranks_missing"]) >= set(args.ranks):
+        raise HangtraceError(missing, "pass --ranks among its ranks, or no --ranks for every process")
     out = args.output or os.path.join(snap.path or snap.run_dir, "timeline.json")
     try:
         size = write_stdout(trace) if to_stdout else write_trace(trace, out)
@@ -59,8 +66,10 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     )
     for note in trace["otherData"].get("errors", ()):
         say("note: %s" % note)
-    if trace["otherData"].get("window_note"):
-        say("note: %s" % trace["otherData"]["window_note"])
+    if other.get("window_note"):
+        say("note: %s" % other["window_note"])
+    if other.get("ranks_missing"):
+        say("note: %s; left out" % missing)
     if args.open:
         from .tracer.report.timeline.serve import serve_forever
 

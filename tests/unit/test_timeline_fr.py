@@ -253,6 +253,28 @@ def test_cli_refuses_an_empty_window_with_a_remedy(tmp_path, capsys):
     assert e.value.code == 2 and "must be a finite number of seconds, got 'nan'" in capsys.readouterr().err
 
 
+def test_ranks_no_process_holds_are_named(tmp_path, capsys):
+    """Bad input: ``--ranks`` of ranks the run does not have is an error naming them and
+    the run's ranks; some of them missing: the others drawn, the missing ones noted."""
+    t = trace(list(join_fr([p.build() for p in two_ranks()], ())), ranks=frozenset({1, 5, 6}))
+    assert (t["otherData"]["ranks_missing"], t["otherData"]["ranks_held"]) == ([5, 6], [0, 1])
+    assert "ranks_missing" not in trace([p.build() for p in two_ranks()], ranks=frozenset({1}))["otherData"]
+    for r in range(2):
+        _rank(tmp_path, r, 2, 20, blocked=r == 0)
+    out = str(tmp_path / "t.json")
+    assert cli.main(["timeline", str(tmp_path), "--ranks", "5-7,9", "-o", out]) == 2
+    err = capsys.readouterr().err
+    assert "error: rank(s) 5-7,9: no process of the run holds them (its ranks: 0-1)" in err, err
+    assert "remedy: pass --ranks among its ranks" in err and not (tmp_path / "t.json").exists()
+    assert cli.main(["timeline", str(tmp_path), "--ranks", "1,5", "-o", out]) == 0
+    assert (
+        "note: rank(s) 5: no process of the run holds them (its ranks: 0-1); left out"
+        in capsys.readouterr().out
+    )
+    with open(out) as f:
+        assert [n.split(" ·")[0] for n in names(json.load(f)).values()] == ["rank 1"]
+
+
 def test_async_slices_and_flows_cut_as_wholes():
     p0, p1 = two_ranks()
     for p in (p0, p1):
