@@ -5,7 +5,8 @@ the text of one command-line argument in, its value out, or ``argparse.ArgumentT
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, FrozenSet, Set
+import math
+from typing import Any, Callable, FrozenSet, Iterable, Set
 
 
 def ranks_arg(text: str) -> FrozenSet[int]:
@@ -18,6 +19,17 @@ def ranks_arg(text: str) -> FrozenSet[int]:
     except ValueError:
         raise argparse.ArgumentTypeError("%r is not a rank list like 0,2,5-7" % text) from None
     return frozenset(out)
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """The inverse of :func:`ranks_arg`: ``[0, 1, 2, 5]`` -> ``'0-2,5'`` (``'none'`` when empty)."""
+    rs, out = sorted(set(ranks)), []
+    for r in rs:
+        if out and out[-1][1] == r - 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in out) or "none"
 
 
 def non_negative(kind: type) -> Callable[[str], Any]:
@@ -43,4 +55,15 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError("%r is not a number" % text) from None
     if not v > 0 or v == float("inf"):
         raise argparse.ArgumentTypeError("must be > 0 seconds, got %r" % text)
+    return v
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: seconds as a float, refused unless finite (negative allowed)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % text) from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError("must be a finite number of seconds, got %r" % text)
     return v

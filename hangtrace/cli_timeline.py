@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any
 
-from .cli_args import ranks_arg
+from .cli_args import finite_float, ranks_arg, ranks_text
 from .cli_out import err as _err
 from .tracer.errors import HangtraceError
 
@@ -34,6 +34,19 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         )
     trace, snap = timeline_of(args.path, opts)
     readable(snap, log=_err)
+    other = trace["otherData"]
+    if other.get("window_empty"):
+        raise HangtraceError(
+            other["window_empty"],
+            "pass --since/--until inside the run, in seconds from its first reading "
+            "(negative: back from its last, e.g. --since -30)",
+        )
+    missing = "rank(s) %s: no process of the run holds them (its ranks: %s)" % (
+        ranks_text(other.get("ranks_missing") or ()),
+        ranks_text(other.get("ranks_held") or ()),
+    )
+    if other.get("ranks_missing") and set(other["ranks_missing"]) >= set(args.ranks):
+        raise HangtraceError(missing, "pass --ranks among its ranks, or no --ranks for every process")
     out = args.output or os.path.join(snap.path or snap.run_dir, "timeline.json")
     try:
         size = write_stdout(trace) if to_stdout else write_trace(trace, out)
@@ -53,6 +66,10 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     )
     for note in trace["otherData"].get("errors", ()):
         say("note: %s" % note)
+    if other.get("window_note"):
+        say("note: %s" % other["window_note"])
+    if other.get("ranks_missing"):
+        say("note: %s; left out" % missing)
     if args.open:
         from .tracer.report.timeline.serve import serve_forever
 
@@ -75,10 +92,16 @@ def add_parser(sub: Any) -> None:
     )
     tl.add_argument("--ranks", type=ranks_arg, default=None, help="only these ranks, e.g. 0,2,5-7")
     tl.add_argument(
-        "--since", type=float, default=None, help="seconds from the first record (negative: from the last)"
+        "--since",
+        type=finite_float,
+        default=None,
+        help="seconds from the first record (negative: from the last)",
     )
     tl.add_argument(
-        "--until", type=float, default=None, help="seconds from the first record (negative: from the last)"
+        "--until",
+        type=finite_float,
+        default=None,
+        help="seconds from the first record (negative: from the last)",
     )
     tl.add_argument(
         "--max-events",

@@ -383,9 +383,8 @@ def attach(
 
 
 def env_diff(run_dir: str) -> Tuple[Any, List[str]]:
-    """``hangtrace env-diff``: the environment records of a run (collect.forensics) and
-    their differences across ranks and hosts (analyze.envdiff). Returns ``(diff, error
-    lines)``; raises RunDirError when the directory or its env records are missing."""
+    """``hangtrace env-diff``: a run's env records (collect.forensics), their differences (analyze.envdiff)
+    out with the error lines; RunDirError when the directory is missing or holds no readable record."""
     from hangtrace.tracer.analyze.envdiff import diff_env
     from hangtrace.tracer.collect.forensics import run_env
 
@@ -393,7 +392,8 @@ def env_diff(run_dir: str) -> Tuple[Any, List[str]]:
     envs, errors = run_env(run_dir)
     if not envs:
         raise RunDirError(
-            "no environment records (env/*.json) in %s" % run_dir,
+            "no %senvironment records (env/*.json) in %s%s"
+            % ("readable " if errors else "", run_dir, "".join("\n  " + e for e in errors)),
             "records are written by traced processes of this hangtrace version "
             "(HANGTRACE=1); pass their run directory",
         )

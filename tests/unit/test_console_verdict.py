@@ -119,6 +119,24 @@ def test_a_lightning_rank_is_placed_where_it_waits_not_at_its_trainer_fit_line()
     )
 
 
+def test_a_real_lightning_rank_is_placed_where_it_waits() -> None:
+    """The issue's Lightning case on a real run (``lightning_stuck_outside``: the blind
+    job ``lt_stuck_outside.py``, rank 1 in a Callback's ``Queue.get``): rank 0's only frame
+    of its own is ``main``'s ``trainer.fit`` line; it is placed from there to the broadcast
+    it waits in, and rank 1 at its Callback's line and the ``Queue.get`` it called."""
+    diag = diagnose(_snapshot("lightning_stuck_outside"))
+    assert (diag.kind, diag.culprit_ranks) == ("stuck-outside-collective", [1])
+    text = diag.summary or verdict_paragraph(diag)
+    assert place_text(diag.details.get("place")).startswith(
+        "UploadCallback.on_train_batch_end (lt_stuck_outside.py:53) > Queue.get (queue.py:"
+    ), text
+    waits = text[text.index("Rank 0 waits for it in ") : text.index(" Next: ")]  # its sentence
+    assert waits.startswith("Rank 0 waits for it in broadcast seq 37 on group '0'"), text
+    at = waits[waits.index(", at ") + 5 :]
+    assert at.startswith("main (lt_stuck_outside.py:59) > Trainer.fit (trainer.py:"), text
+    assert at.endswith("more) > broadcast (distributed_c10d.py:3151)."), text
+
+
 def test_an_incident_is_one_line_that_fits() -> None:
     lines = ["rank 1 (pid 12210 on vm) vanished without a clean-exit record"] + [
         "pid %d on vm (Ray worker of rank 1) exited with code 1 because its peer went away and so on" % p

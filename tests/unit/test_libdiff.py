@@ -265,3 +265,22 @@ def test_loaded_packages_match_importlib_metadata() -> None:
     assert got.get("pytest") == md.version("pytest")
     for name, version in got.items():
         assert md.version(name) == version, name
+
+
+def test_env_diff_without_a_readable_record_names_the_unreadable_ones(tmp_path, capsys) -> None:
+    """Bad input: a run whose env records are all unreadable (truncated JSON) is an error
+    that names each file and why, not "no environment records"; an empty env/ says none."""
+    from hangtrace import cli
+
+    env = tmp_path / "env"
+    env.mkdir()
+    assert cli.main(["env-diff", str(tmp_path)]) == 4
+    assert "error: no environment records (env/*.json) in %s" % tmp_path in capsys.readouterr().err
+    for pid in (10, 11):
+        (env / ("h-%d.json" % pid)).write_text('{"host": "h", "pid": %d' % pid)
+    assert cli.main(["env-diff", str(tmp_path)]) == 4
+    err = capsys.readouterr().err
+    assert "error: no readable environment records (env/*.json) in %s" % tmp_path in err
+    for pid in (10, 11):
+        assert "%s: unreadable env record (" % (env / ("h-%d.json" % pid)) in err, err
+    assert "remedy: " in err

@@ -210,6 +210,71 @@ def test_since_and_until_cut_every_source():
     assert all(e["ts"] + e.get("dur", 0) <= 250_000.0 for e in t["traceEvents"] if e["ph"] != "M")
 
 
+def test_a_window_outside_the_run_or_ending_before_it_starts_is_named():
+    """A window that can hold nothing says why (the CLI makes it an error with a remedy); a
+    quiet window inside the run is no such thing; NaN and infinity are refused."""
+    (p0, p1), dumps = ddp_dumps()
+    procs = join_fr([p0.build(), p1.build()], dumps)
+    first, last = trace(procs, since_s=0)["otherData"]["run_wall_ns"]
+    assert last == TAKEN and first < last
+    run_s = "(the run spans %.1f s)" % ((last - first) / 1e9)
+    for opts, why in (
+        (
+            {"since_s": 0.5, "until_s": 0.2},
+            "the window --since 0.5 --until 0.2 holds nothing: it ends 0.3 s ",
+        ),
+        ({"since_s": 100}, "the window --since 100 holds nothing: it starts 9"),
+        ({"until_s": -100}, "the window --until -100 holds nothing: it ends 9"),
+    ):
+        other = trace(procs, **opts)["otherData"]
+        assert other["window_empty"].startswith(why) and other["window_empty"].endswith(run_s), other
+    assert not {"window_empty", "window_note"} & set(trace(procs, since_s=0.5, until_s=0.6)["otherData"])
+    quiet = trace(procs, diag=None, since_s=0.001, until_s=0.002)  # before the first record
+    assert quiet["otherData"]["window_note"].startswith("no event in this window (0.001-0.002 s of the run")
+    assert "window_empty" not in trace(procs)["otherData"]
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="since_s must be a finite number"):
+            TimelineOptions(since_s=bad)
+
+
+def test_cli_refuses_an_empty_window_with_a_remedy(tmp_path, capsys):
+    for r in range(2):
+        _rank(tmp_path, r, 2, 20, blocked=r == 0)
+    out = str(tmp_path / "t.json")
+    assert cli.main(["timeline", str(tmp_path), "--since", "5", "--until", "1", "-o", out]) == 2
+    err = capsys.readouterr().err
+    assert "error: the window --since 5 --until 1 holds nothing: it starts " in err  # (a short run)
+    assert "remedy: pass --since/--until inside the run" in err and not (tmp_path / "t.json").exists()
+    assert cli.main(["timeline", str(tmp_path), "--since=-1e9", "-o", out]) == 0  # the whole run
+    assert cli.main(["timeline", str(tmp_path), "--until=-1e9", "-o", out]) == 2
+    assert "holds nothing: it ends " in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["timeline", str(tmp_path), "--since", "nan"])
+    assert e.value.code == 2 and "must be a finite number of seconds, got 'nan'" in capsys.readouterr().err
+
+
+def test_ranks_no_process_holds_are_named(tmp_path, capsys):
+    """Bad input: ``--ranks`` of ranks the run does not have is an error naming them and
+    the run's ranks; some of them missing: the others drawn, the missing ones noted."""
+    t = trace(list(join_fr([p.build() for p in two_ranks()], ())), ranks=frozenset({1, 5, 6}))
+    assert (t["otherData"]["ranks_missing"], t["otherData"]["ranks_held"]) == ([5, 6], [0, 1])
+    assert "ranks_missing" not in trace([p.build() for p in two_ranks()], ranks=frozenset({1}))["otherData"]
+    for r in range(2):
+        _rank(tmp_path, r, 2, 20, blocked=r == 0)
+    out = str(tmp_path / "t.json")
+    assert cli.main(["timeline", str(tmp_path), "--ranks", "5-7,9", "-o", out]) == 2
+    err = capsys.readouterr().err
+    assert "error: rank(s) 5-7,9: no process of the run holds them (its ranks: 0-1)" in err, err
+    assert "remedy: pass --ranks among its ranks" in err and not (tmp_path / "t.json").exists()
+    assert cli.main(["timeline", str(tmp_path), "--ranks", "1,5", "-o", out]) == 0
+    assert (
+        "note: rank(s) 5: no process of the run holds them (its ranks: 0-1); left out"
+        in capsys.readouterr().out
+    )
+    with open(out) as f:
+        assert [n.split(" ·")[0] for n in names(json.load(f)).values()] == ["rank 1"]
+
+
 def test_async_slices_and_flows_cut_as_wholes():
     p0, p1 = two_ranks()
     for p in (p0, p1):

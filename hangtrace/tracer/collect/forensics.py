@@ -203,13 +203,16 @@ def run_env(
     ``enrich_local``, pyelftools facts added for this host's libraries (:func:`enrich`).
     ``processes``: the run's ``ProcessInfo`` list when the caller loaded it already (the
     rings are then not read a second time: at 4,096 ranks that was a whole second load).
-    Returns ``(records, error lines)``; never raises for unreadable files."""
+    Returns ``(records, error lines)`` (no record: the rings are not read); never raises
+    for unreadable files."""
     from hangtrace.tracer.collect import rings
 
     env_root = path
     if rings.is_snapshot(path) and not os.path.isdir(os.path.join(path, E.ENV_DIR)):
         env_root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
     envs, errors = load_env(env_root)
+    if not envs:  # nothing to compare: the error lines name only the unreadable records
+        return [], errors
     ranks: Dict[Tuple[str, int], int] = {}
     try:
         procs: Sequence[Any] = processes if processes is not None else ()

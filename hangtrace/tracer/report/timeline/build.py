@@ -82,6 +82,16 @@ def _span(snap: Snapshot, procs: Sequence[ProcessInfo], clock0: Clock) -> Tuple[
     return t_first, t_last, ends
 
 
+def _ranks_asked(tracks: Sequence[Track], asked: Optional[FrozenSet[int]]) -> Dict[str, Any]:
+    """``--ranks`` against the ranks the run's processes hold: ``{'ranks_missing': [...],
+    'ranks_held': [...]}`` (sorted ints) when no process holds some asked rank; {} else."""
+    if asked is None:
+        return {}
+    held = sorted({t.rank for t in tracks if t.holds_rank})
+    missing = sorted(asked - set(held))
+    return {"ranks_missing": missing, "ranks_held": held} if missing else {}
+
+
 def _keep_ranks(
     tracks: List[Track], by_key: Dict[str, Track], ranks: Optional[FrozenSet[int]]
 ) -> Tuple[List[Track], Dict[str, Track]]:
@@ -198,6 +208,7 @@ def build_timeline(
     slow = straggler_of(procs, diagnosis) or {}  # issue 43: its track is marked
     cr, ca = diag.get("culprit_ranks") or (), diag.get("culprit_actors") or ()
     tracks, by_key = assign_tracks(procs, cr, ca, slow.get("rank"))
+    asked = _ranks_asked(tracks, opts.ranks)
     tracks, by_key = _keep_ranks(tracks, by_key, opts.ranks)
     procs = [p for p in procs if p.key in by_key]
     total = sum(len(p.records) for p in procs)
@@ -223,6 +234,15 @@ def build_timeline(
     )
     if windowed:
         other["window_wall_ns"] = [lo, hi]
+        other["run_wall_ns"] = [t_first, t_last]
+        empty = win.empty_window(opts, lo, hi, t_first, t_last)
+        if empty:
+            other["window_empty"] = empty
+        elif not events:
+            other["window_note"] = "no event in this window (%.3f-%.3f s of the run's %.3f s)" % tuple(
+                (t - t_first) / 1e9 for t in (lo, hi, t_last)
+            )
+    other.update(asked)
     if notes:
         other["errors"] = notes
     if slow:

@@ -13,6 +13,7 @@ Trace times are microseconds (Chrome trace-event format, ``ts``/``dur``) since `
 the earliest time in the trace.
 """
 
+import math
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
@@ -37,6 +38,9 @@ class TimelineOptions:
             (plus its in-flight and failed ones) and memory samples are thinned. The trace
             says so in ``otherData.sampling``.
         flows: draw flow arrows between the ranks' slices of one (group, seq).
+
+    Raises:
+        ValueError: ``since_s`` or ``until_s`` not finite (NaN, infinity).
     """
 
     ranks: Optional[FrozenSet[int]] = None
@@ -44,6 +48,13 @@ class TimelineOptions:
     until_s: Optional[float] = None
     max_events: int = DEFAULT_MAX_EVENTS
     flows: bool = True
+
+    def __post_init__(self) -> None:
+        """Raises ValueError naming ``since_s``/``until_s`` when one is not a finite number."""
+        for name in ("since_s", "until_s"):
+            v = getattr(self, name)
+            if v is not None and not math.isfinite(v):
+                raise ValueError("TimelineOptions.%s must be a finite number of seconds, got %r" % (name, v))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,25 @@ def bounds(opts: TimelineOptions, t_first: int, t_last: int) -> Tuple[int, int]:
     return max(lo, t_first), hi
 
 
+def empty_window(opts: TimelineOptions, lo: int, hi: int, t_first: int, t_last: int) -> Optional[str]:
+    """Why the window [``lo``, ``hi``] (wall ns, from :func:`bounds`) cannot hold anything of
+    the run spanning [``t_first``, ``t_last``] (wall ns): it ends before it starts, starts
+    after the run's last reading or ends before its first; None when it overlaps the run."""
+    what = " ".join(
+        "--%s %g" % (k, v) for k, v in (("since", opts.since_s), ("until", opts.until_s)) if v is not None
+    )
+    span = "the run spans %.1f s" % ((t_last - t_first) / 1e9)
+    if lo > t_last:
+        why = "it starts %.1f s after the run's last reading" % ((lo - t_last) / 1e9)
+    elif hi < t_first:
+        why = "it ends %.1f s before the run's first reading" % ((t_first - hi) / 1e9)
+    elif hi < lo:
+        why = "it ends %.1f s before it starts" % ((lo - hi) / 1e9)
+    else:
+        return None
+    return "the window %s holds nothing: %s (%s)" % (what, why, span)
+
+
 def select(
     p: ProcessInfo, clock: Clock, hi: Optional[int], quota: Optional[int]
 ) -> Tuple[List[Dict[str, Any]], int]:
