@@ -108,15 +108,15 @@ def demand_growth(before: Demand, now: Demand) -> float:
 
 def counts(h: Mapping[str, Any], joined_ranks: FrozenSet[int], startup: bool = False) -> bool:
     """Whether the header's process may hold the grace: of this host (alive, or past its exit
-    record and still finalizing), no collective in flight, past "never worked" (a rank, a phase
+    record and still finalizing) and not the watcher's own, no collective in flight, past "never worked" (a rank, a phase
     or progress) unless the run is ``startup`` (``headers.at_startup``), and not a helper of a
     rank (its rank hint from the environment is held by a process that joined a group as that
     rank)."""
     # (a header that says exited while its pid lives counts: the interpreter is finalizing,
     # torch's and its libraries' teardown, 5-25 s at load 20-30 on 2 cores; a gone or zombie
     # process has no CPU demand to read)
-    if h.get("host") != _HOST or h.get("inflight_idx"):
-        return False
+    if h.get("host") != _HOST or h.get("inflight_idx") or h.get("pid") == os.getpid():
+        return False  # (the watcher's own process: its polling is not the job working)
     if never_worked(h) and not startup:
         return False
     rank = h.get("rank", -1)
