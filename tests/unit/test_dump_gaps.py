@@ -128,3 +128,17 @@ def test_past_the_stall_threshold_the_rest_is_still_analysed(tmp_path, monkeypat
     d = res.diagnosis
     assert (d.kind, d.culprit_ranks) == ("skipped-collective", [2]), d.summary
     assert any("could not be read at the window's second reading" in e for e in d.evidence), d.evidence
+
+
+def test_many_processes_without_stacks_are_one_line():
+    procs = [
+        ProcessInfo(
+            host=HOST, pid=os.getpid(), rank=r, state="alive", stack_error="py-spy: permission denied"
+        )
+        for r in range(20)
+    ]
+    (line,) = gap_lines(procs, HOST, set(), 3.0)
+    assert line.startswith(
+        "20 processes alike, the first: rank 0 (pid %d): no stacks (py-spy: " % os.getpid()
+    )
+    assert len(gap_lines(procs[:8], HOST, set(), 3.0)) == 8

@@ -79,6 +79,11 @@ def _gone(pid: int) -> bool:
         return True
 
 
+#: at most this many processes are named one line each per kind of gap; more are one line
+#: (py-spy refused on every rank of a large job is one fact, not a line per rank)
+MAX_LINES = 8
+
+
 def gap_lines(
     procs: Iterable[ProcessInfo], host: str, silent_fr: Iterable[int], fr_timeout_s: float
 ) -> List[str]:
@@ -86,20 +91,30 @@ def gap_lines(
     when its ring was read that has no stacks (``stack_error``; "it exited during the
     dump" when its pid is gone now), and a process of ``silent_fr`` (pids) whose Flight
     Recorder agent took the request and did not answer within ``fr_timeout_s`` seconds.
-    Each says what the analysis goes on without. Never raises."""
+    Each says what the analysis goes on without; above :data:`MAX_LINES` processes of one
+    kind, one line counts them and quotes the first. Never raises."""
     silent = set(silent_fr)
-    out: List[str] = []
+    nostack: List[str] = []
+    noagent: List[str] = []
     for p in procs:
         if p.host != host:
             continue
         gone = (p.pid in silent or (p.state == "alive" and p.stacks is None)) and _gone(p.pid)
         how = " - it exited during the dump" if gone else ""
         if p.state == "alive" and p.stacks is None and p.stack_error:
-            out.append("%s: no stacks (%s)%s; analysed from its ring alone" % (_who(p), p.stack_error, how))
+            nostack.append(
+                "%s: no stacks (%s)%s; analysed from its ring alone" % (_who(p), p.stack_error, how)
+            )
         if p.pid in silent:
-            out.append(
+            noagent.append(
                 "%s: its Flight Recorder agent did not answer within %.1f s%s (a process stopped, "
                 "exiting, or holding the GIL in C code); analysed without torch's record of its "
                 "collectives" % (_who(p), fr_timeout_s, how)
             )
-    return out
+    return _capped(nostack) + _capped(noagent)
+
+
+def _capped(lines: List[str]) -> List[str]:
+    if len(lines) <= MAX_LINES:
+        return lines
+    return ["%d processes alike, the first: %s" % (len(lines), lines[0])]
