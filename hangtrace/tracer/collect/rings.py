@@ -191,7 +191,9 @@ def take_snapshot(
     gone, else its recorded part), records process states, takes stacks of every
     alive traced process (py-spy, in parallel; faulthandler fallback). Returns the
     Snapshot (with ``path`` set). Raises RunDirError if ``run_dir`` has no rings.
-    The traced processes keep running.
+    The traced processes keep running. What it could not collect is a line in ``errors``
+    and the rest is analysed: stacks and Flight Recorder answers (``livestacks.gap_lines``),
+    the folder itself when the run directory is deleted meanwhile (never made again).
     """
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + ".%03d" % (time.time_ns() // 1000000 % 1000)
     sdir = os.path.join(run_dir, "snapshots", stamp)
