@@ -200,12 +200,12 @@ def fr_into_snapshot(
     return out
 
 
-def fr_files(run_dir: str, pids: List[int]) -> Dict[str, bytes]:
+def fr_files(run_dir: str, pids: List[int], silent: Optional[Set[int]] = None) -> Dict[str, bytes]:
     """:func:`answered_files` as ``{file name: bytes}``, for a snapshot's ``fr/`` assembled
     elsewhere (``ray/raynode.collect_node``: a Ray actor's tasks carry the await chains of
-    its event loop). Never raises ({} when no agent answers)."""
+    its event loop). ``silent``: as in :func:`_ask`. Never raises ({} when no agent answers)."""
     out: Dict[str, bytes] = {}
-    for path in answered_files(run_dir, pids) if pids else ():
+    for path in answered_files(run_dir, pids, silent=silent) if pids else ():
         try:
             with open(path, "rb") as f:
                 out[os.path.basename(path)] = f.read()
