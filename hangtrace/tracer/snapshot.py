@@ -94,13 +94,16 @@ class ProgressWindow:
     earlier ones in ``ProcessInfo.earlier_stacks``; ``advanced`` is empty (the analysis
     compares the stacks); ``cpu_share``: (key, CPU demand - run plus run-queue wait,
     ``watch/busy.cpu_demand_s`` - in seconds per second between the samples) per process,
-    where it could be read.
+    where it could be read. ``unread``: keys of the processes whose ring was read at the
+    first reading and could not be at the second (deleted during the dump: the run
+    directory removed): the window cannot say they were still.
     """
 
     window_s: float
     source: str = "rings"
     advanced: Tuple[str, ...] = ()
     cpu_share: Tuple[Tuple[str, float], ...] = ()
+    unread: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

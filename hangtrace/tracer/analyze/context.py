@@ -174,6 +174,10 @@ class Ctx:
         )
         self.window, self.advanced, self.advanced_processes = judged_window(snapshot, self.views)
         self.advanced_in_window = self.advanced_processes > 0
+        # processes whose ring vanished between the window's readings (the run directory
+        # deleted during the dump): not known to be still, so the window cannot show the job
+        # hung; only the stall threshold can (diagnose._graph)
+        self.unread_in_window: Tuple[str, ...] = self.window.unread if self.window is not None else ()
         self._judge_window()
         self.insts: Dict[Any, Inst] = {}
         self.inst_of: Dict[int, Inst] = {}

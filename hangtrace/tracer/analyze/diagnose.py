@@ -60,8 +60,10 @@ def _graph(ctx: Ctx) -> Optional[Finding]:
     """(Re)build the wait-for graph; the first hang rule that finds, or None."""
     ctx.insts, ctx.inst_of = build_instances(ctx)
     ctx.cache.clear()
-    if not ctx.insts or ctx.advanced_in_window:
-        return None  # (a process advanced in the snapshot's window: whatever waits, it is not hung)
+    if not ctx.insts or ctx.advanced_in_window or (ctx.unread_in_window and not ctx.stalled):
+        # a process advanced in the snapshot's window: whatever waits, it is not hung; a ring
+        # vanished in it (the run directory deleted): hung only past the stall threshold
+        return None
     return next((f for f in (rule.find(ctx) for rule in HANG_RULES) if f is not None), None)
 
 
@@ -244,6 +246,14 @@ def _window_evidence(ctx: Ctx, d: Diagnosis) -> None:
         "advanced_ranks": list(ctx.advanced),
         "advanced_processes": ctx.advanced_processes,
     }
+    if ctx.unread_in_window:
+        d.details["window"]["unread_processes"] = list(ctx.unread_in_window)
+        ctx.add(
+            "the ring files of %d process(es) (%s) could not be read at the window's second reading "
+            "(deleted during the dump: the run directory removed?): the window cannot show the job "
+            "hung, only the stall threshold (%.0f s) can"
+            % (len(ctx.unread_in_window), ", ".join(ctx.unread_in_window[:8]), ctx.stall_s)
+        )
     if ctx.advanced_in_window:
         others = ctx.advanced_processes - len(ctx.advanced)
         ctx.add(
@@ -264,7 +274,7 @@ def _window_evidence(ctx: Ctx, d: Diagnosis) -> None:
                 ),
             )
         )
-    else:
+    elif not ctx.unread_in_window:
         ctx.add(
             "no traced process made progress in the %.1f s between two readings of the ring headers and "
             "torch's collective counters" % w.window_s

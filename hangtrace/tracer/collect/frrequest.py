@@ -14,7 +14,7 @@ import select
 import shutil
 import socket
 import time
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Set
 
 from hangtrace.tracer import config
 from hangtrace.hooks.torchdist.fr_agent import (
@@ -44,13 +44,20 @@ def _answers(path: str, token: str, asked_wall_ns: int) -> bool:
 
 
 def _ask(
-    run_dir: str, pids: Iterable[int], line: str, timeout_s: float, settle_s: Optional[float] = None
+    run_dir: str,
+    pids: Iterable[int],
+    line: str,
+    timeout_s: float,
+    settle_s: Optional[float] = None,
+    silent: Optional[Set[int]] = None,
 ) -> Dict[int, str]:
     """Send ``line`` to the agent of each of ``pids`` (this host) and collect the answers
     that arrive within ``timeout_s`` seconds in all: {pid: answer}. ``settle_s``: once
     some agent answered, stop waiting for the rest ``settle_s`` seconds after the latest
     answer (an agent that has not answered by then is not running: its process holds the
-    GIL in C code, or is stopped). Never raises."""
+    GIL in C code, or is stopped). ``silent`` (a set, filled): the pids whose agent took
+    the request and did not answer in time (a pid without a listening agent is not one).
+    Never raises."""
     out: Dict[int, str] = {}
     conns: Dict[socket.socket, int] = {}
     for pid in pids:
@@ -82,6 +89,8 @@ def _ask(
     finally:
         for s in conns:
             s.close()
+    if silent is not None:
+        silent.update(conns.values())
     return out
 
 
@@ -98,19 +107,20 @@ def request_fr_dumps(
     timeout_s: float = 5.0,
     host: Optional[str] = None,
     settle_s: Optional[float] = None,
+    silent: Optional[Set[int]] = None,
 ) -> List[str]:
     """Ask the agents of ``pids`` (this host's; ``host`` names it in the dump file names,
     default this one) to dump; wait up to ``timeout_s`` seconds in all (and, with
     ``settle_s``, no longer than that after the latest answer). Returns the dump
     paths of the agents that answered (a process without a listening agent, or one that
     did not answer in time, is left out; a Ray actor's agent that joined no process group
-    writes its sidecar and tasks file but no dump: its path does not exist). Never raises
-    for a single process.
+    writes its sidecar and tasks file but no dump: its path does not exist). ``silent``: as
+    in :func:`_ask`. Never raises for a single process.
     """
     host = host or socket.gethostname()
     asked = time.time_ns()
     token = "%d-%d" % (os.getpid(), asked)
-    answers = _ask(run_dir, pids, token, timeout_s, settle_s=settle_s)
+    answers = _ask(run_dir, pids, token, timeout_s, settle_s=settle_s, silent=silent)
     return [
         dump_path(run_dir, host, pid)
         for pid, a in sorted(answers.items())
@@ -135,16 +145,24 @@ def fr_progress(run_dir: str, pids: Iterable[int], timeout_s: float = 0.5) -> Di
 SNAPSHOT_FR_TIMEOUT_S = 3.0
 
 
-def answered_files(run_dir: str, pids: Iterable[int], timeout_s: float = SNAPSHOT_FR_TIMEOUT_S) -> List[str]:
+def answered_files(
+    run_dir: str,
+    pids: Iterable[int],
+    timeout_s: float = SNAPSHOT_FR_TIMEOUT_S,
+    silent: Optional[Set[int]] = None,
+) -> List[str]:
     """Request dumps from the agents of ``pids`` (this host); the files of those that
     answered, in ``RUN_DIR/fr``: each sidecar, its pending asyncio tasks when it has a
     running loop, and its dump when it has one (a Ray actor that joined no process group
-    answers with its tasks only). [] with ``HANGTRACE_FR=0`` or no agent. Never raises."""
+    answers with its tasks only). [] with ``HANGTRACE_FR=0`` or no agent. ``silent``: as in
+    :func:`_ask`. Never raises."""
     if os.environ.get(config.FR, "1") == "0":
         return []
     out: List[str] = []
     try:
-        for path in request_fr_dumps(run_dir, pids, timeout_s=timeout_s, settle_s=SNAPSHOT_FR_SETTLE_S):
+        for path in request_fr_dumps(
+            run_dir, pids, timeout_s=timeout_s, settle_s=SNAPSHOT_FR_SETTLE_S, silent=silent
+        ):
             base = path[: -len(".pkl")]
             out.extend(f for f in (base + ".meta.json", base + ".tasks.json", path) if os.path.exists(f))
     except Exception:
@@ -153,16 +171,25 @@ def answered_files(run_dir: str, pids: Iterable[int], timeout_s: float = SNAPSHO
 
 
 def fr_into_snapshot(
-    run_dir: str, pids: Iterable[int], snap_dir: str, timeout_s: float = SNAPSHOT_FR_TIMEOUT_S
+    run_dir: str,
+    pids: Iterable[int],
+    snap_dir: str,
+    timeout_s: float = SNAPSHOT_FR_TIMEOUT_S,
+    silent: Optional[Set[int]] = None,
 ) -> List[str]:
     """Copy :func:`answered_files` into ``snap_dir/fr/``. Returns the copied dump paths
-    (``.pkl``). Never raises."""
+    (``.pkl``). ``silent``: as in :func:`_ask`. Never raises."""
     out: List[str] = []
-    files = answered_files(run_dir, pids, timeout_s)
+    files = answered_files(run_dir, pids, timeout_s, silent=silent)
     if not files:
         return out
     dst = os.path.join(snap_dir, FR_SUBDIR)
-    os.makedirs(dst, mode=0o700, exist_ok=True)
+    try:  # (not makedirs: a snapshot folder deleted meanwhile is not made again)
+        os.mkdir(dst, mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return out
     for path in files:
         try:
             shutil.copy2(path, os.path.join(dst, os.path.basename(path)))
@@ -173,12 +200,12 @@ def fr_into_snapshot(
     return out
 
 
-def fr_files(run_dir: str, pids: List[int]) -> Dict[str, bytes]:
+def fr_files(run_dir: str, pids: List[int], silent: Optional[Set[int]] = None) -> Dict[str, bytes]:
     """:func:`answered_files` as ``{file name: bytes}``, for a snapshot's ``fr/`` assembled
     elsewhere (``ray/raynode.collect_node``: a Ray actor's tasks carry the await chains of
-    its event loop). Never raises ({} when no agent answers)."""
+    its event loop). ``silent``: as in :func:`_ask`. Never raises ({} when no agent answers)."""
     out: Dict[str, bytes] = {}
-    for path in answered_files(run_dir, pids) if pids else ():
+    for path in answered_files(run_dir, pids, silent=silent) if pids else ():
         try:
             with open(path, "rb") as f:
                 out[os.path.basename(path)] = f.read()

@@ -22,16 +22,18 @@ import glob
 import os
 import re
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 import orjson
 
 from hangtrace.tracer.ring import reader as R
 from hangtrace.tracer.errors import HangtraceError, RunDirError
-from hangtrace.tracer.snapshot import ProcessInfo, ProgressWindow, Snapshot
+from hangtrace.tracer.snapshot import ProgressWindow, Snapshot
 from hangtrace.tracer.stragglerseen import copy_seen, read_seen
 from hangtrace.tracer.process_model import assign_roles
 from hangtrace.tracer.collect.frdump import find_fr_files, load_fr_dir
+from hangtrace.tracer.collect.frrequest import SNAPSHOT_FR_TIMEOUT_S
+from hangtrace.tracer.collect.livestacks import gap_lines, stacks_for
 from hangtrace.tracer.collect.ringprocs import HOST, error_line, load_rings
 
 
@@ -174,55 +176,10 @@ def _read_window(snap_dir: str) -> Optional[ProgressWindow]:
             window_s=float(d["window_s"]),
             source=str(d.get("source", "rings")),
             advanced=tuple(str(k) for k in d.get("advanced", ())),
+            unread=tuple(str(k) for k in d.get("unread", ())),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _stacks_for(procs: List[ProcessInfo], native: bool, run_dir: str) -> List[ProcessInfo]:
-    """``procs`` with stacks of the alive ones: py-spy in parallel, faulthandler fallback."""
-    from hangtrace.tracer.collect import stacks as S
-    from hangtrace.tracer.collect.faulthandler import request_faulthandler_dump
-
-    alive = [p for p in procs if p.state == "alive"]
-    if not alive:
-        return procs
-    try:
-        res = S.dump_stacks([p.pid for p in alive], native=native)
-    except Exception as e:  # py-spy missing or broken: use the fallback for all
-        res = {p.pid: {"threads": None, "source": None, "error": str(e)} for p in alive}
-    out = []
-    for p in procs:
-        if p.state != "alive":
-            out.append(p)
-            continue
-        r = res.get(p.pid) or {}
-        if r.get("threads"):
-            out.append(
-                dataclasses.replace(
-                    p,
-                    stacks=r["threads"],
-                    stack_source=r.get("source", "py-spy"),
-                    children=tuple(r.get("children") or ()),
-                )
-            )
-            continue
-        err = r.get("error") or "no stacks"
-        stacks, source = p.stacks, p.stack_source
-        sig = p.meta.get("dump_signal") or 0
-        if sig:
-            dump = os.path.join(run_dir, "stacks", "dump-%s-%d.txt" % (p.host, p.pid))
-            try:
-                threads = request_faulthandler_dump(p.pid, sig, dump)
-            except Exception as e:
-                threads = None
-                err += "; faulthandler fallback failed: %s" % e
-            if threads:
-                stacks, source = threads, "faulthandler"
-        else:
-            err += "; no faulthandler fallback (the process registered no dump signal)"
-        out.append(dataclasses.replace(p, stacks=stacks, stack_source=source, stack_error=err))
-    return out
 
 
 def take_snapshot(
@@ -234,15 +191,18 @@ def take_snapshot(
     gone, else its recorded part), records process states, takes stacks of every
     alive traced process (py-spy, in parallel; faulthandler fallback). Returns the
     Snapshot (with ``path`` set). Raises RunDirError if ``run_dir`` has no rings.
-    The traced processes keep running.
+    The traced processes keep running. What it could not collect is a line in ``errors``
+    and the rest is analysed: stacks and Flight Recorder answers (``livestacks.gap_lines``),
+    the folder itself when the run directory is deleted meanwhile (never made again).
     """
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + ".%03d" % (time.time_ns() // 1000000 % 1000)
     sdir = os.path.join(run_dir, "snapshots", stamp)
     os.makedirs(os.path.join(sdir, "rings"), mode=0o700, exist_ok=True)
-    fr = _fr_dumps(run_dir, sdir) if with_stacks else []  # before the rings: FR is never newer
+    silent: Set[int] = set()  # agents that took the request and did not answer
+    fr = _fr_dumps(run_dir, sdir, silent) if with_stacks else []  # before the rings: FR is never newer
     snap = load_run(run_dir, live_facts=True)  # memory facts now, in processes.json
     copy_seen(run_dir, sdir)  # the watcher's stragglers until now (issue 43)
-    os.makedirs(os.path.join(sdir, "stacks"), mode=0o700, exist_ok=True)
+    stored = _mkdir_in(sdir, "stacks")
     snap = dataclasses.replace(snap, reason=reason, path=sdir)
     for p in snap.processes:
         assert p.ring_path is not None  # load_run reads processes from their rings
@@ -264,20 +224,18 @@ def take_snapshot(
             except OSError:
                 pass
     if with_stacks:
-        snap = dataclasses.replace(snap, processes=_stacks_for(snap.processes, native, run_dir))
+        snap = dataclasses.replace(snap, processes=stacks_for(snap.processes, native, run_dir))
+        snap.errors.extend(gap_lines(snap.processes, HOST, silent, SNAPSHOT_FR_TIMEOUT_S))
     for p in snap.processes:
-        if p.stacks is not None:
-            with open(os.path.join(sdir, "stacks", "%s-%d.json" % (p.host, p.pid)), "wb") as f:
-                f.write(
-                    orjson.dumps(
-                        {
-                            "threads": p.stacks,
-                            "source": p.stack_source,
-                            "error": p.stack_error,
-                            "children": list(p.children),
-                        }
-                    )
-                )
+        if p.stacks is not None and stored:
+            doc = {"threads": p.stacks, "source": p.stack_source, "error": p.stack_error}
+            stored = _write(
+                os.path.join(sdir, "stacks", "%s-%d.json" % (p.host, p.pid)),
+                dict(doc, children=list(p.children)),
+                indent=False,
+            )
+    if not stored:
+        snap.errors.append(_UNSTORED % (sdir, run_dir))
     roles = assign_roles(snap.processes)  # what each process is (its "rank" is only the RANK it had)
     meta = {
         "run_dir": os.path.abspath(run_dir),
@@ -297,14 +255,44 @@ def take_snapshot(
             for p in snap.processes
         },
     }
-    with open(os.path.join(sdir, "processes.json"), "wb") as f:
-        f.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    if stored and not _write(os.path.join(sdir, "processes.json"), meta):
+        snap.errors.append(_UNSTORED % (sdir, run_dir))
     return _with_fr(sdir, snap) if fr else snap
 
 
-def _fr_dumps(run_dir: str, sdir: str) -> List[str]:
+#: the ``Snapshot.errors`` line of a snapshot whose folder could not be written
+_UNSTORED = (
+    "%s: the snapshot could not be stored (its folder is gone: was %s deleted during the dump?); "
+    "the verdict is from what was read before"
+)
+
+
+def _mkdir_in(parent: str, name: str) -> bool:
+    """Make ``parent/name`` (0700) when ``parent`` still exists (never its parents: a run
+    directory deleted during a dump is not made again). True when it exists now."""
+    try:
+        os.mkdir(os.path.join(parent, name), mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
+def _write(path: str, doc: Any, indent: bool = True) -> bool:
+    """Write ``doc`` as JSON to ``path``; False when its folder is gone (or unwritable)."""
+    try:
+        with open(path, "wb") as f:
+            f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 if indent else None))
+    except OSError:
+        return False
+    return True
+
+
+def _fr_dumps(run_dir: str, sdir: str, silent: Set[int]) -> List[str]:
     """The Flight Recorder dumps of this host's live traced processes, copied into
-    ``sdir/fr`` (issue 10; ``collect/frrequest.py``). Never raises."""
+    ``sdir/fr`` (issue 10; ``collect/frrequest.py``); ``silent`` gets the pids whose agent
+    did not answer in time. Never raises."""
     from hangtrace.hooks.torchdist.fr_agent import fr_dir
 
     if not os.path.isdir(fr_dir(run_dir)):
@@ -316,7 +304,7 @@ def _fr_dumps(run_dir: str, sdir: str) -> List[str]:
         for m in (re.match(r"ring-%s-(\d+)\.htr$" % re.escape(HOST), b) for b in os.listdir(run_dir))
         if m
     ]
-    return fr_into_snapshot(run_dir, pids, sdir)
+    return fr_into_snapshot(run_dir, pids, sdir, silent=silent)
 
 
 def _with_fr(sdir: str, snap: Snapshot) -> Snapshot:
@@ -330,13 +318,16 @@ def _with_fr(sdir: str, snap: Snapshot) -> Snapshot:
 def write_diagnosis(snap: Snapshot, doc: Dict[str, Any], text: str) -> None:
     """Store ``diagnosis.json`` (``doc``: the diagnosis as JSON-able data,
     ``report.text.diagnosis_json``) and ``report.txt`` (``text``) in the snapshot folder
-    (if any)."""
+    (if any). Never raises OSError."""
     if not snap.path:
         return
-    with open(os.path.join(snap.path, "diagnosis.json"), "wb") as f:
-        f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    with open(os.path.join(snap.path, "report.txt"), "w") as f:
-        f.write(text)
+    try:  # (a folder deleted during the dump: Snapshot.errors says the snapshot is not stored)
+        with open(os.path.join(snap.path, "diagnosis.json"), "wb") as f:
+            f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        with open(os.path.join(snap.path, "report.txt"), "w") as f:
+            f.write(text)
+    except OSError:
+        pass
 
 
 def snapshot_with_fr(path: str, snap: Any = None) -> Any:

@@ -238,6 +238,13 @@ def progressing_text(diag: Diagnosis, who: str, coll: str, d: Dict[str, Any]) ->
     ``Progressing; rank 2 is slow: +30 ms per step (+75 %), in phase 'train', since step 20.``"""
     age = d.get("last_progress_age_s")
     st = d.get("straggler")
+    unread = (d.get("window") or {}).get("unread_processes")
+    if unread:  # (analyze/diagnose._window_evidence)
+        return (
+            "Not judged over a window: the ring files of %d process(es) vanished during the dump's "
+            "window (the run directory deleted?), and the job is not past the stall threshold%s."
+            % (len(unread), "; last progress %.1f s before the snapshot" % age if age is not None else "")
+        )
     if st:
         return "Progressing; %s. %s" % (straggler_phrase(st), straggler_sentence(st))
     return "Progressing: no rank waits for a missing or diverged rank%s." % (

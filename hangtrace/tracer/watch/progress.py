@@ -222,7 +222,9 @@ def window(
     """Read ``run_dir``'s ring headers and its ranks' torch counters, run ``during`` (the
     snapshot), wait until ``window_s`` seconds (at least :data:`MIN_WINDOW_S`) have passed
     since the first reading, and read them again. Returns the :class:`ProgressWindow`
-    (``window_s``: the seconds between the readings) and what ``during`` returned."""
+    (``window_s``: the seconds between the readings; ``unread``: the processes whose ring
+    file was there at the first reading and not at the second) and what ``during``
+    returned."""
     window_s = max(MIN_WINDOW_S, float(window_s))
     t0 = clock()
     before = read_headers(run_dir)
@@ -235,4 +237,6 @@ def window(
     after = read_headers(run_dir)
     fr_after = ask_counters(run_dir, ranks)
     moved = moved_between(before, after, fr_before, fr_after)
-    return ProgressWindow(window_s=round(clock() - t0, 3), source="rings", advanced=tuple(moved)), got
+    unread = tuple(sorted(key_of(h) for path, h in before.items() if path not in after))
+    w = ProgressWindow(window_s=round(clock() - t0, 3), source="rings", advanced=tuple(moved), unread=unread)
+    return w, got

@@ -5,7 +5,10 @@ driver, standing in for a user or a preemption): ``idle`` - before the step's ro
 the trainers are between ``train`` calls (Ray's handler then exits it with code 0); ``train``
 - 0.5 s into the step's ``train``. The driver's ``ray.get`` fails with ActorDiedError and it
 calls ``ray.shutdown()``, whose raylet SIGTERMs the Rollout and rank 0 (issue 38, item 5).
-Usage: ``python ray_sigterm_trainer.py idle|train``.
+``kill`` - rank 1 SIGKILLed 0.5 s into step 3's ``train`` (as the kernel's OOM killer would),
+then the same teardown; ``none`` - no fault: 7 steps, then ``ray.shutdown()`` (a clean run,
+for the start-up grace under load).
+Usage: ``python ray_sigterm_trainer.py idle|train|kill|none``.
 """
 
 import os
@@ -75,8 +78,9 @@ def main(when):
 
     def kill(delay):
         time.sleep(delay)
-        print("[driver] SIGTERM to rank 1 (pid %d)" % pids[1], flush=True)
-        os.kill(pids[1], signal.SIGTERM)
+        sig = signal.SIGKILL if when == "kill" else signal.SIGTERM
+        print("[driver] %s to rank 1 (pid %d)" % (sig.name, pids[1]), flush=True)
+        os.kill(pids[1], sig)
 
     try:
         for step in range(1, 8):
@@ -84,7 +88,7 @@ def main(when):
                 kill(0)
             data = ray.get(rollout.generate.remote(step), timeout=60)
             refs = [t.train.remote(step, data) for t in trainers]
-            if step == 3 and when == "train":
+            if step == 3 and when in ("train", "kill"):
                 threading.Thread(target=kill, args=(0.5,)).start()
             print("[driver] step", step, ray.get(refs, timeout=60), flush=True)
     except Exception as e:  # noqa: BLE001 - as an RL driver does

@@ -16,7 +16,7 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 import orjson
 
@@ -114,7 +114,6 @@ def collect_node(
     [wall_ns, text]}, processes: {"host:pid": {state, exit_code, rank, stack_error}}``.
     Never raises for missing or unreadable files (they become ``errors`` lines).
     """
-    from hangtrace.tracer.collect import rings as C
     from hangtrace.tracer.collect.ringprocs import load_rings
     from hangtrace.tracer.ring import reader as R
 
@@ -163,13 +162,19 @@ def collect_node(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if with_stacks:
+        from hangtrace.tracer.collect.frrequest import SNAPSHOT_FR_TIMEOUT_S, fr_files
+        from hangtrace.tracer.collect.livestacks import gap_lines, stacks_for
+
         try:
-            mine = C._stacks_for(mine, native, run_dir)
+            mine = stacks_for(mine, native, run_dir)
         except Exception as e:
             out["errors"].append("node %s: stacks failed: %s" % ((node_id or "?")[:12], e))
-        from hangtrace.tracer.collect.frrequest import fr_files
-
-        out["fr"] = fr_files(run_dir, [p.pid for p in mine if p.state == "alive" and p.host == host])
+        silent: Set[int] = set()
+        out["fr"] = fr_files(run_dir, [p.pid for p in mine if p.state == "alive" and p.host == host], silent)
+        out["errors"].extend(
+            "node %s: %s" % ((node_id or "?")[:12], g)
+            for g in gap_lines(mine, host, silent, SNAPSHOT_FR_TIMEOUT_S)
+        )
     for p in mine:
         if p.stacks is not None:
             out["stacks"]["%s-%d.json" % (p.host, p.pid)] = orjson.dumps(
