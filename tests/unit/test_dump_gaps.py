@@ -104,6 +104,7 @@ def _deleting_dump(tmp_path, monkeypatch, stall_s):
         return procs
 
     monkeypatch.setattr("hangtrace.tracer.collect.rings.stacks_for", deleting)
+    time.sleep(0.1)  # (the rings' last progress older than a stall threshold of 0.01 s)
     res = pipeline.dump_live(str(run_dir), "request", window_s=1.0, stall_s=stall_s)
     return run_dir, res
 
