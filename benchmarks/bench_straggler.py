@@ -9,7 +9,8 @@ collectives (so the pass does all its work: detection, change point, phase). The
 process: ``collect.rings.load_run`` (the compact summaries), ``diagnose`` (the whole analysis,
 the straggler pass included) and the straggler pass alone (``analyze.straggler.of_processes``),
 each timed ``--repeats`` times (median of CPU time, ``time.process_time``: the figure to
-compare on a shared machine); peak RSS of the process.
+compare on a shared machine) without Python's cyclic garbage collector, as ``hangtrace
+analyze`` runs; peak RSS of the process.
 
     PYTHONPATH=. python benchmarks/bench_straggler.py [--ranks 4096] [--records 2000] [--repeats 3]
 """
@@ -17,6 +18,7 @@ compare on a shared machine); peak RSS of the process.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import resource
@@ -142,6 +144,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
         loads, diags, passes = [], [], []
         d = st = None
+        gc.disable()  # as `hangtrace analyze` runs (cli_diagnose.cmd_analyze)
         for _ in range(a.repeats):
             t0 = time.process_time()
             snap = load_run(run_dir)
