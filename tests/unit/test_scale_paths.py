@@ -43,6 +43,12 @@ def _entry(seq, t, name="gloo:all_reduce", retired=True):
 def _job(steps, seed=0):
     """Our records (a Python all_reduce per step, a step record) and the FR dump of the same
     run (a C++-issued all_reduce before each of ours: DDP's), last call still in flight."""
+    ours, d = _job_dump(steps, seed)
+    return ours, fr_records(d)
+
+
+def _job_dump(steps, seed=0):
+    """:func:`_job` with the dump itself (an ``FrDump``) instead of its records."""
     rnd = random.Random(seed)
     ours, es, idx, seq = [], [], 0, 0
     t = T0
@@ -77,7 +83,7 @@ def _job(steps, seed=0):
                 {"idx": idx, "kind": "step", "step": s + 1, "t_wall_ns": t + MS, "state": "completed"}
             )
     d = parse_fr_bytes(pickle.dumps({"version": "2.10", "entries": es}), "x", rank=0, host="h", pid=1)
-    return ours, fr_records(d)
+    return ours, d
 
 
 def test_window_join_equals_full_join_where_the_analysis_reads():
@@ -228,3 +234,33 @@ def test_snapshot_copy_links_a_finished_ring_and_leaves_unwritten_slots_a_hole(t
     assert a.records == b.records and len(a.records) >= 5 and a.header == dict(b.header, **{})
     assert snapshot_copy(src, link, frozen=True) == 0
     assert os.stat(link).st_ino == os.stat(src).st_ino
+
+
+def test_window_join_keeps_the_summarys_history_for_the_straggler_pass():
+    """A process read from its ring summary joins its dump over the summary's history too,
+    not only its tail: a phase-rich loop's tail of 256 records (memory samples at each phase)
+    held 21 of the 60 steps of the contention test job, and its `dump` named no straggler
+    (step 20 gone). The joined history equals the full join's, C++-issued entries included."""
+    from hangtrace.tracer.ring.frjoin import join_fr
+    from hangtrace.tracer.ring.summary import HISTORY
+    from hangtrace.tracer.snapshot import ProcessInfo
+
+    ours, d = _job_dump(300)  # (our history: the newest 512 of 599 records, ~256 steps)
+    noisy, idx = [], 0
+    for r in ours:  # four memory samples after each record (the phase samples)
+        for k in range(5):
+            idx += 1
+            if k == 0:
+                noisy.append(dict(r, idx=idx))
+            else:
+                noisy.append({"idx": idx, "kind": "memory", "t_wall_ns": r["t_wall_ns"] + k, "rss": 1})
+    s = summarize_records(noisy, tail=40)
+    assert len(s.history) > len(s.tail)
+    p = ProcessInfo(host="h", pid=1, rank=0, records=[noisy[0]], summary=s)  # a summary-read process
+    joined = join_fr([p], [d])[0]
+    part = summarize_records(joined.records).history
+    full = summarize_records(merge_records(noisy, fr_records(d))).history
+    assert len(full) == HISTORY and len(part) == len(full)
+    assert [(r.get("kind"), r.get("seq"), r.get("t_wall_ns")) for r in part] == [
+        (r.get("kind"), r.get("seq"), r.get("t_wall_ns")) for r in full
+    ]

@@ -85,6 +85,29 @@ def test_numpy_and_python_summaries_keep_the_same_history(tmp_path):
     )
 
 
+def test_rows_read_in_two_parts_equal_one_read_raw_slots_and_records(tmp_path):
+    """The pass reads its newest rows, then (a group with many collectives per step) older
+    ones without unpacking the newest twice: the same rows, the same instances as one read."""
+    from hangtrace.tracer.analyze.straggler.series import by_group, collective_rows, instances, more_rows
+    from hangtrace.tracer.ring.timingrows import rows
+
+    raw = {p.rank: p.summary.history for p in recorded(tmp_path, "long").processes}
+    dicts = job(4, 200, slow_from(2, 20, 30))
+    for hist in (raw, dicts):
+        for h in hist.values():
+            assert rows(h, ("collective",), 300, skip=50) == rows(h, ("collective",), 300)[50:]
+            assert rows(h, (), 0, skip=7) == rows(h)[7:]
+        for first in (10, 192, 600):
+            have = collective_rows(hist, first)
+            assert more_rows(hist, have, 512) == collective_rows(hist, 512)
+        members = by_group(collective_rows(hist, 512))["0"]
+        inst = instances("0", members, window=256)
+        for i, s in enumerate(inst.seqs):
+            walls = [members[r][s].t_wall_ns for r in inst.ranks]
+            assert inst.arrival[i] == tuple(float(w - min(walls)) for w in walls)
+            assert inst.wall[i] == max(walls) and inst.by_rank[i] == tuple(members[r][s] for r in inst.ranks)
+
+
 # --- synthetic records: one collective per step in phase 'train', times in ns ---------------
 def job(n, steps, late_ms, fr=False, with_steps=True, seed=0):
     """``n`` ranks; ``late_ms(rank, step, rng)`` ms after the step start each issues its all_reduce."""

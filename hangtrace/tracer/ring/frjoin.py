@@ -130,13 +130,19 @@ def _window(p: ProcessInfo) -> Window:
     if s is None or not s.tail or len(recs) >= s.count:
         return recs, None
     tail = list(s.tail)
+    # the history too (the newest 512 collective/phase/step records, further back than the
+    # tail's 256 records of every kind): joined from the tail alone, the summary rebuilt from
+    # the merged records kept only the history the tail held - 21 steps of a 60-step gloo job
+    # with a memory sampler (its dump named no straggler; step 20 was gone), a DDP job's
+    # C++-issued all-reduces only as far back as the tail
+    history = [r for r in s.history if r.get("t_wall_ns")]
     by_idx: Dict[Any, Any] = {r.get("idx"): r for r in recs}
-    for r in tail:
+    for r in tail + history:
         by_idx.setdefault(r.get("idx"), r)
     merged = sorted(by_idx.values(), key=lambda r: r.get("idx") or 0)
     if len(merged) >= s.count:
         return merged, None
-    return merged, float(min((r.get("t_wall_ns") or 0) for r in tail))
+    return merged, float(min((r.get("t_wall_ns") or 0) for r in tail + history))
 
 
 def window_cutoff(p: ProcessInfo) -> Optional[int]:

@@ -98,9 +98,11 @@ def _row_of_dict(r: Any) -> Row:
     )
 
 
-def rows(history: Sequence[Any], kinds: Sequence[str] = (), newest: int = 0) -> List[Row]:
+def rows(history: Sequence[Any], kinds: Sequence[str] = (), newest: int = 0, skip: int = 0) -> List[Row]:
     """The rows of ``history`` of ``kinds`` (all when empty), newest first, at most
-    ``newest`` of them (0 = all). Raw slots are unpacked only for the rows returned."""
+    ``newest`` of them (0 = all), the first ``skip`` of those left out (a reader that already
+    has them: ``rows(h, k, n, skip=m)`` is ``rows(h, k, n)[m:]``). Raw slots are unpacked only
+    for the rows returned."""
     raw = getattr(history, "_raw", None)
     out: List[Row] = []
     if isinstance(raw, bytes):
@@ -108,10 +110,12 @@ def rows(history: Sequence[Any], kinds: Sequence[str] = (), newest: int = 0) -> 
         want = {k for k, v in _KIND.items() if not kinds or v in kinds}
         kbytes = raw[8::SLOT_SIZE]
         pos = [i for i in range(len(kbytes) - 1, -1, -1) if kbytes[i] in want]
-        return [_row_of_slot(raw, i * SLOT_SIZE, strings) for i in (pos[:newest] if newest else pos)]
+        return [
+            _row_of_slot(raw, i * SLOT_SIZE, strings) for i in (pos[skip:newest] if newest else pos[skip:])
+        ]
     for r in reversed(history):
         if not kinds or r.get("kind") in kinds:
             out.append(_row_of_dict(r))
             if newest and len(out) >= newest:
                 break
-    return out
+    return out[skip:]

@@ -28,7 +28,7 @@ from hangtrace.tracer.analyze.straggler.detect import (
     candidate,
     units,
 )
-from hangtrace.tracer.analyze.straggler.series import WINDOW, by_group, collective_rows, instances
+from hangtrace.tracer.analyze.straggler.series import WINDOW, by_group, collective_rows, instances, more_rows
 from hangtrace.tracer.analyze.straggler.seen import episode_at, resolve
 from hangtrace.tracer.analyze.straggler.when import phase, since
 from hangtrace.tracer.diagnosis import Diagnosis
@@ -131,12 +131,13 @@ def find(histories: Mapping[int, Sequence[Any]]) -> Optional[Straggler]:
     one the group waits longest for per step; None when nobody is slow."""
     found: List[Candidate] = []
     wide: Optional[Dict[str, Dict[int, Any]]] = None
-    for group, members in sorted(by_group(collective_rows(histories)).items()):
+    coll = collective_rows(histories)
+    for group, members in sorted(by_group(coll).items()):
         inst = instances(group, members)
         if inst is not None and len(units(inst, WINDOW_STEPS)) < WINDOW_STEPS and len(inst.seqs) >= WINDOW:
             # many collectives per step (an all-reduce per parameter): WINDOW seqs are
             # fewer than WINDOW_STEPS steps; the whole history's, at most MAX_PERIOD per step
-            wide = wide if wide is not None else by_group(collective_rows(histories, HISTORY))
+            wide = wide if wide is not None else by_group(more_rows(histories, coll, HISTORY))
             inst = instances(group, wide.get(group, members), window=WINDOW_STEPS * MAX_PERIOD)
         c = candidate(inst) if inst is not None else None
         if c is not None:
