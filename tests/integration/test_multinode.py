@@ -38,6 +38,7 @@ def start_nodes(tmp_path, mode, args=(), env_extra=None, rdzv="static"):
         pytest.skip("torchrun not on PATH")
     port, out = free_port(), tmp_path / "out"
     out.mkdir()
+    (tmp_path / "port").write_text(str(port))
     procs, dirs = [], []
     for n in (0, 1):
         run = tmp_path / ("node%d" % n)
@@ -136,9 +137,10 @@ def test_sleeping_rank_on_node1_under_hangtrace_run(tmp_path):
 @need_all
 def test_sleeping_rank_on_node1_with_the_c10d_rendezvous(tmp_path):
     """The same job launched as multi-node jobs mostly are (``--rdzv-backend c10d
-    --rdzv-endpoint``): the rendezvous numbers the nodes and its store, which the ranks use
-    too (MASTER_PORT), is where the watchers meet. Both nodes' analyze name rank 3, its node
-    (the rendezvous's node 1, whichever agent that is) and its line."""
+    --rdzv-endpoint``): the rendezvous numbers the nodes, and the ranks' store (MASTER_PORT:
+    torch's dynamic rendezvous has its node 0 agent host one on a free port) is where the
+    watchers meet. Both nodes' analyze name rank 3, its node (the rendezvous's node 1,
+    whichever agent that is) and its line."""
     procs, dirs, _ = start_nodes(tmp_path, "run", ["--sleep-rank", "3", "--sleep-step", "15"], rdzv="c10d")
     try:
         for p in procs:
@@ -151,6 +153,11 @@ def test_sleeping_rank_on_node1_with_the_c10d_rendezvous(tmp_path):
     logs_ = [watcher_log(run) for run in dirs]
     assert sorted("node meeting: registered node 1" in w for w in logs_) == [False, True], why
     assert any("node meeting: registered node 0" in w for w in logs_), why
+    # both meet in the ranks' store (MASTER_ADDR:MASTER_PORT): with torch's c10d rendezvous
+    # one that the rendezvous's node 0 agent hosts on a free port, not the endpoint's
+    stores = {w.split("; store ")[1].split("\n")[0] for w in logs_ if "; store " in w}
+    port = int((tmp_path / "port").read_text())
+    assert len(stores) == 1 and not stores & {"127.0.0.1:%d" % port, "localhost:%d" % port}, why
     for run in dirs:  # the verdict is job-wide on both: node 0's word stored on the other
         assert list(run.glob("snapshots/*/nodes/nodes.json")), why
 
