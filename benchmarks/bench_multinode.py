@@ -156,6 +156,7 @@ def one(n, snap_dir, procs, poll):
         "verdict": "%s %s" % (d.kind.value, d.culprit_ranks[:4]),
         "last_part_s": round(last - t0, 3),
         "assembler_cpu_s": round(cpu, 3),
+        "assembler_ops": link.ops,
         "encode_ms": round(1000 * sorted(encs)[len(encs) // 2], 1) if encs else 0.0,
     }
 
@@ -178,6 +179,7 @@ def main(argv=None):
         ("trigger -> all parts read (s)", "gather_s", "%.2f"),
         ("trigger -> verdict (s)", "verdict_s", "%.2f"),
         ("assembler CPU (s)", "assembler_cpu_s", "%.2f"),
+        ("assembler's store operations", "assembler_ops", "%d"),
         ("bytes through the store", "store_bytes", "%d"),
         ("part bytes per rank", "bytes_per_rank", "%d"),
         ("a node's encode (ms, median)", "encode_ms", "%.1f"),

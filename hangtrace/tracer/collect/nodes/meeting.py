@@ -30,6 +30,8 @@ from hangtrace.tracer.collect.nodes.identity import NodeIdentity
 from hangtrace.tracer.collect.nodes.summaryformat import VERSION, NodePart, SummaryError, decode
 
 PROTOCOL = 1
+#: seconds between two reads of every part not read yet while :meth:`Meeting.gather` waits
+PASS_S = 1.0
 
 
 @dataclass
@@ -169,26 +171,29 @@ class Meeting:
     ) -> Gathered:
         """Every other node's part of incident ``n``, waiting until each node answered (or
         its part proved unusable) or ``deadline_s`` seconds passed. One read of the parts
-        counter per round, one ``multi_get`` once every node published (a check per node
-        only when the count moved, or each second); a store that goes away ends the wait with
-        the parts read until then (and those read before, :meth:`part`). Never raises."""
+        counter per round (every 0.2 s), one ``multi_get`` once every node published; a check
+        per node not read yet only every :data:`PASS_S` seconds and at the deadline (per
+        round when the count moved, it was O(nodes) store operations per round: 2,046 per
+        0.2 s at 1,024 nodes while their parts came in); a store that goes away ends the
+        wait with the parts read until then (and those read before, :meth:`part`). Never
+        raises."""
         g = Gathered()
         t0 = clock()
         pending = set(range(self.me.node_count)) - {self.me.node_rank}
         gone: Optional[str] = None
-        seen_count, last_pass = -1, -1.0
+        last_pass = t0
         while True:
+            final = clock() - t0 >= deadline_s
             try:
                 count = self.link.add(self._k("incident/%d/parts" % n), 0) if gone is None else -1
             except Exception as e:  # StoreGone: keep what was read, name what was not
                 gone, count = str(e), -1
             if gone is None and count >= self.me.node_count and pending:  # all published: one read
                 gone = self._read_all(n, sorted(pending), g, pending)
-            elif count != seen_count or clock() - last_pass >= 1.0 or gone is not None:
+            elif final or gone is not None or clock() - last_pass >= PASS_S:
                 gone = self._read_each(n, sorted(pending), g, pending, gone)
                 last_pass = clock()
-            seen_count = count
-            if not pending or clock() - t0 >= deadline_s or gone is not None:
+            if not pending or final or gone is not None:
                 break
             sleep(min(0.2, max(0.0, deadline_s - (clock() - t0))))
         g.waited_s = clock() - t0
