@@ -29,11 +29,12 @@ need_all = pytest.mark.skipif(
 STALL_S = 8
 
 
-def start_nodes(tmp_path, mode, args=(), env_extra=None, rdzv="static"):
+def start_nodes(tmp_path, mode, args=(), env_extra=None, rdzv="static", terms=None):
     """Two torchrun agents as nodes 0 and 1 (``mode`` 'run': each under ``hangtrace run``;
     'auto': HANGTRACE=1 with the auto-started watcher; ``rdzv`` 'static': ``--node-rank`` and
     ``--master-addr/--master-port``, 'c10d': ``--rdzv-backend c10d``, the rendezvous assigns
-    the node ranks and its store is the job's). Returns (procs, run dirs, out dir)."""
+    the node ranks and its store is the job's; ``terms``: one terminal per node, its
+    agent's stderr, as where a user typed the command). Returns (procs, run dirs, out dir)."""
     if TORCHRUN is None:
         pytest.skip("torchrun not on PATH")
     port, out = free_port(), tmp_path / "out"
@@ -53,9 +54,8 @@ def start_nodes(tmp_path, mode, args=(), env_extra=None, rdzv="static"):
             run.mkdir()
             env = base_env(run, HANGTRACE_AUTO_WATCH=1, HANGTRACE_STALL_S=STALL_S, **extra)
         log = open(tmp_path / ("node%d.log" % n), "w")
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        )
+        err = terms[n].slave if terms else subprocess.STDOUT
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=err, start_new_session=True))
         log.close()
     return procs, dirs, out
 
@@ -164,7 +164,21 @@ def test_sleeping_rank_on_node1_with_the_c10d_rendezvous(tmp_path):
 
 @need_all
 def test_sleeping_rank_on_node1_under_auto_watch(tmp_path):
-    procs, dirs, _ = start_nodes(tmp_path, "auto", ["--sleep-rank", "3", "--sleep-step", "15"])
+    """HANGTRACE=1 on each node, each agent's stderr a terminal: both terminals show the
+    job-wide verdict (the auto-started watcher writes it there), `dump` on node 1 and both
+    nodes' `analyze` name rank 3, its node and its line."""
+    from test_entry_points import Terminal  # (a pty drained by a thread)
+
+    terms = [Terminal(), Terminal()]
+    try:
+        _auto_watch_case(tmp_path, terms)
+    finally:
+        for t in terms:
+            t.close()
+
+
+def _auto_watch_case(tmp_path, terms):
+    procs, dirs, _ = start_nodes(tmp_path, "auto", ["--sleep-rank", "3", "--sleep-step", "15"], terms=terms)
     try:
         wait_for(
             lambda: (
@@ -191,6 +205,11 @@ def test_sleeping_rank_on_node1_under_auto_watch(tmp_path):
     assert dumped["details"]["nodes"]["unseen"] == [], dumped["details"]
     for run in dirs:
         check_sleeper(analyze(run), why)
+    for n, t in enumerate(terms):  # the verdict on each node's terminal, job-wide
+        text = " ".join(t.text().split())
+        assert "hangtrace verdict (node watcher)" in text and "Rank 3 is on node 1" in text, (
+            "node %d's terminal:\n%s\n%s" % (n, t.text()[-3000:], why)
+        )
 
 
 @need_all
