@@ -4,7 +4,7 @@ Two nodes are simulated on this machine as two torchrun agents (``--nnodes 2 --n
 0/1``, one free master port: node 0's agent hosts the job's TCPStore), 2 ranks each, each
 node with its own run directory and its own watcher, as on a real cluster. The default run
 holds one case (the sleeping rank under ``hangtrace run``, about 50 s); the others run with
-``HANGTRACE_MULTINODE=all`` (docs/MULTINODE.md gives the command).
+``HANGTRACE_MULTINODE=all`` or ``HANGTRACE_LONG=1`` (docs/MULTINODE.md gives the command).
 """
 
 import json
@@ -22,45 +22,51 @@ from jobs import REPO, base_env, free_port
 
 SCRIPT = os.path.join(REPO, "tests", "integration", "scripts", "mn_ddp.py")
 TORCHRUN = shutil.which("torchrun")
-ALL = os.environ.get("HANGTRACE_MULTINODE") == "all"
+ALL = os.environ.get("HANGTRACE_MULTINODE") == "all" or os.environ.get("HANGTRACE_LONG") == "1"
 need_all = pytest.mark.skipif(
-    not ALL, reason="multi-node case beyond the default one: HANGTRACE_MULTINODE=all"
+    not ALL, reason="multi-node case beyond the default one: HANGTRACE_MULTINODE=all or HANGTRACE_LONG=1"
 )
 STALL_S = 8
 
 
-def start_nodes(tmp_path, mode, args=(), env_extra=None):
+def start_nodes(tmp_path, mode, args=(), env_extra=None, rdzv="static", terms=None):
     """Two torchrun agents as nodes 0 and 1 (``mode`` 'run': each under ``hangtrace run``;
-    'auto': HANGTRACE=1 with the auto-started watcher). Returns (procs, run dirs, out dir)."""
+    'auto': HANGTRACE=1 with the auto-started watcher; ``rdzv`` 'static': ``--node-rank`` and
+    ``--master-addr/--master-port``, 'c10d': ``--rdzv-backend c10d``, the rendezvous assigns
+    the node ranks and its store is the job's; ``terms``: one terminal per node, its
+    agent's stderr, as where a user typed the command). Returns (procs, run dirs, out dir)."""
     if TORCHRUN is None:
         pytest.skip("torchrun not on PATH")
     port, out = free_port(), tmp_path / "out"
     out.mkdir()
+    (tmp_path / "port").write_text(str(port))
     procs, dirs = [], []
     for n in (0, 1):
         run = tmp_path / ("node%d" % n)
         dirs.append(run)
-        cmd = cmd_of(n, port, out, args)
+        cmd = cmd_of(n, port, out, args, rdzv)
         extra = dict(HANGTRACE_STARTUP_STALL_S=90, OMP_NUM_THREADS=1, **(env_extra or {}))
         if mode == "run":
             env = base_env(traced=False, **extra)
             cmd = [sys.executable, "-m", "hangtrace", "run", "--stall-s", str(STALL_S), "--stop-on-stall"]
-            cmd += ["--dir", str(run), "--"] + cmd_of(n, port, out, args)
+            cmd += ["--dir", str(run), "--"] + cmd_of(n, port, out, args, rdzv)
         else:
             run.mkdir()
             env = base_env(run, HANGTRACE_AUTO_WATCH=1, HANGTRACE_STALL_S=STALL_S, **extra)
         log = open(tmp_path / ("node%d.log" % n), "w")
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        )
+        err = terms[n].slave if terms else subprocess.STDOUT
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=err, start_new_session=True))
         log.close()
     return procs, dirs, out
 
 
-def cmd_of(n, port, out, args):
-    cmd = [TORCHRUN, "--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "2"]
-    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port), SCRIPT, "--out", str(out)]
-    return cmd + list(args)
+def cmd_of(n, port, out, args, rdzv="static"):
+    cmd = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "2"]
+    if rdzv == "c10d":
+        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:%d" % port, "--rdzv-id", "ht39"]
+    else:
+        cmd += ["--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    return cmd + [SCRIPT, "--out", str(out)] + list(args)
 
 
 def analyze(*run_dirs):
@@ -129,8 +135,50 @@ def test_sleeping_rank_on_node1_under_hangtrace_run(tmp_path):
 
 
 @need_all
+def test_sleeping_rank_on_node1_with_the_c10d_rendezvous(tmp_path):
+    """The same job launched as multi-node jobs mostly are (``--rdzv-backend c10d
+    --rdzv-endpoint``): the rendezvous numbers the nodes, and the ranks' store (MASTER_PORT:
+    torch's dynamic rendezvous has its node 0 agent host one on a free port) is where the
+    watchers meet. Both nodes' analyze name rank 3, its node (the rendezvous's node 1,
+    whichever agent that is) and its line."""
+    procs, dirs, _ = start_nodes(tmp_path, "run", ["--sleep-rank", "3", "--sleep-step", "15"], rdzv="c10d")
+    try:
+        for p in procs:
+            p.wait(timeout=240)
+    finally:
+        stop(*procs)
+    why = logs(tmp_path)
+    for run in dirs:
+        check_sleeper(analyze(run), why)
+    logs_ = [watcher_log(run) for run in dirs]
+    assert sorted("node meeting: registered node 1" in w for w in logs_) == [False, True], why
+    assert any("node meeting: registered node 0" in w for w in logs_), why
+    # both meet in the ranks' store (MASTER_ADDR:MASTER_PORT): with torch's c10d rendezvous
+    # one that the rendezvous's node 0 agent hosts on a free port, not the endpoint's
+    stores = {w.split("; store ")[1].split("\n")[0] for w in logs_ if "; store " in w}
+    port = int((tmp_path / "port").read_text())
+    assert len(stores) == 1 and not stores & {"127.0.0.1:%d" % port, "localhost:%d" % port}, why
+    for run in dirs:  # the verdict is job-wide on both: node 0's word stored on the other
+        assert list(run.glob("snapshots/*/nodes/nodes.json")), why
+
+
+@need_all
 def test_sleeping_rank_on_node1_under_auto_watch(tmp_path):
-    procs, dirs, _ = start_nodes(tmp_path, "auto", ["--sleep-rank", "3", "--sleep-step", "15"])
+    """HANGTRACE=1 on each node, each agent's stderr a terminal: both terminals show the
+    job-wide verdict (the auto-started watcher writes it there), `dump` on node 1 and both
+    nodes' `analyze` name rank 3, its node and its line."""
+    from test_entry_points import Terminal  # (a pty drained by a thread)
+
+    terms = [Terminal(), Terminal()]
+    try:
+        _auto_watch_case(tmp_path, terms)
+    finally:
+        for t in terms:
+            t.close()
+
+
+def _auto_watch_case(tmp_path, terms):
+    procs, dirs, _ = start_nodes(tmp_path, "auto", ["--sleep-rank", "3", "--sleep-step", "15"], terms=terms)
     try:
         wait_for(
             lambda: (
@@ -157,6 +205,11 @@ def test_sleeping_rank_on_node1_under_auto_watch(tmp_path):
     assert dumped["details"]["nodes"]["unseen"] == [], dumped["details"]
     for run in dirs:
         check_sleeper(analyze(run), why)
+    for n, t in enumerate(terms):  # the verdict on each node's terminal, job-wide
+        text = " ".join(t.text().split())
+        assert "hangtrace verdict (node watcher)" in text and "Rank 3 is on node 1" in text, (
+            "node %d's terminal:\n%s\n%s" % (n, t.text()[-3000:], why)
+        )
 
 
 @need_all

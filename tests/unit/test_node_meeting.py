@@ -16,7 +16,7 @@ from jobs import base_env
 from hangtrace.tracer.analyze.diagnose import diagnose
 from hangtrace.tracer.collect.nodes import jobsnap
 from hangtrace.tracer.collect.nodes.identity import NodeIdentity, identity_of
-from hangtrace.tracer.collect.nodes.meeting import Meeting
+from hangtrace.tracer.collect.nodes.meeting import Meeting, checked_registration, checked_trigger
 from hangtrace.tracer.collect.nodes.storelink import DirLink, StoreGone, StoreLink
 from hangtrace.tracer.collect.nodes.summaryformat import VERSION, SummaryError, decode, encode
 
@@ -216,6 +216,88 @@ def test_meeting_names_every_bad_part_and_the_silent_node(store):
         and "no summary within" in g2.nodes[1]["why"]
         and "last sign of life" in g2.nodes[1]["why"]
     )
+
+
+def test_garbled_registrations_and_triggers_are_named_not_fatal(store, tmp_path):
+    """Keys under the prefix that parse as JSON of another shape (a registration whose beat
+    is a string or whose ranks are a number, another node's registration under this node's
+    key, another protocol version, a trigger without numbers): each registration named in
+    the gather's errors and the node's why, the triggers read as unknown; the watcher's beat
+    still sees the next incident; nothing raises."""
+    from hangtrace.tracer.watch.jobwatch import JobWatch
+
+    port = store.port
+    ident = NodeIdentity(0, 5, "h0", ("127.0.0.1", port), "j.0", (0, 1))
+    m0 = Meeting(StoreLink("127.0.0.1", port, 2.0), ident, "/r0")
+    raw = StoreLink("127.0.0.1", port, 2.0)
+    raw.set("hangtrace/j.0/node/1", b'{"host": "h1", "ranks": [2, 3], "beat_wall_ns": "yesterday"}')
+    raw.set("hangtrace/j.0/node/2", b'{"host": "h2", "ranks": 5, "beat_wall_ns": 1}')
+    raw.set("hangtrace/j.0/node/3", b'{"node_rank": 1, "host": "h1", "ranks": [2, 3]}')
+    raw.set("hangtrace/j.0/node/4", b'{"version": 7, "host": "h4"}')
+    n = m0.open_incident("stall", "x")
+    g = m0.gather(n, 0.3)  # (raised TypeError/ValueError on node 1's and 2's before)
+    by = {x["node_rank"]: x for x in g.nodes}
+    text = "\n".join(g.errors)
+    assert "node 1's registration (hangtrace/j.0/node/1): its beat time is 'yesterday'" in text, text
+    assert "node 2's registration (hangtrace/j.0/node/2): its ranks are 5, not a list" in text, text
+    assert (
+        "node 3's registration (hangtrace/j.0/node/3): foreign registration: it says it is node 1's" in text
+    )
+    assert "registration of protocol version 7, this hangtrace reads version 1" in by[4]["why"], by[4]
+    assert all(
+        not by[r]["seen"] and "registration in the job's store could not be used" in by[r]["why"]
+        for r in (1, 2, 3, 4)
+    )
+    assert "never registered" not in by[1]["why"] and by[1]["why"].startswith("no summary within")
+    # a trigger of the wrong shape: read as unknown, its numbers as unknown
+    raw.add("hangtrace/j.0/incidents", 1)
+    raw.set("hangtrace/j.0/incident/%d" % (n + 1), b'{"kind": 3, "node_rank": "one", "wall_ns": "now"}')
+    assert m0.trigger(n + 1) == {"kind": "3", "detail": "", "node_rank": None, "host": None, "wall_ns": 0}
+    assert m0.trigger(n + 1) is not None and m0.trigger(99) is None
+    assert checked_trigger(b"[1]")["kind"] == "unknown"
+    # the watcher's beat over these keys: it renews, reads the peers it can, and queues node 1's incident
+    jw = JobWatch(str(tmp_path), log=lambda s: None)
+    jw.me, jw.meeting, jw.seen_n = ident, Meeting(StoreLink("127.0.0.1", port, 2.0), ident, "/r0"), n + 1
+    m1 = Meeting(
+        StoreLink("127.0.0.1", port, 2.0), dataclasses.replace(ident, node_rank=1, ranks=(2, 3)), "/r1"
+    )
+    n3 = m1.open_incident("death", "rank 2 died")
+    jw._beat()
+    assert [i for i, _ in jw.requests()] == [n3] and jw.meeting is not None
+    assert sorted(jw.peers) == [] and sorted(jw.meeting.bad_regs) == [1, 2, 3, 4]
+    m1.register([2, 3])  # node 1 writes a good registration again: read, no longer named
+    jw._beat()
+    assert sorted(jw.peers) == [1] and sorted(jw.meeting.bad_regs) == [2, 3, 4]
+    with pytest.raises(SummaryError, match="not JSON"):
+        checked_registration(1, b"\x00")
+
+
+def test_gather_reads_parts_that_trickle_in_without_a_pass_per_round(store):
+    """20 nodes' parts arrive one per 0.2 s round (a clock and sleep of the test's own; the
+    store is real): every part is read, with a pass over the nodes not read yet once a
+    second, not in every round the counter moved (that was 20 checks of pending nodes per
+    round here: 270 operations; now 82)."""
+    port, nodes = store.port, 21
+    ident = NodeIdentity(0, nodes, "h0", ("127.0.0.1", port), "j.0", (0, 1))
+    m0 = Meeting(StoreLink("127.0.0.1", port, 2.0), ident, "/r0")
+    n = m0.open_incident("stall", "x")
+    m0.publish_part(n, b"own")
+    whole, now, left = job_snapshot(), [0.0], list(range(1, nodes))
+    pub = Meeting(StoreLink("127.0.0.1", port, 2.0), dataclasses.replace(ident, node_rank=1), "/r1")
+
+    def sleep(dt):
+        now[0] += dt
+        if left:
+            r = left.pop(0)
+            pub.me = dataclasses.replace(ident, node_rank=r)
+            pub.publish_part(
+                n, encode(dataclasses.replace(whole, processes=[]), {"node_rank": r, "job": "j.0"}, n)
+            )
+
+    ops0 = m0.link.ops
+    g = m0.gather(n, 30.0, sleep=sleep, clock=lambda: now[0])
+    assert sorted(g.parts) == list(range(1, nodes)) and not g.errors, g.errors
+    assert m0.link.ops - ops0 < 100, m0.link.ops - ops0
 
 
 def test_no_store_and_a_store_gone_are_bounded(tmp_path):

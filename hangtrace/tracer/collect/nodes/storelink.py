@@ -69,6 +69,7 @@ class StoreLink:
 
         self.where = "the job's store at %s:%d" % (host, port)
         self.bytes_out = self.bytes_in = 0
+        self.ops = 0  # operations sent (connection not counted)
         self.timeout_s = timeout_s
         self.broken: Optional[str] = None
         self._w = _Worker()
@@ -99,6 +100,7 @@ class StoreLink:
     def _op(self, what: str, fn: Any, *args: Any) -> Any:
         if self.broken:
             raise StoreGone(self.broken)
+        self.ops += 1
         try:
             return self._w.call(lambda: fn(*args), self.timeout_s + 1.0)
         except TimeoutError as e:
