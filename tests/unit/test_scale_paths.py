@@ -144,7 +144,7 @@ def test_a_dump_parsed_from_the_windows_cutoff_joins_as_the_whole_dump():
         # its FR partner missing: it is numbered after the highest seq before it (torch's)
         es = [e for e in _mixed_dump_entries(120, seed) if e["time_created_ns"] != old["t_wall_ns"] + 1000]
         data = pickle.dumps({"version": "2.10", "entries": es})
-        p = SimpleNamespace(records=window, summary=SimpleNamespace(tail=tail, count=len(ours)))
+        p = SimpleNamespace(records=window, summary=SimpleNamespace(tail=tail, history=(), count=len(ours)))
         cutoff = window_cutoff(p)
         assert cutoff is not None and cutoff <= old["t_wall_ns"] - 2 * frrecords.SLACK_NS
         since = float(min(r["t_wall_ns"] for r in tail))
@@ -155,7 +155,9 @@ def test_a_dump_parsed_from_the_windows_cutoff_joins_as_the_whole_dump():
             window, fr_records(whole), since
         )
         assert fr_groups(part) == fr_groups(whole)  # (every group keeps its newest entry)
-    every = SimpleNamespace(records=ours, summary=SimpleNamespace(tail=ours[-30:], count=len(ours)))
+    every = SimpleNamespace(
+        records=ours, summary=SimpleNamespace(tail=ours[-30:], history=(), count=len(ours))
+    )
     assert window_cutoff(every) is None  # every record there: every entry may join
 
 

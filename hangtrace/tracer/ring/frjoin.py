@@ -154,7 +154,7 @@ def window_cutoff(p: ProcessInfo) -> Optional[int]:
     ours, since = _ours_window(p)
     if since is None:
         return None
-    times = [r.get("t_wall_ns") for r in ours if r.get("kind") == "collective"]
+    times = [int(r.get("t_wall_ns") or 0) for r in ours if r.get("kind") == "collective"]
     if not all(times):
         return None
     return int(min([since, *times])) - 2 * SLACK_NS
