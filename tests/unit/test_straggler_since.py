@@ -359,3 +359,27 @@ def test_watcher_reads_the_rank_that_joined_a_group_not_its_newer_dataloader_wor
     w = SW.StragglerWatch(lambda line: None, clock=lambda: 0.0)
     rings = w._ranks(headers, lambda p, h: True)
     assert sorted(rings) == [0, 1, 2, 3] and rings[2].header["pid"] == rank2["pid"]
+
+
+#: rank 2's lateness per step (ms) in the dump of a CI run of test_straggler_live's compute job
+#: (slow from step 20; its extra time ramps up over the first slow steps)
+CI_RAMP_MS = (
+    [4, -9, -6, 6, -11, -5, 10, 5, 4, -8, 8, 2, 5, -9, -1, -2, -12, 1, -4, 2]
+    + [24, 15, 17, 14, 6, 16, 34, 38, 28, 23, 37, 35, 18, 38, 13, 26, 25, 48, 48, 42]
+    + [34, 51, 35, 26, 63, 58, 23, -3, 39, 17]
+)
+
+
+def test_a_slowdown_that_ramps_up_starts_at_its_first_slow_step():
+    from hangtrace.tracer.analyze.straggler.when import split
+
+    late = [x * 1e6 for x in CI_RAMP_MS]
+    assert split(late, 5e6) == 20  # (the two-level fit alone: 26)
+    noisy = list(late)
+    noisy[12] = 9e6  # a noise step above the cut, apart from the run: not the start
+    assert split(noisy, 5e6) == 20
+    assert split([x * 1e6 for x in CI_RAMP_MS[:20]], 5e6) is None  # noise alone: no start
+    # noise late by more than the cut just before the start is not taken for it (a run here)
+    jump = [3, -12, 3, -3, -7, -7, 6, -5, 0, -1, 8, 6, 14, 5, 3, 26, -12, 7, 12, 12]
+    jump += [45, 41, 35, 21, 40, 25, 34, 20, 15, 21, 17, 17, 23, 25, 29, 21, 23, 14, 34, 19]
+    assert split([x * 1e6 for x in jump], 5e6) == 20
