@@ -383,3 +383,6 @@ def test_a_slowdown_that_ramps_up_starts_at_its_first_slow_step():
     jump = [3, -12, 3, -3, -7, -7, 6, -5, 0, -1, 8, 6, 14, 5, 3, 26, -12, 7, 12, 12]
     jump += [45, 41, 35, 21, 40, 25, 34, 20, 15, 21, 17, 17, 23, 25, 29, 21, 23, 14, 34, 19]
     assert split([x * 1e6 for x in jump], 5e6) == 20
+    one = [-2, 9, -9, 1, 5, 6, 6, 2, 4, -4, 6, -4, -4, -12, 1, 3, -1, -8, -11, 7]
+    one += [15, 24, 30, 36, 8, 26, 23, 36, 34, 36, 30, 32, 28, 25, 5, 25, 19, 27, 24, 11]
+    assert split([x * 1e6 for x in one], 5e6) == 20  # (one step of 7 ms after noise up to 9)

@@ -15,8 +15,8 @@ or half its margin, whichever is lower); before it the median is at most a third
 after (the rank was one of the others, not merely less slow) and at most a third of the steps
 are nearer the level after than the level before. The split then moves back over the
 unbroken run of steps late by more than the cut that leads into it when most of that run is
-later than every step before it but the latest (else it is noise late by more than the cut: 7,
-12, 12 ms after noise up to 26 ms, then +45 ms): a slowdown whose extra time ramps up (a CI
+later than every step before it (else it is noise late by more than the cut: 7, 12, 12 ms after
+noise up to 26 ms, then +45 ms; 7 ms after noise up to 9 ms, then +15 ms): a slowdown whose extra time ramps up (a CI
 run: +6 to +24 ms in its first 6 slow steps, +23 to +63 ms later, noise up to 10 ms before)
 was fitted 6 steps late, its first steps nearer the level before. No such split (slow from its oldest
 recorded steps on): unknown (None; the report says "since before step N", the oldest
@@ -117,7 +117,7 @@ def split(late: Sequence[float], cut: float) -> Optional[int]:
     while j > MIN_BEFORE and late[j - 1] > cut:  # the run of late steps leading into the split
         j -= 1
     run = late[j:k]
-    noise = sorted(late[:j])[-2]  # (all but the latest step before the run: robust to one)
+    noise = max(late[:j])
     return j if run and 2 * sum(x > noise for x in run) > len(run) else k
 
 
