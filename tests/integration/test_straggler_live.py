@@ -110,10 +110,18 @@ def assert_rank2_since_20(d, slack=0):
             return
         assert st["since_step"] is None and "since before step %d" % st["before_step"] in d["summary"]
         return
-    assert st["since_step"] is not None and abs(st["since_step"] - 20) <= slack, st
+    assert st["since_step"] is not None and abs(st["since_step"] - 20) <= max(slack, RINGS_SLACK), st
     assert st["added_ms_per_step"] > 5 and st["added_pct"] > 5 and st["collectives"] > 0, st
     assert d["summary"].startswith("Progressing; %s." % straggler_phrase(st)), d["summary"]
-    assert "since step 20" in d["summary"]
+    assert "since step %d" % st["since_step"] in d["summary"]
+
+
+#: steps the rings' first slow step may be off on a quiet machine: the rings now reach back
+#: past step 20 (the Flight Recorder join keeps the history), and in runs of this job the
+#: change point came out 19-21 (its extra time ramps up over the first slow steps, with 0-26 ms
+#: of noise before; which step record a slow step's collectives fall under); before, the
+#: dump's start came from the watcher's file, WATCHER_SLACK below
+RINGS_SLACK = 1
 
 
 #: steps the watcher's first slow step may be off: it judges windows that end a few steps
