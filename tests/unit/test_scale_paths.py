@@ -266,3 +266,19 @@ def test_window_join_keeps_the_summarys_history_for_the_straggler_pass():
     assert [(r.get("kind"), r.get("seq"), r.get("t_wall_ns")) for r in part] == [
         (r.get("kind"), r.get("seq"), r.get("t_wall_ns")) for r in full
     ]
+
+
+def test_the_cutoff_is_made_for_the_process_the_join_pairs_the_dump_with():
+    from types import SimpleNamespace
+
+    from hangtrace.tracer.ring.frjoin import _matcher, cutoffs
+
+    ours, _fr = _job(40)
+    s = SimpleNamespace(tail=ours[-10:], history=(), count=len(ours))
+    # two processes claim rank 1 (a restarted rank's rings): a torch-named dump (no pid) of
+    # rank 1 joins the last of them, and its entries are selected by that one's window
+    procs = [SimpleNamespace(host="h", pid=p, rank=1, records=ours[:3], summary=s) for p in (7, 8)]
+    windows = {}
+    cutoffs(procs, windows)("", 0, 1)
+    assert list(windows) == [_matcher(procs)("", 0, 1)] == [1]
+    assert _matcher(procs)("h", 7, 1) == 0  # by host and pid first

@@ -342,7 +342,9 @@ def snapshot_with_fr(path: str, snap: Any = None) -> Any:
 
     errors: List[str] = []
     # of each dump only the entries its process's window can join are parsed (issue 40)
-    dumps = load_fr_dir(path, errors, cutoffs(list(snap.processes)) if snap is not None else None)
+    procs = list(snap.processes) if snap is not None else []
+    windows: Dict[int, Any] = {}  # (frjoin.Windows: each joined process's window, made once)
+    dumps = load_fr_dir(path, errors, cutoffs(procs, windows) if snap is not None else None)
     if snap is None:
         return Snapshot(
             run_dir=os.path.abspath(path),
@@ -352,7 +354,7 @@ def snapshot_with_fr(path: str, snap: Any = None) -> Any:
             errors=errors,
         )
     return dataclasses.replace(
-        snap, processes=join_fr(list(snap.processes), dumps), errors=list(snap.errors) + errors
+        snap, processes=join_fr(procs, dumps, windows), errors=list(snap.errors) + errors
     )
 
 

@@ -105,18 +105,32 @@ def _joined_inflight(
     return inflight
 
 
+#: a process's records to join and where their window of newest records starts (``_window``)
 Window = Tuple[List[Dict[str, Any]], Optional[float]]
+#: ``_window`` of processes by their index in the list joined: made once, when ``cutoffs``
+#: decides which entries of a dump to parse, and read again by ``join_fr``
+Windows = Dict[int, Window]
 
-#: the last ``_ours_window`` results, by process identity: ``cutoffs`` computes them before
-#: the dumps are read, ``join_fr`` again after (the process values are the same objects)
-_WINDOWS: Dict[int, Tuple[ProcessInfo, Window]] = {}
+
+def _matcher(procs: List[ProcessInfo]) -> Callable[[str, int, int], Optional[int]]:
+    """The index in ``procs`` of the process a dump of (host, pid, rank) joins: by host and
+    pid, else by rank (the last process of that rank); None when none."""
+    by_pid = {(p.host, p.pid): i for i, p in enumerate(procs)}
+    by_rank = {p.rank: i for i, p in enumerate(procs) if p.rank >= 0}
+
+    def find(host: str, pid: int, rank: int) -> Optional[int]:
+        i = by_pid.get((host, pid)) if pid else None
+        return i if i is not None else (by_rank.get(rank) if rank >= 0 else None)
+
+    return find
 
 
-def _ours_window(p: ProcessInfo) -> Window:
-    got = _WINDOWS.get(id(p))
-    if got is not None and got[0] is p:
-        return got[1]
-    return _window(p)
+def _window_of(procs: List[ProcessInfo], i: int, windows: Windows) -> Window:
+    """``_window(procs[i])``, made once per index in ``windows``."""
+    got = windows.get(i)
+    if got is None:
+        got = windows[i] = _window(procs[i])
+    return got
 
 
 def _window(p: ProcessInfo) -> Window:
@@ -145,13 +159,13 @@ def _window(p: ProcessInfo) -> Window:
     return merged, float(min((r.get("t_wall_ns") or 0) for r in tail + history))
 
 
-def window_cutoff(p: ProcessInfo) -> Optional[int]:
+def window_cutoff(p: ProcessInfo, window: Optional[Window] = None) -> Optional[int]:
     """The wall time (ns) from which ``p``'s dump entries can join its window of records
-    (``_ours_window``): its window's start and its earliest collective record, less the
+    (``_window``): its window's start and its earliest collective record, less the
     pairing tolerance; None when every entry may be needed (its records are all there, or
     one has no wall time). Entries before it join only as a group's newest, its highest seq
-    or a failure (``collect/frentryparse.select_raw``)."""
-    ours, since = _ours_window(p)
+    or a failure (``collect/frentryparse.select_raw``). ``window``: ``_window(p)`` when made."""
+    ours, since = window if window is not None else _window(p)
     if since is None:
         return None
     times = [int(r.get("t_wall_ns") or 0) for r in ours if r.get("kind") == "collective"]
@@ -160,20 +174,15 @@ def window_cutoff(p: ProcessInfo) -> Optional[int]:
     return int(min([since, *times])) - 2 * SLACK_NS
 
 
-def cutoffs(procs: List[ProcessInfo]) -> Callable[[str, int, int], Optional[int]]:
+def cutoffs(procs: List[ProcessInfo], windows: Windows) -> Callable[[str, int, int], Optional[int]]:
     """``window_cutoff`` of the process a dump of (host, pid, rank) joins (``join_fr``'s
-    pairing: by host and pid, else by rank); None for a dump that joins none."""
-    by_pid = {(p.host, p.pid): p for p in procs}
-    by_rank = {p.rank: p for p in reversed(procs) if p.rank >= 0}
-    _WINDOWS.clear()
+    pairing, ``_matcher``); None for a dump that joins none. The windows made are kept in
+    ``windows`` for ``join_fr`` of the same ``procs``."""
+    find = _matcher(procs)
 
     def cutoff_for(host: str, pid: int, rank: int) -> Optional[int]:
-        p = by_pid.get((host, pid)) if pid else None
-        p = p if p is not None else (by_rank.get(rank) if rank >= 0 else None)
-        if p is None:
-            return None
-        _WINDOWS[id(p)] = (p, _window(p))  # (kept for join_fr: the same process objects)
-        return window_cutoff(p)
+        i = find(host, pid, rank)
+        return None if i is None else window_cutoff(procs[i], _window_of(procs, i, windows))
 
     return cutoff_for
 
@@ -202,6 +211,7 @@ def unalignable_groups(
     procs: List[ProcessInfo],
     pairs: List[Tuple[int, FrDump]],
     fr_of: Optional[List[List[Dict[str, Any]]]] = None,
+    windows: Optional[Windows] = None,
 ) -> Set[str]:
     """Groups whose collectives cannot be numbered one way across ranks: some rank's dump
     has entries no call of ours launched there (torch's count runs ahead of ours: DDP's C++
@@ -214,7 +224,7 @@ def unalignable_groups(
     ours = _dumpless_groups(procs, pairs)
     out: Set[str] = set()
     for k, (i, d) in enumerate(pairs if ours else ()):
-        recs, since = _ours_window(procs[i])
+        recs, since = _window_of(procs, i, {} if windows is None else windows)
         fr = [
             r for r in (fr_of[k] if fr_of is not None else fr_records(d)) if str(r.get("group")) in ours - out
         ]
@@ -224,20 +234,22 @@ def unalignable_groups(
     return out
 
 
-def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessInfo]:
+def join_fr(
+    procs: List[ProcessInfo], dumps: Iterable[FrDump], windows: Optional[Windows] = None
+) -> List[ProcessInfo]:
     """Join dumps into ring-backed processes (by host+pid, else by rank); dumps of ranks
     without a ring become FR-only processes. Returns the new list of processes (new
     ProcessInfo values for the joined ones; their summary is recomputed from the merged
     records). A group the counts cannot align in (:func:`unalignable_groups`) keeps our
-    records alone: its dumps' entries are left out."""
+    records alone: its dumps' entries are left out. ``windows``: those ``cutoffs`` made
+    for the same ``procs``."""
     out = list(procs)
-    by_pid = {(p.host, p.pid): i for i, p in enumerate(out)}
-    by_rank = {p.rank: i for i, p in enumerate(out) if p.rank >= 0}
+    windows = {} if windows is None else windows
+    find = _matcher(out)
     alone = []
     pairs: List[Tuple[int, FrDump]] = []
     for d in dumps:
-        i = by_pid.get((d.host, d.pid)) if d.pid else None
-        i = i if i is not None else (by_rank.get(d.rank) if d.rank >= 0 else None)
+        i = find(d.host, d.pid, d.rank)
         if i is None:
             alone.append(d)
         else:
@@ -246,7 +258,7 @@ def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessIn
     # them, else one dump at a time, each dropped once joined (issue 40: every rank's records
     # alive together were most of the peak memory)
     fr_of = [fr_records(d) for _, d in pairs] if _dumpless_groups(out, pairs) else None
-    skip = unalignable_groups(out, pairs, fr_of) if fr_of is not None else set()
+    skip = unalignable_groups(out, pairs, fr_of, windows) if fr_of is not None else set()
     pairs.reverse()
     if fr_of is not None:
         fr_of.reverse()
@@ -257,7 +269,7 @@ def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessIn
         known = {g.get("name") for g in p.groups}
         meta = dict(p.meta)
         meta["flight_recorder"] = list(meta.get("flight_recorder") or []) + [d.path]
-        ours, since = _ours_window(p)
+        ours, since = _window_of(procs, i, windows)
         merged = merge_records(ours, [r for r in fr if str(r.get("group")) not in skip], since_ns=since)
         out[i] = dataclasses.replace(
             p,
@@ -267,5 +279,4 @@ def join_fr(procs: List[ProcessInfo], dumps: Iterable[FrDump]) -> List[ProcessIn
             inflight=_joined_inflight(p.inflight, merged),
             groups=list(p.groups) + [g for g in fr_groups(d) if g["name"] not in known],
         )
-    _WINDOWS.clear()
     return out + fr_processes(alone)
