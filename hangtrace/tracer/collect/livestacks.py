@@ -16,6 +16,7 @@ import dataclasses
 import os
 from typing import Iterable, List
 
+from hangtrace.tracer.collect.ringprocs import gone_or_zombie
 from hangtrace.tracer.snapshot import ProcessInfo
 
 
@@ -70,15 +71,6 @@ def _who(p: ProcessInfo) -> str:
     return "%s (pid %d)" % ("rank %d" % p.rank if p.rank is not None and p.rank >= 0 else "process", p.pid)
 
 
-def _gone(pid: int) -> bool:
-    """The process ``pid`` no longer runs (gone, or a zombie waiting for its parent)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
-
-
 #: at most this many processes are named one line each per kind of gap; more are one line
 #: (py-spy refused on every rank of a large job is one fact, not a line per rank)
 MAX_LINES = 8
@@ -99,7 +91,7 @@ def gap_lines(
     for p in procs:
         if p.host != host:
             continue
-        gone = (p.pid in silent or (p.state == "alive" and p.stacks is None)) and _gone(p.pid)
+        gone = (p.pid in silent or (p.state == "alive" and p.stacks is None)) and gone_or_zombie(p.pid)
         how = " - it exited during the dump" if gone else ""
         if p.state == "alive" and p.stacks is None and p.stack_error:
             nostack.append(

@@ -34,7 +34,8 @@ def _proc_ticks(pid: int) -> Optional[int]:
     return F.proc_start_ticks(pid, None)
 
 
-def _zombie(pid: int) -> bool:
+def gone_or_zombie(pid: int) -> bool:
+    """The process ``pid`` no longer runs (gone, or a zombie waiting for its parent)."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
@@ -59,7 +60,7 @@ def live_state(header: Dict[str, Any]) -> str:
         alive = known
     else:
         ticks = _proc_ticks(pid)
-        alive = ticks is not None and (not recorded or ticks == recorded) and not _zombie(pid)
+        alive = ticks is not None and (not recorded or ticks == recorded) and not gone_or_zombie(pid)
         if alive and pids is not None:
             pids.seen_alive(pid, recorded)
     if alive:

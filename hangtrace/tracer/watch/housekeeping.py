@@ -320,11 +320,9 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return True  # (another user's process of that pid: not ours to judge)
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    from hangtrace.tracer.collect.ringprocs import gone_or_zombie
+
+    return not gone_or_zombie(pid)
 
 
 def auto_prune(log: Callable[[str], None], environ: dict | None = None) -> GcResult | None:
