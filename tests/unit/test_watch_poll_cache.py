@@ -133,3 +133,17 @@ def test_a_forked_child_reads_proc_not_its_parents_registry(monkeypatch):
     os.waitpid(child, 0)
     os.close(r)
     assert pidwatch.registry() is not None
+
+
+def test_a_dropped_cache_closes_its_descriptors(tmp_path):
+    import gc
+
+    rec = _ring(str(tmp_path))
+    cache = HeaderCache()
+    cache.read(str(tmp_path))
+    held = cache.open
+    assert len(held) == 1
+    del cache
+    gc.collect()
+    assert held == {}  # closed by the finalizer (then emptied)
+    rec.close()

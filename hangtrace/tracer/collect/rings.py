@@ -228,12 +228,13 @@ def take_snapshot(
         snap.errors.extend(gap_lines(snap.processes, HOST, silent, SNAPSHOT_FR_TIMEOUT_S))
     for p in snap.processes:
         if p.stacks is not None and stored:
-            doc = {"threads": p.stacks, "source": p.stack_source, "error": p.stack_error}
-            stored = _write(
-                os.path.join(sdir, "stacks", "%s-%d.json" % (p.host, p.pid)),
-                dict(doc, children=list(p.children)),
-                indent=False,
-            )
+            doc = {
+                "threads": p.stacks,
+                "source": p.stack_source,
+                "error": p.stack_error,
+                "children": list(p.children),
+            }
+            stored = _write(os.path.join(sdir, "stacks", "%s-%d.json" % (p.host, p.pid)), doc, indent=False)
     if not stored:
         snap.errors.append(_UNSTORED % (sdir, run_dir))
     roles = assign_roles(snap.processes)  # what each process is (its "rank" is only the RANK it had)

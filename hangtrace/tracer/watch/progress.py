@@ -17,6 +17,7 @@ import glob
 import os
 import socket
 import time
+import weakref
 from typing import Callable, Dict, List, Mapping, Optional, Tuple, TypeVar
 
 from hangtrace.tracer.collect.ringprocs import RING_GLOB, live_state
@@ -59,14 +60,12 @@ def counters_advanced(before: Optional[str], now: Optional[str]) -> bool:
 def read_header(path: str) -> Header:
     """The ring header of ``path`` plus ``'phase'`` (its name, or None). Raises on a file
     being created or a foreign file."""
-    with open(path, "rb") as f:
-        h = R.read_header(f.read(F.HEADER_SIZE), path)
-        if h["phase_strid"]:
-            f.seek(h["strtab_off"] + h["phase_strid"])
-            _tag, n = F.STR_ENTRY.unpack(f.read(F.STR_ENTRY.size))
-            h["phase"] = f.read(min(n, 4096)).decode("utf-8", "replace")
-        else:
-            h["phase"] = None
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        h = R.read_header(os.pread(fd, F.HEADER_SIZE, 0), path)
+        h["phase"] = _phase_name(fd, h)
+    finally:
+        os.close(fd)
     return h
 
 
@@ -82,6 +81,7 @@ class HeaderCache:
 
     def __init__(self) -> None:
         self.open: Dict[str, Tuple[int, int, bytes, Header]] = {}  # path -> (inode, fd, bytes, header)
+        weakref.finalize(self, _close_all, self.open)  # (a watcher dropped: its descriptors closed)
 
     def read(self, run_dir: str, final: Optional[Mapping[str, Header]] = None) -> Dict[str, Header]:
         """As ``read_headers(run_dir, final)``; files of gone processes (``final``) are closed."""
@@ -130,6 +130,15 @@ class HeaderCache:
             return None
         self.open[path] = (ino, fd, raw, h)
         return h
+
+
+def _close_all(held: Dict[str, Tuple[int, int, bytes, Header]]) -> None:
+    for _ino, fd, _raw, _h in held.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    held.clear()
 
 
 def _phase_name(fd: int, h: Header) -> Optional[str]:
