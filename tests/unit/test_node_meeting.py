@@ -391,6 +391,12 @@ def test_a_store_whose_host_stopped_answering_is_bounded_too():
         link = StoreLink("127.0.0.1", port, 1.0)
         assert link.add("k", 1) == 1
         os.kill(server.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5  # (the signal is delivered asynchronously: the server
+        while time.monotonic() < deadline:  # answered one more add before it stopped, CI mimic)
+            with open("/proc/%d/stat" % server.pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                    break
+            time.sleep(0.01)
         t0 = time.monotonic()
         with pytest.raises(StoreGone, match="add failed on the job.s store at .*its host stopped answering"):
             link.add("k", 0)
