@@ -201,6 +201,29 @@ def _parse_strtab(data: bytes, used: int, ring: RingData) -> None:
         off += STR_ENTRY.size + n
 
 
+def _written_len(fd: int, slots_len: int) -> int:
+    """How many bytes of the slot array (``slots_len`` bytes from HEADER_SIZE) to read: up to
+    the file's first hole when no data follows it within the array (a ring not yet wrapped:
+    its never-written slots are a hole of the sparse file the recorder created, and read as
+    zeros), else all. A 48k-slot rank ring holding 1,300 records is read as 170 KB instead of
+    6 MiB (issue 40: at 4,096 ranks, 8.4 GiB read). File systems without SEEK_HOLE, and
+    rings copied densely, read whole."""
+    end = HEADER_SIZE + slots_len
+    try:
+        hole = os.lseek(fd, HEADER_SIZE, os.SEEK_HOLE)
+        if hole >= end:
+            return slots_len
+        try:
+            more = os.lseek(fd, hole, os.SEEK_DATA)
+        except OSError:  # ENXIO: no data after the hole
+            more = end
+        return hole - HEADER_SIZE if more >= end else slots_len
+    except (OSError, AttributeError):
+        return slots_len
+    finally:
+        os.lseek(fd, HEADER_SIZE, os.SEEK_SET)
+
+
 def read_ring(path: Any, records: bool = True, use_numpy: Optional[bool] = None) -> RingData:
     """Read and decode a ring file. Returns RingData with its ``summary``.
 
@@ -225,9 +248,11 @@ def read_ring(path: Any, records: bool = True, use_numpy: Optional[bool] = None)
                 "%d of %d slot bytes present"
                 % (max(0, os.fstat(f.fileno()).st_size - HEADER_SIZE), slots_len),
             )
-        slots = f.read(slots_len)
-        if len(slots) < slots_len:
+        want = _written_len(f.fileno(), slots_len)
+        slots = f.read(want)
+        if len(slots) < want:
             raise TruncatedRingError(path, "%d of %d slot bytes present" % (len(slots), slots_len))
+        f.seek(HEADER_SIZE + slots_len)
         used = hdr["strtab_used"]
         if used > hdr["strtab_size"]:
             ring.warnings.append("string table use %d > size %d" % (used, hdr["strtab_size"]))

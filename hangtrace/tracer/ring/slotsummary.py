@@ -91,7 +91,8 @@ def summarize_slots(
     tail: int = TAIL,
     use_numpy: Optional[bool] = None,
 ) -> RingSummary:
-    """The summary of a ring's slot array (``nslots * SLOT_SIZE`` bytes).
+    """The summary of a ring's slot array (``nslots * SLOT_SIZE`` bytes, or its first part:
+    the slots after it never written).
 
     ``use_numpy``: None = numpy when importable, True = numpy (ImportError without it),
     False = decode every slot and use :func:`summarize_records`. Same result either way.
@@ -175,9 +176,10 @@ def _summarize_np(
 ) -> RingSummary:
     import numpy as np
 
-    arr = np.frombuffer(slots, dtype=_slot_dtype(), count=nslots)
+    n = min(nslots, len(slots) // SLOT_SIZE)  # (a ring read up to its first hole: fewer)
+    arr = np.frombuffer(slots, dtype=_slot_dtype(), count=n)
     idx = arr["idx"].astype(np.int64)
-    valid = (idx > 0) & ((idx - 1) % nslots == np.arange(nslots, dtype=np.int64))
+    valid = (idx > 0) & ((idx - 1) % nslots == np.arange(n, dtype=np.int64))
     pos = np.flatnonzero(valid)
     if not len(pos):
         return RingSummary()
@@ -238,7 +240,7 @@ def _summarize_np(
     inflight = None
     if inflight_idx:
         ip = (inflight_idx - 1) % nslots
-        if valid[ip] and idx[ip] == inflight_idx and idx[ip] > idx[pos[-1]] - nslots:
+        if ip < n and valid[ip] and idx[ip] == inflight_idx and idx[ip] > idx[pos[-1]] - nslots:
             r = rec(ip)
             if r.get("state") == "issued":
                 inflight = r
@@ -252,8 +254,8 @@ def _summarize_np(
         by_group=by_group,
         by_peer=by_peer,
         tail=LazyRecords(
-            np.frombuffer(slots, dtype=np.uint8, count=nslots * SLOT_SIZE)
-            .reshape(nslots, SLOT_SIZE)[pos[-tail:]]
+            np.frombuffer(slots, dtype=np.uint8, count=n * SLOT_SIZE)
+            .reshape(n, SLOT_SIZE)[pos[-tail:]]
             .tobytes(),
             strings,
         )
@@ -263,13 +265,14 @@ def _summarize_np(
         failed_phases=failed_phases_of(exits),
         waits=waits,
         phase_visits=phase_visits_of(enters, exits),
-        history=_raw(np, slots, nslots, pos[np.isin(kind, _HISTORY_IDS)][-HISTORY:], strings),
+        history=_raw(np, slots, n, pos[np.isin(kind, _HISTORY_IDS)][-HISTORY:], strings),
     )
 
 
-def _raw(np: Any, slots: bytes, nslots: int, keep: Any, strings: Dict[int, str]) -> "LazyRecords":
-    """The slots at positions ``keep`` as :class:`LazyRecords` (raw bytes, decoded on access)."""
-    rows = np.frombuffer(slots, dtype=np.uint8, count=nslots * SLOT_SIZE).reshape(nslots, SLOT_SIZE)
+def _raw(np: Any, slots: bytes, n: int, keep: Any, strings: Dict[int, str]) -> "LazyRecords":
+    """The slots at positions ``keep`` of the ``n`` in ``slots`` as :class:`LazyRecords` (raw
+    bytes, decoded on access)."""
+    rows = np.frombuffer(slots, dtype=np.uint8, count=n * SLOT_SIZE).reshape(n, SLOT_SIZE)
     return LazyRecords(rows[keep].tobytes(), strings)
 
 

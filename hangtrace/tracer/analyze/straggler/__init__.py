@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze.context import Ctx
 from hangtrace.tracer.analyze.straggler.detect import (
@@ -126,13 +126,26 @@ def _straggler(c: Candidate, histories: Mapping[int, Sequence[Any]]) -> Straggle
     )
 
 
-def find(histories: Mapping[int, Sequence[Any]]) -> Optional[Straggler]:
+#: ``(collective_rows(histories), by_group(collective_rows(histories)))``
+Rows = Tuple[Dict[int, List[Any]], Dict[str, Dict[int, Dict[int, Any]]]]
+
+
+def read_rows(histories: Mapping[int, Sequence[Any]]) -> Rows:
+    """The newest collective rows of ``histories`` and the same by group, read once for
+    :func:`find` and :func:`judgeable` (a snapshot with no straggler read them twice: half
+    the pass at 512 ranks)."""
+    coll = collective_rows(histories)
+    return coll, by_group(coll)
+
+
+def find(histories: Mapping[int, Sequence[Any]], rows: Optional[Rows] = None) -> Optional[Straggler]:
     """The straggler of ``{global rank: RingSummary.history}``: of the groups with one, the
-    one the group waits longest for per step; None when nobody is slow."""
+    one the group waits longest for per step; None when nobody is slow. ``rows``:
+    :func:`read_rows` of ``histories`` when the caller has them."""
     found: List[Candidate] = []
     wide: Optional[Dict[str, Dict[int, Any]]] = None
-    coll = collective_rows(histories)
-    for group, members in sorted(by_group(coll).items()):
+    coll, groups = rows if rows is not None else read_rows(histories)
+    for group, members in sorted(groups.items()):
         inst = instances(group, members)
         if inst is not None and len(units(inst, WINDOW_STEPS)) < WINDOW_STEPS and len(inst.seqs) >= WINDOW:
             # many collectives per step (an all-reduce per parameter): WINDOW seqs are
@@ -147,9 +160,14 @@ def find(histories: Mapping[int, Sequence[Any]]) -> Optional[Straggler]:
     return _straggler(max(found, key=lambda c: c.added_ms), histories)
 
 
-def of_processes(procs: Mapping[int, Any]) -> Optional[Straggler]:
-    """:func:`find` over ``{global rank: ProcessInfo}`` (their summaries' histories)."""
-    return find({r: p.summary.history for r, p in procs.items() if p.summary is not None})
+def _histories(procs: Mapping[int, Any]) -> Dict[int, Sequence[Any]]:
+    return {r: p.summary.history for r, p in procs.items() if p.summary is not None}
+
+
+def of_processes(procs: Mapping[int, Any], rows: Optional[Rows] = None) -> Optional[Straggler]:
+    """:func:`find` over ``{global rank: ProcessInfo}`` (their summaries' histories;
+    ``rows``: their :func:`read_rows` when the caller has them)."""
+    return find(_histories(procs), rows)
 
 
 def with_seen(st: Straggler, seen: Sequence[SeenStraggler], at_wall_ns: int) -> Straggler:
@@ -179,11 +197,12 @@ def straggler_details(ctx: Ctx, d: Diagnosis) -> None:
     before. Never raises (odd records: no straggler)."""
     try:
         procs = {r: v.proc for r, v in ctx.views.items()}
-        st = of_processes(procs)
+        rows = read_rows(_histories(procs))
+        st = of_processes(procs, rows)
         snap = ctx.snap
         at = _newest_wall_ns(snap.processes) or snap.taken_wall_ns
         if st is None:
-            watchers_word(ctx, d, procs, at)
+            watchers_word(ctx, d, procs, at, rows)
             return
         st = with_seen(st, snap.stragglers_seen, at)
     except Exception:
@@ -208,23 +227,25 @@ def straggler_details(ctx: Ctx, d: Diagnosis) -> None:
     )
 
 
-def judgeable(histories: Mapping[int, Sequence[Any]]) -> bool:
+def judgeable(histories: Mapping[int, Sequence[Any]], rows: Optional[Rows] = None) -> bool:
     """Do the histories hold a group with :data:`detect.MIN_STEPS` steps every member shared
-    (enough to name a straggler or to say nobody is one)?"""
-    for group, members in by_group(collective_rows(histories)).items():
+    (enough to name a straggler or to say nobody is one)? ``rows``: :func:`read_rows` of
+    ``histories`` when the caller has them."""
+    for group, members in (rows if rows is not None else read_rows(histories))[1].items():
         inst = instances(group, members)
         if inst is not None and len(units(inst, WINDOW_STEPS)) >= MIN_STEPS:
             return True
     return False
 
 
-def watchers_word(ctx: Ctx, d: Diagnosis, procs: Mapping[int, Any], at: int) -> None:
+def watchers_word(
+    ctx: Ctx, d: Diagnosis, procs: Mapping[int, Any], at: int, rows: Optional[Rows] = None
+) -> None:
     """When ``procs`` hold too few shared collectives to judge (a DDP job's rings without
     Flight Recorder dumps: a snapshot taken after its ranks exited) and a watcher episode
     with the watcher's own figures was under way at ``at`` (``seen.episode``): those figures
     as ``details['straggler']`` (``judged_by`` 'watcher') and an evidence line."""
-    hist = {r: p.summary.history for r, p in procs.items() if p.summary is not None}
-    if judgeable(hist):
+    if judgeable(_histories(procs), rows):
         return
     e = episode_at(ctx.snap.stragglers_seen, at)
     if e is None or not e.last:
