@@ -130,8 +130,9 @@ class MemSamples(Sequence[Sample]):
     readers of columns. ``len`` is the number of memory records (once decoded: of
     samples). Compares
     equal to any sequence of the same sample dicts. ``from_ring``: the records are the
-    ring decoder's (``ring/records.decode``: five struct-unpacked ints in ``a``, a step
-    >= 0 or None), which readers of columns need not check again."""
+    ring decoder's memory records (``ring/records.decode``: five struct-unpacked ints in
+    ``a``, a step >= 0 or None; ``RingSummary.memory`` holds no other kind), which readers
+    of columns need not check again."""
 
     __slots__ = ("_source_records", "_records", "_decoded", "from_ring")
 
@@ -143,8 +144,11 @@ class MemSamples(Sequence[Sample]):
 
     def records(self) -> Tuple[Any, ...]:
         """The memory records (dicts of ``ring/records.py``), in record order."""
-        if self._records is None:
-            self._records = tuple(r for r in self._source_records if r.get("kind") == "memory")
+        if self._records is None:  # (a ring summary's memory records are all of kind 'memory')
+            src = self._source_records
+            self._records = (
+                tuple(src) if self.from_ring else tuple([r for r in src if r.get("kind") == "memory"])
+            )
         return self._records
 
     def decoded(self) -> List[Sample]:

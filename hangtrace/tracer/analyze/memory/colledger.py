@@ -29,6 +29,7 @@ from hangtrace.tracer.analyze.memory.columns import (
     Metric,
     host_level,
     peak,
+    take,
     where,
 )
 from hangtrace.tracer.analyze.memory.ledger import kept_flag, kept_threshold
@@ -96,9 +97,7 @@ def _pairs(np: Any, c: MemColumns, present: Any) -> Optional[Tuple[Any, ...]]:
     k = c.src[ph]
     if (k[0::2] != ENTER).any() or (k[1::2] != EXIT).any():
         return None
-    phase, thread = c.phase, c.thread
-    names = [phase[i] for i in ph.tolist()]
-    threads = [thread[i] for i in ph.tolist()]
+    names, threads = take(c.phase, ph), take(c.thread, ph)
     if threads.count(threads[0]) != len(threads) or names[1::2] != names[0::2][: len(names) // 2]:
         return None
     enter = ph[0::2]
@@ -246,14 +245,19 @@ def _limit(c: MemColumns, m: Metric) -> Tuple[Optional[int], Optional[int]]:
 
 def _per_phase(np: Any, c: MemColumns, r: Optional[MetricRows]) -> Dict[Any, List[int]]:
     """The deltas of a metric's finished top-level rows per phase (phases in row order)."""
-    out: Dict[Any, List[int]] = {}
     if r is None:
-        return out
+        return {}
     done = (r.exit >= 0) & (r.depth == 0)
+    if not done.any():
+        return {}
     v = r.metric.values
-    for e, d in zip(r.enter[done].tolist(), (v[r.exit[done]] - v[r.enter[done]]).tolist()):
-        out.setdefault(c.phase[e], []).append(d)
-    return out
+    deltas = v[r.exit[done]] - v[r.enter[done]]
+    names = take(c.phase, r.enter[done])
+    code = {p: k for k, p in enumerate(dict.fromkeys(names))}
+    if len(code) == 1:
+        return {names[0]: deltas.tolist()}
+    codes = np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=len(names))
+    return {p: deltas[codes == k].tolist() for p, k in code.items()}
 
 
 def trends(np: Any, c: MemColumns, rows: List[MetricRows]) -> Dict[str, Dict[str, Any]]:

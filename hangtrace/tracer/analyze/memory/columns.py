@@ -167,6 +167,13 @@ def _metrics(np: Any, code: Dict[str, int], wcode: Any, src: Any, a: Any) -> Dic
     return {m.name: m for _i, _p, m in sorted(found, key=lambda x: (x[0], x[1]))}
 
 
+def take(xs: List[Any], at: Any) -> List[Any]:
+    """``[xs[i] for i in at]`` (``at``: an int array) in one C-level call."""
+    if len(at) == 1:
+        return [xs[int(at[0])]]
+    return list(itemgetter(*at.tolist())(xs)) if len(at) else []
+
+
 def where(c: MemColumns, i: int) -> Dict[str, Any]:
     """Sample ``i``'s ``{'phase', 'step'}`` (what ``samples._where`` reads)."""
     return {"phase": c.phase[i], "step": c.steps[i]}

@@ -75,7 +75,8 @@ def trend_of(
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
     thr = _thr(ys)
-    ups = sum(1 for a, b in zip(ys, ys[1:]) if b - a > 0.25 * max(slope, 1))
+    rise = 0.25 * max(slope, 1)  # (a step-to-step change above this is an increase)
+    ups = sum(1 for a, b in zip(ys, ys[1:]) if b - a > rise)
     steady = slope > thr and ups >= 0.75 * (n - 1)
     phase_growth = {ph: int(sum(d) / len(d)) for ph, d in per_phase.items()}
     last_step, last_v = ser[-1][0], ser[-1][1]
