@@ -142,7 +142,7 @@ def _row_dicts(c: MemColumns, r: MetricRows, rank: Optional[int]) -> List[Dict[s
                 "delta": v[x] - v[e] if x >= 0 else None,
                 "last": v[last],
                 "depth": depth,
-                "t_enter_ns": c.t_wall[e],
+                "t_enter_ns": c.t_wall(e),
                 "limit": limit,
             }
         )

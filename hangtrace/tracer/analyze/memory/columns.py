@@ -45,7 +45,8 @@ class MemColumns:
     """The samples of one process as columns (see the module docstring). ``n`` samples;
     ``src`` (int8 codes OTHER/ENTER/EXIT/OOM), ``step`` (int64, -1 = None), ``host`` (bool:
     ``what == 'host'``), ``a`` (n x 5 int64: the records' five integers); Python lists
-    ``phase``, ``steps`` (None or int), ``thread``, ``t_wall`` (ns); ``metrics``: name ->
+    ``phase``, ``steps`` (None or int), ``thread``; ``records`` (wall times are read from
+    them when a ledger row is built: :meth:`t_wall`); ``metrics``: name ->
     :class:`Metric` in the order :func:`analyze.memory.samples._metrics` lists them."""
 
     n: int
@@ -56,8 +57,12 @@ class MemColumns:
     phase: List[Any]
     steps: List[Any]
     thread: List[Any]
-    t_wall: List[int]
+    records: Tuple[Any, ...]
     metrics: Dict[str, Metric]
+
+    def t_wall(self, i: int) -> Any:
+        """Sample ``i``'s wall time (ns), as ``samples`` reads it."""
+        return self.records[i].get("t_wall_ns") or 0
 
 
 def columns(ss: Any) -> Optional[MemColumns]:
@@ -78,15 +83,16 @@ def columns(ss: Any) -> Optional[MemColumns]:
         return None
 
 
-_FIELDS = itemgetter("source", "what", "phase", "step", "thread", "t_wall_ns", "a")
+_FIELDS = itemgetter("source", "what", "phase", "step", "thread", "a")
 
 
 def _fields(recs: Tuple[Any, ...]) -> Tuple[Sequence[Any], ...]:
-    """(source, what, phase, step, thread, t_wall, a) per sample, by the rules of ``samples``."""
+    """(source, what, phase, step, thread, a) per sample, by the rules of ``samples`` (every
+    field read touches 325k objects for 512 ranks: only those the summary reads)."""
     try:  # (the ring decoder's MemorySample: every key present, source and what not empty)
-        srcs, whats, phases, steps, threads, t_wall, raw = zip(*map(_FIELDS, recs))
-        if all(srcs) and all(whats) and None not in t_wall and None not in raw:
-            return srcs, whats, phases, steps, threads, t_wall, raw
+        srcs, whats, phases, steps, threads, raw = zip(*map(_FIELDS, recs))
+        if all(srcs) and all(whats) and None not in raw:
+            return srcs, whats, phases, steps, threads, raw
     except KeyError:
         pass
     return (
@@ -95,7 +101,6 @@ def _fields(recs: Tuple[Any, ...]) -> Tuple[Sequence[Any], ...]:
         [r.get("phase") for r in recs],
         [r.get("step") for r in recs],
         [r.get("thread") for r in recs],
-        [r.get("t_wall_ns") or 0 for r in recs],
         [tuple(r.get("a") or (-1, -1, -1, -1, -1)) for r in recs],
     )
 
@@ -114,7 +119,7 @@ def _ints(raw: Sequence[Any], steps: Sequence[Any], checked: bool) -> bool:
 
 def _columns(np: Any, recs: Tuple[Any, ...], checked: bool) -> Optional[MemColumns]:
     n = len(recs)
-    srcs, whats, phases, steps, threads, t_wall, raw = _fields(recs)
+    srcs, whats, phases, steps, threads, raw = _fields(recs)
     if not _ints(raw, steps, checked):
         return None  # (floats, None or other values among the integers: the sample dicts say it)
     a = np.fromiter(chain.from_iterable(raw), dtype=np.int64, count=5 * n).reshape(n, 5)
@@ -122,18 +127,22 @@ def _columns(np: Any, recs: Tuple[Any, ...], checked: bool) -> Optional[MemColum
     if not all(type(w) is str for w in code):
         return None
     names = {x: _SRC_CODE.get(_source(x), OTHER) for x in set(srcs)}
-    src = np.array([names[x] for x in srcs], dtype=np.int8)
-    wcode = np.array([code[w] for w in whats], dtype=np.int64)
+    src = np.fromiter(map(names.__getitem__, srcs), dtype=np.int8, count=n)
+    if len(code) == 1:
+        wcode = np.zeros(n, dtype=np.int64)
+    else:
+        wcode = np.fromiter(map(code.__getitem__, whats), dtype=np.int64, count=n)
+    step = np.array(steps, dtype=float)  # (None: nan; steps are ints >= 0, far below 2**53)
     return MemColumns(
         n=n,
         src=src,
-        step=np.array([-1 if x is None else x for x in steps], dtype=np.int64),
+        step=np.where(np.isnan(step), -1, step).astype(np.int64),
         host=wcode == code.get("host", -1),
         a=a,
         phase=list(phases),
         steps=list(steps),
         thread=list(threads),
-        t_wall=list(t_wall),
+        records=recs,
         metrics=_metrics(np, code, wcode, src, a),
     )
 
