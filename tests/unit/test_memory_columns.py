@@ -147,6 +147,7 @@ def test_records_the_columns_cannot_read_go_to_the_sample_dicts():
     recs = _simple(5)
     recs[2] = dict(recs[2], step=-3)
     assert C.columns(MemSamples(recs)) is None
+    assert C.columns(MemSamples([dict(r, step=2**60 + 1) for r in _simple(3)], from_ring=True)) is None
     p = ProcessInfo(host="h", pid=1, rank=0, memory=MemSamples(recs))
     a = analyse_process(p, 0)
     assert isinstance(a["rows"], list) and a["samples"] == samples(recs)

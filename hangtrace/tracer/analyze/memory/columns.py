@@ -132,7 +132,9 @@ def _columns(np: Any, recs: Tuple[Any, ...], checked: bool) -> Optional[MemColum
         wcode = np.zeros(n, dtype=np.int64)
     else:
         wcode = np.fromiter(map(code.__getitem__, whats), dtype=np.int64, count=n)
-    step = np.array(steps, dtype=float)  # (None: nan; steps are ints >= 0, far below 2**53)
+    step = np.array(steps, dtype=float)  # (None: nan)
+    if n and np.where(np.isnan(step), 0, step).max() >= 2**53:
+        return None  # (a step a float cannot hold exactly)
     return MemColumns(
         n=n,
         src=src,
