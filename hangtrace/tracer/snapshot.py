@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hangtrace.tracer.ring.summary import RingSummary, summarize_records
 from hangtrace.tracer.stragglerseen import SeenStraggler
@@ -149,7 +149,7 @@ class ProcessInfo:
     # facts gathered at collection time: 'cgroup_dir', 'cgroup_oom_kill_now',
     # 'kernel_oom' {'line', 'anon_rss', 'memcg', ...}, 'kernel_log' ('read' | why not),
     # 'host_mem_total' (issue 5)
-    memory: List[Dict[str, Any]] = field(default_factory=list)
+    memory: Sequence[Dict[str, Any]] = field(default_factory=list)
     memory_facts: Dict[str, Any] = field(default_factory=dict)
     summary: Optional[RingSummary] = None
     role: Optional[Role] = None

@@ -15,7 +15,7 @@ import glob
 import os
 import re
 import socket
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from hangtrace.tracer.ring import layout as F
 from hangtrace.tracer.ring import reader as R
@@ -152,11 +152,14 @@ def process_from_ring(ring: R.RingData, state: Optional[str] = None, **fields: A
 
 
 # --- memory (issue 5): samples from the ring; OOM evidence in collect/memfacts.py ---
-def _mem_samples(records: Any) -> List[Dict[str, Any]]:
+def _mem_samples(records: Any) -> Sequence[Dict[str, Any]]:
+    """The process's memory samples, decoded when first read (``ring/memsamples.MemSamples``):
+    the memory summary reads their columns, and only the few processes whose samples are
+    read one by one (a dead rank's attribution, its DataLoader workers) get sample dicts."""
     try:
-        from hangtrace.tracer.ring.memsamples import samples
+        from hangtrace.tracer.ring.memsamples import MemSamples
 
-        return samples(records)
+        return MemSamples(records, from_ring=True)
     except Exception:
         return []
 

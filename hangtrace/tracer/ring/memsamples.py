@@ -10,12 +10,17 @@ Sample dicts::
      "values": {metric: bytes}, "limits": {metric: bytes}, "oom_kills": int|None,
      "swap": int|None, "raw": the record's five integers}
 
+:class:`MemSamples` is the same list decoded on first access: collection wraps every
+process's memory records in one (``collect/ringprocs``) and the memory summary reads their
+columns instead (``analyze/memory/columns.py``), so no sample dict is built for a process
+whose samples only the summary reads.
+
 Metrics: ``rss`` and ``cgroup`` (usage, limited by the cgroup limit) from 'host';
 ``cuda:N allocated`` / ``cuda:N reserved`` (limit: device total); ``gauge:<name>``
 (limit: the registered budget). Bytes are ints; times are ns since the Unix epoch.
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, overload
 
 from hangtrace.tracer.ring import layout as F
 
@@ -116,3 +121,73 @@ def samples(records: Optional[List[Any]]) -> List[Sample]:
                     s["limits"][what] = a[1]
         out.append(s)
     return out
+
+
+class MemSamples(Sequence[Sample]):
+    """The memory samples (:func:`samples`) of a process's ``records`` (its ring summary's
+    memory records), decoded into sample dicts on first access and kept; the records
+    themselves stay readable (:meth:`records`: the ``kind == 'memory'`` ones, in order) for
+    readers of columns. ``len`` is the number of memory records (once decoded: of
+    samples). Compares
+    equal to any sequence of the same sample dicts. ``from_ring``: the records are the
+    ring decoder's memory records (``ring/records.decode``: five struct-unpacked ints in
+    ``a``, a step >= 0 or None; ``RingSummary.memory`` holds no other kind), which readers
+    of columns need not check again."""
+
+    __slots__ = ("_source_records", "_records", "_decoded", "from_ring")
+
+    def __init__(self, records: Optional[Sequence[Any]], from_ring: bool = False) -> None:
+        self._source_records = records or ()
+        self.from_ring = from_ring
+        self._records: Optional[Tuple[Any, ...]] = None
+        self._decoded: Optional[List[Sample]] = None
+
+    def records(self) -> Tuple[Any, ...]:
+        """The memory records (dicts of ``ring/records.py``), in record order."""
+        if self._records is None:  # (a ring summary's memory records are all of kind 'memory')
+            src = self._source_records
+            self._records = (
+                tuple(src) if self.from_ring else tuple([r for r in src if r.get("kind") == "memory"])
+            )
+        return self._records
+
+    def decoded(self) -> List[Sample]:
+        """The sample dicts, decoded once. A record :func:`samples` cannot decode raises,
+        except in records from a ring (``from_ring``), which then give [] (as collection
+        always did)."""
+        if self._decoded is None:
+            try:
+                self._decoded = samples(list(self.records()))
+            except Exception:
+                if not self.from_ring:
+                    raise
+                self._decoded = []
+        return self._decoded
+
+    def __len__(self) -> int:
+        return len(self._decoded) if self._decoded is not None else len(self.records())
+
+    @overload
+    def __getitem__(self, i: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> List[Sample]: ...
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.decoded()[i]
+
+    def __iter__(self) -> Iterator[Sample]:
+        return iter(self.decoded())
+
+    def __reversed__(self) -> Iterator[Sample]:
+        return reversed(self.decoded())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return list(other) == self.decoded()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "MemSamples(%d records)" % len(self)

@@ -15,13 +15,13 @@ after it in those steps (the sequence, e.g. ``validation -> checkpoint``), and t
 kept per step.
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hangtrace.tracer.analyze.memory.samples import MIB, _thr
 from hangtrace.tracer.ring.memsamples import Sample
 
 
-def ledger(ss: List[Sample], rank: Optional[int] = None) -> List[Dict[str, Any]]:
+def ledger(ss: Sequence[Sample], rank: Optional[int] = None) -> List[Dict[str, Any]]:
     """Ledger rows of one process's samples (see module doc), in phase-entry order."""
     rows = []
     stacks: Dict[Any, List[Dict[str, Any]]] = {}  # (thread, metric) -> [row, ...] open phases
@@ -130,50 +130,62 @@ def kept_across(rows: List[Dict[str, Any]], rank: Optional[int] = None) -> List[
     for metric, mrows in _by_metric(rows).items():
         if metric == "cgroup":
             continue  # shared by the ranks of a container: its growth is nobody's in particular
-        steps = _steps_of(mrows)
-        thr = _thr([r["enter"] for r in mrows] + [r["exit"] for r in mrows])
-        if metric in ("rss", "cgroup"):  # host figures move with allocator arenas, page cache
-            thr = max(thr, 8 * MIB, int(2 * thr))
-        net, seqs = _net_per_step(steps, metric)
-        kept = sorted(s for s, n in net.items() if n > thr)
-        released = sorted(s for s, n in net.items() if abs(n) <= thr)
-        if not kept or not released:
-            continue
-        in_all_kept = set.intersection(*(set(seqs[s]) for s in kept))
-        in_all_rel = set.intersection(*(set(seqs[s]) for s in released))
-        only = sorted(in_all_kept - in_all_rel)
-        if not only:
-            continue
-        grown_in = _grown_in(steps, kept, thr, only)
-        s0 = kept[0]
-        seq0 = seqs[s0]
-        i = seq0.index(grown_in) if grown_in in seq0 else 0
-        sequence = seq0[i:]
-        # the step after a keeping step: the first phase that begins with the memory held
-        carried = [
-            {"step": s + 1, "phase": steps[s + 1][0]["phase"], "enter": steps[s + 1][0]["enter"]}
-            for s in kept
-            if steps.get(s + 1)
-        ]
-        flags.append(
-            {
-                "rank": rank,
-                "metric": metric,
-                "kept_steps": kept,
-                "released_steps": released,
-                "bytes_kept": {str(s): net[s] for s in kept},
-                "bytes_kept_median": sorted(net[s] for s in kept)[len(kept) // 2],
-                "grown_in": grown_in,
-                "sequence": sequence,
-                "held_by": sequence[1:],
-                "only_in_kept_steps": only,
-                "kept_sequence": seq0,
-                "released_sequence": seqs[released[0]],
-                "carried_into": carried[:4],
-                "periods": {
-                    ph: _period([s for s, q in seqs.items() if ph in q]) for ph in set(sequence) | set(only)
-                },
-                "threshold": thr,
-            }
-        )
+        f = kept_flag(metric, mrows, rank)
+        if f is not None:
+            flags.append(f)
     return flags
+
+
+def kept_threshold(metric: str, thr: int) -> int:
+    """The bytes a step must keep to count as keeping, from the metric's noise threshold
+    ``thr`` (``samples._thr`` of its ledger figures): host figures move with allocator
+    arenas and the page cache."""
+    if metric in ("rss", "cgroup"):
+        return max(thr, 8 * MIB, int(2 * thr))
+    return thr
+
+
+def kept_flag(
+    metric: str, mrows: List[Dict[str, Any]], rank: Optional[int] = None
+) -> Optional[Dict[str, Any]]:
+    """The kept-across flag of one metric's ledger rows ``mrows`` (row order), or None."""
+    steps = _steps_of(mrows)
+    thr = kept_threshold(metric, _thr([r["enter"] for r in mrows] + [r["exit"] for r in mrows]))
+    net, seqs = _net_per_step(steps, metric)
+    kept = sorted(s for s, n in net.items() if n > thr)
+    released = sorted(s for s, n in net.items() if abs(n) <= thr)
+    if not kept or not released:
+        return None
+    in_all_kept = set.intersection(*(set(seqs[s]) for s in kept))
+    in_all_rel = set.intersection(*(set(seqs[s]) for s in released))
+    only = sorted(in_all_kept - in_all_rel)
+    if not only:
+        return None
+    grown_in = _grown_in(steps, kept, thr, only)
+    s0 = kept[0]
+    seq0 = seqs[s0]
+    i = seq0.index(grown_in) if grown_in in seq0 else 0
+    sequence = seq0[i:]
+    # the step after a keeping step: the first phase that begins with the memory held
+    carried = [
+        {"step": s + 1, "phase": steps[s + 1][0]["phase"], "enter": steps[s + 1][0]["enter"]}
+        for s in kept
+        if steps.get(s + 1)
+    ]
+    return {
+        "rank": rank,
+        "metric": metric,
+        "kept_steps": kept,
+        "released_steps": released,
+        "bytes_kept": {str(s): net[s] for s in kept},
+        "bytes_kept_median": sorted(net[s] for s in kept)[len(kept) // 2],
+        "grown_in": grown_in,
+        "sequence": sequence,
+        "held_by": sequence[1:],
+        "only_in_kept_steps": only,
+        "kept_sequence": seq0,
+        "released_sequence": seqs[released[0]],
+        "carried_into": carried[:4],
+        "periods": {ph: _period([s for s, q in seqs.items() if ph in q]) for ph in set(sequence) | set(only)},
+        "threshold": thr,
+    }

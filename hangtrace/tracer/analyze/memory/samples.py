@@ -49,18 +49,18 @@ def _sb(n: Optional[float]) -> str:
     return ("+" if n >= 0 else "-") + fmt_bytes(abs(n))
 
 
-def _host(ss: List[Sample]) -> List[Sample]:
+def _host(ss: Sequence[Sample]) -> List[Sample]:
     return [s for s in ss if s["what"] == "host"]
 
 
-def _last_host(ss: List[Sample]) -> Optional[Sample]:
+def _last_host(ss: Sequence[Sample]) -> Optional[Sample]:
     for s in reversed(ss):
         if s["what"] == "host":
             return s
     return None
 
 
-def _peak(ss: List[Sample], metric: str) -> Optional[Tuple[int, Sample]]:
+def _peak(ss: Sequence[Sample], metric: str) -> Optional[Tuple[int, Sample]]:
     best = None
     for s in ss:
         v = s["values"].get(metric)
@@ -88,7 +88,7 @@ def _where(s: Dict[str, Any]) -> str:
     return ", ".join(parts) or "no phase"
 
 
-def _metrics(ss: List[Sample]) -> List[str]:
+def _metrics(ss: Sequence[Sample]) -> List[str]:
     ms = []
     for s in ss:
         for m in s["values"]:
@@ -97,7 +97,7 @@ def _metrics(ss: List[Sample]) -> List[str]:
     return ms
 
 
-def _primary(ss: List[Sample], metric: str) -> bool:
+def _primary(ss: Sequence[Sample], metric: str) -> bool:
     """Metrics worth a per-rank trend: rss, CUDA, gauges. Never the cgroup usage: the
     cgroup is usually shared by every rank of a container, so its growth is not one rank's
     (it is only compared against its limit, see :func:`attribute`)."""

@@ -4,6 +4,8 @@ flags and trends worth reporting, advice, and the watcher's memory lines (pure).
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from hangtrace.tracer.analyze.memory.coincide import coinciding
+from hangtrace.tracer.analyze.memory.colledger import analyse_columns
+from hangtrace.tracer.analyze.memory.columns import columns
 from hangtrace.tracer.analyze.memory.ledger import kept_across, ledger
 from hangtrace.tracer.analyze.memory.samples import (
     MIB,
@@ -17,7 +19,7 @@ from hangtrace.tracer.analyze.memory.samples import (
     fmt_bytes,
 )
 from hangtrace.tracer.analyze.memory.trend import trend
-from hangtrace.tracer.ring.memsamples import samples
+from hangtrace.tracer.ring.memsamples import MemSamples, samples
 
 LEDGER_MAX_STEPS = 16
 
@@ -26,8 +28,14 @@ LEDGER_MAX_RANKS = 8
 
 
 def analyse_process(proc: Any, rank: Optional[int] = None) -> Dict[str, Any]:
-    """Samples, ledger rows, kept flags and trends of one process (dict)."""
-    ss = getattr(proc, "memory", None) or samples(proc.records)
+    """Samples, ledger rows, kept flags, trends and level figures of one process (dict:
+    ``samples``, ``rows``, ``kept``, ``trends``, ``figures``: ``(metric, last, limit, peak)``,
+    peak = ``(bytes, sample)`` or None). Read from the samples' columns when they have them
+    (``columns.py``, ``colledger.py``: no dict per sample), else from the sample dicts."""
+    ss = getattr(proc, "memory", None) or MemSamples(proc.records)
+    c = columns(ss)
+    if c is not None:
+        return dict(analyse_columns(c, rank), samples=ss)
     rows = ledger(ss, rank)
     flags = kept_across(rows, rank)
     trends = {}
@@ -37,7 +45,15 @@ def analyse_process(proc: Any, rank: Optional[int] = None) -> Dict[str, Any]:
         t = trend(ss, rows, m)
         if t is not None:
             trends[m] = t
-    return {"samples": ss, "rows": rows, "kept": flags, "trends": trends}
+    metric, val, lim = _level(_last_host(ss))
+    pk = _peak(ss, metric) if metric else None
+    return {
+        "samples": ss,
+        "rows": rows,
+        "kept": flags,
+        "trends": trends,
+        "figures": (metric, val, lim, pk),
+    }
 
 
 def _flag_text(f: Dict[str, Any]) -> str:
@@ -166,9 +182,7 @@ def _interesting(per: Dict[int, Dict[str, Any]], focus: List[Any]) -> List[Any]:
 
 def _rank_figures(a: Dict[str, Any]) -> Dict[str, Any]:
     """``ranks[str(rank)]`` of the summary: last level, limit, peak, trends."""
-    h = _last_host(a["samples"])
-    metric, val, lim = _level(h)
-    pk = _peak(a["samples"], metric) if metric else None
+    metric, val, lim, pk = a["figures"]
     return {
         "metric": metric,
         "last": val,
