@@ -21,12 +21,12 @@ from hangtrace.tracer.ring.layout import (
     K_PHASE_EXIT,
     K_STEP,
     K_WAIT,
-    MEM_SOURCES,
     S_FAILED,
     SLOT,
     SLOT_SIZE,
 )
 from hangtrace.tracer.ring.records import Record, decode, decode_slots
+from hangtrace.tracer.ring.slotcolumns import decode_raw, decode_rows, slot_dtype
 from hangtrace.tracer.ring.summary import (
     HISTORY,
     TAIL,
@@ -41,6 +41,10 @@ from hangtrace.tracer.ring.summary import (
 
 _PROGRESS_IDS = (K_COLL, K_P2P, K_STEP, K_PHASE_ENTER, K_PHASE_EXIT, K_GROUP)
 _HISTORY_IDS = (K_COLL, K_PHASE_ENTER, K_PHASE_EXIT, K_STEP)
+
+
+#: iterating at least this many records decodes them as columns (``slotcolumns``)
+_BULK = 16
 
 
 class LazyRecords(Sequence[AnyRecord]):
@@ -68,9 +72,16 @@ class LazyRecords(Sequence[AnyRecord]):
         return decode(SLOT.unpack_from(self._raw, i * SLOT_SIZE), self._strings)
 
     def __iter__(self) -> Iterator[AnyRecord]:
-        strings = self._strings
-        for t in SLOT.iter_unpack(memoryview(self._raw)[: len(self) * SLOT_SIZE]):
-            yield decode(t, strings)
+        if len(self) >= _BULK:  # (the Flight Recorder join reads a rank's 512-record history whole)
+            try:
+                import numpy as np
+
+                return iter(decode_raw(np, self._raw[: len(self) * SLOT_SIZE], self._strings))
+            except ImportError:
+                pass
+        return (
+            decode(t, self._strings) for t in SLOT.iter_unpack(memoryview(self._raw)[: len(self) * SLOT_SIZE])
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
@@ -112,40 +123,6 @@ def summarize_slots(
     return _summarize_np(slots, nslots, strings, inflight_idx, tail)
 
 
-_DTYPE: Any = None
-
-
-def _slot_dtype() -> Any:
-    """numpy structured dtype over ``layout.SLOT`` (only the fields the index reads)."""
-    global _DTYPE
-    if _DTYPE is None:
-        import numpy as np
-
-        fields = [
-            ("idx", "<u8", 0),
-            ("kind", "u1", 8),
-            ("flags", "u1", 9),
-            ("group", "<u4", 12),
-            ("seq", "<i8", 16),
-            ("numel", "<i8", 24),
-            ("peer", "<i4", 36),
-            ("thread", "<u4", 40),
-            ("phase", "<u4", 44),
-            ("t_wall", "<u8", 64),
-            ("state", "u1", 72),
-        ]
-        _DTYPE = np.dtype(
-            {
-                "names": [f[0] for f in fields],
-                "formats": [f[1] for f in fields],
-                "offsets": [f[2] for f in fields],
-                "itemsize": SLOT_SIZE,
-            }
-        )
-        assert SLOT.size == SLOT_SIZE
-    return _DTYPE
-
-
 _LUT: Any = None
 
 
@@ -178,7 +155,7 @@ def _summarize_np(
     import numpy as np
 
     n = min(nslots, len(slots) // SLOT_SIZE)  # (a ring read up to its first hole: fewer)
-    arr = np.frombuffer(slots, dtype=_slot_dtype(), count=n)
+    arr = np.frombuffer(slots, dtype=slot_dtype(np), count=n)
     idx = arr["idx"].astype(np.int64)
     valid = (idx > 0) & ((idx - 1) % nslots == np.arange(n, dtype=np.int64))
     pos = np.flatnonzero(valid)
@@ -272,52 +249,12 @@ def _summarize_np(
     )
 
 
-_MEM_DTYPE: Any = None
-
-
 def _memory_records(np: Any, slots: bytes, n: int, mpos: Any, strings: Dict[int, str]) -> Tuple[Record, ...]:
-    """The memory records at slot positions ``mpos`` (of the ``n`` in ``slots``), each the
-    dict ``records.decode`` makes of it, read as columns: half of a rank ring's records are
-    memory samples (1 Hz and at every phase edge), and decoding them one slot at a time was
-    most of reading a ring (issue 40)."""
-    global _MEM_DTYPE
+    """The memory records at slot positions ``mpos`` (of the ``n`` in ``slots``), decoded as
+    columns (``slotcolumns``): half of a rank ring's records are memory samples."""
     if not len(mpos):
         return ()
-    if (
-        _MEM_DTYPE is None
-    ):  # (layout.SLOT: op at 11, group 12, thread 40, phase 44, step 48, times 56, 64; a 88)
-        _MEM_DTYPE = np.dtype(
-            {
-                "names": ["idx", "op", "group", "thread", "phase", "step", "t_mono", "t_wall", "a"],
-                "formats": ["<u8", "u1", "<u4", "<u4", "<u4", "<i8", "<u8", "<u8", ("<i8", (5,))],
-                "offsets": [0, 11, 12, 40, 44, 48, 56, 64, 88],
-                "itemsize": SLOT_SIZE,
-            }
-        )
-    m = np.frombuffer(slots, dtype=_MEM_DTYPE, count=n)[mpos]
-    get, nsrc = strings.get, len(MEM_SOURCES)
-    return tuple(
-        [
-            {
-                "idx": i,
-                "kind": "memory",
-                "source": MEM_SOURCES[op] if 0 < op < nsrc else str(op),
-                "what": (get(g, "") or "?") if g else "?",
-                "thread": get(th) if th else None,
-                "phase": get(ph) if ph else None,
-                "step": st if st >= 0 else None,
-                "t_mono_ns": tm,
-                "t_wall_ns": tw,
-                "a": tuple(a),
-            }
-            for i, op, g, th, ph, st, tm, tw, a in zip(
-                *(
-                    m[f].tolist()
-                    for f in ("idx", "op", "group", "thread", "phase", "step", "t_mono", "t_wall", "a")
-                )
-            )
-        ]
-    )
+    return tuple(decode_rows(np.frombuffer(slots, dtype=slot_dtype(np), count=n)[mpos], strings))
 
 
 def _raw(np: Any, slots: bytes, n: int, keep: Any, strings: Dict[int, str]) -> "LazyRecords":
