@@ -304,7 +304,9 @@ def join_fr(
         meta = dict(p.meta)
         meta["flight_recorder"] = list(meta.get("flight_recorder") or []) + [d.path]
         ours, since = _window_of(procs, i, windows)
-        merged = merge_records(ours, [r for r in fr if str(r.get("group")) not in skip], since_ns=since)
+        if skip:
+            fr = [r for r in fr if str(r.get("group")) not in skip]
+        merged = merge_records(ours, fr, since_ns=since)
         out[i] = dataclasses.replace(
             p,
             records=merged,
