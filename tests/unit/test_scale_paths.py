@@ -328,3 +328,21 @@ def test_a_raw_tails_window_equals_the_window_of_its_decoded_records(tmp_path):
     assert frjoin._window(gap) == frjoin._window(
         dataclasses.replace(p, summary=dataclasses.replace(s, tail=list(torn)))
     )
+
+
+def test_float_bounds_find_the_same_entries_among_int_times():
+    """``_Cands`` over int launch times compares a float bound as an int: the entries found
+    within, and the highest seq before, equal a plain comparison's, for bounds between,
+    at and beyond the times (inf: an issued call), and over float times too."""
+    rnd = random.Random(3)
+    for base, ints in ((T0, True), (1000, True), (1000, False)):  # (small: bounds between ints)
+        ts = [base + rnd.randrange(10**4) for _ in range(80)]
+        items = [{"t_wall_ns": t if ints else float(t), "seq": i} for i, t in enumerate(ts)]
+        c = frrecords._Cands(items)
+        assert c.ints is ints
+        bounds = [float(t) + d for t in rnd.sample(ts, 20) for d in (-0.5, 0.0, 0.5, 4096.0)]
+        for lo in bounds + [float("-inf")]:
+            for hi in rnd.sample(bounds, 5) + [float("inf")]:
+                assert c.within(lo, hi) == [e for e in items if lo <= e["t_wall_ns"] <= hi]
+            before = [e["seq"] for e in items if e["t_wall_ns"] < lo]
+            assert c.max_seq_before(lo) == (max(before) if before else None)
