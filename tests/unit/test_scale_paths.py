@@ -8,6 +8,7 @@ import random
 
 from hangtrace.tracer.collect.frdump import parse_fr_bytes
 from hangtrace.tracer.ring import frrecords
+from hangtrace.tracer.ring.frcands import Cands
 from hangtrace.tracer.ring.frrecords import fr_records, merge_records
 from hangtrace.tracer.ring.summary import summarize_records
 from hangtrace.tracer.watch import housekeeping
@@ -181,7 +182,7 @@ def test_indexed_pairing_equals_the_linear_scan():
         rnd = random.Random(seed)
         rnd.shuffle(fr)  # launch order and time order need not agree
         cands = [e for e in fr if e["kind"] == "collective"]
-        idx = frrecords._Cands(cands)
+        idx = Cands(cands)
         for r in ours:
             if r["kind"] != "collective":
                 continue
@@ -331,14 +332,14 @@ def test_a_raw_tails_window_equals_the_window_of_its_decoded_records(tmp_path):
 
 
 def test_float_bounds_find_the_same_entries_among_int_times():
-    """``_Cands`` over int launch times compares a float bound as an int: the entries found
+    """``Cands`` over int launch times compares a float bound as an int: the entries found
     within, and the highest seq before, equal a plain comparison's, for bounds between,
     at and beyond the times (inf: an issued call), and over float times too."""
     rnd = random.Random(3)
     for base, ints in ((T0, True), (1000, True), (1000, False)):  # (small: bounds between ints)
         ts = [base + rnd.randrange(10**4) for _ in range(80)]
         items = [{"t_wall_ns": t if ints else float(t), "seq": i} for i, t in enumerate(ts)]
-        c = frrecords._Cands(items)
+        c = Cands(items)
         assert c.ints is ints
         bounds = [float(t) + d for t in rnd.sample(ts, 20) for d in (-0.5, 0.0, 0.5, 4096.0)]
         for lo in bounds + [float("-inf")]:
