@@ -310,11 +310,10 @@ def _merge_one(
     t0, t1 = r.get("t_wall_ns") or 0, _end_wall(r)
     w0 = t0 - SLACK_NS
     near = [e for e in cands.within(w0, t1 + SLACK_NS) if id(e) not in used]
+    match: Optional[Dict[str, Any]] = near[0] if near else None
     if len(near) > 1:
         op = str(r.get("op"))
         match = next((e for e in near if _compatible(op, e["op"])), near[0])
-    else:
-        match = near[0] if near else None
     m = dict(r)
     m["seq_ours"] = r.get("seq")
     if match is None:
