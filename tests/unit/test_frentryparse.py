@@ -69,3 +69,21 @@ def test_fr_records_equal_each_entry_converted_alone():
         dump = parse_fr_bytes(pickle.dumps({"version": "2.10", "entries": raw, "pg_config": cfg}), "p")
         want = [fr_record(e, dump) for e in sorted(dump.entries, key=lambda e: e.record_id)]
         assert fr_records(dump) == want
+
+
+def test_a_missing_is_p2p_and_a_none_one_are_two_shapes():
+    """Missing, ``is_p2p`` follows the name (a send is p2p); None, it is False: the two
+    entries parse differently, so they are not one shape (their fields read alike)."""
+    none = {"profiling_name": "nccl:send 0->1", "is_p2p": None, "record_id": 0}
+    missing = {"profiling_name": "nccl:send 0->1", "record_id": 1}
+    for raw in ([none, missing], [missing, none]):
+        got = parse_entries(raw)
+        assert got == tuple(_entry(d) for d in raw)
+        assert sorted(e.is_p2p for e in got) == [False, True]
+
+
+def test_values_marshal_refuses_still_parse():
+    """A shared field holding a value ``marshal`` cannot write (a set, from no real dump)
+    keys its shape by repr instead: the entries parse as each does alone."""
+    raw = [{"profiling_name": "gloo:barrier", "frames": {1, 2}, "record_id": i} for i in range(3)]
+    assert parse_entries(raw) == tuple(_entry(d) for d in raw)

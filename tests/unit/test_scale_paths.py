@@ -8,6 +8,7 @@ import random
 
 from hangtrace.tracer.collect.frdump import parse_fr_bytes
 from hangtrace.tracer.ring import frrecords
+from hangtrace.tracer.ring.frcands import Cands
 from hangtrace.tracer.ring.frrecords import fr_records, merge_records
 from hangtrace.tracer.ring.summary import summarize_records
 from hangtrace.tracer.watch import housekeeping
@@ -181,7 +182,7 @@ def test_indexed_pairing_equals_the_linear_scan():
         rnd = random.Random(seed)
         rnd.shuffle(fr)  # launch order and time order need not agree
         cands = [e for e in fr if e["kind"] == "collective"]
-        idx = frrecords._Cands(cands)
+        idx = Cands(cands)
         for r in ours:
             if r["kind"] != "collective":
                 continue
@@ -282,3 +283,67 @@ def test_the_cutoff_is_made_for_the_process_the_join_pairs_the_dump_with():
     cutoffs(procs, windows)("", 0, 1)
     assert list(windows) == [_matcher(procs)("", 0, 1)] == [1]
     assert _matcher(procs)("h", 7, 1) == 0  # by host and pid first
+
+
+def test_a_raw_tails_window_equals_the_window_of_its_decoded_records(tmp_path):
+    """``_window`` of a ring read through its summary (a raw ``LazyRecords`` tail: only the
+    tail records the summary and history lack are decoded) equals ``_window`` of the same
+    summary with its tail decoded, and a tail with a gap (a torn slot) falls back to that."""
+    import dataclasses
+
+    from hangtrace.hooks.record.recorder import Recorder
+    from hangtrace.tracer.collect.ringprocs import process_from_ring
+    from hangtrace.tracer.ring import frjoin
+    from hangtrace.tracer.ring import layout as F
+    from hangtrace.tracer.ring.reader import read_ring_summary
+    from hangtrace.tracer.ring.slotsummary import LazyRecords
+
+    rec = Recorder(str(tmp_path), "t", 1024, lambda *a: None)
+    rec.set_rank(0, 0, 2)
+    g, host = rec.intern("0"), rec.intern("host")
+    for i in range(1, 400):
+        c = rec.issue(F.K_COLL, F.OP_IDS["all_reduce"], g, i, 4, 0, F.DTYPE_IDS["float32"], -1, 0)
+        rec.complete(c)
+        rec.step(i)
+        if i % 3 == 0:
+            rec.memory(F.MEM_TIMER, host, 100 * i, 0, 200 * i, 1 << 30, 0)
+        if i % 50 == 0:
+            rec.phase_enter("ckpt")
+            rec.phase_exit("ckpt")
+    rec.close()
+    p = process_from_ring(read_ring_summary(rec.path), state="exited")
+    s = p.summary
+    assert isinstance(s.tail, LazyRecords) and len(p.records) < s.count
+    decoded = dataclasses.replace(p, summary=dataclasses.replace(s, tail=list(s.tail)))
+    assert frjoin._consecutive_from(s.tail) == s.tail[0]["idx"]
+    assert frjoin._consecutive_from(decoded.summary.tail) is None
+    first = s.tail[0]["idx"]
+    assert frjoin._tail_records(s.tail, first, {r["idx"]: r for r in p.records}) == list(s.tail)
+    assert frjoin._tail_records(s.tail, first, {}) == list(s.tail)
+    got, want = frjoin._window(p), frjoin._window(decoded)
+    assert got == want and got[1] is not None and len(got[0]) > len(p.records)
+    slot = F.SLOT_SIZE
+    torn = LazyRecords(s.tail._raw[:slot] + s.tail._raw[2 * slot :], s.tail._strings)  # one slot gone
+    assert frjoin._consecutive_from(torn) is None
+    gap = dataclasses.replace(p, summary=dataclasses.replace(s, tail=torn))
+    assert frjoin._window(gap) == frjoin._window(
+        dataclasses.replace(p, summary=dataclasses.replace(s, tail=list(torn)))
+    )
+
+
+def test_float_bounds_find_the_same_entries_among_int_times():
+    """``Cands`` over int launch times compares a float bound as an int: the entries found
+    within, and the highest seq before, equal a plain comparison's, for bounds between,
+    at and beyond the times (inf: an issued call), and over float times too."""
+    rnd = random.Random(3)
+    for base, ints in ((T0, True), (1000, True), (1000, False)):  # (small: bounds between ints)
+        ts = [base + rnd.randrange(10**4) for _ in range(80)]
+        items = [{"t_wall_ns": t if ints else float(t), "seq": i} for i, t in enumerate(ts)]
+        c = Cands(items)
+        assert c.ints is ints
+        bounds = [float(t) + d for t in rnd.sample(ts, 20) for d in (-0.5, 0.0, 0.5, 4096.0)]
+        for lo in bounds + [float("-inf")]:
+            for hi in rnd.sample(bounds, 5) + [float("inf")]:
+                assert c.within(lo, hi) == [e for e in items if lo <= e["t_wall_ns"] <= hi]
+            before = [e["seq"] for e in items if e["t_wall_ns"] < lo]
+            assert c.max_seq_before(lo) == (max(before) if before else None)

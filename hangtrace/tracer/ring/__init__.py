@@ -12,5 +12,6 @@ Format: docs/FORMAT.md.
 
 Torch's Flight Recorder entries in the same record shape (pure, shared by collection and
 analysis): ``frentries`` the typed dump, ``frrecords`` entries as record dicts and merged
-with ours, ``frjoin`` dumps joined into processes.
+with ours (``frcands``: a group's entries indexed by launch time), ``frjoin`` dumps joined
+into processes.
 """

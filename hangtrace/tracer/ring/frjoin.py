@@ -8,10 +8,11 @@ Out: a new list of ``ProcessInfo`` whose records are merged with the dumps' entr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from hangtrace.tracer.ring.frentries import FrDump
 from hangtrace.tracer.ring.frrecords import FR_SOURCE, SLACK_NS, fr_records, merge_records
+from hangtrace.tracer.ring.slotsummary import LazyRecords
 from hangtrace.tracer.snapshot import ProcessInfo
 
 
@@ -143,7 +144,6 @@ def _window(p: ProcessInfo) -> Window:
     recs = list(p.records or ())
     if s is None or not s.tail or len(recs) >= s.count:
         return recs, None
-    tail = list(s.tail)
     # the history too (the newest 512 collective/phase/step records, further back than the
     # tail's 256 records of every kind): joined from the tail alone, the summary rebuilt from
     # the merged records kept only the history the tail held - 21 steps of a 60-step gloo job
@@ -151,12 +151,46 @@ def _window(p: ProcessInfo) -> Window:
     # C++-issued all-reduces only as far back as the tail
     history = [r for r in s.history if r.get("t_wall_ns")]
     by_idx: Dict[Any, Any] = {r.get("idx"): r for r in recs}
-    for r in tail + history:
-        by_idx.setdefault(r.get("idx"), r)
+    first = _consecutive_from(s.tail)
+    if first is None:
+        tail = list(s.tail)
+        for r in tail + history:
+            by_idx.setdefault(r.get("idx"), r)
+    else:
+        for r in history:
+            by_idx.setdefault(r.get("idx"), r)
+        tail = _tail_records(s.tail, first, by_idx)
     merged = sorted(by_idx.values(), key=lambda r: r.get("idx") or 0)
     if len(merged) >= s.count:
         return merged, None
     return merged, float(min((r.get("t_wall_ns") or 0) for r in tail + history))
+
+
+def _consecutive_from(tail: Sequence[Any]) -> Optional[int]:
+    """The first ring index of ``tail`` when it is a ring's raw tail (``LazyRecords``, decoded
+    on access) whose indices run without a gap (its records' indices increase: the reader
+    orders the valid slots by index), else None (a tail of dicts, or torn slots left out)."""
+    n = len(tail)
+    if not isinstance(tail, LazyRecords) or not n:
+        return None
+    first, last = tail[0].get("idx"), tail[-1].get("idx")
+    if type(first) is not int or type(last) is not int or first < 1 or last - first != n - 1:
+        return None
+    return first
+
+
+def _tail_records(tail: Sequence[Any], first: int, by_idx: Dict[Any, Any]) -> List[Any]:
+    """The records of ``tail`` (ring indices ``first``, ``first + 1``, ...: ``_consecutive_from``),
+    each taken from ``by_idx`` when it holds that index (the same slot, decoded already: the
+    summary's records and the history cover most of a tail), else decoded and added to it
+    (issue 40: decoding every rank's whole tail again was a third of the window's cost)."""
+    out = []
+    for i in range(len(tail)):
+        r = by_idx.get(first + i)
+        if r is None:
+            r = by_idx[first + i] = tail[i]
+        out.append(r)
+    return out
 
 
 def window_cutoff(p: ProcessInfo, window: Optional[Window] = None) -> Optional[int]:
@@ -270,7 +304,9 @@ def join_fr(
         meta = dict(p.meta)
         meta["flight_recorder"] = list(meta.get("flight_recorder") or []) + [d.path]
         ours, since = _window_of(procs, i, windows)
-        merged = merge_records(ours, [r for r in fr if str(r.get("group")) not in skip], since_ns=since)
+        if skip:
+            fr = [r for r in fr if str(r.get("group")) not in skip]
+        merged = merge_records(ours, fr, since_ns=since)
         out[i] = dataclasses.replace(
             p,
             records=merged,

@@ -26,9 +26,9 @@ completing (timed out, aborted) -> 'failed'; else 'issued'.
 
 from __future__ import annotations
 
-import bisect
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from hangtrace.tracer.ring.frcands import Cands
 from hangtrace.tracer.ring.frentries import FrDump, FrEntry
 
 #: ``source`` of a record from torch's Flight Recorder alone, and of our record joined with
@@ -250,61 +250,44 @@ def merge_records(
     phases, steps, events) pass unchanged. Result ordered by wall time (ties: ours first).
     """
     fr_coll: Dict[str, List[Dict[str, Any]]] = {}
+    fr_p2p: List[Dict[str, Any]] = []
     for r in fr:
         if r["kind"] == "collective":
             fr_coll.setdefault(r["group"], []).append(r)
+        else:
+            fr_p2p.append(r)
     used: Set[int] = set()
     after: Dict[Tuple[str, int], int] = {}
     out: List[Dict[str, Any]] = []
-    ours_p2p_groups = {r.get("group") for r in ours if r.get("kind") == "p2p"}
-    index = {g: _Cands(c) for g, c in fr_coll.items()}
+    ours_p2p_groups = set()
+    index = {g: Cands(c) for g, c in fr_coll.items()}
+    layouts: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
     for r in ours:
-        ix = index.get(str(r.get("group"))) if r.get("kind") == "collective" else None
-        if ix is None:
-            out.append(r)
-            continue
-        out.extend(_merge_one(r, ix, used, after))
+        kind = r.get("kind")
+        if kind == "collective" and index:
+            ix = index.get(str(r.get("group")))
+            if ix is not None:
+                out.extend(_merge_one(r, ix, used, after, layouts))
+                continue
+        elif kind == "p2p":
+            ours_p2p_groups.add(r.get("group"))
+        out.append(r)
     for g, cands in fr_coll.items():
-        out.extend(e for e in cands if id(e) not in used and _in_window(e, since_ns, e is cands[-1]))
-    newest_p2p: Dict[Any, Dict[str, Any]] = {}
-    for r in fr:
-        if r["kind"] != "collective":
+        last = cands[-1]
+        out.extend(e for e in cands if id(e) not in used and _in_window(e, since_ns, e is last))
+    if fr_p2p:
+        newest_p2p: Dict[Any, Dict[str, Any]] = {}
+        for r in fr_p2p:
             newest_p2p[(r["group"], r.get("peer"))] = r
-    for r in fr:
-        if r["kind"] != "collective" and r["group"] not in ours_p2p_groups:
-            if _in_window(r, since_ns, newest_p2p.get((r["group"], r.get("peer"))) is r):
-                out.append(r)
-    out.sort(key=lambda r: (r.get("t_wall_ns") or 0, 0 if r.get("source") != FR_SOURCE else 1))
-    return _with_phase(out)
-
-
-class _Cands:
-    """One group's FR collectives (launch order) indexed by start time: the ones within a
-    call's time window, and the highest seq before a time, in O(log n) plus what is found
-    (a linear scan per record made the join of 4,096 ranks' rings quadratic: issue 40)."""
-
-    __slots__ = ("items", "order", "ts", "maxseq")
-
-    def __init__(self, items: List[Dict[str, Any]]) -> None:
-        self.items = items
-        self.order = sorted(range(len(items)), key=lambda i: items[i]["t_wall_ns"])
-        self.ts = [items[i]["t_wall_ns"] for i in self.order]
-        best: Any = None
-        self.maxseq: List[Any] = []
-        for i in self.order:
-            q = items[i]["seq"]
-            best = q if best is None or (q is not None and q > best) else best
-            self.maxseq.append(best)
-
-    def within(self, lo_ns: float, hi_ns: float) -> List[Dict[str, Any]]:
-        """The entries with ``lo_ns <= t_wall_ns <= hi_ns``, in launch order."""
-        a, b = bisect.bisect_left(self.ts, lo_ns), bisect.bisect_right(self.ts, hi_ns)
-        return [self.items[i] for i in sorted(self.order[a:b])]
-
-    def max_seq_before(self, t_ns: float) -> Any:
-        """The highest seq of the entries started before ``t_ns``, None when none did."""
-        a = bisect.bisect_left(self.ts, t_ns)
-        return self.maxseq[a - 1] if a else None
+        for r in fr_p2p:
+            if r["group"] not in ours_p2p_groups:
+                if _in_window(r, since_ns, newest_p2p.get((r["group"], r.get("peer"))) is r):
+                    out.append(r)
+    # by wall time, ours first on ties (a stable sort on (time, from torch alone))
+    fr_only = [r.get("source") == FR_SOURCE for r in out]
+    keys = [(r.get("t_wall_ns") or 0, f) for r, f in zip(out, fr_only)]
+    order = sorted(range(len(out)), key=keys.__getitem__)
+    return _with_phase([out[i] for i in order], [fr_only[i] for i in order])
 
 
 def _in_window(e: Dict[str, Any], since_ns: Optional[float], newest: bool) -> bool:
@@ -314,16 +297,23 @@ def _in_window(e: Dict[str, Any], since_ns: Optional[float], newest: bool) -> bo
 
 
 def _merge_one(
-    r: Dict[str, Any], cands: _Cands, used: Set[int], after: Dict[Tuple[str, int], int]
+    r: Dict[str, Any],
+    cands: Cands,
+    used: Set[int],
+    after: Dict[Tuple[str, int], int],
+    layouts: Optional[Dict[Tuple[str, ...], Tuple[str, ...]]] = None,
 ) -> List[Dict[str, Any]]:
     """Our collective ``r`` against its group's FR collectives ``cands`` (``used``: ids of those
     already paired, updated; ``after``: (group, torch's last seq) -> our calls numbered past
-    the end of torch's dump so far, updated): the records it becomes (further FR launches of
-    its call, then it)."""
+    the end of torch's dump so far, updated; ``layouts``: see ``_join_into``): the records it
+    becomes (further FR launches of its call, then it)."""
     t0, t1 = r.get("t_wall_ns") or 0, _end_wall(r)
     w0 = t0 - SLACK_NS
     near = [e for e in cands.within(w0, t1 + SLACK_NS) if id(e) not in used]
-    match = next((e for e in near if _compatible(str(r.get("op")), e["op"])), near[0] if near else None)
+    match: Optional[Dict[str, Any]] = near[0] if near else None
+    if len(near) > 1:
+        op = str(r.get("op"))
+        match = next((e for e in near if _compatible(op, e["op"])), near[0])
     m = dict(r)
     m["seq_ours"] = r.get("seq")
     if match is None:
@@ -341,30 +331,38 @@ def _merge_one(
                 m["seq"] += after[key]
         return [m]
     out: List[Dict[str, Any]] = []
+    used.add(id(match))
     # further launches of the same Python call (all_gather_object: two all_gathers)
-    inside = [match] + [
-        e
-        for e in near
-        if e is not match and e["t_wall_ns"] > match["t_wall_ns"] and t0 <= e["t_wall_ns"] <= t1
-    ]
-    for e in inside:
-        used.add(id(e))
-        if e is not match:
+    for e in near if len(near) > 1 else ():
+        if e is not match and e["t_wall_ns"] > match["t_wall_ns"] and t0 <= e["t_wall_ns"] <= t1:
+            used.add(id(e))
             x = dict(e)
             x["within_op"] = r.get("op")
             out.append(x)
-    _join_into(m, match)
+    _join_into(m, match, layouts)
     out.append(m)
     return out
 
 
-def _join_into(m: Dict[str, Any], match: Dict[str, Any]) -> None:
+def _join_into(
+    m: Dict[str, Any],
+    match: Dict[str, Any],
+    layouts: Optional[Dict[Tuple[str, ...], Tuple[str, ...]]] = None,
+) -> None:
     """Make ``m`` (a copy of our record) the joined event with its FR entry ``match``: torch's
-    seq, the ``fr_*`` fields, FR's frames and state where ours lack them. Returns nothing."""
+    seq, the ``fr_*`` fields, FR's frames and state where ours lack them. Returns nothing.
+    ``layouts``: the keys to copy of each key layout (``match``'s keys in order) met so far,
+    filled here (the FR records of one dump share one layout: testing each of their 33
+    keys' names for each joined record was half the join's cost, issue 40)."""
     m["seq"] = match["seq"]
-    for k, v in match.items():
-        if k.startswith("fr_") or k == "group_desc":
-            m[k] = v
+    layout = tuple(match)
+    keys = layouts.get(layout) if layouts is not None else None
+    if keys is None:
+        keys = tuple(k for k in layout if k.startswith("fr_") or k == "group_desc")
+        if layouts is not None:
+            layouts[layout] = keys
+    for k in keys:
+        m[k] = match[k]
     if not m.get("frames") and match.get("frames"):
         m["frames"] = match["frames"]
     if m.get("state") == "issued" and match["state"] != "issued":
@@ -373,16 +371,17 @@ def _join_into(m: Dict[str, Any], match: Dict[str, Any]) -> None:
     m["source"] = FR_JOINED_SOURCE
 
 
-def _with_phase(out: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _with_phase(out: List[Dict[str, Any]], fr_only: List[bool]) -> List[Dict[str, Any]]:
     """FR-only records (C++-issued: DDP's reducer, FSDP, DTensor) take the phase and step
     of this process's newest own record before them (``phase_from`` = 'preceding record'):
     torch's entries carry neither, and the tie-breaks of the analysis (which rank is a step
-    ahead, which phase it is in) need them."""
+    ahead, which phase it is in) need them. ``fr_only``: per record of ``out``, whether its
+    ``source`` is ``FR_SOURCE``."""
     phase: Any = None
     step: Any = None
     res: List[Dict[str, Any]] = []
-    for r in out:
-        if r.get("source") == FR_SOURCE:
+    for r, f in zip(out, fr_only):
+        if f:
             if r.get("phase") is None and r.get("step") is None and (phase is not None or step is not None):
                 r = dict(r, phase=phase, step=step, phase_from="preceding record")
         elif r.get("kind") != "memory":

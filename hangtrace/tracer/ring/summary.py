@@ -140,16 +140,18 @@ def summarize_records(records: Sequence[AnyRecord], inflight_idx: int = 0, tail:
     history: List[AnyRecord] = []
     for r in records:
         kind = r.get("kind")
-        _note_phase_or_wait(r, kind, exits, enters, waits)
+        if kind == "memory":  # half of a joined stream (issue 40): nothing else reads them
+            memory.append(r)
+            continue
+        if kind == "phase_exit" or kind == "phase_enter" or kind == "ray_wait":
+            _note_phase_or_wait(r, kind, exits, enters, waits)
         if kind in HISTORY_KINDS:
             history.append(r)
-        if kind == "collective":
-            _keep_newest_seq(by_group, r.get("group"), r)
-        elif kind == "p2p":
-            _keep_newest_seq(by_peer, (r.get("group"), r.get("peer")), r)
-        elif kind == "memory":
-            memory.append(r)
         if kind == "collective" or kind == "p2p":
+            if kind == "collective":
+                _keep_newest_seq(by_group, r.get("group"), r)
+            else:
+                _keep_newest_seq(by_peer, (r.get("group"), r.get("peer")), r)
             last_comm = r
             if first_failed is None and r.get("state") == "failed":
                 first_failed = r
