@@ -66,3 +66,17 @@ def test_data_after_a_hole_or_a_wrapped_ring_is_read_whole(tmp_path):
     assert _fd_len(wrapped)[0] == _fd_len(wrapped)[1]
     ring, whole = _whole(wrapped)
     assert ring.summary == whole and ring.summary.count == NSLOTS
+
+
+def test_a_large_read_ahead_does_not_misplace_the_slots(tmp_path, monkeypatch):
+    """A file system with a large block size gives buffered files a read-ahead past the
+    header; the hole query moves the descriptor's offset under it. The ring must read the same."""
+    path = _ring(tmp_path, 300)
+    want = RD.read_ring(path, records=False).summary
+    real_open = open
+
+    def big_block_open(file, mode="r", buffering=-1, *a, **k):
+        return real_open(file, mode, 65536 if buffering == -1 else buffering, *a, **k)
+
+    monkeypatch.setattr(RD, "open", big_block_open, raising=False)
+    assert RD.read_ring(path, records=False).summary == want

@@ -301,7 +301,7 @@ def _merge_one(
     cands: Cands,
     used: Set[int],
     after: Dict[Tuple[str, int], int],
-    layouts: Optional[Dict[Tuple[str, ...], Tuple[str, ...]]] = None,
+    layouts: Dict[Tuple[str, ...], Tuple[str, ...]],
 ) -> List[Dict[str, Any]]:
     """Our collective ``r`` against its group's FR collectives ``cands`` (``used``: ids of those
     already paired, updated; ``after``: (group, torch's last seq) -> our calls numbered past
@@ -347,7 +347,7 @@ def _merge_one(
 def _join_into(
     m: Dict[str, Any],
     match: Dict[str, Any],
-    layouts: Optional[Dict[Tuple[str, ...], Tuple[str, ...]]] = None,
+    layouts: Dict[Tuple[str, ...], Tuple[str, ...]],
 ) -> None:
     """Make ``m`` (a copy of our record) the joined event with its FR entry ``match``: torch's
     seq, the ``fr_*`` fields, FR's frames and state where ours lack them. Returns nothing.
@@ -356,11 +356,9 @@ def _join_into(
     keys' names for each joined record was half the join's cost, issue 40)."""
     m["seq"] = match["seq"]
     layout = tuple(match)
-    keys = layouts.get(layout) if layouts is not None else None
+    keys = layouts.get(layout)
     if keys is None:
-        keys = tuple(k for k in layout if k.startswith("fr_") or k == "group_desc")
-        if layouts is not None:
-            layouts[layout] = keys
+        keys = layouts[layout] = tuple(k for k in layout if k.startswith("fr_") or k == "group_desc")
     for k in keys:
         m[k] = match[k]
     if not m.get("frames") and match.get("frames"):

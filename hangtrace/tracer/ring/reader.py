@@ -238,7 +238,10 @@ def read_ring(path: Any, records: bool = True, use_numpy: Optional[bool] = None)
     from hangtrace.tracer.errors import TruncatedRingError
 
     ring = RingData(path)
-    with open(path, "rb") as f:
+    # unbuffered: the hole query (``_written_len``) moves the descriptor's offset, which a
+    # buffered reader would not know of (with a read-ahead larger than the header, as on a
+    # file system with a large block size, it would then read the slots from the wrong place)
+    with open(path, "rb", buffering=0) as f:
         head = f.read(HEADER_SIZE)
         hdr = read_header(head, path)
         slots_len = hdr["nslots"] * SLOT_SIZE

@@ -166,7 +166,7 @@ def _summarize_np(
     kind = arr["kind"][pos]
     state = arr["state"][pos]
     mpos = pos[kind == K_MEM]
-    memory = _memory_records(np, slots, n, mpos, strings)
+    memory = tuple(decode_rows(arr[mpos], strings))  # (half of a rank ring's records: as columns)
     cache: Dict[int, Record] = dict(zip(mpos.tolist(), memory))
 
     def rec(p: int) -> Record:
@@ -233,28 +233,13 @@ def _summarize_np(
         inflight=blocked_in(inflight, last_comm),
         by_group=by_group,
         by_peer=by_peer,
-        tail=LazyRecords(
-            np.frombuffer(slots, dtype=np.uint8, count=n * SLOT_SIZE)
-            .reshape(n, SLOT_SIZE)[pos[-tail:]]
-            .tobytes(),
-            strings,
-        )
-        if tail
-        else (),
+        tail=_raw(np, slots, n, pos[-tail:], strings) if tail else (),
         memory=memory,
         failed_phases=failed_phases_of(exits),
         waits=waits,
         phase_visits=phase_visits_of(enters, exits),
         history=_raw(np, slots, n, pos[np.isin(kind, _HISTORY_IDS)][-HISTORY:], strings),
     )
-
-
-def _memory_records(np: Any, slots: bytes, n: int, mpos: Any, strings: Dict[int, str]) -> Tuple[Record, ...]:
-    """The memory records at slot positions ``mpos`` (of the ``n`` in ``slots``), decoded as
-    columns (``slotcolumns``): half of a rank ring's records are memory samples."""
-    if not len(mpos):
-        return ()
-    return tuple(decode_rows(np.frombuffer(slots, dtype=slot_dtype(np), count=n)[mpos], strings))
 
 
 def _raw(np: Any, slots: bytes, n: int, keep: Any, strings: Dict[int, str]) -> "LazyRecords":
